@@ -1,0 +1,24 @@
+"""distfit: differentially private linear-query release with per-query accuracy targets.
+
+``distfit.solve`` plans one block (SM-II with a dual certificate); ``distfit.privacy`` holds the
+privacy accounting, ``distfit.workload`` the workload builders and ``distfit.baselines`` the
+mechanisms users compare against.
+"""
+from __future__ import annotations
+
+from .privacy import Budget, PrivacyAccount, privacy_account, privacy_cost, privacy_profile
+from .solver import BlockSolution, ConvergenceError, SolverStats, solve
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BlockSolution",
+    "Budget",
+    "ConvergenceError",
+    "PrivacyAccount",
+    "SolverStats",
+    "privacy_account",
+    "privacy_cost",
+    "privacy_profile",
+    "solve",
+]

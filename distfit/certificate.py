@@ -1,0 +1,180 @@
+"""The dual certificate of Problem 1: a proven lower bound on the optimal privacy cost.
+
+DESIGN.md section 1. For any weights ``u`` on the d cells and ``v`` on the m queries (each
+on the simplex),
+
+    alpha* >= f(u, v) = || diag(sqrt(v / c)) W diag(sqrt(u)) ||_*^2            (nuclear norm)
+
+with equality at the best (u, v): Problem 1 is convex and strictly feasible, so strong duality
+holds. In a basis (W = L B, targets folded into ``L_c = diag(c^-1/2) L``) write
+
+    A = B diag(u) B^T,    G = L_c^T diag(v) L_c,    N(u, v) = sqrt(f(u, v)).
+
+The inner minimisation over Sigma is solved in closed form by the matrix geometric mean
+``Sigma_uv = G^-1 # A`` (the unique SPD solution of ``Sigma G Sigma = A``): with ``G = R^T R``
+and ``X = R A R^T``, ``Sigma_uv = R^-1 X^1/2 R^-T`` and ``N = tr X^1/2 = tr(Sigma^-1 A) = tr(G Sigma)``.
+The gradient of N needs no extra work: ``dN/du_i = p_i(Sigma_uv) / 2`` (the privacy profile of
+the recovered covariance) and ``dN/dv_j = h_j(Sigma_uv) / 2`` (its variance-to-target ratios).
+So every dual evaluation also yields a primal plan; scaled to meet the targets it costs
+``max_i p_i * max_j h_j >= N^2``, and the two meet exactly at the saddle point.
+
+The bound is maximised with L-BFGS over square-root parameters of (u, v) (``maximize_dual``;
+the design notes record that plain exponentiated-gradient ascent stalls far short of the
+optimum, and softmax parameters converge an order of magnitude slower than square roots).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import scipy.linalg
+import scipy.optimize
+
+from .privacy import privacy_profile
+
+
+@dataclass(frozen=True)
+class DualPoint:
+    """One evaluation of the dual at weights (u, v) and the primal it recovers.
+
+    ``bound`` = N^2 is a valid lower bound on alpha*; ``sigma`` is the recovered covariance
+    (scale-free: ``sigma / h.max()`` meets every target and then costs ``p.max() * h.max()``).
+    """
+
+    cell_weights: np.ndarray
+    query_weights: np.ndarray
+    bound: float
+    sigma: np.ndarray
+    profile: np.ndarray
+    ratios: np.ndarray
+
+    @property
+    def primal_alpha(self) -> float:
+        """Privacy cost of the recovered plan after scaling to the targets."""
+        return float(self.profile.max() * self.ratios.max())
+
+
+def _symmetrize(matrix: np.ndarray) -> np.ndarray:
+    return 0.5 * (matrix + matrix.T)
+
+
+def evaluate_dual(
+    basis: np.ndarray,
+    scaled_recon: np.ndarray,
+    cell_weights: np.ndarray,
+    query_weights: np.ndarray,
+) -> DualPoint:
+    """Evaluate f(u, v) and recover ``Sigma_uv = G^-1 # A`` (see the module docstring).
+
+    ``basis`` is B (k, d); ``scaled_recon`` is ``L_c = diag(c^-1/2) L`` (m, k). Weights must be
+    non-negative; they are normalised here. Raises ``numpy.linalg.LinAlgError`` when G is
+    singular (the query weights do not span the basis).
+    """
+    u = np.asarray(cell_weights, dtype=float)
+    v = np.asarray(query_weights, dtype=float)
+    u = u / u.sum()
+    v = v / v.sum()
+    gram_cells = _symmetrize((basis * u) @ basis.T)
+    gram_queries = _symmetrize((scaled_recon.T * v) @ scaled_recon)
+    upper = scipy.linalg.cholesky(gram_queries, lower=False)  # G = R^T R
+    inner = _symmetrize(upper @ gram_cells @ upper.T)  # X = R A R^T
+    eigenvalues, eigenvectors = scipy.linalg.eigh(inner)
+    # A is only PSD when u vanishes on a spanning set of cells; clamp round-off.
+    floor = eigenvalues.max() * 1e-15
+    eigenvalues = np.maximum(eigenvalues, floor)
+    root = np.sqrt(eigenvalues)
+    nuclear = float(root.sum())
+    # Sigma = R^-1 Z diag(sqrt(lam)) Z^T R^-T ;  Sigma^-1 = R^T Z diag(lam^-1/2) Z^T R
+    half = scipy.linalg.solve_triangular(upper, eigenvectors, lower=False) * np.sqrt(root)
+    sigma = _symmetrize(half @ half.T)
+    whitened_cells = (eigenvectors.T @ (upper @ basis)) / np.sqrt(root)[:, None]
+    profile = np.einsum("ij,ij->j", whitened_cells, whitened_cells)
+    whitened_queries = scaled_recon @ half
+    ratios = np.einsum("ij,ij->i", whitened_queries, whitened_queries)
+    return DualPoint(u, v, nuclear**2, sigma, profile, ratios)
+
+
+def plan_cost(basis: np.ndarray, scaled_recon: np.ndarray, sigma: np.ndarray) -> float:
+    """Privacy cost of ``sigma`` once scaled to meet every target: ``max_i p_i * max_j h_j``."""
+    ratios = np.einsum("ij,ij->i", scaled_recon @ sigma, scaled_recon)
+    return float(privacy_profile(sigma, basis).max() * ratios.max())
+
+
+def _root_weights(weights: np.ndarray, uniform_share: float = 1e-6) -> np.ndarray:
+    """Square-root parameters of a warm start; a whiff of the uniform weights keeps every
+    parameter away from 0 (a zero parameter has zero gradient and would stay there)."""
+    weights = np.asarray(weights, dtype=float)
+    weights = weights / weights.sum()
+    return np.sqrt((1.0 - uniform_share) * weights + uniform_share / weights.size)
+
+
+def maximize_dual(
+    basis: np.ndarray,
+    scaled_recon: np.ndarray,
+    cell_weights: np.ndarray | None = None,
+    query_weights: np.ndarray | None = None,
+    max_iterations: int = 200,
+    target_gap: float = 1e-4,
+    known_alpha: float = np.inf,
+) -> tuple[DualPoint, DualPoint, int]:
+    """Maximise ``log f(u, v)`` with L-BFGS over square-root parameters ``u = x^2 / |x|^2``.
+
+    Returns ``(best_bound_point, best_primal_point, evaluations)``: the evaluation with the
+    largest lower bound and the one whose recovered plan has the smallest privacy cost (they
+    usually coincide near the optimum). Stops early once the recovered plan, or a plan already
+    known to cost ``known_alpha``, is within ``target_gap`` (relative) of the best bound.
+
+    With ``g = grad_u log f = p / N`` and ``<u, p> = N``, the gradient in x is
+    ``2 x (p / N - 1) / |x|^2`` (and likewise for v with h). The square-root parametrisation
+    reaches the zero weights of inactive cells and queries at finite x; the softmax
+    parametrisation suggested in DESIGN.md needs them at -inf and crawls there. Measured on the
+    age pyramid: 19 evaluations to a 1e-4 gap against 274 with softmax parameters.
+    """
+    d = basis.shape[1]
+    m = scaled_recon.shape[0]
+    x0 = np.concatenate([
+        np.full(d, 1.0) if cell_weights is None else _root_weights(cell_weights) * np.sqrt(d),
+        np.full(m, 1.0) if query_weights is None else _root_weights(query_weights) * np.sqrt(m),
+    ])
+    best: dict[str, DualPoint | None] = {"bound": None, "primal": None}
+    evaluations = 0
+
+    class _Converged(Exception):
+        pass
+
+    def objective(x: np.ndarray) -> tuple[float, np.ndarray]:
+        nonlocal evaluations
+        cell_part, query_part = x[:d], x[d:]
+        cell_norm, query_norm = cell_part @ cell_part, query_part @ query_part
+        try:
+            point = evaluate_dual(basis, scaled_recon, cell_part**2, query_part**2)
+        except (np.linalg.LinAlgError, ValueError, ZeroDivisionError):
+            return np.inf, np.zeros_like(x)
+        evaluations += 1
+        if best["bound"] is None or point.bound > best["bound"].bound:
+            best["bound"] = point
+        if best["primal"] is None or point.primal_alpha < best["primal"].primal_alpha:
+            best["primal"] = point
+        if min(best["primal"].primal_alpha, known_alpha) <= best["bound"].bound * (1.0 + target_gap):
+            raise _Converged
+        norm = np.sqrt(point.bound)
+        gradient = np.concatenate([
+            2.0 * cell_part * (point.profile / norm - 1.0) / cell_norm,
+            2.0 * query_part * (point.ratios / norm - 1.0) / query_norm,
+        ])
+        return -np.log(point.bound), -gradient
+
+    with np.errstate(all="ignore"):
+        try:
+            scipy.optimize.minimize(
+                objective,
+                x0,
+                jac=True,
+                method="L-BFGS-B",
+                options={"maxiter": max_iterations, "maxcor": 30, "ftol": 1e-15, "gtol": 1e-14},
+            )
+        except _Converged:
+            pass
+    if best["bound"] is None:
+        raise np.linalg.LinAlgError("the dual could not be evaluated: the queries do not span the basis")
+    return best["bound"], best["primal"], evaluations
