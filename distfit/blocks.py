@@ -1,0 +1,247 @@
+"""Cutting a workload into blocks, and putting the blocks' privacy back together.
+
+DESIGN.md section 2. Two ways blocks combine:
+
+* **parallel** (disjoint cells or disjoint people): profile = concatenation, alpha = max_b alpha_b.
+  ``connected_blocks`` cuts a workload into the connected components of its query-cell graph,
+  which loses nothing.
+* **sequential** (the same people seen through several blocks): a person in full-domain cell x
+  meets one column of every block, so ``p(x) = sum_b p_b(x_b)`` and
+  ``alpha = max_x p(x) <= sum_b alpha_b`` (equal when the block profiles are flat).
+
+Marginal workloads use **residual blocks**. For attribute i of size n_i let ``D_i`` be the
+(n_i - 1) x n_i difference matrix (rows e_j - e_{j+1}); then ``I = (1/n_i) 1 1^T + D_i^+ D_i``.
+For every attribute subset S the residual block has basis ``B_S = kron_{i in S} D_i`` on the
+S-marginal (``B_empty`` = the total). A query row ``(q_i)_{i in A}`` of a group on clique A
+splits exactly over the blocks S subset of A with block row
+``kron_{i in S} q_i^T D_i^+`` times ``kappa = prod_{i in A minus S} (q_i . 1) / n_i``. Residual
+spaces of different S are orthogonal, a query's variance is the sum of its blocks' shares, and
+the profile adds over blocks.
+
+Targets couple the blocks: each block is solved once with its queries' own targets (its shape:
+``alpha_S`` and the variance ``v_jS`` it gives query j), then ``allocate_scales`` picks one scale
+``s_S`` per block by the convex program
+``minimise sum_S alpha_S / s_S  subject to  sum_S s_S v_jS <= c_j`` for every query j.
+"""
+from __future__ import annotations
+
+import functools
+import itertools
+import math
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+import numpy as np
+import scipy.optimize
+import scipy.sparse
+import scipy.sparse.csgraph
+
+from .workload import Domain, kron_queries
+
+GroupLike = tuple  # (name, {attribute: Q_i}, target scalar or per-query array)
+
+
+@dataclass(frozen=True, eq=False)
+class BlockSpec:
+    """One block: a sub-workload ``recon @ basis`` on the marginal of ``attributes``.
+
+    ``basis`` columns are the cells of that marginal, row-major in the schema's order (DESIGN.md
+    section 4); ``query_index[r]`` is the workload query that row r of ``recon`` belongs to and
+    ``targets[r]`` that query's target.
+    """
+
+    block_id: str
+    attributes: tuple[str, ...]
+    basis: np.ndarray
+    recon: np.ndarray
+    query_index: np.ndarray
+    targets: np.ndarray
+
+    @property
+    def workload(self) -> np.ndarray:
+        return self.recon @ self.basis
+
+
+def block_id_for(attributes: Sequence[str]) -> str:
+    """Stable, path-safe block id: ``"total"`` or ``"r-" + attribute names joined by "."``."""
+    return "total" if not attributes else "r-" + ".".join(attributes)
+
+
+def difference_matrix(n: int) -> np.ndarray:
+    """``D`` ((n - 1) x n) with rows ``e_j - e_{j+1}``; ``I = (1/n) 1 1^T + D^+ D``."""
+    return np.eye(n - 1, n) - np.eye(n - 1, n, k=1)
+
+
+def _group_parts(domain: Domain, group: GroupLike, first_query: int):
+    name, per_attribute, target = group
+    clique = tuple(attribute for attribute in domain.names if attribute in per_attribute)
+    unknown = [attribute for attribute in per_attribute if attribute not in domain.names]
+    if unknown:
+        raise ValueError(f"groups[{name!r}]: unknown attribute {unknown[0]!r}")
+    matrices = {attribute: np.asarray(per_attribute[attribute], dtype=float) for attribute in clique}
+    for attribute in clique:
+        if matrices[attribute].ndim != 2 or matrices[attribute].shape[1] != domain.size_of(attribute):
+            raise ValueError(
+                f"groups[{name!r}]: query matrix for {attribute!r} must have {domain.size_of(attribute)} columns, "
+                f"got shape {matrices[attribute].shape}"
+            )
+    rows = math.prod(matrices[attribute].shape[0] for attribute in clique)
+    targets = np.broadcast_to(np.asarray(target, dtype=float), (rows,)).copy() if np.ndim(target) == 0 else np.asarray(target, dtype=float)
+    if targets.shape != (rows,):
+        raise ValueError(f"groups[{name!r}].targets: expected {rows} values, got shape {targets.shape}")
+    if not np.all(np.isfinite(targets)) or np.any(targets <= 0):
+        raise ValueError(f"groups[{name!r}].targets: every target must be finite and > 0")
+    return clique, matrices, targets, np.arange(first_query, first_query + rows)
+
+
+def residual_blocks(domain: Domain, groups: Sequence[GroupLike]) -> list[BlockSpec]:
+    """Residual blocks of a marginal workload (module docstring; DESIGN.md section 2).
+
+    ``groups`` are ``(name, {attribute: Q_i}, target)`` triples as in
+    ``workload.workload_from_groups``; the workload's queries are the groups' rows in order
+    (each group's rows row-major over its attributes' query rows in domain order). Blocks with
+    no nonzero row are dropped, as are subsets containing an attribute of size 1.
+    """
+    pieces: dict[tuple[str, ...], list[tuple[np.ndarray, np.ndarray, np.ndarray]]] = {}
+    first = 0
+    pseudo_inverse = {name: np.linalg.pinv(difference_matrix(n)) for name, n in zip(domain.names, domain.sizes) if n > 1}
+    for group in groups:
+        clique, matrices, targets, query_index = _group_parts(domain, group, first)
+        first += targets.size
+        averages = {attribute: matrices[attribute].sum(axis=1, keepdims=True) / domain.size_of(attribute) for attribute in clique}
+        residuals = {attribute: matrices[attribute] @ pseudo_inverse[attribute] for attribute in clique if attribute in pseudo_inverse}
+        for size in range(len(clique) + 1):
+            for subset in itertools.combinations(clique, size):
+                if any(attribute not in residuals for attribute in subset):
+                    continue
+                factors = [residuals[a] if a in subset else averages[a] for a in clique]
+                recon = _kron_all(factors)
+                scale = np.abs(recon).max(initial=0.0)
+                keep = np.abs(recon).max(axis=1) > 1e-12 * max(scale, 1e-300)
+                if scale == 0.0 or not keep.any():
+                    continue
+                pieces.setdefault(subset, []).append((recon[keep], query_index[keep], targets[keep]))
+    blocks = []
+    for subset in sorted(pieces, key=lambda s: (len(s), [domain.index(a) for a in s])):
+        basis = _kron_all([difference_matrix(domain.size_of(a)) for a in subset])
+        recon = np.vstack([piece[0] for piece in pieces[subset]])
+        blocks.append(
+            BlockSpec(
+                block_id=block_id_for(subset),
+                attributes=subset,
+                basis=basis,
+                recon=recon,
+                query_index=np.concatenate([piece[1] for piece in pieces[subset]]),
+                targets=np.concatenate([piece[2] for piece in pieces[subset]]),
+            )
+        )
+    return blocks
+
+
+def _kron_all(factors: Sequence[np.ndarray]) -> np.ndarray:
+    """Kronecker product of the factors in order (the empty product is [[1]])."""
+    return functools.reduce(np.kron, factors, np.ones((1, 1)))
+
+
+def connected_blocks(matrix: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Exact cut: connected components of the bipartite query-cell graph of W.
+
+    Returns ``(query_indices, cell_indices)`` per component (components are disjoint in cells,
+    so they compose in parallel and cutting loses nothing). Cells no query touches are left out.
+    """
+    workload = scipy.sparse.csr_matrix(np.asarray(matrix) != 0)
+    m, d = workload.shape
+    graph = scipy.sparse.bmat([[None, workload], [workload.T, None]], format="csr")
+    count, labels = scipy.sparse.csgraph.connected_components(graph, directed=False)
+    query_labels, cell_labels = labels[:m], labels[m:]
+    components = []
+    for label in np.unique(query_labels):
+        components.append((np.flatnonzero(query_labels == label), np.flatnonzero(cell_labels == label)))
+    return components
+
+
+@dataclass(frozen=True)
+class ScaleAllocation:
+    """Scales ``s_S`` of the blocks and the certified optimum of the allocation program."""
+
+    scales: np.ndarray
+    alpha_bound: float  # sum_S alpha_S / s_S of the returned (feasible) scales
+    lower_bound: float  # dual value: no feasible allocation does better
+
+
+def allocate_scales(
+    block_alphas: Sequence[float],
+    block_queries: Sequence[tuple[np.ndarray, np.ndarray]],
+    targets: np.ndarray,
+    tolerance: float = 1e-9,
+) -> ScaleAllocation:
+    """Solve ``min sum_S a_S / s_S  s.t.  sum_S s_S v_jS <= c_j`` (DESIGN.md section 2).
+
+    ``block_queries[S] = (query_index, variances)``: the variance each query row gets from
+    block S at scale 1. With the constraints normalised (``V_n = diag(1/c) V``), the Lagrange
+    dual is ``max_{lambda >= 0} 2 sum_S sqrt(a_S g_S) - sum_j lambda_j`` with
+    ``g = V_n^T lambda``; optimising out the overall size of lambda leaves
+    ``max_{omega in simplex} (sum_S sqrt(a_S g_S(omega)))^2``, a lower bound for every omega.
+    It is maximised by L-BFGS over square-root parameters ``omega = x^2 / |x|^2`` (the same
+    device as the dual certificate); the primal is ``s_S = sqrt(a_S / g_S)`` scaled so the
+    tightest constraint holds with equality.
+    """
+    alphas = np.asarray(block_alphas, dtype=float)
+    targets = np.asarray(targets, dtype=float)
+    if np.any(alphas <= 0) or not np.all(np.isfinite(alphas)):
+        raise ValueError("block_alphas: every block alpha must be finite and > 0")
+    rows = np.concatenate([np.asarray(query_index) for query_index, _ in block_queries])
+    cols = np.concatenate([np.full(len(query_index), column) for column, (query_index, _) in enumerate(block_queries)])
+    values = np.concatenate([np.asarray(variances, dtype=float) for _, variances in block_queries])
+    variance_matrix = scipy.sparse.csr_matrix((values, (rows, cols)), shape=(targets.size, alphas.size))
+    used = np.flatnonzero(np.asarray(variance_matrix.sum(axis=1)).ravel() > 0)
+    normalised = (scipy.sparse.diags(1.0 / targets[used]) @ variance_matrix[used]).tocsr()
+    transposed = normalised.T.tocsr()
+    best = {"lower": 0.0, "scales": None, "upper": np.inf}
+
+    def feasible(scales: np.ndarray) -> tuple[np.ndarray, float]:
+        scales = scales / (normalised @ scales).max()
+        return scales, float(np.sum(alphas / scales))
+
+    class _Converged(Exception):
+        pass
+
+    def negative_dual(x: np.ndarray) -> tuple[float, np.ndarray]:
+        norm = x @ x
+        weight = transposed @ (x * x / norm)
+        if np.any(weight <= 0):
+            return np.inf, np.zeros_like(x)
+        roots = np.sqrt(alphas * weight)
+        value = roots.sum()
+        best["lower"] = max(best["lower"], value**2)
+        scales, upper = feasible(np.sqrt(alphas / weight))
+        if upper < best["upper"]:
+            best["scales"], best["upper"] = scales, upper
+        if best["upper"] <= best["lower"] * (1.0 + tolerance):
+            raise _Converged
+        gradient_omega = 0.5 * (normalised @ np.sqrt(alphas / weight))
+        gradient = 2.0 * x / norm * (gradient_omega - gradient_omega @ (x * x / norm))
+        return -value, -gradient
+
+    try:
+        scipy.optimize.minimize(
+            negative_dual, np.ones(used.size), jac=True, method="L-BFGS-B",
+            options={"maxiter": 5000, "maxcor": 30, "ftol": 1e-16, "gtol": 1e-13},
+        )
+    except _Converged:
+        pass
+    return ScaleAllocation(scales=best["scales"], alpha_bound=best["upper"], lower_bound=best["lower"])
+
+
+def stitched_profile(domain: Domain, blocks: Sequence[tuple[Sequence[str], np.ndarray]]) -> np.ndarray:
+    """Sequential composition over the full domain: ``p(x) = sum_b p_b(x restricted to A_b)``.
+
+    ``blocks`` holds ``(attributes, profile)`` with the profile over the cells of that
+    attribute set's marginal (row-major in domain order). Returns the (d,) full-domain profile,
+    by broadcasting (memory: one float per full-domain cell).
+    """
+    total = np.zeros(domain.shape)
+    for attributes, profile in blocks:
+        shape = [domain.size_of(a) if a in attributes else 1 for a in domain.names]
+        total = total + np.asarray(profile, dtype=float).reshape(shape)
+    return total.ravel()
