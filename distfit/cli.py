@@ -1,0 +1,509 @@
+"""The ``distfit`` command line.
+
+This milestone has one subcommand, ``distfit solve``: plan one block with ``distfit.solve`` and
+print its privacy cost, certificate, privacy account and solver statistics (optionally the
+baselines at the same privacy cost), as text, JSON (``--json``) and arrays (``--save``).
+The pipeline commands of DESIGN.md section 5 (``plan``, ``audit``, ``synth``, ``release``,
+``report``, ``run``) arrive in later milestones.
+
+Exit codes: 0 success; 1 the solver could not certify its plan (``ConvergenceError``) or an
+output could not be written; 2 bad input (unknown workload, unreadable or malformed ``.npz``,
+conflicting budget flags, a ``ValueError`` from the library, or a block too large for memory).
+Every error is one line ``distfit: error: <message>`` on stderr. Output files are written to a
+temporary file in the same directory and moved into place only once everything succeeded, so
+no partial output file is ever left behind.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import re
+import sys
+import tempfile
+import warnings
+import zipfile
+from dataclasses import asdict, dataclass
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from . import __version__
+from .privacy import Budget
+from .solver import ConvergenceError, default_memory_limit, estimated_memory, solve
+from .workload import (
+    age_pyramid_workload,
+    all_two_way_marginals,
+    pl94_workload,
+    prefix_workload,
+    random_range_workload,
+)
+
+PROG = "distfit"
+
+#: ``distfit.solve`` refuses a plan whose certified gap is above this (its ``max_gap``); a
+#: looser ``--gap-tolerance`` raises it to match.
+DEFAULT_MAX_GAP = 1e-3
+
+WORKLOAD_HELP = (
+    "a built-in workload: pl94 (PL94-171 style, targets 1/2/4), pl94-uniform (all targets 1), "
+    "age-pyramid, prefix:N, ranges:D:M:SEED[:random] (M random ranges on D cells; targets 1, or "
+    "uniform(1, 10) with :random), marginals:3x3x3 (all 2-way marginals of attributes of these "
+    "sizes, targets 1); or a path to a .npz file with arrays W (m x d) and targets (m,)"
+)
+
+
+class UsageError(Exception):
+    """Bad input: reported as one line on stderr, exit code 2."""
+
+
+class OutputError(Exception):
+    """An output file could not be written: one line on stderr, exit code 1."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose errors become ``UsageError`` (one line, exit 2, no usage dump)."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise UsageError(message)
+
+
+# ---------------------------------------------------------------------------------------------
+# workloads
+# ---------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class LoadedWorkload:
+    name: str
+    source: str  # "builtin" or "npz"
+    matrix: np.ndarray
+    targets: np.ndarray
+
+
+def _int_field(text: str, what: str, spec: str) -> int:
+    if not re.fullmatch(r"[+-]?\d+", text.strip()):
+        raise UsageError(f"workload {spec!r}: {what} must be an integer, got {text!r}")
+    return int(text)
+
+
+def _check_block_memory(spec: str, num_queries: int, num_cells: int) -> None:
+    """Refuse a built-in workload too large to solve before building its matrix."""
+    if num_queries < 1 or num_cells < 1:
+        return  # the builder raises the precise ValueError
+    needed = estimated_memory(num_queries, num_cells)
+    limit = default_memory_limit()
+    if needed > limit:
+        raise MemoryError(
+            f"workload {spec!r}: a {num_queries} x {num_cells} block needs about "
+            f"{needed / 2**30:.1f} GiB of dense matrices, over the limit of {limit / 2**30:.1f} GiB; "
+            "cut the workload into blocks (distfit plan, DESIGN.md section 2)"
+        )
+
+
+def _builtin(spec: str) -> Callable[[], Any] | None:
+    """A zero-argument builder of the named built-in workload, or None if ``spec`` names none."""
+    if spec == "pl94":
+        return pl94_workload
+    if spec == "pl94-uniform":
+        return lambda: pl94_workload(uniform_target=1.0)
+    if spec == "age-pyramid":
+        return age_pyramid_workload
+    kind, sep, rest = spec.partition(":")
+    if not sep:
+        return None
+    if kind == "prefix":
+        n = _int_field(rest, "N", spec)
+        _check_block_memory(spec, n, n)
+        return lambda: prefix_workload(n)
+    if kind == "ranges":
+        fields = rest.split(":")
+        if len(fields) not in (3, 4):
+            raise UsageError(f"workload {spec!r}: expected ranges:D:M:SEED or ranges:D:M:SEED:random")
+        d = _int_field(fields[0], "D", spec)
+        m = _int_field(fields[1], "M", spec)
+        seed = _int_field(fields[2], "SEED", spec)
+        if seed < 0:
+            raise UsageError(f"workload {spec!r}: SEED must be >= 0, got {seed}")
+        targets = fields[3] if len(fields) == 4 else "uniform"
+        if targets not in ("uniform", "random"):
+            raise UsageError(f"workload {spec!r}: the targets field must be 'uniform' or 'random', got {targets!r}")
+        _check_block_memory(spec, m, d)
+        return lambda: random_range_workload(d, m, seed, targets)
+    if kind == "marginals":
+        sizes = [_int_field(s, "every attribute size", spec) for s in rest.lower().split("x")]
+        if any(s < 1 for s in sizes):
+            raise UsageError(f"workload {spec!r}: attribute sizes must be >= 1, got {sizes}")
+        num_cells = math.prod(sizes)
+        num_queries = sum(a * b for i, a in enumerate(sizes) for b in sizes[i + 1:])
+        _check_block_memory(spec, num_queries, num_cells)
+        return lambda: all_two_way_marginals(sizes)
+    return None
+
+
+def _load_npz(path: str) -> LoadedWorkload:
+    try:
+        with open(path, "rb") as handle:
+            magic = handle.read(6)
+    except FileNotFoundError:
+        raise UsageError(f"workload {path!r}: no such file") from None
+    except IsADirectoryError:
+        raise UsageError(f"workload {path!r}: is a directory, not a .npz file") from None
+    except OSError as error:
+        raise UsageError(f"workload {path!r}: cannot read it ({error.strerror or error})") from None
+    if magic.startswith(b"\x93NUMPY"):
+        raise UsageError(f"workload {path!r}: holds a single .npy array, not a .npz archive with W and targets")
+    if not magic.startswith(b"PK"):
+        raise UsageError(f"workload {path!r}: not a .npz archive (a zip of arrays W and targets)")
+    try:
+        archive = np.load(path, allow_pickle=False)
+    except FileNotFoundError:
+        raise UsageError(f"workload {path!r}: no such file") from None
+    except IsADirectoryError:
+        raise UsageError(f"workload {path!r}: is a directory, not a .npz file") from None
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as error:
+        raise UsageError(f"workload {path!r}: cannot read it as a .npz file ({error})") from None
+    if not isinstance(archive, np.lib.npyio.NpzFile):
+        raise UsageError(f"workload {path!r}: holds a single .npy array, not a .npz archive with W and targets")
+    with archive:
+        missing = [key for key in ("W", "targets") if key not in archive.files]
+        if missing:
+            found = ", ".join(archive.files) or "none"
+            raise UsageError(f"workload {path!r}: missing array {' and '.join(missing)} (found: {found})")
+        arrays = {}
+        for key in ("W", "targets"):
+            try:
+                arrays[key] = np.asarray(archive[key])
+            except (OSError, ValueError, EOFError, zipfile.BadZipFile) as error:
+                raise UsageError(f"workload {path!r}: cannot read array {key} ({error})") from None
+            if not (np.issubdtype(arrays[key].dtype, np.number) or arrays[key].dtype == bool):
+                raise UsageError(f"workload {path!r}: array {key} is not numeric (dtype {arrays[key].dtype})")
+    matrix, targets = arrays["W"], arrays["targets"]
+    if matrix.ndim != 2:
+        raise UsageError(f"workload {path!r}: W must be a 2-D (m x d) matrix, got shape {matrix.shape}")
+    if targets.ndim != 1 or targets.shape[0] != matrix.shape[0]:
+        raise UsageError(
+            f"workload {path!r}: targets must have shape ({matrix.shape[0]},) (one per row of W), got {targets.shape}"
+        )
+    return LoadedWorkload(path, "npz", matrix.astype(float), targets.astype(float))
+
+
+def load_workload(spec: str) -> LoadedWorkload:
+    """Resolve WORKLOAD: a built-in name (see ``WORKLOAD_HELP``) or a path to a ``.npz`` file.
+
+    Built-in names win over files of the same name; anything ending in ``.npz`` or naming an
+    existing file is read as a ``.npz`` archive. Raises ``UsageError`` for anything else.
+    """
+    builder = _builtin(spec)
+    if builder is not None:
+        try:
+            workload = builder()
+        except ValueError as error:
+            raise UsageError(f"workload {spec!r}: {error}") from None
+        return LoadedWorkload(spec, "builtin", np.asarray(workload.matrix), np.asarray(workload.targets))
+    if spec.endswith(".npz") or os.path.exists(spec):
+        return _load_npz(spec)
+    raise UsageError(
+        f"unknown workload {spec!r}: use pl94, pl94-uniform, age-pyramid, prefix:N, ranges:D:M:SEED, "
+        "marginals:AxBxC, or a path to a .npz file with arrays W and targets"
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# budgets and outputs
+# ---------------------------------------------------------------------------------------------
+
+def _budget(args: argparse.Namespace) -> Budget | None:
+    given = []
+    if args.rho is not None:
+        given.append("--rho")
+    if args.epsilon is not None or args.delta is not None:
+        given.append("--epsilon/--delta")
+    if args.alpha is not None:
+        given.append("--alpha")
+    if len(given) > 1:
+        raise UsageError(
+            f"conflicting budget flags {' and '.join(given)}: give one budget "
+            "(--rho R, --epsilon E --delta D, or --alpha A)"
+        )
+    if args.epsilon is not None and args.delta is None:
+        raise UsageError("--epsilon needs --delta: an (epsilon, delta) budget gives both")
+    if args.delta is not None and args.epsilon is None:
+        raise UsageError("--delta needs --epsilon: an (epsilon, delta) budget gives both")
+    if not given:
+        return None
+    return Budget(rho=args.rho, epsilon=args.epsilon, delta=args.delta, alpha=args.alpha)
+
+
+def _check_output_path(flag: str, path: str | None) -> None:
+    """Fail before the solve if an output cannot possibly be written."""
+    if path is None:
+        return
+    if path == "" or path.endswith(os.sep):
+        raise UsageError(f"{flag}: {path!r} is not a file name")
+    if os.path.isdir(path):
+        raise UsageError(f"{flag}: {path!r} is a directory")
+    directory = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(directory):
+        raise UsageError(f"{flag}: directory {directory!r} does not exist")
+    if not os.access(directory, os.W_OK):
+        raise UsageError(f"{flag}: directory {directory!r} is not writable")
+
+
+def _current_umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def _stage(path: str, write: Callable[[Any], None]) -> str:
+    """Write via ``write(file)`` to a temporary file next to ``path``; return the temporary name."""
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, temporary = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            write(handle)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.chmod(temporary, 0o666 & ~_current_umask())
+    except BaseException:
+        try:
+            os.unlink(temporary)
+        except OSError:
+            pass
+        raise
+    return temporary
+
+
+def write_outputs(outputs: Sequence[tuple[str, str, Callable[[Any], None]]]) -> None:
+    """Write every ``(flag, path, writer)`` atomically: all are staged to temporary files in
+    their target directories first and moved into place (``os.replace``) only when all are
+    staged, so a failure leaves neither a partial file nor a partial set of files."""
+    staged: list[tuple[str, str]] = []
+    try:
+        for flag, path, write in outputs:
+            try:
+                staged.append((_stage(path, write), path))
+            except OSError as error:
+                raise OutputError(f"{flag}: cannot write {path!r}: {error.strerror or error}") from None
+        for temporary, path in staged:
+            os.replace(temporary, path)
+    finally:
+        for temporary, _ in staged:
+            if os.path.exists(temporary):
+                try:
+                    os.unlink(temporary)
+                except OSError:
+                    pass
+
+
+# ---------------------------------------------------------------------------------------------
+# distfit solve
+# ---------------------------------------------------------------------------------------------
+
+BASIS_DESCRIPTIONS = {
+    "auto": "orthonormal basis of W's row space",
+    "identity": "unit rows, one per cell",
+    "prefix": "upper-triangular ones",
+    "custom": "given basis",
+}
+
+
+def _solve_report(args: argparse.Namespace) -> dict[str, Any]:
+    budget = _budget(args)
+    _check_output_path("--json", args.json)
+    _check_output_path("--save", args.save)
+    if args.json is not None and args.save is not None and os.path.abspath(args.json) == os.path.abspath(args.save):
+        raise UsageError("--json and --save name the same file")
+    workload = load_workload(args.workload)
+    gap_tolerance = args.gap_tolerance
+    if not (math.isfinite(gap_tolerance) and gap_tolerance > 0):
+        raise UsageError(f"--gap-tolerance must be finite and > 0, got {gap_tolerance!r}")
+    max_gap = max(DEFAULT_MAX_GAP, gap_tolerance)
+    solution = solve(
+        workload.matrix, workload.targets, basis=args.basis, budget=budget,
+        gap_tolerance=gap_tolerance, max_gap=max_gap,
+    )
+    m, d = workload.matrix.shape
+    rank = int(solution.basis.shape[0])
+    ratios = solution.variances / solution.targets
+    account = solution.privacy_account()
+    report: dict[str, Any] = {
+        "distfit_version": __version__,
+        "command": "solve",
+        "workload": {"name": workload.name, "source": workload.source, "queries": m, "cells": d, "rank": rank},
+        "basis": {"requested": args.basis, "kind": solution.basis_kind, "reduced": bool(solution.basis_reduced),
+                  "rows": rank},
+        "budget": None if budget is None else {**budget.to_dict(), "kind": budget.kind, "alpha": budget.to_alpha()},
+        "alpha": float(solution.alpha),
+        "rho": float(solution.rho),
+        # Problem 1 (accuracy first): alpha with every variance <= its target
+        "alpha_accuracy_first": float(solution.alpha * solution.variance_scale),
+        "lower_bound": float(solution.lower_bound),
+        "gap": float(solution.gap),
+        "gap_percent": float(100.0 * solution.gap),
+        "gap_tolerance": float(gap_tolerance),
+        "variance_scale": float(solution.variance_scale),
+        "max_variance_ratio": float(ratios.max()),
+        "privacy_account": account.to_dict(),
+        "solver": asdict(solution.stats),
+        "baselines": None,
+        "warnings": [],
+    }
+    if args.baselines:
+        from .baselines import compare_baselines
+
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            results = compare_baselines(workload.matrix, workload.targets, solution.alpha)
+        report["warnings"].extend(f"{w.category.__name__}: {w.message}" for w in caught)
+        report["baselines"] = {
+            name: {"max_variance_ratio": float(result.max_ratio), "alpha": float(result.alpha),
+                   "strategy_shape": list(result.strategy_shape),
+                   "info": {k: float(v) for k, v in result.info.items()}}
+            for name, result in results.items()
+        }
+    outputs = []
+    if args.json is not None:
+        text = json.dumps(report, indent=2) + "\n"
+        outputs.append(("--json", args.json, lambda handle: handle.write(text.encode("utf-8"))))
+    if args.save is not None:
+        arrays = {
+            "sigma": solution.sigma, "basis": solution.basis, "recon": solution.recon,
+            "targets": solution.targets, "profile": solution.profile, "variances": solution.variances,
+        }
+        outputs.append(("--save", args.save, lambda handle: np.savez(handle, **arrays)))
+    write_outputs(outputs)
+    return report
+
+
+def _fmt(value: float) -> str:
+    return f"{value:.6g}"
+
+
+def format_solve_report(report: dict[str, Any]) -> str:
+    """The human-readable summary printed by ``distfit solve``."""
+    w, b, s = report["workload"], report["basis"], report["solver"]
+    lines = [f"distfit {report['distfit_version']}: solve {w['name']}"]
+    lines.append(f"  workload       {w['queries']} queries x {w['cells']} cells, rank {w['rank']}")
+    basis = f"{b['kind']} ({BASIS_DESCRIPTIONS.get(b['kind'], b['kind'])}), {b['rows']} rows"
+    if b["reduced"]:
+        basis += ", reduced to W's row space"
+    lines.append(f"  basis          {basis}")
+    budget = report["budget"]
+    if budget is not None:
+        given = ", ".join(f"{k} = {_fmt(budget[k])}" for k in ("rho", "epsilon", "delta") if k in budget)
+        allows = f" -> alpha {_fmt(budget['alpha'])}" if budget["kind"] != "alpha" else ""
+        if budget["kind"] == "alpha":
+            given = f"alpha = {_fmt(budget['alpha'])}"
+        lines.append(f"  budget         {given}{allows}; every variance <= "
+                     f"{_fmt(report['variance_scale'])} x its target")
+        lines.append(f"  accuracy-first alpha {_fmt(report['alpha_accuracy_first'])} (variances = targets)")
+    lines.append(f"  privacy cost   alpha = {_fmt(report['alpha'])}   rho = {_fmt(report['rho'])} (zCDP)")
+    lines.append(f"  certificate    lower bound {_fmt(report['lower_bound'])} on the optimal alpha, "
+                 f"gap {report['gap_percent']:.2g} %")
+    lines.append(f"  max variance/target  {report['max_variance_ratio']:.6f}")
+    lines.append("  (epsilon, delta)-DP, exact for the correlated Gaussian mechanism:")
+    for row in report["privacy_account"]["epsilon_delta"]:
+        lines.append(f"    delta = {row['delta']:<8.0e} epsilon = {row['epsilon']:.4f}")
+    lines.append(f"    Renyi DP: epsilon(a) = {_fmt(report['rho'])} * a for every order a")
+    lines.append(f"  solver         stage {s['stage']}, {s['seconds']:.2f} s, {s['dual_evaluations']} dual evaluations, "
+                 f"{s['newton_iterations']} Newton iterations, {s['cg_iterations']} CG iterations")
+    if report["baselines"] is not None:
+        lines.append(f"  baselines at alpha = {_fmt(report['alpha'])}: max variance/target "
+                     f"(distfit: {report['max_variance_ratio']:.4f})")
+        for name, result in report["baselines"].items():
+            extra = ""
+            if "branching" in result["info"]:
+                extra = f"  (branching {int(result['info']['branching'])})"
+            lines.append(f"    {name:<18} {result['max_variance_ratio']:.4f}{extra}")
+    for warning in report["warnings"]:
+        lines.append(f"  note: {warning}")
+    return "\n".join(lines)
+
+
+def _cmd_solve(args: argparse.Namespace) -> int:
+    report = _solve_report(args)
+    print(format_solve_report(report))
+    if args.json is not None:
+        print(f"  wrote {args.json}")
+    if args.save is not None:
+        print(f"  wrote {args.save}")
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------
+# entry point
+# ---------------------------------------------------------------------------------------------
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog=PROG,
+        description="Differentially private linear-query release with per-query variance targets.",
+    )
+    parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    solve_parser = commands.add_parser(
+        "solve",
+        help="plan one block: optimal noise covariance, certificate and privacy account",
+        description="Solve one block (distfit.solve) and report its privacy cost alpha, the certified "
+                    "lower bound and gap, the exact privacy account and the solver statistics.",
+    )
+    solve_parser.add_argument("workload", metavar="WORKLOAD", help=WORKLOAD_HELP)
+    solve_parser.add_argument("--basis", choices=("auto", "identity", "prefix"), default="auto",
+                              help="basis B of the mechanism L (B x + z) (default: auto)")
+    solve_parser.add_argument("--rho", type=float, help="zCDP budget: alpha = 2 rho, variances scaled to fit")
+    solve_parser.add_argument("--epsilon", type=float, help="(epsilon, delta) budget, with --delta (exact)")
+    solve_parser.add_argument("--delta", type=float, help="(epsilon, delta) budget, with --epsilon")
+    solve_parser.add_argument("--alpha", type=float, help="privacy-cost budget alpha = Delta^2")
+    solve_parser.add_argument("--gap-tolerance", type=float, default=1e-4, metavar="G",
+                              help="stop once the certified relative gap is <= G (default 1e-4); "
+                                   f"a plan above max(G, {DEFAULT_MAX_GAP:g}) is an error")
+    solve_parser.add_argument("--json", metavar="OUT.json", help="write the report as JSON")
+    solve_parser.add_argument("--save", metavar="OUT.npz",
+                              help="write sigma, basis, recon, targets, profile, variances")
+    solve_parser.add_argument("--baselines", action="store_true",
+                              help="also run the Gaussian, hierarchical and matrix mechanisms at the same alpha")
+    solve_parser.set_defaults(handler=_cmd_solve)
+    return parser
+
+
+def _error(message: str) -> None:
+    text = " ".join(str(message).split()) or "unknown error"
+    print(f"{PROG}: error: {text}", file=sys.stderr)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; returns the exit code (0 ok, 1 solver/output failure, 2 bad input)."""
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except UsageError as error:
+        _error(error)
+        return 2
+    except SystemExit as exit_:  # --help, --version
+        return exit_.code if isinstance(exit_.code, int) else 0
+    if getattr(args, "handler", None) is None:
+        _error("a command is required: solve (see distfit --help)")
+        return 2
+    try:
+        return args.handler(args)
+    except UsageError as error:
+        _error(error)
+        return 2
+    except ConvergenceError as error:
+        _error(error)
+        return 1
+    except MemoryError as error:
+        _error(str(error) or "out of memory: the block is too large; cut the workload into blocks")
+        return 2
+    except ValueError as error:
+        _error(error)
+        return 2
+    except (OutputError, np.linalg.LinAlgError) as error:
+        _error(error)
+        return 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
