@@ -42,10 +42,16 @@ class Representation:
 
 
 def _row_space(matrix: np.ndarray) -> np.ndarray:
-    """Orthonormal rows (r, d) spanning the row space of ``matrix`` (SVD, numerical rank)."""
+    """Orthonormal rows (r, d) spanning the row space of ``matrix`` (SVD, numerical rank).
+
+    Columns of cells no query touches are set to exactly 0 (the SVD leaves round-off there),
+    so those cells get a profile of exactly 0, as they should.
+    """
     _, singular, right = np.linalg.svd(matrix, full_matrices=False)
     tolerance = max(matrix.shape) * np.finfo(float).eps * singular[0]
-    return right[: int((singular > tolerance).sum())]
+    rows = right[: int((singular > tolerance).sum())].copy()
+    rows[:, ~np.any(matrix != 0.0, axis=0)] = 0.0
+    return rows
 
 
 def _independent_rows(rows: np.ndarray, count: int) -> np.ndarray:

@@ -37,13 +37,16 @@ from .privacy import privacy_profile
 class DualPoint:
     """One evaluation of the dual at weights (u, v) and the primal it recovers.
 
-    ``bound`` = N^2 is a valid lower bound on alpha*; ``sigma`` is the recovered covariance
+    ``bound`` = N^2 is a valid lower bound on alpha* (rounding errors of the eigenvalues are
+    subtracted first); ``nuclear_norm`` is the smooth N the optimiser follows; ``sigma`` is the
+    recovered covariance
     (scale-free: ``sigma / h.max()`` meets every target and then costs ``p.max() * h.max()``).
     """
 
     cell_weights: np.ndarray
     query_weights: np.ndarray
     bound: float
+    nuclear_norm: float
     sigma: np.ndarray
     profile: np.ndarray
     ratios: np.ndarray
@@ -79,10 +82,14 @@ def evaluate_dual(
     upper = scipy.linalg.cholesky(gram_queries, lower=False)  # G = R^T R
     inner = _symmetrize(upper @ gram_cells @ upper.T)  # X = R A R^T
     eigenvalues, eigenvectors = scipy.linalg.eigh(inner)
-    # A is only PSD when u vanishes on a spanning set of cells; clamp round-off.
-    floor = eigenvalues.max() * 1e-15
-    eigenvalues = np.maximum(eigenvalues, floor)
-    root = np.sqrt(eigenvalues)
+    top = eigenvalues.max()
+    # The bound must stay a proof: computed eigenvalues are off by at most about k eps |X|, so
+    # take square roots of eigenvalues lowered by a generous multiple of that before summing.
+    # Zero eigenvalues (cells with zero weight) would otherwise each add sqrt(eps |X|).
+    rounding = 8.0 * eigenvalues.size * np.finfo(float).eps * top
+    certified = float(np.sqrt(np.maximum(eigenvalues - rounding, 0.0)).sum())
+    # A is only PSD when u vanishes on a spanning set of cells; the recovered plan needs a floor.
+    root = np.sqrt(np.maximum(eigenvalues, top * 1e-15))
     nuclear = float(root.sum())
     # Sigma = R^-1 Z diag(sqrt(lam)) Z^T R^-T ;  Sigma^-1 = R^T Z diag(lam^-1/2) Z^T R
     half = scipy.linalg.solve_triangular(upper, eigenvectors, lower=False) * np.sqrt(root)
@@ -91,7 +98,7 @@ def evaluate_dual(
     profile = np.einsum("ij,ij->j", whitened_cells, whitened_cells)
     whitened_queries = scaled_recon @ half
     ratios = np.einsum("ij,ij->i", whitened_queries, whitened_queries)
-    return DualPoint(u, v, nuclear**2, sigma, profile, ratios)
+    return DualPoint(u, v, certified**2, nuclear, sigma, profile, ratios)
 
 
 def plan_cost(basis: np.ndarray, scaled_recon: np.ndarray, sigma: np.ndarray) -> float:
@@ -157,12 +164,12 @@ def maximize_dual(
             best["primal"] = point
         if min(best["primal"].primal_alpha, known_alpha) <= best["bound"].bound * (1.0 + target_gap):
             raise _Converged
-        norm = np.sqrt(point.bound)
+        norm = point.nuclear_norm
         gradient = np.concatenate([
             2.0 * cell_part * (point.profile / norm - 1.0) / cell_norm,
             2.0 * query_part * (point.ratios / norm - 1.0) / query_norm,
         ])
-        return -np.log(point.bound), -gradient
+        return -2.0 * np.log(norm), -gradient
 
     with np.errstate(all="ignore"):
         try:
