@@ -38,6 +38,8 @@ import scipy.linalg
 import scipy.optimize
 import scipy.special
 
+from .workload import validate_workload
+
 __all__ = [
     "BaselineResult",
     "strategy_mechanism",
@@ -94,27 +96,6 @@ class BaselineResult:
 # --------------------------------------------------------------------------------------------
 # validation
 # --------------------------------------------------------------------------------------------
-def _check_workload(W: np.ndarray) -> np.ndarray:
-    W = np.asarray(W, dtype=float)
-    if W.ndim != 2 or W.shape[0] == 0 or W.shape[1] == 0:
-        raise ValueError(f"W must be a non-empty 2-D matrix, got shape {W.shape}")
-    if not np.all(np.isfinite(W)):
-        raise ValueError("W must contain only finite values")
-    if not np.any(W):
-        raise ValueError("W must have at least one non-zero entry")
-    return W
-
-
-def _check_targets(targets: np.ndarray, m: int) -> np.ndarray:
-    c = np.asarray(targets, dtype=float)
-    if c.ndim != 1 or c.shape[0] != m:
-        raise ValueError(f"targets must be a 1-D array of length {m} (one per query of W), "
-                         f"got shape {c.shape}")
-    if not np.all(np.isfinite(c)) or np.any(c <= 0):
-        raise ValueError("targets must be finite and strictly positive")
-    return c
-
-
 def _check_alpha(alpha: float) -> float:
     try:
         a = float(alpha)
@@ -126,8 +107,8 @@ def _check_alpha(alpha: float) -> float:
 
 
 def _check_inputs(W, targets, alpha) -> tuple[np.ndarray, np.ndarray, float]:
-    W = _check_workload(W)
-    return W, _check_targets(targets, W.shape[0]), _check_alpha(alpha)
+    W, c = validate_workload(W, targets)
+    return W, c, _check_alpha(alpha)
 
 
 def _readonly(x: np.ndarray) -> np.ndarray:

@@ -41,6 +41,7 @@ from threadpoolctl import threadpool_limits
 from . import certificate, smii
 from .basis import represent
 from .privacy import Budget, PrivacyAccount, privacy_account, privacy_profile
+from .workload import validate_workload
 
 
 SOLVE_METHODS = ("auto", "smii", "dual")
@@ -113,36 +114,6 @@ class BlockSolution:
         return privacy_account(self.alpha, **kwargs)
 
 
-def _validate(matrix: Any, targets: Any) -> tuple[np.ndarray, np.ndarray]:
-    try:
-        workload = np.asarray(matrix, dtype=float)
-    except (TypeError, ValueError) as error:
-        raise ValueError(f"W: not a numeric matrix ({error})") from None
-    if workload.ndim != 2 or workload.shape[0] == 0 or workload.shape[1] == 0:
-        raise ValueError(f"W: expected a non-empty 2-D matrix, got shape {workload.shape}")
-    if not np.all(np.isfinite(workload)):
-        raise ValueError("W: contains non-finite entries (nan or inf)")
-    if not np.any(workload):
-        raise ValueError("W: every entry is zero; there is nothing to answer")
-    try:
-        target_array = np.asarray(targets, dtype=float)
-    except (TypeError, ValueError) as error:
-        raise ValueError(f"targets: not numeric ({error})") from None
-    if target_array.ndim == 0:
-        target_array = np.full(workload.shape[0], float(target_array))
-    if target_array.shape != (workload.shape[0],):
-        raise ValueError(f"targets: expected {workload.shape[0]} values (one per row of W), got shape {target_array.shape}")
-    if not np.all(np.isfinite(target_array)):
-        raise ValueError("targets: contains non-finite values")
-    if np.any(target_array <= 0):
-        bad = int(np.flatnonzero(target_array <= 0)[0])
-        raise ValueError(f"targets: every target must be > 0; targets[{bad}] = {target_array[bad]}")
-    zero_rows = np.flatnonzero(~np.any(workload != 0.0, axis=1))
-    if zero_rows.size:
-        raise ValueError(f"W: row {int(zero_rows[0])} is all zeros (a query that reads no cell needs no noise; drop it)")
-    return workload, target_array
-
-
 def default_memory_limit() -> int:
     """Half of the machine's physical memory, in bytes."""
     try:
@@ -189,7 +160,7 @@ def solve(
     docstring.
     """
     start = time.perf_counter()
-    workload, target_array = _validate(W, targets)
+    workload, target_array = validate_workload(W, targets)
     parsed_budget = None if budget is None else Budget.parse(budget)
     if method not in SOLVE_METHODS:
         raise ValueError(f"method: unknown method {method!r}; use one of {', '.join(SOLVE_METHODS)}")

@@ -24,6 +24,7 @@ from typing import Iterable, Mapping, Sequence, Union
 import numpy as np
 
 __all__ = [
+    "validate_workload",
     "identity_queries",
     "total_queries",
     "prefix_queries",
@@ -293,6 +294,42 @@ def marginal_queries(domain: Domain, clique: Iterable[str]) -> np.ndarray:
     if unknown:
         raise ValueError(f"unknown attribute {unknown[0]!r} in clique; domain has {list(domain.names)}")
     return kron_queries(domain, {name: np.eye(domain.size_of(name)) for name in clique})
+
+
+def validate_workload(matrix: object, targets: object) -> tuple[np.ndarray, np.ndarray]:
+    """Check a workload matrix W (m x d) and its targets; return them as float arrays.
+
+    A scalar target applies to every query. Raises ValueError naming ``W`` or ``targets``:
+    non-numeric, not 2-D or empty, non-finite, all zero, a row that reads no cell; targets of
+    the wrong length, non-finite or not > 0. ``solve`` and the baselines share it.
+    """
+    try:
+        workload = np.asarray(matrix, dtype=float)
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"W: not a numeric matrix ({error})") from None
+    if workload.ndim != 2 or workload.shape[0] == 0 or workload.shape[1] == 0:
+        raise ValueError(f"W: expected a non-empty 2-D matrix, got shape {workload.shape}")
+    if not np.all(np.isfinite(workload)):
+        raise ValueError("W: contains non-finite entries (nan or inf)")
+    if not np.any(workload):
+        raise ValueError("W: every entry is zero; there is nothing to answer")
+    try:
+        target_array = np.asarray(targets, dtype=float)
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"targets: not numeric ({error})") from None
+    if target_array.ndim == 0:
+        target_array = np.full(workload.shape[0], float(target_array))
+    if target_array.shape != (workload.shape[0],):
+        raise ValueError(f"targets: expected {workload.shape[0]} values (one per row of W), got shape {target_array.shape}")
+    if not np.all(np.isfinite(target_array)):
+        raise ValueError("targets: contains non-finite values")
+    if np.any(target_array <= 0):
+        bad = int(np.flatnonzero(target_array <= 0)[0])
+        raise ValueError(f"targets: every target must be > 0; targets[{bad}] = {target_array[bad]}")
+    zero_rows = np.flatnonzero(~np.any(workload != 0.0, axis=1))
+    if zero_rows.size:
+        raise ValueError(f"W: row {int(zero_rows[0])} is all zeros (a query that reads no cell needs no noise; drop it)")
+    return workload, target_array
 
 
 # ---------------------------------------------------------------------------------------------
