@@ -245,3 +245,57 @@ def stitched_profile(domain: Domain, blocks: Sequence[tuple[Sequence[str], np.nd
         shape = [domain.size_of(a) if a in attributes else 1 for a in domain.names]
         total = total + np.asarray(profile, dtype=float).reshape(shape)
     return total.ravel()
+
+
+def _lift(domain: Domain, basis: np.ndarray, attributes: Sequence[str], target: Sequence[str]) -> np.ndarray:
+    """A basis on the ``attributes``-marginal lifted to the ``target``-marginal (a superset).
+
+    ``kron`` with all-ones rows appends the extra attributes after the block's own; a
+    transpose then restores the target marginal's row-major order (domain order).
+    """
+    own = [name for name in target if name in attributes]
+    extra = [name for name in target if name not in attributes]
+    lifted = _kron_all([basis] + [np.ones((1, domain.size_of(name))) for name in extra])
+    shape = [domain.size_of(name) for name in own + extra]
+    axes = [(own + extra).index(name) for name in target]
+    rows = lifted.shape[0]
+    return lifted.reshape([rows] + shape).transpose([0] + [1 + axis for axis in axes]).reshape(rows, -1)
+
+
+def merge_blocks(domain: Domain, blocks: Sequence[BlockSpec], cliques: Sequence[Sequence[str]], max_cells: int) -> list[BlockSpec]:
+    """Merge residual blocks into one block per clique while its marginal has <= ``max_cells`` cells.
+
+    Cliques are visited largest first; each residual block S joins the first clique A that
+    contains it and fits the limit. The merged basis stacks the residual bases lifted to the
+    A-marginal; a query's rows in the merged residual blocks become one row with their
+    coefficients side by side. With no limit this tends to one SM-II solve per maximal clique;
+    with ``max_cells = 0`` nothing is merged. Merging trades solve time for privacy: one block
+    can correlate the noise of its residual parts, which the block-diagonal plan cannot.
+    """
+    order = sorted({tuple(a for a in domain.names if a in clique) for clique in cliques},
+                   key=lambda c: (-math.prod(domain.size_of(a) for a in c), [domain.index(a) for a in c]))
+    assigned: dict[int, tuple[str, ...]] = {}
+    for index, block in enumerate(blocks):
+        for clique in order:
+            if set(block.attributes) <= set(clique) and math.prod(domain.size_of(a) for a in clique) <= max_cells:
+                assigned[index] = clique
+                break
+    merged: list[BlockSpec] = []
+    for clique in order:
+        members = [blocks[i] for i in sorted(assigned) if assigned[i] == clique]
+        if len(members) <= 1:
+            continue
+        basis = np.vstack([_lift(domain, b.basis, b.attributes, clique) for b in members])
+        queries = np.unique(np.concatenate([b.query_index for b in members]))
+        position = {query: row for row, query in enumerate(queries)}
+        recon = np.zeros((queries.size, basis.shape[0]))
+        targets = np.zeros(queries.size)
+        offset = 0
+        for member in members:
+            rows = np.array([position[q] for q in member.query_index])
+            recon[rows, offset : offset + member.basis.shape[0]] += member.recon
+            targets[rows] = member.targets
+            offset += member.basis.shape[0]
+        merged.append(BlockSpec(block_id_for(clique) + ".merged", clique, basis, recon, queries, targets))
+    untouched = [blocks[i] for i in range(len(blocks)) if i not in assigned or sum(1 for j in assigned if assigned[j] == assigned[i]) == 1]
+    return untouched + merged
