@@ -262,40 +262,73 @@ def _lift(domain: Domain, basis: np.ndarray, attributes: Sequence[str], target: 
     return lifted.reshape([rows] + shape).transpose([0] + [1 + axis for axis in axes]).reshape(rows, -1)
 
 
-def merge_blocks(domain: Domain, blocks: Sequence[BlockSpec], cliques: Sequence[Sequence[str]], max_cells: int) -> list[BlockSpec]:
-    """Merge residual blocks into one block per clique while its marginal has <= ``max_cells`` cells.
+def _cells(domain: Domain, attributes: Sequence[str]) -> int:
+    return math.prod(domain.size_of(a) for a in attributes)
 
-    Cliques are visited largest first; each residual block S joins the first clique A that
-    contains it and fits the limit. The merged basis stacks the residual bases lifted to the
-    A-marginal; a query's rows in the merged residual blocks become one row with their
-    coefficients side by side. With no limit this tends to one SM-II solve per maximal clique;
-    with ``max_cells = 0`` nothing is merged. Merging trades solve time for privacy: one block
-    can correlate the noise of its residual parts, which the block-diagonal plan cannot.
+
+def _in_domain_order(domain: Domain, attributes) -> tuple[str, ...]:
+    return tuple(a for a in domain.names if a in set(attributes))
+
+
+def combine_blocks(domain: Domain, members: Sequence[BlockSpec], attributes: Sequence[str] | None = None) -> BlockSpec:
+    """One block equivalent to ``members`` jointly: bases lifted to the union marginal and
+    stacked; a query's rows in several members become one row with the coefficients side by
+    side (so the block's workload is exactly the members' workloads summed)."""
+    if attributes is None:
+        attributes = _in_domain_order(domain, set().union(*(m.attributes for m in members)))
+    basis = np.vstack([_lift(domain, m.basis, m.attributes, attributes) for m in members])
+    queries = np.unique(np.concatenate([m.query_index for m in members]))
+    recon = np.zeros((queries.size, basis.shape[0]))
+    targets = np.zeros(queries.size)
+    offset = 0
+    for member in members:
+        rows = np.searchsorted(queries, member.query_index)
+        recon[rows, offset : offset + member.basis.shape[0]] += member.recon
+        targets[rows] = member.targets
+        offset += member.basis.shape[0]
+    return BlockSpec(block_id_for(attributes), tuple(attributes), basis, recon, queries, targets)
+
+
+def merge_blocks(domain: Domain, blocks: Sequence[BlockSpec], cliques: Sequence[Sequence[str]], max_cells: int) -> list[BlockSpec]:
+    """Merge blocks while the merged block's marginal has at most ``max_cells`` cells.
+
+    Two phases, both exact (``combine_blocks``): (1) each residual block joins the largest
+    query clique that contains it and fits the limit, and the residual blocks of one clique
+    become one block; (2) blocks that share attributes are merged pairwise, smallest union
+    first, while the union fits. With no limit this ends in one block over every queried
+    attribute, i.e. the single global SM-II solve; with ``max_cells = 0`` nothing is merged.
+    Merging trades solve time (a block of k rows costs O(k^3) per step) for privacy: one
+    block can correlate the noise of its parts, which a block-diagonal plan cannot.
     """
-    order = sorted({tuple(a for a in domain.names if a in clique) for clique in cliques},
-                   key=lambda c: (-math.prod(domain.size_of(a) for a in c), [domain.index(a) for a in c]))
-    assigned: dict[int, tuple[str, ...]] = {}
-    for index, block in enumerate(blocks):
-        for clique in order:
-            if set(block.attributes) <= set(clique) and math.prod(domain.size_of(a) for a in clique) <= max_cells:
-                assigned[index] = clique
-                break
-    merged: list[BlockSpec] = []
-    for clique in order:
-        members = [blocks[i] for i in sorted(assigned) if assigned[i] == clique]
-        if len(members) <= 1:
-            continue
-        basis = np.vstack([_lift(domain, b.basis, b.attributes, clique) for b in members])
-        queries = np.unique(np.concatenate([b.query_index for b in members]))
-        position = {query: row for row, query in enumerate(queries)}
-        recon = np.zeros((queries.size, basis.shape[0]))
-        targets = np.zeros(queries.size)
-        offset = 0
-        for member in members:
-            rows = np.array([position[q] for q in member.query_index])
-            recon[rows, offset : offset + member.basis.shape[0]] += member.recon
-            targets[rows] = member.targets
-            offset += member.basis.shape[0]
-        merged.append(BlockSpec(block_id_for(clique) + ".merged", clique, basis, recon, queries, targets))
-    untouched = [blocks[i] for i in range(len(blocks)) if i not in assigned or sum(1 for j in assigned if assigned[j] == assigned[i]) == 1]
-    return untouched + merged
+    order = sorted({_in_domain_order(domain, clique) for clique in cliques},
+                   key=lambda c: (-_cells(domain, c), [domain.index(a) for a in c]))
+    groups: dict[tuple[str, ...], list[BlockSpec]] = {}
+    current: list[BlockSpec] = []
+    for block in blocks:
+        home = next((c for c in order if set(block.attributes) <= set(c) and _cells(domain, c) <= max_cells), None)
+        if home is None:
+            current.append(block)
+        else:
+            groups.setdefault(home, []).append(block)
+    for clique, members in groups.items():
+        current.append(members[0] if len(members) == 1 else combine_blocks(domain, members, clique))
+    while True:
+        candidates = []
+        for i, j in itertools.combinations(range(len(current)), 2):
+            first, second = set(current[i].attributes), set(current[j].attributes)
+            if first & second or not first or not second:
+                union = _in_domain_order(domain, first | second)
+                cells = _cells(domain, union)
+                if cells <= max_cells:
+                    candidates.append((cells, i, j))
+        if not candidates:
+            break
+        merged_now: set[int] = set()
+        replacements = []
+        for cells, i, j in sorted(candidates):
+            if i in merged_now or j in merged_now:
+                continue
+            merged_now.update((i, j))
+            replacements.append(combine_blocks(domain, [current[i], current[j]]))
+        current = [b for k, b in enumerate(current) if k not in merged_now] + replacements
+    return sorted(current, key=lambda b: (len(b.attributes), [domain.index(a) for a in b.attributes]))

@@ -176,7 +176,7 @@ def test_merged_blocks_reassemble_the_workload_and_cost_less():
     workload = workload_from_groups(domain, groups)
     residual = residual_blocks(domain, groups)
     merged = merge_blocks(domain, residual, [tuple(g[1]) for g in groups], max_cells=16)
-    assert sorted(b.block_id for b in merged) == ["r-age.sex.merged", "r-sex.edu.merged"]
+    assert sorted(b.block_id for b in merged) == ["r-age.sex", "r-sex.edu"]
     rebuilt = np.zeros_like(workload.matrix)
     for block in merged:
         np.add.at(rebuilt, block.query_index, block.recon @ block.basis @ _marginalise(domain, block.attributes))
@@ -191,3 +191,20 @@ def test_merged_blocks_reassemble_the_workload_and_cost_less():
 
     # Merging lets one block correlate the noise of its residual parts.
     assert planned_alpha(merged) < 0.9 * planned_alpha(residual)
+
+
+def test_merging_without_limit_is_the_global_solve():
+    domain, groups = _mixed_workload()
+    workload = workload_from_groups(domain, groups)
+    merged = merge_blocks(domain, residual_blocks(domain, groups), [tuple(g[1]) for g in groups], max_cells=10**9)
+    assert [b.block_id for b in merged] == ["r-age.sex.edu"]
+    block = merged[0]
+    planned = distfit.solve(block.workload, block.targets, basis=block.basis)
+    whole = distfit.solve(workload.matrix, workload.targets)
+    assert planned.alpha == pytest.approx(whole.alpha, rel=1e-3)
+
+
+def test_no_limit_means_no_merge():
+    domain, groups = _mixed_workload()
+    residual = residual_blocks(domain, groups)
+    assert [b.block_id for b in merge_blocks(domain, residual, [tuple(g[1]) for g in groups], 0)] == [b.block_id for b in residual]
