@@ -94,6 +94,16 @@ def _group_parts(domain: Domain, group: GroupLike, first_query: int):
     return clique, matrices, targets, np.arange(first_query, first_query + rows)
 
 
+def group_targets(domain: Domain, groups: Sequence[GroupLike]) -> np.ndarray:
+    """Every query's target, in workload order (the groups' rows one after another)."""
+    parts, first = [], 0
+    for group in groups:
+        targets = _group_parts(domain, group, first)[2]
+        parts.append(targets)
+        first += targets.size
+    return np.concatenate(parts)
+
+
 def residual_blocks(domain: Domain, groups: Sequence[GroupLike]) -> list[BlockSpec]:
     """Residual blocks of a marginal workload (module docstring; DESIGN.md section 2).
 
@@ -173,7 +183,7 @@ def allocate_scales(
     block_alphas: Sequence[float],
     block_queries: Sequence[tuple[np.ndarray, np.ndarray]],
     targets: np.ndarray,
-    tolerance: float = 1e-9,
+    tolerance: float = 1e-6,
 ) -> ScaleAllocation:
     """Solve ``min sum_S a_S / s_S  s.t.  sum_S s_S v_jS <= c_j`` (DESIGN.md section 2).
 
@@ -184,7 +194,8 @@ def allocate_scales(
     ``max_{omega in simplex} (sum_S sqrt(a_S g_S(omega)))^2``, a lower bound for every omega.
     It is maximised by L-BFGS over square-root parameters ``omega = x^2 / |x|^2`` (the same
     device as the dual certificate); the primal is ``s_S = sqrt(a_S / g_S)`` scaled so the
-    tightest constraint holds with equality.
+    tightest constraint holds with equality. Stops once the feasible allocation is within
+    ``tolerance`` (relative) of the dual bound.
     """
     alphas = np.asarray(block_alphas, dtype=float)
     targets = np.asarray(targets, dtype=float)
