@@ -1,0 +1,1048 @@
+"""Pipeline specs: a YAML file describing one run, validated into frozen dataclasses.
+
+Schema reference (this text is copied into ``pipelines/README.md``)
+==================================================================
+
+A pipeline spec is a YAML mapping (one document) with these keys:
+
+    name: pl94                      # required; letters, digits, "_" and "-" only
+    description: free text          # optional string (not part of the spec hash)
+    attributes:                     # required, non-empty, ordered list: the schema order
+      - name: voting_age            #   required; letters, digits, "_" and "-"; unique
+        values: [under_18, 18_plus] #   the value labels, in value order ...
+        ordinal: false              #   optional, default false
+      - {name: race, size: 63}      #   ... or `size: N` (labels "0", "1", ..., "N-1")
+    units: {column: block_id}       # optional; default null (one population)
+    queries:                        # required, non-empty list of query groups
+      - name: detailed              #   required; letters, digits, "_" and "-"; unique
+        attributes:                 #   the clique: one query kind per attribute
+          voting_age: identity
+          race: {select: [white, black]}
+        target: 4                   #   required: scalar, list, or {file: targets.csv}
+      - name: everyone
+        total: true                 #   the grand total (one query, no attributes)
+        target: 1
+    privacy:                        # optional; default {mode: accuracy}
+      mode: budget                  #   accuracy | budget
+      rho: 0.5                      #   budget: exactly one of rho | epsilon and delta | alpha
+    blocks:                         # optional
+      max_cells: 4096               #   default 4096
+      merge: true                   #   default true
+
+Unknown keys are errors at every level (``spec: unknown key 'querys' (did you mean 'queries'?)``).
+
+Attributes
+----------
+Cells of the domain are the combinations of attribute values, ordered row-major in the schema
+order (the first attribute varies slowest), as in ``distfit.workload.Domain``.
+
+* ``values``: a non-empty list of unique labels. A label is a string (integers are accepted and
+  turned into strings) with no leading/trailing blanks, no control characters and none of
+  ``[`` ``]`` ``,``. ``size: N`` (an integer >= 1) instead gives the labels ``"0"`` .. ``"N-1"``.
+  Give exactly one of ``values`` and ``size``.
+* ``ordinal``: ``true`` when the value order means something (ages, incomes); only ordinal
+  attributes take ``prefix``, ``all_ranges`` and ``ranges`` queries.
+
+Units
+-----
+``units: {column: NAME}`` names the data column of the unit of disjoint people (a geography such
+as a census block). Every unit is answered with the same plan and units compose in parallel
+(DESIGN.md section 2), so they cost no privacy. ``units: null`` (the default) means one
+population.
+
+Query groups
+------------
+A group is a clique of attributes with one query kind per attribute; its queries over the full
+domain are the Kronecker product of the per-attribute query matrices (all-ones rows, i.e. totals,
+over the attributes it does not name). ``attributes`` must name at least one attribute; write
+``total: true`` instead (and no ``attributes``) for the grand total. The order in which a group
+lists its attributes does not matter: the group always follows the schema order.
+
+Query kinds (rows = queries, columns = the attribute's values):
+
+| kind | queries | query label |
+|------|---------|-------------|
+| ``identity`` | one per value (the marginal) | ``race[white]`` |
+| ``total`` | one: the sum over all values | ``race[*]`` |
+| ``prefix`` (ordinal) | value <= v, one per value v | ``age[<=17]`` |
+| ``all_ranges`` (ordinal) | lo <= value <= hi for every lo <= hi, by lo then hi: n(n+1)/2 | ``age[3..7]`` |
+| ``{ranges: [[lo, hi], ...]}`` (ordinal) | lo <= value <= hi (inclusive), in the order given | ``age[18..115]`` |
+| ``{select: [v, ...]}`` | rows of the identity: one count per listed value, in the order given, no repeats | ``race[white+black]`` |
+| ``{matrix: [[...], ...]}`` | custom rows: one column per value, finite numbers, no all-zero row | ``race[#0]`` (row 0) |
+
+In ``select`` and ``ranges`` an **integer is a value index** (0-based) and a **string is a value
+label** (quote a label that looks like a number: ``'5'``). For ``size: N`` attributes the two
+coincide.
+
+A group's queries are ordered row-major over its attributes' query rows in schema order (first
+attribute slowest); a query's label joins its attributes' labels with ``,``, e.g.
+``voting_age[18_plus],race[white]`` (the grand total is labelled ``total``). Across the whole
+spec the workload's queries are the groups' queries in the order of ``queries``, and a query's
+workload label is ``GROUP:LABEL`` (``detailed:voting_age[18_plus],race[white]``).
+
+``target`` (the variance target of each query, every one finite and > 0) is
+
+* a number: the same target for every query of the group;
+* a list of numbers, one per query in the group's query order;
+* ``{file: PATH}``: the same list read from a file, PATH relative to the spec file's directory
+  (``parse_spec``: relative to ``base_dir``, default the current directory). ``.csv``: numbers
+  only, separated by commas, blanks or newlines, read in order; ``#`` starts a comment; no
+  header. ``.npy``: a numeric array, 1-D or a single row or column.
+
+Block limits: the marginal of a group's clique (the product of its attributes' sizes) must not
+exceed ``blocks.max_cells``; otherwise ``queries[k].attributes: clique of N cells exceeds
+blocks.max_cells = M``.
+
+Privacy
+-------
+``mode: accuracy`` (accuracy first, DESIGN.md Problem 1): meet every target with the smallest
+privacy cost; no budget keys allowed. ``mode: budget`` (privacy first, Problem 2): exactly one of
+``rho`` (zCDP), ``epsilon`` and ``delta`` together (exact (epsilon, delta)-DP of the Gaussian
+mechanism), or ``alpha`` (the privacy cost); every variance is then at most ``k`` times its target
+with ``k`` as small as the budget allows. When ``mode`` is omitted it is ``budget`` if a budget
+key is present and ``accuracy`` otherwise. Validated by ``distfit.privacy.Budget``.
+
+Blocks
+------
+``max_cells`` (integer >= 1): the largest block (cells of the marginal it lives on) the planner
+may form or merge into. ``merge`` (boolean): merge the residual blocks of one clique while the
+result stays within ``max_cells``.
+
+YAML dialect
+------------
+Specs are read with YAML 1.2 core-schema scalars: only ``true``/``false`` are booleans (``yes``,
+``no``, ``on``, ``off`` stay strings); integers are decimal digits with an optional sign (``017``
+is 17, while ``18_64`` and ``1:30`` stay strings), or ``0x``/``0o`` hexadecimal and octal;
+``1e3`` and ``.inf`` are numbers; dates stay strings. A key repeated in one mapping is an error.
+
+Errors
+------
+Every problem raises ``SpecError`` (a ``ValueError``) with a one-line message that starts
+with the field path, e.g. ``queries[2].attributes.agee: unknown attribute 'agee' (attributes:
+age, sex)``, ``attributes[3].name: duplicated attribute 'sex'``, ``queries[0].target: must be
+> 0, got -1``, ``privacy: budget given two ways (rho and epsilon/delta); give exactly one``.
+Problems with the file itself start with the file's path (``pl94.yaml: malformed YAML at line 7:
+...``).
+
+Canonical form and hash
+-----------------------
+``PipelineSpec.to_dict()`` is the validated spec as plain JSON data, itself a valid spec: every
+attribute with its ``values`` list and ``ordinal``; every group's attributes in schema order with
+canonical kinds (``"identity"``, ``"total"``, ``"prefix"``, ``"all_ranges"``, ``{"ranges": [[lo,
+hi], ...]}`` and ``{"select": [i, ...]}`` with integer indices, ``{"matrix": [[...]]}`` with
+floats); each target a single number when all of the group's targets are equal, else the list
+(file targets are inlined); privacy with ``mode`` and the budget keys; blocks in full.
+``spec_hash`` is the SHA-256 of the canonical JSON (sorted keys, no blanks) of ``to_dict()``
+without ``description``; the source path is never part of it. Two specs that differ only in key
+order, in how a value is named (label or index) or in how a target is written have the same hash.
+"""
+from __future__ import annotations
+
+import difflib
+import functools
+import hashlib
+import itertools
+import json
+import math
+import numbers
+import os
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Union
+
+import numpy as np
+import yaml
+
+from .privacy import Budget
+from .workload import (
+    Domain,
+    Workload,
+    all_range_queries,
+    custom_queries,
+    identity_queries,
+    kron_queries,
+    prefix_queries,
+    range_queries,
+    total_queries,
+)
+
+__all__ = [
+    "SpecError",
+    "AttributeSpec",
+    "AttributeQuery",
+    "QueryGroupSpec",
+    "UnitsSpec",
+    "PrivacySpec",
+    "BlockLimits",
+    "PipelineSpec",
+    "QUERY_KINDS",
+    "DEFAULT_MAX_CELLS",
+    "WORKLOAD_MAX_CELLS",
+    "load_spec",
+    "parse_spec",
+]
+
+#: Query kinds a group may use on one attribute.
+QUERY_KINDS: tuple[str, ...] = (
+    "identity", "total", "prefix", "all_ranges", "ranges", "select", "matrix")
+_ORDINAL_KINDS = ("prefix", "all_ranges", "ranges")
+_PLAIN_KINDS = ("identity", "total", "prefix", "all_ranges")
+_MAPPING_KINDS = ("ranges", "select", "matrix")
+
+#: Default ``blocks.max_cells``.
+DEFAULT_MAX_CELLS = 4096
+#: ``PipelineSpec.workload()`` refuses domains with more cells than this (dense matrices).
+WORKLOAD_MAX_CELLS = 5_000_000
+#: ... and workload matrices with more entries than this (800 MB of float64).
+WORKLOAD_MAX_ENTRIES = 100_000_000
+
+_NAME_RE = re.compile(r"^[A-Za-z0-9_-]+$")
+_BAD_LABEL_RE = re.compile(r"[\[\],\x00-\x1f\x7f]")
+
+_TOP_KEYS = ("name", "description", "attributes", "units", "queries", "privacy", "blocks")
+_ATTRIBUTE_KEYS = ("name", "values", "size", "ordinal")
+_GROUP_KEYS = ("name", "attributes", "total", "target")
+_PRIVACY_KEYS = ("mode", "rho", "epsilon", "delta", "alpha")
+_BUDGET_KEYS = ("rho", "epsilon", "delta", "alpha")
+_BLOCK_KEYS = ("max_cells", "merge")
+_UNIT_KEYS = ("column",)
+
+
+class SpecError(ValueError):
+    """A pipeline spec is invalid. ``str(error)`` is one line starting with the field path
+    (``field``), or with the spec file's path for problems with the file itself."""
+
+    def __init__(self, field: str, message: str):
+        self.field = field
+        self.problem = " ".join(str(message).split())
+        super().__init__(f"{field}: {self.problem}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Dataclasses
+# ---------------------------------------------------------------------------------------------
+
+
+def _readonly(array: np.ndarray) -> np.ndarray:
+    array = np.array(array, dtype=float, copy=True)
+    array.setflags(write=False)
+    return array
+
+
+@dataclass(frozen=True)
+class AttributeSpec:
+    """One attribute of the schema: its ``name``, value labels (``values``, in value order) and
+    whether the value order is meaningful (``ordinal``)."""
+
+    name: str
+    values: tuple[str, ...]
+    ordinal: bool = False
+
+    @property
+    def size(self) -> int:
+        """Number of values."""
+        return len(self.values)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "values": list(self.values), "ordinal": self.ordinal}
+
+
+@dataclass(frozen=True, eq=False)
+class AttributeQuery:
+    """The queries a group asks of one attribute.
+
+    ``kind`` is one of :data:`QUERY_KINDS`; ``params`` holds the kind's arguments in canonical
+    form (``ranges``: ``((lo, hi), ...)`` value indices; ``select``: value indices; ``matrix``:
+    the rows as tuples of floats; otherwise ``()``); ``matrix`` is the (queries x values)
+    read-only query matrix and ``labels`` one label per row (``age[<=17]``; module docstring).
+    """
+
+    kind: str
+    params: tuple
+    matrix: np.ndarray
+    labels: tuple[str, ...]
+
+    @property
+    def num_queries(self) -> int:
+        return int(self.matrix.shape[0])
+
+    def to_canonical(self) -> Union[str, dict[str, Any]]:
+        """The kind as it appears in :meth:`PipelineSpec.to_dict`."""
+        if self.kind in _PLAIN_KINDS:
+            return self.kind
+        if self.kind == "ranges":
+            return {"ranges": [[int(lo), int(hi)] for lo, hi in self.params]}
+        if self.kind == "select":
+            return {"select": [int(i) for i in self.params]}
+        return {"matrix": [[float(v) + 0.0 for v in row] for row in self.params]}
+
+
+@dataclass(frozen=True, eq=False)
+class QueryGroupSpec:
+    """A query group: its ``name``, the per-attribute queries ``((attribute, AttributeQuery),
+    ...)`` in schema order (empty for the grand total) and one variance target per query
+    (``targets``, read-only, in the group's row-major query order)."""
+
+    name: str
+    queries: tuple[tuple[str, AttributeQuery], ...]
+    targets: np.ndarray
+
+    @property
+    def attributes(self) -> tuple[str, ...]:
+        """The clique (schema order); ``()`` for the grand total."""
+        return tuple(attribute for attribute, _ in self.queries)
+
+    @property
+    def matrices(self) -> dict[str, np.ndarray]:
+        """``{attribute: Q_i}``, the per-attribute query matrices (read-only), schema order."""
+        return {attribute: query.matrix for attribute, query in self.queries}
+
+    @property
+    def num_queries(self) -> int:
+        """Product of the per-attribute query counts (1 for the grand total)."""
+        return math.prod(query.num_queries for _, query in self.queries)
+
+    @property
+    def labels(self) -> tuple[str, ...]:
+        """One label per query, e.g. ``voting_age[18_plus],race[white]``; ``total`` for the
+        grand total."""
+        if not self.queries:
+            return ("total",)
+        return tuple(",".join(parts) for parts in itertools.product(
+            *(query.labels for _, query in self.queries)))
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"name": self.name}
+        if self.queries:
+            out["attributes"] = {attribute: query.to_canonical() for attribute, query in self.queries}
+        else:
+            out["total"] = True
+        targets = [float(t) for t in self.targets]
+        out["target"] = targets[0] if all(t == targets[0] for t in targets) else targets
+        return out
+
+
+@dataclass(frozen=True)
+class UnitsSpec:
+    """The unit of disjoint people: the data column that identifies it."""
+
+    column: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"column": self.column}
+
+
+@dataclass(frozen=True)
+class PrivacySpec:
+    """``mode`` is ``"accuracy"`` (``budget`` None) or ``"budget"`` (``budget`` a
+    :class:`distfit.privacy.Budget`)."""
+
+    mode: str = "accuracy"
+    budget: Budget | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"mode": self.mode}
+        if self.budget is not None:
+            out.update(self.budget.to_dict())
+        return out
+
+
+@dataclass(frozen=True)
+class BlockLimits:
+    """``max_cells``: largest block (cells of its marginal) the planner may form or merge into;
+    ``merge``: merge residual blocks of one clique while within ``max_cells``."""
+
+    max_cells: int = DEFAULT_MAX_CELLS
+    merge: bool = True
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"max_cells": self.max_cells, "merge": self.merge}
+
+
+@dataclass(frozen=True, eq=False)
+class PipelineSpec:
+    """A validated pipeline spec (module docstring). Compare specs by :attr:`spec_hash`."""
+
+    name: str
+    description: str
+    attributes: tuple[AttributeSpec, ...]
+    units: UnitsSpec | None
+    groups: tuple[QueryGroupSpec, ...]
+    privacy: PrivacySpec
+    blocks: BlockLimits
+    source_path: str | None = None
+
+    @property
+    def domain(self) -> Domain:
+        """The schema as a :class:`distfit.workload.Domain` (names and sizes, schema order)."""
+        return Domain(tuple(a.name for a in self.attributes), tuple(a.size for a in self.attributes))
+
+    def attribute(self, name: str) -> AttributeSpec:
+        """The attribute called ``name`` (KeyError if none)."""
+        for attribute in self.attributes:
+            if attribute.name == name:
+                return attribute
+        raise KeyError(name)
+
+    def group(self, name: str) -> QueryGroupSpec:
+        """The query group called ``name`` (KeyError if none)."""
+        for group in self.groups:
+            if group.name == name:
+                return group
+        raise KeyError(name)
+
+    @property
+    def num_queries(self) -> int:
+        """m, the number of workload queries (all groups)."""
+        return sum(group.num_queries for group in self.groups)
+
+    @property
+    def targets(self) -> np.ndarray:
+        """All targets, groups in order (m,)."""
+        return np.concatenate([group.targets for group in self.groups])
+
+    @property
+    def query_labels(self) -> tuple[str, ...]:
+        """All workload query labels ``GROUP:LABEL``, groups in order."""
+        return tuple(f"{group.name}:{label}" for group in self.groups for label in group.labels)
+
+    def group_triples(self) -> list[tuple[str, dict[str, np.ndarray], np.ndarray]]:
+        """``(name, {attribute: Q_i}, targets)`` per group, in order: the input of
+        ``blocks.residual_blocks`` and ``workload.workload_from_groups``."""
+        return [(group.name, group.matrices, group.targets) for group in self.groups]
+
+    def workload(self) -> Workload:
+        """The whole workload as one dense :class:`Workload` (labels ``GROUP:LABEL``).
+
+        Only for small domains: ValueError when the domain has more than
+        :data:`WORKLOAD_MAX_CELLS` cells or the matrix more than :data:`WORKLOAD_MAX_ENTRIES`
+        entries (plan such specs block by block with ``group_triples``).
+        """
+        domain = self.domain
+        if domain.size > WORKLOAD_MAX_CELLS:
+            raise ValueError(
+                f"spec {self.name!r}: the domain has {domain.size} cells, more than "
+                f"{WORKLOAD_MAX_CELLS} for a dense workload matrix; use group_triples() and "
+                f"blocks.residual_blocks instead")
+        entries = self.num_queries * domain.size
+        if entries > WORKLOAD_MAX_ENTRIES:
+            raise ValueError(
+                f"spec {self.name!r}: the workload matrix would have {self.num_queries} x "
+                f"{domain.size} = {entries} entries, more than {WORKLOAD_MAX_ENTRIES}; use "
+                f"group_triples() and blocks.residual_blocks instead")
+        matrix = np.vstack([kron_queries(domain, group.matrices) for group in self.groups])
+        return Workload(matrix, self.targets, self.query_labels, domain)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The canonical, JSON-serialisable form (module docstring); a valid spec itself."""
+        return {
+            "name": self.name,
+            "description": self.description,
+            "attributes": [attribute.to_dict() for attribute in self.attributes],
+            "units": None if self.units is None else self.units.to_dict(),
+            "queries": [group.to_dict() for group in self.groups],
+            "privacy": self.privacy.to_dict(),
+            "blocks": self.blocks.to_dict(),
+        }
+
+    @functools.cached_property
+    def spec_hash(self) -> str:
+        """SHA-256 (hex) of the canonical JSON of :meth:`to_dict` without ``description``."""
+        content = self.to_dict()
+        del content["description"]
+        text = json.dumps(content, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
+                          allow_nan=False)
+        return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+# ---------------------------------------------------------------------------------------------
+# YAML loading
+# ---------------------------------------------------------------------------------------------
+
+
+class _SpecLoader(yaml.SafeLoader):
+    """SafeLoader with YAML 1.2 core-schema scalars and duplicate-key detection."""
+
+    def construct_mapping(self, node, deep=False):  # noqa: D401 - PyYAML hook
+        if isinstance(node, yaml.MappingNode):
+            seen: dict[Any, Any] = {}
+            for key_node, _ in node.value:
+                if isinstance(key_node, yaml.ScalarNode):
+                    key = self.construct_object(key_node, deep=True)
+                    try:
+                        if key in seen:
+                            raise yaml.constructor.ConstructorError(
+                                "while constructing a mapping", node.start_mark,
+                                f"duplicate key {key!r}", key_node.start_mark)
+                        seen[key] = True
+                    except TypeError:
+                        pass
+        return super().construct_mapping(node, deep=deep)
+
+
+_SpecLoader.yaml_implicit_resolvers = {
+    first: [(tag, regexp) for tag, regexp in resolvers
+            if tag not in ("tag:yaml.org,2002:bool", "tag:yaml.org,2002:int",
+                           "tag:yaml.org,2002:float", "tag:yaml.org,2002:timestamp",
+                           "tag:yaml.org,2002:value")]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+_SpecLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF"))
+_SpecLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:int", re.compile(r"^(?:[-+]?[0-9]+|0o[0-7]+|0x[0-9a-fA-F]+)$"),
+    list("-+0123456789"))
+_SpecLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^(?:[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?"
+               r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"),
+    list("-+0123456789."))
+
+
+def _construct_bool(loader, node):
+    return loader.construct_scalar(node).lower() == "true"
+
+
+def _construct_int(loader, node):
+    text = loader.construct_scalar(node)
+    if text.startswith("0o"):
+        return int(text[2:], 8)
+    if text.startswith("0x"):
+        return int(text[2:], 16)
+    return int(text, 10)
+
+
+def _construct_float(loader, node):
+    text = loader.construct_scalar(node).lower()
+    if text.endswith(".inf"):
+        return -math.inf if text.startswith("-") else math.inf
+    if text == ".nan":
+        return math.nan
+    return float(text)
+
+
+_SpecLoader.add_constructor("tag:yaml.org,2002:bool", _construct_bool)
+_SpecLoader.add_constructor("tag:yaml.org,2002:int", _construct_int)
+_SpecLoader.add_constructor("tag:yaml.org,2002:float", _construct_float)
+
+
+def _yaml_error(source: str, error: yaml.YAMLError) -> SpecError:
+    mark = getattr(error, "problem_mark", None) or getattr(error, "context_mark", None)
+    problem = getattr(error, "problem", None) or str(error)
+    context = getattr(error, "context", None)
+    text = f"{problem} ({context})" if context else str(problem)
+    where = f" at line {mark.line + 1}" if mark is not None else ""
+    return SpecError(source, f"malformed YAML{where}: {text}")
+
+
+def load_spec(path: Union[str, os.PathLike]) -> PipelineSpec:
+    """Read and validate the spec file ``path`` (target files are relative to its directory)."""
+    source = os.fspath(path)
+    try:
+        with open(source, "rb") as handle:
+            raw = handle.read()
+    except OSError as error:
+        raise SpecError(source, f"cannot read the spec: {error.strerror or error}") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise SpecError(source, f"not UTF-8 text (byte {error.start})") from None
+    try:
+        documents = list(yaml.load_all(text, Loader=_SpecLoader))
+    except yaml.YAMLError as error:
+        raise _yaml_error(source, error) from None
+    documents = [doc for doc in documents if doc is not None]
+    if not documents:
+        raise SpecError(source, "empty spec (expected a mapping with name, attributes, queries)")
+    if len(documents) > 1:
+        raise SpecError(source, f"holds {len(documents)} YAML documents; expected one")
+    return parse_spec(documents[0], base_dir=Path(source).resolve().parent,
+                      source_path=str(Path(source).resolve()))
+
+
+# ---------------------------------------------------------------------------------------------
+# Validation helpers
+# ---------------------------------------------------------------------------------------------
+
+
+def _type_name(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, (bool, np.bool_)):
+        return "a boolean"
+    if isinstance(value, (numbers.Integral, np.integer)):
+        return "an integer"
+    if isinstance(value, (numbers.Real, np.floating)):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, Mapping):
+        return "a mapping"
+    if isinstance(value, (list, tuple, np.ndarray)):
+        return "a list"
+    return type(value).__name__
+
+
+def _show(value: Any) -> str:
+    """Short one-line rendering of a value for messages."""
+    if isinstance(value, (bool, np.bool_)):
+        return "true" if value else "false"
+    if value is None:
+        return "null"
+    if isinstance(value, (np.integer, np.floating)):
+        value = value.item()
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _listing(names: Sequence[str], limit: int = 10) -> str:
+    names = list(names)
+    shown = ", ".join(names[:limit])
+    return shown + (", ..." if len(names) > limit else "")
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, (numbers.Integral, np.integer)) and not isinstance(value, (bool, np.bool_))
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (numbers.Real, np.integer, np.floating)) and not isinstance(
+        value, (bool, np.bool_))
+
+
+def _is_sequence(value: Any) -> bool:
+    return isinstance(value, (list, tuple)) or (isinstance(value, np.ndarray) and value.ndim >= 1)
+
+
+def _mapping(value: Any, path: str, what: str) -> Mapping:
+    if not isinstance(value, Mapping):
+        raise SpecError(path, f"expected {what}, got {_type_name(value)}")
+    for key in value:
+        if not isinstance(key, str):
+            raise SpecError(path, f"keys must be strings, got {_type_name(key)} {_show(key)}")
+    return value
+
+
+def _check_keys(value: Mapping, path: str, allowed: Sequence[str], required: Sequence[str] = ()
+                ) -> None:
+    for key in value:
+        if key not in allowed:
+            close = difflib.get_close_matches(key, allowed, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else f" (expected {', '.join(allowed)})"
+            raise SpecError(path, f"unknown key {key!r}{hint}")
+    for key in required:
+        if key not in value:
+            raise SpecError(path, f"missing required key {key!r}")
+
+
+def _name(value: Any, path: str, what: str) -> str:
+    if not isinstance(value, str):
+        raise SpecError(path, f"expected {what} (a string), got {_type_name(value)} {_show(value)}")
+    if not _NAME_RE.match(value):
+        raise SpecError(path, f"{what} {value!r} may hold only letters, digits, '_' and '-'")
+    return value
+
+
+def _bool(value: Any, path: str) -> bool:
+    if not isinstance(value, (bool, np.bool_)):
+        raise SpecError(path, f"expected true or false, got {_type_name(value)} {_show(value)}")
+    return bool(value)
+
+
+def _positive_int(value: Any, path: str) -> int:
+    if not _is_int(value):
+        raise SpecError(path, f"expected an integer >= 1, got {_type_name(value)} {_show(value)}")
+    if int(value) < 1:
+        raise SpecError(path, f"must be >= 1, got {int(value)}")
+    return int(value)
+
+
+# ---------------------------------------------------------------------------------------------
+# Sections
+# ---------------------------------------------------------------------------------------------
+
+
+def _parse_attribute(raw: Any, path: str) -> AttributeSpec:
+    raw = _mapping(raw, path, "an attribute mapping (name, values or size, ordinal)")
+    _check_keys(raw, path, _ATTRIBUTE_KEYS, required=("name",))
+    name = _name(raw["name"], f"{path}.name", "an attribute name")
+    has_values = raw.get("values") is not None
+    has_size = raw.get("size") is not None
+    if has_values and has_size:
+        raise SpecError(path, "give values or size, not both")
+    if not has_values and not has_size:
+        raise SpecError(path, f"attribute {name!r} needs values (a list of labels) or size")
+    if has_size:
+        size = _positive_int(raw["size"], f"{path}.size")
+        values = tuple(str(i) for i in range(size))
+    else:
+        given = raw["values"]
+        if not _is_sequence(given):
+            raise SpecError(f"{path}.values", f"expected a list of value labels, got {_type_name(given)}")
+        if len(given) == 0:
+            raise SpecError(f"{path}.values", "must hold at least one value label")
+        labels = []
+        seen: set[str] = set()
+        for i, label in enumerate(given):
+            where = f"{path}.values[{i}]"
+            if _is_int(label):
+                label = str(int(label))
+            if not isinstance(label, str):
+                raise SpecError(where, f"expected a string label, got {_type_name(label)} {_show(label)}")
+            if not label or label != label.strip() or _BAD_LABEL_RE.search(label):
+                raise SpecError(where, f"bad label {label!r}: labels are non-empty, without "
+                                       "leading/trailing blanks, control characters, '[', ']' or ','")
+            if label in seen:
+                raise SpecError(where, f"duplicated value label {label!r}")
+            seen.add(label)
+            labels.append(label)
+        values = tuple(labels)
+    ordinal = _bool(raw["ordinal"], f"{path}.ordinal") if raw.get("ordinal") is not None else False
+    return AttributeSpec(name=name, values=values, ordinal=ordinal)
+
+
+def _value_index(value: Any, attribute: AttributeSpec, path: str) -> int:
+    """A value named by index (int) or by label (str)."""
+    if _is_int(value):
+        index = int(value)
+        if not 0 <= index < attribute.size:
+            hint = ""
+            if str(index) in attribute.values:
+                hint = f" (quote it, '{index}', to name the value by its label)"
+            raise SpecError(path, f"value index {index} out of range 0..{attribute.size - 1} "
+                                  f"of {attribute.name}{hint}")
+        return index
+    if isinstance(value, str):
+        try:
+            return attribute.values.index(value)
+        except ValueError:
+            raise SpecError(path, f"unknown value {value!r} of {attribute.name} "
+                                  f"(values: {_listing(attribute.values)})") from None
+    raise SpecError(path, f"expected a value label or index, got {_type_name(value)} {_show(value)}")
+
+
+def _parse_query(raw: Any, attribute: AttributeSpec, path: str) -> AttributeQuery:
+    name, n, values = attribute.name, attribute.size, attribute.values
+    expected = ("expected identity, total, prefix, all_ranges, {ranges: [[lo, hi], ...]}, "
+                "{select: [values]} or {matrix: [[...]]}")
+    if isinstance(raw, str):
+        kind, argument = raw, None
+        if kind not in _PLAIN_KINDS:
+            close = difflib.get_close_matches(kind, QUERY_KINDS, n=1)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            raise SpecError(path, f"unknown query kind {kind!r} ({hint}{expected})")
+    elif isinstance(raw, Mapping):
+        if len(raw) != 1 or next(iter(raw)) not in _MAPPING_KINDS:
+            keys = ", ".join(repr(k) for k in raw) or "no key"
+            raise SpecError(path, f"a query-kind mapping has exactly one key, ranges, select or "
+                                  f"matrix; got {keys}")
+        kind, argument = next(iter(raw.items()))
+    else:
+        raise SpecError(path, f"{expected}; got {_type_name(raw)} {_show(raw)}")
+    if kind in _ORDINAL_KINDS and not attribute.ordinal:
+        raise SpecError(path, f"{kind} queries need an ordinal attribute ({name} is not; "
+                              "set ordinal: true on it)")
+    if kind == "identity":
+        return AttributeQuery("identity", (), _readonly(identity_queries(n)),
+                              tuple(f"{name}[{v}]" for v in values))
+    if kind == "total":
+        return AttributeQuery("total", (), _readonly(total_queries(n)), (f"{name}[*]",))
+    if kind == "prefix":
+        return AttributeQuery("prefix", (), _readonly(prefix_queries(n)),
+                              tuple(f"{name}[<={v}]" for v in values))
+    if kind == "all_ranges":
+        lo, hi = np.triu_indices(n)
+        return AttributeQuery("all_ranges", (), _readonly(all_range_queries(n)),
+                              tuple(f"{name}[{values[a]}..{values[b]}]" for a, b in zip(lo, hi)))
+    where = f"{path}.{kind}"
+    if kind == "ranges":
+        if not _is_sequence(argument) or len(argument) == 0:
+            raise SpecError(where, f"expected a non-empty list of [lo, hi] pairs, got {_type_name(argument)}")
+        pairs = []
+        for r, pair in enumerate(argument):
+            if not _is_sequence(pair) or len(pair) != 2:
+                raise SpecError(f"{where}[{r}]", f"expected a [lo, hi] pair, got {_show(pair)}")
+            lo = _value_index(pair[0], attribute, f"{where}[{r}]")
+            hi = _value_index(pair[1], attribute, f"{where}[{r}]")
+            if lo > hi:
+                raise SpecError(f"{where}[{r}]", f"empty range: lo {values[lo]!r} comes after "
+                                                 f"hi {values[hi]!r}")
+            pairs.append((lo, hi))
+        return AttributeQuery("ranges", tuple(pairs), _readonly(range_queries(n, pairs)),
+                              tuple(f"{name}[{values[lo]}..{values[hi]}]" for lo, hi in pairs))
+    if kind == "select":
+        if not _is_sequence(argument) or len(argument) == 0:
+            raise SpecError(where, f"expected a non-empty list of values, got {_type_name(argument)}")
+        indices: list[int] = []
+        for i, value in enumerate(argument):
+            index = _value_index(value, attribute, f"{where}[{i}]")
+            if index in indices:
+                raise SpecError(f"{where}[{i}]", f"value {values[index]!r} selected twice")
+            indices.append(index)
+        return AttributeQuery("select", tuple(indices), _readonly(np.eye(n)[indices]),
+                              tuple(f"{name}[{values[i]}]" for i in indices))
+    # matrix
+    if not _is_sequence(argument) or not all(_is_sequence(row) for row in argument):
+        raise SpecError(where, "expected a list of rows (lists of numbers)")
+    for r, row in enumerate(argument):
+        for c, entry in enumerate(row):
+            if not _is_number(entry):
+                raise SpecError(f"{where}[{r}][{c}]", f"expected a number, got {_type_name(entry)} {_show(entry)}")
+    lengths = {len(row) for row in argument}
+    if len(lengths) > 1:
+        raise SpecError(where, f"rows have different lengths {sorted(lengths)}")
+    try:
+        matrix = custom_queries([list(row) for row in argument])
+    except ValueError as error:
+        raise SpecError(where, str(error).removeprefix("matrix ")) from None
+    if matrix.shape[1] != n:
+        raise SpecError(where, f"expected {n} columns (one per value of {name}), got {matrix.shape[1]}")
+    zero = np.flatnonzero(~np.any(matrix != 0, axis=1))
+    if zero.size:
+        raise SpecError(f"{where}[{int(zero[0])}]", "row is all zeros (a query that reads nothing)")
+    params = tuple(tuple(float(v) + 0.0 for v in row) for row in matrix)
+    return AttributeQuery("matrix", params, _readonly(matrix),
+                          tuple(f"{name}[#{r}]" for r in range(matrix.shape[0])))
+
+
+def _check_targets(targets: np.ndarray, path: str, source: str = "") -> np.ndarray:
+    bad = ~np.isfinite(targets) | (targets <= 0)
+    if np.any(bad):
+        j = int(np.flatnonzero(bad)[0])
+        value = targets[j]
+        shown = int(value) if np.isfinite(value) and value == int(value) else float(value)
+        raise SpecError(path, f"value [{j}]{source} must be finite and > 0, got {shown}")
+    return targets
+
+
+def _read_target_file(raw: Any, path: str, base_dir: Path, expected: int) -> np.ndarray:
+    if not isinstance(raw, str) or not raw:
+        raise SpecError(path, f"expected a file path (a string), got {_type_name(raw)} {_show(raw)}")
+    file_path = Path(raw)
+    if not file_path.is_absolute():
+        file_path = base_dir / file_path
+    suffix = file_path.suffix.lower()
+    if suffix not in (".csv", ".npy"):
+        raise SpecError(path, f"unsupported target file {raw!r}: use .csv or .npy")
+    if suffix == ".npy":
+        try:
+            array = np.load(file_path, allow_pickle=False)
+        except (OSError, ValueError) as error:
+            reason = getattr(error, "strerror", None) or str(error)
+            raise SpecError(path, f"cannot read {raw!r}: {reason}") from None
+        if not isinstance(array, np.ndarray) or not (
+                np.issubdtype(array.dtype, np.integer) or np.issubdtype(array.dtype, np.floating)):
+            raise SpecError(path, f"{raw!r} must hold a numeric array, got dtype {getattr(array, 'dtype', '?')}")
+        if array.ndim == 2 and 1 in array.shape:
+            array = array.ravel()
+        if array.ndim != 1:
+            raise SpecError(path, f"{raw!r} must hold a 1-D array (or one row or column), "
+                                  f"got shape {array.shape}")
+        values = array.astype(float)
+    else:
+        try:
+            text = file_path.read_text(encoding="utf-8")
+        except OSError as error:
+            raise SpecError(path, f"cannot read {raw!r}: {error.strerror or error}") from None
+        except UnicodeDecodeError:
+            raise SpecError(path, f"cannot read {raw!r}: not UTF-8 text") from None
+        numbers_read: list[float] = []
+        for line_number, line in enumerate(text.splitlines(), start=1):
+            for token in re.split(r"[,\s]+", line.split("#", 1)[0].strip()):
+                if not token:
+                    continue
+                try:
+                    numbers_read.append(float(token))
+                except ValueError:
+                    raise SpecError(path, f"{raw!r} line {line_number}: {token!r} is not a number "
+                                          "(a target .csv holds numbers only, no header)") from None
+        values = np.array(numbers_read, dtype=float)
+    if values.size != expected:
+        raise SpecError(path, f"expected {expected} values (one per query), got {values.size} "
+                              f"in {raw!r}")
+    return _check_targets(values, path, f" of {raw!r}")
+
+
+def _parse_target(raw: Any, path: str, base_dir: Path, expected: int) -> np.ndarray:
+    if _is_number(raw):
+        value = float(raw)
+        if not (math.isfinite(value) and value > 0):
+            raise SpecError(path, f"must be > 0, got {_show(raw)}" if math.isfinite(value)
+                            else f"must be finite and > 0, got {_show(raw)}")
+        return np.full(expected, value)
+    if isinstance(raw, Mapping):
+        _mapping(raw, path, "a target")
+        _check_keys(raw, path, ("file",), required=("file",))
+        return _read_target_file(raw["file"], f"{path}.file", base_dir, expected)
+    if _is_sequence(raw):
+        items = list(np.asarray(raw).ravel()) if isinstance(raw, np.ndarray) else list(raw)
+        for j, item in enumerate(items):
+            if not _is_number(item):
+                raise SpecError(f"{path}[{j}]", f"expected a number, got {_type_name(item)} {_show(item)}")
+        if len(items) != expected:
+            raise SpecError(path, f"expected {expected} values (one per query), got {len(items)}")
+        values = np.array([float(item) for item in items], dtype=float)
+        bad = ~np.isfinite(values) | (values <= 0)
+        if np.any(bad):
+            j = int(np.flatnonzero(bad)[0])
+            raise SpecError(f"{path}[{j}]", f"must be finite and > 0, got {_show(items[j])}")
+        return values
+    raise SpecError(path, f"expected a number, a list of numbers or {{file: PATH}}, got "
+                          f"{_type_name(raw)} {_show(raw)}")
+
+
+def _parse_group(raw: Any, path: str, attributes: Sequence[AttributeSpec], max_cells: int,
+                 base_dir: Path) -> QueryGroupSpec:
+    raw = _mapping(raw, path, "a query group mapping (name, attributes or total, target)")
+    _check_keys(raw, path, _GROUP_KEYS, required=("name",))
+    name = _name(raw["name"], f"{path}.name", "a group name")
+    total = _bool(raw["total"], f"{path}.total") if raw.get("total") is not None else False
+    given = raw.get("attributes")
+    by_name = {attribute.name: attribute for attribute in attributes}
+    queries: list[tuple[str, AttributeQuery]] = []
+    if total:
+        if given is not None:
+            raise SpecError(path, "give attributes or total: true, not both")
+    else:
+        if given is None:
+            raise SpecError(path, "missing required key 'attributes' (or total: true for the "
+                                  "grand total)")
+        given = _mapping(given, f"{path}.attributes",
+                         "a mapping of attribute: query kind")
+        if not given:
+            raise SpecError(f"{path}.attributes", "empty; name at least one attribute, or write "
+                                                  "total: true for the grand total")
+        for attribute_name in given:
+            if attribute_name not in by_name:
+                raise SpecError(f"{path}.attributes.{attribute_name}",
+                                f"unknown attribute {attribute_name!r} "
+                                f"(attributes: {_listing(list(by_name))})")
+        for attribute in attributes:
+            if attribute.name in given:
+                queries.append((attribute.name, _parse_query(
+                    given[attribute.name], attribute, f"{path}.attributes.{attribute.name}")))
+        cells = math.prod(by_name[a].size for a, _ in queries)
+        if cells > max_cells:
+            raise SpecError(f"{path}.attributes",
+                            f"clique of {cells} cells exceeds blocks.max_cells = {max_cells}")
+    if "target" not in raw:
+        raise SpecError(path, "missing required key 'target'")
+    expected = math.prod(query.num_queries for _, query in queries)
+    targets = _parse_target(raw["target"], f"{path}.target", base_dir, expected)
+    return QueryGroupSpec(name=name, queries=tuple(queries), targets=_readonly(targets))
+
+
+def _budget_error(error: ValueError) -> SpecError:
+    message = " ".join(str(error).split())
+    match = re.match(r"^budget\.(\w+):?\s+(.*)$", message)
+    if match:
+        return SpecError(f"privacy.{match.group(1)}", match.group(2))
+    if message.startswith("budget: "):
+        rest = message[len("budget: "):]
+        return SpecError("privacy", f"budget {rest}" if rest.startswith("given") else rest)
+    return SpecError("privacy", message)
+
+
+def _parse_privacy(raw: Any) -> PrivacySpec:
+    if raw is None:
+        return PrivacySpec()
+    raw = _mapping(raw, "privacy", "a mapping (mode and budget)")
+    _check_keys(raw, "privacy", _PRIVACY_KEYS)
+    fields = {key: raw[key] for key in _BUDGET_KEYS if raw.get(key) is not None}
+    mode = raw.get("mode")
+    if mode is None:
+        mode = "budget" if fields else "accuracy"
+    if mode not in ("accuracy", "budget"):
+        raise SpecError("privacy.mode", f"expected accuracy or budget, got {_show(mode)}")
+    if mode == "accuracy":
+        if fields:
+            raise SpecError("privacy", f"mode accuracy takes no budget (got {', '.join(fields)}); "
+                                       "use mode: budget")
+        return PrivacySpec("accuracy", None)
+    try:
+        budget = Budget(**fields)
+    except ValueError as error:
+        raise _budget_error(error) from None
+    return PrivacySpec("budget", budget)
+
+
+def _parse_blocks(raw: Any) -> BlockLimits:
+    if raw is None:
+        return BlockLimits()
+    raw = _mapping(raw, "blocks", "a mapping (max_cells, merge)")
+    _check_keys(raw, "blocks", _BLOCK_KEYS)
+    max_cells = (_positive_int(raw["max_cells"], "blocks.max_cells")
+                 if raw.get("max_cells") is not None else DEFAULT_MAX_CELLS)
+    merge = _bool(raw["merge"], "blocks.merge") if raw.get("merge") is not None else True
+    return BlockLimits(max_cells=max_cells, merge=merge)
+
+
+def _parse_units(raw: Any) -> UnitsSpec | None:
+    if raw is None:
+        return None
+    raw = _mapping(raw, "units", "a mapping {column: NAME} or null")
+    _check_keys(raw, "units", _UNIT_KEYS, required=("column",))
+    column = raw["column"]
+    if not isinstance(column, str) or not column.strip():
+        raise SpecError("units.column", f"expected a column name, got {_type_name(column)} {_show(column)}")
+    return UnitsSpec(column=column)
+
+
+def parse_spec(mapping: Any, base_dir: Union[str, os.PathLike, None] = None, *,
+               source_path: str | None = None) -> PipelineSpec:
+    """Validate a spec given as plain data (the parsed YAML) into a :class:`PipelineSpec`.
+
+    ``base_dir`` is where relative target files are read from (default: the current
+    directory); ``source_path`` is recorded on the spec (``load_spec`` passes the file).
+    Raises :class:`SpecError` on the first problem.
+    """
+    base = Path(base_dir) if base_dir is not None else Path.cwd()
+    raw = _mapping(mapping, "spec", "a mapping with name, attributes and queries at the top level")
+    _check_keys(raw, "spec", _TOP_KEYS, required=("name", "attributes", "queries"))
+    name = _name(raw["name"], "name", "a spec name")
+    description = raw.get("description")
+    if description is None:
+        description = ""
+    elif not isinstance(description, str):
+        raise SpecError("description", f"expected a string, got {_type_name(description)}")
+
+    given_attributes = raw["attributes"]
+    if not _is_sequence(given_attributes):
+        raise SpecError("attributes", f"expected a list of attributes, got {_type_name(given_attributes)}")
+    if len(given_attributes) == 0:
+        raise SpecError("attributes", "must hold at least one attribute")
+    attributes: list[AttributeSpec] = []
+    for i, item in enumerate(given_attributes):
+        attribute = _parse_attribute(item, f"attributes[{i}]")
+        if any(a.name == attribute.name for a in attributes):
+            raise SpecError(f"attributes[{i}].name", f"duplicated attribute {attribute.name!r}")
+        attributes.append(attribute)
+
+    units = _parse_units(raw.get("units"))
+    privacy = _parse_privacy(raw.get("privacy"))
+    blocks = _parse_blocks(raw.get("blocks"))
+
+    given_groups = raw["queries"]
+    if not _is_sequence(given_groups):
+        raise SpecError("queries", f"expected a list of query groups, got {_type_name(given_groups)}")
+    if len(given_groups) == 0:
+        raise SpecError("queries", "must hold at least one query group")
+    groups: list[QueryGroupSpec] = []
+    for k, item in enumerate(given_groups):
+        group = _parse_group(item, f"queries[{k}]", attributes, blocks.max_cells, base)
+        if any(g.name == group.name for g in groups):
+            raise SpecError(f"queries[{k}].name", f"duplicated group name {group.name!r}")
+        groups.append(group)
+
+    return PipelineSpec(
+        name=name,
+        description=description,
+        attributes=tuple(attributes),
+        units=units,
+        groups=tuple(groups),
+        privacy=privacy,
+        blocks=blocks,
+        source_path=source_path,
+    )
