@@ -31,6 +31,7 @@ import numpy as np
 
 from . import __version__
 from .privacy import Budget
+from .runtime import ClusterError
 from .solver import ConvergenceError, default_memory_limit, estimated_memory, solve
 from .workload import (
     age_pyramid_workload,
@@ -432,6 +433,34 @@ def _cmd_solve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_plan(args: argparse.Namespace) -> int:
+    from .planning import run_plan
+
+    plan, checksum = run_plan(
+        args.spec, args.out, cluster=args.cluster, workers=args.workers, overwrite=args.overwrite,
+        serial=args.serial, refine_rounds=args.refine_rounds,
+    )
+    kind = "exact (evaluated cell by cell)" if plan.alpha_exact else "sum bound over blocks"
+    print(f"{PROG}: plan {args.out}")
+    print(f"  blocks         {len(plan.blocks)}  ({plan.composition})")
+    print(f"  privacy cost   alpha = {_fmt(plan.alpha)}  [{kind}]   rho = {_fmt(plan.rho)}")
+    print(f"  max variance/target  {float((plan.variances / plan.targets).max()):.6f}")
+    print(f"  checksum       {checksum}")
+    print(f"  seconds        {plan.seconds:.1f}")
+    return 0
+
+
+def _cmd_audit(args: argparse.Namespace) -> int:
+    from .audit import audit_plan
+
+    report = audit_plan(args.plan)
+    status = "passed" if report.ok else "FAILED"
+    print(f"{PROG}: audit {status}: {report.path}: {report.checks} checks, alpha {_fmt(report.alpha)}")
+    for failure in report.failures:
+        print(f"  mismatch: {failure}")
+    return 0 if report.ok else 1
+
+
 # ---------------------------------------------------------------------------------------------
 # entry point
 # ---------------------------------------------------------------------------------------------
@@ -465,6 +494,25 @@ def build_parser() -> argparse.ArgumentParser:
     solve_parser.add_argument("--baselines", action="store_true",
                               help="also run the Gaussian, hierarchical and matrix mechanisms at the same alpha")
     solve_parser.set_defaults(handler=_cmd_solve)
+
+    plan_parser = commands.add_parser(
+        "plan", help="plan a pipeline spec: blocks on a Dask cluster, stitched account, Zarr plan store",
+        description="Decompose the spec's workload into blocks, solve them on a Dask cluster and write the plan store.",
+    )
+    plan_parser.add_argument("spec", metavar="SPEC.yaml")
+    plan_parser.add_argument("--out", required=True, metavar="PLAN.zarr")
+    plan_parser.add_argument("--cluster", metavar="ADDRESS|FILE", help="scheduler address or scheduler file (default: a local multi-process cluster)")
+    plan_parser.add_argument("--workers", type=int, metavar="N", help="worker processes of the local cluster (default: cores)")
+    plan_parser.add_argument("--overwrite", action="store_true", help="replace a plan already at --out")
+    plan_parser.add_argument("--serial", action="store_true", help="solve the blocks in this process, without Dask")
+    plan_parser.add_argument("--refine-rounds", type=int, default=1, metavar="R", help="target-share refinement rounds (default 1)")
+    plan_parser.set_defaults(handler=_cmd_plan)
+
+    audit_parser = commands.add_parser(
+        "audit", help="recompute a plan's profiles, alpha and variances from its stored arrays; exit 1 on mismatch",
+    )
+    audit_parser.add_argument("plan", metavar="PLAN.zarr")
+    audit_parser.set_defaults(handler=_cmd_audit)
     return parser
 
 
@@ -484,7 +532,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as exit_:  # --help, --version
         return exit_.code if isinstance(exit_.code, int) else 0
     if getattr(args, "handler", None) is None:
-        _error("a command is required: solve (see distfit --help)")
+        _error("a command is required: solve, plan or audit (see distfit --help)")
         return 2
     try:
         return args.handler(args)
@@ -494,6 +542,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConvergenceError as error:
         _error(error)
         return 1
+    except (FileExistsError, ClusterError) as error:
+        _error(error)
+        return 2
     except MemoryError as error:
         _error(str(error) or "out of memory: the block is too large; cut the workload into blocks")
         return 2

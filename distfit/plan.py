@@ -103,6 +103,7 @@ class PlanResult:
     decisions: tuple[str, ...]
     seconds: float
     rounds: int = field(default=1)
+    variance_scale: float = field(default=1.0)  # k > 1 when a budget forces variances k * c
 
     @property
     def rho(self) -> float:
@@ -149,6 +150,10 @@ def plan_blocks(
     solutions: list[BlockSolution | None] = [None] * len(blocks)
     previous_bound = np.inf
     best = None
+    rows_per_query = np.bincount(np.concatenate([spec.query_index for spec in blocks]), minlength=targets.size)
+    if refine_rounds and rows_per_query.max() <= 1:
+        log.append("no query spans two blocks: target shares are fixed, no refinement rounds")
+        refine_rounds = 0
     for round_number in range(refine_rounds + 1):
         tasks = [BlockTask(i, spec, block_targets[i]) for i, spec in enumerate(blocks)]
         done = 0

@@ -28,7 +28,7 @@ class ClusterError(RuntimeError):
 
 
 @contextlib.contextmanager
-def dask_client(cluster: str | None = None, workers: int | None = None, timeout: float = 20.0, log: TextIO = sys.stderr):
+def dask_client(cluster: str | None = None, workers: int | None = None, timeout: float = 10.0, log: TextIO | None = None):
     """A ``distributed.Client``: a new local multi-process cluster, or an existing scheduler.
 
     ``cluster`` is ``None`` (start ``LocalCluster(processes=True)`` with ``workers`` processes,
@@ -37,6 +37,7 @@ def dask_client(cluster: str | None = None, workers: int | None = None, timeout:
     """
     from distributed import Client, LocalCluster
 
+    log = log or sys.stderr
     if cluster is None:
         count = workers or os.cpu_count() or 1
         with LocalCluster(
@@ -60,9 +61,9 @@ def dask_client(cluster: str | None = None, workers: int | None = None, timeout:
 class Progress:
     """One status line: blocks done, rate and ETA (written to a terminal or a log)."""
 
-    def __init__(self, label: str, stream: TextIO = sys.stderr):
+    def __init__(self, label: str, stream: TextIO | None = None):
         self.label = label
-        self.stream = stream
+        self.stream = stream or sys.stderr
         self.start = time.perf_counter()
         self.last = 0.0
 

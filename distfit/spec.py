@@ -18,7 +18,7 @@ A pipeline spec is a YAML mapping (one document) with these keys:
         attributes:                 #   the clique: one query kind per attribute
           voting_age: identity
           race: {select: [white, black]}
-        target: 4                   #   required: scalar, list, or {file: targets.csv}
+        target: 4                   #   required: scalar, list, {file: targets.csv} or a rule
       - name: everyone
         total: true                 #   the grand total (one query, no attributes)
         target: 1
@@ -87,7 +87,20 @@ workload label is ``GROUP:LABEL`` (``detailed:voting_age[18_plus],race[white]``)
 * ``{file: PATH}``: the same list read from a file, PATH relative to the spec file's directory
   (``parse_spec``: relative to ``base_dir``, default the current directory). ``.csv``: numbers
   only, separated by commas, blanks or newlines, read in order; ``#`` starts a comment; no
-  header. ``.npy``: a numeric array, 1-D or a single row or column.
+  header. ``.npy``: a numeric array, 1-D or a single row or column;
+* a rule ``{base: B, width_power: P, jitter: J, seed: S}`` (for groups with many queries, e.g.
+  ``target: {base: 1.5, width_power: 0.25, jitter: 1}``): query j (0-based, in the group's
+  query order) gets the target ``B * w_j**P * (1 + J * u_j)``. ``w_j`` is the number of cells of
+  the group's marginal that query j reads: the product over its attributes of the values its row
+  covers (1 for ``identity`` and ``select``, v + 1 for the prefix ``<= v``, hi - lo + 1 for a
+  range, n for ``total``, the nonzero entries of a ``matrix`` row; 1 for the grand total).
+  ``u_j`` in [0, 1) is a fixed pseudo-random number: the first 8 bytes of the SHA-256 of the
+  UTF-8 text ``S:GROUP:j`` (``0:age-sex:3`` for query 3 of group ``age-sex``, seed 0), read as a
+  big-endian integer and divided by 2**64. ``base`` is required (finite, > 0); ``width_power``
+  (finite, default 0) makes queries that read more cells looser (P > 0) or tighter (P < 0);
+  ``jitter`` (finite, >= 0, default 0) multiplies the targets by factors spread over
+  [1, 1 + J); ``seed`` (an integer >= 0, default 0) draws other factors. Give a rule or
+  ``file``, not both; the resulting targets must be finite and > 0.
 
 Block limits: the marginal of a group's clique (the product of its attributes' sizes) must not
 exceed ``blocks.max_cells``; otherwise ``queries[k].attributes: clique of N cells exceeds
@@ -131,7 +144,7 @@ attribute with its ``values`` list and ``ordinal``; every group's attributes in 
 canonical kinds (``"identity"``, ``"total"``, ``"prefix"``, ``"all_ranges"``, ``{"ranges": [[lo,
 hi], ...]}`` and ``{"select": [i, ...]}`` with integer indices, ``{"matrix": [[...]]}`` with
 floats); each target a single number when all of the group's targets are equal, else the list
-(file targets are inlined); privacy with ``mode`` and the budget keys; blocks in full.
+(file and rule targets are inlined); privacy with ``mode`` and the budget keys; blocks in full.
 ``spec_hash`` is the SHA-256 of the canonical JSON (sorted keys, no blanks) of ``to_dict()``
 without ``description``; the source path is never part of it. Two specs that differ only in key
 order, in how a value is named (label or index) or in how a target is written have the same hash.
@@ -865,7 +878,75 @@ def _read_target_file(raw: Any, path: str, base_dir: Path, expected: int) -> np.
     return _check_targets(values, path, f" of {raw!r}")
 
 
-def _parse_target(raw: Any, path: str, base_dir: Path, expected: int) -> np.ndarray:
+_TARGET_FILE_KEYS = ("file",)
+_TARGET_RULE_KEYS = ("base", "width_power", "jitter", "seed")
+
+
+def _rule_number(raw: Mapping, key: str, path: str, default: float, minimum: float | None,
+                 strict: bool) -> float:
+    """A finite number of a target rule (``minimum``: > it when ``strict``, else >= it)."""
+    if key not in raw:
+        return default
+    value = raw[key]
+    where = f"{path}.{key}"
+    if not _is_number(value):
+        raise SpecError(where, f"expected a number, got {_type_name(value)} {_show(value)}")
+    number = float(value)
+    if not math.isfinite(number):
+        raise SpecError(where, f"must be finite, got {_show(value)}")
+    if minimum is not None and (number <= minimum if strict else number < minimum):
+        bound = f"> {minimum:g}" if strict else f">= {minimum:g}"
+        raise SpecError(where, f"must be finite and {bound}, got {_show(value)}")
+    return number
+
+
+def _rule_jitter(seed: int, group: str, count: int) -> np.ndarray:
+    """The pseudo-random numbers ``u_j`` in [0, 1) of a target rule (module docstring): the first
+    8 bytes of SHA-256 of ``"{seed}:{group}:{j}"``, big-endian, divided by 2**64."""
+    return np.array([
+        int.from_bytes(hashlib.sha256(f"{seed}:{group}:{j}".encode("utf-8")).digest()[:8], "big")
+        / 2.0**64 for j in range(count)], dtype=float)
+
+
+def _query_widths(queries: Sequence[tuple[str, AttributeQuery]]) -> np.ndarray:
+    """Cells of the group's marginal that each query reads (row-major query order): the
+    product of the per-attribute counts of nonzero entries; ``[1.]`` for the grand total."""
+    widths = np.ones(1)
+    for _, query in queries:
+        widths = np.kron(widths, np.count_nonzero(query.matrix, axis=1).astype(float))
+    return widths
+
+
+def _rule_targets(raw: Mapping, path: str, group: str,
+                  queries: Sequence[tuple[str, AttributeQuery]]) -> np.ndarray:
+    if "base" not in raw:
+        raise SpecError(path, "missing required key 'base' (a target rule is {base: B, "
+                              "width_power: P, jitter: J, seed: S}; or give {file: PATH})")
+    base = _rule_number(raw, "base", path, 1.0, 0.0, strict=True)
+    power = _rule_number(raw, "width_power", path, 0.0, None, strict=False)
+    jitter = _rule_number(raw, "jitter", path, 0.0, 0.0, strict=False)
+    seed = 0
+    if "seed" in raw:
+        seed = raw["seed"]
+        if not _is_int(seed) or int(seed) < 0:
+            raise SpecError(f"{path}.seed", f"expected an integer >= 0, got {_type_name(seed)} "
+                                            f"{_show(seed)}")
+        seed = int(seed)
+    widths = _query_widths(queries)
+    with np.errstate(over="ignore", under="ignore", invalid="ignore"):
+        targets = base * widths ** power
+        if jitter:
+            targets = targets * (1.0 + jitter * _rule_jitter(seed, group, widths.size))
+    bad = ~np.isfinite(targets) | (targets <= 0)
+    if np.any(bad):
+        j = int(np.flatnonzero(bad)[0])
+        raise SpecError(path, f"the rule gives query [{j}] the target {float(targets[j])!r}; "
+                              "targets must be finite and > 0")
+    return targets
+
+
+def _parse_target(raw: Any, path: str, base_dir: Path, expected: int, group: str = "",
+                  queries: Sequence[tuple[str, AttributeQuery]] = ()) -> np.ndarray:
     if _is_number(raw):
         value = float(raw)
         if not (math.isfinite(value) and value > 0):
@@ -874,8 +955,14 @@ def _parse_target(raw: Any, path: str, base_dir: Path, expected: int) -> np.ndar
         return np.full(expected, value)
     if isinstance(raw, Mapping):
         _mapping(raw, path, "a target")
-        _check_keys(raw, path, ("file",), required=("file",))
-        return _read_target_file(raw["file"], f"{path}.file", base_dir, expected)
+        _check_keys(raw, path, _TARGET_FILE_KEYS + _TARGET_RULE_KEYS)
+        if "file" in raw:
+            rule_keys = [key for key in _TARGET_RULE_KEYS if key in raw]
+            if rule_keys:
+                raise SpecError(path, f"give {{file: PATH}} or a rule ({', '.join(rule_keys)}), "
+                                      "not both")
+            return _read_target_file(raw["file"], f"{path}.file", base_dir, expected)
+        return _rule_targets(raw, path, group, queries)
     if _is_sequence(raw):
         items = list(np.asarray(raw).ravel()) if isinstance(raw, np.ndarray) else list(raw)
         for j, item in enumerate(items):
@@ -889,8 +976,8 @@ def _parse_target(raw: Any, path: str, base_dir: Path, expected: int) -> np.ndar
             j = int(np.flatnonzero(bad)[0])
             raise SpecError(f"{path}[{j}]", f"must be finite and > 0, got {_show(items[j])}")
         return values
-    raise SpecError(path, f"expected a number, a list of numbers or {{file: PATH}}, got "
-                          f"{_type_name(raw)} {_show(raw)}")
+    raise SpecError(path, f"expected a number, a list of numbers or {{file: PATH}} (or a rule "
+                          f"{{base: B, ...}}), got {_type_name(raw)} {_show(raw)}")
 
 
 def _parse_group(raw: Any, path: str, attributes: Sequence[AttributeSpec], max_cells: int,
@@ -930,7 +1017,7 @@ def _parse_group(raw: Any, path: str, attributes: Sequence[AttributeSpec], max_c
     if "target" not in raw:
         raise SpecError(path, "missing required key 'target'")
     expected = math.prod(query.num_queries for _, query in queries)
-    targets = _parse_target(raw["target"], f"{path}.target", base_dir, expected)
+    targets = _parse_target(raw["target"], f"{path}.target", base_dir, expected, name, queries)
     return QueryGroupSpec(name=name, queries=tuple(queries), targets=_readonly(targets))
 
 
