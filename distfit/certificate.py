@@ -25,6 +25,7 @@ optimum, and softmax parameters converge an order of magnitude slower than squar
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
 
 import numpy as np
 import scipy.linalg
@@ -185,3 +186,103 @@ def maximize_dual(
     if best["bound"] is None:
         raise np.linalg.LinAlgError("the dual could not be evaluated: the queries do not span the basis")
     return best["bound"], best["primal"], evaluations
+
+
+@dataclass(frozen=True)
+class BlockDualResult:
+    """Best block-diagonal plan found by ``maximize_block_dual`` and its certificate.
+
+    ``sigmas`` meet every target (each query's variance summed over its blocks <= c_j);
+    ``alpha_sum_bound = sum_S max_i p_S,i``; ``lower_bound`` no block-diagonal plan of these
+    blocks can beat under the sum bound; ``evaluations`` dual evaluations were made.
+    """
+
+    sigmas: tuple[np.ndarray, ...]
+    alpha_sum_bound: float
+    lower_bound: float
+    evaluations: int
+
+
+def maximize_block_dual(
+    bases: Sequence[np.ndarray],
+    scaled_recons: Sequence[np.ndarray],
+    query_indices: Sequence[np.ndarray],
+    num_queries: int,
+    max_iterations: int = 500,
+    target_gap: float = 1e-4,
+) -> BlockDualResult:
+    """Jointly optimal noise for blocks that see the same people (sequential composition).
+
+    Primal: minimise ``sum_S max_i p_S,i(Sigma_S)`` subject to ``sum_S h_S,j(Sigma_S) <= 1`` for
+    every query j (h_S,j: query j's variance from block S over its target). Its dual, for cell
+    weights u_S on each block's simplex and one query weight vector v, is
+    ``f = (sum_S N_S(u_S, v_S))^2`` with N_S the block's nuclear norm (``evaluate_dual``) at the
+    unnormalised query weights of its rows: ``N_S(u, v) = sqrt(|v_S|) N_S(u, v_S / |v_S|)``. The
+    recovered plan is ``Sigma_S = G_S^-1 # A_S`` for every block (one common scale), scaled so the
+    tightest query meets its target. Unlike solving each block alone and then scaling, this
+    also chooses how each query's target is shared among its blocks. Gradients: dN_S/du_S =
+    p_S / 2 and dN_S/dv_j = (sum of query j's row ratios in S) / 2 at the recovered plan.
+    """
+    sizes = [basis.shape[1] for basis in bases]
+    offsets = np.concatenate([[0], np.cumsum(sizes)])
+    best: dict[str, object] = {"lower": 0.0, "upper": np.inf, "sigmas": None}
+    evaluations = 0
+
+    class _Converged(Exception):
+        pass
+
+    def objective(x: np.ndarray) -> tuple[float, np.ndarray]:
+        nonlocal evaluations
+        query_part = x[offsets[-1]:]
+        query_norm = query_part @ query_part
+        query_weights = query_part**2 / query_norm
+        total_norm = 0.0
+        certified = 0.0
+        ratio_sums = np.zeros(num_queries)
+        cell_gradient = np.zeros(offsets[-1])
+        profiles_max = 0.0
+        sigmas = []
+        points = []
+        for s, (basis, recon, index) in enumerate(zip(bases, scaled_recons, query_indices)):
+            cell_part = x[offsets[s] : offsets[s + 1]]
+            weights = query_weights[index]
+            mass = weights.sum()
+            try:
+                point = evaluate_dual(basis, recon, cell_part**2, weights)
+            except (np.linalg.LinAlgError, ValueError, ZeroDivisionError):
+                return np.inf, np.zeros_like(x)
+            root = np.sqrt(mass)
+            norm = root * point.nuclear_norm
+            profile = point.profile * root
+            ratios = point.ratios / root
+            total_norm += norm
+            certified += root * np.sqrt(point.bound)
+            np.add.at(ratio_sums, index, ratios)
+            cell_gradient[offsets[s] : offsets[s + 1]] = cell_part / (cell_part @ cell_part) * (profile - norm)
+            profiles_max += profile.max()
+            sigmas.append(point.sigma / root)
+            points.append(point)
+        evaluations += 1
+        best["lower"] = max(best["lower"], certified**2)
+        upper = profiles_max * ratio_sums.max()
+        if upper < best["upper"]:
+            scale = 1.0 / (ratio_sums.max() * (1.0 + 1e-12))
+            best["upper"], best["sigmas"] = upper, tuple(sigma * scale for sigma in sigmas)
+        if best["upper"] <= best["lower"] * (1.0 + target_gap):
+            raise _Converged
+        query_gradient = 2.0 * query_part / query_norm * (ratio_sums / 2.0 - total_norm / 2.0)
+        gradient = 2.0 / total_norm * np.concatenate([cell_gradient, query_gradient])
+        return -2.0 * np.log(total_norm), -gradient
+
+    x0 = np.ones(offsets[-1] + num_queries)
+    with np.errstate(all="ignore"):
+        try:
+            scipy.optimize.minimize(
+                objective, x0, jac=True, method="L-BFGS-B",
+                options={"maxiter": max_iterations, "maxcor": 30, "ftol": 1e-15, "gtol": 1e-14},
+            )
+        except _Converged:
+            pass
+    if best["sigmas"] is None:
+        raise np.linalg.LinAlgError("the block dual could not be evaluated: some block's queries do not span its basis")
+    return BlockDualResult(best["sigmas"], float(best["upper"]), float(best["lower"]), evaluations)

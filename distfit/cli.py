@@ -28,11 +28,12 @@ from dataclasses import asdict, dataclass
 from typing import Any, Callable, Sequence
 
 import numpy as np
+from threadpoolctl import threadpool_limits
 
 from . import __version__
 from .privacy import Budget
 from .runtime import ClusterError
-from .solver import ConvergenceError, default_memory_limit, estimated_memory, solve
+from .solver import ConvergenceError, blas_threads, default_memory_limit, estimated_memory, solve
 from .workload import (
     age_pyramid_workload,
     all_two_way_marginals,
@@ -535,7 +536,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         _error("a command is required: solve, plan or audit (see distfit --help)")
         return 2
     try:
-        return args.handler(args)
+        with threadpool_limits(limits=blas_threads(), user_api="blas"):
+            return args.handler(args)
     except UsageError as error:
         _error(error)
         return 2

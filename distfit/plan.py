@@ -14,7 +14,12 @@ tasks and yields ``(index, BlockSolution)`` in any order, so results can stream.
    section 2). Refinement rounds then re-solve every block with the share of each query's
    target that the allocation gave it (``c_j * s_S v_jS / sum_S' s_S' v_jS'``) and allocate
    again, until a round gains less than 0.01%; the best round is kept.
-4. Sequential composition across blocks (the same people meet every block): the stitched
+4. When the blocks are small enough for the driver (``CO_OPTIMIZE_WORK``), the joint block
+   dual (``certificate.maximize_block_dual``) re-optimises all block covariances together:
+   it chooses how each query's target is shared among its blocks, which per-block shapes
+   followed by one scale per block cannot, and certifies a lower bound for block-diagonal
+   plans of these blocks. Its plan replaces the allocation's when it is better.
+5. Sequential composition across blocks (the same people meet every block): the stitched
    profile is ``p(x) = sum_S p_S(x_S) / s_S``; it is evaluated cell by cell when the domain has
    at most ``EXACT_DOMAIN_LIMIT`` cells (``alpha_exact``), else alpha is the sum bound
    ``sum_S alpha_S / s_S``. Disjoint units (geography) compose in parallel: every unit uses the
@@ -22,20 +27,24 @@ tasks and yields ``(index, BlockSolution)`` in any order, so results can stream.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Iterator, Sequence
 
 import numpy as np
+from threadpoolctl import threadpool_limits
 
 from .blocks import BlockSpec, GroupLike, allocate_scales, group_targets, merge_blocks, residual_blocks, stitched_profile
-from .privacy import privacy_account
-from .solver import BlockSolution, solve
+from .certificate import BlockDualResult, maximize_block_dual
+from .privacy import privacy_account, privacy_profile
+from .solver import BlockSolution, blas_threads, solve
 from .workload import Domain
 
 LOG = logging.getLogger("distfit.plan")
 EXACT_DOMAIN_LIMIT = 5_000_000
+CO_OPTIMIZE_WORK = 2e9  # flops of one joint dual evaluation above which the driver skips it
 
 
 @dataclass(frozen=True, eq=False)
@@ -141,8 +150,9 @@ def plan_blocks(
     refine_rounds: int = 1,
     decisions: Sequence[str] = (),
     progress: Callable[[int, int], None] | None = None,
+    co_optimize: bool = True,
 ) -> PlanResult:
-    """Solve, allocate and stitch ``blocks`` (module docstring, steps 2-4)."""
+    """Solve, allocate and stitch ``blocks`` (module docstring, steps 2-5)."""
     start = time.perf_counter()
     targets = np.asarray(targets, dtype=float)
     log = list(decisions)
@@ -153,6 +163,11 @@ def plan_blocks(
     rows_per_query = np.bincount(np.concatenate([spec.query_index for spec in blocks]), minlength=targets.size)
     if refine_rounds and rows_per_query.max() <= 1:
         log.append("no query spans two blocks: target shares are fixed, no refinement rounds")
+        refine_rounds = 0
+    work = sum(s.basis.shape[0] ** 2 * (s.basis.shape[0] + s.basis.shape[1] + s.recon.shape[0]) for s in blocks)
+    joint_dual = co_optimize and rows_per_query.max() > 1 and work <= CO_OPTIMIZE_WORK
+    if refine_rounds and joint_dual:
+        log.append("the joint block dual will share the targets: no refinement rounds")
         refine_rounds = 0
     for round_number in range(refine_rounds + 1):
         tasks = [BlockTask(i, spec, block_targets[i]) for i, spec in enumerate(blocks)]
@@ -182,14 +197,27 @@ def plan_blocks(
         PlannedBlock(spec, solution, float(scale), share)
         for spec, solution, scale, share in zip(blocks, solutions, allocation.scales, block_targets)
     )
+    lower_bound, sum_bound = allocation.lower_bound, allocation.alpha_bound
+    if joint_dual:
+        joint = _co_optimize(planned, targets)
+        log.append(
+            f"joint block dual: sum bound {joint.alpha_sum_bound:.6g} (certified >= {joint.lower_bound:.6g}) "
+            f"after {joint.evaluations} evaluations, against {sum_bound:.6g} from per-block shapes"
+        )
+        if joint.alpha_sum_bound < sum_bound:
+            planned = _replace_sigmas(planned, joint.sigmas, targets)
+            sum_bound = joint.alpha_sum_bound
+        lower_bound = joint.lower_bound
+    elif co_optimize and rows_per_query.max() > 1:
+        log.append(f"joint block dual skipped: about {work:.3g} flops per evaluation, over {CO_OPTIMIZE_WORK:.3g}")
     variances = _stitched_variances(targets.size, ((b.spec, b.variances) for b in planned))
     alpha_exact = domain.size <= EXACT_DOMAIN_LIMIT
     if alpha_exact:
         profile = stitched_profile(domain, [(b.spec.attributes, b.profile) for b in planned])
         alpha = float(profile.max())
-        log.append(f"alpha {alpha:.6g} evaluated cell by cell over {domain.size} cells (sum bound {allocation.alpha_bound:.6g})")
+        log.append(f"alpha {alpha:.6g} evaluated cell by cell over {domain.size} cells (sum bound {sum_bound:.6g})")
     else:
-        alpha = allocation.alpha_bound
+        alpha = sum_bound
         log.append(f"domain of {domain.size:.3g} cells is too large to evaluate; alpha is the sum bound {alpha:.6g}")
     for line in log:
         LOG.info(line)
@@ -200,12 +228,40 @@ def plan_blocks(
         variances=variances,
         alpha=alpha,
         alpha_exact=alpha_exact,
-        alpha_sum_bound=allocation.alpha_bound,
-        allocation_lower_bound=allocation.lower_bound,
+        alpha_sum_bound=sum_bound,
+        allocation_lower_bound=lower_bound,
         composition="sequential across blocks, parallel across units",
         decisions=tuple(log),
         seconds=time.perf_counter() - start,
         rounds=round_number + 1,
+    )
+
+
+def _co_optimize(planned: Sequence[PlannedBlock], targets: np.ndarray) -> BlockDualResult:
+    with threadpool_limits(limits=blas_threads(), user_api="blas"):
+        return maximize_block_dual(
+            [b.solution.basis for b in planned],
+            [b.solution.recon / np.sqrt(targets[b.spec.query_index])[:, None] for b in planned],
+            [b.spec.query_index for b in planned],
+            targets.size,
+        )
+
+
+def _replace_sigmas(planned: Sequence[PlannedBlock], sigmas: Sequence[np.ndarray], targets: np.ndarray) -> tuple[PlannedBlock, ...]:
+    """Blocks carrying the jointly optimised covariances (scale 1); target shares follow them."""
+    solutions = []
+    for block, sigma in zip(planned, sigmas):
+        profile = privacy_profile(sigma, block.solution.basis)
+        variances = np.einsum("ij,jk,ik->i", block.solution.recon, sigma, block.solution.recon)
+        stats = dataclasses.replace(block.solution.stats, stage="block-dual")
+        solutions.append(dataclasses.replace(
+            block.solution, sigma=sigma, profile=profile, variances=variances, alpha=float(profile.max()),
+            lower_bound=0.0, gap=float("inf"), stats=stats,
+        ))
+    totals = _stitched_variances(targets.size, ((b.spec, s.variances) for b, s in zip(planned, solutions)))
+    return tuple(
+        PlannedBlock(b.spec, s, 1.0, targets[b.spec.query_index] * s.variances / totals[b.spec.query_index])
+        for b, s in zip(planned, solutions)
     )
 
 

@@ -45,7 +45,15 @@ from .workload import validate_workload
 
 
 SOLVE_METHODS = ("auto", "smii", "dual")
-SMALL_BLOCK_RANK = 512  # below this rank a solve runs single-threaded BLAS
+
+
+def blas_threads() -> int:
+    """BLAS threads for distfit's linear algebra: 1 unless ``DISTFIT_BLAS_THREADS`` says otherwise."""
+    value = os.environ.get("DISTFIT_BLAS_THREADS", "1")
+    try:
+        return max(1, int(value))
+    except ValueError:
+        raise ValueError(f"DISTFIT_BLAS_THREADS: expected a positive integer, got {value!r}") from None
 
 
 class ConvergenceError(RuntimeError):
@@ -176,12 +184,11 @@ def solve(
             "(distfit plan, DESIGN.md section 2) or raise memory_limit_bytes"
         )
 
-    representation = represent(workload, basis)
-    # Multithreaded BLAS is several times slower than one thread on the k x k eigendecompositions
-    # of small blocks (measured: 74 ms vs 25 ms per dual evaluation at k = 232 on 2 cores);
-    # large blocks gain from threads (prefix d = 1024: 23 s vs 30 s).
-    threads = None if representation.rank >= SMALL_BLOCK_RANK else 1
-    with threadpool_limits(limits=threads, user_api="blas"):
+    # OpenBLAS's threads make small factorisations far slower on shared 2-core machines (an SVD of
+    # a 252 x 126 matrix: 3 s with 2 threads, 0.01 s with 1), and distfit parallelises over
+    # blocks with processes instead; DISTFIT_BLAS_THREADS overrides.
+    with threadpool_limits(limits=blas_threads(), user_api="blas"):
+        representation = represent(workload, basis)
         return _solve_represented(
             representation, target_array, parsed_budget, method, gap_tolerance, max_gap, dual_iterations, time_limit, start
         )

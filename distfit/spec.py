@@ -92,8 +92,8 @@ workload label is ``GROUP:LABEL`` (``detailed:voting_age[18_plus],race[white]``)
   ``target: {base: 1.5, width_power: 0.25, jitter: 1}``): query j (0-based, in the group's
   query order) gets the target ``B * w_j**P * (1 + J * u_j)``. ``w_j`` is the number of cells of
   the group's marginal that query j reads: the product over its attributes of the values its row
-  covers (1 for ``identity`` and ``select``, v + 1 for the prefix ``<= v``, hi - lo + 1 for a
-  range, n for ``total``, the nonzero entries of a ``matrix`` row; 1 for the grand total).
+  covers (1 for ``identity`` and ``select``, v + 1 for the prefix up to value index v, hi - lo + 1
+  for a range, n for ``total``, the nonzero entries of a ``matrix`` row; 1 for the grand total).
   ``u_j`` in [0, 1) is a fixed pseudo-random number: the first 8 bytes of the SHA-256 of the
   UTF-8 text ``S:GROUP:j`` (``0:age-sex:3`` for query 3 of group ``age-sex``, seed 0), read as a
   big-endian integer and divided by 2**64. ``base`` is required (finite, > 0); ``width_power``
