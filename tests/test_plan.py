@@ -71,7 +71,7 @@ def _block_diagonal_sdp(bases, recons, query_indices, targets):
         for row, query in enumerate(index):
             share = cp.Variable()
             column = recon[row][:, None]
-            constraints.append(cp.bmat([[cp.reshape(share, (1, 1)), column.T], [column, inverse]]) >> 0)
+            constraints.append(cp.bmat([[cp.reshape(share, (1, 1), order="C"), column.T], [column, inverse]]) >> 0)
             shares.setdefault(int(query), []).append(share)
     constraints += [cp.sum(cp.hstack(v)) <= targets[q] for q, v in shares.items()]
     problem = cp.Problem(cp.Minimize(cp.sum(cp.hstack(objective_terms))), constraints)

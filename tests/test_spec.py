@@ -1,8 +1,13 @@
 """Tests for distfit.spec (pipeline specs)."""
 from __future__ import annotations
 
+import hashlib
+import importlib.util
+import itertools
 import json
+import math
 import textwrap
+import time
 from pathlib import Path
 
 import numpy as np
@@ -124,6 +129,93 @@ def test_workload_refuses_huge_domains(tmp_path):
     assert spec.domain.size == 9_000_000
     with pytest.raises(ValueError, match="9000000 cells"):
         spec.workload()
+
+
+def _generator():
+    location = importlib.util.spec_from_file_location("generate_marginals", PIPELINES / "generate_marginals.py")
+    module = importlib.util.module_from_spec(location)
+    location.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def marginals() -> PipelineSpec:
+    return load_spec(PIPELINES / "marginals.yaml")
+
+
+def test_marginals_spec_loads(marginals):
+    spec = marginals
+    assert spec.name == "marginals"
+    assert len(spec.attributes) >= 30
+    assert all(2 <= a.size <= 20 for a in spec.attributes)
+    assert {2, 20} <= {a.size for a in spec.attributes}
+    ordinal = {a.name for a in spec.attributes if a.ordinal}
+    assert len(ordinal) >= 8
+    n = len(spec.attributes)
+    assert len(spec.groups) == n * (n - 1) // 2 == 435
+    pairs = [g.attributes for g in spec.groups]
+    assert sorted(pairs) == sorted(itertools.combinations(spec.domain.names, 2))
+    kinds = {}
+    for group in spec.groups:
+        assert len(group.attributes) == 2
+        assert math.prod(spec.attribute(a).size for a in group.attributes) <= 400
+        for attribute, query in group.queries:
+            kinds.setdefault(attribute, set()).add(query.kind)
+        assert np.ptp(group.targets) > 0  # per-query targets within every group
+    for name, used in kinds.items():  # one kind per attribute, in all of its groups
+        assert len(used) == 1
+        assert used <= ({"prefix", "ranges"} if name in ordinal else {"identity"})
+    assert {"prefix", "ranges"} <= set().union(*kinds.values())
+    # targets follow the priorities: group base 1 + (10 - p_a - p_b) / 4 (generator), and query j
+    # gets base * w_j ** 0.25 * [1, 2)
+    generator = _generator()
+    priority = {a[0]: a[4] for a in generator.ATTRIBUTES}
+    assert list(priority) == list(spec.domain.names)
+    for group in spec.groups:
+        a, b = group.attributes
+        base = 1 + (10 - priority[a] - priority[b]) / 4
+        widths = np.kron(*(np.count_nonzero(q.matrix, axis=1) for _, q in group.queries))
+        ratio = group.targets / (base * widths ** 0.25)
+        assert ratio.min() >= 1 and ratio.max() < 2
+    assert spec.group("age_band-sex").targets.max() > spec.group("vehicles-internet_access").targets.min()
+    assert spec.blocks == BlockLimits(400, True)
+
+
+def test_marginals_yaml_is_generated():
+    assert (PIPELINES / "marginals.yaml").read_text() == _generator().render()
+
+
+def test_marginals_residual_blocks_are_many_and_small(marginals):
+    spec = marginals
+    start = time.perf_counter()
+    blocks = residual_blocks(spec.domain, spec.group_triples())
+    seconds = time.perf_counter() - start
+    assert len(blocks) >= 300
+    assert seconds < 10, seconds
+    assert max(b.basis.shape[1] for b in blocks) <= 400
+    assert sum(1 for b in blocks if np.ptp(b.targets) > 0) >= 300
+
+
+def test_mix_spec_loads():
+    spec = load_spec(PIPELINES / "mix.yaml")
+    assert 3 <= len(spec.attributes) <= 4
+    assert spec.domain.size <= 400
+    assert spec.attribute("age").ordinal and 10 <= spec.attribute("age").size <= 16
+    assert spec.attribute("education").ordinal
+    sizes = {len(g.attributes) for g in spec.groups}
+    assert {1, 2} <= sizes
+    kinds = {q.kind for g in spec.groups for _, q in g.queries}
+    assert {"prefix", "ranges", "identity"} <= kinds
+    assert sum(1 for g in spec.groups if np.ptp(g.targets) > 0) >= 5
+    workload = spec.workload()
+    assert workload.matrix.shape == (spec.num_queries, spec.domain.size)
+    assert spec.group("age_policy").labels[0] == "age[18-19..85_plus]"
+
+
+def test_new_specs_round_trip_through_to_dict(marginals):
+    for spec in (marginals, load_spec(PIPELINES / "mix.yaml")):
+        data = json.loads(json.dumps(spec.to_dict()))
+        assert parse_spec(data).spec_hash == spec.spec_hash
 
 
 # ------------------------------------------------------------------ kinds, labels, defaults
@@ -273,6 +365,47 @@ def test_target_files_relative_to_spec(tmp_path):
     assert parse_spec(mapping, base_dir=sub).group("a").targets[3] == 4
 
 
+def _rule_u(seed: int, group: str, j: int) -> float:
+    digest = hashlib.sha256(f"{seed}:{group}:{j}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") / 2**64
+
+
+def test_target_rule(tmp_path):
+    path = write(tmp_path, """\
+        name: rule
+        attributes:
+          - {name: age, size: 4, ordinal: true}
+          - {name: sex, values: [male, female]}
+        queries:
+          - {name: flat, attributes: {age: identity}, target: {base: 2}}
+          - {name: wide, attributes: {age: prefix, sex: identity}, target: {base: 1.5, width_power: 0.5}}
+          - name: age-sex
+            attributes: {age: {ranges: [[0, 3], [1, 2]]}, sex: total}
+            target: {base: 3, width_power: 0.25, jitter: 1, seed: 7}
+          - {name: all, total: true, target: {base: 4, jitter: 0.5}}
+        """)
+    spec = load_spec(path)
+    np.testing.assert_array_equal(spec.group("flat").targets, [2, 2, 2, 2])
+    # prefix x identity: query (age <= v, sex s) reads v + 1 cells
+    np.testing.assert_allclose(spec.group("wide").targets, 1.5 * np.sqrt([1, 1, 2, 2, 3, 3, 4, 4]))
+    widths = [4 * 2, 2 * 2]  # ranges 0..3 and 1..2, times the sex total
+    expected = [3 * w ** 0.25 * (1 + _rule_u(7, "age-sex", j)) for j, w in enumerate(widths)]
+    np.testing.assert_allclose(spec.group("age-sex").targets, expected, rtol=1e-15)
+    np.testing.assert_allclose(spec.group("all").targets, [4 * (1 + 0.5 * _rule_u(0, "all", 0))])
+    # rule targets are inlined in the canonical form: same hash as the list
+    data = spec.to_dict()
+    assert data["queries"][0]["target"] == 2.0
+    assert data["queries"][2]["target"] == list(spec.group("age-sex").targets)
+    assert parse_spec(json.loads(json.dumps(data))).spec_hash == spec.spec_hash
+    # another seed draws other factors; jitter stays within [1, 1 + J)
+    mapping = yaml.safe_load(path.read_text())
+    mapping["queries"][2]["target"]["seed"] = 8
+    other = parse_spec(mapping).group("age-sex").targets
+    assert not np.allclose(other, spec.group("age-sex").targets)
+    ratio = other / (3 * np.array(widths) ** 0.25)
+    assert np.all((ratio >= 1) & (ratio < 2))
+
+
 # ------------------------------------------------------------------ errors
 
 
@@ -390,6 +523,40 @@ ERROR_CASES = [
     ("units column", _edit(units={"column": 3}), "units.column: expected a column name"),
     ("units not mapping", _edit(units="block_id"), "units: expected a mapping {column: NAME} or null"),
     ("description type", _edit(description=[1]), "description: expected a string"),
+    # target rules
+    ("rule without base", _edit(queries=[{"name": "a", "attributes": {"age": "prefix"}, "target": {"jitter": 1}}]),
+     "queries[0].target: missing required key 'base'"),
+    ("rule base type", _edit(queries=[{"name": "a", "attributes": {"age": "prefix"}, "target": {"base": "x"}}]),
+     "queries[0].target.base: expected a number, got a string 'x'"),
+    ("rule base zero", _edit(queries=[{"name": "a", "attributes": {"age": "prefix"}, "target": {"base": 0}}]),
+     "queries[0].target.base: must be finite and > 0, got 0"),
+    ("rule base infinite", _edit(queries=[{"name": "a", "attributes": {"age": "prefix"}, "target": {"base": float("inf")}}]),
+     "queries[0].target.base: must be finite, got inf"),
+    ("rule width_power type", _edit(queries=[
+        {"name": "a", "attributes": {"age": "prefix"}, "target": {"base": 1, "width_power": [1]}}]),
+     "queries[0].target.width_power: expected a number, got a list"),
+    ("rule negative jitter", _edit(queries=[
+        {"name": "a", "attributes": {"age": "prefix"}, "target": {"base": 1, "jitter": -1}}]),
+     "queries[0].target.jitter: must be finite and >= 0, got -1"),
+    ("rule seed float", _edit(queries=[
+        {"name": "a", "attributes": {"age": "prefix"}, "target": {"base": 1, "jitter": 1, "seed": 1.5}}]),
+     "queries[0].target.seed: expected an integer >= 0, got a number 1.5"),
+    ("rule seed negative", _edit(queries=[
+        {"name": "a", "attributes": {"age": "prefix"}, "target": {"base": 1, "seed": -3}}]),
+     "queries[0].target.seed: expected an integer >= 0, got an integer -3"),
+    ("rule unknown key", _edit(queries=[
+        {"name": "a", "attributes": {"age": "prefix"}, "target": {"base": 1, "jiter": 1}}]),
+     "queries[0].target: unknown key 'jiter' (did you mean 'jitter'?)"),
+    ("rule and file", _edit(queries=[
+        {"name": "a", "attributes": {"age": "prefix"}, "target": {"file": "t.csv", "base": 1}}]),
+     "queries[0].target: give {file: PATH} or a rule (base), not both"),
+    ("rule overflows", _edit(queries=[
+        {"name": "a", "attributes": {"age": "prefix"}, "target": {"base": 1e308, "width_power": 10}}]),
+     "queries[0].target: the rule gives query [1] the target inf; targets must be finite and > 0"),
+    ("rule in a later group", _edit(queries=[
+        {"name": "a", "attributes": {"age": "prefix"}, "target": {"base": 1}},
+        {"name": "b", "attributes": {"sex": "identity"}, "target": {"base": 1, "jitter": "big"}}]),
+     "queries[1].target.jitter: expected a number, got a string 'big'"),
 ]
 
 
