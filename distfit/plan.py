@@ -166,9 +166,6 @@ def plan_blocks(
         refine_rounds = 0
     work = sum(s.basis.shape[0] ** 2 * (s.basis.shape[0] + s.basis.shape[1] + s.recon.shape[0]) for s in blocks)
     joint_dual = co_optimize and rows_per_query.max() > 1 and work <= CO_OPTIMIZE_WORK
-    if refine_rounds and joint_dual:
-        log.append("the joint block dual will share the targets: no refinement rounds")
-        refine_rounds = 0
     for round_number in range(refine_rounds + 1):
         tasks = [BlockTask(i, spec, block_targets[i]) for i, spec in enumerate(blocks)]
         done = 0
