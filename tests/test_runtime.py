@@ -5,6 +5,7 @@ import itertools
 import os
 import signal
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -58,3 +59,77 @@ def test_unreachable_scheduler_is_a_clear_error():
     with pytest.raises(ClusterError, match="cannot reach the scheduler"):
         with dask_client("tcp://127.0.0.1:1", timeout=2):
             pass
+
+
+def test_plan_through_a_scheduler_file(tmp_path):
+    """A scheduler and two workers started from the dask command line, found by scheduler file."""
+    import subprocess
+    import sys
+    import time
+
+    scheduler_file = tmp_path / "scheduler.json"
+    dask = [sys.executable, "-m", "distributed.cli.dask_scheduler"]
+    scheduler = subprocess.Popen(
+        dask + ["--scheduler-file", str(scheduler_file), "--host", "127.0.0.1", "--port", "0", "--dashboard-address", ":0"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    workers = []
+    try:
+        deadline = time.time() + 30
+        while not scheduler_file.exists() and time.time() < deadline:
+            time.sleep(0.2)
+        assert scheduler_file.exists(), "the scheduler did not write its scheduler file"
+        for _ in range(2):
+            workers.append(subprocess.Popen(
+                [sys.executable, "-m", "distributed.cli.dask_worker", "--scheduler-file", str(scheduler_file),
+                 "--nthreads", "1", "--nworkers", "1", "--no-dashboard"],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            ))
+        domain, groups = _groups()
+        with dask_client(str(scheduler_file)) as client:
+            client.wait_for_workers(2, timeout=30)
+            plan = plan_groups(domain, groups, max_cells=0, refine_rounds=0, executor=DaskExecutor(client))
+        reference = plan_groups(domain, groups, max_cells=0, refine_rounds=0)
+        assert plan.alpha == pytest.approx(reference.alpha, rel=1e-9)
+    finally:
+        for process in workers + [scheduler]:
+            process.terminate()
+        for process in workers + [scheduler]:
+            process.wait(timeout=30)
+
+
+def test_killed_worker_plan_completes_and_passes_audit(tmp_path):
+    """`distfit plan` against a running cluster; one worker process is killed mid-plan."""
+    import yaml
+
+    from distfit.audit import audit_plan
+    from distfit.planning import run_plan
+
+    spec = {
+        "name": "faults",
+        "attributes": [{"name": f"a{i}", "size": size} for i, size in enumerate((3, 3, 3, 4, 2))],
+        "queries": [
+            {"name": f"a{i}a{j}", "attributes": {f"a{i}": "identity", f"a{j}": "identity"}, "target": [1.0 + ((i + j + k) % 3) for k in range(n)]}
+            for (i, j), n in (((i, j), (3, 3, 3, 4, 2)[i] * (3, 3, 3, 4, 2)[j]) for i, j in itertools.combinations(range(5), 2))
+        ],
+        "blocks": {"merge": False},
+    }
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    with dask_client(None, workers=2) as client:
+        pids = list(client.run(os.getpid).values())
+        killed_at = []
+
+        def kill():
+            os.kill(pids[0], signal.SIGKILL)
+            killed_at.append(time.perf_counter())
+
+        timer = threading.Timer(0.3, kill)
+        timer.start()
+        plan, _ = run_plan(str(path), str(tmp_path / "plan.zarr"), cluster=client.scheduler.address)
+        finished_at = time.perf_counter()
+        timer.join()
+        assert killed_at and killed_at[0] < finished_at, "the worker was not killed while the plan ran"
+    report = audit_plan(str(tmp_path / "plan.zarr"))
+    assert report.ok, report.failures
+    assert len(plan.blocks) == 16
