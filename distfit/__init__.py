@@ -2,7 +2,9 @@
 
 ``distfit.solve`` plans one block (SM-II with a dual certificate); ``distfit.privacy`` holds the
 privacy accounting, ``distfit.workload`` the workload builders and ``distfit.baselines`` the
-mechanisms users compare against.
+mechanisms users compare against. The pipeline: ``spec`` (YAML specs), ``blocks`` and ``plan``
+(decomposition, allocation, stitching), ``runtime`` (Dask), ``store`` (Zarr plan stores),
+``audit``, and ``planning`` (spec to plan store).
 """
 from __future__ import annotations
 

@@ -1,14 +1,16 @@
 """The ``distfit`` command line.
 
-This milestone has one subcommand, ``distfit solve``: plan one block with ``distfit.solve`` and
-print its privacy cost, certificate, privacy account and solver statistics (optionally the
-baselines at the same privacy cost), as text, JSON (``--json``) and arrays (``--save``).
-The pipeline commands of DESIGN.md section 5 (``plan``, ``audit``, ``synth``, ``release``,
-``report``, ``run``) arrive in later milestones.
+Subcommands: ``distfit solve`` plans one block with ``distfit.solve`` and prints its privacy
+cost, certificate, privacy account and solver statistics (optionally the baselines at the same
+privacy cost), as text, JSON (``--json``) and arrays (``--save``); ``distfit plan`` turns a
+pipeline spec into a plan store (``distfit.planning``); ``distfit audit`` recomputes a plan
+store's account (``distfit.audit``). ``synth``, ``release``, ``report`` and ``run`` (DESIGN.md
+section 5) arrive in later milestones.
 
-Exit codes: 0 success; 1 the solver could not certify its plan (``ConvergenceError``) or an
-output could not be written; 2 bad input (unknown workload, unreadable or malformed ``.npz``,
-conflicting budget flags, a ``ValueError`` from the library, or a block too large for memory).
+Exit codes: 0 success; 1 the solver could not certify its plan (``ConvergenceError``), an
+output could not be written, or an audit found a mismatch; 2 bad input (unknown workload,
+unreadable or malformed ``.npz`` or spec, conflicting budget flags, a ``ValueError`` from the
+library, a block too large for memory, a plan already at ``--out``, an unreachable scheduler).
 Every error is one line ``distfit: error: <message>`` on stderr. Output files are written to a
 temporary file in the same directory and moved into place only once everything succeeded, so
 no partial output file is ever left behind.
