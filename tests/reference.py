@@ -59,3 +59,20 @@ def cvx_optimal_alpha(W, targets) -> float:
 def prefix_matrix(d: int) -> np.ndarray:
     """Lower-triangular ones: the prefix workload (query j counts cells 0..j)."""
     return np.tril(np.ones((d, d)))
+
+
+def mixed_marginal_workload():
+    """A small marginal mix with prefix queries and per-query targets (age 8 x sex 2 x edu 4)."""
+    import numpy as np
+
+    from distfit.workload import Domain, prefix_queries
+
+    domain = Domain(("age", "sex", "edu"), (8, 2, 4))
+    rng = np.random.default_rng(0)
+    groups = [
+        ("age", {"age": prefix_queries(8)}, rng.uniform(1, 4, 8)),
+        ("age,sex", {"age": prefix_queries(8), "sex": np.eye(2)}, rng.uniform(1, 4, 16)),
+        ("sex,edu", {"sex": np.eye(2), "edu": np.eye(4)}, 2.0),
+        ("edu", {"edu": prefix_queries(4)}, 1.0),
+    ]
+    return domain, groups

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import distfit
+from reference import mixed_marginal_workload
 from distfit.blocks import (
     allocate_scales,
     connected_blocks,
@@ -159,20 +160,10 @@ def test_bad_groups_are_refused():
         residual_blocks(domain, [("g", {"b": np.eye(2)}, 1.0)])
 
 
-def _mixed_workload():
-    domain = Domain(("age", "sex", "edu"), (8, 2, 4))
-    rng = np.random.default_rng(0)
-    groups = [
-        ("age", {"age": prefix_queries(8)}, rng.uniform(1, 4, 8)),
-        ("age,sex", {"age": prefix_queries(8), "sex": np.eye(2)}, rng.uniform(1, 4, 16)),
-        ("sex,edu", {"sex": np.eye(2), "edu": np.eye(4)}, 2.0),
-        ("edu", {"edu": prefix_queries(4)}, 1.0),
-    ]
-    return domain, groups
 
 
 def test_merged_blocks_reassemble_the_workload_and_cost_less():
-    domain, groups = _mixed_workload()
+    domain, groups = mixed_marginal_workload()
     workload = workload_from_groups(domain, groups)
     residual = residual_blocks(domain, groups)
     merged = merge_blocks(domain, residual, [tuple(g[1]) for g in groups], max_cells=16)
@@ -194,7 +185,7 @@ def test_merged_blocks_reassemble_the_workload_and_cost_less():
 
 
 def test_merging_without_limit_is_the_global_solve():
-    domain, groups = _mixed_workload()
+    domain, groups = mixed_marginal_workload()
     workload = workload_from_groups(domain, groups)
     merged = merge_blocks(domain, residual_blocks(domain, groups), [tuple(g[1]) for g in groups], max_cells=10**9)
     assert [b.block_id for b in merged] == ["r-age.sex.edu"]
@@ -205,6 +196,6 @@ def test_merging_without_limit_is_the_global_solve():
 
 
 def test_no_limit_means_no_merge():
-    domain, groups = _mixed_workload()
+    domain, groups = mixed_marginal_workload()
     residual = residual_blocks(domain, groups)
     assert [b.block_id for b in merge_blocks(domain, residual, [tuple(g[1]) for g in groups], 0)] == [b.block_id for b in residual]

@@ -7,20 +7,11 @@ import numpy as np
 import pytest
 
 import distfit
+from reference import mixed_marginal_workload
 from distfit.plan import plan_groups
 from distfit.workload import Domain, prefix_queries, workload_from_groups
 
 
-def _mixed():
-    domain = Domain(("age", "sex", "edu"), (8, 2, 4))
-    rng = np.random.default_rng(0)
-    groups = [
-        ("age", {"age": prefix_queries(8)}, rng.uniform(1, 4, 8)),
-        ("age,sex", {"age": prefix_queries(8), "sex": np.eye(2)}, rng.uniform(1, 4, 16)),
-        ("sex,edu", {"sex": np.eye(2), "edu": np.eye(4)}, 2.0),
-        ("edu", {"edu": prefix_queries(4)}, 1.0),
-    ]
-    return domain, groups
 
 
 def test_two_way_marginals_plan_matches_design_figure():
@@ -35,7 +26,7 @@ def test_two_way_marginals_plan_matches_design_figure():
 
 @pytest.mark.parametrize("max_cells", [0, 16])
 def test_plan_meets_targets_and_refinement_never_hurts(max_cells):
-    domain, groups = _mixed()
+    domain, groups = mixed_marginal_workload()
     single = plan_groups(domain, groups, max_cells=max_cells, refine_rounds=0)
     refined = plan_groups(domain, groups, max_cells=max_cells, refine_rounds=2)
     for plan in (single, refined):
@@ -47,7 +38,7 @@ def test_plan_meets_targets_and_refinement_never_hurts(max_cells):
 
 
 def test_no_merge_limit_gives_the_global_solve():
-    domain, groups = _mixed()
+    domain, groups = mixed_marginal_workload()
     workload = workload_from_groups(domain, groups)
     whole = distfit.solve(workload.matrix, workload.targets)
     plan = plan_groups(domain, groups, max_cells=10**9, refine_rounds=0)
