@@ -210,7 +210,13 @@ def _solve_represented(
     run_smii = method == "smii" or (method == "auto" and best_alpha > lower_bound * (1.0 + gap_tolerance))
     if run_smii:
         remaining = time_limit - (time.perf_counter() - start)
-        run = smii.smii_optimize(basis_matrix, scaled_recon, best_sigma, time_limit=max(remaining * 0.7, 1.0))
+        run = smii.smii_optimize(
+            basis_matrix,
+            scaled_recon,
+            best_sigma,
+            time_limit=max(remaining * 0.7, 1.0),
+            target_cost=lower_bound * (1.0 + gap_tolerance) if method == "auto" else 0.0,
+        )
         newton, cg, final_t = run.newton_iterations, run.cg_iterations, run.final_t
         smii_point = certificate.plan_cost(basis_matrix, scaled_recon, run.sigma)
         if smii_point < best_alpha:
