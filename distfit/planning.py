@@ -12,6 +12,7 @@ variance becomes ``k`` times its target and alpha equals the budget's.
 from __future__ import annotations
 
 import dataclasses
+import math
 import sys
 from typing import TextIO
 
@@ -56,7 +57,9 @@ def write_plan(spec: PipelineSpec, plan: PlanResult, out: str, overwrite: bool =
                     profile=block.profile,
                     alpha=block.alpha,
                     lower_bound=block.solution.lower_bound / block.scale,
-                    solver=dataclasses.asdict(block.solution.stats) | {"gap": block.solution.gap},
+                    # A block re-optimised by the joint block dual has no certificate of its own.
+                    solver=dataclasses.asdict(block.solution.stats)
+                    | {"gap": block.solution.gap if math.isfinite(block.solution.gap) else None},
                 )
             )
         return writer.finish(

@@ -100,10 +100,13 @@ def _jsonable(value: Any, where: str = "attrs") -> Any:
 
     NumPy scalars and arrays, tuples (to lists), dataclasses (``asdict``), objects with a
     ``to_dict()`` method, paths and datetimes are converted; anything else (sets, arbitrary
-    objects, non-string keys) raises ``TypeError`` naming where in the attrs it sits.
+    objects, non-string keys) raises ``TypeError`` naming where in the attrs it sits, and
+    non-finite floats (not JSON) raise ``ValueError``.
     """
     if value is None or isinstance(value, (bool, str)):
         return value
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"{where}: {value} is not valid JSON; store None for 'not available'")
     if isinstance(value, (int, float)):
         return value
     if isinstance(value, np.generic):

@@ -94,3 +94,17 @@ def test_bad_inputs_exit_2_and_leave_no_plan(tmp_path, capsys):
     assert "already holds a plan" in capsys.readouterr().err
     assert read_plan(str(out)).checksum == checksum
     assert main(["audit", str(tmp_path / "missing.zarr")]) == 2
+
+
+def test_plan_store_attrs_are_strict_json(tmp_path):
+    """Every zarr.json of a plan parses as strict JSON (no NaN or Infinity)."""
+    import json
+
+    out = tmp_path / "plan.zarr"
+    assert main(["plan", _write_spec(tmp_path, SMALL_SPEC), "--out", str(out), "--serial"]) == 0
+
+    def refuse(constant):
+        raise ValueError(f"non-JSON constant {constant}")
+
+    for path in out.rglob("zarr.json"):
+        json.loads(path.read_text(), parse_constant=refuse)
