@@ -29,14 +29,14 @@ import functools
 import itertools
 import math
 from dataclasses import dataclass
-from typing import Mapping, Sequence
+from typing import Sequence
 
 import numpy as np
 import scipy.optimize
 import scipy.sparse
 import scipy.sparse.csgraph
 
-from .workload import Domain, kron_queries
+from .workload import Domain
 
 GroupLike = tuple  # (name, {attribute: Q_i}, target scalar or per-query array)
 

@@ -4,8 +4,9 @@ Subcommands: ``distfit solve`` plans one block with ``distfit.solve`` and prints
 cost, certificate, privacy account and solver statistics (optionally the baselines at the same
 privacy cost), as text, JSON (``--json``) and arrays (``--save``); ``distfit plan`` turns a
 pipeline spec into a plan store (``distfit.planning``); ``distfit audit`` recomputes a plan
-store's account (``distfit.audit``). ``synth``, ``release``, ``report`` and ``run`` (DESIGN.md
-section 5) arrive in later milestones.
+store's account (``distfit.audit``); ``distfit synth`` writes synthetic unit histograms for a
+spec's schema (``distfit.data``). ``release``, ``report`` and ``run`` (DESIGN.md section 5)
+arrive in later milestones.
 
 Exit codes: 0 success; 1 the solver could not certify its plan (``ConvergenceError``), an
 output could not be written, or an audit found a mismatch; 2 bad input (unknown workload,
@@ -464,6 +465,34 @@ def _cmd_audit(args: argparse.Namespace) -> int:
     return 0 if report.ok else 1
 
 
+def _cmd_synth(args: argparse.Namespace) -> int:
+    import time
+
+    from .data import read_histograms, write_synthetic
+    from .spec import load_spec
+
+    if args.units <= 0:
+        raise UsageError(f"--units must be >= 1, got {args.units}")
+    if args.chunk_units is not None and args.chunk_units <= 0:
+        raise UsageError(f"--chunk-units must be >= 1, got {args.chunk_units}")
+    if args.seed is not None and args.seed < 0:
+        raise UsageError(f"--seed must be >= 0, got {args.seed}")
+    started = time.perf_counter()
+    spec = load_spec(args.spec)
+    path = write_synthetic(spec, args.units, args.out, seed=args.seed, chunk_units=args.chunk_units,
+                           overwrite=args.overwrite)
+    seconds = time.perf_counter() - started
+    data = read_histograms(path)
+    attrs = data.attrs
+    print(f"{PROG}: synth {path}")
+    print(f"  units          {data.units}  (chunks of {data.chunk_units})")
+    print(f"  cells          {data.cells}  ({' x '.join(map(str, attrs['schema']['sizes']))})")
+    print(f"  total people   {attrs['total_people']}")
+    print(f"  seed           {attrs['seed']}  (synthetic data, not private)")
+    print(f"  seconds        {seconds:.1f}")
+    return 0
+
+
 # ---------------------------------------------------------------------------------------------
 # entry point
 # ---------------------------------------------------------------------------------------------
@@ -516,6 +545,20 @@ def build_parser() -> argparse.ArgumentParser:
     )
     audit_parser.add_argument("plan", metavar="PLAN.zarr")
     audit_parser.set_defaults(handler=_cmd_audit)
+
+    synth_parser = commands.add_parser(
+        "synth", help="write synthetic unit histograms with the spec's schema (not private data)",
+        description="Synthesise N units (skewed populations and categories, correlated attributes) as a "
+                    "Zarr histograms store (units x cells), chunk by chunk, atomically.",
+    )
+    synth_parser.add_argument("spec", metavar="SPEC.yaml")
+    synth_parser.add_argument("--units", required=True, type=int, metavar="N", help="number of units (>= 1)")
+    synth_parser.add_argument("--out", required=True, metavar="DATA.zarr")
+    synth_parser.add_argument("--seed", type=int, metavar="S", help="seed (default: fresh, stored in the data)")
+    synth_parser.add_argument("--chunk-units", type=int, metavar="C",
+                              help="units per chunk (default: up to 4096, at most 16 MiB of counts)")
+    synth_parser.add_argument("--overwrite", action="store_true", help="replace data already at --out")
+    synth_parser.set_defaults(handler=_cmd_synth)
     return parser
 
 
@@ -535,7 +578,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as exit_:  # --help, --version
         return exit_.code if isinstance(exit_.code, int) else 0
     if getattr(args, "handler", None) is None:
-        _error("a command is required: solve, plan or audit (see distfit --help)")
+        _error("a command is required: solve, plan, audit or synth (see distfit --help)")
         return 2
     try:
         with threadpool_limits(limits=blas_threads(), user_api="blas"):

@@ -63,7 +63,7 @@ from collections.abc import Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import zarr
@@ -544,26 +544,35 @@ class PlanWriter:
         return checksum
 
     def _move_into_place(self) -> None:
-        final, staging = self.path, self.staging_path
-        if final.exists() or final.is_symlink():
-            self._check_target()  # raises unless overwrite=True and it still holds a plan
-            aside = final.with_name(f"{final.name}{REPLACED_MARKER}{secrets.token_hex(6)}")
-            os.rename(final, aside)
-            try:
-                os.rename(staging, final)
-            except BaseException:
-                os.rename(aside, final)
-                raise
-            if self.fsync:
-                _fsync_dir(final.parent)
-            if aside.is_symlink():
-                aside.unlink()
-            else:
-                shutil.rmtree(aside, ignore_errors=True)
-        else:
+        move_into_place(self.staging_path, self.path, lambda _: self._check_target(), fsync=self.fsync)
+
+
+def move_into_place(staging: Path, final: Path, check_target: Callable[[Path], None], fsync: bool = True) -> None:
+    """Rename a finished staging directory to ``final``, atomically for readers.
+
+    A store already at ``final`` must pass ``check_target`` (which raises to refuse it); it is
+    renamed aside first, the new store renamed in, and only then is the old one deleted (if the
+    second rename fails the old store is put back). Shared by every store writer.
+    """
+    if final.exists() or final.is_symlink():
+        check_target(final)
+        aside = final.with_name(f"{final.name}{REPLACED_MARKER}{secrets.token_hex(6)}")
+        os.rename(final, aside)
+        try:
             os.rename(staging, final)
-            if self.fsync:
-                _fsync_dir(final.parent)
+        except BaseException:
+            os.rename(aside, final)
+            raise
+        if fsync:
+            _fsync_dir(final.parent)
+        if aside.is_symlink():
+            aside.unlink()
+        else:
+            shutil.rmtree(aside, ignore_errors=True)
+    else:
+        os.rename(staging, final)
+        if fsync:
+            _fsync_dir(final.parent)
 
 
 def _check_schema(schema: Any) -> dict:
