@@ -12,22 +12,11 @@ import pytest
 
 import distfit
 from distfit import cli
+from clitools import assert_one_line_error, run
 
 PREFIX16_ALPHA = 2.9053  # DESIGN.md section 1 reference value
 
 
-def run(capsys, *argv: str) -> tuple[int, str, str]:
-    code = cli.main(list(argv))
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
-
-
-def assert_one_line_error(err: str, *fragments: str) -> None:
-    lines = err.strip().splitlines()
-    assert len(lines) == 1, err
-    assert lines[0].startswith("distfit: error: "), err
-    for fragment in fragments:
-        assert fragment in lines[0], (fragment, err)
 
 
 def test_solve_prefix16_json_and_save(tmp_path, capsys):

@@ -10,7 +10,6 @@ import pytest
 import zarr
 
 import distfit.data as data
-from distfit import cli
 from distfit.data import (
     DataError,
     ModelParams,
@@ -22,6 +21,7 @@ from distfit.data import (
 )
 from distfit.spec import load_spec
 from distfit.workload import Domain
+from clitools import assert_one_line_error, run
 
 ROOT = Path(__file__).resolve().parents[1]
 PL94 = ROOT / "pipelines" / "pl94.yaml"
@@ -62,18 +62,6 @@ def pair_table(aggregate: np.ndarray, domain: Domain, i: int, j: int) -> np.ndar
     return aggregate.reshape(domain.shape).sum(axis=others)
 
 
-def run(capsys, *argv: str) -> tuple[int, str, str]:
-    code = cli.main(list(argv))
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
-
-
-def assert_one_line_error(err: str, *fragments: str) -> None:
-    lines = err.strip().splitlines()
-    assert len(lines) == 1, err
-    assert lines[0].startswith("distfit: error: "), err
-    for fragment in fragments:
-        assert fragment in lines[0], (fragment, err)
 
 
 # ---------------------------------------------------------------------------------------------
