@@ -96,3 +96,25 @@ def test_joint_block_dual_matches_a_convex_solver():
     for rep, block, sigma in zip(reps, blocks, joint.sigmas):
         np.add.at(variances, block.query_index, np.einsum("ij,jk,ik->i", rep.recon, sigma, rep.recon))
     assert np.all(variances <= targets * (1 + 1e-9))
+
+
+def test_symmetric_blocks_take_the_closed_form():
+    """A block fed by one identity marginal with one target is symmetric: the uniform dual
+    weights are optimal, so its first dual evaluation certifies it and Sigma_S is proportional to
+    B_S B_S^T (the closed form of DESIGN.md section 2). Lower-order blocks collect rows from
+    marginals of different sizes (different kappa) and are not symmetric."""
+    from distfit.blocks import residual_blocks
+    from distfit.plan import BlockTask, solve_block
+
+    domain = Domain(tuple(f"a{i}" for i in range(4)), (3, 4, 2, 3))
+    groups = [(f"{a},{b}", {a: np.eye(domain.size_of(a)), b: np.eye(domain.size_of(b))}, 1.0)
+              for a, b in itertools.combinations(domain.names, 2)]
+    symmetric = [block for block in residual_blocks(domain, groups) if len(block.attributes) == 2]
+    assert len(symmetric) == 6
+    for block in symmetric:
+        solution = solve_block(BlockTask(0, block, block.targets))
+        assert solution.stats.dual_evaluations == 1
+        assert solution.gap <= 1e-9
+        reference = solution.basis @ solution.basis.T
+        scale = np.trace(solution.sigma) / np.trace(reference)
+        np.testing.assert_allclose(solution.sigma, scale * reference, rtol=1e-6, atol=1e-9 * scale)
