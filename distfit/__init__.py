@@ -4,7 +4,8 @@
 privacy accounting, ``distfit.workload`` the workload builders and ``distfit.baselines`` the
 mechanisms users compare against. The pipeline: ``spec`` (YAML specs), ``blocks`` and ``plan``
 (decomposition, allocation, stitching), ``runtime`` (Dask), ``store`` (Zarr plan stores),
-``audit``, and ``planning`` (spec to plan store).
+``audit``, and ``planning`` (spec to plan store). Release: ``data`` (synthetic unit histograms),
+``release`` (the noise mathematics) and ``releasing`` (plan + data to a release store).
 """
 from __future__ import annotations
 

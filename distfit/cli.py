@@ -5,13 +5,15 @@ cost, certificate, privacy account and solver statistics (optionally the baselin
 privacy cost), as text, JSON (``--json``) and arrays (``--save``); ``distfit plan`` turns a
 pipeline spec into a plan store (``distfit.planning``); ``distfit audit`` recomputes a plan
 store's account (``distfit.audit``); ``distfit synth`` writes synthetic unit histograms for a
-spec's schema (``distfit.data``). ``release``, ``report`` and ``run`` (DESIGN.md section 5)
-arrive in later milestones.
+spec's schema (``distfit.data``); ``distfit release`` adds noise to unit histograms through a plan
+and writes a sealed, resumable release store (``distfit.releasing``). ``report`` and ``run``
+(DESIGN.md section 5) arrive in later milestones.
 
 Exit codes: 0 success; 1 the solver could not certify its plan (``ConvergenceError``), an
 output could not be written, or an audit found a mismatch; 2 bad input (unknown workload,
 unreadable or malformed ``.npz`` or spec, conflicting budget flags, a ``ValueError`` from the
-library, a block too large for memory, a plan already at ``--out``, an unreachable scheduler).
+library, a block too large for memory, a plan or release already at ``--out``, an unreachable
+scheduler, a plan that fails audit, data that does not fit the plan).
 Every error is one line ``distfit: error: <message>`` on stderr. Output files are written to a
 temporary file in the same directory and moved into place only once everything succeeded, so
 no partial output file is ever left behind.
@@ -493,6 +495,32 @@ def _cmd_synth(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_release(args: argparse.Namespace) -> int:
+    from .releasing import run_release
+
+    if args.workers is not None and args.workers < 1:
+        raise UsageError(f"--workers must be >= 1, got {args.workers}")
+    if args.seed is not None and args.seed < 0:
+        raise UsageError(f"--seed must be >= 0, got {args.seed}")
+    if args.resume and args.overwrite:
+        raise UsageError("--resume and --overwrite exclude each other")
+    result = run_release(
+        args.plan, args.data, args.out, resume=args.resume, overwrite=args.overwrite, seed=args.seed,
+        cluster=args.cluster, workers=args.workers, serial=args.serial,
+    )
+    rate = result.units_drawn / result.seconds if result.seconds > 0 else float("nan")
+    print(f"{PROG}: release {result.path}")
+    print(f"  units          {result.units}  ({result.chunks} chunks, {result.chunks_drawn} drawn now"
+          f"{', resumed' if result.resumed else ''})")
+    print(f"  queries        {result.queries}  ({result.blocks} blocks)")
+    print(f"  seconds        {result.seconds:.1f}  ({rate:.1f} units/s)")
+    print(f"  plan checksum  {result.plan_checksum}")
+    print(f"  checksum       {result.checksum}  (sealed)")
+    if not result.private:
+        print("  NOT PRIVATE    released with a fixed --seed (tests only)")
+    return 0
+
+
 # ---------------------------------------------------------------------------------------------
 # entry point
 # ---------------------------------------------------------------------------------------------
@@ -559,6 +587,24 @@ def build_parser() -> argparse.ArgumentParser:
                               help="units per chunk (default: up to 4096, at most 16 MiB of counts)")
     synth_parser.add_argument("--overwrite", action="store_true", help="replace data already at --out")
     synth_parser.set_defaults(handler=_cmd_synth)
+
+    release_parser = commands.add_parser(
+        "release", help="release noisy answers for every unit: plan + data -> sealed Zarr release store",
+        description="Per block and chunk of units draw z = chol(Sigma) xi and write L (B x + z) and each "
+                    "query's answer to a release store (one Dask task per chunk); resumable, sealed with a checksum.",
+    )
+    release_parser.add_argument("plan", metavar="PLAN.zarr")
+    release_parser.add_argument("--data", required=True, metavar="DATA.zarr", help="unit histograms (distfit synth format)")
+    release_parser.add_argument("--out", required=True, metavar="RELEASE.zarr")
+    release_parser.add_argument("--resume", action="store_true",
+                                help="finish an interrupted release at --out (written chunks are kept, missing ones drawn)")
+    release_parser.add_argument("--overwrite", action="store_true", help="replace a release already at --out")
+    release_parser.add_argument("--seed", type=int, metavar="S",
+                                help="fixed noise seed, FOR TESTS ONLY: the release is marked not private")
+    release_parser.add_argument("--cluster", metavar="ADDRESS|FILE", help="scheduler address or scheduler file (default: a local multi-process cluster)")
+    release_parser.add_argument("--workers", type=int, metavar="N", help="worker processes of the local cluster (default: cores)")
+    release_parser.add_argument("--serial", action="store_true", help="release the chunks in this process, without Dask")
+    release_parser.set_defaults(handler=_cmd_release)
     return parser
 
 
@@ -578,7 +624,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as exit_:  # --help, --version
         return exit_.code if isinstance(exit_.code, int) else 0
     if getattr(args, "handler", None) is None:
-        _error("a command is required: solve, plan, audit or synth (see distfit --help)")
+        _error("a command is required: solve, plan, audit, synth or release (see distfit --help)")
         return 2
     try:
         with threadpool_limits(limits=blas_threads(), user_api="blas"):

@@ -59,10 +59,12 @@ def dask_client(cluster: str | None = None, workers: int | None = None, timeout:
 
 
 class Progress:
-    """One status line: blocks done, rate and ETA (written to a terminal or a log)."""
+    """One status line: items done (``unit``: blocks, units, ...), rate and ETA (written to a
+    terminal or a log)."""
 
-    def __init__(self, label: str, stream: TextIO | None = None):
+    def __init__(self, label: str, stream: TextIO | None = None, unit: str = "blocks"):
         self.label = label
+        self.unit = unit
         self.stream = stream or sys.stderr
         self.start = time.perf_counter()
         self.last = 0.0
@@ -76,7 +78,7 @@ class Progress:
         rate = done / elapsed if elapsed > 0 else 0.0
         eta = (total - done) / rate if rate > 0 else float("nan")
         end = "\n" if done == total else "\r"
-        print(f"{self.label}: {done}/{total} blocks, {rate:.1f} blocks/s, ETA {eta:.0f} s   ", end=end, file=self.stream, flush=True)
+        print(f"{self.label}: {done}/{total} {self.unit}, {rate:.1f} {self.unit}/s, ETA {eta:.0f} s   ", end=end, file=self.stream, flush=True)
 
 
 class DaskExecutor:
