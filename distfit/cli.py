@@ -6,8 +6,9 @@ privacy cost), as text, JSON (``--json``) and arrays (``--save``); ``distfit pla
 pipeline spec into a plan store (``distfit.planning``); ``distfit audit`` recomputes a plan
 store's account (``distfit.audit``); ``distfit synth`` writes synthetic unit histograms for a
 spec's schema (``distfit.data``); ``distfit release`` adds noise to unit histograms through a plan
-and writes a sealed, resumable release store (``distfit.releasing``). ``report`` and ``run``
-(DESIGN.md section 5) arrive in later milestones.
+and writes a sealed, resumable release store (``distfit.releasing``); ``distfit run`` does plan, audit, data and release into one run
+directory with a manifest (``distfit.running``). ``report`` (DESIGN.md section 5) arrives in a
+later milestone.
 
 Exit codes: 0 success; 1 the solver could not certify its plan (``ConvergenceError``), an
 output could not be written, or an audit found a mismatch; 2 bad input (unknown workload,
@@ -521,6 +522,37 @@ def _cmd_release(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_run(args: argparse.Namespace) -> int:
+    from .running import RunFailure, run_pipeline
+
+    if args.units is not None and args.units <= 0:
+        raise UsageError(f"--units must be >= 1, got {args.units}")
+    if args.workers is not None and args.workers < 1:
+        raise UsageError(f"--workers must be >= 1, got {args.workers}")
+    if args.serial and (args.cluster is not None or args.workers is not None):
+        raise UsageError("--serial excludes --cluster and --workers")
+    try:
+        result = run_pipeline(
+            args.spec, args.out, data=args.data, units=args.units, cluster=args.cluster,
+            workers=args.workers, serial=args.serial,
+        )
+    except RunFailure as error:
+        _error(error)
+        return 1
+    stages = result.stages
+    print(f"{PROG}: run {result.rundir}")
+    print(f"  spec hash      {result.spec_hash}")
+    print(f"  plan           {result.plan}  ({stages.get('plan')}, audit {stages.get('audit')})")
+    print(f"  data           {result.data}  ({stages.get('data')})")
+    print(f"  release        {result.release}  ({stages.get('release')})")
+    print(f"  manifest       {result.manifest}")
+    print(f"  plan checksum  {result.plan_checksum}")
+    print(f"  release checksum  {result.release_checksum}")
+    print(f"  seconds        {result.timings.get('total', 0.0):.1f}")
+    print("  report         not yet: the report stage arrives in a later milestone")
+    return 0
+
+
 # ---------------------------------------------------------------------------------------------
 # entry point
 # ---------------------------------------------------------------------------------------------
@@ -605,6 +637,23 @@ def build_parser() -> argparse.ArgumentParser:
     release_parser.add_argument("--workers", type=int, metavar="N", help="worker processes of the local cluster (default: cores)")
     release_parser.add_argument("--serial", action="store_true", help="release the chunks in this process, without Dask")
     release_parser.set_defaults(handler=_cmd_release)
+
+    run_parser = commands.add_parser(
+        "run", help="the main job: plan + audit + (synthetic) data + release into RUNDIR, with a manifest",
+        description="Plan the spec (default: the embedded PL94 pipeline), audit the plan, synthesise data "
+                    "unless --data is given, release, and write RUNDIR/manifest.json. A rerun into the same "
+                    "RUNDIR reuses the plan and data, resumes a partial release and skips a sealed one.",
+    )
+    run_parser.add_argument("spec", metavar="SPEC.yaml", nargs="?", default=None,
+                            help="pipeline spec (default: the embedded default pipeline, PL94)")
+    run_parser.add_argument("--out", required=True, metavar="RUNDIR")
+    run_parser.add_argument("--data", metavar="DATA.zarr", help="unit histograms (default: synthesise RUNDIR/data.zarr)")
+    run_parser.add_argument("--units", type=int, metavar="N",
+                            help="units of synthetic data (default 10000; a rerun reuses the earlier data)")
+    run_parser.add_argument("--cluster", metavar="ADDRESS|FILE", help="scheduler address or scheduler file (default: a local multi-process cluster)")
+    run_parser.add_argument("--workers", type=int, metavar="N", help="worker processes of the local cluster (default: cores)")
+    run_parser.add_argument("--serial", action="store_true", help="plan and release in this process, without Dask")
+    run_parser.set_defaults(handler=_cmd_run)
     return parser
 
 
@@ -624,7 +673,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as exit_:  # --help, --version
         return exit_.code if isinstance(exit_.code, int) else 0
     if getattr(args, "handler", None) is None:
-        _error("a command is required: solve, plan, audit, synth or release (see distfit --help)")
+        _error("a command is required: solve, plan, audit, synth, release or run (see distfit --help)")
         return 2
     try:
         with threadpool_limits(limits=blas_threads(), user_api="blas"):

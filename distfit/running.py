@@ -1,0 +1,355 @@
+"""``distfit run``: the main job, spec to plan, audit, data and release in one run directory.
+
+``distfit run [SPEC.yaml] --out RUNDIR [--data DATA.zarr] [--units N] [--cluster ADDR|FILE]
+[--workers N] [--serial]`` (DESIGN.md section 5). SPEC defaults to the embedded default
+pipeline (``distfit/pipelines/default.yaml``, a copy of ``pipelines/pl94.yaml``). Stages:
+
+1. plan     -> ``RUNDIR/plan.zarr``    (:func:`distfit.planning.run_plan`)
+2. audit    of that plan               (:func:`distfit.audit.audit_plan`; a mismatch is a failure)
+3. data     -> ``RUNDIR/data.zarr``    synthetic histograms (:func:`distfit.data.write_synthetic`)
+             when ``--data`` is not given: ``--units`` units (default 10000), seeded from the
+             spec hash, so a rerun would synthesise the same data (and in fact reuses it)
+4. release  -> ``RUNDIR/release.zarr`` (:func:`distfit.releasing.run_release`)
+5. manifest -> ``RUNDIR/manifest.json`` written atomically (temporary file + ``os.replace``):
+   spec path and hash, plan and release checksums, privacy account (from the plan attrs),
+   per-stage timings and status, package versions, the cluster used and ``"report": null``
+   (the report stage arrives in a later milestone).
+
+Rerunning into the same RUNDIR picks up where the earlier run stopped: a complete plan whose
+spec hash matches is reused, complete data is reused, a partial release is resumed
+(``resume=True``: written chunks kept, missing ones drawn with fresh entropy) and a sealed one
+is skipped (no new noise is drawn). A RUNDIR that belongs to another spec (a manifest, plan or
+synthesised data with a different spec hash) is refused before anything is written
+(:class:`RunDirError`, a ``ValueError``: exit 2), and so is a sealed release that was made from
+another plan or other data. The local Dask cluster (no ``--cluster``, no ``--serial``) is
+started once, only if a stage has work to do, and shared by the plan and the release.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from importlib import metadata, resources
+from pathlib import Path
+from typing import Any, Callable, TextIO
+
+from .store import _root_attrs_on_disk, _utc_now
+
+MANIFEST_FORMAT = "run-manifest"
+MANIFEST_VERSION = 1
+DEFAULT_UNITS = 10_000
+PACKAGES = ("distfit", "numpy", "scipy", "dask", "distributed", "zarr")
+REPORT_NOTE = "the report stage (distfit report: plots + HTML) arrives in a later milestone"
+
+PLAN_NAME, DATA_NAME, RELEASE_NAME, MANIFEST_NAME = "plan.zarr", "data.zarr", "release.zarr", "manifest.json"
+
+__all__ = ["RunDirError", "RunFailure", "RunResult", "default_spec_path", "run_pipeline", "data_seed"]
+
+
+class RunDirError(ValueError):
+    """RUNDIR holds something this run may not touch (another spec's run, a foreign file)."""
+
+
+class RunFailure(RuntimeError):
+    """A stage failed on valid input (e.g. the plan fails its audit): exit code 1."""
+
+
+@dataclass(frozen=True)
+class RunResult:
+    rundir: str
+    plan: str
+    data: str
+    release: str
+    manifest: str
+    spec_hash: str
+    plan_checksum: str
+    release_checksum: str
+    stages: dict[str, str] = field(default_factory=dict)   # stage -> "done" | "reused" | ...
+    timings: dict[str, float] = field(default_factory=dict)
+    manifest_data: dict[str, Any] = field(default_factory=dict)
+
+
+def default_spec_path() -> str:
+    """Path of the embedded default pipeline spec (package data)."""
+    return str(resources.files("distfit") / "pipelines" / "default.yaml")
+
+
+def data_seed(spec_hash: str) -> int:
+    """The synthetic-data seed of a spec: the first 63 bits of its hash."""
+    return int(spec_hash[:16], 16) >> 1
+
+
+def package_versions() -> dict[str, str | None]:
+    versions: dict[str, str | None] = {}
+    for name in PACKAGES:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            module = sys.modules.get(name)
+            versions[name] = getattr(module, "__version__", None)
+    if versions.get("distfit") is None:
+        from . import __version__
+        versions["distfit"] = __version__
+    return versions
+
+
+def write_json_atomic(path: Path, content: dict) -> None:
+    """Write ``content`` as JSON to a temporary file next to ``path``, fsync, ``os.replace``."""
+    text = json.dumps(content, indent=2, sort_keys=False) + "\n"
+    fd, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=str(path.parent))
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.chmod(temporary, 0o644)
+        os.replace(temporary, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise
+
+
+# --------------------------------------------------------------------------------------------
+# what is already in RUNDIR
+
+
+def _read_manifest(path: Path) -> dict | None:
+    if not path.exists():
+        return None
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as error:
+        raise RunDirError(f"{path}: cannot read the manifest of an earlier run ({error}); "
+                          "use another --out") from None
+    if not isinstance(manifest, dict):
+        raise RunDirError(f"{path}: not a distfit run manifest; use another --out")
+    return manifest
+
+
+def _plan_spec_hash(path: Path) -> str | None:
+    from .store import read_plan
+
+    plan = read_plan(path)  # StoreError (a ValueError) for anything but a complete plan
+    return (plan.attrs.get("planner") or {}).get("spec_hash")
+
+
+def _inspect(rundir: Path, spec_hash: str, synthesise: bool, units: int | None) -> None:
+    """Refuse a RUNDIR that holds another spec's run; touches nothing."""
+    if rundir.exists() and not rundir.is_dir():
+        raise RunDirError(f"{rundir}: exists and is not a directory")
+    manifest = _read_manifest(rundir / MANIFEST_NAME)
+    if manifest is not None:
+        theirs = (manifest.get("spec") or {}).get("hash") if isinstance(manifest.get("spec"), dict) else None
+        if theirs != spec_hash:
+            raise RunDirError(
+                f"{rundir}: holds the run of another spec (manifest spec hash {theirs}, this spec "
+                f"{spec_hash}); use another --out")
+    plan_path = rundir / PLAN_NAME
+    if plan_path.exists():
+        theirs = _plan_spec_hash(plan_path)
+        if theirs != spec_hash:
+            raise RunDirError(
+                f"{plan_path}: is the plan of another spec (spec hash {theirs}, this spec "
+                f"{spec_hash}); use another --out")
+    data_path = rundir / DATA_NAME
+    if synthesise and data_path.exists():
+        from .data import read_histograms
+
+        existing = read_histograms(data_path)
+        theirs = existing.attrs.get("spec_hash")
+        if theirs != spec_hash:
+            raise RunDirError(
+                f"{data_path}: holds data synthesised for another spec (spec hash {theirs}); "
+                "use another --out")
+        if units is not None and units != existing.units:
+            raise RunDirError(
+                f"{data_path}: holds {existing.units} units from an earlier run, but --units is "
+                f"{units}; use another --out (or omit --units to reuse the data)")
+
+
+# --------------------------------------------------------------------------------------------
+# the job
+
+
+class _Cluster:
+    """Where the stages run: serial, an external scheduler, or one lazily started local cluster
+    shared by the plan and the release."""
+
+    def __init__(self, cluster: str | None, workers: int | None, serial: bool, log: TextIO,
+                 stack: contextlib.ExitStack) -> None:
+        self.cluster, self.workers, self.serial, self.log, self.stack = cluster, workers, serial, log, stack
+        self.address: str | None = cluster
+        self.started = False
+
+    def get(self) -> str | None:
+        if self.serial or self.cluster is not None or self.started:
+            return self.address
+        from distributed import LocalCluster
+
+        count = self.workers or os.cpu_count() or 1
+        local = self.stack.enter_context(LocalCluster(
+            n_workers=count, threads_per_worker=1, processes=True, dashboard_address=":0", silence_logs=40))
+        print(f"distfit: local cluster with {count} worker processes; dashboard {local.dashboard_link}",
+              file=self.log)
+        self.address, self.started = local.scheduler_address, True
+        return self.address
+
+    def describe(self) -> dict[str, Any]:
+        if self.serial:
+            return {"kind": "serial"}
+        if self.cluster is not None:
+            return {"kind": "external", "address": self.cluster}
+        return {"kind": "local", "workers": self.workers or os.cpu_count() or 1, "started": self.started}
+
+
+def run_pipeline(
+    spec_path: str | os.PathLike | None,
+    out: str | os.PathLike,
+    *,
+    data: str | os.PathLike | None = None,
+    units: int | None = None,
+    cluster: str | None = None,
+    workers: int | None = None,
+    serial: bool = False,
+    log: TextIO | None = None,
+    fsync: bool = True,
+    after_chunk: Callable[[int], None] | None = None,
+) -> RunResult:
+    """Run (or finish) the pipeline into ``out`` (module docstring).
+
+    Errors: SpecError / ValueError / RunDirError / FileExistsError (bad input, exit 2),
+    RunFailure (the plan fails its audit, exit 1), ClusterError.
+    """
+    from .audit import audit_plan
+    from .data import read_histograms, write_synthetic
+    from .planning import run_plan
+    from .releasing import read_release, run_release
+    from .spec import load_spec
+    from .store import read_plan
+
+    started = time.perf_counter()
+    log = log or sys.stderr
+    if units is not None and (isinstance(units, bool) or units < 1):
+        raise ValueError(f"--units must be >= 1, got {units}")
+    if workers is not None and workers < 1:
+        raise ValueError(f"--workers must be >= 1, got {workers}")
+    spec_path = os.fspath(spec_path) if spec_path is not None else default_spec_path()
+    spec = load_spec(spec_path)
+    spec_hash = spec.spec_hash
+    rundir = Path(os.fspath(out))
+    synthesise = data is None
+    _inspect(rundir, spec_hash, synthesise, units)
+
+    plan_path, release_path = rundir / PLAN_NAME, rundir / RELEASE_NAME
+    data_path = rundir / DATA_NAME if synthesise else Path(os.fspath(data))
+    manifest_path = rundir / MANIFEST_NAME
+    if not synthesise:
+        given = read_histograms(data_path)  # refuse unreadable data before any work
+        if units is not None and units != given.units:
+            raise ValueError(f"--units {units} but --data {data_path} holds {given.units} units; "
+                             "give one or the other")
+    rundir.mkdir(parents=True, exist_ok=True)
+    stages: dict[str, str] = {}
+    timings: dict[str, float] = {}
+
+    with contextlib.ExitStack() as stack:
+        where = _Cluster(cluster, workers, serial, log, stack)
+
+        # 1. plan
+        t = time.perf_counter()
+        if plan_path.exists():
+            stages["plan"] = "reused"
+            print(f"distfit: reusing the plan at {plan_path} (spec hash matches)", file=log)
+        else:
+            run_plan(spec_path, str(plan_path), cluster=where.get(), workers=workers, serial=serial, log=log)
+            stages["plan"] = "done"
+        plan = read_plan(plan_path)
+        timings["plan"] = time.perf_counter() - t
+
+        # 2. audit
+        t = time.perf_counter()
+        report = audit_plan(str(plan_path))
+        timings["audit"] = time.perf_counter() - t
+        if not report.ok:
+            raise RunFailure(f"{plan_path}: the plan fails audit ({len(report.failures)} failures): "
+                             + "; ".join(report.failures[:3]))
+        stages["audit"] = "passed"
+
+        # 3. data
+        t = time.perf_counter()
+        if not synthesise:
+            stages["data"] = "given"
+        elif data_path.exists():
+            existing = read_histograms(data_path)
+            stages["data"] = "reused"
+            print(f"distfit: reusing the data at {data_path} ({existing.units} units)", file=log)
+        else:
+            write_synthetic(spec, units or DEFAULT_UNITS, data_path, seed=data_seed(spec_hash), fsync=fsync)
+            stages["data"] = "synthesised"
+        histograms = read_histograms(data_path)
+        timings["data"] = time.perf_counter() - t
+
+        # 4. release
+        t = time.perf_counter()
+        attrs = _root_attrs_on_disk(release_path) if release_path.is_dir() else None
+        if attrs is not None and attrs.get("complete") is True:
+            recorded = attrs.get("data") or {}
+            if attrs.get("plan_checksum") != plan.checksum:
+                raise RunDirError(f"{release_path}: a sealed release of another plan "
+                                  f"({attrs.get('plan_checksum')}, the plan has {plan.checksum})")
+            if recorded.get("created") != histograms.attrs.get("created"):
+                raise RunDirError(f"{release_path}: a sealed release of other data than {data_path}; "
+                                  "use another --out")
+            release_checksum = read_release(release_path).attrs["checksum"]
+            stages["release"] = "reused"
+            print(f"distfit: the release at {release_path} is sealed; no new noise drawn", file=log)
+        else:
+            resume = attrs is not None
+            result = run_release(
+                str(plan_path), str(data_path), str(release_path), resume=resume,
+                cluster=where.get(), workers=workers, serial=serial, log=log, fsync=fsync,
+                after_chunk=after_chunk,
+            )
+            release_checksum = result.checksum
+            stages["release"] = "resumed" if result.resumed else "done"
+        timings["release"] = time.perf_counter() - t
+        cluster_used = where.describe()
+
+    # 5. manifest
+    timings["total"] = time.perf_counter() - started
+    plan_attrs = plan.attrs
+    manifest = {
+        "distfit_format": MANIFEST_FORMAT,
+        "format_version": MANIFEST_VERSION,
+        "created": _utc_now(),
+        "spec": {"path": os.path.abspath(spec_path), "hash": spec_hash, "name": spec.name},
+        "plan": {"path": os.path.abspath(plan_path), "checksum": plan.checksum},
+        "data": {"path": os.path.abspath(data_path), "synthetic": synthesise,
+                 "units": histograms.units, "seed": histograms.attrs.get("seed") if synthesise else None,
+                 "created": histograms.attrs.get("created")},
+        "release": {"path": os.path.abspath(release_path), "checksum": release_checksum},
+        "privacy": {
+            "alpha": plan_attrs.get("alpha"),
+            "rho": plan_attrs.get("rho"),
+            "alpha_exact": plan_attrs.get("alpha_exact"),
+            "composition": plan_attrs.get("composition"),
+            "account": plan_attrs.get("account"),
+        },
+        "stages": stages,
+        "timings_seconds": timings,
+        "versions": package_versions(),
+        "cluster": cluster_used,
+        "report": None,
+        "report_note": REPORT_NOTE,
+    }
+    write_json_atomic(manifest_path, manifest)
+    return RunResult(
+        rundir=str(rundir), plan=str(plan_path), data=str(data_path), release=str(release_path),
+        manifest=str(manifest_path), spec_hash=spec_hash, plan_checksum=plan.checksum,
+        release_checksum=release_checksum, stages=stages, timings=timings, manifest_data=manifest,
+    )
