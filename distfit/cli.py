@@ -6,9 +6,9 @@ privacy cost), as text, JSON (``--json``) and arrays (``--save``); ``distfit pla
 pipeline spec into a plan store (``distfit.planning``); ``distfit audit`` recomputes a plan
 store's account (``distfit.audit``); ``distfit synth`` writes synthetic unit histograms for a
 spec's schema (``distfit.data``); ``distfit release`` adds noise to unit histograms through a plan
-and writes a sealed, resumable release store (``distfit.releasing``); ``distfit run`` does plan, audit, data and release into one run
-directory with a manifest (``distfit.running``). ``report`` (DESIGN.md section 5) arrives in a
-later milestone.
+and writes a sealed, resumable release store (``distfit.releasing``); ``distfit report`` writes plots and an HTML page for a plan and optionally a release
+(``distfit.report``); ``distfit run`` does plan, audit, data and release into one run
+directory with a manifest (``distfit.running``).
 
 Exit codes: 0 success; 1 the solver could not certify its plan (``ConvergenceError``), an
 output could not be written, or an audit found a mismatch; 2 bad input (unknown workload,
@@ -522,6 +522,20 @@ def _cmd_release(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_report(args: argparse.Namespace) -> int:
+    from .report import write_report
+
+    result = write_report(args.plan, args.out, release_path=args.release)
+    print(f"{PROG}: report {result.path}/index.html")
+    print(f"  plots          {len(result.plots)}  ({', '.join(result.plots)})")
+    if result.baselines:
+        shown = ", ".join(f"{k} {v:.4g}" for k, v in sorted(result.baselines.items()))
+        print(f"  baselines      max variance/target: {shown}")
+    else:
+        print(f"  baselines      {result.baseline_note}")
+    return 0
+
+
 def _cmd_run(args: argparse.Namespace) -> int:
     from .running import RunFailure, run_pipeline
 
@@ -638,6 +652,18 @@ def build_parser() -> argparse.ArgumentParser:
     release_parser.add_argument("--serial", action="store_true", help="release the chunks in this process, without Dask")
     release_parser.set_defaults(handler=_cmd_release)
 
+    report_parser = commands.add_parser(
+        "report", help="plots + HTML report of a plan (and optionally a release)",
+        description="Write DIR/index.html and PNG plots: the privacy curve and account, alpha per block, "
+                    "variance/target (with baselines for small workloads), solver statistics and, with a "
+                    "release, noisy answers with 95% intervals. Written atomically; DIR may be missing, "
+                    "empty or an earlier report (replaced); any other non-empty DIR is refused.",
+    )
+    report_parser.add_argument("plan", metavar="PLAN.zarr")
+    report_parser.add_argument("release", metavar="RELEASE.zarr", nargs="?", default=None)
+    report_parser.add_argument("--out", required=True, metavar="DIR")
+    report_parser.set_defaults(handler=_cmd_report)
+
     run_parser = commands.add_parser(
         "run", help="the main job: plan + audit + (synthetic) data + release into RUNDIR, with a manifest",
         description="Plan the spec (default: the embedded PL94 pipeline), audit the plan, synthesise data "
@@ -673,7 +699,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as exit_:  # --help, --version
         return exit_.code if isinstance(exit_.code, int) else 0
     if getattr(args, "handler", None) is None:
-        _error("a command is required: solve, plan, audit, synth, release or run (see distfit --help)")
+        _error("a command is required: solve, plan, audit, synth, release, report or run (see distfit --help)")
         return 2
     try:
         with threadpool_limits(limits=blas_threads(), user_api="blas"):

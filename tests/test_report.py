@@ -1,0 +1,135 @@
+"""Tests for ``distfit report`` (distfit.report): plots, self-contained HTML, refusals."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+from clitools import assert_one_line_error, run
+from distfit.data import write_synthetic
+from distfit.planning import run_plan
+from distfit.releasing import run_release
+from distfit.report import MARKER
+from distfit.spec import load_spec
+from distfit.store import read_plan
+
+SPEC = {
+    "name": "report-small",
+    "attributes": [
+        {"name": "age", "size": 6, "ordinal": True},
+        {"name": "sex", "values": ["f", "m"]},
+        {"name": "edu", "size": 3, "ordinal": True},
+    ],
+    "queries": [
+        {"name": "age", "attributes": {"age": "prefix"}, "target": [1, 1.5, 2, 2, 3, 3]},
+        {"name": "age_sex", "attributes": {"age": "identity", "sex": "identity"}, "target": 4},
+        {"name": "sex_edu", "attributes": {"sex": "identity", "edu": "prefix"}, "target": 2},
+    ],
+    "blocks": {"max_cells": 12},
+}
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("report-inputs")
+    spec_path = root / "spec.yaml"
+    spec_path.write_text(yaml.safe_dump(SPEC))
+    plan = root / "plan.zarr"
+    run_plan(str(spec_path), str(plan), serial=True)
+    data = root / "data.zarr"
+    write_synthetic(load_spec(spec_path), 30, data, seed=1, chunk_units=10)
+    release = root / "release.zarr"
+    run_release(str(plan), str(data), str(release), seed=5, serial=True, fsync=False)
+    return {"plan": str(plan), "release": str(release), "root": root}
+
+
+def _check_report(out: Path) -> str:
+    page = (out / "index.html").read_text(encoding="utf-8")
+    pngs = sorted(p.name for p in out.glob("*.png"))
+    assert pngs
+    linked = set(re.findall(r'src="([^"]+)"', page))
+    assert linked == set(pngs)  # every PNG is referenced and every reference exists
+    for name in pngs:
+        data = (out / name).read_bytes()
+        assert data[:8] == PNG_MAGIC and len(data) > 2000, name
+    # self-contained: no scripts, no external URLs
+    assert "<script" not in page.lower() and "http://" not in page and "https://" not in page
+    assert (out / MARKER).is_file()
+    return page
+
+
+def test_report_with_release(inputs, tmp_path, capsys):
+    out = tmp_path / "report"
+    code, stdout, err = run(capsys, "report", inputs["plan"], inputs["release"], "--out", str(out))
+    assert code == 0, err
+    page = _check_report(out)
+    pngs = {p.name for p in out.glob("*.png")}
+    assert {"privacy_curve.png", "block_alpha.png", "variance_ratio.png", "answers_0.png"} <= pngs
+    plan = read_plan(inputs["plan"])
+    assert f"{plan.attrs['alpha']:.6g}" in page
+    assert "Privacy account" in page and "(epsilon, delta)" in page
+    for row in plan.attrs["account"]["epsilon_delta"]:
+        assert f"<td class=\"\">{row['delta']:.6g}</td>" in page
+        assert f"{row['epsilon']:.6g}" in page
+    for decision in plan.attrs["planner"]["decisions"]:
+        assert decision.split(":")[0] in page
+    assert "certificate gap" in page and "NOT PRIVATE" in page
+    # small domain (36 cells): the baselines are computed and shown
+    assert "matrix_mechanism" in page and "gaussian" in page
+    assert "baselines" in stdout
+    # nothing but the report is left next to it
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["report"]
+
+
+def test_report_without_release_and_overwrite(inputs, tmp_path, capsys):
+    out = tmp_path / "report"
+    code, _, err = run(capsys, "report", inputs["plan"], "--out", str(out))
+    assert code == 0, err
+    page = _check_report(out)
+    assert not list(out.glob("answers_*.png")) and "Release: noisy answers" not in page
+    # a previous report (marker file) is replaced; an empty directory is accepted
+    code, _, err = run(capsys, "report", inputs["plan"], inputs["release"], "--out", str(out))
+    assert code == 0, err
+    assert list(out.glob("answers_*.png"))
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    code, _, err = run(capsys, "report", inputs["plan"], "--out", str(empty))
+    assert code == 0, err
+    _check_report(empty)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["empty", "report"]
+
+
+def test_report_bad_inputs(inputs, tmp_path, capsys):
+    code, _, err = run(capsys, "report", str(tmp_path / "missing.zarr"), "--out", str(tmp_path / "r"))
+    assert code == 2
+    assert_one_line_error(err, "no such plan store")
+    notplan = tmp_path / "notplan"
+    notplan.mkdir()
+    (notplan / "x.txt").write_text("x")
+    code, _, err = run(capsys, "report", str(notplan), "--out", str(tmp_path / "r"))
+    assert code == 2
+    assert_one_line_error(err, "not a Zarr v3 group")
+    # a plan given where the release belongs
+    code, _, err = run(capsys, "report", inputs["plan"], inputs["plan"], "--out", str(tmp_path / "r"))
+    assert code == 2
+    assert_one_line_error(err, "not 'release'")
+    assert not (tmp_path / "r").exists()
+
+
+def test_report_refuses_foreign_directory(inputs, tmp_path, capsys):
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "notes.txt").write_text("keep me")
+    code, _, err = run(capsys, "report", inputs["plan"], "--out", str(out))
+    assert code == 2
+    assert_one_line_error(err, "not a distfit report")
+    assert sorted(p.name for p in out.iterdir()) == ["notes.txt"]
+    afile = tmp_path / "file.html"
+    afile.write_text("x")
+    code, _, err = run(capsys, "report", inputs["plan"], "--out", str(afile))
+    assert code == 2
+    assert_one_line_error(err, "not a directory")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file.html", "mine"]
