@@ -7,7 +7,7 @@ pipeline spec into a plan store (``distfit.planning``); ``distfit audit`` recomp
 store's account (``distfit.audit``); ``distfit synth`` writes synthetic unit histograms for a
 spec's schema (``distfit.data``); ``distfit release`` adds noise to unit histograms through a plan
 and writes a sealed, resumable release store (``distfit.releasing``); ``distfit report`` writes plots and an HTML page for a plan and optionally a release
-(``distfit.report``); ``distfit run`` does plan, audit, data and release into one run
+(``distfit.report``); ``distfit run`` does plan, audit, data, release and report into one run
 directory with a manifest (``distfit.running``).
 
 Exit codes: 0 success; 1 the solver could not certify its plan (``ConvergenceError``), an
@@ -563,7 +563,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     print(f"  plan checksum  {result.plan_checksum}")
     print(f"  release checksum  {result.release_checksum}")
     print(f"  seconds        {result.timings.get('total', 0.0):.1f}")
-    print("  report         not yet: the report stage arrives in a later milestone")
+    print(f"  report         {os.path.join(result.report, 'index.html')}")
     return 0
 
 

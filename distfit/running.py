@@ -12,8 +12,8 @@ pipeline (``distfit/pipelines/default.yaml``, a copy of ``pipelines/pl94.yaml``)
 4. release  -> ``RUNDIR/release.zarr`` (:func:`distfit.releasing.run_release`)
 5. manifest -> ``RUNDIR/manifest.json`` written atomically (temporary file + ``os.replace``):
    spec path and hash, plan and release checksums, privacy account (from the plan attrs),
-   per-stage timings and status, package versions, the cluster used and ``"report": null``
-   (the report stage arrives in a later milestone).
+   per-stage timings and status, package versions, the cluster used and the report's path and
+   plots. The report (``distfit.report``, RUNDIR/report/index.html) is rebuilt on every run.
 
 Rerunning into the same RUNDIR picks up where the earlier run stopped: a complete plan whose
 spec hash matches is reused, complete data is reused, a partial release is resumed
@@ -43,9 +43,9 @@ MANIFEST_FORMAT = "run-manifest"
 MANIFEST_VERSION = 1
 DEFAULT_UNITS = 10_000
 PACKAGES = ("distfit", "numpy", "scipy", "dask", "distributed", "zarr")
-REPORT_NOTE = "the report stage (distfit report: plots + HTML) arrives in a later milestone"
 
 PLAN_NAME, DATA_NAME, RELEASE_NAME, MANIFEST_NAME = "plan.zarr", "data.zarr", "release.zarr", "manifest.json"
+REPORT_NAME = "report"
 
 __all__ = ["RunDirError", "RunFailure", "RunResult", "default_spec_path", "run_pipeline", "data_seed"]
 
@@ -64,6 +64,7 @@ class RunResult:
     plan: str
     data: str
     release: str
+    report: str
     manifest: str
     spec_hash: str
     plan_checksum: str
@@ -229,6 +230,7 @@ def run_pipeline(
     from .data import read_histograms, write_synthetic
     from .planning import run_plan
     from .releasing import read_release, run_release
+    from .report import write_report
     from .spec import load_spec
     from .store import read_plan
 
@@ -248,6 +250,7 @@ def run_pipeline(
     plan_path, release_path = rundir / PLAN_NAME, rundir / RELEASE_NAME
     data_path = rundir / DATA_NAME if synthesise else Path(os.fspath(data))
     manifest_path = rundir / MANIFEST_NAME
+    report_path = rundir / REPORT_NAME
     if not synthesise:
         given = read_histograms(data_path)  # refuse unreadable data before any work
         if units is not None and units != given.units:
@@ -320,7 +323,13 @@ def run_pipeline(
         timings["release"] = time.perf_counter() - t
         cluster_used = where.describe()
 
-    # 5. manifest
+    # 5. report (rebuilt on every run: it is cheap and replaces only an earlier distfit report)
+    t = time.perf_counter()
+    report = write_report(str(plan_path), str(report_path), str(release_path))
+    stages["report"] = "done"
+    timings["report"] = time.perf_counter() - t
+
+    # 6. manifest
     timings["total"] = time.perf_counter() - started
     plan_attrs = plan.attrs
     manifest = {
@@ -344,12 +353,13 @@ def run_pipeline(
         "timings_seconds": timings,
         "versions": package_versions(),
         "cluster": cluster_used,
-        "report": None,
-        "report_note": REPORT_NOTE,
+        "report": {"path": os.path.abspath(report.path), "index": os.path.abspath(os.path.join(report.path, "index.html")),
+                   "plots": list(report.plots)},
     }
     write_json_atomic(manifest_path, manifest)
     return RunResult(
         rundir=str(rundir), plan=str(plan_path), data=str(data_path), release=str(release_path),
+        report=str(report_path),
         manifest=str(manifest_path), spec_hash=spec_hash, plan_checksum=plan.checksum,
         release_checksum=release_checksum, stages=stages, timings=timings, manifest_data=manifest,
     )

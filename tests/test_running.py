@@ -71,7 +71,9 @@ def _check_outputs(rundir, spec_path) -> dict:
     assert all(isinstance(v, str) for v in manifest["versions"].values())
     assert set(manifest["timings_seconds"]) >= {"plan", "audit", "data", "release", "total"}
     assert manifest["cluster"] == {"kind": "serial"}
-    assert manifest["report"] is None and "later" in manifest["report_note"]
+    index = Path(manifest["report"]["index"])
+    assert index.is_file() and "alpha" in index.read_text()
+    assert manifest["report"]["plots"] and all((index.parent / p).is_file() for p in manifest["report"]["plots"])
     assert not list(rundir.glob(".manifest.json.*"))  # no temporary left behind
     return manifest
 
@@ -84,7 +86,7 @@ def test_end_to_end_and_rerun_reuses_everything(capsys, specs, tmp_path):
     for name in ("plan.zarr", "data.zarr", "release.zarr", "manifest.json"):
         assert str(rundir / name) in out
     first = _check_outputs(rundir, spec)
-    assert first["stages"] == {"plan": "done", "audit": "passed", "data": "synthesised", "release": "done"}
+    assert first["stages"] == {"plan": "done", "audit": "passed", "data": "synthesised", "release": "done", "report": "done"}
     data = read_histograms(rundir / "data.zarr")
     assert data.units == 200 and data.attrs["seed"] == data_seed(first["spec"]["hash"])
     assert data.attrs["spec_hash"] == first["spec"]["hash"]
@@ -94,7 +96,7 @@ def test_end_to_end_and_rerun_reuses_everything(capsys, specs, tmp_path):
     code, out, err = _run(capsys, spec, rundir)
     assert code == 0, err
     second = _check_outputs(rundir, spec)
-    assert second["stages"] == {"plan": "reused", "audit": "passed", "data": "reused", "release": "reused"}
+    assert second["stages"] == {"plan": "reused", "audit": "passed", "data": "reused", "release": "reused", "report": "done"}
     assert second["plan"]["checksum"] == first["plan"]["checksum"]
     assert second["release"]["checksum"] == first["release"]["checksum"]
     assert second["data"]["created"] == first["data"]["created"]
