@@ -66,6 +66,7 @@ from .store import (
     _leftovers,
     _root_attrs_on_disk,
     _utc_now,
+    check_format,
     move_into_place,
 )
 from .workload import Domain
@@ -402,14 +403,7 @@ def read_histograms(path: PathLike) -> Histograms:
     attrs = _root_attrs_on_disk(p) if p.is_dir() else None
     if attrs is None:
         raise DataError(f"{p}: not a Zarr v3 group (no readable zarr.json)")
-    fmt = attrs.get("distfit_format")
-    if fmt != FORMAT:
-        raise DataError(f"{p}: distfit_format is {fmt!r}, not {FORMAT!r}")
-    version = attrs.get("format_version")
-    if isinstance(version, bool) or not isinstance(version, int) or version < 1:
-        raise DataError(f"{p}: invalid format_version {version!r}")
-    if version > FORMAT_VERSION:
-        raise DataError(f"{p}: format_version {version} is newer than this distfit supports ({FORMAT_VERSION})")
+    check_format(p, attrs, FORMAT, FORMAT_VERSION, DataError)
     if attrs.get("complete") is not True:
         raise DataError(f"{p}: the data is not marked complete (an unfinished or damaged write)")
     schema = attrs.get("schema")

@@ -91,6 +91,7 @@ from .store import (
     _leftovers,
     _root_attrs_on_disk,
     _utc_now,
+    check_format,
     compute_checksum,
     move_into_place,
     read_plan,
@@ -570,13 +571,7 @@ def _open_release(path: PathLike) -> tuple[Path, zarr.Group, dict]:
     attrs = _root_attrs_on_disk(p) if p.is_dir() else None
     if attrs is None:
         raise ReleaseError(f"{p}: not a Zarr v3 group (no readable zarr.json)")
-    if attrs.get("distfit_format") != FORMAT:
-        raise ReleaseError(f"{p}: distfit_format is {attrs.get('distfit_format')!r}, not {FORMAT!r}")
-    version = attrs.get("format_version")
-    if isinstance(version, bool) or not isinstance(version, int) or version < 1:
-        raise ReleaseError(f"{p}: invalid format_version {version!r}")
-    if version > FORMAT_VERSION:
-        raise ReleaseError(f"{p}: format_version {version} is newer than this distfit supports ({FORMAT_VERSION})")
+    check_format(p, attrs, FORMAT, FORMAT_VERSION, ReleaseError)
     if attrs.get("complete") is not True:
         raise ReleaseError(
             f"{p}: the release is incomplete (interrupted or still running); finish it with "

@@ -599,6 +599,21 @@ def _check_schema(schema: Any) -> dict:
 # reader
 
 
+def check_format(path: Path, attrs: Mapping, expected: str, supported_version: int, error: type[Exception]) -> None:
+    """Refuse a store whose ``distfit_format`` is not ``expected`` or whose ``format_version`` is
+    invalid or newer than ``supported_version``; raises ``error`` naming ``path``. Shared by every
+    store reader (plans, histograms, releases)."""
+    fmt = attrs.get("distfit_format")
+    if fmt != expected:
+        raise error(f"{path}: distfit_format is {fmt!r}, not {expected!r}")
+    version = attrs.get("format_version")
+    if isinstance(version, bool) or not isinstance(version, int) or version < 1:
+        raise error(f"{path}: invalid format_version {version!r}")
+    if version > supported_version:
+        raise error(
+            f"{path}: format_version {version} is newer than this distfit supports ({supported_version}); upgrade distfit")
+
+
 def _open_plan_group(path: PathLike) -> tuple[Path, zarr.Group, dict]:
     """Open ``path`` read-only after every refusal check; returns (path, group, attrs)."""
     p = Path(os.fspath(path))
@@ -617,15 +632,7 @@ def _open_plan_group(path: PathLike) -> tuple[Path, zarr.Group, dict]:
     except Exception as exc:  # noqa: BLE001 - any failure to open is a refusal
         raise StoreError(f"{p}: cannot open as a Zarr v3 group ({type(exc).__name__}: {exc})") from None
     attrs = dict(group.attrs)
-    fmt = attrs.get("distfit_format")
-    if fmt != FORMAT:
-        raise StoreError(f"{p}: distfit_format is {fmt!r}, not {FORMAT!r}")
-    version = attrs.get("format_version")
-    if isinstance(version, bool) or not isinstance(version, int) or version < 1:
-        raise StoreError(f"{p}: invalid format_version {version!r}")
-    if version > FORMAT_VERSION:
-        raise StoreError(
-            f"{p}: format_version {version} is newer than this distfit supports ({FORMAT_VERSION}); upgrade distfit")
+    check_format(p, attrs, FORMAT, FORMAT_VERSION, StoreError)
     if attrs.get("complete") is not True:
         raise StoreError(f"{p}: the plan is not marked complete (an unfinished or damaged write)")
     checksum = attrs.get("checksum")

@@ -76,3 +76,21 @@ def mixed_marginal_workload():
         ("edu", {"edu": prefix_queries(4)}, 1.0),
     ]
     return domain, groups
+
+
+#: A small three-attribute pipeline spec (36 cells, 24 queries, 2 blocks under max_cells 12),
+#: shared by the planning, release, report and run tests. Copy before changing it.
+SMALL_SPEC = {
+    "name": "small",
+    "attributes": [
+        {"name": "age", "size": 6, "ordinal": True},
+        {"name": "sex", "values": ["f", "m"]},
+        {"name": "edu", "size": 3, "ordinal": True},
+    ],
+    "queries": [
+        {"name": "age", "attributes": {"age": "prefix"}, "target": [1, 1.5, 2, 2, 3, 3]},
+        {"name": "age_sex", "attributes": {"age": "identity", "sex": "identity"}, "target": 4},
+        {"name": "sex_edu", "attributes": {"sex": "identity", "edu": "prefix"}, "target": 2},
+    ],
+    "blocks": {"max_cells": 12},
+}

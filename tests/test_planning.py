@@ -11,23 +11,10 @@ import zarr
 from distfit.cli import main
 from distfit.privacy import alpha_for_budget
 from distfit.store import read_plan
+from reference import SMALL_SPEC
 
 PIPELINES = Path(__file__).resolve().parent.parent / "pipelines"
 
-SMALL_SPEC = {
-    "name": "small",
-    "attributes": [
-        {"name": "age", "size": 6, "ordinal": True},
-        {"name": "sex", "values": ["f", "m"]},
-        {"name": "edu", "size": 3, "ordinal": True},
-    ],
-    "queries": [
-        {"name": "age", "attributes": {"age": "prefix"}, "target": [1, 1.5, 2, 2, 3, 3]},
-        {"name": "age_sex", "attributes": {"age": "identity", "sex": "identity"}, "target": 4},
-        {"name": "sex_edu", "attributes": {"sex": "identity", "edu": "prefix"}, "target": 2},
-    ],
-    "blocks": {"max_cells": 12},
-}
 
 
 def _write_spec(tmp_path, content):

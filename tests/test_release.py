@@ -13,21 +13,8 @@ from distfit.planning import run_plan
 from distfit.spec import load_spec
 from distfit.store import read_plan
 from distfit.workload import Domain
+from reference import SMALL_SPEC
 
-SMALL_SPEC = {
-    "name": "small",
-    "attributes": [
-        {"name": "age", "size": 6, "ordinal": True},
-        {"name": "sex", "values": ["f", "m"]},
-        {"name": "edu", "size": 3, "ordinal": True},
-    ],
-    "queries": [
-        {"name": "age", "attributes": {"age": "prefix"}, "target": [1, 1.5, 2, 2, 3, 3]},
-        {"name": "age_sex", "attributes": {"age": "identity", "sex": "identity"}, "target": 4},
-        {"name": "sex_edu", "attributes": {"sex": "identity", "edu": "prefix"}, "target": 2},
-    ],
-    "blocks": {"max_cells": 12},
-}
 DOMAIN = Domain(("age", "sex", "edu"), (6, 2, 3))
 
 

@@ -19,21 +19,9 @@ from distfit.releasing import ReleaseError, read_release, run_release, verify_re
 from distfit.spec import load_spec
 from distfit.store import read_plan
 from distfit.workload import Domain
+from reference import SMALL_SPEC
 
-SPEC = {
-    "name": "small",
-    "attributes": [
-        {"name": "age", "size": 6, "ordinal": True},
-        {"name": "sex", "values": ["f", "m"]},
-        {"name": "edu", "size": 3, "ordinal": True},
-    ],
-    "queries": [
-        {"name": "age", "attributes": {"age": "prefix"}, "target": [1, 1.5, 2, 2, 3, 3]},
-        {"name": "age_sex", "attributes": {"age": "identity", "sex": "identity"}, "target": 4},
-        {"name": "sex_edu", "attributes": {"sex": "identity", "edu": "prefix"}, "target": 2},
-    ],
-    "blocks": {"max_cells": 12},
-}
+SPEC = SMALL_SPEC
 UNITS, CHUNK = 50, 8          # 7 chunks, the last one short
 SEED = 987654321              # a --seed that would stand out in any attr
 

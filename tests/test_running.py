@@ -16,21 +16,9 @@ from distfit.releasing import read_release, verify_release
 from distfit.running import PACKAGES, data_seed, default_spec_path
 from distfit.spec import load_spec
 from distfit.store import read_plan, verify_checksum
+from reference import SMALL_SPEC
 
-SPEC = {
-    "name": "small",
-    "attributes": [
-        {"name": "age", "size": 6, "ordinal": True},
-        {"name": "sex", "values": ["f", "m"]},
-        {"name": "edu", "size": 3, "ordinal": True},
-    ],
-    "queries": [
-        {"name": "age", "attributes": {"age": "prefix"}, "target": [1, 1.5, 2, 2, 3, 3]},
-        {"name": "age_sex", "attributes": {"age": "identity", "sex": "identity"}, "target": 4},
-        {"name": "sex_edu", "attributes": {"sex": "identity", "edu": "prefix"}, "target": 2},
-    ],
-    "blocks": {"max_cells": 12},
-}
+SPEC = SMALL_SPEC
 
 
 @pytest.fixture()
