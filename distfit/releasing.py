@@ -72,7 +72,6 @@ import shutil
 import secrets
 import sys
 import time
-import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping, TextIO
@@ -81,7 +80,7 @@ import numpy as np
 import zarr
 
 from .release import block_positions, fresh_entropy, load_blocks, release_chunk
-from .runtime import TASK_RETRIES, Progress, dask_client
+from .runtime import Progress, dask_client, run_tasks
 from .store import (
     STAGING_MARKER,
     _chunk_shape,
@@ -206,20 +205,10 @@ def _run_serial(job: ChunkJob, blocks, pending: Iterable[int]) -> Iterator[tuple
 
 def _run_dask(client, job: ChunkJob, blocks, pending: Iterable[int]) -> Iterator[tuple[int, int]]:
     """One impure task per chunk (unique keys, retries); the blocks are scattered once."""
-    from distributed import as_completed
-
-    run = uuid.uuid4().hex[:8]
     [blocks_future] = client.scatter([dict(blocks)], broadcast=True, hash=False)
-    futures = {
-        client.submit(release_chunk_task, job, blocks_future, chunk,
-                      key=f"release-chunk-{chunk}-{run}", retries=TASK_RETRIES, pure=False): chunk
-        for chunk in pending
-    }
-    for future in as_completed(futures):
-        chunk = futures[future]
-        units = future.result()
-        future.release()
-        yield chunk, units
+    calls = ((str(chunk), (job, blocks_future, chunk)) for chunk in pending)
+    for label, units in run_tasks(client, release_chunk_task, calls, "release-chunk"):
+        yield int(label), units
 
 
 # --------------------------------------------------------------------------------------------

@@ -15,7 +15,7 @@ import os
 import sys
 import time
 import uuid
-from typing import Iterator, Sequence, TextIO
+from typing import Any, Callable, Iterable, Iterator, Sequence, TextIO
 
 from .plan import BlockTask, solve_block
 from .solver import BlockSolution
@@ -81,6 +81,24 @@ class Progress:
         print(f"{self.label}: {done}/{total} {self.unit}, {rate:.1f} {self.unit}/s, ETA {eta:.0f} s   ", end=end, file=self.stream, flush=True)
 
 
+def run_tasks(client, function: Callable, calls: Iterable[tuple[str, tuple]], name: str) -> Iterator[tuple[str, Any]]:
+    """Submit ``function(*args)`` for every ``(label, args)``, one impure task each (unique key
+    ``name-label-run``, ``TASK_RETRIES`` retries for lost workers); yield ``(label, result)`` as
+    tasks complete, releasing each result from the cluster once it is read."""
+    from distributed import as_completed
+
+    run = uuid.uuid4().hex[:8]
+    futures = {
+        client.submit(function, *args, key=f"{name}-{label}-{run}", retries=TASK_RETRIES, pure=False): label
+        for label, args in calls
+    }
+    for future in as_completed(futures):
+        label = futures[future]
+        result = future.result()
+        future.release()
+        yield label, result
+
+
 class DaskExecutor:
     """Plan executor (``plan.Executor``) that runs one Dask task per block."""
 
@@ -88,17 +106,7 @@ class DaskExecutor:
         self.client = client
 
     def __call__(self, tasks: Sequence[BlockTask]) -> Iterator[tuple[int, BlockSolution]]:
-        from distributed import as_completed
-
-        run = uuid.uuid4().hex[:8]
-        futures = {
-            self.client.submit(
-                solve_block, task, key=f"solve-{task.spec.block_id}-{run}", retries=TASK_RETRIES, pure=False
-            ): task.index
-            for task in tasks
-        }
-        for future in as_completed(futures):
-            index = futures[future]
-            result = future.result()
-            future.release()
-            yield index, result
+        index_of = {task.spec.block_id: task.index for task in tasks}
+        calls = ((task.spec.block_id, (task,)) for task in tasks)
+        for block_id, result in run_tasks(self.client, solve_block, calls, "solve"):
+            yield index_of[block_id], result
