@@ -12,6 +12,12 @@ A pipeline spec is a YAML mapping (one document) with these keys:
         values: [under_18, 18_plus] #   the value labels, in value order ...
         ordinal: false              #   optional, default false
       - {name: race, size: 63}      #   ... or `size: N` (labels "0", "1", ..., "N-1")
+      - name: age                   #   ... or bins of a numeric data column (ordinal)
+        column: age_years           #   optional: the data column (default: the name)
+        bins: [0, 18, 65, .inf]     #   values 0-17, 18-64, 65+
+      - name: sex
+        values: [female, male]
+        recode: {F: female, M: male}  # optional: data value -> label
     units: {column: block_id}       # optional; default null (one population)
     queries:                        # required, non-empty list of query groups
       - name: detailed              #   required; letters, digits, "_" and "-"; unique
@@ -42,6 +48,27 @@ order (the first attribute varies slowest), as in ``distfit.workload.Domain``.
   Give exactly one of ``values`` and ``size``.
 * ``ordinal``: ``true`` when the value order means something (ages, incomes); only ordinal
   attributes take ``prefix``, ``all_ranges`` and ``ranges`` queries.
+
+Reading data
+------------
+Microdata (one row per person, CSV or Parquet) is mapped onto the schema attribute by attribute:
+
+* ``column``: the data column the attribute is read from (default: its ``name``), e.g.
+  ``{name: hours, column: hours-per-week, ...}``.
+* ``bins: [e_0, e_1, ..., e_n]`` (numbers, strictly increasing; ``.inf``/``-.inf`` allowed as
+  the first/last edge) for a numeric column: value v falls in bin i when ``e_i <= v < e_(i+1)``;
+  values outside ``[e_0, e_n)`` are not in the domain. The attribute gets n values, labelled by
+  default ``17-24`` (integral edges: the integers the bin holds; ``90`` for a one-integer bin),
+  ``90+`` (open top), ``<17`` (open bottom) or ``0.5-1.5`` (other edges: half-open); ``values``
+  may name them instead (n labels). Binned attributes are ordinal unless ``ordinal: false``.
+  Give ``bins`` or ``size``, not both.
+* Otherwise a data value is read as text (an integral number as its digits, ``3`` not ``3.0``),
+  stripped of surrounding blanks (``" Male"`` is ``Male``), looked up in ``recode`` (a mapping
+  ``{data value: label}``, several data values may share a label, e.g. ``{"?": unknown}`` or
+  countries to regions) when it is a key there, and must then equal one of the labels.
+
+A value that is missing or maps to no label is an error naming the file, line, column and
+value (``distfit.microdata``). ``AttributeSpec.encode`` does the mapping.
 
 Units
 -----
@@ -213,9 +240,10 @@ WORKLOAD_MAX_ENTRIES = 100_000_000
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9_-]+$")
 _BAD_LABEL_RE = re.compile(r"[\[\],\x00-\x1f\x7f]")
+_CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
 
 _TOP_KEYS = ("name", "description", "attributes", "units", "queries", "privacy", "blocks")
-_ATTRIBUTE_KEYS = ("name", "values", "size", "ordinal")
+_ATTRIBUTE_KEYS = ("name", "values", "size", "ordinal", "column", "bins", "recode")
 _GROUP_KEYS = ("name", "attributes", "total", "target")
 _PRIVACY_KEYS = ("mode", "rho", "epsilon", "delta", "alpha")
 _BUDGET_KEYS = ("rho", "epsilon", "delta", "alpha")
@@ -246,20 +274,117 @@ def _readonly(array: np.ndarray) -> np.ndarray:
 
 @dataclass(frozen=True)
 class AttributeSpec:
-    """One attribute of the schema: its ``name``, value labels (``values``, in value order) and
-    whether the value order is meaningful (``ordinal``)."""
+    """One attribute of the schema: its ``name``, value labels (``values``, in value order),
+    whether the value order is meaningful (``ordinal``) and how data values map onto it
+    (``column``, ``bins``, ``recode``; module docstring, "Reading data")."""
 
     name: str
     values: tuple[str, ...]
     ordinal: bool = False
+    column: str | None = None
+    bins: tuple[float, ...] | None = None
+    recode: tuple[tuple[str, str], ...] = ()
 
     @property
     def size(self) -> int:
         """Number of values."""
         return len(self.values)
 
+    @property
+    def data_column(self) -> str:
+        """The data column this attribute is read from (``column``, default the name)."""
+        return self.column if self.column is not None else self.name
+
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "values": list(self.values), "ordinal": self.ordinal}
+        out: dict[str, Any] = {"name": self.name, "values": list(self.values), "ordinal": self.ordinal}
+        # Only non-default reading rules are emitted, so specs without them keep their hash.
+        if self.column is not None:
+            out["column"] = self.column
+        if self.bins is not None:
+            out["bins"] = [_edge_json(edge) for edge in self.bins]
+        if self.recode:
+            out["recode"] = dict(self.recode)
+        return out
+
+    def encode(self, raw: Any) -> np.ndarray:
+        """Value codes (int64, 0 .. size-1) of the raw data values ``raw`` (any 1-d array-like:
+        strings as read from CSV, numbers or None/NaN from Parquet); -1 where a value is
+        missing or not in the domain.
+
+        With ``bins`` (edges e_0 < ... < e_n): a number v (or a string that parses as one) gets
+        code i when e_i <= v < e_(i+1). Otherwise a value is turned into text (integral numbers
+        without a decimal point), stripped of surrounding blanks, passed through ``recode`` when
+        it is a key there, and matched against the labels.
+        """
+        array = np.asarray(raw, dtype=object) if not isinstance(raw, np.ndarray) else raw
+        array = array.reshape(-1)
+        if self.bins is not None:
+            numbers_ = _as_floats(array)
+            edges = np.asarray(self.bins, dtype=float)
+            codes = np.searchsorted(edges, numbers_, side="right") - 1
+            valid = np.isfinite(numbers_) & (codes >= 0) & (codes < self.size)
+            return np.where(valid, codes, -1).astype(np.int64)
+        uniques, inverse = np.unique(_as_labels(array), return_inverse=True)
+        lookup = {label: i for i, label in enumerate(self.values)}
+        recode = dict(self.recode)
+        mapped = np.array([lookup.get(recode.get(u, u), -1) if u is not None else -1
+                           for u in uniques.tolist()], dtype=np.int64)
+        return mapped[inverse.reshape(-1)] if len(uniques) else np.zeros(0, dtype=np.int64)
+
+
+_MISSING_TEXT = "\x00missing"  # stands for None/NaN in _as_labels; no valid label can equal it
+
+
+def _edge_json(edge: float) -> Union[float, int, str]:
+    if math.isinf(edge):
+        return ".inf" if edge > 0 else "-.inf"
+    return int(edge) if float(edge).is_integer() and abs(edge) < 2 ** 53 else float(edge)
+
+
+def _as_floats(array: np.ndarray) -> np.ndarray:
+    """Numbers of a raw column; NaN where a value is missing or does not parse."""
+    if array.dtype.kind in "iufb":
+        return array.astype(np.float64)
+    uniques, inverse = np.unique(_as_labels(array), return_inverse=True)
+    parsed = np.empty(len(uniques), dtype=np.float64)
+    for i, text in enumerate(uniques.tolist()):
+        try:
+            parsed[i] = float(text)
+        except (TypeError, ValueError):
+            parsed[i] = np.nan
+    return parsed[inverse.reshape(-1)] if len(uniques) else np.zeros(0)
+
+
+def _as_labels(array: np.ndarray) -> np.ndarray:
+    """Raw values as stripped text (an array of str); missing values (None, NaN) become a
+    sentinel no label can equal. Python work is per distinct value, not per row."""
+    if array.dtype.kind in "iu":
+        return array.astype(str)
+    if array.dtype.kind == "U":
+        return np.char.strip(array)
+    if array.dtype.kind == "f":
+        missing = np.isnan(array)
+        values = np.where(missing, 0.0, array)
+    else:
+        values = array.astype(object, copy=False)
+        missing = np.equal(values, None) | np.not_equal(values, values)  # None, or NaN != NaN
+    out = np.full(len(array), _MISSING_TEXT, dtype=object)
+    present = ~missing
+    if present.any():
+        try:
+            uniques, inverse = np.unique(values[present], return_inverse=True)
+        except TypeError:  # mixed types do not sort: fall back to text first
+            uniques, inverse = np.unique(values[present].astype(str), return_inverse=True)
+        out[present] = np.array([_label_text(u) for u in uniques.tolist()], dtype=object)[inverse.reshape(-1)]
+    return out.astype(str)
+
+
+def _label_text(value: Any) -> str:
+    if isinstance(value, (bool, np.bool_)):
+        return str(bool(value)).lower()
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value).strip()
 
 
 @dataclass(frozen=True, eq=False)
@@ -683,11 +808,16 @@ def _parse_attribute(raw: Any, path: str) -> AttributeSpec:
     name = _name(raw["name"], f"{path}.name", "an attribute name")
     has_values = raw.get("values") is not None
     has_size = raw.get("size") is not None
+    bins = _parse_bins(raw["bins"], f"{path}.bins") if raw.get("bins") is not None else None
     if has_values and has_size:
         raise SpecError(path, "give values or size, not both")
-    if not has_values and not has_size:
-        raise SpecError(path, f"attribute {name!r} needs values (a list of labels) or size")
-    if has_size:
+    if bins is not None and has_size:
+        raise SpecError(path, "give bins or size, not both (bins make len(bins) - 1 values)")
+    if not has_values and not has_size and bins is None:
+        raise SpecError(path, f"attribute {name!r} needs values (a list of labels), size or bins")
+    if bins is not None and not has_values:
+        values = _bin_labels(bins)
+    elif has_size:
         size = _positive_int(raw["size"], f"{path}.size")
         values = tuple(str(i) for i in range(size))
     else:
@@ -712,8 +842,85 @@ def _parse_attribute(raw: Any, path: str) -> AttributeSpec:
             seen.add(label)
             labels.append(label)
         values = tuple(labels)
-    ordinal = _bool(raw["ordinal"], f"{path}.ordinal") if raw.get("ordinal") is not None else False
-    return AttributeSpec(name=name, values=values, ordinal=ordinal)
+    if bins is not None and len(values) != len(bins) - 1:
+        raise SpecError(f"{path}.values", f"{len(bins) - 1} bins need {len(bins) - 1} value labels, "
+                                          f"got {len(values)}")
+    # Bins are ordered by construction, so they are ordinal unless the spec says otherwise.
+    ordinal = (_bool(raw["ordinal"], f"{path}.ordinal") if raw.get("ordinal") is not None
+               else bins is not None)
+    column = None
+    if raw.get("column") is not None:
+        column = raw["column"]
+        if not isinstance(column, str) or not column.strip() or _CONTROL_RE.search(column):
+            raise SpecError(f"{path}.column", f"expected a data column name, got {_type_name(column)} "
+                                              f"{_show(column)}")
+        column = None if column == name else column
+    recode: tuple[tuple[str, str], ...] = ()
+    if raw.get("recode") is not None:
+        if bins is not None:
+            raise SpecError(f"{path}.recode", "give recode or bins, not both")
+        recode = _parse_recode(raw["recode"], f"{path}.recode", values)
+    return AttributeSpec(name=name, values=values, ordinal=ordinal, column=column, bins=bins,
+                         recode=recode)
+
+
+def _parse_bins(raw: Any, path: str) -> tuple[float, ...]:
+    if not _is_sequence(raw):
+        raise SpecError(path, f"expected a list of bin edges, got {_type_name(raw)} {_show(raw)}")
+    edges = []
+    for i, edge in enumerate(raw):
+        if isinstance(edge, str) and edge.strip().lower() in _INFINITE_EDGES:
+            edge = _INFINITE_EDGES[edge.strip().lower()]  # the canonical JSON form of +-inf
+        if not _is_number(edge) or math.isnan(float(edge)):
+            raise SpecError(f"{path}[{i}]", f"expected a number, got {_type_name(edge)} {_show(edge)}")
+        edges.append(float(edge))
+    if len(edges) < 2:
+        raise SpecError(path, f"needs at least 2 edges (one bin), got {len(edges)}")
+    for i in range(1, len(edges)):
+        if not edges[i] > edges[i - 1]:
+            raise SpecError(f"{path}[{i}]", f"edges must increase strictly, got {_show(raw[i - 1])} "
+                                            f"then {_show(raw[i])}")
+    return tuple(edges)
+
+
+_INFINITE_EDGES = {".inf": math.inf, "inf": math.inf, "+.inf": math.inf, "+inf": math.inf,
+                   "-.inf": -math.inf, "-inf": -math.inf}
+
+
+def _bin_labels(edges: Sequence[float]) -> tuple[str, ...]:
+    """Default labels of the bins [e_i, e_(i+1)): ``17-24`` (integral edges: the integers the
+    bin holds), ``90+`` (open top), ``<17`` (open bottom), ``0.5-1.5`` (else: half-open)."""
+    integral = all(math.isinf(e) or float(e).is_integer() for e in edges)
+    labels = []
+    for lo, hi in zip(edges[:-1], edges[1:]):
+        if math.isinf(hi):
+            labels.append(f"{_edge_text(lo)}+")
+        elif math.isinf(lo):
+            labels.append(f"<{_edge_text(hi)}")
+        elif integral and hi - lo == 1:
+            labels.append(_edge_text(lo))
+        elif integral:
+            labels.append(f"{_edge_text(lo)}-{_edge_text(hi - 1)}")
+        else:
+            labels.append(f"{_edge_text(lo)}-{_edge_text(hi)}")
+    return tuple(labels)
+
+
+def _edge_text(edge: float) -> str:
+    return str(int(edge)) if float(edge).is_integer() else f"{edge:g}"
+
+
+def _parse_recode(raw: Any, path: str, values: Sequence[str]) -> tuple[tuple[str, str], ...]:
+    raw = _mapping(raw, path, "a mapping {data value: label}")
+    pairs = []
+    for key, label in raw.items():
+        if _is_int(label):
+            label = str(int(label))
+        if not isinstance(label, str) or label not in values:
+            raise SpecError(f"{path}.{key}", f"{_show(label)} is not a value label "
+                                             f"(values: {_listing(values)})")
+        pairs.append((key.strip(), label))
+    return tuple(sorted(pairs))
 
 
 def _value_index(value: Any, attribute: AttributeSpec, path: str) -> int:

@@ -601,3 +601,76 @@ def test_readme_carries_the_schema_reference():
     doc = spec_module.__doc__
     body = doc[doc.index("A pipeline spec is a YAML mapping"):].strip()
     assert body in readme
+
+
+# --------------------------------------------------------------------------------------------
+# reading data: column, bins, recode, encode
+
+
+def _reading_spec(**age):
+    attribute = {"name": "age", "bins": [17, 25, 45, ".inf"], **age}
+    return parse_spec({"name": "t", "attributes": [
+        attribute,
+        {"name": "sex", "values": ["Female", "Male"]},
+        {"name": "work", "values": ["private", "gov", "unknown"],
+         "recode": {"?": "unknown", "State-gov": "gov", "Local-gov": "gov", "Private": "private"}}],
+        "queries": [{"name": "g", "attributes": {"age": "prefix", "sex": "identity"}, "target": 1}]})
+
+
+def test_bins_make_ordinal_labelled_values_and_encode_half_open():
+    age = _reading_spec().attribute("age")
+    assert age.values == ("17-24", "25-44", "45+") and age.ordinal and age.data_column == "age"
+    raw = np.array(["39.5", " 17", "16", "90", "x", None, "24.999", "25"], dtype=object)
+    assert age.encode(raw).tolist() == [1, 0, -1, 2, -1, -1, 0, 1]
+    assert age.encode(np.array([39.5, 17, 16, np.nan, 1e9])).tolist() == [1, 0, -1, -1, 2]
+
+
+def test_categorical_values_are_stripped_and_recoded():
+    spec = _reading_spec()
+    assert spec.attribute("sex").encode([" Male", "Female", "Mle", None, float("nan")]).tolist() == [1, 0, -1, -1, -1]
+    work = spec.attribute("work")
+    assert work.encode(np.array([" ?", " State-gov", "Private", "gov", "Federal-gov"], dtype=object)).tolist() == [2, 1, 0, 1, -1]
+
+
+def test_numeric_labels_match_integral_numbers_only():
+    spec = parse_spec({"name": "t", "attributes": [{"name": "n", "size": 3}],
+                       "queries": [{"name": "g", "attributes": {"n": "identity"}, "target": 1}]})
+    n = spec.attribute("n")
+    assert n.encode(np.array([0, 1, 2, 3])).tolist() == [0, 1, 2, -1]
+    assert n.encode(np.array([0.0, 1.0, 2.5])).tolist() == [0, 1, -1]
+    assert n.encode(np.array(["0", "2", "02"])).tolist() == [0, 2, -1]
+
+
+def test_reading_rules_are_canonical_and_hashed():
+    spec = _reading_spec(column="age_years")
+    canonical = spec.to_dict()
+    assert canonical["attributes"][0]["bins"] == [17, 25, 45, ".inf"]
+    assert canonical["attributes"][0]["column"] == "age_years"
+    again = parse_spec(json.loads(json.dumps(canonical)))
+    assert again.spec_hash == spec.spec_hash and again.attribute("age").bins == spec.attribute("age").bins
+    assert _reading_spec().spec_hash != spec.spec_hash
+    # a column equal to the name is the default and does not change the hash
+    assert _reading_spec(column="age").spec_hash == _reading_spec().spec_hash
+
+
+@pytest.mark.parametrize("age, fragment", [
+    ({"bins": [17]}, "attributes[0].bins: needs at least 2 edges"),
+    ({"bins": [17, 17, 20]}, "attributes[0].bins[1]: edges must increase strictly"),
+    ({"bins": [17, "x"]}, "attributes[0].bins[1]: expected a number"),
+    ({"bins": [0, ".inf", 5]}, "attributes[0].bins[2]: edges must increase strictly"),
+    ({"bins": [0, 5, 9], "size": 2}, "give bins or size, not both"),
+    ({"bins": [0, 5, 9], "values": ["a"]}, "attributes[0].values: 2 bins need 2 value labels, got 1"),
+    ({"bins": [0, 5, 9], "recode": {"a": "b"}}, "attributes[0].recode: give recode or bins"),
+    ({"bins": [0, 5, 9], "column": ""}, "attributes[0].column: expected a data column name"),
+])
+def test_bad_reading_rules(age, fragment):
+    with pytest.raises(SpecError) as error:
+        _reading_spec(**age) if "bins" not in age else parse_spec({"name": "t", "attributes": [
+            {"name": "age", **age}], "queries": [{"name": "g", "attributes": {"age": "identity"}, "target": 1}]})
+    assert fragment in str(error.value)
+
+
+def test_recode_to_unknown_label_is_refused():
+    with pytest.raises(SpecError, match=r"attributes\[0\].recode.F: 'woman' is not a value label"):
+        parse_spec({"name": "t", "attributes": [{"name": "sex", "values": ["f", "m"], "recode": {"F": "woman"}}],
+                    "queries": [{"name": "g", "attributes": {"sex": "identity"}, "target": 1}]})
