@@ -77,6 +77,25 @@ as a census block). Every unit is answered with the same plan and units compose 
 (DESIGN.md section 2), so they cost no privacy. ``units: null`` (the default) means one
 population.
 
+Levels (multi-level runs)
+-------------------------
+A census-style run measures the same people at several geographic levels (nation, state,
+county, ...), each level with its own workload and targets. Write ``levels`` instead of the
+top-level ``queries`` and ``units``:
+
+    levels:
+      - name: nation                #   letters, digits, "_" and "-"; unique
+        queries: [...]              #   query groups, exactly as the top-level queries
+      - name: state
+        units: {column: state}      #   optional: the level's unit column (default: one population)
+        queries: [...]
+
+Each level is planned and released on its own as the single-level spec
+``PipelineSpec.level_spec(level)`` (named ``SPEC-LEVEL``): within a level, units compose in
+parallel; across levels, composition is sequential (a person is in one unit of every level),
+so the privacy profiles add up cell by cell (``distfit.levels``). ``privacy`` and ``blocks``
+apply to the whole run: a budget is the total over all levels.
+
 Query groups
 ------------
 A group is a clique of attributes with one query kind per attribute; its queries over the full
@@ -242,7 +261,8 @@ _NAME_RE = re.compile(r"^[A-Za-z0-9_-]+$")
 _BAD_LABEL_RE = re.compile(r"[\[\],\x00-\x1f\x7f]")
 _CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
 
-_TOP_KEYS = ("name", "description", "attributes", "units", "queries", "privacy", "blocks")
+_TOP_KEYS = ("name", "description", "attributes", "units", "queries", "levels", "privacy", "blocks")
+_LEVEL_KEYS = ("name", "units", "queries")
 _ATTRIBUTE_KEYS = ("name", "values", "size", "ordinal", "column", "bins", "recode")
 _GROUP_KEYS = ("name", "attributes", "total", "target")
 _PRIVACY_KEYS = ("mode", "rho", "epsilon", "delta", "alpha")
@@ -500,8 +520,26 @@ class BlockLimits:
 
 
 @dataclass(frozen=True, eq=False)
+class LevelSpec:
+    """One geographic level of a multi-level spec: its ``name``, its unit (``units``, None for
+    the whole population) and its query groups."""
+
+    name: str
+    units: UnitsSpec | None
+    groups: tuple[QueryGroupSpec, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "units": None if self.units is None else self.units.to_dict(),
+                "queries": [group.to_dict() for group in self.groups]}
+
+
+@dataclass(frozen=True, eq=False)
 class PipelineSpec:
-    """A validated pipeline spec (module docstring). Compare specs by :attr:`spec_hash`."""
+    """A validated pipeline spec (module docstring). Compare specs by :attr:`spec_hash`.
+
+    A multi-level spec has ``levels`` (and no ``groups`` or ``units`` of its own); each level is
+    planned and released as the single-level spec :meth:`level_spec` gives.
+    """
 
     name: str
     description: str
@@ -511,6 +549,24 @@ class PipelineSpec:
     privacy: PrivacySpec
     blocks: BlockLimits
     source_path: str | None = None
+    levels: tuple[LevelSpec, ...] = ()
+
+    @property
+    def multilevel(self) -> bool:
+        """True when the spec has ``levels``."""
+        return bool(self.levels)
+
+    def level_spec(self, name: str) -> "PipelineSpec":
+        """The single-level spec of level ``name``: named ``SPEC-LEVEL``, the spec's attributes
+        and blocks, the level's units and groups, and accuracy-first privacy (a budget is shared
+        across levels by the run, :mod:`distfit.levels`). KeyError if there is no such level."""
+        for level in self.levels:
+            if level.name == name:
+                return PipelineSpec(
+                    name=f"{self.name}-{level.name}", description=self.description,
+                    attributes=self.attributes, units=level.units, groups=level.groups,
+                    privacy=PrivacySpec(), blocks=self.blocks, source_path=self.source_path)
+        raise KeyError(name)
 
     @property
     def domain(self) -> Domain:
@@ -548,7 +604,12 @@ class PipelineSpec:
 
     def group_triples(self) -> list[tuple[str, dict[str, np.ndarray], np.ndarray]]:
         """``(name, {attribute: Q_i}, targets)`` per group, in order: the input of
-        ``blocks.residual_blocks`` and ``workload.workload_from_groups``."""
+        ``blocks.residual_blocks`` and ``workload.workload_from_groups``. A multi-level spec
+        has none of its own: SpecError (plan it level by level, :meth:`level_spec`)."""
+        if self.levels:
+            raise SpecError("levels", f"spec {self.name!r} has levels "
+                                      f"({', '.join(level.name for level in self.levels)}); they are "
+                                      "planned one by one: use distfit run")
         return [(group.name, group.matrices, group.targets) for group in self.groups]
 
     def workload(self) -> Workload:
@@ -575,15 +636,19 @@ class PipelineSpec:
 
     def to_dict(self) -> dict[str, Any]:
         """The canonical, JSON-serialisable form (module docstring); a valid spec itself."""
-        return {
+        out: dict[str, Any] = {
             "name": self.name,
             "description": self.description,
             "attributes": [attribute.to_dict() for attribute in self.attributes],
-            "units": None if self.units is None else self.units.to_dict(),
-            "queries": [group.to_dict() for group in self.groups],
-            "privacy": self.privacy.to_dict(),
-            "blocks": self.blocks.to_dict(),
         }
+        if self.levels:
+            out["levels"] = [level.to_dict() for level in self.levels]
+        else:
+            out["units"] = None if self.units is None else self.units.to_dict()
+            out["queries"] = [group.to_dict() for group in self.groups]
+        out["privacy"] = self.privacy.to_dict()
+        out["blocks"] = self.blocks.to_dict()
+        return out
 
     @functools.cached_property
     def spec_hash(self) -> str:
@@ -1273,14 +1338,14 @@ def _parse_blocks(raw: Any) -> BlockLimits:
     return BlockLimits(max_cells=max_cells, merge=merge)
 
 
-def _parse_units(raw: Any) -> UnitsSpec | None:
+def _parse_units(raw: Any, path: str = "units") -> UnitsSpec | None:
     if raw is None:
         return None
-    raw = _mapping(raw, "units", "a mapping {column: NAME} or null")
-    _check_keys(raw, "units", _UNIT_KEYS, required=("column",))
+    raw = _mapping(raw, path, "a mapping {column: NAME} or null")
+    _check_keys(raw, path, _UNIT_KEYS, required=("column",))
     column = raw["column"]
     if not isinstance(column, str) or not column.strip():
-        raise SpecError("units.column", f"expected a column name, got {_type_name(column)} {_show(column)}")
+        raise SpecError(f"{path}.column", f"expected a column name, got {_type_name(column)} {_show(column)}")
     return UnitsSpec(column=column)
 
 
@@ -1294,7 +1359,13 @@ def parse_spec(mapping: Any, base_dir: Union[str, os.PathLike, None] = None, *,
     """
     base = Path(base_dir) if base_dir is not None else Path.cwd()
     raw = _mapping(mapping, "spec", "a mapping with name, attributes and queries at the top level")
-    _check_keys(raw, "spec", _TOP_KEYS, required=("name", "attributes", "queries"))
+    _check_keys(raw, "spec", _TOP_KEYS, required=("name", "attributes"))
+    if "levels" in raw:
+        for key in ("queries", "units"):
+            if key in raw:
+                raise SpecError(key, "a spec with levels has its queries and units in each level")
+    elif "queries" not in raw:
+        raise SpecError("spec", "missing required key 'queries' (or 'levels')")
     name = _name(raw["name"], "name", "a spec name")
     description = raw.get("description")
     if description is None:
@@ -1318,25 +1389,51 @@ def parse_spec(mapping: Any, base_dir: Union[str, os.PathLike, None] = None, *,
     privacy = _parse_privacy(raw.get("privacy"))
     blocks = _parse_blocks(raw.get("blocks"))
 
-    given_groups = raw["queries"]
-    if not _is_sequence(given_groups):
-        raise SpecError("queries", f"expected a list of query groups, got {_type_name(given_groups)}")
-    if len(given_groups) == 0:
-        raise SpecError("queries", "must hold at least one query group")
-    groups: list[QueryGroupSpec] = []
-    for k, item in enumerate(given_groups):
-        group = _parse_group(item, f"queries[{k}]", attributes, blocks.max_cells, base)
-        if any(g.name == group.name for g in groups):
-            raise SpecError(f"queries[{k}].name", f"duplicated group name {group.name!r}")
-        groups.append(group)
+    levels: list[LevelSpec] = []
+    if "levels" in raw:
+        given_levels = raw["levels"]
+        if not _is_sequence(given_levels) or len(given_levels) == 0:
+            raise SpecError("levels", f"expected a non-empty list of levels, got {_type_name(given_levels)}")
+        for i, item in enumerate(given_levels):
+            path = f"levels[{i}]"
+            item = _mapping(item, path, "a level mapping (name, units, queries)")
+            _check_keys(item, path, _LEVEL_KEYS, required=("name", "queries"))
+            level_name = _name(item["name"], f"{path}.name", "a level name")
+            if any(level.name == level_name for level in levels):
+                raise SpecError(f"{path}.name", f"duplicated level {level_name!r}")
+            level_units = _parse_units(item.get("units"), f"{path}.units")
+            if level_units is not None and any(
+                    level_units.column == a.data_column for a in attributes):
+                raise SpecError(f"{path}.units.column", f"{level_units.column!r} is an attribute's column")
+            levels.append(LevelSpec(level_name, level_units, _parse_groups(
+                item["queries"], f"{path}.queries", attributes, blocks.max_cells, base)))
+        groups: tuple[QueryGroupSpec, ...] = ()
+    else:
+        groups = _parse_groups(raw["queries"], "queries", attributes, blocks.max_cells, base)
 
     return PipelineSpec(
         name=name,
         description=description,
         attributes=tuple(attributes),
         units=units,
-        groups=tuple(groups),
+        groups=groups,
         privacy=privacy,
         blocks=blocks,
         source_path=source_path,
+        levels=tuple(levels),
     )
+
+
+def _parse_groups(given_groups: Any, path: str, attributes: Sequence[AttributeSpec], max_cells: int,
+                  base: Path) -> tuple[QueryGroupSpec, ...]:
+    if not _is_sequence(given_groups):
+        raise SpecError(path, f"expected a list of query groups, got {_type_name(given_groups)}")
+    if len(given_groups) == 0:
+        raise SpecError(path, "must hold at least one query group")
+    groups: list[QueryGroupSpec] = []
+    for k, item in enumerate(given_groups):
+        group = _parse_group(item, f"{path}[{k}]", attributes, max_cells, base)
+        if any(g.name == group.name for g in groups):
+            raise SpecError(f"{path}[{k}].name", f"duplicated group name {group.name!r}")
+        groups.append(group)
+    return tuple(groups)
