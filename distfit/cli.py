@@ -5,8 +5,10 @@ cost, certificate, privacy account and solver statistics (optionally the baselin
 privacy cost), as text, JSON (``--json``) and arrays (``--save``); ``distfit plan`` turns a
 pipeline spec into a plan store (``distfit.planning``); ``distfit audit`` recomputes a plan
 store's account (``distfit.audit``); ``distfit synth`` writes synthetic unit histograms for a
-spec's schema (``distfit.data``); ``distfit release`` adds noise to unit histograms through a plan
-and writes a sealed, resumable release store (``distfit.releasing``); ``distfit report`` writes plots and an HTML page for a plan and optionally a release
+spec's schema (``distfit.data``); ``distfit tabulate`` turns person-level microdata (CSV,
+Parquet) into the marginal counts a release needs (``distfit.microdata``); ``distfit release``
+adds noise to unit histograms, tabulated marginals or microdata through a plan and writes a
+sealed, resumable release store (``distfit.releasing``); ``distfit report`` writes plots and an HTML page for a plan and optionally a release
 (``distfit.report``); ``distfit run`` does plan, audit, data, release and report into one run
 directory with a manifest (``distfit.running``).
 
@@ -14,7 +16,8 @@ Exit codes: 0 success; 1 the solver could not certify its plan (``ConvergenceErr
 output could not be written, or an audit found a mismatch; 2 bad input (unknown workload,
 unreadable or malformed ``.npz`` or spec, conflicting budget flags, a ``ValueError`` from the
 library, a block too large for memory, a plan or release already at ``--out``, an unreachable
-scheduler, a plan that fails audit, data that does not fit the plan).
+scheduler, a plan that fails audit, data that does not fit the plan, bad microdata: a missing
+column, a value outside its attribute's domain, an empty unit id, an unreadable file).
 Every error is one line ``distfit: error: <message>`` on stderr. Output files are written to a
 temporary file in the same directory and moved into place only once everything succeeded, so
 no partial output file is ever left behind.
@@ -22,6 +25,7 @@ no partial output file is ever left behind.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -511,6 +515,8 @@ def _cmd_release(args: argparse.Namespace) -> int:
     )
     rate = result.units_drawn / result.seconds if result.seconds > 0 else float("nan")
     print(f"{PROG}: release {result.path}")
+    if result.tabulated is not None:
+        print(f"  data           {result.data}  (microdata {args.data}, {result.tabulated})")
     print(f"  units          {result.units}  ({result.chunks} chunks, {result.chunks_drawn} drawn now"
           f"{', resumed' if result.resumed else ''})")
     print(f"  queries        {result.queries}  ({result.blocks} blocks)")
@@ -522,12 +528,55 @@ def _cmd_release(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_tabulate(args: argparse.Namespace) -> int:
+    import time
+
+    from .data import read_marginals
+    from .microdata import tabulate_microdata
+    from .runtime import dask_client
+    from .spec import load_spec
+
+    if args.workers is not None and args.workers < 1:
+        raise UsageError(f"--workers must be >= 1, got {args.workers}")
+    if args.chunk_units is not None and args.chunk_units <= 0:
+        raise UsageError(f"--chunk-units must be >= 1, got {args.chunk_units}")
+    if args.serial and (args.cluster is not None or args.workers is not None):
+        raise UsageError("--serial excludes --cluster and --workers")
+    started = time.perf_counter()
+    spec = load_spec(args.spec)
+    cover = []
+    if args.plan is not None:
+        from .store import read_plan
+
+        plan = read_plan(args.plan)
+        cover = [plan.block(block_id).attributes for block_id in plan.block_ids]
+    with (contextlib.nullcontext() if args.serial else dask_client(args.cluster, args.workers)) as client:
+        path = tabulate_microdata(spec, args.data, args.out, client=client, chunk_units=args.chunk_units,
+                                  overwrite=args.overwrite, cover=cover)
+    seconds = time.perf_counter() - started
+    data = read_marginals(path)
+    attrs = data.attrs
+    largest = max(data.clique_cells(i) for i in range(len(data.cliques)))
+    print(f"{PROG}: tabulate {path}")
+    print(f"  source         {args.data}  ({attrs['source']['format']}, {attrs['source']['rows']} rows)")
+    print(f"  units          {data.units}  (chunks of {data.chunk_units})")
+    shown = "; ".join(" x ".join(c) or "total" for c in data.cliques[:4])
+    print(f"  cliques        {len(data.cliques)}  (largest {largest} cells): {shown}"
+          + ("; ..." if len(data.cliques) > 4 else ""))
+    print(f"  seconds        {seconds:.1f}")
+    return 0
+
+
 def _cmd_report(args: argparse.Namespace) -> int:
     from .report import write_report
 
-    result = write_report(args.plan, args.out, release_path=args.release)
+    result = write_report(args.plan, args.out, release_path=args.release, data_path=args.data)
     print(f"{PROG}: report {result.path}/index.html")
     print(f"  plots          {len(result.plots)}  ({', '.join(result.plots)})")
+    if result.calibration is not None:
+        c = result.calibration
+        print(f"  calibration    {c['within_1.96sd']:.2%} of {c['count']} answers within 1.96 sd "
+              f"(95% expected), {c['within_1sd']:.2%} within 1 sd (68.3%)")
     if result.baselines:
         shown = ", ".join(f"{k} {v:.4g}" for k, v in sorted(result.baselines.items()))
         print(f"  baselines      max variance/target: {shown}")
@@ -640,7 +689,9 @@ def build_parser() -> argparse.ArgumentParser:
                     "query's answer to a release store (one Dask task per chunk); resumable, sealed with a checksum.",
     )
     release_parser.add_argument("plan", metavar="PLAN.zarr")
-    release_parser.add_argument("--data", required=True, metavar="DATA.zarr", help="unit histograms (distfit synth format)")
+    release_parser.add_argument("--data", required=True, metavar="DATA",
+                                help="a data store (distfit synth or distfit tabulate), or microdata: .csv, .csv.gz, "
+                                     ".parquet, .pq or a directory of Parquet files (tabulated into RELEASE.zarr.data.zarr)")
     release_parser.add_argument("--out", required=True, metavar="RELEASE.zarr")
     release_parser.add_argument("--resume", action="store_true",
                                 help="finish an interrupted release at --out (written chunks are kept, missing ones drawn)")
@@ -652,6 +703,26 @@ def build_parser() -> argparse.ArgumentParser:
     release_parser.add_argument("--serial", action="store_true", help="release the chunks in this process, without Dask")
     release_parser.set_defaults(handler=_cmd_release)
 
+    tabulate_parser = commands.add_parser(
+        "tabulate", help="tabulate person-level microdata (CSV, Parquet) into per-unit marginal counts",
+        description="Read microdata (one row per person: the spec's attribute columns and unit column) in "
+                    "partitions and write, per unit, the counts of each maximal query clique as a Zarr "
+                    "marginals store (atomically); bad rows are reported by line.",
+    )
+    tabulate_parser.add_argument("spec", metavar="SPEC.yaml")
+    tabulate_parser.add_argument("--data", required=True, metavar="PEOPLE",
+                                 help="microdata: .csv, .csv.gz, .parquet, .pq or a directory of Parquet files")
+    tabulate_parser.add_argument("--out", required=True, metavar="DATA.zarr")
+    tabulate_parser.add_argument("--plan", metavar="PLAN.zarr",
+                                 help="also hold a marginal for every block of this plan (merged blocks)")
+    tabulate_parser.add_argument("--chunk-units", type=int, metavar="C",
+                                 help="units per chunk (default: up to 4096, at most 16 MiB per chunk)")
+    tabulate_parser.add_argument("--overwrite", action="store_true", help="replace marginals already at --out")
+    tabulate_parser.add_argument("--cluster", metavar="ADDRESS|FILE", help="scheduler address or scheduler file (default: a local multi-process cluster)")
+    tabulate_parser.add_argument("--workers", type=int, metavar="N", help="worker processes of the local cluster (default: cores)")
+    tabulate_parser.add_argument("--serial", action="store_true", help="tabulate in this process, without a cluster")
+    tabulate_parser.set_defaults(handler=_cmd_tabulate)
+
     report_parser = commands.add_parser(
         "report", help="plots + HTML report of a plan (and optionally a release)",
         description="Write DIR/index.html and PNG plots: the privacy curve and account, alpha per block, "
@@ -662,6 +733,9 @@ def build_parser() -> argparse.ArgumentParser:
     report_parser.add_argument("plan", metavar="PLAN.zarr")
     report_parser.add_argument("release", metavar="RELEASE.zarr", nargs="?", default=None)
     report_parser.add_argument("--out", required=True, metavar="DIR")
+    report_parser.add_argument("--data", metavar="DATA.zarr",
+                               help="the release's data store: adds the calibration section (actual error of "
+                                    "each answer against its promised sd; CONFIDENTIAL, for validation only)")
     report_parser.set_defaults(handler=_cmd_report)
 
     run_parser = commands.add_parser(
@@ -673,7 +747,9 @@ def build_parser() -> argparse.ArgumentParser:
     run_parser.add_argument("spec", metavar="SPEC.yaml", nargs="?", default=None,
                             help="pipeline spec (default: the embedded default pipeline, PL94)")
     run_parser.add_argument("--out", required=True, metavar="RUNDIR")
-    run_parser.add_argument("--data", metavar="DATA.zarr", help="unit histograms (default: synthesise RUNDIR/data.zarr)")
+    run_parser.add_argument("--data", metavar="DATA",
+                            help="a data store, or microdata (.csv, .csv.gz, .parquet, .pq, a directory of Parquet "
+                                 "files) tabulated into RUNDIR/data.zarr (default: synthesise RUNDIR/data.zarr)")
     run_parser.add_argument("--units", type=int, metavar="N",
                             help="units of synthetic data (default 10000; a rerun reuses the earlier data)")
     run_parser.add_argument("--cluster", metavar="ADDRESS|FILE", help="scheduler address or scheduler file (default: a local multi-process cluster)")
@@ -699,7 +775,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as exit_:  # --help, --version
         return exit_.code if isinstance(exit_.code, int) else 0
     if getattr(args, "handler", None) is None:
-        _error("a command is required: solve, plan, audit, synth, release, report or run (see distfit --help)")
+        _error("a command is required: solve, plan, audit, synth, tabulate, release, report or run (see distfit --help)")
         return 2
     try:
         with threadpool_limits(limits=blas_threads(), user_api="blas"):

@@ -43,13 +43,51 @@ directory ``<path>.incomplete-<random>`` one chunk at a time (memory is flat in 
 attrs with ``complete=True`` come last, everything is fsynced and the directory is renamed
 into place. An existing path is refused unless ``overwrite=True`` (and then only a histograms
 store is replaced, once the new one is complete); an exception deletes the staging directory.
+(:func:`staged_store` does this for every data-store writer: the histograms written here and
+the marginals tabulated from microdata by :mod:`distfit.microdata`.)
+
+Reading for a release (:func:`open_data`)
+----------------------------------------
+``distfit release --data`` takes either store format:
+
+* ``"histograms"`` (above): full-domain counts, :class:`HistogramsData`;
+* ``"marginals"`` (**contract**, written by :func:`distfit.microdata.tabulate_microdata` from
+  person-level microdata): a Zarr v3 group with attrs ``distfit_format="marginals"``,
+  ``format_version=1``, ``schema``, ``spec_hash``, ``units``, ``chunk_units``, ``cliques``
+  (list of attribute-name lists in schema order: the maximal query cliques of the spec's
+  groups, plus any attribute sets the tabulation was asked to cover, e.g. a plan's blocks; a
+  set inside another is dropped), ``source`` ({"path", "format": "csv"|"parquet", "rows",
+  "size", "mtime"}), ``total_people``, ``created``, ``distfit_version`` and, last,
+  ``complete=True``; arrays ``marginals/<i>`` (units, prod(sizes of clique i)) int64, chunks
+  ``(chunk_units, cells)``, cells row-major in schema order, and ``unit_ids`` (units,) sorted
+  ascending: int64 when the source's unit column holds integers, otherwise variable-length
+  UTF-8 strings (the Zarr v3 ``string`` data type with the ``vlen-utf8`` codec, which
+  zarr-python 3.1 reads and writes natively; sorted by code point). :class:`MarginalsData`.
+
+Both give ``units``, ``chunk_units``, ``domain``, ``unit_ids`` (a lazy zarr array: index it per
+chunk) and ``block_counts(attributes, start, stop)``: the (stop - start, d_b) int64 marginal
+counts of units ``start .. stop - 1`` on a block's attributes (columns row-major over the
+attributes in schema order), validated by :func:`distfit.release.validate_counts` (a
+``ValueError`` naming the unit row and cell). Histograms sum the full counts down
+(:func:`distfit.release.block_marginal`); marginals sum the smallest stored clique that contains
+the block's attributes, and a block inside no stored clique is a :class:`DataError`
+(``check_blocks`` refuses it up front). The counts of the last chunk range read are cached, so
+the blocks of one chunk read the store once.
+
+Unit ids must be distinct: ``check_unit_ids()`` (run once up front by the release driver) reads
+the ids chunk by chunk and keeps only the previous chunk's last id, so sorted ids (every
+synthetic and every tabulated store) are checked in constant memory; unsorted ids (a
+hand-made histograms store) fall back to one ``np.unique`` over all the ids (the ids only,
+never the counts). A duplicate is a :class:`DataError` naming the store and the id.
 """
 from __future__ import annotations
 
+import contextlib
+import math
 import os
 import secrets
 import shutil
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -72,6 +110,7 @@ from .store import (
 from .workload import Domain
 
 FORMAT = "histograms"
+MARGINALS_FORMAT = "marginals"
 FORMAT_VERSION = 1
 GENERATOR = "distfit.data/1"
 #: Largest domain (cells) for which full-cell histograms are synthesised.
@@ -85,7 +124,8 @@ PathLike = str | os.PathLike
 
 
 class DataError(ValueError):
-    """A path that is not a readable, complete histograms store (the message names it)."""
+    """Data that cannot be used: a path that is not a readable, complete data store, or bad
+    microdata (:mod:`distfit.microdata`); the one-line message names the path and why."""
 
 
 # --------------------------------------------------------------------------------------------
@@ -266,18 +306,44 @@ def synthesize_histograms(domain: Domain, units: int, seed: int, chunk_units: in
 # writing
 
 
-def _is_histograms_store(path: Path) -> bool:
-    attrs = _root_attrs_on_disk(path)
-    return attrs is not None and attrs.get("distfit_format") == FORMAT
-
-
-def _check_target(path: Path, overwrite: bool) -> None:
+def _check_target(path: Path, overwrite: bool, fmt: str = FORMAT) -> None:
+    """Refuse ``path`` unless it is absent, or holds a ``fmt`` data store and ``overwrite``."""
     if not (path.exists() or path.is_symlink()):
         return
-    if not path.is_dir() or not _is_histograms_store(path):
-        raise FileExistsError(f"{path}: already exists and is not a distfit histograms store; refusing to replace it")
+    attrs = _root_attrs_on_disk(path) if path.is_dir() else None
+    if attrs is None or attrs.get("distfit_format") != fmt:
+        raise FileExistsError(f"{path}: already exists and is not a distfit {fmt} store; refusing to replace it")
     if not overwrite:
         raise FileExistsError(f"{path}: already holds data; pass overwrite=True (--overwrite) to replace it")
+
+
+@contextlib.contextmanager
+def staged_store(out: PathLike, fmt: str, *, overwrite: bool = False, fsync: bool = True):
+    """Write a data store of format ``fmt`` at ``out`` atomically (module docstring).
+
+    Yields ``(staging_path, group)``: an empty Zarr v3 group in ``<out>.incomplete-<random>``
+    with ``complete=False``; the caller writes its arrays and attrs. When the block ends
+    normally ``complete=True`` is written last, the tree is fsynced and moved into place
+    (replacing only a ``fmt`` store, and only with ``overwrite``); an exception deletes the
+    staging directory and leaves ``out`` as it was. Shared by every data-store writer.
+    """
+    path = Path(os.fspath(out))
+    if _is_staging(path):
+        raise ValueError(f"{path}: a data path may not contain {STAGING_MARKER!r}")
+    _check_target(path, overwrite, fmt)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    staging = path.with_name(f"{path.name}{STAGING_MARKER}{secrets.token_hex(6)}")
+    try:
+        group = zarr.open_group(store=str(staging), mode="w-", zarr_format=3)
+        group.attrs.update({"distfit_format": fmt, "format_version": FORMAT_VERSION, "complete": False})
+        yield staging, group
+        group.attrs["complete"] = True
+        if fsync:
+            _fsync_tree(staging)
+        move_into_place(staging, path, lambda existing: _check_target(existing, overwrite, fmt))
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
 
 
 def write_synthetic(spec, units: int, out: PathLike, seed: int | None = None,
@@ -305,16 +371,8 @@ def write_synthetic(spec, units: int, out: PathLike, seed: int | None = None,
         seed = secrets.randbits(63)
     domain, units, seed, chunk_units = _resolve(domain, units, seed, chunk_units)
     params = params or ModelParams()
-    path = Path(os.fspath(out))
-    if _is_staging(path):
-        raise ValueError(f"{path}: a data path may not contain {STAGING_MARKER!r}")
-    _check_target(path, overwrite)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    staging = path.with_name(f"{path.name}{STAGING_MARKER}{secrets.token_hex(6)}")
     cells = domain.size
-    try:
-        group = zarr.open_group(store=str(staging), mode="w-", zarr_format=3)
-        group.attrs.update({"distfit_format": FORMAT, "format_version": FORMAT_VERSION, "complete": False})
+    with staged_store(out, FORMAT, overwrite=overwrite, fsync=fsync) as (_staging, group):
         config = {"write_empty_chunks": True}
         counts_arr = group.create_array("counts", shape=(units, cells), dtype=np.int64,
                                         chunks=(chunk_units, cells), config=config)
@@ -341,22 +399,59 @@ def write_synthetic(spec, units: int, out: PathLike, seed: int | None = None,
             "created": _utc_now(),
             "distfit_version": __version__,
         }))
-        group.attrs["complete"] = True
-        if fsync:
-            _fsync_tree(staging)
-        move_into_place(staging, path, lambda existing: _check_target(existing, overwrite))
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-    return path
+    return Path(os.fspath(out))
 
 
 # --------------------------------------------------------------------------------------------
 # reading
 
 
+def _show_id(value: Any) -> str:
+    value = value.item() if isinstance(value, np.generic) else value
+    return repr(value) if isinstance(value, str) else str(value)
+
+
+def _check_unit_ids(path: str, ids: Any, step: int) -> None:
+    """DataError naming ``path`` and the id if ``ids`` (a 1-d lazy array) holds a duplicate.
+
+    Read ``step`` ids at a time keeping only the previous chunk's last id: while the ids are
+    non-decreasing a duplicate is two equal neighbours (constant memory); ids out of order are
+    checked with one ``np.unique`` over all of them instead.
+    """
+    n = int(ids.shape[0])
+    previous = None
+    for start in range(0, n, max(1, int(step))):
+        part = np.asarray(ids[start:start + step])
+        if previous is not None:
+            part = np.concatenate([previous, part])
+        if part.size > 1:
+            if np.any(part[1:] < part[:-1]):
+                break  # not sorted: check all ids at once below
+            equal = np.flatnonzero(part[1:] == part[:-1])
+            if equal.size:
+                raise DataError(f"{path}: unit id {_show_id(part[equal[0]])} appears more than once "
+                                "in unit_ids (every unit must be distinct)")
+        previous = part[-1:]
+    else:
+        return
+    uniques, counts = np.unique(np.asarray(ids[...]), return_counts=True)
+    if np.any(counts > 1):
+        raise DataError(f"{path}: unit id {_show_id(uniques[np.argmax(counts > 1)])} appears more than "
+                        "once in unit_ids (every unit must be distinct)")
+
+
+def _cached(cache: dict, key: tuple, start: int, stop: int, read):
+    """``read()`` once per ``key`` while the chunk range ``(start, stop)`` stays the same."""
+    if cache.get("range") != (start, stop):
+        cache.clear()
+        cache["range"] = (start, stop)
+    if key not in cache:
+        cache[key] = read()
+    return cache[key]
+
+
 @dataclass(frozen=True, eq=False)
-class Histograms:
+class HistogramsData:
     """A complete histograms store opened for reading; ``counts`` and ``unit_ids`` are lazy
     zarr arrays (index them to read: ``counts[a:b]``)."""
 
@@ -364,6 +459,9 @@ class Histograms:
     attrs: dict
     counts: Any = field(repr=False)
     unit_ids: Any = field(repr=False)
+    _cache: dict = field(default_factory=dict, repr=False)
+
+    format = FORMAT
 
     @property
     def units(self) -> int:
@@ -388,22 +486,128 @@ class Histograms:
         for start in range(0, self.units, step):
             yield start, np.asarray(self.counts[start:start + step])
 
+    def check_blocks(self, attribute_sets: Sequence[Sequence[str]]) -> None:
+        """Every block's marginal can be had from full counts (unknown names: ValueError)."""
+        domain = self.domain
+        for attributes in attribute_sets:
+            for name in attributes:
+                domain.index(name)
 
-def read_histograms(path: PathLike) -> Histograms:
-    """Open a complete histograms store, or raise :class:`DataError` (a ValueError) naming the
-    path and why: missing, staging directory, not a Zarr v3 group, another format, a newer
-    ``format_version``, not marked complete, missing or misshapen arrays."""
+    def check_unit_ids(self) -> None:
+        """DataError if a unit id appears twice (module docstring)."""
+        _check_unit_ids(self.path, self.unit_ids, self.chunk_units)
+
+    def block_counts(self, attributes: Sequence[str], start: int, stop: int) -> np.ndarray:
+        """Units ``start .. stop - 1`` summed to the block's attributes: (n, d_b) int64.
+
+        The chunk's counts are read and validated once (:func:`distfit.release.validate_counts`,
+        a ValueError naming the unit row within the range and the cell) and kept for the next
+        block of the same range.
+        """
+        from .release import _marginal, validate_counts
+
+        domain = self.domain
+        counts = _cached(self._cache, ("counts",), start, stop,
+                         lambda: validate_counts(self.counts[start:stop], domain))
+        return _marginal(counts, domain, attributes)
+
+
+#: The name this class had before the marginals store existed.
+Histograms = HistogramsData
+
+
+@dataclass(frozen=True, eq=False)
+class MarginalsData:
+    """A complete marginals store opened for reading (module docstring): ``marginals[i]`` is
+    the lazy zarr array of clique ``cliques[i]``, ``unit_ids`` the lazy ids."""
+
+    path: str
+    attrs: dict
+    cliques: tuple[tuple[str, ...], ...]
+    marginals: tuple[Any, ...] = field(repr=False)
+    unit_ids: Any = field(repr=False)
+    _cache: dict = field(default_factory=dict, repr=False)
+
+    format = MARGINALS_FORMAT
+
+    @property
+    def units(self) -> int:
+        return int(self.unit_ids.shape[0])
+
+    @property
+    def domain(self) -> Domain:
+        schema = self.attrs["schema"]
+        return Domain(tuple(schema["attributes"]), tuple(schema["sizes"]))
+
+    @property
+    def chunk_units(self) -> int:
+        return int(self.attrs["chunk_units"])
+
+    def clique_cells(self, index: int) -> int:
+        """Cells of clique ``index``'s marginal (1 for the empty clique, the grand total)."""
+        domain = self.domain
+        return math.prod(domain.sizes[domain.index(n)] for n in self.cliques[index])
+
+    def clique_for(self, attributes: Sequence[str]) -> int:
+        """Index of the smallest stored clique holding every attribute of ``attributes``;
+        DataError if none does."""
+        domain = self.domain
+        want = set(attributes)
+        for name in want:
+            domain.index(name)  # ValueError for an unknown name
+        fits = [i for i, clique in enumerate(self.cliques) if want <= set(clique)]
+        if not fits:
+            shown = [n for n in domain.names if n in want]
+            raise DataError(
+                f"{self.path}: no stored marginal holds the block attributes {shown} (stored cliques: "
+                f"{[list(c) for c in self.cliques]}); tabulate the microdata for this plan (distfit release "
+                "and distfit run do so for the plan's blocks; distfit tabulate --plan)")
+        return min(fits, key=lambda i: (self.clique_cells(i), i))
+
+    def check_blocks(self, attribute_sets: Sequence[Sequence[str]]) -> None:
+        """DataError unless every attribute set lies in a stored clique."""
+        for attributes in attribute_sets:
+            self.clique_for(attributes)
+
+    def check_unit_ids(self) -> None:
+        """DataError if a unit id appears twice (module docstring)."""
+        _check_unit_ids(self.path, self.unit_ids, self.chunk_units)
+
+    def block_counts(self, attributes: Sequence[str], start: int, stop: int) -> np.ndarray:
+        """Units ``start .. stop - 1`` summed to the block's attributes: (n, d_b) int64, from the
+        smallest stored clique holding them (read and validated once per chunk range)."""
+        from .release import _marginal, validate_marginal
+
+        index = self.clique_for(attributes)
+        clique = self.cliques[index]
+
+        def read() -> np.ndarray:
+            try:
+                return validate_marginal(self.marginals[index][start:stop], self.domain, clique)
+            except ValueError as error:
+                raise ValueError(f"marginals/{index} {list(clique)}: {error}") from None
+
+        counts = _cached(self._cache, ("clique", index), start, stop, read)
+        if set(attributes) == set(clique):
+            return counts
+        domain = self.domain
+        sub = Domain(clique, tuple(domain.sizes[domain.index(n)] for n in clique))
+        return _marginal(counts, sub, attributes)
+
+
+def _open_store(path: PathLike, fmt: str) -> tuple[Path, dict, Domain, Any]:
+    """Every refusal check shared by the data readers; returns ``(path, attrs, domain, group)``."""
     p = Path(os.fspath(path))
     if _is_staging(p):
         raise DataError(f"{p}: is the staging directory of an unfinished write, not data")
     if not p.exists():
         left = _leftovers(p)
         hint = f" (an interrupted write left {', '.join(x.name for x in left)})" if left else ""
-        raise DataError(f"{p}: no such histograms store{hint}")
+        raise DataError(f"{p}: no such {fmt} store{hint}")
     attrs = _root_attrs_on_disk(p) if p.is_dir() else None
     if attrs is None:
         raise DataError(f"{p}: not a Zarr v3 group (no readable zarr.json)")
-    check_format(p, attrs, FORMAT, FORMAT_VERSION, DataError)
+    check_format(p, attrs, fmt, FORMAT_VERSION, DataError)
     if attrs.get("complete") is not True:
         raise DataError(f"{p}: the data is not marked complete (an unfinished or damaged write)")
     schema = attrs.get("schema")
@@ -415,16 +619,25 @@ def read_histograms(path: PathLike) -> Histograms:
         group = zarr.open_group(store=str(p), mode="r", zarr_format=3)
     except Exception as exc:  # noqa: BLE001 - any failure to open is a refusal
         raise DataError(f"{p}: cannot open as a Zarr v3 group ({type(exc).__name__}: {exc})") from None
-    arrays = {}
-    for name in ("counts", "unit_ids"):
-        try:
-            node = group[name]
-        except KeyError:
-            node = None
-        if not isinstance(node, zarr.Array):
-            raise DataError(f"{p}: missing array {name}")
-        arrays[name] = node
-    counts, ids = arrays["counts"], arrays["unit_ids"]
+    return p, dict(attrs), domain, group
+
+
+def _array(p: Path, group: Any, name: str) -> Any:
+    try:
+        node = group[name]
+    except KeyError:
+        node = None
+    if not isinstance(node, zarr.Array):
+        raise DataError(f"{p}: missing array {name}")
+    return node
+
+
+def read_histograms(path: PathLike) -> HistogramsData:
+    """Open a complete histograms store, or raise :class:`DataError` (a ValueError) naming the
+    path and why: missing, staging directory, not a Zarr v3 group, another format, a newer
+    ``format_version``, not marked complete, missing or misshapen arrays."""
+    p, attrs, domain, group = _open_store(path, FORMAT)
+    counts, ids = _array(p, group, "counts"), _array(p, group, "unit_ids")
     if counts.ndim != 2 or counts.shape[1] != domain.size:
         raise DataError(f"{p}: counts has shape {counts.shape}, expected (units, {domain.size})")
     if np.dtype(counts.dtype) != np.int64:
@@ -433,7 +646,58 @@ def read_histograms(path: PathLike) -> Histograms:
         raise DataError(f"{p}: unit_ids has shape {ids.shape}, expected ({counts.shape[0]},)")
     if attrs.get("units", counts.shape[0]) != counts.shape[0]:
         raise DataError(f"{p}: attrs say {attrs.get('units')} units, counts has {counts.shape[0]}")
-    return Histograms(path=str(p), attrs=dict(attrs), counts=counts, unit_ids=ids)
+    return HistogramsData(path=str(p), attrs=attrs, counts=counts, unit_ids=ids)
+
+
+def read_marginals(path: PathLike) -> MarginalsData:
+    """Open a complete marginals store (module docstring), or raise :class:`DataError` naming
+    the path and why (as :func:`read_histograms`, plus bad ``cliques`` or ``chunk_units``)."""
+    p, attrs, domain, group = _open_store(path, MARGINALS_FORMAT)
+    cliques = attrs.get("cliques")
+    try:
+        cliques = tuple(tuple(str(name) for name in clique) for clique in cliques)
+        for clique in cliques:
+            if list(clique) != sorted(clique, key=domain.index) or len(set(clique)) != len(clique):
+                raise ValueError(f"{list(clique)} is not in schema order")
+    except (TypeError, ValueError) as exc:
+        raise DataError(f"{p}: invalid cliques {attrs.get('cliques')!r} ({exc})") from None
+    if not cliques:
+        raise DataError(f"{p}: no cliques")
+    ids = _array(p, group, "unit_ids")
+    units = attrs.get("units")
+    if ids.ndim != 1 or ids.shape[0] != units:
+        raise DataError(f"{p}: unit_ids has shape {ids.shape}, but attrs say {units!r} units")
+    chunk_units = attrs.get("chunk_units")
+    if isinstance(chunk_units, bool) or not isinstance(chunk_units, int) or chunk_units < 1:
+        raise DataError(f"{p}: invalid chunk_units {chunk_units!r}")
+    arrays = []
+    for i, clique in enumerate(cliques):
+        arr = _array(p, group, f"marginals/{i}")
+        cells = math.prod(domain.sizes[domain.index(n)] for n in clique)
+        if arr.shape != (units, cells):
+            raise DataError(f"{p}: marginals/{i} has shape {arr.shape}, expected ({units}, {cells}) "
+                            f"for {list(clique)}")
+        if np.dtype(arr.dtype) != np.int64:
+            raise DataError(f"{p}: marginals/{i} has dtype {arr.dtype}, expected int64")
+        if arr.chunks[0] != chunk_units:
+            raise DataError(f"{p}: marginals/{i} is chunked by {arr.chunks[0]} units, attrs say {chunk_units}")
+        arrays.append(arr)
+    return MarginalsData(path=str(p), attrs=attrs, cliques=cliques, marginals=tuple(arrays), unit_ids=ids)
+
+
+def open_data(path: PathLike) -> HistogramsData | MarginalsData:
+    """Open a complete data store of either format (module docstring) for a release, or raise
+    :class:`DataError` naming the path and why."""
+    p = Path(os.fspath(path))
+    if not p.exists() and not _is_staging(p):
+        left = _leftovers(p)
+        hint = f" (an interrupted write left {', '.join(x.name for x in left)})" if left else ""
+        raise DataError(f"{p}: no such data store{hint} (data is a Zarr store made by distfit synth or "
+                        "distfit tabulate, or microdata: .csv, .csv.gz, .parquet, .pq)")
+    attrs = _root_attrs_on_disk(p) if p.is_dir() else None
+    if attrs is not None and attrs.get("distfit_format") == MARGINALS_FORMAT:
+        return read_marginals(p)
+    return read_histograms(p)
 
 
 __all__ = [
@@ -441,10 +705,15 @@ __all__ = [
     "CellModel",
     "DataError",
     "Histograms",
+    "HistogramsData",
+    "MarginalsData",
     "ModelParams",
     "cell_model",
     "default_chunk_units",
+    "open_data",
     "read_histograms",
+    "read_marginals",
+    "staged_store",
     "synthesize_chunk",
     "synthesize_histograms",
     "write_synthetic",

@@ -51,6 +51,7 @@ __all__ = [
     "block_marginal",
     "block_noise",
     "block_positions",
+    "calibration",
     "fresh_entropy",
     "load_blocks",
     "noise_stream",
@@ -58,7 +59,9 @@ __all__ = [
     "plan_domain",
     "query_answers",
     "release_chunk",
+    "true_block_answers",
     "validate_counts",
+    "validate_marginal",
 ]
 
 ENTROPY_BITS = 128
@@ -75,13 +78,17 @@ def validate_counts(counts: Any, domain: Domain) -> np.ndarray:
     non-numeric dtype, or a value that is not a finite non-negative integer (naming the first
     offending unit row and cell in row-major order, and its value).
     """
+    return _validated(counts, domain.size,
+                      f"the schema {list(domain.names)} with sizes {list(domain.sizes)}")
+
+
+def _validated(counts: Any, cells: int, described: str) -> np.ndarray:
+    """:func:`validate_counts` against ``cells`` columns (``described``: what they are)."""
     arr = np.asarray(counts)
     if arr.ndim != 2:
         raise ValueError(f"counts: expected a 2-d array (units x cells), got shape {arr.shape}")
-    if arr.shape[1] != domain.size:
-        raise ValueError(
-            f"counts: {arr.shape[1]} columns, but the schema {list(domain.names)} with sizes "
-            f"{list(domain.sizes)} has {domain.size} cells")
+    if arr.shape[1] != cells:
+        raise ValueError(f"counts: {arr.shape[1]} columns, but {described} has {cells} cells")
     if arr.dtype == np.bool_ or not (np.issubdtype(arr.dtype, np.integer)
                                      or np.issubdtype(arr.dtype, np.floating)):
         raise ValueError(f"counts: expected integer counts, got dtype {arr.dtype}")
@@ -90,15 +97,24 @@ def validate_counts(counts: Any, domain: Domain) -> np.ndarray:
         if bad.any():
             row, cell = np.argwhere(bad)[0]
             raise ValueError(
-                f"counts: unit row {row}, cell {cell} holds {arr[row, cell]!r}, not an integer count")
+                f"counts: unit row {row}, cell {cell} holds {arr[row, cell].item()!r}, not an integer count")
     negative = arr < 0
     if negative.any():
         row, cell = np.argwhere(negative)[0]
-        raise ValueError(f"counts: unit row {row}, cell {cell} holds {arr[row, cell]!r}, a negative count")
+        raise ValueError(f"counts: unit row {row}, cell {cell} holds {arr[row, cell].item()!r}, a negative count")
     if (np.issubdtype(arr.dtype, np.floating) or arr.dtype.kind == "u") and arr.size and arr.max() >= 2**63:
         row, cell = np.unravel_index(np.argmax(arr), arr.shape)
-        raise ValueError(f"counts: unit row {row}, cell {cell} holds {arr[row, cell]!r}, too large for int64")
+        raise ValueError(f"counts: unit row {row}, cell {cell} holds {arr[row, cell].item()!r}, too large for int64")
     return arr.astype(np.int64, copy=False)
+
+
+def validate_marginal(counts: Any, domain: Domain, attributes: Sequence[str]) -> np.ndarray:
+    """Marginal counts on ``attributes`` (units x d_b, d_b the product of their sizes; units x 1
+    for ``()``) checked like :func:`validate_counts` and returned as int64."""
+    _marginal_axes(domain, attributes)  # ValueError for unknown or duplicated names
+    names = [name for name in domain.names if name in set(attributes)]
+    cells = int(np.prod([domain.sizes[domain.index(n)] for n in names], dtype=np.int64))
+    return _validated(counts, cells, f"the marginal on {names}" if names else "the total")
 
 
 def _marginal_axes(domain: Domain, attributes: Sequence[str]) -> tuple[int, ...]:
@@ -221,6 +237,40 @@ def noisy_block_answers(block: Any, marginal_counts: Any, rng: np.random.Generat
     return (marg @ basis.T + z) @ recon.T
 
 
+def true_block_answers(block: Any, marginal_counts: Any) -> np.ndarray:
+    """One block's noiseless answers ``X_b B^T L^T`` (units x m_b): what
+    :func:`noisy_block_answers` returns without ``Z``. For validation only (calibration in
+    :mod:`distfit.report`); never written to a release."""
+    basis = np.asarray(block.basis, dtype=np.float64)
+    recon = np.asarray(block.recon, dtype=np.float64)
+    marg = np.asarray(marginal_counts, dtype=np.float64)
+    if marg.ndim != 2 or marg.shape[1] != basis.shape[1]:
+        raise ValueError(f"marginal_counts: shape {marg.shape}, expected (units, {basis.shape[1]}) from the basis")
+    return (marg @ basis.T) @ recon.T
+
+
+def calibration(noisy: Any, true: Any, variances: Any) -> dict[str, Any]:
+    """How the released answers' actual errors compare with the promised standard deviations.
+
+    ``noisy`` and ``true`` (units x m) are the released and the true answers, ``variances``
+    (m,) the plan's variance of each query. Returns the standardised errors
+    ``z = (noisy - true) / sqrt(variance)`` (units x m; each is N(0, 1) when the noise follows
+    the plan) and the share of answers within 1 and 1.96 standard deviations (68.3% and 95%
+    expected), the mean and standard deviation of ``z``, and the count.
+    """
+    noisy = np.asarray(noisy, dtype=np.float64)
+    true = np.asarray(true, dtype=np.float64)
+    sd = np.sqrt(np.asarray(variances, dtype=np.float64))
+    if noisy.shape != true.shape or noisy.ndim != 2 or sd.shape != (noisy.shape[1],):
+        raise ValueError(f"calibration: shapes {noisy.shape}, {true.shape}, {sd.shape} do not match")
+    if not np.all(sd > 0):
+        raise ValueError("calibration: every variance must be > 0")
+    z = (noisy - true) / sd
+    return {"z": z, "count": int(z.size), "within_1sd": float(np.mean(np.abs(z) <= 1.0)),
+            "within_1.96sd": float(np.mean(np.abs(z) <= 1.959963984540054)),
+            "mean_z": float(z.mean()), "sd_z": float(z.std())}
+
+
 def query_answers(block_answers: Sequence[tuple[Any, Any]], num_queries: int) -> np.ndarray:
     """Each workload query's answer (units x m): the sum of its rows over the blocks.
 
@@ -325,14 +375,25 @@ def release_chunk(plan: Any, counts_chunk: Any, entropy: int, chunk_index: int,
     Block ``b`` (``block_positions(plan)[b]``) draws from ``noise_stream(entropy, position,
     chunk_index)``; its answers are ``(X_b B_b^T + Z_b) L_b^T`` and each query's answer is the
     sum of its block rows (:func:`query_answers`, ``m = len(plan.queries_targets)``).
-    ``domain`` defaults to the plan's schema and must match it when given. ``blocks``
-    (``{block_id: BlockRecord}``, e.g. from :func:`load_blocks`) avoids re-reading the store
-    per chunk; it must hold exactly the plan's block ids. The counts are validated once
-    (:func:`validate_counts`). Chunk ``c`` depends only on ``(plan, counts_chunk, entropy, c)``:
+    ``counts_chunk`` is either the chunk's full counts (units x d; validated once by
+    :func:`validate_counts`) or a function ``attributes -> X_b`` giving the chunk's marginal
+    counts on a block's attributes (units x d_b, columns row-major in schema order; e.g. a data
+    store's ``block_counts`` bound to the chunk's units, :func:`distfit.data.open_data`), whose
+    results are validated the same way against the block's marginal. ``domain`` defaults to the
+    plan's schema and must match it when given. ``blocks`` (``{block_id: BlockRecord}``, e.g.
+    from :func:`load_blocks`) avoids re-reading the store per chunk; it must hold exactly the
+    plan's block ids. Chunk ``c`` depends only on ``(plan, the chunk's counts, entropy, c)``:
     chunks can run in any order, on any worker, and be retried.
     """
     domain = _check_domain(plan, domain)
-    counts = validate_counts(counts_chunk, domain)
+    if callable(counts_chunk):
+        def marginal(attributes: Sequence[str]) -> np.ndarray:
+            return validate_marginal(counts_chunk(tuple(attributes)), domain, attributes)
+    else:
+        counts = validate_counts(counts_chunk, domain)
+
+        def marginal(attributes: Sequence[str]) -> np.ndarray:
+            return _marginal(counts, domain, attributes)
     positions = block_positions(plan)
     if blocks is None:
         blocks = load_blocks(plan)
@@ -345,7 +406,7 @@ def release_chunk(plan: Any, counts_chunk: Any, entropy: int, chunk_index: int,
     for block_id in sorted(positions):
         block = blocks[block_id]
         rng = noise_stream(entropy, positions[block_id], chunk_index)
-        ans = noisy_block_answers(block, _marginal(counts, domain, block.attributes), rng)
+        ans = noisy_block_answers(block, marginal(block.attributes), rng)
         answers[block_id] = ans
         pieces.append((block.query_index, ans))
     num_queries = int(np.asarray(plan.queries_targets).shape[0])

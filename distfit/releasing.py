@@ -1,9 +1,23 @@
-"""``distfit release``: a plan store and unit histograms in, a release store out (the I/O edge).
+"""``distfit release``: a plan store and data in, a release store out (the I/O edge).
 
-``distfit release PLAN.zarr --data DATA.zarr --out RELEASE.zarr [--resume] [--overwrite]
+``distfit release PLAN.zarr --data DATA --out RELEASE.zarr [--resume] [--overwrite]
 [--seed S] [--workers N] [--cluster ADDR|FILE] [--serial]`` (DESIGN.md sections 3-5). The
 mathematics (noise streams, ``L (B x + z)``, query sums) is :mod:`distfit.release`; this module
 checks the inputs, lays out the store, runs one task per chunk of units and seals the result.
+
+Data (``--data``): a data store (:func:`distfit.data.open_data`: unit histograms from ``distfit
+synth``, or marginals from ``distfit tabulate``), or person-level microdata (``.csv``,
+``.csv.gz``, ``.parquet``, ``.pq`` or a directory of Parquet files;
+:func:`distfit.microdata.microdata_format`). Microdata is first tabulated for the plan's spec
+(``parse_spec(plan.attrs["spec"])``) into a marginals store next to the release,
+``<RELEASE>.data.zarr``, holding a clique for every block of the plan
+(:func:`distfit.microdata.ensure_tabulated`; it holds the confidential counts: keep it like
+the microdata), then released from it like any store. That store is reused when it was
+tabulated from the same source (path, size, mtime) for the same spec; otherwise it is
+tabulated again, except under ``--resume``, which needs the data the release started from.
+Every block must be answerable from the data (``check_blocks``: a marginals store must hold a
+clique containing each block's attributes) and unit ids must be distinct
+(``check_unit_ids``, once up front); both are refused before anything is written.
 
 Release store (**contract**, DESIGN.md section 4), a Zarr v3 group::
 
@@ -19,7 +33,8 @@ Release store (**contract**, DESIGN.md section 4), a Zarr v3 group::
       queries/variances          (m,)         float64   copied from the plan
                                  group attrs: labels (list of m strings ``GROUP:LABEL``, or
                                  None when the plan's spec cannot be parsed into m labels)
-      unit_ids                   (units,)     the data's unit ids (numeric)
+      unit_ids                   (units,)     the data's unit ids (numeric, or variable-length
+                                              UTF-8 strings: the Zarr v3 ``string`` data type)
       chunks/done                (n_chunks,)  uint8, one zarr chunk per release chunk: 1 once
                                               every array of that chunk is written
 
@@ -67,6 +82,7 @@ inside the task (:func:`distfit.release.validate_counts`: ValueError naming the 
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import secrets
@@ -111,6 +127,7 @@ __all__ = [
     "read_release",
     "release_chunk_task",
     "run_release",
+    "tabulated_data_path",
     "verify_release",
 ]
 
@@ -136,6 +153,8 @@ class ReleaseResult:
     plan_checksum: str
     private: bool
     resumed: bool
+    data: str = ""                  # the data store released (the tabulated one for microdata)
+    tabulated: str | None = None    # microdata: "tabulated" or "reused"; None for a data store
 
 
 # --------------------------------------------------------------------------------------------
@@ -167,28 +186,28 @@ class ChunkJob:
 def release_chunk_task(job: ChunkJob, blocks: Mapping[str, Any], chunk: int) -> int:
     """One task: release chunk ``chunk`` through every block and write its whole chunks.
 
-    Reads the chunk's counts and unit ids from the data store, computes
-    :func:`distfit.release.release_chunk` (counts validated first: a ValueError naming the
+    Reads the chunk's unit ids and, block by block, its marginal counts from the data store
+    (:func:`distfit.data.open_data`, ``block_counts``), computes
+    :func:`distfit.release.release_chunk` (counts validated as read: a ValueError naming the
     chunk and the bad row/cell, with nothing written), writes ``blocks/*/answers``,
     ``queries/answers`` and ``unit_ids`` for its rows and, last, ``chunks/done[chunk] = 1``.
     Deterministic in its arguments, so a retry rewrites identical bytes. Returns the number of
     units written (never the answers).
     """
-    from .data import read_histograms
+    from .data import open_data
 
     start = chunk * job.chunk_units
     stop = min(start + job.chunk_units, job.units)
-    data = read_histograms(job.data_path)
-    counts = np.asarray(data.counts[start:stop])
+    data = open_data(job.data_path)
     ids = np.asarray(data.unit_ids[start:stop])
     schema = job.plan.attrs["schema"]
     domain = Domain(tuple(schema["attributes"]), tuple(schema["sizes"]))
     try:
-        released = release_chunk(job.plan, counts, job.entropy, chunk, domain, blocks=blocks)
+        released = release_chunk(job.plan, lambda attributes: data.block_counts(attributes, start, stop),
+                                 job.entropy, chunk, domain, blocks=blocks)
     except ValueError as error:
         raise ValueError(
             f"{job.data_path}: chunk {chunk} (units {start}..{stop - 1}): {error}") from None
-    del counts
     root = zarr.open_group(store=job.release_path, mode="r+", zarr_format=3)
     for block_id, answers in released.blocks.items():
         root[f"blocks/{block_id}/answers"][start:stop] = answers
@@ -203,9 +222,27 @@ def _run_serial(job: ChunkJob, blocks, pending: Iterable[int]) -> Iterator[tuple
         yield chunk, release_chunk_task(job, blocks, chunk)
 
 
-def _run_dask(client, job: ChunkJob, blocks, pending: Iterable[int]) -> Iterator[tuple[int, int]]:
-    """One impure task per chunk (unique keys, retries); the blocks are scattered once."""
-    [blocks_future] = client.scatter([dict(blocks)], broadcast=True, hash=False)
+def plan_blocks_task(plan_path: str, plan_checksum: str) -> dict[str, Any]:
+    """The plan's blocks, read on a worker; refuses a plan whose checksum changed."""
+    plan = read_plan(plan_path)
+    if plan.checksum != plan_checksum:
+        raise ValueError(f"{plan_path}: the plan changed during the release (checksum "
+                         f"{plan.checksum}, {plan_checksum} at the start)")
+    return load_blocks(plan)
+
+
+def _run_dask(client, job: ChunkJob, plan_path: str, plan_checksum: str,
+              pending: Iterable[int]) -> Iterator[tuple[int, int]]:
+    """One impure task per chunk (unique keys, retries). The blocks are one task's result that
+    every chunk task depends on, read from the plan store by a worker, not scattered: scattered
+    data cannot be recomputed, so losing the worker that held it would fail the release,
+    while a task result is recomputed on another worker (and re-checked against the plan's
+    checksum)."""
+    from .runtime import TASK_RETRIES
+
+    blocks_future = client.submit(plan_blocks_task, os.path.abspath(plan_path), plan_checksum,
+                                  key=f"release-blocks-{secrets.token_hex(6)}", pure=False,
+                                  retries=TASK_RETRIES)
     calls = ((str(chunk), (job, blocks_future, chunk)) for chunk in pending)
     for label, units in run_tasks(client, release_chunk_task, calls, "release-chunk"):
         yield int(label), units
@@ -261,8 +298,10 @@ def _create_store(path: Path, *, plan, plan_path: str, data, blocks, private: bo
         variances[...] = np.asarray(plan.queries_variances, dtype=np.float64)
     queries.attrs["labels"] = _query_labels(plan)
     ids_dtype = np.dtype(data.unit_ids.dtype)
-    if ids_dtype.kind not in "iuf":
-        raise ValueError(f"{data.path}: unit_ids of dtype {ids_dtype} are not supported (numeric ids only)")
+    if ids_dtype.kind in "TUO":
+        ids_dtype = str  # variable-length UTF-8 (the Zarr v3 "string" data type)
+    elif ids_dtype.kind not in "iuf":
+        raise ValueError(f"{data.path}: unit_ids of dtype {ids_dtype} are not supported (numbers or strings)")
     root.create_array("unit_ids", shape=(units,), dtype=ids_dtype, chunks=(chunk_units,), config=config)
     root.create_group("chunks").create_array(
         "done", shape=(n_chunks,), dtype=np.uint8, chunks=(1,), fill_value=0, config=config)
@@ -392,7 +431,8 @@ def run_release(
     that may not be replaced), runtime.ClusterError.
     """
     from .audit import audit_plan
-    from .data import read_histograms
+    from .data import open_data
+    from .microdata import microdata_format
 
     started = time.perf_counter()
     log = log or sys.stderr
@@ -425,84 +465,124 @@ def run_release(
                          + (f"; and {more} more (see distfit audit)" if more > 0 else ""))
     plan = read_plan(plan_path)
     plan_checksum = plan.checksum
-    data = read_histograms(data_path)
-    plan_schema = (list(plan.attrs["schema"]["attributes"]), list(plan.attrs["schema"]["sizes"]))
-    data_schema = (list(data.domain.names), list(data.domain.sizes))
-    if data_schema != plan_schema:
-        raise ValueError(
-            f"{data_path}: the data's schema {data_schema[0]} sizes {data_schema[1]} differs from the "
-            f"plan's {plan_schema[0]} sizes {plan_schema[1]}")
     blocks = load_blocks(plan)
-    n_chunks = -(-data.units // data.chunk_units)
-
     resumed = resume and state == "incomplete"
-    staging: Path | None = None
-    if resumed:
-        root = _check_resumable(out_path, plan=plan, data=data, private=private, blocks=blocks)
-        target = out_path
-        pending = np.flatnonzero(np.asarray(root["chunks/done"][...]) == 0).tolist()
-        print(f"distfit: resuming {out_path}: {n_chunks - len(pending)} of {n_chunks} chunks already "
-              f"written (kept as they are), {len(pending)} to draw with fresh entropy", file=log)
-    else:
-        if resume:
-            print(f"distfit: nothing to resume at {out_path}; starting a new release", file=log)
-        if state == "absent":
+    with contextlib.ExitStack() as stack:
+        clients: list = []
+
+        def client():
+            """The Dask client, started on first use (None with ``serial``)."""
+            if serial:
+                return None
+            if not clients:
+                clients.append(stack.enter_context(dask_client(cluster, workers, log=log)))
+            return clients[0]
+
+        tabulated = None
+        if microdata_format(data_path) is not None:
+            data_path, tabulated = _tabulate_for_release(
+                plan, data_path, out_path, blocks, client=client, replace=not resumed, log=log, fsync=fsync)
+        data = open_data(data_path)
+        plan_schema = (list(plan.attrs["schema"]["attributes"]), list(plan.attrs["schema"]["sizes"]))
+        data_schema = (list(data.domain.names), list(data.domain.sizes))
+        if data_schema != plan_schema:
+            raise ValueError(
+                f"{data_path}: the data's schema {data_schema[0]} sizes {data_schema[1]} differs from the "
+                f"plan's {plan_schema[0]} sizes {plan_schema[1]}")
+        data.check_blocks([block.attributes for block in blocks.values()])
+        data.check_unit_ids()
+        n_chunks = -(-data.units // data.chunk_units)
+
+        staging: Path | None = None
+        if resumed:
+            root = _check_resumable(out_path, plan=plan, data=data, private=private, blocks=blocks)
             target = out_path
-            target.parent.mkdir(parents=True, exist_ok=True)
-        else:  # --overwrite: build aside, move into place once sealed
-            target = staging = out_path.with_name(f"{out_path.name}{STAGING_MARKER}{secrets.token_hex(6)}")
-        try:
-            _create_store(target, plan=plan, plan_path=plan_path, data=data, blocks=blocks, private=private)
-        except BaseException:
-            shutil.rmtree(target, ignore_errors=True)
-            raise
-        root = zarr.open_group(store=str(target), mode="r+", zarr_format=3)
-        pending = list(range(n_chunks))
-
-    drawn = total = 0
-    try:
-        job = ChunkJob(
-            release_path=str(target), data_path=os.path.abspath(data_path),
-            plan=_PlanView(attrs={"schema": dict(plan.attrs["schema"])}, block_ids=tuple(sorted(blocks)),
-                           queries_targets=np.asarray(plan.queries_targets)),
-            units=data.units, chunk_units=data.chunk_units,
-            entropy=int(seed) if seed is not None else fresh_entropy(),
-        )
-        total = sum(min(data.chunk_units, data.units - c * data.chunk_units) for c in pending)
-        progress = Progress("release", log, unit="units")
-        drawn = 0
-
-        def consume(results: Iterator[tuple[int, int]]) -> None:
-            nonlocal drawn
-            for chunk, units in results:
-                drawn += units
-                progress(drawn, total)
-                if after_chunk is not None:
-                    after_chunk(chunk)
-
-        if not pending:
-            pass
-        elif serial:
-            consume(_run_serial(job, blocks, pending))
+            pending = np.flatnonzero(np.asarray(root["chunks/done"][...]) == 0).tolist()
+            print(f"distfit: resuming {out_path}: {n_chunks - len(pending)} of {n_chunks} chunks already "
+                  f"written (kept as they are), {len(pending)} to draw with fresh entropy", file=log)
         else:
-            with dask_client(cluster, workers, log=log) as client:
-                consume(_run_dask(client, job, blocks, pending))
-        del job
-        checksum = _seal(root, target, plan_path=plan_path, plan_checksum=plan_checksum, fsync=fsync)
-        if staging is not None:
-            move_into_place(staging, out_path, _check_replaceable, fsync=fsync)
-    except BaseException:
-        if 0 < drawn < total:
-            print(file=log)  # end the progress line before the error
-        if staging is not None:
-            shutil.rmtree(staging, ignore_errors=True)
-        raise
+            if resume:
+                print(f"distfit: nothing to resume at {out_path}; starting a new release", file=log)
+            if state == "absent":
+                target = out_path
+                target.parent.mkdir(parents=True, exist_ok=True)
+            else:  # --overwrite: build aside, move into place once sealed
+                target = staging = out_path.with_name(f"{out_path.name}{STAGING_MARKER}{secrets.token_hex(6)}")
+            try:
+                _create_store(target, plan=plan, plan_path=plan_path, data=data, blocks=blocks, private=private)
+            except BaseException:
+                shutil.rmtree(target, ignore_errors=True)
+                raise
+            root = zarr.open_group(store=str(target), mode="r+", zarr_format=3)
+            pending = list(range(n_chunks))
+
+        drawn = total = 0
+        try:
+            job = ChunkJob(
+                release_path=str(target), data_path=os.path.abspath(data_path),
+                plan=_PlanView(attrs={"schema": dict(plan.attrs["schema"])}, block_ids=tuple(sorted(blocks)),
+                               queries_targets=np.asarray(plan.queries_targets)),
+                units=data.units, chunk_units=data.chunk_units,
+                entropy=int(seed) if seed is not None else fresh_entropy(),
+            )
+            total = sum(min(data.chunk_units, data.units - c * data.chunk_units) for c in pending)
+            progress = Progress("release", log, unit="units")
+            drawn = 0
+
+            def consume(results: Iterator[tuple[int, int]]) -> None:
+                nonlocal drawn
+                for chunk, units in results:
+                    drawn += units
+                    progress(drawn, total)
+                    if after_chunk is not None:
+                        after_chunk(chunk)
+
+            if not pending:
+                pass
+            elif serial:
+                consume(_run_serial(job, blocks, pending))
+            else:
+                consume(_run_dask(client(), job, plan_path, plan_checksum, pending))
+            del job
+            checksum = _seal(root, target, plan_path=plan_path, plan_checksum=plan_checksum, fsync=fsync)
+            if staging is not None:
+                move_into_place(staging, out_path, _check_replaceable, fsync=fsync)
+        except BaseException:
+            if 0 < drawn < total:
+                print(file=log)  # end the progress line before the error
+            if staging is not None:
+                shutil.rmtree(staging, ignore_errors=True)
+            raise
     return ReleaseResult(
         path=str(out_path), units=data.units, queries=len(plan.queries_targets), blocks=len(blocks),
         chunks=n_chunks, chunks_drawn=len(pending), units_drawn=drawn,
         seconds=time.perf_counter() - started, checksum=checksum, plan_checksum=plan_checksum,
-        private=private, resumed=resumed,
+        private=private, resumed=resumed, data=str(data_path), tabulated=tabulated,
     )
+
+
+def tabulated_data_path(out: PathLike) -> Path:
+    """Where ``distfit release --data MICRODATA --out RELEASE`` tabulates: ``<RELEASE>.data.zarr``."""
+    out = Path(os.fspath(out))
+    return out.with_name(f"{out.name}.data.zarr")
+
+
+def _tabulate_for_release(plan, source: str, out_path: Path, blocks, *, client: Callable[[], Any],
+                          replace: bool, log: TextIO, fsync: bool) -> tuple[str, str]:
+    """Tabulate microdata for ``plan`` next to the release (module docstring)."""
+    from .microdata import ensure_tabulated
+    from .spec import parse_spec
+
+    try:
+        spec = parse_spec(plan.attrs["spec"])
+    except (KeyError, ValueError) as error:
+        raise ValueError(f"{plan.path}: cannot read the plan's spec to tabulate {source} ({error})") from None
+    path, status = ensure_tabulated(
+        spec, source, tabulated_data_path(out_path), cover=[block.attributes for block in blocks.values()],
+        client=client(), replace=replace, fsync=fsync, log=log)
+    if status == "tabulated":
+        print(f"distfit: tabulated {source} into {path}", file=log)
+    return str(path), status
 
 
 # --------------------------------------------------------------------------------------------

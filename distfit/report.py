@@ -12,7 +12,16 @@
   when the spec's workload is small (domain of at most :data:`BASELINE_MAX_CELLS` cells), the
   baselines' max ratios at the plan's alpha (:func:`distfit.baselines.compare_baselines`);
 * ``answers_<j>.png``     with a release: the noisy answers of the first few queries for the
-  first units with 95% confidence intervals ``answer +- 1.96 sqrt(variance)``.
+  first units with 95% confidence intervals ``answer +- 1.96 sqrt(variance)``;
+* ``calibration.png``     with a release and its data (``--data``, :func:`distfit.data.open_data`):
+  query by query, the actual error of each released answer against its promised standard
+  deviation (log-log scatter with the 1.96 sd line) and the histogram of the standardised
+  errors ``z = (answer - true) / sd`` against N(0, 1); the page gives the share within 1.96 sd
+  (95% expected) and within 1 sd (68.3%). The true answers are computed from the data's block
+  marginals (:func:`distfit.release.true_block_answers`) for at most
+  :data:`CALIBRATION_ANSWERS` answers (the first units). This section is derived from the
+  confidential data: the page says so, and such a report is for the data owner's validation,
+  not for publication.
 
 The page also holds the privacy account (alpha, rho, the epsilon/delta table), the planner's
 decisions and a table of per-block solver statistics and certificate gaps. It is
@@ -48,6 +57,10 @@ CURVE_DELTAS = np.logspace(-12, -2, 41)
 ANSWER_QUERIES = 4   # error-bar plots for the first few queries
 ANSWER_UNITS = 20    # ... over the first units
 Z95 = 1.959963984540054
+#: Most (unit, query) answers the calibration compares with the truth (the first units).
+CALIBRATION_ANSWERS = 2_000_000
+#: Most points drawn in the calibration scatter (an even subsample beyond).
+CALIBRATION_POINTS = 20_000
 
 __all__ = ["BASELINE_MAX_CELLS", "MARKER", "ReportResult", "write_report"]
 
@@ -58,6 +71,7 @@ class ReportResult:
     plots: list[str] = field(default_factory=list)
     baselines: dict[str, float] | None = None
     baseline_note: str = ""
+    calibration: dict | None = None
 
 
 def _pyplot():
@@ -171,6 +185,66 @@ def _plot_answers(plt, answers: np.ndarray, sd: float, units: list[str], label: 
     plt.close(fig)
 
 
+def _plot_calibration(plt, z: np.ndarray, sd: np.ndarray, out: Path) -> None:
+    """Left: |actual error| against the promised sd per answer (log-log) with the 1.96 sd line;
+    right: histogram of the standardised errors with the N(0, 1) density."""
+    error = np.abs(z) * sd
+    step = max(1, error.size // CALIBRATION_POINTS)
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.8))
+    shown_sd, shown_error = sd[::step], np.maximum(error[::step], 1e-12)
+    left.scatter(shown_sd, shown_error, s=3, alpha=0.3, color="C0", label="released answers")
+    grid = np.geomspace(max(float(sd.min()), 1e-12), float(sd.max()) * 1.05, 50)
+    left.plot(grid, Z95 * grid, color="C3", label="1.96 x promised sd")
+    left.set_xscale("log")
+    left.set_yscale("log")
+    left.set_xlabel("promised standard deviation")
+    left.set_ylabel("|released - true|")
+    left.set_title(f"actual error vs promise ({error.size} answers)", fontsize=9)
+    left.legend(fontsize=8, loc="lower right")
+    left.grid(True, which="both", alpha=0.2)
+    bins = np.linspace(-5, 5, 81)
+    right.hist(np.clip(z, -5, 5), bins=bins, density=True, color="C0", alpha=0.7, label="z = error / sd")
+    x = np.linspace(-5, 5, 400)
+    right.plot(x, np.exp(-x * x / 2) / math.sqrt(2 * math.pi), color="C3", label="N(0, 1)")
+    for edge in (-Z95, Z95):
+        right.axvline(edge, color="grey", linestyle="--", linewidth=1)
+    right.set_xlabel("standardised error")
+    right.set_title(f"{np.mean(np.abs(z) <= Z95):.1%} within 1.96 sd (95% expected)", fontsize=9)
+    right.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+
+
+def _calibration(plan, release, data_path) -> tuple[dict, np.ndarray, np.ndarray]:
+    """Standardised errors of the first units' released answers (module docstring)."""
+    from .data import open_data
+    from .release import calibration, query_answers, true_block_answers
+
+    data = open_data(data_path)
+    if data.units != int(release.attrs.get("units", -1)):
+        raise ValueError(f"{data_path}: holds {data.units} units, the release {release.attrs.get('units')}; "
+                         "give the data the release was made from")
+    m = len(plan.queries_targets)
+    units = max(1, min(data.units, CALIBRATION_ANSWERS // max(m, 1)))
+    ids = np.asarray(release.unit_ids[:units])
+    data_ids = np.asarray(data.unit_ids[:units]) if hasattr(data, "unit_ids") else ids
+    if not np.array_equal(ids, data_ids):
+        raise ValueError(f"{data_path}: its unit ids differ from the release's; give the data the "
+                         "release was made from")
+    rows = []
+    for bid in plan.block_ids:
+        block = plan.block(bid)
+        rows.append((block.query_index, true_block_answers(block, data.block_counts(block.attributes, 0, units))))
+    true = query_answers(rows, m)
+    noisy = np.asarray(release.answers[:units], dtype=float)
+    result = calibration(noisy, true, release.variances)
+    z = result.pop("z")
+    result["units"] = units
+    sd = np.broadcast_to(np.sqrt(np.asarray(release.variances, dtype=float)), z.shape).ravel()
+    return result, z.ravel(), sd
+
+
 # --------------------------------------------------------------------------------------------
 # baselines
 
@@ -226,7 +300,7 @@ def _table(header: list[str], rows: list[list[Any]], left: int = 1) -> str:
     return "\n".join(out)
 
 
-def _page(plan, release, blocks, ratios, baselines, baseline_note, answer_plots) -> str:
+def _page(plan, release, blocks, ratios, baselines, baseline_note, answer_plots, calibrated=None) -> str:
     a = plan.attrs
     account = a.get("account") or {}
     planner = a.get("planner") or {}
@@ -301,6 +375,22 @@ def _page(plan, release, blocks, ratios, baselines, baseline_note, answer_plots)
         for name, label in answer_plots:
             parts.append(f"<h3>{html.escape(label)}</h3>")
             parts.append(f'<img src="{name}" alt="answers of {html.escape(label)}">')
+    if calibrated is not None:
+        parts += [
+            "<h2>Calibration: actual error against the promise</h2>",
+            '<p class="warn">CONFIDENTIAL: this section compares the released answers with the true '
+            "answers computed from the data. It is for the data owner's validation; do not publish "
+            "a report that has it.</p>",
+            _table(["quantity", "value"], [
+                ["answers compared", f"{calibrated['count']} ({calibrated['units']} units x "
+                                     f"{len(plan.queries_targets)} queries)"],
+                ["within 1.96 sd (95% expected)", f"{calibrated['within_1.96sd']:.2%}"],
+                ["within 1 sd (68.3% expected)", f"{calibrated['within_1sd']:.2%}"],
+                ["mean standardised error (0 expected)", calibrated["mean_z"]],
+                ["sd of standardised errors (1 expected)", calibrated["sd_z"]],
+            ]),
+            '<img src="calibration.png" alt="actual error against promised standard deviation">',
+        ]
     parts.append("</body></html>")
     return "\n".join(parts) + "\n"
 
@@ -310,8 +400,10 @@ def _page(plan, release, blocks, ratios, baselines, baseline_note, answer_plots)
 
 
 def write_report(plan_path: str | os.PathLike, out: str | os.PathLike,
-                 release_path: str | os.PathLike | None = None) -> ReportResult:
-    """Write the report of the plan (and release) to ``out`` (module docstring)."""
+                 release_path: str | os.PathLike | None = None,
+                 data_path: str | os.PathLike | None = None) -> ReportResult:
+    """Write the report of the plan (and release) to ``out`` (module docstring). With
+    ``data_path`` (the release's data store) the report adds the calibration section."""
     from .releasing import read_release
 
     out_path = Path(os.fspath(out))
@@ -334,6 +426,9 @@ def write_report(plan_path: str | os.PathLike, out: str | os.PathLike,
     with np.errstate(divide="ignore", invalid="ignore"):
         ratios = np.asarray(plan.queries_variances / plan.queries_targets, dtype=float)
     baselines, note = _baselines(plan)
+    if data_path is not None and release is None:
+        raise ValueError("--data: the calibration compares a release with its data; give the release too")
+    calibrated = _calibration(plan, release, data_path) if data_path is not None else None
 
     plt = _pyplot()
     out_path.parent.mkdir(parents=True, exist_ok=True)
@@ -360,8 +455,15 @@ def write_report(plan_path: str | os.PathLike, out: str | os.PathLike,
                               str(labels[j]), staging / name)
                 answer_plots.append((name, str(labels[j])))
                 result.plots.append(name)
+        calibration_summary = None
+        if calibrated is not None:
+            calibration_summary, z, sd = calibrated
+            _plot_calibration(plt, z, sd, staging / "calibration.png")
+            result.plots.append("calibration.png")
+            result.calibration = calibration_summary
         (staging / "index.html").write_text(
-            _page(plan, release, blocks, ratios, baselines, note, answer_plots), encoding="utf-8")
+            _page(plan, release, blocks, ratios, baselines, note, answer_plots, calibration_summary),
+            encoding="utf-8")
         (staging / MARKER).write_text("distfit report directory; `distfit report` may replace it\n",
                                       encoding="utf-8")
         move_into_place(staging, out_path, _check_out)

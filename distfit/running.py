@@ -1,6 +1,6 @@
 """``distfit run``: the main job, spec to plan, audit, data and release in one run directory.
 
-``distfit run [SPEC.yaml] --out RUNDIR [--data DATA.zarr] [--units N] [--cluster ADDR|FILE]
+``distfit run [SPEC.yaml] --out RUNDIR [--data DATA] [--units N] [--cluster ADDR|FILE]
 [--workers N] [--serial]`` (DESIGN.md section 5). SPEC defaults to the embedded default
 pipeline (``distfit/pipelines/default.yaml``, a copy of ``pipelines/pl94.yaml``). Stages:
 
@@ -8,18 +8,27 @@ pipeline (``distfit/pipelines/default.yaml``, a copy of ``pipelines/pl94.yaml``)
 2. audit    of that plan               (:func:`distfit.audit.audit_plan`; a mismatch is a failure)
 3. data     -> ``RUNDIR/data.zarr``    synthetic histograms (:func:`distfit.data.write_synthetic`)
              when ``--data`` is not given: ``--units`` units (default 10000), seeded from the
-             spec hash, so a rerun would synthesise the same data (and in fact reuses it)
+             spec hash, so a rerun would synthesise the same data (and in fact reuses it);
+             with ``--data`` microdata (``.csv``, ``.csv.gz``, ``.parquet``, ``.pq``, a
+             directory of Parquet files) the marginals the plan's blocks need are tabulated
+             into ``RUNDIR/data.zarr`` (:func:`distfit.microdata.ensure_tabulated`; reused on a
+             rerun when the source's path, size and mtime and the spec hash match, and
+             refused - :class:`RunDirError` - when they do not); with ``--data`` a data store
+             (histograms or marginals) it is released as it is
 4. release  -> ``RUNDIR/release.zarr`` (:func:`distfit.releasing.run_release`)
 5. manifest -> ``RUNDIR/manifest.json`` written atomically (temporary file + ``os.replace``):
    spec path and hash, plan and release checksums, privacy account (from the plan attrs),
-   per-stage timings and status, package versions, the cluster used and the report's path and
-   plots. The report (``distfit.report``, RUNDIR/report/index.html) is rebuilt on every run.
+   per-stage timings and status, package versions, the cluster used (``{"kind": "serial"}``,
+   ``{"kind": "local", "workers", "started"}``, or ``{"kind": "external", "address"}`` with, for
+   a scheduler file, its absolute ``scheduler_file`` and the ``scheduler_address`` it held) and
+   the report's path and plots. The report (``distfit.report``, RUNDIR/report/index.html) is
+   rebuilt on every run.
 
 Rerunning into the same RUNDIR picks up where the earlier run stopped: a complete plan whose
 spec hash matches is reused, complete data is reused, a partial release is resumed
 (``resume=True``: written chunks kept, missing ones drawn with fresh entropy) and a sealed one
 is skipped (no new noise is drawn). A RUNDIR that belongs to another spec (a manifest, plan or
-synthesised data with a different spec hash) is refused before anything is written
+synthesised or tabulated data with a different spec hash or source) is refused before anything is written
 (:class:`RunDirError`, a ``ValueError``: exit 2), and so is a sealed release that was made from
 another plan or other data. The local Dask cluster (no ``--cluster``, no ``--serial``) is
 started once, only if a stage has work to do, and shared by the plan and the release.
@@ -139,8 +148,10 @@ def _plan_spec_hash(path: Path) -> str | None:
     return (plan.attrs.get("planner") or {}).get("spec_hash")
 
 
-def _inspect(rundir: Path, spec_hash: str, synthesise: bool, units: int | None) -> None:
-    """Refuse a RUNDIR that holds another spec's run; touches nothing."""
+def _inspect(rundir: Path, spec_hash: str, synthesise: bool, units: int | None,
+             spec: Any = None, source: str | None = None) -> None:
+    """Refuse a RUNDIR that holds another spec's run (or data tabulated from another
+    ``source`` for microdata); touches nothing."""
     if rundir.exists() and not rundir.is_dir():
         raise RunDirError(f"{rundir}: exists and is not a directory")
     manifest = _read_manifest(rundir / MANIFEST_NAME)
@@ -158,9 +169,20 @@ def _inspect(rundir: Path, spec_hash: str, synthesise: bool, units: int | None) 
                 f"{plan_path}: is the plan of another spec (spec hash {theirs}, this spec "
                 f"{spec_hash}); use another --out")
     data_path = rundir / DATA_NAME
-    if synthesise and data_path.exists():
-        from .data import read_histograms
+    if source is not None and (data_path.exists() or data_path.is_symlink()):
+        from .microdata import tabulation_mismatch
 
+        reason = tabulation_mismatch(data_path, spec, source)
+        if reason is not None:
+            raise RunDirError(f"{data_path}: holds data from an earlier run that does not match --data "
+                              f"{source} ({reason}); use another --out")
+    if synthesise and data_path.exists():
+        from .data import MARGINALS_FORMAT, read_histograms
+
+        if (_root_attrs_on_disk(data_path) or {}).get("distfit_format") == MARGINALS_FORMAT:
+            theirs = ((_root_attrs_on_disk(data_path) or {}).get("source") or {}).get("path")
+            raise RunDirError(f"{data_path}: holds data tabulated from {theirs} by an earlier run; pass "
+                              "that --data again, or use another --out")
         existing = read_histograms(data_path)
         theirs = existing.attrs.get("spec_hash")
         if theirs != spec_hash:
@@ -204,7 +226,13 @@ class _Cluster:
         if self.serial:
             return {"kind": "serial"}
         if self.cluster is not None:
-            return {"kind": "external", "address": self.cluster}
+            described: dict[str, Any] = {"kind": "external", "address": self.cluster}
+            if os.path.exists(self.cluster):  # a scheduler file (runtime.dask_client's rule)
+                described["scheduler_file"] = os.path.abspath(self.cluster)
+                with contextlib.suppress(OSError, ValueError, AttributeError):
+                    with open(self.cluster, encoding="utf-8") as handle:
+                        described["scheduler_address"] = json.load(handle).get("address")
+            return described
         return {"kind": "local", "workers": self.workers or os.cpu_count() or 1, "started": self.started}
 
 
@@ -227,10 +255,12 @@ def run_pipeline(
     RunFailure (the plan fails its audit, exit 1), ClusterError.
     """
     from .audit import audit_plan
-    from .data import read_histograms, write_synthetic
+    from .data import open_data, read_histograms, write_synthetic
+    from .microdata import ensure_tabulated, microdata_format, source_info
     from .planning import run_plan
     from .releasing import read_release, run_release
     from .report import write_report
+    from .runtime import dask_client
     from .spec import load_spec
     from .store import read_plan
 
@@ -245,14 +275,20 @@ def run_pipeline(
     spec_hash = spec.spec_hash
     rundir = Path(os.fspath(out))
     synthesise = data is None
-    _inspect(rundir, spec_hash, synthesise, units)
+    source = os.fspath(data) if data is not None and microdata_format(data) is not None else None
+    if source is not None:
+        source_info(source)  # refuse a missing source before any work
+        if units is not None:
+            raise ValueError(f"--units is for synthetic data; --data {source} is microdata (its units are "
+                             "the values of the spec's unit column)")
+    _inspect(rundir, spec_hash, synthesise, units, spec=spec, source=source)
 
     plan_path, release_path = rundir / PLAN_NAME, rundir / RELEASE_NAME
-    data_path = rundir / DATA_NAME if synthesise else Path(os.fspath(data))
+    data_path = rundir / DATA_NAME if synthesise or source is not None else Path(os.fspath(data))
     manifest_path = rundir / MANIFEST_NAME
     report_path = rundir / REPORT_NAME
-    if not synthesise:
-        given = read_histograms(data_path)  # refuse unreadable data before any work
+    if not synthesise and source is None:
+        given = open_data(data_path)  # refuse unreadable data before any work
         if units is not None and units != given.units:
             raise ValueError(f"--units {units} but --data {data_path} holds {given.units} units; "
                              "give one or the other")
@@ -285,7 +321,13 @@ def run_pipeline(
 
         # 3. data
         t = time.perf_counter()
-        if not synthesise:
+        if source is not None:
+            address = where.get()
+            with (dask_client(address, log=log) if address is not None else contextlib.nullcontext()) as client:
+                _path, stages["data"] = ensure_tabulated(
+                    spec, source, data_path, cover=[plan.block(b).attributes for b in plan.block_ids],
+                    client=client, fsync=fsync, log=log)
+        elif not synthesise:
             stages["data"] = "given"
         elif data_path.exists():
             existing = read_histograms(data_path)
@@ -294,7 +336,7 @@ def run_pipeline(
         else:
             write_synthetic(spec, units or DEFAULT_UNITS, data_path, seed=data_seed(spec_hash), fsync=fsync)
             stages["data"] = "synthesised"
-        histograms = read_histograms(data_path)
+        data_store = open_data(data_path)
         timings["data"] = time.perf_counter() - t
 
         # 4. release
@@ -305,7 +347,7 @@ def run_pipeline(
             if attrs.get("plan_checksum") != plan.checksum:
                 raise RunDirError(f"{release_path}: a sealed release of another plan "
                                   f"({attrs.get('plan_checksum')}, the plan has {plan.checksum})")
-            if recorded.get("created") != histograms.attrs.get("created"):
+            if recorded.get("created") != data_store.attrs.get("created"):
                 raise RunDirError(f"{release_path}: a sealed release of other data than {data_path}; "
                                   "use another --out")
             release_checksum = read_release(release_path).attrs["checksum"]
@@ -325,7 +367,7 @@ def run_pipeline(
 
     # 5. report (rebuilt on every run: it is cheap and replaces only an earlier distfit report)
     t = time.perf_counter()
-    report = write_report(str(plan_path), str(report_path), str(release_path))
+    report = write_report(str(plan_path), str(report_path), str(release_path), str(data_path))
     stages["report"] = "done"
     timings["report"] = time.perf_counter() - t
 
@@ -339,8 +381,11 @@ def run_pipeline(
         "spec": {"path": os.path.abspath(spec_path), "hash": spec_hash, "name": spec.name},
         "plan": {"path": os.path.abspath(plan_path), "checksum": plan.checksum},
         "data": {"path": os.path.abspath(data_path), "synthetic": synthesise,
-                 "units": histograms.units, "seed": histograms.attrs.get("seed") if synthesise else None,
-                 "created": histograms.attrs.get("created")},
+                 "format": data_store.format,
+                 "units": data_store.units, "seed": data_store.attrs.get("seed") if synthesise else None,
+                 "created": data_store.attrs.get("created"),
+                 "source": ({key: (data_store.attrs.get("source") or {}).get(key)
+                             for key in ("path", "format", "size", "mtime")} if source is not None else None)},
         "release": {"path": os.path.abspath(release_path), "checksum": release_checksum},
         "privacy": {
             "alpha": plan_attrs.get("alpha"),
@@ -354,7 +399,7 @@ def run_pipeline(
         "versions": package_versions(),
         "cluster": cluster_used,
         "report": {"path": os.path.abspath(report.path), "index": os.path.abspath(os.path.join(report.path, "index.html")),
-                   "plots": list(report.plots)},
+                   "plots": list(report.plots), "calibration": report.calibration},
     }
     write_json_atomic(manifest_path, manifest)
     return RunResult(

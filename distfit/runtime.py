@@ -15,7 +15,7 @@ import os
 import sys
 import time
 import uuid
-from typing import Any, Callable, Iterable, Iterator, Sequence, TextIO
+from typing import Any, Callable, Iterable, Iterator, TextIO
 
 from .plan import BlockTask, solve_block
 from .solver import BlockSolution
@@ -81,32 +81,87 @@ class Progress:
         print(f"{self.label}: {done}/{total} {self.unit}, {rate:.1f} {self.unit}/s, ETA {eta:.0f} s   ", end=end, file=self.stream, flush=True)
 
 
-def run_tasks(client, function: Callable, calls: Iterable[tuple[str, tuple]], name: str) -> Iterator[tuple[str, Any]]:
+def run_tasks(
+    client,
+    function: Callable,
+    calls: Iterable[tuple[str, tuple]],
+    name: str,
+    max_in_flight: int | Callable[[], int] | None = None,
+) -> Iterator[tuple[str, Any]]:
     """Submit ``function(*args)`` for every ``(label, args)``, one impure task each (unique key
     ``name-label-run``, ``TASK_RETRIES`` retries for lost workers); yield ``(label, result)`` as
-    tasks complete, releasing each result from the cluster once it is read."""
+    tasks complete, releasing each result from the cluster once it is read.
+
+    ``max_in_flight`` (a number, or a function asked before every submission) bounds how many
+    tasks are submitted and not yet read: ``calls`` is then consumed lazily, one call per
+    completed task (the next is submitted before a result is handed on, so the workers stay
+    busy while the caller handles it), and neither the driver nor the scheduler ever holds
+    more than that many calls' arguments. ``None``: submit everything at once."""
     from distributed import as_completed
 
     run = uuid.uuid4().hex[:8]
-    futures = {
-        client.submit(function, *args, key=f"{name}-{label}-{run}", retries=TASK_RETRIES, pure=False): label
-        for label, args in calls
-    }
-    for future in as_completed(futures):
-        label = futures[future]
+    calls = iter(calls)
+    futures: dict = {}
+    pending = as_completed()
+
+    def limit() -> float:
+        if max_in_flight is None:
+            return float("inf")
+        return max(1, max_in_flight() if callable(max_in_flight) else max_in_flight)
+
+    def submit_more() -> None:
+        cap = limit()
+        while len(futures) < cap:
+            try:
+                label, args = next(calls)
+            except StopIteration:
+                return
+            future = client.submit(function, *args, key=f"{name}-{label}-{run}", retries=TASK_RETRIES, pure=False)
+            futures[future] = label
+            pending.add(future)
+
+    submit_more()
+    for future in pending:
+        label = futures.pop(future)
         result = future.result()
         future.release()
+        del future
+        submit_more()
         yield label, result
 
 
+IN_FLIGHT_PER_THREAD = 4  # block tasks submitted ahead per worker thread (DaskExecutor)
+MIN_IN_FLIGHT = 8
+
+
 class DaskExecutor:
-    """Plan executor (``plan.Executor``) that runs one Dask task per block."""
+    """Plan executor (``plan.Executor``) that runs one Dask task per block.
 
-    def __init__(self, client) -> None:
+    Tasks are taken from ``tasks`` lazily and at most ``max_in_flight`` are submitted and not
+    yet read (default: ``IN_FLIGHT_PER_THREAD`` per worker thread of the cluster at that
+    moment, at least ``MIN_IN_FLIGHT``, so a growing cluster gets more): a streamed plan reads
+    each block's spec from the store only when its task is submitted, and with a local cluster
+    the scheduler (in the driver's process) holds only those tasks' specs. ``max_in_flight=0``
+    submits every task at once."""
+
+    def __init__(self, client, max_in_flight: int | None = None) -> None:
         self.client = client
+        self.max_in_flight = max_in_flight
 
-    def __call__(self, tasks: Sequence[BlockTask]) -> Iterator[tuple[int, BlockSolution]]:
-        index_of = {task.spec.block_id: task.index for task in tasks}
-        calls = ((task.spec.block_id, (task,)) for task in tasks)
-        for block_id, result in run_tasks(self.client, solve_block, calls, "solve"):
-            yield index_of[block_id], result
+    def _limit(self) -> int:
+        if self.max_in_flight is not None:
+            return self.max_in_flight
+        threads = sum(self.client.nthreads().values())
+        return max(MIN_IN_FLIGHT, IN_FLIGHT_PER_THREAD * threads)
+
+    def __call__(self, tasks: Iterable[BlockTask]) -> Iterator[tuple[int, BlockSolution]]:
+        index_of: dict[str, int] = {}
+
+        def calls() -> Iterator[tuple[str, tuple]]:
+            for task in tasks:
+                index_of[task.spec.block_id] = task.index
+                yield task.spec.block_id, (task,)
+
+        limit = None if self.max_in_flight == 0 else self._limit
+        for block_id, result in run_tasks(self.client, solve_block, calls(), "solve", limit):
+            yield index_of.pop(block_id), result

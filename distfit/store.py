@@ -37,7 +37,10 @@ order of its path relative to the root (``"blocks/b0/basis"``; Python string ord
 ``f"{path}\\n{dtype}\\n{shape}\\n{nbytes}\\n"`` encoded as UTF-8 - ``dtype`` the little-endian
 NumPy type string (``"<f8"``, ``"<i8"``), ``shape`` the sizes joined by commas (``"3,4"``;
 ``""`` for a scalar), ``nbytes`` the byte count of the data - followed by the array's bytes in
-C order, little-endian. The stored value is ``"sha256:" + hexdigest``. It covers every array,
+C order, little-endian. A 1-d variable-length string array (the ``string`` data type, e.g. a
+release's unit ids) has the header ``f"{path}\\nstring\\n{n}\\n"`` and then, slab by slab, the
+UTF-8 byte lengths of its elements (little-endian uint64) and their UTF-8 bytes. The stored
+value is ``"sha256:" + hexdigest``. It covers every array,
 not the attrs (the root attrs hold the checksum itself; ``distfit audit`` recomputes alpha,
 profiles and variances from the arrays).
 
@@ -45,6 +48,18 @@ Arrays are float64 (``query_index`` int64) with zarr's default codecs; an array 
 :data:`CHUNK_BYTES` (16 MiB) is one chunk, a larger one is cut into row slabs (whole trailing
 axes) of at most that size. Attrs are JSON: :func:`_jsonable` converts NumPy scalars and arrays,
 tuples, dataclasses and objects with ``to_dict()``; tuples come back as lists.
+
+Streamed planning (``distfit.planning``, large plans) also uses the staging store as scratch
+space, under ``scratch/`` (not part of the layout above): :meth:`PlanWriter.write_scratch` /
+:meth:`~PlanWriter.read_scratch` keep arrays out of the driver's memory (spilled block specs),
+:meth:`~PlanWriter.write_draft` stores a block in the block layout before its final scale
+(e.g. ``scratch/round-1/<block_id>``), :meth:`~PlanWriter.promote_draft` moves a draft to
+``blocks/<block_id>`` (a directory rename; the large arrays are written once) and rewrites the
+arrays the scale changes, and :meth:`~PlanWriter.discard_scratch` drops what is no longer
+needed. ``finish`` refuses to seal a plan while a draft is still unpromoted, deletes
+``scratch/`` and only then computes the checksum, so a finished plan is the same store the
+in-memory path writes. The root attrs say ``complete=False`` until ``finish``, so an
+interrupted streamed write (a staging directory with some blocks) is refused like any other.
 
 A writer is not thread-safe: write from the driver only (DESIGN.md section 4).
 """
@@ -83,6 +98,8 @@ ROOT_KEYS = (
     "composition", "created", "distfit_version", "complete", "checksum",
 )
 _BLOCK_ID = re.compile(r"[A-Za-z0-9_.-]+")
+SCRATCH = "scratch"  # the staging store's scratch group (streamed planning); never in a finished plan
+RESCALED_ARRAYS = ("sigma", "targets", "variances", "profile")  # what promote_draft may rewrite
 
 PathLike = str | os.PathLike
 
@@ -154,13 +171,14 @@ def _chunk_shape(shape: tuple[int, ...], itemsize: int, cap: int = CHUNK_BYTES) 
     return tuple(chunks)
 
 
-def _write_array(group: zarr.Group, name: str, data: np.ndarray) -> None:
+def _write_array(group: zarr.Group, name: str, data: np.ndarray, overwrite: bool = False) -> None:
     arr = group.create_array(
         name,
         shape=data.shape,
         dtype=data.dtype,
         chunks=_chunk_shape(data.shape, data.dtype.itemsize),
         config={"write_empty_chunks": True},  # every chunk on disk: bit-exact, no fill-value games
+        overwrite=overwrite,
     )
     if data.size:
         arr[...] = data
@@ -353,6 +371,9 @@ def compute_checksum(group: zarr.Group) -> str:
     arrays.sort(key=lambda item: item[0])
     h = hashlib.sha256(_CHECKSUM_DOMAIN)
     for name, arr in arrays:
+        if np.dtype(arr.dtype).kind in "TUO":  # variable-length strings (e.g. a release's unit ids)
+            _hash_strings(h, name, arr)
+            continue
         dtype = np.dtype(arr.dtype).newbyteorder("<")
         shape = tuple(int(n) for n in arr.shape)
         nbytes = math.prod(shape) * dtype.itemsize
@@ -369,6 +390,21 @@ def compute_checksum(group: zarr.Group) -> str:
             part = arr[start:start + step]
             h.update(np.ascontiguousarray(part, dtype=dtype).tobytes())
     return CHECKSUM_PREFIX + h.hexdigest()
+
+
+def _hash_strings(h, name: str, arr: zarr.Array) -> None:
+    """Feed a 1-d string array to the checksum: the header ``f"{name}\\nstring\\n{n}\\n"``, then
+    per slab of rows the UTF-8 byte length of every element (little-endian uint64) followed by
+    the elements' UTF-8 bytes, concatenated."""
+    shape = tuple(int(n) for n in arr.shape)
+    if len(shape) != 1:
+        raise ValueError(f"{name}: string arrays must be 1-d for the checksum, got shape {shape}")
+    h.update(f"{name}\nstring\n{shape[0]}\n".encode("utf-8"))
+    step = max(1, int(arr.chunks[0]) if arr.chunks else shape[0])
+    for start in range(0, shape[0], step):
+        encoded = [str(item).encode("utf-8") for item in np.asarray(arr[start:start + step]).tolist()]
+        h.update(np.array([len(b) for b in encoded], dtype="<u8").tobytes())
+        h.update(b"".join(encoded))
 
 
 # --------------------------------------------------------------------------------------------
@@ -411,6 +447,7 @@ class PlanWriter:
             raise
         self._block_ids: set[str] = set()
         self._max_query_index = -1
+        self._drafts: dict[str, tuple[str, int]] = {}  # scratch key -> (block_id, max query index)
 
     # -- lifecycle
 
@@ -474,6 +511,104 @@ class PlanWriter:
         """Blocks written so far (sorted)."""
         return tuple(sorted(self._block_ids))
 
+    # -- scratch space (streamed planning; module docstring)
+
+    def _scratch_parts(self, key: str) -> list[str]:
+        parts = key.split("/") if isinstance(key, str) else []
+        if not parts or any(not _BLOCK_ID.fullmatch(p) or set(p) == {"."} or p.startswith("__") for p in parts):
+            raise ValueError(f"scratch key: {key!r} is not a '/'-separated path of path-safe names")
+        return parts
+
+    def _scratch_group(self, key: str, create: bool) -> zarr.Group:
+        parts = self._scratch_parts(key)
+        if not create:
+            try:
+                node = self._group[f"{SCRATCH}/{key}"]
+            except KeyError:
+                node = None
+            if not isinstance(node, zarr.Group):
+                raise KeyError(f"{self.staging_path}: no scratch entry {key!r}")
+            return node
+        group = self._group.require_group(SCRATCH)
+        for part in parts[:-1]:
+            group = group.require_group(part)
+        if (self.staging_path / SCRATCH / key).exists():
+            raise ValueError(f"scratch key: {key!r} was already written")
+        return group.create_group(parts[-1])
+
+    def write_scratch(self, key: str, arrays: Mapping[str, np.ndarray], attrs: Mapping | None = None) -> None:
+        """Write ``arrays`` (and JSON ``attrs``) to ``scratch/<key>`` of the staging store.
+
+        Not part of the plan: ``finish`` deletes ``scratch/``. ``key`` is ``/``-separated
+        path-safe names and may be written once (until discarded)."""
+        self._require_open()
+        attrs = _jsonable(dict(attrs or {}), f"scratch/{key} attrs")
+        group = self._scratch_group(key, create=True)
+        for name, data in arrays.items():
+            _write_array(group, name, np.ascontiguousarray(data))
+        if attrs:
+            group.attrs.update(attrs)
+
+    def read_scratch(self, key: str, names=None) -> tuple[dict[str, np.ndarray], dict]:
+        """``(arrays, attrs)`` of ``scratch/<key>`` (only the arrays in ``names`` if given)."""
+        self._require_open()
+        group = self._scratch_group(key, create=False)
+        names = sorted(group.array_keys()) if names is None else list(names)
+        return {name: group[name][...] for name in names}, dict(group.attrs)
+
+    def discard_scratch(self, key: str) -> None:
+        """Delete ``scratch/<key>`` and everything under it (drafts included; no-op if absent)."""
+        self._require_open()
+        self._scratch_parts(key)
+        prefix = key + "/"
+        for draft in [k for k in self._drafts if k == key or k.startswith(prefix)]:
+            del self._drafts[draft]
+        shutil.rmtree(self.staging_path / SCRATCH / key, ignore_errors=True)
+
+    def write_draft(self, key: str, record: BlockRecord) -> None:
+        """Store a block in the block layout under ``scratch/<key>``, to be promoted (or
+        discarded) later; the record is validated now, so a promoted draft is a valid block."""
+        if not isinstance(record, BlockRecord):
+            raise TypeError(f"write_draft expects a BlockRecord, got {type(record).__name__}")
+        self.write_scratch(
+            key, {name: getattr(record, name) for name in BLOCK_ARRAYS},
+            {"attributes": list(record.attributes), "alpha": record.alpha,
+             "lower_bound": record.lower_bound, "solver": record.solver})
+        top = int(record.query_index.max()) if record.query_index.size else -1
+        self._drafts[key] = (record.block_id, top)
+
+    def promote_draft(self, key: str, replace: Mapping[str, np.ndarray], attrs: Mapping) -> None:
+        """Move the draft at ``scratch/<key>`` to ``blocks/<block_id>`` (a rename: its basis,
+        recon and query_index are not rewritten), then rewrite the arrays in ``replace`` (some
+        of ``RESCALED_ARRAYS``; each keeps its shape) and update the block attrs with ``attrs``
+        (e.g. the scaled ``alpha`` and ``lower_bound``)."""
+        self._require_open()
+        if key not in self._drafts:
+            raise KeyError(f"{self.staging_path}: no draft {key!r} to promote")
+        block_id, top = self._drafts[key]
+        if block_id in self._block_ids:
+            raise ValueError(f"block_id: {block_id!r} was already written")
+        unknown = sorted(set(replace) - set(RESCALED_ARRAYS))
+        if unknown:
+            raise ValueError(f"promote_draft may only rewrite {RESCALED_ARRAYS}, not {unknown}")
+        draft = self._scratch_group(key, create=False)
+        arrays = {}
+        for name, data in replace.items():
+            arr = _float_array(name, data, len(draft[name].shape))
+            if arr.shape != tuple(draft[name].shape):
+                raise ValueError(f"{name}: shape {arr.shape}, but the draft's is {tuple(draft[name].shape)}")
+            arrays[name] = np.ascontiguousarray(arr)
+        attrs = _jsonable(dict(attrs), f"blocks/{block_id} attrs")
+        del self._drafts[key]
+        self._block_ids.add(block_id)  # as in write_block: a failed promotion is not retried under this id
+        os.rename(self.staging_path / SCRATCH / key, self.staging_path / "blocks" / block_id)
+        group = self._blocks[block_id]
+        for name, data in arrays.items():
+            _write_array(group, name, data, overwrite=True)
+        if attrs:
+            group.attrs.update(attrs)
+        self._max_query_index = max(self._max_query_index, top)
+
     def finish(self, *, spec: Mapping, schema: Mapping, queries_targets, queries_variances,
                alpha: float, alpha_exact: bool, rho: float, composition: str,
                extra_attrs: Mapping | None = None) -> str:
@@ -516,6 +651,11 @@ class PlanWriter:
         clash = sorted(set(extra) & set(ROOT_KEYS))
         if clash:
             raise ValueError(f"extra_attrs: keys {clash} are reserved for the plan store itself")
+        if self._drafts:
+            raise ValueError(
+                f"{len(self._drafts)} block drafts were never promoted (first: {sorted(self._drafts)[0]!r}); "
+                "promote or discard them before finish")
+        shutil.rmtree(self.staging_path / SCRATCH, ignore_errors=True)  # scratch is never part of a plan
 
         queries = self._group["queries"]
         _write_array(queries, "targets", targets)

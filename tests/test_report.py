@@ -31,7 +31,7 @@ def inputs(tmp_path_factory):
     write_synthetic(load_spec(spec_path), 30, data, seed=1, chunk_units=10)
     release = root / "release.zarr"
     run_release(str(plan), str(data), str(release), seed=5, serial=True, fsync=False)
-    return {"plan": str(plan), "release": str(release), "root": root}
+    return {"plan": str(plan), "release": str(release), "root": root, "data": str(data)}
 
 
 def _check_report(out: Path) -> str:
@@ -121,3 +121,37 @@ def test_report_refuses_foreign_directory(inputs, tmp_path, capsys):
     assert code == 2
     assert_one_line_error(err, "not a directory")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["file.html", "mine"]
+
+
+def test_true_answers_are_the_workload_times_the_counts(inputs):
+    """The calibration's truth (block marginals through B and L, summed per query) equals the
+    dense workload matrix times the full-domain counts: an independent path."""
+    import numpy as np
+
+    from distfit.data import open_data
+    from distfit.release import query_answers, true_block_answers
+
+    plan = read_plan(inputs["plan"])
+    data = open_data(inputs["data"])
+    rows = [(plan.block(b).query_index, true_block_answers(plan.block(b), data.block_counts(plan.block(b).attributes, 0, 30)))
+            for b in plan.block_ids]
+    workload = load_spec(inputs["root"] / "spec.yaml").workload()
+    counts = np.asarray(data.counts[:30], dtype=float)
+    np.testing.assert_allclose(query_answers(rows, workload.matrix.shape[0]), counts @ workload.matrix.T,
+                               rtol=1e-9, atol=1e-8)
+
+
+def test_calibration_section(inputs, tmp_path, capsys):
+    """30 units x 30 queries of a seeded release: the standardised errors are N(0, 1), so about
+    95% lie within 1.96 sd (the binomial sd of the share over 900 answers is 0.7%; the noise is
+    correlated within a unit, so the bounds are wide)."""
+    out = tmp_path / "report"
+    code, stdout, err = run(capsys, "report", inputs["plan"], inputs["release"], "--out", str(out),
+                            "--data", inputs["data"])
+    assert code == 0, err
+    page = _check_report(out)
+    assert (out / "calibration.png").is_file() and "CONFIDENTIAL" in page
+    share = float(re.search(r"calibration +([0-9.]+)% of (\d+) answers", stdout).group(1)) / 100
+    assert 0.90 <= share <= 0.99, stdout
+    code, _, err = run(capsys, "report", inputs["plan"], "--out", str(tmp_path / "r2"), "--data", inputs["data"])
+    assert code == 2 and "give the release too" in err

@@ -39,6 +39,46 @@ def test_dask_plan_equals_serial_plan(client):
     np.testing.assert_allclose(distributed.variances, serial.variances, rtol=1e-9)
 
 
+def test_dask_executor_takes_tasks_lazily(client):
+    """At most max_in_flight tasks are submitted and unread: a streamed plan reads each spec
+    from the store only when its task goes out."""
+    from distfit.blocks import residual_blocks
+    from distfit.plan import BlockTask
+
+    domain, groups = _groups()
+    blocks = residual_blocks(domain, groups)
+    pulled = []
+
+    def tasks():
+        for i, spec in enumerate(blocks):
+            pulled.append(i)
+            yield BlockTask(i, spec, spec.targets)
+
+    seen = []
+    for index, solution in DaskExecutor(client, max_in_flight=2)(tasks()):
+        seen.append(index)
+        assert len(pulled) - len(seen) <= 2
+    assert sorted(seen) == list(range(len(blocks))) == pulled
+
+
+def test_streamed_plan_on_a_cluster_equals_the_serial_plan(client, tmp_path, monkeypatch):
+    import yaml
+
+    import distfit.plan as plan_module
+    from distfit.planning import run_plan
+    from distfit.store import read_plan
+    from reference import SMALL_SPEC
+
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(dict(SMALL_SPEC, blocks={"merge": False})))
+    streamed, _ = run_plan(str(path), str(tmp_path / "streamed.zarr"), cluster=client.scheduler.address, stream=True)
+    monkeypatch.setattr(plan_module, "CO_OPTIMIZE_WORK", 0.0)  # the streamed plan has no joint dual
+    serial, _ = run_plan(str(path), str(tmp_path / "serial.zarr"), serial=True, stream=False)
+    assert streamed.streamed and not serial.streamed
+    assert streamed.alpha == pytest.approx(serial.alpha, rel=1e-9)
+    np.testing.assert_allclose(read_plan(str(tmp_path / "streamed.zarr")).queries_variances, serial.variances, rtol=1e-9)
+
+
 def test_plan_survives_a_killed_worker(client):
     domain, groups = _groups()
     reference = plan_groups(domain, groups, max_cells=0, refine_rounds=0)
@@ -98,7 +138,8 @@ def test_plan_through_a_scheduler_file(tmp_path):
             process.wait(timeout=30)
 
 
-def test_killed_worker_plan_completes_and_passes_audit(tmp_path):
+@pytest.mark.parametrize("stream", [False, True])
+def test_killed_worker_plan_completes_and_passes_audit(tmp_path, stream):
     """`distfit plan` against a running cluster; one worker process is killed mid-plan."""
     import yaml
 
@@ -126,10 +167,10 @@ def test_killed_worker_plan_completes_and_passes_audit(tmp_path):
 
         timer = threading.Timer(0.3, kill)
         timer.start()
-        plan, _ = run_plan(str(path), str(tmp_path / "plan.zarr"), cluster=client.scheduler.address)
+        plan, _ = run_plan(str(path), str(tmp_path / "plan.zarr"), cluster=client.scheduler.address, stream=stream)
         finished_at = time.perf_counter()
         timer.join()
         assert killed_at and killed_at[0] < finished_at, "the worker was not killed while the plan ran"
     report = audit_plan(str(tmp_path / "plan.zarr"))
     assert report.ok, report.failures
-    assert len(plan.blocks) == 16
+    assert len(plan.blocks) == 16 and plan.streamed == stream

@@ -492,3 +492,79 @@ def test_jsonable():
         _jsonable({"x": {1, 2}})
     with pytest.raises(TypeError, match="string keys"):
         _jsonable({1: 2})
+
+
+# ---------------------------------------------------------------------------- scratch and drafts (streamed planning)
+
+
+def _unscaled(rec: BlockRecord, scale: float) -> BlockRecord:
+    """The draft a streamed planner writes: the block before its final scale."""
+    return BlockRecord(block_id=rec.block_id, attributes=rec.attributes, basis=rec.basis, recon=rec.recon,
+                       query_index=rec.query_index, sigma=rec.sigma / scale, targets=rec.targets,
+                       variances=rec.variances / scale, profile=rec.profile * scale, alpha=rec.alpha * scale,
+                       lower_bound=rec.lower_bound * scale, solver=rec.solver)
+
+
+def test_promoted_drafts_make_the_same_store_as_write_block(template, tmp_path):
+    """Drafts promoted and rescaled in place give the very store (same files, same checksum)
+    that write_block gives; scratch space (spilled arrays, a discarded round) is gone."""
+    src, checksum = template
+    path = tmp_path / "plan.zarr"
+    scale = 4.0  # a power of two: unscaling and rescaling are exact
+    with PlanWriter(path, fsync=False) as w:
+        w.write_scratch("specs/race", {"basis": np.ones((3, 4))}, {"note": np.int64(1)})
+        arrays, attrs = w.read_scratch("specs/race")
+        assert arrays["basis"].shape == (3, 4) and attrs == {"note": 1}
+        for rec in blocks3():
+            w.write_draft(f"round-0/{rec.block_id}", _unscaled(rec, scale))
+            w.write_draft(f"round-1/{rec.block_id}", _unscaled(rec, 2 * scale))
+        w.discard_scratch("round-1")
+        for rec in reversed(blocks3()):  # any order
+            draft = w.read_scratch(f"round-0/{rec.block_id}", ("sigma", "variances", "profile"))[0]
+            w.promote_draft(f"round-0/{rec.block_id}",
+                            {"sigma": draft["sigma"] * scale, "variances": draft["variances"] * scale,
+                             "profile": draft["profile"] / scale},
+                            {"alpha": rec.alpha, "lower_bound": rec.lower_bound})
+        assert w.block_ids == ("age.sex", "empty_", "race")
+        assert w.finish(**finish_kwargs()) == checksum
+    assert siblings(path) == ["plan.zarr"]
+    assert not (path / "scratch").exists()
+    direct, streamed = tree_snapshot(src), tree_snapshot(path)
+    assert sorted(direct) == sorted(streamed)
+    assert all(direct[name] == streamed[name] for name in direct if name != "zarr.json")  # root attrs hold `created`
+    for a, b in zip(read_plan(src).iter_blocks(), read_plan(path).iter_blocks()):
+        assert a.alpha == b.alpha and a.lower_bound == b.lower_bound and a.solver == b.solver
+
+
+def test_finish_refuses_unpromoted_drafts(tmp_path):
+    path = tmp_path / "plan.zarr"
+    rec = blocks3()[0]
+    with pytest.raises(ValueError, match="never promoted"):
+        with PlanWriter(path, fsync=False) as w:
+            w.write_draft(f"round-0/{rec.block_id}", rec)
+            w.finish(**finish_kwargs())
+    assert siblings(path) == []
+
+
+def test_draft_and_scratch_refusals(tmp_path):
+    rec = blocks3()[0]
+    with PlanWriter(tmp_path / "plan.zarr", fsync=False) as w:
+        for key in ("../x", "a//b", "__x", "", ".."):
+            with pytest.raises(ValueError, match="scratch key"):
+                w.write_scratch(key, {})
+        w.write_draft("r/a", rec)
+        with pytest.raises(ValueError, match="already written"):
+            w.write_draft("r/a", rec)
+        with pytest.raises(ValueError, match="may only rewrite"):
+            w.promote_draft("r/a", {"basis": rec.basis}, {})
+        with pytest.raises(ValueError, match="shape"):
+            w.promote_draft("r/a", {"sigma": rec.sigma[:-1, :-1]}, {})
+        with pytest.raises(KeyError, match="no draft"):
+            w.promote_draft("r/b", {}, {})
+        w.write_block(rec)
+        with pytest.raises(ValueError, match="already written"):
+            w.promote_draft("r/a", {}, {})
+        w.discard_scratch("r")
+        with pytest.raises(KeyError):
+            w.read_scratch("r/a")
+        w.abort()
