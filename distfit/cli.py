@@ -586,7 +586,8 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from .running import RunFailure, run_pipeline
+    from .running import RunFailure, run_levels, run_pipeline
+    from .spec import load_spec
 
     if args.units is not None and args.units <= 0:
         raise UsageError(f"--units must be >= 1, got {args.units}")
@@ -594,14 +595,28 @@ def _cmd_run(args: argparse.Namespace) -> int:
         raise UsageError(f"--workers must be >= 1, got {args.workers}")
     if args.serial and (args.cluster is not None or args.workers is not None):
         raise UsageError("--serial excludes --cluster and --workers")
+    multilevel = args.spec is not None and load_spec(args.spec).multilevel
     try:
-        result = run_pipeline(
-            args.spec, args.out, data=args.data, units=args.units, cluster=args.cluster,
-            workers=args.workers, serial=args.serial,
-        )
+        run = run_levels if multilevel else run_pipeline
+        result = run(args.spec, args.out, data=args.data, units=args.units, cluster=args.cluster,
+                     workers=args.workers, serial=args.serial)
     except RunFailure as error:
         _error(error)
         return 1
+    if multilevel:
+        account = result.account
+        print(f"{PROG}: run {result.rundir} ({len(result.levels)} levels, sequential composition)")
+        print(f"  spec hash      {result.spec_hash}")
+        print(f"  people         {result.people}")
+        for name, level in result.levels.items():
+            print(f"  level {name:<9s} alpha {account['levels'][name]:.6g}  {level.rundir}  "
+                  f"(plan {level.stages.get('plan')}, release {level.stages.get('release')})")
+            print(f"                 report {os.path.join(level.report, 'index.html')}")
+        print(f"  privacy        alpha {account['alpha']:.6g} ({'exact' if account['alpha_exact'] else 'sum bound'}), "
+              f"rho {account['rho']:.6g}")
+        print(f"  manifest       {result.manifest}")
+        print(f"  seconds        {result.timings.get('total', 0.0):.1f}")
+        return 0
     stages = result.stages
     print(f"{PROG}: run {result.rundir}")
     print(f"  spec hash      {result.spec_hash}")

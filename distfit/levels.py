@@ -35,7 +35,7 @@ from .blocks import stitched_profile
 from .privacy import privacy_account
 from .workload import Domain
 
-__all__ = ["LevelAccount", "budget_shares", "combine_levels"]
+__all__ = ["LevelAccount", "budget_shares", "combine_levels", "level_profiles", "scale_plan_to_budget"]
 
 
 @dataclass(frozen=True)
@@ -102,3 +102,56 @@ def budget_shares(level_alphas: Sequence[float], combined_alpha: float, budget_a
         raise ValueError(f"budget alpha must be finite and > 0, got {budget_alpha!r}")
     factor = budget_alpha / combined_alpha
     return [float(alpha) * factor for alpha in level_alphas]
+
+
+def level_profiles(plan: Any) -> list[tuple[tuple[str, ...], np.ndarray]]:
+    """``(attributes, profile)`` of every block of a stored plan (:func:`distfit.store.read_plan`):
+    the input :func:`combine_levels` takes per level (profiles are small: one float per cell of
+    each block's marginal)."""
+    out = []
+    for block_id in plan.block_ids:
+        block = plan.block(block_id)
+        out.append((tuple(block.attributes), np.asarray(block.profile, dtype=float)))
+    return out
+
+
+def scale_plan_to_budget(source: str, out: str, spec: Any, budget_alpha: float, *, fsync: bool = True) -> str:
+    """Write at ``out`` the plan that planning ``spec`` (a level spec whose privacy is the budget
+    ``alpha = budget_alpha``) would give, from the accuracy-first plan at ``source``: every block
+    scaled by ``k = alpha / budget_alpha`` (:func:`distfit.planning.apply_budget`, Problem 2:
+    sigma and variances times k, profile, alpha and bounds divided by k), block by block through
+    a :class:`distfit.store.PlanWriter` (atomic). Returns the new plan's checksum; the plan
+    passes :func:`distfit.audit.audit_plan` like any other."""
+    import dataclasses
+
+    from .privacy import privacy_account
+    from .store import PlanWriter, read_plan
+
+    plan = read_plan(source)
+    attrs = plan.attrs
+    alpha = float(attrs["alpha"])
+    factor = alpha / float(budget_alpha)
+    if not (math.isfinite(factor) and factor > 0):
+        raise ValueError(f"budget alpha {budget_alpha!r} gives no finite scale for alpha {alpha!r}")
+    planner = dict(attrs.get("planner") or {})
+    for key in ("alpha_sum_bound", "allocation_lower_bound"):
+        if planner.get(key) is not None:
+            planner[key] = float(planner[key]) / factor
+    planner["variance_scale"] = float(planner.get("variance_scale", 1.0)) * factor
+    planner["decisions"] = list(planner.get("decisions", [])) + [
+        f"budget alpha {budget_alpha:.6g} (this level's share of the run's budget): variances scaled by k = {factor:.6g}"]
+    planner["spec_hash"] = spec.spec_hash
+    new_alpha = alpha / factor
+    with PlanWriter(out, fsync=fsync) as writer:
+        for block_id in plan.block_ids:
+            block = plan.block(block_id)
+            writer.write_block(dataclasses.replace(
+                block, sigma=np.asarray(block.sigma) * factor, variances=np.asarray(block.variances) * factor,
+                profile=np.asarray(block.profile) / factor, alpha=float(block.alpha) / factor,
+                lower_bound=float(block.lower_bound) / factor))
+        return writer.finish(
+            spec=spec.to_dict(), schema=attrs["schema"], queries_targets=np.asarray(plan.queries_targets),
+            queries_variances=np.asarray(plan.queries_variances) * factor, alpha=new_alpha,
+            alpha_exact=bool(attrs.get("alpha_exact")), rho=new_alpha / 2.0,
+            composition=attrs.get("composition"),
+            extra_attrs={"account": privacy_account(new_alpha).to_dict(), "planner": planner})

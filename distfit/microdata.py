@@ -62,6 +62,7 @@ from __future__ import annotations
 import math
 import os
 import re
+import secrets
 import shutil
 import sys
 import zlib
@@ -79,7 +80,7 @@ from .data import (
     read_marginals,
     staged_store,
 )
-from .store import _jsonable, _utc_now
+from .store import STAGING_MARKER, _jsonable, _utc_now
 
 #: Bytes per CSV partition (and the target partition size for Parquet).
 BLOCKSIZE = 64 * 2**20
@@ -703,3 +704,114 @@ def ensure_tabulated(spec: Any, source: PathLike, out: PathLike, *, cover: Itera
     tabulate_microdata(spec, source, path, client=client, overwrite=replacing, fsync=fsync, cover=cover,
                        blocksize=blocksize, log=log)
     return path, "tabulated"
+
+
+# --------------------------------------------------------------------------------------------
+# synthetic people (microdata for demos, tests and multi-level runs)
+
+#: Each level of a synthetic geography holds this many units of the level below it.
+GEOGRAPHY_FANOUT = 10
+#: Rows in one synthetic Parquet file (a file holds whole finest-level units).
+PEOPLE_FILE_ROWS = 1 << 20
+
+
+def raw_values(attribute: Any) -> np.ndarray:
+    """One data value per value of ``attribute`` that ``attribute.encode`` maps back to it: for
+    ``bins`` a number in the bin (its lower edge, or the upper edge minus 1 for an open bottom),
+    else a data value that ``recode`` maps to the label, else the label itself."""
+    if attribute.bins is not None:
+        edges = attribute.bins
+        return np.array([lo if math.isfinite(lo) else hi - 1.0 for lo, hi in zip(edges[:-1], edges[1:])])
+    source: dict[str, str] = {}
+    for raw, label in attribute.recode:
+        source.setdefault(label, raw)
+    return np.array([source.get(label, label) for label in attribute.values], dtype=object)
+
+
+def unit_columns(spec: Any) -> list[str]:
+    """A spec's unit columns, coarsest first: its levels' (in spec order) or its own."""
+    if spec.levels:
+        columns = [level.units.column for level in spec.levels if level.units is not None]
+    else:
+        columns = [spec.units.column] if spec.units is not None else []
+    if len(set(columns)) != len(columns):
+        raise ValueError(f"spec {spec.name!r}: levels share a unit column ({', '.join(columns)}); a "
+                         "synthetic geography needs one column per level")
+    return columns
+
+
+def synthetic_geography(columns: Sequence[str], start: int, stop: int,
+                        fanout: int = GEOGRAPHY_FANOUT) -> dict[str, np.ndarray]:
+    """Nested unit ids of finest-level units ``start .. stop-1``: the last column has one unit
+    per finest unit, the column before it one unit per ``fanout`` of those, and so on, so every
+    unit lies inside one unit of each coarser level. Ids read ``COLUMN-000042``."""
+    out = {}
+    index = np.arange(start, stop)
+    for depth, column in enumerate(reversed(columns)):
+        level_index = index // fanout ** depth
+        out[column] = np.char.add(f"{column}-", np.char.zfill(level_index.astype(str), 6))
+    return {column: out[column] for column in columns}
+
+
+def write_synthetic_people(spec: Any, units: int, out: PathLike, *, seed: int | None = None,
+                           overwrite: bool = False, fsync: bool = True) -> Path:
+    """Synthetic microdata for ``spec``: a directory of Parquet files, one row per person.
+
+    The people of ``units`` finest-level units are drawn from the synthetic-data model of
+    :mod:`distfit.data` (:func:`distfit.data.synthesize_histograms`, the same cells, skew and
+    correlations, seeded by ``seed``; None: fresh entropy) and expanded to rows: one column per
+    attribute (its data column, holding :func:`raw_values`, so ``encode`` maps every row back
+    to its cell) and one per unit column of the spec (:func:`unit_columns`; nested ids,
+    :func:`synthetic_geography`). The data is synthetic, not private.
+
+    Written atomically: the files go to ``<out>.incomplete-<random>``, which is moved into place
+    once complete; an existing ``out`` is refused unless ``overwrite`` (then only a directory of
+    Parquet files is replaced). Returns ``out``.
+    """
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from .data import synthesize_histograms
+    from .store import move_into_place
+
+    spec = _load_spec(spec)
+    domain = spec.domain
+    units = _check_int("units", units, 1)
+    seed = secrets.randbits(63) if seed is None else _check_int("seed", seed, 0)
+    columns = unit_columns(spec)
+    values = [raw_values(attribute) for attribute in spec.attributes]
+    path = Path(os.fspath(out))
+
+    def check_target(target: Path) -> None:
+        if not (target.exists() or target.is_symlink()):
+            return
+        if not overwrite:
+            raise FileExistsError(f"{target}: already exists (use --overwrite to replace it)")
+        if microdata_format(target) != "parquet" or not target.is_dir():
+            raise FileExistsError(f"{target}: not a directory of Parquet files; refusing to replace it")
+
+    check_target(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    staging = path.with_name(f"{path.name}{STAGING_MARKER}{secrets.token_hex(6)}")
+    staging.mkdir()
+    try:
+        for number, (start, counts) in enumerate(synthesize_histograms(domain, units, seed)):
+            n = counts.shape[0]
+            flat = counts.ravel()
+            keys = np.repeat(np.arange(flat.size, dtype=np.int64), flat)
+            unit = keys // domain.size + start
+            codes = np.unravel_index(keys % domain.size, domain.shape)
+            table = {}
+            for column, ids in synthetic_geography(columns, start, start + n).items():
+                table[column] = ids[unit - start]
+            for attribute, raw, code in zip(spec.attributes, values, codes):
+                table[_data_column(attribute)] = raw[code] if raw.dtype != object else raw[code].astype(str)
+            pq.write_table(pa.table(table), staging / f"part-{number:05d}.parquet")
+        if fsync:
+            from .store import _fsync_tree
+            _fsync_tree(staging)
+        move_into_place(staging, path, check_target)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return path

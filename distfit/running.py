@@ -56,7 +56,8 @@ PACKAGES = ("distfit", "numpy", "scipy", "dask", "distributed", "zarr")
 PLAN_NAME, DATA_NAME, RELEASE_NAME, MANIFEST_NAME = "plan.zarr", "data.zarr", "release.zarr", "manifest.json"
 REPORT_NAME = "report"
 
-__all__ = ["RunDirError", "RunFailure", "RunResult", "default_spec_path", "run_pipeline", "data_seed"]
+__all__ = ["LevelsRunResult", "RunDirError", "RunFailure", "RunResult", "default_spec_path", "run_levels",
+           "run_pipeline", "data_seed"]
 
 
 class RunDirError(ValueError):
@@ -408,3 +409,196 @@ def run_pipeline(
         manifest=str(manifest_path), spec_hash=spec_hash, plan_checksum=plan.checksum,
         release_checksum=release_checksum, stages=stages, timings=timings, manifest_data=manifest,
     )
+
+
+# --------------------------------------------------------------------------------------------
+# multi-level runs
+
+LEVELS_DIR, PEOPLE_NAME = "levels", "people"
+ACCURACY_PLAN_NAME, LEVEL_SPEC_NAME, ACCURACY_SPEC_NAME = "accuracy-plan.zarr", "spec.yaml", "accuracy-spec.yaml"
+
+
+@dataclass(frozen=True)
+class LevelsRunResult:
+    """What ``distfit run`` did for a multi-level spec: one :class:`RunResult` per level (spec
+    order), the people data used, the combined privacy account and the top manifest."""
+
+    rundir: str
+    spec_hash: str
+    people: str
+    levels: dict[str, RunResult]
+    account: dict[str, Any]
+    manifest: str
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+def _write_spec(path: Path, spec: Any) -> None:
+    """A level's spec as YAML (canonical form), rewritten only when its content changes."""
+    import yaml
+
+    text = yaml.safe_dump(spec.to_dict(), sort_keys=False, allow_unicode=True, width=100)
+    if path.exists() and path.read_text(encoding="utf-8") == text:
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(f".{path.name}.tmp")
+    temporary.write_text(text, encoding="utf-8")
+    os.replace(temporary, path)
+
+
+def run_levels(
+    spec_path: str | os.PathLike,
+    out: str | os.PathLike,
+    *,
+    data: str | os.PathLike | None = None,
+    units: int | None = None,
+    cluster: str | None = None,
+    workers: int | None = None,
+    serial: bool = False,
+    log: TextIO | None = None,
+    fsync: bool = True,
+) -> LevelsRunResult:
+    """Run a multi-level spec into ``out``: levels one after another (sequential composition),
+    each level's blocks and chunks in parallel on one Dask cluster (:mod:`distfit.levels`).
+
+    Layout: ``RUNDIR/people/`` (synthetic microdata, a directory of Parquet files, when no
+    ``--data``: ``--units`` finest-level units, default 10000, nested geography,
+    :func:`distfit.microdata.write_synthetic_people`, seeded from the spec hash),
+    ``RUNDIR/levels/<level>/`` (a complete single-level run of ``spec.yaml``, the level's spec:
+    plan, data tabulated for the level's unit column, release, report, manifest; see
+    :func:`run_pipeline`) and ``RUNDIR/manifest.json`` (the levels, their checksums and the
+    combined privacy account). With a budget every level is first planned accuracy-first
+    (``levels/<level>/accuracy-plan.zarr``), the budget is shared by one common scale
+    (:func:`distfit.levels.budget_shares`) and each level's plan is that plan scaled to its
+    share (:func:`distfit.levels.scale_plan_to_budget`); its ``spec.yaml`` records the share
+    as the level's ``privacy.alpha``. A rerun reuses and resumes level by level like
+    :func:`run_pipeline`; a RUNDIR of another spec is refused (RunDirError).
+    """
+    import dataclasses
+
+    from .levels import budget_shares, combine_levels, level_profiles, scale_plan_to_budget
+    from .microdata import microdata_format, write_synthetic_people
+    from .planning import run_plan
+    from .privacy import Budget
+    from .runtime import dask_client
+    from .spec import PrivacySpec, load_spec
+    from .store import read_plan
+
+    started = time.perf_counter()
+    log = log or sys.stderr
+    spec = load_spec(spec_path)
+    if not spec.multilevel:
+        raise ValueError(f"{spec_path}: not a multi-level spec (no levels); use run_pipeline")
+    if units is not None and (isinstance(units, bool) or units < 1):
+        raise ValueError(f"--units must be >= 1, got {units}")
+    spec_hash = spec.spec_hash
+    rundir = Path(os.fspath(out))
+    if rundir.exists() and not rundir.is_dir():
+        raise RunDirError(f"{rundir}: exists and is not a directory")
+    manifest_path = rundir / MANIFEST_NAME
+    earlier = _read_manifest(manifest_path)
+    if earlier is not None and (earlier.get("spec") or {}).get("hash") != spec_hash:
+        raise RunDirError(f"{rundir}: holds the run of another spec (spec hash "
+                          f"{(earlier.get('spec') or {}).get('hash')}); use another --out")
+    if rundir.exists() and earlier is None and any(
+            (rundir / name).exists() for name in (PLAN_NAME, RELEASE_NAME, DATA_NAME)):
+        raise RunDirError(f"{rundir}: holds a single-level run; use another --out")
+    if data is not None:
+        if microdata_format(data) is None:
+            raise ValueError(f"--data {data}: a multi-level run reads person-level microdata (.csv, .csv.gz, "
+                             ".parquet, .pq or a directory of Parquet files) with every level's unit column")
+        if units is not None:
+            raise ValueError("--units is for synthetic data; --data is given")
+        people = Path(os.fspath(data))
+    else:
+        people = rundir / PEOPLE_NAME
+        recorded = ((earlier or {}).get("people") or {}).get("units")
+        if people.exists() and units is not None and recorded is not None and recorded != units:
+            raise RunDirError(f"{people}: holds {recorded} units from an earlier run, but --units is {units}; "
+                              "use another --out")
+    rundir.mkdir(parents=True, exist_ok=True)
+    timings: dict[str, float] = {}
+    budget = spec.privacy.budget
+    level_dirs = {level.name: rundir / LEVELS_DIR / level.name for level in spec.levels}
+
+    with contextlib.ExitStack() as stack:
+        address = cluster
+        if not serial and cluster is None:
+            client = stack.enter_context(dask_client(None, workers, log=log))
+            address = client.scheduler.address
+        cluster_used = ({"kind": "serial"} if serial else
+                        {"kind": "local", "workers": workers or os.cpu_count() or 1} if cluster is None else
+                        {"kind": "external", "address": cluster})
+
+        t = time.perf_counter()
+        people_units = units or DEFAULT_UNITS
+        if data is None and not people.exists():
+            print(f"distfit: synthesising people for {people_units} units at {people}", file=log)
+            write_synthetic_people(spec, people_units, people, seed=data_seed(spec_hash), fsync=fsync)
+        elif data is None:
+            people_units = ((earlier or {}).get("people") or {}).get("units", people_units)
+            print(f"distfit: reusing the people at {people}", file=log)
+        timings["people"] = time.perf_counter() - t
+
+        level_specs = {level.name: spec.level_spec(level.name) for level in spec.levels}
+        if budget is not None:
+            t = time.perf_counter()
+            accuracy = []
+            for name, level_spec in level_specs.items():
+                accuracy_spec_path = level_dirs[name] / ACCURACY_SPEC_NAME
+                accuracy_plan = level_dirs[name] / ACCURACY_PLAN_NAME
+                _write_spec(accuracy_spec_path, level_spec)
+                if not accuracy_plan.exists():
+                    print(f"distfit: level {name}: accuracy-first plan (the budget is shared after)", file=log)
+                    run_plan(str(accuracy_spec_path), str(accuracy_plan), cluster=address, workers=workers,
+                             serial=serial, log=log)
+                plan = read_plan(accuracy_plan)
+                accuracy.append((name, float(plan.attrs["alpha"]), level_profiles(plan)))
+            combined = combine_levels(spec.domain, accuracy)
+            shares = budget_shares(combined.level_alphas, combined.alpha, budget.to_alpha())
+            print(f"distfit: accuracy-first levels cost alpha {combined.alpha:.6g} together; budget alpha "
+                  f"{budget.to_alpha():.6g}: every level scaled by k = {combined.alpha / budget.to_alpha():.6g}",
+                  file=log)
+            for (name, level_spec), share in zip(level_specs.items(), shares):
+                level_specs[name] = dataclasses.replace(level_spec, privacy=PrivacySpec("budget", Budget(alpha=share)))
+                _write_spec(level_dirs[name] / LEVEL_SPEC_NAME, level_specs[name])
+                plan_path = level_dirs[name] / PLAN_NAME
+                if not plan_path.exists():
+                    scale_plan_to_budget(str(level_dirs[name] / ACCURACY_PLAN_NAME), str(plan_path),
+                                         level_specs[name], share, fsync=fsync)
+            timings["budget"] = time.perf_counter() - t
+
+        results: dict[str, RunResult] = {}
+        for name, level_spec in level_specs.items():
+            t = time.perf_counter()
+            print(f"distfit: level {name} ({level_spec.num_queries} queries, units "
+                  f"{level_spec.units.column if level_spec.units else 'none: one population'})", file=log)
+            _write_spec(level_dirs[name] / LEVEL_SPEC_NAME, level_spec)
+            results[name] = run_pipeline(
+                level_dirs[name] / LEVEL_SPEC_NAME, level_dirs[name], data=str(people), cluster=address,
+                serial=serial, log=log, fsync=fsync)
+            timings[f"level {name}"] = time.perf_counter() - t
+
+    plans = {name: read_plan(result.plan) for name, result in results.items()}
+    account = combine_levels(spec.domain, [(name, float(plan.attrs["alpha"]), level_profiles(plan))
+                                           for name, plan in plans.items()]).to_dict()
+    timings["total"] = time.perf_counter() - started
+    manifest = {
+        "distfit_format": MANIFEST_FORMAT,
+        "format_version": MANIFEST_VERSION,
+        "created": _utc_now(),
+        "spec": {"path": os.path.abspath(spec_path), "hash": spec_hash, "name": spec.name},
+        "people": {"path": os.path.abspath(people), "synthetic": data is None,
+                   "units": people_units if data is None else None},
+        "levels": {name: {"dir": os.path.abspath(level_dirs[name]), "manifest": result.manifest,
+                          "alpha": plans[name].attrs.get("alpha"), "plan_checksum": result.plan_checksum,
+                          "release_checksum": result.release_checksum,
+                          "report": os.path.join(result.report, "index.html")}
+                   for name, result in results.items()},
+        "privacy": account,
+        "timings_seconds": timings,
+        "versions": package_versions(),
+        "cluster": cluster_used,
+    }
+    write_json_atomic(manifest_path, manifest)
+    return LevelsRunResult(rundir=str(rundir), spec_hash=spec_hash, people=str(people), levels=results,
+                           account=account, manifest=str(manifest_path), timings=timings)

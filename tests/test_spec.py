@@ -674,3 +674,45 @@ def test_recode_to_unknown_label_is_refused():
     with pytest.raises(SpecError, match=r"attributes\[0\].recode.F: 'woman' is not a value label"):
         parse_spec({"name": "t", "attributes": [{"name": "sex", "values": ["f", "m"], "recode": {"F": "woman"}}],
                     "queries": [{"name": "g", "attributes": {"sex": "identity"}, "target": 1}]})
+
+
+# --------------------------------------------------------------------------------------------
+# the Adult and census pipelines
+
+
+def test_adult_spec_is_current_and_covers_every_row(tmp_path):
+    """adult.yaml is what generate_adult.py writes; all 364 3-way marginals of 14 attributes,
+    prefix on the ordinal ones; and every one of the 32,561 rows of adult.csv maps into the
+    domain (bins and recodes cover every value), counted once in every clique."""
+    import subprocess
+    import sys
+
+    check = subprocess.run([sys.executable, str(PIPELINES / "generate_adult.py"), "--check"],
+                           capture_output=True, text=True)
+    assert check.returncode == 0, check.stderr
+    spec = load_spec(PIPELINES / "adult.yaml")
+    assert len(spec.attributes) == 14 and len(spec.groups) == 364
+    assert sorted(g.attributes for g in spec.groups) == sorted(itertools.combinations(spec.domain.names, 3))
+    for group in spec.groups:
+        for attribute, query in group.queries:
+            assert query.kind == ("prefix" if spec.attribute(attribute).ordinal else "identity")
+    assert {a.name for a in spec.attributes if a.bins is not None} == {
+        "age", "fnlwgt", "capital_gain", "capital_loss", "hours_per_week"}
+
+    from distfit.data import open_data
+    from distfit.microdata import tabulate_microdata
+
+    out = tabulate_microdata(spec, PIPELINES / "data" / "adult.csv", tmp_path / "adult.zarr", fsync=False)
+    data = open_data(out)
+    assert data.units == 1 and data.attrs["total_people"] == 32_561
+    first = data.attrs["cliques"][0]
+    assert int(data.block_counts(first, 0, 1).sum()) == 32_561
+
+
+def test_census_spec_has_three_nested_levels():
+    spec = load_spec(PIPELINES / "census.yaml")
+    assert [level.name for level in spec.levels] == ["nation", "state", "county"]
+    assert [level.units.column if level.units else None for level in spec.levels] == [None, "state", "county"]
+    assert spec.privacy.budget is not None and spec.domain.size == 224
+    for level in spec.levels:
+        assert spec.level_spec(level.name).num_queries > 0
