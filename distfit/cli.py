@@ -544,6 +544,12 @@ def _cmd_tabulate(args: argparse.Namespace) -> int:
         raise UsageError("--serial excludes --cluster and --workers")
     started = time.perf_counter()
     spec = load_spec(args.spec)
+    if args.level is not None:
+        try:
+            spec = spec.level_spec(args.level)
+        except KeyError:
+            names = ", ".join(level.name for level in spec.levels) or "none: not a multi-level spec"
+            raise UsageError(f"--level: no level {args.level!r} (levels: {names})") from None
     cover = []
     if args.plan is not None:
         from .store import read_plan
@@ -733,6 +739,8 @@ def build_parser() -> argparse.ArgumentParser:
     tabulate_parser.add_argument("--chunk-units", type=int, metavar="C",
                                  help="units per chunk (default: up to 4096, at most 16 MiB per chunk)")
     tabulate_parser.add_argument("--overwrite", action="store_true", help="replace marginals already at --out")
+    tabulate_parser.add_argument("--level", metavar="NAME",
+                                 help="for a multi-level spec: the level to tabulate (its unit column and tables)")
     tabulate_parser.add_argument("--cluster", metavar="ADDRESS|FILE", help="scheduler address or scheduler file (default: a local multi-process cluster)")
     tabulate_parser.add_argument("--workers", type=int, metavar="N", help="worker processes of the local cluster (default: cores)")
     tabulate_parser.add_argument("--serial", action="store_true", help="tabulate in this process, without a cluster")

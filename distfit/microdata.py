@@ -21,7 +21,9 @@ Reading (never the whole file in memory)
   numeric ``bins``, ``recode``); encode runs once per distinct value of a partition, not per
   row. Unit ids are the unit column's values: an integer column gives int64 ids, anything else
   text ids stripped of surrounding blanks (UTF-8; an integral float is written without ``.0``).
-  With no unit column every person is in one unit, id 0.
+  With no unit column every person is in one unit, id 0. A unit without people has no row in
+  the microdata, so it is not in the tabulation and not released (a unit-histogram store can
+  hold empty units, if they must be published).
 
 Two passes, one Dask task per partition or per chunk of units (on the given
 ``distributed.Client``, or in this process one task at a time with the synchronous scheduler):
@@ -178,6 +180,7 @@ def query_cliques(spec: Any, cover: Iterable[Sequence[str]] = ()) -> list[tuple[
     schema order, a set inside another dropped; ordered by their schema positions. A spec
     whose only group is the grand total gives ``[()]``."""
     spec = _load_spec(spec)
+    spec.group_triples()  # a multi-level spec has no groups of its own: SpecError naming its levels
     order = {name: i for i, name in enumerate(spec.domain.names)}
     sets: list[frozenset[str]] = []
     for attributes in [group.attributes for group in spec.groups] + [tuple(c) for c in cover]:

@@ -608,8 +608,9 @@ class PipelineSpec:
         has none of its own: SpecError (plan it level by level, :meth:`level_spec`)."""
         if self.levels:
             raise SpecError("levels", f"spec {self.name!r} has levels "
-                                      f"({', '.join(level.name for level in self.levels)}); they are "
-                                      "planned one by one: use distfit run")
+                                      f"({', '.join(level.name for level in self.levels)}); each level is "
+                                      "planned, tabulated and released on its own: use distfit run "
+                                      "(distfit tabulate: --level NAME)")
         return [(group.name, group.matrices, group.targets) for group in self.groups]
 
     def workload(self) -> Workload:

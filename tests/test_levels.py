@@ -190,3 +190,29 @@ def test_multilevel_run_end_to_end(tmp_path, capsys):
     (tmp_path / "other.yaml").write_text(yaml.safe_dump(other))
     code, _, err = run(capsys, "run", str(tmp_path / "other.yaml"), "--out", str(rundir), "--serial")
     assert code == 2 and "holds the run of another spec" in err
+
+
+def test_tabulate_a_level_of_a_multilevel_spec(tmp_path, capsys):
+    import yaml
+
+    from clitools import run
+    from distfit.data import open_data
+    from distfit.microdata import write_synthetic_people
+
+    path = tmp_path / "levels.yaml"
+    path.write_text(yaml.safe_dump(LEVELS_SPEC))
+    people = write_synthetic_people(parse_spec(LEVELS_SPEC), 12, tmp_path / "people", seed=1, fsync=False)
+    code, _, err = run(capsys, "tabulate", str(path), "--data", str(people), "--out", str(tmp_path / "a.zarr"), "--serial")
+    assert code == 2 and "has levels (nation, county)" in err and "--level NAME" in err
+    code, _, err = run(capsys, "tabulate", str(path), "--data", str(people), "--out", str(tmp_path / "a.zarr"),
+                       "--serial", "--level", "state")
+    assert code == 2 and "--level: no level 'state' (levels: nation, county)" in err
+    code, _, err = run(capsys, "tabulate", str(path), "--data", str(people), "--out", str(tmp_path / "a.zarr"),
+                       "--serial", "--level", "county")
+    assert code == 0, err
+    import pandas as pd
+
+    data = open_data(tmp_path / "a.zarr")
+    # microdata holds no row for an empty unit, so the tabulation has the units with people
+    assert data.units == pd.read_parquet(people)["county"].nunique() <= 12
+    assert str(data.unit_ids[0]) == "county-000000"
