@@ -237,6 +237,10 @@ def _solve_represented(
                 best_sigma, best_alpha, stage = polished_primal.sigma, polished_primal.primal_alpha, "dual"
 
     sigma = _scaled_to_targets(best_sigma, scaled_recon)
+    # Exactly symmetric: Newton steps and scalings leave round-off asymmetry (seen up to 1e-13
+    # relative), which near-zero entries turn into audit mismatches; profile and variances are
+    # computed from this very matrix.
+    sigma = 0.5 * (sigma + sigma.T)
     profile = privacy_profile(sigma, basis_matrix)
     alpha = float(profile.max())
     gap = alpha / lower_bound - 1.0

@@ -405,3 +405,22 @@ def test_unconverged_solve_raises_convergence_error():
     assert numbers["gap"] / 100 == pytest.approx(numbers["alpha"] / numbers["bound"] - 1, rel=1e-3)
     assert issubclass(ConvergenceError, RuntimeError)
     assert distfit.ConvergenceError is ConvergenceError
+
+
+def test_sigma_is_exactly_symmetric():
+    """A residual block of three prefix attributes with per-query targets (the kind that once
+    stored round-off asymmetry, failing audit): the returned sigma equals its transpose bit for
+    bit."""
+    from distfit.plan import BlockTask, decompose, solve_block
+    from distfit.spec import parse_spec
+
+    spec = parse_spec({"name": "sym", "attributes": [
+        {"name": "a", "size": 6, "ordinal": True}, {"name": "b", "size": 7, "ordinal": True},
+        {"name": "c", "size": 3, "ordinal": True}],
+        "queries": [{"name": "abc", "attributes": {"a": "prefix", "b": "prefix", "c": "prefix"},
+                     "target": {"base": 100, "width_power": 0.5, "jitter": 0.5}}],
+        "blocks": {"merge": False}})
+    blocks, _ = decompose(spec.domain, spec.group_triples(), 0)
+    block = next(b for b in blocks if b.attributes == ("a", "b", "c"))
+    solution = solve_block(BlockTask(0, block, block.targets))
+    assert np.array_equal(solution.sigma, solution.sigma.T)
