@@ -56,6 +56,7 @@ BASELINE_MAX_CELLS = 5000
 CURVE_DELTAS = np.logspace(-12, -2, 41)
 ANSWER_QUERIES = 4   # error-bar plots for the first few queries
 ANSWER_UNITS = 20    # ... over the first units
+BLOCK_BARS = 60      # most blocks drawn in the alpha-per-block plot
 Z95 = 1.959963984540054
 #: Most (unit, query) answers the calibration compares with the truth (the first units).
 CALIBRATION_ANSWERS = 2_000_000
@@ -131,7 +132,9 @@ def _plot_privacy_curve(plt, alpha: float, out: Path) -> None:
 
 
 def _plot_block_alpha(plt, blocks: list[dict], out: Path) -> None:
-    order = sorted(blocks, key=lambda b: b["alpha"], reverse=True)
+    """The blocks' alphas, largest first: all of them up to :data:`BLOCK_BARS`, else the
+    largest BLOCK_BARS (the title says how many are shown; the table lists every block)."""
+    order = sorted(blocks, key=lambda b: b["alpha"], reverse=True)[:BLOCK_BARS]
     x = np.arange(len(order))
     fig, ax = plt.subplots(figsize=(max(6.4, 0.35 * len(order) + 2), 4.0))
     ax.bar(x, [b["alpha"] for b in order], color="C0", label="block alpha")
@@ -142,8 +145,9 @@ def _plot_block_alpha(plt, blocks: list[dict], out: Path) -> None:
     ax.set_xticks(x)
     ax.set_xticklabels([b["id"] for b in order], rotation=60, ha="right", fontsize=7)
     ax.set_ylabel("alpha")
-    ax.set_title("Privacy cost per block")
-    ax.legend()
+    shown = f"the {len(order)} largest of {len(blocks)} blocks" if len(order) < len(blocks) else "every block"
+    ax.set_title(f"Privacy cost per block ({shown})")
+    ax.legend(loc="upper right")
     fig.tight_layout()
     fig.savefig(out, dpi=100)
     plt.close(fig)
