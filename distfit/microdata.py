@@ -159,6 +159,16 @@ def source_info(path: PathLike) -> dict[str, Any]:
     return {"path": os.path.abspath(name), "format": fmt, "size": int(size), "mtime": float(mtime)}
 
 
+def check_source(spec: Any, source: PathLike) -> dict[str, Any]:
+    """Refuse, before any work, a microdata source that cannot serve ``spec``: missing, empty,
+    unreadable, or without one of the attribute or unit columns (:class:`DataError`). Reads
+    only the header (CSV) or the schema (Parquet); values are checked by the tabulation.
+    Returns :func:`source_info`."""
+    info = source_info(source)
+    _open_source(os.fspath(source), info["format"], _load_spec(spec), BLOCKSIZE)
+    return info
+
+
 def _data_column(attribute: Any) -> str:
     """The data column of a spec attribute (``column``, default the attribute's name)."""
     return getattr(attribute, "data_column", None) or getattr(attribute, "column", None) or attribute.name

@@ -257,7 +257,7 @@ def run_pipeline(
     """
     from .audit import audit_plan
     from .data import open_data, read_histograms, write_synthetic
-    from .microdata import ensure_tabulated, microdata_format, source_info
+    from .microdata import check_source, ensure_tabulated, microdata_format
     from .planning import run_plan
     from .releasing import read_release, run_release
     from .report import write_report
@@ -278,7 +278,7 @@ def run_pipeline(
     synthesise = data is None
     source = os.fspath(data) if data is not None and microdata_format(data) is not None else None
     if source is not None:
-        source_info(source)  # refuse a missing source before any work
+        check_source(spec, source)  # refuse a missing source or a missing column before any work
         if units is not None:
             raise ValueError(f"--units is for synthetic data; --data {source} is microdata (its units are "
                              "the values of the spec's unit column)")
@@ -476,7 +476,7 @@ def run_levels(
     import dataclasses
 
     from .levels import budget_shares, combine_levels, level_profiles, scale_plan_to_budget
-    from .microdata import microdata_format, write_synthetic_people
+    from .microdata import check_source, microdata_format, write_synthetic_people
     from .planning import run_plan
     from .privacy import Budget
     from .runtime import dask_client
@@ -508,6 +508,8 @@ def run_levels(
                              ".parquet, .pq or a directory of Parquet files) with every level's unit column")
         if units is not None:
             raise ValueError("--units is for synthetic data; --data is given")
+        for level in spec.levels:  # every level's columns, before any work
+            check_source(spec.level_spec(level.name), data)
         people = Path(os.fspath(data))
     else:
         people = rundir / PEOPLE_NAME

@@ -404,6 +404,13 @@ def test_bad_microdata_through_release_and_run(inputs, tmp_path, capsys):
                        "--out", str(tmp_path / "run3"), "--serial")
     assert code == 2
     assert_one_line_error(err, "--units is for synthetic data")
+    # a missing column is refused before any work: nothing at all is written into RUNDIR
+    columns = tmp_path / "columns.csv"
+    columns.write_text(HEADER.replace("sex", "gender") + GOOD)
+    code, _, err = run(capsys, "run", str(inputs["spec"]), "--data", str(columns),
+                       "--out", str(tmp_path / "run4"), "--serial")
+    assert code == 2 and "missing column 'sex'" in err and "columns found:" in err
+    assert not (tmp_path / "run4").exists()
 
 
 # --------------------------------------------------------------------------------------------
