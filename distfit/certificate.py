@@ -210,8 +210,14 @@ def maximize_block_dual(
     num_queries: int,
     max_iterations: int = 500,
     target_gap: float = 1e-4,
+    max_evaluations: int | None = None,
 ) -> BlockDualResult:
     """Jointly optimal noise for blocks that see the same people (sequential composition).
+
+    Stops when the gap is within ``target_gap``, after ``max_iterations`` L-BFGS iterations,
+    or after ``max_evaluations`` dual evaluations (each one eigendecomposition per block; the
+    planner caps them by total work, ``plan.JOINT_DUAL_BUDGET``); the best plan and bound seen
+    so far are returned.
 
     Primal: minimise ``sum_S max_i p_S,i(Sigma_S)`` subject to ``sum_S h_S,j(Sigma_S) <= 1`` for
     every query j (h_S,j: query j's variance from block S over its target). Its dual, for cell
@@ -270,6 +276,8 @@ def maximize_block_dual(
             best["upper"], best["sigmas"] = upper, tuple(sigma * scale for sigma in sigmas)
         if best["upper"] <= best["lower"] * (1.0 + target_gap):
             raise _Converged
+        if max_evaluations is not None and evaluations >= max_evaluations:
+            raise _Converged  # out of budget: keep the best plan and bound so far
         query_gradient = 2.0 * query_part / query_norm * (ratio_sums / 2.0 - total_norm / 2.0)
         gradient = 2.0 / total_norm * np.concatenate([cell_gradient, query_gradient])
         return -2.0 * np.log(total_norm), -gradient

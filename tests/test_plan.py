@@ -98,6 +98,32 @@ def test_joint_block_dual_matches_a_convex_solver():
     assert np.all(variances <= targets * (1 + 1e-9))
 
 
+def test_joint_block_dual_stops_at_its_evaluation_budget():
+    from distfit.basis import represent
+    from distfit.blocks import group_targets, residual_blocks
+    from distfit.certificate import maximize_block_dual
+    from distfit.plan import JOINT_DUAL_MIN_EVALUATIONS, joint_dual_evaluations
+
+    domain = Domain(("a", "b"), (3, 3))
+    rng = np.random.default_rng(2)
+    groups = [
+        ("a", {"a": prefix_queries(3)}, rng.uniform(1, 3, 3)),
+        ("ab", {"a": np.eye(3), "b": prefix_queries(3)}, rng.uniform(1, 3, 9)),
+    ]
+    targets = group_targets(domain, groups)
+    blocks = residual_blocks(domain, groups)
+    reps = [represent(b.workload, b.basis) for b in blocks]
+    recons = [r.recon / np.sqrt(targets[b.query_index])[:, None] for r, b in zip(reps, blocks)]
+    capped = maximize_block_dual([r.basis for r in reps], recons, [b.query_index for b in blocks], targets.size,
+                                 target_gap=1e-9, max_evaluations=3)
+    assert capped.evaluations == 3
+    assert capped.sigmas is not None and capped.lower_bound <= capped.alpha_sum_bound
+    # small plans keep the whole iteration budget; big ones get budget / work evaluations
+    assert joint_dual_evaluations(1e7) > 500
+    assert joint_dual_evaluations(1.1e9) == 27
+    assert joint_dual_evaluations(1e12) == JOINT_DUAL_MIN_EVALUATIONS
+
+
 def test_symmetric_blocks_take_the_closed_form():
     """A block fed by one identity marginal with one target is symmetric: the uniform dual
     weights are optimal, so its first dual evaluation certifies it and Sigma_S is proportional to

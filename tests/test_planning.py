@@ -95,3 +95,20 @@ def test_plan_store_attrs_are_strict_json(tmp_path):
 
     for path in out.rglob("zarr.json"):
         json.loads(path.read_text(), parse_constant=refuse)
+
+
+def test_round_progress_restarts_its_clock_every_round():
+    import io
+
+    from distfit.planning import RoundProgress
+
+    out = io.StringIO()
+    meter = RoundProgress("plan", out)
+    meter(0, 2)
+    first = meter.meter
+    meter(2, 2)
+    meter(0, 2)  # the next refinement round starts
+    assert meter.meter is not first and meter.round == 1
+    meter(2, 2)
+    lines = out.getvalue().splitlines()
+    assert lines[0].startswith("plan: 2/2 blocks") and lines[1].startswith("plan round 1: 2/2 blocks")

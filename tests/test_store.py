@@ -568,3 +568,47 @@ def test_draft_and_scratch_refusals(tmp_path):
         with pytest.raises(KeyError):
             w.read_scratch("r/a")
         w.abort()
+
+
+# ---------------------------------------------------------------------------- concurrent writes
+
+
+def _file_bytes(root: Path) -> dict[str, bytes]:
+    """Every file under ``root`` except the root zarr.json (which holds the creation time)."""
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*"))
+            if p.is_file() and p.relative_to(root) != Path("zarr.json")}
+
+
+@pytest.mark.parametrize("batch", [1, 2, 16])
+def test_write_blocks_writes_the_same_store_as_write_block(tmp_path, batch):
+    records = blocks3() + [make_block(f"b{i}", ["age"], k=2, d_b=3, m_b=2, seed=10 + i) for i in range(5)]
+    c1, _ = write_plan(tmp_path / "serial.zarr", records)
+    fk = finish_kwargs(0)
+    with PlanWriter(tmp_path / "batched.zarr", fsync=False) as w:
+        assert w.write_blocks(iter(records), batch=batch) == len(records)  # a lazy iterable is fine
+        assert w.block_ids == tuple(sorted(r.block_id for r in records))
+        c2 = w.finish(**fk)
+    assert c1 == c2
+    assert _file_bytes(tmp_path / "serial.zarr") == _file_bytes(tmp_path / "batched.zarr")
+    assert verify_checksum(tmp_path / "batched.zarr")[0]
+
+
+def test_write_blocks_refuses_a_repeated_block_id(tmp_path):
+    rec = blocks3()[0]
+    with pytest.raises(ValueError, match="already written"):
+        with PlanWriter(tmp_path / "p.zarr", fsync=False) as w:
+            w.write_blocks([rec, rec])
+    assert not (tmp_path / "p.zarr").exists()
+    assert not list(tmp_path.iterdir())  # the staging store is gone too
+
+
+def test_checksum_with_slabs_matches_unthreaded_order(tmp_path, monkeypatch):
+    """compute_checksum reads ahead on threads; small read sizes (many slabs per array) must
+    hash exactly what one slab at a time in order hashes."""
+    import distfit.store as store
+
+    path = tmp_path / "p.zarr"
+    checksum, _ = write_plan(path)
+    monkeypatch.setattr(store, "_READ_BYTES", 64)
+    monkeypatch.setattr(store, "READ_THREADS", 3)
+    assert compute_checksum(zarr.open_group(str(path), mode="r")) == checksum

@@ -1,0 +1,182 @@
+"""Planning the real Adult pipeline (``pipelines/adult.yaml``: 470 residual blocks, up to 210 basis
+rows and ~42,000 query rows per block, a 1.6e9-cell domain so alpha is the sum bound): where the
+time goes, stage by stage.
+
+Usage::
+
+    python benchmarks/bench_adult_plan.py write --plan /tmp/adult_r0.zarr [--repeat 2]
+    python benchmarks/bench_adult_plan.py plan [--spec pipelines/adult.yaml] [--workers 2]
+                                               [--refine-rounds 1] [--out DIR]
+    python benchmarks/bench_adult_plan.py payload [--spec pipelines/adult.yaml]
+
+``write``: reads every block of an existing plan store (realistic BlockRecords without
+re-planning) and writes them again into a fresh store, once block by block
+(``PlanWriter.write_block``, what ``write_plan`` did before) and once with
+``PlanWriter.write_blocks`` (what it does now), then ``finish`` (queries, checksum, fsync,
+rename). Prints seconds per stage, ms per block, the CPU seconds of this process, and checks
+that both stores carry the source plan's checksum (same arrays, same bytes).
+
+``plan``: the ``distfit plan`` pipeline with its stages timed separately: decomposition, each
+refinement round's block solves on a ``--workers`` local cluster (blocks/s per round), the
+allocation / joint block dual / stitching after the last round, and ``write_plan``. Prints the
+sum bound of every round and the final alpha. (On a loaded 2-core machine this takes 15-30
+minutes per round.)
+
+``payload``: pickled size of every block task (``plan.BlockTask``: the spec's basis, recon,
+query index and target shares) against the time to pickle them all.
+
+Timings are wall clock on a shared machine: the load average is printed with every figure;
+compare ratios within one run.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import pickle
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def load() -> str:
+    return "load average " + " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def bench_write(args: argparse.Namespace) -> None:
+    from distfit import store
+
+    t = time.perf_counter()
+    plan = store.read_plan(args.plan)
+    records = list(plan.iter_blocks())
+    print(f"read {len(records)} blocks from {args.plan}: {time.perf_counter() - t:.1f} s ({load()})")
+    schema = plan.attrs["schema"]
+    with tempfile.TemporaryDirectory(prefix="bench-adult-write-") as tmp:
+        for repeat in range(args.repeat):
+            for mode in ("write_block", "write_blocks"):
+                out = Path(tmp) / f"{mode}-{repeat}.zarr"
+                wall, cpu = time.perf_counter(), time.process_time()
+                with store.PlanWriter(out) as writer:
+                    if mode == "write_block":
+                        for record in records:
+                            writer.write_block(record)
+                    else:
+                        writer.write_blocks(records)
+                    blocks_s, blocks_cpu = time.perf_counter() - wall, time.process_time() - cpu
+                    checksum = writer.finish(
+                        spec=plan.attrs["spec"], schema={"attributes": schema["attributes"], "sizes": schema["sizes"]},
+                        queries_targets=plan.queries_targets, queries_variances=plan.queries_variances,
+                        alpha=plan.attrs["alpha"], alpha_exact=plan.attrs["alpha_exact"], rho=plan.attrs["rho"],
+                        composition=plan.attrs["composition"],
+                    )
+                total = time.perf_counter() - wall
+                print(f"{mode:13s} {len(records)} blocks: blocks {blocks_s:6.1f} s ({blocks_s / len(records) * 1e3:5.1f} ms/block, "
+                      f"cpu {blocks_cpu:5.1f} s), finish {total - blocks_s:5.1f} s, total {total:6.1f} s, "
+                      f"checksum {'= source' if checksum == plan.checksum else 'DIFFERS from source'} ({load()})", flush=True)
+                shutil.rmtree(out, ignore_errors=True)
+
+
+def bench_plan(args: argparse.Namespace) -> None:
+    from distfit.blocks import group_targets  # noqa: F401  (import cost outside the timings)
+    from distfit.plan import decompose, plan_blocks, plan_streamed, should_stream
+    from distfit.planning import StoreSink, _finish, apply_budget, write_plan
+    from distfit.runtime import DaskExecutor, dask_client
+    from distfit.spec import load_spec
+    from distfit.store import PlanWriter
+
+    print(load())
+    spec = load_spec(args.spec)
+    t = time.perf_counter()
+    blocks, decisions = decompose(spec.domain, spec.group_triples(), spec.blocks.max_cells if spec.blocks.merge else 0)
+    print(f"decompose: {len(blocks)} blocks in {time.perf_counter() - t:.1f} s; {decisions[-1]}", flush=True)
+    rounds: list[dict] = []
+
+    def progress(done: int, total: int) -> None:
+        now = time.perf_counter()
+        if done == 0:
+            rounds.append({"start": now, "end": now, "total": total})
+            return
+        rounds[-1]["end"] = now
+        if done == total:
+            r = rounds[-1]
+            print(f"round {len(rounds) - 1}: {total} blocks in {now - r['start']:.1f} s, "
+                  f"{total / (now - r['start']):.3f} blocks/s ({load()})", flush=True)
+
+    out = Path(args.out or tempfile.mkdtemp(prefix="bench-adult-plan-")) / "adult.zarr"
+    streamed = should_stream(blocks)
+    with dask_client(None, args.workers, log=sys.stderr) as client:
+        executor = DaskExecutor(client)
+        start = time.perf_counter()
+        if not streamed:
+            plan = plan_blocks(spec.domain, blocks, spec.targets, executor, args.refine_rounds, decisions, progress)
+        else:
+            writer = PlanWriter(out, overwrite=True)
+            sink = StoreSink(writer)
+            refs = [sink.save_spec(block) for block in blocks]
+            plan = plan_streamed(spec.domain, refs, spec.targets, sink, executor, args.refine_rounds, decisions, progress)
+        planned = time.perf_counter()
+    after_rounds = planned - rounds[-1]["end"]
+    if spec.privacy.budget is not None:
+        plan = apply_budget(plan, spec.privacy.budget.to_alpha())
+    t = time.perf_counter()
+    if not streamed:
+        write_plan(spec, plan, str(out), overwrite=True)
+    else:
+        from distfit.plan import write_streamed_blocks
+
+        write_streamed_blocks(plan, sink)
+        _finish(writer, spec, plan)
+    written = time.perf_counter() - t
+    for line in plan.decisions:
+        if line.startswith(("round", "joint", "domain", "alpha")):
+            print("  " + line)
+    print(f"blocks {len(blocks)}, rounds {len(rounds)} (best kept: {plan.rounds}), streamed {streamed}")
+    for number, r in enumerate(rounds):
+        print(f"  round {number}: {r['end'] - r['start']:.1f} s, {r['total'] / max(r['end'] - r['start'], 1e-9):.3f} blocks/s")
+    print(f"  after the last round (allocation, joint block dual, stitching): {after_rounds:.1f} s")
+    print(f"  write plan store: {written:.1f} s")
+    print(f"  planning total {planned - start:.1f} s; alpha {plan.alpha:.6g} (exact: {plan.alpha_exact}), "
+          f"sum bound {plan.alpha_sum_bound:.6g}, allocation lower bound {plan.allocation_lower_bound:.6g} ({load()})")
+    print(f"plan store: {out}")
+
+
+def bench_payload(args: argparse.Namespace) -> None:
+    from distfit.plan import BlockTask, decompose
+    from distfit.spec import load_spec
+
+    spec = load_spec(args.spec)
+    blocks, _ = decompose(spec.domain, spec.group_triples(), spec.blocks.max_cells if spec.blocks.merge else 0)
+    targets = np.asarray(spec.targets, dtype=float)
+    t = time.perf_counter()
+    sizes = np.array([len(pickle.dumps(BlockTask(i, b, targets[b.query_index]), protocol=5)) for i, b in enumerate(blocks)])
+    seconds = time.perf_counter() - t
+    print(f"{len(blocks)} block tasks: total {sizes.sum() / 2**20:.1f} MiB, largest {sizes.max() / 2**20:.2f} MiB, "
+          f"median {np.median(sizes) / 2**10:.0f} KiB; pickling all of them {seconds:.2f} s; "
+          f"the spec's query groups pickled: {len(pickle.dumps(spec.group_triples())) / 2**20:.2f} MiB ({load()})")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    w = sub.add_parser("write")
+    w.add_argument("--plan", default="/tmp/adult_r0.zarr")
+    w.add_argument("--repeat", type=int, default=1)
+    p = sub.add_parser("plan")
+    p.add_argument("--spec", default=str(ROOT / "pipelines" / "adult.yaml"))
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--refine-rounds", type=int, default=1)
+    p.add_argument("--out")
+    q = sub.add_parser("payload")
+    q.add_argument("--spec", default=str(ROOT / "pipelines" / "adult.yaml"))
+    args = parser.parse_args()
+    {"write": bench_write, "plan": bench_plan, "payload": bench_payload}[args.command](args)
+
+
+if __name__ == "__main__":
+    main()
