@@ -3,6 +3,7 @@
 Usage::
 
     python benchmarks/bench_release.py [--units 100000 300000 1000000] [--workers 2] [--workdir DIR]
+                                       [--repeat N]
 
 Plans ``pipelines/pl94.yaml`` once (``run_plan``, serial) into the workdir; then, for each N,
 synthesises N unit histograms with ``write_synthetic`` (252 cells, timed separately: not part
@@ -13,7 +14,9 @@ arithmetic and writes: per data chunk, read the counts, take each block's margin
 ``(X_b B^T + Z) L^T`` with ``Z = Xi C^T`` (``C`` the Cholesky factor of ``Sigma_b``, computed
 once per block; ``Xi`` from ``default_rng`` per (block, chunk) as in distfit), sum the block
 columns into the query answers, and write block answers, query answers and unit ids into a
-plain Zarr v3 group with the same chunking. No Dask, no validation, no checksum, no fsync.
+plain Zarr v3 group with the same chunking and the same codecs (``releasing.ANSWER_COMPRESSORS``
+for the answers). No Dask, no validation, no checksum, no fsync. ``--repeat N`` runs the pair
+(distfit, then the baseline) N times per N and reports the median and the range.
 
 Memory: peak RSS is *sampled* (every 50 ms, psutil) in a background thread, separately for
 each phase: the driver process, and each descendant process of the driver (the nanny and
@@ -25,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import io
+import os
 import resource
 import shutil
 import sys
@@ -44,7 +48,7 @@ import zarr  # noqa: E402
 from distfit.data import read_histograms, write_synthetic  # noqa: E402
 from distfit.planning import run_plan  # noqa: E402
 from distfit.release import load_blocks  # noqa: E402
-from distfit.releasing import _answer_chunks, run_release  # noqa: E402
+from distfit.releasing import ANSWER_COMPRESSORS, _answer_chunks, run_release  # noqa: E402
 from distfit.store import read_plan  # noqa: E402
 
 MIB = 2.0**20
@@ -114,9 +118,9 @@ def baseline(plan_path: str, data_path: str, out: str, entropy: int) -> float:
     for _position, block_id, _drop, _bt, recon_t, _ct, _qi, _u in prepared:
         arrays[block_id] = root.create_array(
             f"blocks/{block_id}/answers", shape=(units, recon_t.shape[1]), dtype=np.float64,
-            chunks=_answer_chunks(step, recon_t.shape[1]), config=config)
+            chunks=_answer_chunks(step, recon_t.shape[1]), compressors=ANSWER_COMPRESSORS, config=config)
     queries = root.create_array("queries/answers", shape=(units, m), dtype=np.float64,
-                                chunks=_answer_chunks(step, m), config=config)
+                                chunks=_answer_chunks(step, m), compressors=ANSWER_COMPRESSORS, config=config)
     ids_out = root.create_array("unit_ids", shape=(units,), dtype=np.int64, chunks=(step,), config=config)
     for chunk, lo in enumerate(range(0, units, step)):
         hi = min(lo + step, units)
@@ -144,7 +148,11 @@ def main(argv=None) -> int:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--workdir", default=None, help="default: a new temporary directory (deleted)")
     parser.add_argument("--spec", default=str(ROOT / "pipelines" / "pl94.yaml"))
+    parser.add_argument("--repeat", type=int, default=1,
+                        help="release and baseline runs per N (alternating); the table shows the median and range")
     args = parser.parse_args(argv)
+    if args.repeat < 1:
+        parser.error("--repeat must be >= 1")
 
     own = args.workdir is None
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="bench-release-"))
@@ -174,34 +182,47 @@ def main(argv=None) -> int:
             data_mib = sum(f.stat().st_size for f in Path(data_path).rglob("*") if f.is_file()) / MIB
             print(f"N={n}: synthesised in {synth:.1f} s ({chunk_units} units/chunk, {data_mib:.0f} MiB on disk)",
                   flush=True)
-
-            with PeakRSS() as mem_d:
-                result = run_release(plan_path, data_path, out, workers=args.workers, log=io.StringIO())
-            seconds = result.seconds
-            out_mib = sum(f.stat().st_size for f in Path(out).rglob("*") if f.is_file()) / MIB
-            shutil.rmtree(out)
-            with PeakRSS() as mem_b:
-                base = baseline(plan_path, data_path, base_out, entropy=12345 + n)
-            shutil.rmtree(base_out)
+            runs = []
+            for rep in range(args.repeat):
+                with PeakRSS() as mem_d:
+                    result = run_release(plan_path, data_path, out, workers=args.workers, log=io.StringIO())
+                seconds = result.seconds
+                out_mib = sum(f.stat().st_size for f in Path(out).rglob("*") if f.is_file()) / MIB
+                shutil.rmtree(out)
+                with PeakRSS() as mem_b:
+                    base = baseline(plan_path, data_path, base_out, entropy=12345 + n + rep)
+                shutil.rmtree(base_out)
+                runs.append((seconds, base, mem_d.driver / MIB, mem_d.worker / MIB, mem_b.driver / MIB, out_mib))
+                print(f"N={n} run {rep + 1}/{args.repeat}: distfit {seconds:.1f} s, baseline {base:.1f} s, "
+                      f"ratio {seconds / base:.2f}; release {out_mib:.0f} MiB on disk; load average "
+                      f"{os.getloadavg()[0]:.1f}", flush=True)
             shutil.rmtree(data_path)
-            row = (n, synth, seconds, n / seconds, base, n / base, seconds / base,
-                   mem_d.driver / MIB, mem_d.worker / MIB, mem_b.driver / MIB, out_mib)
-            rows.append(row)
-            print(f"N={n}: distfit {seconds:.1f} s, baseline {base:.1f} s, ratio {seconds / base:.2f}; "
-                  f"release {out_mib:.0f} MiB on disk", flush=True)
+            rows.append((n, synth, runs))
     finally:
         if own:
             shutil.rmtree(workdir, ignore_errors=True)
 
+    def spread(values: list[float], fmt: str) -> str:
+        if len(values) == 1:
+            return format(values[0], fmt)
+        return f"{format(float(np.median(values)), fmt)} ({format(min(values), fmt)}-{format(max(values), fmt)})"
+
     print()
-    print(f"{'units':>9} {'synth s':>8} {'distfit s':>9} {'units/s':>9} {'base s':>8} {'units/s':>9} "
-          f"{'ratio':>6} {'drv MiB':>8} {'wrk MiB':>8} {'base MiB':>8} {'out MiB':>8}")
-    for n, synth, seconds, rate, base, brate, ratio, drv, wrk, bmem, out_mib in rows:
-        print(f"{n:>9} {synth:>8.1f} {seconds:>9.1f} {rate:>9.0f} {base:>8.1f} {brate:>9.0f} "
-              f"{ratio:>6.2f} {drv:>8.0f} {wrk:>8.0f} {bmem:>8.0f} {out_mib:>8.0f}")
-    print(f"ratio = distfit / baseline seconds (goal <= 1.5); drv/wrk MiB = sampled peak RSS of the "
-          f"driver / largest worker process during run_release ({args.workers} workers); base MiB = "
-          f"sampled peak RSS during the baseline (goal < 2048 MiB, flat in N)")
+    if args.repeat > 1:
+        print(f"median (min-max) of {args.repeat} runs; each run: distfit, then the baseline")
+    print(f"{'units':>9} {'synth s':>8} {'distfit s':>18} {'units/s':>9} {'base s':>18} {'units/s':>9} "
+          f"{'ratio':>16} {'drv MiB':>8} {'wrk MiB':>8} {'base MiB':>8} {'out MiB':>8}")
+    for n, synth, runs in rows:
+        seconds = [r[0] for r in runs]
+        bases = [r[1] for r in runs]
+        ratios = [r[0] / r[1] for r in runs]
+        print(f"{n:>9} {synth:>8.1f} {spread(seconds, '.1f'):>18} {n / float(np.median(seconds)):>9.0f} "
+              f"{spread(bases, '.1f'):>18} {n / float(np.median(bases)):>9.0f} {spread(ratios, '.2f'):>16} "
+              f"{max(r[2] for r in runs):>8.0f} {max(r[3] for r in runs):>8.0f} {max(r[4] for r in runs):>8.0f} "
+              f"{runs[0][5]:>8.0f}")
+    print(f"ratio = distfit / baseline seconds of the same run (goal <= 1.5); units/s at the median; drv/wrk "
+          f"MiB = sampled peak RSS of the driver / largest worker process during run_release ({args.workers} "
+          f"workers; max over runs); base MiB = sampled peak RSS during the baseline (goal < 2048 MiB, flat in N)")
     print(f"driver ru_maxrss over the whole run = {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB")
     return 0
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+import threading
 import time
 import uuid
 from typing import Any, Callable, Iterable, Iterator, TextIO
@@ -21,6 +22,7 @@ from .plan import BlockTask, solve_block
 from .solver import BlockSolution
 
 TASK_RETRIES = 3
+LOW_LEVEL_LOG_LENGTH = 10  # Dask's developer message logs, while dask_client is open (see there)
 
 
 class ClusterError(RuntimeError):
@@ -28,16 +30,40 @@ class ClusterError(RuntimeError):
 
 
 @contextlib.contextmanager
-def dask_client(cluster: str | None = None, workers: int | None = None, timeout: float = 10.0, log: TextIO | None = None):
+def dask_client(cluster: str | None = None, workers: int | None = None, timeout: float = 10.0, log: TextIO | None = None,
+                worker_env: dict[str, str | None] | None = None):
     """A ``distributed.Client``: a new local multi-process cluster, or an existing scheduler.
 
     ``cluster`` is ``None`` (start ``LocalCluster(processes=True)`` with ``workers`` processes,
     default: the machine's cores), a scheduler address, or the path of a scheduler file. The
-    dashboard address is printed to ``log``.
+    dashboard address is printed to ``log``. ``worker_env`` (a local cluster only): environment
+    variables to set (a string) or not to set (``None``) in the worker processes before they
+    start, over Dask's ``distributed.nanny.pre-spawn-environ`` (a variable already in this
+    process's environment is inherited regardless: Dask lets the environment win).
+
+    While the client is open, Dask's developer message logs are cut to ``LOW_LEVEL_LOG_LENGTH``
+    entries (``distributed.admin.low-level-log-length``, default 1000, or less if set lower):
+    every batched stream keeps its recent messages under 1 MB, and those hold the submitted
+    tasks' arguments - the client's stream to the scheduler and, with a local cluster (whose
+    scheduler runs in this process), the scheduler's stream to each worker. At 1000 messages
+    the driver would keep the block specs of a plan's first ~1000 tasks alive, so its memory
+    would grow with the number of blocks even when results are streamed into the store.
     """
+    import dask
     from distributed import Client, LocalCluster
 
     log = log or sys.stderr
+    configured = dask.config.get("distributed.admin.low-level-log-length", None)
+    length = LOW_LEVEL_LOG_LENGTH if configured is None else min(int(configured), LOW_LEVEL_LOG_LENGTH)
+    settings: dict[str, Any] = {"distributed.admin.low-level-log-length": length}
+    if cluster is None:
+        settings.update({f"distributed.nanny.pre-spawn-environ.{name}": value
+                         for name, value in (worker_env or {}).items()})
+    with dask.config.set(settings):
+        yield from _dask_client(Client, LocalCluster, cluster, workers, timeout, log)
+
+
+def _dask_client(Client, LocalCluster, cluster, workers, timeout, log):
     if cluster is None:
         count = workers or os.cpu_count() or 1
         with LocalCluster(
@@ -56,6 +82,67 @@ def dask_client(cluster: str | None = None, workers: int | None = None, timeout:
     with client:
         print(f"distfit: connected to {cluster}; dashboard {client.dashboard_link}", file=log)
         yield client
+
+
+class BackgroundClient:
+    """:func:`dask_client` run on a thread of its own, so the driver can do other work while a
+    local cluster starts (its worker processes spawn and import for seconds) or a scheduler is
+    reached, and while the cluster shuts down.
+
+    The thread enters the context, hands the client over and holds the context open until
+    ``close()``; it also leaves it (a client's context must be left by the thread that entered
+    it). ``get()`` waits for the client and returns it, or raises what starting it raised (e.g.
+    :class:`ClusterError`). ``close()`` asks the thread to leave the context and waits until it
+    has (the workers are gone), raising what closing raised; ``close(wait=False)`` only asks, so
+    the shutdown overlaps the driver's last work (a later ``close()`` waits for it). Use it as a
+    context manager or call ``close()``. The client is not made the thread-local "current"
+    client of the caller: pass it explicitly (``run_tasks`` does)."""
+
+    def __init__(self, cluster: str | None = None, workers: int | None = None, timeout: float = 10.0,
+                 log: TextIO | None = None, worker_env: dict[str, str | None] | None = None) -> None:
+        self._client = None
+        self._error: BaseException | None = None        # from starting
+        self._close_error: BaseException | None = None  # from closing
+        self._ready = threading.Event()
+        self._leave = threading.Event()
+
+        def hold() -> None:
+            try:
+                with dask_client(cluster, workers, timeout=timeout, log=log, worker_env=worker_env) as client:
+                    self._client = client
+                    self._ready.set()
+                    self._leave.wait()
+            except BaseException as error:  # noqa: BLE001 - handed to get() or close()
+                if self._ready.is_set():
+                    self._close_error = error
+                else:
+                    self._error = error
+            finally:
+                self._ready.set()
+
+        self._thread = threading.Thread(target=hold, name="distfit-dask-client", daemon=True)
+        self._thread.start()
+
+    def get(self):
+        """The client, once started (waits); raises what starting it raised."""
+        self._ready.wait()
+        if self._error is not None:
+            raise self._error
+        return self._client
+
+    def close(self, wait: bool = True) -> None:
+        self._leave.set()
+        if wait:
+            self._thread.join()
+            error, self._close_error = self._close_error, None
+            if error is not None:
+                raise error
+
+    def __enter__(self) -> "BackgroundClient":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
 class Progress:
@@ -102,7 +189,7 @@ def run_tasks(
     run = uuid.uuid4().hex[:8]
     calls = iter(calls)
     futures: dict = {}
-    pending = as_completed()
+    pending = as_completed(loop=client.loop)  # not default_client(): the caller's client may be another thread's
 
     def limit() -> float:
         if max_in_flight is None:

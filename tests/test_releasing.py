@@ -386,3 +386,114 @@ def test_worker_killed_mid_release_redraws_identical_chunks(inputs, tmp_path, ca
     assert killed and result.chunks == 60
     serial = run_release(inputs["plan"], str(data), str(tmp_path / "serial.zarr"), seed=5, serial=True)
     assert serial.checksum == result.checksum
+
+
+def test_chunk_sync_names_every_chunk_file_of_the_store(inputs, tmp_path):
+    """The driver fsyncs each finished chunk's files while later chunks run (releasing._ChunkSync);
+    the files it names are exactly the chunk files zarr wrote, so the seal's fsync finds them clean."""
+    out = tmp_path / "synced.zarr"
+    result = run_release(inputs["plan"], inputs["data"], out, seed=SEED, serial=True, fsync=False)
+    root = zarr.open_group(store=str(out), mode="r+")
+    sync = releasing._ChunkSync(root, out, UNITS, CHUNK)
+    try:
+        named = [set(sync._files(chunk)) for chunk in range(result.chunks)]
+        for chunk in range(result.chunks):
+            sync(chunk)
+    finally:
+        sync.close()
+    assert all(named) and not any(a & b for i, a in enumerate(named) for b in named[i + 1:])
+    arrays = [f"blocks/{b}/answers" for b in root["blocks"].group_keys()] + [
+        "queries/answers", "unit_ids", "chunks/done"]
+    written = {p for name in arrays for p in (out / name).rglob("*") if p.is_file() and p.name != "zarr.json"}
+    assert set().union(*named) == written
+
+
+def test_answer_arrays_codecs(inputs, tmp_path):
+    """Answer arrays use releasing.ANSWER_COMPRESSORS (the benchmark's baseline writes the same)."""
+    out = tmp_path / "codecs.zarr"
+    run_release(inputs["plan"], inputs["data"], out, seed=SEED, serial=True, fsync=False)
+    release = read_release(out)
+    expected = zarr.create_array({}, shape=(4, 4), dtype="f8", compressors=releasing.ANSWER_COMPRESSORS).compressors
+    for arr in [release.answers] + [release.block_answers(b) for b in release.block_ids]:
+        assert arr.compressors == expected
+
+
+def test_background_client_reports_an_unreachable_scheduler():
+    from distfit.runtime import BackgroundClient, ClusterError
+
+    with BackgroundClient("tcp://127.0.0.1:1", timeout=1) as background:
+        with pytest.raises(ClusterError, match="cannot reach the scheduler"):
+            background.get()
+        with pytest.raises(ClusterError):  # asked again: the same answer
+            background.get()
+
+
+def test_unreachable_cluster_writes_nothing(inputs, tmp_path, monkeypatch):
+    import functools
+
+    from distfit.runtime import BackgroundClient, ClusterError
+
+    monkeypatch.setattr(releasing, "BackgroundClient", functools.partial(BackgroundClient, timeout=1))
+    out = tmp_path / "nowhere.zarr"
+    with pytest.raises(ClusterError):
+        run_release(inputs["plan"], inputs["data"], out, cluster="tcp://127.0.0.1:1")
+    assert not out.exists() and not list(tmp_path.glob("nowhere.zarr*"))
+
+
+def test_local_cluster_is_gone_when_run_release_returns_or_raises(inputs, tmp_path):
+    """The cluster starts while the driver audits and shuts down while it seals; either way no
+    worker process outlives run_release, also when the audit refuses the plan."""
+    import multiprocessing
+
+    result = run_release(inputs["plan"], inputs["data"], tmp_path / "a.zarr", seed=SEED, workers=1)
+    assert verify_release(result.path)[0]
+    assert multiprocessing.active_children() == []
+    plan = tmp_path / "tampered.zarr"
+    shutil.copytree(inputs["plan"], plan)
+    block_id = read_plan(str(plan)).block_ids[0]
+    sigma = zarr.open_array(str(plan / f"blocks/{block_id}/sigma"), mode="r+")
+    sigma[0, 0] = sigma[0, 0] * 0.5
+    with pytest.raises(ValueError, match="fails audit"):
+        run_release(str(plan), inputs["data"], tmp_path / "b.zarr", workers=1)
+    assert not (tmp_path / "b.zarr").exists()
+    assert multiprocessing.active_children() == []
+
+
+@pytest.mark.parametrize("string_ids", [False, True])
+def test_seal_checksum_is_the_store_checksum(inputs, tmp_path, string_ids, monkeypatch):
+    """The seal hashes chunk by chunk with read-ahead (releasing._store_checksum); the digest is
+    store.compute_checksum's, which verify_release and every reader use."""
+    from distfit.store import compute_checksum
+
+    data = inputs["data"]
+    if string_ids:
+        data = tmp_path / "string-ids.zarr"
+        shutil.copytree(inputs["data"], data)
+        ids = zarr.open_array(str(data / "unit_ids"), mode="r")[...]
+        shutil.rmtree(data / "unit_ids")
+        group = zarr.open_group(str(data), mode="r+")
+        strings = group.create_array("unit_ids", shape=ids.shape, dtype=str, chunks=(CHUNK,))
+        strings[...] = np.array([f"unit-{i:04d}-é" for i in ids], dtype=object)
+    out = tmp_path / "sealed.zarr"
+    result = run_release(inputs["plan"], str(data), out, seed=SEED, serial=True, fsync=False)
+    group = zarr.open_group(store=str(out), mode="r")
+    assert (np.dtype(group["unit_ids"].dtype).kind in "TUO") == string_ids
+    assert releasing._store_checksum(group) == compute_checksum(group) == result.checksum
+    monkeypatch.setattr(releasing, "_SLAB_BYTES", 1)  # one zarr chunk per read: many slabs per array
+    assert releasing._store_checksum(group) == result.checksum
+    assert verify_release(out)[0]
+
+
+def test_background_client_worker_env(monkeypatch):
+    """worker_env sets (a string) or leaves out (None) variables in a local cluster's worker
+    processes before they start; the release uses it to leave out Dask's malloc trim setting."""
+    import os
+
+    from distfit.runtime import BackgroundClient
+
+    monkeypatch.delenv("MALLOC_TRIM_THRESHOLD_", raising=False)  # an earlier cluster may have set it here
+    env = dict(releasing.WORKER_ENV, DISTFIT_TEST_WORKER_ENV="on")
+    with BackgroundClient(None, workers=1, worker_env=env) as background:
+        seen = list(background.get().run(
+            lambda: (os.environ.get("MALLOC_TRIM_THRESHOLD_"), os.environ.get("DISTFIT_TEST_WORKER_ENV"))).values())
+    assert seen == [(None, "on")]
