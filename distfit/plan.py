@@ -338,9 +338,10 @@ def _refine(
     best: _Round | None = None
     for round_number in range(refine_rounds + 1):
         results = run_round(round_number, block_targets)
-        allocation = allocate_scales(
-            [r.alpha for r in results], [(b.query_index, r.variances) for b, r in zip(blocks, results)], targets
-        )
+        with threadpool_limits(limits=blas_threads(), user_api="blas"):
+            allocation = allocate_scales(
+                [r.alpha for r in results], [(b.query_index, r.variances) for b, r in zip(blocks, results)], targets
+            )
         log.append(
             f"round {round_number}: sum bound {allocation.alpha_bound:.6g} (allocation lower bound {allocation.lower_bound:.6g})"
         )

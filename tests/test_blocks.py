@@ -134,6 +134,36 @@ def test_allocation_matches_a_convex_solver():
     assert np.all(variance @ allocation.scales <= targets * (1 + 1e-12))
 
 
+def test_allocation_is_certified_and_matches_a_convex_solver_at_scale():
+    # Residual-block shaped: every query reaches a few blocks, targets and variances spread over
+    # orders of magnitude, many constraints inactive at the optimum.
+    rng = np.random.default_rng(11)
+    num_blocks, num_queries = 60, 900
+    alphas = rng.lognormal(0.0, 1.0, num_blocks)
+    targets = rng.lognormal(1.0, 0.7, num_queries)
+    variance = np.zeros((num_queries, num_blocks))
+    for query in range(num_queries):
+        reached = rng.choice(num_blocks, size=rng.integers(1, 6), replace=False)
+        variance[query, reached] = rng.lognormal(-1.0, 1.5, reached.size)
+    block_queries = [(np.flatnonzero(variance[:, b]), variance[variance[:, b] > 0, b]) for b in range(num_blocks)]
+    allocation = allocate_scales(alphas, block_queries, targets, tolerance=1e-8)
+    assert allocation.lower_bound <= allocation.alpha_bound <= allocation.lower_bound * (1 + 1e-8)
+    assert np.all(variance @ allocation.scales <= targets * (1 + 1e-12))
+    assert np.max(variance @ allocation.scales / targets) == pytest.approx(1.0, abs=1e-12)
+    assert allocation.alpha_bound == pytest.approx(float(np.sum(alphas / allocation.scales)), rel=1e-12)
+    scales = cp.Variable(num_blocks, pos=True)
+    problem = cp.Problem(cp.Minimize(cp.sum(cp.multiply(alphas, cp.inv_pos(scales)))), [variance @ scales <= targets])
+    problem.solve(solver=cp.CLARABEL)
+    assert allocation.alpha_bound == pytest.approx(problem.value, rel=1e-6)
+
+
+def test_allocation_refuses_a_block_without_variance():
+    with pytest.raises(ValueError, match="block 1 gives no query any variance"):
+        allocate_scales([1.0, 2.0], [(np.array([0]), np.array([1.0])), (np.array([0]), np.array([0.0]))], np.ones(1))
+    with pytest.raises(ValueError, match="block_alphas"):
+        allocate_scales([0.0], [(np.array([0]), np.array([1.0]))], np.ones(1))
+
+
 def test_connected_blocks_cut_loses_nothing():
     rng = np.random.default_rng(1)
     first = (rng.random((6, 5)) < 0.5).astype(float) + np.eye(6, 5)
