@@ -22,7 +22,8 @@ census workloads): the start is the dual's recovered plan (``distfit.certificate
 scaled identity; Sigma is first balanced so max p = max h (the optimal scale of its shape), and
 t is expressed relative to that level so one schedule fits every block; CG is preconditioned by
 the inverse of the log-det metric (``S -> Sigma S Sigma``), which makes the method invariant to
-the choice of basis; CG stops on an Eisenstat-Walker forcing tolerance instead of a fixed 5
+the choice of basis (and is applied by running CG in whitened coordinates ``S = U^T S~ U``,
+``Sigma = U^T U``, where it is the identity and a Hessian product is cheaper); CG stops on an Eisenstat-Walker forcing tolerance instead of a fixed 5
 steps; and Hessian products skip the cells and queries whose soft-max weight has underflowed.
 """
 from __future__ import annotations
@@ -208,24 +209,70 @@ def _hessian_operator(state: _State, basis: np.ndarray, scaled_recon: np.ndarray
     return apply
 
 
+def _whitened_hessian_operator(state: _State, scaled_recon: np.ndarray, t: float):
+    """The Hessian in whitened coordinates ``S = U^T S~ U`` (``Sigma = U^T U``), where the
+    log-det preconditioner ``S -> Sigma S Sigma`` becomes the identity.
+
+    With ``E[S~] = U^T S~ U`` (so ``E E^T`` is the preconditioner), preconditioned CG on
+    ``H s = -g`` is plain CG on ``H~ = E^T H E``: ``H~[S~] = U H[U^T S~ U] U^T``. Term by term,
+    with ``Y~ = U Y = U^-T B`` and ``L~ = L_c U^T``:
+
+        H~[S~] = S~ M~ + M~ S~ + t1 Y~ diag(w (q - <w, q>)) Y~^T + t2 L~^T diag(omega (r - <omega, r>)) L~,
+        M~ = Y~ diag(w) Y~^T,  q_i = y~_i^T S~ y~_i,  r_j = l~_j^T S~ l~_j
+
+    (``Sigma^-1 S M`` maps to ``S~ M~``). The CG iterates are those of the preconditioned
+    method, but a product costs one k x k x k multiplication instead of four (``Sigma^-1 S M``
+    and the preconditioner's ``Sigma R Sigma``): about half the CG time on large blocks.
+    Returns the operator and ``U``.
+    """
+    cells = _active(state.cell_weights)
+    queries = _active(state.query_weights)
+    upper = np.triu(state.factor[0])
+    inverse_basis = upper @ state.inverse_basis[:, cells]
+    cell_weights = state.cell_weights[cells]
+    recon = scaled_recon[queries] @ upper.T
+    query_weights = state.query_weights[queries]
+    weighted_cells = (inverse_basis * cell_weights) @ inverse_basis.T
+
+    def apply(direction: np.ndarray) -> np.ndarray:
+        product = direction @ weighted_cells
+        product += product.T
+        q = np.einsum("ij,ij->j", inverse_basis, direction @ inverse_basis)
+        q -= cell_weights @ q
+        r = np.einsum("ij,ij->i", recon @ direction, recon)
+        r -= query_weights @ r
+        product += t * ((inverse_basis * (cell_weights * q)) @ inverse_basis.T)
+        product += t * ((recon.T * (query_weights * r)) @ recon)
+        return 0.5 * (product + product.T)
+
+    return apply, upper
+
+
 def _newton_direction(state, basis, scaled_recon, gradient, t, max_cg, use_preconditioner=True, use_forcing=True):
     """Preconditioned CG on H s = -g, preconditioner S -> Sigma S Sigma (inverse log-det metric).
 
-    Stops when the preconditioned residual falls below the Eisenstat-Walker forcing term
+    With the preconditioner, CG runs in whitened coordinates (``_whitened_hessian_operator``:
+    the same iterates, cheaper products) and the step is mapped back. Stops when the
+    preconditioned residual falls below the Eisenstat-Walker forcing term
     ``min(0.5, sqrt|g|) |g|`` (superlinear Newton near the optimum, cheap steps far from it), or
     below the paper's TOL2 = 1e-10 when forcing is off.
     """
-    hessian = _hessian_operator(state, basis, scaled_recon, t)
-    sigma = state.sigma
+    if use_preconditioner:
+        hessian, upper = _whitened_hessian_operator(state, scaled_recon, t)
+        step = _conjugate_gradients(hessian, upper @ gradient @ upper.T, max_cg, use_forcing)
+        steps, whitened = step
+        return upper.T @ whitened @ upper, steps
+    steps, step = _conjugate_gradients(_hessian_operator(state, basis, scaled_recon, t), gradient, max_cg, use_forcing)
+    return step, steps
 
-    def precondition(matrix: np.ndarray) -> np.ndarray:
-        return sigma @ matrix @ sigma if use_preconditioner else matrix
 
+def _conjugate_gradients(hessian, gradient, max_cg, use_forcing):
+    """CG on ``hessian(s) = -gradient`` (symmetric matrices, Frobenius inner product); returns
+    ``(steps, s)``."""
     step = np.zeros_like(gradient)
     residual = -gradient
-    preconditioned = precondition(residual)
-    direction = preconditioned.copy()
-    rho = float(np.vdot(residual, preconditioned))
+    direction = residual.copy()
+    rho = float(np.vdot(residual, residual))
     forcing = min(0.5, np.sqrt(np.sqrt(rho))) * np.sqrt(rho) if use_forcing else 1e-5
     steps = 0
     for steps in range(1, max_cg + 1):
@@ -238,13 +285,12 @@ def _newton_direction(state, basis, scaled_recon, gradient, t, max_cg, use_preco
         alpha = rho / curvature
         step += alpha * direction
         residual -= alpha * curvature_direction
-        preconditioned = precondition(residual)
-        rho_new = float(np.vdot(residual, preconditioned))
+        rho_new = float(np.vdot(residual, residual))
         if np.sqrt(max(rho_new, 0.0)) <= forcing:
             break
-        direction = preconditioned + (rho_new / rho) * direction
+        direction = residual + (rho_new / rho) * direction
         rho = rho_new
-    return step, steps
+    return steps, step
 
 
 def _line_search(state, basis, scaled_recon, step, gradient, t, armijo=1e-4, shrink=0.5):
