@@ -104,48 +104,117 @@ def group_targets(domain: Domain, groups: Sequence[GroupLike]) -> np.ndarray:
     return np.concatenate(parts)
 
 
-def residual_blocks(domain: Domain, groups: Sequence[GroupLike]) -> list[BlockSpec]:
-    """Residual blocks of a marginal workload (module docstring; DESIGN.md section 2).
+@dataclass(frozen=True)
+class BlockLayout:
+    """A block as the decomposition decides it, before its arrays exist.
+
+    ``members``: the residual subsets it combines, in basis-row order (one member: the residual
+    block itself); ``rows`` k, ``cells`` d_b and ``queries`` m_b are the sizes its spec will
+    have. ``ResidualWorkload.build`` makes the ``BlockSpec``.
+    """
+
+    block_id: str
+    attributes: tuple[str, ...]
+    members: tuple[tuple[str, ...], ...]
+    rows: int
+    cells: int
+    queries: int
+
+
+class ResidualWorkload:
+    """A marginal workload's query groups, parsed once, from which residual blocks (module
+    docstring) are built one at a time, so a decomposition never holds every block's arrays.
 
     ``groups`` are ``(name, {attribute: Q_i}, target)`` triples as in
     ``workload.workload_from_groups``; the workload's queries are the groups' rows in order
-    (each group's rows row-major over its attributes' query rows in domain order). Blocks with
-    no nonzero row are dropped, as are subsets containing an attribute of size 1.
+    (each group's rows row-major over its attributes' query rows in domain order). Residual
+    subsets with no nonzero row are dropped, as are subsets containing an attribute of size 1.
+    Which rows are nonzero is decided without forming the Kronecker products: the largest
+    entry of a row of ``kron(F_1, F_2, ...)`` is the product of its factors' rows' largest
+    entries (exactly, in floating point: rounding is monotone).
     """
-    pieces: dict[tuple[str, ...], list[tuple[np.ndarray, np.ndarray, np.ndarray]]] = {}
-    first = 0
-    pseudo_inverse = {name: np.linalg.pinv(difference_matrix(n)) for name, n in zip(domain.names, domain.sizes) if n > 1}
-    for group in groups:
-        clique, matrices, targets, query_index = _group_parts(domain, group, first)
-        first += targets.size
-        averages = {attribute: matrices[attribute].sum(axis=1, keepdims=True) / domain.size_of(attribute) for attribute in clique}
-        residuals = {attribute: matrices[attribute] @ pseudo_inverse[attribute] for attribute in clique if attribute in pseudo_inverse}
+
+    def __init__(self, domain: Domain, groups: Sequence[GroupLike]) -> None:
+        self.domain = domain
+        pseudo_inverse = {name: np.linalg.pinv(difference_matrix(n)) for name, n in zip(domain.names, domain.sizes) if n > 1}
+        self._groups = []
+        first = 0
+        for group in groups:
+            clique, matrices, targets, query_index = _group_parts(domain, group, first)
+            first += targets.size
+            averages = {a: matrices[a].sum(axis=1, keepdims=True) / domain.size_of(a) for a in clique}
+            residuals = {a: matrices[a] @ pseudo_inverse[a] for a in clique if a in pseudo_inverse}
+            self._groups.append((clique, averages, residuals, targets, query_index))
+        self.num_queries = first
+        self._rows: dict[tuple[str, ...], list[tuple[int, np.ndarray]]] = {}
+        for number, (clique, averages, residuals, _, query_index) in enumerate(self._groups):
+            largest = {a: np.abs(f).max(axis=1) for a, f in averages.items()}
+            largest_residual = {a: np.abs(f).max(axis=1) for a, f in residuals.items()}
+            for subset in self._group_subsets(clique, residuals):
+                row_max = functools.reduce(
+                    np.kron, [largest_residual[a] if a in subset else largest[a] for a in clique], np.ones(1))
+                keep = self._kept(row_max)
+                if keep is not None:
+                    self._rows.setdefault(subset, []).append((number, query_index[keep]))
+        self.subsets: tuple[tuple[str, ...], ...] = tuple(
+            sorted(self._rows, key=lambda s: (len(s), [domain.index(a) for a in s])))
+
+    @staticmethod
+    def _group_subsets(clique, residuals):
         for size in range(len(clique) + 1):
             for subset in itertools.combinations(clique, size):
-                if any(attribute not in residuals for attribute in subset):
-                    continue
-                factors = [residuals[a] if a in subset else averages[a] for a in clique]
-                recon = _kron_all(factors)
-                scale = np.abs(recon).max(initial=0.0)
-                keep = np.abs(recon).max(axis=1) > 1e-12 * max(scale, 1e-300)
-                if scale == 0.0 or not keep.any():
-                    continue
-                pieces.setdefault(subset, []).append((recon[keep], query_index[keep], targets[keep]))
-    blocks = []
-    for subset in sorted(pieces, key=lambda s: (len(s), [domain.index(a) for a in s])):
-        basis = _kron_all([difference_matrix(domain.size_of(a)) for a in subset])
-        recon = np.vstack([piece[0] for piece in pieces[subset]])
-        blocks.append(
-            BlockSpec(
-                block_id=block_id_for(subset),
-                attributes=subset,
-                basis=basis,
-                recon=recon,
-                query_index=np.concatenate([piece[1] for piece in pieces[subset]]),
-                targets=np.concatenate([piece[2] for piece in pieces[subset]]),
-            )
+                if all(attribute in residuals for attribute in subset):
+                    yield subset
+
+    @staticmethod
+    def _kept(row_max: np.ndarray) -> np.ndarray | None:
+        scale = row_max.max(initial=0.0)
+        keep = row_max > 1e-12 * max(scale, 1e-300)
+        return None if scale == 0.0 or not keep.any() else keep
+
+    def query_index(self, subset: tuple[str, ...]) -> np.ndarray:
+        """The workload queries with a row in the residual block of ``subset``, in row order."""
+        return np.concatenate([query_index for _, query_index in self._rows[subset]])
+
+    def residual_block(self, subset: tuple[str, ...]) -> BlockSpec:
+        """The residual block of one attribute subset (basis ``kron D_i``, rows from every group
+        whose clique contains it)."""
+        pieces = []
+        for number, _ in self._rows[subset]:
+            clique, averages, residuals, targets, query_index = self._groups[number]
+            recon = _kron_all([residuals[a] if a in subset else averages[a] for a in clique])
+            keep = np.abs(recon).max(axis=1) > 1e-12 * max(np.abs(recon).max(initial=0.0), 1e-300)
+            pieces.append((recon[keep], query_index[keep], targets[keep]))
+        return BlockSpec(
+            block_id=block_id_for(subset),
+            attributes=subset,
+            basis=_kron_all([difference_matrix(self.domain.size_of(a)) for a in subset]),
+            recon=np.vstack([piece[0] for piece in pieces]),
+            query_index=np.concatenate([piece[1] for piece in pieces]),
+            targets=np.concatenate([piece[2] for piece in pieces]),
         )
-    return blocks
+
+    def layout(self, cliques: Sequence[Sequence[str]], max_cells: int) -> list[BlockLayout]:
+        """The blocks ``merge_blocks`` would make of the residual blocks, as layouts."""
+        layouts = []
+        for attributes, members in merge_layout(self.domain, self.subsets, cliques, max_cells):
+            rows = sum(math.prod(self.domain.size_of(a) - 1 for a in member) for member in members)
+            queries = np.unique(np.concatenate([self.query_index(member) for member in members])).size
+            layouts.append(BlockLayout(block_id_for(attributes), attributes, members, rows,
+                                       _cells(self.domain, attributes), int(queries)))
+        return layouts
+
+    def build(self, layout: BlockLayout) -> BlockSpec:
+        """The block's spec: its residual block, or its members combined (``combine_blocks``)."""
+        members = [self.residual_block(member) for member in layout.members]
+        return members[0] if len(members) == 1 else combine_blocks(self.domain, members, layout.attributes)
+
+
+def residual_blocks(domain: Domain, groups: Sequence[GroupLike]) -> list[BlockSpec]:
+    """Every residual block of a marginal workload (``ResidualWorkload``; module docstring;
+    DESIGN.md section 2), smallest subsets first."""
+    workload = ResidualWorkload(domain, groups)
+    return [workload.residual_block(subset) for subset in workload.subsets]
 
 
 def _kron_all(factors: Sequence[np.ndarray]) -> np.ndarray:
@@ -342,33 +411,32 @@ def combine_blocks(domain: Domain, members: Sequence[BlockSpec], attributes: Seq
     return BlockSpec(block_id_for(attributes), tuple(attributes), basis, recon, queries, targets)
 
 
-def merge_blocks(domain: Domain, blocks: Sequence[BlockSpec], cliques: Sequence[Sequence[str]], max_cells: int) -> list[BlockSpec]:
-    """Merge blocks while the merged block's marginal has at most ``max_cells`` cells.
+def merge_layout(
+    domain: Domain, blocks: Sequence[Sequence[str]], cliques: Sequence[Sequence[str]], max_cells: int
+) -> list[tuple[tuple[str, ...], tuple[tuple[str, ...], ...]]]:
+    """Which blocks to merge, decided on attribute sets alone (``merge_blocks``' rules).
 
-    Two phases, both exact (``combine_blocks``): (1) each residual block joins the largest
-    query clique that contains it and fits the limit, and the residual blocks of one clique
-    become one block; (2) blocks that share attributes are merged pairwise, smallest union
-    first, while the union fits. With no limit this ends in one block over every queried
-    attribute, i.e. the single global SM-II solve; with ``max_cells = 0`` nothing is merged.
-    Merging trades solve time (a block of k rows costs O(k^3) per step) for privacy: one
-    block can correlate the noise of its parts, which a block-diagonal plan cannot.
+    ``blocks`` are the blocks' attribute sets (distinct). Returns ``(attributes, members)`` per
+    merged block, ``members`` indexing the input attribute sets in basis-row order, sorted
+    smallest block first.
     """
     order = sorted({_in_domain_order(domain, clique) for clique in cliques},
                    key=lambda c: (-_cells(domain, c), [domain.index(a) for a in c]))
-    groups: dict[tuple[str, ...], list[BlockSpec]] = {}
-    current: list[BlockSpec] = []
+    groups: dict[tuple[str, ...], list[tuple[str, ...]]] = {}
+    current: list[tuple[tuple[str, ...], tuple[tuple[str, ...], ...]]] = []
     for block in blocks:
-        home = next((c for c in order if set(block.attributes) <= set(c) and _cells(domain, c) <= max_cells), None)
+        block = tuple(block)
+        home = next((c for c in order if set(block) <= set(c) and _cells(domain, c) <= max_cells), None)
         if home is None:
-            current.append(block)
+            current.append((block, (block,)))
         else:
             groups.setdefault(home, []).append(block)
     for clique, members in groups.items():
-        current.append(members[0] if len(members) == 1 else combine_blocks(domain, members, clique))
+        current.append((members[0], (members[0],)) if len(members) == 1 else (clique, tuple(members)))
     while True:
         candidates = []
         for i, j in itertools.combinations(range(len(current)), 2):
-            first, second = set(current[i].attributes), set(current[j].attributes)
+            first, second = set(current[i][0]), set(current[j][0])
             if first & second or not first or not second:
                 union = _in_domain_order(domain, first | second)
                 cells = _cells(domain, union)
@@ -382,6 +450,26 @@ def merge_blocks(domain: Domain, blocks: Sequence[BlockSpec], cliques: Sequence[
             if i in merged_now or j in merged_now:
                 continue
             merged_now.update((i, j))
-            replacements.append(combine_blocks(domain, [current[i], current[j]]))
+            union = _in_domain_order(domain, set(current[i][0]) | set(current[j][0]))
+            replacements.append((union, current[i][1] + current[j][1]))
         current = [b for k, b in enumerate(current) if k not in merged_now] + replacements
-    return sorted(current, key=lambda b: (len(b.attributes), [domain.index(a) for a in b.attributes]))
+    return sorted(current, key=lambda b: (len(b[0]), [domain.index(a) for a in b[0]]))
+
+
+def merge_blocks(domain: Domain, blocks: Sequence[BlockSpec], cliques: Sequence[Sequence[str]], max_cells: int) -> list[BlockSpec]:
+    """Merge blocks while the merged block's marginal has at most ``max_cells`` cells.
+
+    Two phases, both exact (``combine_blocks``), decided by ``merge_layout``: (1) each residual
+    block joins the largest query clique that contains it and fits the limit, and the residual
+    blocks of one clique become one block; (2) blocks that share attributes are merged
+    pairwise, smallest union first, while the union fits. With no limit this ends in one block
+    over every queried attribute, i.e. the single global SM-II solve; with ``max_cells = 0``
+    nothing is merged. Merging trades solve time (a block of k rows costs O(k^3) per step) for
+    privacy: one block can correlate the noise of its parts, which a block-diagonal plan cannot.
+    """
+    by_attributes = {tuple(block.attributes): block for block in blocks}
+    merged = []
+    for attributes, members in merge_layout(domain, list(by_attributes), cliques, max_cells):
+        parts = [by_attributes[member] for member in members]
+        merged.append(parts[0] if len(parts) == 1 else combine_blocks(domain, parts, attributes))
+    return merged

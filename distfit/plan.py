@@ -8,7 +8,8 @@ tasks and yields ``(index, BlockSolution)`` in any order, so results can stream.
 1. ``blocks.residual_blocks`` splits every query group over the residual blocks of its
    clique's subsets; ``blocks.merge_blocks`` merges them while a block's marginal has at most
    ``max_cells`` cells (the knob that trades time for privacy; with no limit the plan is the
-   single global SM-II solve).
+   single global SM-II solve). ``decompose_lazily`` decides the same blocks on attribute sets
+   and row counts alone and builds each spec when it is needed (``Decomposition.specs``).
 2. Each block is solved with its share of the targets (at first, the queries' own targets).
 3. ``blocks.allocate_scales`` picks one scale per block (the convex program of DESIGN.md
    section 2). Refinement rounds then re-solve every block with the share of each query's
@@ -52,7 +53,7 @@ import numpy as np
 from threadpoolctl import threadpool_limits
 
 from .blocks import (
-    BlockSpec, GroupLike, ScaleAllocation, allocate_scales, group_targets, merge_blocks, residual_blocks, stitched_profile,
+    BlockLayout, BlockSpec, GroupLike, ResidualWorkload, ScaleAllocation, allocate_scales, group_targets, stitched_profile,
 )
 from .certificate import BlockDualResult, maximize_block_dual
 from .privacy import privacy_account, privacy_profile
@@ -247,24 +248,46 @@ class PlanResult:
         return privacy_account(self.alpha).to_dict()
 
 
-def decompose(domain: Domain, groups: Sequence[GroupLike], max_cells: int) -> tuple[list[BlockSpec], list[str]]:
-    """Residual blocks merged under ``max_cells``, and a log of what was decided and why."""
-    residual = residual_blocks(domain, groups)
+@dataclass(frozen=True, eq=False)
+class Decomposition:
+    """The blocks a plan will have, as layouts (sizes, no arrays), and the workload their specs
+    are built from one at a time (``specs()``), so the driver never holds every spec."""
+
+    layouts: tuple[BlockLayout, ...]
+    decisions: tuple[str, ...]
+    workload: ResidualWorkload
+
+    def specs(self) -> Iterator[BlockSpec]:
+        for layout in self.layouts:
+            yield self.workload.build(layout)
+
+
+def decompose_lazily(domain: Domain, groups: Sequence[GroupLike], max_cells: int) -> Decomposition:
+    """Residual blocks merged under ``max_cells`` (``blocks.merge_layout``), decided on attribute
+    sets and row counts; a log of what was decided and why."""
+    workload = ResidualWorkload(domain, groups)
     cliques = [tuple(group[1]) for group in groups]
-    merged = merge_blocks(domain, residual, cliques, max_cells)
-    decisions = [
-        f"residual decomposition: {len(residual)} blocks from {len(groups)} query groups",
-        f"merged under max_cells={max_cells}: {len(merged)} blocks "
-        f"(largest {max(b.basis.shape[1] for b in merged)} cells, {max(b.basis.shape[0] for b in merged)} basis rows)",
-    ]
-    return merged, decisions
+    layouts = workload.layout(cliques, max_cells)
+    decisions = (
+        f"residual decomposition: {len(workload.subsets)} blocks from {len(groups)} query groups",
+        f"merged under max_cells={max_cells}: {len(layouts)} blocks "
+        f"(largest {max(b.cells for b in layouts)} cells, {max(b.rows for b in layouts)} basis rows)",
+    )
+    return Decomposition(tuple(layouts), decisions, workload)
 
 
-def block_work(blocks: Iterable[BlockSpec | BlockRef]) -> float:
+def decompose(domain: Domain, groups: Sequence[GroupLike], max_cells: int) -> tuple[list[BlockSpec], list[str]]:
+    """Residual blocks merged under ``max_cells``, every spec built, and a log of what was
+    decided and why (``decompose_lazily`` builds them one at a time)."""
+    decomposition = decompose_lazily(domain, groups, max_cells)
+    return list(decomposition.specs()), list(decomposition.decisions)
+
+
+def block_work(blocks: Iterable[BlockSpec | BlockRef | BlockLayout]) -> float:
     """Flops of one joint block dual evaluation, about ``sum_S k^2 (k + d_b + m_b)``."""
     total = 0.0
     for block in blocks:
-        if isinstance(block, BlockRef):
+        if isinstance(block, (BlockRef, BlockLayout)):
             k, d_b, m_b = block.rows, block.cells, block.queries
         else:
             (k, d_b), m_b = block.basis.shape, block.recon.shape[0]
@@ -272,7 +295,7 @@ def block_work(blocks: Iterable[BlockSpec | BlockRef]) -> float:
     return total
 
 
-def should_stream(blocks: Sequence[BlockSpec | BlockRef]) -> bool:
+def should_stream(blocks: Sequence[BlockSpec | BlockRef | BlockLayout]) -> bool:
     """Stream the plan through the store (``plan_streamed``) rather than hold it in memory:
     when the blocks are too big for the joint block dual (``STREAM_WORK``)."""
     return block_work(blocks) > STREAM_WORK

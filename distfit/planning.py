@@ -36,7 +36,7 @@ import numpy as np
 from . import __version__
 from .blocks import BlockSpec
 from .plan import (
-    BlockRef, Executor, PlanResult, decompose, plan_blocks, plan_streamed, serial_executor, should_stream,
+    BlockRef, Executor, PlanResult, decompose_lazily, plan_blocks, plan_streamed, serial_executor, should_stream,
     write_streamed_blocks,
 )
 from .privacy import privacy_account
@@ -214,11 +214,13 @@ def run_plan(
     log = log or sys.stderr
     spec = load_spec(spec_path)
     PlanWriter(out, overwrite=overwrite).abort()  # refuse an existing plan before any work
-    blocks, decisions = decompose(spec.domain, spec.group_triples(), spec.blocks.max_cells if spec.blocks.merge else 0)
+    decomposition = decompose_lazily(spec.domain, spec.group_triples(), spec.blocks.max_cells if spec.blocks.merge else 0)
+    decisions = list(decomposition.decisions)
     for line in decisions:
         print(f"distfit: {line}", file=log)
     budget = spec.privacy.budget
-    if not (should_stream(blocks) if stream is None else stream):
+    if not (should_stream(decomposition.layouts) if stream is None else stream):
+        blocks = list(decomposition.specs())
         with _executor(cluster, workers, serial, log) as executor:
             plan = plan_blocks(spec.domain, blocks, spec.targets, executor, refine_rounds, decisions, RoundProgress("plan", log))
         if budget is not None:
@@ -226,8 +228,11 @@ def run_plan(
         return plan, write_plan(spec, plan, out, overwrite=overwrite)
     with PlanWriter(out, overwrite=overwrite) as writer:
         sink = StoreSink(writer)
-        refs = [sink.save_spec(block) for block in blocks]
-        blocks.clear()  # the specs now live in the staging store only
+        # built one at a time and spilled at once: the specs live in the staging store only
+        refs = []
+        for block in decomposition.specs():
+            refs.append(sink.save_spec(block))
+            del block  # before the next one is built
         with _executor(cluster, workers, serial, log) as executor:
             plan = plan_streamed(spec.domain, refs, spec.targets, sink, executor, refine_rounds, decisions, RoundProgress("plan", log))
         if budget is not None:

@@ -13,6 +13,7 @@ from distfit.blocks import (
     allocate_scales,
     connected_blocks,
     difference_matrix,
+    ResidualWorkload,
     merge_blocks,
     residual_blocks,
     stitched_profile,
@@ -229,3 +230,23 @@ def test_no_limit_means_no_merge():
     domain, groups = mixed_marginal_workload()
     residual = residual_blocks(domain, groups)
     assert [b.block_id for b in merge_blocks(domain, residual, [tuple(g[1]) for g in groups], 0)] == [b.block_id for b in residual]
+
+
+@pytest.mark.parametrize("max_cells", [0, 16, 10**9])
+def test_layouts_describe_the_blocks_they_build(max_cells):
+    # The layout (attribute sets and row counts, no arrays) must give exactly the blocks that
+    # residual_blocks + merge_blocks build, with the sizes the planner reads from it.
+    domain, groups = mixed_marginal_workload()
+    workload = ResidualWorkload(domain, groups)
+    cliques = [tuple(g[1]) for g in groups]
+    expected = merge_blocks(domain, residual_blocks(domain, groups), cliques, max_cells)
+    layouts = workload.layout(cliques, max_cells)
+    assert [layout.block_id for layout in layouts] == [block.block_id for block in expected]
+    for layout, block in zip(layouts, expected):
+        built = workload.build(layout)
+        assert built.attributes == block.attributes == layout.attributes
+        assert (layout.rows, layout.cells, layout.queries) == (block.basis.shape[0], block.basis.shape[1], block.recon.shape[0])
+        for name in ("basis", "recon", "query_index", "targets"):
+            np.testing.assert_array_equal(getattr(built, name), getattr(block, name))
+    for subset in workload.subsets:
+        np.testing.assert_array_equal(workload.query_index(subset), workload.residual_block(subset).query_index)

@@ -133,6 +133,33 @@ def test_streamed_plan_holds_refs_not_arrays(tmp_path):
         writer.abort()
 
 
+def test_streamed_run_plan_never_holds_two_block_specs(tmp_path, monkeypatch):
+    """run_plan's streamed path builds each spec when it spills it (decompose_lazily): when a
+    spec is built, no earlier spec is still alive in the driver."""
+    import gc
+    import weakref
+
+    from distfit.blocks import ResidualWorkload
+
+    alive: weakref.WeakSet = weakref.WeakSet()
+    most = []
+    build = ResidualWorkload.build
+
+    def tracked(self, layout):
+        gc.collect()
+        most.append(len(alive))
+        spec = build(self, layout)
+        alive.add(spec)
+        return spec
+
+    monkeypatch.setattr(ResidualWorkload, "build", tracked)
+    content = dict(SMALL_SPEC, blocks={"merge": False})
+    plan, _ = run_plan(_write_spec(tmp_path, content), str(tmp_path / "plan.zarr"), serial=True, stream=True,
+                       refine_rounds=0, log=io.StringIO())
+    assert len(most) == len(plan.blocks) >= 4
+    assert max(most) == 0
+
+
 def test_stitched_profile_accumulates_like_the_list_form():
     domain = Domain(("a", "b", "c"), (3, 2, 4))
     rng = np.random.default_rng(0)
