@@ -49,7 +49,7 @@ else:
     sys.path.insert(0, str(ROOT))
 
 from distfit.blocks import residual_blocks  # noqa: E402
-from distfit.plan import BlockTask, serial_executor  # noqa: E402
+from distfit.plan import BlockTask, decompose, serial_executor, solve_order  # noqa: E402
 from distfit.runtime import DaskExecutor, dask_client  # noqa: E402
 from distfit.spec import load_spec, parse_spec  # noqa: E402
 
@@ -67,6 +67,10 @@ def _subset(spec_path: str, attributes: int, max_size: int):
 
 def _warm_up() -> None:
     import distfit.plan  # noqa: F401
+
+
+def _load() -> str:
+    return "load average " + " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
 def _peak_mib() -> float:
@@ -190,6 +194,8 @@ def main(argv=None) -> int:
     parser.add_argument("--spec", default=str(ROOT / "pipelines" / "marginals.yaml"))
     parser.add_argument("--attributes", type=int, default=12)
     parser.add_argument("--max-size", type=int, default=8)
+    parser.add_argument("--full", action="store_true",
+                        help="the whole spec, decomposed and merged as `distfit plan` does (no cut-down)")
     parser.add_argument("--memory", action="store_true", help="driver memory: in-memory against streamed plans")
     parser.add_argument("--attributes-list", type=int, nargs="+", default=[8, 12, 16, 20])
     parser.add_argument("--workers", type=int, default=2)
@@ -204,15 +210,27 @@ def main(argv=None) -> int:
     if args.memory:
         return _memory_main(args)
 
-    spec = _subset(args.spec, args.attributes, args.max_size)
-    blocks = residual_blocks(spec.domain, spec.group_triples())
-    tasks = [BlockTask(i, block, block.targets) for i, block in enumerate(blocks)]
+    if args.full:
+        # The whole spec, decomposed exactly as `distfit plan` does (residual blocks merged under
+        # the spec's blocks.max_cells when blocks.merge is on).
+        spec = load_spec(args.spec)
+        blocks, decisions = decompose(spec.domain, spec.group_triples(),
+                                      spec.blocks.max_cells if spec.blocks.merge else 0)
+        kind = "blocks (" + "; ".join(decisions) + ")"
+    else:
+        spec = _subset(args.spec, args.attributes, args.max_size)
+        blocks = residual_blocks(spec.domain, spec.group_triples())
+        kind = "residual blocks"
+    # in the planner's order: most work first (plan.solve_order)
+    tasks = [BlockTask(i, blocks[i], blocks[i].targets) for i in solve_order(blocks)]
     print(f"spec {spec.name}: {len(spec.attributes)} attributes {list(spec.domain.sizes)}, "
-          f"{len(spec.groups)} query groups, {spec.num_queries} queries, {len(blocks)} residual blocks")
+          f"{len(spec.groups)} query groups, {spec.num_queries} queries, {len(blocks)} {kind}", flush=True)
 
     rows = []
+    # The loop under the same BLAS thread rule as the workers (one thread; solve() sets it too).
     seconds = _run(serial_executor, tasks)
     rows.append(("loop (1 process)", seconds, 0.0))
+    print(f"loop done: {seconds:.1f} s ({_load()})", flush=True)
     for workers in (1, 2):
         start = time.perf_counter()
         with dask_client(None, workers=workers, log=sys.stdout) as client:
@@ -221,6 +239,7 @@ def main(argv=None) -> int:
             startup = time.perf_counter() - start
             seconds = _run(DaskExecutor(client), tasks)
         rows.append((f"dask, {workers} worker{'s' if workers > 1 else ''}", seconds, startup))
+        print(f"{workers} worker(s) done: {seconds:.1f} s ({_load()})", flush=True)
 
     print(f"{'setting':<20} {'blocks':>6} {'seconds':>9} {'blocks/s':>9} {'start-up s':>10}")
     for name, seconds, startup in rows:

@@ -295,6 +295,17 @@ def block_work(blocks: Iterable[BlockSpec | BlockRef | BlockLayout]) -> float:
     return total
 
 
+def solve_order(blocks: Sequence[BlockSpec | BlockRef | BlockLayout]) -> list[int]:
+    """Block indices, most work first (``block_work`` of each block; ties in block order).
+
+    Largest-first is the classic longest-processing-time rule: on N workers the last block to
+    finish starts early, so the round's tail is short (a big block submitted last would leave
+    the other workers idle while it runs). Results are collected by index, so the plan does
+    not depend on the order."""
+    work = [block_work([block]) for block in blocks]
+    return sorted(range(len(blocks)), key=lambda i: -work[i])
+
+
 def should_stream(blocks: Sequence[BlockSpec | BlockRef | BlockLayout]) -> bool:
     """Stream the plan through the store (``plan_streamed``) rather than hold it in memory:
     when the blocks are too big for the joint block dual (``STREAM_WORK``)."""
@@ -403,7 +414,7 @@ def plan_blocks(
     joint_dual = co_optimize and rows_per_query.max() > 1 and work <= CO_OPTIMIZE_WORK
 
     def run_round(number: int, block_targets: list[np.ndarray]) -> list[BlockSolution]:
-        tasks = [BlockTask(i, spec, block_targets[i]) for i, spec in enumerate(blocks)]
+        tasks = [BlockTask(i, blocks[i], block_targets[i]) for i in solve_order(blocks)]
         return _collect(executor(tasks), len(tasks), lambda index, solution: solution, progress)
 
     best, rounds = _refine(blocks, targets, run_round, refine_rounds, rows_per_query, log)
@@ -482,8 +493,8 @@ def plan_streamed(
 
     def run_round(number: int, block_targets: list[np.ndarray]) -> list[_Shape]:
         def tasks() -> Iterator[BlockTask]:
-            for i, ref in enumerate(blocks):
-                yield BlockTask(i, sink.load_spec(ref), block_targets[i])
+            for i in solve_order(blocks):
+                yield BlockTask(i, sink.load_spec(blocks[i]), block_targets[i])
 
         def keep(index: int, solution: BlockSolution) -> _Shape:
             sink.save_solution(number, blocks[index], solution, block_targets[index])

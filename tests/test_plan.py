@@ -144,3 +144,31 @@ def test_symmetric_blocks_take_the_closed_form():
         reference = solution.basis @ solution.basis.T
         scale = np.trace(solution.sigma) / np.trace(reference)
         np.testing.assert_allclose(solution.sigma, scale * reference, rtol=1e-6, atol=1e-9 * scale)
+
+
+def test_blocks_are_solved_largest_first():
+    """Longest-processing-time order: the executor gets the most work first; results are still
+    assigned by index, so the plan is the one a block-order loop gives."""
+    from distfit.blocks import group_targets, residual_blocks
+    from distfit.plan import block_work, plan_blocks, serial_executor, solve_order
+    from reference import mixed_marginal_workload
+
+    domain, groups = mixed_marginal_workload()
+    blocks = residual_blocks(domain, groups)
+    order = solve_order(blocks)
+    work = [block_work([blocks[i]]) for i in order]
+    assert sorted(order) == list(range(len(blocks))) and work == sorted(work, reverse=True)
+    assert order != list(range(len(blocks)))  # the residual order is smallest first
+    seen = []
+
+    def recording(tasks):
+        for task in tasks:
+            seen.append(task.index)
+            yield task.index, serial_executor([task]).__next__()[1]
+
+    targets = group_targets(domain, groups)
+    planned = plan_blocks(domain, blocks, targets, recording, refine_rounds=0)
+    in_order = plan_blocks(domain, blocks, targets, serial_executor, refine_rounds=0)
+    assert seen == order
+    assert planned.alpha == in_order.alpha
+    np.testing.assert_array_equal(planned.variances, in_order.variances)
