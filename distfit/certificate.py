@@ -31,6 +31,7 @@ import numpy as np
 import scipy.linalg
 import scipy.optimize
 
+from .linalg import factored_quadratic_forms, weighted_gram
 from .privacy import privacy_profile
 
 
@@ -79,7 +80,7 @@ def evaluate_dual(
     u = u / u.sum()
     v = v / v.sum()
     gram_cells = _symmetrize((basis * u) @ basis.T)
-    gram_queries = _symmetrize((scaled_recon.T * v) @ scaled_recon)
+    gram_queries = weighted_gram(scaled_recon, v)
     upper = scipy.linalg.cholesky(gram_queries, lower=False)  # G = R^T R
     inner = _symmetrize(upper @ gram_cells @ upper.T)  # X = R A R^T
     eigenvalues, eigenvectors = scipy.linalg.eigh(inner)
@@ -97,8 +98,7 @@ def evaluate_dual(
     sigma = _symmetrize(half @ half.T)
     whitened_cells = (eigenvectors.T @ (upper @ basis)) / np.sqrt(root)[:, None]
     profile = np.einsum("ij,ij->j", whitened_cells, whitened_cells)
-    whitened_queries = scaled_recon @ half
-    ratios = np.einsum("ij,ij->i", whitened_queries, whitened_queries)
+    ratios = factored_quadratic_forms(scaled_recon, half)
     return DualPoint(u, v, certified**2, nuclear, sigma, profile, ratios)
 
 

@@ -34,6 +34,8 @@ from dataclasses import dataclass
 import numpy as np
 import scipy.linalg
 
+from .linalg import quadratic_forms, weighted_gram
+
 
 @dataclass(frozen=True)
 class SmiiResult:
@@ -67,7 +69,7 @@ class _State:
         self.factor = scipy.linalg.cho_factor(sigma, lower=False, check_finite=False)
         self.inverse_basis = scipy.linalg.cho_solve(self.factor, basis, check_finite=False)
         self.profile = np.einsum("ij,ij->j", basis, self.inverse_basis)
-        self.ratios = np.einsum("ij,ij->i", scaled_recon @ sigma, scaled_recon)
+        self.ratios = quadratic_forms(scaled_recon, self.factor[0])  # Sigma = U^T U
         self.cell_weights, cell_value = _softmax(self.profile, t_cells)
         self.query_weights, query_value = _softmax(self.ratios, t_queries)
         self.value = cell_value + query_value
@@ -175,8 +177,8 @@ def _cost(state: _State) -> float:
 
 def _gradient(state: _State, basis: np.ndarray, scaled_recon: np.ndarray) -> np.ndarray:
     cells = state.inverse_basis * state.cell_weights
-    queries = scaled_recon.T * state.query_weights
-    gradient = queries @ scaled_recon - cells @ state.inverse_basis.T
+    queries = np.flatnonzero(state.query_weights)  # at large t most weights underflow to exactly 0
+    gradient = weighted_gram(scaled_recon[queries], state.query_weights[queries]) - cells @ state.inverse_basis.T
     return 0.5 * (gradient + gradient.T)
 
 

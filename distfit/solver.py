@@ -9,6 +9,9 @@ How a solve runs (each stage is in its own module):
 
 1. ``basis.represent`` writes W = L B with B spanning W's row space (rank-deficient workloads
    are reduced; untouched cells get profile 0).
+   Of rows along one direction only the longest is a constraint (``linalg.dominant_rows``:
+   the same feasible set; a block holding the total has a row for every query of the
+   workload, most of them along a few directions).
 2. ``certificate.maximize_dual`` maximises the dual bound with L-BFGS. Every dual evaluation
    recovers the plan ``Sigma_uv = G^-1 # A`` that minimises the Lagrangian, so this stage is
    both the warm start and the certificate; on most workloads it closes the gap by itself.
@@ -40,6 +43,7 @@ from threadpoolctl import threadpool_limits
 
 from . import certificate, smii
 from .basis import represent
+from .linalg import dominant_rows
 from .privacy import Budget, PrivacyAccount, privacy_account, privacy_profile
 from .workload import validate_workload
 
@@ -199,9 +203,12 @@ def _solve_represented(
 ) -> BlockSolution:
     basis_matrix, recon = representation.basis, representation.recon
     scaled_recon = recon / np.sqrt(target_array)[:, None]
+    # Only the constraints not implied by a longer parallel row (linalg.dominant_rows): the same
+    # feasible set, often far fewer rows. The plan is scaled against every row at the end.
+    constraints = scaled_recon[dominant_rows(scaled_recon)]
 
     bound_point, primal_point, evaluations = certificate.maximize_dual(
-        basis_matrix, scaled_recon, max_iterations=dual_iterations, target_gap=gap_tolerance
+        basis_matrix, constraints, max_iterations=dual_iterations, target_gap=gap_tolerance
     )
     lower_bound = bound_point.bound
     best_sigma, best_alpha, stage = primal_point.sigma, primal_point.primal_alpha, "dual"
@@ -212,19 +219,19 @@ def _solve_represented(
         remaining = time_limit - (time.perf_counter() - start)
         run = smii.smii_optimize(
             basis_matrix,
-            scaled_recon,
+            constraints,
             best_sigma,
             time_limit=max(remaining * 0.7, 1.0),
             target_cost=lower_bound * (1.0 + gap_tolerance) if method == "auto" else 0.0,
         )
         newton, cg, final_t = run.newton_iterations, run.cg_iterations, run.final_t
-        smii_point = certificate.plan_cost(basis_matrix, scaled_recon, run.sigma)
+        smii_point = certificate.plan_cost(basis_matrix, constraints, run.sigma)
         if smii_point < best_alpha:
             best_sigma, best_alpha, stage = run.sigma, smii_point, "smii"
         if best_alpha > lower_bound * (1.0 + gap_tolerance):
             polished_bound, polished_primal, more = certificate.maximize_dual(
                 basis_matrix,
-                scaled_recon,
+                constraints,
                 run.cell_weights,
                 run.query_weights,
                 max_iterations=dual_iterations,
