@@ -113,7 +113,7 @@ import zarr
 from threadpoolctl import ThreadpoolController, threadpool_limits
 
 from .release import block_positions, fresh_entropy, load_blocks, release_chunk
-from .runtime import BackgroundClient, Progress, run_tasks
+from .runtime import WORKER_ENV, BackgroundClient, Progress, run_tasks
 from .solver import blas_threads
 from .store import (
     _CHECKSUM_DOMAIN,  # the checksum format: _store_checksum follows compute_checksum
@@ -286,13 +286,6 @@ def _run_dask(client, job: ChunkJob, plan_path: str, plan_checksum: str,
 # the store
 
 
-#: Environment of the worker processes of the local cluster a release starts
-#: (:func:`distfit.runtime.dask_client` ``worker_env``): leave out Dask's MALLOC_TRIM_THRESHOLD_=65536.
-#: Setting it also pins glibc's mmap threshold at 128 KiB, so every array a chunk task allocates
-#: (a dozen of 8-10 MB per 4096-unit chunk) is mapped and page-faulted afresh (2.3x the page
-#: faults; 0.2-0.5 s of a 100k-unit release here); glibc's default reuses them. A worker's memory
-#: stays flat either way (one chunk's arrays at a time).
-WORKER_ENV: dict[str, str | None] = {"MALLOC_TRIM_THRESHOLD_": None}
 
 
 #: Compressors of the answer arrays: none (raw little-endian float64). Noisy answers do not

@@ -129,6 +129,10 @@ def test_plan_through_a_scheduler_file(tmp_path):
         with dask_client(str(scheduler_file)) as client:
             client.wait_for_workers(2, timeout=30)
             plan = plan_groups(domain, groups, max_cells=0, refine_rounds=0, executor=DaskExecutor(client))
+            # workers someone else started keep Dask's malloc trim setting; distfit's plugin
+            # raises their mmap threshold (runtime.WORKER_ENV, runtime.raise_mmap_threshold)
+            registered = client.run(lambda dask_worker: "distfit-malloc-tuning" in dask_worker.plugins)
+            assert len(registered) == 2 and all(registered.values())
         reference = plan_groups(domain, groups, max_cells=0, refine_rounds=0)
         assert plan.alpha == pytest.approx(reference.alpha, rel=1e-9)
     finally:
@@ -174,3 +178,23 @@ def test_killed_worker_plan_completes_and_passes_audit(tmp_path, stream):
     report = audit_plan(str(tmp_path / "plan.zarr"))
     assert report.ok, report.failures
     assert len(plan.blocks) == 16 and plan.streamed == stream
+
+
+def test_local_workers_start_without_dask_malloc_trim(client):
+    """MALLOC_TRIM_THRESHOLD_ pins glibc's mmap threshold at 128 KiB and slowed block solves by
+    half; distfit's local clusters leave it out (runtime.WORKER_ENV)."""
+    import os
+
+    if "MALLOC_TRIM_THRESHOLD_" in os.environ:
+        pytest.skip("set in the test runner's environment, which Dask lets win")
+    assert set(client.run(lambda: os.environ.get("MALLOC_TRIM_THRESHOLD_")).values()) == {None}
+
+
+def test_raise_mmap_threshold_works_on_glibc():
+    import platform
+
+    from distfit.runtime import raise_mmap_threshold
+
+    if platform.libc_ver()[0] != "glibc":
+        pytest.skip("mallopt is glibc's")
+    assert raise_mmap_threshold() is True
