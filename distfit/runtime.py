@@ -80,6 +80,9 @@ def _dask_client(Client, LocalCluster, cluster, workers, timeout, log):
             n_workers=count, threads_per_worker=1, processes=True, dashboard_address=":0", silence_logs=40
         ) as local, Client(local) as client:
             print(f"distfit: local cluster with {count} worker processes; dashboard {client.dashboard_link}", file=log)
+            # WORKER_ENV leaves MALLOC_TRIM_THRESHOLD_ out, but a Dask nanny started earlier in
+            # this process without it has already put it in os.environ, which workers inherit.
+            _register_malloc_tuning(client, log)
             yield client
         return
     try:
@@ -93,8 +96,19 @@ def _dask_client(Client, LocalCluster, cluster, workers, timeout, log):
         print(f"distfit: connected to {cluster}; dashboard {client.dashboard_link}", file=log)
         # Workers started by someone else (dask worker, dask-jobqueue, Kubernetes) keep Dask's
         # MALLOC_TRIM_THRESHOLD_; raise their mmap threshold instead (WORKER_ENV).
-        client.register_plugin(malloc_tuning_plugin(), name="distfit-malloc-tuning")
+        _register_malloc_tuning(client, log)
         yield client
+
+
+def _register_malloc_tuning(client, log: TextIO) -> None:
+    """Register ``malloc_tuning_plugin`` with the scheduler (it runs in every worker, present and
+    future). It only buys speed, so a failure (a worker dying during the broadcast: the
+    scheduler keeps the plugin for the workers that replace it) is reported, not raised."""
+    try:
+        client.register_plugin(malloc_tuning_plugin(), name="distfit-malloc-tuning")
+    except Exception as error:  # noqa: BLE001 - see the docstring
+        print(f"distfit: malloc tuning not registered on every worker ({type(error).__name__}: {error}); "
+              "continuing", file=log)
 
 
 #: glibc's largest mmap threshold on 64-bit (DEFAULT_MMAP_THRESHOLD_MAX): arrays up to this size
