@@ -213,11 +213,10 @@ class _Cluster:
     def get(self) -> str | None:
         if self.serial or self.cluster is not None or self.started:
             return self.address
-        from distributed import LocalCluster
+        from .runtime import local_cluster
 
         count = self.workers or os.cpu_count() or 1
-        local = self.stack.enter_context(LocalCluster(
-            n_workers=count, threads_per_worker=1, processes=True, dashboard_address=":0", silence_logs=40))
+        local = self.stack.enter_context(local_cluster(count))  # workers without Dask's malloc trim (WORKER_ENV)
         print(f"distfit: local cluster with {count} worker processes; dashboard {local.dashboard_link}",
               file=self.log)
         self.address, self.started = local.scheduler_address, True

@@ -73,12 +73,23 @@ def dask_client(cluster: str | None = None, workers: int | None = None, timeout:
         yield from _dask_client(Client, LocalCluster, cluster, workers, timeout, log)
 
 
+def local_cluster(workers: int | None = None, worker_env: dict[str, str | None] | None = WORKER_ENV):
+    """``LocalCluster(processes=True)`` with ``workers`` one-thread worker processes (default:
+    the machine's cores) whose environment follows ``worker_env`` (``dask_client``): the one
+    way distfit starts a local cluster. Returns the cluster (a context manager)."""
+    import dask
+    from distributed import LocalCluster
+
+    settings = {f"distributed.nanny.pre-spawn-environ.{name}": value for name, value in (worker_env or {}).items()}
+    with dask.config.set(settings):  # read by each Nanny when it is created (restarts included)
+        return LocalCluster(n_workers=workers or os.cpu_count() or 1, threads_per_worker=1, processes=True,
+                            dashboard_address=":0", silence_logs=40)
+
+
 def _dask_client(Client, LocalCluster, cluster, workers, timeout, log):
     if cluster is None:
         count = workers or os.cpu_count() or 1
-        with LocalCluster(
-            n_workers=count, threads_per_worker=1, processes=True, dashboard_address=":0", silence_logs=40
-        ) as local, Client(local) as client:
+        with local_cluster(count, worker_env=None) as local, Client(local) as client:
             print(f"distfit: local cluster with {count} worker processes; dashboard {client.dashboard_link}", file=log)
             # WORKER_ENV leaves MALLOC_TRIM_THRESHOLD_ out, but a Dask nanny started earlier in
             # this process without it has already put it in os.environ, which workers inherit.

@@ -446,7 +446,9 @@ def test_run_tabulates_then_reuses_and_refuses_a_changed_source(inputs, tmp_path
 
 
 def test_local_cluster_equals_serial(inputs, tmp_path):
-    from distributed import Client, LocalCluster
+    from distributed import Client
+
+    from distfit.runtime import local_cluster
 
     spec = load_spec(inputs["spec"])
     serial = tabulate_microdata(spec, inputs["csv"], tmp_path / "serial.zarr", chunk_units=3, fsync=False)
@@ -454,8 +456,7 @@ def test_local_cluster_equals_serial(inputs, tmp_path):
     lines = inputs["csv"].read_text().splitlines()
     lines[500] = "b1,Male,40,college"
     bad.write_text("\n".join(lines) + "\n")
-    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0",
-                      silence_logs=40) as cluster, Client(cluster) as client:
+    with local_cluster(2) as cluster, Client(cluster) as client:
         dask_store = tabulate_microdata(spec, inputs["csv"], tmp_path / "dask.zarr", chunk_units=3, fsync=False,
                                         client=client, blocksize=4000)
         with pytest.raises(DataError, match=r"bad.csv: line 501, column 'education': value 'college'"):

@@ -201,3 +201,19 @@ def test_raise_mmap_threshold_works_on_glibc():
     if platform.libc_ver()[0] != "glibc":
         pytest.skip("mallopt is glibc's")
     assert raise_mmap_threshold() is True
+
+
+def test_local_cluster_workers_follow_worker_env():
+    """runtime.local_cluster is how `distfit run` starts its shared cluster: its workers get the
+    environment WORKER_ENV says (a variable set; Dask's malloc trim left out unless inherited)."""
+    import os
+
+    from distributed import Client
+
+    from distfit.runtime import WORKER_ENV, local_cluster
+
+    with local_cluster(1, worker_env=dict(WORKER_ENV, DISTFIT_TEST_LOCAL_CLUSTER="yes")) as cluster, Client(cluster) as client:
+        seen = list(client.run(lambda: (os.environ.get("DISTFIT_TEST_LOCAL_CLUSTER"), os.environ.get("MALLOC_TRIM_THRESHOLD_"))).values())
+    assert seen[0][0] == "yes"
+    if "MALLOC_TRIM_THRESHOLD_" not in os.environ:
+        assert seen[0][1] is None
