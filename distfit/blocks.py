@@ -145,7 +145,6 @@ class ResidualWorkload:
             averages = {a: matrices[a].sum(axis=1, keepdims=True) / domain.size_of(a) for a in clique}
             residuals = {a: matrices[a] @ pseudo_inverse[a] for a in clique if a in pseudo_inverse}
             self._groups.append((clique, averages, residuals, targets, query_index))
-        self.num_queries = first
         self._rows: dict[tuple[str, ...], list[tuple[int, np.ndarray]]] = {}
         for number, (clique, averages, residuals, _, query_index) in enumerate(self._groups):
             largest = {a: np.abs(f).max(axis=1) for a, f in averages.items()}
@@ -183,7 +182,7 @@ class ResidualWorkload:
         for number, _ in self._rows[subset]:
             clique, averages, residuals, targets, query_index = self._groups[number]
             recon = _kron_all([residuals[a] if a in subset else averages[a] for a in clique])
-            keep = np.abs(recon).max(axis=1) > 1e-12 * max(np.abs(recon).max(initial=0.0), 1e-300)
+            keep = self._kept(np.abs(recon).max(axis=1))  # the rule the layout applied to row_max
             pieces.append((recon[keep], query_index[keep], targets[keep]))
         return BlockSpec(
             block_id=block_id_for(subset),

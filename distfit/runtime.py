@@ -60,17 +60,13 @@ def dask_client(cluster: str | None = None, workers: int | None = None, timeout:
     would grow with the number of blocks even when results are streamed into the store.
     """
     import dask
-    from distributed import Client, LocalCluster
+    from distributed import Client
 
     log = log or sys.stderr
     configured = dask.config.get("distributed.admin.low-level-log-length", None)
     length = LOW_LEVEL_LOG_LENGTH if configured is None else min(int(configured), LOW_LEVEL_LOG_LENGTH)
-    settings: dict[str, Any] = {"distributed.admin.low-level-log-length": length}
-    if cluster is None:
-        settings.update({f"distributed.nanny.pre-spawn-environ.{name}": value
-                         for name, value in (worker_env or {}).items()})
-    with dask.config.set(settings):
-        yield from _dask_client(Client, LocalCluster, cluster, workers, timeout, log)
+    with dask.config.set({"distributed.admin.low-level-log-length": length}):
+        yield from _dask_client(Client, cluster, workers, timeout, log, worker_env)
 
 
 def local_cluster(workers: int | None = None, worker_env: dict[str, str | None] | None = WORKER_ENV):
@@ -86,10 +82,10 @@ def local_cluster(workers: int | None = None, worker_env: dict[str, str | None] 
                             dashboard_address=":0", silence_logs=40)
 
 
-def _dask_client(Client, LocalCluster, cluster, workers, timeout, log):
+def _dask_client(Client, cluster, workers, timeout, log, worker_env):
     if cluster is None:
         count = workers or os.cpu_count() or 1
-        with local_cluster(count, worker_env=None) as local, Client(local) as client:
+        with local_cluster(count, worker_env) as local, Client(local) as client:
             print(f"distfit: local cluster with {count} worker processes; dashboard {client.dashboard_link}", file=log)
             # WORKER_ENV leaves MALLOC_TRIM_THRESHOLD_ out, but a Dask nanny started earlier in
             # this process without it has already put it in os.environ, which workers inherit.

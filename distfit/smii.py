@@ -261,8 +261,7 @@ def _newton_direction(state, basis, scaled_recon, gradient, t, max_cg, use_preco
     """
     if use_preconditioner:
         hessian, upper = _whitened_hessian_operator(state, scaled_recon, t)
-        step = _conjugate_gradients(hessian, upper @ gradient @ upper.T, max_cg, use_forcing)
-        steps, whitened = step
+        steps, whitened = _conjugate_gradients(hessian, upper @ gradient @ upper.T, max_cg, use_forcing)
         return upper.T @ whitened @ upper, steps
     steps, step = _conjugate_gradients(_hessian_operator(state, basis, scaled_recon, t), gradient, max_cg, use_forcing)
     return step, steps
