@@ -57,7 +57,7 @@ def load() -> str:
 
 
 def bench_write(args: argparse.Namespace) -> None:
-    from distfit import store
+    from distfit.stores import plan as store
 
     t = time.perf_counter()
     plan = store.read_plan(args.plan)
@@ -90,12 +90,12 @@ def bench_write(args: argparse.Namespace) -> None:
 
 
 def bench_plan(args: argparse.Namespace) -> None:
-    from distfit.blocks import group_targets  # noqa: F401  (import cost outside the timings)
-    from distfit.plan import decompose, plan_blocks, plan_streamed, should_stream
-    from distfit.planning import StoreSink, _finish, apply_budget, write_plan
-    from distfit.runtime import DaskExecutor, dask_client
-    from distfit.spec import load_spec
-    from distfit.store import PlanWriter
+    from distfit.plan.residual import group_targets  # noqa: F401  (import cost outside the timings)
+    from distfit.plan.planner import decompose, plan_blocks, plan_streamed, should_stream
+    from distfit.plan.job import StoreSink, _finish, apply_budget, write_plan
+    from distfit.cluster import DaskExecutor, dask_client
+    from distfit.spec.parse import load_spec
+    from distfit.stores.plan import PlanWriter
 
     print(load())
     spec = load_spec(args.spec)
@@ -135,7 +135,7 @@ def bench_plan(args: argparse.Namespace) -> None:
     if not streamed:
         write_plan(spec, plan, str(out), overwrite=True)
     else:
-        from distfit.plan import write_streamed_blocks
+        from distfit.plan.planner import write_streamed_blocks
 
         write_streamed_blocks(plan, sink)
         _finish(writer, spec, plan)
@@ -154,8 +154,8 @@ def bench_plan(args: argparse.Namespace) -> None:
 
 
 def bench_payload(args: argparse.Namespace) -> None:
-    from distfit.plan import BlockTask, decompose
-    from distfit.spec import load_spec
+    from distfit.plan.planner import BlockTask, decompose
+    from distfit.spec.parse import load_spec
 
     spec = load_spec(args.spec)
     blocks, _ = decompose(spec.domain, spec.group_triples(), spec.blocks.max_cells if spec.blocks.merge else 0)
@@ -173,8 +173,8 @@ def bench_allocate(args: argparse.Namespace) -> None:
     import scipy.sparse
     from threadpoolctl import threadpool_limits
 
-    from distfit import store
-    from distfit.blocks import allocate_scales
+    from distfit.stores import plan as store
+    from distfit.plan.residual import allocate_scales
 
     plan = store.read_plan(args.plan)
     records = list(plan.iter_blocks())

@@ -48,10 +48,10 @@ if "--root" in sys.argv:  # a --memory child importing another tree's distfit (-
 else:
     sys.path.insert(0, str(ROOT))
 
-from distfit.blocks import residual_blocks  # noqa: E402
-from distfit.plan import BlockTask, decompose, serial_executor, solve_order  # noqa: E402
-from distfit.runtime import DaskExecutor, dask_client  # noqa: E402
-from distfit.spec import load_spec, parse_spec  # noqa: E402
+from distfit.plan.residual import residual_blocks  # noqa: E402
+from distfit.plan.planner import BlockTask, decompose, serial_executor, solve_order  # noqa: E402
+from distfit.cluster import DaskExecutor, dask_client  # noqa: E402
+from distfit.spec.parse import load_spec, parse_spec  # noqa: E402
 
 
 def _subset(spec_path: str, attributes: int, max_size: int):
@@ -66,7 +66,7 @@ def _subset(spec_path: str, attributes: int, max_size: int):
 
 
 def _warm_up() -> None:
-    import distfit.plan  # noqa: F401
+    import distfit.plan.planner  # noqa: F401
 
 
 def _load() -> str:
@@ -112,7 +112,7 @@ def _memory_child(mode: str, spec_path: str, out: str, workers: int, trace: bool
     """One planning run in this (fresh) process; prints one JSON line of measurements."""
     import tracemalloc
 
-    import distfit.planning as planning
+    import distfit.plan.job as planning
 
     phases = {}
 

@@ -21,8 +21,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from distfit import solve  # noqa: E402
-from distfit.plan import plan_groups  # noqa: E402
-from distfit.spec import load_spec  # noqa: E402
+from distfit.plan.planner import plan_groups  # noqa: E402
+from distfit.spec.parse import load_spec  # noqa: E402
 
 DEFAULT_SPECS = ["pipelines/pl94.yaml", "pipelines/age_pyramid.yaml", "pipelines/mix.yaml"]
 

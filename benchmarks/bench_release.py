@@ -45,11 +45,11 @@ import psutil  # noqa: E402
 import scipy.linalg  # noqa: E402
 import zarr  # noqa: E402
 
-from distfit.data import read_histograms, write_synthetic  # noqa: E402
-from distfit.planning import run_plan  # noqa: E402
-from distfit.release import load_blocks  # noqa: E402
-from distfit.releasing import ANSWER_COMPRESSORS, _answer_chunks, run_release  # noqa: E402
-from distfit.store import read_plan  # noqa: E402
+from distfit.stores.data import read_histograms, write_synthetic  # noqa: E402
+from distfit.plan.job import run_plan  # noqa: E402
+from distfit.release.noise import load_blocks  # noqa: E402
+from distfit.release.job import ANSWER_COMPRESSORS, _answer_chunks, run_release  # noqa: E402
+from distfit.stores.plan import read_plan  # noqa: E402
 
 MIB = 2.0**20
 

@@ -9,7 +9,7 @@ For each workload it runs, in one process and one after the other:
 1. ``distfit.solve(W, c, basis, method="auto")``: the default path (dual certificate, SM-II only
    when the dual has not closed the gap);
 2. ``distfit.solve(..., method="smii")``: distfit's own SM-II polish, always run;
-3. the published SM-II, reproduced with ``distfit.smii.smii_optimize`` from the paper's initial
+3. the published SM-II, reproduced with ``distfit.solver.smii.smii_optimize`` from the paper's initial
    point (identity covariance in the prefix basis, i.e. Q = I in the paper's section 6.3) with
    the paper's settings (unpreconditioned CG, 5 CG steps, TOL2 = 1e-10, t starting at 1 and
    multiplied by MU = 5 up to 2e5), capped by a wall-clock limit.
@@ -37,12 +37,13 @@ import scipy
 import threadpoolctl
 
 import distfit
-from distfit import certificate, smii
-from distfit.baselines import compare_baselines, gaussian_mechanism
-from distfit.basis import represent
-from distfit.solver import ConvergenceError, solve
+from distfit.solver import dual as certificate
+from distfit.solver import smii
+from distfit.solver.baselines import compare_baselines, gaussian_mechanism
+from distfit.solver.basis import represent
+from distfit.solver.solve import ConvergenceError, solve
 
-from distfit.solver import blas_threads
+from distfit.solver.solve import blas_threads
 
 
 def solver_threads(rank: int) -> int | None:
@@ -50,7 +51,7 @@ def solver_threads(rank: int) -> int | None:
     return blas_threads()
 
 
-THREAD_RULE = "BLAS threads = distfit.solver.blas_threads() (DISTFIT_BLAS_THREADS, default 1)"
+THREAD_RULE = "BLAS threads = distfit.solver.solve.blas_threads() (DISTFIT_BLAS_THREADS, default 1)"
 from distfit.workload import (
     age_pyramid_workload,
     pl94_workload,

@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
         print("profile_solve.py needs pyinstrument: pip install pyinstrument", file=sys.stderr)
         return 2
 
-    from distfit.solver import solve
+    from distfit.solver.solve import solve
 
     case = get_case(WORKLOADS[args.workload])
     W, c = case.build()

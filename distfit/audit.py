@@ -20,9 +20,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .blocks import stitched_profile
-from .store import read_plan, verify_checksum
-from .workload import Domain
+from distfit.plan.residual import stitched_profile
+from distfit.stores.plan import read_plan, verify_checksum
+from distfit.workload import Domain
 
 TOLERANCE = 1e-8
 

@@ -10,15 +10,15 @@
 * ``variance_ratio.png``  histogram of variance/target over all queries, with a line at 1
   (SM-II meets every accuracy target at exactly 1 when the spec gives no privacy budget) and,
   when the spec's workload is small (domain of at most :data:`BASELINE_MAX_CELLS` cells), the
-  baselines' max ratios at the plan's alpha (:func:`distfit.baselines.compare_baselines`);
+  baselines' max ratios at the plan's alpha (:func:`distfit.solver.baselines.compare_baselines`);
 * ``answers_<j>.png``     with a release: the noisy answers of the first few queries for the
   first units with 95% confidence intervals ``answer +- 1.96 sqrt(variance)``;
-* ``calibration.png``     with a release and its data (``--data``, :func:`distfit.data.open_data`):
+* ``calibration.png``     with a release and its data (``--data``, :func:`distfit.stores.data.open_data`):
   query by query, the actual error of each released answer against its promised standard
   deviation (log-log scatter with the 1.96 sd line) and the histogram of the standardised
   errors ``z = (answer - true) / sd`` against N(0, 1); the page gives the share within 1.96 sd
   (95% expected) and within 1 sd (68.3%). The true answers are computed from the data's block
-  marginals (:func:`distfit.release.true_block_answers`) for at most
+  marginals (:func:`distfit.release.noise.true_block_answers`) for at most
   :data:`CALIBRATION_ANSWERS` answers (the first units). This section is derived from the
   confidential data: the page says so, and such a report is for the data owner's validation,
   not for publication.
@@ -28,7 +28,7 @@ decisions and a table of per-block solver statistics and certificate gaps. It is
 self-contained: relative PNG links, no scripts, no external URLs.
 
 Writing is atomic: the report is built in a staging directory next to ``DIR``
-(``<DIR>.incomplete-<random>``) and renamed into place (:func:`distfit.store.move_into_place`).
+(``<DIR>.incomplete-<random>``) and renamed into place (:func:`distfit.stores.plan.move_into_place`).
 ``DIR`` may be missing, an empty directory, or a previous report (it holds the marker file
 :data:`MARKER`), which is replaced; anything else at ``DIR`` (a file, a non-empty directory
 without the marker) is refused with ``FileExistsError`` (exit 2 on the command line).
@@ -48,8 +48,8 @@ from typing import Any
 
 import numpy as np
 
-from .privacy import epsilon_for_delta
-from .store import STAGING_MARKER, move_into_place, read_plan
+from distfit.privacy import epsilon_for_delta
+from distfit.stores.plan import STAGING_MARKER, move_into_place, read_plan
 
 MARKER = ".distfit-report"
 BASELINE_MAX_CELLS = 5000
@@ -222,8 +222,8 @@ def _plot_calibration(plt, z: np.ndarray, sd: np.ndarray, out: Path) -> None:
 
 def _calibration(plan, release, data_path) -> tuple[dict, np.ndarray, np.ndarray]:
     """Standardised errors of the first units' released answers (module docstring)."""
-    from .data import open_data
-    from .release import calibration, query_answers, true_block_answers
+    from distfit.stores.data import open_data
+    from distfit.release.noise import calibration, query_answers, true_block_answers
 
     data = open_data(data_path)
     if data.units != int(release.attrs.get("units", -1)):
@@ -255,8 +255,8 @@ def _calibration(plan, release, data_path) -> tuple[dict, np.ndarray, np.ndarray
 
 def _baselines(plan) -> tuple[dict[str, float] | None, str]:
     """Max variance/target of each baseline at the plan's alpha, or None and why not."""
-    from .baselines import compare_baselines
-    from .spec import parse_spec
+    from distfit.solver.baselines import compare_baselines
+    from distfit.spec.parse import parse_spec
 
     try:
         spec = parse_spec(plan.attrs["spec"])
@@ -408,7 +408,7 @@ def write_report(plan_path: str | os.PathLike, out: str | os.PathLike,
                  data_path: str | os.PathLike | None = None) -> ReportResult:
     """Write the report of the plan (and release) to ``out`` (module docstring). With
     ``data_path`` (the release's data store) the report adds the calibration section."""
-    from .releasing import read_release
+    from distfit.release.job import read_release
 
     out_path = Path(os.fspath(out))
     if STAGING_MARKER in out_path.name:

@@ -1,7 +1,7 @@
 """Helpers shared by the command-line tests."""
 from __future__ import annotations
 
-from distfit import cli
+from distfit.cli import main as cli
 
 
 def run(capsys, *argv: str) -> tuple[int, str, str]:

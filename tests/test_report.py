@@ -7,14 +7,14 @@ from pathlib import Path
 import pytest
 import yaml
 
-from clitools import assert_one_line_error, run
-from distfit.data import write_synthetic
-from distfit.planning import run_plan
-from distfit.releasing import run_release
+from tests.clitools import assert_one_line_error, run
+from distfit.stores.data import write_synthetic
+from distfit.plan.job import run_plan
+from distfit.release.job import run_release
 from distfit.report import MARKER
-from distfit.spec import load_spec
-from distfit.store import read_plan
-from reference import SMALL_SPEC
+from distfit.spec.parse import load_spec
+from distfit.stores.plan import read_plan
+from tests.reference import SMALL_SPEC
 
 SPEC = dict(SMALL_SPEC, name="report-small")
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -128,8 +128,8 @@ def test_true_answers_are_the_workload_times_the_counts(inputs):
     dense workload matrix times the full-domain counts: an independent path."""
     import numpy as np
 
-    from distfit.data import open_data
-    from distfit.release import query_answers, true_block_answers
+    from distfit.stores.data import open_data
+    from distfit.release.noise import query_answers, true_block_answers
 
     plan = read_plan(inputs["plan"])
     data = open_data(inputs["data"])

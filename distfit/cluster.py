@@ -1,0 +1,330 @@
+"""Where the work runs: a Dask cluster (DESIGN.md section 3).
+
+Planning is data-free: each block solve is a pure function (``plan.solve_block``) submitted as
+one task. By default a local multi-process cluster is started (``LocalCluster(processes=True)``,
+one single-threaded worker per process, since the solver's BLAS calls are single-threaded for
+small blocks); the same code connects to a running scheduler by address
+(``tcp://host:8786``) or scheduler file (SLURM/PBS via dask-jobqueue, Kubernetes via the dask
+operator). Results are yielded as they complete (``as_completed``) so the driver can stream
+them into the plan store; lost workers are covered by task retries.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import threading
+import time
+import uuid
+import warnings
+from typing import Any, Callable, Iterable, Iterator, TextIO
+
+from distfit.plan.planner import BlockTask, solve_block
+from distfit.solver.solve import BlockSolution
+
+TASK_RETRIES = 3
+
+#: Environment of the worker processes of every local cluster distfit starts (``dask_client``'s
+#: default ``worker_env``): leave out Dask's MALLOC_TRIM_THRESHOLD_=65536. Setting it also pins
+#: glibc's mmap threshold at 128 KiB, so every array above that is mapped and page-faulted
+#: afresh: block solves (k x k and m x k temporaries of 0.1-90 MB, thousands per block) ran
+#: 45-55% slower with it (three marginals.yaml blocks: 5.7 -> 8.3 s, 5.9 -> 9.2 s), and a
+#: release's chunk tasks made 2.3x the page faults. glibc's default reuses freed arrays. A
+#: worker's memory stays flat either way (one task's arrays at a time).
+WORKER_ENV: dict[str, str | None] = {"MALLOC_TRIM_THRESHOLD_": None}
+LOW_LEVEL_LOG_LENGTH = 10  # Dask's developer message logs, while dask_client is open (see there)
+
+
+class ClusterError(RuntimeError):
+    """The cluster named on the command line cannot be reached."""
+
+
+@contextlib.contextmanager
+def dask_client(cluster: str | None = None, workers: int | None = None, timeout: float = 10.0, log: TextIO | None = None,
+                worker_env: dict[str, str | None] | None = WORKER_ENV):
+    """A ``distributed.Client``: a new local multi-process cluster, or an existing scheduler.
+
+    ``cluster`` is ``None`` (start ``LocalCluster(processes=True)`` with ``workers`` processes,
+    default: the machine's cores), a scheduler address, or the path of a scheduler file. The
+    dashboard address is printed to ``log``. ``worker_env`` (a local cluster only): environment
+    variables to set (a string) or not to set (``None``) in the worker processes before they
+    start (default ``WORKER_ENV``), over Dask's ``distributed.nanny.pre-spawn-environ`` (a variable already in this
+    process's environment is inherited regardless: Dask lets the environment win).
+
+    While the client is open, Dask's developer message logs are cut to ``LOW_LEVEL_LOG_LENGTH``
+    entries (``distributed.admin.low-level-log-length``, default 1000, or less if set lower):
+    every batched stream keeps its recent messages under 1 MB, and those hold the submitted
+    tasks' arguments - the client's stream to the scheduler and, with a local cluster (whose
+    scheduler runs in this process), the scheduler's stream to each worker. At 1000 messages
+    the driver would keep the block specs of a plan's first ~1000 tasks alive, so its memory
+    would grow with the number of blocks even when results are streamed into the store.
+    """
+    import dask
+    from distributed import Client
+
+    log = log or sys.stderr
+    configured = dask.config.get("distributed.admin.low-level-log-length", None)
+    length = LOW_LEVEL_LOG_LENGTH if configured is None else min(int(configured), LOW_LEVEL_LOG_LENGTH)
+    with dask.config.set({"distributed.admin.low-level-log-length": length}):
+        yield from _dask_client(Client, cluster, workers, timeout, log, worker_env)
+
+
+def local_cluster(workers: int | None = None, worker_env: dict[str, str | None] | None = WORKER_ENV):
+    """``LocalCluster(processes=True)`` with ``workers`` one-thread worker processes (default:
+    the machine's cores) whose environment follows ``worker_env`` (``dask_client``): the one
+    way distfit starts a local cluster. Returns the cluster (a context manager)."""
+    import dask
+    from distributed import LocalCluster
+
+    settings = {f"distributed.nanny.pre-spawn-environ.{name}": value for name, value in (worker_env or {}).items()}
+    with dask.config.set(settings):  # read by each Nanny when it is created (restarts included)
+        return LocalCluster(n_workers=workers or os.cpu_count() or 1, threads_per_worker=1, processes=True,
+                            dashboard_address=":0", silence_logs=40)
+
+
+def _dask_client(Client, cluster, workers, timeout, log, worker_env):
+    if cluster is None:
+        count = workers or os.cpu_count() or 1
+        with local_cluster(count, worker_env) as local, Client(local) as client:
+            print(f"distfit: local cluster with {count} worker processes; dashboard {client.dashboard_link}", file=log)
+            # WORKER_ENV leaves MALLOC_TRIM_THRESHOLD_ out, but a Dask nanny started earlier in
+            # this process without it has already put it in os.environ, which workers inherit.
+            _register_malloc_tuning(client, log)
+            yield client
+        return
+    try:
+        if os.path.exists(cluster):
+            client = Client(scheduler_file=cluster, timeout=timeout)
+        else:
+            client = Client(cluster, timeout=timeout)
+    except (OSError, TimeoutError, ValueError) as error:
+        raise ClusterError(f"cluster: cannot reach the scheduler at {cluster!r}: {error}") from None
+    with client:
+        print(f"distfit: connected to {cluster}; dashboard {client.dashboard_link}", file=log)
+        # Workers started by someone else (dask worker, dask-jobqueue, Kubernetes) keep Dask's
+        # MALLOC_TRIM_THRESHOLD_; raise their mmap threshold instead (WORKER_ENV).
+        _register_malloc_tuning(client, log)
+        yield client
+
+
+def _register_malloc_tuning(client, log: TextIO) -> None:
+    """Register ``malloc_tuning_plugin`` with the scheduler (it runs in every worker, present and
+    future). It only buys speed, so a failure (a worker dying during the broadcast: the
+    scheduler keeps the plugin for the workers that replace it) is reported, not raised."""
+    try:
+        client.register_plugin(malloc_tuning_plugin(), name="distfit-malloc-tuning")
+    except Exception as error:  # noqa: BLE001 - see the docstring
+        print(f"distfit: malloc tuning not registered on every worker ({type(error).__name__}: {error}); "
+              "continuing", file=log)
+
+
+#: glibc's largest mmap threshold on 64-bit (DEFAULT_MMAP_THRESHOLD_MAX): arrays up to this size
+#: are served from the heap and reused rather than mapped and page-faulted afresh.
+MMAP_THRESHOLD_BYTES = 32 << 20
+_M_MMAP_THRESHOLD = -3  # mallopt parameter number (malloc.h)
+
+
+def raise_mmap_threshold(threshold: int = MMAP_THRESHOLD_BYTES) -> bool:
+    """Set glibc's mmap threshold in this process (``mallopt(M_MMAP_THRESHOLD, threshold)``);
+    False where that is not possible (not glibc). A worker with Dask's MALLOC_TRIM_THRESHOLD_
+    has its threshold pinned at 128 KiB (see ``WORKER_ENV``); raising it recovers most of the
+    speed of an untouched worker (three marginals.yaml block solves: 23 s pinned, 17.6 s raised,
+    15.3 s untouched)."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        return bool(libc.mallopt(_M_MMAP_THRESHOLD, int(threshold)))
+    except (OSError, AttributeError):
+        return False
+
+
+def malloc_tuning_plugin():
+    """A Dask worker plugin that runs ``raise_mmap_threshold`` in every worker of a cluster,
+    present and future (``Client.register_plugin``). Built here so that importing this module
+    does not import distributed."""
+    from distributed.diagnostics.plugin import WorkerPlugin
+
+    class MallocTuning(WorkerPlugin):
+        idempotent = True
+
+        def setup(self, worker) -> None:
+            raise_mmap_threshold()
+
+    return MallocTuning()
+
+
+class BackgroundClient:
+    """:func:`dask_client` run on a thread of its own, so the driver can do other work while a
+    local cluster starts (its worker processes spawn and import for seconds) or a scheduler is
+    reached, and while the cluster shuts down.
+
+    The thread enters the context, hands the client over and holds the context open until
+    ``close()``; it also leaves it (a client's context must be left by the thread that entered
+    it). ``get()`` waits for the client and returns it, or raises what starting it raised (e.g.
+    :class:`ClusterError`). ``close()`` asks the thread to leave the context and waits until it
+    has (the workers are gone), raising what closing raised; ``close(wait=False)`` only asks, so
+    the shutdown overlaps the driver's last work (a later ``close()`` waits for it). Use it as a
+    context manager or call ``close()``. The client is not made the thread-local "current"
+    client of the caller: pass it explicitly (``run_tasks`` does)."""
+
+    def __init__(self, cluster: str | None = None, workers: int | None = None, timeout: float = 10.0,
+                 log: TextIO | None = None, worker_env: dict[str, str | None] | None = WORKER_ENV) -> None:
+        self._client = None
+        self._error: BaseException | None = None        # from starting
+        self._close_error: BaseException | None = None  # from closing
+        self._ready = threading.Event()
+        self._leave = threading.Event()
+
+        def hold() -> None:
+            try:
+                with dask_client(cluster, workers, timeout=timeout, log=log, worker_env=worker_env) as client:
+                    self._client = client
+                    self._ready.set()
+                    self._leave.wait()
+            except BaseException as error:  # noqa: BLE001 - handed to get() or close()
+                if self._ready.is_set():
+                    self._close_error = error
+                else:
+                    self._error = error
+            finally:
+                self._ready.set()
+
+        self._thread = threading.Thread(target=hold, name="distfit-dask-client", daemon=True)
+        self._thread.start()
+
+    def get(self):
+        """The client, once started (waits); raises what starting it raised."""
+        self._ready.wait()
+        if self._error is not None:
+            raise self._error
+        return self._client
+
+    def close(self, wait: bool = True) -> None:
+        self._leave.set()
+        if wait:
+            self._thread.join()
+            error, self._close_error = self._close_error, None
+            if error is not None:
+                raise error
+
+    def __enter__(self) -> "BackgroundClient":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class Progress:
+    """One status line: items done (``unit``: blocks, units, ...), rate and ETA (written to a
+    terminal or a log)."""
+
+    def __init__(self, label: str, stream: TextIO | None = None, unit: str = "blocks"):
+        self.label = label
+        self.unit = unit
+        self.stream = stream or sys.stderr
+        self.start = time.perf_counter()
+        self.last = 0.0
+
+    def __call__(self, done: int, total: int) -> None:
+        now = time.perf_counter()
+        if done < total and now - self.last < 0.5:
+            return
+        self.last = now
+        elapsed = now - self.start
+        rate = done / elapsed if elapsed > 0 else 0.0
+        eta = (total - done) / rate if rate > 0 else float("nan")
+        end = "\n" if done == total else "\r"
+        print(f"{self.label}: {done}/{total} {self.unit}, {rate:.1f} {self.unit}/s, ETA {eta:.0f} s   ", end=end, file=self.stream, flush=True)
+
+
+def run_tasks(
+    client,
+    function: Callable,
+    calls: Iterable[tuple[str, tuple]],
+    name: str,
+    max_in_flight: int | Callable[[], int] | None = None,
+) -> Iterator[tuple[str, Any]]:
+    """Submit ``function(*args)`` for every ``(label, args)``, one impure task each (unique key
+    ``name-label-run``, ``TASK_RETRIES`` retries for lost workers); yield ``(label, result)`` as
+    tasks complete, releasing each result from the cluster once it is read.
+
+    ``max_in_flight`` (a number, or a function asked before every submission) bounds how many
+    tasks are submitted and not yet read: ``calls`` is then consumed lazily, one call per
+    completed task (the next is submitted before a result is handed on, so the workers stay
+    busy while the caller handles it), and neither the driver nor the scheduler ever holds
+    more than that many calls' arguments. ``None``: submit everything at once."""
+    from distributed import as_completed
+
+    # A task's arguments are its data (a block spec: the recon of a block holding the total has
+    # a row for every query, 87 MiB on marginals.yaml), each sent once, to one task. Dask's
+    # "Sending large graph" advice (load the data with Dask, or scatter it) does not apply:
+    # scattered data dies with its worker, a task argument is resent on retry.
+    warnings.filterwarnings("ignore", message="Sending large graph of size", category=UserWarning)
+    run = uuid.uuid4().hex[:8]
+    calls = iter(calls)
+    futures: dict = {}
+    pending = as_completed(loop=client.loop)  # not default_client(): the caller's client may be another thread's
+
+    def limit() -> float:
+        if max_in_flight is None:
+            return float("inf")
+        return max(1, max_in_flight() if callable(max_in_flight) else max_in_flight)
+
+    def submit_more() -> None:
+        cap = limit()
+        while len(futures) < cap:
+            try:
+                label, args = next(calls)
+            except StopIteration:
+                return
+            future = client.submit(function, *args, key=f"{name}-{label}-{run}", retries=TASK_RETRIES, pure=False)
+            futures[future] = label
+            pending.add(future)
+
+    submit_more()
+    for future in pending:
+        label = futures.pop(future)
+        result = future.result()
+        future.release()
+        del future
+        submit_more()
+        yield label, result
+
+
+IN_FLIGHT_PER_THREAD = 4  # block tasks submitted ahead per worker thread (DaskExecutor)
+MIN_IN_FLIGHT = 8
+
+
+class DaskExecutor:
+    """Plan executor (``plan.Executor``) that runs one Dask task per block.
+
+    Tasks are taken from ``tasks`` lazily and at most ``max_in_flight`` are submitted and not
+    yet read (default: ``IN_FLIGHT_PER_THREAD`` per worker thread of the cluster at that
+    moment, at least ``MIN_IN_FLIGHT``, so a growing cluster gets more): a streamed plan reads
+    each block's spec from the store only when its task is submitted, and with a local cluster
+    the scheduler (in the driver's process) holds only those tasks' specs. ``max_in_flight=0``
+    submits every task at once."""
+
+    def __init__(self, client, max_in_flight: int | None = None) -> None:
+        self.client = client
+        self.max_in_flight = max_in_flight
+
+    def _limit(self) -> int:
+        if self.max_in_flight is not None:
+            return self.max_in_flight
+        threads = sum(self.client.nthreads().values())
+        return max(MIN_IN_FLIGHT, IN_FLIGHT_PER_THREAD * threads)
+
+    def __call__(self, tasks: Iterable[BlockTask]) -> Iterator[tuple[int, BlockSolution]]:
+        index_of: dict[str, int] = {}
+
+        def calls() -> Iterator[tuple[str, tuple]]:
+            for task in tasks:
+                index_of[task.spec.block_id] = task.index
+                yield task.spec.block_id, (task,)
+
+        limit = None if self.max_in_flight == 0 else self._limit
+        for block_id, result in run_tasks(self.client, solve_block, calls(), "solve", limit):
+            yield index_of.pop(block_id), result

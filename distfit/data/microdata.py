@@ -1,0 +1,830 @@
+"""Person-level microdata (CSV or Parquet) tabulated into a marginals store for a release.
+
+``distfit tabulate SPEC.yaml --data people.csv --out DATA.zarr`` (and ``distfit release`` /
+``distfit run`` given ``--data people.csv``) read one row per person: the spec's attribute
+columns and, when the spec has ``units: {column: NAME}``, the unit column. Domains can be far
+too large for full-domain histograms (14 Adult attributes: ~1e10 cells), and a release only
+needs each plan block's marginal, so the tabulation stores, for every unit, the marginal counts
+of each maximal query clique (:func:`query_cliques`) - the ``"marginals"`` store of
+:mod:`distfit.stores.data` (the layout is documented there), written atomically like every data store
+(:func:`distfit.stores.data.staged_store`).
+
+Reading (never the whole file in memory)
+----------------------------------------
+* the source is recognised by its name (:func:`microdata_format`): ``.csv`` and ``.csv.gz``
+  (read with ``dask.dataframe.read_csv``, blocks of :data:`BLOCKSIZE` bytes - one partition for
+  gzip, which cannot be split - every column as text, no NA parsing: an empty field is the
+  empty string), ``.parquet`` / ``.pq`` or a directory of Parquet files
+  (``dask.dataframe.read_parquet`` with the same blocksize);
+* attribute ``a`` reads the data column ``a.column`` (default its name) and maps the raw values
+  to value codes with ``a.encode`` (:mod:`distfit.spec.parse`: labels matched after stripping blanks,
+  numeric ``bins``, ``recode``); encode runs once per distinct value of a partition, not per
+  row. Unit ids are the unit column's values: an integer column gives int64 ids, anything else
+  text ids stripped of surrounding blanks (UTF-8; an integral float is written without ``.0``).
+  With no unit column every person is in one unit, id 0. A unit without people has no row in
+  the microdata, so it is not in the tabulation and not released (a unit-histogram store can
+  hold empty units, if they must be published).
+
+Two passes, one Dask task per partition or per chunk of units (on the given
+``distributed.Client``, or in this process one task at a time with the synchronous scheduler):
+
+1. per partition (the only pass over the source): validate every row, find the partition's
+   distinct unit ids (sorted) and, for each clique, count people per (local unit, marginal
+   cell) with numpy (``np.ravel_multi_index`` and ``bincount`` or ``np.unique`` on the key
+   ``local_unit * cells + cell``); the sorted keys and counts and the local ids go to ``.npy``
+   files under ``<staging>/_parts/``. The driver then merges the ids into the global sorted
+   list (``np.unique`` over batches: memory O(units)) and maps each partition's local units to
+   global indices (monotone, so each partition's keys stay sorted by global unit);
+2. per chunk of ``chunk_units`` units: for each clique, sum the triples of the partitions that
+   hold units of the chunk (``np.load(mmap_mode="r")`` and ``searchsorted`` on the sorted keys)
+   into a dense (n, cells) int64 array and write whole zarr chunks, and the chunk's unit ids.
+
+The source is read once (validation happens while counting; nothing is kept when a row is
+bad). Memory per task: one partition - dask makes CSV partitions of one to two blocksizes, and
+pandas needs a few times the partition's bytes to parse it - in pass 1, one chunk's (n, cells)
+counts plus memory-mapped slices in pass 2; the driver holds the unit ids. The ``_parts``
+directory is deleted before the store is sealed. On a cluster the workers read the source and
+write into the staging directory, so both must be on a file system they share (as for the
+release store).
+
+Bad input (each a :class:`distfit.stores.data.DataError`, exit 2 on the command line; the staging
+directory is removed, nothing is left at ``out``): a missing file, an empty file, a file that
+cannot be read or parsed (``adult.csv: line 7: malformed CSV: expected 14 fields, saw 15``), a
+missing attribute or unit column (the columns found are listed), a value not in an
+attribute's domain (``adult.csv: line 17, column 'sex': value 'Mle' is not a value of sex
+(values: Female, Male)``), a missing value, an empty or missing unit id, no data rows. The
+first bad row in file order is reported: ``line N`` for CSV (the physical line, the header
+being line 1; a quoted field spanning lines is not accounted for), ``row N`` (1-based data
+row, files in dataset order) for Parquet. Line numbers are only computed on the error path,
+from the row counts of the partitions before the bad one and, for CSV, one scan of the file
+up to that point (blank lines are skipped like pandas does).
+"""
+from __future__ import annotations
+
+import math
+import os
+import re
+import secrets
+import shutil
+import sys
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Sequence, TextIO
+
+import numpy as np
+
+from distfit.stores.data import (
+    MARGINALS_FORMAT,
+    DataError,
+    _check_int,
+    default_chunk_units,
+    read_marginals,
+    staged_store,
+)
+from distfit.stores.plan import STAGING_MARKER, _jsonable, _utc_now
+
+#: Bytes per CSV partition (and the target partition size for Parquet).
+BLOCKSIZE = 64 * 2**20
+CSV_SUFFIXES = (".csv", ".csv.gz")
+PARQUET_SUFFIXES = (".parquet", ".pq")
+PARTS = "_parts"
+#: Largest clique marginal (cells) the tabulation accepts.
+MAX_CLIQUE_CELLS = 1 << 22
+#: Values listed in a "not a value of" message.
+SHOW_VALUES = 12
+
+PathLike = str | os.PathLike
+
+__all__ = [
+    "BLOCKSIZE",
+    "ensure_tabulated",
+    "microdata_format",
+    "query_cliques",
+    "source_info",
+    "tabulate_microdata",
+    "tabulation_mismatch",
+]
+
+
+def _read_errors() -> tuple[type[BaseException], ...]:
+    """Exceptions that mean the source itself cannot be read or parsed."""
+    import pandas as pd
+    import pyarrow
+
+    return (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeError, OSError, EOFError,
+            zlib.error, pyarrow.ArrowException)
+
+
+# --------------------------------------------------------------------------------------------
+# the source
+
+
+def microdata_format(path: PathLike) -> str | None:
+    """``"csv"`` (``.csv``, ``.csv.gz``), ``"parquet"`` (``.parquet``, ``.pq``, or a directory
+    holding Parquet files and no ``zarr.json``) or None (not microdata: a data store)."""
+    name = os.fspath(path).lower().rstrip("/")
+    if name.endswith(CSV_SUFFIXES):
+        return "csv"
+    if name.endswith(PARQUET_SUFFIXES):
+        return "parquet"
+    p = Path(os.fspath(path))
+    if p.is_dir() and not (p / "zarr.json").exists():
+        if any(f.is_file() and f.name.lower().endswith(PARQUET_SUFFIXES) for f in p.rglob("*")):
+            return "parquet"
+    return None
+
+
+def source_info(path: PathLike) -> dict[str, Any]:
+    """``{"path" (absolute), "format", "size" (bytes; a directory: all its files), "mtime"
+    (seconds; a directory: its newest file)}`` of a microdata source; DataError if missing."""
+    fmt = microdata_format(path)
+    name = os.fspath(path)
+    if fmt is None:
+        raise DataError(f"{name}: not microdata (expected .csv, .csv.gz, .parquet, .pq or a directory "
+                        "of Parquet files)")
+    p = Path(name)
+    try:
+        if p.is_dir():
+            stats = [p.stat()] + [f.stat() for f in sorted(p.rglob("*")) if f.is_file()]
+            size = sum(st.st_size for st in stats[1:])
+            mtime = max(st.st_mtime for st in stats)
+        else:
+            st = p.stat()
+            size, mtime = st.st_size, st.st_mtime
+    except FileNotFoundError:
+        raise DataError(f"{name}: no such file") from None
+    except OSError as error:
+        raise DataError(f"{name}: cannot read ({error.strerror or error})") from None
+    return {"path": os.path.abspath(name), "format": fmt, "size": int(size), "mtime": float(mtime)}
+
+
+def check_source(spec: Any, source: PathLike) -> dict[str, Any]:
+    """Refuse, before any work, a microdata source that cannot serve ``spec``: missing, empty,
+    unreadable, or without one of the attribute or unit columns (:class:`DataError`). Reads
+    only the header (CSV) or the schema (Parquet); values are checked by the tabulation.
+    Returns :func:`source_info`."""
+    info = source_info(source)
+    _open_source(os.fspath(source), info["format"], _load_spec(spec), BLOCKSIZE)
+    return info
+
+
+def _data_column(attribute: Any) -> str:
+    """The data column of a spec attribute (``column``, default the attribute's name)."""
+    return getattr(attribute, "data_column", None) or getattr(attribute, "column", None) or attribute.name
+
+
+def _load_spec(spec: Any):
+    from distfit.spec.parse import PipelineSpec, load_spec
+
+    if isinstance(spec, (str, os.PathLike)):
+        spec = load_spec(spec)
+    if not isinstance(spec, PipelineSpec):
+        raise TypeError(f"spec: expected a PipelineSpec or a spec path, got {type(spec).__name__}")
+    return spec
+
+
+def query_cliques(spec: Any, cover: Iterable[Sequence[str]] = ()) -> list[tuple[str, ...]]:
+    """The cliques a tabulation stores: the maximal sets among the spec's query cliques (its
+    groups' attributes) and the attribute sets in ``cover`` (e.g. a plan's blocks), each in
+    schema order, a set inside another dropped; ordered by their schema positions. A spec
+    whose only group is the grand total gives ``[()]``."""
+    spec = _load_spec(spec)
+    spec.group_triples()  # a multi-level spec has no groups of its own: SpecError naming its levels
+    order = {name: i for i, name in enumerate(spec.domain.names)}
+    sets: list[frozenset[str]] = []
+    for attributes in [group.attributes for group in spec.groups] + [tuple(c) for c in cover]:
+        for name in attributes:
+            if name not in order:
+                raise ValueError(f"cliques: unknown attribute {name!r} (attributes: {', '.join(order)})")
+        found = frozenset(attributes)
+        if found not in sets:
+            sets.append(found)
+    maximal = [s for s in sets if not any(s < t for t in sets)]
+    keyed = sorted((sorted(order[name] for name in s), s) for s in maximal)
+    return [tuple(sorted(s, key=order.__getitem__)) for _, s in keyed]
+
+
+# --------------------------------------------------------------------------------------------
+# pass 1: one task per partition
+
+
+@dataclass(frozen=True)
+class _ScanJob:
+    """What a partition task needs (small, picklable)."""
+
+    parts_dir: str
+    attributes: tuple[Any, ...]            # AttributeSpec, schema order
+    columns: tuple[str, ...]               # the data column of each attribute
+    unit_column: str | None
+    integer_ids: bool
+    cliques: tuple[tuple[int, ...], ...]   # attribute positions per clique
+    sizes: tuple[int, ...]
+
+
+def _show(value: Any) -> str:
+    value = value.item() if isinstance(value, np.generic) else value
+    if isinstance(value, bytes):
+        value = value.decode("utf-8", "replace")
+    if isinstance(value, str):
+        return repr(value.strip())
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
+
+
+def _not_in_domain(attribute: Any, value: Any) -> str:
+    bins = getattr(attribute, "bins", None)
+    if bins is not None:
+        edges = ", ".join(f"{float(e):g}" for e in bins)
+        return f"value {_show(value)} is not in the bins of {attribute.name} (edges: {edges})"
+    values = list(attribute.values)
+    shown = ", ".join(values[:SHOW_VALUES]) + (f", ... ({len(values)} values)" if len(values) > SHOW_VALUES else "")
+    return f"value {_show(value)} is not a value of {attribute.name} (values: {shown})"
+
+
+def _id_text(value: Any) -> str:
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace").strip()
+    if isinstance(value, float):
+        return str(int(value)) if value.is_integer() else repr(value)
+    return str(value).strip()
+
+
+def _unit_codes(series, integer: bool) -> tuple[np.ndarray, np.ndarray, tuple[int, str] | None]:
+    """``(local unit of each row, sorted distinct local ids, bad)``; ``bad`` is ``(row,
+    problem)`` for the first row with a missing or empty id. Ids: int64 or UTF-8 bytes."""
+    import pandas as pd
+
+    missing = np.asarray(series.isna().to_numpy(), dtype=bool)
+    if integer:
+        if missing.any():
+            return np.zeros(0, np.int64), np.zeros(0, np.int64), (int(np.argmax(missing)), "the unit id is missing")
+        local, inverse = np.unique(series.to_numpy(dtype=np.int64), return_inverse=True)
+        return inverse.reshape(-1).astype(np.int64), local, None
+    inverse, uniques = pd.factorize(series, use_na_sentinel=True)
+    texts = [_id_text(u) for u in uniques.tolist()]
+    empty = np.array([not t for t in texts] + [False], dtype=bool)  # index -1: the NA sentinel
+    bad = (inverse < 0) | empty[inverse]
+    if bad.any():
+        row = int(np.argmax(bad))
+        return (np.zeros(0, np.int64), np.zeros(0, "S1"),
+                (row, "the unit id is missing" if inverse[row] < 0 else "the unit id is empty"))
+    encoded = np.array([t.encode("utf-8") for t in texts], dtype="S")
+    local, remap = np.unique(encoded, return_inverse=True)  # sorted; merges ids equal once stripped
+    return remap.reshape(-1)[inverse].astype(np.int64), local, None
+
+
+def _count(keys: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:
+    """Sorted distinct ``keys`` (< ``size``) and how often each occurs (both int64)."""
+    if size <= max(4 * keys.size, 1 << 16):
+        counts = np.bincount(keys, minlength=size)
+        present = np.flatnonzero(counts)
+        return present.astype(np.int64), counts[present].astype(np.int64)
+    found, counts = np.unique(keys, return_counts=True)
+    return found.astype(np.int64), counts.astype(np.int64)
+
+
+def _scan_partition(frame, index: int, job: _ScanJob) -> dict[str, Any]:
+    """Pass 1 for partition ``index``: validate, then write its ids and clique counts.
+
+    Returns ``{"index", "rows", "units", "error"}``; ``error`` is None or ``{"row" (0-based in
+    the partition), "column", "problem"}`` for the first bad row (and then nothing is written).
+    """
+    import pandas as pd
+
+    rows = int(len(frame))
+    result: dict[str, Any] = {"index": index, "rows": rows, "units": 0, "error": None}
+    if rows == 0:
+        return result
+    first: tuple[int, str, str] | None = None
+    codes = np.empty((len(job.attributes), rows), dtype=np.int64)
+    for j, (attribute, column) in enumerate(zip(job.attributes, job.columns)):
+        inverse, uniques = pd.factorize(frame[column], use_na_sentinel=True)
+        raw = uniques.to_numpy()
+        mapped = np.append(np.asarray(attribute.encode(raw), dtype=np.int64).reshape(-1), -1)
+        coded = mapped[inverse]  # the NA sentinel -1 picks the appended -1
+        bad = np.flatnonzero(coded < 0)
+        if bad.size and (first is None or bad[0] < first[0]):
+            row = int(bad[0])
+            problem = ("the value is missing" if inverse[row] < 0
+                       else _not_in_domain(attribute, raw[inverse[row]]))
+            first = (row, column, problem)
+        codes[j] = coded
+    if job.unit_column is not None:
+        units, local_ids, bad_unit = _unit_codes(frame[job.unit_column], job.integer_ids)
+        if bad_unit is not None and (first is None or bad_unit[0] < first[0]):
+            first = (bad_unit[0], job.unit_column, bad_unit[1])
+    else:
+        units, local_ids = np.zeros(rows, np.int64), np.zeros(1, np.int64)
+    if first is not None:
+        result["error"] = {"row": first[0], "column": first[1], "problem": first[2]}
+        return result
+    parts = Path(job.parts_dir)
+    np.save(parts / f"p{index}.ids.npy", local_ids)
+    for i, positions in enumerate(job.cliques):
+        sizes = tuple(job.sizes[p] for p in positions)
+        cells = math.prod(sizes)
+        cell = (np.ravel_multi_index(tuple(codes[p] for p in positions), sizes).astype(np.int64)
+                if positions else np.zeros(rows, np.int64))
+        keys, counts = _count(units * cells + cell, len(local_ids) * cells)
+        np.save(parts / f"p{index}.c{i}.keys.npy", keys)
+        np.save(parts / f"p{index}.c{i}.counts.npy", counts)
+    result["units"] = int(len(local_ids))
+    return result
+
+
+def _run_scans(ddf, job: _ScanJob, client, log: TextIO) -> tuple[dict[int, dict], tuple[int, Any] | None]:
+    """Pass 1 over every partition: ``(results by partition, first failure)``; a failure is
+    ``(partition, error dict or exception)``, the one of the lowest partition (later partitions
+    are cancelled once a failure is known)."""
+    import dask
+
+    from distfit.cluster import Progress
+
+    parts = ddf.to_delayed()
+    tasks = [dask.delayed(_scan_partition, pure=False)(part, k, job) for k, part in enumerate(parts)]
+    shown = Progress("tabulate", log, unit="partitions")
+    done = 0
+
+    def progress() -> None:  # a line for more than one partition; ended if a failure cuts it short
+        if len(tasks) > 1:
+            shown(done, len(tasks))
+
+    def stop(failure: tuple[int, Any]) -> tuple[dict[int, dict], tuple[int, Any]]:
+        if len(tasks) > 1 and 0 < done < len(tasks):
+            print(file=log)
+        return results, failure
+
+    results: dict[int, dict] = {}
+    failure: tuple[int, Any] | None = None
+    if client is None:
+        for k, task in enumerate(tasks):
+            try:
+                (result,) = dask.compute(task, scheduler="synchronous")
+            except _read_errors() as error:
+                return stop((k, error))
+            results[k] = result
+            if result["error"] is not None:
+                return stop((k, result["error"]))
+            done += 1
+            progress()
+        return results, None
+    from distributed import as_completed
+
+    futures = client.compute(tasks)
+    where = {future.key: k for k, future in enumerate(futures)}
+    for future in as_completed(futures):
+        k = where[future.key]
+        if failure is not None and k > failure[0]:
+            continue
+        if future.status == "error":
+            error = future.exception()
+            if not isinstance(error, _read_errors()):
+                raise error
+            failure = (k, error)
+        elif future.status == "finished":
+            result = future.result()
+            results[k] = result
+            if result["error"] is not None:
+                failure = (k, result["error"])
+            else:
+                done += 1
+                progress()
+        if failure is not None and failure[0] == k:
+            client.cancel([f for f in futures if where[f.key] > k and not f.done()])
+    return stop(failure) if failure is not None else (results, None)
+
+
+# --------------------------------------------------------------------------------------------
+# errors: where in the file
+
+
+def _csv_line_of_record(path: str, record: int) -> int | None:
+    """Physical line (1-based) of data record ``record`` (0-based) of a CSV file: the first
+    non-blank line is the header; blank lines are skipped, as pandas does. Error path only."""
+    import gzip
+
+    opener = gzip.open if path.lower().endswith(".gz") else open
+    seen = -2  # the header is record -1
+    with opener(path, "rb") as handle:
+        for number, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            seen += 1
+            if seen == record:
+                return number
+    return None
+
+
+def _parser_problem(error: BaseException) -> tuple[int | None, str]:
+    """``(local line or None, problem)`` from a pandas/pyarrow read error."""
+    text = " ".join(str(error).split())
+    text = text.split("Original Message: ", 1)[-1]
+    match = re.search(r"Expected (\d+) fields in line (\d+), saw (\d+)", text)
+    if match:
+        return int(match.group(2)), f"malformed CSV: expected {match.group(1)} fields, saw {match.group(3)}"
+    match = re.search(r"\bline (\d+)", text)
+    if match:
+        return int(match.group(1)), f"malformed CSV: {text}"
+    if isinstance(error, UnicodeError):
+        return None, "cannot read: not UTF-8 text"
+    return None, f"cannot read ({type(error).__name__}: {text})"
+
+
+def _failure_message(name: str, fmt: str, results: dict[int, dict], failure: tuple[int, Any]) -> str:
+    """The one-line DataError message of the first failure (module docstring)."""
+    k, payload = failure
+    before = sum(results[j]["rows"] for j in range(k))
+    if isinstance(payload, dict):
+        record = before + payload["row"]
+        if fmt == "csv":
+            line = _csv_line_of_record(name, record)
+            where = f"line {line}" if line is not None else f"data row {record + 1}"
+        else:
+            where = f"row {record + 1}"
+        return f"{name}: {where}, column {payload['column']!r}: {payload['problem']}"
+    local, problem = _parser_problem(payload)
+    if fmt == "csv" and local is not None:
+        if k == 0:
+            return f"{name}: line {local}: {problem}"
+        start = _csv_line_of_record(name, before)  # the partition's first record; its header is line 1
+        if start is not None:
+            return f"{name}: line {start + local - 2}: {problem}"
+    if fmt == "csv" and k > 0:
+        start = _csv_line_of_record(name, before)
+        if start is not None:
+            return f"{name}: {problem} (in the part from line {start})"
+    if fmt == "parquet" and k > 0:
+        return f"{name}: {problem} (in the part from row {before + 1})"
+    return f"{name}: {problem}"
+
+
+# --------------------------------------------------------------------------------------------
+# reading
+
+
+def _open_source(name: str, fmt: str, spec, blocksize: int | str):
+    """A lazy dask DataFrame of the needed columns, and whether unit ids are integers;
+    DataError for an unreadable source or missing columns."""
+    import dask.dataframe as dd
+
+    errors = _read_errors()
+    try:
+        if fmt == "csv":
+            gz = name.lower().endswith(".gz")
+            ddf = dd.read_csv(name, dtype=str, na_filter=False, keep_default_na=False, encoding="utf-8",
+                              blocksize=None if gz else blocksize, compression="gzip" if gz else None)
+        else:
+            ddf = dd.read_parquet(name, blocksize=blocksize)
+    except errors as error:
+        import pandas as pd
+
+        if isinstance(error, pd.errors.EmptyDataError):
+            raise DataError(f"{name}: empty file (no header, no rows)") from None
+        local, problem = _parser_problem(error)
+        if fmt == "parquet":
+            problem = problem.replace("cannot read (", "cannot read as Parquet (", 1)
+        raise DataError(f"{name}: line {local}: {problem}" if local is not None and fmt == "csv"
+                        else f"{name}: {problem}") from None
+    found = [str(c) for c in ddf.columns]
+    wanted: list[tuple[str, str]] = [(_data_column(a), f"attribute {a.name}") for a in spec.attributes]
+    if spec.units is not None:
+        wanted.insert(0, (spec.units.column, "the unit column"))
+    missing = [f"{column!r} ({role})" for column, role in wanted if column not in found]
+    if missing:
+        raise DataError(f"{name}: missing column{'s' if len(missing) > 1 else ''} {', '.join(missing)}; "
+                        f"columns found: {', '.join(found) or 'none'}")
+    needed = list(dict.fromkeys(column for column, _ in wanted))
+    ddf = ddf[needed]
+    integer_ids = False
+    if spec.units is not None:
+        import pandas as pd
+
+        dtype = ddf.dtypes[spec.units.column]
+        integer_ids = bool(pd.api.types.is_integer_dtype(dtype) and not pd.api.types.is_bool_dtype(dtype))
+    return ddf, integer_ids
+
+
+# --------------------------------------------------------------------------------------------
+# pass 2: one task per chunk of units
+
+
+def _unit_index(parts: Path, results: dict[int, dict], integer: bool) -> tuple[np.ndarray, list[tuple[int, int, int]]]:
+    """The sorted global unit ids, and ``(partition, first, last global unit)`` per partition
+    with people (each partition's local-to-global map saved as ``p<k>.units.npy``)."""
+    empty = np.zeros(0, np.int64 if integer else "S1")
+    ids, pending, pending_size = empty, [], 0
+    with_people = [k for k in sorted(results) if results[k]["units"]]
+    for k in with_people:
+        local = np.load(parts / f"p{k}.ids.npy")
+        pending.append(local)
+        pending_size += local.size
+        if pending_size > 2 * ids.size + (1 << 20):
+            ids, pending, pending_size = np.unique(np.concatenate([ids] + pending)), [], 0
+    if pending:
+        ids = np.unique(np.concatenate([ids] + pending))
+    ranges = []
+    for k in with_people:
+        local = np.load(parts / f"p{k}.ids.npy")
+        index = np.searchsorted(ids, local).astype(np.int64)
+        np.save(parts / f"p{k}.units.npy", index)
+        ranges.append((k, int(index[0]), int(index[-1])))
+    return ids, ranges
+
+
+@dataclass(frozen=True)
+class _MergeJob:
+    store: str
+    parts_dir: str
+    cells: tuple[int, ...]
+    units: int
+    chunk_units: int
+    integer_ids: bool
+
+
+def _merge_chunk(job: _MergeJob, chunk: int, partitions: tuple[int, ...]) -> int:
+    """Pass 2 for chunk ``chunk``: sum the partitions' counts of its units into whole zarr
+    chunks of every ``marginals/<i>`` and write its unit ids. Returns the units written."""
+    import zarr
+
+    parts = Path(job.parts_dir)
+    start = chunk * job.chunk_units
+    stop = min(start + job.chunk_units, job.units)
+    n = stop - start
+    root = zarr.open_group(store=job.store, mode="r+", zarr_format=3)
+    maps = {k: np.load(parts / f"p{k}.units.npy", mmap_mode="r") for k in partitions}
+    for i, cells in enumerate(job.cells):
+        dense = np.zeros(n * cells, dtype=np.int64)
+        for k in partitions:
+            index = maps[k]
+            lo, hi = np.searchsorted(index, [start, stop])
+            if lo == hi:
+                continue
+            keys = np.load(parts / f"p{k}.c{i}.keys.npy", mmap_mode="r")
+            a, b = np.searchsorted(keys, [lo * cells, hi * cells])
+            found = np.asarray(keys[a:b])
+            local = found // cells
+            rows = np.asarray(index[local]) - start
+            counts = np.load(parts / f"p{k}.c{i}.counts.npy", mmap_mode="r")
+            dense[rows * cells + (found - local * cells)] += np.asarray(counts[a:b])
+        root[f"marginals/{i}"][start:stop] = dense.reshape(n, cells)
+    ids = np.asarray(np.load(parts / "ids.npy", mmap_mode="r")[start:stop])
+    root["unit_ids"][start:stop] = ids if job.integer_ids else np.char.decode(ids, "utf-8")
+    return n
+
+
+# --------------------------------------------------------------------------------------------
+# the driver
+
+
+def tabulate_microdata(spec: Any, source: PathLike, out: PathLike, *, client=None,
+                       chunk_units: int | None = None, overwrite: bool = False, fsync: bool = True,
+                       cover: Iterable[Sequence[str]] = (), blocksize: int | str = BLOCKSIZE,
+                       log: TextIO | None = None) -> Path:
+    """Tabulate the microdata at ``source`` for ``spec`` into a marginals store at ``out``.
+
+    ``spec``: a :class:`distfit.spec.parse.PipelineSpec` or a spec path. ``client``: a
+    ``distributed.Client`` to run the tasks on (None: in this process, synchronously).
+    ``chunk_units``: units per chunk (default: up to 4096, at most 16 MiB of the largest
+    clique's counts). ``cover``: attribute sets that must each lie in a stored clique (a plan's
+    blocks; :func:`query_cliques`). ``blocksize``: bytes per partition (tests use small ones).
+    Returns the path written. Raises DataError (bad input: module docstring),
+    FileExistsError (something at ``out`` that may not be replaced), ValueError (bad arguments).
+    """
+    from distfit import __version__
+
+    log = log or sys.stderr
+    spec = _load_spec(spec)
+    name = os.fspath(source)
+    info = source_info(source)
+    fmt = info["format"]
+    if chunk_units is not None:
+        chunk_units = _check_int("chunk_units", chunk_units, 1)
+    domain = spec.domain
+    cliques = query_cliques(spec, cover)
+    positions = tuple(tuple(domain.index(a) for a in clique) for clique in cliques)
+    cells = tuple(math.prod(domain.sizes[p] for p in pos) for pos in positions)
+    if max(cells) > MAX_CLIQUE_CELLS:
+        raise ValueError(f"a clique of {max(cells)} cells is more than {MAX_CLIQUE_CELLS} to tabulate")
+    if microdata_format(name) == "csv" and Path(name).is_dir():
+        raise DataError(f"{name}: is a directory, not a CSV file")
+    ddf, integer_ids = _open_source(name, fmt, spec, blocksize)
+
+    with staged_store(out, MARGINALS_FORMAT, overwrite=overwrite, fsync=fsync) as (staging, group):
+        parts = staging / PARTS
+        parts.mkdir()
+        job = _ScanJob(parts_dir=str(parts), attributes=tuple(spec.attributes),
+                       columns=tuple(_data_column(a) for a in spec.attributes),
+                       unit_column=spec.units.column if spec.units is not None else None,
+                       integer_ids=integer_ids or spec.units is None, cliques=positions,
+                       sizes=tuple(domain.sizes))
+        results, failure = _run_scans(ddf, job, client, log)
+        if failure is not None:
+            raise DataError(_failure_message(name, fmt, results, failure))
+        rows = sum(r["rows"] for r in results.values())
+        if rows == 0:
+            raise DataError(f"{name}: no data rows (a header only)" if fmt == "csv" else f"{name}: no data rows")
+        ids, ranges = _unit_index(parts, results, job.integer_ids)
+        units = int(ids.size)
+        chunk_units = chunk_units or default_chunk_units(max(cells), units)
+        config = {"write_empty_chunks": True}
+        marginals = group.create_group("marginals")
+        for i, width in enumerate(cells):
+            marginals.create_array(str(i), shape=(units, width), dtype=np.int64,
+                                   chunks=(chunk_units, width), config=config)
+        group.create_array("unit_ids", shape=(units,), dtype=np.int64 if job.integer_ids else str,
+                           chunks=(chunk_units,), config=config)
+        np.save(parts / "ids.npy", ids)
+        del ids
+        merge = _MergeJob(store=str(staging), parts_dir=str(parts), cells=cells, units=units,
+                          chunk_units=chunk_units, integer_ids=job.integer_ids)
+        calls = []
+        for chunk, start in enumerate(range(0, units, chunk_units)):
+            stop = start + chunk_units
+            chunk_parts = tuple(k for k, first, last in ranges if first < stop and last >= start)
+            calls.append((str(chunk), (merge, chunk, chunk_parts)))
+        if client is None:
+            for _label, args in calls:
+                _merge_chunk(*args)
+        else:
+            from distfit.cluster import run_tasks
+
+            for _label, _units in run_tasks(client, _merge_chunk, calls, "tabulate-chunk"):
+                pass
+        shutil.rmtree(parts)
+        group.attrs.update(_jsonable({
+            "distfit_format": MARGINALS_FORMAT,
+            "format_version": 1,
+            "schema": {"attributes": list(domain.names), "sizes": list(domain.sizes)},
+            "spec_hash": spec.spec_hash,
+            "units": units,
+            "chunk_units": chunk_units,
+            "cliques": [list(c) for c in cliques],
+            "source": {**info, "rows": rows},
+            "total_people": rows,
+            "created": _utc_now(),
+            "distfit_version": __version__,
+        }))
+    return Path(os.fspath(out))
+
+
+def tabulation_mismatch(store: PathLike, spec: Any, source: PathLike,
+                        cover: Iterable[Sequence[str]] = ()) -> str | None:
+    """None when the marginals store at ``store`` was tabulated for ``spec`` (same spec hash)
+    from ``source`` as it is now (same absolute path, format, size and mtime) and holds a clique
+    for every set in ``cover``; otherwise why not (one phrase)."""
+    spec = _load_spec(spec)
+    try:
+        data = read_marginals(store)
+    except DataError as error:
+        return str(error)
+    if data.attrs.get("spec_hash") != spec.spec_hash:
+        return f"spec hash {data.attrs.get('spec_hash')} recorded, this spec has {spec.spec_hash}"
+    recorded, now = data.attrs.get("source") or {}, source_info(source)
+    for key in ("path", "format", "size", "mtime"):
+        if recorded.get(key) != now[key]:
+            return f"the source's {key} differs ({recorded.get(key)!r} recorded, {now[key]!r} now)"
+    for attributes in cover:
+        try:
+            data.clique_for(attributes)
+        except DataError:
+            return f"no stored marginal holds {list(attributes)}"
+    return None
+
+
+def ensure_tabulated(spec: Any, source: PathLike, out: PathLike, *, cover: Iterable[Sequence[str]] = (),
+                     client=None, replace: bool = False, fsync: bool = True,
+                     blocksize: int | str = BLOCKSIZE, log: TextIO | None = None) -> tuple[Path, str]:
+    """Reuse the marginals store at ``out`` if it matches (:func:`tabulation_mismatch`), else
+    tabulate ``source`` into it. Returns ``(path, "reused" | "tabulated")``. A store that does
+    not match is replaced only with ``replace`` (and only if it is a marginals store);
+    otherwise DataError."""
+    log = log or sys.stderr
+    cover = [tuple(c) for c in cover]
+    path = Path(os.fspath(out))
+    replacing = False
+    if path.exists() or path.is_symlink():
+        reason = tabulation_mismatch(path, spec, source, cover)
+        if reason is None:
+            print(f"distfit: reusing the data tabulated at {path} (same source and spec)", file=log)
+            return path, "reused"
+        if not replace:
+            raise DataError(f"{path}: holds other tabulated data than {os.fspath(source)} for this spec "
+                            f"({reason})")
+        print(f"distfit: tabulating again into {path} ({reason})", file=log)
+        replacing = True
+    tabulate_microdata(spec, source, path, client=client, overwrite=replacing, fsync=fsync, cover=cover,
+                       blocksize=blocksize, log=log)
+    return path, "tabulated"
+
+
+# --------------------------------------------------------------------------------------------
+# synthetic people (microdata for demos, tests and multi-level runs)
+
+#: Each level of a synthetic geography holds this many units of the level below it.
+GEOGRAPHY_FANOUT = 10
+#: Rows in one synthetic Parquet file (a file holds whole finest-level units).
+PEOPLE_FILE_ROWS = 1 << 20
+
+
+def raw_values(attribute: Any) -> np.ndarray:
+    """One data value per value of ``attribute`` that ``attribute.encode`` maps back to it: for
+    ``bins`` a number in the bin (its lower edge, or the upper edge minus 1 for an open bottom),
+    else a data value that ``recode`` maps to the label, else the label itself."""
+    if attribute.bins is not None:
+        edges = attribute.bins
+        return np.array([lo if math.isfinite(lo) else hi - 1.0 for lo, hi in zip(edges[:-1], edges[1:])])
+    source: dict[str, str] = {}
+    for raw, label in attribute.recode:
+        source.setdefault(label, raw)
+    return np.array([source.get(label, label) for label in attribute.values], dtype=object)
+
+
+def unit_columns(spec: Any) -> list[str]:
+    """A spec's unit columns, coarsest first: its levels' (in spec order) or its own."""
+    if spec.levels:
+        columns = [level.units.column for level in spec.levels if level.units is not None]
+    else:
+        columns = [spec.units.column] if spec.units is not None else []
+    if len(set(columns)) != len(columns):
+        raise ValueError(f"spec {spec.name!r}: levels share a unit column ({', '.join(columns)}); a "
+                         "synthetic geography needs one column per level")
+    return columns
+
+
+def synthetic_geography(columns: Sequence[str], start: int, stop: int,
+                        fanout: int = GEOGRAPHY_FANOUT) -> dict[str, np.ndarray]:
+    """Nested unit ids of finest-level units ``start .. stop-1``: the last column has one unit
+    per finest unit, the column before it one unit per ``fanout`` of those, and so on, so every
+    unit lies inside one unit of each coarser level. Ids read ``COLUMN-000042``."""
+    out = {}
+    index = np.arange(start, stop)
+    for depth, column in enumerate(reversed(columns)):
+        level_index = index // fanout ** depth
+        out[column] = np.char.add(f"{column}-", np.char.zfill(level_index.astype(str), 6))
+    return {column: out[column] for column in columns}
+
+
+def write_synthetic_people(spec: Any, units: int, out: PathLike, *, seed: int | None = None,
+                           overwrite: bool = False, fsync: bool = True) -> Path:
+    """Synthetic microdata for ``spec``: a directory of Parquet files, one row per person.
+
+    The people of ``units`` finest-level units are drawn from the synthetic-data model of
+    :mod:`distfit.stores.data` (:func:`distfit.stores.data.synthesize_histograms`, the same cells, skew and
+    correlations, seeded by ``seed``; None: fresh entropy) and expanded to rows: one column per
+    attribute (its data column, holding :func:`raw_values`, so ``encode`` maps every row back
+    to its cell) and one per unit column of the spec (:func:`unit_columns`; nested ids,
+    :func:`synthetic_geography`). The data is synthetic, not private.
+
+    Written atomically: the files go to ``<out>.incomplete-<random>``, which is moved into place
+    once complete; an existing ``out`` is refused unless ``overwrite`` (then only a directory of
+    Parquet files is replaced). Returns ``out``.
+    """
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from distfit.stores.data import synthesize_histograms
+    from distfit.stores.plan import move_into_place
+
+    spec = _load_spec(spec)
+    domain = spec.domain
+    units = _check_int("units", units, 1)
+    seed = secrets.randbits(63) if seed is None else _check_int("seed", seed, 0)
+    columns = unit_columns(spec)
+    values = [raw_values(attribute) for attribute in spec.attributes]
+    path = Path(os.fspath(out))
+
+    def check_target(target: Path) -> None:
+        if not (target.exists() or target.is_symlink()):
+            return
+        if not overwrite:
+            raise FileExistsError(f"{target}: already exists (use --overwrite to replace it)")
+        if microdata_format(target) != "parquet" or not target.is_dir():
+            raise FileExistsError(f"{target}: not a directory of Parquet files; refusing to replace it")
+
+    check_target(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    staging = path.with_name(f"{path.name}{STAGING_MARKER}{secrets.token_hex(6)}")
+    staging.mkdir()
+    try:
+        for number, (start, counts) in enumerate(synthesize_histograms(domain, units, seed)):
+            n = counts.shape[0]
+            flat = counts.ravel()
+            keys = np.repeat(np.arange(flat.size, dtype=np.int64), flat)
+            unit = keys // domain.size + start
+            codes = np.unravel_index(keys % domain.size, domain.shape)
+            table = {}
+            for column, ids in synthetic_geography(columns, start, start + n).items():
+                table[column] = ids[unit - start]
+            for attribute, raw, code in zip(spec.attributes, values, codes):
+                table[_data_column(attribute)] = raw[code] if raw.dtype != object else raw[code].astype(str)
+            pq.write_table(pa.table(table), staging / f"part-{number:05d}.parquet")
+        if fsync:
+            from distfit.stores.plan import _fsync_tree
+            _fsync_tree(staging)
+        move_into_place(staging, path, check_target)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return path

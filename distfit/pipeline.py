@@ -1,0 +1,605 @@
+"""``distfit run``: the main job, spec to plan, audit, data and release in one run directory.
+
+``distfit run [SPEC.yaml] --out RUNDIR [--data DATA] [--units N] [--cluster ADDR|FILE]
+[--workers N] [--serial]`` (DESIGN.md section 5). SPEC defaults to the embedded default
+pipeline (``distfit/pipelines/default.yaml``, a copy of ``pipelines/pl94.yaml``). Stages:
+
+1. plan     -> ``RUNDIR/plan.zarr``    (:func:`distfit.plan.job.run_plan`)
+2. audit    of that plan               (:func:`distfit.audit.audit_plan`; a mismatch is a failure)
+3. data     -> ``RUNDIR/data.zarr``    synthetic histograms (:func:`distfit.stores.data.write_synthetic`)
+             when ``--data`` is not given: ``--units`` units (default 10000), seeded from the
+             spec hash, so a rerun would synthesise the same data (and in fact reuses it);
+             with ``--data`` microdata (``.csv``, ``.csv.gz``, ``.parquet``, ``.pq``, a
+             directory of Parquet files) the marginals the plan's blocks need are tabulated
+             into ``RUNDIR/data.zarr`` (:func:`distfit.data.microdata.ensure_tabulated`; reused on a
+             rerun when the source's path, size and mtime and the spec hash match, and
+             refused - :class:`RunDirError` - when they do not); with ``--data`` a data store
+             (histograms or marginals) it is released as it is
+4. release  -> ``RUNDIR/release.zarr`` (:func:`distfit.release.job.run_release`)
+5. manifest -> ``RUNDIR/manifest.json`` written atomically (temporary file + ``os.replace``):
+   spec path and hash, plan and release checksums, privacy account (from the plan attrs),
+   per-stage timings and status, package versions, the cluster used (``{"kind": "serial"}``,
+   ``{"kind": "local", "workers", "started"}``, or ``{"kind": "external", "address"}`` with, for
+   a scheduler file, its absolute ``scheduler_file`` and the ``scheduler_address`` it held) and
+   the report's path and plots. The report (``distfit.report``, RUNDIR/report/index.html) is
+   rebuilt on every run.
+
+Rerunning into the same RUNDIR picks up where the earlier run stopped: a complete plan whose
+spec hash matches is reused, complete data is reused, a partial release is resumed
+(``resume=True``: written chunks kept, missing ones drawn with fresh entropy) and a sealed one
+is skipped (no new noise is drawn). A RUNDIR that belongs to another spec (a manifest, plan or
+synthesised or tabulated data with a different spec hash or source) is refused before anything is written
+(:class:`RunDirError`, a ``ValueError``: exit 2), and so is a sealed release that was made from
+another plan or other data. The local Dask cluster (no ``--cluster``, no ``--serial``) is
+started once, only if a stage has work to do, and shared by the plan and the release.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from importlib import metadata, resources
+from pathlib import Path
+from typing import Any, Callable, TextIO
+
+from distfit.stores.plan import _root_attrs_on_disk, _utc_now
+
+MANIFEST_FORMAT = "run-manifest"
+MANIFEST_VERSION = 1
+DEFAULT_UNITS = 10_000
+PACKAGES = ("distfit", "numpy", "scipy", "dask", "distributed", "zarr")
+
+PLAN_NAME, DATA_NAME, RELEASE_NAME, MANIFEST_NAME = "plan.zarr", "data.zarr", "release.zarr", "manifest.json"
+REPORT_NAME = "report"
+
+__all__ = ["LevelsRunResult", "RunDirError", "RunFailure", "RunResult", "default_spec_path", "run_levels",
+           "run_pipeline", "data_seed"]
+
+
+class RunDirError(ValueError):
+    """RUNDIR holds something this run may not touch (another spec's run, a foreign file)."""
+
+
+class RunFailure(RuntimeError):
+    """A stage failed on valid input (e.g. the plan fails its audit): exit code 1."""
+
+
+@dataclass(frozen=True)
+class RunResult:
+    rundir: str
+    plan: str
+    data: str
+    release: str
+    report: str
+    manifest: str
+    spec_hash: str
+    plan_checksum: str
+    release_checksum: str
+    stages: dict[str, str] = field(default_factory=dict)   # stage -> "done" | "reused" | ...
+    timings: dict[str, float] = field(default_factory=dict)
+    manifest_data: dict[str, Any] = field(default_factory=dict)
+
+
+def default_spec_path() -> str:
+    """Path of the embedded default pipeline spec (package data)."""
+    return str(resources.files("distfit") / "pipelines" / "default.yaml")
+
+
+def data_seed(spec_hash: str) -> int:
+    """The synthetic-data seed of a spec: the first 63 bits of its hash."""
+    return int(spec_hash[:16], 16) >> 1
+
+
+def package_versions() -> dict[str, str | None]:
+    versions: dict[str, str | None] = {}
+    for name in PACKAGES:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            module = sys.modules.get(name)
+            versions[name] = getattr(module, "__version__", None)
+    if versions.get("distfit") is None:
+        from distfit import __version__
+        versions["distfit"] = __version__
+    return versions
+
+
+def write_json_atomic(path: Path, content: dict) -> None:
+    """Write ``content`` as JSON to a temporary file next to ``path``, fsync, ``os.replace``."""
+    text = json.dumps(content, indent=2, sort_keys=False) + "\n"
+    fd, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=str(path.parent))
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.chmod(temporary, 0o644)
+        os.replace(temporary, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise
+
+
+# --------------------------------------------------------------------------------------------
+# what is already in RUNDIR
+
+
+def _read_manifest(path: Path) -> dict | None:
+    if not path.exists():
+        return None
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as error:
+        raise RunDirError(f"{path}: cannot read the manifest of an earlier run ({error}); "
+                          "use another --out") from None
+    if not isinstance(manifest, dict):
+        raise RunDirError(f"{path}: not a distfit run manifest; use another --out")
+    return manifest
+
+
+def _plan_spec_hash(path: Path) -> str | None:
+    from distfit.stores.plan import read_plan
+
+    plan = read_plan(path)  # StoreError (a ValueError) for anything but a complete plan
+    return (plan.attrs.get("planner") or {}).get("spec_hash")
+
+
+def _inspect(rundir: Path, spec_hash: str, synthesise: bool, units: int | None,
+             spec: Any = None, source: str | None = None) -> None:
+    """Refuse a RUNDIR that holds another spec's run (or data tabulated from another
+    ``source`` for microdata); touches nothing."""
+    if rundir.exists() and not rundir.is_dir():
+        raise RunDirError(f"{rundir}: exists and is not a directory")
+    manifest = _read_manifest(rundir / MANIFEST_NAME)
+    if manifest is not None:
+        theirs = (manifest.get("spec") or {}).get("hash") if isinstance(manifest.get("spec"), dict) else None
+        if theirs != spec_hash:
+            raise RunDirError(
+                f"{rundir}: holds the run of another spec (manifest spec hash {theirs}, this spec "
+                f"{spec_hash}); use another --out")
+    plan_path = rundir / PLAN_NAME
+    if plan_path.exists():
+        theirs = _plan_spec_hash(plan_path)
+        if theirs != spec_hash:
+            raise RunDirError(
+                f"{plan_path}: is the plan of another spec (spec hash {theirs}, this spec "
+                f"{spec_hash}); use another --out")
+    data_path = rundir / DATA_NAME
+    if source is not None and (data_path.exists() or data_path.is_symlink()):
+        from distfit.data.microdata import tabulation_mismatch
+
+        reason = tabulation_mismatch(data_path, spec, source)
+        if reason is not None:
+            raise RunDirError(f"{data_path}: holds data from an earlier run that does not match --data "
+                              f"{source} ({reason}); use another --out")
+    if synthesise and data_path.exists():
+        from distfit.stores.data import MARGINALS_FORMAT, read_histograms
+
+        if (_root_attrs_on_disk(data_path) or {}).get("distfit_format") == MARGINALS_FORMAT:
+            theirs = ((_root_attrs_on_disk(data_path) or {}).get("source") or {}).get("path")
+            raise RunDirError(f"{data_path}: holds data tabulated from {theirs} by an earlier run; pass "
+                              "that --data again, or use another --out")
+        existing = read_histograms(data_path)
+        theirs = existing.attrs.get("spec_hash")
+        if theirs != spec_hash:
+            raise RunDirError(
+                f"{data_path}: holds data synthesised for another spec (spec hash {theirs}); "
+                "use another --out")
+        if units is not None and units != existing.units:
+            raise RunDirError(
+                f"{data_path}: holds {existing.units} units from an earlier run, but --units is "
+                f"{units}; use another --out (or omit --units to reuse the data)")
+
+
+# --------------------------------------------------------------------------------------------
+# the job
+
+
+class _Cluster:
+    """Where the stages run: serial, an external scheduler, or one lazily started local cluster
+    shared by the plan and the release."""
+
+    def __init__(self, cluster: str | None, workers: int | None, serial: bool, log: TextIO,
+                 stack: contextlib.ExitStack) -> None:
+        self.cluster, self.workers, self.serial, self.log, self.stack = cluster, workers, serial, log, stack
+        self.address: str | None = cluster
+        self.started = False
+
+    def get(self) -> str | None:
+        if self.serial or self.cluster is not None or self.started:
+            return self.address
+        from distfit.cluster import local_cluster
+
+        count = self.workers or os.cpu_count() or 1
+        local = self.stack.enter_context(local_cluster(count))  # workers without Dask's malloc trim (WORKER_ENV)
+        print(f"distfit: local cluster with {count} worker processes; dashboard {local.dashboard_link}",
+              file=self.log)
+        self.address, self.started = local.scheduler_address, True
+        return self.address
+
+    def describe(self) -> dict[str, Any]:
+        if self.serial:
+            return {"kind": "serial"}
+        if self.cluster is not None:
+            described: dict[str, Any] = {"kind": "external", "address": self.cluster}
+            if os.path.exists(self.cluster):  # a scheduler file (runtime.dask_client's rule)
+                described["scheduler_file"] = os.path.abspath(self.cluster)
+                with contextlib.suppress(OSError, ValueError, AttributeError):
+                    with open(self.cluster, encoding="utf-8") as handle:
+                        described["scheduler_address"] = json.load(handle).get("address")
+            return described
+        return {"kind": "local", "workers": self.workers or os.cpu_count() or 1, "started": self.started}
+
+
+def run_pipeline(
+    spec_path: str | os.PathLike | None,
+    out: str | os.PathLike,
+    *,
+    data: str | os.PathLike | None = None,
+    units: int | None = None,
+    cluster: str | None = None,
+    workers: int | None = None,
+    serial: bool = False,
+    log: TextIO | None = None,
+    fsync: bool = True,
+    after_chunk: Callable[[int], None] | None = None,
+) -> RunResult:
+    """Run (or finish) the pipeline into ``out`` (module docstring).
+
+    Errors: SpecError / ValueError / RunDirError / FileExistsError (bad input, exit 2),
+    RunFailure (the plan fails its audit, exit 1), ClusterError.
+    """
+    from distfit.audit import audit_plan
+    from distfit.stores.data import open_data, read_histograms, write_synthetic
+    from distfit.data.microdata import check_source, ensure_tabulated, microdata_format
+    from distfit.plan.job import run_plan
+    from distfit.release.job import read_release, run_release
+    from distfit.report import write_report
+    from distfit.cluster import dask_client
+    from distfit.spec.parse import load_spec
+    from distfit.stores.plan import read_plan
+
+    started = time.perf_counter()
+    log = log or sys.stderr
+    if units is not None and (isinstance(units, bool) or units < 1):
+        raise ValueError(f"--units must be >= 1, got {units}")
+    if workers is not None and workers < 1:
+        raise ValueError(f"--workers must be >= 1, got {workers}")
+    spec_path = os.fspath(spec_path) if spec_path is not None else default_spec_path()
+    spec = load_spec(spec_path)
+    spec_hash = spec.spec_hash
+    rundir = Path(os.fspath(out))
+    synthesise = data is None
+    source = os.fspath(data) if data is not None and microdata_format(data) is not None else None
+    if source is not None:
+        check_source(spec, source)  # refuse a missing source or a missing column before any work
+        if units is not None:
+            raise ValueError(f"--units is for synthetic data; --data {source} is microdata (its units are "
+                             "the values of the spec's unit column)")
+    _inspect(rundir, spec_hash, synthesise, units, spec=spec, source=source)
+
+    plan_path, release_path = rundir / PLAN_NAME, rundir / RELEASE_NAME
+    data_path = rundir / DATA_NAME if synthesise or source is not None else Path(os.fspath(data))
+    manifest_path = rundir / MANIFEST_NAME
+    report_path = rundir / REPORT_NAME
+    if not synthesise and source is None:
+        given = open_data(data_path)  # refuse unreadable data before any work
+        if units is not None and units != given.units:
+            raise ValueError(f"--units {units} but --data {data_path} holds {given.units} units; "
+                             "give one or the other")
+    rundir.mkdir(parents=True, exist_ok=True)
+    stages: dict[str, str] = {}
+    timings: dict[str, float] = {}
+
+    with contextlib.ExitStack() as stack:
+        where = _Cluster(cluster, workers, serial, log, stack)
+
+        # 1. plan
+        t = time.perf_counter()
+        if plan_path.exists():
+            stages["plan"] = "reused"
+            print(f"distfit: reusing the plan at {plan_path} (spec hash matches)", file=log)
+        else:
+            run_plan(spec_path, str(plan_path), cluster=where.get(), workers=workers, serial=serial, log=log)
+            stages["plan"] = "done"
+        plan = read_plan(plan_path)
+        timings["plan"] = time.perf_counter() - t
+
+        # 2. audit
+        t = time.perf_counter()
+        report = audit_plan(str(plan_path))
+        timings["audit"] = time.perf_counter() - t
+        if not report.ok:
+            raise RunFailure(f"{plan_path}: the plan fails audit ({len(report.failures)} failures): "
+                             + "; ".join(report.failures[:3]))
+        stages["audit"] = "passed"
+
+        # 3. data
+        t = time.perf_counter()
+        if source is not None:
+            address = where.get()
+            with (dask_client(address, log=log) if address is not None else contextlib.nullcontext()) as client:
+                _path, stages["data"] = ensure_tabulated(
+                    spec, source, data_path, cover=[plan.block(b).attributes for b in plan.block_ids],
+                    client=client, fsync=fsync, log=log)
+        elif not synthesise:
+            stages["data"] = "given"
+        elif data_path.exists():
+            existing = read_histograms(data_path)
+            stages["data"] = "reused"
+            print(f"distfit: reusing the data at {data_path} ({existing.units} units)", file=log)
+        else:
+            write_synthetic(spec, units or DEFAULT_UNITS, data_path, seed=data_seed(spec_hash), fsync=fsync)
+            stages["data"] = "synthesised"
+        data_store = open_data(data_path)
+        timings["data"] = time.perf_counter() - t
+
+        # 4. release
+        t = time.perf_counter()
+        attrs = _root_attrs_on_disk(release_path) if release_path.is_dir() else None
+        if attrs is not None and attrs.get("complete") is True:
+            recorded = attrs.get("data") or {}
+            if attrs.get("plan_checksum") != plan.checksum:
+                raise RunDirError(f"{release_path}: a sealed release of another plan "
+                                  f"({attrs.get('plan_checksum')}, the plan has {plan.checksum})")
+            if recorded.get("created") != data_store.attrs.get("created"):
+                raise RunDirError(f"{release_path}: a sealed release of other data than {data_path}; "
+                                  "use another --out")
+            release_checksum = read_release(release_path).attrs["checksum"]
+            stages["release"] = "reused"
+            print(f"distfit: the release at {release_path} is sealed; no new noise drawn", file=log)
+        else:
+            resume = attrs is not None
+            result = run_release(
+                str(plan_path), str(data_path), str(release_path), resume=resume,
+                cluster=where.get(), workers=workers, serial=serial, log=log, fsync=fsync,
+                after_chunk=after_chunk,
+            )
+            release_checksum = result.checksum
+            stages["release"] = "resumed" if result.resumed else "done"
+        timings["release"] = time.perf_counter() - t
+        cluster_used = where.describe()
+
+    # 5. report (rebuilt on every run: it is cheap and replaces only an earlier distfit report)
+    t = time.perf_counter()
+    report = write_report(str(plan_path), str(report_path), str(release_path), str(data_path))
+    stages["report"] = "done"
+    timings["report"] = time.perf_counter() - t
+
+    # 6. manifest
+    timings["total"] = time.perf_counter() - started
+    plan_attrs = plan.attrs
+    manifest = {
+        "distfit_format": MANIFEST_FORMAT,
+        "format_version": MANIFEST_VERSION,
+        "created": _utc_now(),
+        "spec": {"path": os.path.abspath(spec_path), "hash": spec_hash, "name": spec.name},
+        "plan": {"path": os.path.abspath(plan_path), "checksum": plan.checksum},
+        "data": {"path": os.path.abspath(data_path), "synthetic": synthesise,
+                 "format": data_store.format,
+                 "units": data_store.units, "seed": data_store.attrs.get("seed") if synthesise else None,
+                 "created": data_store.attrs.get("created"),
+                 "source": ({key: (data_store.attrs.get("source") or {}).get(key)
+                             for key in ("path", "format", "size", "mtime")} if source is not None else None)},
+        "release": {"path": os.path.abspath(release_path), "checksum": release_checksum},
+        "privacy": {
+            "alpha": plan_attrs.get("alpha"),
+            "rho": plan_attrs.get("rho"),
+            "alpha_exact": plan_attrs.get("alpha_exact"),
+            "composition": plan_attrs.get("composition"),
+            "account": plan_attrs.get("account"),
+        },
+        "stages": stages,
+        "timings_seconds": timings,
+        "versions": package_versions(),
+        "cluster": cluster_used,
+        "report": {"path": os.path.abspath(report.path), "index": os.path.abspath(os.path.join(report.path, "index.html")),
+                   "plots": list(report.plots), "calibration": report.calibration},
+    }
+    write_json_atomic(manifest_path, manifest)
+    return RunResult(
+        rundir=str(rundir), plan=str(plan_path), data=str(data_path), release=str(release_path),
+        report=str(report_path),
+        manifest=str(manifest_path), spec_hash=spec_hash, plan_checksum=plan.checksum,
+        release_checksum=release_checksum, stages=stages, timings=timings, manifest_data=manifest,
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# multi-level runs
+
+LEVELS_DIR, PEOPLE_NAME = "levels", "people"
+ACCURACY_PLAN_NAME, LEVEL_SPEC_NAME, ACCURACY_SPEC_NAME = "accuracy-plan.zarr", "spec.yaml", "accuracy-spec.yaml"
+
+
+@dataclass(frozen=True)
+class LevelsRunResult:
+    """What ``distfit run`` did for a multi-level spec: one :class:`RunResult` per level (spec
+    order), the people data used, the combined privacy account and the top manifest."""
+
+    rundir: str
+    spec_hash: str
+    people: str
+    levels: dict[str, RunResult]
+    account: dict[str, Any]
+    manifest: str
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+def _write_spec(path: Path, spec: Any) -> None:
+    """A level's spec as YAML (canonical form), rewritten only when its content changes."""
+    import yaml
+
+    text = yaml.safe_dump(spec.to_dict(), sort_keys=False, allow_unicode=True, width=100)
+    if path.exists() and path.read_text(encoding="utf-8") == text:
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(f".{path.name}.tmp")
+    temporary.write_text(text, encoding="utf-8")
+    os.replace(temporary, path)
+
+
+def run_levels(
+    spec_path: str | os.PathLike,
+    out: str | os.PathLike,
+    *,
+    data: str | os.PathLike | None = None,
+    units: int | None = None,
+    cluster: str | None = None,
+    workers: int | None = None,
+    serial: bool = False,
+    log: TextIO | None = None,
+    fsync: bool = True,
+) -> LevelsRunResult:
+    """Run a multi-level spec into ``out``: levels one after another (sequential composition),
+    each level's blocks and chunks in parallel on one Dask cluster (:mod:`distfit.plan.levels`).
+
+    Layout: ``RUNDIR/people/`` (synthetic microdata, a directory of Parquet files, when no
+    ``--data``: ``--units`` finest-level units, default 10000, nested geography,
+    :func:`distfit.data.microdata.write_synthetic_people`, seeded from the spec hash),
+    ``RUNDIR/levels/<level>/`` (a complete single-level run of ``spec.yaml``, the level's spec:
+    plan, data tabulated for the level's unit column, release, report, manifest; see
+    :func:`run_pipeline`) and ``RUNDIR/manifest.json`` (the levels, their checksums and the
+    combined privacy account). With a budget every level is first planned accuracy-first
+    (``levels/<level>/accuracy-plan.zarr``), the budget is shared by one common scale
+    (:func:`distfit.plan.levels.budget_shares`) and each level's plan is that plan scaled to its
+    share (:func:`distfit.plan.levels.scale_plan_to_budget`); its ``spec.yaml`` records the share
+    as the level's ``privacy.alpha``. A rerun reuses and resumes level by level like
+    :func:`run_pipeline`; a RUNDIR of another spec is refused (RunDirError).
+    """
+    import dataclasses
+
+    from distfit.plan.levels import budget_shares, combine_levels, level_profiles, scale_plan_to_budget
+    from distfit.data.microdata import check_source, microdata_format, write_synthetic_people
+    from distfit.plan.job import run_plan
+    from distfit.privacy import Budget
+    from distfit.cluster import dask_client
+    from distfit.spec.parse import PrivacySpec, load_spec
+    from distfit.stores.plan import read_plan
+
+    started = time.perf_counter()
+    log = log or sys.stderr
+    spec = load_spec(spec_path)
+    if not spec.multilevel:
+        raise ValueError(f"{spec_path}: not a multi-level spec (no levels); use run_pipeline")
+    if units is not None and (isinstance(units, bool) or units < 1):
+        raise ValueError(f"--units must be >= 1, got {units}")
+    spec_hash = spec.spec_hash
+    rundir = Path(os.fspath(out))
+    if rundir.exists() and not rundir.is_dir():
+        raise RunDirError(f"{rundir}: exists and is not a directory")
+    manifest_path = rundir / MANIFEST_NAME
+    earlier = _read_manifest(manifest_path)
+    if earlier is not None and (earlier.get("spec") or {}).get("hash") != spec_hash:
+        raise RunDirError(f"{rundir}: holds the run of another spec (spec hash "
+                          f"{(earlier.get('spec') or {}).get('hash')}); use another --out")
+    if rundir.exists() and earlier is None and any(
+            (rundir / name).exists() for name in (PLAN_NAME, RELEASE_NAME, DATA_NAME)):
+        raise RunDirError(f"{rundir}: holds a single-level run; use another --out")
+    if data is not None:
+        if microdata_format(data) is None:
+            raise ValueError(f"--data {data}: a multi-level run reads person-level microdata (.csv, .csv.gz, "
+                             ".parquet, .pq or a directory of Parquet files) with every level's unit column")
+        if units is not None:
+            raise ValueError("--units is for synthetic data; --data is given")
+        for level in spec.levels:  # every level's columns, before any work
+            check_source(spec.level_spec(level.name), data)
+        people = Path(os.fspath(data))
+    else:
+        people = rundir / PEOPLE_NAME
+        recorded = ((earlier or {}).get("people") or {}).get("units")
+        if people.exists() and units is not None and recorded is not None and recorded != units:
+            raise RunDirError(f"{people}: holds {recorded} units from an earlier run, but --units is {units}; "
+                              "use another --out")
+    rundir.mkdir(parents=True, exist_ok=True)
+    timings: dict[str, float] = {}
+    budget = spec.privacy.budget
+    level_dirs = {level.name: rundir / LEVELS_DIR / level.name for level in spec.levels}
+
+    with contextlib.ExitStack() as stack:
+        address = cluster
+        if not serial and cluster is None:
+            client = stack.enter_context(dask_client(None, workers, log=log))
+            address = client.scheduler.address
+        cluster_used = ({"kind": "serial"} if serial else
+                        {"kind": "local", "workers": workers or os.cpu_count() or 1} if cluster is None else
+                        {"kind": "external", "address": cluster})
+
+        t = time.perf_counter()
+        people_units = units or DEFAULT_UNITS
+        if data is None and not people.exists():
+            print(f"distfit: synthesising people for {people_units} units at {people}", file=log)
+            write_synthetic_people(spec, people_units, people, seed=data_seed(spec_hash), fsync=fsync)
+        elif data is None:
+            people_units = ((earlier or {}).get("people") or {}).get("units", people_units)
+            print(f"distfit: reusing the people at {people}", file=log)
+        timings["people"] = time.perf_counter() - t
+
+        level_specs = {level.name: spec.level_spec(level.name) for level in spec.levels}
+        if budget is not None:
+            t = time.perf_counter()
+            accuracy = []
+            for name, level_spec in level_specs.items():
+                accuracy_spec_path = level_dirs[name] / ACCURACY_SPEC_NAME
+                accuracy_plan = level_dirs[name] / ACCURACY_PLAN_NAME
+                _write_spec(accuracy_spec_path, level_spec)
+                if not accuracy_plan.exists():
+                    print(f"distfit: level {name}: accuracy-first plan (the budget is shared after)", file=log)
+                    run_plan(str(accuracy_spec_path), str(accuracy_plan), cluster=address, workers=workers,
+                             serial=serial, log=log)
+                plan = read_plan(accuracy_plan)
+                accuracy.append((name, float(plan.attrs["alpha"]), level_profiles(plan)))
+            combined = combine_levels(spec.domain, accuracy)
+            shares = budget_shares(combined.level_alphas, combined.alpha, budget.to_alpha())
+            print(f"distfit: accuracy-first levels cost alpha {combined.alpha:.6g} together; budget alpha "
+                  f"{budget.to_alpha():.6g}: every level scaled by k = {combined.alpha / budget.to_alpha():.6g}",
+                  file=log)
+            for (name, level_spec), share in zip(level_specs.items(), shares):
+                level_specs[name] = dataclasses.replace(level_spec, privacy=PrivacySpec("budget", Budget(alpha=share)))
+                _write_spec(level_dirs[name] / LEVEL_SPEC_NAME, level_specs[name])
+                plan_path = level_dirs[name] / PLAN_NAME
+                if not plan_path.exists():
+                    scale_plan_to_budget(str(level_dirs[name] / ACCURACY_PLAN_NAME), str(plan_path),
+                                         level_specs[name], share, fsync=fsync)
+            timings["budget"] = time.perf_counter() - t
+
+        results: dict[str, RunResult] = {}
+        for name, level_spec in level_specs.items():
+            t = time.perf_counter()
+            print(f"distfit: level {name} ({level_spec.num_queries} queries, units "
+                  f"{level_spec.units.column if level_spec.units else 'none: one population'})", file=log)
+            _write_spec(level_dirs[name] / LEVEL_SPEC_NAME, level_spec)
+            results[name] = run_pipeline(
+                level_dirs[name] / LEVEL_SPEC_NAME, level_dirs[name], data=str(people), cluster=address,
+                serial=serial, log=log, fsync=fsync)
+            timings[f"level {name}"] = time.perf_counter() - t
+
+    plans = {name: read_plan(result.plan) for name, result in results.items()}
+    account = combine_levels(spec.domain, [(name, float(plan.attrs["alpha"]), level_profiles(plan))
+                                           for name, plan in plans.items()]).to_dict()
+    timings["total"] = time.perf_counter() - started
+    manifest = {
+        "distfit_format": MANIFEST_FORMAT,
+        "format_version": MANIFEST_VERSION,
+        "created": _utc_now(),
+        "spec": {"path": os.path.abspath(spec_path), "hash": spec_hash, "name": spec.name},
+        "people": {"path": os.path.abspath(people), "synthetic": data is None,
+                   "units": people_units if data is None else None},
+        "levels": {name: {"dir": os.path.abspath(level_dirs[name]), "manifest": result.manifest,
+                          "alpha": plans[name].attrs.get("alpha"), "plan_checksum": result.plan_checksum,
+                          "release_checksum": result.release_checksum,
+                          "report": os.path.join(result.report, "index.html")}
+                   for name, result in results.items()},
+        "privacy": account,
+        "timings_seconds": timings,
+        "versions": package_versions(),
+        "cluster": cluster_used,
+    }
+    write_json_atomic(manifest_path, manifest)
+    return LevelsRunResult(rundir=str(rundir), spec_hash=spec_hash, people=str(people), levels=results,
+                           account=account, manifest=str(manifest_path), timings=timings)

@@ -1,0 +1,241 @@
+"""``distfit plan``: a pipeline spec in, a plan store out (the I/O edge around ``plan``).
+
+Loads and validates the spec, refuses an output path that already holds a plan (unless
+``overwrite``), decomposes the workload, solves the blocks on a Dask cluster (or serially),
+allocates a budget when the spec gives one, and writes the plan store atomically
+(``store.PlanWriter``). The mathematics stays in ``plan``, ``blocks`` and ``solver``.
+
+Privacy-first specs: the accuracy-first plan is scaled as a whole (the blocks are sequential:
+they see the same people), ``Sigma_S * k`` with ``k = alpha / alpha_budget``, so every
+variance becomes ``k`` times its target and alpha equals the budget's.
+
+Small plans are co-optimised in memory; large plans stream. A plan whose blocks are too big
+for the joint block dual (``plan.should_stream``: joint-dual work over ``plan.STREAM_WORK``,
+e.g. ``pipelines/marginals.yaml``), or any plan with ``stream=True``, is built inside the open
+``PlanWriter``: the block specs are spilled to the staging store's scratch space, each block
+task reads its spec back when it is submitted, each result is written there as a draft as it
+completes (``StoreSink``), the scales are allocated from the O(m_b) per-block vectors the
+driver keeps, and a second pass scales each draft into ``blocks/<block_id>`` one at a time
+(``plan.write_streamed_blocks``) before ``finish`` checksums and moves the store into place.
+Peak driver memory is then about one block plus the O(sum m_b) vectors (plus, for an exact
+alpha, one float per cell of the domain). The staging store is marked incomplete throughout,
+so an interrupted run leaves nothing a reader accepts. Smaller plans keep every block in
+memory (``plan.plan_blocks``) so the joint block dual can co-optimise them, then are written
+in one go (``write_plan``).
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+import sys
+from typing import Iterator, Sequence, TextIO
+
+import numpy as np
+
+from distfit import __version__
+from distfit.plan.residual import BlockSpec
+from distfit.plan.planner import (
+    BlockRef, Executor, PlanResult, decompose_lazily, plan_blocks, plan_streamed, serial_executor, should_stream,
+    write_streamed_blocks,
+)
+from distfit.privacy import privacy_account
+from distfit.cluster import DaskExecutor, Progress, dask_client
+from distfit.solver.solve import BlockSolution
+from distfit.spec.parse import PipelineSpec, load_spec
+from distfit.stores.plan import BlockRecord, PlanWriter
+
+
+def apply_budget(plan: PlanResult, budget_alpha: float) -> PlanResult:
+    """Scale every block by ``k = alpha / budget_alpha`` (module docstring)."""
+    factor = plan.alpha / budget_alpha
+    blocks = tuple(dataclasses.replace(block, scale=block.scale * factor) for block in plan.blocks)
+    return dataclasses.replace(
+        plan,
+        blocks=blocks,
+        variances=plan.variances * factor,
+        alpha=plan.alpha / factor,
+        alpha_sum_bound=plan.alpha_sum_bound / factor,
+        allocation_lower_bound=plan.allocation_lower_bound / factor,
+        variance_scale=plan.variance_scale * factor,
+        decisions=plan.decisions + (f"budget alpha {budget_alpha:.6g}: variances scaled by k = {factor:.6g}",),
+    )
+
+
+def _solver_attrs(solution: BlockSolution) -> dict:
+    # A block re-optimised by the joint block dual has no certificate of its own.
+    return dataclasses.asdict(solution.stats) | {"gap": solution.gap if math.isfinite(solution.gap) else None}
+
+
+def write_plan(spec: PipelineSpec, plan: PlanResult, out: str, overwrite: bool = False) -> str:
+    """Write an in-memory ``plan`` to a plan store at ``out`` (DESIGN.md section 4); returns the
+    checksum. (A streamed plan is already in its writer: ``run_plan``.)"""
+    if plan.streamed:
+        raise ValueError("write_plan: a streamed plan is written by run_plan through its open PlanWriter")
+    with PlanWriter(out, overwrite=overwrite) as writer:
+        # Blocks are written concurrently (store.PlanWriter.write_blocks): one at a time, a
+        # 470-block plan took minutes of filesystem round trips.
+        writer.write_blocks(
+            BlockRecord(
+                block_id=block.spec.block_id,
+                attributes=block.spec.attributes,
+                basis=block.solution.basis,
+                recon=block.solution.recon,
+                query_index=block.spec.query_index,
+                sigma=block.sigma,
+                targets=block.targets,
+                variances=block.variances,
+                profile=block.profile,
+                alpha=block.alpha,
+                lower_bound=block.solution.lower_bound / block.scale,
+                solver=_solver_attrs(block.solution),
+            )
+            for block in plan.blocks
+        )
+        return _finish(writer, spec, plan)
+
+
+class StoreSink:
+    """``plan.BlockSink`` on an open ``PlanWriter``: a streamed plan's blocks live in the staging
+    store. Specs go to ``scratch/specs/<block_id>`` (basis, recon), round r's solutions to the
+    draft ``scratch/round-<r>/<block_id>`` (the block layout, sigma/variances/profile/alpha
+    before the final scale), and ``promote`` moves a draft to ``blocks/<block_id>``."""
+
+    def __init__(self, writer: PlanWriter) -> None:
+        self.writer = writer
+
+    def save_spec(self, spec: BlockSpec) -> BlockRef:
+        self.writer.write_scratch(f"specs/{spec.block_id}", {"basis": spec.basis, "recon": spec.recon})
+        return BlockRef.of(spec)
+
+    def load_spec(self, ref: BlockRef) -> BlockSpec:
+        arrays, _ = self.writer.read_scratch(f"specs/{ref.block_id}", ("basis", "recon"))
+        return BlockSpec(ref.block_id, ref.attributes, arrays["basis"], arrays["recon"], ref.query_index, ref.targets)
+
+    def save_solution(self, round_number: int, ref: BlockRef, solution: BlockSolution, targets: np.ndarray) -> None:
+        self.writer.write_draft(
+            f"round-{round_number}/{ref.block_id}",
+            BlockRecord(
+                block_id=ref.block_id,
+                attributes=ref.attributes,
+                basis=solution.basis,
+                recon=solution.recon,
+                query_index=ref.query_index,
+                sigma=solution.sigma,
+                targets=targets,
+                variances=solution.variances,
+                profile=solution.profile,
+                alpha=solution.alpha,
+                lower_bound=solution.lower_bound,
+                solver=_solver_attrs(solution),
+            ),
+        )
+
+    def drop_round(self, round_number: int) -> None:
+        self.writer.discard_scratch(f"round-{round_number}")
+
+    def load_arrays(self, round_number: int, ref: BlockRef, names: Sequence[str]) -> dict[str, np.ndarray]:
+        return self.writer.read_scratch(f"round-{round_number}/{ref.block_id}", names)[0]
+
+    def promote(self, round_number: int, ref: BlockRef, replace: dict[str, np.ndarray], alpha: float, lower_bound: float) -> None:
+        self.writer.promote_draft(f"round-{round_number}/{ref.block_id}", replace, {"alpha": alpha, "lower_bound": lower_bound})
+
+
+class RoundProgress:
+    """``runtime.Progress`` restarted for every refinement round: ``plan`` reports ``(0, total)``
+    when a round starts. (One meter for all rounds counted round 1's blocks against the time
+    since round 0 began, so on Adult round 1 looked 6x slower than it was.)"""
+
+    def __init__(self, label: str, log: TextIO) -> None:
+        self.label = label
+        self.log = log
+        self.round = -1
+        self.meter: Progress | None = None
+
+    def __call__(self, done: int, total: int) -> None:
+        if done == 0 or self.meter is None:
+            self.round += 1
+            self.meter = Progress(f"{self.label} round {self.round}" if self.round else self.label, self.log)
+        if done:
+            self.meter(done, total)
+
+
+def _finish(writer: PlanWriter, spec: PipelineSpec, plan: PlanResult) -> str:
+    return writer.finish(
+        spec=spec.to_dict(),
+        schema={"attributes": list(spec.domain.names), "sizes": list(spec.domain.sizes)},
+        queries_targets=plan.targets,
+        queries_variances=plan.variances,
+        alpha=plan.alpha,
+        alpha_exact=plan.alpha_exact,
+        rho=plan.rho,
+        composition=plan.composition,
+        extra_attrs={
+            "account": privacy_account(plan.alpha).to_dict(),
+            "planner": {
+                "decisions": list(plan.decisions),
+                "alpha_sum_bound": plan.alpha_sum_bound,
+                "allocation_lower_bound": plan.allocation_lower_bound,
+                "rounds": plan.rounds,
+                "variance_scale": plan.variance_scale,
+                "seconds": plan.seconds,
+                "spec_hash": spec.spec_hash,
+                "distfit_version": __version__,
+            },
+        },
+    )
+
+
+@contextlib.contextmanager
+def _executor(cluster: str | None, workers: int | None, serial: bool, log: TextIO) -> Iterator[Executor]:
+    if serial:
+        yield serial_executor
+        return
+    with dask_client(cluster, workers, log=log) as client:
+        yield DaskExecutor(client)
+
+
+def run_plan(
+    spec_path: str,
+    out: str,
+    *,
+    cluster: str | None = None,
+    workers: int | None = None,
+    overwrite: bool = False,
+    serial: bool = False,
+    refine_rounds: int = 1,
+    stream: bool | None = None,
+    log: TextIO | None = None,
+) -> tuple[PlanResult, str]:
+    """Spec file to plan store. ``stream``: build the plan through the store (module docstring);
+    ``None`` (default) streams exactly the plans too big to co-optimise (``plan.should_stream``).
+    Errors: SpecError/ValueError (bad input), FileExistsError (a plan is already there),
+    runtime.ClusterError (unreachable scheduler)."""
+    log = log or sys.stderr
+    spec = load_spec(spec_path)
+    PlanWriter(out, overwrite=overwrite).abort()  # refuse an existing plan before any work
+    decomposition = decompose_lazily(spec.domain, spec.group_triples(), spec.blocks.max_cells if spec.blocks.merge else 0)
+    decisions = list(decomposition.decisions)
+    for line in decisions:
+        print(f"distfit: {line}", file=log)
+    budget = spec.privacy.budget
+    if not (should_stream(decomposition.layouts) if stream is None else stream):
+        blocks = list(decomposition.specs())
+        with _executor(cluster, workers, serial, log) as executor:
+            plan = plan_blocks(spec.domain, blocks, spec.targets, executor, refine_rounds, decisions, RoundProgress("plan", log))
+        if budget is not None:
+            plan = apply_budget(plan, budget.to_alpha())
+        return plan, write_plan(spec, plan, out, overwrite=overwrite)
+    with PlanWriter(out, overwrite=overwrite) as writer:
+        sink = StoreSink(writer)
+        # built one at a time and spilled at once: the specs live in the staging store only
+        refs = []
+        for block in decomposition.specs():
+            refs.append(sink.save_spec(block))
+            del block  # before the next one is built
+        with _executor(cluster, workers, serial, log) as executor:
+            plan = plan_streamed(spec.domain, refs, spec.targets, sink, executor, refine_rounds, decisions, RoundProgress("plan", log))
+        if budget is not None:
+            plan = apply_budget(plan, budget.to_alpha())
+        write_streamed_blocks(plan, sink)
+        return plan, _finish(writer, spec, plan)

@@ -1,0 +1,617 @@
+"""Planning a marginal workload as blocks: decompose, solve each block, allocate, stitch.
+
+DESIGN.md section 2. The planner is data-free and pure: it turns query groups on a domain into
+block solutions and one privacy account. Where blocks are solved is the executor's business
+(``serial_executor`` here, ``runtime.DaskExecutor`` on a cluster): an executor takes block
+tasks and yields ``(index, BlockSolution)`` in any order, so results can stream.
+
+1. ``blocks.residual_blocks`` splits every query group over the residual blocks of its
+   clique's subsets; ``blocks.merge_blocks`` merges them while a block's marginal has at most
+   ``max_cells`` cells (the knob that trades time for privacy; with no limit the plan is the
+   single global SM-II solve). ``decompose_lazily`` decides the same blocks on attribute sets
+   and row counts alone and builds each spec when it is needed (``Decomposition.specs``).
+2. Each block is solved with its share of the targets (at first, the queries' own targets).
+3. ``blocks.allocate_scales`` picks one scale per block (the convex program of DESIGN.md
+   section 2). Refinement rounds then re-solve every block with the share of each query's
+   target that the allocation gave it (``c_j * s_S v_jS / sum_S' s_S' v_jS'``) and allocate
+   again, until a round gains less than 0.01%; the best round is kept.
+4. When the blocks are small enough for the driver (``CO_OPTIMIZE_WORK``), the joint block
+   dual (``certificate.maximize_block_dual``) re-optimises all block covariances together:
+   it chooses how each query's target is shared among its blocks, which per-block shapes
+   followed by one scale per block cannot, and certifies a lower bound for block-diagonal
+   plans of these blocks. Its plan replaces the allocation's when it is better. Its evaluations
+   are capped by total work (``joint_dual_evaluations``: 27 on Adult's 470 blocks).
+5. Sequential composition across blocks (the same people meet every block): the stitched
+   profile is ``p(x) = sum_S p_S(x_S) / s_S``; it is evaluated cell by cell when the domain has
+   at most ``EXACT_DOMAIN_LIMIT`` cells (``alpha_exact``), else alpha is the sum bound
+   ``sum_S alpha_S / s_S``. Disjoint units (geography) compose in parallel: every unit uses the
+   same plan, so units cost nothing extra.
+
+Small plans are co-optimised in memory; large plans stream. ``plan_blocks`` keeps every
+block's solution in the driver (the joint block dual needs them all). A plan whose joint-dual
+work is above ``STREAM_WORK`` (= ``CO_OPTIMIZE_WORK``, so the joint dual would be skipped
+anyway; ``should_stream``) goes through ``plan_streamed`` instead, which keeps the blocks in a
+``BlockSink`` (``planning.StoreSink``: the staging plan store): the block specs are spilled
+there before the solves and read back one task at a time; each result is written there as it
+completes (its basis, recon, sigma before scaling, ...), and the driver keeps only what the
+allocation needs, O(m_b) per block (``BlockRef``: query indices and target shares;
+``_Shape``: alpha_S, lower bound, v_jS). Refinement rounds work the same way (each round's
+solutions are drafts; the rounds that are not the best are discarded), alpha is accumulated
+block by block from the stored profiles (``StitchedProfile``), and ``write_streamed_blocks``
+then scales each block in place, one at a time. Same arithmetic in the same order as the
+in-memory path, so the same plan (up to the joint dual, which only the in-memory path runs).
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, Iterator, Protocol, Sequence
+
+import numpy as np
+from threadpoolctl import threadpool_limits
+
+from distfit.plan.residual import (
+    BlockLayout, BlockSpec, GroupLike, ResidualWorkload, ScaleAllocation, allocate_scales, group_targets, stitched_profile,
+)
+from distfit.solver.dual import BlockDualResult, maximize_block_dual
+from distfit.privacy import privacy_account, privacy_profile
+from distfit.solver.solve import BlockSolution, blas_threads, solve
+from distfit.workload import Domain
+
+LOG = logging.getLogger("distfit.plan.planner")
+EXACT_DOMAIN_LIMIT = 5_000_000
+CO_OPTIMIZE_WORK = 2e9  # flops of one joint dual evaluation above which the driver skips it
+STREAM_WORK = CO_OPTIMIZE_WORK  # plans above this work are streamed through the plan store
+JOINT_DUAL_BUDGET = 3e10  # flops the joint block dual may spend in all: evaluations <= budget / work
+JOINT_DUAL_MIN_EVALUATIONS = 20
+
+
+@dataclass(frozen=True, eq=False)
+class BlockTask:
+    """What a worker needs to solve one block: its spec and the targets it must meet."""
+
+    index: int
+    spec: BlockSpec
+    targets: np.ndarray
+
+
+def solve_block(task: BlockTask) -> BlockSolution:
+    """A pure function of the task (picklable): the block's SM-II solve in its own basis."""
+    return solve(task.spec.workload, task.targets, basis=task.spec.basis)
+
+
+Executor = Callable[[Iterable[BlockTask]], Iterator[tuple[int, BlockSolution]]]
+"""Takes block tasks (a sequence, or a lazy iterable that a streamed plan fills one spec at a
+time: read it once, in order) and yields ``(task.index, solution)`` in any order."""
+
+
+def serial_executor(tasks: Iterable[BlockTask]) -> Iterator[tuple[int, BlockSolution]]:
+    """Solve the blocks one after another in this process."""
+    for task in tasks:
+        yield task.index, solve_block(task)
+
+
+@dataclass(frozen=True, eq=False)
+class PlannedBlock:
+    """A block of the final plan: its solution is already scaled (``sigma * scale``)."""
+
+    spec: BlockSpec
+    solution: BlockSolution
+    scale: float
+    targets: np.ndarray  # the share of the query targets this block was solved for
+
+    @property
+    def sigma(self) -> np.ndarray:
+        return self.solution.sigma * self.scale
+
+    @property
+    def variances(self) -> np.ndarray:
+        return self.solution.variances * self.scale
+
+    @property
+    def profile(self) -> np.ndarray:
+        return self.solution.profile / self.scale
+
+    @property
+    def alpha(self) -> float:
+        return self.solution.alpha / self.scale
+
+
+@dataclass(frozen=True, eq=False)
+class BlockRef:
+    """What a streamed plan keeps of a block in the driver, O(m_b): its id, attributes, query
+    rows and own targets, and its sizes; basis and recon stay in the ``BlockSink``."""
+
+    block_id: str
+    attributes: tuple[str, ...]
+    query_index: np.ndarray
+    targets: np.ndarray
+    rows: int  # k: basis rows
+    cells: int  # d_b: cells of the block's marginal
+
+    @classmethod
+    def of(cls, spec: BlockSpec) -> BlockRef:
+        return cls(spec.block_id, tuple(spec.attributes), spec.query_index, spec.targets,
+                   int(spec.basis.shape[0]), int(spec.basis.shape[1]))
+
+    @property
+    def queries(self) -> int:
+        return int(self.query_index.size)
+
+
+@dataclass(frozen=True)
+class _Shape:
+    """A block solution as the allocation sees it (unscaled): alpha_S, its lower bound, v_jS."""
+
+    alpha: float
+    lower_bound: float
+    variances: np.ndarray
+
+
+@dataclass(frozen=True, eq=False)
+class StreamedBlock:
+    """A block of a streamed plan: its solution is a draft in the sink (refinement round
+    ``round``), not in memory; ``scale`` is applied when the draft becomes the stored block."""
+
+    ref: BlockRef
+    round: int
+    solution_alpha: float
+    solution_lower_bound: float
+    scale: float
+    targets: np.ndarray  # the share of the query targets this block was solved for
+
+    @property
+    def block_id(self) -> str:
+        return self.ref.block_id
+
+    @property
+    def attributes(self) -> tuple[str, ...]:
+        return self.ref.attributes
+
+    @property
+    def alpha(self) -> float:
+        return self.solution_alpha / self.scale
+
+    @property
+    def lower_bound(self) -> float:
+        return self.solution_lower_bound / self.scale
+
+
+class BlockSink(Protocol):
+    """Where a streamed plan keeps its blocks (``planning.StoreSink``: the staging plan store)."""
+
+    def save_spec(self, spec: BlockSpec) -> BlockRef:
+        """Keep the spec's arrays; the returned ref is all the driver holds of it."""
+
+    def load_spec(self, ref: BlockRef) -> BlockSpec:
+        """The spec saved for ``ref``."""
+
+    def save_solution(self, round_number: int, ref: BlockRef, solution: BlockSolution, targets: np.ndarray) -> None:
+        """Keep a block's (unscaled) solution of refinement round ``round_number`` as a draft."""
+
+    def drop_round(self, round_number: int) -> None:
+        """Forget every draft of a round that will not be used."""
+
+    def load_arrays(self, round_number: int, ref: BlockRef, names: Sequence[str]) -> dict[str, np.ndarray]:
+        """Arrays (``sigma``, ``variances``, ``profile``, ...) of a draft."""
+
+    def promote(self, round_number: int, ref: BlockRef, replace: dict[str, np.ndarray], alpha: float, lower_bound: float) -> None:
+        """Make a draft the plan's block, with the arrays in ``replace`` and the scaled attrs."""
+
+
+class StitchedProfile:
+    """``blocks.stitched_profile`` accumulated one block at a time: the same sums in the same
+    order (so the same floats), holding one float per full-domain cell whatever the number of
+    blocks, never a list of block profiles."""
+
+    def __init__(self, domain: Domain) -> None:
+        self.domain = domain
+        self.total = np.zeros(domain.shape)
+
+    def add(self, attributes: Sequence[str], profile: np.ndarray) -> None:
+        shape = [self.domain.size_of(a) if a in attributes else 1 for a in self.domain.names]
+        self.total += np.asarray(profile, dtype=float).reshape(shape)
+
+    def values(self) -> np.ndarray:
+        return self.total.ravel()
+
+    def max(self) -> float:
+        return float(self.total.max())
+
+
+@dataclass(frozen=True, eq=False)
+class PlanResult:
+    """A stitched plan: blocks, per-query variances and the combined privacy account."""
+
+    domain: Domain
+    blocks: tuple[PlannedBlock | StreamedBlock, ...]  # StreamedBlock when ``streamed``
+    targets: np.ndarray
+    variances: np.ndarray
+    alpha: float
+    alpha_exact: bool
+    alpha_sum_bound: float
+    allocation_lower_bound: float
+    composition: str
+    decisions: tuple[str, ...]
+    seconds: float
+    rounds: int = field(default=1)
+    variance_scale: float = field(default=1.0)  # k > 1 when a budget forces variances k * c
+    streamed: bool = field(default=False)  # blocks are drafts in a BlockSink (write_streamed_blocks)
+
+    @property
+    def rho(self) -> float:
+        return self.alpha / 2.0
+
+    def account(self) -> dict:
+        return privacy_account(self.alpha).to_dict()
+
+
+@dataclass(frozen=True, eq=False)
+class Decomposition:
+    """The blocks a plan will have, as layouts (sizes, no arrays), and the workload their specs
+    are built from one at a time (``specs()``), so the driver never holds every spec."""
+
+    layouts: tuple[BlockLayout, ...]
+    decisions: tuple[str, ...]
+    workload: ResidualWorkload
+
+    def specs(self) -> Iterator[BlockSpec]:
+        for layout in self.layouts:
+            yield self.workload.build(layout)
+
+
+def decompose_lazily(domain: Domain, groups: Sequence[GroupLike], max_cells: int) -> Decomposition:
+    """Residual blocks merged under ``max_cells`` (``blocks.merge_layout``), decided on attribute
+    sets and row counts; a log of what was decided and why."""
+    workload = ResidualWorkload(domain, groups)
+    cliques = [tuple(group[1]) for group in groups]
+    layouts = workload.layout(cliques, max_cells)
+    decisions = (
+        f"residual decomposition: {len(workload.subsets)} blocks from {len(groups)} query groups",
+        f"merged under max_cells={max_cells}: {len(layouts)} blocks "
+        f"(largest {max(b.cells for b in layouts)} cells, {max(b.rows for b in layouts)} basis rows)",
+    )
+    return Decomposition(tuple(layouts), decisions, workload)
+
+
+def decompose(domain: Domain, groups: Sequence[GroupLike], max_cells: int) -> tuple[list[BlockSpec], list[str]]:
+    """Residual blocks merged under ``max_cells``, every spec built, and a log of what was
+    decided and why (``decompose_lazily`` builds them one at a time)."""
+    decomposition = decompose_lazily(domain, groups, max_cells)
+    return list(decomposition.specs()), list(decomposition.decisions)
+
+
+def block_work(blocks: Iterable[BlockSpec | BlockRef | BlockLayout]) -> float:
+    """Flops of one joint block dual evaluation, about ``sum_S k^2 (k + d_b + m_b)``."""
+    total = 0.0
+    for block in blocks:
+        if isinstance(block, (BlockRef, BlockLayout)):
+            k, d_b, m_b = block.rows, block.cells, block.queries
+        else:
+            (k, d_b), m_b = block.basis.shape, block.recon.shape[0]
+        total += float(k) ** 2 * (k + d_b + m_b)
+    return total
+
+
+def solve_order(blocks: Sequence[BlockSpec | BlockRef | BlockLayout]) -> list[int]:
+    """Block indices, most work first (``block_work`` of each block; ties in block order).
+
+    Largest-first is the classic longest-processing-time rule: on N workers the last block to
+    finish starts early, so the round's tail is short (a big block submitted last would leave
+    the other workers idle while it runs). Results are collected by index, so the plan does
+    not depend on the order."""
+    work = [block_work([block]) for block in blocks]
+    return sorted(range(len(blocks)), key=lambda i: -work[i])
+
+
+def should_stream(blocks: Sequence[BlockSpec | BlockRef | BlockLayout]) -> bool:
+    """Stream the plan through the store (``plan_streamed``) rather than hold it in memory:
+    when the blocks are too big for the joint block dual (``STREAM_WORK``)."""
+    return block_work(blocks) > STREAM_WORK
+
+
+def _stitched_variances(num_queries: int, blocks: Iterable[tuple[np.ndarray, np.ndarray]]) -> np.ndarray:
+    """Per-query variances from ``(query_index, block_variances)`` pairs, added in order."""
+    variances = np.zeros(num_queries)
+    for query_index, block_variances in blocks:
+        np.add.at(variances, query_index, block_variances)
+    return variances
+
+
+def _rows_per_query(blocks: Sequence[BlockSpec | BlockRef], num_queries: int) -> np.ndarray:
+    return np.bincount(np.concatenate([b.query_index for b in blocks]), minlength=num_queries)
+
+
+def _collect(results: Iterable[tuple[int, BlockSolution]], total: int, keep: Callable[[int, BlockSolution], object],
+             progress: Callable[[int, int], None] | None) -> list:
+    """``keep(index, solution)`` for every result as it arrives, in block order. ``progress``
+    hears ``(0, total)`` when a round starts (so a meter can restart its clock: a refinement
+    round's rate must not count the rounds before it), then ``(done, total)``."""
+    kept: list = [None] * total
+    done = 0
+    if progress is not None:
+        progress(0, total)
+    for index, solution in results:
+        kept[index] = keep(index, solution)
+        done += 1
+        if progress is not None:
+            progress(done, total)
+    return kept
+
+
+@dataclass(frozen=True, eq=False)
+class _Round:
+    number: int
+    allocation: ScaleAllocation
+    results: list  # per block: BlockSolution (in memory) or _Shape (streamed); .alpha, .variances
+    targets: list[np.ndarray]  # the target shares this round solved for
+
+
+def _refine(
+    blocks: Sequence[BlockSpec | BlockRef],
+    targets: np.ndarray,
+    run_round: Callable[[int, list[np.ndarray]], list],
+    refine_rounds: int,
+    rows_per_query: np.ndarray,
+    log: list[str],
+    drop_round: Callable[[int], None] | None = None,
+) -> tuple[_Round, int]:
+    """Solve, allocate, and refine the target shares (module docstring, steps 2-3).
+
+    ``run_round(number, block_targets)`` solves every block for its share and returns, in
+    block order, objects with ``alpha`` and ``variances``. Returns the best round and how many
+    rounds ran; ``drop_round`` is told about every round that is not (or no longer) the best.
+    """
+    if refine_rounds and rows_per_query.max() <= 1:
+        log.append("no query spans two blocks: target shares are fixed, no refinement rounds")
+        refine_rounds = 0
+    block_targets = [block.targets.copy() for block in blocks]
+    previous_bound = np.inf
+    best: _Round | None = None
+    for round_number in range(refine_rounds + 1):
+        results = run_round(round_number, block_targets)
+        with threadpool_limits(limits=blas_threads(), user_api="blas"):
+            allocation = allocate_scales(
+                [r.alpha for r in results], [(b.query_index, r.variances) for b, r in zip(blocks, results)], targets
+            )
+        log.append(
+            f"round {round_number}: sum bound {allocation.alpha_bound:.6g} (allocation lower bound {allocation.lower_bound:.6g})"
+        )
+        if best is None or allocation.alpha_bound < best.allocation.alpha_bound:
+            if best is not None and drop_round is not None:
+                drop_round(best.number)
+            best = _Round(round_number, allocation, results, [t.copy() for t in block_targets])
+        elif drop_round is not None:
+            drop_round(round_number)
+        if allocation.alpha_bound > previous_bound * (1.0 - 1e-4):
+            log.append(f"round {round_number}: less than 0.01% better; refinement stops")
+            break
+        previous_bound = allocation.alpha_bound
+        scaled = [r.variances * k for r, k in zip(results, allocation.scales)]
+        totals = _stitched_variances(targets.size, ((b.query_index, v) for b, v in zip(blocks, scaled)))
+        block_targets = [targets[b.query_index] * v / totals[b.query_index] for b, v in zip(blocks, scaled)]
+    return best, round_number + 1
+
+
+def plan_blocks(
+    domain: Domain,
+    blocks: Sequence[BlockSpec],
+    targets: np.ndarray,
+    executor: Executor = serial_executor,
+    refine_rounds: int = 1,
+    decisions: Sequence[str] = (),
+    progress: Callable[[int, int], None] | None = None,
+    co_optimize: bool = True,
+) -> PlanResult:
+    """Solve, allocate and stitch ``blocks`` in memory (module docstring, steps 2-5)."""
+    start = time.perf_counter()
+    targets = np.asarray(targets, dtype=float)
+    log = list(decisions)
+    rows_per_query = _rows_per_query(blocks, targets.size)
+    work = block_work(blocks)
+    joint_dual = co_optimize and rows_per_query.max() > 1 and work <= CO_OPTIMIZE_WORK
+
+    def run_round(number: int, block_targets: list[np.ndarray]) -> list[BlockSolution]:
+        tasks = [BlockTask(i, blocks[i], block_targets[i]) for i in solve_order(blocks)]
+        return _collect(executor(tasks), len(tasks), lambda index, solution: solution, progress)
+
+    best, rounds = _refine(blocks, targets, run_round, refine_rounds, rows_per_query, log)
+    allocation = best.allocation
+    planned = tuple(
+        PlannedBlock(spec, solution, float(scale), share)
+        for spec, solution, scale, share in zip(blocks, best.results, allocation.scales, best.targets)
+    )
+    lower_bound, sum_bound = allocation.lower_bound, allocation.alpha_bound
+    if joint_dual:
+        joint = _co_optimize(planned, targets)
+        log.append(
+            f"joint block dual: sum bound {joint.alpha_sum_bound:.6g} (certified >= {joint.lower_bound:.6g}) "
+            f"after {joint.evaluations} evaluations, against {sum_bound:.6g} from per-block shapes"
+        )
+        if joint.alpha_sum_bound < sum_bound:
+            planned = _replace_sigmas(planned, joint.sigmas, targets)
+            sum_bound = joint.alpha_sum_bound
+        lower_bound = joint.lower_bound
+    elif co_optimize and rows_per_query.max() > 1:
+        log.append(f"joint block dual skipped: about {work:.3g} flops per evaluation, over {CO_OPTIMIZE_WORK:.3g}")
+    variances = _stitched_variances(targets.size, ((b.spec.query_index, b.variances) for b in planned))
+    alpha_exact = domain.size <= EXACT_DOMAIN_LIMIT
+    if alpha_exact:
+        profile = stitched_profile(domain, [(b.spec.attributes, b.profile) for b in planned])
+        alpha = float(profile.max())
+        log.append(f"alpha {alpha:.6g} evaluated cell by cell over {domain.size} cells (sum bound {sum_bound:.6g})")
+    else:
+        alpha = sum_bound
+        log.append(f"domain of {domain.size:.3g} cells is too large to evaluate; alpha is the sum bound {alpha:.6g}")
+    for line in log:
+        LOG.info(line)
+    return PlanResult(
+        domain=domain,
+        blocks=planned,
+        targets=targets,
+        variances=variances,
+        alpha=alpha,
+        alpha_exact=alpha_exact,
+        alpha_sum_bound=sum_bound,
+        allocation_lower_bound=lower_bound,
+        composition="sequential across blocks, parallel across units",
+        decisions=tuple(log),
+        seconds=time.perf_counter() - start,
+        rounds=rounds,
+    )
+
+
+def plan_streamed(
+    domain: Domain,
+    blocks: Sequence[BlockRef],
+    targets: np.ndarray,
+    sink: BlockSink,
+    executor: Executor = serial_executor,
+    refine_rounds: int = 1,
+    decisions: Sequence[str] = (),
+    progress: Callable[[int, int], None] | None = None,
+    co_optimize: bool = True,
+) -> PlanResult:
+    """``plan_blocks`` for plans too big to hold: the blocks live in ``sink`` (module docstring).
+
+    ``blocks`` are refs of specs already saved in the sink (``sink.save_spec``). Every
+    solution goes to the sink as it completes; the driver keeps alpha_S, the lower bound and
+    v_jS per block. The returned plan's blocks are ``StreamedBlock`` drafts: scale them into
+    the store with ``write_streamed_blocks`` (after any budget scaling). The joint block dual
+    is not run (it needs every block in memory)."""
+    start = time.perf_counter()
+    targets = np.asarray(targets, dtype=float)
+    log = list(decisions)
+    rows_per_query = _rows_per_query(blocks, targets.size)
+    work = block_work(blocks)
+    log.append(
+        f"streamed: {len(blocks)} blocks go to the plan store as they complete and are scaled there one at a time "
+        f"(joint-dual work about {work:.3g} flops, stream limit {STREAM_WORK:.3g})"
+    )
+
+    def run_round(number: int, block_targets: list[np.ndarray]) -> list[_Shape]:
+        def tasks() -> Iterator[BlockTask]:
+            for i in solve_order(blocks):
+                yield BlockTask(i, sink.load_spec(blocks[i]), block_targets[i])
+
+        def keep(index: int, solution: BlockSolution) -> _Shape:
+            sink.save_solution(number, blocks[index], solution, block_targets[index])
+            # a copy: a result from a worker can be a view into its whole message (basis, recon, sigma)
+            return _Shape(float(solution.alpha), float(solution.lower_bound), np.array(solution.variances, dtype=float))
+
+        return _collect(executor(tasks()), len(blocks), keep, progress)
+
+    best, rounds = _refine(blocks, targets, run_round, refine_rounds, rows_per_query, log, sink.drop_round)
+    allocation = best.allocation
+    if co_optimize and rows_per_query.max() > 1:
+        if work > CO_OPTIMIZE_WORK:
+            log.append(f"joint block dual skipped: about {work:.3g} flops per evaluation, over {CO_OPTIMIZE_WORK:.3g}")
+        else:
+            log.append("joint block dual skipped: the plan is streamed, and the joint dual needs every block in memory")
+    streamed = tuple(
+        StreamedBlock(ref, best.number, shape.alpha, shape.lower_bound, float(scale), share)
+        for ref, shape, scale, share in zip(blocks, best.results, allocation.scales, best.targets)
+    )
+    variances = _stitched_variances(
+        targets.size, ((b.ref.query_index, shape.variances * b.scale) for b, shape in zip(streamed, best.results))
+    )
+    sum_bound = allocation.alpha_bound
+    alpha_exact = domain.size <= EXACT_DOMAIN_LIMIT
+    if alpha_exact:
+        profile = StitchedProfile(domain)
+        for block in streamed:
+            profile.add(block.attributes, sink.load_arrays(block.round, block.ref, ("profile",))["profile"] / block.scale)
+        alpha = profile.max()
+        del profile
+        log.append(f"alpha {alpha:.6g} evaluated cell by cell over {domain.size} cells, block by block from the store "
+                   f"(sum bound {sum_bound:.6g})")
+    else:
+        alpha = sum_bound
+        log.append(f"domain of {domain.size:.3g} cells is too large to evaluate; alpha is the sum bound {alpha:.6g}")
+    for line in log:
+        LOG.info(line)
+    return PlanResult(
+        domain=domain,
+        blocks=streamed,
+        targets=targets,
+        variances=variances,
+        alpha=alpha,
+        alpha_exact=alpha_exact,
+        alpha_sum_bound=sum_bound,
+        allocation_lower_bound=allocation.lower_bound,
+        composition="sequential across blocks, parallel across units",
+        decisions=tuple(log),
+        seconds=time.perf_counter() - start,
+        rounds=rounds,
+        streamed=True,
+    )
+
+
+def write_streamed_blocks(plan: PlanResult, sink: BlockSink) -> None:
+    """Second pass of a streamed plan: one block at a time, read its draft's sigma, variances
+    and profile, apply the block's final scale (``PlannedBlock``'s arithmetic: ``sigma * s``,
+    ``variances * s``, ``profile / s``) and make it the plan's block."""
+    if not plan.streamed:
+        raise ValueError("write_streamed_blocks: the plan was planned in memory; write its blocks directly")
+    for block in plan.blocks:
+        arrays = sink.load_arrays(block.round, block.ref, ("sigma", "variances", "profile"))
+        replace = {
+            "sigma": arrays["sigma"] * block.scale,
+            "variances": arrays["variances"] * block.scale,
+            "profile": arrays["profile"] / block.scale,
+        }
+        del arrays
+        sink.promote(block.round, block.ref, replace, alpha=block.alpha, lower_bound=block.lower_bound)
+
+
+def joint_dual_evaluations(work: float) -> int:
+    """How many joint block dual evaluations a plan of ``work`` flops per evaluation may spend:
+    ``JOINT_DUAL_BUDGET / work``, at least ``JOINT_DUAL_MIN_EVALUATIONS``. Small plans are not
+    limited in practice (work 1e7: 3000); on Adult (470 blocks, 1.1e9 flops, ~1.6 s per
+    evaluation on a loaded 2-core machine) 96 evaluations took minutes after the last block
+    had finished, for a plan 13% worse than the per-block shapes'."""
+    return max(JOINT_DUAL_MIN_EVALUATIONS, int(JOINT_DUAL_BUDGET / max(work, 1.0)))
+
+
+def _co_optimize(planned: Sequence[PlannedBlock], targets: np.ndarray) -> BlockDualResult:
+    work = block_work([b.spec for b in planned])
+    with threadpool_limits(limits=blas_threads(), user_api="blas"):
+        return maximize_block_dual(
+            [b.solution.basis for b in planned],
+            [b.solution.recon / np.sqrt(targets[b.spec.query_index])[:, None] for b in planned],
+            [b.spec.query_index for b in planned],
+            targets.size,
+            max_evaluations=joint_dual_evaluations(work),
+        )
+
+
+def _replace_sigmas(planned: Sequence[PlannedBlock], sigmas: Sequence[np.ndarray], targets: np.ndarray) -> tuple[PlannedBlock, ...]:
+    """Blocks carrying the jointly optimised covariances (scale 1); target shares follow them."""
+    solutions = []
+    for block, sigma in zip(planned, sigmas):
+        profile = privacy_profile(sigma, block.solution.basis)
+        variances = np.einsum("ij,jk,ik->i", block.solution.recon, sigma, block.solution.recon)
+        stats = dataclasses.replace(block.solution.stats, stage="block-dual")
+        solutions.append(dataclasses.replace(
+            block.solution, sigma=sigma, profile=profile, variances=variances, alpha=float(profile.max()),
+            lower_bound=0.0, gap=float("inf"), stats=stats,
+        ))
+    totals = _stitched_variances(targets.size, ((b.spec.query_index, s.variances) for b, s in zip(planned, solutions)))
+    return tuple(
+        PlannedBlock(b.spec, s, 1.0, targets[b.spec.query_index] * s.variances / totals[b.spec.query_index])
+        for b, s in zip(planned, solutions)
+    )
+
+
+def plan_groups(
+    domain: Domain,
+    groups: Sequence[GroupLike],
+    max_cells: int = 1024,
+    executor: Executor = serial_executor,
+    refine_rounds: int = 1,
+) -> PlanResult:
+    """Decompose ``groups`` on ``domain`` and plan the blocks (accuracy first)."""
+    blocks, decisions = decompose(domain, groups, max_cells)
+    return plan_blocks(domain, blocks, group_targets(domain, groups), executor, refine_rounds, decisions)

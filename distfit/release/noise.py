@@ -1,0 +1,413 @@
+"""The mathematics of a release: noisy block answers for one chunk of units (pure numpy).
+
+DESIGN.md sections 1, 3 and 4. For every unit (a geographic unit: one row of the data, a
+count vector ``x`` over the ``d`` cells of the schema, row-major in the schema's attribute
+order) and every block ``b`` of a plan, with ``x_b`` the unit's marginal on the block's
+attributes (``d_b`` cells, row-major in schema order), the block releases
+
+    ``y_b = L_b (B_b x_b + z_b)``,   ``z_b ~ N(0, Sigma_b)``  (independent over blocks and units),
+
+stored as ``blocks/<block_id>/answers`` (units x m_b). For a whole chunk of units at once, with
+``X_b`` (units x d_b) holding the marginals as rows, that is ``Y_b = (X_b B_b^T + Z_b) L_b^T``
+with ``Z_b = Xi C_b^T``, ``Xi`` standard normal (units x k_b) and ``C_b`` the lower Cholesky
+factor of ``Sigma_b`` (so every row of ``Z_b`` has covariance ``C_b C_b^T = Sigma_b``).
+Workload query j's answer is the sum of its rows over the blocks (``query_index``): it has mean
+``(W x)_j`` and variance ``plan queries/variances[j]`` (``sum_b (L_b Sigma_b L_b^T)_jj``).
+
+Noise streams (DESIGN.md section 3): block ``b`` (its position in the sorted block ids) and
+chunk ``c`` draw from ``default_rng(SeedSequence(entropy, spawn_key=(b, c)))``, with
+``entropy`` 128 bits of fresh OS entropy per release (:func:`fresh_entropy`). A retried task
+therefore redraws exactly the same noise, and no (block, chunk) is ever released with two
+different draws; each chunk is independent of every other (processing chunk 3 alone gives the
+same answers as in a full run).
+
+Privacy invariants (every function here keeps them; the release store relies on them):
+
+* the noise added to block ``b`` has covariance exactly the plan's ``Sigma_b`` (the stored
+  matrix, through its Cholesky factor; nothing rescales, truncates or rounds it), and the
+  answers are exactly ``L_b (B_b x_b + z_b)``, nothing else derived from the data;
+* the same ``(entropy, block, chunk)`` always gives the same noise, bit for bit; different
+  blocks or chunks get independent streams;
+* nothing returned contains the true counts, true marginals, true answers or the entropy.
+  The entropy must never be stored in a release (a fixed one is for tests only and makes the
+  release not private).
+
+Nothing loops over units or cells; loops run over the blocks of a plan only.
+"""
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+import scipy.linalg
+
+from distfit.workload import Domain
+
+__all__ = [
+    "ChunkRelease",
+    "block_chunk_answers",
+    "block_marginal",
+    "block_noise",
+    "block_positions",
+    "calibration",
+    "fresh_entropy",
+    "load_blocks",
+    "noise_stream",
+    "noisy_block_answers",
+    "plan_domain",
+    "query_answers",
+    "release_chunk",
+    "true_block_answers",
+    "validate_counts",
+    "validate_marginal",
+]
+
+ENTROPY_BITS = 128
+
+
+# --------------------------------------------------------------------------------------------
+# data
+
+
+def validate_counts(counts: Any, domain: Domain) -> np.ndarray:
+    """``counts`` (units x d, d = ``domain.size``) checked and returned as int64.
+
+    Raises ``ValueError`` naming the problem: not 2-D, the wrong number of columns, a
+    non-numeric dtype, or a value that is not a finite non-negative integer (naming the first
+    offending unit row and cell in row-major order, and its value).
+    """
+    return _validated(counts, domain.size,
+                      f"the schema {list(domain.names)} with sizes {list(domain.sizes)}")
+
+
+def _validated(counts: Any, cells: int, described: str) -> np.ndarray:
+    """:func:`validate_counts` against ``cells`` columns (``described``: what they are)."""
+    arr = np.asarray(counts)
+    if arr.ndim != 2:
+        raise ValueError(f"counts: expected a 2-d array (units x cells), got shape {arr.shape}")
+    if arr.shape[1] != cells:
+        raise ValueError(f"counts: {arr.shape[1]} columns, but {described} has {cells} cells")
+    if arr.dtype == np.bool_ or not (np.issubdtype(arr.dtype, np.integer)
+                                     or np.issubdtype(arr.dtype, np.floating)):
+        raise ValueError(f"counts: expected integer counts, got dtype {arr.dtype}")
+    if np.issubdtype(arr.dtype, np.floating):
+        bad = ~np.isfinite(arr) | (arr != np.round(arr))
+        if bad.any():
+            row, cell = np.argwhere(bad)[0]
+            raise ValueError(
+                f"counts: unit row {row}, cell {cell} holds {arr[row, cell].item()!r}, not an integer count")
+    negative = arr < 0
+    if negative.any():
+        row, cell = np.argwhere(negative)[0]
+        raise ValueError(f"counts: unit row {row}, cell {cell} holds {arr[row, cell].item()!r}, a negative count")
+    if (np.issubdtype(arr.dtype, np.floating) or arr.dtype.kind == "u") and arr.size and arr.max() >= 2**63:
+        row, cell = np.unravel_index(np.argmax(arr), arr.shape)
+        raise ValueError(f"counts: unit row {row}, cell {cell} holds {arr[row, cell].item()!r}, too large for int64")
+    return arr.astype(np.int64, copy=False)
+
+
+def validate_marginal(counts: Any, domain: Domain, attributes: Sequence[str]) -> np.ndarray:
+    """Marginal counts on ``attributes`` (units x d_b, d_b the product of their sizes; units x 1
+    for ``()``) checked like :func:`validate_counts` and returned as int64."""
+    _marginal_axes(domain, attributes)  # ValueError for unknown or duplicated names
+    names = [name for name in domain.names if name in set(attributes)]
+    cells = int(np.prod([domain.sizes[domain.index(n)] for n in names], dtype=np.int64))
+    return _validated(counts, cells, f"the marginal on {names}" if names else "the total")
+
+
+def _marginal_axes(domain: Domain, attributes: Sequence[str]) -> tuple[int, ...]:
+    """Axes of ``domain.shape`` to sum out for the marginal on ``attributes``."""
+    if isinstance(attributes, str):
+        raise ValueError(f"attributes: expected a sequence of names, got the string {attributes!r}")
+    names = list(attributes)
+    if len(set(names)) != len(names):
+        raise ValueError(f"attributes: duplicated names in {names}")
+    keep = {domain.index(name) for name in names}  # ValueError for an unknown name
+    return tuple(axis for axis in range(len(domain)) if axis not in keep)
+
+
+def _marginal(counts: np.ndarray, domain: Domain, attributes: Sequence[str]) -> np.ndarray:
+    drop = _marginal_axes(domain, attributes)
+    units = counts.shape[0]
+    cube = counts.reshape((units,) + tuple(domain.shape))
+    return cube.sum(axis=tuple(1 + axis for axis in drop)).reshape(units, -1)
+
+
+def block_marginal(counts: Any, domain: Domain, attributes: Sequence[str]) -> np.ndarray:
+    """The block's marginal of every unit: ``counts`` (units x d) to (units x d_b), int64.
+
+    Column order is row-major over ``attributes`` taken in *domain* order (the order of a
+    block's basis columns, DESIGN.md section 4), whatever order they are given in;
+    ``attributes=()`` gives the total (units x 1). ``counts`` is validated by
+    :func:`validate_counts` (ValueError naming the first bad unit row and cell); an unknown or
+    duplicated attribute is a ValueError too.
+    """
+    arr = validate_counts(counts, domain)
+    return _marginal(arr, domain, attributes)
+
+
+# --------------------------------------------------------------------------------------------
+# noise
+
+
+def _nonnegative_int(value: Any, name: str) -> int:
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise ValueError(f"{name}: expected a non-negative integer, got {value!r}")
+    if int(value) < 0:
+        raise ValueError(f"{name}: expected a non-negative integer, got {int(value)}")
+    return int(value)
+
+
+def fresh_entropy() -> int:
+    """128 bits of fresh OS entropy (``secrets.randbits(128)``) for one release.
+
+    It seeds every noise stream of the release (:func:`noise_stream`) and must never be stored
+    in a release, logged or returned to a user: anyone holding it can subtract the noise.
+    Keep it in the driver's memory only, for retries within the run (DESIGN.md section 3).
+    """
+    return secrets.randbits(ENTROPY_BITS)
+
+
+def noise_stream(entropy: int, block_index: int, chunk_index: int) -> np.random.Generator:
+    """The noise stream of block ``block_index`` and chunk ``chunk_index`` (DESIGN.md section 3).
+
+    ``np.random.default_rng(np.random.SeedSequence(entropy, spawn_key=(block_index,
+    chunk_index)))``: the same triple always gives the same stream (a retried task redraws
+    identical noise); different triples give independent streams. ``block_index`` is the
+    block's position in the plan's sorted block ids (:func:`block_positions`).
+    """
+    entropy = _nonnegative_int(entropy, "entropy")
+    block_index = _nonnegative_int(block_index, "block_index")
+    chunk_index = _nonnegative_int(chunk_index, "chunk_index")
+    return np.random.default_rng(np.random.SeedSequence(entropy, spawn_key=(block_index, chunk_index)))
+
+
+def _cholesky(sigma: Any) -> np.ndarray:
+    """Lower Cholesky factor of ``sigma`` (ValueError if it is not symmetric positive definite)."""
+    sigma = np.asarray(sigma, dtype=np.float64)
+    if sigma.ndim != 2 or sigma.shape[0] != sigma.shape[1]:
+        raise ValueError(f"sigma: expected a square matrix, got shape {sigma.shape}")
+    if not np.all(np.isfinite(sigma)):
+        raise ValueError("sigma: not finite")
+    scale = np.abs(sigma).max(initial=0.0)
+    if not np.allclose(sigma, sigma.T, rtol=0.0, atol=1e-12 * max(scale, 1e-300)):
+        raise ValueError("sigma: not symmetric")
+    try:
+        return scipy.linalg.cholesky(sigma, lower=True)
+    except np.linalg.LinAlgError:
+        raise ValueError("sigma: not positive definite (Cholesky failed)") from None
+
+
+def block_noise(sigma: Any, units: int, rng: np.random.Generator) -> np.ndarray:
+    """``units`` independent rows ``z ~ N(0, Sigma)`` (units x k), float64.
+
+    ``z = xi C^T`` with ``xi`` standard normal (``rng.standard_normal((units, k))``) and ``C``
+    the lower Cholesky factor of ``Sigma`` (``scipy.linalg.cholesky(sigma, lower=True)``), so
+    ``Cov(z) = C C^T = Sigma`` exactly. Deterministic given the generator's state.
+    ValueError if ``sigma`` is not symmetric positive definite.
+    """
+    units = _nonnegative_int(units, "units")
+    factor = _cholesky(sigma)
+    xi = rng.standard_normal((units, factor.shape[0]))
+    return xi @ factor.T
+
+
+def noisy_block_answers(block: Any, marginal_counts: Any, rng: np.random.Generator) -> np.ndarray:
+    """One block's noisy answers for a chunk of units: ``(X_b B^T + Z) L^T`` (units x m_b).
+
+    ``block`` has ``basis`` B (k x d_b), ``recon`` L (m_b x k) and ``sigma`` (k x k) (a
+    :class:`distfit.stores.plan.BlockRecord` or anything alike); ``marginal_counts`` X_b
+    (units x d_b) the units' marginals on the block's attributes (:func:`block_marginal`);
+    ``Z`` = :func:`block_noise` ``(sigma, units, rng)``. Row u is the mechanism
+    ``L (B x_u + z_u)`` of DESIGN.md section 1 (what ``blocks/<block_id>/answers`` holds).
+    """
+    basis = np.asarray(block.basis, dtype=np.float64)
+    recon = np.asarray(block.recon, dtype=np.float64)
+    marg = np.asarray(marginal_counts, dtype=np.float64)
+    k, d_b = basis.shape
+    if recon.ndim != 2 or recon.shape[1] != k:
+        raise ValueError(f"recon: shape {recon.shape} does not match basis rows k={k}")
+    if marg.ndim != 2 or marg.shape[1] != d_b:
+        raise ValueError(f"marginal_counts: shape {marg.shape}, expected (units, {d_b}) from the basis")
+    z = block_noise(block.sigma, marg.shape[0], rng)
+    if z.shape[1] != k:
+        raise ValueError(f"sigma: shape {np.shape(block.sigma)}, expected ({k}, {k}) from basis")
+    return (marg @ basis.T + z) @ recon.T
+
+
+def true_block_answers(block: Any, marginal_counts: Any) -> np.ndarray:
+    """One block's noiseless answers ``X_b B^T L^T`` (units x m_b): what
+    :func:`noisy_block_answers` returns without ``Z``. For validation only (calibration in
+    :mod:`distfit.report`); never written to a release."""
+    basis = np.asarray(block.basis, dtype=np.float64)
+    recon = np.asarray(block.recon, dtype=np.float64)
+    marg = np.asarray(marginal_counts, dtype=np.float64)
+    if marg.ndim != 2 or marg.shape[1] != basis.shape[1]:
+        raise ValueError(f"marginal_counts: shape {marg.shape}, expected (units, {basis.shape[1]}) from the basis")
+    return (marg @ basis.T) @ recon.T
+
+
+def calibration(noisy: Any, true: Any, variances: Any) -> dict[str, Any]:
+    """How the released answers' actual errors compare with the promised standard deviations.
+
+    ``noisy`` and ``true`` (units x m) are the released and the true answers, ``variances``
+    (m,) the plan's variance of each query. Returns the standardised errors
+    ``z = (noisy - true) / sqrt(variance)`` (units x m; each is N(0, 1) when the noise follows
+    the plan) and the share of answers within 1 and 1.96 standard deviations (68.3% and 95%
+    expected), the mean and standard deviation of ``z``, and the count.
+    """
+    noisy = np.asarray(noisy, dtype=np.float64)
+    true = np.asarray(true, dtype=np.float64)
+    sd = np.sqrt(np.asarray(variances, dtype=np.float64))
+    if noisy.shape != true.shape or noisy.ndim != 2 or sd.shape != (noisy.shape[1],):
+        raise ValueError(f"calibration: shapes {noisy.shape}, {true.shape}, {sd.shape} do not match")
+    if not np.all(sd > 0):
+        raise ValueError("calibration: every variance must be > 0")
+    z = (noisy - true) / sd
+    return {"z": z, "count": int(z.size), "within_1sd": float(np.mean(np.abs(z) <= 1.0)),
+            "within_1.96sd": float(np.mean(np.abs(z) <= 1.959963984540054)),
+            "mean_z": float(z.mean()), "sd_z": float(z.std())}
+
+
+def query_answers(block_answers: Sequence[tuple[Any, Any]], num_queries: int) -> np.ndarray:
+    """Each workload query's answer (units x m): the sum of its rows over the blocks.
+
+    ``block_answers`` holds ``(query_index, answers)`` per block, ``answers`` (units x m_b)
+    and ``query_index`` (m_b,) naming the query of each column (DESIGN.md section 4: "each
+    workload query's answer, the sum of its block rows"); repeated indices within a block
+    add up too. A query no block holds a row for gets 0. All blocks must have the same units.
+    """
+    num_queries = _nonnegative_int(num_queries, "num_queries")
+    units = None
+    out = None
+    for position, (query_index, answers) in enumerate(block_answers):
+        qi = np.asarray(query_index)
+        ans = np.asarray(answers, dtype=np.float64)
+        if qi.ndim != 1 or (qi.size and not np.issubdtype(qi.dtype, np.integer)):
+            raise ValueError(f"block_answers[{position}]: query_index must be a 1-d integer array")
+        if ans.ndim != 2 or ans.shape[1] != qi.size:
+            raise ValueError(
+                f"block_answers[{position}]: answers shape {ans.shape}, expected (units, {qi.size})")
+        if qi.size and (qi.min() < 0 or qi.max() >= num_queries):
+            raise ValueError(
+                f"block_answers[{position}]: query_index outside 0..{num_queries - 1}")
+        if units is None:
+            units = ans.shape[0]
+            out = np.zeros((units, num_queries))
+        elif ans.shape[0] != units:
+            raise ValueError(
+                f"block_answers[{position}]: {ans.shape[0]} units, but earlier blocks have {units}")
+        if np.unique(qi).size == qi.size:
+            out[:, qi] += ans
+        else:
+            np.add.at(out, (slice(None), qi), ans)
+    if out is None:
+        raise ValueError("block_answers: no blocks")
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# plans and chunks
+
+
+def plan_domain(plan: Any) -> Domain:
+    """The plan's schema (root attr ``schema``) as a :class:`Domain`."""
+    schema = plan.attrs["schema"]
+    return Domain(tuple(schema["attributes"]), tuple(schema["sizes"]))
+
+
+def block_positions(plan: Any) -> dict[str, int]:
+    """``{block_id: block_index}``: each block's position in the plan's *sorted* block ids,
+    the ``block_index`` of its noise stream (fixed by the stored plan, not by reading order)."""
+    return {block_id: position for position, block_id in enumerate(sorted(plan.block_ids))}
+
+
+def load_blocks(plan: Any) -> dict[str, Any]:
+    """Every block of ``plan`` read once, ``{block_id: BlockRecord}`` in sorted id order (pass it
+    to :func:`release_chunk` as ``blocks=`` so chunks do not re-read the store)."""
+    return {block_id: plan.block(block_id) for block_id in sorted(plan.block_ids)}
+
+
+def _check_domain(plan: Any, domain: Domain | None) -> Domain:
+    stored = plan_domain(plan)
+    if domain is None:
+        return stored
+    if (tuple(domain.names), tuple(domain.sizes)) != (stored.names, stored.sizes):
+        raise ValueError(
+            f"domain: {list(domain.names)} sizes {list(domain.sizes)} does not match the plan's schema "
+            f"{list(stored.names)} sizes {list(stored.sizes)}")
+    return domain
+
+
+def block_chunk_answers(block: Any, block_index: int, counts_chunk: Any, entropy: int,
+                        chunk_index: int, domain: Domain) -> np.ndarray:
+    """One (block, chunk) task: the block's noisy answers (units x m_b) for a chunk of units.
+
+    ``noisy_block_answers(block, block_marginal(counts_chunk, domain, block.attributes),
+    noise_stream(entropy, block_index, chunk_index))``; ``block_index`` is the block's entry in
+    :func:`block_positions`. Deterministic in its arguments (a retry gives the same array).
+    """
+    marginal = block_marginal(counts_chunk, domain, block.attributes)
+    return noisy_block_answers(block, marginal, noise_stream(entropy, block_index, chunk_index))
+
+
+@dataclass(frozen=True, eq=False)
+class ChunkRelease:
+    """The released arrays of one chunk of units: ``blocks[block_id]`` (units x m_b, what goes
+    to ``blocks/<block_id>/answers``) and ``queries`` (units x m, ``queries/answers``).
+    Holds no true counts and no entropy."""
+
+    blocks: dict[str, np.ndarray]
+    queries: np.ndarray
+
+    @property
+    def units(self) -> int:
+        return int(self.queries.shape[0])
+
+
+def release_chunk(plan: Any, counts_chunk: Any, entropy: int, chunk_index: int,
+                  domain: Domain | None = None, *,
+                  blocks: Mapping[str, Any] | None = None) -> ChunkRelease:
+    """One chunk of units through every block of ``plan`` (a :class:`distfit.stores.plan.Plan`).
+
+    Block ``b`` (``block_positions(plan)[b]``) draws from ``noise_stream(entropy, position,
+    chunk_index)``; its answers are ``(X_b B_b^T + Z_b) L_b^T`` and each query's answer is the
+    sum of its block rows (:func:`query_answers`, ``m = len(plan.queries_targets)``).
+    ``counts_chunk`` is either the chunk's full counts (units x d; validated once by
+    :func:`validate_counts`) or a function ``attributes -> X_b`` giving the chunk's marginal
+    counts on a block's attributes (units x d_b, columns row-major in schema order; e.g. a data
+    store's ``block_counts`` bound to the chunk's units, :func:`distfit.stores.data.open_data`), whose
+    results are validated the same way against the block's marginal. ``domain`` defaults to the
+    plan's schema and must match it when given. ``blocks`` (``{block_id: BlockRecord}``, e.g.
+    from :func:`load_blocks`) avoids re-reading the store per chunk; it must hold exactly the
+    plan's block ids. Chunk ``c`` depends only on ``(plan, the chunk's counts, entropy, c)``:
+    chunks can run in any order, on any worker, and be retried.
+    """
+    domain = _check_domain(plan, domain)
+    if callable(counts_chunk):
+        def marginal(attributes: Sequence[str]) -> np.ndarray:
+            return validate_marginal(counts_chunk(tuple(attributes)), domain, attributes)
+    else:
+        counts = validate_counts(counts_chunk, domain)
+
+        def marginal(attributes: Sequence[str]) -> np.ndarray:
+            return _marginal(counts, domain, attributes)
+    positions = block_positions(plan)
+    if blocks is None:
+        blocks = load_blocks(plan)
+    elif set(blocks) != set(positions):
+        raise ValueError(
+            f"blocks: ids {sorted(blocks)} do not match the plan's block ids {sorted(positions)}")
+    chunk_index = _nonnegative_int(chunk_index, "chunk_index")
+    answers: dict[str, np.ndarray] = {}
+    pieces = []
+    for block_id in sorted(positions):
+        block = blocks[block_id]
+        rng = noise_stream(entropy, positions[block_id], chunk_index)
+        ans = noisy_block_answers(block, marginal(block.attributes), rng)
+        answers[block_id] = ans
+        pieces.append((block.query_index, ans))
+    num_queries = int(np.asarray(plan.queries_targets).shape[0])
+    return ChunkRelease(blocks=answers, queries=query_answers(pieces, num_queries))

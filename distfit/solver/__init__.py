@@ -1,0 +1,1 @@
+"""distfit.solver"""

@@ -1,0 +1,285 @@
+"""``distfit.solve``: one block's fitness-for-use plan with its privacy account and certificate.
+
+Problem 1 (DESIGN.md section 1, the paper's section 3): minimise the privacy cost
+``alpha = max_i b_i^T Sigma^-1 b_i`` subject to ``diag(L Sigma L^T) <= c``. Problem 2: given a
+budget alpha*, the smallest common variance scale k with variances ``<= k c``: solve Problem 1
+and scale ``Sigma * (alpha / alpha*)``.
+
+How a solve runs (each stage is in its own module):
+
+1. ``basis.represent`` writes W = L B with B spanning W's row space (rank-deficient workloads
+   are reduced; untouched cells get profile 0).
+   Of rows along one direction only the longest is a constraint (``linalg.dominant_rows``:
+   the same feasible set; a block holding the total has a row for every query of the
+   workload, most of them along a few directions).
+2. ``dual.maximize_dual`` maximises the dual bound with L-BFGS. Every dual evaluation
+   recovers the plan ``Sigma_uv = G^-1 # A`` that minimises the Lagrangian, so this stage is
+   both the warm start and the certificate; on most workloads it closes the gap by itself.
+3. If the certified gap is still above ``gap_tolerance``, ``smii.smii_optimize`` (the paper's
+   soft-max Newton-CG with continuation in t) starts from the best recovered plan, and the
+   dual is maximised again from SM-II's soft-max weights (they are the dual variables of the
+   smoothed problem), tightening the bound.
+4. The best plan is scaled by its largest variance ratio so that every target holds; its alpha
+   and the best lower bound give the reported optimality gap.
+
+If the certified gap stays above ``max_gap`` the solve raises ``ConvergenceError`` saying how
+far it got, rather than return a plan that may be far from optimal.
+
+Memory: all matrices are dense. With d cells, m queries and rank k <= min(m, d), a solve holds
+about ``8 * (2 m d + d^2 + 6 k d + 3 m k + 12 k^2)`` bytes (the SVD of W, B and Sigma^-1 B and
+their temporaries, L, and the k x k covariance work arrays), i.e. it grows as O((m + d)^2).
+A block over ``memory_limit_bytes`` (default: half the machine's memory) is refused with an
+error that points to block decomposition (``distfit plan``, DESIGN.md section 2).
+"""
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from threadpoolctl import threadpool_limits
+
+from distfit.solver import dual, smii
+from distfit.solver.basis import represent
+from distfit.solver.linalg import dominant_rows
+from distfit.privacy import Budget, PrivacyAccount, privacy_account, privacy_profile
+from distfit.workload import validate_workload
+
+
+SOLVE_METHODS = ("auto", "smii", "dual")
+
+
+def blas_threads() -> int:
+    """BLAS threads for distfit's linear algebra: 1 unless ``DISTFIT_BLAS_THREADS`` says otherwise."""
+    value = os.environ.get("DISTFIT_BLAS_THREADS", "1")
+    try:
+        return max(1, int(value))
+    except ValueError:
+        raise ValueError(f"DISTFIT_BLAS_THREADS: expected a positive integer, got {value!r}") from None
+
+
+class ConvergenceError(RuntimeError):
+    """The solver could not certify its plan within the requested optimality gap."""
+
+
+@dataclass(frozen=True)
+class SolverStats:
+    """Where a solve spent its effort. ``stage`` names the stage that produced the plan."""
+
+    dual_evaluations: int
+    newton_iterations: int
+    cg_iterations: int
+    final_t: float
+    seconds: float
+    stage: str
+
+
+@dataclass(frozen=True, eq=False)
+class BlockSolution:
+    """A block's plan: noise ``z ~ N(0, sigma)`` added to ``basis @ x``, answers ``recon @ (.)``.
+
+    ``profile`` has one entry per cell (``b_i^T sigma^-1 b_i``), ``alpha = max(profile)``,
+    ``variances = diag(recon sigma recon^T)`` (<= ``variance_scale * targets``),
+    ``lower_bound`` a proven lower bound on the optimal alpha of Problem 1 and
+    ``gap = alpha_problem1 / lower_bound - 1`` the certified relative optimality gap.
+    With a budget, ``alpha`` is the budget's alpha and ``variance_scale`` = k >= 1 (or < 1 when
+    the budget is generous); without one, ``variance_scale`` is 1.
+    """
+
+    sigma: np.ndarray
+    basis: np.ndarray
+    recon: np.ndarray
+    targets: np.ndarray
+    alpha: float
+    profile: np.ndarray
+    variances: np.ndarray
+    lower_bound: float
+    gap: float
+    variance_scale: float
+    basis_kind: str
+    basis_reduced: bool
+    stats: SolverStats
+    budget: Budget | None = field(default=None)
+
+    @property
+    def rho(self) -> float:
+        """zCDP parameter ``rho = alpha / 2``."""
+        return self.alpha / 2.0
+
+    @property
+    def iterations(self) -> int:
+        """Newton iterations plus dual (L-BFGS) evaluations."""
+        return self.stats.newton_iterations + self.stats.dual_evaluations
+
+    @property
+    def seconds(self) -> float:
+        return self.stats.seconds
+
+    @property
+    def final_t(self) -> float:
+        return self.stats.final_t
+
+    def privacy_account(self, **kwargs: Any) -> PrivacyAccount:
+        """rho, RDP and the exact (epsilon, delta) table of this plan (``privacy.privacy_account``)."""
+        return privacy_account(self.alpha, **kwargs)
+
+
+def default_memory_limit() -> int:
+    """Half of the machine's physical memory, in bytes."""
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2)
+    except (ValueError, OSError, AttributeError):
+        return 8 << 30
+
+
+def estimated_memory(num_queries: int, num_cells: int) -> int:
+    """Bytes a dense solve of an m x d block needs (module docstring; rank taken as min(m, d))."""
+    m, d = num_queries, num_cells
+    k = min(m, d)
+    return 8 * (2 * m * d + d * d + 6 * k * d + 3 * m * k + 12 * k * k)
+
+
+def _scaled_to_targets(sigma: np.ndarray, scaled_recon: np.ndarray) -> np.ndarray:
+    """Divide Sigma by its largest variance ratio (and 1e-12 more) so every target holds."""
+    ratios = np.einsum("ij,ij->i", scaled_recon @ sigma, scaled_recon)
+    return sigma / (ratios.max() * (1.0 + 1e-12))
+
+
+def solve(
+    W: Any,
+    targets: Any,
+    basis: str | np.ndarray = "auto",
+    budget: Any = None,
+    *,
+    method: str = "auto",
+    gap_tolerance: float = 1e-4,
+    max_gap: float = 1e-3,
+    dual_iterations: int = 400,
+    time_limit: float = 600.0,
+    memory_limit_bytes: int | None = None,
+) -> BlockSolution:
+    """Solve Problem 1 (or Problem 2 with ``budget``) for workload ``W`` (m x d) and ``targets`` (m,).
+
+    ``basis``: ``"auto"``, ``"identity"``, ``"prefix"`` or a (k, d) array (see ``distfit.solver.basis``;
+    rank-deficient workloads are reduced to W's row space and cells no query touches contribute
+    nothing to the profile). ``budget``: ``{"rho": r}``, ``{"alpha": a}``, ``(epsilon, delta)``
+    or a ``privacy.Budget``. ``method``: ``"auto"`` runs SM-II only when the dual stage has not
+    certified the gap, ``"smii"`` always polishes with SM-II (the plan is the better of the two),
+    ``"dual"`` never runs it. The solve stops once the certified gap is <= ``gap_tolerance`` and
+    raises ``ConvergenceError`` if it ends above ``max_gap``. Stages and memory: module
+    docstring.
+    """
+    start = time.perf_counter()
+    workload, target_array = validate_workload(W, targets)
+    parsed_budget = None if budget is None else Budget.parse(budget)
+    if method not in SOLVE_METHODS:
+        raise ValueError(f"method: unknown method {method!r}; use one of {', '.join(SOLVE_METHODS)}")
+    for name, value in (("gap_tolerance", gap_tolerance), ("max_gap", max_gap)):
+        if not (np.isfinite(value) and value > 0):
+            raise ValueError(f"{name}: must be finite and > 0, got {value}")
+    limit = default_memory_limit() if memory_limit_bytes is None else int(memory_limit_bytes)
+    needed = estimated_memory(*workload.shape)
+    if needed > limit:
+        raise MemoryError(
+            f"W: a {workload.shape[0]} x {workload.shape[1]} block needs about {needed / 2**30:.1f} GiB of dense "
+            f"matrices, over the limit of {limit / 2**30:.1f} GiB; cut the workload into blocks "
+            "(distfit plan, DESIGN.md section 2) or raise memory_limit_bytes"
+        )
+
+    # OpenBLAS's threads make small factorisations far slower on shared 2-core machines (an SVD of
+    # a 252 x 126 matrix: 3 s with 2 threads, 0.01 s with 1), and distfit parallelises over
+    # blocks with processes instead; DISTFIT_BLAS_THREADS overrides.
+    with threadpool_limits(limits=blas_threads(), user_api="blas"):
+        representation = represent(workload, basis)
+        return _solve_represented(
+            representation, target_array, parsed_budget, method, gap_tolerance, max_gap, dual_iterations, time_limit, start
+        )
+
+
+def _solve_represented(
+    representation, target_array, parsed_budget, method, gap_tolerance, max_gap, dual_iterations, time_limit, start
+) -> BlockSolution:
+    basis_matrix, recon = representation.basis, representation.recon
+    scaled_recon = recon / np.sqrt(target_array)[:, None]
+    # Only the constraints not implied by a longer parallel row (linalg.dominant_rows): the same
+    # feasible set, often far fewer rows. The plan is scaled against every row at the end.
+    constraints = scaled_recon[dominant_rows(scaled_recon)]
+
+    bound_point, primal_point, evaluations = dual.maximize_dual(
+        basis_matrix, constraints, max_iterations=dual_iterations, target_gap=gap_tolerance
+    )
+    lower_bound = bound_point.bound
+    best_sigma, best_alpha, stage = primal_point.sigma, primal_point.primal_alpha, "dual"
+    newton = cg = 0
+    final_t = 0.0
+    run_smii = method == "smii" or (method == "auto" and best_alpha > lower_bound * (1.0 + gap_tolerance))
+    if run_smii:
+        remaining = time_limit - (time.perf_counter() - start)
+        run = smii.smii_optimize(
+            basis_matrix,
+            constraints,
+            best_sigma,
+            time_limit=max(remaining * 0.7, 1.0),
+            target_cost=lower_bound * (1.0 + gap_tolerance) if method == "auto" else 0.0,
+        )
+        newton, cg, final_t = run.newton_iterations, run.cg_iterations, run.final_t
+        smii_point = dual.plan_cost(basis_matrix, constraints, run.sigma)
+        if smii_point < best_alpha:
+            best_sigma, best_alpha, stage = run.sigma, smii_point, "smii"
+        if best_alpha > lower_bound * (1.0 + gap_tolerance):
+            polished_bound, polished_primal, more = dual.maximize_dual(
+                basis_matrix,
+                constraints,
+                run.cell_weights,
+                run.query_weights,
+                max_iterations=dual_iterations,
+                target_gap=gap_tolerance,
+                known_alpha=best_alpha,
+            )
+            evaluations += more
+            lower_bound = max(lower_bound, polished_bound.bound)
+            if polished_primal.primal_alpha < best_alpha:
+                best_sigma, best_alpha, stage = polished_primal.sigma, polished_primal.primal_alpha, "dual"
+
+    sigma = _scaled_to_targets(best_sigma, scaled_recon)
+    # Exactly symmetric: Newton steps and scalings leave round-off asymmetry (seen up to 1e-13
+    # relative), which near-zero entries turn into audit mismatches; profile and variances are
+    # computed from this very matrix.
+    sigma = 0.5 * (sigma + sigma.T)
+    profile = privacy_profile(sigma, basis_matrix)
+    alpha = float(profile.max())
+    gap = alpha / lower_bound - 1.0
+    seconds = time.perf_counter() - start
+    if gap > max_gap:
+        raise ConvergenceError(
+            f"solve did not converge: best plan alpha {alpha:.6g}, certified lower bound {lower_bound:.6g}, "
+            f"gap {gap:.3%} > max_gap {max_gap:.3%} after {evaluations} dual evaluations, {newton} Newton "
+            f"iterations ({cg} CG steps) in {seconds:.1f} s; raise time_limit/dual_iterations or max_gap"
+        )
+    variance_scale = 1.0
+    if parsed_budget is not None:
+        budget_alpha = parsed_budget.to_alpha()
+        variance_scale = alpha / budget_alpha
+        sigma = sigma * variance_scale
+        profile = profile / variance_scale
+        alpha = float(profile.max())
+    variances = np.einsum("ij,ij->i", recon @ sigma, recon)
+    stats = SolverStats(evaluations, newton, cg, final_t, time.perf_counter() - start, stage)
+    return BlockSolution(
+        sigma=sigma,
+        basis=basis_matrix,
+        recon=recon,
+        targets=target_array,
+        alpha=alpha,
+        profile=profile,
+        variances=variances,
+        lower_bound=float(lower_bound),
+        gap=float(gap),
+        variance_scale=float(variance_scale),
+        basis_kind=representation.kind,
+        basis_reduced=representation.reduced,
+        stats=stats,
+        budget=parsed_budget,
+    )

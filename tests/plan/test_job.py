@@ -1,0 +1,114 @@
+"""`distfit plan` and `distfit audit` end to end (spec -> cluster -> plan store -> audit)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+import zarr
+
+from distfit.cli.main import main
+from distfit.privacy import alpha_for_budget
+from distfit.stores.plan import read_plan
+from tests.reference import SMALL_SPEC
+
+PIPELINES = Path(__file__).resolve().parents[2] / "pipelines"
+
+
+
+def _write_spec(tmp_path, content):
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(content))
+    return str(path)
+
+
+def test_plan_then_audit_on_a_local_cluster(tmp_path, capsys):
+    out = str(tmp_path / "plan.zarr")
+    assert main(["plan", _write_spec(tmp_path, SMALL_SPEC), "--out", out, "--workers", "2"]) == 0
+    plan = read_plan(out)
+    assert plan.attrs["distfit_format"] == "plan"
+    assert np.all(plan.queries_variances <= plan.queries_targets * (1 + 1e-9))
+    assert plan.attrs["alpha_exact"] is True
+    assert main(["audit", out]) == 0
+    assert "audit passed" in capsys.readouterr().out
+
+
+def test_pl94_plan_audits_and_matches_the_global_solve(tmp_path):
+    from distfit import solve
+    from distfit.workload import pl94_workload
+
+    out = str(tmp_path / "pl94.zarr")
+    assert main(["plan", str(PIPELINES / "pl94.yaml"), "--out", out, "--serial"]) == 0
+    assert main(["audit", out]) == 0
+    workload = pl94_workload()
+    assert read_plan(out).attrs["alpha"] == pytest.approx(solve(workload.matrix, workload.targets).alpha, rel=1e-3)
+
+
+def test_audit_catches_a_tampered_sigma(tmp_path, capsys):
+    out = str(tmp_path / "plan.zarr")
+    assert main(["plan", _write_spec(tmp_path, SMALL_SPEC), "--out", out, "--serial"]) == 0
+    block_id = read_plan(out).block_ids[0]
+    sigma = zarr.open_array(f"{out}/blocks/{block_id}/sigma", mode="r+")
+    sigma[0, 0] = sigma[0, 0] * 0.5  # less noise than the plan claims
+    assert main(["audit", out]) == 1
+    text = capsys.readouterr().out
+    assert "checksum" in text and "mismatch" in text
+
+
+def test_budget_spec_spends_exactly_the_budget(tmp_path):
+    content = dict(SMALL_SPEC, privacy={"epsilon": 1.0, "delta": 1e-6})
+    out = str(tmp_path / "plan.zarr")
+    assert main(["plan", _write_spec(tmp_path, content), "--out", out, "--serial"]) == 0
+    assert read_plan(out).attrs["alpha"] == pytest.approx(alpha_for_budget(1.0, 1e-6), rel=1e-9)
+    assert main(["audit", out]) == 0
+
+
+def test_bad_inputs_exit_2_and_leave_no_plan(tmp_path, capsys):
+    out = tmp_path / "plan.zarr"
+    bad = dict(SMALL_SPEC, queries=[{"name": "x", "attributes": {"agee": "identity"}, "target": 1}])
+    assert main(["plan", _write_spec(tmp_path, bad), "--out", str(out), "--serial"]) == 2
+    assert "agee" in capsys.readouterr().err
+    malformed = tmp_path / "broken.yaml"
+    malformed.write_text("name: [unclosed\n")
+    assert main(["plan", str(malformed), "--out", str(out), "--serial"]) == 2
+    assert main(["plan", _write_spec(tmp_path, SMALL_SPEC), "--out", str(out), "--cluster", "tcp://127.0.0.1:1"]) == 2
+    assert not out.exists() and not list(tmp_path.glob("plan.zarr*"))
+    # a plan already at --out is refused without --overwrite and left intact
+    assert main(["plan", _write_spec(tmp_path, SMALL_SPEC), "--out", str(out), "--serial"]) == 0
+    checksum = read_plan(str(out)).checksum
+    assert main(["plan", _write_spec(tmp_path, SMALL_SPEC), "--out", str(out), "--serial"]) == 2
+    assert "already holds a plan" in capsys.readouterr().err
+    assert read_plan(str(out)).checksum == checksum
+    assert main(["audit", str(tmp_path / "missing.zarr")]) == 2
+
+
+def test_plan_store_attrs_are_strict_json(tmp_path):
+    """Every zarr.json of a plan parses as strict JSON (no NaN or Infinity)."""
+    import json
+
+    out = tmp_path / "plan.zarr"
+    assert main(["plan", _write_spec(tmp_path, SMALL_SPEC), "--out", str(out), "--serial"]) == 0
+
+    def refuse(constant):
+        raise ValueError(f"non-JSON constant {constant}")
+
+    for path in out.rglob("zarr.json"):
+        json.loads(path.read_text(), parse_constant=refuse)
+
+
+def test_round_progress_restarts_its_clock_every_round():
+    import io
+
+    from distfit.plan.job import RoundProgress
+
+    out = io.StringIO()
+    meter = RoundProgress("plan", out)
+    meter(0, 2)
+    first = meter.meter
+    meter(2, 2)
+    meter(0, 2)  # the next refinement round starts
+    assert meter.meter is not first and meter.round == 1
+    meter(2, 2)
+    lines = out.getvalue().splitlines()
+    assert lines[0].startswith("plan: 2/2 blocks") and lines[1].startswith("plan round 1: 2/2 blocks")

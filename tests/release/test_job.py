@@ -1,0 +1,499 @@
+"""`distfit release` end to end: plan + histograms -> sealed, resumable release store."""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+import zarr
+
+from tests.clitools import assert_one_line_error, run
+from distfit.release import job as releasing
+from distfit.stores.data import read_histograms, write_synthetic
+from distfit.plan.job import run_plan
+from distfit.release.noise import block_marginal
+from distfit.release.job import ReleaseError, read_release, run_release, verify_release
+from distfit.spec.parse import load_spec
+from distfit.stores.plan import read_plan
+from distfit.workload import Domain
+from tests.reference import SMALL_SPEC
+
+SPEC = SMALL_SPEC
+UNITS, CHUNK = 50, 8          # 7 chunks, the last one short
+SEED = 987654321              # a --seed that would stand out in any attr
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("release-inputs")
+    spec_path = root / "spec.yaml"
+    spec_path.write_text(yaml.safe_dump(SPEC))
+    plan = root / "plan.zarr"
+    run_plan(str(spec_path), str(plan), serial=True)
+    data = root / "data.zarr"
+    write_synthetic(load_spec(spec_path), UNITS, data, seed=1, chunk_units=CHUNK)
+    other = dict(SPEC, queries=[dict(SPEC["queries"][0], target=[2, 2, 2, 3, 3, 3])] + SPEC["queries"][1:])
+    other_spec = root / "other.yaml"
+    other_spec.write_text(yaml.safe_dump(other))
+    other_plan = root / "other.zarr"
+    run_plan(str(other_spec), str(other_plan), serial=True)
+    return {"plan": str(plan), "data": str(data), "other_plan": str(other_plan), "root": root}
+
+
+def _release(capsys, inputs, out, *flags):
+    return run(capsys, "release", inputs["plan"], "--data", inputs["data"], "--out", str(out), *flags)
+
+
+def _arrays(path) -> dict[str, np.ndarray]:
+    group = zarr.open_group(store=str(path), mode="r")
+    return {name: arr[...] for name, arr in group.members(max_depth=None) if isinstance(arr, zarr.Array)}
+
+
+def _all_attrs_text(path) -> str:
+    return "\n".join(p.read_text() for p in Path(path).rglob("zarr.json"))
+
+
+def _true_answers(plan, counts):
+    """W x per unit (units x m) from the stored blocks (the answers without noise)."""
+    domain = Domain(tuple(plan.attrs["schema"]["attributes"]), tuple(plan.attrs["schema"]["sizes"]))
+    out = np.zeros((counts.shape[0], len(plan.queries_targets)))
+    for block in plan.iter_blocks():
+        marg = block_marginal(counts, domain, block.attributes)
+        np.add.at(out.T, block.query_index, (marg @ block.basis.T @ block.recon.T).T)
+    return out
+
+
+def test_end_to_end_serial_layout_and_contents(inputs, tmp_path, capsys, monkeypatch):
+    entropy = 0x5EC12E7_0DDBA11_C0FFEE_1234567
+    monkeypatch.setattr(releasing, "fresh_entropy", lambda: entropy)
+    out = tmp_path / "release.zarr"
+    code, stdout, err = _release(capsys, inputs, out, "--serial")
+    assert code == 0, err
+    assert "units/s" in stdout and "sealed" in stdout and "units/s" in err
+    rel = read_release(out)
+    plan = read_plan(inputs["plan"])
+    a = rel.attrs
+    assert a["distfit_format"] == "release" and a["format_version"] == 1
+    assert a["complete"] is True and a["private"] is True
+    assert a["plan_checksum"] == plan.checksum
+    assert a["units"] == UNITS and a["chunk_units"] == CHUNK and a["n_chunks"] == 7
+    assert a["schema"] == plan.attrs["schema"]
+    assert verify_release(out)[0]
+    arrays = _arrays(out)
+    expected = {f"blocks/{b}/answers" for b in plan.block_ids} | {
+        "queries/answers", "queries/variances", "unit_ids", "chunks/done"}
+    assert set(arrays) == expected  # no counts, marginals or true answers anywhere
+    m = len(plan.queries_targets)
+    assert arrays["queries/answers"].shape == (UNITS, m)
+    assert zarr.open_array(str(out / "queries/answers"), mode="r").chunks == (CHUNK, m)
+    np.testing.assert_array_equal(arrays["queries/variances"], plan.queries_variances)
+    np.testing.assert_array_equal(arrays["chunks/done"], np.ones(7, np.uint8))
+    data = read_histograms(inputs["data"])
+    np.testing.assert_array_equal(arrays["unit_ids"], data.unit_ids[...])
+    assert rel.labels is not None and len(rel.labels) == m and rel.labels[0].startswith("age:")
+    # each query's answer is the sum of its block rows
+    total = np.zeros((UNITS, m))
+    for block in plan.iter_blocks():
+        np.add.at(total.T, block.query_index, arrays[f"blocks/{block.block_id}/answers"].T)
+    np.testing.assert_allclose(arrays["queries/answers"], total, rtol=0, atol=1e-9)
+    # noise present and not the true answers; entropy and counts never stored
+    truth = _true_answers(plan, np.asarray(data.counts[...]))
+    assert not np.allclose(arrays["queries/answers"], truth)
+    text = _all_attrs_text(out)
+    for secret in (str(entropy), hex(entropy), hex(entropy)[2:]):
+        assert secret not in text
+    for name in ("counts", "total_people", "entropy", "seed"):
+        assert name not in text
+
+
+def test_seeded_noise_has_the_plan_variances(inputs, tmp_path):
+    out = tmp_path / "r.zarr"
+    run_release(inputs["plan"], inputs["data"], out, seed=3, serial=True, fsync=False)
+    plan = read_plan(inputs["plan"])
+    data = read_histograms(inputs["data"])
+    noise = read_release(out).answers[...] - _true_answers(plan, np.asarray(data.counts[...]))
+    z = noise / np.sqrt(plan.queries_variances)
+    assert abs(z.mean()) < 0.2 and 0.75 < z.var() < 1.25
+
+
+def test_same_seed_identical_different_seed_differs(inputs, tmp_path, capsys):
+    outs = [tmp_path / f"r{i}.zarr" for i in range(3)]
+    for out, seed in zip(outs, (SEED, SEED, SEED + 1)):
+        code, stdout, err = _release(capsys, inputs, out, "--serial", "--seed", str(seed))
+        assert code == 0, err
+        assert "NOT PRIVATE" in stdout
+    a, b, c = (_arrays(o) for o in outs)
+    for name in a:
+        assert a[name].tobytes() == b[name].tobytes(), name
+    assert not np.array_equal(a["queries/answers"], c["queries/answers"])
+    rels = [read_release(o) for o in outs]
+    assert rels[0].checksum == rels[1].checksum != rels[2].checksum
+    assert all(r.private is False for r in rels)
+    assert str(SEED) not in _all_attrs_text(outs[0])
+
+
+class Interrupt(Exception):
+    pass
+
+
+def _interrupt_after(k):
+    seen = []
+
+    def hook(chunk):
+        seen.append(chunk)
+        if len(seen) == k:
+            raise Interrupt(f"stopped after {k} chunks")
+    return hook
+
+
+def _chunk_files(path, done_chunks):
+    """Bytes of every zarr chunk file of the given release chunks (CHUNK rows per chunk)."""
+    files = {}
+    for arr_dir in [p.parent for p in Path(path).rglob("zarr.json") if (p.parent / "c").is_dir()]:
+        rel = arr_dir.relative_to(path).as_posix()
+        if rel == "chunks/done" or rel.startswith("queries/variances"):
+            continue
+        for c in done_chunks:
+            for f in (arr_dir / "c" / str(c)).rglob("*") if (arr_dir / "c" / str(c)).is_dir() else [arr_dir / "c" / str(c)]:
+                if f.is_file():
+                    files[f.relative_to(path).as_posix()] = f.read_bytes()
+    return files
+
+
+def test_resume_seeded_equals_uninterrupted(inputs, tmp_path, capsys):
+    out, full = tmp_path / "r.zarr", tmp_path / "full.zarr"
+    with pytest.raises(Interrupt):
+        run_release(inputs["plan"], inputs["data"], out, seed=SEED, serial=True, after_chunk=_interrupt_after(3))
+    capsys.readouterr()
+    assert json.loads((out / "zarr.json").read_text())["attributes"]["complete"] is False
+    with pytest.raises(ReleaseError, match="incomplete"):
+        read_release(out)
+    code, _, err = _release(capsys, inputs, out, "--serial", "--seed", str(SEED))
+    assert code == 2
+    assert_one_line_error(err, "incomplete release", "--resume")
+    done = np.flatnonzero(zarr.open_array(str(out / "chunks/done"), mode="r")[...]).tolist()
+    assert done == [0, 1, 2]
+    before = _chunk_files(out, done)
+    assert len(before) >= 3 * 4
+    # a chunk half written when the run died: garbage in one block, not marked done
+    block0 = sorted(read_plan(inputs["plan"]).block_ids)[0]
+    zarr.open_array(str(out / f"blocks/{block0}/answers"), mode="r+")[5 * CHUNK:6 * CHUNK] = 1e9
+    code, stdout, err = _release(capsys, inputs, out, "--serial", "--seed", str(SEED), "--resume")
+    assert code == 0, err
+    assert "resumed" in stdout and "4 drawn now" in stdout
+    assert _chunk_files(out, done) == before  # written chunks untouched, bit for bit
+    run_release(inputs["plan"], inputs["data"], full, seed=SEED, serial=True)
+    a, b = _arrays(out), _arrays(full)
+    for name in a:
+        assert a[name].tobytes() == b[name].tobytes(), name
+    assert read_release(out).checksum == read_release(full).checksum
+    assert verify_release(out)[0]
+
+
+def test_resume_private_keeps_written_chunks(inputs, tmp_path, capsys):
+    out = tmp_path / "r.zarr"
+    with pytest.raises(Interrupt):
+        run_release(inputs["plan"], inputs["data"], out, serial=True, after_chunk=_interrupt_after(2))
+    capsys.readouterr()
+    copy = tmp_path / "copy.zarr"
+    shutil.copytree(out, copy)
+    # a private release cannot be resumed with --seed (nor a seeded one without)
+    code, _, err = _release(capsys, inputs, out, "--serial", "--seed", "1", "--resume")
+    assert code == 2
+    assert_one_line_error(err, "without --seed")
+    code, _, err = _release(capsys, inputs, out, "--serial", "--resume")
+    assert code == 0, err
+    a, b = _arrays(copy), _arrays(out)
+    rows = slice(0, 2 * CHUNK)
+    for name in a:
+        if a[name].ndim and a[name].shape[0] == UNITS:
+            assert a[name][rows].tobytes() == b[name][rows].tobytes(), name
+    assert _chunk_files(copy, [0, 1]) == _chunk_files(out, [0, 1])
+    assert read_release(out).private is True
+
+
+def test_local_cluster_equals_serial(inputs, tmp_path, capsys):
+    serial, dask = tmp_path / "serial.zarr", tmp_path / "dask.zarr"
+    assert _release(capsys, inputs, serial, "--serial", "--seed", str(SEED))[0] == 0
+    code, stdout, err = _release(capsys, inputs, dask, "--workers", "2", "--seed", str(SEED))
+    assert code == 0, err
+    assert "local cluster with 2 worker processes" in err
+    a, b = _arrays(serial), _arrays(dask)
+    for name in a:
+        assert a[name].tobytes() == b[name].tobytes(), name
+    assert read_release(serial).checksum == read_release(dask).checksum
+
+
+def _not_sealed(path) -> bool:
+    p = Path(path)
+    if not p.exists():
+        return True
+    return json.loads((p / "zarr.json").read_text())["attributes"].get("complete") is not True
+
+
+def test_bad_inputs_exit_2_and_seal_nothing(inputs, tmp_path, capsys):
+    root = tmp_path
+    # data with another schema
+    other = root / "other-data.zarr"
+    write_synthetic(Domain(("age", "sex", "edu"), (6, 2, 4)), 10, other, seed=2, chunk_units=5)
+    out = root / "a.zarr"
+    code, _, err = run(capsys, "release", inputs["plan"], "--data", str(other), "--out", str(out), "--serial")
+    assert code == 2
+    assert_one_line_error(err, "schema")
+    assert not out.exists()
+    # negative counts: refused by the chunk's task; the release stays incomplete, unsealed
+    bad = root / "bad-data.zarr"
+    shutil.copytree(inputs["data"], bad)
+    zarr.open_array(str(bad / "counts"), mode="r+")[3, 2] = -1  # chunk 0: fails before any progress
+    code, _, err = run(capsys, "release", inputs["plan"], "--data", str(bad), "--out", str(out), "--serial")
+    assert code == 2
+    assert_one_line_error(err, "negative", "chunk 0", "row 3")
+    assert out.exists() and _not_sealed(out)
+    with pytest.raises(ReleaseError):
+        read_release(out)
+    # ... an incomplete release without --resume
+    code, _, err = _release(capsys, inputs, out, "--serial")
+    assert code == 2
+    assert_one_line_error(err, "--resume", "--overwrite")
+    # ... --resume with a different plan
+    code, _, err = run(capsys, "release", inputs["other_plan"], "--data", str(bad), "--out", str(out),
+                       "--serial", "--resume")
+    assert code == 2
+    assert_one_line_error(err, "checksum")
+    assert _not_sealed(out)
+    # --resume and --overwrite together
+    code, _, err = _release(capsys, inputs, out, "--serial", "--resume", "--overwrite")
+    assert code == 2
+    assert_one_line_error(err, "exclude")
+    # a plan that fails audit (less noise than it claims)
+    plan = root / "tampered.zarr"
+    shutil.copytree(inputs["plan"], plan)
+    block_id = read_plan(str(plan)).block_ids[0]
+    sigma = zarr.open_array(str(plan / f"blocks/{block_id}/sigma"), mode="r+")
+    sigma[0, 0] = sigma[0, 0] * 0.5
+    fresh = root / "b.zarr"
+    code, _, err = run(capsys, "release", str(plan), "--data", inputs["data"], "--out", str(fresh), "--serial")
+    assert code == 2
+    assert_one_line_error(err, "fails audit", "checksum", "profile")
+    assert not fresh.exists()
+    # a sealed release is not replaced without --overwrite; with it, it is (new noise)
+    sealed = root / "c.zarr"
+    assert _release(capsys, inputs, sealed, "--serial")[0] == 0
+    checksum = read_release(sealed).checksum
+    code, _, err = _release(capsys, inputs, sealed, "--serial")
+    assert code == 2
+    assert_one_line_error(err, "sealed release", "--overwrite")
+    code, _, err = _release(capsys, inputs, sealed, "--serial", "--resume")
+    assert code == 2
+    assert read_release(sealed).checksum == checksum
+    code, _, err = _release(capsys, inputs, sealed, "--serial", "--overwrite")
+    assert code == 0, err
+    assert read_release(sealed).checksum != checksum
+    assert sorted(p.name for p in root.glob("c.zarr*")) == ["c.zarr"]
+    # a failed --overwrite leaves the old release as it was and no staging directory
+    checksum = read_release(sealed).checksum
+    code, _, err = run(capsys, "release", inputs["plan"], "--data", str(bad), "--out", str(sealed),
+                       "--serial", "--overwrite")
+    assert code == 2
+    assert read_release(sealed).checksum == checksum
+    assert sorted(p.name for p in root.glob("c.zarr*")) == ["c.zarr"]
+    # --overwrite finishes the incomplete one too
+    code, _, err = _release(capsys, inputs, out, "--serial", "--overwrite")
+    assert code == 0, err
+    assert read_release(out).attrs["complete"] is True
+    # not a release store at --out
+    junk = root / "junk"
+    junk.mkdir()
+    code, _, err = _release(capsys, inputs, junk, "--serial", "--overwrite")
+    assert code == 2
+    assert_one_line_error(err, "not a distfit release store")
+
+
+def test_driver_killed_mid_release_then_resumed(inputs, tmp_path, capsys):
+    """SIGKILL the `distfit release` process once some chunks are done; --resume seals a release in
+    which every chunk was written once (with a test seed it equals an uninterrupted release)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    seed = "11"
+    out = tmp_path / "killed.zarr"
+    script = (
+        "import sys, time\n"
+        "from distfit.release import job as releasing\n"
+        "def slow(chunk):\n"
+        "    time.sleep(0.4)\n"
+        f"releasing.run_release({inputs['plan']!r}, {inputs['data']!r}, {str(out)!r}, seed={seed}, serial=True, after_chunk=slow)\n"
+    )
+    process = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        done = np.zeros(0)
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            time.sleep(0.2)
+            try:
+                done = zarr.open_group(store=str(out), mode="r")["chunks/done"][...]
+            except Exception:
+                continue
+            if 2 <= done.sum() < done.size:
+                break
+        os.kill(process.pid, signal.SIGKILL)
+    finally:
+        process.wait(timeout=30)
+    assert 2 <= done.sum() < done.size, "the release was not caught half-way"
+    with pytest.raises(ReleaseError):
+        read_release(str(out))
+    before = _arrays(out)
+    finished = np.flatnonzero(zarr.open_group(store=str(out), mode="r")["chunks/done"][...])
+    code, _, err = _release(capsys, inputs, out, "--resume", "--seed", seed, "--serial")
+    assert code == 0, err
+    assert verify_release(str(out))[0]
+    after = _arrays(out)
+    rows = np.concatenate([np.arange(c * CHUNK, min((c + 1) * CHUNK, UNITS)) for c in finished])
+    np.testing.assert_array_equal(after["queries/answers"][rows], before["queries/answers"][rows])
+    reference = tmp_path / "reference.zarr"
+    code, _, err = _release(capsys, inputs, reference, "--seed", seed, "--serial")
+    assert code == 0, err
+    np.testing.assert_array_equal(_arrays(reference)["queries/answers"], after["queries/answers"])
+
+
+def test_worker_killed_mid_release_redraws_identical_chunks(inputs, tmp_path, capsys):
+    """A worker SIGKILLed after the first chunk lands: its chunks are retried elsewhere with the
+    same (block, chunk) streams, so the sealed release equals a serial one with the same seed."""
+    import os
+    import signal
+
+    from distfit.cluster import dask_client
+
+    data = tmp_path / "many.zarr"
+    write_synthetic(load_spec(inputs["root"] / "spec.yaml"), 1200, data, seed=3, chunk_units=20)
+    killed = []
+    with dask_client(None, workers=2) as client:
+        pids = list(client.run(os.getpid).values())
+
+        def kill_once(chunk):
+            if not killed:
+                os.kill(pids[0], signal.SIGKILL)
+                killed.append(chunk)
+
+        result = run_release(inputs["plan"], str(data), str(tmp_path / "dask.zarr"), seed=5,
+                             cluster=client.scheduler.address, after_chunk=kill_once)
+    assert killed and result.chunks == 60
+    serial = run_release(inputs["plan"], str(data), str(tmp_path / "serial.zarr"), seed=5, serial=True)
+    assert serial.checksum == result.checksum
+
+
+def test_chunk_sync_names_every_chunk_file_of_the_store(inputs, tmp_path):
+    """The driver fsyncs each finished chunk's files while later chunks run (releasing._ChunkSync);
+    the files it names are exactly the chunk files zarr wrote, so the seal's fsync finds them clean."""
+    out = tmp_path / "synced.zarr"
+    result = run_release(inputs["plan"], inputs["data"], out, seed=SEED, serial=True, fsync=False)
+    root = zarr.open_group(store=str(out), mode="r+")
+    sync = releasing._ChunkSync(root, out, UNITS, CHUNK)
+    try:
+        named = [set(sync._files(chunk)) for chunk in range(result.chunks)]
+        for chunk in range(result.chunks):
+            sync(chunk)
+    finally:
+        sync.close()
+    assert all(named) and not any(a & b for i, a in enumerate(named) for b in named[i + 1:])
+    arrays = [f"blocks/{b}/answers" for b in root["blocks"].group_keys()] + [
+        "queries/answers", "unit_ids", "chunks/done"]
+    written = {p for name in arrays for p in (out / name).rglob("*") if p.is_file() and p.name != "zarr.json"}
+    assert set().union(*named) == written
+
+
+def test_answer_arrays_codecs(inputs, tmp_path):
+    """Answer arrays use releasing.ANSWER_COMPRESSORS (the benchmark's baseline writes the same)."""
+    out = tmp_path / "codecs.zarr"
+    run_release(inputs["plan"], inputs["data"], out, seed=SEED, serial=True, fsync=False)
+    release = read_release(out)
+    expected = zarr.create_array({}, shape=(4, 4), dtype="f8", compressors=releasing.ANSWER_COMPRESSORS).compressors
+    for arr in [release.answers] + [release.block_answers(b) for b in release.block_ids]:
+        assert arr.compressors == expected
+
+
+def test_background_client_reports_an_unreachable_scheduler():
+    from distfit.cluster import BackgroundClient, ClusterError
+
+    with BackgroundClient("tcp://127.0.0.1:1", timeout=1) as background:
+        with pytest.raises(ClusterError, match="cannot reach the scheduler"):
+            background.get()
+        with pytest.raises(ClusterError):  # asked again: the same answer
+            background.get()
+
+
+def test_unreachable_cluster_writes_nothing(inputs, tmp_path, monkeypatch):
+    import functools
+
+    from distfit.cluster import BackgroundClient, ClusterError
+
+    monkeypatch.setattr(releasing, "BackgroundClient", functools.partial(BackgroundClient, timeout=1))
+    out = tmp_path / "nowhere.zarr"
+    with pytest.raises(ClusterError):
+        run_release(inputs["plan"], inputs["data"], out, cluster="tcp://127.0.0.1:1")
+    assert not out.exists() and not list(tmp_path.glob("nowhere.zarr*"))
+
+
+def test_local_cluster_is_gone_when_run_release_returns_or_raises(inputs, tmp_path):
+    """The cluster starts while the driver audits and shuts down while it seals; either way no
+    worker process outlives run_release, also when the audit refuses the plan."""
+    import multiprocessing
+
+    result = run_release(inputs["plan"], inputs["data"], tmp_path / "a.zarr", seed=SEED, workers=1)
+    assert verify_release(result.path)[0]
+    assert multiprocessing.active_children() == []
+    plan = tmp_path / "tampered.zarr"
+    shutil.copytree(inputs["plan"], plan)
+    block_id = read_plan(str(plan)).block_ids[0]
+    sigma = zarr.open_array(str(plan / f"blocks/{block_id}/sigma"), mode="r+")
+    sigma[0, 0] = sigma[0, 0] * 0.5
+    with pytest.raises(ValueError, match="fails audit"):
+        run_release(str(plan), inputs["data"], tmp_path / "b.zarr", workers=1)
+    assert not (tmp_path / "b.zarr").exists()
+    assert multiprocessing.active_children() == []
+
+
+@pytest.mark.parametrize("string_ids", [False, True])
+def test_seal_checksum_is_the_store_checksum(inputs, tmp_path, string_ids, monkeypatch):
+    """The seal hashes chunk by chunk with read-ahead (releasing._store_checksum); the digest is
+    store.compute_checksum's, which verify_release and every reader use."""
+    from distfit.stores.plan import compute_checksum
+
+    data = inputs["data"]
+    if string_ids:
+        data = tmp_path / "string-ids.zarr"
+        shutil.copytree(inputs["data"], data)
+        ids = zarr.open_array(str(data / "unit_ids"), mode="r")[...]
+        shutil.rmtree(data / "unit_ids")
+        group = zarr.open_group(str(data), mode="r+")
+        strings = group.create_array("unit_ids", shape=ids.shape, dtype=str, chunks=(CHUNK,))
+        strings[...] = np.array([f"unit-{i:04d}-é" for i in ids], dtype=object)
+    out = tmp_path / "sealed.zarr"
+    result = run_release(inputs["plan"], str(data), out, seed=SEED, serial=True, fsync=False)
+    group = zarr.open_group(store=str(out), mode="r")
+    assert (np.dtype(group["unit_ids"].dtype).kind in "TUO") == string_ids
+    assert releasing._store_checksum(group) == compute_checksum(group) == result.checksum
+    monkeypatch.setattr(releasing, "_SLAB_BYTES", 1)  # one zarr chunk per read: many slabs per array
+    assert releasing._store_checksum(group) == result.checksum
+    assert verify_release(out)[0]
+
+
+def test_background_client_worker_env(monkeypatch):
+    """worker_env sets (a string) or leaves out (None) variables in a local cluster's worker
+    processes before they start; the release uses it to leave out Dask's malloc trim setting."""
+    import os
+
+    from distfit.cluster import BackgroundClient
+
+    monkeypatch.delenv("MALLOC_TRIM_THRESHOLD_", raising=False)  # an earlier cluster may have set it here
+    env = dict(releasing.WORKER_ENV, DISTFIT_TEST_WORKER_ENV="on")
+    with BackgroundClient(None, workers=1, worker_env=env) as background:
+        seen = list(background.get().run(
+            lambda: (os.environ.get("MALLOC_TRIM_THRESHOLD_"), os.environ.get("DISTFIT_TEST_WORKER_ENV"))).values())
+    assert seen == [(None, "on")]

@@ -1,0 +1,426 @@
+"""Tests for ``distfit.solve`` (DESIGN.md sections 1-2): Problem 1 and Problem 2 on one block.
+
+Optimal privacy costs are checked against published values (the paper's Table 2, the 2x2
+closed form, DESIGN.md's marginal figures) and against an independent SDP solved by cvxpy
+(``tests/reference.py``), which shares no code with the library.
+"""
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+
+import distfit
+from distfit import privacy, workload as wl
+from distfit.solver.solve import BlockSolution, ConvergenceError, solve
+
+from tests.reference import cvx_optimal_alpha, prefix_matrix
+
+
+# --------------------------------------------------------------------------------------------
+# Small workloads shared by several tests (all small enough for the SDP reference)
+# --------------------------------------------------------------------------------------------
+
+def _random_pm1(d, m, seed):
+    return wl.random_workload(d, m, seed=seed)
+
+
+def _rank_deficient(seed):
+    """10 x 8 workload of rank 4: products of random integer factors."""
+    rng = np.random.default_rng(seed)
+    return rng.integers(-2, 3, size=(10, 4)).astype(float) @ rng.integers(0, 2, size=(4, 8)).astype(float)
+
+
+def _small_marginals():
+    domain = wl.Domain(("a", "b", "c"), (2, 3, 2))
+    return np.vstack([
+        wl.marginal_queries(domain, ("a", "b")),
+        wl.marginal_queries(domain, ("c",)),
+        wl.marginal_queries(domain, ()),  # the total
+    ])
+
+
+def _cases():
+    """(id, W, targets) for the convex-solver agreement test."""
+    cases = []
+    for seed in (0, 1, 2):
+        w = wl.random_range_workload(8, 11, seed=seed, targets="random")
+        cases.append((f"ranges-d8-seed{seed}", w.matrix, w.targets))
+    w = wl.random_range_workload(10, 6, seed=7, targets="random")  # m < d: rank-deficient
+    cases.append(("ranges-d10-m6", w.matrix, w.targets))
+    for seed in (3, 4):
+        w = _random_pm1(7, 9, seed)
+        cases.append((f"pm1-seed{seed}", w.matrix, np.random.default_rng(seed).uniform(1, 10, 9)))
+    cases.append(("pm1-wide", _random_pm1(9, 5, 5).matrix, np.ones(5)))
+    cases.append(("rank4-seed11", _rank_deficient(11), np.random.default_rng(11).uniform(1, 10, 10)))
+    W = _small_marginals()
+    cases.append(("marginals-2x3x2", W, np.linspace(1.0, 3.0, W.shape[0])))
+    w = wl.all_two_way_marginals((2, 3, 2))
+    cases.append(("two-way-2x3x2", w.matrix, w.targets))
+    return cases
+
+
+CASES = _cases()
+CASE_IDS = [c[0] for c in CASES]
+
+
+@pytest.fixture(scope="module")
+def cvx_alphas():
+    """cvx optimum of every case, computed once per module."""
+    return {name: cvx_optimal_alpha(W, c) for name, W, c in CASES}
+
+
+def _assert_cholesky(sigma):
+    assert np.allclose(sigma, sigma.T, rtol=0, atol=1e-12 * np.abs(sigma).max())
+    np.linalg.cholesky(sigma)  # raises LinAlgError unless positive definite
+
+
+# --------------------------------------------------------------------------------------------
+# Published values
+# --------------------------------------------------------------------------------------------
+
+TABLE2 = {2: 1.3333, 4: 1.7586, 8: 2.2816, 16: 2.9053, 64: 4.458}
+
+
+@pytest.mark.parametrize("basis", ["prefix", "identity", "auto"])
+@pytest.mark.parametrize("d", sorted(TABLE2))
+def test_prefix_table2(d, basis):
+    """Paper Table 2: the prefix workload with unit targets."""
+    solution = solve(prefix_matrix(d), np.ones(d), basis=basis)
+    assert solution.alpha == pytest.approx(TABLE2[d], rel=2e-3)
+    assert solution.lower_bound <= solution.alpha
+    assert solution.basis_kind == basis
+    assert not solution.basis_reduced
+
+
+@pytest.mark.parametrize("g", [0.25, 1.0, 3.7])
+def test_two_by_two_closed_form(g):
+    """W = [[1,1],[1,0]], c = (g, g): alpha = 4 / (3 g); in the basis B = W, Sigma = g [[1,.5],[.5,1]]."""
+    W = np.array([[1.0, 1.0], [1.0, 0.0]])
+    solution = solve(W, [g, g], gap_tolerance=1e-10)
+    assert solution.alpha == pytest.approx(4.0 / (3.0 * g), rel=1e-6)
+
+    in_w = solve(W, [g, g], basis=W, gap_tolerance=1e-10)
+    assert in_w.basis_kind == "custom"
+    np.testing.assert_allclose(in_w.basis, W)
+    np.testing.assert_allclose(in_w.recon, np.eye(2), atol=1e-12)
+    np.testing.assert_allclose(in_w.sigma, g * np.array([[1.0, 0.5], [0.5, 1.0]]), rtol=1e-6, atol=1e-6 * g)
+    assert in_w.alpha == pytest.approx(4.0 / (3.0 * g), rel=1e-6)
+    # both queries are tight at the optimum
+    np.testing.assert_allclose(in_w.variances, [g, g], rtol=1e-6)
+
+
+# --------------------------------------------------------------------------------------------
+# Agreement with the independent SDP; certificate validity
+# --------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name,W,targets", CASES, ids=CASE_IDS)
+def test_matches_convex_solver(name, W, targets, cvx_alphas):
+    reference = cvx_alphas[name]
+    solution = solve(W, targets)
+    assert solution.alpha == pytest.approx(reference, rel=1e-3)
+    # the certificate is a valid lower bound (weak duality) ...
+    assert solution.lower_bound <= reference * (1.0 + 1e-6)
+    # ... and the plan is feasible, so it cannot beat the optimum
+    assert solution.alpha >= reference * (1.0 - 1e-6)
+
+
+# --------------------------------------------------------------------------------------------
+# Properties of every solution
+# --------------------------------------------------------------------------------------------
+
+def _check_solution(solution: BlockSolution, W, targets, scale=1.0):
+    W = np.asarray(W, dtype=float)
+    targets = np.broadcast_to(np.asarray(targets, dtype=float), (W.shape[0],))
+    assert isinstance(solution, BlockSolution)
+    # every target met (the solver divides by the largest ratio and 1e-12 more)
+    assert np.all(solution.variances <= scale * targets * (1.0 + 1e-12)), (solution.variances / targets).max()
+    _assert_cholesky(solution.sigma)
+    assert solution.alpha == solution.profile.max()
+    np.testing.assert_allclose(solution.profile, privacy.privacy_profile(solution.sigma, solution.basis),
+                               rtol=1e-9, atol=1e-12 * solution.alpha)
+    recon, sigma = solution.recon, solution.sigma
+    np.testing.assert_allclose(solution.variances, np.diag(recon @ sigma @ recon.T), rtol=1e-9)
+    np.testing.assert_allclose(solution.recon @ solution.basis, W, atol=1e-9 * np.abs(W).max())
+    k = solution.basis.shape[0]
+    assert np.linalg.matrix_rank(solution.basis) == k == np.linalg.matrix_rank(W)
+    assert sigma.shape == (k, k) and recon.shape == (W.shape[0], k)
+    assert 0.0 <= solution.gap <= 1e-3
+    assert solution.lower_bound > 0
+    assert solution.rho == pytest.approx(solution.alpha / 2)
+
+
+@pytest.mark.parametrize("name,W,targets", CASES, ids=CASE_IDS)
+def test_solution_properties(name, W, targets):
+    solution = solve(W, targets)
+    _check_solution(solution, W, targets)
+    assert solution.variance_scale == 1.0
+    assert solution.budget is None
+
+
+@pytest.mark.parametrize("name,W,targets", CASES[:1] + CASES[3:4] + CASES[-3:], ids=CASE_IDS[:1] + CASE_IDS[3:4] + CASE_IDS[-3:])
+def test_profile_invariant_under_change_of_basis(name, W, targets):
+    """B' = T B, Sigma' = T Sigma T^T, L' = L T^-1 is the same mechanism: same profile, same variances."""
+    solution = solve(W, targets)
+    k = solution.basis.shape[0]
+    rng = np.random.default_rng(42)
+    T = rng.standard_normal((k, k)) + 3.0 * np.eye(k)
+    assert abs(np.linalg.det(T)) > 1e-3
+    basis2 = T @ solution.basis
+    sigma2 = T @ solution.sigma @ T.T
+    recon2 = solution.recon @ np.linalg.inv(T)
+    np.testing.assert_allclose(privacy.privacy_profile(sigma2, basis2), solution.profile,
+                               rtol=1e-6, atol=1e-9 * solution.alpha)
+    np.testing.assert_allclose(np.diag(recon2 @ sigma2 @ recon2.T), solution.variances, rtol=1e-6)
+    np.testing.assert_allclose(recon2 @ basis2, W, atol=1e-8 * np.abs(W).max())
+
+
+def _custom_basis(W, seed):
+    """A random invertible mix of an orthonormal row basis of W (so it spans W's rows exactly)."""
+    from tests.reference import orthonormal_row_basis
+
+    row_basis = orthonormal_row_basis(W)
+    k = row_basis.shape[0]
+    T = np.random.default_rng(seed).standard_normal((k, k)) + 2.0 * np.eye(k)
+    return T @ row_basis
+
+
+@pytest.mark.parametrize("name,W,targets", CASES[:1] + CASES[3:4] + CASES[-3:], ids=CASE_IDS[:1] + CASE_IDS[3:4] + CASE_IDS[-3:])
+def test_alpha_does_not_depend_on_basis(name, W, targets):
+    solutions = {kind: solve(W, targets, basis=kind) for kind in ("auto", "identity", "prefix")}
+    solutions["custom"] = solve(W, targets, basis=_custom_basis(W, 5))
+    for kind, solution in solutions.items():
+        _check_solution(solution, W, targets)
+        assert solution.basis_kind == kind
+    # every plan costs at least every proven lower bound, and they agree within the gaps
+    best_bound = max(s.lower_bound for s in solutions.values())
+    for solution in solutions.values():
+        assert solution.alpha >= best_bound * (1.0 - 1e-12)
+        assert solution.alpha <= best_bound * (1.0 + solution.gap) * (1.0 + 1e-12)
+    alphas = [s.alpha for s in solutions.values()]
+    assert max(alphas) / min(alphas) - 1.0 <= max(s.gap for s in solutions.values()) + 1e-12
+
+
+def test_custom_square_basis_of_full_rank_workload():
+    """A random invertible d x d basis for a full-column-rank workload is used as given."""
+    w = wl.random_range_workload(8, 11, seed=0, targets="random")
+    assert np.linalg.matrix_rank(w.matrix) == 8
+    T = np.random.default_rng(9).standard_normal((8, 8)) + 2.0 * np.eye(8)
+    solution = solve(w.matrix, w.targets, basis=T)
+    _check_solution(solution, w.matrix, w.targets)
+    assert not solution.basis_reduced
+    np.testing.assert_array_equal(solution.basis, T)
+    assert solution.alpha == pytest.approx(solve(w.matrix, w.targets).alpha, rel=2e-3)
+
+
+# --------------------------------------------------------------------------------------------
+# Rank-deficient (marginal) workloads and untouched cells
+# --------------------------------------------------------------------------------------------
+
+def test_two_way_marginals_are_reduced():
+    w = wl.all_two_way_marginals((2, 3, 2))
+    rank = np.linalg.matrix_rank(w.matrix)
+    assert rank < w.num_cells
+    for kind in ("identity", "prefix", "auto"):
+        solution = solve(w.matrix, w.targets, basis=kind)
+        assert solution.basis.shape == (rank, w.num_cells)
+        assert solution.basis_reduced is (kind != "auto")
+        _check_solution(solution, w.matrix, w.targets)
+
+
+@pytest.mark.parametrize("sizes,expected", [((3,) * 5, 4.9253), ((2,) * 7, 5.4338), ((4,) * 4, 3.8835)],
+                         ids=["five-3", "seven-2", "four-4"])
+def test_two_way_marginals_design_values(sizes, expected):
+    """DESIGN.md section 2: all 2-way marginals, unit targets (the certified optimum)."""
+    w = wl.all_two_way_marginals(sizes)
+    solution = solve(w.matrix, w.targets)
+    assert solution.alpha == pytest.approx(expected, rel=1e-3)
+    assert solution.lower_bound == pytest.approx(expected, rel=1e-3)
+    assert solution.basis.shape[0] == np.linalg.matrix_rank(w.matrix) < w.num_cells
+    assert np.all(solution.variances <= w.targets)
+
+
+def _untouched_workload(seed=0):
+    rng = np.random.default_rng(seed)
+    W = rng.standard_normal((5, 8))
+    W[:, [1, 4]] = 0.0
+    return W
+
+
+@pytest.mark.parametrize("kind", ["auto", "identity", "prefix"])
+def test_untouched_cells_cost_nothing(kind):
+    W = _untouched_workload()
+    solution = solve(W, 1.0, basis=kind)
+    _check_solution(solution, W, np.ones(5))
+    assert np.all(solution.profile[[1, 4]] <= 1e-20 * solution.alpha)
+    assert np.all(solution.profile[[0, 2, 3, 5, 6, 7]] > 1e-3 * solution.alpha)
+    # zero columns at the end of the domain (the paper's layout) come out exactly zero
+    W2 = np.array([[1.0, 1, 0, 0, 0], [0, 1, 1, 0, 0], [1, 1, 1, 0, 0]])
+    tail = solve(W2, 1.0, basis=kind)
+    assert np.all(tail.profile[3:] <= 1e-20 * tail.alpha)
+
+
+@pytest.mark.parametrize("kind", ["auto", "identity", "prefix"])
+def test_untouched_cells_profile_exactly_zero(kind):
+    W = _untouched_workload()
+    solution = solve(W, 1.0, basis=kind)
+    assert np.all(solution.basis[:, [1, 4]] == 0.0)
+    assert np.all(solution.profile[[1, 4]] == 0.0)
+
+
+def test_lower_bound_is_valid_when_many_cells_are_slack():
+    """W = I_150, c = (1, 100, ..., 100): alpha* = 1 exactly (query 0 reads cell 0 alone, so
+    p_0 >= 1 / Sigma_00 >= 1, and Sigma = diag(c) attains it)."""
+    d = 150
+    targets = np.full(d, 100.0)
+    targets[0] = 1.0
+    solution = solve(np.eye(d), targets)
+    assert solution.alpha == pytest.approx(1.0, rel=1e-9)
+    assert solution.lower_bound <= 1.0 * (1.0 + 1e-9)
+    assert solution.gap >= 0.0
+
+
+# --------------------------------------------------------------------------------------------
+# Problem 2: budgets
+# --------------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def budget_case():
+    w = wl.random_range_workload(8, 11, seed=1, targets="random")
+    return w.matrix, w.targets, solve(w.matrix, w.targets)
+
+
+@pytest.mark.parametrize("rho", [0.1, 0.5, 3.0])
+def test_budget_rho(budget_case, rho):
+    W, targets, problem1 = budget_case
+    solution = solve(W, targets, budget={"rho": rho})
+    assert solution.alpha == pytest.approx(2 * rho, rel=1e-12)
+    assert solution.rho == pytest.approx(rho, rel=1e-12)
+    assert solution.variance_scale == pytest.approx(problem1.alpha / (2 * rho), rel=1e-12)
+    np.testing.assert_allclose(solution.variances, solution.variance_scale * problem1.variances, rtol=1e-12)
+    np.testing.assert_allclose(solution.profile, problem1.profile / solution.variance_scale, rtol=1e-12)
+    assert solution.lower_bound == problem1.lower_bound and solution.gap == problem1.gap
+    assert solution.budget == privacy.Budget(rho=rho)
+    _check_solution(solution, W, targets, scale=solution.variance_scale)
+
+
+@pytest.mark.parametrize("eps,delta", [(1.0, 1e-6), (0.3, 1e-9), (4.0, 1e-5)])
+def test_budget_epsilon_delta(budget_case, eps, delta):
+    W, targets, problem1 = budget_case
+    solution = solve(W, targets, budget=(eps, delta))
+    budget_alpha = privacy.alpha_for_budget(eps, delta)
+    assert solution.alpha == pytest.approx(budget_alpha, rel=1e-12)
+    assert solution.variance_scale == pytest.approx(problem1.alpha / budget_alpha, rel=1e-12)
+    np.testing.assert_allclose(solution.variances, solution.variance_scale * problem1.variances, rtol=1e-12)
+    # the plan spends no more than the budget
+    assert privacy.delta_for_epsilon(solution.alpha, eps) <= delta * (1 + 1e-9)
+    same = solve(W, targets, budget={"epsilon": eps, "delta": delta})
+    assert same.alpha == solution.alpha
+
+
+def test_budget_alpha(budget_case):
+    W, targets, problem1 = budget_case
+    for a in (0.5 * problem1.alpha, 2.0 * problem1.alpha):
+        solution = solve(W, targets, budget={"alpha": a})
+        assert solution.alpha == pytest.approx(a, rel=1e-12)
+        assert solution.variance_scale == pytest.approx(problem1.alpha / a, rel=1e-12)
+        np.testing.assert_allclose(solution.variances, solution.variance_scale * problem1.variances, rtol=1e-12)
+    generous = solve(W, targets, budget={"alpha": 2.0 * problem1.alpha})
+    assert generous.variance_scale == pytest.approx(0.5, rel=1e-12)
+    assert np.all(generous.variances <= targets)
+
+
+# --------------------------------------------------------------------------------------------
+# Bad input
+# --------------------------------------------------------------------------------------------
+
+W_OK = prefix_matrix(4)
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(W=W_OK, targets=[1, 1, np.nan, 1]), r"^targets: "),
+    (dict(W=W_OK, targets=[1, 1, np.inf, 1]), r"^targets: "),
+    (dict(W=W_OK, targets=[1, 0, 1, 1]), r"^targets: "),
+    (dict(W=W_OK, targets=[1, -2, 1, 1]), r"^targets: "),
+    (dict(W=W_OK, targets=[1, 1, 1]), r"^targets: "),
+    (dict(W=W_OK, targets=np.ones((4, 1))), r"^targets: "),
+    (dict(W=np.where(W_OK == 1, np.nan, 0.0), targets=1.0), r"^W: "),
+    (dict(W=np.where(W_OK == 1, np.inf, 0.0), targets=1.0), r"^W: "),
+    (dict(W=np.ones(4), targets=1.0), r"^W: "),
+    (dict(W=W_OK, targets=1.0, basis=np.eye(4)[:3]), r"^basis: "),
+    (dict(W=W_OK, targets=1.0, basis="fourier"), r"^basis: "),
+    (dict(W=W_OK, targets=1.0, basis=np.eye(5)), r"^basis: "),
+    (dict(W=W_OK, targets=1.0, budget={"rho": 1.0, "alpha": 2.0}), r"^budget: given two ways"),
+    (dict(W=W_OK, targets=1.0, budget=(0.0, 1e-6)), r"^budget\.epsilon must be > 0"),
+    (dict(W=W_OK, targets=1.0, budget=(-1.0, 1e-6)), r"^budget\.epsilon must be > 0"),
+    (dict(W=W_OK, targets=1.0, budget=(1.0, 0.0)), r"^budget\.delta must be in \(0, 1\)"),
+    (dict(W=W_OK, targets=1.0, budget=(1.0, 1.0)), r"^budget\.delta must be in \(0, 1\)"),
+    (dict(W=W_OK, targets=1.0, budget={"epsilon": 1.0, "delta": 1.5}), r"^budget\.delta must be in \(0, 1\)"),
+    (dict(W=W_OK, targets=1.0, method="newton"), r"^method: unknown method"),
+    (dict(W=np.zeros((3, 3)), targets=1.0), r"^W: every entry is zero"),
+    (dict(W=[[1.0, 0.0], [0.0, 0.0]], targets=1.0), r"^W: row 1 is all zeros"),
+    (dict(W=[["a", "b"]], targets=1.0), r"^W: not a numeric matrix"),
+    (dict(W=W_OK, targets="many"), r"^targets: not numeric"),
+    (dict(W=W_OK, targets=1.0, gap_tolerance=0.0), r"^gap_tolerance: "),
+    (dict(W=W_OK, targets=1.0, max_gap=np.nan), r"^max_gap: "),
+], ids=[
+    "targets-nan", "targets-inf", "targets-zero", "targets-negative", "targets-length", "targets-2d",
+    "W-nan", "W-inf", "W-1d", "basis-not-spanning", "basis-unknown-name", "basis-wrong-width",
+    "budget-two-ways", "epsilon-zero", "epsilon-negative", "delta-zero", "delta-one", "delta-big",
+    "method-unknown", "W-all-zero", "W-zero-row", "W-not-numeric", "targets-not-numeric",
+    "gap-tolerance-zero", "max-gap-nan",
+])
+def test_bad_input_raises_value_error(kwargs, match):
+    kwargs = dict(kwargs)
+    with pytest.raises(ValueError, match=match):
+        solve(kwargs.pop("W"), kwargs.pop("targets"), **kwargs)
+
+
+def test_budget_two_ways_message():
+    with pytest.raises(ValueError, match=r"budget: given two ways \(rho and alpha\)"):
+        solve(W_OK, 1.0, budget={"rho": 1, "alpha": 2})
+
+
+def test_block_too_large_for_memory_limit():
+    with pytest.raises(MemoryError, match="blocks"):
+        solve(W_OK, 1.0, memory_limit_bytes=1000)
+    # the same block fits under a generous limit
+    assert solve(W_OK, 1.0, memory_limit_bytes=1 << 30).alpha == pytest.approx(TABLE2[4], rel=2e-3)
+
+
+def test_unconverged_solve_raises_convergence_error():
+    w = wl.random_range_workload(12, 20, seed=1, targets="random")
+    with pytest.raises(ConvergenceError) as info:
+        solve(w.matrix, w.targets, method="dual", dual_iterations=1, max_gap=1e-9)
+    message = str(info.value)
+    assert "alpha" in message and "lower bound" in message and "gap" in message
+    numbers = {}
+    for key, pattern in (("alpha", r"alpha ([0-9.e+-]+)"), ("bound", r"lower bound ([0-9.e+-]+)"),
+                         ("gap", r"gap ([0-9.e+-]+)%")):
+        found = re.search(pattern, message)
+        assert found, (key, message)
+        numbers[key] = float(found.group(1))
+    assert numbers["alpha"] > numbers["bound"] > 0
+    assert numbers["gap"] / 100 == pytest.approx(numbers["alpha"] / numbers["bound"] - 1, rel=1e-3)
+    assert issubclass(ConvergenceError, RuntimeError)
+    assert distfit.ConvergenceError is ConvergenceError
+
+
+def test_sigma_is_exactly_symmetric():
+    """A residual block of three prefix attributes with per-query targets (the kind that once
+    stored round-off asymmetry, failing audit): the returned sigma equals its transpose bit for
+    bit."""
+    from distfit.plan.planner import BlockTask, decompose, solve_block
+    from distfit.spec.parse import parse_spec
+
+    spec = parse_spec({"name": "sym", "attributes": [
+        {"name": "a", "size": 6, "ordinal": True}, {"name": "b", "size": 7, "ordinal": True},
+        {"name": "c", "size": 3, "ordinal": True}],
+        "queries": [{"name": "abc", "attributes": {"a": "prefix", "b": "prefix", "c": "prefix"},
+                     "target": {"base": 100, "width_power": 0.5, "jitter": 0.5}}],
+        "blocks": {"merge": False}})
+    blocks, _ = decompose(spec.domain, spec.group_triples(), 0)
+    block = next(b for b in blocks if b.attributes == ("a", "b", "c"))
+    solution = solve_block(BlockTask(0, block, block.targets))
+    assert np.array_equal(solution.sigma, solution.sigma.T)

@@ -1,0 +1,718 @@
+"""Tests for distfit.spec.parse (pipeline specs)."""
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import itertools
+import json
+import math
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+import distfit.spec.parse as spec_module
+from distfit.plan.residual import residual_blocks
+from distfit.privacy import Budget
+from distfit.spec.parse import (
+    AttributeSpec,
+    BlockLimits,
+    PipelineSpec,
+    PrivacySpec,
+    SpecError,
+    load_spec,
+    parse_spec,
+)
+from distfit.workload import age_pyramid_workload, pl94_workload, workload_from_groups
+
+ROOT = Path(__file__).resolve().parents[2]
+PIPELINES = ROOT / "pipelines"
+
+BASE = """\
+name: toy
+attributes:
+  - {name: age, size: 4, ordinal: true}
+  - {name: sex, values: [male, female]}
+  - {name: race, values: [white, black, asian]}
+queries:
+  - name: age
+    attributes: {age: identity}
+    target: 1
+"""
+
+
+def write(tmp_path: Path, text: str, name: str = "spec.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+def base_mapping() -> dict:
+    return yaml.safe_load(BASE)
+
+
+def rows_and_targets(workload) -> list[tuple[tuple[float, ...], float]]:
+    return sorted((tuple(row), float(t)) for row, t in zip(workload.matrix, workload.targets))
+
+
+# ------------------------------------------------------------------ example specs
+
+
+def test_pl94_spec_loads():
+    spec = load_spec(PIPELINES / "pl94.yaml")
+    assert isinstance(spec, PipelineSpec)
+    assert spec.name == "pl94"
+    assert spec.domain.names == ("voting_age", "hispanic", "race")
+    assert spec.domain.sizes == (2, 2, 63)
+    assert spec.units is not None and spec.units.column == "block_id"
+    assert [g.name for g in spec.groups] == ["voting_age", "hispanic", "race_single", "race_multi", "detailed"]
+    assert [g.num_queries for g in spec.groups] == [2, 2, 6, 57, 252]
+    race = spec.attribute("race")
+    races = ("white", "black", "aian", "asian", "nhpi", "sor")
+    for r in range(1, 64):  # value r-1 is the combination with bitmask r
+        assert race.values[r - 1] == "+".join(x for k, x in enumerate(races) if r >> k & 1)
+    assert spec.group("race_single").labels[1] == "race[black]"
+    assert spec.privacy == PrivacySpec("accuracy", None)
+    assert spec.blocks == BlockLimits(4096, True)
+    assert spec.source_path == str((PIPELINES / "pl94.yaml").resolve())
+
+
+def test_pl94_spec_workload_matches_builtin():
+    spec = load_spec(PIPELINES / "pl94.yaml")
+    mine, reference = spec.workload(), pl94_workload()
+    assert mine.shape == reference.shape == (319, 252)
+    assert mine.domain == reference.domain
+    assert rows_and_targets(mine) == rows_and_targets(reference)
+    assert len(set(mine.labels)) == 319
+    assert mine.labels[0] == "voting_age:voting_age[under_18]"
+
+
+def test_age_pyramid_spec_workload_matches_builtin():
+    spec = load_spec(PIPELINES / "age_pyramid.yaml")
+    assert spec.domain.sizes == (2, 116)
+    assert spec.attribute("age").ordinal and spec.attribute("age").values[17] == "17"
+    mine, reference = spec.workload(), age_pyramid_workload()
+    assert mine.shape == reference.shape == (351, 232)
+    assert rows_and_targets(mine) == rows_and_targets(reference)
+    assert spec.group("male").labels[17] == "sex[male],age[<=17]"
+    assert spec.group("both_adults").labels == ("age[18..115]",)
+
+
+def test_group_triples_feed_workload_and_blocks():
+    spec = load_spec(PIPELINES / "pl94.yaml")
+    triples = spec.group_triples()
+    assert [t[0] for t in triples] == [g.name for g in spec.groups]
+    from_groups = workload_from_groups(spec.domain, triples)
+    np.testing.assert_array_equal(from_groups.matrix, spec.workload().matrix)
+    np.testing.assert_array_equal(from_groups.targets, spec.targets)
+    blocks = residual_blocks(spec.domain, triples)
+    assert {b.block_id for b in blocks} >= {"total", "r-race", "r-voting_age.hispanic.race"}
+    group = spec.group("detailed")
+    assert list(group.matrices) == ["voting_age", "hispanic", "race"]
+    assert not group.targets.flags.writeable
+    assert not group.matrices["race"].flags.writeable
+
+
+def test_workload_refuses_huge_domains(tmp_path):
+    path = write(tmp_path, """\
+        name: big
+        attributes:
+          - {name: a, size: 3000}
+          - {name: b, size: 3000}
+        queries:
+          - {name: a, attributes: {a: identity}, target: 1}
+        """)
+    spec = load_spec(path)
+    assert spec.domain.size == 9_000_000
+    with pytest.raises(ValueError, match="9000000 cells"):
+        spec.workload()
+
+
+def _generator():
+    location = importlib.util.spec_from_file_location("generate_marginals", PIPELINES / "generate_marginals.py")
+    module = importlib.util.module_from_spec(location)
+    location.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def marginals() -> PipelineSpec:
+    return load_spec(PIPELINES / "marginals.yaml")
+
+
+def test_marginals_spec_loads(marginals):
+    spec = marginals
+    assert spec.name == "marginals"
+    assert len(spec.attributes) >= 30
+    assert all(2 <= a.size <= 20 for a in spec.attributes)
+    assert {2, 20} <= {a.size for a in spec.attributes}
+    ordinal = {a.name for a in spec.attributes if a.ordinal}
+    assert len(ordinal) >= 8
+    n = len(spec.attributes)
+    assert len(spec.groups) == n * (n - 1) // 2 == 435
+    pairs = [g.attributes for g in spec.groups]
+    assert sorted(pairs) == sorted(itertools.combinations(spec.domain.names, 2))
+    kinds = {}
+    for group in spec.groups:
+        assert len(group.attributes) == 2
+        assert math.prod(spec.attribute(a).size for a in group.attributes) <= 400
+        for attribute, query in group.queries:
+            kinds.setdefault(attribute, set()).add(query.kind)
+        assert np.ptp(group.targets) > 0  # per-query targets within every group
+    for name, used in kinds.items():  # one kind per attribute, in all of its groups
+        assert len(used) == 1
+        assert used <= ({"prefix", "ranges"} if name in ordinal else {"identity"})
+    assert {"prefix", "ranges"} <= set().union(*kinds.values())
+    # targets follow the priorities: group base 1 + (10 - p_a - p_b) / 4 (generator), and query j
+    # gets base * w_j ** 0.25 * [1, 2)
+    generator = _generator()
+    priority = {a[0]: a[4] for a in generator.ATTRIBUTES}
+    assert list(priority) == list(spec.domain.names)
+    for group in spec.groups:
+        a, b = group.attributes
+        base = 1 + (10 - priority[a] - priority[b]) / 4
+        widths = np.kron(*(np.count_nonzero(q.matrix, axis=1) for _, q in group.queries))
+        ratio = group.targets / (base * widths ** 0.25)
+        assert ratio.min() >= 1 and ratio.max() < 2
+    assert spec.group("age_band-sex").targets.max() > spec.group("vehicles-internet_access").targets.min()
+    assert spec.blocks == BlockLimits(400, True)
+
+
+def test_marginals_yaml_is_generated():
+    assert (PIPELINES / "marginals.yaml").read_text() == _generator().render()
+
+
+def test_marginals_residual_blocks_are_many_and_small(marginals):
+    spec = marginals
+    start = time.perf_counter()
+    blocks = residual_blocks(spec.domain, spec.group_triples())
+    seconds = time.perf_counter() - start
+    assert len(blocks) >= 300
+    assert seconds < 10, seconds
+    assert max(b.basis.shape[1] for b in blocks) <= 400
+    assert sum(1 for b in blocks if np.ptp(b.targets) > 0) >= 300
+
+
+def test_mix_spec_loads():
+    spec = load_spec(PIPELINES / "mix.yaml")
+    assert 3 <= len(spec.attributes) <= 4
+    assert spec.domain.size <= 400
+    assert spec.attribute("age").ordinal and 10 <= spec.attribute("age").size <= 16
+    assert spec.attribute("education").ordinal
+    sizes = {len(g.attributes) for g in spec.groups}
+    assert {1, 2} <= sizes
+    kinds = {q.kind for g in spec.groups for _, q in g.queries}
+    assert {"prefix", "ranges", "identity"} <= kinds
+    assert sum(1 for g in spec.groups if np.ptp(g.targets) > 0) >= 5
+    workload = spec.workload()
+    assert workload.matrix.shape == (spec.num_queries, spec.domain.size)
+    assert spec.group("age_policy").labels[0] == "age[18-19..85_plus]"
+
+
+def test_new_specs_round_trip_through_to_dict(marginals):
+    for spec in (marginals, load_spec(PIPELINES / "mix.yaml")):
+        data = json.loads(json.dumps(spec.to_dict()))
+        assert parse_spec(data).spec_hash == spec.spec_hash
+
+
+# ------------------------------------------------------------------ kinds, labels, defaults
+
+
+def test_query_kinds_labels_and_matrices(tmp_path):
+    path = write(tmp_path, """\
+        name: kinds
+        attributes:
+          - {name: age, size: 4, ordinal: true}
+          - {name: sex, values: [male, female]}
+        queries:
+          - name: pre
+            attributes: {age: prefix, sex: total}
+            target: 1
+          - name: rng
+            attributes: {age: {ranges: [[1, 2], ['0', 3]]}}
+            target: [1, 2]
+          - name: all
+            attributes: {age: all_ranges}
+            target: 1
+          - name: sel
+            attributes: {sex: {select: [female, 0]}, age: identity}
+            target: 3
+          - name: mat
+            attributes: {sex: {matrix: [[1, -1]]}}
+            target: 1
+          - name: everyone
+            total: true
+            target: 5
+        """)
+    spec = load_spec(path)
+    pre = spec.group("pre")
+    assert pre.attributes == ("age", "sex")  # schema order
+    assert pre.labels[:2] == ("age[<=0],sex[*]", "age[<=1],sex[*]")
+    np.testing.assert_array_equal(pre.matrices["age"], np.tri(4))
+    rng = spec.group("rng")
+    assert rng.labels == ("age[1..2]", "age[0..3]")
+    np.testing.assert_array_equal(rng.matrices["age"], [[0, 1, 1, 0], [1, 1, 1, 1]])
+    np.testing.assert_array_equal(rng.targets, [1, 2])
+    assert spec.group("all").num_queries == 10
+    assert spec.group("all").labels[:2] == ("age[0..0]", "age[0..1]")
+    sel = spec.group("sel")
+    assert sel.attributes == ("age", "sex")
+    assert sel.num_queries == 8 and sel.labels[:2] == ("age[0],sex[female]", "age[0],sex[male]")
+    np.testing.assert_array_equal(sel.matrices["sex"], [[0, 1], [1, 0]])
+    assert spec.group("mat").labels == ("sex[#0]",)
+    everyone = spec.group("everyone")
+    assert everyone.queries == () and everyone.num_queries == 1 and everyone.labels == ("total",)
+    w = spec.workload()
+    assert w.num_queries == 4 + 2 + 10 + 8 + 1 + 1
+    np.testing.assert_array_equal(w.matrix[-1], np.ones(8))
+    assert w.labels[-1] == "everyone:total"
+
+
+def test_defaults_and_budget_modes():
+    spec = parse_spec(base_mapping())
+    assert spec.description == "" and spec.units is None
+    assert spec.privacy.mode == "accuracy" and spec.privacy.budget is None
+    assert spec.blocks == BlockLimits(4096, True)
+    assert spec.attributes[0] == AttributeSpec("age", ("0", "1", "2", "3"), True)
+    assert spec.attributes[1].size == 2
+    mapping = base_mapping()
+    mapping["privacy"] = {"rho": 0.5}  # mode inferred
+    assert parse_spec(mapping).privacy == PrivacySpec("budget", Budget(rho=0.5))
+    mapping["privacy"] = {"mode": "budget", "epsilon": 1.0, "delta": 1e-6}
+    assert parse_spec(mapping).privacy.budget == Budget(epsilon=1.0, delta=1e-6)
+
+
+def test_yaml_dialect(tmp_path):
+    path = write(tmp_path, """\
+        name: dialect
+        attributes:
+          - {name: answer, values: [yes, no, on, 18_64, 2020-01-01]}
+        queries:
+          - {name: a, attributes: {answer: identity}, target: 1e3}
+        """)
+    spec = load_spec(path)
+    assert spec.attributes[0].values == ("yes", "no", "on", "18_64", "2020-01-01")
+    assert spec.groups[0].targets[0] == 1000.0
+
+
+# ------------------------------------------------------------------ hash and canonical form
+
+
+def test_spec_hash_stable_across_key_order_and_spelling():
+    a = base_mapping()
+    b = {key: a[key] for key in reversed(list(a))}
+    b["attributes"] = [dict(reversed(list(attr.items()))) for attr in a["attributes"]]
+    assert parse_spec(a).spec_hash == parse_spec(b).spec_hash
+    c = base_mapping()
+    c["description"] = "words do not count"
+    c["queries"][0]["target"] = [1, 1.0, 1, 1]  # same content, spelled as a list
+    c["blocks"] = {"max_cells": 4096}
+    assert parse_spec(c).spec_hash == parse_spec(a).spec_hash
+    d = base_mapping()
+    d["queries"][0]["target"] = 2
+    assert parse_spec(d).spec_hash != parse_spec(a).spec_hash
+    e = base_mapping()
+    e["queries"][0]["target"] = [1, 1, 1, 1.5]
+    assert parse_spec(e).spec_hash != parse_spec(a).spec_hash
+
+
+def test_to_dict_is_canonical_json_and_round_trips(tmp_path):
+    for name in ("pl94.yaml", "age_pyramid.yaml"):
+        spec = load_spec(PIPELINES / name)
+        data = spec.to_dict()
+        assert json.loads(json.dumps(data)) == data
+        again = parse_spec(json.loads(json.dumps(data)))
+        assert again.spec_hash == spec.spec_hash
+        assert again.description == spec.description
+    spec = load_spec(PIPELINES / "pl94.yaml")
+    single = spec.to_dict()["queries"][2]
+    assert single == {"name": "race_single", "attributes": {"race": {"select": [0, 1, 3, 7, 15, 31]}},
+                      "target": 1.0}
+    assert len(spec.spec_hash) == 64
+
+
+# ------------------------------------------------------------------ target files
+
+
+def test_target_files_relative_to_spec(tmp_path):
+    sub = tmp_path / "specs"
+    sub.mkdir()
+    (sub / "data").mkdir()
+    (sub / "data" / "age.csv").write_text("# targets\n1, 2\n3\n4,\n")
+    np.save(sub / "data" / "sex.npy", np.array([[5.0], [6.0]]))
+    path = write(sub, """\
+        name: files
+        attributes:
+          - {name: age, size: 4, ordinal: true}
+          - {name: sex, values: [male, female]}
+        queries:
+          - {name: a, attributes: {age: identity}, target: {file: data/age.csv}}
+          - {name: s, attributes: {sex: identity}, target: {file: data/sex.npy}}
+        """)
+    spec = load_spec(path)
+    np.testing.assert_array_equal(spec.group("a").targets, [1, 2, 3, 4])
+    np.testing.assert_array_equal(spec.group("s").targets, [5, 6])
+    assert spec.to_dict()["queries"][0]["target"] == [1.0, 2.0, 3.0, 4.0]
+    inline = parse_spec({**yaml.safe_load(path.read_text()), "queries": [
+        {"name": "a", "attributes": {"age": "identity"}, "target": [1, 2, 3, 4]},
+        {"name": "s", "attributes": {"sex": "identity"}, "target": [5, 6]}]})
+    assert inline.spec_hash == spec.spec_hash
+    # parse_spec reads relative files from base_dir
+    mapping = yaml.safe_load(path.read_text())
+    assert parse_spec(mapping, base_dir=sub).group("a").targets[3] == 4
+
+
+def _rule_u(seed: int, group: str, j: int) -> float:
+    digest = hashlib.sha256(f"{seed}:{group}:{j}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") / 2**64
+
+
+def test_target_rule(tmp_path):
+    path = write(tmp_path, """\
+        name: rule
+        attributes:
+          - {name: age, size: 4, ordinal: true}
+          - {name: sex, values: [male, female]}
+        queries:
+          - {name: flat, attributes: {age: identity}, target: {base: 2}}
+          - {name: wide, attributes: {age: prefix, sex: identity}, target: {base: 1.5, width_power: 0.5}}
+          - name: age-sex
+            attributes: {age: {ranges: [[0, 3], [1, 2]]}, sex: total}
+            target: {base: 3, width_power: 0.25, jitter: 1, seed: 7}
+          - {name: all, total: true, target: {base: 4, jitter: 0.5}}
+        """)
+    spec = load_spec(path)
+    np.testing.assert_array_equal(spec.group("flat").targets, [2, 2, 2, 2])
+    # prefix x identity: query (age <= v, sex s) reads v + 1 cells
+    np.testing.assert_allclose(spec.group("wide").targets, 1.5 * np.sqrt([1, 1, 2, 2, 3, 3, 4, 4]))
+    widths = [4 * 2, 2 * 2]  # ranges 0..3 and 1..2, times the sex total
+    expected = [3 * w ** 0.25 * (1 + _rule_u(7, "age-sex", j)) for j, w in enumerate(widths)]
+    np.testing.assert_allclose(spec.group("age-sex").targets, expected, rtol=1e-15)
+    np.testing.assert_allclose(spec.group("all").targets, [4 * (1 + 0.5 * _rule_u(0, "all", 0))])
+    # rule targets are inlined in the canonical form: same hash as the list
+    data = spec.to_dict()
+    assert data["queries"][0]["target"] == 2.0
+    assert data["queries"][2]["target"] == list(spec.group("age-sex").targets)
+    assert parse_spec(json.loads(json.dumps(data))).spec_hash == spec.spec_hash
+    # another seed draws other factors; jitter stays within [1, 1 + J)
+    mapping = yaml.safe_load(path.read_text())
+    mapping["queries"][2]["target"]["seed"] = 8
+    other = parse_spec(mapping).group("age-sex").targets
+    assert not np.allclose(other, spec.group("age-sex").targets)
+    ratio = other / (3 * np.array(widths) ** 0.25)
+    assert np.all((ratio >= 1) & (ratio < 2))
+
+
+# ------------------------------------------------------------------ errors
+
+
+def _error(tmp_path: Path, text: str) -> str:
+    with pytest.raises(SpecError) as info:
+        load_spec(write(tmp_path, text))
+    assert info.value.field
+    message = str(info.value)
+    assert "\n" not in message
+    return message
+
+
+def _edit(**changes) -> str:
+    mapping = base_mapping()
+    mapping.update(changes)
+    return yaml.safe_dump(mapping, sort_keys=False)
+
+
+ERROR_CASES = [
+    # (description, YAML text, expected message start)
+    ("unknown attribute", _edit(queries=[
+        {"name": "a", "attributes": {"age": "identity"}, "target": 1},
+        {"name": "b", "attributes": {"sex": "identity"}, "target": 1},
+        {"name": "c", "attributes": {"agee": "identity"}, "target": 1}]),
+     "queries[2].attributes.agee: unknown attribute 'agee' (attributes: age, sex, race)"),
+    ("duplicated attribute", _edit(attributes=[
+        {"name": "age", "size": 4}, {"name": "sex", "size": 2}, {"name": "race", "size": 3},
+        {"name": "sex", "size": 2}]),
+     "attributes[3].name: duplicated attribute 'sex'"),
+    ("negative target", _edit(queries=[{"name": "a", "attributes": {"age": "identity"}, "target": -1}]),
+     "queries[0].target: must be > 0, got -1"),
+    ("prefix on nominal", _edit(queries=[
+        {"name": "a", "attributes": {"age": "identity"}, "target": 1},
+        {"name": "b", "attributes": {"sex": "prefix"}, "target": 1}]),
+     "queries[1].attributes.sex: prefix queries need an ordinal attribute"),
+    ("ranges on nominal", _edit(queries=[
+        {"name": "b", "attributes": {"race": {"ranges": [[0, 1]]}}, "target": 1}]),
+     "queries[0].attributes.race: ranges queries need an ordinal attribute"),
+    ("budget two ways", _edit(privacy={"mode": "budget", "rho": 0.5, "epsilon": 1.0, "delta": 1e-6}),
+     "privacy: budget given two ways (rho and epsilon/delta)"),
+    ("budget missing", _edit(privacy={"mode": "budget"}), "privacy: no budget given"),
+    ("budget negative rho", _edit(privacy={"rho": -1}), "privacy.rho: must be finite and > 0"),
+    ("budget in accuracy mode", _edit(privacy={"mode": "accuracy", "alpha": 1}),
+     "privacy: mode accuracy takes no budget"),
+    ("bad privacy mode", _edit(privacy={"mode": "fast"}), "privacy.mode: expected accuracy or budget"),
+    ("malformed yaml", "name: toy\nattributes: [\n  {name: a, size: 2}\nqueries: x\n", "{file}: malformed YAML at line 4:"),
+    ("duplicate yaml key", "name: toy\nname: again\n", "{file}: malformed YAML at line 2: duplicate key 'name'"),
+    ("target length", _edit(queries=[
+        {"name": f"g{k}", "attributes": {"age": "identity"}, "target": 1} for k in range(4)] + [
+        {"name": "g4", "attributes": {"age": "identity", "race": "identity"}, "target": [1] * 10}]),
+     "queries[4].target: expected 12 values (one per query), got 10"),
+    ("target missing file", _edit(queries=[
+        {"name": "a", "attributes": {"age": "identity"}, "target": {"file": "x.csv"}}]),
+     "queries[0].target.file: cannot read 'x.csv': "),
+    ("unknown top-level key", BASE + "querys: []\n", "spec: unknown key 'querys' (did you mean 'queries'?)"),
+    ("missing top-level key", "name: toy\nattributes: [{name: a, size: 2}]\n", "spec: missing required key 'queries'"),
+    ("top level not a mapping", "- 1\n- 2\n", "spec: expected a mapping"),
+    ("empty file", "# nothing\n", "{file}: empty spec"),
+    ("bad name", _edit(name="my spec"), "name: a spec name 'my spec' may hold only"),
+    ("attributes not a list", _edit(attributes={"age": 4}), "attributes: expected a list of attributes, got a mapping"),
+    ("values and size", _edit(attributes=[{"name": "a", "size": 2, "values": ["x", "y"]}]),
+     "attributes[0]: give values or size, not both"),
+    ("size not int", _edit(attributes=[{"name": "a", "size": "four"}]),
+     "attributes[0].size: expected an integer >= 1, got a string 'four'"),
+    ("ordinal not bool", _edit(attributes=[{"name": "a", "size": 2, "ordinal": "yes"}]),
+     "attributes[0].ordinal: expected true or false, got a string 'yes'"),
+    ("duplicated label", _edit(attributes=[{"name": "a", "values": ["x", "y", "x"]}]),
+     "attributes[0].values[2]: duplicated value label 'x'"),
+    ("bad label", _edit(attributes=[{"name": "a", "values": ["x", "y[1]"]}]), "attributes[0].values[1]: bad label"),
+    ("unknown attribute key", _edit(attributes=[{"name": "a", "size": 2, "ordinl": True}]),
+     "attributes[0]: unknown key 'ordinl' (did you mean 'ordinal'?)"),
+    ("queries not a list", _edit(queries={"a": 1}), "queries: expected a list of query groups, got a mapping"),
+    ("empty queries", _edit(queries=[]), "queries: must hold at least one query group"),
+    ("duplicated group", _edit(queries=[
+        {"name": "a", "attributes": {"age": "identity"}, "target": 1},
+        {"name": "a", "attributes": {"sex": "identity"}, "target": 1}]),
+     "queries[1].name: duplicated group name 'a'"),
+    ("unknown kind", _edit(queries=[{"name": "a", "attributes": {"age": "prefx"}, "target": 1}]),
+     "queries[0].attributes.age: unknown query kind 'prefx' (did you mean 'prefix'?"),
+    ("unknown select value", _edit(queries=[{"name": "a", "attributes": {"race": {"select": ["whte"]}}, "target": 1}]),
+     "queries[0].attributes.race.select[0]: unknown value 'whte' of race (values: white, black, asian)"),
+    ("select index out of range", _edit(queries=[{"name": "a", "attributes": {"race": {"select": [0, 3]}}, "target": 1}]),
+     "queries[0].attributes.race.select[1]: value index 3 out of range 0..2"),
+    ("select repeated", _edit(queries=[{"name": "a", "attributes": {"race": {"select": [0, "white"]}}, "target": 1}]),
+     "queries[0].attributes.race.select[1]: value 'white' selected twice"),
+    ("empty range", _edit(queries=[{"name": "a", "attributes": {"age": {"ranges": [[0, 1], [3, 2]]}}, "target": 1}]),
+     "queries[0].attributes.age.ranges[1]: empty range"),
+    ("matrix columns", _edit(queries=[{"name": "a", "attributes": {"race": {"matrix": [[1, 0]]}}, "target": 1}]),
+     "queries[0].attributes.race.matrix: expected 3 columns"),
+    ("matrix zero row", _edit(queries=[{"name": "a", "attributes": {"race": {"matrix": [[1, 0, 0], [0, 0, 0]]}}, "target": 1}]),
+     "queries[0].attributes.race.matrix[1]: row is all zeros"),
+    ("two kinds", _edit(queries=[{"name": "a", "attributes": {"race": {"select": [0], "matrix": [[1, 1, 1]]}}, "target": 1}]),
+     "queries[0].attributes.race: a query-kind mapping has exactly one key"),
+    ("empty clique", _edit(queries=[{"name": "a", "attributes": {}, "target": 1}]),
+     "queries[0].attributes: empty"),
+    ("total and attributes", _edit(queries=[{"name": "a", "total": True, "attributes": {"age": "identity"}, "target": 1}]),
+     "queries[0]: give attributes or total: true, not both"),
+    ("missing target", _edit(queries=[{"name": "a", "attributes": {"age": "identity"}}]),
+     "queries[0]: missing required key 'target'"),
+    ("target not a number", _edit(queries=[{"name": "a", "attributes": {"age": "identity"}, "target": "one"}]),
+     "queries[0].target: expected a number, a list of numbers or {file: PATH}"),
+    ("target list entry", _edit(queries=[{"name": "a", "attributes": {"age": "identity"}, "target": [1, 2, 0, 1]}]),
+     "queries[0].target[2]: must be finite and > 0, got 0"),
+    ("target list type", _edit(queries=[{"name": "a", "attributes": {"age": "identity"}, "target": [1, 2, "x", 1]}]),
+     "queries[0].target[2]: expected a number, got a string 'x'"),
+    ("target bad extension", _edit(queries=[{"name": "a", "attributes": {"age": "identity"}, "target": {"file": "t.txt"}}]),
+     "queries[0].target.file: unsupported target file 't.txt'"),
+    ("clique too large", _edit(blocks={"max_cells": 10}, queries=[
+        {"name": "a", "attributes": {"age": "identity"}, "target": 1},
+        {"name": "b", "attributes": {"age": "identity", "race": "identity"}, "target": 1}]),
+     "queries[1].attributes: clique of 12 cells exceeds blocks.max_cells = 10"),
+    ("blocks max_cells", _edit(blocks={"max_cells": 0}), "blocks.max_cells: must be >= 1, got 0"),
+    ("blocks merge", _edit(blocks={"merge": "no"}), "blocks.merge: expected true or false"),
+    ("blocks unknown key", _edit(blocks={"max_cell": 5}), "blocks: unknown key 'max_cell' (did you mean 'max_cells'?)"),
+    ("units column", _edit(units={"column": 3}), "units.column: expected a column name"),
+    ("units not mapping", _edit(units="block_id"), "units: expected a mapping {column: NAME} or null"),
+    ("description type", _edit(description=[1]), "description: expected a string"),
+    # target rules
+    ("rule without base", _edit(queries=[{"name": "a", "attributes": {"age": "prefix"}, "target": {"jitter": 1}}]),
+     "queries[0].target: missing required key 'base'"),
+    ("rule base type", _edit(queries=[{"name": "a", "attributes": {"age": "prefix"}, "target": {"base": "x"}}]),
+     "queries[0].target.base: expected a number, got a string 'x'"),
+    ("rule base zero", _edit(queries=[{"name": "a", "attributes": {"age": "prefix"}, "target": {"base": 0}}]),
+     "queries[0].target.base: must be finite and > 0, got 0"),
+    ("rule base infinite", _edit(queries=[{"name": "a", "attributes": {"age": "prefix"}, "target": {"base": float("inf")}}]),
+     "queries[0].target.base: must be finite, got inf"),
+    ("rule width_power type", _edit(queries=[
+        {"name": "a", "attributes": {"age": "prefix"}, "target": {"base": 1, "width_power": [1]}}]),
+     "queries[0].target.width_power: expected a number, got a list"),
+    ("rule negative jitter", _edit(queries=[
+        {"name": "a", "attributes": {"age": "prefix"}, "target": {"base": 1, "jitter": -1}}]),
+     "queries[0].target.jitter: must be finite and >= 0, got -1"),
+    ("rule seed float", _edit(queries=[
+        {"name": "a", "attributes": {"age": "prefix"}, "target": {"base": 1, "jitter": 1, "seed": 1.5}}]),
+     "queries[0].target.seed: expected an integer >= 0, got a number 1.5"),
+    ("rule seed negative", _edit(queries=[
+        {"name": "a", "attributes": {"age": "prefix"}, "target": {"base": 1, "seed": -3}}]),
+     "queries[0].target.seed: expected an integer >= 0, got an integer -3"),
+    ("rule unknown key", _edit(queries=[
+        {"name": "a", "attributes": {"age": "prefix"}, "target": {"base": 1, "jiter": 1}}]),
+     "queries[0].target: unknown key 'jiter' (did you mean 'jitter'?)"),
+    ("rule and file", _edit(queries=[
+        {"name": "a", "attributes": {"age": "prefix"}, "target": {"file": "t.csv", "base": 1}}]),
+     "queries[0].target: give {file: PATH} or a rule (base), not both"),
+    ("rule overflows", _edit(queries=[
+        {"name": "a", "attributes": {"age": "prefix"}, "target": {"base": 1e308, "width_power": 10}}]),
+     "queries[0].target: the rule gives query [1] the target inf; targets must be finite and > 0"),
+    ("rule in a later group", _edit(queries=[
+        {"name": "a", "attributes": {"age": "prefix"}, "target": {"base": 1}},
+        {"name": "b", "attributes": {"sex": "identity"}, "target": {"base": 1, "jitter": "big"}}]),
+     "queries[1].target.jitter: expected a number, got a string 'big'"),
+]
+
+
+@pytest.mark.parametrize("text,start", [case[1:] for case in ERROR_CASES],
+                         ids=[case[0] for case in ERROR_CASES])
+def test_errors_start_with_field_path(tmp_path, text, start):
+    message = _error(tmp_path, text)
+    start = start.replace("{file}", str(tmp_path / "spec.yaml"))
+    assert message.startswith(start), message
+
+
+def test_error_is_value_error_with_field(tmp_path):
+    with pytest.raises(ValueError) as info:
+        parse_spec({"name": "x"})
+    assert isinstance(info.value, SpecError)
+    assert info.value.field == "spec"
+    missing = tmp_path / "absent.yaml"
+    with pytest.raises(SpecError, match=r"absent\.yaml: cannot read the spec"):
+        load_spec(missing)
+
+
+def test_target_file_errors(tmp_path):
+    (tmp_path / "short.csv").write_text("1, 2, 3\n")
+    (tmp_path / "neg.npy").write_bytes(b"")
+    np.save(tmp_path / "neg.npy", np.array([1.0, -1.0, 1.0, 1.0]))
+    (tmp_path / "header.csv").write_text("target\n1\n2\n3\n4\n")
+    np.save(tmp_path / "matrix.npy", np.ones((2, 2)))
+    cases = {
+        "short.csv": "queries[0].target.file: expected 4 values (one per query), got 3 in 'short.csv'",
+        "neg.npy": "queries[0].target.file: value [1] of 'neg.npy' must be finite and > 0, got -1",
+        "header.csv": "queries[0].target.file: 'header.csv' line 1: 'target' is not a number",
+        "matrix.npy": "queries[0].target.file: 'matrix.npy' must hold a 1-D array",
+    }
+    for name, start in cases.items():
+        text = _edit(queries=[{"name": "a", "attributes": {"age": "identity"}, "target": {"file": name}}])
+        message = _error(tmp_path, text)
+        assert message.startswith(start), message
+
+
+def test_readme_carries_the_schema_reference():
+    readme = (PIPELINES / "README.md").read_text()
+    doc = spec_module.__doc__
+    body = doc[doc.index("A pipeline spec is a YAML mapping"):].strip()
+    assert body in readme
+
+
+# --------------------------------------------------------------------------------------------
+# reading data: column, bins, recode, encode
+
+
+def _reading_spec(**age):
+    attribute = {"name": "age", "bins": [17, 25, 45, ".inf"], **age}
+    return parse_spec({"name": "t", "attributes": [
+        attribute,
+        {"name": "sex", "values": ["Female", "Male"]},
+        {"name": "work", "values": ["private", "gov", "unknown"],
+         "recode": {"?": "unknown", "State-gov": "gov", "Local-gov": "gov", "Private": "private"}}],
+        "queries": [{"name": "g", "attributes": {"age": "prefix", "sex": "identity"}, "target": 1}]})
+
+
+def test_bins_make_ordinal_labelled_values_and_encode_half_open():
+    age = _reading_spec().attribute("age")
+    assert age.values == ("17-24", "25-44", "45+") and age.ordinal and age.data_column == "age"
+    raw = np.array(["39.5", " 17", "16", "90", "x", None, "24.999", "25"], dtype=object)
+    assert age.encode(raw).tolist() == [1, 0, -1, 2, -1, -1, 0, 1]
+    assert age.encode(np.array([39.5, 17, 16, np.nan, 1e9])).tolist() == [1, 0, -1, -1, 2]
+
+
+def test_categorical_values_are_stripped_and_recoded():
+    spec = _reading_spec()
+    assert spec.attribute("sex").encode([" Male", "Female", "Mle", None, float("nan")]).tolist() == [1, 0, -1, -1, -1]
+    work = spec.attribute("work")
+    assert work.encode(np.array([" ?", " State-gov", "Private", "gov", "Federal-gov"], dtype=object)).tolist() == [2, 1, 0, 1, -1]
+
+
+def test_numeric_labels_match_integral_numbers_only():
+    spec = parse_spec({"name": "t", "attributes": [{"name": "n", "size": 3}],
+                       "queries": [{"name": "g", "attributes": {"n": "identity"}, "target": 1}]})
+    n = spec.attribute("n")
+    assert n.encode(np.array([0, 1, 2, 3])).tolist() == [0, 1, 2, -1]
+    assert n.encode(np.array([0.0, 1.0, 2.5])).tolist() == [0, 1, -1]
+    assert n.encode(np.array(["0", "2", "02"])).tolist() == [0, 2, -1]
+
+
+def test_reading_rules_are_canonical_and_hashed():
+    spec = _reading_spec(column="age_years")
+    canonical = spec.to_dict()
+    assert canonical["attributes"][0]["bins"] == [17, 25, 45, ".inf"]
+    assert canonical["attributes"][0]["column"] == "age_years"
+    again = parse_spec(json.loads(json.dumps(canonical)))
+    assert again.spec_hash == spec.spec_hash and again.attribute("age").bins == spec.attribute("age").bins
+    assert _reading_spec().spec_hash != spec.spec_hash
+    # a column equal to the name is the default and does not change the hash
+    assert _reading_spec(column="age").spec_hash == _reading_spec().spec_hash
+
+
+@pytest.mark.parametrize("age, fragment", [
+    ({"bins": [17]}, "attributes[0].bins: needs at least 2 edges"),
+    ({"bins": [17, 17, 20]}, "attributes[0].bins[1]: edges must increase strictly"),
+    ({"bins": [17, "x"]}, "attributes[0].bins[1]: expected a number"),
+    ({"bins": [0, ".inf", 5]}, "attributes[0].bins[2]: edges must increase strictly"),
+    ({"bins": [0, 5, 9], "size": 2}, "give bins or size, not both"),
+    ({"bins": [0, 5, 9], "values": ["a"]}, "attributes[0].values: 2 bins need 2 value labels, got 1"),
+    ({"bins": [0, 5, 9], "recode": {"a": "b"}}, "attributes[0].recode: give recode or bins"),
+    ({"bins": [0, 5, 9], "column": ""}, "attributes[0].column: expected a data column name"),
+])
+def test_bad_reading_rules(age, fragment):
+    with pytest.raises(SpecError) as error:
+        _reading_spec(**age) if "bins" not in age else parse_spec({"name": "t", "attributes": [
+            {"name": "age", **age}], "queries": [{"name": "g", "attributes": {"age": "identity"}, "target": 1}]})
+    assert fragment in str(error.value)
+
+
+def test_recode_to_unknown_label_is_refused():
+    with pytest.raises(SpecError, match=r"attributes\[0\].recode.F: 'woman' is not a value label"):
+        parse_spec({"name": "t", "attributes": [{"name": "sex", "values": ["f", "m"], "recode": {"F": "woman"}}],
+                    "queries": [{"name": "g", "attributes": {"sex": "identity"}, "target": 1}]})
+
+
+# --------------------------------------------------------------------------------------------
+# the Adult and census pipelines
+
+
+def test_adult_spec_is_current_and_covers_every_row(tmp_path):
+    """adult.yaml is what generate_adult.py writes; all 364 3-way marginals of 14 attributes,
+    prefix on the ordinal ones; and every one of the 32,561 rows of adult.csv maps into the
+    domain (bins and recodes cover every value), counted once in every clique."""
+    import subprocess
+    import sys
+
+    check = subprocess.run([sys.executable, str(PIPELINES / "generate_adult.py"), "--check"],
+                           capture_output=True, text=True)
+    assert check.returncode == 0, check.stderr
+    spec = load_spec(PIPELINES / "adult.yaml")
+    assert len(spec.attributes) == 14 and len(spec.groups) == 364
+    assert sorted(g.attributes for g in spec.groups) == sorted(itertools.combinations(spec.domain.names, 3))
+    for group in spec.groups:
+        for attribute, query in group.queries:
+            assert query.kind == ("prefix" if spec.attribute(attribute).ordinal else "identity")
+    assert {a.name for a in spec.attributes if a.bins is not None} == {
+        "age", "fnlwgt", "capital_gain", "capital_loss", "hours_per_week"}
+
+    from distfit.stores.data import open_data
+    from distfit.data.microdata import tabulate_microdata
+
+    out = tabulate_microdata(spec, PIPELINES / "data" / "adult.csv", tmp_path / "adult.zarr", fsync=False)
+    data = open_data(out)
+    assert data.units == 1 and data.attrs["total_people"] == 32_561
+    first = data.attrs["cliques"][0]
+    assert int(data.block_counts(first, 0, 1).sum()) == 32_561
+
+
+def test_census_spec_has_three_nested_levels():
+    spec = load_spec(PIPELINES / "census.yaml")
+    assert [level.name for level in spec.levels] == ["nation", "state", "county"]
+    assert [level.units.column if level.units else None for level in spec.levels] == [None, "state", "county"]
+    assert spec.privacy.budget is not None and spec.domain.size == 224
+    for level in spec.levels:
+        assert spec.level_spec(level.name).num_queries > 0

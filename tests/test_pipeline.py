@@ -1,0 +1,213 @@
+"""`distfit run`: plan + audit + data + release into one run directory, with a manifest."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+import zarr
+
+from tests.clitools import assert_one_line_error, run
+from distfit.release import job as releasing
+from distfit.stores.data import read_histograms, write_synthetic
+from distfit.release.job import read_release, verify_release
+from distfit.pipeline import PACKAGES, data_seed, default_spec_path
+from distfit.spec.parse import load_spec
+from distfit.stores.plan import read_plan, verify_checksum
+from tests.reference import SMALL_SPEC
+
+SPEC = SMALL_SPEC
+
+
+@pytest.fixture()
+def specs(tmp_path):
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(yaml.safe_dump(SPEC))
+    other = tmp_path / "other.yaml"
+    other.write_text(yaml.safe_dump(dict(SPEC, queries=SPEC["queries"][:2])))
+    return spec, other
+
+
+def _run(capsys, spec, rundir, *flags):
+    return run(capsys, "run", str(spec), "--out", str(rundir), "--units", "200", "--serial", *flags)
+
+
+def _manifest(rundir) -> dict:
+    return json.loads((Path(rundir) / "manifest.json").read_text())
+
+
+def _check_outputs(rundir, spec_path) -> dict:
+    rundir = Path(rundir)
+    for name in ("plan.zarr", "data.zarr", "release.zarr", "manifest.json"):
+        assert (rundir / name).exists(), name
+    manifest = _manifest(rundir)
+    plan = read_plan(rundir / "plan.zarr")
+    assert verify_checksum(rundir / "plan.zarr")[0]
+    ok, stored, _ = verify_release(rundir / "release.zarr")
+    assert ok
+    assert manifest["plan"]["checksum"] == plan.checksum
+    assert manifest["release"]["checksum"] == stored
+    assert read_release(rundir / "release.zarr").attrs["plan_checksum"] == plan.checksum
+    spec = load_spec(spec_path)
+    assert manifest["spec"]["hash"] == spec.spec_hash == plan.attrs["planner"]["spec_hash"]
+    assert manifest["spec"]["path"] == str(Path(spec_path).resolve())
+    assert manifest["privacy"]["account"] == plan.attrs["account"]
+    assert manifest["privacy"]["alpha"] == plan.attrs["alpha"]
+    assert set(manifest["versions"]) == set(PACKAGES)
+    assert all(isinstance(v, str) for v in manifest["versions"].values())
+    assert set(manifest["timings_seconds"]) >= {"plan", "audit", "data", "release", "total"}
+    assert manifest["cluster"] == {"kind": "serial"}
+    index = Path(manifest["report"]["index"])
+    assert index.is_file() and "alpha" in index.read_text()
+    assert manifest["report"]["plots"] and all((index.parent / p).is_file() for p in manifest["report"]["plots"])
+    assert not list(rundir.glob(".manifest.json.*"))  # no temporary left behind
+    return manifest
+
+
+def test_end_to_end_and_rerun_reuses_everything(capsys, specs, tmp_path):
+    spec, _ = specs
+    rundir = tmp_path / "run"
+    code, out, err = _run(capsys, spec, rundir)
+    assert code == 0, err
+    for name in ("plan.zarr", "data.zarr", "release.zarr", "manifest.json"):
+        assert str(rundir / name) in out
+    first = _check_outputs(rundir, spec)
+    assert first["stages"] == {"plan": "done", "audit": "passed", "data": "synthesised", "release": "done", "report": "done"}
+    data = read_histograms(rundir / "data.zarr")
+    assert data.units == 200 and data.attrs["seed"] == data_seed(first["spec"]["hash"])
+    assert data.attrs["spec_hash"] == first["spec"]["hash"]
+    sealed = read_release(rundir / "release.zarr").attrs["sealed"]
+    answers = np.asarray(zarr.open_group(str(rundir / "release.zarr"), mode="r")["queries/answers"][...])
+
+    code, out, err = _run(capsys, spec, rundir)
+    assert code == 0, err
+    second = _check_outputs(rundir, spec)
+    assert second["stages"] == {"plan": "reused", "audit": "passed", "data": "reused", "release": "reused", "report": "done"}
+    assert second["plan"]["checksum"] == first["plan"]["checksum"]
+    assert second["release"]["checksum"] == first["release"]["checksum"]
+    assert second["data"]["created"] == first["data"]["created"]
+    assert read_release(rundir / "release.zarr").attrs["sealed"] == sealed  # not redrawn
+    again = np.asarray(zarr.open_group(str(rundir / "release.zarr"), mode="r")["queries/answers"][...])
+    np.testing.assert_array_equal(again, answers)
+    assert "no new noise drawn" in err
+
+    # a rerun without --units reuses the data too; a different --units is refused
+    code, _, err = run(capsys, "run", str(spec), "--out", str(rundir), "--serial")
+    assert code == 0, err
+    code, _, err = run(capsys, "run", str(spec), "--out", str(rundir), "--serial", "--units", "300")
+    assert code == 2
+    assert_one_line_error(err, "200 units")
+
+
+class Interrupted(Exception):
+    pass
+
+
+def test_partial_release_is_resumed(capsys, specs, tmp_path, monkeypatch):
+    spec, other = specs
+    rundir = tmp_path / "run"
+    rundir.mkdir()
+    # data in several chunks (reused by the run: same spec, same seed)
+    write_synthetic(load_spec(spec), 200, rundir / "data.zarr", seed=data_seed(load_spec(spec).spec_hash),
+                    chunk_units=20)
+    original = releasing.run_release
+    calls = []
+
+    def interrupt(chunk):
+        calls.append(chunk)
+        if len(calls) == 3:
+            raise Interrupted(f"stopped after chunk {chunk}")
+
+    def patched(*args, **kwargs):
+        kwargs["after_chunk"] = interrupt
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(releasing, "run_release", patched)
+    with pytest.raises(Interrupted):
+        _run(capsys, spec, rundir)
+    capsys.readouterr()
+    monkeypatch.setattr(releasing, "run_release", original)
+    assert not (rundir / "manifest.json").exists()
+    attrs = zarr.open_group(str(rundir / "release.zarr"), mode="r").attrs
+    assert attrs["complete"] is False
+    done = np.asarray(zarr.open_group(str(rundir / "release.zarr"), mode="r")["chunks/done"][...])
+    assert done.sum() == 3 and done.size == 10
+    plan_checksum = read_plan(rundir / "plan.zarr").checksum
+
+    # another spec is refused by the plan's spec hash (no manifest yet); nothing touched
+    code, _, err = _run(capsys, other, rundir)
+    assert code == 2
+    assert_one_line_error(err, "another spec")
+    assert not (rundir / "manifest.json").exists()
+    assert read_plan(rundir / "plan.zarr").checksum == plan_checksum
+
+    code, out, err = _run(capsys, spec, rundir)
+    assert code == 0, err
+    assert "resuming" in err
+    manifest = _check_outputs(rundir, spec)
+    assert manifest["stages"]["release"] == "resumed"
+    assert manifest["stages"]["plan"] == "reused" and manifest["stages"]["data"] == "reused"
+    assert manifest["plan"]["checksum"] == plan_checksum
+    done = np.asarray(zarr.open_group(str(rundir / "release.zarr"), mode="r")["chunks/done"][...])
+    assert done.all()
+
+
+def test_another_spec_into_the_same_rundir_is_refused(capsys, specs, tmp_path):
+    spec, other = specs
+    rundir = tmp_path / "run"
+    code, _, err = _run(capsys, spec, rundir)
+    assert code == 0, err
+    manifest_bytes = (rundir / "manifest.json").read_bytes()
+    plan_checksum = read_plan(rundir / "plan.zarr").checksum
+    release_checksum = read_release(rundir / "release.zarr").attrs["checksum"]
+    listing = sorted(p.relative_to(rundir) for p in rundir.rglob("*"))
+
+    code, out, err = _run(capsys, other, rundir)
+    assert code == 2
+    assert_one_line_error(err, "another spec", "use another --out")
+    assert (rundir / "manifest.json").read_bytes() == manifest_bytes
+    assert read_plan(rundir / "plan.zarr").checksum == plan_checksum
+    assert verify_checksum(rundir / "plan.zarr")[0]
+    assert read_release(rundir / "release.zarr").attrs["checksum"] == release_checksum
+    assert sorted(p.relative_to(rundir) for p in rundir.rglob("*")) == listing
+
+
+@pytest.mark.parametrize("content, fragment", [
+    ("name: broken\nattributes: []\nqueries: []\n", "attributes"),
+    ("name: [unclosed\n", "spec"),
+    (None, "missing.yaml"),
+])
+def test_bad_spec_exits_2(capsys, tmp_path, content, fragment):
+    spec = tmp_path / ("missing.yaml" if content is None else "bad.yaml")
+    if content is not None:
+        spec.write_text(content)
+    rundir = tmp_path / "run"
+    code, out, err = _run(capsys, spec, rundir)
+    assert code == 2
+    assert_one_line_error(err, fragment)
+    assert not rundir.exists()
+
+
+@pytest.mark.parametrize("flags, fragment", [
+    (("--units", "0"), "--units"),
+    (("--workers", "2"), "--serial"),
+])
+def test_bad_flags_exit_2(capsys, specs, tmp_path, flags, fragment):
+    spec, _ = specs
+    code, _, err = run(capsys, "run", str(spec), "--out", str(tmp_path / "run"), "--serial", *flags)
+    assert code == 2
+    assert_one_line_error(err, fragment)
+
+
+def test_embedded_default_pipeline(capsys, tmp_path):
+    assert Path(default_spec_path()).is_file()
+    assert load_spec(default_spec_path()).spec_hash == load_spec(
+        Path(__file__).parents[1] / "pipelines" / "pl94.yaml").spec_hash
+    rundir = tmp_path / "default"
+    code, out, err = run(capsys, "run", "--out", str(rundir), "--units", "200", "--serial")
+    assert code == 0, err
+    manifest = _check_outputs(rundir, default_spec_path())
+    assert manifest["spec"]["name"] == "pl94"
+    assert manifest["data"]["units"] == 200
