@@ -22,7 +22,7 @@ import numpy as np
 
 from distfit.plan.residual import stitched_profile
 from distfit.stores.plan import read_plan, verify_checksum
-from distfit.workload import Domain
+from distfit.domain import Domain
 
 TOLERANCE = 1e-8
 
@@ -68,7 +68,7 @@ def audit_plan(path: str) -> AuditReport:
     ok, stored_sum, recomputed_sum = verify_checksum(path)
     check(ok, f"checksum: stored {stored_sum} but the arrays hash to {recomputed_sum}")
     schema = plan.attrs["schema"]
-    domain = Domain(tuple(schema["attributes"]), tuple(schema["sizes"]))
+    domain = Domain.from_schema(schema)
     variances = np.zeros_like(plan.queries_targets)
     block_profiles = []
     alpha_sum = 0.0

@@ -23,6 +23,9 @@ from typing import Iterable, Mapping, Sequence, Union
 
 import numpy as np
 
+from distfit.checks import check_integer
+from distfit.domain import Domain
+
 __all__ = [
     "validate_workload",
     "identity_queries",
@@ -32,7 +35,6 @@ __all__ = [
     "range_queries",
     "random_range_queries",
     "custom_queries",
-    "Domain",
     "kron_queries",
     "marginal_queries",
     "Workload",
@@ -52,24 +54,6 @@ TargetLike = Union[float, Sequence[float], np.ndarray]
 # ---------------------------------------------------------------------------------------------
 # Validation helpers
 # ---------------------------------------------------------------------------------------------
-
-
-def _check_size(n: object, name: str = "n") -> int:
-    """Return ``n`` as an int >= 1 or raise ValueError naming ``name``."""
-    if isinstance(n, (bool, np.bool_)) or not isinstance(n, (int, np.integer)):
-        raise ValueError(f"{name} must be an integer >= 1, got {n!r}")
-    if int(n) < 1:
-        raise ValueError(f"{name} must be >= 1, got {int(n)}")
-    return int(n)
-
-
-def _check_count(count: object, name: str = "count") -> int:
-    """Return ``count`` as an int >= 0 or raise ValueError naming ``name``."""
-    if isinstance(count, (bool, np.bool_)) or not isinstance(count, (int, np.integer)):
-        raise ValueError(f"{name} must be a non-negative integer, got {count!r}")
-    if int(count) < 0:
-        raise ValueError(f"{name} must be >= 0, got {int(count)}")
-    return int(count)
 
 
 def _check_matrix(matrix: object, name: str) -> np.ndarray:
@@ -100,19 +84,19 @@ def _readonly(arr: np.ndarray) -> np.ndarray:
 
 def identity_queries(n: int) -> np.ndarray:
     """Identity (n x n): query j counts attribute value j (the attribute's marginal)."""
-    n = _check_size(n)
+    n = check_integer(n, "n", 1)
     return np.eye(n)
 
 
 def total_queries(n: int) -> np.ndarray:
     """Total (1 x n): one all-ones row, the count summed over every value of the attribute."""
-    n = _check_size(n)
+    n = check_integer(n, "n", 1)
     return np.ones((1, n))
 
 
 def prefix_queries(n: int) -> np.ndarray:
     """Prefix (n x n, lower-triangular ones): row j counts values 0..j."""
-    n = _check_size(n)
+    n = check_integer(n, "n", 1)
     return np.tri(n)
 
 
@@ -121,7 +105,7 @@ def all_range_queries(n: int) -> np.ndarray:
 
     Row for [a, b] has ones in columns a..b inclusive and zeros elsewhere.
     """
-    n = _check_size(n)
+    n = check_integer(n, "n", 1)
     lo, hi = np.triu_indices(n)  # row-major over the upper triangle: a, then b >= a
     return _interval_rows(n, lo, hi)
 
@@ -137,7 +121,7 @@ def range_queries(n: int, ranges: Iterable[tuple[int, int]]) -> np.ndarray:
 
     ``ranges`` is a nonempty sequence of integer pairs with ``0 <= lo <= hi < n``.
     """
-    n = _check_size(n)
+    n = check_integer(n, "n", 1)
     try:
         pairs = np.array(list(ranges))
     except TypeError:
@@ -166,8 +150,8 @@ def random_range_queries(n: int, count: int, seed: int | np.random.Generator | N
 
     As in the paper's range experiments (Section 7.4). ``seed`` seeds ``np.random.default_rng``.
     """
-    n = _check_size(n)
-    count = _check_count(count)
+    n = check_integer(n, "n", 1)
+    count = check_integer(count, "count")
     if count == 0:
         raise ValueError("count must be >= 1, got 0")
     rng = np.random.default_rng(seed)
@@ -181,70 +165,6 @@ def custom_queries(matrix: object) -> np.ndarray:
     Must be 2-D, nonempty and finite; otherwise ValueError naming the problem.
     """
     return _check_matrix(matrix, "matrix")
-
-
-# ---------------------------------------------------------------------------------------------
-# 2. Domain
-# ---------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Domain:
-    """An ordered tuple of attributes (``names``) with their sizes (``sizes``).
-
-    Cells are the tuples of attribute values, ordered row-major (first attribute slowest), so a
-    cell's index is ``np.ravel_multi_index(values, domain.shape)``.
-    """
-
-    names: tuple[str, ...]
-    sizes: tuple[int, ...]
-
-    def __post_init__(self) -> None:
-        names = tuple(self.names) if not isinstance(self.names, str) else None
-        if names is None:
-            raise ValueError(f"names must be a sequence of strings, got {self.names!r}")
-        if not names:
-            raise ValueError("names must hold at least one attribute")
-        for nm in names:
-            if not isinstance(nm, str) or not nm:
-                raise ValueError(f"names must be nonempty strings, got {nm!r}")
-        if len(set(names)) != len(names):
-            dup = sorted({nm for nm in names if names.count(nm) > 1})
-            raise ValueError(f"names must be unique, duplicated: {dup}")
-        try:
-            sizes_in = tuple(self.sizes)
-        except TypeError:
-            raise ValueError(f"sizes must be a sequence of integers, got {self.sizes!r}") from None
-        if len(sizes_in) != len(names):
-            raise ValueError(
-                f"sizes has {len(sizes_in)} entries but names has {len(names)}; lengths must match")
-        sizes = tuple(_check_size(s, f"sizes[{nm!r}]") for nm, s in zip(names, sizes_in))
-        object.__setattr__(self, "names", names)
-        object.__setattr__(self, "sizes", sizes)
-
-    @property
-    def shape(self) -> tuple[int, ...]:
-        """The sizes as an array shape (for ``np.ravel_multi_index`` / reshape of ``x``)."""
-        return self.sizes
-
-    @property
-    def size(self) -> int:
-        """Number of cells d = product of the sizes."""
-        return math.prod(self.sizes)
-
-    def index(self, name: str) -> int:
-        """Position of attribute ``name`` in the domain order (ValueError if unknown)."""
-        try:
-            return self.names.index(name)
-        except ValueError:
-            raise ValueError(f"unknown attribute {name!r}; domain has {list(self.names)}") from None
-
-    def size_of(self, name: str) -> int:
-        """Size of attribute ``name``."""
-        return self.sizes[self.index(name)]
-
-    def __len__(self) -> int:
-        return len(self.names)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -466,7 +386,7 @@ def workload_from_groups(
 
 def prefix_workload(n: int, target: float = 1.0) -> Workload:
     """Prefix workload on one attribute ``x`` of size n: W = lower-triangular ones (n x n)."""
-    n = _check_size(n)
+    n = check_integer(n, "n", 1)
     domain = Domain(("x",), (n,))
     return workload_from_groups(domain, [("prefix", {"x": prefix_queries(n)}, target)])
 
@@ -567,8 +487,8 @@ def all_two_way_marginals(sizes: Sequence[int], target: float = 1.0) -> Workload
 def random_workload(d: int, m: int, seed: int | np.random.Generator | None = None,
                     target: float = 1.0) -> Workload:
     """Random workload (the paper's Section 7.4): m x d entries, +1 w.p. 0.2 else -1."""
-    d = _check_size(d, "d")
-    m = _check_size(m, "m")
+    d = check_integer(d, "d", 1)
+    m = check_integer(m, "m", 1)
     rng = np.random.default_rng(seed)
     matrix = np.where(rng.random((m, d)) < 0.2, 1.0, -1.0)
     domain = Domain(("x",), (d,))
@@ -583,8 +503,8 @@ def random_range_workload(d: int, m: int, seed: int | np.random.Generator | None
     ``targets="uniform"``: all 1; ``targets="random"``: i.i.d. uniform(1, 10) from the same
     generator (drawn after the ranges).
     """
-    d = _check_size(d, "d")
-    m = _check_size(m, "m")
+    d = check_integer(d, "d", 1)
+    m = check_integer(m, "m", 1)
     if targets not in ("uniform", "random"):
         raise ValueError(f"targets must be 'uniform' or 'random', got {targets!r}")
     rng = np.random.default_rng(seed)

@@ -65,7 +65,8 @@ def mixed_marginal_workload():
     """A small marginal mix with prefix queries and per-query targets (age 8 x sex 2 x edu 4)."""
     import numpy as np
 
-    from distfit.workload import Domain, prefix_queries
+    from distfit.domain import Domain
+    from distfit.workload import prefix_queries
 
     domain = Domain(("age", "sex", "edu"), (8, 2, 4))
     rng = np.random.default_rng(0)

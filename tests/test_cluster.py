@@ -12,7 +12,7 @@ import pytest
 
 from distfit.plan.planner import plan_groups, serial_executor
 from distfit.cluster import ClusterError, DaskExecutor, dask_client
-from distfit.workload import Domain
+from distfit.domain import Domain
 
 
 def _groups():

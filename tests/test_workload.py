@@ -6,9 +6,8 @@ import itertools
 import numpy as np
 import pytest
 
-from distfit.workload import (
-    Domain,
-    Workload,
+from distfit.domain import Domain
+from distfit.workload import (    Workload,
     age_pyramid_workload,
     all_range_queries,
     all_two_way_marginals,

@@ -74,10 +74,10 @@ from typing import Any, Iterable, Sequence, TextIO
 
 import numpy as np
 
+from distfit.checks import check_integer
 from distfit.stores.data import (
     MARGINALS_FORMAT,
     DataError,
-    _check_int,
     default_chunk_units,
     read_marginals,
     staged_store,
@@ -600,7 +600,7 @@ def tabulate_microdata(spec: Any, source: PathLike, out: PathLike, *, client=Non
     info = source_info(source)
     fmt = info["format"]
     if chunk_units is not None:
-        chunk_units = _check_int("chunk_units", chunk_units, 1)
+        chunk_units = check_integer(chunk_units, "chunk_units", 1)
     domain = spec.domain
     cliques = query_cliques(spec, cover)
     positions = tuple(tuple(domain.index(a) for a in clique) for clique in cliques)
@@ -656,7 +656,7 @@ def tabulate_microdata(spec: Any, source: PathLike, out: PathLike, *, client=Non
         group.attrs.update(_jsonable({
             "distfit_format": MARGINALS_FORMAT,
             "format_version": 1,
-            "schema": {"attributes": list(domain.names), "sizes": list(domain.sizes)},
+            "schema": domain.schema(),
             "spec_hash": spec.spec_hash,
             "units": units,
             "chunk_units": chunk_units,
@@ -789,8 +789,8 @@ def write_synthetic_people(spec: Any, units: int, out: PathLike, *, seed: int | 
 
     spec = _load_spec(spec)
     domain = spec.domain
-    units = _check_int("units", units, 1)
-    seed = secrets.randbits(63) if seed is None else _check_int("seed", seed, 0)
+    units = check_integer(units, "units", 1)
+    seed = secrets.randbits(63) if seed is None else check_integer(seed, "seed", 0)
     columns = unit_columns(spec)
     values = [raw_values(attribute) for attribute in spec.attributes]
     path = Path(os.fspath(out))

@@ -163,7 +163,7 @@ class RoundProgress:
 def _finish(writer: PlanWriter, spec: PipelineSpec, plan: PlanResult) -> str:
     return writer.finish(
         spec=spec.to_dict(),
-        schema={"attributes": list(spec.domain.names), "sizes": list(spec.domain.sizes)},
+        schema=spec.domain.schema(),
         queries_targets=plan.targets,
         queries_variances=plan.variances,
         alpha=plan.alpha,

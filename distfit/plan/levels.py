@@ -33,7 +33,7 @@ import numpy as np
 
 from distfit.plan.residual import stitched_profile
 from distfit.privacy import privacy_account
-from distfit.workload import Domain
+from distfit.domain import Domain
 
 __all__ = ["LevelAccount", "budget_shares", "combine_levels", "level_profiles", "scale_plan_to_budget"]
 

@@ -58,7 +58,7 @@ from distfit.plan.residual import (
 from distfit.solver.dual import BlockDualResult, maximize_block_dual
 from distfit.privacy import privacy_account, privacy_profile
 from distfit.solver.solve import BlockSolution, blas_threads, solve
-from distfit.workload import Domain
+from distfit.domain import Domain
 
 LOG = logging.getLogger("distfit.plan.planner")
 EXACT_DOMAIN_LIMIT = 5_000_000

@@ -36,7 +36,7 @@ import scipy.linalg
 import scipy.sparse
 import scipy.sparse.csgraph
 
-from distfit.workload import Domain
+from distfit.domain import Domain
 
 GroupLike = tuple  # (name, {attribute: Q_i}, target scalar or per-query array)
 

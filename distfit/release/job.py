@@ -134,7 +134,7 @@ from distfit.stores.plan import (
     read_plan,
     verify_checksum,
 )
-from distfit.workload import Domain
+from distfit.domain import Domain
 
 FORMAT = "release"
 FORMAT_VERSION = 1
@@ -234,7 +234,7 @@ def release_chunk_task(job: ChunkJob, blocks: Mapping[str, Any], chunk: int) -> 
     data = open_data(job.data_path)
     ids = np.asarray(data.unit_ids[start:stop])
     schema = job.plan.attrs["schema"]
-    domain = Domain(tuple(schema["attributes"]), tuple(schema["sizes"]))
+    domain = Domain.from_schema(schema)
     try:
         with _blas_controller().limit(limits=blas_threads(), user_api="blas"):
             released = release_chunk(job.plan, lambda attributes: data.block_counts(attributes, start, stop),

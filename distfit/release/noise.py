@@ -43,7 +43,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import scipy.linalg
 
-from distfit.workload import Domain
+from distfit.domain import Domain
 
 __all__ = [
     "ChunkRelease",
@@ -315,7 +315,7 @@ def query_answers(block_answers: Sequence[tuple[Any, Any]], num_queries: int) ->
 def plan_domain(plan: Any) -> Domain:
     """The plan's schema (root attr ``schema``) as a :class:`Domain`."""
     schema = plan.attrs["schema"]
-    return Domain(tuple(schema["attributes"]), tuple(schema["sizes"]))
+    return Domain.from_schema(schema)
 
 
 def block_positions(plan: Any) -> dict[str, int]:

@@ -215,9 +215,8 @@ import numpy as np
 import yaml
 
 from distfit.privacy import Budget
-from distfit.workload import (
-    Domain,
-    Workload,
+from distfit.domain import Domain
+from distfit.workload import (    Workload,
     all_range_queries,
     custom_queries,
     identity_queries,

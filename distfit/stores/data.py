@@ -107,7 +107,8 @@ from distfit.stores.plan import (
     check_format,
     move_into_place,
 )
-from distfit.workload import Domain
+from distfit.checks import check_integer
+from distfit.domain import Domain
 
 FORMAT = "histograms"
 MARGINALS_FORMAT = "marginals"
@@ -246,12 +247,6 @@ def default_chunk_units(cells: int, units: int | None = None) -> int:
     return n if units is None else max(1, min(n, int(units)))
 
 
-def _check_int(name: str, value: Any, minimum: int) -> int:
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or value < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
-    return int(value)
-
-
 def _sample_chunk(model: CellModel, seed: int, chunk: int, n: int) -> tuple[np.ndarray, np.ndarray]:
     """``(populations (n,), counts (n, cells))`` of chunk ``chunk`` holding ``n`` units."""
     params = model.params
@@ -268,10 +263,10 @@ def _sample_chunk(model: CellModel, seed: int, chunk: int, n: int) -> tuple[np.n
 
 def _resolve(domain: Domain, units: int, seed: int, chunk_units: int | None):
     domain = _check_domain(domain)
-    units = _check_int("units", units, 1)
-    seed = _check_int("seed", seed, 0)
+    units = check_integer(units, "units", 1)
+    seed = check_integer(seed, "seed", 0)
     chunk_units = default_chunk_units(domain.size, units) if chunk_units is None \
-        else _check_int("chunk_units", chunk_units, 1)
+        else check_integer(chunk_units, "chunk_units", 1)
     return domain, units, seed, chunk_units
 
 
@@ -282,7 +277,7 @@ def synthesize_chunk(domain: Domain, units: int, seed: int, chunk: int, chunk_un
     ``return_populations``), identical to what :func:`synthesize_histograms` yields for it."""
     domain, units, seed, chunk_units = _resolve(domain, units, seed, chunk_units)
     n_chunks = -(-units // chunk_units)
-    chunk = _check_int("chunk", chunk, 0)
+    chunk = check_integer(chunk, "chunk", 0)
     if chunk >= n_chunks:
         raise ValueError(f"chunk {chunk} out of range: {units} units in chunks of {chunk_units} make {n_chunks}")
     model = model or cell_model(domain, seed, params)
@@ -387,7 +382,7 @@ def write_synthetic(spec, units: int, out: PathLike, seed: int | None = None,
         group.attrs.update(_jsonable({
             "distfit_format": FORMAT,
             "format_version": FORMAT_VERSION,
-            "schema": {"attributes": list(domain.names), "sizes": list(domain.sizes)},
+            "schema": domain.schema(),
             "spec_hash": spec_hash,
             "units": units,
             "cells": cells,
@@ -474,7 +469,7 @@ class HistogramsData:
     @property
     def domain(self) -> Domain:
         schema = self.attrs["schema"]
-        return Domain(tuple(schema["attributes"]), tuple(schema["sizes"]))
+        return Domain.from_schema(schema)
 
     @property
     def chunk_units(self) -> int:
@@ -537,7 +532,7 @@ class MarginalsData:
     @property
     def domain(self) -> Domain:
         schema = self.attrs["schema"]
-        return Domain(tuple(schema["attributes"]), tuple(schema["sizes"]))
+        return Domain.from_schema(schema)
 
     @property
     def chunk_units(self) -> int:
@@ -612,7 +607,7 @@ def _open_store(path: PathLike, fmt: str) -> tuple[Path, dict, Domain, Any]:
         raise DataError(f"{p}: the data is not marked complete (an unfinished or damaged write)")
     schema = attrs.get("schema")
     try:
-        domain = Domain(tuple(schema["attributes"]), tuple(schema["sizes"]))
+        domain = Domain.from_schema(schema)
     except (TypeError, KeyError, ValueError) as exc:
         raise DataError(f"{p}: invalid schema {schema!r} ({exc})") from None
     try:

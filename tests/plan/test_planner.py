@@ -9,7 +9,8 @@ import pytest
 import distfit
 from tests.reference import mixed_marginal_workload
 from distfit.plan.planner import plan_groups
-from distfit.workload import Domain, prefix_queries, workload_from_groups
+from distfit.domain import Domain
+from distfit.workload import prefix_queries, workload_from_groups
 
 
 

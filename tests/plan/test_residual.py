@@ -18,7 +18,8 @@ from distfit.plan.residual import (
     residual_blocks,
     stitched_profile,
 )
-from distfit.workload import Domain, kron_queries, prefix_queries, workload_from_groups
+from distfit.domain import Domain
+from distfit.workload import kron_queries, prefix_queries, workload_from_groups
 
 
 def _two_way(sizes):

@@ -28,7 +28,7 @@ from distfit.plan.job import StoreSink, run_plan, write_plan, _finish
 from distfit.spec.parse import load_spec
 from distfit.stores.plan import BLOCK_ARRAYS, PlanWriter, StoreError, read_plan
 from distfit.plan.residual import stitched_profile
-from distfit.workload import Domain
+from distfit.domain import Domain
 from tests.reference import SMALL_SPEC
 
 ROOT = Path(__file__).resolve().parents[2]

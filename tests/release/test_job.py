@@ -18,7 +18,7 @@ from distfit.release.noise import block_marginal
 from distfit.release.job import ReleaseError, read_release, run_release, verify_release
 from distfit.spec.parse import load_spec
 from distfit.stores.plan import read_plan
-from distfit.workload import Domain
+from distfit.domain import Domain
 from tests.reference import SMALL_SPEC
 
 SPEC = SMALL_SPEC

@@ -12,7 +12,7 @@ from distfit.release import noise as rel
 from distfit.plan.job import run_plan
 from distfit.spec.parse import load_spec
 from distfit.stores.plan import read_plan
-from distfit.workload import Domain
+from distfit.domain import Domain
 from tests.reference import SMALL_SPEC
 
 DOMAIN = Domain(("age", "sex", "edu"), (6, 2, 3))

@@ -20,7 +20,7 @@ from distfit.stores.data import (
     write_synthetic,
 )
 from distfit.spec.parse import load_spec
-from distfit.workload import Domain
+from distfit.domain import Domain
 from tests.clitools import assert_one_line_error, run
 
 ROOT = Path(__file__).resolve().parents[2]
