@@ -43,7 +43,7 @@ from distfit.solver.baselines import compare_baselines, gaussian_mechanism
 from distfit.solver.basis import represent
 from distfit.solver.solve import ConvergenceError, solve
 
-from distfit.solver.solve import blas_threads
+from distfit.threads import blas_threads
 
 
 def solver_threads(rank: int) -> int | None:
@@ -51,7 +51,7 @@ def solver_threads(rank: int) -> int | None:
     return blas_threads()
 
 
-THREAD_RULE = "BLAS threads = distfit.solver.solve.blas_threads() (DISTFIT_BLAS_THREADS, default 1)"
+THREAD_RULE = "BLAS threads = distfit.threads.blas_threads() (DISTFIT_BLAS_THREADS, default 1)"
 from distfit.workload import (
     age_pyramid_workload,
     pl94_workload,

@@ -38,12 +38,12 @@ from dataclasses import asdict, dataclass
 from typing import Any, Callable, Sequence
 
 import numpy as np
-from threadpoolctl import threadpool_limits
 
 from distfit import __version__
 from distfit.privacy import Budget
 from distfit.cluster import ClusterError
-from distfit.solver.solve import ConvergenceError, blas_threads, default_memory_limit, estimated_memory, solve
+from distfit.solver.solve import ConvergenceError, default_memory_limit, estimated_memory, solve
+from distfit.threads import blas_limit
 from distfit.workload import (
     age_pyramid_workload,
     all_two_way_marginals,
@@ -801,7 +801,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         _error("a command is required: solve, plan, audit, synth, tabulate, release, report or run (see distfit --help)")
         return 2
     try:
-        with threadpool_limits(limits=blas_threads(), user_api="blas"):
+        with blas_limit():
             return args.handler(args)
     except UsageError as error:
         _error(error)

@@ -50,14 +50,14 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterable, Iterator, Protocol, Sequence
 
 import numpy as np
-from threadpoolctl import threadpool_limits
 
 from distfit.plan.residual import (
     BlockLayout, BlockSpec, GroupLike, ResidualWorkload, ScaleAllocation, allocate_scales, group_targets, stitched_profile,
 )
 from distfit.solver.dual import BlockDualResult, maximize_block_dual
 from distfit.privacy import privacy_account, privacy_profile
-from distfit.solver.solve import BlockSolution, blas_threads, solve
+from distfit.solver.solve import BlockSolution, solve
+from distfit.threads import blas_limit
 from distfit.domain import Domain
 
 LOG = logging.getLogger("distfit.plan.planner")
@@ -372,7 +372,7 @@ def _refine(
     best: _Round | None = None
     for round_number in range(refine_rounds + 1):
         results = run_round(round_number, block_targets)
-        with threadpool_limits(limits=blas_threads(), user_api="blas"):
+        with blas_limit():
             allocation = allocate_scales(
                 [r.alpha for r in results], [(b.query_index, r.variances) for b, r in zip(blocks, results)], targets
             )
@@ -577,7 +577,7 @@ def joint_dual_evaluations(work: float) -> int:
 
 def _co_optimize(planned: Sequence[PlannedBlock], targets: np.ndarray) -> BlockDualResult:
     work = block_work([b.spec for b in planned])
-    with threadpool_limits(limits=blas_threads(), user_api="blas"):
+    with blas_limit():
         return maximize_block_dual(
             [b.solution.basis for b in planned],
             [b.solution.recon / np.sqrt(targets[b.spec.query_index])[:, None] for b in planned],

@@ -69,7 +69,7 @@ a ``--resume`` starts it only if chunks are missing) and shut down while the dri
 so the seal's fsync of the whole store finds them clean; the seal's checksum reads the store one
 zarr chunk ahead of the hash (:func:`_store_checksum`, the digest of
 :func:`distfit.stores.plan.compute_checksum`). The driver's linear algebra (the audit) and each chunk
-task run under the BLAS thread rule (:func:`distfit.solver.solve.blas_threads`,
+task run under the BLAS thread rule (:func:`distfit.threads.blas_threads`,
 ``DISTFIT_BLAS_THREADS``); a local cluster's workers start without Dask's malloc trim setting
 (``WORKER_ENV``). An unreachable ``--cluster`` is refused before anything is written.
 
@@ -110,11 +110,10 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, TextIO
 
 import numpy as np
 import zarr
-from threadpoolctl import ThreadpoolController, threadpool_limits
 
 from distfit.release.noise import block_positions, fresh_entropy, load_blocks, release_chunk
 from distfit.cluster import WORKER_ENV, BackgroundClient, Progress, run_tasks
-from distfit.solver.solve import blas_threads
+from distfit.threads import blas_limit
 from distfit.stores.plan import (
     _CHECKSUM_DOMAIN,  # the checksum format: _store_checksum follows compute_checksum
     CHECKSUM_PREFIX,
@@ -205,17 +204,6 @@ class ChunkJob:
     entropy: int = field(repr=False)
 
 
-_BLAS: list[ThreadpoolController] = []
-
-
-def _blas_controller() -> ThreadpoolController:
-    """This process's thread pools (``threadpoolctl``), looked up once: ``threadpool_limits``
-    looks them up on every call (a few ms in a worker, per chunk task)."""
-    if not _BLAS:
-        _BLAS.append(ThreadpoolController())
-    return _BLAS[0]
-
-
 def release_chunk_task(job: ChunkJob, blocks: Mapping[str, Any], chunk: int) -> int:
     """One task: release chunk ``chunk`` through every block and write its whole chunks.
 
@@ -236,7 +224,7 @@ def release_chunk_task(job: ChunkJob, blocks: Mapping[str, Any], chunk: int) -> 
     schema = job.plan.attrs["schema"]
     domain = Domain.from_schema(schema)
     try:
-        with _blas_controller().limit(limits=blas_threads(), user_api="blas"):
+        with blas_limit():
             released = release_chunk(job.plan, lambda attributes: data.block_counts(attributes, start, stop),
                                      job.entropy, chunk, domain, blocks=blocks)
     except ValueError as error:
@@ -593,7 +581,7 @@ def run_release(
     resumed = resume and state == "incomplete"
     with contextlib.ExitStack() as stack:
         # The driver's linear algebra (the audit) under the BLAS thread rule, as on the command line.
-        stack.enter_context(threadpool_limits(limits=blas_threads(), user_api="blas"))
+        stack.enter_context(blas_limit())
         clients: list[BackgroundClient] = []
 
         def start_cluster() -> None:

@@ -39,25 +39,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from threadpoolctl import threadpool_limits
 
 from distfit.solver import dual, smii
 from distfit.solver.basis import represent
 from distfit.solver.linalg import dominant_rows
 from distfit.privacy import Budget, PrivacyAccount, privacy_account, privacy_profile
+from distfit.threads import blas_limit
 from distfit.workload import validate_workload
 
 
 SOLVE_METHODS = ("auto", "smii", "dual")
-
-
-def blas_threads() -> int:
-    """BLAS threads for distfit's linear algebra: 1 unless ``DISTFIT_BLAS_THREADS`` says otherwise."""
-    value = os.environ.get("DISTFIT_BLAS_THREADS", "1")
-    try:
-        return max(1, int(value))
-    except ValueError:
-        raise ValueError(f"DISTFIT_BLAS_THREADS: expected a positive integer, got {value!r}") from None
 
 
 class ConvergenceError(RuntimeError):
@@ -191,7 +182,7 @@ def solve(
     # OpenBLAS's threads make small factorisations far slower on shared 2-core machines (an SVD of
     # a 252 x 126 matrix: 3 s with 2 threads, 0.01 s with 1), and distfit parallelises over
     # blocks with processes instead; DISTFIT_BLAS_THREADS overrides.
-    with threadpool_limits(limits=blas_threads(), user_api="blas"):
+    with blas_limit():
         representation = represent(workload, basis)
         return _solve_represented(
             representation, target_array, parsed_budget, method, gap_tolerance, max_gap, dual_iterations, time_limit, start
