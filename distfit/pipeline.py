@@ -46,7 +46,7 @@ from importlib import metadata, resources
 from pathlib import Path
 from typing import Any, Callable, TextIO
 
-from distfit.stores.plan import _root_attrs_on_disk, _utc_now
+from distfit.stores.files import root_attrs_on_disk, utc_now
 
 MANIFEST_FORMAT = "run-manifest"
 MANIFEST_VERSION = 1
@@ -180,8 +180,8 @@ def _inspect(rundir: Path, spec_hash: str, synthesise: bool, units: int | None,
     if synthesise and data_path.exists():
         from distfit.stores.data import MARGINALS_FORMAT, read_histograms
 
-        if (_root_attrs_on_disk(data_path) or {}).get("distfit_format") == MARGINALS_FORMAT:
-            theirs = ((_root_attrs_on_disk(data_path) or {}).get("source") or {}).get("path")
+        if (root_attrs_on_disk(data_path) or {}).get("distfit_format") == MARGINALS_FORMAT:
+            theirs = ((root_attrs_on_disk(data_path) or {}).get("source") or {}).get("path")
             raise RunDirError(f"{data_path}: holds data tabulated from {theirs} by an earlier run; pass "
                               "that --data again, or use another --out")
         existing = read_histograms(data_path)
@@ -341,7 +341,7 @@ def run_pipeline(
 
         # 4. release
         t = time.perf_counter()
-        attrs = _root_attrs_on_disk(release_path) if release_path.is_dir() else None
+        attrs = root_attrs_on_disk(release_path) if release_path.is_dir() else None
         if attrs is not None and attrs.get("complete") is True:
             recorded = attrs.get("data") or {}
             if attrs.get("plan_checksum") != plan.checksum:
@@ -377,7 +377,7 @@ def run_pipeline(
     manifest = {
         "distfit_format": MANIFEST_FORMAT,
         "format_version": MANIFEST_VERSION,
-        "created": _utc_now(),
+        "created": utc_now(),
         "spec": {"path": os.path.abspath(spec_path), "hash": spec_hash, "name": spec.name},
         "plan": {"path": os.path.abspath(plan_path), "checksum": plan.checksum},
         "data": {"path": os.path.abspath(data_path), "synthetic": synthesise,
@@ -586,7 +586,7 @@ def run_levels(
     manifest = {
         "distfit_format": MANIFEST_FORMAT,
         "format_version": MANIFEST_VERSION,
-        "created": _utc_now(),
+        "created": utc_now(),
         "spec": {"path": os.path.abspath(spec_path), "hash": spec_hash, "name": spec.name},
         "people": {"path": os.path.abspath(people), "synthetic": data is None,
                    "units": people_units if data is None else None},

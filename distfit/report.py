@@ -49,7 +49,8 @@ from typing import Any
 import numpy as np
 
 from distfit.privacy import epsilon_for_delta
-from distfit.stores.plan import STAGING_MARKER, move_into_place, read_plan
+from distfit.stores.files import STAGING_MARKER, move_into_place
+from distfit.stores.plan import read_plan
 
 MARKER = ".distfit-report"
 BASELINE_MAX_CELLS = 5000

@@ -82,7 +82,7 @@ from distfit.stores.data import (
     read_marginals,
     staged_store,
 )
-from distfit.stores.plan import STAGING_MARKER, _jsonable, _utc_now
+from distfit.stores.files import STAGING_MARKER, jsonable, utc_now
 
 #: Bytes per CSV partition (and the target partition size for Parquet).
 BLOCKSIZE = 64 * 2**20
@@ -653,7 +653,7 @@ def tabulate_microdata(spec: Any, source: PathLike, out: PathLike, *, client=Non
             for _label, _units in run_tasks(client, _merge_chunk, calls, "tabulate-chunk"):
                 pass
         shutil.rmtree(parts)
-        group.attrs.update(_jsonable({
+        group.attrs.update(jsonable({
             "distfit_format": MARGINALS_FORMAT,
             "format_version": 1,
             "schema": domain.schema(),
@@ -663,7 +663,7 @@ def tabulate_microdata(spec: Any, source: PathLike, out: PathLike, *, client=Non
             "cliques": [list(c) for c in cliques],
             "source": {**info, "rows": rows},
             "total_people": rows,
-            "created": _utc_now(),
+            "created": utc_now(),
             "distfit_version": __version__,
         }))
     return Path(os.fspath(out))
@@ -785,7 +785,7 @@ def write_synthetic_people(spec: Any, units: int, out: PathLike, *, seed: int | 
     import pyarrow.parquet as pq
 
     from distfit.stores.data import synthesize_histograms
-    from distfit.stores.plan import move_into_place
+    from distfit.stores.files import move_into_place
 
     spec = _load_spec(spec)
     domain = spec.domain
@@ -821,8 +821,8 @@ def write_synthetic_people(spec: Any, units: int, out: PathLike, *, seed: int | 
                 table[_data_column(attribute)] = raw[code] if raw.dtype != object else raw[code].astype(str)
             pq.write_table(pa.table(table), staging / f"part-{number:05d}.parquet")
         if fsync:
-            from distfit.stores.plan import _fsync_tree
-            _fsync_tree(staging)
+            from distfit.stores.files import fsync_tree
+            fsync_tree(staging)
         move_into_place(staging, path, check_target)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)

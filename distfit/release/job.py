@@ -114,22 +114,24 @@ import zarr
 from distfit.release.noise import block_positions, fresh_entropy, load_blocks, release_chunk
 from distfit.cluster import WORKER_ENV, BackgroundClient, Progress, run_tasks
 from distfit.threads import blas_limit
-from distfit.stores.plan import (
-    _CHECKSUM_DOMAIN,  # the checksum format: _store_checksum follows compute_checksum
-    CHECKSUM_PREFIX,
+from distfit.stores.files import (
     STAGING_MARKER,
-    _chunk_shape,
-    _fsync_file,
-    _fsync_tree,
-    _hash_strings,
-    _is_staging,
-    _jsonable,
-    _leftovers,
-    _root_attrs_on_disk,
-    _utc_now,
     check_format,
-    compute_checksum,
+    chunk_shape,
+    fsync_file,
+    fsync_tree,
+    is_staging,
+    jsonable,
+    leftovers,
     move_into_place,
+    root_attrs_on_disk,
+    utc_now,
+)
+from distfit.stores.plan import (
+    _CHECKSUM_DOMAIN,
+    CHECKSUM_PREFIX,
+    _hash_strings,
+    compute_checksum,
     read_plan,
     verify_checksum,
 )
@@ -286,7 +288,7 @@ ANSWER_COMPRESSORS: Any = None
 
 def _answer_chunks(chunk_units: int, width: int) -> tuple[int, int]:
     """Chunks of a (units, width) float64 answer array: rows dividing ``chunk_units``."""
-    rows, cols = _chunk_shape((chunk_units, width), 8)
+    rows, cols = chunk_shape((chunk_units, width), 8)
     rows = next(r for r in range(min(rows, chunk_units), 0, -1) if chunk_units % r == 0)
     return rows, cols
 
@@ -319,13 +321,13 @@ def _create_store(path: Path, *, plan, plan_path: str, data, blocks, private: bo
         g = block_group.create_group(block_id)
         g.create_array("answers", shape=(units, m_b), dtype=np.float64,
                        chunks=_answer_chunks(chunk_units, m_b), compressors=ANSWER_COMPRESSORS, config=config)
-        g.attrs.update(_jsonable({"attributes": list(block.attributes),
+        g.attrs.update(jsonable({"attributes": list(block.attributes),
                                   "block_index": positions[block_id]}))
     queries = root.create_group("queries")
     queries.create_array("answers", shape=(units, m), dtype=np.float64,
                          chunks=_answer_chunks(chunk_units, m), compressors=ANSWER_COMPRESSORS, config=config)
     variances = queries.create_array("variances", shape=(m,), dtype=np.float64,
-                                     chunks=_chunk_shape((m,), 8), config=config)
+                                     chunks=chunk_shape((m,), 8), config=config)
     if m:
         variances[...] = np.asarray(plan.queries_variances, dtype=np.float64)
     queries.attrs["labels"] = _query_labels(plan)
@@ -337,7 +339,7 @@ def _create_store(path: Path, *, plan, plan_path: str, data, blocks, private: bo
     root.create_array("unit_ids", shape=(units,), dtype=ids_dtype, chunks=(chunk_units,), config=config)
     root.create_group("chunks").create_array(
         "done", shape=(n_chunks,), dtype=np.uint8, chunks=(1,), fill_value=0, config=config)
-    root.attrs.update(_jsonable({
+    root.attrs.update(jsonable({
         "distfit_format": FORMAT,
         "format_version": FORMAT_VERSION,
         "plan_checksum": plan.checksum,
@@ -345,7 +347,7 @@ def _create_store(path: Path, *, plan, plan_path: str, data, blocks, private: bo
         "schema": {"attributes": list(plan.attrs["schema"]["attributes"]),
                    "sizes": list(plan.attrs["schema"]["sizes"])},
         "private": bool(private),
-        "created": _utc_now(),
+        "created": utc_now(),
         "distfit_version": __version__,
         "units": units,
         "chunk_units": chunk_units,
@@ -356,7 +358,7 @@ def _create_store(path: Path, *, plan, plan_path: str, data, blocks, private: bo
 
 
 def _is_release_store(path: Path) -> bool:
-    attrs = _root_attrs_on_disk(path)
+    attrs = root_attrs_on_disk(path)
     return attrs is not None and attrs.get("distfit_format") == FORMAT
 
 
@@ -367,7 +369,7 @@ def _target_state(path: Path) -> str:
     if not path.is_dir() or not _is_release_store(path):
         raise FileExistsError(
             f"{path}: already exists and is not a distfit release store; refusing to replace it")
-    return "sealed" if _root_attrs_on_disk(path).get("complete") is True else "incomplete"
+    return "sealed" if root_attrs_on_disk(path).get("complete") is True else "incomplete"
 
 
 def _check_replaceable(path: Path) -> None:
@@ -418,7 +420,7 @@ def _check_resumable(path: Path, *, plan, data, private: bool, blocks) -> zarr.G
 class _ChunkSync:
     """fsync each finished chunk's files on a driver thread while later chunks are computed.
 
-    Without it the seal's fsync (``_fsync_tree``) waits for every written byte to reach the
+    Without it the seal's fsync (``fsync_tree``) waits for every written byte to reach the
     disk at the very end (about a second per 500 MB here); with it the writeback overlaps the
     chunk tasks and the seal finds the files clean. An optimisation only: errors are ignored
     here (a file not there yet, a path this code cannot guess), because the seal still fsyncs
@@ -451,7 +453,7 @@ class _ChunkSync:
     def _sync(self, chunk: int) -> None:
         for file in self._files(chunk):
             with contextlib.suppress(OSError):
-                _fsync_file(str(file))
+                fsync_file(str(file))
 
     def __call__(self, chunk: int) -> None:
         self._pool.submit(self._sync, chunk)
@@ -517,10 +519,10 @@ def _seal(root: zarr.Group, path: Path, *, plan_path: str, plan_checksum: str, f
         raise RuntimeError(f"{path}: chunks {missing[:5].tolist()} not written; cannot seal")
     checksum = _store_checksum(root)
     if fsync:
-        _fsync_tree(path)
-    root.attrs.update({"checksum": checksum, "sealed": _utc_now(), "complete": True})
+        fsync_tree(path)
+    root.attrs.update({"checksum": checksum, "sealed": utc_now(), "complete": True})
     if fsync:
-        _fsync_tree(path)
+        fsync_tree(path)
     return checksum
 
 
@@ -563,7 +565,7 @@ def run_release(
         raise ValueError("--resume and --overwrite exclude each other")
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0):
         raise ValueError(f"--seed must be an integer >= 0, got {seed!r}")
-    if _is_staging(out_path):
+    if is_staging(out_path):
         raise ValueError(f"{out_path}: a release path may not contain {STAGING_MARKER!r}")
     private = seed is None
 
@@ -574,9 +576,9 @@ def run_release(
     if state == "incomplete" and not (resume or overwrite):
         raise FileExistsError(
             f"{out_path}: holds an incomplete release; pass --resume to finish it or --overwrite to start over")
-    if state == "absent" and _leftovers(out_path):
+    if state == "absent" and leftovers(out_path):
         print(f"distfit: note: leftovers of an earlier write next to {out_path}: "
-              f"{', '.join(p.name for p in _leftovers(out_path))}", file=log)
+              f"{', '.join(p.name for p in leftovers(out_path))}", file=log)
 
     resumed = resume and state == "incomplete"
     with contextlib.ExitStack() as stack:
@@ -776,11 +778,11 @@ class Release:
 
 def _open_release(path: PathLike) -> tuple[Path, zarr.Group, dict]:
     p = Path(os.fspath(path))
-    if _is_staging(p):
+    if is_staging(p):
         raise ReleaseError(f"{p}: is the staging directory of an unfinished write, not a release")
     if not p.exists():
         raise ReleaseError(f"{p}: no such release store")
-    attrs = _root_attrs_on_disk(p) if p.is_dir() else None
+    attrs = root_attrs_on_disk(p) if p.is_dir() else None
     if attrs is None:
         raise ReleaseError(f"{p}: not a Zarr v3 group (no readable zarr.json)")
     check_format(p, attrs, FORMAT, FORMAT_VERSION, ReleaseError)

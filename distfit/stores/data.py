@@ -95,17 +95,17 @@ from typing import Any
 import numpy as np
 import zarr
 
-from distfit.stores.plan import (
+from distfit.stores.files import (
     CHUNK_BYTES,
     STAGING_MARKER,
-    _fsync_tree,
-    _is_staging,
-    _jsonable,
-    _leftovers,
-    _root_attrs_on_disk,
-    _utc_now,
     check_format,
+    fsync_tree,
+    is_staging,
+    jsonable,
+    leftovers,
     move_into_place,
+    root_attrs_on_disk,
+    utc_now,
 )
 from distfit.checks import check_integer
 from distfit.domain import Domain
@@ -305,7 +305,7 @@ def _check_target(path: Path, overwrite: bool, fmt: str = FORMAT) -> None:
     """Refuse ``path`` unless it is absent, or holds a ``fmt`` data store and ``overwrite``."""
     if not (path.exists() or path.is_symlink()):
         return
-    attrs = _root_attrs_on_disk(path) if path.is_dir() else None
+    attrs = root_attrs_on_disk(path) if path.is_dir() else None
     if attrs is None or attrs.get("distfit_format") != fmt:
         raise FileExistsError(f"{path}: already exists and is not a distfit {fmt} store; refusing to replace it")
     if not overwrite:
@@ -323,7 +323,7 @@ def staged_store(out: PathLike, fmt: str, *, overwrite: bool = False, fsync: boo
     staging directory and leaves ``out`` as it was. Shared by every data-store writer.
     """
     path = Path(os.fspath(out))
-    if _is_staging(path):
+    if is_staging(path):
         raise ValueError(f"{path}: a data path may not contain {STAGING_MARKER!r}")
     _check_target(path, overwrite, fmt)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -334,7 +334,7 @@ def staged_store(out: PathLike, fmt: str, *, overwrite: bool = False, fsync: boo
         yield staging, group
         group.attrs["complete"] = True
         if fsync:
-            _fsync_tree(staging)
+            fsync_tree(staging)
         move_into_place(staging, path, lambda existing: _check_target(existing, overwrite, fmt))
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
@@ -379,7 +379,7 @@ def write_synthetic(spec, units: int, out: PathLike, seed: int | None = None,
             counts_arr[start:stop] = counts
             ids_arr[start:stop] = np.arange(start, stop, dtype=np.int64)
             total += int(counts.sum())
-        group.attrs.update(_jsonable({
+        group.attrs.update(jsonable({
             "distfit_format": FORMAT,
             "format_version": FORMAT_VERSION,
             "schema": domain.schema(),
@@ -391,7 +391,7 @@ def write_synthetic(spec, units: int, out: PathLike, seed: int | None = None,
             "total_people": total,
             "model": params.to_dict(),
             "generator": GENERATOR,
-            "created": _utc_now(),
+            "created": utc_now(),
             "distfit_version": __version__,
         }))
     return Path(os.fspath(out))
@@ -593,13 +593,13 @@ class MarginalsData:
 def _open_store(path: PathLike, fmt: str) -> tuple[Path, dict, Domain, Any]:
     """Every refusal check shared by the data readers; returns ``(path, attrs, domain, group)``."""
     p = Path(os.fspath(path))
-    if _is_staging(p):
+    if is_staging(p):
         raise DataError(f"{p}: is the staging directory of an unfinished write, not data")
     if not p.exists():
-        left = _leftovers(p)
+        left = leftovers(p)
         hint = f" (an interrupted write left {', '.join(x.name for x in left)})" if left else ""
         raise DataError(f"{p}: no such {fmt} store{hint}")
-    attrs = _root_attrs_on_disk(p) if p.is_dir() else None
+    attrs = root_attrs_on_disk(p) if p.is_dir() else None
     if attrs is None:
         raise DataError(f"{p}: not a Zarr v3 group (no readable zarr.json)")
     check_format(p, attrs, fmt, FORMAT_VERSION, DataError)
@@ -684,12 +684,12 @@ def open_data(path: PathLike) -> HistogramsData | MarginalsData:
     """Open a complete data store of either format (module docstring) for a release, or raise
     :class:`DataError` naming the path and why."""
     p = Path(os.fspath(path))
-    if not p.exists() and not _is_staging(p):
-        left = _leftovers(p)
+    if not p.exists() and not is_staging(p):
+        left = leftovers(p)
         hint = f" (an interrupted write left {', '.join(x.name for x in left)})" if left else ""
         raise DataError(f"{p}: no such data store{hint} (data is a Zarr store made by distfit synth or "
                         "distfit tabulate, or microdata: .csv, .csv.gz, .parquet, .pq)")
-    attrs = _root_attrs_on_disk(p) if p.is_dir() else None
+    attrs = root_attrs_on_disk(p) if p.is_dir() else None
     if attrs is not None and attrs.get("distfit_format") == MARGINALS_FORMAT:
         return read_marginals(p)
     return read_histograms(p)

@@ -46,7 +46,7 @@ profiles and variances from the arrays).
 
 Arrays are float64 (``query_index`` int64) with zarr's default codecs; an array of up to
 :data:`CHUNK_BYTES` (16 MiB) is one chunk, a larger one is cut into row slabs (whole trailing
-axes) of at most that size. Attrs are JSON: :func:`_jsonable` converts NumPy scalars and arrays,
+axes) of at most that size. Attrs are JSON: :func:`jsonable` converts NumPy scalars and arrays,
 tuples, dataclasses and objects with ``to_dict()``; tuples come back as lists.
 
 Streamed planning (``distfit.plan.job``, large plans) also uses the staging store as scratch
@@ -86,11 +86,26 @@ import numpy as np
 import zarr
 from zarr.core.sync import sync as zarr_sync
 
+from distfit.stores.files import (
+    CHUNK_BYTES,
+    REPLACED_MARKER,
+    STAGING_MARKER,
+    check_format,
+    chunk_shape,
+    fsync_dir,
+    fsync_file,
+    fsync_tree,
+    is_staging,
+    jsonable,
+    leftovers,
+    move_into_place,
+    root_attrs_on_disk,
+    utc_now,
+    write_array,
+)
+
 FORMAT = "plan"
 FORMAT_VERSION = 1
-STAGING_MARKER = ".incomplete-"
-REPLACED_MARKER = ".replaced-"
-CHUNK_BYTES = 16 * 2**20
 CHECKSUM_PREFIX = "sha256:"
 _CHECKSUM_DOMAIN = b"distfit-plan-checksum-v1\n"
 _READ_BYTES = 64 * 2**20  # how much of an array compute_checksum reads at a time
@@ -117,147 +132,9 @@ class StoreError(ValueError):
 # helpers
 
 
-def _jsonable(value: Any, where: str = "attrs") -> Any:
-    """``value`` as plain JSON types (dict with str keys, list, str, int, float, bool, None).
-
-    NumPy scalars and arrays, tuples (to lists), dataclasses (``asdict``), objects with a
-    ``to_dict()`` method, paths and datetimes are converted; anything else (sets, arbitrary
-    objects, non-string keys) raises ``TypeError`` naming where in the attrs it sits, and
-    non-finite floats (not JSON) raise ``ValueError``.
-    """
-    if value is None or isinstance(value, (bool, str)):
-        return value
-    if isinstance(value, float) and not math.isfinite(value):
-        raise ValueError(f"{where}: {value} is not valid JSON; store None for 'not available'")
-    if isinstance(value, (int, float)):
-        return value
-    if isinstance(value, np.generic):
-        return _jsonable(value.item(), where)
-    if isinstance(value, np.ndarray):
-        return _jsonable(value.tolist(), where)
-    if isinstance(value, Mapping):
-        out = {}
-        for k, v in value.items():
-            if isinstance(k, np.str_):
-                k = str(k)
-            if not isinstance(k, str):
-                raise TypeError(f"{where}: key {k!r} is not a string; JSON attrs need string keys")
-            out[k] = _jsonable(v, f"{where}[{k!r}]")
-        return out
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v, f"{where}[{i}]") for i, v in enumerate(value)]
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return _jsonable(dataclasses.asdict(value), where)
-    to_dict = getattr(value, "to_dict", None)
-    if callable(to_dict):
-        return _jsonable(to_dict(), where)
-    if isinstance(value, os.PathLike):
-        return os.fspath(value)
-    if isinstance(value, (_dt.datetime, _dt.date)):
-        return value.isoformat()
-    raise TypeError(f"{where}: cannot store a {type(value).__name__} in JSON attrs")
-
-
-def _chunk_shape(shape: tuple[int, ...], itemsize: int, cap: int = CHUNK_BYTES) -> tuple[int, ...]:
-    """Whole array as one chunk if it fits in ``cap`` bytes, else row slabs of at most ``cap``.
-
-    Leading axes are cut first (trailing axes kept whole while one row still fits), so chunks
-    are contiguous in C order. Zero-length axes get chunk size 1 (zarr needs positive sizes).
-    """
-    chunks = [max(1, int(n)) for n in shape]
-    for axis in range(len(chunks)):
-        inner = itemsize * math.prod(chunks[axis + 1:])
-        if inner * chunks[axis] <= cap:
-            break
-        if inner <= cap:
-            chunks[axis] = max(1, cap // inner)
-            break
-        chunks[axis] = 1
-    return tuple(chunks)
-
-
-def _write_array(group: zarr.Group, name: str, data: np.ndarray, overwrite: bool = False) -> None:
-    arr = group.create_array(
-        name,
-        shape=data.shape,
-        dtype=data.dtype,
-        chunks=_chunk_shape(data.shape, data.dtype.itemsize),
-        config={"write_empty_chunks": True},  # every chunk on disk: bit-exact, no fill-value games
-        overwrite=overwrite,
-    )
-    if data.size:
-        arr[...] = data
-
-
-def _is_staging(path: Path) -> bool:
-    return STAGING_MARKER in path.name
-
-
-def _leftovers(path: Path) -> list[Path]:
-    """Staging / set-aside siblings of ``path`` left by an interrupted writer."""
-    parent = path.parent
-    if not parent.is_dir():
-        return []
-    prefixes = (path.name + STAGING_MARKER, path.name + REPLACED_MARKER)
-    return sorted(p for p in parent.iterdir() if p.name.startswith(prefixes))
-
-
-def _root_attrs_on_disk(path: Path) -> dict | None:
-    """The root group's attrs read straight from ``zarr.json`` (None if not a zarr v3 group)."""
-    meta = path / "zarr.json"
-    try:
-        doc = json.loads(meta.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    if not isinstance(doc, dict) or doc.get("node_type") != "group" or doc.get("zarr_format") != 3:
-        return None
-    attrs = doc.get("attributes", {})
-    return attrs if isinstance(attrs, dict) else None
-
-
 def _is_plan_store(path: Path) -> bool:
-    attrs = _root_attrs_on_disk(path)
+    attrs = root_attrs_on_disk(path)
     return attrs is not None and attrs.get("distfit_format") == FORMAT
-
-
-def _fsync_tree(root: Path) -> None:
-    """fsync every file and directory under ``root`` (directories best effort).
-
-    The fsyncs run on a thread pool: one at a time costs milliseconds each (a journal commit),
-    and a plan holds ~16 files per block.
-    """
-    files, dirs = [], []
-    for dirpath, _dirnames, filenames in os.walk(root):
-        dirs.append(Path(dirpath))
-        files.extend(os.path.join(dirpath, fn) for fn in filenames)
-    with ThreadPoolExecutor(max_workers=min(32, max(1, len(files)))) as pool:
-        list(pool.map(_fsync_file, files))
-        list(pool.map(_fsync_dir, dirs))
-
-
-def _fsync_file(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def _utc_now() -> str:
-    return _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 # --------------------------------------------------------------------------------------------
@@ -477,7 +354,7 @@ class PlanWriter:
         self.path = Path(os.fspath(path))
         self.overwrite = bool(overwrite)
         self.fsync = bool(fsync)
-        if _is_staging(self.path):
+        if is_staging(self.path):
             raise ValueError(f"{self.path}: a plan path may not contain {STAGING_MARKER!r}")
         self._check_target()
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -542,7 +419,7 @@ class PlanWriter:
             raise TypeError(f"write_block expects a BlockRecord, got {type(record).__name__}")
         if record.block_id in self._block_ids:
             raise ValueError(f"block_id: {record.block_id!r} was already written")
-        attrs = _jsonable(
+        attrs = jsonable(
             {"attributes": list(record.attributes), "alpha": record.alpha,
              "lower_bound": record.lower_bound, "solver": record.solver},
             f"blocks/{record.block_id} attrs")
@@ -554,7 +431,7 @@ class PlanWriter:
     def _write_block_files(self, record: BlockRecord, attrs: dict) -> None:
         g = self._blocks.create_group(record.block_id)
         for name in BLOCK_ARRAYS:
-            _write_array(g, name, getattr(record, name))
+            write_array(g, name, getattr(record, name))
         g.attrs.update(attrs)
 
     def write_blocks(self, records: Iterable[BlockRecord], batch: int = WRITE_BATCH) -> int:
@@ -581,7 +458,7 @@ class PlanWriter:
                 raise TypeError(f"write_blocks expects BlockRecords, got {type(record).__name__}")
             if record.block_id in self._block_ids:
                 raise ValueError(f"block_id: {record.block_id!r} was already written")
-            attrs = _jsonable(
+            attrs = jsonable(
                 {"attributes": list(record.attributes), "alpha": record.alpha,
                  "lower_bound": record.lower_bound, "solver": record.solver},
                 f"blocks/{record.block_id} attrs")
@@ -611,7 +488,7 @@ class PlanWriter:
                 data = getattr(record, name)
                 arr = await group.create_array(
                     name, shape=data.shape, dtype=data.dtype,
-                    chunks=_chunk_shape(data.shape, data.dtype.itemsize),
+                    chunks=chunk_shape(data.shape, data.dtype.itemsize),
                     config={"write_empty_chunks": True},
                 )
                 if data.size:
@@ -661,10 +538,10 @@ class PlanWriter:
         Not part of the plan: ``finish`` deletes ``scratch/``. ``key`` is ``/``-separated
         path-safe names and may be written once (until discarded)."""
         self._require_open()
-        attrs = _jsonable(dict(attrs or {}), f"scratch/{key} attrs")
+        attrs = jsonable(dict(attrs or {}), f"scratch/{key} attrs")
         group = self._scratch_group(key, create=True)
         for name, data in arrays.items():
-            _write_array(group, name, np.ascontiguousarray(data))
+            write_array(group, name, np.ascontiguousarray(data))
         if attrs:
             group.attrs.update(attrs)
 
@@ -717,13 +594,13 @@ class PlanWriter:
             if arr.shape != tuple(draft[name].shape):
                 raise ValueError(f"{name}: shape {arr.shape}, but the draft's is {tuple(draft[name].shape)}")
             arrays[name] = np.ascontiguousarray(arr)
-        attrs = _jsonable(dict(attrs), f"blocks/{block_id} attrs")
+        attrs = jsonable(dict(attrs), f"blocks/{block_id} attrs")
         del self._drafts[key]
         self._block_ids.add(block_id)  # as in write_block: a failed promotion is not retried under this id
         os.rename(self.staging_path / SCRATCH / key, self.staging_path / "blocks" / block_id)
         group = self._blocks[block_id]
         for name, data in arrays.items():
-            _write_array(group, name, data, overwrite=True)
+            write_array(group, name, data, overwrite=True)
         if attrs:
             group.attrs.update(attrs)
         self._max_query_index = max(self._max_query_index, top)
@@ -777,10 +654,10 @@ class PlanWriter:
         shutil.rmtree(self.staging_path / SCRATCH, ignore_errors=True)  # scratch is never part of a plan
 
         queries = self._group["queries"]
-        _write_array(queries, "targets", targets)
-        _write_array(queries, "variances", variances)
+        write_array(queries, "targets", targets)
+        write_array(queries, "variances", variances)
         checksum = compute_checksum(self._group)
-        attrs = _jsonable({
+        attrs = jsonable({
             **extra,
             "distfit_format": FORMAT,
             "format_version": FORMAT_VERSION,
@@ -790,48 +667,20 @@ class PlanWriter:
             "alpha_exact": bool(alpha_exact),
             "rho": float(rho),
             "composition": composition,
-            "created": _utc_now(),
+            "created": utc_now(),
             "distfit_version": __version__,
             "complete": True,
             "checksum": checksum,
         })
         self._group.attrs.update(attrs)
         if self.fsync:
-            _fsync_tree(self.staging_path)
+            fsync_tree(self.staging_path)
         self._move_into_place()
         self._state = "finished"
         return checksum
 
     def _move_into_place(self) -> None:
         move_into_place(self.staging_path, self.path, lambda _: self._check_target(), fsync=self.fsync)
-
-
-def move_into_place(staging: Path, final: Path, check_target: Callable[[Path], None], fsync: bool = True) -> None:
-    """Rename a finished staging directory to ``final``, atomically for readers.
-
-    A store already at ``final`` must pass ``check_target`` (which raises to refuse it); it is
-    renamed aside first, the new store renamed in, and only then is the old one deleted (if the
-    second rename fails the old store is put back). Shared by every store writer.
-    """
-    if final.exists() or final.is_symlink():
-        check_target(final)
-        aside = final.with_name(f"{final.name}{REPLACED_MARKER}{secrets.token_hex(6)}")
-        os.rename(final, aside)
-        try:
-            os.rename(staging, final)
-        except BaseException:
-            os.rename(aside, final)
-            raise
-        if fsync:
-            _fsync_dir(final.parent)
-        if aside.is_symlink():
-            aside.unlink()
-        else:
-            shutil.rmtree(aside, ignore_errors=True)
-    else:
-        os.rename(staging, final)
-        if fsync:
-            _fsync_dir(final.parent)
 
 
 def _check_schema(schema: Any) -> dict:
@@ -858,33 +707,18 @@ def _check_schema(schema: Any) -> dict:
 # reader
 
 
-def check_format(path: Path, attrs: Mapping, expected: str, supported_version: int, error: type[Exception]) -> None:
-    """Refuse a store whose ``distfit_format`` is not ``expected`` or whose ``format_version`` is
-    invalid or newer than ``supported_version``; raises ``error`` naming ``path``. Shared by every
-    store reader (plans, histograms, releases)."""
-    fmt = attrs.get("distfit_format")
-    if fmt != expected:
-        raise error(f"{path}: distfit_format is {fmt!r}, not {expected!r}")
-    version = attrs.get("format_version")
-    if isinstance(version, bool) or not isinstance(version, int) or version < 1:
-        raise error(f"{path}: invalid format_version {version!r}")
-    if version > supported_version:
-        raise error(
-            f"{path}: format_version {version} is newer than this distfit supports ({supported_version}); upgrade distfit")
-
-
 def _open_plan_group(path: PathLike) -> tuple[Path, zarr.Group, dict]:
     """Open ``path`` read-only after every refusal check; returns (path, group, attrs)."""
     p = Path(os.fspath(path))
-    if _is_staging(p):
+    if is_staging(p):
         raise StoreError(f"{p}: is the staging directory of an unfinished write, not a plan")
     if not p.exists():
-        left = _leftovers(p)
+        left = leftovers(p)
         hint = f" (an interrupted write left {', '.join(x.name for x in left)})" if left else ""
         raise StoreError(f"{p}: no such plan store{hint}")
     if not p.is_dir():
         raise StoreError(f"{p}: not a directory (a plan store is a Zarr v3 group directory)")
-    if _root_attrs_on_disk(p) is None:
+    if root_attrs_on_disk(p) is None:
         raise StoreError(f"{p}: not a Zarr v3 group (no readable zarr.json)")
     try:
         group = zarr.open_group(store=str(p), mode="r", zarr_format=3)

@@ -12,14 +12,13 @@ import numpy as np
 import pytest
 import zarr
 
+from distfit.stores.files import chunk_shape, jsonable
 from distfit.stores.plan import (
     BLOCK_ARRAYS,
     FORMAT_VERSION,
     BlockRecord,
     PlanWriter,
     StoreError,
-    _chunk_shape,
-    _jsonable,
     compute_checksum,
     read_plan,
     verify_checksum,
@@ -440,20 +439,19 @@ def test_writer_refuses_duplicates_and_out_of_range_queries(tmp_path):
 
 
 def test_chunk_shape():
-    assert _chunk_shape((5, 6), 8) == (5, 6)
-    assert _chunk_shape((0,), 8) == (1,)
-    assert _chunk_shape((), 8) == ()
-    assert _chunk_shape((100, 10), 8, cap=800) == (10, 10)
-    assert _chunk_shape((100, 1000), 8, cap=800) == (1, 100)
-    assert _chunk_shape((4096, 4096), 8) == (512, 4096)  # 16 MiB slabs
+    assert chunk_shape((5, 6), 8) == (5, 6)
+    assert chunk_shape((0,), 8) == (1,)
+    assert chunk_shape((), 8) == ()
+    assert chunk_shape((100, 10), 8, cap=800) == (10, 10)
+    assert chunk_shape((100, 1000), 8, cap=800) == (1, 100)
+    assert chunk_shape((4096, 4096), 8) == (512, 4096)  # 16 MiB slabs
 
 
 def test_large_array_is_chunked_and_checksummed(tmp_path, monkeypatch):
+    import distfit.stores.files as files
     import distfit.stores.plan as store
-    monkeypatch.setattr(store, "CHUNK_BYTES", 1024)
+    monkeypatch.setattr(files, "CHUNK_BYTES", 1024)  # chunk_shape reads it at call time
     monkeypatch.setattr(store, "_READ_BYTES", 2048)
-    monkeypatch.setattr(store, "_chunk_shape",
-                        lambda shape, itemsize, cap=1024: _chunk_shape(shape, itemsize, cap))
     k, d = 40, 50
     rng = np.random.default_rng(5)
     basis = rng.standard_normal((k, d))
@@ -482,16 +480,16 @@ def test_jsonable():
         def to_dict(self):
             return {"rho": np.float64(0.5)}
 
-    out = _jsonable({"a": np.int32(3), "b": np.arange(3), "c": (1, 2.5), "d": Stats(1, 2.0),
+    out = jsonable({"a": np.int32(3), "b": np.arange(3), "c": (1, 2.5), "d": Stats(1, 2.0),
                      "e": Account(), "f": [np.bool_(True)], "g": None, np.str_("h"): "x"})
     assert out == {"a": 3, "b": [0, 1, 2], "c": [1, 2.5], "d": {"n": 1, "t": 2.0},
                    "e": {"rho": 0.5}, "f": [True], "g": None, "h": "x"}
     json.dumps(out)
     assert type(out["a"]) is int and type(out["f"][0]) is bool
     with pytest.raises(TypeError, match=r"attrs\['x'\]"):
-        _jsonable({"x": {1, 2}})
+        jsonable({"x": {1, 2}})
     with pytest.raises(TypeError, match="string keys"):
-        _jsonable({1: 2})
+        jsonable({1: 2})
 
 
 # ---------------------------------------------------------------------------- scratch and drafts (streamed planning)

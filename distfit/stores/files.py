@@ -1,0 +1,214 @@
+"""Files under every store: atomic staging and replacement, fsync, JSON attrs, chunking.
+
+Every distfit store (plan, data, release) is written the same way: built in a *staging*
+directory next to its final path (``<path>.incomplete-<random>``), fsynced, then renamed into
+place by :func:`move_into_place`; a store being replaced is first renamed aside
+(``<path>.replaced-<random>``) and deleted only once the new one is in place. An interrupted
+writer leaves only such siblings (:func:`leftovers`), which every reader refuses. Attrs are JSON
+(:func:`jsonable`); arrays of up to :data:`CHUNK_BYTES` are one chunk, larger ones row slabs
+(:func:`chunk_shape`). Readers check ``distfit_format``/``format_version`` with
+:func:`check_format`.
+"""
+from __future__ import annotations
+
+import dataclasses
+import datetime as _dt
+import json
+import math
+import os
+import secrets
+import shutil
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import zarr
+
+STAGING_MARKER = ".incomplete-"
+REPLACED_MARKER = ".replaced-"
+CHUNK_BYTES = 16 * 2**20
+
+
+def jsonable(value: Any, where: str = "attrs") -> Any:
+    """``value`` as plain JSON types (dict with str keys, list, str, int, float, bool, None).
+
+    NumPy scalars and arrays, tuples (to lists), dataclasses (``asdict``), objects with a
+    ``to_dict()`` method, paths and datetimes are converted; anything else (sets, arbitrary
+    objects, non-string keys) raises ``TypeError`` naming where in the attrs it sits, and
+    non-finite floats (not JSON) raise ``ValueError``.
+    """
+    if value is None or isinstance(value, (bool, str)):
+        return value
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"{where}: {value} is not valid JSON; store None for 'not available'")
+    if isinstance(value, (int, float)):
+        return value
+    if isinstance(value, np.generic):
+        return jsonable(value.item(), where)
+    if isinstance(value, np.ndarray):
+        return jsonable(value.tolist(), where)
+    if isinstance(value, Mapping):
+        out = {}
+        for k, v in value.items():
+            if isinstance(k, np.str_):
+                k = str(k)
+            if not isinstance(k, str):
+                raise TypeError(f"{where}: key {k!r} is not a string; JSON attrs need string keys")
+            out[k] = jsonable(v, f"{where}[{k!r}]")
+        return out
+    if isinstance(value, (list, tuple)):
+        return [jsonable(v, f"{where}[{i}]") for i, v in enumerate(value)]
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return jsonable(dataclasses.asdict(value), where)
+    to_dict = getattr(value, "to_dict", None)
+    if callable(to_dict):
+        return jsonable(to_dict(), where)
+    if isinstance(value, os.PathLike):
+        return os.fspath(value)
+    if isinstance(value, (_dt.datetime, _dt.date)):
+        return value.isoformat()
+    raise TypeError(f"{where}: cannot store a {type(value).__name__} in JSON attrs")
+
+
+def chunk_shape(shape: tuple[int, ...], itemsize: int, cap: int | None = None) -> tuple[int, ...]:
+    """Whole array as one chunk if it fits in ``cap`` bytes, else row slabs of at most ``cap``.
+
+    Leading axes are cut first (trailing axes kept whole while one row still fits), so chunks
+    are contiguous in C order. Zero-length axes get chunk size 1 (zarr needs positive sizes).
+    ``cap`` defaults to :data:`CHUNK_BYTES`, read at call time.
+    """
+    cap = CHUNK_BYTES if cap is None else cap
+    chunks = [max(1, int(n)) for n in shape]
+    for axis in range(len(chunks)):
+        inner = itemsize * math.prod(chunks[axis + 1:])
+        if inner * chunks[axis] <= cap:
+            break
+        if inner <= cap:
+            chunks[axis] = max(1, cap // inner)
+            break
+        chunks[axis] = 1
+    return tuple(chunks)
+
+
+def write_array(group: zarr.Group, name: str, data: np.ndarray, overwrite: bool = False) -> None:
+    arr = group.create_array(
+        name,
+        shape=data.shape,
+        dtype=data.dtype,
+        chunks=chunk_shape(data.shape, data.dtype.itemsize),
+        config={"write_empty_chunks": True},  # every chunk on disk: bit-exact, no fill-value games
+        overwrite=overwrite,
+    )
+    if data.size:
+        arr[...] = data
+
+
+def is_staging(path: Path) -> bool:
+    return STAGING_MARKER in path.name
+
+
+def leftovers(path: Path) -> list[Path]:
+    """Staging / set-aside siblings of ``path`` left by an interrupted writer."""
+    parent = path.parent
+    if not parent.is_dir():
+        return []
+    prefixes = (path.name + STAGING_MARKER, path.name + REPLACED_MARKER)
+    return sorted(p for p in parent.iterdir() if p.name.startswith(prefixes))
+
+
+def root_attrs_on_disk(path: Path) -> dict | None:
+    """The root group's attrs read straight from ``zarr.json`` (None if not a zarr v3 group)."""
+    meta = path / "zarr.json"
+    try:
+        doc = json.loads(meta.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(doc, dict) or doc.get("node_type") != "group" or doc.get("zarr_format") != 3:
+        return None
+    attrs = doc.get("attributes", {})
+    return attrs if isinstance(attrs, dict) else None
+
+
+def fsync_tree(root: Path) -> None:
+    """fsync every file and directory under ``root`` (directories best effort).
+
+    The fsyncs run on a thread pool: one at a time costs milliseconds each (a journal commit),
+    and a plan holds ~16 files per block.
+    """
+    files, dirs = [], []
+    for dirpath, _dirnames, filenames in os.walk(root):
+        dirs.append(Path(dirpath))
+        files.extend(os.path.join(dirpath, fn) for fn in filenames)
+    with ThreadPoolExecutor(max_workers=min(32, max(1, len(files)))) as pool:
+        list(pool.map(fsync_file, files))
+        list(pool.map(fsync_dir, dirs))
+
+
+def fsync_file(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def utc_now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def move_into_place(staging: Path, final: Path, check_target: Callable[[Path], None], fsync: bool = True) -> None:
+    """Rename a finished staging directory to ``final``, atomically for readers.
+
+    A store already at ``final`` must pass ``check_target`` (which raises to refuse it); it is
+    renamed aside first, the new store renamed in, and only then is the old one deleted (if the
+    second rename fails the old store is put back). Shared by every store writer.
+    """
+    if final.exists() or final.is_symlink():
+        check_target(final)
+        aside = final.with_name(f"{final.name}{REPLACED_MARKER}{secrets.token_hex(6)}")
+        os.rename(final, aside)
+        try:
+            os.rename(staging, final)
+        except BaseException:
+            os.rename(aside, final)
+            raise
+        if fsync:
+            fsync_dir(final.parent)
+        if aside.is_symlink():
+            aside.unlink()
+        else:
+            shutil.rmtree(aside, ignore_errors=True)
+    else:
+        os.rename(staging, final)
+        if fsync:
+            fsync_dir(final.parent)
+
+
+def check_format(path: Path, attrs: Mapping, expected: str, supported_version: int, error: type[Exception]) -> None:
+    """Refuse a store whose ``distfit_format`` is not ``expected`` or whose ``format_version`` is
+    invalid or newer than ``supported_version``; raises ``error`` naming ``path``. Shared by every
+    store reader (plans, histograms, releases)."""
+    fmt = attrs.get("distfit_format")
+    if fmt != expected:
+        raise error(f"{path}: distfit_format is {fmt!r}, not {expected!r}")
+    version = attrs.get("format_version")
+    if isinstance(version, bool) or not isinstance(version, int) or version < 1:
+        raise error(f"{path}: invalid format_version {version!r}")
+    if version > supported_version:
+        raise error(
+            f"{path}: format_version {version} is newer than this distfit supports ({supported_version}); upgrade distfit")
