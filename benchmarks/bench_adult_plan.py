@@ -27,7 +27,7 @@ minutes per round.)
 query index and target shares) against the time to pickle them all.
 
 ``allocate``: the scale allocation of an existing plan (its blocks' alphas and query variances,
-as stored; the program is the same at any scales) solved by ``blocks.allocate_scales`` (the
+as stored; the program is the same at any scales) solved by ``allocate.allocate_scales`` (the
 primal barrier method) and, as the baseline in the same run, by Clarabel through cvxpy
 (``cp.inv_pos``, an independent interior-point solver). Prints seconds, the sum bound, the
 certified lower bound, and both ratios.
@@ -58,6 +58,7 @@ def load() -> str:
 
 def bench_write(args: argparse.Namespace) -> None:
     from distfit.stores import plan as store
+    from distfit.stores.plan_writer import PlanWriter
 
     t = time.perf_counter()
     plan = store.read_plan(args.plan)
@@ -69,7 +70,7 @@ def bench_write(args: argparse.Namespace) -> None:
             for mode in ("write_block", "write_blocks"):
                 out = Path(tmp) / f"{mode}-{repeat}.zarr"
                 wall, cpu = time.perf_counter(), time.process_time()
-                with store.PlanWriter(out) as writer:
+                with PlanWriter(out) as writer:
                     if mode == "write_block":
                         for record in records:
                             writer.write_block(record)
@@ -92,10 +93,10 @@ def bench_write(args: argparse.Namespace) -> None:
 def bench_plan(args: argparse.Namespace) -> None:
     from distfit.plan.residual import group_targets  # noqa: F401  (import cost outside the timings)
     from distfit.plan.planner import decompose, plan_blocks, plan_streamed, should_stream
-    from distfit.plan.job import StoreSink, _finish, apply_budget, write_plan
+    from distfit.plan.job import StoreSink, apply_budget, finish_plan, write_plan
     from distfit.cluster import DaskExecutor, dask_client
     from distfit.spec.parse import load_spec
-    from distfit.stores.plan import PlanWriter
+    from distfit.stores.plan_writer import PlanWriter
 
     print(load())
     spec = load_spec(args.spec)
@@ -138,7 +139,7 @@ def bench_plan(args: argparse.Namespace) -> None:
         from distfit.plan.planner import write_streamed_blocks
 
         write_streamed_blocks(plan, sink)
-        _finish(writer, spec, plan)
+        finish_plan(writer, spec, plan)
     written = time.perf_counter() - t
     for line in plan.decisions:
         if line.startswith(("round", "joint", "domain", "alpha")):
@@ -174,7 +175,7 @@ def bench_allocate(args: argparse.Namespace) -> None:
     from threadpoolctl import threadpool_limits
 
     from distfit.stores import plan as store
-    from distfit.plan.residual import allocate_scales
+    from distfit.plan.allocate import allocate_scales
 
     plan = store.read_plan(args.plan)
     records = list(plan.iter_blocks())

@@ -17,7 +17,7 @@ allocation are the same code in every setting); cluster start-up, including impo
 solver in each worker, is reported separately.
 
 ``--memory``: for each N of ``--attributes-list``, the same cut-down spec is planned end to end
-(``planning.run_plan``: decomposition, block solves on a ``--workers`` local cluster, refinement,
+(``plan.job.run_plan``: decomposition, block solves on a ``--workers`` local cluster, refinement,
 allocation, plan store written and moved into place) in a fresh process per mode: ``memory``
 (``stream=False``: every block's solution held in the driver, joint block dual when the plan is
 small enough), ``streamed`` (``stream=True``: results written to the staging store as they
@@ -136,7 +136,8 @@ def _memory_child(mode: str, spec_path: str, out: str, workers: int, trace: bool
         tracemalloc.start()
     start = time.perf_counter()
     kwargs = {} if mode == "before" else {"stream": mode == "streamed"}
-    plan, _checksum = planning.run_plan(spec_path, out, workers=workers, log=io.StringIO(), **kwargs)
+    spec = spec_path if mode == "before" else load_spec(spec_path)  # an older tree's run_plan read the file
+    plan, _checksum = planning.run_plan(spec, out, workers=workers, log=io.StringIO(), **kwargs)
     seconds = time.perf_counter() - start
     if trace:
         phases["plan_traced"] = tracemalloc.get_traced_memory()[1]

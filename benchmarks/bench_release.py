@@ -14,8 +14,9 @@ arithmetic and writes: per data chunk, read the counts, take each block's margin
 ``(X_b B^T + Z) L^T`` with ``Z = Xi C^T`` (``C`` the Cholesky factor of ``Sigma_b``, computed
 once per block; ``Xi`` from ``default_rng`` per (block, chunk) as in distfit), sum the block
 columns into the query answers, and write block answers, query answers and unit ids into a
-plain Zarr v3 group with the same chunking and the same codecs (``releasing.ANSWER_COMPRESSORS``
-for the answers). No Dask, no validation, no checksum, no fsync. ``--repeat N`` runs the pair
+plain Zarr v3 group with the same chunking and the same codecs
+(``distfit.stores.release.ANSWER_COMPRESSORS`` for the answers). No Dask, no validation, no
+checksum, no fsync. ``--repeat N`` runs the pair
 (distfit, then the baseline) N times per N and reports the median and the range.
 
 Memory: peak RSS is *sampled* (every 50 ms, psutil) in a background thread, separately for
@@ -47,8 +48,10 @@ import zarr  # noqa: E402
 
 from distfit.stores.data import read_histograms, write_synthetic  # noqa: E402
 from distfit.plan.job import run_plan  # noqa: E402
+from distfit.spec.parse import load_spec  # noqa: E402
 from distfit.release.noise import load_blocks  # noqa: E402
-from distfit.release.job import ANSWER_COMPRESSORS, _answer_chunks, run_release  # noqa: E402
+from distfit.release.job import run_release  # noqa: E402
+from distfit.stores.release import ANSWER_COMPRESSORS, answer_chunks  # noqa: E402
 from distfit.stores.plan import read_plan  # noqa: E402
 
 MIB = 2.0**20
@@ -118,9 +121,9 @@ def baseline(plan_path: str, data_path: str, out: str, entropy: int) -> float:
     for _position, block_id, _drop, _bt, recon_t, _ct, _qi, _u in prepared:
         arrays[block_id] = root.create_array(
             f"blocks/{block_id}/answers", shape=(units, recon_t.shape[1]), dtype=np.float64,
-            chunks=_answer_chunks(step, recon_t.shape[1]), compressors=ANSWER_COMPRESSORS, config=config)
+            chunks=answer_chunks(step, recon_t.shape[1]), compressors=ANSWER_COMPRESSORS, config=config)
     queries = root.create_array("queries/answers", shape=(units, m), dtype=np.float64,
-                                chunks=_answer_chunks(step, m), compressors=ANSWER_COMPRESSORS, config=config)
+                                chunks=answer_chunks(step, m), compressors=ANSWER_COMPRESSORS, config=config)
     ids_out = root.create_array("unit_ids", shape=(units,), dtype=np.int64, chunks=(step,), config=config)
     for chunk, lo in enumerate(range(0, units, step)):
         hi = min(lo + step, units)
@@ -161,7 +164,7 @@ def main(argv=None) -> int:
     if Path(plan_path).exists():
         shutil.rmtree(plan_path)
     start = time.perf_counter()
-    run_plan(args.spec, plan_path, serial=True, log=io.StringIO())
+    run_plan(load_spec(args.spec), plan_path, serial=True, log=io.StringIO())
     plan = read_plan(plan_path)
     blocks = load_blocks(plan)
     print(f"plan {Path(args.spec).name}: {len(blocks)} block(s) "

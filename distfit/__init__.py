@@ -1,18 +1,21 @@
 """distfit: differentially private linear-query release with per-query accuracy targets.
 
-``distfit.solve`` plans one block (SM-II with a dual certificate); ``distfit.privacy`` holds the
-privacy accounting, ``distfit.workload`` the workload builders and ``distfit.solver.baselines`` the
-mechanisms users compare against. The pipeline: ``spec`` (YAML specs), ``blocks`` and ``plan``
-(decomposition, allocation, stitching), ``runtime`` (Dask), ``store`` (Zarr plan stores),
-``audit``, and ``planning`` (spec to plan store). Release: ``data`` (synthetic unit histograms),
-``release`` (the noise mathematics) and ``releasing`` (plan + data to a release store).
+``distfit.solve`` plans one block (SM-II with a dual certificate; ``distfit.solver``);
+``distfit.read_plan`` and ``distfit.read_release`` are the public readers of the stores
+(DESIGN.md section 4). The stages, one folder each: ``spec`` (YAML specs), ``solver`` (one
+block), ``plan`` (decomposition, allocation, stitching, the plan job), ``release`` (the noise
+mathematics and the release job), ``data`` (synthetic and microdata input), ``stores`` (Zarr);
+the shared mathematics beside them (``domain``, ``workload``, ``privacy``, ``scaling``), and
+``cluster`` (Dask), ``audit``, ``report``, ``pipeline`` (``distfit run``) and ``cli``.
 """
 from __future__ import annotations
 
-from distfit.privacy import Budget, PrivacyAccount, privacy_account, privacy_cost, privacy_profile
-from distfit.solver.solve import BlockSolution, ConvergenceError, SolverStats, solve
-
 __version__ = "0.1.0"
+
+from distfit.privacy import Budget, PrivacyAccount, privacy_account, privacy_cost, privacy_profile  # noqa: E402
+from distfit.solver.solve import BlockSolution, ConvergenceError, SolverStats, solve  # noqa: E402
+from distfit.stores.plan import read_plan  # noqa: E402
+from distfit.stores.release import read_release  # noqa: E402
 
 __all__ = [
     "BlockSolution",
@@ -23,5 +26,7 @@ __all__ = [
     "privacy_account",
     "privacy_cost",
     "privacy_profile",
+    "read_plan",
+    "read_release",
     "solve",
 ]

@@ -10,7 +10,10 @@ planner used Cholesky factors and the dual's geometric mean):
   is within its target (times the variance scale k a privacy-first plan records);
 * the stitched alpha: the cell-by-cell maximum of the summed block profiles when the plan says
   ``alpha_exact``, else the sum of block alphas; and ``rho = alpha / 2``;
-* the checksum over all arrays.
+* the checksum over all arrays (:func:`distfit.stores.plan.verify_checksum`; the report keeps
+  the recomputed one, so a caller that acts on the audited plan, e.g.
+  :func:`distfit.release.job.run_release`, can check cheaply that the plan it reads is the
+  one audited, without hashing it again).
 
 Any mismatch beyond a relative tolerance of 1e-8 fails the audit.
 """
@@ -20,7 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from distfit.plan.residual import stitched_profile
+from distfit.plan.composition import stitched_profile
 from distfit.stores.plan import read_plan, verify_checksum
 from distfit.domain import Domain
 
@@ -35,6 +38,7 @@ class AuditReport:
     checks: int
     failures: tuple[str, ...]
     alpha: float
+    checksum: str  # what the plan's arrays hash to (== its stored checksum when ``ok``)
 
     @property
     def ok(self) -> bool:
@@ -98,4 +102,4 @@ def audit_plan(path: str) -> AuditReport:
         alpha = alpha_sum
     check(_close(plan.attrs["alpha"], alpha), f"alpha: stored {plan.attrs['alpha']} but the blocks give {alpha}")
     check(_close(plan.attrs["rho"], alpha / 2.0), f"rho: stored {plan.attrs['rho']} but alpha / 2 = {alpha / 2.0}")
-    return AuditReport(str(path), checks, tuple(failures), alpha)
+    return AuditReport(str(path), checks, tuple(failures), alpha, recomputed_sum)

@@ -11,6 +11,8 @@ them into the plan store; lost workers are covered by task retries.
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import ctypes.util
 import os
 import sys
 import threading
@@ -18,6 +20,10 @@ import time
 import uuid
 import warnings
 from typing import Any, Callable, Iterable, Iterator, TextIO
+
+import dask
+from distributed import Client, LocalCluster, as_completed
+from distributed.diagnostics.plugin import WorkerPlugin
 
 from distfit.plan.planner import BlockTask, solve_block
 from distfit.solver.solve import BlockSolution
@@ -59,30 +65,24 @@ def dask_client(cluster: str | None = None, workers: int | None = None, timeout:
     the driver would keep the block specs of a plan's first ~1000 tasks alive, so its memory
     would grow with the number of blocks even when results are streamed into the store.
     """
-    import dask
-    from distributed import Client
-
     log = log or sys.stderr
     configured = dask.config.get("distributed.admin.low-level-log-length", None)
     length = LOW_LEVEL_LOG_LENGTH if configured is None else min(int(configured), LOW_LEVEL_LOG_LENGTH)
     with dask.config.set({"distributed.admin.low-level-log-length": length}):
-        yield from _dask_client(Client, cluster, workers, timeout, log, worker_env)
+        yield from _dask_client(cluster, workers, timeout, log, worker_env)
 
 
 def local_cluster(workers: int | None = None, worker_env: dict[str, str | None] | None = WORKER_ENV):
     """``LocalCluster(processes=True)`` with ``workers`` one-thread worker processes (default:
     the machine's cores) whose environment follows ``worker_env`` (``dask_client``): the one
     way distfit starts a local cluster. Returns the cluster (a context manager)."""
-    import dask
-    from distributed import LocalCluster
-
     settings = {f"distributed.nanny.pre-spawn-environ.{name}": value for name, value in (worker_env or {}).items()}
     with dask.config.set(settings):  # read by each Nanny when it is created (restarts included)
         return LocalCluster(n_workers=workers or os.cpu_count() or 1, threads_per_worker=1, processes=True,
                             dashboard_address=":0", silence_logs=40)
 
 
-def _dask_client(Client, cluster, workers, timeout, log, worker_env):
+def _dask_client(cluster, workers, timeout, log, worker_env):
     if cluster is None:
         count = workers or os.cpu_count() or 1
         with local_cluster(count, worker_env) as local, Client(local) as client:
@@ -130,9 +130,6 @@ def raise_mmap_threshold(threshold: int = MMAP_THRESHOLD_BYTES) -> bool:
     has its threshold pinned at 128 KiB (see ``WORKER_ENV``); raising it recovers most of the
     speed of an untouched worker (three marginals.yaml block solves: 23 s pinned, 17.6 s raised,
     15.3 s untouched)."""
-    import ctypes
-    import ctypes.util
-
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
         return bool(libc.mallopt(_M_MMAP_THRESHOLD, int(threshold)))
@@ -140,18 +137,18 @@ def raise_mmap_threshold(threshold: int = MMAP_THRESHOLD_BYTES) -> bool:
         return False
 
 
-def malloc_tuning_plugin():
+class MallocTuning(WorkerPlugin):
     """A Dask worker plugin that runs ``raise_mmap_threshold`` in every worker of a cluster,
-    present and future (``Client.register_plugin``). Built here so that importing this module
-    does not import distributed."""
-    from distributed.diagnostics.plugin import WorkerPlugin
+    present and future (``Client.register_plugin``)."""
 
-    class MallocTuning(WorkerPlugin):
-        idempotent = True
+    idempotent = True
 
-        def setup(self, worker) -> None:
-            raise_mmap_threshold()
+    def setup(self, worker) -> None:
+        raise_mmap_threshold()
 
+
+def malloc_tuning_plugin() -> MallocTuning:
+    """The worker plugin that raises the mmap threshold (:class:`MallocTuning`)."""
     return MallocTuning()
 
 
@@ -255,8 +252,6 @@ def run_tasks(
     completed task (the next is submitted before a result is handed on, so the workers stay
     busy while the caller handles it), and neither the driver nor the scheduler ever holds
     more than that many calls' arguments. ``None``: submit everything at once."""
-    from distributed import as_completed
-
     # A task's arguments are its data (a block spec: the recon of a block holding the total has
     # a row for every query, 87 MiB on marginals.yaml), each sent once, to one task. Dask's
     # "Sending large graph" advice (load the data with Dask, or scatter it) does not apply:
@@ -291,6 +286,67 @@ def run_tasks(
         del future
         submit_more()
         yield label, result
+
+
+def compute_partitions(
+    client,
+    function: Callable,
+    partitions: Iterable,
+    args: tuple,
+    *,
+    errors: tuple[type[BaseException], ...],
+    failure: Callable[[Any], Any],
+    on_done: Callable[[], None] | None = None,
+) -> tuple[dict[int, Any], tuple[int, Any] | None]:
+    """Run ``function(partition, k, *args)`` on every partition ``k`` of a dask collection
+    (``partitions``: its ``to_delayed()``), one task each, up to the first failure in partition
+    order (the tabulation's pass over microdata, :mod:`distfit.data.microdata`).
+
+    A task fails by raising one of ``errors`` (anything else propagates) or by returning a
+    result for which ``failure(result)`` is not None. Returns ``(results by partition, first
+    failure)``: every result read (a failing result included) and ``None`` or ``(k, exception
+    or failure(result))`` for the lowest failing partition; ``on_done()`` is called after each
+    task that did not fail. ``client`` None: in this process, one partition at a time in order
+    (synchronous scheduler), stopping at the first failure. With a ``distributed.Client``: all
+    tasks at once; once a failure at ``k`` is known the tasks of later partitions are cancelled
+    and their outcomes ignored (an earlier partition's failure, found later, replaces it).
+    """
+    tasks = [dask.delayed(function, pure=False)(part, k, *args) for k, part in enumerate(partitions)]
+    results: dict[int, Any] = {}
+    found: tuple[int, Any] | None = None
+    if client is None:
+        for k, task in enumerate(tasks):
+            try:
+                (result,) = dask.compute(task, scheduler="synchronous")
+            except errors as error:
+                return results, (k, error)
+            results[k] = result
+            if failure(result) is not None:
+                return results, (k, failure(result))
+            if on_done is not None:
+                on_done()
+        return results, None
+    futures = client.compute(tasks)
+    where = {future.key: k for k, future in enumerate(futures)}
+    for future in as_completed(futures):
+        k = where[future.key]
+        if found is not None and k > found[0]:
+            continue
+        if future.status == "error":
+            error = future.exception()
+            if not isinstance(error, errors):
+                raise error
+            found = (k, error)
+        elif future.status == "finished":
+            result = future.result()
+            results[k] = result
+            if failure(result) is not None:
+                found = (k, failure(result))
+            elif on_done is not None:
+                on_done()
+        if found is not None and found[0] == k:
+            client.cancel([f for f in futures if where[f.key] > k and not f.done()])
+    return results, found
 
 
 IN_FLIGHT_PER_THREAD = 4  # block tasks submitted ahead per worker thread (DaskExecutor)

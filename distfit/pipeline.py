@@ -36,6 +36,7 @@ started once, only if a stage has work to do, and shared by the plan and the rel
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import sys
@@ -44,9 +45,26 @@ import time
 from dataclasses import dataclass, field
 from importlib import metadata, resources
 from pathlib import Path
-from typing import Any, Callable, TextIO
+from typing import Any, Callable, TextIO, Union
 
+import yaml
+
+from distfit import __version__
+from distfit.audit import audit_plan
+from distfit.cluster import dask_client, local_cluster
+from distfit.data.microdata import check_source, ensure_tabulated, microdata_format, tabulation_mismatch
+from distfit.data.people import write_synthetic_people
+from distfit.plan.job import level_profiles, run_plan, scale_plan_to_budget
+from distfit.plan.levels import budget_shares, combine_levels
+from distfit.privacy import Budget
+from distfit.release.job import run_release
+from distfit.report import write_report
+from distfit.spec.model import PipelineSpec, PrivacySpec
+from distfit.spec.parse import load_spec
+from distfit.stores.data import MARGINALS_FORMAT, open_data, read_histograms, write_synthetic
 from distfit.stores.files import root_attrs_on_disk, utc_now
+from distfit.stores.plan import read_plan
+from distfit.stores.release import read_release
 
 MANIFEST_FORMAT = "run-manifest"
 MANIFEST_VERSION = 1
@@ -84,9 +102,25 @@ class RunResult:
     manifest_data: dict[str, Any] = field(default_factory=dict)
 
 
+SpecLike = Union[PipelineSpec, str, os.PathLike, None]
+
+
 def default_spec_path() -> str:
     """Path of the embedded default pipeline spec (package data)."""
     return str(resources.files("distfit") / "pipelines" / "default.yaml")
+
+
+def _spec_and_path(spec: SpecLike) -> tuple[PipelineSpec, str | None]:
+    """The run's spec, read here once when given as a path (None: the embedded default), and
+    the path its manifest records (a spec object's ``source_path``)."""
+    if isinstance(spec, PipelineSpec):
+        return spec, spec.source_path
+    path = os.fspath(spec) if spec is not None else default_spec_path()
+    return load_spec(path), path
+
+
+def _recorded_spec(spec: PipelineSpec, path: str | None) -> dict[str, Any]:
+    return {"path": os.path.abspath(path) if path is not None else None, "hash": spec.spec_hash, "name": spec.name}
 
 
 def data_seed(spec_hash: str) -> int:
@@ -103,7 +137,6 @@ def package_versions() -> dict[str, str | None]:
             module = sys.modules.get(name)
             versions[name] = getattr(module, "__version__", None)
     if versions.get("distfit") is None:
-        from distfit import __version__
         versions["distfit"] = __version__
     return versions
 
@@ -143,8 +176,6 @@ def _read_manifest(path: Path) -> dict | None:
 
 
 def _plan_spec_hash(path: Path) -> str | None:
-    from distfit.stores.plan import read_plan
-
     plan = read_plan(path)  # StoreError (a ValueError) for anything but a complete plan
     return (plan.attrs.get("planner") or {}).get("spec_hash")
 
@@ -171,15 +202,11 @@ def _inspect(rundir: Path, spec_hash: str, synthesise: bool, units: int | None,
                 f"{spec_hash}); use another --out")
     data_path = rundir / DATA_NAME
     if source is not None and (data_path.exists() or data_path.is_symlink()):
-        from distfit.data.microdata import tabulation_mismatch
-
         reason = tabulation_mismatch(data_path, spec, source)
         if reason is not None:
             raise RunDirError(f"{data_path}: holds data from an earlier run that does not match --data "
                               f"{source} ({reason}); use another --out")
     if synthesise and data_path.exists():
-        from distfit.stores.data import MARGINALS_FORMAT, read_histograms
-
         if (root_attrs_on_disk(data_path) or {}).get("distfit_format") == MARGINALS_FORMAT:
             theirs = ((root_attrs_on_disk(data_path) or {}).get("source") or {}).get("path")
             raise RunDirError(f"{data_path}: holds data tabulated from {theirs} by an earlier run; pass "
@@ -213,8 +240,6 @@ class _Cluster:
     def get(self) -> str | None:
         if self.serial or self.cluster is not None or self.started:
             return self.address
-        from distfit.cluster import local_cluster
-
         count = self.workers or os.cpu_count() or 1
         local = self.stack.enter_context(local_cluster(count))  # workers without Dask's malloc trim (WORKER_ENV)
         print(f"distfit: local cluster with {count} worker processes; dashboard {local.dashboard_link}",
@@ -237,7 +262,7 @@ class _Cluster:
 
 
 def run_pipeline(
-    spec_path: str | os.PathLike | None,
+    spec: SpecLike,
     out: str | os.PathLike,
     *,
     data: str | os.PathLike | None = None,
@@ -249,29 +274,20 @@ def run_pipeline(
     fsync: bool = True,
     after_chunk: Callable[[int], None] | None = None,
 ) -> RunResult:
-    """Run (or finish) the pipeline into ``out`` (module docstring).
+    """Run (or finish) the pipeline of ``spec`` into ``out`` (module docstring). ``spec``: a
+    ``PipelineSpec``, or the path of its YAML file (None: the embedded default pipeline), read
+    once for the whole run.
 
     Errors: SpecError / ValueError / RunDirError / FileExistsError (bad input, exit 2),
     RunFailure (the plan fails its audit, exit 1), ClusterError.
     """
-    from distfit.audit import audit_plan
-    from distfit.stores.data import open_data, read_histograms, write_synthetic
-    from distfit.data.microdata import check_source, ensure_tabulated, microdata_format
-    from distfit.plan.job import run_plan
-    from distfit.release.job import read_release, run_release
-    from distfit.report import write_report
-    from distfit.cluster import dask_client
-    from distfit.spec.parse import load_spec
-    from distfit.stores.plan import read_plan
-
     started = time.perf_counter()
     log = log or sys.stderr
     if units is not None and (isinstance(units, bool) or units < 1):
         raise ValueError(f"--units must be >= 1, got {units}")
     if workers is not None and workers < 1:
         raise ValueError(f"--workers must be >= 1, got {workers}")
-    spec_path = os.fspath(spec_path) if spec_path is not None else default_spec_path()
-    spec = load_spec(spec_path)
+    spec, spec_path = _spec_and_path(spec)
     spec_hash = spec.spec_hash
     rundir = Path(os.fspath(out))
     synthesise = data is None
@@ -305,7 +321,7 @@ def run_pipeline(
             stages["plan"] = "reused"
             print(f"distfit: reusing the plan at {plan_path} (spec hash matches)", file=log)
         else:
-            run_plan(spec_path, str(plan_path), cluster=where.get(), workers=workers, serial=serial, log=log)
+            run_plan(spec, str(plan_path), cluster=where.get(), workers=workers, serial=serial, log=log)
             stages["plan"] = "done"
         plan = read_plan(plan_path)
         timings["plan"] = time.perf_counter() - t
@@ -358,7 +374,7 @@ def run_pipeline(
             result = run_release(
                 str(plan_path), str(data_path), str(release_path), resume=resume,
                 cluster=where.get(), workers=workers, serial=serial, log=log, fsync=fsync,
-                after_chunk=after_chunk,
+                after_chunk=after_chunk, audit=report,  # audited above: not audited (hashed) again
             )
             release_checksum = result.checksum
             stages["release"] = "resumed" if result.resumed else "done"
@@ -378,7 +394,7 @@ def run_pipeline(
         "distfit_format": MANIFEST_FORMAT,
         "format_version": MANIFEST_VERSION,
         "created": utc_now(),
-        "spec": {"path": os.path.abspath(spec_path), "hash": spec_hash, "name": spec.name},
+        "spec": _recorded_spec(spec, spec_path),
         "plan": {"path": os.path.abspath(plan_path), "checksum": plan.checksum},
         "data": {"path": os.path.abspath(data_path), "synthetic": synthesise,
                  "format": data_store.format,
@@ -414,7 +430,7 @@ def run_pipeline(
 # multi-level runs
 
 LEVELS_DIR, PEOPLE_NAME = "levels", "people"
-ACCURACY_PLAN_NAME, LEVEL_SPEC_NAME, ACCURACY_SPEC_NAME = "accuracy-plan.zarr", "spec.yaml", "accuracy-spec.yaml"
+ACCURACY_PLAN_NAME, LEVEL_SPEC_NAME = "accuracy-plan.zarr", "spec.yaml"
 
 
 @dataclass(frozen=True)
@@ -431,10 +447,9 @@ class LevelsRunResult:
     timings: dict[str, float] = field(default_factory=dict)
 
 
-def _write_spec(path: Path, spec: Any) -> None:
-    """A level's spec as YAML (canonical form), rewritten only when its content changes."""
-    import yaml
-
+def _write_spec(path: Path, spec: PipelineSpec) -> None:
+    """A level's spec as YAML (canonical form), rewritten only when its content changes: the
+    record of what the level's run planned and released (the run uses the spec object)."""
     text = yaml.safe_dump(spec.to_dict(), sort_keys=False, allow_unicode=True, width=100)
     if path.exists() and path.read_text(encoding="utf-8") == text:
         return
@@ -445,7 +460,7 @@ def _write_spec(path: Path, spec: Any) -> None:
 
 
 def run_levels(
-    spec_path: str | os.PathLike,
+    spec: PipelineSpec | str | os.PathLike,
     out: str | os.PathLike,
     *,
     data: str | os.PathLike | None = None,
@@ -456,35 +471,26 @@ def run_levels(
     log: TextIO | None = None,
     fsync: bool = True,
 ) -> LevelsRunResult:
-    """Run a multi-level spec into ``out``: levels one after another (sequential composition),
-    each level's blocks and chunks in parallel on one Dask cluster (:mod:`distfit.plan.levels`).
+    """Run a multi-level spec (a ``PipelineSpec`` or the path of its YAML file, read once) into
+    ``out``: levels one after another (sequential composition), each level's blocks and chunks
+    in parallel on one Dask cluster (:mod:`distfit.plan.levels`).
 
     Layout: ``RUNDIR/people/`` (synthetic microdata, a directory of Parquet files, when no
     ``--data``: ``--units`` finest-level units, default 10000, nested geography,
-    :func:`distfit.data.microdata.write_synthetic_people`, seeded from the spec hash),
-    ``RUNDIR/levels/<level>/`` (a complete single-level run of ``spec.yaml``, the level's spec:
-    plan, data tabulated for the level's unit column, release, report, manifest; see
-    :func:`run_pipeline`) and ``RUNDIR/manifest.json`` (the levels, their checksums and the
+    :func:`distfit.data.people.write_synthetic_people`, seeded from the spec hash),
+    ``RUNDIR/levels/<level>/`` (a complete single-level run of the level's spec, recorded in
+    ``spec.yaml``: plan, data tabulated for the level's unit column, release, report, manifest;
+    see :func:`run_pipeline`) and ``RUNDIR/manifest.json`` (the levels, their checksums and the
     combined privacy account). With a budget every level is first planned accuracy-first
     (``levels/<level>/accuracy-plan.zarr``), the budget is shared by one common scale
     (:func:`distfit.plan.levels.budget_shares`) and each level's plan is that plan scaled to its
-    share (:func:`distfit.plan.levels.scale_plan_to_budget`); its ``spec.yaml`` records the share
+    share (:func:`distfit.plan.job.scale_plan_to_budget`); its ``spec.yaml`` records the share
     as the level's ``privacy.alpha``. A rerun reuses and resumes level by level like
     :func:`run_pipeline`; a RUNDIR of another spec is refused (RunDirError).
     """
-    import dataclasses
-
-    from distfit.plan.levels import budget_shares, combine_levels, level_profiles, scale_plan_to_budget
-    from distfit.data.microdata import check_source, microdata_format, write_synthetic_people
-    from distfit.plan.job import run_plan
-    from distfit.privacy import Budget
-    from distfit.cluster import dask_client
-    from distfit.spec.parse import PrivacySpec, load_spec
-    from distfit.stores.plan import read_plan
-
     started = time.perf_counter()
     log = log or sys.stderr
-    spec = load_spec(spec_path)
+    spec, spec_path = _spec_and_path(spec)
     if not spec.multilevel:
         raise ValueError(f"{spec_path}: not a multi-level spec (no levels); use run_pipeline")
     if units is not None and (isinstance(units, bool) or units < 1):
@@ -545,13 +551,10 @@ def run_levels(
             t = time.perf_counter()
             accuracy = []
             for name, level_spec in level_specs.items():
-                accuracy_spec_path = level_dirs[name] / ACCURACY_SPEC_NAME
                 accuracy_plan = level_dirs[name] / ACCURACY_PLAN_NAME
-                _write_spec(accuracy_spec_path, level_spec)
                 if not accuracy_plan.exists():
                     print(f"distfit: level {name}: accuracy-first plan (the budget is shared after)", file=log)
-                    run_plan(str(accuracy_spec_path), str(accuracy_plan), cluster=address, workers=workers,
-                             serial=serial, log=log)
+                    run_plan(level_spec, str(accuracy_plan), cluster=address, workers=workers, serial=serial, log=log)
                 plan = read_plan(accuracy_plan)
                 accuracy.append((name, float(plan.attrs["alpha"]), level_profiles(plan)))
             combined = combine_levels(spec.domain, accuracy)
@@ -561,7 +564,6 @@ def run_levels(
                   file=log)
             for (name, level_spec), share in zip(level_specs.items(), shares):
                 level_specs[name] = dataclasses.replace(level_spec, privacy=PrivacySpec("budget", Budget(alpha=share)))
-                _write_spec(level_dirs[name] / LEVEL_SPEC_NAME, level_specs[name])
                 plan_path = level_dirs[name] / PLAN_NAME
                 if not plan_path.exists():
                     scale_plan_to_budget(str(level_dirs[name] / ACCURACY_PLAN_NAME), str(plan_path),
@@ -573,10 +575,12 @@ def run_levels(
             t = time.perf_counter()
             print(f"distfit: level {name} ({level_spec.num_queries} queries, units "
                   f"{level_spec.units.column if level_spec.units else 'none: one population'})", file=log)
-            _write_spec(level_dirs[name] / LEVEL_SPEC_NAME, level_spec)
+            record = level_dirs[name] / LEVEL_SPEC_NAME
+            _write_spec(record, level_spec)
+            # the level's run records its spec file; the spec itself is passed, not read back
             results[name] = run_pipeline(
-                level_dirs[name] / LEVEL_SPEC_NAME, level_dirs[name], data=str(people), cluster=address,
-                serial=serial, log=log, fsync=fsync)
+                dataclasses.replace(level_spec, source_path=os.path.abspath(record)), level_dirs[name],
+                data=str(people), cluster=address, serial=serial, log=log, fsync=fsync)
             timings[f"level {name}"] = time.perf_counter() - t
 
     plans = {name: read_plan(result.plan) for name, result in results.items()}
@@ -587,7 +591,7 @@ def run_levels(
         "distfit_format": MANIFEST_FORMAT,
         "format_version": MANIFEST_VERSION,
         "created": utc_now(),
-        "spec": {"path": os.path.abspath(spec_path), "hash": spec_hash, "name": spec.name},
+        "spec": _recorded_spec(spec, spec_path),
         "people": {"path": os.path.abspath(people), "synthetic": data is None,
                    "units": people_units if data is None else None},
         "levels": {name: {"dir": os.path.abspath(level_dirs[name]), "manifest": result.manifest,

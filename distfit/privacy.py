@@ -352,14 +352,15 @@ class Budget:
     delta: float | None = None
     alpha: float | None = None
 
+    @staticmethod
+    def ways_given(rho: Any = None, epsilon: Any = None, delta: Any = None, alpha: Any = None) -> list[str]:
+        """Which of the three ways (``"rho"``, ``"epsilon/delta"``, ``"alpha"``) a budget's fields give."""
+        return [way for way, given in (("rho", rho is not None),
+                                       ("epsilon/delta", epsilon is not None or delta is not None),
+                                       ("alpha", alpha is not None)) if given]
+
     def __post_init__(self) -> None:
-        ways = []
-        if self.rho is not None:
-            ways.append("rho")
-        if self.epsilon is not None or self.delta is not None:
-            ways.append("epsilon/delta")
-        if self.alpha is not None:
-            ways.append("alpha")
+        ways = self.ways_given(self.rho, self.epsilon, self.delta, self.alpha)
         if not ways:
             raise ValueError("budget: no budget given; give rho, alpha, or epsilon and delta")
         if len(ways) > 1:

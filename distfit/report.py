@@ -49,8 +49,13 @@ from typing import Any
 import numpy as np
 
 from distfit.privacy import epsilon_for_delta
+from distfit.release.noise import calibration, query_answers, true_block_answers
+from distfit.solver.baselines import compare_baselines
+from distfit.spec.parse import parse_spec
+from distfit.stores.data import open_data
 from distfit.stores.files import STAGING_MARKER, move_into_place
 from distfit.stores.plan import read_plan
+from distfit.stores.release import read_release
 
 MARKER = ".distfit-report"
 BASELINE_MAX_CELLS = 5000
@@ -223,9 +228,6 @@ def _plot_calibration(plt, z: np.ndarray, sd: np.ndarray, out: Path) -> None:
 
 def _calibration(plan, release, data_path) -> tuple[dict, np.ndarray, np.ndarray]:
     """Standardised errors of the first units' released answers (module docstring)."""
-    from distfit.stores.data import open_data
-    from distfit.release.noise import calibration, query_answers, true_block_answers
-
     data = open_data(data_path)
     if data.units != int(release.attrs.get("units", -1)):
         raise ValueError(f"{data_path}: holds {data.units} units, the release {release.attrs.get('units')}; "
@@ -256,8 +258,6 @@ def _calibration(plan, release, data_path) -> tuple[dict, np.ndarray, np.ndarray
 
 def _baselines(plan) -> tuple[dict[str, float] | None, str]:
     """Max variance/target of each baseline at the plan's alpha, or None and why not."""
-    from distfit.solver.baselines import compare_baselines
-    from distfit.spec.parse import parse_spec
 
     try:
         spec = parse_spec(plan.attrs["spec"])
@@ -409,7 +409,6 @@ def write_report(plan_path: str | os.PathLike, out: str | os.PathLike,
                  data_path: str | os.PathLike | None = None) -> ReportResult:
     """Write the report of the plan (and release) to ``out`` (module docstring). With
     ``data_path`` (the release's data store) the report adds the calibration section."""
-    from distfit.release.job import read_release
 
     out_path = Path(os.fspath(out))
     if STAGING_MARKER in out_path.name:

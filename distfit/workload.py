@@ -17,7 +17,6 @@ Everything here is pure numpy; nothing loops over cells.
 from __future__ import annotations
 
 import functools
-import math
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping, Sequence, Union
 
@@ -27,6 +26,7 @@ from distfit.checks import check_integer
 from distfit.domain import Domain
 
 __all__ = [
+    "validate_targets",
     "validate_workload",
     "identity_queries",
     "total_queries",
@@ -216,6 +216,26 @@ def marginal_queries(domain: Domain, clique: Iterable[str]) -> np.ndarray:
     return kron_queries(domain, {name: np.eye(domain.size_of(name)) for name in clique})
 
 
+def validate_targets(targets: object, num_queries: int) -> np.ndarray:
+    """The variance targets of ``num_queries`` queries as a float array: a scalar is broadcast,
+    every target must be finite and > 0 (DESIGN.md section 1: ``c_j > 0``). The one check of
+    targets outside the spec parser (which words its own errors per field)."""
+    try:
+        target_array = np.array(targets, dtype=float)
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"targets: not numeric ({error})") from None
+    if target_array.ndim == 0:
+        target_array = np.full(num_queries, float(target_array))
+    if target_array.shape != (num_queries,):
+        raise ValueError(f"targets: expected {num_queries} values (one per row of W), got shape {target_array.shape}")
+    if not np.all(np.isfinite(target_array)):
+        raise ValueError("targets: contains non-finite values")
+    if np.any(target_array <= 0):
+        bad = int(np.flatnonzero(target_array <= 0)[0])
+        raise ValueError(f"targets: every target must be > 0; targets[{bad}] = {target_array[bad]}")
+    return target_array
+
+
 def validate_workload(matrix: object, targets: object) -> tuple[np.ndarray, np.ndarray]:
     """Check a workload matrix W (m x d) and its targets; return them as float arrays.
 
@@ -233,19 +253,7 @@ def validate_workload(matrix: object, targets: object) -> tuple[np.ndarray, np.n
         raise ValueError("W: contains non-finite entries (nan or inf)")
     if not np.any(workload):
         raise ValueError("W: every entry is zero; there is nothing to answer")
-    try:
-        target_array = np.asarray(targets, dtype=float)
-    except (TypeError, ValueError) as error:
-        raise ValueError(f"targets: not numeric ({error})") from None
-    if target_array.ndim == 0:
-        target_array = np.full(workload.shape[0], float(target_array))
-    if target_array.shape != (workload.shape[0],):
-        raise ValueError(f"targets: expected {workload.shape[0]} values (one per row of W), got shape {target_array.shape}")
-    if not np.all(np.isfinite(target_array)):
-        raise ValueError("targets: contains non-finite values")
-    if np.any(target_array <= 0):
-        bad = int(np.flatnonzero(target_array <= 0)[0])
-        raise ValueError(f"targets: every target must be > 0; targets[{bad}] = {target_array[bad]}")
+    target_array = validate_targets(targets, workload.shape[0])
     zero_rows = np.flatnonzero(~np.any(workload != 0.0, axis=1))
     if zero_rows.size:
         raise ValueError(f"W: row {int(zero_rows[0])} is all zeros (a query that reads no cell needs no noise; drop it)")
@@ -274,18 +282,7 @@ class Workload:
     def __post_init__(self) -> None:
         matrix = _check_matrix(self.matrix, "matrix")
         m, d = matrix.shape
-        try:
-            targets = np.array(self.targets, dtype=float)
-        except (TypeError, ValueError):
-            raise ValueError(f"targets must be numeric, got {self.targets!r}") from None
-        if targets.ndim == 0:
-            targets = np.full(m, float(targets))
-        if targets.ndim != 1 or targets.shape[0] != m:
-            raise ValueError(f"targets must have shape ({m},) (one per query), got {targets.shape}")
-        if not np.all(np.isfinite(targets)):
-            raise ValueError("targets must be finite")
-        if not np.all(targets > 0):
-            raise ValueError(f"targets must be > 0, got min {targets.min()}")
+        targets = validate_targets(self.targets, m)
         labels = self.labels
         if labels is None or (not isinstance(labels, str) and len(tuple(labels)) == 0):
             labels = tuple(f"q[{j}]" for j in range(m))

@@ -18,7 +18,7 @@ Every one of the C(14, 3) = 364 attribute triples is a query group; ordinal attr
 queried by ``prefix`` (at most this bin: cumulative counts), the others by ``identity``. Targets
 follow the rule ``{base: 100, width_power: 0.5, jitter: 0.5}``: a standard deviation of about 10
 people for a single marginal cell, looser (by the square root of the cells read) for wide prefix
-queries, with a fixed pseudo-random spread of up to 50% (``distfit/spec/parse.py``, "target").
+queries, with a fixed pseudo-random spread of up to 50% (``pipelines/README.md``, "target").
 Accuracy first: distfit finds the smallest privacy cost that meets all of them. Residual
 blocks are not merged (``blocks.merge: false``): 470 blocks of at most 210 basis rows, about a
 second each, where merged 3-way cliques (up to 616 basis rows, ~10,000 queries) take minutes.

@@ -12,7 +12,7 @@ target rule
 
 so a pair of two priority-5 attributes has base 1 and a pair of two priority-1 attributes base 3;
 each query's target is then base * (cells it reads) ** 0.25 * (a fixed pseudo-random factor in
-[1, 2)), i.e. wide prefix and range queries are looser (``distfit/spec/parse.py``, "target").
+[1, 2)), i.e. wide prefix and range queries are looser (``pipelines/README.md``, "target").
 """
 from __future__ import annotations
 

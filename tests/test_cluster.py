@@ -3,16 +3,28 @@ from __future__ import annotations
 
 import itertools
 import os
+import platform
 import signal
+import subprocess
+import sys
 import threading
 import time
 
 import numpy as np
 import pytest
+import yaml
+from distributed import Client
 
-from distfit.plan.planner import plan_groups, serial_executor
-from distfit.cluster import ClusterError, DaskExecutor, dask_client
+import distfit.plan.planner as plan_module
+from distfit.audit import audit_plan
+from distfit.cluster import WORKER_ENV, ClusterError, DaskExecutor, dask_client, local_cluster, raise_mmap_threshold
 from distfit.domain import Domain
+from distfit.plan.job import run_plan
+from distfit.plan.planner import BlockTask, plan_groups, serial_executor
+from distfit.plan.residual import residual_blocks
+from distfit.spec.parse import load_spec
+from distfit.stores.plan import read_plan
+from tests.reference import SMALL_SPEC
 
 
 def _groups():
@@ -42,9 +54,6 @@ def test_dask_plan_equals_serial_plan(client):
 def test_dask_executor_takes_tasks_lazily(client):
     """At most max_in_flight tasks are submitted and unread: a streamed plan reads each spec
     from the store only when its task goes out."""
-    from distfit.plan.residual import residual_blocks
-    from distfit.plan.planner import BlockTask
-
     domain, groups = _groups()
     blocks = residual_blocks(domain, groups)
     pulled = []
@@ -62,18 +71,11 @@ def test_dask_executor_takes_tasks_lazily(client):
 
 
 def test_streamed_plan_on_a_cluster_equals_the_serial_plan(client, tmp_path, monkeypatch):
-    import yaml
-
-    import distfit.plan.planner as plan_module
-    from distfit.plan.job import run_plan
-    from distfit.stores.plan import read_plan
-    from tests.reference import SMALL_SPEC
-
     path = tmp_path / "spec.yaml"
     path.write_text(yaml.safe_dump(dict(SMALL_SPEC, blocks={"merge": False})))
-    streamed, _ = run_plan(str(path), str(tmp_path / "streamed.zarr"), cluster=client.scheduler.address, stream=True)
+    streamed, _ = run_plan(load_spec(path), str(tmp_path / "streamed.zarr"), cluster=client.scheduler.address, stream=True)
     monkeypatch.setattr(plan_module, "CO_OPTIMIZE_WORK", 0.0)  # the streamed plan has no joint dual
-    serial, _ = run_plan(str(path), str(tmp_path / "serial.zarr"), serial=True, stream=False)
+    serial, _ = run_plan(load_spec(path), str(tmp_path / "serial.zarr"), serial=True, stream=False)
     assert streamed.streamed and not serial.streamed
     assert streamed.alpha == pytest.approx(serial.alpha, rel=1e-9)
     np.testing.assert_allclose(read_plan(str(tmp_path / "streamed.zarr")).queries_variances, serial.variances, rtol=1e-9)
@@ -103,10 +105,6 @@ def test_unreachable_scheduler_is_a_clear_error():
 
 def test_plan_through_a_scheduler_file(tmp_path):
     """A scheduler and two workers started from the dask command line, found by scheduler file."""
-    import subprocess
-    import sys
-    import time
-
     scheduler_file = tmp_path / "scheduler.json"
     dask = [sys.executable, "-m", "distributed.cli.dask_scheduler"]
     scheduler = subprocess.Popen(
@@ -145,11 +143,6 @@ def test_plan_through_a_scheduler_file(tmp_path):
 @pytest.mark.parametrize("stream", [False, True])
 def test_killed_worker_plan_completes_and_passes_audit(tmp_path, stream):
     """`distfit plan` against a running cluster; one worker process is killed mid-plan."""
-    import yaml
-
-    from distfit.audit import audit_plan
-    from distfit.plan.job import run_plan
-
     spec = {
         "name": "faults",
         "attributes": [{"name": f"a{i}", "size": size} for i, size in enumerate((3, 3, 3, 4, 2))],
@@ -171,7 +164,7 @@ def test_killed_worker_plan_completes_and_passes_audit(tmp_path, stream):
 
         timer = threading.Timer(0.3, kill)
         timer.start()
-        plan, _ = run_plan(str(path), str(tmp_path / "plan.zarr"), cluster=client.scheduler.address, stream=stream)
+        plan, _ = run_plan(load_spec(path), str(tmp_path / "plan.zarr"), cluster=client.scheduler.address, stream=stream)
         finished_at = time.perf_counter()
         timer.join()
         assert killed_at and killed_at[0] < finished_at, "the worker was not killed while the plan ran"
@@ -184,8 +177,6 @@ def test_local_workers_start_without_dask_malloc_trim(client):
     """MALLOC_TRIM_THRESHOLD_ pins glibc's mmap threshold at 128 KiB and slowed block solves by
     half; distfit's local clusters leave it out (runtime.WORKER_ENV) and register the plugin that
     raises the threshold anyway (a nanny started earlier in the process may have set it)."""
-    import os
-
     registered = client.run(lambda dask_worker: "distfit-malloc-tuning" in dask_worker.plugins)
     assert len(registered) == 2 and all(registered.values())
     if "MALLOC_TRIM_THRESHOLD_" in os.environ:
@@ -194,10 +185,6 @@ def test_local_workers_start_without_dask_malloc_trim(client):
 
 
 def test_raise_mmap_threshold_works_on_glibc():
-    import platform
-
-    from distfit.cluster import raise_mmap_threshold
-
     if platform.libc_ver()[0] != "glibc":
         pytest.skip("mallopt is glibc's")
     assert raise_mmap_threshold() is True
@@ -206,12 +193,6 @@ def test_raise_mmap_threshold_works_on_glibc():
 def test_local_cluster_workers_follow_worker_env():
     """runtime.local_cluster is how `distfit run` starts its shared cluster: its workers get the
     environment WORKER_ENV says (a variable set; Dask's malloc trim left out unless inherited)."""
-    import os
-
-    from distributed import Client
-
-    from distfit.cluster import WORKER_ENV, local_cluster
-
     with local_cluster(1, worker_env=dict(WORKER_ENV, DISTFIT_TEST_LOCAL_CLUSTER="yes")) as cluster, Client(cluster) as client:
         seen = list(client.run(lambda: (os.environ.get("DISTFIT_TEST_LOCAL_CLUSTER"), os.environ.get("MALLOC_TRIM_THRESHOLD_"))).values())
     assert seen[0][0] == "yes"

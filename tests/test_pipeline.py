@@ -5,17 +5,20 @@ import json
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 import yaml
 import zarr
 
 from tests.clitools import assert_one_line_error, run
-from distfit.release import job as releasing
+from distfit.audit import audit_plan
+import distfit.pipeline as pipeline
 from distfit.stores.data import read_histograms, write_synthetic
-from distfit.release.job import read_release, verify_release
+from distfit.stores.release import read_release, verify_release
 from distfit.pipeline import PACKAGES, data_seed, default_spec_path
 from distfit.spec.parse import load_spec
 from distfit.stores.plan import read_plan, verify_checksum
+from tests.plan.test_levels import LEVELS_SPEC
 from tests.reference import SMALL_SPEC
 
 SPEC = SMALL_SPEC
@@ -112,7 +115,7 @@ def test_partial_release_is_resumed(capsys, specs, tmp_path, monkeypatch):
     # data in several chunks (reused by the run: same spec, same seed)
     write_synthetic(load_spec(spec), 200, rundir / "data.zarr", seed=data_seed(load_spec(spec).spec_hash),
                     chunk_units=20)
-    original = releasing.run_release
+    original = pipeline.run_release
     calls = []
 
     def interrupt(chunk):
@@ -124,11 +127,11 @@ def test_partial_release_is_resumed(capsys, specs, tmp_path, monkeypatch):
         kwargs["after_chunk"] = interrupt
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(releasing, "run_release", patched)
+    monkeypatch.setattr(pipeline, "run_release", patched)
     with pytest.raises(Interrupted):
         _run(capsys, spec, rundir)
     capsys.readouterr()
-    monkeypatch.setattr(releasing, "run_release", original)
+    monkeypatch.setattr(pipeline, "run_release", original)
     assert not (rundir / "manifest.json").exists()
     attrs = zarr.open_group(str(rundir / "release.zarr"), mode="r").attrs
     assert attrs["complete"] is False
@@ -211,3 +214,50 @@ def test_embedded_default_pipeline(capsys, tmp_path):
     manifest = _check_outputs(rundir, default_spec_path())
     assert manifest["spec"]["name"] == "pl94"
     assert manifest["data"]["units"] == 200
+
+
+def test_multilevel_run_end_to_end(tmp_path, capsys):
+    """distfit run on a multi-level spec with a budget: synthetic people with a nested
+    geography, one complete run per level (plan passes audit, release sealed), the combined
+    account exactly at the budget; the levels' spec.yaml records what they ran; a rerun reuses
+    everything; another spec is refused."""
+    spec = dict(LEVELS_SPEC, privacy={"alpha": 3.0})
+    spec["levels"] = [dict(level) for level in LEVELS_SPEC["levels"]]
+    spec["levels"].insert(1, {"name": "state", "units": {"column": "state"}, "queries": [
+        {"name": "sex", "attributes": {"sex": "identity"}, "target": 1}]})
+    path = tmp_path / "census.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    rundir = tmp_path / "run"
+    code, out, err = run(capsys, "run", str(path), "--out", str(rundir), "--units", "23", "--serial")
+    assert code == 0, err
+    assert "privacy        alpha 3 (exact)" in out
+    manifest = json.loads((rundir / "manifest.json").read_text())
+    assert list(manifest["levels"]) == ["nation", "state", "county"]
+    assert manifest["privacy"]["alpha"] == pytest.approx(3.0, rel=1e-9) and manifest["privacy"]["alpha_exact"]
+    people = pd.read_parquet(rundir / "people")
+    assert people.groupby("county")["state"].nunique().max() == 1  # counties nest in states
+    units = {"nation": 1, "state": people["state"].nunique(), "county": people["county"].nunique()}
+    assert units["county"] == 23 and units["state"] == 3
+    alphas = 0.0
+    for name, level in manifest["levels"].items():
+        level_dir = rundir / "levels" / name
+        assert audit_plan(str(level_dir / "plan.zarr")).ok
+        plan = read_plan(level_dir / "plan.zarr")
+        assert plan.checksum == level["plan_checksum"]
+        alphas += plan.attrs["alpha"]
+        # the level's spec.yaml records the spec its run used (with its share of the budget)
+        recorded = load_spec(level_dir / "spec.yaml")
+        assert recorded.spec_hash == plan.attrs["planner"]["spec_hash"] == _manifest(level_dir)["spec"]["hash"]
+        assert _manifest(level_dir)["spec"]["path"] == str((level_dir / "spec.yaml").resolve())
+        ok, _, _ = verify_release(level_dir / "release.zarr")
+        release = read_release(level_dir / "release.zarr")
+        assert ok and release.answers.shape[0] == units[name]
+    # the exact combined alpha (max over cells of the summed profiles) is at most the sum bound
+    assert alphas >= 3.0 * (1 - 1e-9) and manifest["privacy"]["alpha_sum_bound"] == pytest.approx(alphas)
+
+    code, out, err = run(capsys, "run", str(path), "--out", str(rundir), "--serial")
+    assert code == 0 and "plan reused, release reused" in out, out + err
+    other = dict(spec, name="other")
+    (tmp_path / "other.yaml").write_text(yaml.safe_dump(other))
+    code, _, err = run(capsys, "run", str(tmp_path / "other.yaml"), "--out", str(rundir), "--serial")
+    assert code == 2 and "holds the run of another spec" in err

@@ -27,7 +27,7 @@ import yaml
 import zarr
 
 from distfit.stores.data import write_synthetic
-from distfit.release.job import read_release, verify_release
+from distfit.stores.release import read_release, verify_release
 from distfit.spec.parse import load_spec
 from distfit.stores.plan import read_plan
 from tests.reference import SMALL_SPEC

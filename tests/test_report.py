@@ -5,33 +5,24 @@ import re
 from pathlib import Path
 
 import pytest
-import yaml
 
 from tests.clitools import assert_one_line_error, run
 from distfit.stores.data import write_synthetic
-from distfit.plan.job import run_plan
 from distfit.release.job import run_release
 from distfit.report import MARKER
-from distfit.spec.parse import load_spec
 from distfit.stores.plan import read_plan
-from tests.reference import SMALL_SPEC
 
-SPEC = dict(SMALL_SPEC, name="report-small")
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
 @pytest.fixture(scope="module")
-def inputs(tmp_path_factory):
+def inputs(tmp_path_factory, small_plan):
     root = tmp_path_factory.mktemp("report-inputs")
-    spec_path = root / "spec.yaml"
-    spec_path.write_text(yaml.safe_dump(SPEC))
-    plan = root / "plan.zarr"
-    run_plan(str(spec_path), str(plan), serial=True)
     data = root / "data.zarr"
-    write_synthetic(load_spec(spec_path), 30, data, seed=1, chunk_units=10)
+    write_synthetic(small_plan.spec, 30, data, seed=1, chunk_units=10)
     release = root / "release.zarr"
-    run_release(str(plan), str(data), str(release), seed=5, serial=True, fsync=False)
-    return {"plan": str(plan), "release": str(release), "root": root, "data": str(data)}
+    run_release(small_plan.plan, str(data), str(release), seed=5, serial=True, fsync=False)
+    return {"plan": small_plan.plan, "release": str(release), "root": root, "data": str(data), "spec": small_plan.spec}
 
 
 def _check_report(out: Path) -> str:
@@ -135,7 +126,7 @@ def test_true_answers_are_the_workload_times_the_counts(inputs):
     data = open_data(inputs["data"])
     rows = [(plan.block(b).query_index, true_block_answers(plan.block(b), data.block_counts(plan.block(b).attributes, 0, 30)))
             for b in plan.block_ids]
-    workload = load_spec(inputs["root"] / "spec.yaml").workload()
+    workload = inputs["spec"].workload()
     counts = np.asarray(data.counts[:30], dtype=float)
     np.testing.assert_allclose(query_answers(rows, workload.matrix.shape[0]), counts @ workload.matrix.T,
                                rtol=1e-9, atol=1e-8)

@@ -17,7 +17,7 @@ Reading (never the whole file in memory)
   empty string), ``.parquet`` / ``.pq`` or a directory of Parquet files
   (``dask.dataframe.read_parquet`` with the same blocksize);
 * attribute ``a`` reads the data column ``a.column`` (default its name) and maps the raw values
-  to value codes with ``a.encode`` (:mod:`distfit.spec.parse`: labels matched after stripping blanks,
+  to value codes with ``a.encode`` (:mod:`distfit.spec.model`: labels matched after stripping blanks,
   numeric ``bins``, ``recode``); encode runs once per distinct value of a partition, not per
   row. Unit ids are the unit column's values: an integer column gives int64 ids, anything else
   text ids stripped of surrounding blanks (UTF-8; an integral float is written without ``.0``).
@@ -61,10 +61,10 @@ up to that point (blank lines are skipped like pandas does).
 """
 from __future__ import annotations
 
+import gzip
 import math
 import os
 import re
-import secrets
 import shutil
 import sys
 import zlib
@@ -72,17 +72,25 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Sequence, TextIO
 
+import dask.dataframe as dd
 import numpy as np
+import pandas as pd
+import pyarrow
 
 from distfit.checks import check_integer
+from distfit.cluster import Progress, compute_partitions, run_tasks
+from distfit.data.synthetic import default_chunk_units
+from distfit.spec.model import PipelineSpec
+from distfit.spec.parse import load_spec
 from distfit.stores.data import (
     MARGINALS_FORMAT,
     DataError,
-    default_chunk_units,
+    MarginalsWriter,
+    create_marginals,
     read_marginals,
     staged_store,
+    write_marginals_attrs,
 )
-from distfit.stores.files import STAGING_MARKER, jsonable, utc_now
 
 #: Bytes per CSV partition (and the target partition size for Parquet).
 BLOCKSIZE = 64 * 2**20
@@ -93,11 +101,17 @@ PARTS = "_parts"
 MAX_CLIQUE_CELLS = 1 << 22
 #: Values listed in a "not a value of" message.
 SHOW_VALUES = 12
+#: Exceptions that mean the source itself cannot be read or parsed.
+READ_ERRORS = (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeError, OSError, EOFError,
+               zlib.error, pyarrow.ArrowException)
 
 PathLike = str | os.PathLike
 
 __all__ = [
     "BLOCKSIZE",
+    "READ_ERRORS",
+    "as_pipeline_spec",
+    "check_source",
     "ensure_tabulated",
     "microdata_format",
     "query_cliques",
@@ -105,15 +119,6 @@ __all__ = [
     "tabulate_microdata",
     "tabulation_mismatch",
 ]
-
-
-def _read_errors() -> tuple[type[BaseException], ...]:
-    """Exceptions that mean the source itself cannot be read or parsed."""
-    import pandas as pd
-    import pyarrow
-
-    return (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeError, OSError, EOFError,
-            zlib.error, pyarrow.ArrowException)
 
 
 # --------------------------------------------------------------------------------------------
@@ -165,18 +170,12 @@ def check_source(spec: Any, source: PathLike) -> dict[str, Any]:
     only the header (CSV) or the schema (Parquet); values are checked by the tabulation.
     Returns :func:`source_info`."""
     info = source_info(source)
-    _open_source(os.fspath(source), info["format"], _load_spec(spec), BLOCKSIZE)
+    _open_source(os.fspath(source), info["format"], as_pipeline_spec(spec), BLOCKSIZE)
     return info
 
 
-def _data_column(attribute: Any) -> str:
-    """The data column of a spec attribute (``column``, default the attribute's name)."""
-    return getattr(attribute, "data_column", None) or getattr(attribute, "column", None) or attribute.name
-
-
-def _load_spec(spec: Any):
-    from distfit.spec.parse import PipelineSpec, load_spec
-
+def as_pipeline_spec(spec: Any) -> PipelineSpec:
+    """``spec`` (a :class:`distfit.spec.model.PipelineSpec`), or the spec at that path."""
     if isinstance(spec, (str, os.PathLike)):
         spec = load_spec(spec)
     if not isinstance(spec, PipelineSpec):
@@ -189,7 +188,7 @@ def query_cliques(spec: Any, cover: Iterable[Sequence[str]] = ()) -> list[tuple[
     groups' attributes) and the attribute sets in ``cover`` (e.g. a plan's blocks), each in
     schema order, a set inside another dropped; ordered by their schema positions. A spec
     whose only group is the grand total gives ``[()]``."""
-    spec = _load_spec(spec)
+    spec = as_pipeline_spec(spec)
     spec.group_triples()  # a multi-level spec has no groups of its own: SpecError naming its levels
     order = {name: i for i, name in enumerate(spec.domain.names)}
     sets: list[frozenset[str]] = []
@@ -254,8 +253,6 @@ def _id_text(value: Any) -> str:
 def _unit_codes(series, integer: bool) -> tuple[np.ndarray, np.ndarray, tuple[int, str] | None]:
     """``(local unit of each row, sorted distinct local ids, bad)``; ``bad`` is ``(row,
     problem)`` for the first row with a missing or empty id. Ids: int64 or UTF-8 bytes."""
-    import pandas as pd
-
     missing = np.asarray(series.isna().to_numpy(), dtype=bool)
     if integer:
         if missing.any():
@@ -291,8 +288,6 @@ def _scan_partition(frame, index: int, job: _ScanJob) -> dict[str, Any]:
     Returns ``{"index", "rows", "units", "error"}``; ``error`` is None or ``{"row" (0-based in
     the partition), "column", "problem"}`` for the first bad row (and then nothing is written).
     """
-    import pandas as pd
-
     rows = int(len(frame))
     result: dict[str, Any] = {"index": index, "rows": rows, "units": 0, "error": None}
     if rows == 0:
@@ -337,63 +332,22 @@ def _scan_partition(frame, index: int, job: _ScanJob) -> dict[str, Any]:
 def _run_scans(ddf, job: _ScanJob, client, log: TextIO) -> tuple[dict[int, dict], tuple[int, Any] | None]:
     """Pass 1 over every partition: ``(results by partition, first failure)``; a failure is
     ``(partition, error dict or exception)``, the one of the lowest partition (later partitions
-    are cancelled once a failure is known)."""
-    import dask
-
-    from distfit.cluster import Progress
-
+    are cancelled once a failure is known: :func:`distfit.cluster.compute_partitions`)."""
     parts = ddf.to_delayed()
-    tasks = [dask.delayed(_scan_partition, pure=False)(part, k, job) for k, part in enumerate(parts)]
     shown = Progress("tabulate", log, unit="partitions")
     done = 0
 
     def progress() -> None:  # a line for more than one partition; ended if a failure cuts it short
-        if len(tasks) > 1:
-            shown(done, len(tasks))
+        nonlocal done
+        done += 1
+        if len(parts) > 1:
+            shown(done, len(parts))
 
-    def stop(failure: tuple[int, Any]) -> tuple[dict[int, dict], tuple[int, Any]]:
-        if len(tasks) > 1 and 0 < done < len(tasks):
-            print(file=log)
-        return results, failure
-
-    results: dict[int, dict] = {}
-    failure: tuple[int, Any] | None = None
-    if client is None:
-        for k, task in enumerate(tasks):
-            try:
-                (result,) = dask.compute(task, scheduler="synchronous")
-            except _read_errors() as error:
-                return stop((k, error))
-            results[k] = result
-            if result["error"] is not None:
-                return stop((k, result["error"]))
-            done += 1
-            progress()
-        return results, None
-    from distributed import as_completed
-
-    futures = client.compute(tasks)
-    where = {future.key: k for k, future in enumerate(futures)}
-    for future in as_completed(futures):
-        k = where[future.key]
-        if failure is not None and k > failure[0]:
-            continue
-        if future.status == "error":
-            error = future.exception()
-            if not isinstance(error, _read_errors()):
-                raise error
-            failure = (k, error)
-        elif future.status == "finished":
-            result = future.result()
-            results[k] = result
-            if result["error"] is not None:
-                failure = (k, result["error"])
-            else:
-                done += 1
-                progress()
-        if failure is not None and failure[0] == k:
-            client.cancel([f for f in futures if where[f.key] > k and not f.done()])
-    return stop(failure) if failure is not None else (results, None)
+    results, failure = compute_partitions(client, _scan_partition, parts, (job,), errors=READ_ERRORS,
+                                          failure=lambda result: result["error"], on_done=progress)
+    if failure is not None and len(parts) > 1 and 0 < done < len(parts):
+        print(file=log)
+    return results, failure
 
 
 # --------------------------------------------------------------------------------------------
@@ -403,8 +357,6 @@ def _run_scans(ddf, job: _ScanJob, client, log: TextIO) -> tuple[dict[int, dict]
 def _csv_line_of_record(path: str, record: int) -> int | None:
     """Physical line (1-based) of data record ``record`` (0-based) of a CSV file: the first
     non-blank line is the header; blank lines are skipped, as pandas does. Error path only."""
-    import gzip
-
     opener = gzip.open if path.lower().endswith(".gz") else open
     seen = -2  # the header is record -1
     with opener(path, "rb") as handle:
@@ -467,9 +419,6 @@ def _failure_message(name: str, fmt: str, results: dict[int, dict], failure: tup
 def _open_source(name: str, fmt: str, spec, blocksize: int | str):
     """A lazy dask DataFrame of the needed columns, and whether unit ids are integers;
     DataError for an unreadable source or missing columns."""
-    import dask.dataframe as dd
-
-    errors = _read_errors()
     try:
         if fmt == "csv":
             gz = name.lower().endswith(".gz")
@@ -477,9 +426,7 @@ def _open_source(name: str, fmt: str, spec, blocksize: int | str):
                               blocksize=None if gz else blocksize, compression="gzip" if gz else None)
         else:
             ddf = dd.read_parquet(name, blocksize=blocksize)
-    except errors as error:
-        import pandas as pd
-
+    except READ_ERRORS as error:
         if isinstance(error, pd.errors.EmptyDataError):
             raise DataError(f"{name}: empty file (no header, no rows)") from None
         local, problem = _parser_problem(error)
@@ -488,7 +435,7 @@ def _open_source(name: str, fmt: str, spec, blocksize: int | str):
         raise DataError(f"{name}: line {local}: {problem}" if local is not None and fmt == "csv"
                         else f"{name}: {problem}") from None
     found = [str(c) for c in ddf.columns]
-    wanted: list[tuple[str, str]] = [(_data_column(a), f"attribute {a.name}") for a in spec.attributes]
+    wanted: list[tuple[str, str]] = [(a.data_column, f"attribute {a.name}") for a in spec.attributes]
     if spec.units is not None:
         wanted.insert(0, (spec.units.column, "the unit column"))
     missing = [f"{column!r} ({role})" for column, role in wanted if column not in found]
@@ -499,8 +446,6 @@ def _open_source(name: str, fmt: str, spec, blocksize: int | str):
     ddf = ddf[needed]
     integer_ids = False
     if spec.units is not None:
-        import pandas as pd
-
         dtype = ddf.dtypes[spec.units.column]
         integer_ids = bool(pd.api.types.is_integer_dtype(dtype) and not pd.api.types.is_bool_dtype(dtype))
     return ddf, integer_ids
@@ -544,15 +489,14 @@ class _MergeJob:
 
 
 def _merge_chunk(job: _MergeJob, chunk: int, partitions: tuple[int, ...]) -> int:
-    """Pass 2 for chunk ``chunk``: sum the partitions' counts of its units into whole zarr
-    chunks of every ``marginals/<i>`` and write its unit ids. Returns the units written."""
-    import zarr
-
+    """Pass 2 for chunk ``chunk``: sum the partitions' counts of its units into whole chunks
+    of every ``marginals/<i>`` and write its unit ids (:class:`distfit.stores.data.MarginalsWriter`).
+    Returns the units written."""
     parts = Path(job.parts_dir)
     start = chunk * job.chunk_units
     stop = min(start + job.chunk_units, job.units)
     n = stop - start
-    root = zarr.open_group(store=job.store, mode="r+", zarr_format=3)
+    writer = MarginalsWriter(job.store)
     maps = {k: np.load(parts / f"p{k}.units.npy", mmap_mode="r") for k in partitions}
     for i, cells in enumerate(job.cells):
         dense = np.zeros(n * cells, dtype=np.int64)
@@ -568,9 +512,9 @@ def _merge_chunk(job: _MergeJob, chunk: int, partitions: tuple[int, ...]) -> int
             rows = np.asarray(index[local]) - start
             counts = np.load(parts / f"p{k}.c{i}.counts.npy", mmap_mode="r")
             dense[rows * cells + (found - local * cells)] += np.asarray(counts[a:b])
-        root[f"marginals/{i}"][start:stop] = dense.reshape(n, cells)
+        writer.write_marginal(i, start, dense.reshape(n, cells))
     ids = np.asarray(np.load(parts / "ids.npy", mmap_mode="r")[start:stop])
-    root["unit_ids"][start:stop] = ids if job.integer_ids else np.char.decode(ids, "utf-8")
+    writer.write_unit_ids(start, ids if job.integer_ids else np.char.decode(ids, "utf-8"))
     return n
 
 
@@ -584,7 +528,7 @@ def tabulate_microdata(spec: Any, source: PathLike, out: PathLike, *, client=Non
                        log: TextIO | None = None) -> Path:
     """Tabulate the microdata at ``source`` for ``spec`` into a marginals store at ``out``.
 
-    ``spec``: a :class:`distfit.spec.parse.PipelineSpec` or a spec path. ``client``: a
+    ``spec``: a :class:`distfit.spec.model.PipelineSpec` or a spec path. ``client``: a
     ``distributed.Client`` to run the tasks on (None: in this process, synchronously).
     ``chunk_units``: units per chunk (default: up to 4096, at most 16 MiB of the largest
     clique's counts). ``cover``: attribute sets that must each lie in a stored clique (a plan's
@@ -592,10 +536,8 @@ def tabulate_microdata(spec: Any, source: PathLike, out: PathLike, *, client=Non
     Returns the path written. Raises DataError (bad input: module docstring),
     FileExistsError (something at ``out`` that may not be replaced), ValueError (bad arguments).
     """
-    from distfit import __version__
-
     log = log or sys.stderr
-    spec = _load_spec(spec)
+    spec = as_pipeline_spec(spec)
     name = os.fspath(source)
     info = source_info(source)
     fmt = info["format"]
@@ -615,7 +557,7 @@ def tabulate_microdata(spec: Any, source: PathLike, out: PathLike, *, client=Non
         parts = staging / PARTS
         parts.mkdir()
         job = _ScanJob(parts_dir=str(parts), attributes=tuple(spec.attributes),
-                       columns=tuple(_data_column(a) for a in spec.attributes),
+                       columns=tuple(a.data_column for a in spec.attributes),
                        unit_column=spec.units.column if spec.units is not None else None,
                        integer_ids=integer_ids or spec.units is None, cliques=positions,
                        sizes=tuple(domain.sizes))
@@ -628,13 +570,7 @@ def tabulate_microdata(spec: Any, source: PathLike, out: PathLike, *, client=Non
         ids, ranges = _unit_index(parts, results, job.integer_ids)
         units = int(ids.size)
         chunk_units = chunk_units or default_chunk_units(max(cells), units)
-        config = {"write_empty_chunks": True}
-        marginals = group.create_group("marginals")
-        for i, width in enumerate(cells):
-            marginals.create_array(str(i), shape=(units, width), dtype=np.int64,
-                                   chunks=(chunk_units, width), config=config)
-        group.create_array("unit_ids", shape=(units,), dtype=np.int64 if job.integer_ids else str,
-                           chunks=(chunk_units,), config=config)
+        create_marginals(group, cells, units, chunk_units, job.integer_ids)
         np.save(parts / "ids.npy", ids)
         del ids
         merge = _MergeJob(store=str(staging), parts_dir=str(parts), cells=cells, units=units,
@@ -648,24 +584,12 @@ def tabulate_microdata(spec: Any, source: PathLike, out: PathLike, *, client=Non
             for _label, args in calls:
                 _merge_chunk(*args)
         else:
-            from distfit.cluster import run_tasks
-
             for _label, _units in run_tasks(client, _merge_chunk, calls, "tabulate-chunk"):
                 pass
         shutil.rmtree(parts)
-        group.attrs.update(jsonable({
-            "distfit_format": MARGINALS_FORMAT,
-            "format_version": 1,
-            "schema": domain.schema(),
-            "spec_hash": spec.spec_hash,
-            "units": units,
-            "chunk_units": chunk_units,
-            "cliques": [list(c) for c in cliques],
-            "source": {**info, "rows": rows},
-            "total_people": rows,
-            "created": utc_now(),
-            "distfit_version": __version__,
-        }))
+        write_marginals_attrs(group, domain=domain, spec_hash=spec.spec_hash, units=units,
+                              chunk_units=chunk_units, cliques=cliques, source={**info, "rows": rows},
+                              total_people=rows)
     return Path(os.fspath(out))
 
 
@@ -674,7 +598,7 @@ def tabulation_mismatch(store: PathLike, spec: Any, source: PathLike,
     """None when the marginals store at ``store`` was tabulated for ``spec`` (same spec hash)
     from ``source`` as it is now (same absolute path, format, size and mtime) and holds a clique
     for every set in ``cover``; otherwise why not (one phrase)."""
-    spec = _load_spec(spec)
+    spec = as_pipeline_spec(spec)
     try:
         data = read_marginals(store)
     except DataError as error:
@@ -717,114 +641,3 @@ def ensure_tabulated(spec: Any, source: PathLike, out: PathLike, *, cover: Itera
     tabulate_microdata(spec, source, path, client=client, overwrite=replacing, fsync=fsync, cover=cover,
                        blocksize=blocksize, log=log)
     return path, "tabulated"
-
-
-# --------------------------------------------------------------------------------------------
-# synthetic people (microdata for demos, tests and multi-level runs)
-
-#: Each level of a synthetic geography holds this many units of the level below it.
-GEOGRAPHY_FANOUT = 10
-#: Rows in one synthetic Parquet file (a file holds whole finest-level units).
-PEOPLE_FILE_ROWS = 1 << 20
-
-
-def raw_values(attribute: Any) -> np.ndarray:
-    """One data value per value of ``attribute`` that ``attribute.encode`` maps back to it: for
-    ``bins`` a number in the bin (its lower edge, or the upper edge minus 1 for an open bottom),
-    else a data value that ``recode`` maps to the label, else the label itself."""
-    if attribute.bins is not None:
-        edges = attribute.bins
-        return np.array([lo if math.isfinite(lo) else hi - 1.0 for lo, hi in zip(edges[:-1], edges[1:])])
-    source: dict[str, str] = {}
-    for raw, label in attribute.recode:
-        source.setdefault(label, raw)
-    return np.array([source.get(label, label) for label in attribute.values], dtype=object)
-
-
-def unit_columns(spec: Any) -> list[str]:
-    """A spec's unit columns, coarsest first: its levels' (in spec order) or its own."""
-    if spec.levels:
-        columns = [level.units.column for level in spec.levels if level.units is not None]
-    else:
-        columns = [spec.units.column] if spec.units is not None else []
-    if len(set(columns)) != len(columns):
-        raise ValueError(f"spec {spec.name!r}: levels share a unit column ({', '.join(columns)}); a "
-                         "synthetic geography needs one column per level")
-    return columns
-
-
-def synthetic_geography(columns: Sequence[str], start: int, stop: int,
-                        fanout: int = GEOGRAPHY_FANOUT) -> dict[str, np.ndarray]:
-    """Nested unit ids of finest-level units ``start .. stop-1``: the last column has one unit
-    per finest unit, the column before it one unit per ``fanout`` of those, and so on, so every
-    unit lies inside one unit of each coarser level. Ids read ``COLUMN-000042``."""
-    out = {}
-    index = np.arange(start, stop)
-    for depth, column in enumerate(reversed(columns)):
-        level_index = index // fanout ** depth
-        out[column] = np.char.add(f"{column}-", np.char.zfill(level_index.astype(str), 6))
-    return {column: out[column] for column in columns}
-
-
-def write_synthetic_people(spec: Any, units: int, out: PathLike, *, seed: int | None = None,
-                           overwrite: bool = False, fsync: bool = True) -> Path:
-    """Synthetic microdata for ``spec``: a directory of Parquet files, one row per person.
-
-    The people of ``units`` finest-level units are drawn from the synthetic-data model of
-    :mod:`distfit.stores.data` (:func:`distfit.stores.data.synthesize_histograms`, the same cells, skew and
-    correlations, seeded by ``seed``; None: fresh entropy) and expanded to rows: one column per
-    attribute (its data column, holding :func:`raw_values`, so ``encode`` maps every row back
-    to its cell) and one per unit column of the spec (:func:`unit_columns`; nested ids,
-    :func:`synthetic_geography`). The data is synthetic, not private.
-
-    Written atomically: the files go to ``<out>.incomplete-<random>``, which is moved into place
-    once complete; an existing ``out`` is refused unless ``overwrite`` (then only a directory of
-    Parquet files is replaced). Returns ``out``.
-    """
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    from distfit.stores.data import synthesize_histograms
-    from distfit.stores.files import move_into_place
-
-    spec = _load_spec(spec)
-    domain = spec.domain
-    units = check_integer(units, "units", 1)
-    seed = secrets.randbits(63) if seed is None else check_integer(seed, "seed", 0)
-    columns = unit_columns(spec)
-    values = [raw_values(attribute) for attribute in spec.attributes]
-    path = Path(os.fspath(out))
-
-    def check_target(target: Path) -> None:
-        if not (target.exists() or target.is_symlink()):
-            return
-        if not overwrite:
-            raise FileExistsError(f"{target}: already exists (use --overwrite to replace it)")
-        if microdata_format(target) != "parquet" or not target.is_dir():
-            raise FileExistsError(f"{target}: not a directory of Parquet files; refusing to replace it")
-
-    check_target(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    staging = path.with_name(f"{path.name}{STAGING_MARKER}{secrets.token_hex(6)}")
-    staging.mkdir()
-    try:
-        for number, (start, counts) in enumerate(synthesize_histograms(domain, units, seed)):
-            n = counts.shape[0]
-            flat = counts.ravel()
-            keys = np.repeat(np.arange(flat.size, dtype=np.int64), flat)
-            unit = keys // domain.size + start
-            codes = np.unravel_index(keys % domain.size, domain.shape)
-            table = {}
-            for column, ids in synthetic_geography(columns, start, start + n).items():
-                table[column] = ids[unit - start]
-            for attribute, raw, code in zip(spec.attributes, values, codes):
-                table[_data_column(attribute)] = raw[code] if raw.dtype != object else raw[code].astype(str)
-            pq.write_table(pa.table(table), staging / f"part-{number:05d}.parquet")
-        if fsync:
-            from distfit.stores.files import fsync_tree
-            fsync_tree(staging)
-        move_into_place(staging, path, check_target)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-    return path

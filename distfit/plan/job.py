@@ -1,27 +1,30 @@
-"""``distfit plan``: a pipeline spec in, a plan store out (the I/O edge around ``plan``).
+"""``distfit plan``: a pipeline spec in, a plan store out (the I/O edge around the planner).
 
-Loads and validates the spec, refuses an output path that already holds a plan (unless
-``overwrite``), decomposes the workload, solves the blocks on a Dask cluster (or serially),
-allocates a budget when the spec gives one, and writes the plan store atomically
-(``store.PlanWriter``). The mathematics stays in ``plan``, ``blocks`` and ``solver``.
+``run_plan`` takes a validated spec (``distfit.spec.model.PipelineSpec``), refuses an output
+path that already holds a plan (unless ``overwrite``), decomposes the workload, solves the
+blocks on a Dask cluster (or serially), allocates a budget when the spec gives one, and writes
+the plan store atomically (``distfit.stores.plan_writer.PlanWriter``). The mathematics stays in
+``planner``, ``residual``, ``allocate``, ``composition`` and ``distfit.solver``.
 
 Privacy-first specs: the accuracy-first plan is scaled as a whole (the blocks are sequential:
-they see the same people), ``Sigma_S * k`` with ``k = alpha / alpha_budget``, so every
-variance becomes ``k`` times its target and alpha equals the budget's.
+they see the same people), ``Sigma_S * k`` with ``k = alpha / alpha_budget``
+(``distfit.scaling``), so every variance becomes ``k`` times its target and alpha equals the
+budget's: ``apply_budget`` in memory, ``scale_plan_to_budget`` on a stored plan (a level's share
+of a multi-level run's budget, ``distfit.plan.levels``).
 
 Small plans are co-optimised in memory; large plans stream. A plan whose blocks are too big
-for the joint block dual (``plan.should_stream``: joint-dual work over ``plan.STREAM_WORK``,
-e.g. ``pipelines/marginals.yaml``), or any plan with ``stream=True``, is built inside the open
-``PlanWriter``: the block specs are spilled to the staging store's scratch space, each block
-task reads its spec back when it is submitted, each result is written there as a draft as it
-completes (``StoreSink``), the scales are allocated from the O(m_b) per-block vectors the
-driver keeps, and a second pass scales each draft into ``blocks/<block_id>`` one at a time
-(``plan.write_streamed_blocks``) before ``finish`` checksums and moves the store into place.
-Peak driver memory is then about one block plus the O(sum m_b) vectors (plus, for an exact
-alpha, one float per cell of the domain). The staging store is marked incomplete throughout,
-so an interrupted run leaves nothing a reader accepts. Smaller plans keep every block in
-memory (``plan.plan_blocks``) so the joint block dual can co-optimise them, then are written
-in one go (``write_plan``).
+for the joint block dual (``planner.should_stream``: joint-dual work over
+``planner.STREAM_WORK``, e.g. ``pipelines/marginals.yaml``), or any plan with ``stream=True``,
+is built inside the open ``PlanWriter``: the block specs are spilled to the staging store's
+scratch space, each block task reads its spec back when it is submitted, each result is
+written there as a draft as it completes (``StoreSink``), the scales are allocated from the
+O(m_b) per-block vectors the driver keeps, and a second pass scales each draft into
+``blocks/<block_id>`` one at a time (``planner.write_streamed_blocks``) before ``finish_plan``
+checksums and moves the store into place. Peak driver memory is then about one block plus the
+O(sum m_b) vectors (plus, for an exact alpha, one float per cell of the domain). The staging
+store is marked incomplete throughout, so an interrupted run leaves nothing a reader accepts.
+Smaller plans keep every block in memory (``planner.plan_blocks``) so the joint block dual can
+co-optimise them, then are written in one go (``write_plan``).
 """
 from __future__ import annotations
 
@@ -34,30 +37,33 @@ from typing import Iterator, Sequence, TextIO
 import numpy as np
 
 from distfit import __version__
-from distfit.plan.residual import BlockSpec
+from distfit.cluster import DaskExecutor, Progress, dask_client
 from distfit.plan.planner import (
     BlockRef, Executor, PlanResult, decompose_lazily, plan_blocks, plan_streamed, serial_executor, should_stream,
     write_streamed_blocks,
 )
+from distfit.plan.residual import BlockSpec
 from distfit.privacy import privacy_account
-from distfit.cluster import DaskExecutor, Progress, dask_client
+from distfit.scaling import scale_block, scaled_cost, scaled_noise
 from distfit.solver.solve import BlockSolution
-from distfit.spec.parse import PipelineSpec, load_spec
-from distfit.stores.plan import BlockRecord, PlanWriter
+from distfit.spec.model import PipelineSpec
+from distfit.stores.plan import BlockRecord, Plan, read_plan
+from distfit.stores.plan_writer import PlanWriter
 
 
 def apply_budget(plan: PlanResult, budget_alpha: float) -> PlanResult:
     """Scale every block by ``k = alpha / budget_alpha`` (module docstring)."""
     factor = plan.alpha / budget_alpha
+    # a block at scale s scaled by k is at scale s * k (its arrays are scaled when written)
     blocks = tuple(dataclasses.replace(block, scale=block.scale * factor) for block in plan.blocks)
     return dataclasses.replace(
         plan,
         blocks=blocks,
-        variances=plan.variances * factor,
-        alpha=plan.alpha / factor,
-        alpha_sum_bound=plan.alpha_sum_bound / factor,
-        allocation_lower_bound=plan.allocation_lower_bound / factor,
-        variance_scale=plan.variance_scale * factor,
+        variances=scaled_noise(plan.variances, factor),
+        alpha=scaled_cost(plan.alpha, factor),
+        alpha_sum_bound=scaled_cost(plan.alpha_sum_bound, factor),
+        allocation_lower_bound=scaled_cost(plan.allocation_lower_bound, factor),
+        variance_scale=scaled_noise(plan.variance_scale, factor),
         decisions=plan.decisions + (f"budget alpha {budget_alpha:.6g}: variances scaled by k = {factor:.6g}",),
     )
 
@@ -73,7 +79,7 @@ def write_plan(spec: PipelineSpec, plan: PlanResult, out: str, overwrite: bool =
     if plan.streamed:
         raise ValueError("write_plan: a streamed plan is written by run_plan through its open PlanWriter")
     with PlanWriter(out, overwrite=overwrite) as writer:
-        # Blocks are written concurrently (store.PlanWriter.write_blocks): one at a time, a
+        # Blocks are written concurrently (PlanWriter.write_blocks): one at a time, a
         # 470-block plan took minutes of filesystem round trips.
         writer.write_blocks(
             BlockRecord(
@@ -87,16 +93,16 @@ def write_plan(spec: PipelineSpec, plan: PlanResult, out: str, overwrite: bool =
                 variances=block.variances,
                 profile=block.profile,
                 alpha=block.alpha,
-                lower_bound=block.solution.lower_bound / block.scale,
+                lower_bound=block.lower_bound,
                 solver=_solver_attrs(block.solution),
             )
             for block in plan.blocks
         )
-        return _finish(writer, spec, plan)
+        return finish_plan(writer, spec, plan)
 
 
 class StoreSink:
-    """``plan.BlockSink`` on an open ``PlanWriter``: a streamed plan's blocks live in the staging
+    """``planner.BlockSink`` on an open ``PlanWriter``: a streamed plan's blocks live in the staging
     store. Specs go to ``scratch/specs/<block_id>`` (basis, recon), round r's solutions to the
     draft ``scratch/round-<r>/<block_id>`` (the block layout, sigma/variances/profile/alpha
     before the final scale), and ``promote`` moves a draft to ``blocks/<block_id>``."""
@@ -142,7 +148,7 @@ class StoreSink:
 
 
 class RoundProgress:
-    """``runtime.Progress`` restarted for every refinement round: ``plan`` reports ``(0, total)``
+    """``cluster.Progress`` restarted for every refinement round: the planner reports ``(0, total)``
     when a round starts. (One meter for all rounds counted round 1's blocks against the time
     since round 0 began, so on Adult round 1 looked 6x slower than it was.)"""
 
@@ -160,7 +166,10 @@ class RoundProgress:
             self.meter(done, total)
 
 
-def _finish(writer: PlanWriter, spec: PipelineSpec, plan: PlanResult) -> str:
+def finish_plan(writer: PlanWriter, spec: PipelineSpec, plan: PlanResult) -> str:
+    """Seal the plan in ``writer`` (its blocks already written): the queries' targets and
+    variances, alpha, the privacy account and the planner's record (``planner`` attrs);
+    returns the checksum."""
     return writer.finish(
         spec=spec.to_dict(),
         schema=spec.domain.schema(),
@@ -196,7 +205,7 @@ def _executor(cluster: str | None, workers: int | None, serial: bool, log: TextI
 
 
 def run_plan(
-    spec_path: str,
+    spec: PipelineSpec,
     out: str,
     *,
     cluster: str | None = None,
@@ -207,12 +216,12 @@ def run_plan(
     stream: bool | None = None,
     log: TextIO | None = None,
 ) -> tuple[PlanResult, str]:
-    """Spec file to plan store. ``stream``: build the plan through the store (module docstring);
-    ``None`` (default) streams exactly the plans too big to co-optimise (``plan.should_stream``).
+    """Spec (``distfit.spec.parse.load_spec``) to plan store at ``out``; returns the plan and its
+    checksum. ``stream``: build the plan through the store (module docstring); ``None``
+    (default) streams exactly the plans too big to co-optimise (``planner.should_stream``).
     Errors: SpecError/ValueError (bad input), FileExistsError (a plan is already there),
-    runtime.ClusterError (unreachable scheduler)."""
+    cluster.ClusterError (unreachable scheduler)."""
     log = log or sys.stderr
-    spec = load_spec(spec_path)
     PlanWriter(out, overwrite=overwrite).abort()  # refuse an existing plan before any work
     decomposition = decompose_lazily(spec.domain, spec.group_triples(), spec.blocks.max_cells if spec.blocks.merge else 0)
     decisions = list(decomposition.decisions)
@@ -238,4 +247,51 @@ def run_plan(
         if budget is not None:
             plan = apply_budget(plan, budget.to_alpha())
         write_streamed_blocks(plan, sink)
-        return plan, _finish(writer, spec, plan)
+        return plan, finish_plan(writer, spec, plan)
+
+
+def scale_plan_to_budget(source: str, out: str, spec: PipelineSpec, budget_alpha: float, *, fsync: bool = True) -> str:
+    """Write at ``out`` the plan that planning ``spec`` (a level spec whose privacy is the budget
+    ``alpha = budget_alpha``) would give, from the accuracy-first plan at ``source``: every block
+    scaled by ``k = alpha / budget_alpha`` (``distfit.scaling.scale_block``, as ``apply_budget``;
+    Problem 2: sigma and variances times k, profile, alpha and bounds divided by k), block by
+    block through a ``PlanWriter`` (atomic). Returns the new plan's checksum; the plan passes
+    ``distfit.audit.audit_plan`` like any other."""
+    plan = read_plan(source)
+    attrs = plan.attrs
+    alpha = float(attrs["alpha"])
+    factor = alpha / float(budget_alpha)
+    if not (math.isfinite(factor) and factor > 0):
+        raise ValueError(f"budget alpha {budget_alpha!r} gives no finite scale for alpha {alpha!r}")
+    planner = dict(attrs.get("planner") or {})
+    for key in ("alpha_sum_bound", "allocation_lower_bound"):
+        if planner.get(key) is not None:
+            planner[key] = scaled_cost(float(planner[key]), factor)
+    planner["variance_scale"] = scaled_noise(float(planner.get("variance_scale", 1.0)), factor)
+    planner["decisions"] = list(planner.get("decisions", [])) + [
+        f"budget alpha {budget_alpha:.6g} (this level's share of the run's budget): variances scaled by k = {factor:.6g}"]
+    planner["spec_hash"] = spec.spec_hash
+    new_alpha = scaled_cost(alpha, factor)
+    with PlanWriter(out, fsync=fsync) as writer:
+        for block_id in plan.block_ids:
+            block = plan.block(block_id)
+            scaled = scale_block(factor, np.asarray(block.sigma), np.asarray(block.variances), np.asarray(block.profile),
+                                 float(block.alpha), float(block.lower_bound))
+            writer.write_block(dataclasses.replace(block, **scaled._asdict()))
+        return writer.finish(
+            spec=spec.to_dict(), schema=attrs["schema"], queries_targets=np.asarray(plan.queries_targets),
+            queries_variances=scaled_noise(np.asarray(plan.queries_variances), factor), alpha=new_alpha,
+            alpha_exact=bool(attrs.get("alpha_exact")), rho=new_alpha / 2.0,
+            composition=attrs.get("composition"),
+            extra_attrs={"account": privacy_account(new_alpha).to_dict(), "planner": planner})
+
+
+def level_profiles(plan: Plan) -> list[tuple[tuple[str, ...], np.ndarray]]:
+    """``(attributes, profile)`` of every block of a stored plan (``distfit.stores.plan.read_plan``):
+    the input ``distfit.plan.levels.combine_levels`` takes per level (profiles are small: one
+    float per cell of each block's marginal)."""
+    out = []
+    for block_id in plan.block_ids:
+        block = plan.block(block_id)
+        out.append((tuple(block.attributes), np.asarray(block.profile, dtype=float)))
+    return out

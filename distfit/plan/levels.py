@@ -1,6 +1,6 @@
 """Multi-level runs: the same people measured at several geographic levels (DESIGN.md section 2).
 
-A multi-level spec (``levels:`` in the spec, :mod:`distfit.spec.parse`) lists levels such as nation,
+A multi-level spec (``levels:`` in the spec, pipelines/README.md) lists levels such as nation,
 state and county, each with its own unit column and workload. Within a level, every unit is
 answered with the same plan and units hold disjoint people: parallel composition, no extra cost.
 Across levels the same person is seen once per level (in the one unit of that level that holds
@@ -10,7 +10,7 @@ plan over the full domain, a person in cell ``x`` has the combined profile
     p(x) = sum_l p_l(x),      alpha = max_x p(x) <= sum_l alpha_l,
 
 exact when the domain is small enough to hold one float per cell
-(:data:`distfit.plan.planner.EXACT_DOMAIN_LIMIT`), else the sum bound (stated in the account).
+(:data:`distfit.plan.composition.EXACT_DOMAIN_LIMIT`), else the sum bound (stated in the account).
 
 Accuracy first (each level meets its own targets with its smallest alpha_l) is the default.
 With a budget ``alpha*`` for the whole run, every level's plan is scaled by the same factor
@@ -20,8 +20,11 @@ budget ``alpha_l / k`` (:func:`budget_shares`). One common factor is the optimum
 per-level targets: it minimises the largest variance-to-target ratio ``k`` over all queries of
 all levels.
 
-This module is the mathematics of combining levels (pure functions over plan blocks); the run
-itself (``distfit run`` on a multi-level spec) is :func:`distfit.pipeline.run_levels`.
+This module is the mathematics of combining levels (pure functions over the levels' block
+profiles); reading the profiles from a stored plan (:func:`distfit.plan.job.level_profiles`)
+and scaling a stored plan to its share (:func:`distfit.plan.job.scale_plan_to_budget`) are
+plan-store work, and the run itself (``distfit run`` on a multi-level spec) is
+:func:`distfit.pipeline.run_levels`.
 """
 from __future__ import annotations
 
@@ -31,11 +34,11 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from distfit.plan.residual import stitched_profile
-from distfit.privacy import privacy_account
 from distfit.domain import Domain
+from distfit.plan.composition import EXACT_DOMAIN_LIMIT, stitched_profile
+from distfit.privacy import privacy_account
 
-__all__ = ["LevelAccount", "budget_shares", "combine_levels", "level_profiles", "scale_plan_to_budget"]
+__all__ = ["LevelAccount", "budget_shares", "combine_levels"]
 
 
 @dataclass(frozen=True)
@@ -74,11 +77,9 @@ def combine_levels(domain: Domain, levels: Sequence[tuple[str, float, Sequence[t
     ``levels`` holds ``(name, alpha_l, blocks_l)`` with ``blocks_l`` the level plan's
     ``(attributes, profile)`` pairs (profiles over the block's marginal cells, as stored in a
     plan). When the domain has at most ``exact_limit`` cells (default
-    :data:`distfit.plan.planner.EXACT_DOMAIN_LIMIT`) the summed full-domain profile is formed and its
-    maximum is the exact alpha; otherwise alpha is the sum bound ``sum_l alpha_l``.
+    :data:`distfit.plan.composition.EXACT_DOMAIN_LIMIT`) the summed full-domain profile is formed and
+    its maximum is the exact alpha; otherwise alpha is the sum bound ``sum_l alpha_l``.
     """
-    from distfit.plan.planner import EXACT_DOMAIN_LIMIT
-
     if not levels:
         raise ValueError("combine_levels: no levels")
     limit = EXACT_DOMAIN_LIMIT if exact_limit is None else exact_limit
@@ -103,55 +104,3 @@ def budget_shares(level_alphas: Sequence[float], combined_alpha: float, budget_a
     factor = budget_alpha / combined_alpha
     return [float(alpha) * factor for alpha in level_alphas]
 
-
-def level_profiles(plan: Any) -> list[tuple[tuple[str, ...], np.ndarray]]:
-    """``(attributes, profile)`` of every block of a stored plan (:func:`distfit.stores.plan.read_plan`):
-    the input :func:`combine_levels` takes per level (profiles are small: one float per cell of
-    each block's marginal)."""
-    out = []
-    for block_id in plan.block_ids:
-        block = plan.block(block_id)
-        out.append((tuple(block.attributes), np.asarray(block.profile, dtype=float)))
-    return out
-
-
-def scale_plan_to_budget(source: str, out: str, spec: Any, budget_alpha: float, *, fsync: bool = True) -> str:
-    """Write at ``out`` the plan that planning ``spec`` (a level spec whose privacy is the budget
-    ``alpha = budget_alpha``) would give, from the accuracy-first plan at ``source``: every block
-    scaled by ``k = alpha / budget_alpha`` (:func:`distfit.plan.job.apply_budget`, Problem 2:
-    sigma and variances times k, profile, alpha and bounds divided by k), block by block through
-    a :class:`distfit.stores.plan.PlanWriter` (atomic). Returns the new plan's checksum; the plan
-    passes :func:`distfit.audit.audit_plan` like any other."""
-    import dataclasses
-
-    from distfit.privacy import privacy_account
-    from distfit.stores.plan import PlanWriter, read_plan
-
-    plan = read_plan(source)
-    attrs = plan.attrs
-    alpha = float(attrs["alpha"])
-    factor = alpha / float(budget_alpha)
-    if not (math.isfinite(factor) and factor > 0):
-        raise ValueError(f"budget alpha {budget_alpha!r} gives no finite scale for alpha {alpha!r}")
-    planner = dict(attrs.get("planner") or {})
-    for key in ("alpha_sum_bound", "allocation_lower_bound"):
-        if planner.get(key) is not None:
-            planner[key] = float(planner[key]) / factor
-    planner["variance_scale"] = float(planner.get("variance_scale", 1.0)) * factor
-    planner["decisions"] = list(planner.get("decisions", [])) + [
-        f"budget alpha {budget_alpha:.6g} (this level's share of the run's budget): variances scaled by k = {factor:.6g}"]
-    planner["spec_hash"] = spec.spec_hash
-    new_alpha = alpha / factor
-    with PlanWriter(out, fsync=fsync) as writer:
-        for block_id in plan.block_ids:
-            block = plan.block(block_id)
-            writer.write_block(dataclasses.replace(
-                block, sigma=np.asarray(block.sigma) * factor, variances=np.asarray(block.variances) * factor,
-                profile=np.asarray(block.profile) / factor, alpha=float(block.alpha) / factor,
-                lower_bound=float(block.lower_bound) / factor))
-        return writer.finish(
-            spec=spec.to_dict(), schema=attrs["schema"], queries_targets=np.asarray(plan.queries_targets),
-            queries_variances=np.asarray(plan.queries_variances) * factor, alpha=new_alpha,
-            alpha_exact=bool(attrs.get("alpha_exact")), rho=new_alpha / 2.0,
-            composition=attrs.get("composition"),
-            extra_attrs={"account": privacy_account(new_alpha).to_dict(), "planner": planner})

@@ -2,28 +2,29 @@
 
 DESIGN.md section 2. The planner is data-free and pure: it turns query groups on a domain into
 block solutions and one privacy account. Where blocks are solved is the executor's business
-(``serial_executor`` here, ``runtime.DaskExecutor`` on a cluster): an executor takes block
+(``serial_executor`` here, ``distfit.cluster.DaskExecutor`` on a cluster): an executor takes block
 tasks and yields ``(index, BlockSolution)`` in any order, so results can stream.
 
-1. ``blocks.residual_blocks`` splits every query group over the residual blocks of its
-   clique's subsets; ``blocks.merge_blocks`` merges them while a block's marginal has at most
+1. ``residual.residual_blocks`` splits every query group over the residual blocks of its
+   clique's subsets; ``residual.merge_blocks`` merges them while a block's marginal has at most
    ``max_cells`` cells (the knob that trades time for privacy; with no limit the plan is the
    single global SM-II solve). ``decompose_lazily`` decides the same blocks on attribute sets
    and row counts alone and builds each spec when it is needed (``Decomposition.specs``).
 2. Each block is solved with its share of the targets (at first, the queries' own targets).
-3. ``blocks.allocate_scales`` picks one scale per block (the convex program of DESIGN.md
+3. ``allocate.allocate_scales`` picks one scale per block (the convex program of DESIGN.md
    section 2). Refinement rounds then re-solve every block with the share of each query's
    target that the allocation gave it (``c_j * s_S v_jS / sum_S' s_S' v_jS'``) and allocate
    again, until a round gains less than 0.01%; the best round is kept.
 4. When the blocks are small enough for the driver (``CO_OPTIMIZE_WORK``), the joint block
-   dual (``certificate.maximize_block_dual``) re-optimises all block covariances together:
+   dual (``solver.dual.maximize_block_dual``) re-optimises all block covariances together:
    it chooses how each query's target is shared among its blocks, which per-block shapes
    followed by one scale per block cannot, and certifies a lower bound for block-diagonal
    plans of these blocks. Its plan replaces the allocation's when it is better. Its evaluations
    are capped by total work (``joint_dual_evaluations``: 27 on Adult's 470 blocks).
-5. Sequential composition across blocks (the same people meet every block): the stitched
-   profile is ``p(x) = sum_S p_S(x_S) / s_S``; it is evaluated cell by cell when the domain has
-   at most ``EXACT_DOMAIN_LIMIT`` cells (``alpha_exact``), else alpha is the sum bound
+5. Sequential composition across blocks (the same people meet every block, ``composition``):
+   the stitched profile is ``p(x) = sum_S p_S(x_S) / s_S`` (a block at scale s_S:
+   ``distfit.scaling``); it is evaluated cell by cell when the domain has at most
+   ``composition.EXACT_DOMAIN_LIMIT`` cells (``alpha_exact``), else alpha is the sum bound
    ``sum_S alpha_S / s_S``. Disjoint units (geography) compose in parallel: every unit uses the
    same plan, so units cost nothing extra.
 
@@ -31,13 +32,13 @@ Small plans are co-optimised in memory; large plans stream. ``plan_blocks`` keep
 block's solution in the driver (the joint block dual needs them all). A plan whose joint-dual
 work is above ``STREAM_WORK`` (= ``CO_OPTIMIZE_WORK``, so the joint dual would be skipped
 anyway; ``should_stream``) goes through ``plan_streamed`` instead, which keeps the blocks in a
-``BlockSink`` (``planning.StoreSink``: the staging plan store): the block specs are spilled
+``BlockSink`` (``job.StoreSink``: the staging plan store): the block specs are spilled
 there before the solves and read back one task at a time; each result is written there as it
 completes (its basis, recon, sigma before scaling, ...), and the driver keeps only what the
 allocation needs, O(m_b) per block (``BlockRef``: query indices and target shares;
 ``_Shape``: alpha_S, lower bound, v_jS). Refinement rounds work the same way (each round's
 solutions are drafts; the rounds that are not the best are discarded), alpha is accumulated
-block by block from the stored profiles (``StitchedProfile``), and ``write_streamed_blocks``
+block by block from the stored profiles (``composition.StitchedProfile``), and ``write_streamed_blocks``
 then scales each block in place, one at a time. Same arithmetic in the same order as the
 in-memory path, so the same plan (up to the joint dual, which only the in-memory path runs).
 """
@@ -51,17 +52,17 @@ from typing import Callable, Iterable, Iterator, Protocol, Sequence
 
 import numpy as np
 
-from distfit.plan.residual import (
-    BlockLayout, BlockSpec, GroupLike, ResidualWorkload, ScaleAllocation, allocate_scales, group_targets, stitched_profile,
-)
-from distfit.solver.dual import BlockDualResult, maximize_block_dual
+from distfit.domain import Domain
+from distfit.plan.allocate import ScaleAllocation, allocate_scales
+from distfit.plan.composition import EXACT_DOMAIN_LIMIT, StitchedProfile, stitched_profile, stitched_variances
+from distfit.plan.residual import BlockLayout, BlockSpec, GroupLike, ResidualWorkload, group_targets
 from distfit.privacy import privacy_account, privacy_profile
+from distfit.scaling import scale_block, scaled_cost, scaled_noise
+from distfit.solver.dual import BlockDualResult, maximize_block_dual
 from distfit.solver.solve import BlockSolution, solve
 from distfit.threads import blas_limit
-from distfit.domain import Domain
 
 LOG = logging.getLogger("distfit.plan.planner")
-EXACT_DOMAIN_LIMIT = 5_000_000
 CO_OPTIMIZE_WORK = 2e9  # flops of one joint dual evaluation above which the driver skips it
 STREAM_WORK = CO_OPTIMIZE_WORK  # plans above this work are streamed through the plan store
 JOINT_DUAL_BUDGET = 3e10  # flops the joint block dual may spend in all: evaluations <= budget / work
@@ -95,7 +96,8 @@ def serial_executor(tasks: Iterable[BlockTask]) -> Iterator[tuple[int, BlockSolu
 
 @dataclass(frozen=True, eq=False)
 class PlannedBlock:
-    """A block of the final plan: its solution is already scaled (``sigma * scale``)."""
+    """A block of the final plan: its (unscaled) solution at noise scale ``scale``; the
+    properties are the scaled quantities (``distfit.scaling``: ``sigma * scale``, ...)."""
 
     spec: BlockSpec
     solution: BlockSolution
@@ -104,19 +106,23 @@ class PlannedBlock:
 
     @property
     def sigma(self) -> np.ndarray:
-        return self.solution.sigma * self.scale
+        return scaled_noise(self.solution.sigma, self.scale)
 
     @property
     def variances(self) -> np.ndarray:
-        return self.solution.variances * self.scale
+        return scaled_noise(self.solution.variances, self.scale)
 
     @property
     def profile(self) -> np.ndarray:
-        return self.solution.profile / self.scale
+        return scaled_cost(self.solution.profile, self.scale)
 
     @property
     def alpha(self) -> float:
-        return self.solution.alpha / self.scale
+        return scaled_cost(self.solution.alpha, self.scale)
+
+    @property
+    def lower_bound(self) -> float:
+        return scaled_cost(self.solution.lower_bound, self.scale)
 
 
 @dataclass(frozen=True, eq=False)
@@ -172,15 +178,15 @@ class StreamedBlock:
 
     @property
     def alpha(self) -> float:
-        return self.solution_alpha / self.scale
+        return scaled_cost(self.solution_alpha, self.scale)
 
     @property
     def lower_bound(self) -> float:
-        return self.solution_lower_bound / self.scale
+        return scaled_cost(self.solution_lower_bound, self.scale)
 
 
 class BlockSink(Protocol):
-    """Where a streamed plan keeps its blocks (``planning.StoreSink``: the staging plan store)."""
+    """Where a streamed plan keeps its blocks (``job.StoreSink``: the staging plan store)."""
 
     def save_spec(self, spec: BlockSpec) -> BlockRef:
         """Keep the spec's arrays; the returned ref is all the driver holds of it."""
@@ -199,26 +205,6 @@ class BlockSink(Protocol):
 
     def promote(self, round_number: int, ref: BlockRef, replace: dict[str, np.ndarray], alpha: float, lower_bound: float) -> None:
         """Make a draft the plan's block, with the arrays in ``replace`` and the scaled attrs."""
-
-
-class StitchedProfile:
-    """``blocks.stitched_profile`` accumulated one block at a time: the same sums in the same
-    order (so the same floats), holding one float per full-domain cell whatever the number of
-    blocks, never a list of block profiles."""
-
-    def __init__(self, domain: Domain) -> None:
-        self.domain = domain
-        self.total = np.zeros(domain.shape)
-
-    def add(self, attributes: Sequence[str], profile: np.ndarray) -> None:
-        shape = [self.domain.size_of(a) if a in attributes else 1 for a in self.domain.names]
-        self.total += np.asarray(profile, dtype=float).reshape(shape)
-
-    def values(self) -> np.ndarray:
-        return self.total.ravel()
-
-    def max(self) -> float:
-        return float(self.total.max())
 
 
 @dataclass(frozen=True, eq=False)
@@ -263,7 +249,7 @@ class Decomposition:
 
 
 def decompose_lazily(domain: Domain, groups: Sequence[GroupLike], max_cells: int) -> Decomposition:
-    """Residual blocks merged under ``max_cells`` (``blocks.merge_layout``), decided on attribute
+    """Residual blocks merged under ``max_cells`` (``residual.merge_layout``), decided on attribute
     sets and row counts; a log of what was decided and why."""
     workload = ResidualWorkload(domain, groups)
     cliques = [tuple(group[1]) for group in groups]
@@ -310,14 +296,6 @@ def should_stream(blocks: Sequence[BlockSpec | BlockRef | BlockLayout]) -> bool:
     """Stream the plan through the store (``plan_streamed``) rather than hold it in memory:
     when the blocks are too big for the joint block dual (``STREAM_WORK``)."""
     return block_work(blocks) > STREAM_WORK
-
-
-def _stitched_variances(num_queries: int, blocks: Iterable[tuple[np.ndarray, np.ndarray]]) -> np.ndarray:
-    """Per-query variances from ``(query_index, block_variances)`` pairs, added in order."""
-    variances = np.zeros(num_queries)
-    for query_index, block_variances in blocks:
-        np.add.at(variances, query_index, block_variances)
-    return variances
 
 
 def _rows_per_query(blocks: Sequence[BlockSpec | BlockRef], num_queries: int) -> np.ndarray:
@@ -389,8 +367,8 @@ def _refine(
             log.append(f"round {round_number}: less than 0.01% better; refinement stops")
             break
         previous_bound = allocation.alpha_bound
-        scaled = [r.variances * k for r, k in zip(results, allocation.scales)]
-        totals = _stitched_variances(targets.size, ((b.query_index, v) for b, v in zip(blocks, scaled)))
+        scaled = [scaled_noise(r.variances, k) for r, k in zip(results, allocation.scales)]
+        totals = stitched_variances(targets.size, ((b.query_index, v) for b, v in zip(blocks, scaled)))
         block_targets = [targets[b.query_index] * v / totals[b.query_index] for b, v in zip(blocks, scaled)]
     return best, round_number + 1
 
@@ -436,30 +414,10 @@ def plan_blocks(
         lower_bound = joint.lower_bound
     elif co_optimize and rows_per_query.max() > 1:
         log.append(f"joint block dual skipped: about {work:.3g} flops per evaluation, over {CO_OPTIMIZE_WORK:.3g}")
-    variances = _stitched_variances(targets.size, ((b.spec.query_index, b.variances) for b in planned))
-    alpha_exact = domain.size <= EXACT_DOMAIN_LIMIT
-    if alpha_exact:
-        profile = stitched_profile(domain, [(b.spec.attributes, b.profile) for b in planned])
-        alpha = float(profile.max())
-        log.append(f"alpha {alpha:.6g} evaluated cell by cell over {domain.size} cells (sum bound {sum_bound:.6g})")
-    else:
-        alpha = sum_bound
-        log.append(f"domain of {domain.size:.3g} cells is too large to evaluate; alpha is the sum bound {alpha:.6g}")
-    for line in log:
-        LOG.info(line)
-    return PlanResult(
-        domain=domain,
-        blocks=planned,
-        targets=targets,
-        variances=variances,
-        alpha=alpha,
-        alpha_exact=alpha_exact,
-        alpha_sum_bound=sum_bound,
-        allocation_lower_bound=lower_bound,
-        composition="sequential across blocks, parallel across units",
-        decisions=tuple(log),
-        seconds=time.perf_counter() - start,
-        rounds=rounds,
+    variances = stitched_variances(targets.size, ((b.spec.query_index, b.variances) for b in planned))
+    return _composed_plan(
+        domain, tuple(planned), targets, variances, sum_bound, lower_bound, log, start, rounds,
+        profile_max=lambda: float(stitched_profile(domain, [(b.spec.attributes, b.profile) for b in planned]).max()),
     )
 
 
@@ -514,18 +472,33 @@ def plan_streamed(
         StreamedBlock(ref, best.number, shape.alpha, shape.lower_bound, float(scale), share)
         for ref, shape, scale, share in zip(blocks, best.results, allocation.scales, best.targets)
     )
-    variances = _stitched_variances(
-        targets.size, ((b.ref.query_index, shape.variances * b.scale) for b, shape in zip(streamed, best.results))
+    variances = stitched_variances(
+        targets.size, ((b.ref.query_index, scaled_noise(shape.variances, b.scale)) for b, shape in zip(streamed, best.results))
     )
     sum_bound = allocation.alpha_bound
-    alpha_exact = domain.size <= EXACT_DOMAIN_LIMIT
-    if alpha_exact:
+
+    def profile_max() -> float:
         profile = StitchedProfile(domain)
         for block in streamed:
-            profile.add(block.attributes, sink.load_arrays(block.round, block.ref, ("profile",))["profile"] / block.scale)
-        alpha = profile.max()
-        del profile
-        log.append(f"alpha {alpha:.6g} evaluated cell by cell over {domain.size} cells, block by block from the store "
+            profile.add(block.attributes, scaled_cost(sink.load_arrays(block.round, block.ref, ("profile",))["profile"], block.scale))
+        return profile.max()
+
+    return _composed_plan(
+        domain, streamed, targets, variances, sum_bound, allocation.lower_bound, log, start, rounds,
+        profile_max=profile_max, evaluated_from=", block by block from the store", streamed=True,
+    )
+
+
+def _composed_plan(domain: Domain, blocks: tuple, targets: np.ndarray, variances: np.ndarray, sum_bound: float,
+                   lower_bound: float, log: list[str], start: float, rounds: int, *, profile_max: Callable[[], float],
+                   evaluated_from: str = "", streamed: bool = False) -> PlanResult:
+    """The stitched plan of scaled blocks under sequential composition (DESIGN.md section 2):
+    alpha is the maximum of the stitched profile ``sum_S p_S(x_S)`` (``profile_max``) on a domain
+    of at most ``EXACT_DOMAIN_LIMIT`` cells, else the sum bound ``sum_S alpha_S``."""
+    alpha_exact = domain.size <= EXACT_DOMAIN_LIMIT
+    if alpha_exact:
+        alpha = profile_max()
+        log.append(f"alpha {alpha:.6g} evaluated cell by cell over {domain.size} cells{evaluated_from} "
                    f"(sum bound {sum_bound:.6g})")
     else:
         alpha = sum_bound
@@ -534,36 +507,34 @@ def plan_streamed(
         LOG.info(line)
     return PlanResult(
         domain=domain,
-        blocks=streamed,
+        blocks=blocks,
         targets=targets,
         variances=variances,
         alpha=alpha,
         alpha_exact=alpha_exact,
         alpha_sum_bound=sum_bound,
-        allocation_lower_bound=allocation.lower_bound,
+        allocation_lower_bound=lower_bound,
         composition="sequential across blocks, parallel across units",
         decisions=tuple(log),
         seconds=time.perf_counter() - start,
         rounds=rounds,
-        streamed=True,
+        streamed=streamed,
     )
 
 
 def write_streamed_blocks(plan: PlanResult, sink: BlockSink) -> None:
     """Second pass of a streamed plan: one block at a time, read its draft's sigma, variances
-    and profile, apply the block's final scale (``PlannedBlock``'s arithmetic: ``sigma * s``,
-    ``variances * s``, ``profile / s``) and make it the plan's block."""
+    and profile, apply the block's final scale (``distfit.scaling.scale_block``, the arithmetic
+    of ``PlannedBlock``) and make it the plan's block."""
     if not plan.streamed:
         raise ValueError("write_streamed_blocks: the plan was planned in memory; write its blocks directly")
     for block in plan.blocks:
         arrays = sink.load_arrays(block.round, block.ref, ("sigma", "variances", "profile"))
-        replace = {
-            "sigma": arrays["sigma"] * block.scale,
-            "variances": arrays["variances"] * block.scale,
-            "profile": arrays["profile"] / block.scale,
-        }
+        scaled = scale_block(block.scale, arrays["sigma"], arrays["variances"], arrays["profile"],
+                             block.solution_alpha, block.solution_lower_bound)
         del arrays
-        sink.promote(block.round, block.ref, replace, alpha=block.alpha, lower_bound=block.lower_bound)
+        replace = {"sigma": scaled.sigma, "variances": scaled.variances, "profile": scaled.profile}
+        sink.promote(block.round, block.ref, replace, alpha=scaled.alpha, lower_bound=scaled.lower_bound)
 
 
 def joint_dual_evaluations(work: float) -> int:
@@ -598,7 +569,7 @@ def _replace_sigmas(planned: Sequence[PlannedBlock], sigmas: Sequence[np.ndarray
             block.solution, sigma=sigma, profile=profile, variances=variances, alpha=float(profile.max()),
             lower_bound=0.0, gap=float("inf"), stats=stats,
         ))
-    totals = _stitched_variances(targets.size, ((b.spec.query_index, s.variances) for b, s in zip(planned, solutions)))
+    totals = stitched_variances(targets.size, ((b.spec.query_index, s.variances) for b, s in zip(planned, solutions)))
     return tuple(
         PlannedBlock(b.spec, s, 1.0, targets[b.spec.query_index] * s.variances / totals[b.spec.query_index])
         for b, s in zip(planned, solutions)

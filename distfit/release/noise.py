@@ -54,6 +54,7 @@ __all__ = [
     "calibration",
     "fresh_entropy",
     "load_blocks",
+    "marginal_counts",
     "noise_stream",
     "noisy_block_answers",
     "plan_domain",
@@ -128,7 +129,11 @@ def _marginal_axes(domain: Domain, attributes: Sequence[str]) -> tuple[int, ...]
     return tuple(axis for axis in range(len(domain)) if axis not in keep)
 
 
-def _marginal(counts: np.ndarray, domain: Domain, attributes: Sequence[str]) -> np.ndarray:
+def marginal_counts(counts: np.ndarray, domain: Domain, attributes: Sequence[str]) -> np.ndarray:
+    """The marginal on ``attributes`` of counts already validated (:func:`validate_counts`):
+    ``counts`` (units x d) summed over the other attributes' axes to (units x d_b), columns
+    row-major over ``attributes`` in domain order. No validation of the counts (that is
+    :func:`block_marginal`); an unknown or duplicated attribute is a ValueError."""
     drop = _marginal_axes(domain, attributes)
     units = counts.shape[0]
     cube = counts.reshape((units,) + tuple(domain.shape))
@@ -145,7 +150,7 @@ def block_marginal(counts: Any, domain: Domain, attributes: Sequence[str]) -> np
     duplicated attribute is a ValueError too.
     """
     arr = validate_counts(counts, domain)
-    return _marginal(arr, domain, attributes)
+    return marginal_counts(arr, domain, attributes)
 
 
 # --------------------------------------------------------------------------------------------
@@ -393,7 +398,7 @@ def release_chunk(plan: Any, counts_chunk: Any, entropy: int, chunk_index: int,
         counts = validate_counts(counts_chunk, domain)
 
         def marginal(attributes: Sequence[str]) -> np.ndarray:
-            return _marginal(counts, domain, attributes)
+            return marginal_counts(counts, domain, attributes)
     positions = block_positions(plan)
     if blocks is None:
         blocks = load_blocks(plan)

@@ -59,7 +59,7 @@ def _softmax(values: np.ndarray, sharpness: float) -> tuple[np.ndarray, float]:
     return exponent / total, float(top + np.log(total) / sharpness)
 
 
-class _State:
+class SoftmaxState:
     """Everything F, its gradient and its Hessian need at one SPD Sigma."""
 
     __slots__ = ("sigma", "factor", "inverse_basis", "profile", "ratios", "value", "cell_weights", "query_weights")
@@ -75,16 +75,16 @@ class _State:
         self.value = cell_value + query_value
 
 
-def _try_state(sigma, basis, scaled_recon, t_cells, t_queries) -> _State | None:
+def softmax_state(sigma, basis, scaled_recon, t_cells, t_queries) -> SoftmaxState | None:
     try:
-        return _State(sigma, basis, scaled_recon, t_cells, t_queries)
+        return SoftmaxState(sigma, basis, scaled_recon, t_cells, t_queries)
     except (np.linalg.LinAlgError, ValueError):
         return None  # not SPD: the line search shortens the step
 
 
 def balance(sigma: np.ndarray, basis: np.ndarray, scaled_recon: np.ndarray) -> np.ndarray:
     """Scale Sigma so that max_i p_i = max_j h_j: the best scale for its shape (paper's Problem 3)."""
-    state = _State(sigma, basis, scaled_recon, 1.0, 1.0)
+    state = SoftmaxState(sigma, basis, scaled_recon, 1.0, 1.0)
     return sigma * np.sqrt(state.profile.max() / state.ratios.max())
 
 
@@ -122,18 +122,18 @@ def smii_optimize(
     basis = np.asarray(basis, dtype=float)
     scaled_recon = np.asarray(scaled_recon, dtype=float)
     sigma = balance(np.asarray(sigma0, dtype=float), basis, scaled_recon)
-    level = float(_State(sigma, basis, scaled_recon, 1.0, 1.0).profile.max())
+    level = float(SoftmaxState(sigma, basis, scaled_recon, 1.0, 1.0).profile.max())
     d, m = basis.shape[1], scaled_recon.shape[0]
     log_size = np.log(d) + np.log(m)
     sharpness = initial_sharpness
     t = sharpness / level
-    state = _State(sigma, basis, scaled_recon, t, t)
+    state = SoftmaxState(sigma, basis, scaled_recon, t, t)
     cheapest = state
     newton = cg_total = 0
     converged = False
     while newton < max_newton and time.perf_counter() - start < time_limit:
-        gradient = _gradient(state, basis, scaled_recon)
-        step, cg_steps = _newton_direction(state, basis, scaled_recon, gradient, t, max_cg, preconditioned, forcing)
+        gradient = objective_gradient(state, basis, scaled_recon)
+        step, cg_steps = newton_direction(state, basis, scaled_recon, gradient, t, max_cg, preconditioned, forcing)
         cg_total += cg_steps
         decrement = -float(np.vdot(gradient, step))
         if decrement <= 0.0:
@@ -156,7 +156,7 @@ def smii_optimize(
             break
         sharpness = min(sharpness * growth, final_sharpness)
         t = sharpness / level
-        state = _State(state.sigma, basis, scaled_recon, t, t)
+        state = SoftmaxState(state.sigma, basis, scaled_recon, t, t)
     final = cheapest
     return SmiiResult(
         sigma=final.sigma,
@@ -170,12 +170,12 @@ def smii_optimize(
     )
 
 
-def _cost(state: _State) -> float:
+def _cost(state: SoftmaxState) -> float:
     """alpha of the iterate once scaled to meet every target."""
     return float(state.profile.max() * state.ratios.max())
 
 
-def _gradient(state: _State, basis: np.ndarray, scaled_recon: np.ndarray) -> np.ndarray:
+def objective_gradient(state: SoftmaxState, basis: np.ndarray, scaled_recon: np.ndarray) -> np.ndarray:
     cells = state.inverse_basis * state.cell_weights
     queries = np.flatnonzero(state.query_weights)  # at large t most weights underflow to exactly 0
     gradient = weighted_gram(scaled_recon[queries], state.query_weights[queries]) - cells @ state.inverse_basis.T
@@ -187,7 +187,7 @@ def _active(weights: np.ndarray) -> np.ndarray:
     return np.flatnonzero(weights > 1e-13 * weights.max())
 
 
-def _hessian_operator(state: _State, basis: np.ndarray, scaled_recon: np.ndarray, t: float):
+def hessian_operator(state: SoftmaxState, basis: np.ndarray, scaled_recon: np.ndarray, t: float):
     cells = _active(state.cell_weights)
     queries = _active(state.query_weights)
     inverse_basis = state.inverse_basis[:, cells]
@@ -211,7 +211,7 @@ def _hessian_operator(state: _State, basis: np.ndarray, scaled_recon: np.ndarray
     return apply
 
 
-def _whitened_hessian_operator(state: _State, scaled_recon: np.ndarray, t: float):
+def whitened_hessian_operator(state: SoftmaxState, scaled_recon: np.ndarray, t: float):
     """The Hessian in whitened coordinates ``S = U^T S~ U`` (``Sigma = U^T U``), where the
     log-det preconditioner ``S -> Sigma S Sigma`` becomes the identity.
 
@@ -250,20 +250,20 @@ def _whitened_hessian_operator(state: _State, scaled_recon: np.ndarray, t: float
     return apply, upper
 
 
-def _newton_direction(state, basis, scaled_recon, gradient, t, max_cg, use_preconditioner=True, use_forcing=True):
+def newton_direction(state, basis, scaled_recon, gradient, t, max_cg, use_preconditioner=True, use_forcing=True):
     """Preconditioned CG on H s = -g, preconditioner S -> Sigma S Sigma (inverse log-det metric).
 
-    With the preconditioner, CG runs in whitened coordinates (``_whitened_hessian_operator``:
+    With the preconditioner, CG runs in whitened coordinates (``whitened_hessian_operator``:
     the same iterates, cheaper products) and the step is mapped back. Stops when the
     preconditioned residual falls below the Eisenstat-Walker forcing term
     ``min(0.5, sqrt|g|) |g|`` (superlinear Newton near the optimum, cheap steps far from it), or
     below the paper's TOL2 = 1e-10 when forcing is off.
     """
     if use_preconditioner:
-        hessian, upper = _whitened_hessian_operator(state, scaled_recon, t)
+        hessian, upper = whitened_hessian_operator(state, scaled_recon, t)
         steps, whitened = _conjugate_gradients(hessian, upper @ gradient @ upper.T, max_cg, use_forcing)
         return upper.T @ whitened @ upper, steps
-    steps, step = _conjugate_gradients(_hessian_operator(state, basis, scaled_recon, t), gradient, max_cg, use_forcing)
+    steps, step = _conjugate_gradients(hessian_operator(state, basis, scaled_recon, t), gradient, max_cg, use_forcing)
     return step, steps
 
 
@@ -299,7 +299,7 @@ def _line_search(state, basis, scaled_recon, step, gradient, t, armijo=1e-4, shr
     slope = float(np.vdot(gradient, step))
     length = 1.0
     for _ in range(60):
-        trial = _try_state(state.sigma + length * step, basis, scaled_recon, t, t)
+        trial = softmax_state(state.sigma + length * step, basis, scaled_recon, t, t)
         if trial is not None and trial.value <= state.value + armijo * length * slope:
             return trial
         length *= shrink

@@ -44,6 +44,7 @@ from distfit.solver import dual, smii
 from distfit.solver.basis import represent
 from distfit.solver.linalg import dominant_rows
 from distfit.privacy import Budget, PrivacyAccount, privacy_account, privacy_profile
+from distfit.scaling import scaled_cost, scaled_noise
 from distfit.threads import blas_limit
 from distfit.workload import validate_workload
 
@@ -253,8 +254,8 @@ def _solve_represented(
     if parsed_budget is not None:
         budget_alpha = parsed_budget.to_alpha()
         variance_scale = alpha / budget_alpha
-        sigma = sigma * variance_scale
-        profile = profile / variance_scale
+        sigma = scaled_noise(sigma, variance_scale)
+        profile = scaled_cost(profile, variance_scale)
         alpha = float(profile.max())
     variances = np.einsum("ij,ij->i", recon @ sigma, recon)
     stats = SolverStats(evaluations, newton, cg, final_t, time.perf_counter() - start, stage)

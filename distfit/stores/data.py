@@ -1,34 +1,15 @@
-"""Synthetic unit histograms: realistic test, demo and benchmark data for a spec's schema.
+"""The data stores: unit histograms (``distfit synth``) and tabulated marginals (``distfit tabulate``).
 
-``distfit synth SPEC.yaml --units N --out DATA.zarr`` (DESIGN.md section 5) writes N units
-(e.g. census blocks), each a histogram over the cells of the spec's domain (row-major in the
-schema order, as in :class:`distfit.workload.Domain`). The data is *synthetic*, not private:
-its seed is stored with it.
+Both are Zarr v3 groups (DESIGN.md section 4), written atomically (:func:`staged_store`) and
+read for a release by :func:`open_data`. The data itself is drawn by :mod:`distfit.data.synthetic`
+(histograms) or tabulated from microdata by :mod:`distfit.data.microdata` (marginals); this
+module holds their layout, writers and readers.
 
-Model (:class:`CellModel`, built from the seed alone)
------------------------------------------------------
-* cell probabilities ``p`` from a log-linear model over the attributes:
-  ``log p(x) = sum_i theta_i[x_i] + sum_{(i, j) in pairs} phi_ij[x_i, x_j] + const`` with
-  skewed main effects ``theta_i = log Dirichlet(marginal_concentration * 1)`` (small
-  concentration: a few values hold most people) and rank-1 interactions
-  ``phi_ij = interaction_strength * u v^T`` (``u, v`` standard normal vectors, centred and
-  scaled to unit standard deviation, so every interacting pair is clearly dependent) for ``pairs``
-  (default: consecutive attributes ``(0, 1), (1, 2), ...``, at most :data:`MAX_DEFAULT_PAIRS`);
-* unit populations lognormal (median ``population_median``, log-sd ``population_sigma``: a
-  heavy tail), with a share ``empty_share`` of empty units (population 0);
-* each unit's probabilities ``p_u ~ Dirichlet(unit_concentration * p)`` (units differ in
-  composition around the global ``p``), counts ``~ Multinomial(population_u, p_u)``; a unit's
-  counts therefore sum to its population exactly.
-
-Determinism: the model comes from ``SeedSequence(seed, spawn_key=(0,))``; the units of chunk
-``c`` (units ``c * chunk_units`` to ``(c + 1) * chunk_units - 1``) from
-``SeedSequence(seed, spawn_key=(1, c))``. So the data is a function of
-``(domain, seed, chunk_units, model parameters)`` (and, for the last chunk, of how many units
-it holds), and any chunk can be regenerated alone (:func:`synthesize_chunk`). Changing
-``chunk_units`` changes the data.
-
-Store (**contract** for ``distfit release --data``): a Zarr v3 group ``DATA.zarr`` with attrs
-``distfit_format="histograms"``, ``format_version=1``, ``schema`` ({"attributes": [names],
+Histograms store (**contract** for ``distfit release --data``, :func:`write_synthetic`)
+--------------------------------------------------------------------------------------
+N units (e.g. census blocks), each a histogram over the cells of the spec's domain (row-major
+in the schema order, as in :class:`distfit.domain.Domain`). A Zarr v3 group ``DATA.zarr`` with
+attrs ``distfit_format="histograms"``, ``format_version=1``, ``schema`` ({"attributes": [names],
 "sizes": [ints]}), ``spec_hash`` (of the spec it was made for; None from a bare domain),
 ``units``, ``cells``, ``seed``, ``chunk_units``, ``total_people``, ``model`` (the parameters),
 ``generator`` (``"distfit.data/1"``), ``created``, ``distfit_version`` and, written last,
@@ -38,41 +19,45 @@ Store (**contract** for ``distfit release --data``): a Zarr v3 group ``DATA.zarr
 * ``unit_ids`` (units,) int64, chunks ``(chunk_units,)``: synthetic units are numbered
   ``0 .. units - 1``. (Readers should accept any 1-d ids; real data may carry string ids.)
 
-Writing is atomic like the plan store (:mod:`distfit.stores.plan`): everything goes to a staging
-directory ``<path>.incomplete-<random>`` one chunk at a time (memory is flat in N), the root
-attrs with ``complete=True`` come last, everything is fsynced and the directory is renamed
-into place. An existing path is refused unless ``overwrite=True`` (and then only a histograms
-store is replaced, once the new one is complete); an exception deletes the staging directory.
-(:func:`staged_store` does this for every data-store writer: the histograms written here and
-the marginals tabulated from microdata by :mod:`distfit.data.microdata`.)
+The data is *synthetic*, not private: its seed is stored with it, and it is a function of the
+seed, the domain, ``chunk_units`` and the model (:mod:`distfit.data.synthetic`).
+
+Marginals store (**contract**, written by :func:`distfit.data.microdata.tabulate_microdata`)
+-------------------------------------------------------------------------------------------
+Per-unit counts of person-level microdata: a Zarr v3 group with attrs
+``distfit_format="marginals"``, ``format_version=1``, ``schema``, ``spec_hash``, ``units``,
+``chunk_units``, ``cliques`` (list of attribute-name lists in schema order: the maximal query
+cliques of the spec's groups, plus any attribute sets the tabulation was asked to cover, e.g. a
+plan's blocks; a set inside another is dropped), ``source`` ({"path", "format": "csv"|"parquet",
+"rows", "size", "mtime"}), ``total_people``, ``created``, ``distfit_version`` and, last,
+``complete=True``; arrays ``marginals/<i>`` (units, prod(sizes of clique i)) int64, chunks
+``(chunk_units, cells)``, cells row-major in schema order, and ``unit_ids`` (units,) sorted
+ascending: int64 when the source's unit column holds integers, otherwise variable-length UTF-8
+strings (the Zarr v3 ``string`` data type with the ``vlen-utf8`` codec, which zarr-python 3.1
+reads and writes natively; sorted by code point). The tabulation creates the arrays
+(:func:`create_marginals`), its tasks fill whole chunks (:class:`MarginalsWriter`) and it
+writes the attrs last (:func:`write_marginals_attrs`).
+
+Writing (:func:`staged_store`)
+------------------------------
+Atomic like the plan store (:mod:`distfit.stores.files`): everything goes to a staging directory
+``<path>.incomplete-<random>`` one chunk at a time (memory is flat in N), the root attrs with
+``complete=True`` come last, everything is fsynced and the directory is renamed into place. An
+existing path is refused unless ``overwrite=True`` (and then only a store of the same format is
+replaced, once the new one is complete); an exception deletes the staging directory.
 
 Reading for a release (:func:`open_data`)
-----------------------------------------
-``distfit release --data`` takes either store format:
-
-* ``"histograms"`` (above): full-domain counts, :class:`HistogramsData`;
-* ``"marginals"`` (**contract**, written by :func:`distfit.data.microdata.tabulate_microdata` from
-  person-level microdata): a Zarr v3 group with attrs ``distfit_format="marginals"``,
-  ``format_version=1``, ``schema``, ``spec_hash``, ``units``, ``chunk_units``, ``cliques``
-  (list of attribute-name lists in schema order: the maximal query cliques of the spec's
-  groups, plus any attribute sets the tabulation was asked to cover, e.g. a plan's blocks; a
-  set inside another is dropped), ``source`` ({"path", "format": "csv"|"parquet", "rows",
-  "size", "mtime"}), ``total_people``, ``created``, ``distfit_version`` and, last,
-  ``complete=True``; arrays ``marginals/<i>`` (units, prod(sizes of clique i)) int64, chunks
-  ``(chunk_units, cells)``, cells row-major in schema order, and ``unit_ids`` (units,) sorted
-  ascending: int64 when the source's unit column holds integers, otherwise variable-length
-  UTF-8 strings (the Zarr v3 ``string`` data type with the ``vlen-utf8`` codec, which
-  zarr-python 3.1 reads and writes natively; sorted by code point). :class:`MarginalsData`.
-
-Both give ``units``, ``chunk_units``, ``domain``, ``unit_ids`` (a lazy zarr array: index it per
-chunk) and ``block_counts(attributes, start, stop)``: the (stop - start, d_b) int64 marginal
-counts of units ``start .. stop - 1`` on a block's attributes (columns row-major over the
-attributes in schema order), validated by :func:`distfit.release.noise.validate_counts` (a
-``ValueError`` naming the unit row and cell). Histograms sum the full counts down
-(:func:`distfit.release.noise.block_marginal`); marginals sum the smallest stored clique that contains
-the block's attributes, and a block inside no stored clique is a :class:`DataError`
-(``check_blocks`` refuses it up front). The counts of the last chunk range read are cached, so
-the blocks of one chunk read the store once.
+-----------------------------------------
+``distfit release --data`` takes either store format: :class:`HistogramsData` (full-domain
+counts) or :class:`MarginalsData`. Both give ``units``, ``chunk_units``, ``domain``, ``unit_ids``
+(a lazy zarr array: index it per chunk) and ``block_counts(attributes, start, stop)``: the
+(stop - start, d_b) int64 marginal counts of units ``start .. stop - 1`` on a block's attributes
+(columns row-major over the attributes in schema order), validated by
+:func:`distfit.release.noise.validate_counts` (a ``ValueError`` naming the unit row and cell).
+Histograms sum the full counts down (as :func:`distfit.release.noise.block_marginal`); marginals
+sum the smallest stored clique that contains the block's attributes, and a block inside no
+stored clique is a :class:`DataError` (``check_blocks`` refuses it up front). The counts of the
+last chunk range read are cached, so the blocks of one chunk read the store once.
 
 Unit ids must be distinct: ``check_unit_ids()`` (run once up front by the release driver) reads
 the ids chunk by chunk and keeps only the previous chunk's last id, so sorted ids (every
@@ -95,8 +80,14 @@ from typing import Any
 import numpy as np
 import zarr
 
+from distfit import __version__
+from distfit.data.synthetic import GENERATOR, ModelParams, resolve_synthesis, synthesize_histograms
+from distfit.domain import Domain
+from distfit.release.noise import marginal_counts, validate_counts, validate_marginal
+from distfit.spec.model import PipelineSpec
+from distfit.spec.parse import load_spec
 from distfit.stores.files import (
-    CHUNK_BYTES,
+    open_store,
     STAGING_MARKER,
     check_format,
     fsync_tree,
@@ -107,194 +98,34 @@ from distfit.stores.files import (
     root_attrs_on_disk,
     utc_now,
 )
-from distfit.checks import check_integer
-from distfit.domain import Domain
 
 FORMAT = "histograms"
 MARGINALS_FORMAT = "marginals"
 FORMAT_VERSION = 1
-GENERATOR = "distfit.data/1"
-#: Largest domain (cells) for which full-cell histograms are synthesised.
-MAX_CELLS = 1 << 22
-#: Most pairs the default model gives an interaction term.
-MAX_DEFAULT_PAIRS = 4
-#: Most units in one default chunk (a chunk is also kept under ``CHUNK_BYTES`` of counts).
-MAX_CHUNK_UNITS = 4096
 
 PathLike = str | os.PathLike
+
+__all__ = [
+    "FORMAT",
+    "FORMAT_VERSION",
+    "MARGINALS_FORMAT",
+    "DataError",
+    "HistogramsData",
+    "MarginalsData",
+    "MarginalsWriter",
+    "create_marginals",
+    "open_data",
+    "read_histograms",
+    "read_marginals",
+    "staged_store",
+    "write_marginals_attrs",
+    "write_synthetic",
+]
 
 
 class DataError(ValueError):
     """Data that cannot be used: a path that is not a readable, complete data store, or bad
     microdata (:mod:`distfit.data.microdata`); the one-line message names the path and why."""
-
-
-# --------------------------------------------------------------------------------------------
-# model
-
-
-@dataclass(frozen=True)
-class ModelParams:
-    """Parameters of the synthetic-data model (module docstring); all stored in the attrs."""
-
-    population_median: float = 100.0
-    population_sigma: float = 1.2
-    empty_share: float = 0.05
-    marginal_concentration: float = 0.5
-    interaction_strength: float = 1.0
-    unit_concentration: float = 50.0
-    pairs: tuple[tuple[int, int], ...] | None = None  # None: the default chain
-
-    def __post_init__(self) -> None:
-        for name in ("population_median", "population_sigma", "marginal_concentration",
-                     "unit_concentration"):
-            value = getattr(self, name)
-            if not (np.isfinite(value) and value > 0):
-                raise ValueError(f"{name} must be finite and > 0, got {value!r}")
-        if not (0.0 <= self.empty_share < 1.0):
-            raise ValueError(f"empty_share must be in [0, 1), got {self.empty_share!r}")
-        if not (np.isfinite(self.interaction_strength) and self.interaction_strength >= 0):
-            raise ValueError(f"interaction_strength must be finite and >= 0, got {self.interaction_strength!r}")
-        if self.pairs is not None:
-            object.__setattr__(self, "pairs", tuple(tuple(int(a) for a in p) for p in self.pairs))
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"population_median": self.population_median, "population_sigma": self.population_sigma,
-                "empty_share": self.empty_share, "marginal_concentration": self.marginal_concentration,
-                "interaction_strength": self.interaction_strength,
-                "unit_concentration": self.unit_concentration,
-                "pairs": None if self.pairs is None else [list(p) for p in self.pairs]}
-
-
-@dataclass(frozen=True, eq=False)
-class CellModel:
-    """The global cell distribution of the synthetic data (built by :func:`cell_model`)."""
-
-    domain: Domain
-    params: ModelParams
-    marginals: tuple[np.ndarray, ...]                   # main effects as probabilities, per attribute
-    interactions: dict[tuple[int, int], np.ndarray]    # phi_ij (s_i x s_j)
-    probabilities: np.ndarray = field(repr=False)      # (cells,), sums to 1
-
-    @property
-    def pairs(self) -> tuple[tuple[int, int], ...]:
-        return tuple(self.interactions)
-
-
-def _check_domain(domain: Domain) -> Domain:
-    if not isinstance(domain, Domain):
-        raise TypeError(f"domain: expected a distfit.workload.Domain, got {type(domain).__name__}")
-    if domain.size > MAX_CELLS:
-        raise ValueError(
-            f"the domain has {domain.size} cells, more than {MAX_CELLS} for full-cell unit "
-            "histograms; synthesise data for a smaller schema")
-    return domain
-
-
-def _default_pairs(k: int) -> tuple[tuple[int, int], ...]:
-    return tuple((i, i + 1) for i in range(min(k - 1, MAX_DEFAULT_PAIRS)))
-
-
-def _standardised(x: np.ndarray) -> np.ndarray:
-    """``x`` centred and scaled to unit standard deviation (zeros for a single value)."""
-    x = x - x.mean()
-    sd = x.std()
-    return x / sd if sd > 0 else x
-
-
-def cell_model(domain: Domain, seed: int, params: ModelParams | None = None) -> CellModel:
-    """The model's global cell probabilities for ``domain`` (a function of ``seed`` only)."""
-    domain = _check_domain(domain)
-    params = params or ModelParams()
-    k = len(domain)
-    pairs = _default_pairs(k) if params.pairs is None else params.pairs
-    for pair in pairs:
-        if len(pair) != 2 or pair[0] == pair[1] or not all(0 <= a < k for a in pair):
-            raise ValueError(f"pairs: {pair!r} is not a pair of distinct attribute positions < {k}")
-    rng = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(0,)))
-    logp = np.zeros(domain.shape)
-    marginals = []
-    for i, size in enumerate(domain.sizes):
-        theta = rng.dirichlet(np.full(size, params.marginal_concentration))
-        theta = np.maximum(theta, 1e-12)
-        theta /= theta.sum()
-        marginals.append(theta)
-        shape = [1] * k
-        shape[i] = size
-        logp = logp + np.log(theta).reshape(shape)
-    interactions = {}
-    for i, j in pairs:
-        u = _standardised(rng.standard_normal(domain.sizes[i]))
-        v = _standardised(rng.standard_normal(domain.sizes[j]))
-        phi = params.interaction_strength * np.outer(u, v)
-        interactions[(i, j)] = phi
-        shape = [1] * k
-        shape[i], shape[j] = domain.sizes[i], domain.sizes[j]
-        logp = logp + (phi if i < j else phi.T).reshape(shape)
-    logp = logp.reshape(-1)
-    p = np.exp(logp - logp.max())
-    p /= p.sum()
-    return CellModel(domain, params, tuple(marginals), interactions, p)
-
-
-# --------------------------------------------------------------------------------------------
-# sampling
-
-
-def default_chunk_units(cells: int, units: int | None = None) -> int:
-    """Units per chunk: at most :data:`MAX_CHUNK_UNITS` and ``CHUNK_BYTES`` of int64 counts."""
-    n = max(1, min(MAX_CHUNK_UNITS, CHUNK_BYTES // (8 * max(1, int(cells)))))
-    return n if units is None else max(1, min(n, int(units)))
-
-
-def _sample_chunk(model: CellModel, seed: int, chunk: int, n: int) -> tuple[np.ndarray, np.ndarray]:
-    """``(populations (n,), counts (n, cells))`` of chunk ``chunk`` holding ``n`` units."""
-    params = model.params
-    rng = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(1, chunk)))
-    pops = np.floor(rng.lognormal(np.log(params.population_median), params.population_sigma, n))
-    pops[rng.random(n) < params.empty_share] = 0
-    pops = pops.astype(np.int64)
-    alpha = params.unit_concentration * model.probabilities + 1e-9
-    probs = rng.dirichlet(alpha, size=n)
-    probs /= probs.sum(axis=1, keepdims=True)
-    counts = rng.multinomial(pops, probs).astype(np.int64, copy=False)
-    return pops, counts
-
-
-def _resolve(domain: Domain, units: int, seed: int, chunk_units: int | None):
-    domain = _check_domain(domain)
-    units = check_integer(units, "units", 1)
-    seed = check_integer(seed, "seed", 0)
-    chunk_units = default_chunk_units(domain.size, units) if chunk_units is None \
-        else check_integer(chunk_units, "chunk_units", 1)
-    return domain, units, seed, chunk_units
-
-
-def synthesize_chunk(domain: Domain, units: int, seed: int, chunk: int, chunk_units: int | None = None,
-                     *, params: ModelParams | None = None, model: CellModel | None = None,
-                     return_populations: bool = False):
-    """Chunk ``chunk`` alone: ``(start, counts)`` (``(start, counts, populations)`` with
-    ``return_populations``), identical to what :func:`synthesize_histograms` yields for it."""
-    domain, units, seed, chunk_units = _resolve(domain, units, seed, chunk_units)
-    n_chunks = -(-units // chunk_units)
-    chunk = check_integer(chunk, "chunk", 0)
-    if chunk >= n_chunks:
-        raise ValueError(f"chunk {chunk} out of range: {units} units in chunks of {chunk_units} make {n_chunks}")
-    model = model or cell_model(domain, seed, params)
-    start = chunk * chunk_units
-    pops, counts = _sample_chunk(model, seed, chunk, min(chunk_units, units - start))
-    return (start, counts, pops) if return_populations else (start, counts)
-
-
-def synthesize_histograms(domain: Domain, units: int, seed: int, chunk_units: int | None = None,
-                          *, params: ModelParams | None = None) -> Iterator[tuple[int, np.ndarray]]:
-    """Yield ``(start, counts)`` chunk by chunk: ``counts`` int64 (rows ``start ..
-    start + len(counts) - 1``, one column per cell); only one chunk is held at a time."""
-    domain, units, seed, chunk_units = _resolve(domain, units, seed, chunk_units)
-    model = cell_model(domain, seed, params)
-    for chunk, start in enumerate(range(0, units, chunk_units)):
-        _pops, counts = _sample_chunk(model, seed, chunk, min(chunk_units, units - start))
-        yield start, counts
 
 
 # --------------------------------------------------------------------------------------------
@@ -344,16 +175,14 @@ def staged_store(out: PathLike, fmt: str, *, overwrite: bool = False, fsync: boo
 def write_synthetic(spec, units: int, out: PathLike, seed: int | None = None,
                     chunk_units: int | None = None, overwrite: bool = False, *,
                     params: ModelParams | None = None, fsync: bool = True) -> Path:
-    """Synthesise ``units`` unit histograms for ``spec`` and write them to ``out`` atomically.
+    """Synthesise ``units`` unit histograms for ``spec`` (:mod:`distfit.data.synthetic`) and
+    write them to ``out`` as a histograms store, atomically, one chunk at a time.
 
-    ``spec``: a :class:`distfit.spec.parse.PipelineSpec`, a path to a spec file, or a bare
+    ``spec``: a :class:`distfit.spec.model.PipelineSpec`, a path to a spec file, or a bare
     :class:`Domain` (then ``spec_hash`` is None). ``seed`` None draws fresh entropy (stored).
     Returns the path written. Raises ``FileExistsError`` for an existing path (unless
     ``overwrite`` and it holds histograms), ``ValueError`` for bad arguments.
     """
-    from distfit import __version__
-    from distfit.spec.parse import PipelineSpec, load_spec
-
     if isinstance(spec, (str, os.PathLike)):
         spec = load_spec(spec)
     if isinstance(spec, PipelineSpec):
@@ -364,7 +193,7 @@ def write_synthetic(spec, units: int, out: PathLike, seed: int | None = None,
         raise TypeError(f"spec: expected a PipelineSpec, a spec path or a Domain, got {type(spec).__name__}")
     if seed is None:
         seed = secrets.randbits(63)
-    domain, units, seed, chunk_units = _resolve(domain, units, seed, chunk_units)
+    domain, units, seed, chunk_units = resolve_synthesis(domain, units, seed, chunk_units)
     params = params or ModelParams()
     cells = domain.size
     with staged_store(out, FORMAT, overwrite=overwrite, fsync=fsync) as (_staging, group):
@@ -395,6 +224,56 @@ def write_synthetic(spec, units: int, out: PathLike, seed: int | None = None,
             "distfit_version": __version__,
         }))
     return Path(os.fspath(out))
+
+
+def create_marginals(group: zarr.Group, widths: Sequence[int], units: int, chunk_units: int,
+                     integer_ids: bool) -> None:
+    """Create the empty arrays of a marginals store in the staging ``group`` of
+    :func:`staged_store`: ``marginals/<i>`` (units, widths[i]) int64 and ``unit_ids`` (int64,
+    or strings unless ``integer_ids``), all chunked by ``chunk_units`` units (module docstring)."""
+    config = {"write_empty_chunks": True}
+    marginals = group.create_group("marginals")
+    for i, width in enumerate(widths):
+        marginals.create_array(str(i), shape=(units, width), dtype=np.int64,
+                               chunks=(chunk_units, width), config=config)
+    group.create_array("unit_ids", shape=(units,), dtype=np.int64 if integer_ids else str,
+                       chunks=(chunk_units,), config=config)
+
+
+class MarginalsWriter:
+    """Writes rows of the arrays :func:`create_marginals` made in the staging store at
+    ``store``; each task of a tabulation opens its own (on any worker of a shared file system)
+    and writes whole chunks of units, so tasks never write the same chunk."""
+
+    def __init__(self, store: PathLike) -> None:
+        self._root = zarr.open_group(store=os.fspath(store), mode="r+", zarr_format=3)
+
+    def write_marginal(self, index: int, start: int, counts: np.ndarray) -> None:
+        """Rows ``start ..`` of ``marginals/<index>``: ``counts`` (n, cells) int64."""
+        self._root[f"marginals/{index}"][start:start + counts.shape[0]] = counts
+
+    def write_unit_ids(self, start: int, ids: np.ndarray) -> None:
+        """Entries ``start ..`` of ``unit_ids``: int64 or str ids."""
+        self._root["unit_ids"][start:start + ids.shape[0]] = ids
+
+
+def write_marginals_attrs(group: zarr.Group, *, domain: Domain, spec_hash: str, units: int, chunk_units: int,
+                          cliques: Sequence[Sequence[str]], source: dict[str, Any], total_people: int) -> None:
+    """The root attrs of a marginals store (module docstring), written once its arrays are
+    filled; :func:`staged_store` then marks it complete."""
+    group.attrs.update(jsonable({
+        "distfit_format": MARGINALS_FORMAT,
+        "format_version": FORMAT_VERSION,
+        "schema": domain.schema(),
+        "spec_hash": spec_hash,
+        "units": units,
+        "chunk_units": chunk_units,
+        "cliques": [list(c) for c in cliques],
+        "source": source,
+        "total_people": total_people,
+        "created": utc_now(),
+        "distfit_version": __version__,
+    }))
 
 
 # --------------------------------------------------------------------------------------------
@@ -445,8 +324,18 @@ def _cached(cache: dict, key: tuple, start: int, stop: int, read):
     return cache[key]
 
 
+class UnitStoreView:
+    """What both data stores' readers share: the domain of their ``schema`` attr."""
+
+    attrs: dict
+
+    @property
+    def domain(self) -> Domain:
+        return Domain.from_schema(self.attrs["schema"])
+
+
 @dataclass(frozen=True, eq=False)
-class HistogramsData:
+class HistogramsData(UnitStoreView):
     """A complete histograms store opened for reading; ``counts`` and ``unit_ids`` are lazy
     zarr arrays (index them to read: ``counts[a:b]``)."""
 
@@ -465,11 +354,6 @@ class HistogramsData:
     @property
     def cells(self) -> int:
         return int(self.counts.shape[1])
-
-    @property
-    def domain(self) -> Domain:
-        schema = self.attrs["schema"]
-        return Domain.from_schema(schema)
 
     @property
     def chunk_units(self) -> int:
@@ -499,20 +383,14 @@ class HistogramsData:
         a ValueError naming the unit row within the range and the cell) and kept for the next
         block of the same range.
         """
-        from distfit.release.noise import _marginal, validate_counts
-
         domain = self.domain
         counts = _cached(self._cache, ("counts",), start, stop,
                          lambda: validate_counts(self.counts[start:stop], domain))
-        return _marginal(counts, domain, attributes)
-
-
-#: The name this class had before the marginals store existed.
-Histograms = HistogramsData
+        return marginal_counts(counts, domain, attributes)
 
 
 @dataclass(frozen=True, eq=False)
-class MarginalsData:
+class MarginalsData(UnitStoreView):
     """A complete marginals store opened for reading (module docstring): ``marginals[i]`` is
     the lazy zarr array of clique ``cliques[i]``, ``unit_ids`` the lazy ids."""
 
@@ -528,11 +406,6 @@ class MarginalsData:
     @property
     def units(self) -> int:
         return int(self.unit_ids.shape[0])
-
-    @property
-    def domain(self) -> Domain:
-        schema = self.attrs["schema"]
-        return Domain.from_schema(schema)
 
     @property
     def chunk_units(self) -> int:
@@ -571,8 +444,6 @@ class MarginalsData:
     def block_counts(self, attributes: Sequence[str], start: int, stop: int) -> np.ndarray:
         """Units ``start .. stop - 1`` summed to the block's attributes: (n, d_b) int64, from the
         smallest stored clique holding them (read and validated once per chunk range)."""
-        from distfit.release.noise import _marginal, validate_marginal
-
         index = self.clique_for(attributes)
         clique = self.cliques[index]
 
@@ -587,21 +458,12 @@ class MarginalsData:
             return counts
         domain = self.domain
         sub = Domain(clique, tuple(domain.sizes[domain.index(n)] for n in clique))
-        return _marginal(counts, sub, attributes)
+        return marginal_counts(counts, sub, attributes)
 
 
 def _open_store(path: PathLike, fmt: str) -> tuple[Path, dict, Domain, Any]:
     """Every refusal check shared by the data readers; returns ``(path, attrs, domain, group)``."""
-    p = Path(os.fspath(path))
-    if is_staging(p):
-        raise DataError(f"{p}: is the staging directory of an unfinished write, not data")
-    if not p.exists():
-        left = leftovers(p)
-        hint = f" (an interrupted write left {', '.join(x.name for x in left)})" if left else ""
-        raise DataError(f"{p}: no such {fmt} store{hint}")
-    attrs = root_attrs_on_disk(p) if p.is_dir() else None
-    if attrs is None:
-        raise DataError(f"{p}: not a Zarr v3 group (no readable zarr.json)")
+    p, group, attrs = open_store(path, fmt, DataError)
     check_format(p, attrs, fmt, FORMAT_VERSION, DataError)
     if attrs.get("complete") is not True:
         raise DataError(f"{p}: the data is not marked complete (an unfinished or damaged write)")
@@ -610,11 +472,7 @@ def _open_store(path: PathLike, fmt: str) -> tuple[Path, dict, Domain, Any]:
         domain = Domain.from_schema(schema)
     except (TypeError, KeyError, ValueError) as exc:
         raise DataError(f"{p}: invalid schema {schema!r} ({exc})") from None
-    try:
-        group = zarr.open_group(store=str(p), mode="r", zarr_format=3)
-    except Exception as exc:  # noqa: BLE001 - any failure to open is a refusal
-        raise DataError(f"{p}: cannot open as a Zarr v3 group ({type(exc).__name__}: {exc})") from None
-    return p, dict(attrs), domain, group
+    return p, attrs, domain, group
 
 
 def _array(p: Path, group: Any, name: str) -> Any:
@@ -693,23 +551,3 @@ def open_data(path: PathLike) -> HistogramsData | MarginalsData:
     if attrs is not None and attrs.get("distfit_format") == MARGINALS_FORMAT:
         return read_marginals(p)
     return read_histograms(p)
-
-
-__all__ = [
-    "FORMAT_VERSION",
-    "CellModel",
-    "DataError",
-    "Histograms",
-    "HistogramsData",
-    "MarginalsData",
-    "ModelParams",
-    "cell_model",
-    "default_chunk_units",
-    "open_data",
-    "read_histograms",
-    "read_marginals",
-    "staged_store",
-    "synthesize_chunk",
-    "synthesize_histograms",
-    "write_synthetic",
-]

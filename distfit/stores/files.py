@@ -212,3 +212,28 @@ def check_format(path: Path, attrs: Mapping, expected: str, supported_version: i
     if version > supported_version:
         raise error(
             f"{path}: format_version {version} is newer than this distfit supports ({supported_version}); upgrade distfit")
+
+
+def open_store(path: str | os.PathLike, kind: str, error: type[Exception]) -> tuple[Path, zarr.Group, dict]:
+    """Open the ``kind`` store (``"plan"``, ``"histograms"``, ``"release"``, ...) at ``path``
+    read-only after the refusal checks every reader shares: not a staging directory, present
+    (naming what an interrupted write left), a directory with a readable Zarr v3 ``zarr.json``,
+    of format ``kind`` (:func:`check_format` is the caller's, which knows its version). Raises
+    ``error`` naming the path; returns ``(path, group, root attrs)``."""
+    p = Path(os.fspath(path))
+    if is_staging(p):
+        raise error(f"{p}: is the staging directory of an unfinished write, not a {kind} store")
+    if not p.exists():
+        left = leftovers(p)
+        hint = f" (an interrupted write left {', '.join(x.name for x in left)})" if left else ""
+        raise error(f"{p}: no such {kind} store{hint}")
+    if not p.is_dir():
+        raise error(f"{p}: not a directory (a {kind} store is a Zarr v3 group directory)")
+    attrs = root_attrs_on_disk(p)
+    if attrs is None:
+        raise error(f"{p}: not a Zarr v3 group (no readable zarr.json)")
+    try:
+        group = zarr.open_group(store=str(p), mode="r", zarr_format=3)
+    except Exception as exc:  # noqa: BLE001 - any failure to open is a refusal
+        raise error(f"{p}: cannot open as a Zarr v3 group ({type(exc).__name__}: {exc})") from None
+    return p, group, dict(attrs)

@@ -14,7 +14,7 @@ from tests.clitools import assert_one_line_error, run
 from distfit.stores.data import DataError, open_data, read_marginals, staged_store
 from distfit.data.microdata import microdata_format, query_cliques, tabulate_microdata
 from distfit.plan.job import run_plan
-from distfit.release.job import read_release, verify_release
+from distfit.stores.release import read_release, verify_release
 from distfit.spec.parse import load_spec
 from distfit.stores.plan import read_plan
 
@@ -96,7 +96,7 @@ def inputs(tmp_path_factory):
     int_people = _people(500, seed=2, integer_ids=True)
     int_people.to_parquet(parquet, row_group_size=60)
     plan = root / "plan.zarr"
-    run_plan(str(spec), str(plan), serial=True)
+    run_plan(load_spec(spec), str(plan), serial=True)
     return {"root": root, "spec": spec, "people": people, "csv": csv, "parquet": parquet,
             "int_people": int_people, "plan": plan}
 
@@ -294,7 +294,7 @@ def test_merged_blocks_need_a_covering_clique(inputs, tmp_path, capsys):
     spec = tmp_path / "merged.yaml"
     spec.write_text(yaml.safe_dump(dict(SPEC, blocks={"max_cells": 18})))
     plan = tmp_path / "plan.zarr"
-    run_plan(str(spec), str(plan), serial=True)
+    run_plan(load_spec(spec), str(plan), serial=True)
     attributes = {read_plan(plan).block(b).attributes for b in read_plan(plan).block_ids}
     assert ("sex", "age", "edu") in attributes  # merged across the two cliques
     bare = tmp_path / "bare.zarr"

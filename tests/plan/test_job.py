@@ -8,13 +8,15 @@ import pytest
 import yaml
 import zarr
 
+from distfit.audit import audit_plan
 from distfit.cli.main import main
+from distfit.plan.job import level_profiles, run_plan, scale_plan_to_budget
 from distfit.privacy import alpha_for_budget
+from distfit.spec.parse import parse_spec
 from distfit.stores.plan import read_plan
 from tests.reference import SMALL_SPEC
 
 PIPELINES = Path(__file__).resolve().parents[2] / "pipelines"
-
 
 
 def _write_spec(tmp_path, content):
@@ -112,3 +114,29 @@ def test_round_progress_restarts_its_clock_every_round():
     meter(2, 2)
     lines = out.getvalue().splitlines()
     assert lines[0].startswith("plan: 2/2 blocks") and lines[1].startswith("plan round 1: 2/2 blocks")
+
+
+def test_scaling_a_stored_plan_to_a_budget_equals_planning_with_that_budget(tmp_path):
+    """scale_plan_to_budget(accuracy plan, budget) gives the plan run_plan makes for the spec
+    with that budget: same arrays, alpha, account; and it passes audit."""
+    accuracy = dict(SMALL_SPEC, name="scaled")
+    budget = dict(accuracy, privacy={"alpha": 0.75})
+    run_plan(parse_spec(accuracy), str(tmp_path / "a.zarr"), serial=True)
+    run_plan(parse_spec(budget), str(tmp_path / "b.zarr"), serial=True)
+    scale_plan_to_budget(str(tmp_path / "a.zarr"), str(tmp_path / "s.zarr"), parse_spec(budget), 0.75)
+    direct, scaled = read_plan(tmp_path / "b.zarr"), read_plan(tmp_path / "s.zarr")
+    assert audit_plan(str(tmp_path / "s.zarr")).ok
+    assert scaled.attrs["alpha"] == pytest.approx(0.75, rel=1e-12) == direct.attrs["alpha"]
+    assert scaled.attrs["planner"]["spec_hash"] == direct.attrs["planner"]["spec_hash"]
+    assert scaled.attrs["planner"]["variance_scale"] == pytest.approx(direct.attrs["planner"]["variance_scale"], rel=1e-9)
+    np.testing.assert_allclose(scaled.queries_variances, direct.queries_variances, rtol=1e-9)
+    assert scaled.block_ids == direct.block_ids
+    for block_id in direct.block_ids:
+        a, b = scaled.block(block_id), direct.block(block_id)
+        for name in ("sigma", "variances", "profile", "basis", "recon"):
+            np.testing.assert_allclose(getattr(a, name), getattr(b, name), rtol=1e-9, atol=1e-12)
+    # the profiles combine_levels reads: every block's attributes and stored profile
+    profiles = level_profiles(scaled)
+    assert [attributes for attributes, _ in profiles] == [tuple(scaled.block(b).attributes) for b in scaled.block_ids]
+    for (_, profile), block_id in zip(profiles, scaled.block_ids):
+        assert profile.tobytes() == np.asarray(scaled.block(block_id).profile, dtype=float).tobytes()

@@ -8,7 +8,8 @@ import pytest
 
 from distfit.plan.levels import budget_shares, combine_levels
 from distfit.plan.planner import decompose, plan_blocks, serial_executor
-from distfit.spec.parse import SpecError, parse_spec
+from distfit.spec.model import SpecError
+from distfit.spec.parse import parse_spec
 
 from tests.reference import SMALL_SPEC
 
@@ -110,94 +111,12 @@ def test_combined_alpha_is_the_whole_mechanism_profile_and_budget_scales_it():
         budget_shares(account.level_alphas, account.alpha, 0.0)
 
 
-def test_scaling_a_stored_plan_to_a_budget_equals_planning_with_that_budget(tmp_path):
-    """scale_plan_to_budget(accuracy plan, budget) gives the plan run_plan makes for the spec
-    with that budget: same arrays, alpha, account; and it passes audit."""
-    import yaml
-
-    from distfit.audit import audit_plan
-    from distfit.plan.levels import scale_plan_to_budget
-    from distfit.plan.job import run_plan
-    from distfit.stores.plan import read_plan
-
-    accuracy = dict(SMALL_SPEC, name="scaled")
-    budget = dict(accuracy, privacy={"alpha": 0.75})
-    (tmp_path / "a.yaml").write_text(yaml.safe_dump(accuracy))
-    (tmp_path / "b.yaml").write_text(yaml.safe_dump(budget))
-    run_plan(str(tmp_path / "a.yaml"), str(tmp_path / "a.zarr"), serial=True)
-    run_plan(str(tmp_path / "b.yaml"), str(tmp_path / "b.zarr"), serial=True)
-    scale_plan_to_budget(str(tmp_path / "a.zarr"), str(tmp_path / "s.zarr"), parse_spec(budget), 0.75)
-    direct, scaled = read_plan(tmp_path / "b.zarr"), read_plan(tmp_path / "s.zarr")
-    assert audit_plan(str(tmp_path / "s.zarr")).ok
-    assert scaled.attrs["alpha"] == pytest.approx(0.75, rel=1e-12) == direct.attrs["alpha"]
-    assert scaled.attrs["planner"]["spec_hash"] == direct.attrs["planner"]["spec_hash"]
-    assert scaled.attrs["planner"]["variance_scale"] == pytest.approx(direct.attrs["planner"]["variance_scale"], rel=1e-9)
-    np.testing.assert_allclose(scaled.queries_variances, direct.queries_variances, rtol=1e-9)
-    assert scaled.block_ids == direct.block_ids
-    for block_id in direct.block_ids:
-        a, b = scaled.block(block_id), direct.block(block_id)
-        for name in ("sigma", "variances", "profile", "basis", "recon"):
-            np.testing.assert_allclose(getattr(a, name), getattr(b, name), rtol=1e-9, atol=1e-12)
-
-
-def test_multilevel_run_end_to_end(tmp_path, capsys):
-    """distfit run on a multi-level spec with a budget: synthetic people with a nested
-    geography, one complete run per level (plan passes audit, release sealed), the combined
-    account exactly at the budget; a rerun reuses everything; another spec is refused."""
-    import json
-
-    import pandas as pd
-    import yaml
-
-    from tests.clitools import run
-    from distfit.audit import audit_plan
-    from distfit.release.job import read_release, verify_release
-    from distfit.stores.plan import read_plan
-
-    spec = dict(LEVELS_SPEC, privacy={"alpha": 3.0})
-    spec["levels"] = [dict(level) for level in LEVELS_SPEC["levels"]]
-    spec["levels"].insert(1, {"name": "state", "units": {"column": "state"}, "queries": [
-        {"name": "sex", "attributes": {"sex": "identity"}, "target": 1}]})
-    path = tmp_path / "census.yaml"
-    path.write_text(yaml.safe_dump(spec))
-    rundir = tmp_path / "run"
-    code, out, err = run(capsys, "run", str(path), "--out", str(rundir), "--units", "23", "--serial")
-    assert code == 0, err
-    assert "privacy        alpha 3 (exact)" in out
-    manifest = json.loads((rundir / "manifest.json").read_text())
-    assert list(manifest["levels"]) == ["nation", "state", "county"]
-    assert manifest["privacy"]["alpha"] == pytest.approx(3.0, rel=1e-9) and manifest["privacy"]["alpha_exact"]
-    people = pd.read_parquet(rundir / "people")
-    assert people.groupby("county")["state"].nunique().max() == 1  # counties nest in states
-    units = {"nation": 1, "state": people["state"].nunique(), "county": people["county"].nunique()}
-    assert units["county"] == 23 and units["state"] == 3
-    alphas = 0.0
-    for name, level in manifest["levels"].items():
-        level_dir = rundir / "levels" / name
-        assert audit_plan(str(level_dir / "plan.zarr")).ok
-        plan = read_plan(level_dir / "plan.zarr")
-        assert plan.checksum == level["plan_checksum"]
-        alphas += plan.attrs["alpha"]
-        ok, _, _ = verify_release(level_dir / "release.zarr")
-        release = read_release(level_dir / "release.zarr")
-        assert ok and release.answers.shape[0] == units[name]
-    # the exact combined alpha (max over cells of the summed profiles) is at most the sum bound
-    assert alphas >= 3.0 * (1 - 1e-9) and manifest["privacy"]["alpha_sum_bound"] == pytest.approx(alphas)
-
-    code, out, err = run(capsys, "run", str(path), "--out", str(rundir), "--serial")
-    assert code == 0 and "plan reused, release reused" in out, out + err
-    other = dict(spec, name="other")
-    (tmp_path / "other.yaml").write_text(yaml.safe_dump(other))
-    code, _, err = run(capsys, "run", str(tmp_path / "other.yaml"), "--out", str(rundir), "--serial")
-    assert code == 2 and "holds the run of another spec" in err
-
-
 def test_tabulate_a_level_of_a_multilevel_spec(tmp_path, capsys):
     import yaml
 
     from tests.clitools import run
     from distfit.stores.data import open_data
-    from distfit.data.microdata import write_synthetic_people
+    from distfit.data.people import write_synthetic_people
 
     path = tmp_path / "levels.yaml"
     path.write_text(yaml.safe_dump(LEVELS_SPEC))

@@ -15,9 +15,10 @@ from distfit.release import job as releasing
 from distfit.stores.data import read_histograms, write_synthetic
 from distfit.plan.job import run_plan
 from distfit.release.noise import block_marginal
-from distfit.release.job import ReleaseError, read_release, run_release, verify_release
+from distfit.release.job import run_release
 from distfit.spec.parse import load_spec
 from distfit.stores.plan import read_plan
+from distfit.stores.release import ReleaseError, read_release, verify_release
 from distfit.domain import Domain
 from tests.reference import SMALL_SPEC
 
@@ -27,20 +28,17 @@ SEED = 987654321              # a --seed that would stand out in any attr
 
 
 @pytest.fixture(scope="module")
-def inputs(tmp_path_factory):
+def inputs(tmp_path_factory, small_plan):
     root = tmp_path_factory.mktemp("release-inputs")
-    spec_path = root / "spec.yaml"
-    spec_path.write_text(yaml.safe_dump(SPEC))
-    plan = root / "plan.zarr"
-    run_plan(str(spec_path), str(plan), serial=True)
     data = root / "data.zarr"
-    write_synthetic(load_spec(spec_path), UNITS, data, seed=1, chunk_units=CHUNK)
+    write_synthetic(small_plan.spec, UNITS, data, seed=1, chunk_units=CHUNK)
     other = dict(SPEC, queries=[dict(SPEC["queries"][0], target=[2, 2, 2, 3, 3, 3])] + SPEC["queries"][1:])
     other_spec = root / "other.yaml"
     other_spec.write_text(yaml.safe_dump(other))
     other_plan = root / "other.zarr"
-    run_plan(str(other_spec), str(other_plan), serial=True)
-    return {"plan": str(plan), "data": str(data), "other_plan": str(other_plan), "root": root}
+    run_plan(load_spec(other_spec), str(other_plan), serial=True)
+    return {"plan": small_plan.plan, "data": str(data), "other_plan": str(other_plan), "root": root,
+            "spec": small_plan.spec}
 
 
 def _release(capsys, inputs, out, *flags):
@@ -371,7 +369,7 @@ def test_worker_killed_mid_release_redraws_identical_chunks(inputs, tmp_path, ca
     from distfit.cluster import dask_client
 
     data = tmp_path / "many.zarr"
-    write_synthetic(load_spec(inputs["root"] / "spec.yaml"), 1200, data, seed=3, chunk_units=20)
+    write_synthetic(inputs["spec"], 1200, data, seed=3, chunk_units=20)
     killed = []
     with dask_client(None, workers=2) as client:
         pids = list(client.run(os.getpid).values())
@@ -386,36 +384,6 @@ def test_worker_killed_mid_release_redraws_identical_chunks(inputs, tmp_path, ca
     assert killed and result.chunks == 60
     serial = run_release(inputs["plan"], str(data), str(tmp_path / "serial.zarr"), seed=5, serial=True)
     assert serial.checksum == result.checksum
-
-
-def test_chunk_sync_names_every_chunk_file_of_the_store(inputs, tmp_path):
-    """The driver fsyncs each finished chunk's files while later chunks run (releasing._ChunkSync);
-    the files it names are exactly the chunk files zarr wrote, so the seal's fsync finds them clean."""
-    out = tmp_path / "synced.zarr"
-    result = run_release(inputs["plan"], inputs["data"], out, seed=SEED, serial=True, fsync=False)
-    root = zarr.open_group(store=str(out), mode="r+")
-    sync = releasing._ChunkSync(root, out, UNITS, CHUNK)
-    try:
-        named = [set(sync._files(chunk)) for chunk in range(result.chunks)]
-        for chunk in range(result.chunks):
-            sync(chunk)
-    finally:
-        sync.close()
-    assert all(named) and not any(a & b for i, a in enumerate(named) for b in named[i + 1:])
-    arrays = [f"blocks/{b}/answers" for b in root["blocks"].group_keys()] + [
-        "queries/answers", "unit_ids", "chunks/done"]
-    written = {p for name in arrays for p in (out / name).rglob("*") if p.is_file() and p.name != "zarr.json"}
-    assert set().union(*named) == written
-
-
-def test_answer_arrays_codecs(inputs, tmp_path):
-    """Answer arrays use releasing.ANSWER_COMPRESSORS (the benchmark's baseline writes the same)."""
-    out = tmp_path / "codecs.zarr"
-    run_release(inputs["plan"], inputs["data"], out, seed=SEED, serial=True, fsync=False)
-    release = read_release(out)
-    expected = zarr.create_array({}, shape=(4, 4), dtype="f8", compressors=releasing.ANSWER_COMPRESSORS).compressors
-    for arr in [release.answers] + [release.block_answers(b) for b in release.block_ids]:
-        assert arr.compressors == expected
 
 
 def test_background_client_reports_an_unreachable_scheduler():
@@ -459,31 +427,6 @@ def test_local_cluster_is_gone_when_run_release_returns_or_raises(inputs, tmp_pa
     assert multiprocessing.active_children() == []
 
 
-@pytest.mark.parametrize("string_ids", [False, True])
-def test_seal_checksum_is_the_store_checksum(inputs, tmp_path, string_ids, monkeypatch):
-    """The seal hashes chunk by chunk with read-ahead (releasing._store_checksum); the digest is
-    store.compute_checksum's, which verify_release and every reader use."""
-    from distfit.stores.plan import compute_checksum
-
-    data = inputs["data"]
-    if string_ids:
-        data = tmp_path / "string-ids.zarr"
-        shutil.copytree(inputs["data"], data)
-        ids = zarr.open_array(str(data / "unit_ids"), mode="r")[...]
-        shutil.rmtree(data / "unit_ids")
-        group = zarr.open_group(str(data), mode="r+")
-        strings = group.create_array("unit_ids", shape=ids.shape, dtype=str, chunks=(CHUNK,))
-        strings[...] = np.array([f"unit-{i:04d}-é" for i in ids], dtype=object)
-    out = tmp_path / "sealed.zarr"
-    result = run_release(inputs["plan"], str(data), out, seed=SEED, serial=True, fsync=False)
-    group = zarr.open_group(store=str(out), mode="r")
-    assert (np.dtype(group["unit_ids"].dtype).kind in "TUO") == string_ids
-    assert releasing._store_checksum(group) == compute_checksum(group) == result.checksum
-    monkeypatch.setattr(releasing, "_SLAB_BYTES", 1)  # one zarr chunk per read: many slabs per array
-    assert releasing._store_checksum(group) == result.checksum
-    assert verify_release(out)[0]
-
-
 def test_background_client_worker_env(monkeypatch):
     """worker_env sets (a string) or leaves out (None) variables in a local cluster's worker
     processes before they start; the release uses it to leave out Dask's malloc trim setting."""
@@ -497,3 +440,81 @@ def test_background_client_worker_env(monkeypatch):
         seen = list(background.get().run(
             lambda: (os.environ.get("MALLOC_TRIM_THRESHOLD_"), os.environ.get("DISTFIT_TEST_WORKER_ENV"))).values())
     assert seen == [(None, "on")]
+
+
+def _count_checksums(monkeypatch) -> list[str]:
+    """Replace compute_checksum, wherever a distfit module bound it, by a counter that records
+    the name of each store it hashes (a plan's staging directory, the plan, the release)."""
+    import sys
+
+    import distfit.stores.checksum as checksums
+
+    real = checksums.compute_checksum
+    hashed: list[str] = []
+
+    def counting(group, **kwargs):
+        hashed.append(Path(str(group.store.root)).name)
+        return real(group, **kwargs)
+
+    modules = [m for name, m in sys.modules.items()
+               if name.startswith("distfit") and getattr(m, "compute_checksum", None) is real]
+    assert {"distfit.stores.plan", "distfit.stores.plan_writer", "distfit.stores.release"} <= {
+        m.__name__ for m in modules}
+    for module in modules:
+        monkeypatch.setattr(module, "compute_checksum", counting)
+    return hashed
+
+
+def test_a_run_audits_and_hashes_the_plan_once(tmp_path, monkeypatch):
+    """distfit run: the plan is hashed by its writer, once by the audit (the release is given the
+    audit's report: no second audit) and once more by the seal (it re-verifies the plan against
+    the audited checksum: documented, it catches a plan altered during the release); the
+    release store once, by the seal."""
+    import distfit.pipeline
+    from distfit.audit import audit_plan
+
+    audits = []
+
+    def counting_audit(path):
+        audits.append(path)
+        return audit_plan(path)
+
+    monkeypatch.setattr(distfit.pipeline, "audit_plan", counting_audit)
+    monkeypatch.setattr(releasing, "audit_plan", counting_audit)
+    hashed = _count_checksums(monkeypatch)
+    spec_path = tmp_path / "spec.yaml"
+    spec_path.write_text(yaml.safe_dump(SPEC))
+    result = distfit.pipeline.run_pipeline(str(spec_path), tmp_path / "run", units=20, serial=True, fsync=False)
+    assert len(audits) == 1
+    assert len(hashed) == 4 and hashed[0].startswith("plan.zarr.incomplete-")  # the writer's, staged
+    assert hashed[1:] == ["plan.zarr", "plan.zarr", "release.zarr"]  # audit, seal (plan), seal (release)
+    assert result.stages["audit"] == "passed" and result.stages["release"] == "done"
+
+
+def test_release_audits_once_or_takes_the_callers_audit(inputs, tmp_path, monkeypatch):
+    """Standalone, run_release audits the plan once (one hash) and the seal re-verifies it (one
+    more); given a passing audit report it does not audit, only checks the plan still holds the
+    audited checksum (the stored attr, no hash)."""
+    import dataclasses
+
+    from distfit.audit import audit_plan
+
+    report = audit_plan(inputs["plan"])
+    hashed = _count_checksums(monkeypatch)
+    run_release(inputs["plan"], inputs["data"], tmp_path / "a.zarr", seed=SEED, serial=True, fsync=False)
+    assert hashed == ["plan.zarr", "plan.zarr", "a.zarr"]  # audit, seal (plan), seal (release)
+    hashed.clear()
+    given = run_release(inputs["plan"], inputs["data"], tmp_path / "b.zarr", seed=SEED, serial=True,
+                        fsync=False, audit=report)
+    assert hashed == ["plan.zarr", "b.zarr"]  # the seal only
+    assert given.checksum == read_release(tmp_path / "a.zarr").checksum
+    stale = dataclasses.replace(report, checksum="sha256:" + "0" * 64)
+    with pytest.raises(ValueError, match="the plan changed since its audit"):
+        run_release(inputs["plan"], inputs["data"], tmp_path / "c.zarr", seed=SEED, serial=True, audit=stale)
+    failed = dataclasses.replace(report, failures=("alpha: made up",))
+    with pytest.raises(ValueError, match=r"fails audit \(1 failures\): alpha: made up"):
+        run_release(inputs["plan"], inputs["data"], tmp_path / "c.zarr", seed=SEED, serial=True, audit=failed)
+    with pytest.raises(ValueError, match="a report of .*, not of the plan"):
+        run_release(inputs["other_plan"], inputs["data"], tmp_path / "c.zarr", seed=SEED, serial=True,
+                    audit=report)
+    assert not (tmp_path / "c.zarr").exists()

@@ -1,33 +1,24 @@
 """distfit.release.noise: marginals, noise streams, noisy block answers and query answers of a chunk."""
 from __future__ import annotations
 
-import io
 import itertools
 
 import numpy as np
 import pytest
-import yaml
 
 from distfit.release import noise as rel
-from distfit.plan.job import run_plan
-from distfit.spec.parse import load_spec
 from distfit.stores.plan import read_plan
 from distfit.domain import Domain
-from tests.reference import SMALL_SPEC
 
 DOMAIN = Domain(("age", "sex", "edu"), (6, 2, 3))
 
 
 @pytest.fixture(scope="module")
-def planned(tmp_path_factory):
-    """(plan store, spec): a real 2-block plan written by ``run_plan``."""
-    root = tmp_path_factory.mktemp("release")
-    spec_path = root / "spec.yaml"
-    spec_path.write_text(yaml.safe_dump(SMALL_SPEC))
-    run_plan(str(spec_path), str(root / "plan.zarr"), serial=True, log=io.StringIO())
-    plan = read_plan(str(root / "plan.zarr"))
+def planned(small_plan):
+    """(plan store, spec): a real multi-block plan written by ``run_plan`` (``conftest.small_plan``)."""
+    plan = read_plan(small_plan.plan)
     assert len(plan.block_ids) >= 2
-    return plan, load_spec(str(spec_path))
+    return plan, small_plan.spec
 
 
 def _counts(units, seed=0, domain=DOMAIN):

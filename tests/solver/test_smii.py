@@ -13,7 +13,7 @@ from distfit import workload as wl
 from distfit.solver.basis import represent
 from distfit.solver.dual import plan_cost
 from distfit.solver.smii import (
-    SmiiResult, _gradient, _hessian_operator, _newton_direction, _State, _whitened_hessian_operator, balance, smii_optimize,
+    SmiiResult, objective_gradient, hessian_operator, newton_direction, SoftmaxState, whitened_hessian_operator, balance, smii_optimize,
 )
 from distfit.solver.solve import solve
 
@@ -160,14 +160,14 @@ def test_gradient_matches_finite_differences(name, W, targets, kind, t):
     k = basis.shape[0]
     rng = np.random.default_rng(1)
     sigma = _random_spd(k, rng)
-    state = _State(sigma, basis, scaled_recon, t, t)
-    gradient = _gradient(state, basis, scaled_recon)
+    state = SoftmaxState(sigma, basis, scaled_recon, t, t)
+    gradient = objective_gradient(state, basis, scaled_recon)
     np.testing.assert_allclose(gradient, gradient.T, atol=1e-14 * np.abs(gradient).max())
     h = 1e-6
     for _ in range(3):
         S = _random_symmetric(k, rng)
-        plus = _State(sigma + h * S, basis, scaled_recon, t, t).value
-        minus = _State(sigma - h * S, basis, scaled_recon, t, t).value
+        plus = SoftmaxState(sigma + h * S, basis, scaled_recon, t, t).value
+        minus = SoftmaxState(sigma - h * S, basis, scaled_recon, t, t).value
         assert np.vdot(gradient, S) == pytest.approx((plus - minus) / (2 * h), rel=1e-6, abs=1e-9)
 
 
@@ -178,15 +178,15 @@ def test_hessian_vector_product_matches_finite_differences(name, W, targets, kin
     k = basis.shape[0]
     rng = np.random.default_rng(2)
     sigma = _random_spd(k, rng)
-    state = _State(sigma, basis, scaled_recon, t, t)
-    hessian = _hessian_operator(state, basis, scaled_recon, t)
+    state = SoftmaxState(sigma, basis, scaled_recon, t, t)
+    hessian = hessian_operator(state, basis, scaled_recon, t)
     h = 1e-5
     for _ in range(3):
         S = _random_symmetric(k, rng)
         product = hessian(S)
         np.testing.assert_allclose(product, product.T, atol=1e-13 * np.abs(product).max())
-        plus = _gradient(_State(sigma + h * S, basis, scaled_recon, t, t), basis, scaled_recon)
-        minus = _gradient(_State(sigma - h * S, basis, scaled_recon, t, t), basis, scaled_recon)
+        plus = objective_gradient(SoftmaxState(sigma + h * S, basis, scaled_recon, t, t), basis, scaled_recon)
+        minus = objective_gradient(SoftmaxState(sigma - h * S, basis, scaled_recon, t, t), basis, scaled_recon)
         finite = (plus - minus) / (2 * h)
         np.testing.assert_allclose(product, finite, rtol=1e-5, atol=1e-6 * np.abs(finite).max())
         # F_t is convex (the paper's Theorem 2): the Hessian is positive semidefinite
@@ -201,16 +201,16 @@ def test_whitened_hessian_is_the_preconditioned_hessian(name, W, targets, kind):
     rng = np.random.default_rng(5)
     sigma = _random_spd(k, rng)
     t = 3.0
-    state = _State(sigma, basis, scaled_recon, t, t)
-    whitened, upper = _whitened_hessian_operator(state, scaled_recon, t)
+    state = SoftmaxState(sigma, basis, scaled_recon, t, t)
+    whitened, upper = whitened_hessian_operator(state, scaled_recon, t)
     np.testing.assert_allclose(upper.T @ upper, sigma, rtol=1e-12, atol=1e-12 * np.abs(sigma).max())
-    hessian = _hessian_operator(state, basis, scaled_recon, t)
+    hessian = hessian_operator(state, basis, scaled_recon, t)
     for _ in range(3):
         S = _random_symmetric(k, rng)
         expected = upper @ hessian(upper.T @ S @ upper) @ upper.T
         np.testing.assert_allclose(whitened(S), expected, rtol=1e-9, atol=1e-10 * np.abs(expected).max())
     # and the Newton step solves H s = -g to the forcing tolerance in the preconditioner's norm
-    gradient = _gradient(state, basis, scaled_recon)
-    step, _ = _newton_direction(state, basis, scaled_recon, gradient, t, max_cg=200, use_forcing=False)
+    gradient = objective_gradient(state, basis, scaled_recon)
+    step, _ = newton_direction(state, basis, scaled_recon, gradient, t, max_cg=200, use_forcing=False)
     residual = hessian(step) + gradient
     assert np.linalg.norm(upper @ residual @ upper.T) <= 1e-4 * np.linalg.norm(upper @ gradient @ upper.T)

@@ -1,57 +1,23 @@
-"""Tests for distfit.spec.parse (pipeline specs)."""
+"""Tests for distfit.spec.parse: the example specs, query kinds and labels, defaults, the YAML
+dialect, and the one-line errors that name the field."""
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import itertools
 import json
 import math
-import textwrap
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
-import yaml
 
-import distfit.spec.parse as spec_module
 from distfit.plan.residual import residual_blocks
 from distfit.privacy import Budget
-from distfit.spec.parse import (
-    AttributeSpec,
-    BlockLimits,
-    PipelineSpec,
-    PrivacySpec,
-    SpecError,
-    load_spec,
-    parse_spec,
-)
+from distfit.spec.model import AttributeSpec, BlockLimits, PipelineSpec, PrivacySpec, SpecError
+from distfit.spec.parse import load_spec, parse_spec
 from distfit.workload import age_pyramid_workload, pl94_workload, workload_from_groups
 
-ROOT = Path(__file__).resolve().parents[2]
-PIPELINES = ROOT / "pipelines"
-
-BASE = """\
-name: toy
-attributes:
-  - {name: age, size: 4, ordinal: true}
-  - {name: sex, values: [male, female]}
-  - {name: race, values: [white, black, asian]}
-queries:
-  - name: age
-    attributes: {age: identity}
-    target: 1
-"""
-
-
-def write(tmp_path: Path, text: str, name: str = "spec.yaml") -> Path:
-    path = tmp_path / name
-    path.write_text(textwrap.dedent(text))
-    return path
-
-
-def base_mapping() -> dict:
-    return yaml.safe_load(BASE)
+from tests.spec.helpers import BASE, PIPELINES, base_mapping, edit, reading_spec, spec_error, write
 
 
 def rows_and_targets(workload) -> list[tuple[tuple[float, ...], float]]:
@@ -298,262 +264,139 @@ def test_yaml_dialect(tmp_path):
     assert spec.groups[0].targets[0] == 1000.0
 
 
-# ------------------------------------------------------------------ hash and canonical form
-
-
-def test_spec_hash_stable_across_key_order_and_spelling():
-    a = base_mapping()
-    b = {key: a[key] for key in reversed(list(a))}
-    b["attributes"] = [dict(reversed(list(attr.items()))) for attr in a["attributes"]]
-    assert parse_spec(a).spec_hash == parse_spec(b).spec_hash
-    c = base_mapping()
-    c["description"] = "words do not count"
-    c["queries"][0]["target"] = [1, 1.0, 1, 1]  # same content, spelled as a list
-    c["blocks"] = {"max_cells": 4096}
-    assert parse_spec(c).spec_hash == parse_spec(a).spec_hash
-    d = base_mapping()
-    d["queries"][0]["target"] = 2
-    assert parse_spec(d).spec_hash != parse_spec(a).spec_hash
-    e = base_mapping()
-    e["queries"][0]["target"] = [1, 1, 1, 1.5]
-    assert parse_spec(e).spec_hash != parse_spec(a).spec_hash
-
-
-def test_to_dict_is_canonical_json_and_round_trips(tmp_path):
-    for name in ("pl94.yaml", "age_pyramid.yaml"):
-        spec = load_spec(PIPELINES / name)
-        data = spec.to_dict()
-        assert json.loads(json.dumps(data)) == data
-        again = parse_spec(json.loads(json.dumps(data)))
-        assert again.spec_hash == spec.spec_hash
-        assert again.description == spec.description
-    spec = load_spec(PIPELINES / "pl94.yaml")
-    single = spec.to_dict()["queries"][2]
-    assert single == {"name": "race_single", "attributes": {"race": {"select": [0, 1, 3, 7, 15, 31]}},
-                      "target": 1.0}
-    assert len(spec.spec_hash) == 64
-
-
-# ------------------------------------------------------------------ target files
-
-
-def test_target_files_relative_to_spec(tmp_path):
-    sub = tmp_path / "specs"
-    sub.mkdir()
-    (sub / "data").mkdir()
-    (sub / "data" / "age.csv").write_text("# targets\n1, 2\n3\n4,\n")
-    np.save(sub / "data" / "sex.npy", np.array([[5.0], [6.0]]))
-    path = write(sub, """\
-        name: files
-        attributes:
-          - {name: age, size: 4, ordinal: true}
-          - {name: sex, values: [male, female]}
-        queries:
-          - {name: a, attributes: {age: identity}, target: {file: data/age.csv}}
-          - {name: s, attributes: {sex: identity}, target: {file: data/sex.npy}}
-        """)
-    spec = load_spec(path)
-    np.testing.assert_array_equal(spec.group("a").targets, [1, 2, 3, 4])
-    np.testing.assert_array_equal(spec.group("s").targets, [5, 6])
-    assert spec.to_dict()["queries"][0]["target"] == [1.0, 2.0, 3.0, 4.0]
-    inline = parse_spec({**yaml.safe_load(path.read_text()), "queries": [
-        {"name": "a", "attributes": {"age": "identity"}, "target": [1, 2, 3, 4]},
-        {"name": "s", "attributes": {"sex": "identity"}, "target": [5, 6]}]})
-    assert inline.spec_hash == spec.spec_hash
-    # parse_spec reads relative files from base_dir
-    mapping = yaml.safe_load(path.read_text())
-    assert parse_spec(mapping, base_dir=sub).group("a").targets[3] == 4
-
-
-def _rule_u(seed: int, group: str, j: int) -> float:
-    digest = hashlib.sha256(f"{seed}:{group}:{j}".encode()).digest()
-    return int.from_bytes(digest[:8], "big") / 2**64
-
-
-def test_target_rule(tmp_path):
-    path = write(tmp_path, """\
-        name: rule
-        attributes:
-          - {name: age, size: 4, ordinal: true}
-          - {name: sex, values: [male, female]}
-        queries:
-          - {name: flat, attributes: {age: identity}, target: {base: 2}}
-          - {name: wide, attributes: {age: prefix, sex: identity}, target: {base: 1.5, width_power: 0.5}}
-          - name: age-sex
-            attributes: {age: {ranges: [[0, 3], [1, 2]]}, sex: total}
-            target: {base: 3, width_power: 0.25, jitter: 1, seed: 7}
-          - {name: all, total: true, target: {base: 4, jitter: 0.5}}
-        """)
-    spec = load_spec(path)
-    np.testing.assert_array_equal(spec.group("flat").targets, [2, 2, 2, 2])
-    # prefix x identity: query (age <= v, sex s) reads v + 1 cells
-    np.testing.assert_allclose(spec.group("wide").targets, 1.5 * np.sqrt([1, 1, 2, 2, 3, 3, 4, 4]))
-    widths = [4 * 2, 2 * 2]  # ranges 0..3 and 1..2, times the sex total
-    expected = [3 * w ** 0.25 * (1 + _rule_u(7, "age-sex", j)) for j, w in enumerate(widths)]
-    np.testing.assert_allclose(spec.group("age-sex").targets, expected, rtol=1e-15)
-    np.testing.assert_allclose(spec.group("all").targets, [4 * (1 + 0.5 * _rule_u(0, "all", 0))])
-    # rule targets are inlined in the canonical form: same hash as the list
-    data = spec.to_dict()
-    assert data["queries"][0]["target"] == 2.0
-    assert data["queries"][2]["target"] == list(spec.group("age-sex").targets)
-    assert parse_spec(json.loads(json.dumps(data))).spec_hash == spec.spec_hash
-    # another seed draws other factors; jitter stays within [1, 1 + J)
-    mapping = yaml.safe_load(path.read_text())
-    mapping["queries"][2]["target"]["seed"] = 8
-    other = parse_spec(mapping).group("age-sex").targets
-    assert not np.allclose(other, spec.group("age-sex").targets)
-    ratio = other / (3 * np.array(widths) ** 0.25)
-    assert np.all((ratio >= 1) & (ratio < 2))
-
-
 # ------------------------------------------------------------------ errors
-
-
-def _error(tmp_path: Path, text: str) -> str:
-    with pytest.raises(SpecError) as info:
-        load_spec(write(tmp_path, text))
-    assert info.value.field
-    message = str(info.value)
-    assert "\n" not in message
-    return message
-
-
-def _edit(**changes) -> str:
-    mapping = base_mapping()
-    mapping.update(changes)
-    return yaml.safe_dump(mapping, sort_keys=False)
 
 
 ERROR_CASES = [
     # (description, YAML text, expected message start)
-    ("unknown attribute", _edit(queries=[
+    ("unknown attribute", edit(queries=[
         {"name": "a", "attributes": {"age": "identity"}, "target": 1},
         {"name": "b", "attributes": {"sex": "identity"}, "target": 1},
         {"name": "c", "attributes": {"agee": "identity"}, "target": 1}]),
      "queries[2].attributes.agee: unknown attribute 'agee' (attributes: age, sex, race)"),
-    ("duplicated attribute", _edit(attributes=[
+    ("duplicated attribute", edit(attributes=[
         {"name": "age", "size": 4}, {"name": "sex", "size": 2}, {"name": "race", "size": 3},
         {"name": "sex", "size": 2}]),
      "attributes[3].name: duplicated attribute 'sex'"),
-    ("negative target", _edit(queries=[{"name": "a", "attributes": {"age": "identity"}, "target": -1}]),
+    ("negative target", edit(queries=[{"name": "a", "attributes": {"age": "identity"}, "target": -1}]),
      "queries[0].target: must be > 0, got -1"),
-    ("prefix on nominal", _edit(queries=[
+    ("prefix on nominal", edit(queries=[
         {"name": "a", "attributes": {"age": "identity"}, "target": 1},
         {"name": "b", "attributes": {"sex": "prefix"}, "target": 1}]),
      "queries[1].attributes.sex: prefix queries need an ordinal attribute"),
-    ("ranges on nominal", _edit(queries=[
+    ("ranges on nominal", edit(queries=[
         {"name": "b", "attributes": {"race": {"ranges": [[0, 1]]}}, "target": 1}]),
      "queries[0].attributes.race: ranges queries need an ordinal attribute"),
-    ("budget two ways", _edit(privacy={"mode": "budget", "rho": 0.5, "epsilon": 1.0, "delta": 1e-6}),
+    ("budget two ways", edit(privacy={"mode": "budget", "rho": 0.5, "epsilon": 1.0, "delta": 1e-6}),
      "privacy: budget given two ways (rho and epsilon/delta)"),
-    ("budget missing", _edit(privacy={"mode": "budget"}), "privacy: no budget given"),
-    ("budget negative rho", _edit(privacy={"rho": -1}), "privacy.rho: must be finite and > 0"),
-    ("budget in accuracy mode", _edit(privacy={"mode": "accuracy", "alpha": 1}),
+    ("budget missing", edit(privacy={"mode": "budget"}), "privacy: no budget given"),
+    ("budget negative rho", edit(privacy={"rho": -1}), "privacy.rho: must be finite and > 0"),
+    ("budget in accuracy mode", edit(privacy={"mode": "accuracy", "alpha": 1}),
      "privacy: mode accuracy takes no budget"),
-    ("bad privacy mode", _edit(privacy={"mode": "fast"}), "privacy.mode: expected accuracy or budget"),
+    ("bad privacy mode", edit(privacy={"mode": "fast"}), "privacy.mode: expected accuracy or budget"),
     ("malformed yaml", "name: toy\nattributes: [\n  {name: a, size: 2}\nqueries: x\n", "{file}: malformed YAML at line 4:"),
     ("duplicate yaml key", "name: toy\nname: again\n", "{file}: malformed YAML at line 2: duplicate key 'name'"),
-    ("target length", _edit(queries=[
+    ("target length", edit(queries=[
         {"name": f"g{k}", "attributes": {"age": "identity"}, "target": 1} for k in range(4)] + [
         {"name": "g4", "attributes": {"age": "identity", "race": "identity"}, "target": [1] * 10}]),
      "queries[4].target: expected 12 values (one per query), got 10"),
-    ("target missing file", _edit(queries=[
+    ("target missing file", edit(queries=[
         {"name": "a", "attributes": {"age": "identity"}, "target": {"file": "x.csv"}}]),
      "queries[0].target.file: cannot read 'x.csv': "),
     ("unknown top-level key", BASE + "querys: []\n", "spec: unknown key 'querys' (did you mean 'queries'?)"),
     ("missing top-level key", "name: toy\nattributes: [{name: a, size: 2}]\n", "spec: missing required key 'queries'"),
     ("top level not a mapping", "- 1\n- 2\n", "spec: expected a mapping"),
     ("empty file", "# nothing\n", "{file}: empty spec"),
-    ("bad name", _edit(name="my spec"), "name: a spec name 'my spec' may hold only"),
-    ("attributes not a list", _edit(attributes={"age": 4}), "attributes: expected a list of attributes, got a mapping"),
-    ("values and size", _edit(attributes=[{"name": "a", "size": 2, "values": ["x", "y"]}]),
+    ("bad name", edit(name="my spec"), "name: a spec name 'my spec' may hold only"),
+    ("attributes not a list", edit(attributes={"age": 4}), "attributes: expected a list of attributes, got a mapping"),
+    ("values and size", edit(attributes=[{"name": "a", "size": 2, "values": ["x", "y"]}]),
      "attributes[0]: give values or size, not both"),
-    ("size not int", _edit(attributes=[{"name": "a", "size": "four"}]),
+    ("size not int", edit(attributes=[{"name": "a", "size": "four"}]),
      "attributes[0].size: expected an integer >= 1, got a string 'four'"),
-    ("ordinal not bool", _edit(attributes=[{"name": "a", "size": 2, "ordinal": "yes"}]),
+    ("ordinal not bool", edit(attributes=[{"name": "a", "size": 2, "ordinal": "yes"}]),
      "attributes[0].ordinal: expected true or false, got a string 'yes'"),
-    ("duplicated label", _edit(attributes=[{"name": "a", "values": ["x", "y", "x"]}]),
+    ("duplicated label", edit(attributes=[{"name": "a", "values": ["x", "y", "x"]}]),
      "attributes[0].values[2]: duplicated value label 'x'"),
-    ("bad label", _edit(attributes=[{"name": "a", "values": ["x", "y[1]"]}]), "attributes[0].values[1]: bad label"),
-    ("unknown attribute key", _edit(attributes=[{"name": "a", "size": 2, "ordinl": True}]),
+    ("bad label", edit(attributes=[{"name": "a", "values": ["x", "y[1]"]}]), "attributes[0].values[1]: bad label"),
+    ("unknown attribute key", edit(attributes=[{"name": "a", "size": 2, "ordinl": True}]),
      "attributes[0]: unknown key 'ordinl' (did you mean 'ordinal'?)"),
-    ("queries not a list", _edit(queries={"a": 1}), "queries: expected a list of query groups, got a mapping"),
-    ("empty queries", _edit(queries=[]), "queries: must hold at least one query group"),
-    ("duplicated group", _edit(queries=[
+    ("queries not a list", edit(queries={"a": 1}), "queries: expected a list of query groups, got a mapping"),
+    ("empty queries", edit(queries=[]), "queries: must hold at least one query group"),
+    ("duplicated group", edit(queries=[
         {"name": "a", "attributes": {"age": "identity"}, "target": 1},
         {"name": "a", "attributes": {"sex": "identity"}, "target": 1}]),
      "queries[1].name: duplicated group name 'a'"),
-    ("unknown kind", _edit(queries=[{"name": "a", "attributes": {"age": "prefx"}, "target": 1}]),
+    ("unknown kind", edit(queries=[{"name": "a", "attributes": {"age": "prefx"}, "target": 1}]),
      "queries[0].attributes.age: unknown query kind 'prefx' (did you mean 'prefix'?"),
-    ("unknown select value", _edit(queries=[{"name": "a", "attributes": {"race": {"select": ["whte"]}}, "target": 1}]),
+    ("unknown select value", edit(queries=[{"name": "a", "attributes": {"race": {"select": ["whte"]}}, "target": 1}]),
      "queries[0].attributes.race.select[0]: unknown value 'whte' of race (values: white, black, asian)"),
-    ("select index out of range", _edit(queries=[{"name": "a", "attributes": {"race": {"select": [0, 3]}}, "target": 1}]),
+    ("select index out of range", edit(queries=[{"name": "a", "attributes": {"race": {"select": [0, 3]}}, "target": 1}]),
      "queries[0].attributes.race.select[1]: value index 3 out of range 0..2"),
-    ("select repeated", _edit(queries=[{"name": "a", "attributes": {"race": {"select": [0, "white"]}}, "target": 1}]),
+    ("select repeated", edit(queries=[{"name": "a", "attributes": {"race": {"select": [0, "white"]}}, "target": 1}]),
      "queries[0].attributes.race.select[1]: value 'white' selected twice"),
-    ("empty range", _edit(queries=[{"name": "a", "attributes": {"age": {"ranges": [[0, 1], [3, 2]]}}, "target": 1}]),
+    ("empty range", edit(queries=[{"name": "a", "attributes": {"age": {"ranges": [[0, 1], [3, 2]]}}, "target": 1}]),
      "queries[0].attributes.age.ranges[1]: empty range"),
-    ("matrix columns", _edit(queries=[{"name": "a", "attributes": {"race": {"matrix": [[1, 0]]}}, "target": 1}]),
+    ("matrix columns", edit(queries=[{"name": "a", "attributes": {"race": {"matrix": [[1, 0]]}}, "target": 1}]),
      "queries[0].attributes.race.matrix: expected 3 columns"),
-    ("matrix zero row", _edit(queries=[{"name": "a", "attributes": {"race": {"matrix": [[1, 0, 0], [0, 0, 0]]}}, "target": 1}]),
+    ("matrix zero row", edit(queries=[{"name": "a", "attributes": {"race": {"matrix": [[1, 0, 0], [0, 0, 0]]}}, "target": 1}]),
      "queries[0].attributes.race.matrix[1]: row is all zeros"),
-    ("two kinds", _edit(queries=[{"name": "a", "attributes": {"race": {"select": [0], "matrix": [[1, 1, 1]]}}, "target": 1}]),
+    ("two kinds", edit(queries=[{"name": "a", "attributes": {"race": {"select": [0], "matrix": [[1, 1, 1]]}}, "target": 1}]),
      "queries[0].attributes.race: a query-kind mapping has exactly one key"),
-    ("empty clique", _edit(queries=[{"name": "a", "attributes": {}, "target": 1}]),
+    ("empty clique", edit(queries=[{"name": "a", "attributes": {}, "target": 1}]),
      "queries[0].attributes: empty"),
-    ("total and attributes", _edit(queries=[{"name": "a", "total": True, "attributes": {"age": "identity"}, "target": 1}]),
+    ("total and attributes", edit(queries=[{"name": "a", "total": True, "attributes": {"age": "identity"}, "target": 1}]),
      "queries[0]: give attributes or total: true, not both"),
-    ("missing target", _edit(queries=[{"name": "a", "attributes": {"age": "identity"}}]),
+    ("missing target", edit(queries=[{"name": "a", "attributes": {"age": "identity"}}]),
      "queries[0]: missing required key 'target'"),
-    ("target not a number", _edit(queries=[{"name": "a", "attributes": {"age": "identity"}, "target": "one"}]),
+    ("target not a number", edit(queries=[{"name": "a", "attributes": {"age": "identity"}, "target": "one"}]),
      "queries[0].target: expected a number, a list of numbers or {file: PATH}"),
-    ("target list entry", _edit(queries=[{"name": "a", "attributes": {"age": "identity"}, "target": [1, 2, 0, 1]}]),
+    ("target list entry", edit(queries=[{"name": "a", "attributes": {"age": "identity"}, "target": [1, 2, 0, 1]}]),
      "queries[0].target[2]: must be finite and > 0, got 0"),
-    ("target list type", _edit(queries=[{"name": "a", "attributes": {"age": "identity"}, "target": [1, 2, "x", 1]}]),
+    ("target list type", edit(queries=[{"name": "a", "attributes": {"age": "identity"}, "target": [1, 2, "x", 1]}]),
      "queries[0].target[2]: expected a number, got a string 'x'"),
-    ("target bad extension", _edit(queries=[{"name": "a", "attributes": {"age": "identity"}, "target": {"file": "t.txt"}}]),
+    ("target bad extension", edit(queries=[{"name": "a", "attributes": {"age": "identity"}, "target": {"file": "t.txt"}}]),
      "queries[0].target.file: unsupported target file 't.txt'"),
-    ("clique too large", _edit(blocks={"max_cells": 10}, queries=[
+    ("clique too large", edit(blocks={"max_cells": 10}, queries=[
         {"name": "a", "attributes": {"age": "identity"}, "target": 1},
         {"name": "b", "attributes": {"age": "identity", "race": "identity"}, "target": 1}]),
      "queries[1].attributes: clique of 12 cells exceeds blocks.max_cells = 10"),
-    ("blocks max_cells", _edit(blocks={"max_cells": 0}), "blocks.max_cells: must be >= 1, got 0"),
-    ("blocks merge", _edit(blocks={"merge": "no"}), "blocks.merge: expected true or false"),
-    ("blocks unknown key", _edit(blocks={"max_cell": 5}), "blocks: unknown key 'max_cell' (did you mean 'max_cells'?)"),
-    ("units column", _edit(units={"column": 3}), "units.column: expected a column name"),
-    ("units not mapping", _edit(units="block_id"), "units: expected a mapping {column: NAME} or null"),
-    ("description type", _edit(description=[1]), "description: expected a string"),
+    ("blocks max_cells", edit(blocks={"max_cells": 0}), "blocks.max_cells: must be >= 1, got 0"),
+    ("blocks merge", edit(blocks={"merge": "no"}), "blocks.merge: expected true or false"),
+    ("blocks unknown key", edit(blocks={"max_cell": 5}), "blocks: unknown key 'max_cell' (did you mean 'max_cells'?)"),
+    ("units column", edit(units={"column": 3}), "units.column: expected a column name"),
+    ("units not mapping", edit(units="block_id"), "units: expected a mapping {column: NAME} or null"),
+    ("description type", edit(description=[1]), "description: expected a string"),
     # target rules
-    ("rule without base", _edit(queries=[{"name": "a", "attributes": {"age": "prefix"}, "target": {"jitter": 1}}]),
+    ("rule without base", edit(queries=[{"name": "a", "attributes": {"age": "prefix"}, "target": {"jitter": 1}}]),
      "queries[0].target: missing required key 'base'"),
-    ("rule base type", _edit(queries=[{"name": "a", "attributes": {"age": "prefix"}, "target": {"base": "x"}}]),
+    ("rule base type", edit(queries=[{"name": "a", "attributes": {"age": "prefix"}, "target": {"base": "x"}}]),
      "queries[0].target.base: expected a number, got a string 'x'"),
-    ("rule base zero", _edit(queries=[{"name": "a", "attributes": {"age": "prefix"}, "target": {"base": 0}}]),
+    ("rule base zero", edit(queries=[{"name": "a", "attributes": {"age": "prefix"}, "target": {"base": 0}}]),
      "queries[0].target.base: must be finite and > 0, got 0"),
-    ("rule base infinite", _edit(queries=[{"name": "a", "attributes": {"age": "prefix"}, "target": {"base": float("inf")}}]),
+    ("rule base infinite", edit(queries=[{"name": "a", "attributes": {"age": "prefix"}, "target": {"base": float("inf")}}]),
      "queries[0].target.base: must be finite, got inf"),
-    ("rule width_power type", _edit(queries=[
+    ("rule width_power type", edit(queries=[
         {"name": "a", "attributes": {"age": "prefix"}, "target": {"base": 1, "width_power": [1]}}]),
      "queries[0].target.width_power: expected a number, got a list"),
-    ("rule negative jitter", _edit(queries=[
+    ("rule negative jitter", edit(queries=[
         {"name": "a", "attributes": {"age": "prefix"}, "target": {"base": 1, "jitter": -1}}]),
      "queries[0].target.jitter: must be finite and >= 0, got -1"),
-    ("rule seed float", _edit(queries=[
+    ("rule seed float", edit(queries=[
         {"name": "a", "attributes": {"age": "prefix"}, "target": {"base": 1, "jitter": 1, "seed": 1.5}}]),
      "queries[0].target.seed: expected an integer >= 0, got a number 1.5"),
-    ("rule seed negative", _edit(queries=[
+    ("rule seed negative", edit(queries=[
         {"name": "a", "attributes": {"age": "prefix"}, "target": {"base": 1, "seed": -3}}]),
      "queries[0].target.seed: expected an integer >= 0, got an integer -3"),
-    ("rule unknown key", _edit(queries=[
+    ("rule unknown key", edit(queries=[
         {"name": "a", "attributes": {"age": "prefix"}, "target": {"base": 1, "jiter": 1}}]),
      "queries[0].target: unknown key 'jiter' (did you mean 'jitter'?)"),
-    ("rule and file", _edit(queries=[
+    ("rule and file", edit(queries=[
         {"name": "a", "attributes": {"age": "prefix"}, "target": {"file": "t.csv", "base": 1}}]),
      "queries[0].target: give {file: PATH} or a rule (base), not both"),
-    ("rule overflows", _edit(queries=[
+    ("rule overflows", edit(queries=[
         {"name": "a", "attributes": {"age": "prefix"}, "target": {"base": 1e308, "width_power": 10}}]),
      "queries[0].target: the rule gives query [1] the target inf; targets must be finite and > 0"),
-    ("rule in a later group", _edit(queries=[
+    ("rule in a later group", edit(queries=[
         {"name": "a", "attributes": {"age": "prefix"}, "target": {"base": 1}},
         {"name": "b", "attributes": {"sex": "identity"}, "target": {"base": 1, "jitter": "big"}}]),
      "queries[1].target.jitter: expected a number, got a string 'big'"),
@@ -563,7 +406,7 @@ ERROR_CASES = [
 @pytest.mark.parametrize("text,start", [case[1:] for case in ERROR_CASES],
                          ids=[case[0] for case in ERROR_CASES])
 def test_errors_start_with_field_path(tmp_path, text, start):
-    message = _error(tmp_path, text)
+    message = spec_error(tmp_path, text)
     start = start.replace("{file}", str(tmp_path / "spec.yaml"))
     assert message.startswith(start), message
 
@@ -578,79 +421,7 @@ def test_error_is_value_error_with_field(tmp_path):
         load_spec(missing)
 
 
-def test_target_file_errors(tmp_path):
-    (tmp_path / "short.csv").write_text("1, 2, 3\n")
-    (tmp_path / "neg.npy").write_bytes(b"")
-    np.save(tmp_path / "neg.npy", np.array([1.0, -1.0, 1.0, 1.0]))
-    (tmp_path / "header.csv").write_text("target\n1\n2\n3\n4\n")
-    np.save(tmp_path / "matrix.npy", np.ones((2, 2)))
-    cases = {
-        "short.csv": "queries[0].target.file: expected 4 values (one per query), got 3 in 'short.csv'",
-        "neg.npy": "queries[0].target.file: value [1] of 'neg.npy' must be finite and > 0, got -1",
-        "header.csv": "queries[0].target.file: 'header.csv' line 1: 'target' is not a number",
-        "matrix.npy": "queries[0].target.file: 'matrix.npy' must hold a 1-D array",
-    }
-    for name, start in cases.items():
-        text = _edit(queries=[{"name": "a", "attributes": {"age": "identity"}, "target": {"file": name}}])
-        message = _error(tmp_path, text)
-        assert message.startswith(start), message
-
-
-def test_readme_carries_the_schema_reference():
-    readme = (PIPELINES / "README.md").read_text()
-    doc = spec_module.__doc__
-    body = doc[doc.index("A pipeline spec is a YAML mapping"):].strip()
-    assert body in readme
-
-
-# --------------------------------------------------------------------------------------------
-# reading data: column, bins, recode, encode
-
-
-def _reading_spec(**age):
-    attribute = {"name": "age", "bins": [17, 25, 45, ".inf"], **age}
-    return parse_spec({"name": "t", "attributes": [
-        attribute,
-        {"name": "sex", "values": ["Female", "Male"]},
-        {"name": "work", "values": ["private", "gov", "unknown"],
-         "recode": {"?": "unknown", "State-gov": "gov", "Local-gov": "gov", "Private": "private"}}],
-        "queries": [{"name": "g", "attributes": {"age": "prefix", "sex": "identity"}, "target": 1}]})
-
-
-def test_bins_make_ordinal_labelled_values_and_encode_half_open():
-    age = _reading_spec().attribute("age")
-    assert age.values == ("17-24", "25-44", "45+") and age.ordinal and age.data_column == "age"
-    raw = np.array(["39.5", " 17", "16", "90", "x", None, "24.999", "25"], dtype=object)
-    assert age.encode(raw).tolist() == [1, 0, -1, 2, -1, -1, 0, 1]
-    assert age.encode(np.array([39.5, 17, 16, np.nan, 1e9])).tolist() == [1, 0, -1, -1, 2]
-
-
-def test_categorical_values_are_stripped_and_recoded():
-    spec = _reading_spec()
-    assert spec.attribute("sex").encode([" Male", "Female", "Mle", None, float("nan")]).tolist() == [1, 0, -1, -1, -1]
-    work = spec.attribute("work")
-    assert work.encode(np.array([" ?", " State-gov", "Private", "gov", "Federal-gov"], dtype=object)).tolist() == [2, 1, 0, 1, -1]
-
-
-def test_numeric_labels_match_integral_numbers_only():
-    spec = parse_spec({"name": "t", "attributes": [{"name": "n", "size": 3}],
-                       "queries": [{"name": "g", "attributes": {"n": "identity"}, "target": 1}]})
-    n = spec.attribute("n")
-    assert n.encode(np.array([0, 1, 2, 3])).tolist() == [0, 1, 2, -1]
-    assert n.encode(np.array([0.0, 1.0, 2.5])).tolist() == [0, 1, -1]
-    assert n.encode(np.array(["0", "2", "02"])).tolist() == [0, 2, -1]
-
-
-def test_reading_rules_are_canonical_and_hashed():
-    spec = _reading_spec(column="age_years")
-    canonical = spec.to_dict()
-    assert canonical["attributes"][0]["bins"] == [17, 25, 45, ".inf"]
-    assert canonical["attributes"][0]["column"] == "age_years"
-    again = parse_spec(json.loads(json.dumps(canonical)))
-    assert again.spec_hash == spec.spec_hash and again.attribute("age").bins == spec.attribute("age").bins
-    assert _reading_spec().spec_hash != spec.spec_hash
-    # a column equal to the name is the default and does not change the hash
-    assert _reading_spec(column="age").spec_hash == _reading_spec().spec_hash
+# ------------------------------------------------------------------ reading rules
 
 
 @pytest.mark.parametrize("age, fragment", [
@@ -665,7 +436,7 @@ def test_reading_rules_are_canonical_and_hashed():
 ])
 def test_bad_reading_rules(age, fragment):
     with pytest.raises(SpecError) as error:
-        _reading_spec(**age) if "bins" not in age else parse_spec({"name": "t", "attributes": [
+        reading_spec(**age) if "bins" not in age else parse_spec({"name": "t", "attributes": [
             {"name": "age", **age}], "queries": [{"name": "g", "attributes": {"age": "identity"}, "target": 1}]})
     assert fragment in str(error.value)
 

@@ -1,5 +1,6 @@
-"""Synthetic unit histograms (distfit.stores.data) and ``distfit synth``: format, determinism, realism,
-atomic writes and CLI errors."""
+"""The data stores (distfit.stores.data) and ``distfit synth``: the histograms store's format,
+determinism, atomic writes, refusals and CLI errors. (The synthetic model itself:
+tests/data/test_synthetic.py; the marginals store: tests/data/test_microdata.py.)"""
 from __future__ import annotations
 
 import json
@@ -10,15 +11,8 @@ import pytest
 import zarr
 
 import distfit.stores.data as data
-from distfit.stores.data import (
-    DataError,
-    ModelParams,
-    cell_model,
-    read_histograms,
-    synthesize_chunk,
-    synthesize_histograms,
-    write_synthetic,
-)
+from distfit.data.synthetic import synthesize_chunk, synthesize_histograms
+from distfit.stores.data import DataError, read_histograms, write_synthetic
 from distfit.spec.parse import load_spec
 from distfit.domain import Domain
 from tests.clitools import assert_one_line_error, run
@@ -48,20 +42,6 @@ def small_spec(tmp_path):
     path = tmp_path / "small.yaml"
     path.write_text(SMALL_SPEC)
     return path
-
-
-def chi2(table: np.ndarray) -> tuple[float, int]:
-    """Pearson chi-square statistic of independence of a 2-d table, and its degrees of freedom."""
-    table = table[table.sum(1) > 0][:, table.sum(0) > 0]
-    expected = table.sum(1, keepdims=True) * table.sum(0, keepdims=True) / table.sum()
-    return float(((table - expected) ** 2 / expected).sum()), (table.shape[0] - 1) * (table.shape[1] - 1)
-
-
-def pair_table(aggregate: np.ndarray, domain: Domain, i: int, j: int) -> np.ndarray:
-    others = tuple(a for a in range(len(domain)) if a not in (i, j))
-    return aggregate.reshape(domain.shape).sum(axis=others)
-
-
 
 
 # ---------------------------------------------------------------------------------------------
@@ -96,10 +76,36 @@ def test_store_layout_shape_dtype_chunks(tmp_path, small_spec):
     assert doc["attributes"]["model"]["population_median"] == 100.0
 
 
+def test_marginals_store_written_chunk_by_chunk(tmp_path):
+    """create_marginals + MarginalsWriter + write_marginals_attrs make a store read_marginals and
+    open_data read back (the tabulation's writing, without microdata)."""
+    domain = Domain(("a", "b", "c"), (2, 3, 2))
+    rng = np.random.default_rng(0)
+    full = rng.integers(0, 5, size=(5, 12))  # 5 units x cells
+    ab = full.reshape(5, 2, 3, 2).sum(axis=3).reshape(5, 6)
+    c = full.reshape(5, 2, 3, 2).sum(axis=(1, 2))
+    ids = np.array(["u1", "u2", "u3", "u4", "u5"])
+    out = tmp_path / "marginals.zarr"
+    with data.staged_store(out, data.MARGINALS_FORMAT, fsync=False) as (staging, group):
+        data.create_marginals(group, (6, 2), units=5, chunk_units=2, integer_ids=False)
+        for start in range(0, 5, 2):  # one writer per chunk, as the tabulation's tasks do
+            writer = data.MarginalsWriter(staging)
+            writer.write_marginal(0, start, ab[start:start + 2])
+            writer.write_marginal(1, start, c[start:start + 2])
+            writer.write_unit_ids(start, ids[start:start + 2])
+        data.write_marginals_attrs(group, domain=domain, spec_hash="h", units=5, chunk_units=2,
+                                   cliques=[("a", "b"), ("c",)], source={"path": "x.csv"}, total_people=7)
+    stored = data.open_data(out)
+    assert isinstance(stored, data.MarginalsData) and stored.cliques == (("a", "b"), ("c",))
+    assert stored.attrs["total_people"] == 7 and stored.attrs["complete"] is True
+    assert list(stored.unit_ids[...]) == list(ids) and stored.chunk_units == 2
+    np.testing.assert_array_equal(stored.block_counts(["b", "a"], 0, 5), ab)
+    np.testing.assert_array_equal(stored.block_counts(["a"], 2, 4), full[2:4].reshape(2, 2, 6).sum(axis=2))
+    with pytest.raises(DataError, match="no stored marginal holds"):
+        stored.check_blocks([("b", "c")])
+
+
 def test_default_chunking_bounded(small_spec, tmp_path):
-    assert data.default_chunk_units(252) == data.MAX_CHUNK_UNITS
-    assert data.default_chunk_units(252, units=10) == 10
-    assert data.default_chunk_units(1 << 21) * 8 * (1 << 21) <= data.CHUNK_BYTES
     h = read_histograms(write_synthetic(load_spec(small_spec), 30, tmp_path / "d.zarr", seed=1))
     assert h.counts.chunks == (30, 120)
 
@@ -125,80 +131,18 @@ def test_same_seed_same_data_and_chunks_regenerate_alone(tmp_path, small_spec):
         np.testing.assert_array_equal(counts, stored[start:start + counts.shape[0]])
 
 
-def test_unit_totals_equal_populations_nonnegative_integers(small_spec):
-    domain = load_spec(small_spec).domain
-    model = cell_model(domain, 5)
-    assert model.probabilities.shape == (120,) and model.probabilities.sum() == pytest.approx(1.0)
-    for chunk in range(3):
-        start, counts, pops = synthesize_chunk(domain, 300, 5, chunk, chunk_units=100,
-                                               model=model, return_populations=True)
-        assert counts.dtype == np.int64 and counts.shape == (100, 120)
-        assert counts.min() >= 0 and pops.min() >= 0
-        np.testing.assert_array_equal(counts.sum(axis=1), pops)
-
-
-# ---------------------------------------------------------------------------------------------
-# realism: skew and correlation (pl94, a few hundred units)
-
-
-@pytest.fixture(scope="module")
-def pl94_sample():
-    domain = load_spec(PL94).domain
-    chunks = list(synthesize_histograms(domain, 400, 2024, chunk_units=128))
-    counts = np.vstack([c for _, c in chunks])
-    return domain, counts
-
-
-def test_skewed_populations_and_categories(pl94_sample):
-    domain, counts = pl94_sample
-    pops = counts.sum(axis=1)
-    assert counts.shape == (400, 252)
-    assert 60 <= np.median(pops) <= 160  # median about 100 people
-    assert pops.max() / np.median(pops) > 8  # a heavy tail
-    assert (pops == 0).any()  # some empty units
-    share = counts.sum(axis=0) / counts.sum()
-    assert share.max() > 8 / domain.size  # the top cell far above uniform
-    assert np.sort(share)[-25:].sum() > 0.5  # ten percent of cells hold most people
-    # units differ in composition: shares of the top cell vary between large units
-    big = pops > 200
-    top = np.argmax(share)
-    unit_share = counts[big, top] / pops[big]
-    assert unit_share.std() > 0.01
-
-
-def test_interacting_pair_is_dependent(pl94_sample):
-    domain, counts = pl94_sample
-    model = cell_model(domain, 2024)
-    assert model.pairs == ((0, 1), (1, 2))
-    aggregate = counts.sum(axis=0)
-    for i, j in model.pairs:
-        stat, df = chi2(pair_table(aggregate, domain, i, j))
-        assert stat > 100 * df, (i, j, stat, df)
-
-
-def test_non_interacting_pair_is_much_weaker():
-    domain = Domain(("a", "b", "c"), (4, 5, 6))
-    params = ModelParams(pairs=((0, 1),))
-    aggregate = sum(c.sum(axis=0) for _, c in synthesize_histograms(domain, 300, 3, params=params))
-    dependent, df_dep = chi2(pair_table(aggregate, domain, 0, 1))
-    null, df_null = chi2(pair_table(aggregate, domain, 0, 2))
-    # per-unit variation overdisperses the null statistic, but the interaction dominates it
-    assert dependent / df_dep > 10 * null / df_null
-
-
 # ---------------------------------------------------------------------------------------------
 # atomic writes, refusals
 
 
 def test_exception_mid_write_leaves_nothing(tmp_path, small_spec, monkeypatch):
-    real = data._sample_chunk
+    def failing(*args, **kwargs):  # the third chunk fails
+        for chunk, (start, counts) in enumerate(synthesize_histograms(*args, **kwargs)):
+            if chunk == 2:
+                raise RuntimeError("boom")
+            yield start, counts
 
-    def failing(model, seed, chunk, n):
-        if chunk == 2:
-            raise RuntimeError("boom")
-        return real(model, seed, chunk, n)
-
-    monkeypatch.setattr(data, "_sample_chunk", failing)
+    monkeypatch.setattr(data, "synthesize_histograms", failing)
     with pytest.raises(RuntimeError, match="boom"):
         write_synthetic(load_spec(small_spec), 200, tmp_path / "data.zarr", seed=1, chunk_units=50)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["small.yaml"]
@@ -243,9 +187,10 @@ def test_bad_arguments(small_spec, tmp_path):
     domain = load_spec(small_spec).domain
     for kwargs in ({"units": 0}, {"units": 10, "seed": -1}, {"units": 10, "chunk_units": 0}):
         with pytest.raises(ValueError):
-            next(synthesize_histograms(domain, **{"seed": 1, **kwargs}))
+            write_synthetic(domain, out=tmp_path / "bad.zarr", **{"seed": 1, **kwargs})
     with pytest.raises(ValueError, match="cells"):
-        next(synthesize_histograms(Domain(("a", "b"), (4096, 4096)), 10, 1))
+        write_synthetic(Domain(("a", "b"), (4096, 4096)), 10, tmp_path / "bad.zarr", seed=1)
+    assert not list(tmp_path.glob("bad.zarr*"))
     # seed None: fresh entropy, stored
     h = read_histograms(write_synthetic(domain, 5, tmp_path / "d.zarr"))
     assert isinstance(h.attrs["seed"], int) and h.attrs["spec_hash"] is None

@@ -12,17 +12,19 @@ import numpy as np
 import pytest
 import zarr
 
+import distfit.stores.checksum as checksums
+import distfit.stores.files as files
+from distfit.stores.checksum import compute_checksum
 from distfit.stores.files import chunk_shape, jsonable
 from distfit.stores.plan import (
     BLOCK_ARRAYS,
     FORMAT_VERSION,
     BlockRecord,
-    PlanWriter,
     StoreError,
-    compute_checksum,
     read_plan,
     verify_checksum,
 )
+from distfit.stores.plan_writer import PlanWriter
 
 SCHEMA = {"attributes": ["age", "sex", "race"], "sizes": [3, 2, 4]}
 SPEC = {"name": "toy", "groups": [{"clique": ["age", "sex"], "target": 1.0}]}
@@ -448,10 +450,8 @@ def test_chunk_shape():
 
 
 def test_large_array_is_chunked_and_checksummed(tmp_path, monkeypatch):
-    import distfit.stores.files as files
-    import distfit.stores.plan as store
     monkeypatch.setattr(files, "CHUNK_BYTES", 1024)  # chunk_shape reads it at call time
-    monkeypatch.setattr(store, "_READ_BYTES", 2048)
+    monkeypatch.setattr(checksums, "READ_BYTES", 2048)
     k, d = 40, 50
     rng = np.random.default_rng(5)
     basis = rng.standard_normal((k, d))
@@ -603,10 +603,8 @@ def test_write_blocks_refuses_a_repeated_block_id(tmp_path):
 def test_checksum_with_slabs_matches_unthreaded_order(tmp_path, monkeypatch):
     """compute_checksum reads ahead on threads; small read sizes (many slabs per array) must
     hash exactly what one slab at a time in order hashes."""
-    import distfit.stores.plan as store
-
     path = tmp_path / "p.zarr"
     checksum, _ = write_plan(path)
-    monkeypatch.setattr(store, "_READ_BYTES", 64)
-    monkeypatch.setattr(store, "READ_THREADS", 3)
+    monkeypatch.setattr(checksums, "READ_BYTES", 64)
+    monkeypatch.setattr(checksums, "READ_THREADS", 3)
     assert compute_checksum(zarr.open_group(str(path), mode="r")) == checksum

@@ -1,0 +1,203 @@
+"""The pipeline commands: ``distfit plan``, ``audit``, ``synth``, ``release``, ``tabulate``,
+``report`` and ``run``.
+
+Each handler checks the flags the library cannot check (``UsageError``, exit code 2), calls one
+library function and prints a short summary; all the work (and every other error) is the
+library's. ``distfit solve`` is ``distfit.cli.solve``.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import time
+
+from distfit.audit import audit_plan
+from distfit.cli.errors import PROG, UsageError
+from distfit.cli.solve import format_number
+from distfit.cluster import dask_client
+from distfit.data.microdata import tabulate_microdata
+from distfit.pipeline import run_levels, run_pipeline
+from distfit.plan.job import run_plan
+from distfit.release.job import run_release
+from distfit.report import write_report
+from distfit.spec.parse import load_spec
+from distfit.stores.data import read_histograms, read_marginals, write_synthetic
+from distfit.stores.plan import read_plan
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    """``distfit plan``: spec -> plan store (``distfit.plan.job.run_plan``); print its account."""
+    plan, checksum = run_plan(
+        load_spec(args.spec), args.out, cluster=args.cluster, workers=args.workers, overwrite=args.overwrite,
+        serial=args.serial, refine_rounds=args.refine_rounds,
+    )
+    kind = "exact (evaluated cell by cell)" if plan.alpha_exact else "sum bound over blocks"
+    print(f"{PROG}: plan {args.out}")
+    print(f"  blocks         {len(plan.blocks)}  ({plan.composition})")
+    print(f"  privacy cost   alpha = {format_number(plan.alpha)}  [{kind}]   rho = {format_number(plan.rho)}")
+    print(f"  max variance/target  {float((plan.variances / plan.targets).max()):.6f}")
+    print(f"  checksum       {checksum}")
+    print(f"  seconds        {plan.seconds:.1f}")
+    return 0
+
+
+def cmd_audit(args: argparse.Namespace) -> int:
+    """``distfit audit``: recompute a plan store's account (``distfit.audit.audit_plan``); exit 1
+    on a mismatch."""
+    report = audit_plan(args.plan)
+    status = "passed" if report.ok else "FAILED"
+    print(f"{PROG}: audit {status}: {report.path}: {report.checks} checks, alpha {format_number(report.alpha)}")
+    for failure in report.failures:
+        print(f"  mismatch: {failure}")
+    return 0 if report.ok else 1
+
+
+def cmd_synth(args: argparse.Namespace) -> int:
+    """``distfit synth``: synthetic unit histograms for the spec's schema
+    (``distfit.stores.data.write_synthetic``)."""
+    if args.units <= 0:
+        raise UsageError(f"--units must be >= 1, got {args.units}")
+    if args.chunk_units is not None and args.chunk_units <= 0:
+        raise UsageError(f"--chunk-units must be >= 1, got {args.chunk_units}")
+    if args.seed is not None and args.seed < 0:
+        raise UsageError(f"--seed must be >= 0, got {args.seed}")
+    started = time.perf_counter()
+    spec = load_spec(args.spec)
+    path = write_synthetic(spec, args.units, args.out, seed=args.seed, chunk_units=args.chunk_units,
+                           overwrite=args.overwrite)
+    seconds = time.perf_counter() - started
+    data = read_histograms(path)
+    attrs = data.attrs
+    print(f"{PROG}: synth {path}")
+    print(f"  units          {data.units}  (chunks of {data.chunk_units})")
+    print(f"  cells          {data.cells}  ({' x '.join(map(str, attrs['schema']['sizes']))})")
+    print(f"  total people   {attrs['total_people']}")
+    print(f"  seed           {attrs['seed']}  (synthetic data, not private)")
+    print(f"  seconds        {seconds:.1f}")
+    return 0
+
+
+def cmd_release(args: argparse.Namespace) -> int:
+    """``distfit release``: plan + data -> sealed release store (``distfit.release.job.run_release``)."""
+    if args.workers is not None and args.workers < 1:
+        raise UsageError(f"--workers must be >= 1, got {args.workers}")
+    if args.seed is not None and args.seed < 0:
+        raise UsageError(f"--seed must be >= 0, got {args.seed}")
+    if args.resume and args.overwrite:
+        raise UsageError("--resume and --overwrite exclude each other")
+    result = run_release(
+        args.plan, args.data, args.out, resume=args.resume, overwrite=args.overwrite, seed=args.seed,
+        cluster=args.cluster, workers=args.workers, serial=args.serial,
+    )
+    rate = result.units_drawn / result.seconds if result.seconds > 0 else float("nan")
+    print(f"{PROG}: release {result.path}")
+    if result.tabulated is not None:
+        print(f"  data           {result.data}  (microdata {args.data}, {result.tabulated})")
+    print(f"  units          {result.units}  ({result.chunks} chunks, {result.chunks_drawn} drawn now"
+          f"{', resumed' if result.resumed else ''})")
+    print(f"  queries        {result.queries}  ({result.blocks} blocks)")
+    print(f"  seconds        {result.seconds:.1f}  ({rate:.1f} units/s)")
+    print(f"  plan checksum  {result.plan_checksum}")
+    print(f"  checksum       {result.checksum}  (sealed)")
+    if not result.private:
+        print("  NOT PRIVATE    released with a fixed --seed (tests only)")
+    return 0
+
+
+def cmd_tabulate(args: argparse.Namespace) -> int:
+    """``distfit tabulate``: microdata -> marginals store (``distfit.data.microdata.tabulate_microdata``),
+    on a Dask cluster unless ``--serial``; ``--plan`` adds a marginal per block of that plan."""
+    if args.workers is not None and args.workers < 1:
+        raise UsageError(f"--workers must be >= 1, got {args.workers}")
+    if args.chunk_units is not None and args.chunk_units <= 0:
+        raise UsageError(f"--chunk-units must be >= 1, got {args.chunk_units}")
+    if args.serial and (args.cluster is not None or args.workers is not None):
+        raise UsageError("--serial excludes --cluster and --workers")
+    started = time.perf_counter()
+    spec = load_spec(args.spec)
+    if args.level is not None:
+        try:
+            spec = spec.level_spec(args.level)
+        except KeyError:
+            names = ", ".join(level.name for level in spec.levels) or "none: not a multi-level spec"
+            raise UsageError(f"--level: no level {args.level!r} (levels: {names})") from None
+    cover = []
+    if args.plan is not None:
+        plan = read_plan(args.plan)
+        cover = [plan.block(block_id).attributes for block_id in plan.block_ids]
+    with (contextlib.nullcontext() if args.serial else dask_client(args.cluster, args.workers)) as client:
+        path = tabulate_microdata(spec, args.data, args.out, client=client, chunk_units=args.chunk_units,
+                                  overwrite=args.overwrite, cover=cover)
+    seconds = time.perf_counter() - started
+    data = read_marginals(path)
+    attrs = data.attrs
+    largest = max(data.clique_cells(i) for i in range(len(data.cliques)))
+    print(f"{PROG}: tabulate {path}")
+    print(f"  source         {args.data}  ({attrs['source']['format']}, {attrs['source']['rows']} rows)")
+    print(f"  units          {data.units}  (chunks of {data.chunk_units})")
+    shown = "; ".join(" x ".join(c) or "total" for c in data.cliques[:4])
+    print(f"  cliques        {len(data.cliques)}  (largest {largest} cells): {shown}"
+          + ("; ..." if len(data.cliques) > 4 else ""))
+    print(f"  seconds        {seconds:.1f}")
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    """``distfit report``: plots and HTML page of a plan and optionally a release
+    (``distfit.report.write_report``)."""
+    result = write_report(args.plan, args.out, release_path=args.release, data_path=args.data)
+    print(f"{PROG}: report {result.path}/index.html")
+    print(f"  plots          {len(result.plots)}  ({', '.join(result.plots)})")
+    if result.calibration is not None:
+        c = result.calibration
+        print(f"  calibration    {c['within_1.96sd']:.2%} of {c['count']} answers within 1.96 sd "
+              f"(95% expected), {c['within_1sd']:.2%} within 1 sd (68.3%)")
+    if result.baselines:
+        shown = ", ".join(f"{k} {v:.4g}" for k, v in sorted(result.baselines.items()))
+        print(f"  baselines      max variance/target: {shown}")
+    else:
+        print(f"  baselines      {result.baseline_note}")
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    """``distfit run``: the whole pipeline into one run directory (``distfit.pipeline.run_pipeline``,
+    or ``run_levels`` for a multi-level spec); a failed stage raises ``RunFailure`` (exit code 1)."""
+    if args.units is not None and args.units <= 0:
+        raise UsageError(f"--units must be >= 1, got {args.units}")
+    if args.workers is not None and args.workers < 1:
+        raise UsageError(f"--workers must be >= 1, got {args.workers}")
+    if args.serial and (args.cluster is not None or args.workers is not None):
+        raise UsageError("--serial excludes --cluster and --workers")
+    spec = load_spec(args.spec) if args.spec is not None else None  # None: the embedded default pipeline
+    multilevel = spec is not None and spec.multilevel
+    run = run_levels if multilevel else run_pipeline
+    result = run(spec, args.out, data=args.data, units=args.units, cluster=args.cluster,
+                 workers=args.workers, serial=args.serial)
+    if multilevel:
+        account = result.account
+        print(f"{PROG}: run {result.rundir} ({len(result.levels)} levels, sequential composition)")
+        print(f"  spec hash      {result.spec_hash}")
+        print(f"  people         {result.people}")
+        for name, level in result.levels.items():
+            print(f"  level {name:<9s} alpha {account['levels'][name]:.6g}  {level.rundir}  "
+                  f"(plan {level.stages.get('plan')}, release {level.stages.get('release')})")
+            print(f"                 report {os.path.join(level.report, 'index.html')}")
+        print(f"  privacy        alpha {account['alpha']:.6g} ({'exact' if account['alpha_exact'] else 'sum bound'}), "
+              f"rho {account['rho']:.6g}")
+        print(f"  manifest       {result.manifest}")
+        print(f"  seconds        {result.timings.get('total', 0.0):.1f}")
+        return 0
+    stages = result.stages
+    print(f"{PROG}: run {result.rundir}")
+    print(f"  spec hash      {result.spec_hash}")
+    print(f"  plan           {result.plan}  ({stages.get('plan')}, audit {stages.get('audit')})")
+    print(f"  data           {result.data}  ({stages.get('data')})")
+    print(f"  release        {result.release}  ({stages.get('release')})")
+    print(f"  manifest       {result.manifest}")
+    print(f"  plan checksum  {result.plan_checksum}")
+    print(f"  release checksum  {result.release_checksum}")
+    print(f"  seconds        {result.timings.get('total', 0.0):.1f}")
+    print(f"  report         {os.path.join(result.report, 'index.html')}")
+    return 0

@@ -1,0 +1,129 @@
+"""The store checksum: one SHA-256 over every array of a Zarr group (plans and releases alike).
+
+Format (**contract**: stored plans and releases must keep verifying). SHA-256, fed first with
+``b"distfit-plan-checksum-v1\\n"`` (the same prefix for every kind of store), then, for every
+array of the group in sorted order of its path relative to the root (``"blocks/b0/basis"``;
+Python string order), the header ``f"{path}\\n{dtype}\\n{shape}\\n{nbytes}\\n"`` encoded as
+UTF-8 - ``dtype`` the little-endian NumPy type string (``"<f8"``, ``"<i8"``), ``shape`` the
+sizes joined by commas (``"3,4"``; ``""`` for a scalar), ``nbytes`` the byte count of the data
+- followed by the array's bytes in C order, little-endian. A 1-d variable-length string array
+(the Zarr v3 ``string`` data type, e.g. a release's unit ids) has the header
+``f"{path}\\nstring\\n{n}\\n"`` and then, slab by slab, the UTF-8 byte lengths of its elements
+(little-endian uint64) and their UTF-8 bytes. The value is ``"sha256:" + hexdigest``. It covers
+every array, not the attrs (the root attrs hold the checksum itself).
+
+:func:`compute_checksum` is the one implementation: the plan writer (``PlanWriter.finish``)
+and :func:`distfit.stores.plan.verify_checksum`, the release seal and
+:func:`distfit.stores.release.verify_release` all call it. Only how it reads differs by caller
+(``threads``, ``read_bytes``); the digest never does.
+"""
+from __future__ import annotations
+
+import hashlib
+import math
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+import zarr
+
+CHECKSUM_PREFIX = "sha256:"
+_DOMAIN = b"distfit-plan-checksum-v1\n"  # the hash's first bytes (the format's name and version)
+READ_THREADS = 8  # default threads reading arrays ahead of the hash
+READ_BYTES = 64 * 2**20  # default slab size and read-ahead budget
+
+
+def compute_checksum(group: zarr.Group, *, threads: int | None = None, read_bytes: int | None = None) -> str:
+    """``"sha256:<hex>"`` over every array under ``group`` (format: the module docstring).
+
+    The arrays are fed to the hash one after another in the documented order, but read ahead
+    on ``threads`` threads (default :data:`READ_THREADS`), in slabs of whole zarr chunks of rows
+    of about ``read_bytes`` (default :data:`READ_BYTES`; at least one chunk), with at most
+    ``read_bytes`` read ahead beyond the slab being hashed (at least the next slab). Each slab
+    is hashed from the array's own buffer, no copy. The defaults suit a plan (thousands of small
+    arrays: reading them one at a time is latency-bound); the release seal reads one zarr
+    chunk of answers at a time on one thread (:data:`distfit.stores.release.SEAL_READ_BYTES`).
+    The defaults are read at call time.
+    """
+    threads = max(1, int(READ_THREADS if threads is None else threads))
+    read_bytes = max(1, int(READ_BYTES if read_bytes is None else read_bytes))
+    arrays = [(name, obj) for name, obj in group.members(max_depth=None) if isinstance(obj, zarr.Array)]
+    arrays.sort(key=lambda item: item[0])
+    h = hashlib.sha256(_DOMAIN)
+    # One step per header or slab, in hash order: ("bytes", b) feeds b; ("read", arr, where,
+    # dtype, nbytes) feeds the slab's bytes; ("strings", name, arr) hashes a string array in place.
+    steps: list[tuple] = []
+    for name, arr in arrays:
+        if np.dtype(arr.dtype).kind in "TUO":  # variable-length strings (e.g. a release's unit ids)
+            steps.append(("strings", name, arr))
+            continue
+        dtype = np.dtype(arr.dtype).newbyteorder("<")
+        shape = tuple(int(n) for n in arr.shape)
+        nbytes = math.prod(shape) * dtype.itemsize
+        steps.append(("bytes", f"{name}\n{dtype.str}\n{','.join(map(str, shape))}\n{nbytes}\n".encode("utf-8")))
+        if nbytes == 0:
+            continue
+        if not shape:  # 0-d
+            steps.append(("read", arr, Ellipsis, dtype, nbytes))
+            continue
+        row_bytes = max(1, nbytes // shape[0])
+        rows = max(1, int(arr.chunks[0]) if arr.chunks else shape[0])  # whole zarr chunks per read
+        step = rows * max(1, read_bytes // (row_bytes * rows))
+        for start in range(0, shape[0], step):
+            stop = min(shape[0], start + step)
+            steps.append(("read", arr, slice(start, start + step), dtype, (stop - start) * row_bytes))
+
+    def read(arr: zarr.Array, where, dtype: np.dtype) -> np.ndarray:
+        return np.ascontiguousarray(arr[where], dtype=dtype)
+
+    reads = [i for i, step in enumerate(steps) if step[0] == "read"]
+    with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="distfit-checksum") as pool:
+        futures: dict[int, Any] = {}
+        ahead_bytes = 0
+        next_read = 0  # position in ``reads`` of the next slab to submit
+
+        def fill() -> None:
+            nonlocal next_read, ahead_bytes
+            while next_read < len(reads) and (not futures or (
+                    len(futures) < 4 * threads and ahead_bytes + steps[reads[next_read]][4] <= read_bytes)):
+                i = reads[next_read]
+                _, arr, where, dtype, size = steps[i]
+                futures[i] = pool.submit(read, arr, where, dtype)
+                ahead_bytes += size
+                next_read += 1
+
+        try:
+            for i, step in enumerate(steps):
+                kind = step[0]
+                if kind == "bytes":
+                    h.update(step[1])
+                elif kind == "strings":
+                    _hash_strings(h, step[1], step[2])
+                else:
+                    fill()
+                    part = futures.pop(i).result()
+                    ahead_bytes -= step[4]
+                    fill()  # the next slabs are read while this one is hashed
+                    h.update(memoryview(part).cast("B"))
+        finally:
+            for future in futures.values():
+                future.cancel()
+    return CHECKSUM_PREFIX + h.hexdigest()
+
+
+def _hash_strings(h, name: str, arr: zarr.Array) -> None:
+    """Feed a 1-d string array to the checksum: the header ``f"{name}\\nstring\\n{n}\\n"``, then
+    per slab of rows the UTF-8 byte length of every element (little-endian uint64) followed by
+    the elements' UTF-8 bytes, concatenated."""
+    shape = tuple(int(n) for n in arr.shape)
+    if len(shape) != 1:
+        raise ValueError(f"{name}: string arrays must be 1-d for the checksum, got shape {shape}")
+    h.update(f"{name}\nstring\n{shape[0]}\n".encode("utf-8"))
+    step = max(1, int(arr.chunks[0]) if arr.chunks else shape[0])
+    for start in range(0, shape[0], step):
+        encoded = [str(item).encode("utf-8") for item in np.asarray(arr[start:start + step]).tolist()]
+        h.update(np.array([len(b) for b in encoded], dtype="<u8").tobytes())
+        h.update(b"".join(encoded))
+
+
+__all__ = ["CHECKSUM_PREFIX", "READ_BYTES", "READ_THREADS", "compute_checksum"]

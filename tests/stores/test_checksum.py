@@ -1,0 +1,72 @@
+"""The one store checksum (distfit.stores.checksum): the documented format, whatever the reads."""
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+import pytest
+import zarr
+
+import distfit.stores.checksum as checksums
+from distfit.stores.checksum import compute_checksum
+
+
+def reference_checksum(group: zarr.Group) -> str:
+    """The format as the module docstring states it, one array at a time, no slabs, no threads."""
+    h = hashlib.sha256(b"distfit-plan-checksum-v1\n")
+    arrays = sorted((name, arr) for name, arr in group.members(max_depth=None) if isinstance(arr, zarr.Array))
+    for name, arr in arrays:
+        data = arr[...]
+        if np.dtype(arr.dtype).kind in "TUO":
+            h.update(f"{name}\nstring\n{len(data)}\n".encode())
+            rows = arr.chunks[0]  # string slabs are the zarr chunks: lengths, then bytes, per slab
+            for start in range(0, len(data), rows):
+                encoded = [str(x).encode("utf-8") for x in np.asarray(data[start:start + rows]).tolist()]
+                h.update(np.array([len(b) for b in encoded], dtype="<u8").tobytes())
+                h.update(b"".join(encoded))
+            continue
+        data = np.asarray(data, dtype=np.dtype(arr.dtype).newbyteorder("<"))
+        shape = ",".join(str(n) for n in arr.shape)
+        h.update(f"{name}\n{data.dtype.str}\n{shape}\n{data.nbytes}\n".encode())
+        h.update(np.ascontiguousarray(data).tobytes())
+    return "sha256:" + h.hexdigest()
+
+
+@pytest.fixture()
+def group(tmp_path):
+    rng = np.random.default_rng(3)
+    root = zarr.open_group(store=str(tmp_path / "g.zarr"), mode="w", zarr_format=3)
+    root.create_array("a/big", shape=(37, 5), dtype="f8", chunks=(4, 5))[...] = rng.standard_normal((37, 5))
+    root.create_array("a/ints", shape=(11,), dtype="i8", chunks=(3,))[...] = rng.integers(-9, 9, 11)
+    root.create_array("b/done", shape=(6,), dtype="u1", chunks=(1,), fill_value=0)[...] = [1, 0, 1, 1, 0, 1]
+    root.create_array("b/empty", shape=(0, 4), dtype="f8", chunks=(1, 4))
+    root.create_array("b/scalar", shape=(), dtype="f8")[...] = np.pi
+    root.create_array("ids", shape=(9,), dtype=str, chunks=(4,))[...] = np.array(
+        [f"unit-{i}-é" * (i % 3) for i in range(9)], dtype=object)
+    root.attrs["checksum"] = "not hashed"  # attrs are not part of the checksum
+    return root
+
+
+def test_the_format_whatever_the_reads(group, monkeypatch):
+    expected = reference_checksum(group)
+    assert compute_checksum(group) == expected
+    for threads, read_bytes in [(1, 1), (3, 64), (1, 8 * 2**20), (8, 100)]:
+        assert compute_checksum(group, threads=threads, read_bytes=read_bytes) == expected
+    monkeypatch.setattr(checksums, "READ_BYTES", 16)  # the defaults are read at call time
+    monkeypatch.setattr(checksums, "READ_THREADS", 2)
+    assert compute_checksum(group) == expected
+
+
+def test_every_array_counts_not_the_attrs(group):
+    before = compute_checksum(group)
+    group.attrs["checksum"] = "changed"
+    assert compute_checksum(group) == before
+    group["b/done"][1] = 1
+    assert compute_checksum(group) != before
+
+
+def test_string_arrays_must_be_one_dimensional(tmp_path):
+    root = zarr.open_group(store=str(tmp_path / "s.zarr"), mode="w", zarr_format=3)
+    root.create_array("names", shape=(2, 2), dtype=str)
+    with pytest.raises(ValueError, match="string arrays must be 1-d"):
+        compute_checksum(root)

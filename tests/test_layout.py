@@ -1,0 +1,148 @@
+"""House rules of the package layout (issue 14), checked by reading the source tree.
+
+- pure stage modules import neither zarr, dask, yaml, threadpoolctl nor read ``os.environ``;
+- only ``distfit/stores/`` imports zarr, only ``distfit/cluster.py`` imports dask.distributed,
+  only ``distfit/threads.py`` reads the environment and talks to threadpoolctl;
+- no private name (``_x``) is imported from another module (package, tests and benchmarks);
+- imports at the top of the module, except optional dependencies;
+- one way to do each thing: one checksum (the only hashlib user besides the spec hash), one
+  ``Domain`` from a schema (``Domain.from_schema``);
+- no module over about 700 lines; tests laid out like the package.
+"""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "distfit"
+MODULES = sorted(PACKAGE.rglob("*.py"))
+
+#: The mathematics: pure functions on numpy arrays, no I/O, no cluster, no environment.
+PURE = (
+    "checks", "domain", "workload", "privacy", "scaling",
+    "solver/*", "spec/model", "spec/targets", "plan/residual", "plan/allocate", "plan/composition",
+    "plan/planner", "plan/levels", "release/noise", "data/synthetic",
+)
+#: Imports that may sit inside a function: optional dependencies, and what must run first.
+LAZY_ALLOWED = {
+    "matplotlib", "matplotlib.pyplot",  # report.py selects the Agg backend before pyplot loads
+}
+MAX_LINES = 720
+
+
+def _name(path: Path) -> str:
+    return path.relative_to(PACKAGE).with_suffix("").as_posix()
+
+
+def _is_pure(path: Path) -> bool:
+    name = _name(path)
+    return any(name == p or (p.endswith("/*") and name.startswith(p[:-1])) for p in PURE)
+
+
+def _imports(tree: ast.AST) -> list[tuple[ast.AST, str]]:
+    """(node, imported module) for every import statement, with relative imports resolved to
+    their text (the package uses absolute imports only)."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.extend((node, alias.name) for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            found.append((node, "." * node.level + (node.module or "")))
+    return found
+
+
+def _tree(path: Path) -> ast.AST:
+    return ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+
+
+def _top_package(module: str) -> str:
+    return module.split(".")[0]
+
+
+@pytest.mark.parametrize("path", MODULES, ids=_name)
+def test_io_and_cluster_live_in_their_own_modules(path):
+    name = _name(path)
+    problems = []
+    for node, module in _imports(_tree(path)):
+        top = _top_package(module)
+        if top == "zarr" and not name.startswith("stores/"):
+            problems.append(f"imports {module} (zarr belongs in distfit/stores/)")
+        if (top == "distributed" or module.startswith("dask.distributed")) and name != "cluster":
+            problems.append(f"imports {module} (dask.distributed belongs in distfit/cluster.py)")
+        if top == "threadpoolctl" and name != "threads":
+            problems.append(f"imports {module} (thread pools belong in distfit/threads.py)")
+        if _is_pure(path) and top in ("zarr", "dask", "distributed", "yaml", "threadpoolctl"):
+            problems.append(f"pure module imports {module}")
+        if module.startswith("."):
+            problems.append(f"relative import {module}")
+    text = path.read_text(encoding="utf-8")
+    if "os.environ" in text and name != "threads" and (_is_pure(path) or name.startswith(("spec/", "solver/"))):
+        problems.append("reads os.environ (only distfit/threads.py does)")
+    assert not problems, f"distfit/{name}.py: " + "; ".join(problems)
+
+
+def _private_imports(path: Path) -> list[str]:
+    bad = []
+    for node, module in _imports(_tree(path)):
+        if isinstance(node, ast.ImportFrom) and _top_package(module) in ("distfit", "tests"):
+            bad.extend(f"{alias.name} from {module}" for alias in node.names
+                       if alias.name.startswith("_") and not alias.name.startswith("__"))
+    return bad
+
+
+@pytest.mark.parametrize("path", MODULES + sorted((ROOT / "tests").rglob("*.py"))
+                         + sorted((ROOT / "benchmarks").glob("*.py")), ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_no_private_name_imported_from_another_module(path):
+    assert not _private_imports(path), f"{path.relative_to(ROOT)} imports private names: {_private_imports(path)}"
+
+
+@pytest.mark.parametrize("path", MODULES, ids=_name)
+def test_imports_at_the_top(path):
+    tree = _tree(path)
+    late = []
+    for function in ast.walk(tree):
+        if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        for node, module in _imports(function):
+            names = [module] if isinstance(node, ast.Import) else [module] + [f"{module}.{a.name}" for a in node.names]
+            if not any(n in LAZY_ALLOWED for n in names):
+                late.append(f"line {node.lineno}: {module}")
+    assert not late, f"distfit/{_name(path)}.py imports inside functions: {late}"
+
+
+@pytest.mark.parametrize("path", MODULES, ids=_name)
+def test_module_size(path):
+    lines = len(path.read_text(encoding="utf-8").splitlines())
+    assert lines <= MAX_LINES, f"distfit/{_name(path)}.py has {lines} lines (split it by concept)"
+
+
+def test_one_checksum():
+    """Store checksums are computed in one module; hashlib elsewhere only in the spec (its hash,
+    and the seeded jitter of target rules)."""
+    users = sorted(_name(p) for p in MODULES if any(_top_package(m) == "hashlib" for _, m in _imports(_tree(p))))
+    assert set(users) <= {"stores/checksum", "spec/model", "spec/targets"}, users
+
+
+def test_one_domain_from_a_schema():
+    """``Domain.from_schema`` is the one way from a stored schema back to a Domain."""
+    rebuilt = [f"distfit/{_name(p)}.py" for p in MODULES
+               if _name(p) != "domain" and 'Domain(tuple(schema["attributes"])' in p.read_text(encoding="utf-8")]
+    assert not rebuilt, rebuilt
+
+
+def test_tests_are_laid_out_like_the_package():
+    """tests/<folder>/test_<module>.py tests distfit/<folder>/<module>.py (a few named exceptions)."""
+    extra = {"test_layout", "test_cluster_files", "test_pipeline_cluster", "plan/test_streaming"}
+    orphans = []
+    for test in sorted((ROOT / "tests").rglob("test_*.py")):
+        rel = test.relative_to(ROOT / "tests").with_suffix("").as_posix()
+        if rel in extra:
+            continue
+        module = PACKAGE / (rel.replace("test_", "", 1) + ".py") if "/" not in rel else \
+            PACKAGE / rel.rsplit("/", 1)[0] / (rel.rsplit("/", 1)[1][len("test_"):] + ".py")
+        if not module.is_file():
+            orphans.append(rel)
+    assert not orphans, f"test files with no module of that name: {orphans}"
