@@ -28,7 +28,7 @@ decisions and a table of per-block solver statistics and certificate gaps. It is
 self-contained: relative PNG links, no scripts, no external URLs.
 
 Writing is atomic: the report is built in a staging directory next to ``DIR``
-(``<DIR>.incomplete-<random>``) and renamed into place (:func:`distfit.stores.plan.move_into_place`).
+(``<DIR>.incomplete-<random>``) and renamed into place (:func:`distfit.stores.files.move_into_place`).
 ``DIR`` may be missing, an empty directory, or a previous report (it holds the marker file
 :data:`MARKER`), which is replaced; anything else at ``DIR`` (a file, a non-empty directory
 without the marker) is refused with ``FileExistsError`` (exit 2 on the command line).
