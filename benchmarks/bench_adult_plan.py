@@ -82,6 +82,8 @@ def bench_write(args: argparse.Namespace) -> None:
                         queries_targets=plan.queries_targets, queries_variances=plan.queries_variances,
                         alpha=plan.attrs["alpha"], alpha_exact=plan.attrs["alpha_exact"], rho=plan.attrs["rho"],
                         composition=plan.attrs["composition"],
+                        # the version-2 checksum covers these claims too (issue 12)
+                        extra_attrs={key: plan.attrs[key] for key in ("account", "planner") if key in plan.attrs},
                     )
                 total = time.perf_counter() - wall
                 print(f"{mode:13s} {len(records)} blocks: blocks {blocks_s:6.1f} s ({blocks_s / len(records) * 1e3:5.1f} ms/block, "

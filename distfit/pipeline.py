@@ -62,6 +62,7 @@ from distfit.report import write_report
 from distfit.spec.model import PipelineSpec, PrivacySpec
 from distfit.spec.parse import load_spec
 from distfit.stores.data import MARGINALS_FORMAT, open_data, read_histograms, write_synthetic
+from distfit.stores.lock import store_lock
 from distfit.stores.files import root_attrs_on_disk, utc_now
 from distfit.stores.plan import read_plan
 from distfit.stores.release import read_release
@@ -281,149 +282,150 @@ def run_pipeline(
     Errors: SpecError / ValueError / RunDirError / FileExistsError (bad input, exit 2),
     RunFailure (the plan fails its audit, exit 1), ClusterError.
     """
-    started = time.perf_counter()
-    log = log or sys.stderr
-    if units is not None and (isinstance(units, bool) or units < 1):
-        raise ValueError(f"--units must be >= 1, got {units}")
-    if workers is not None and workers < 1:
-        raise ValueError(f"--workers must be >= 1, got {workers}")
-    spec, spec_path = _spec_and_path(spec)
-    spec_hash = spec.spec_hash
-    rundir = Path(os.fspath(out))
-    synthesise = data is None
-    source = os.fspath(data) if data is not None and microdata_format(data) is not None else None
-    if source is not None:
-        check_source(spec, source)  # refuse a missing source or a missing column before any work
-        if units is not None:
-            raise ValueError(f"--units is for synthetic data; --data {source} is microdata (its units are "
-                             "the values of the spec's unit column)")
-    _inspect(rundir, spec_hash, synthesise, units, spec=spec, source=source)
-
-    plan_path, release_path = rundir / PLAN_NAME, rundir / RELEASE_NAME
-    data_path = rundir / DATA_NAME if synthesise or source is not None else Path(os.fspath(data))
-    manifest_path = rundir / MANIFEST_NAME
-    report_path = rundir / REPORT_NAME
-    if not synthesise and source is None:
-        given = open_data(data_path)  # refuse unreadable data before any work
-        if units is not None and units != given.units:
-            raise ValueError(f"--units {units} but --data {data_path} holds {given.units} units; "
-                             "give one or the other")
-    rundir.mkdir(parents=True, exist_ok=True)
-    stages: dict[str, str] = {}
-    timings: dict[str, float] = {}
-
-    with contextlib.ExitStack() as stack:
-        where = _Cluster(cluster, workers, serial, log, stack)
-
-        # 1. plan
-        t = time.perf_counter()
-        if plan_path.exists():
-            stages["plan"] = "reused"
-            print(f"distfit: reusing the plan at {plan_path} (spec hash matches)", file=log)
-        else:
-            run_plan(spec, str(plan_path), cluster=where.get(), workers=workers, serial=serial, log=log)
-            stages["plan"] = "done"
-        plan = read_plan(plan_path)
-        timings["plan"] = time.perf_counter() - t
-
-        # 2. audit
-        t = time.perf_counter()
-        report = audit_plan(str(plan_path))
-        timings["audit"] = time.perf_counter() - t
-        if not report.ok:
-            raise RunFailure(f"{plan_path}: the plan fails audit ({len(report.failures)} failures): "
-                             + "; ".join(report.failures[:3]))
-        stages["audit"] = "passed"
-
-        # 3. data
-        t = time.perf_counter()
+    with store_lock(out, "run directory"):  # one run per RUNDIR at a time (stores/lock.py)
+        started = time.perf_counter()
+        log = log or sys.stderr
+        if units is not None and (isinstance(units, bool) or units < 1):
+            raise ValueError(f"--units must be >= 1, got {units}")
+        if workers is not None and workers < 1:
+            raise ValueError(f"--workers must be >= 1, got {workers}")
+        spec, spec_path = _spec_and_path(spec)
+        spec_hash = spec.spec_hash
+        rundir = Path(os.fspath(out))
+        synthesise = data is None
+        source = os.fspath(data) if data is not None and microdata_format(data) is not None else None
         if source is not None:
-            address = where.get()
-            with (dask_client(address, log=log) if address is not None else contextlib.nullcontext()) as client:
-                _path, stages["data"] = ensure_tabulated(
-                    spec, source, data_path, cover=[plan.block(b).attributes for b in plan.block_ids],
-                    client=client, fsync=fsync, log=log)
-        elif not synthesise:
-            stages["data"] = "given"
-        elif data_path.exists():
-            existing = read_histograms(data_path)
-            stages["data"] = "reused"
-            print(f"distfit: reusing the data at {data_path} ({existing.units} units)", file=log)
-        else:
-            write_synthetic(spec, units or DEFAULT_UNITS, data_path, seed=data_seed(spec_hash), fsync=fsync)
-            stages["data"] = "synthesised"
-        data_store = open_data(data_path)
-        timings["data"] = time.perf_counter() - t
+            check_source(spec, source)  # refuse a missing source or a missing column before any work
+            if units is not None:
+                raise ValueError(f"--units is for synthetic data; --data {source} is microdata (its units are "
+                                 "the values of the spec's unit column)")
+        _inspect(rundir, spec_hash, synthesise, units, spec=spec, source=source)
 
-        # 4. release
+        plan_path, release_path = rundir / PLAN_NAME, rundir / RELEASE_NAME
+        data_path = rundir / DATA_NAME if synthesise or source is not None else Path(os.fspath(data))
+        manifest_path = rundir / MANIFEST_NAME
+        report_path = rundir / REPORT_NAME
+        if not synthesise and source is None:
+            given = open_data(data_path)  # refuse unreadable data before any work
+            if units is not None and units != given.units:
+                raise ValueError(f"--units {units} but --data {data_path} holds {given.units} units; "
+                                 "give one or the other")
+        rundir.mkdir(parents=True, exist_ok=True)
+        stages: dict[str, str] = {}
+        timings: dict[str, float] = {}
+
+        with contextlib.ExitStack() as stack:
+            where = _Cluster(cluster, workers, serial, log, stack)
+
+            # 1. plan
+            t = time.perf_counter()
+            if plan_path.exists():
+                stages["plan"] = "reused"
+                print(f"distfit: reusing the plan at {plan_path} (spec hash matches)", file=log)
+            else:
+                run_plan(spec, str(plan_path), cluster=where.get(), workers=workers, serial=serial, log=log)
+                stages["plan"] = "done"
+            plan = read_plan(plan_path)
+            timings["plan"] = time.perf_counter() - t
+
+            # 2. audit
+            t = time.perf_counter()
+            report = audit_plan(str(plan_path))
+            timings["audit"] = time.perf_counter() - t
+            if not report.ok:
+                raise RunFailure(f"{plan_path}: the plan fails audit ({len(report.failures)} failures): "
+                                 + "; ".join(report.failures[:3]))
+            stages["audit"] = "passed"
+
+            # 3. data
+            t = time.perf_counter()
+            if source is not None:
+                address = where.get()
+                with (dask_client(address, log=log) if address is not None else contextlib.nullcontext()) as client:
+                    _path, stages["data"] = ensure_tabulated(
+                        spec, source, data_path, cover=[plan.block(b).attributes for b in plan.block_ids],
+                        client=client, fsync=fsync, log=log)
+            elif not synthesise:
+                stages["data"] = "given"
+            elif data_path.exists():
+                existing = read_histograms(data_path)
+                stages["data"] = "reused"
+                print(f"distfit: reusing the data at {data_path} ({existing.units} units)", file=log)
+            else:
+                write_synthetic(spec, units or DEFAULT_UNITS, data_path, seed=data_seed(spec_hash), fsync=fsync)
+                stages["data"] = "synthesised"
+            data_store = open_data(data_path)
+            timings["data"] = time.perf_counter() - t
+
+            # 4. release
+            t = time.perf_counter()
+            attrs = root_attrs_on_disk(release_path) if release_path.is_dir() else None
+            if attrs is not None and attrs.get("complete") is True:
+                recorded = attrs.get("data") or {}
+                if attrs.get("plan_checksum") != plan.checksum:
+                    raise RunDirError(f"{release_path}: a sealed release of another plan "
+                                      f"({attrs.get('plan_checksum')}, the plan has {plan.checksum})")
+                if recorded.get("created") != data_store.attrs.get("created"):
+                    raise RunDirError(f"{release_path}: a sealed release of other data than {data_path}; "
+                                      "use another --out")
+                release_checksum = read_release(release_path).attrs["checksum"]
+                stages["release"] = "reused"
+                print(f"distfit: the release at {release_path} is sealed; no new noise drawn", file=log)
+            else:
+                resume = attrs is not None
+                result = run_release(
+                    str(plan_path), str(data_path), str(release_path), resume=resume,
+                    cluster=where.get(), workers=workers, serial=serial, log=log, fsync=fsync,
+                    after_chunk=after_chunk, audit=report,  # audited above: not audited (hashed) again
+                )
+                release_checksum = result.checksum
+                stages["release"] = "resumed" if result.resumed else "done"
+            timings["release"] = time.perf_counter() - t
+            cluster_used = where.describe()
+
+        # 5. report (rebuilt on every run: it is cheap and replaces only an earlier distfit report)
         t = time.perf_counter()
-        attrs = root_attrs_on_disk(release_path) if release_path.is_dir() else None
-        if attrs is not None and attrs.get("complete") is True:
-            recorded = attrs.get("data") or {}
-            if attrs.get("plan_checksum") != plan.checksum:
-                raise RunDirError(f"{release_path}: a sealed release of another plan "
-                                  f"({attrs.get('plan_checksum')}, the plan has {plan.checksum})")
-            if recorded.get("created") != data_store.attrs.get("created"):
-                raise RunDirError(f"{release_path}: a sealed release of other data than {data_path}; "
-                                  "use another --out")
-            release_checksum = read_release(release_path).attrs["checksum"]
-            stages["release"] = "reused"
-            print(f"distfit: the release at {release_path} is sealed; no new noise drawn", file=log)
-        else:
-            resume = attrs is not None
-            result = run_release(
-                str(plan_path), str(data_path), str(release_path), resume=resume,
-                cluster=where.get(), workers=workers, serial=serial, log=log, fsync=fsync,
-                after_chunk=after_chunk, audit=report,  # audited above: not audited (hashed) again
-            )
-            release_checksum = result.checksum
-            stages["release"] = "resumed" if result.resumed else "done"
-        timings["release"] = time.perf_counter() - t
-        cluster_used = where.describe()
+        report = write_report(str(plan_path), str(report_path), str(release_path), str(data_path))
+        stages["report"] = "done"
+        timings["report"] = time.perf_counter() - t
 
-    # 5. report (rebuilt on every run: it is cheap and replaces only an earlier distfit report)
-    t = time.perf_counter()
-    report = write_report(str(plan_path), str(report_path), str(release_path), str(data_path))
-    stages["report"] = "done"
-    timings["report"] = time.perf_counter() - t
-
-    # 6. manifest
-    timings["total"] = time.perf_counter() - started
-    plan_attrs = plan.attrs
-    manifest = {
-        "distfit_format": MANIFEST_FORMAT,
-        "format_version": MANIFEST_VERSION,
-        "created": utc_now(),
-        "spec": _recorded_spec(spec, spec_path),
-        "plan": {"path": os.path.abspath(plan_path), "checksum": plan.checksum},
-        "data": {"path": os.path.abspath(data_path), "synthetic": synthesise,
-                 "format": data_store.format,
-                 "units": data_store.units, "seed": data_store.attrs.get("seed") if synthesise else None,
-                 "created": data_store.attrs.get("created"),
-                 "source": ({key: (data_store.attrs.get("source") or {}).get(key)
-                             for key in ("path", "format", "size", "mtime")} if source is not None else None)},
-        "release": {"path": os.path.abspath(release_path), "checksum": release_checksum},
-        "privacy": {
-            "alpha": plan_attrs.get("alpha"),
-            "rho": plan_attrs.get("rho"),
-            "alpha_exact": plan_attrs.get("alpha_exact"),
-            "composition": plan_attrs.get("composition"),
-            "account": plan_attrs.get("account"),
-        },
-        "stages": stages,
-        "timings_seconds": timings,
-        "versions": package_versions(),
-        "cluster": cluster_used,
-        "report": {"path": os.path.abspath(report.path), "index": os.path.abspath(os.path.join(report.path, "index.html")),
-                   "plots": list(report.plots), "calibration": report.calibration},
-    }
-    write_json_atomic(manifest_path, manifest)
-    return RunResult(
-        rundir=str(rundir), plan=str(plan_path), data=str(data_path), release=str(release_path),
-        report=str(report_path),
-        manifest=str(manifest_path), spec_hash=spec_hash, plan_checksum=plan.checksum,
-        release_checksum=release_checksum, stages=stages, timings=timings, manifest_data=manifest,
-    )
+        # 6. manifest
+        timings["total"] = time.perf_counter() - started
+        plan_attrs = plan.attrs
+        manifest = {
+            "distfit_format": MANIFEST_FORMAT,
+            "format_version": MANIFEST_VERSION,
+            "created": utc_now(),
+            "spec": _recorded_spec(spec, spec_path),
+            "plan": {"path": os.path.abspath(plan_path), "checksum": plan.checksum},
+            "data": {"path": os.path.abspath(data_path), "synthetic": synthesise,
+                     "format": data_store.format,
+                     "units": data_store.units, "seed": data_store.attrs.get("seed") if synthesise else None,
+                     "created": data_store.attrs.get("created"),
+                     "source": ({key: (data_store.attrs.get("source") or {}).get(key)
+                                 for key in ("path", "format", "size", "mtime")} if source is not None else None)},
+            "release": {"path": os.path.abspath(release_path), "checksum": release_checksum},
+            "privacy": {
+                "alpha": plan_attrs.get("alpha"),
+                "rho": plan_attrs.get("rho"),
+                "alpha_exact": plan_attrs.get("alpha_exact"),
+                "composition": plan_attrs.get("composition"),
+                "account": plan_attrs.get("account"),
+            },
+            "stages": stages,
+            "timings_seconds": timings,
+            "versions": package_versions(),
+            "cluster": cluster_used,
+            "report": {"path": os.path.abspath(report.path), "index": os.path.abspath(os.path.join(report.path, "index.html")),
+                       "plots": list(report.plots), "calibration": report.calibration},
+        }
+        write_json_atomic(manifest_path, manifest)
+        return RunResult(
+            rundir=str(rundir), plan=str(plan_path), data=str(data_path), release=str(release_path),
+            report=str(report_path),
+            manifest=str(manifest_path), spec_hash=spec_hash, plan_checksum=plan.checksum,
+            release_checksum=release_checksum, stages=stages, timings=timings, manifest_data=manifest,
+        )
 
 
 # --------------------------------------------------------------------------------------------
@@ -488,122 +490,123 @@ def run_levels(
     as the level's ``privacy.alpha``. A rerun reuses and resumes level by level like
     :func:`run_pipeline`; a RUNDIR of another spec is refused (RunDirError).
     """
-    started = time.perf_counter()
-    log = log or sys.stderr
-    spec, spec_path = _spec_and_path(spec)
-    if not spec.multilevel:
-        raise ValueError(f"{spec_path}: not a multi-level spec (no levels); use run_pipeline")
-    if units is not None and (isinstance(units, bool) or units < 1):
-        raise ValueError(f"--units must be >= 1, got {units}")
-    spec_hash = spec.spec_hash
-    rundir = Path(os.fspath(out))
-    if rundir.exists() and not rundir.is_dir():
-        raise RunDirError(f"{rundir}: exists and is not a directory")
-    manifest_path = rundir / MANIFEST_NAME
-    earlier = _read_manifest(manifest_path)
-    if earlier is not None and (earlier.get("spec") or {}).get("hash") != spec_hash:
-        raise RunDirError(f"{rundir}: holds the run of another spec (spec hash "
-                          f"{(earlier.get('spec') or {}).get('hash')}); use another --out")
-    if rundir.exists() and earlier is None and any(
-            (rundir / name).exists() for name in (PLAN_NAME, RELEASE_NAME, DATA_NAME)):
-        raise RunDirError(f"{rundir}: holds a single-level run; use another --out")
-    if data is not None:
-        if microdata_format(data) is None:
-            raise ValueError(f"--data {data}: a multi-level run reads person-level microdata (.csv, .csv.gz, "
-                             ".parquet, .pq or a directory of Parquet files) with every level's unit column")
-        if units is not None:
-            raise ValueError("--units is for synthetic data; --data is given")
-        for level in spec.levels:  # every level's columns, before any work
-            check_source(spec.level_spec(level.name), data)
-        people = Path(os.fspath(data))
-    else:
-        people = rundir / PEOPLE_NAME
-        recorded = ((earlier or {}).get("people") or {}).get("units")
-        if people.exists() and units is not None and recorded is not None and recorded != units:
-            raise RunDirError(f"{people}: holds {recorded} units from an earlier run, but --units is {units}; "
-                              "use another --out")
-    rundir.mkdir(parents=True, exist_ok=True)
-    timings: dict[str, float] = {}
-    budget = spec.privacy.budget
-    level_dirs = {level.name: rundir / LEVELS_DIR / level.name for level in spec.levels}
+    with store_lock(out, "run directory"):  # one run per RUNDIR at a time (stores/lock.py)
+        started = time.perf_counter()
+        log = log or sys.stderr
+        spec, spec_path = _spec_and_path(spec)
+        if not spec.multilevel:
+            raise ValueError(f"{spec_path}: not a multi-level spec (no levels); use run_pipeline")
+        if units is not None and (isinstance(units, bool) or units < 1):
+            raise ValueError(f"--units must be >= 1, got {units}")
+        spec_hash = spec.spec_hash
+        rundir = Path(os.fspath(out))
+        if rundir.exists() and not rundir.is_dir():
+            raise RunDirError(f"{rundir}: exists and is not a directory")
+        manifest_path = rundir / MANIFEST_NAME
+        earlier = _read_manifest(manifest_path)
+        if earlier is not None and (earlier.get("spec") or {}).get("hash") != spec_hash:
+            raise RunDirError(f"{rundir}: holds the run of another spec (spec hash "
+                              f"{(earlier.get('spec') or {}).get('hash')}); use another --out")
+        if rundir.exists() and earlier is None and any(
+                (rundir / name).exists() for name in (PLAN_NAME, RELEASE_NAME, DATA_NAME)):
+            raise RunDirError(f"{rundir}: holds a single-level run; use another --out")
+        if data is not None:
+            if microdata_format(data) is None:
+                raise ValueError(f"--data {data}: a multi-level run reads person-level microdata (.csv, .csv.gz, "
+                                 ".parquet, .pq or a directory of Parquet files) with every level's unit column")
+            if units is not None:
+                raise ValueError("--units is for synthetic data; --data is given")
+            for level in spec.levels:  # every level's columns, before any work
+                check_source(spec.level_spec(level.name), data)
+            people = Path(os.fspath(data))
+        else:
+            people = rundir / PEOPLE_NAME
+            recorded = ((earlier or {}).get("people") or {}).get("units")
+            if people.exists() and units is not None and recorded is not None and recorded != units:
+                raise RunDirError(f"{people}: holds {recorded} units from an earlier run, but --units is {units}; "
+                                  "use another --out")
+        rundir.mkdir(parents=True, exist_ok=True)
+        timings: dict[str, float] = {}
+        budget = spec.privacy.budget
+        level_dirs = {level.name: rundir / LEVELS_DIR / level.name for level in spec.levels}
 
-    with contextlib.ExitStack() as stack:
-        address = cluster
-        if not serial and cluster is None:
-            client = stack.enter_context(dask_client(None, workers, log=log))
-            address = client.scheduler.address
-        cluster_used = ({"kind": "serial"} if serial else
-                        {"kind": "local", "workers": workers or os.cpu_count() or 1} if cluster is None else
-                        {"kind": "external", "address": cluster})
+        with contextlib.ExitStack() as stack:
+            address = cluster
+            if not serial and cluster is None:
+                client = stack.enter_context(dask_client(None, workers, log=log))
+                address = client.scheduler.address
+            cluster_used = ({"kind": "serial"} if serial else
+                            {"kind": "local", "workers": workers or os.cpu_count() or 1} if cluster is None else
+                            {"kind": "external", "address": cluster})
 
-        t = time.perf_counter()
-        people_units = units or DEFAULT_UNITS
-        if data is None and not people.exists():
-            print(f"distfit: synthesising people for {people_units} units at {people}", file=log)
-            write_synthetic_people(spec, people_units, people, seed=data_seed(spec_hash), fsync=fsync)
-        elif data is None:
-            people_units = ((earlier or {}).get("people") or {}).get("units", people_units)
-            print(f"distfit: reusing the people at {people}", file=log)
-        timings["people"] = time.perf_counter() - t
-
-        level_specs = {level.name: spec.level_spec(level.name) for level in spec.levels}
-        if budget is not None:
             t = time.perf_counter()
-            accuracy = []
+            people_units = units or DEFAULT_UNITS
+            if data is None and not people.exists():
+                print(f"distfit: synthesising people for {people_units} units at {people}", file=log)
+                write_synthetic_people(spec, people_units, people, seed=data_seed(spec_hash), fsync=fsync)
+            elif data is None:
+                people_units = ((earlier or {}).get("people") or {}).get("units", people_units)
+                print(f"distfit: reusing the people at {people}", file=log)
+            timings["people"] = time.perf_counter() - t
+
+            level_specs = {level.name: spec.level_spec(level.name) for level in spec.levels}
+            if budget is not None:
+                t = time.perf_counter()
+                accuracy = []
+                for name, level_spec in level_specs.items():
+                    accuracy_plan = level_dirs[name] / ACCURACY_PLAN_NAME
+                    if not accuracy_plan.exists():
+                        print(f"distfit: level {name}: accuracy-first plan (the budget is shared after)", file=log)
+                        run_plan(level_spec, str(accuracy_plan), cluster=address, workers=workers, serial=serial, log=log)
+                    plan = read_plan(accuracy_plan)
+                    accuracy.append((name, float(plan.attrs["alpha"]), level_profiles(plan)))
+                combined = combine_levels(spec.domain, accuracy)
+                shares = budget_shares(combined.level_alphas, combined.alpha, budget.to_alpha())
+                print(f"distfit: accuracy-first levels cost alpha {combined.alpha:.6g} together; budget alpha "
+                      f"{budget.to_alpha():.6g}: every level scaled by k = {combined.alpha / budget.to_alpha():.6g}",
+                      file=log)
+                for (name, level_spec), share in zip(level_specs.items(), shares):
+                    level_specs[name] = dataclasses.replace(level_spec, privacy=PrivacySpec("budget", Budget(alpha=share)))
+                    plan_path = level_dirs[name] / PLAN_NAME
+                    if not plan_path.exists():
+                        scale_plan_to_budget(str(level_dirs[name] / ACCURACY_PLAN_NAME), str(plan_path),
+                                             level_specs[name], share, fsync=fsync)
+                timings["budget"] = time.perf_counter() - t
+
+            results: dict[str, RunResult] = {}
             for name, level_spec in level_specs.items():
-                accuracy_plan = level_dirs[name] / ACCURACY_PLAN_NAME
-                if not accuracy_plan.exists():
-                    print(f"distfit: level {name}: accuracy-first plan (the budget is shared after)", file=log)
-                    run_plan(level_spec, str(accuracy_plan), cluster=address, workers=workers, serial=serial, log=log)
-                plan = read_plan(accuracy_plan)
-                accuracy.append((name, float(plan.attrs["alpha"]), level_profiles(plan)))
-            combined = combine_levels(spec.domain, accuracy)
-            shares = budget_shares(combined.level_alphas, combined.alpha, budget.to_alpha())
-            print(f"distfit: accuracy-first levels cost alpha {combined.alpha:.6g} together; budget alpha "
-                  f"{budget.to_alpha():.6g}: every level scaled by k = {combined.alpha / budget.to_alpha():.6g}",
-                  file=log)
-            for (name, level_spec), share in zip(level_specs.items(), shares):
-                level_specs[name] = dataclasses.replace(level_spec, privacy=PrivacySpec("budget", Budget(alpha=share)))
-                plan_path = level_dirs[name] / PLAN_NAME
-                if not plan_path.exists():
-                    scale_plan_to_budget(str(level_dirs[name] / ACCURACY_PLAN_NAME), str(plan_path),
-                                         level_specs[name], share, fsync=fsync)
-            timings["budget"] = time.perf_counter() - t
+                t = time.perf_counter()
+                print(f"distfit: level {name} ({level_spec.num_queries} queries, units "
+                      f"{level_spec.units.column if level_spec.units else 'none: one population'})", file=log)
+                record = level_dirs[name] / LEVEL_SPEC_NAME
+                _write_spec(record, level_spec)
+                # the level's run records its spec file; the spec itself is passed, not read back
+                results[name] = run_pipeline(
+                    dataclasses.replace(level_spec, source_path=os.path.abspath(record)), level_dirs[name],
+                    data=str(people), cluster=address, serial=serial, log=log, fsync=fsync)
+                timings[f"level {name}"] = time.perf_counter() - t
 
-        results: dict[str, RunResult] = {}
-        for name, level_spec in level_specs.items():
-            t = time.perf_counter()
-            print(f"distfit: level {name} ({level_spec.num_queries} queries, units "
-                  f"{level_spec.units.column if level_spec.units else 'none: one population'})", file=log)
-            record = level_dirs[name] / LEVEL_SPEC_NAME
-            _write_spec(record, level_spec)
-            # the level's run records its spec file; the spec itself is passed, not read back
-            results[name] = run_pipeline(
-                dataclasses.replace(level_spec, source_path=os.path.abspath(record)), level_dirs[name],
-                data=str(people), cluster=address, serial=serial, log=log, fsync=fsync)
-            timings[f"level {name}"] = time.perf_counter() - t
-
-    plans = {name: read_plan(result.plan) for name, result in results.items()}
-    account = combine_levels(spec.domain, [(name, float(plan.attrs["alpha"]), level_profiles(plan))
-                                           for name, plan in plans.items()]).to_dict()
-    timings["total"] = time.perf_counter() - started
-    manifest = {
-        "distfit_format": MANIFEST_FORMAT,
-        "format_version": MANIFEST_VERSION,
-        "created": utc_now(),
-        "spec": _recorded_spec(spec, spec_path),
-        "people": {"path": os.path.abspath(people), "synthetic": data is None,
-                   "units": people_units if data is None else None},
-        "levels": {name: {"dir": os.path.abspath(level_dirs[name]), "manifest": result.manifest,
-                          "alpha": plans[name].attrs.get("alpha"), "plan_checksum": result.plan_checksum,
-                          "release_checksum": result.release_checksum,
-                          "report": os.path.join(result.report, "index.html")}
-                   for name, result in results.items()},
-        "privacy": account,
-        "timings_seconds": timings,
-        "versions": package_versions(),
-        "cluster": cluster_used,
-    }
-    write_json_atomic(manifest_path, manifest)
-    return LevelsRunResult(rundir=str(rundir), spec_hash=spec_hash, people=str(people), levels=results,
-                           account=account, manifest=str(manifest_path), timings=timings)
+        plans = {name: read_plan(result.plan) for name, result in results.items()}
+        account = combine_levels(spec.domain, [(name, float(plan.attrs["alpha"]), level_profiles(plan))
+                                               for name, plan in plans.items()]).to_dict()
+        timings["total"] = time.perf_counter() - started
+        manifest = {
+            "distfit_format": MANIFEST_FORMAT,
+            "format_version": MANIFEST_VERSION,
+            "created": utc_now(),
+            "spec": _recorded_spec(spec, spec_path),
+            "people": {"path": os.path.abspath(people), "synthetic": data is None,
+                       "units": people_units if data is None else None},
+            "levels": {name: {"dir": os.path.abspath(level_dirs[name]), "manifest": result.manifest,
+                              "alpha": plans[name].attrs.get("alpha"), "plan_checksum": result.plan_checksum,
+                              "release_checksum": result.release_checksum,
+                              "report": os.path.join(result.report, "index.html")}
+                       for name, result in results.items()},
+            "privacy": account,
+            "timings_seconds": timings,
+            "versions": package_versions(),
+            "cluster": cluster_used,
+        }
+        write_json_atomic(manifest_path, manifest)
+        return LevelsRunResult(rundir=str(rundir), spec_hash=spec_hash, people=str(people), levels=results,
+                               account=account, manifest=str(manifest_path), timings=timings)

@@ -53,6 +53,7 @@ from distfit.release.noise import calibration, query_answers, true_block_answers
 from distfit.solver.baselines import compare_baselines
 from distfit.spec.parse import parse_spec
 from distfit.stores.data import open_data
+from distfit.stores.lock import store_lock
 from distfit.stores.files import STAGING_MARKER, move_into_place
 from distfit.stores.plan import read_plan
 from distfit.stores.release import read_release
@@ -305,6 +306,26 @@ def _table(header: list[str], rows: list[list[Any]], left: int = 1) -> str:
     return "\n".join(out)
 
 
+def _bound_rows(planner: dict) -> list[list[Any]]:
+    """The planner's lower bounds, named for what they bound (``distfit.plan.job.planner_bounds``;
+    a version-1 plan's ``allocation_lower_bound`` is the bound on plans with the chosen blocks)."""
+    rows = []
+    chosen = planner.get("chosen_blocks_lower_bound")
+    if isinstance(chosen, dict):
+        rows.append(["plans with the chosen blocks only", chosen.get("value"), chosen.get("method"), chosen.get("bounds")])
+    elif "allocation_lower_bound" in planner:
+        rows.append(["plans with the chosen blocks only (allocation_lower_bound)", planner["allocation_lower_bound"],
+                     "not recorded (a version-1 plan)", "the sum bound of plans with the chosen blocks"])
+    whole = planner.get("global_lower_bound")
+    if isinstance(whole, dict):
+        value = whole.get("value")
+        rows.append(["global: every plan of this form", "not known" if value is None else value,
+                     whole.get("method"), whole.get("bounds")])
+    else:
+        rows.append(["global: every plan of this form", "not known", "not recorded", None])
+    return rows
+
+
 def _page(plan, release, blocks, ratios, baselines, baseline_note, answer_plots, calibrated=None) -> str:
     a = plan.attrs
     account = a.get("account") or {}
@@ -339,8 +360,13 @@ def _page(plan, release, blocks, ratios, baselines, baseline_note, answer_plots,
         "<h2>Planner decisions</h2>",
         "<ul>" + "".join(f"<li>{html.escape(str(d))}</li>" for d in planner.get("decisions", [])) + "</ul>",
         _table(["quantity", "value"], [[k, planner.get(k)] for k in (
-            "alpha_sum_bound", "allocation_lower_bound", "rounds", "variance_scale", "seconds", "spec_hash")
+            "alpha_sum_bound", "rounds", "variance_scale", "seconds", "spec_hash")
             if k in planner]),
+        "<h3>Lower bounds on the privacy cost</h3>",
+        '<p class="note">Each bound with what it bounds: the planner\'s bound holds for plans with the chosen '
+        "blocks only, not for every plan; <code>distfit audit</code> re-certifies every bound by running its "
+        "dual again and warns about any it did not.</p>",
+        _table(["lower bound", "value", "how certified", "what it bounds"], _bound_rows(planner), left=1),
         "<h2>Blocks</h2>",
         '<img src="block_alpha.png" alt="alpha per block">',
     ]
@@ -409,10 +435,15 @@ def write_report(plan_path: str | os.PathLike, out: str | os.PathLike,
                  data_path: str | os.PathLike | None = None) -> ReportResult:
     """Write the report of the plan (and release) to ``out`` (module docstring). With
     ``data_path`` (the release's data store) the report adds the calibration section."""
-
     out_path = Path(os.fspath(out))
     if STAGING_MARKER in out_path.name:
         raise ValueError(f"{out_path}: a report path may not contain {STAGING_MARKER!r}")
+    with store_lock(out_path, "report"):  # one writer per report directory (stores/lock.py)
+        return _write_report(plan_path, out_path, release_path, data_path)
+
+
+def _write_report(plan_path: str | os.PathLike, out_path: Path, release_path: str | os.PathLike | None,
+                  data_path: str | os.PathLike | None) -> ReportResult:
     if out_path.exists() or out_path.is_symlink():
         _check_out(out_path)  # refuse early, before any work
     plan = read_plan(plan_path)

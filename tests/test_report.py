@@ -146,3 +146,17 @@ def test_calibration_section(inputs, tmp_path, capsys):
     assert 0.90 <= share <= 0.99, stdout
     code, _, err = run(capsys, "report", inputs["plan"], "--out", str(tmp_path / "r2"), "--data", inputs["data"])
     assert code == 2 and "give the release too" in err
+
+
+def test_the_planner_bounds_are_named_for_what_they_bound(inputs, tmp_path, capsys):
+    """Issue 12: the planner's bound holds for plans with the chosen blocks only, and the page
+    says so; the global bound is stated beside it ("not known" for this two-block plan)."""
+    out = tmp_path / "report"
+    code, _, err = run(capsys, "report", inputs["plan"], "--out", str(out))
+    assert code == 0, err
+    page = (out / "index.html").read_text(encoding="utf-8")
+    bound = read_plan(inputs["plan"]).attrs["planner"]["chosen_blocks_lower_bound"]
+    assert "plans with the chosen blocks only" in page and f"{bound['value']:.6g}" in page
+    assert bound["method"] in page and "block-diagonal plan with the chosen blocks" in page
+    assert "global: every plan of this form" in page and "not known: the plan has 2 blocks" in page
+    assert "allocation_lower_bound" not in page

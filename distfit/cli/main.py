@@ -13,10 +13,12 @@ HTML page for a plan and optionally a release (``distfit.report``); ``distfit ru
 directory with a manifest (``distfit.pipeline``).
 
 Exit codes: 0 success; 1 the solver could not certify its plan (``ConvergenceError``), an
-output could not be written, an audit found a mismatch, or a stage of ``distfit run`` failed
-(``RunFailure``); 2 bad input (unknown workload,
+output could not be written (disk full, no permission: any ``OSError``), an audit found a
+mismatch, or a stage of ``distfit run`` failed (``RunFailure``); 130 interrupted (Ctrl-C: one line
+says what was kept and how to resume); 2 bad input (unknown workload,
 unreadable or malformed ``.npz`` or spec, conflicting budget flags, a ``ValueError`` from the
-library, a block too large for memory, a plan or release already at ``--out``, an unreachable
+library, a block too large for memory, a plan or release already at ``--out``, a store being
+written by another process (``StoreLockedError``, naming it), an unreachable
 scheduler, a plan that fails audit, data that does not fit the plan, bad microdata: a missing
 column, a value outside its attribute's domain, an empty unit id, an unreadable file).
 Every error is one line ``distfit: error: <message>`` on stderr. Output files are written to a
@@ -211,6 +213,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         with blas_limit():
             return args.handler(args)
+    except KeyboardInterrupt:
+        print_error(f"interrupted; {interrupted_hint(args)}")
+        return 130
     except UsageError as error:
         print_error(error)
         return 2
@@ -229,6 +234,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (OutputError, np.linalg.LinAlgError) as error:
         print_error(error)
         return 1
+    except OSError as error:  # disk full, no permission, a vanished file: what failed, on one line
+        where = f"{error.filename}: " if error.filename else ""
+        print_error(f"{where}{error.strerror or error}")
+        return 1
+
+
+def interrupted_hint(args: argparse.Namespace) -> str:
+    """What an interrupted command kept and how to go on (every store is written atomically or
+    resumably, so an interrupt never leaves a half-written store in use)."""
+    command = getattr(args, "command", None)
+    if command == "release":
+        return (f"the chunks written so far are kept in {args.out} (incomplete, never read as a release); "
+                "finish it with the same command and --resume")
+    if command == "run":
+        return (f"what was finished is kept in {args.out}; run the same command again to resume "
+                "(the plan and data are reused and a release continues with its missing chunks)")
+    return "nothing was written (stores are moved into place only when complete); run the command again"
 
 
 if __name__ == "__main__":

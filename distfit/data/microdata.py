@@ -86,9 +86,11 @@ from distfit.stores.data import (
     MARGINALS_FORMAT,
     DataError,
     MarginalsWriter,
+    cell_labels,
     create_marginals,
     read_marginals,
     staged_store,
+    value_labels,
     write_marginals_attrs,
 )
 
@@ -570,7 +572,9 @@ def tabulate_microdata(spec: Any, source: PathLike, out: PathLike, *, client=Non
         ids, ranges = _unit_index(parts, results, job.integer_ids)
         units = int(ids.size)
         chunk_units = chunk_units or default_chunk_units(max(cells), units)
-        create_marginals(group, cells, units, chunk_units, job.integer_ids)
+        values = value_labels(spec)
+        create_marginals(group, cells, units, chunk_units, job.integer_ids,
+                         labels=[cell_labels(clique, values) for clique in cliques])
         np.save(parts / "ids.npy", ids)
         del ids
         merge = _MergeJob(store=str(staging), parts_dir=str(parts), cells=cells, units=units,

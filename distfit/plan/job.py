@@ -39,14 +39,15 @@ import numpy as np
 from distfit import __version__
 from distfit.cluster import DaskExecutor, Progress, dask_client
 from distfit.plan.planner import (
-    BlockRef, Executor, PlanResult, decompose_lazily, plan_blocks, plan_streamed, serial_executor, should_stream,
-    write_streamed_blocks,
+    JOINT_BLOCK_DUAL, SCALE_ALLOCATION, BlockRef, Executor, PlanResult, decompose_lazily, plan_blocks, plan_streamed,
+    serial_executor, should_stream, write_streamed_blocks,
 )
 from distfit.plan.residual import BlockSpec
 from distfit.privacy import privacy_account
 from distfit.scaling import scale_block, scaled_cost, scaled_noise
 from distfit.solver.solve import BlockSolution
 from distfit.spec.model import PipelineSpec
+from distfit.stores.lock import store_lock
 from distfit.stores.plan import BlockRecord, Plan, read_plan
 from distfit.stores.plan_writer import PlanWriter
 
@@ -166,6 +167,45 @@ class RoundProgress:
             self.meter(done, total)
 
 
+#: What the planner's bounds bound (stored with them: ``planner_bounds``).
+CHOSEN_BLOCKS_BOUNDS = {
+    SCALE_ALLOCATION: (
+        "the sum bound sum_S alpha_S of every plan with the chosen blocks whose covariances are the "
+        "chosen ones rescaled, one factor per block, that meets every target times the variance scale; "
+        "not a bound on plans with other blocks or other covariances"),
+    JOINT_BLOCK_DUAL: (
+        "the sum bound sum_S alpha_S of every block-diagonal plan with the chosen blocks (any covariance "
+        "per block) that meets every target times the variance scale; not a bound on plans with other "
+        "blocks or with noise correlated across blocks"),
+}
+GLOBAL_BOUNDS = ("the privacy cost alpha of every Gaussian mechanism L (B x + z) that answers the workload "
+                 "with every variance at most its target times the variance scale")
+
+
+def planner_bounds(plan: PlanResult) -> dict:
+    """The planner's lower bounds, each with what it bounds (issue 12): ``chosen_blocks_lower_bound``
+    (the allocation's or the joint block dual's certificate: plans with the chosen blocks only;
+    ``PlanResult.allocation_lower_bound``) and ``global_lower_bound`` (every plan of the form; known
+    when the plan is one block, whose own dual certificate is then global, else ``None``)."""
+    blocks = len(plan.blocks)
+    known = blocks == 1 and plan.blocks[0].lower_bound > 0
+    return {
+        "chosen_blocks_lower_bound": {
+            "value": plan.allocation_lower_bound,
+            "method": plan.lower_bound_method,
+            "bounds": CHOSEN_BLOCKS_BOUNDS[plan.lower_bound_method],
+        },
+        "global_lower_bound": {
+            "value": float(plan.blocks[0].lower_bound) if known else None,
+            "method": ("the dual certificate of the plan's one block, which holds every query" if known else
+                       f"not known: the plan has {blocks} blocks, and no certificate covers plans with noise "
+                       "correlated across blocks" if blocks > 1 else
+                       "not known: the plan's one block has no certificate of its own"),
+            "bounds": GLOBAL_BOUNDS,
+        },
+    }
+
+
 def finish_plan(writer: PlanWriter, spec: PipelineSpec, plan: PlanResult) -> str:
     """Seal the plan in ``writer`` (its blocks already written): the queries' targets and
     variances, alpha, the privacy account and the planner's record (``planner`` attrs);
@@ -184,7 +224,7 @@ def finish_plan(writer: PlanWriter, spec: PipelineSpec, plan: PlanResult) -> str
             "planner": {
                 "decisions": list(plan.decisions),
                 "alpha_sum_bound": plan.alpha_sum_bound,
-                "allocation_lower_bound": plan.allocation_lower_bound,
+                **planner_bounds(plan),
                 "rounds": plan.rounds,
                 "variance_scale": plan.variance_scale,
                 "seconds": plan.seconds,
@@ -222,6 +262,13 @@ def run_plan(
     Errors: SpecError/ValueError (bad input), FileExistsError (a plan is already there),
     cluster.ClusterError (unreachable scheduler)."""
     log = log or sys.stderr
+    with store_lock(out, "plan"):  # one writer per store: a second plan job into out is refused
+        return _run_plan(spec, out, cluster=cluster, workers=workers, overwrite=overwrite, serial=serial,
+                         refine_rounds=refine_rounds, stream=stream, log=log)
+
+
+def _run_plan(spec: PipelineSpec, out: str, *, cluster: str | None, workers: int | None, overwrite: bool, serial: bool,
+              refine_rounds: int, stream: bool | None, log: TextIO) -> tuple[PlanResult, str]:
     PlanWriter(out, overwrite=overwrite).abort()  # refuse an existing plan before any work
     decomposition = decompose_lazily(spec.domain, spec.group_triples(), spec.blocks.max_cells if spec.blocks.merge else 0)
     decisions = list(decomposition.decisions)
@@ -264,15 +311,18 @@ def scale_plan_to_budget(source: str, out: str, spec: PipelineSpec, budget_alpha
     if not (math.isfinite(factor) and factor > 0):
         raise ValueError(f"budget alpha {budget_alpha!r} gives no finite scale for alpha {alpha!r}")
     planner = dict(attrs.get("planner") or {})
-    for key in ("alpha_sum_bound", "allocation_lower_bound"):
+    for key in ("alpha_sum_bound", "allocation_lower_bound"):  # allocation_lower_bound: a version-1 plan's
         if planner.get(key) is not None:
             planner[key] = scaled_cost(float(planner[key]), factor)
+    for key in ("chosen_blocks_lower_bound", "global_lower_bound"):
+        if isinstance(planner.get(key), dict) and planner[key].get("value") is not None:
+            planner[key] = {**planner[key], "value": scaled_cost(float(planner[key]["value"]), factor)}
     planner["variance_scale"] = scaled_noise(float(planner.get("variance_scale", 1.0)), factor)
     planner["decisions"] = list(planner.get("decisions", [])) + [
         f"budget alpha {budget_alpha:.6g} (this level's share of the run's budget): variances scaled by k = {factor:.6g}"]
     planner["spec_hash"] = spec.spec_hash
     new_alpha = scaled_cost(alpha, factor)
-    with PlanWriter(out, fsync=fsync) as writer:
+    with store_lock(out, "plan"), PlanWriter(out, fsync=fsync) as writer:
         for block_id in plan.block_ids:
             block = plan.block(block_id)
             scaled = scale_block(factor, np.asarray(block.sigma), np.asarray(block.variances), np.asarray(block.profile),

@@ -67,6 +67,12 @@ CO_OPTIMIZE_WORK = 2e9  # flops of one joint dual evaluation above which the dri
 STREAM_WORK = CO_OPTIMIZE_WORK  # plans above this work are streamed through the plan store
 JOINT_DUAL_BUDGET = 3e10  # flops the joint block dual may spend in all: evaluations <= budget / work
 JOINT_DUAL_MIN_EVALUATIONS = 20
+#: How a plan's ``allocation_lower_bound`` was certified, i.e. what it bounds (the sum bound
+#: ``sum_S alpha_S`` of plans with the chosen blocks only): the scale allocation's dual bounds
+#: the chosen block covariances rescaled, one factor per block; the joint block dual bounds
+#: any covariances of the chosen blocks (block-diagonal plans of these blocks).
+SCALE_ALLOCATION = "scale allocation"
+JOINT_BLOCK_DUAL = "joint block dual"
 
 
 @dataclass(frozen=True, eq=False)
@@ -225,6 +231,7 @@ class PlanResult:
     rounds: int = field(default=1)
     variance_scale: float = field(default=1.0)  # k > 1 when a budget forces variances k * c
     streamed: bool = field(default=False)  # blocks are drafts in a BlockSink (write_streamed_blocks)
+    lower_bound_method: str = field(default=SCALE_ALLOCATION)  # or JOINT_BLOCK_DUAL: what allocation_lower_bound bounds
 
     @property
     def rho(self) -> float:
@@ -418,6 +425,7 @@ def plan_blocks(
     return _composed_plan(
         domain, tuple(planned), targets, variances, sum_bound, lower_bound, log, start, rounds,
         profile_max=lambda: float(stitched_profile(domain, [(b.spec.attributes, b.profile) for b in planned]).max()),
+        lower_bound_method=JOINT_BLOCK_DUAL if joint_dual else SCALE_ALLOCATION,
     )
 
 
@@ -491,7 +499,8 @@ def plan_streamed(
 
 def _composed_plan(domain: Domain, blocks: tuple, targets: np.ndarray, variances: np.ndarray, sum_bound: float,
                    lower_bound: float, log: list[str], start: float, rounds: int, *, profile_max: Callable[[], float],
-                   evaluated_from: str = "", streamed: bool = False) -> PlanResult:
+                   evaluated_from: str = "", streamed: bool = False,
+                   lower_bound_method: str = SCALE_ALLOCATION) -> PlanResult:
     """The stitched plan of scaled blocks under sequential composition (DESIGN.md section 2):
     alpha is the maximum of the stitched profile ``sum_S p_S(x_S)`` (``profile_max``) on a domain
     of at most ``EXACT_DOMAIN_LIMIT`` cells, else the sum bound ``sum_S alpha_S``."""
@@ -519,6 +528,7 @@ def _composed_plan(domain: Domain, blocks: tuple, targets: np.ndarray, variances
         seconds=time.perf_counter() - start,
         rounds=rounds,
         streamed=streamed,
+        lower_bound_method=lower_bound_method,
     )
 
 

@@ -98,6 +98,7 @@ from distfit.domain import Domain
 from distfit.release.noise import fresh_entropy, load_blocks, release_chunk
 from distfit.spec.parse import parse_spec
 from distfit.stores.data import open_data
+from distfit.stores.lock import store_lock
 from distfit.stores.files import STAGING_MARKER, is_staging, leftovers, move_into_place
 from distfit.stores.plan import read_plan
 from distfit.stores.release import (
@@ -282,19 +283,21 @@ def run_release(
         raise ValueError(f"{out_path}: a release path may not contain {STAGING_MARKER!r}")
     private = seed is None
 
-    state = release_state(out_path)
-    if state == "sealed" and not overwrite:
-        raise FileExistsError(
-            f"{out_path}: already holds a sealed release; pass --overwrite to replace it")
-    if state == "incomplete" and not (resume or overwrite):
-        raise FileExistsError(
-            f"{out_path}: holds an incomplete release; pass --resume to finish it or --overwrite to start over")
-    if state == "absent" and leftovers(out_path):
-        print(f"distfit: note: leftovers of an earlier write next to {out_path}: "
-              f"{', '.join(p.name for p in leftovers(out_path))}", file=log)
-
-    resumed = resume and state == "incomplete"
     with contextlib.ExitStack() as stack:
+        # One writer per store: a second release into out (or a second --resume) is refused here,
+        # before it looks at, or cleans up, anything at out.
+        stack.enter_context(store_lock(out_path, "release"))
+        state = release_state(out_path)
+        if state == "sealed" and not overwrite:
+            raise FileExistsError(
+                f"{out_path}: already holds a sealed release; pass --overwrite to replace it")
+        if state == "incomplete" and not (resume or overwrite):
+            raise FileExistsError(
+                f"{out_path}: holds an incomplete release; pass --resume to finish it or --overwrite to start over")
+        if state == "absent" and leftovers(out_path):
+            print(f"distfit: note: leftovers of an earlier write next to {out_path}: "
+                  f"{', '.join(p.name for p in leftovers(out_path))}", file=log)
+        resumed = resume and state == "incomplete"
         # The driver's linear algebra (the audit) under the BLAS thread rule, as on the command line.
         stack.enter_context(blas_limit())
         clients: list[BackgroundClient] = []
@@ -310,10 +313,6 @@ def run_release(
             start_cluster()
             return clients[0].get()
 
-        if not resumed:
-            # Start the cluster now: its worker processes spawn and import while the driver audits
-            # the plan and checks the data. (A resume starts it only if chunks are missing.)
-            start_cluster()
         if audit is None:
             audit = audit_plan(plan_path)
         elif os.path.abspath(audit.path) != os.path.abspath(plan_path):
@@ -323,6 +322,11 @@ def run_release(
             raise ValueError(f"{plan_path}: the plan fails audit ({len(audit.failures)} failures): "
                              + "; ".join(audit.failures[:3])
                              + (f"; and {more} more (see distfit audit)" if more > 0 else ""))
+        if not resumed:
+            # A plan that fails audit is refused before any cluster starts; the cluster's worker
+            # processes then spawn and import while the driver checks the data. (A resume starts
+            # it only if chunks are missing.)
+            start_cluster()
         plan = read_plan(plan_path)
         plan_checksum = plan.checksum
         if plan_checksum != audit.checksum:
@@ -351,7 +355,8 @@ def run_release(
             target = out_path
             pending = pending_chunks(root)
             print(f"distfit: resuming {out_path}: {n_chunks - len(pending)} of {n_chunks} chunks already "
-                  f"written (kept as they are), {len(pending)} to draw with fresh entropy", file=log)
+                  f"written (kept as they are), {len(pending)} to draw "
+                  f"{'with fresh entropy' if private else 'from the test seed'}", file=log)
         else:
             if resume:
                 print(f"distfit: nothing to resume at {out_path}; starting a new release", file=log)

@@ -1,16 +1,24 @@
-"""The store checksum: one SHA-256 over every array of a Zarr group (plans and releases alike).
+"""The store checksum: one SHA-256 over every array of a Zarr group (plans and releases alike)
+and, for a plan of format version 2, over the attrs that state its claims.
 
 Format (**contract**: stored plans and releases must keep verifying). SHA-256, fed first with
-``b"distfit-plan-checksum-v1\\n"`` (the same prefix for every kind of store), then, for every
-array of the group in sorted order of its path relative to the root (``"blocks/b0/basis"``;
-Python string order), the header ``f"{path}\\n{dtype}\\n{shape}\\n{nbytes}\\n"`` encoded as
-UTF-8 - ``dtype`` the little-endian NumPy type string (``"<f8"``, ``"<i8"``), ``shape`` the
-sizes joined by commas (``"3,4"``; ``""`` for a scalar), ``nbytes`` the byte count of the data
-- followed by the array's bytes in C order, little-endian. A 1-d variable-length string array
-(the Zarr v3 ``string`` data type, e.g. a release's unit ids) has the header
-``f"{path}\\nstring\\n{n}\\n"`` and then, slab by slab, the UTF-8 byte lengths of its elements
-(little-endian uint64) and their UTF-8 bytes. The value is ``"sha256:" + hexdigest``. It covers
-every array, not the attrs (the root attrs hold the checksum itself).
+the domain line ``b"distfit-plan-checksum-v1\\n"`` (the same for every kind of store) - or
+``b"distfit-plan-checksum-v2\\n"`` when attrs are covered (below) - then, for every array of
+the group in sorted order of its path relative to the root (``"blocks/b0/basis"``; Python
+string order), the header ``f"{path}\\n{dtype}\\n{shape}\\n{nbytes}\\n"`` encoded as UTF-8 -
+``dtype`` the little-endian NumPy type string (``"<f8"``, ``"<i8"``), ``shape`` the sizes joined
+by commas (``"3,4"``; ``""`` for a scalar), ``nbytes`` the byte count of the data - followed by
+the array's bytes in C order, little-endian. A 1-d variable-length string array (the Zarr v3
+``string`` data type, e.g. a release's unit ids) has the header ``f"{path}\\nstring\\n{n}\\n"``
+and then, slab by slab, the UTF-8 byte lengths of its elements (little-endian uint64) and their
+UTF-8 bytes. The value is ``"sha256:" + hexdigest``.
+
+**Version 1** (releases, and plans of ``format_version`` 1): the arrays only, not the attrs.
+**Version 2** (``compute_checksum(group, attrs=claims)``; plans of ``format_version`` 2): the
+arrays as above, then ``f"attrs\\n{n}\\n"`` and the ``n`` bytes of :func:`canonical_json` of
+``claims``, the mapping of the attrs the store's claims are stated in (which ones is the store's
+rule: :func:`distfit.stores.plan.plan_claims`). Array metadata (chunking, codecs, Zarr v3
+``dimension_names``) is never hashed: only what the data and the claims are.
 
 :func:`compute_checksum` is the one implementation: the plan writer (``PlanWriter.finish``)
 and :func:`distfit.stores.plan.verify_checksum`, the release seal and
@@ -20,7 +28,9 @@ and :func:`distfit.stores.plan.verify_checksum`, the release seal and
 from __future__ import annotations
 
 import hashlib
+import json
 import math
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -29,12 +39,24 @@ import zarr
 
 CHECKSUM_PREFIX = "sha256:"
 _DOMAIN = b"distfit-plan-checksum-v1\n"  # the hash's first bytes (the format's name and version)
+_DOMAIN_WITH_ATTRS = b"distfit-plan-checksum-v2\n"  # version 2: the claims' attrs follow the arrays
 READ_THREADS = 8  # default threads reading arrays ahead of the hash
 READ_BYTES = 64 * 2**20  # default slab size and read-ahead budget
 
 
-def compute_checksum(group: zarr.Group, *, threads: int | None = None, read_bytes: int | None = None) -> str:
-    """``"sha256:<hex>"`` over every array under ``group`` (format: the module docstring).
+def canonical_json(value: Any) -> bytes:
+    """The canonical JSON text of ``value`` as UTF-8: keys sorted, no spaces, no NaN/Infinity,
+    non-ASCII kept; floats as Python writes them (the shortest text that reads back to the same
+    float), so a value and its JSON round trip (tuples read back as lists) give the same bytes."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
+                      allow_nan=False).encode("utf-8")
+
+
+def compute_checksum(group: zarr.Group, *, attrs: Mapping[str, Any] | None = None, threads: int | None = None,
+                     read_bytes: int | None = None) -> str:
+    """``"sha256:<hex>"`` over every array under ``group`` (format: the module docstring);
+    with ``attrs`` (a JSON mapping: the claims the store states) the version-2 digest, which
+    also covers :func:`canonical_json` of ``attrs``.
 
     The arrays are fed to the hash one after another in the documented order, but read ahead
     on ``threads`` threads (default :data:`READ_THREADS`), in slabs of whole zarr chunks of rows
@@ -49,7 +71,8 @@ def compute_checksum(group: zarr.Group, *, threads: int | None = None, read_byte
     read_bytes = max(1, int(READ_BYTES if read_bytes is None else read_bytes))
     arrays = [(name, obj) for name, obj in group.members(max_depth=None) if isinstance(obj, zarr.Array)]
     arrays.sort(key=lambda item: item[0])
-    h = hashlib.sha256(_DOMAIN)
+    claims = None if attrs is None else canonical_json(dict(attrs))
+    h = hashlib.sha256(_DOMAIN if claims is None else _DOMAIN_WITH_ATTRS)
     # One step per header or slab, in hash order: ("bytes", b) feeds b; ("read", arr, where,
     # dtype, nbytes) feeds the slab's bytes; ("strings", name, arr) hashes a string array in place.
     steps: list[tuple] = []
@@ -108,6 +131,9 @@ def compute_checksum(group: zarr.Group, *, threads: int | None = None, read_byte
         finally:
             for future in futures.values():
                 future.cancel()
+    if claims is not None:
+        h.update(f"attrs\n{len(claims)}\n".encode("utf-8"))
+        h.update(claims)
     return CHECKSUM_PREFIX + h.hexdigest()
 
 
@@ -126,4 +152,4 @@ def _hash_strings(h, name: str, arr: zarr.Array) -> None:
         h.update(b"".join(encoded))
 
 
-__all__ = ["CHECKSUM_PREFIX", "READ_BYTES", "READ_THREADS", "compute_checksum"]
+__all__ = ["CHECKSUM_PREFIX", "READ_BYTES", "READ_THREADS", "canonical_json", "compute_checksum"]

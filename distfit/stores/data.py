@@ -18,6 +18,8 @@ attrs ``distfit_format="histograms"``, ``format_version=1``, ``schema`` ({"attri
 * ``counts``   (units, cells) int64, chunks ``(chunk_units, cells)`` (whole rows);
 * ``unit_ids`` (units,) int64, chunks ``(chunk_units,)``: synthetic units are numbered
   ``0 .. units - 1``. (Readers should accept any 1-d ids; real data may carry string ids.)
+* ``unit`` (units,) the unit ids again and ``cell`` (cells,) the cell labels
+  (:func:`cell_labels`, strings): xarray coordinates (below).
 
 The data is *synthetic*, not private: its seed is stored with it, and it is a function of the
 seed, the domain, ``chunk_units`` and the model (:mod:`distfit.data.synthetic`).
@@ -36,7 +38,19 @@ ascending: int64 when the source's unit column holds integers, otherwise variabl
 strings (the Zarr v3 ``string`` data type with the ``vlen-utf8`` codec, which zarr-python 3.1
 reads and writes natively; sorted by code point). The tabulation creates the arrays
 (:func:`create_marginals`), its tasks fill whole chunks (:class:`MarginalsWriter`) and it
-writes the attrs last (:func:`write_marginals_attrs`).
+writes the attrs last (:func:`write_marginals_attrs`). Next to them: ``unit`` (the unit ids
+again) and ``marginals/cell_<i>`` (the cell labels of clique i), xarray coordinates (below).
+
+Dimension names and coordinates (both stores)
+---------------------------------------------
+Every array carries Zarr v3 ``dimension_names`` (:data:`HISTOGRAMS_DIMS`, :func:`marginal_dims`)
+so ``xr.open_datatree(path, engine="zarr")`` opens the store whole: ``unit`` (units), ``cell``
+(the cells of ``counts``) and ``cell_<i>`` (the cells of ``marginals/<i>``). xarray makes an
+array named like a dimension its coordinate (a root coordinate reaches the ``marginals``
+group): ``unit`` repeats ``unit_ids`` (which keeps its name: the layout is a contract) so that
+``.sel(unit=some_id)`` works, and the cell labels read ``age[0],sex[f]`` (the spec's value
+labels, or the codes for a bare domain; the empty clique's one cell is ``total``). Stores
+written before these additions (no dimension names, no coordinates) are read as before.
 
 Writing (:func:`staged_store`)
 ------------------------------
@@ -72,7 +86,7 @@ import math
 import os
 import secrets
 import shutil
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -86,6 +100,7 @@ from distfit.domain import Domain
 from distfit.release.noise import marginal_counts, validate_counts, validate_marginal
 from distfit.spec.model import PipelineSpec
 from distfit.spec.parse import load_spec
+from distfit.stores.lock import store_lock
 from distfit.stores.files import (
     open_store,
     STAGING_MARKER,
@@ -97,11 +112,20 @@ from distfit.stores.files import (
     move_into_place,
     root_attrs_on_disk,
     utc_now,
+    write_array,
 )
 
 FORMAT = "histograms"
 MARGINALS_FORMAT = "marginals"
 FORMAT_VERSION = 1
+
+#: Zarr v3 ``dimension_names`` of a histograms store's arrays (module docstring).
+HISTOGRAMS_DIMS: dict[str, tuple[str, ...]] = {
+    "counts": ("unit", "cell"),
+    "unit_ids": ("unit",),
+    "unit": ("unit",),
+    "cell": ("cell",),
+}
 
 PathLike = str | os.PathLike
 
@@ -110,14 +134,18 @@ __all__ = [
     "FORMAT_VERSION",
     "MARGINALS_FORMAT",
     "DataError",
+    "HISTOGRAMS_DIMS",
     "HistogramsData",
     "MarginalsData",
     "MarginalsWriter",
+    "cell_labels",
     "create_marginals",
+    "marginal_dims",
     "open_data",
     "read_histograms",
     "read_marginals",
     "staged_store",
+    "value_labels",
     "write_marginals_attrs",
     "write_synthetic",
 ]
@@ -156,8 +184,13 @@ def staged_store(out: PathLike, fmt: str, *, overwrite: bool = False, fsync: boo
     path = Path(os.fspath(out))
     if is_staging(path):
         raise ValueError(f"{path}: a data path may not contain {STAGING_MARKER!r}")
-    _check_target(path, overwrite, fmt)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    with store_lock(path, fmt):  # one writer per store (stores/lock.py)
+        _check_target(path, overwrite, fmt)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        yield from _staged_write(path, fmt, overwrite, fsync)
+
+
+def _staged_write(path: Path, fmt: str, overwrite: bool, fsync: bool):
     staging = path.with_name(f"{path.name}{STAGING_MARKER}{secrets.token_hex(6)}")
     try:
         group = zarr.open_group(store=str(staging), mode="w-", zarr_format=3)
@@ -196,17 +229,22 @@ def write_synthetic(spec, units: int, out: PathLike, seed: int | None = None,
     domain, units, seed, chunk_units = resolve_synthesis(domain, units, seed, chunk_units)
     params = params or ModelParams()
     cells = domain.size
+    labels = cell_labels(domain.names, value_labels(spec))
     with staged_store(out, FORMAT, overwrite=overwrite, fsync=fsync) as (_staging, group):
         config = {"write_empty_chunks": True}
         counts_arr = group.create_array("counts", shape=(units, cells), dtype=np.int64,
-                                        chunks=(chunk_units, cells), config=config)
-        ids_arr = group.create_array("unit_ids", shape=(units,), dtype=np.int64,
-                                     chunks=(chunk_units,), config=config)
+                                        chunks=(chunk_units, cells), dimension_names=HISTOGRAMS_DIMS["counts"],
+                                        config=config)
+        id_arrays = [group.create_array(name, shape=(units,), dtype=np.int64, chunks=(chunk_units,),
+                                        dimension_names=HISTOGRAMS_DIMS[name], config=config)
+                     for name in ("unit_ids", "unit")]
+        write_array(group, "cell", labels, dims=HISTOGRAMS_DIMS["cell"])
         total = 0
         for start, counts in synthesize_histograms(domain, units, seed, chunk_units, params=params):
             stop = start + counts.shape[0]
             counts_arr[start:stop] = counts
-            ids_arr[start:stop] = np.arange(start, stop, dtype=np.int64)
+            for ids_arr in id_arrays:
+                ids_arr[start:stop] = np.arange(start, stop, dtype=np.int64)
             total += int(counts.sum())
         group.attrs.update(jsonable({
             "distfit_format": FORMAT,
@@ -226,18 +264,53 @@ def write_synthetic(spec, units: int, out: PathLike, seed: int | None = None,
     return Path(os.fspath(out))
 
 
+def marginal_dims(index: int) -> tuple[str, str]:
+    """Dimension names of ``marginals/<index>``: ``("unit", "cell_<index>")`` (module docstring;
+    one cell dimension per clique, as the cliques differ in size)."""
+    return ("unit", f"cell_{index}")
+
+
+def value_labels(source: PipelineSpec | Domain) -> dict[str, tuple[str, ...]]:
+    """The value labels of every attribute: the spec's (``AttributeSpec.values``), or the codes
+    ``"0" .. "n-1"`` of a bare :class:`Domain`."""
+    if isinstance(source, Domain):
+        return {name: tuple(str(v) for v in range(size)) for name, size in zip(source.names, source.sizes)}
+    return {attribute.name: tuple(attribute.values) for attribute in source.attributes}
+
+
+def cell_labels(attributes: Sequence[str], values: Mapping[str, Sequence[str]]) -> np.ndarray:
+    """The label of every cell of the marginal on ``attributes`` (in schema order; cells
+    row-major, the first attribute slowest, as :class:`Domain`): ``name[value]`` per attribute
+    joined by ``,`` - ``age[0],sex[f]``, the style of the spec's query labels; value labels
+    hold no ``[``, ``]`` or ``,`` (the spec refuses them), so a label splits back unambiguously.
+    The empty marginal's one cell (the grand total) is ``total``. A 1-d object array of str."""
+    labels = np.array(["total"], dtype=object)
+    for position, name in enumerate(attributes):
+        part = np.array([f"{name}[{value}]" for value in values[name]], dtype=object)
+        # outer concatenation, row-major: each earlier label followed by every value of this attribute
+        labels = part if position == 0 else (labels[:, None] + ("," + part)[None, :]).ravel()
+    return labels
+
+
 def create_marginals(group: zarr.Group, widths: Sequence[int], units: int, chunk_units: int,
-                     integer_ids: bool) -> None:
+                     integer_ids: bool, *, labels: Sequence[np.ndarray] | None = None) -> None:
     """Create the empty arrays of a marginals store in the staging ``group`` of
-    :func:`staged_store`: ``marginals/<i>`` (units, widths[i]) int64 and ``unit_ids`` (int64,
-    or strings unless ``integer_ids``), all chunked by ``chunk_units`` units (module docstring)."""
+    :func:`staged_store`: ``marginals/<i>`` (units, widths[i]) int64, ``unit_ids`` and its
+    coordinate twin ``unit`` (int64, or strings unless ``integer_ids``), all chunked by
+    ``chunk_units`` units, and, given ``labels`` (the :func:`cell_labels` of each clique),
+    the coordinates ``marginals/cell_<i>`` (module docstring)."""
+    if labels is not None and [len(x) for x in labels] != [int(w) for w in widths]:
+        raise ValueError(f"labels: {[len(x) for x in labels]} cell labels per clique, widths are {list(widths)}")
     config = {"write_empty_chunks": True}
     marginals = group.create_group("marginals")
     for i, width in enumerate(widths):
         marginals.create_array(str(i), shape=(units, width), dtype=np.int64,
-                               chunks=(chunk_units, width), config=config)
-    group.create_array("unit_ids", shape=(units,), dtype=np.int64 if integer_ids else str,
-                       chunks=(chunk_units,), config=config)
+                               chunks=(chunk_units, width), dimension_names=marginal_dims(i), config=config)
+        if labels is not None:
+            write_array(marginals, f"cell_{i}", np.asarray(labels[i], dtype=object), dims=marginal_dims(i)[1:])
+    for name in ("unit_ids", "unit"):  # both filled by MarginalsWriter.write_unit_ids
+        group.create_array(name, shape=(units,), dtype=np.int64 if integer_ids else str,
+                           chunks=(chunk_units,), dimension_names=("unit",), config=config)
 
 
 class MarginalsWriter:
@@ -247,14 +320,17 @@ class MarginalsWriter:
 
     def __init__(self, store: PathLike) -> None:
         self._root = zarr.open_group(store=os.fspath(store), mode="r+", zarr_format=3)
+        self._id_arrays = ("unit_ids", "unit") if "unit" in self._root else ("unit_ids",)
 
     def write_marginal(self, index: int, start: int, counts: np.ndarray) -> None:
         """Rows ``start ..`` of ``marginals/<index>``: ``counts`` (n, cells) int64."""
         self._root[f"marginals/{index}"][start:start + counts.shape[0]] = counts
 
     def write_unit_ids(self, start: int, ids: np.ndarray) -> None:
-        """Entries ``start ..`` of ``unit_ids``: int64 or str ids."""
-        self._root["unit_ids"][start:start + ids.shape[0]] = ids
+        """Entries ``start ..`` of ``unit_ids`` (and of its coordinate twin ``unit``): int64 or
+        str ids."""
+        for name in self._id_arrays:
+            self._root[name][start:start + ids.shape[0]] = ids
 
 
 def write_marginals_attrs(group: zarr.Group, *, domain: Domain, spec_hash: str, units: int, chunk_units: int,

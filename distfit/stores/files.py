@@ -6,8 +6,9 @@ place by :func:`move_into_place`; a store being replaced is first renamed aside
 (``<path>.replaced-<random>``) and deleted only once the new one is in place. An interrupted
 writer leaves only such siblings (:func:`leftovers`), which every reader refuses. Attrs are JSON
 (:func:`jsonable`); arrays of up to :data:`CHUNK_BYTES` are one chunk, larger ones row slabs
-(:func:`chunk_shape`). Readers check ``distfit_format``/``format_version`` with
-:func:`check_format`.
+(:func:`chunk_shape`), and every array carries Zarr v3 ``dimension_names`` (:func:`check_dims`,
+:func:`write_array`) so that xarray opens each store whole. Readers check
+``distfit_format``/``format_version`` with :func:`check_format`.
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ import math
 import os
 import secrets
 import shutil
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable
@@ -92,12 +93,41 @@ def chunk_shape(shape: tuple[int, ...], itemsize: int, cap: int | None = None) -
     return tuple(chunks)
 
 
-def write_array(group: zarr.Group, name: str, data: np.ndarray, overwrite: bool = False) -> None:
+def check_dims(shape: tuple[int, ...], dims: Sequence[str], where: str) -> tuple[str, ...]:
+    """``dims`` as the tuple of an array's Zarr v3 ``dimension_names``: one non-empty, distinct
+    string per axis of ``shape``; ValueError naming ``where`` otherwise.
+
+    Every array of every distfit store carries them (DESIGN.md section 4): xarray takes an
+    array's dimensions from this metadata (``xr.open_datatree(path, engine="zarr")``), and a
+    coordinate from the array of a group (or an ancestor group) named like a dimension. They are
+    metadata in ``zarr.json``, not array bytes: the checksum
+    (:mod:`distfit.stores.checksum`) does not see them.
+    """
+    dims = tuple(dims) if not isinstance(dims, str) else (dims,)
+    if (len(dims) != len(shape) or not all(isinstance(d, str) and d for d in dims)
+            or len(set(dims)) != len(dims)):
+        raise ValueError(f"{where}: dimension names {dims!r} do not name the {len(shape)} axes of shape {shape} "
+                         "once each")
+    return dims
+
+
+def write_array(group: zarr.Group, name: str, data: np.ndarray, *, dims: Sequence[str],
+                overwrite: bool = False) -> None:
+    """Create ``group[name]`` holding ``data``, with dimension names ``dims`` (:func:`check_dims`)
+    and chunks :func:`chunk_shape`; every chunk is written, even an all-fill one.
+
+    Text (NumPy ``U``/``T``/object strings) is stored as the Zarr v3 variable-length UTF-8
+    ``string`` data type (fixed-width UTF-32 has no Zarr v3 specification), chunked as if each
+    element took its NumPy item size (at least 16 bytes).
+    """
+    dims = check_dims(data.shape, dims, f"{group.path}/{name}".lstrip("/"))
+    text = data.dtype.kind in "TUO"
     arr = group.create_array(
         name,
         shape=data.shape,
-        dtype=data.dtype,
-        chunks=chunk_shape(data.shape, data.dtype.itemsize),
+        dtype=str if text else data.dtype,
+        chunks=chunk_shape(data.shape, max(16, data.dtype.itemsize) if text else data.dtype.itemsize),
+        dimension_names=dims,
         config={"write_empty_chunks": True},  # every chunk on disk: bit-exact, no fill-value games
         overwrite=overwrite,
     )

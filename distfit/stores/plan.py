@@ -2,7 +2,7 @@
 
 Layout (**contract**, DESIGN.md section 4)::
 
-    plan.zarr/                 attrs: distfit_format="plan", format_version, spec, schema
+    plan.zarr/                 attrs: distfit_format="plan", format_version (2), spec, schema
                                       ({"attributes": [names], "sizes": [ints]}), alpha,
                                       alpha_exact, rho, composition, created (ISO 8601 UTC),
                                       distfit_version, complete=True, checksum, and any extra
@@ -25,14 +25,23 @@ naming any leftovers of an interrupted write -, another format, a newer format v
 ``complete=True``, no checksum).
 
 Checksum: :func:`distfit.stores.checksum.compute_checksum` (the format is documented there; the
-release store uses the same), over every array, not the attrs (the root attrs hold the checksum
-itself; ``distfit audit`` recomputes alpha, profiles and variances from the arrays).
+release store uses the same). A plan of ``format_version`` 2 has the version-2 checksum: every
+array and every attr that states a claim (:func:`plan_claims`: the root attrs but the checksum
+itself, ``complete``, ``created`` and ``distfit_version``, the planner's record but its
+``seconds`` and ``distfit_version``, and every block's attrs but the solver's ``seconds``;
+what is left out is provenance, which would make two writes of one plan hash differently).
+A plan of ``format_version`` 1 (written before issue 12) has the version-1 checksum,
+the arrays only: it is still read and verified by that rule, and ``distfit audit`` says that its
+attrs are not covered (:func:`checksum_covers_attrs`). Either way the checksum only detects
+changes: ``distfit audit`` recomputes every claim it can from the arrays and the stored spec.
 :func:`verify_checksum` recomputes it; :func:`read_plan` does not (that reads every array).
 
 Arrays are float64 (``query_index`` int64) with zarr's default codecs; an array of up to
 :data:`CHUNK_BYTES` (16 MiB) is one chunk, a larger one is cut into row slabs (whole trailing
 axes) of at most that size (:func:`distfit.stores.files.chunk_shape`). Attrs are JSON
-(:func:`distfit.stores.files.jsonable`); tuples come back as lists.
+(:func:`distfit.stores.files.jsonable`); tuples come back as lists. Every array carries Zarr v3
+``dimension_names`` (:data:`distfit.stores.plan_writer.BLOCK_DIMS`, ``QUERY_DIMS``; metadata,
+not covered by the checksum) so xarray opens a plan whole; readers do not need them.
 """
 from __future__ import annotations
 
@@ -56,7 +65,12 @@ from distfit.stores.files import (
 )
 
 FORMAT = "plan"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+CHECKSUM_ATTRS_VERSION = 2  # the first format_version whose checksum covers the claims' attrs
+#: What the version-2 checksum leaves out (:func:`plan_claims`): provenance and store state.
+UNCLAIMED_ROOT = ("checksum", "complete", "created", "distfit_version")
+UNCLAIMED_PLANNER = ("seconds", "distfit_version")
+UNCLAIMED_SOLVER = ("seconds",)
 
 BLOCK_ARRAYS = ("basis", "recon", "query_index", "sigma", "targets", "variances", "profile")
 ROOT_KEYS = (
@@ -284,21 +298,62 @@ def read_plan(path: PathLike) -> Plan:
                 block_ids=block_ids, _group=group)
 
 
+def checksum_covers_attrs(attrs: Mapping) -> bool:
+    """Whether the checksum of a plan with root ``attrs`` covers its claims' attrs
+    (``format_version`` >= :data:`CHECKSUM_ATTRS_VERSION`) or only its arrays (version 1)."""
+    version = attrs.get("format_version")
+    return isinstance(version, int) and not isinstance(version, bool) and version >= CHECKSUM_ATTRS_VERSION
+
+
+def _without(value: Any, keys: tuple[str, ...]) -> Any:
+    if not isinstance(value, Mapping):
+        return value
+    return {k: v for k, v in value.items() if k not in keys}
+
+
+def plan_claims(root_attrs: Mapping, group: zarr.Group) -> dict[str, Any]:
+    """The attrs the version-2 plan checksum covers, ``{"": root, "blocks/<block_id>": block
+    attrs, ...}``: ``root_attrs`` without :data:`UNCLAIMED_ROOT`, its ``planner`` without
+    :data:`UNCLAIMED_PLANNER`; every block's attrs (read from ``group``) with its ``solver``
+    without :data:`UNCLAIMED_SOLVER`. Everything else a plan states is covered: alpha,
+    alpha_exact, rho, composition, the account, the spec and schema, the planner's bounds,
+    variance scale and decisions, and each block's attributes, alpha and lower bound."""
+    root = dict(_without(root_attrs, UNCLAIMED_ROOT))
+    if "planner" in root:
+        root["planner"] = _without(root["planner"], UNCLAIMED_PLANNER)
+    claims: dict[str, Any] = {"": root}
+    try:
+        blocks = group["blocks"]
+    except KeyError:
+        return claims
+    for block_id in sorted(blocks.group_keys()):
+        block = dict(blocks[block_id].attrs)
+        if "solver" in block:
+            block["solver"] = _without(block["solver"], UNCLAIMED_SOLVER)
+        claims[f"blocks/{block_id}"] = block
+    return claims
+
+
 def verify_checksum(path: PathLike) -> tuple[bool, str, str]:
-    """``(ok, stored, recomputed)`` for a plan store (refused like :func:`read_plan`)."""
+    """``(ok, stored, recomputed)`` for a plan store (refused like :func:`read_plan`): the
+    version-2 rule (arrays and :func:`plan_claims`) for a plan of format version 2, the
+    version-1 rule (arrays only) for one of version 1."""
     _p, group, attrs = _open_plan_group(path)
     stored = attrs["checksum"]
-    recomputed = compute_checksum(group)
+    recomputed = compute_checksum(group, attrs=plan_claims(attrs, group) if checksum_covers_attrs(attrs) else None)
     return stored == recomputed, stored, recomputed
 
 
 __all__ = [
     "BLOCK_ARRAYS",
+    "CHECKSUM_ATTRS_VERSION",
     "CHUNK_BYTES",
     "FORMAT_VERSION",
     "BlockRecord",
     "Plan",
     "StoreError",
+    "checksum_covers_attrs",
+    "plan_claims",
     "read_plan",
     "verify_checksum",
 ]

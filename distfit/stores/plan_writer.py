@@ -3,8 +3,9 @@
 :class:`PlanWriter` builds the store in a *staging* directory next to the final path
 (``<path>.incomplete-<random>``), one block at a time (``write_block``: results stream in as
 blocks complete; the driver never holds all of them), then ``finish`` computes the checksum
-(:func:`distfit.stores.checksum.compute_checksum`), writes the root attrs with ``complete=True``
-and renames the staging directory into place. A writer killed mid-write leaves only the
+(:func:`distfit.stores.checksum.compute_checksum`, version 2: the arrays and the claims' attrs,
+:func:`distfit.stores.plan.plan_claims`), writes the root attrs with ``complete=True`` and the
+checksum, and renames the staging directory into place. A writer killed mid-write leaves only the
 ``*.incomplete-*`` directory, which :func:`distfit.stores.plan.read_plan` refuses; an exception
 inside ``with PlanWriter(...)`` deletes it. With ``overwrite=True`` the old plan is renamed aside
 (``<path>.replaced-<random>``) only once the new one is complete, the new one is renamed into
@@ -64,9 +65,29 @@ from distfit.stores.plan import (
     float_array,
     is_path_safe,
     is_plan_store,
+    plan_claims,
 )
 
 WRITE_BATCH = 16  # blocks written per round trip to zarr's event loop (PlanWriter.write_blocks)
+
+#: Zarr v3 ``dimension_names`` of the plan's arrays (README "Store formats"; what xarray shows).
+#: Within one block group each name has one size: ``basis_row`` and ``basis_col`` k (the rows of
+#: B; sigma is k x k, and xarray wants two names for its two axes), ``cell`` d_b (the cells of
+#: the block's marginal), ``block_query`` m_b (the rows of L, one per workload query the block
+#: serves; ``query_index`` says which). ``query`` is the workload query (m) of ``queries/``.
+#: A plan has no coordinate arrays: adding arrays would change every plan's checksum (it covers
+#: every array), and a block's rows and cells are labelled by ``query_index`` and the plan's
+#: ``spec``/``schema`` attrs already. Metadata only: the checksum does not see these names.
+BLOCK_DIMS: dict[str, tuple[str, ...]] = {
+    "basis": ("basis_row", "cell"),
+    "recon": ("block_query", "basis_row"),
+    "query_index": ("block_query",),
+    "sigma": ("basis_row", "basis_col"),
+    "targets": ("block_query",),
+    "variances": ("block_query",),
+    "profile": ("cell",),
+}
+QUERY_DIMS = ("query",)  # queries/targets and queries/variances
 SCRATCH = "scratch"  # the staging store's scratch group (streamed planning); never in a finished plan
 RESCALED_ARRAYS = ("sigma", "targets", "variances", "profile")  # what promote_draft may rewrite
 
@@ -170,7 +191,7 @@ class PlanWriter:
     def _write_block_files(self, record: BlockRecord, attrs: dict) -> None:
         g = self._blocks.create_group(record.block_id)
         for name in BLOCK_ARRAYS:
-            write_array(g, name, getattr(record, name))
+            write_array(g, name, getattr(record, name), dims=BLOCK_DIMS[name])
         g.attrs.update(attrs)
 
     def write_blocks(self, records: Iterable[BlockRecord], batch: int = WRITE_BATCH) -> int:
@@ -217,6 +238,7 @@ class PlanWriter:
                 arr = await group.create_array(
                     name, shape=data.shape, dtype=data.dtype,
                     chunks=chunk_shape(data.shape, data.dtype.itemsize),
+                    dimension_names=BLOCK_DIMS[name],
                     config={"write_empty_chunks": True},
                 )
                 if data.size:
@@ -269,7 +291,11 @@ class PlanWriter:
         attrs = jsonable(dict(attrs or {}), f"scratch/{key} attrs")
         group = self._scratch_group(key, create=True)
         for name, data in arrays.items():
-            write_array(group, name, np.ascontiguousarray(data))
+            data = np.ascontiguousarray(data)
+            # A block array (a draft, a spilled basis) gets its block dimension names, so a
+            # promoted draft is the same store write_block makes; anything else generic ones.
+            dims = BLOCK_DIMS.get(name) or tuple(f"{name}_dim{axis}" for axis in range(data.ndim))
+            write_array(group, name, data, dims=dims)
         if attrs:
             group.attrs.update(attrs)
 
@@ -328,7 +354,7 @@ class PlanWriter:
         os.rename(self.staging_path / SCRATCH / key, self.staging_path / "blocks" / block_id)
         group = self._blocks[block_id]
         for name, data in arrays.items():
-            write_array(group, name, data, overwrite=True)
+            write_array(group, name, data, dims=BLOCK_DIMS[name], overwrite=True)
         if attrs:
             group.attrs.update(attrs)
         self._max_query_index = max(self._max_query_index, top)
@@ -380,9 +406,8 @@ class PlanWriter:
         shutil.rmtree(self.staging_path / SCRATCH, ignore_errors=True)  # scratch is never part of a plan
 
         queries = self._group["queries"]
-        write_array(queries, "targets", targets)
-        write_array(queries, "variances", variances)
-        checksum = compute_checksum(self._group)
+        write_array(queries, "targets", targets, dims=QUERY_DIMS)
+        write_array(queries, "variances", variances, dims=QUERY_DIMS)
         attrs = jsonable({
             **extra,
             "distfit_format": FORMAT,
@@ -396,8 +421,11 @@ class PlanWriter:
             "created": utc_now(),
             "distfit_version": __version__,
             "complete": True,
-            "checksum": checksum,
         })
+        # The version-2 checksum: the arrays and the attrs that state the plan's claims, read
+        # back as a reader will see them (the blocks' attrs from the store).
+        checksum = compute_checksum(self._group, attrs=plan_claims(attrs, self._group))
+        attrs["checksum"] = checksum
         self._group.attrs.update(attrs)
         if self.fsync:
             fsync_tree(self.staging_path)
@@ -429,4 +457,4 @@ def _check_schema(schema: Any) -> dict:
     return {**{k: v for k, v in schema.items()}, "attributes": names, "sizes": out_sizes}
 
 
-__all__ = ["PlanWriter", "RESCALED_ARRAYS", "WRITE_BATCH"]
+__all__ = ["BLOCK_DIMS", "PlanWriter", "QUERY_DIMS", "RESCALED_ARRAYS", "WRITE_BATCH"]

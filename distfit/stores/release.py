@@ -18,6 +18,20 @@ Layout (**contract**, DESIGN.md section 4), a Zarr v3 group::
                                               UTF-8 strings: the Zarr v3 ``string`` data type)
       chunks/done                (n_chunks,)  uint8, one zarr chunk per release chunk: 1 once
                                               every array of that chunk is written
+      unit                       (units,)     coordinate: the unit ids again (same dtype)
+      queries/query              (m,)         coordinate: the query labels (strings), when
+                                              ``labels`` is not None
+      blocks/<block_id>/block_query (m_b,)    coordinate: the label of each block row's query
+                                              (when ``labels`` is not None)
+
+Dimension names (Zarr v3 ``dimension_names``, :data:`DIMS`, so that ``xr.open_datatree(path,
+engine="zarr")`` opens the store whole): ``unit`` (units), ``query`` (m), ``block_query`` (m_b,
+per block group), ``chunk`` (n_chunks). xarray makes an array named like a dimension its
+coordinate, and a group's coordinates reach its subgroups: the root ``unit`` labels every
+answer array (``tree["queries"].dataset.sel(unit=some_id)``). ``unit`` repeats ``unit_ids``
+(which keeps its name: the layout is a contract) and is written by each chunk next to it.
+Releases written before the coordinates (no ``unit``, ``queries/query``, ``block_query``, no
+dimension names) read and verify as before; a resumed one is finished in its own layout.
 
 Answer arrays are chunked over units only, ``(r, m_b)`` with ``r`` the largest divisor of
 ``chunk_units`` (the data's chunk size) that keeps a chunk under 16 MiB (:func:`answer_chunks`),
@@ -64,6 +78,7 @@ from distfit.stores.files import (
     jsonable,
     root_attrs_on_disk,
     utc_now,
+    write_array,
 )
 from distfit.stores.plan import verify_checksum
 
@@ -76,6 +91,19 @@ FORMAT_VERSION = 1
 #: the seal's checksum read. The checksum is over the decoded values, so it does not depend on this
 #: choice, and readers decode whatever codecs a store records (older zstd stores read as before).
 ANSWER_COMPRESSORS: Any = None
+
+#: Dimension names (Zarr v3 ``dimension_names``) of every release array, by path pattern
+#: (module docstring); ``<block_id>`` stands for every block.
+DIMS: dict[str, tuple[str, ...]] = {
+    "blocks/<block_id>/answers": ("unit", "block_query"),
+    "blocks/<block_id>/block_query": ("block_query",),
+    "queries/answers": ("unit", "query"),
+    "queries/variances": ("query",),
+    "queries/query": ("query",),
+    "unit_ids": ("unit",),
+    "unit": ("unit",),
+    "chunks/done": ("chunk",),
+}
 
 #: How the seal reads the store for its checksum (:func:`distfit.stores.checksum.compute_checksum`,
 #: the same digest as every reader's): whole zarr chunks of answers, at least this many bytes a
@@ -124,30 +152,39 @@ def _lay_out(path: Path, *, plan, plan_path: str, data, blocks, private: bool, l
     config = {"write_empty_chunks": True}
     root = zarr.open_group(store=str(path), mode="w-", zarr_format=3)
     root.attrs.update({"distfit_format": FORMAT, "format_version": FORMAT_VERSION, "complete": False})
+    label_array = None if labels is None else np.array(list(labels), dtype=object)  # text coordinates
     block_group = root.create_group("blocks")
     for block_id, block in blocks.items():
         m_b = block.recon.shape[0]
         g = block_group.create_group(block_id)
         g.create_array("answers", shape=(units, m_b), dtype=np.float64,
-                       chunks=answer_chunks(chunk_units, m_b), compressors=ANSWER_COMPRESSORS, config=config)
+                       chunks=answer_chunks(chunk_units, m_b), compressors=ANSWER_COMPRESSORS,
+                       dimension_names=DIMS["blocks/<block_id>/answers"], config=config)
+        if label_array is not None:
+            write_array(g, "block_query", label_array[np.asarray(block.query_index, dtype=np.int64)],
+                        dims=DIMS["blocks/<block_id>/block_query"])
         g.attrs.update(jsonable({"attributes": list(block.attributes),
                                   "block_index": positions[block_id]}))
     queries = root.create_group("queries")
     queries.create_array("answers", shape=(units, m), dtype=np.float64,
-                         chunks=answer_chunks(chunk_units, m), compressors=ANSWER_COMPRESSORS, config=config)
-    variances = queries.create_array("variances", shape=(m,), dtype=np.float64,
-                                     chunks=chunk_shape((m,), 8), config=config)
-    if m:
-        variances[...] = np.asarray(plan.queries_variances, dtype=np.float64)
+                         chunks=answer_chunks(chunk_units, m), compressors=ANSWER_COMPRESSORS,
+                         dimension_names=DIMS["queries/answers"], config=config)
+    write_array(queries, "variances", np.asarray(plan.queries_variances, dtype=np.float64),
+                dims=DIMS["queries/variances"])
+    if label_array is not None:
+        write_array(queries, "query", label_array, dims=DIMS["queries/query"])
     queries.attrs["labels"] = labels
     ids_dtype = np.dtype(data.unit_ids.dtype)
     if ids_dtype.kind in "TUO":
         ids_dtype = str  # variable-length UTF-8 (the Zarr v3 "string" data type)
     elif ids_dtype.kind not in "iuf":
         raise ValueError(f"{data.path}: unit_ids of dtype {ids_dtype} are not supported (numbers or strings)")
-    root.create_array("unit_ids", shape=(units,), dtype=ids_dtype, chunks=(chunk_units,), config=config)
+    for name in ("unit_ids", "unit"):  # written by the chunks (write_chunk)
+        root.create_array(name, shape=(units,), dtype=ids_dtype, chunks=(chunk_units,),
+                          dimension_names=DIMS[name], config=config)
     root.create_group("chunks").create_array(
-        "done", shape=(n_chunks,), dtype=np.uint8, chunks=(1,), fill_value=0, config=config)
+        "done", shape=(n_chunks,), dtype=np.uint8, chunks=(1,), fill_value=0,
+        dimension_names=DIMS["chunks/done"], config=config)
     root.attrs.update(jsonable({
         "distfit_format": FORMAT,
         "format_version": FORMAT_VERSION,
@@ -169,14 +206,17 @@ def _lay_out(path: Path, *, plan, plan_path: str, data, blocks, private: bool, l
 def write_chunk(release_path: str, chunk: int, start: int, block_answers: Mapping[str, np.ndarray],
                 query_answers: np.ndarray, unit_ids: np.ndarray) -> None:
     """Write release chunk ``chunk`` (rows ``start:start + len(unit_ids)``): every block's
-    answers, the query answers and the unit ids, then, last, ``chunks/done[chunk] = 1``. Runs in
-    a task, on any worker; the rows are whole zarr chunks that no other chunk touches."""
+    answers, the query answers and the unit ids (``unit_ids`` and its coordinate twin ``unit``,
+    absent from a release laid out before it, resumed), then, last, ``chunks/done[chunk] = 1``.
+    Runs in a task, on any worker; the rows are whole zarr chunks that no other chunk touches."""
     stop = start + len(unit_ids)
     root = zarr.open_group(store=release_path, mode="r+", zarr_format=3)
     for block_id, answers in block_answers.items():
         root[f"blocks/{block_id}/answers"][start:stop] = answers
     root["queries/answers"][start:stop] = query_answers
     root["unit_ids"][start:stop] = unit_ids
+    if "unit" in root:
+        root["unit"][start:stop] = unit_ids
     root["chunks/done"][chunk] = 1
 
 
@@ -262,7 +302,7 @@ class ChunkSync:
         self._units, self._chunk_units = units, chunk_units
         self._arrays = []
         for name in [f"blocks/{b}/answers" for b in root["blocks"].group_keys()] + [
-                "queries/answers", "unit_ids", "chunks/done"]:
+                "queries/answers", "unit_ids", *(["unit"] if "unit" in root else []), "chunks/done"]:
             arr = root[name]
             self._arrays.append((name, arr.metadata, tuple(int(c) for c in arr.chunks), tuple(arr.shape)))
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="distfit-fsync")
@@ -395,6 +435,7 @@ __all__ = [
     "ANSWER_COMPRESSORS",
     "FORMAT_VERSION",
     "ChunkSync",
+    "DIMS",
     "Release",
     "ReleaseError",
     "answer_chunks",

@@ -2,6 +2,7 @@
 errors, ``python -m distfit.cli``."""
 from __future__ import annotations
 
+import errno
 import json
 import os
 import subprocess
@@ -43,3 +44,49 @@ def test_module_entry_point_subprocess(tmp_path):
                          capture_output=True, text=True, env=env, timeout=120)
     assert bad.returncode == 2
     assert_one_line_error(bad.stderr, "unknown workload")
+
+
+def _fail_third_chunk(error):
+    """A ``write_chunk`` that writes two chunks, then fails the way a full disk or a denied
+    directory does."""
+    from distfit.release import job as release_job
+
+    original = release_job.write_chunk
+    calls = []
+
+    def write_chunk(*args, **kwargs):
+        calls.append(args[1])
+        if len(calls) == 3:
+            raise error
+        return original(*args, **kwargs)
+
+    return release_job, write_chunk, calls
+
+
+@pytest.mark.parametrize("error", [
+    OSError(errno.ENOSPC, "No space left on device", "answers/c/2/0"),
+    PermissionError(errno.EACCES, "Permission denied", "answers/c/2/0"),
+], ids=["disk-full", "no-permission"])
+def test_os_errors_end_in_one_line_and_the_release_resumes(small_plan, tmp_path, capsys, monkeypatch, error):
+    """Disk full or no permission in the middle of a release: one line naming the file and the
+    problem, exit 1, no traceback; the chunks written are kept and --resume finishes the release."""
+    from distfit.stores.data import write_synthetic
+    from distfit.stores.release import read_release, verify_release
+
+    data = tmp_path / "data.zarr"
+    write_synthetic(small_plan.spec, 30, data, seed=1, chunk_units=5)
+    out = tmp_path / "r.zarr"
+    release_job, failing, calls = _fail_third_chunk(error)
+    monkeypatch.setattr(release_job, "write_chunk", failing)
+    code, out_text, err = run(capsys, "release", small_plan.plan, "--data", str(data), "--out", str(out),
+                              "--serial", "--seed", "9")
+    assert len(calls) == 3, "the failure was never injected"
+    assert code == 1
+    # one error line after the progress meter's, and no traceback
+    assert "Traceback" not in err and err.strip().splitlines()[-1] == f"distfit: error: answers/c/2/0: {error.strerror}"
+    assert all(line.startswith("release: ") for line in err.strip().splitlines()[:-1]), err
+    monkeypatch.undo()
+    code, _, err = run(capsys, "release", small_plan.plan, "--data", str(data), "--out", str(out),
+                       "--serial", "--seed", "9", "--resume")
+    assert code == 0, err
+    assert verify_release(out)[0] and read_release(out).attrs["complete"] is True

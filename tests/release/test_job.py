@@ -81,9 +81,14 @@ def test_end_to_end_serial_layout_and_contents(inputs, tmp_path, capsys, monkeyp
     assert a["schema"] == plan.attrs["schema"]
     assert verify_release(out)[0]
     arrays = _arrays(out)
-    expected = {f"blocks/{b}/answers" for b in plan.block_ids} | {
-        "queries/answers", "queries/variances", "unit_ids", "chunks/done"}
+    expected = {f"blocks/{b}/{name}" for b in plan.block_ids for name in ("answers", "block_query")} | {
+        "queries/answers", "queries/variances", "queries/query", "unit_ids", "unit", "chunks/done"}
     assert set(arrays) == expected  # no counts, marginals or true answers anywhere
+    # the xarray coordinates: the unit ids again, the query labels, each block row's query label
+    np.testing.assert_array_equal(arrays["unit"], arrays["unit_ids"])
+    assert arrays["queries/query"].tolist() == rel.labels
+    for block in plan.iter_blocks():
+        assert arrays[f"blocks/{block.block_id}/block_query"].tolist() == [rel.labels[j] for j in block.query_index]
     m = len(plan.queries_targets)
     assert arrays["queries/answers"].shape == (UNITS, m)
     assert zarr.open_array(str(out / "queries/answers"), mode="r").chunks == (CHUNK, m)

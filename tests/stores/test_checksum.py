@@ -2,18 +2,20 @@
 from __future__ import annotations
 
 import hashlib
+import json
 
 import numpy as np
 import pytest
 import zarr
 
 import distfit.stores.checksum as checksums
-from distfit.stores.checksum import compute_checksum
+from distfit.stores.checksum import canonical_json, compute_checksum
 
 
-def reference_checksum(group: zarr.Group) -> str:
-    """The format as the module docstring states it, one array at a time, no slabs, no threads."""
-    h = hashlib.sha256(b"distfit-plan-checksum-v1\n")
+def reference_checksum(group: zarr.Group, claims: bytes | None = None) -> str:
+    """The format as the module docstring states it, one array at a time, no slabs, no threads;
+    with ``claims`` (canonical JSON bytes) version 2."""
+    h = hashlib.sha256(b"distfit-plan-checksum-v1\n" if claims is None else b"distfit-plan-checksum-v2\n")
     arrays = sorted((name, arr) for name, arr in group.members(max_depth=None) if isinstance(arr, zarr.Array))
     for name, arr in arrays:
         data = arr[...]
@@ -29,6 +31,8 @@ def reference_checksum(group: zarr.Group) -> str:
         shape = ",".join(str(n) for n in arr.shape)
         h.update(f"{name}\n{data.dtype.str}\n{shape}\n{data.nbytes}\n".encode())
         h.update(np.ascontiguousarray(data).tobytes())
+    if claims is not None:
+        h.update(f"attrs\n{len(claims)}\n".encode() + claims)
     return "sha256:" + h.hexdigest()
 
 
@@ -70,3 +74,30 @@ def test_string_arrays_must_be_one_dimensional(tmp_path):
     root.create_array("names", shape=(2, 2), dtype=str)
     with pytest.raises(ValueError, match="string arrays must be 1-d"):
         compute_checksum(root)
+
+
+CLAIMS = {"": {"alpha": 2.0396915828449145, "alpha_exact": True, "note": "naïve", "pair": (1, 2)},
+          "blocks/b0": {"lower_bound": -0.0, "tiny": 1e-300, "attributes": ["a", "b"]}}
+
+
+def test_version_2_covers_the_claims_after_the_arrays(group):
+    """The version-2 digest: the v2 domain line, the arrays as in version 1, then the canonical
+    JSON of the claims (sorted keys, no spaces, UTF-8, shortest float text)."""
+    text = canonical_json(CLAIMS)
+    assert text.startswith(b'{"":{"alpha":2.0396915828449145,"alpha_exact":true,"note":"na\xc3\xafve","pair":[1,2]}')
+    expected = reference_checksum(group, text)
+    assert compute_checksum(group, attrs=CLAIMS) == expected
+    assert compute_checksum(group, attrs=CLAIMS, threads=1, read_bytes=1) == expected
+    assert expected not in (reference_checksum(group), compute_checksum(group, attrs={}))
+    # key order does not matter, values do; a JSON round trip (tuples to lists) changes nothing
+    assert compute_checksum(group, attrs=dict(reversed(list(CLAIMS.items())))) == expected
+    assert compute_checksum(group, attrs=json.loads(json.dumps(CLAIMS))) == expected
+    changed = {**CLAIMS, "blocks/b0": {**CLAIMS["blocks/b0"], "lower_bound": 0.0}}  # -0.0 and 0.0 differ
+    assert compute_checksum(group, attrs=changed) != expected
+
+
+def test_canonical_json_refuses_what_json_cannot_hold():
+    with pytest.raises(ValueError):
+        canonical_json({"alpha": float("nan")})
+    with pytest.raises(TypeError):
+        canonical_json({"alpha": {1, 2}})

@@ -5,6 +5,7 @@ import json
 import multiprocessing
 import os
 import shutil
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,6 +22,8 @@ from distfit.stores.plan import (
     FORMAT_VERSION,
     BlockRecord,
     StoreError,
+    checksum_covers_attrs,
+    plan_claims,
     read_plan,
     verify_checksum,
 )
@@ -205,7 +208,91 @@ def test_checksum_is_deterministic_and_covers_paths(template, tmp_path):
     renamed[1] = BlockRecord(**{**r.__dict__, "block_id": "race2"})
     c3, _ = write_plan(tmp_path / "c.zarr", renamed)
     assert c3 != c1  # the same bytes under another path change the checksum
-    assert compute_checksum(zarr.open_group(str(p1), mode="r")) == c1
+    group = zarr.open_group(str(p1), mode="r")
+    assert compute_checksum(group, attrs=plan_claims(dict(group.attrs), group)) == c1
+    assert compute_checksum(group) != c1  # the version-1 rule (arrays only) is not a version-2 plan's
+
+
+# ---------------------------------------------------------------------------- what the checksum covers
+
+#: Every claim a plan states, as (node, dotted attr path, a changed value): the version-2
+#: checksum must change when any of them does (issue 12).
+CLAIMS = [
+    ("", "alpha", 4.0), ("", "alpha_exact", False), ("", "rho", 2.0), ("", "composition", "parallel"),
+    ("", "spec.name", "other"), ("", "schema.sizes", [3, 2, 5]), ("", "account.rho", 0.1),
+    ("", "account.epsilon_delta", [[1e-6, 0.31]]), ("", "planner.decisions", []),
+    ("", "format_version", 1), ("", "distfit_format", "plan2"),
+    ("blocks/race", "alpha", 9.0), ("blocks/race", "lower_bound", 0.5), ("blocks/race", "attributes", ["age"]),
+    ("blocks/race", "solver.stage", "smii"), ("blocks/race", "solver.final_t", 1.0),
+]
+#: Provenance the checksum leaves out, so that two writes of one plan hash alike.
+PROVENANCE = [("", "created", "1999-01-01T00:00:00Z"), ("", "distfit_version", "0.0.0"),
+              ("", "planner.seconds", 99.0), ("blocks/race", "solver.seconds", 99.0)]
+
+
+def _set(path: Path, node: str, key: str, value) -> None:
+    group = zarr.open_group(str(path), mode="r+")
+    target = group[node] if node else group
+    attrs = json.loads(json.dumps(dict(target.attrs)))
+    where = attrs
+    *parents, last = key.split(".")
+    for part in parents:
+        where = where.setdefault(part, {})
+    where[last] = value
+    target.attrs.update(attrs)
+
+
+@pytest.mark.parametrize("node, key, value", CLAIMS, ids=[f"{n or 'root'}:{k}" for n, k, _ in CLAIMS])
+def test_the_checksum_covers_every_claim(plan_copy, node, key, value):
+    path, checksum = plan_copy
+    _set(path, node, key, value)
+    if key == "format_version":  # read as a version-1 plan: the arrays-only rule gives another digest
+        assert verify_checksum(path) == (False, checksum, compute_checksum(zarr.open_group(str(path), mode="r")))
+        return
+    if key == "distfit_format":
+        with pytest.raises(StoreError, match="not 'plan'"):
+            verify_checksum(path)
+        return
+    ok, stored, recomputed = verify_checksum(path)
+    assert not ok and stored == checksum and recomputed != checksum
+
+
+@pytest.mark.parametrize("node, key, value", PROVENANCE, ids=[f"{n or 'root'}:{k}" for n, k, _ in PROVENANCE])
+def test_the_checksum_leaves_out_provenance(plan_copy, node, key, value):
+    path, checksum = plan_copy
+    _set(path, node, key, value)
+    assert verify_checksum(path) == (True, checksum, checksum)
+
+
+def test_plan_claims_are_what_a_reader_sees(plan_copy):
+    """The writer hashes the claims it is about to store; they must be, byte for byte (canonical
+    JSON), what plan_claims reads back: tuples become lists, numpy scalars plain numbers."""
+    path, checksum = plan_copy
+    group = zarr.open_group(str(path), mode="r")
+    claims = plan_claims(dict(group.attrs), group)
+    assert sorted(claims) == ["", "blocks/age.sex", "blocks/empty_", "blocks/race"]
+    assert set(claims[""]) == {"distfit_format", "format_version", "spec", "schema", "alpha", "alpha_exact", "rho",
+                               "composition", "account", "planner"}
+    assert claims[""]["planner"] == {"decisions": ["split residual blocks"]}  # its seconds are provenance
+    assert claims["blocks/race"]["solver"] == {"dual_evaluations": 12, "stage": "dual", "final_t": 1e3}
+    assert compute_checksum(group, attrs=claims) == checksum
+
+
+def test_a_version_1_plan_is_read_and_verified_by_its_own_rule(tmp_path):
+    """A plan written before issue 12 (tests/stores/plan_v1.zip: the issue's merged 2 x 3 x 4
+    plan, written by distfit at commit 73383e7) keeps its checksum: arrays only."""
+    with zipfile.ZipFile(Path(__file__).parent / "plan_v1.zip") as archive:
+        archive.extractall(tmp_path)
+    path = tmp_path / "plan.zarr"
+    plan = read_plan(path)
+    v1 = "sha256:f00e2d65d9a11aaa3e910671bff0505b73c161558beece90cd2a8de763b36dab"
+    assert plan.attrs["format_version"] == 1 and not checksum_covers_attrs(plan.attrs)
+    assert verify_checksum(path) == (True, v1, v1)
+    _set(path, "", "alpha", 1.0)  # not covered by a version-1 checksum (the audit recomputes it)
+    assert verify_checksum(path) == (True, v1, v1)
+    arr = zarr.open_array(str(path / "blocks/r-a.b.c/sigma"), mode="r+")
+    arr[0, 0] = arr[0, 0] * 2
+    assert not verify_checksum(path)[0]
 
 
 # ---------------------------------------------------------------------------- refusals
@@ -607,4 +694,5 @@ def test_checksum_with_slabs_matches_unthreaded_order(tmp_path, monkeypatch):
     checksum, _ = write_plan(path)
     monkeypatch.setattr(checksums, "READ_BYTES", 64)
     monkeypatch.setattr(checksums, "READ_THREADS", 3)
-    assert compute_checksum(zarr.open_group(str(path), mode="r")) == checksum
+    group = zarr.open_group(str(path), mode="r")
+    assert compute_checksum(group, attrs=plan_claims(dict(group.attrs), group)) == checksum

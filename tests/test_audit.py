@@ -1,0 +1,336 @@
+"""``distfit audit`` (issue 12): every claim a plan states is recomputed, so editing one - and
+re-sealing the checksum with the store's own rule, so that only the recomputation can catch it -
+fails the audit naming the claim; editing one without re-sealing fails the checksum.
+
+The plans: the issue's merged plan (sizes 2 x 3 x 4, all 2-way marginals, targets 1: one block),
+the same spec under a zCDP budget, and ``SMALL_SPEC`` (two blocks, the joint block dual).
+"""
+from __future__ import annotations
+
+import copy
+import io
+import shutil
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+import zarr
+
+from distfit.audit import audit_plan
+from distfit.cli.main import main
+from distfit.plan.job import run_plan
+from distfit.plan.planner import JOINT_BLOCK_DUAL, SCALE_ALLOCATION
+from distfit.spec.parse import parse_spec
+from distfit.stores.checksum import compute_checksum
+from distfit.stores.plan import checksum_covers_attrs, plan_claims, read_plan
+from tests.reference import SMALL_SPEC, orthonormal_row_basis
+
+#: The issue's plan: all 2-way marginals of a 2 x 3 x 4 domain, targets 1; merged into one block.
+MERGED_SPEC = {
+    "name": "merged-234",
+    "attributes": [{"name": "a", "size": 2}, {"name": "b", "size": 3}, {"name": "c", "size": 4}],
+    "queries": [
+        {"name": "ab", "attributes": {"a": "identity", "b": "identity"}, "target": 1},
+        {"name": "ac", "attributes": {"a": "identity", "c": "identity"}, "target": 1},
+        {"name": "bc", "attributes": {"b": "identity", "c": "identity"}, "target": 1},
+    ],
+}
+BLOCK = "blocks/r-a.b.c"
+
+
+@pytest.fixture(scope="module")
+def plans(tmp_path_factory):
+    """Plans written once; each test edits its own copy (``copy_of``)."""
+    root = tmp_path_factory.mktemp("plans")
+    specs = {
+        "merged": MERGED_SPEC,
+        "budget": dict(MERGED_SPEC, name="merged-budget", privacy={"rho": 0.5}),
+        "joint": SMALL_SPEC,
+    }
+    for name, content in specs.items():
+        run_plan(parse_spec(content), str(root / f"{name}.zarr"), serial=True, log=io.StringIO())
+    return root
+
+
+@pytest.fixture
+def copy_of(plans, tmp_path):
+    def make(name: str):
+        path = tmp_path / f"{name}.zarr"
+        shutil.copytree(plans / f"{name}.zarr", path)
+        return path
+    return make
+
+
+def edit(path, node: str = "", **changes) -> None:
+    """Set attrs of ``node`` (``""``: the root); a dotted key edits inside a dict attr."""
+    group = zarr.open_group(str(path), mode="r+")
+    target = group if not node else group[node]
+    attrs = dict(target.attrs)
+    for key, value in changes.items():
+        head, *rest = key.split("__")
+        if rest:
+            inner = copy.deepcopy(attrs[head])
+            where = inner
+            for part in rest[:-1]:
+                where = where[part]
+            where[rest[-1]] = value(where[rest[-1]]) if callable(value) else value
+            attrs[head] = inner
+        else:
+            attrs[head] = value(attrs[head]) if callable(value) else value
+    target.attrs.update(attrs)
+
+
+def edit_array(path, name: str, change) -> None:
+    arr = zarr.open_array(str(path / name), mode="r+")
+    arr[...] = change(arr[...])
+
+
+def reseal(path) -> str:
+    """Recompute the checksum with the store's own rule and store it: the edit is then invisible
+    to the checksum, and only the audit's recomputation can catch it."""
+    group = zarr.open_group(str(path), mode="r+")
+    attrs = dict(group.attrs)
+    checksum = compute_checksum(group, attrs=plan_claims(attrs, group) if checksum_covers_attrs(attrs) else None)
+    group.attrs["checksum"] = checksum
+    return checksum
+
+
+def assert_fails(path, *claims: str):
+    report = audit_plan(str(path))
+    text = "\n".join(report.failures)
+    assert not report.ok, "the audit passed an edited plan"
+    assert not any(f.startswith("checksum") for f in report.failures), text  # re-sealed: the checksum holds
+    for claim in claims:
+        assert claim in text, f"{claim!r} not named in:\n{text}"
+    return report
+
+
+def test_written_plans_pass(plans):
+    for name in ("merged", "budget", "joint"):
+        report = audit_plan(str(plans / f"{name}.zarr"))
+        assert report.ok, report.failures
+        assert report.warnings == ()  # a version-2 plan: every bound re-certified, the attrs covered
+        assert report.checksum == read_plan(plans / f"{name}.zarr").checksum
+
+
+# ---------------------------------------------------------------------------- one test per claim
+
+def _scaled_rows(factor):
+    return lambda rows: [dict(r, epsilon=r["epsilon"] * factor) for r in rows]
+
+
+ROOT_EDITS = {
+    # the issue's edit: every epsilon of the account divided by 10
+    "account epsilons / 10": (dict(account__epsilon_delta=_scaled_rows(0.1)), "account.epsilon_delta"),
+    "account RDP curve x 10": (dict(account__rdp=_scaled_rows(10.0)), "account.rdp"),
+    "account alpha": (dict(account__alpha=lambda a: a * 1.5), "account.alpha"),
+    "account rho": (dict(account__rho=lambda r: r / 2), "account.rho"),
+    "alpha": (dict(alpha=lambda a: a * 0.9), "alpha: stored"),
+    "rho": (dict(rho=lambda r: r * 0.9), "rho: stored"),
+    "alpha_exact": (dict(alpha_exact=False), "alpha_exact: stored False"),
+    "variance scale x 10": (dict(planner__variance_scale=10.0), "planner.variance_scale"),
+    "alpha sum bound": (dict(planner__alpha_sum_bound=lambda a: a * 2), "planner.alpha_sum_bound"),
+    "spec hash": (dict(planner__spec_hash="0" * 64), "planner.spec_hash"),
+    "schema": (dict(schema={"attributes": ["a", "b", "c"], "sizes": [2, 3, 5]}), "schema: stored"),
+    "spec": (dict(spec__queries=lambda q: q + [{"name": "x", "attributes": {"zz": "identity"}, "target": 1}]),
+             "spec: the stored spec is not a valid spec"),
+    # a bound on plans with the chosen blocks, raised past what the allocation certifies
+    "chosen-blocks bound": (dict(planner__chosen_blocks_lower_bound__value=lambda v: v * 1.0001),
+                            "planner.chosen_blocks_lower_bound"),
+    "chosen-blocks bound method": (dict(planner__chosen_blocks_lower_bound__method="guesswork"),
+                                   "planner.chosen_blocks_lower_bound: unknown method"),
+    # the issue's figure stated as a global bound: above the optimum 2.0395807, not certifiable
+    "global bound": (dict(planner__global_lower_bound__value=2.0396907021850232), "planner.global_lower_bound"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(ROOT_EDITS))
+def test_an_edited_root_claim_fails_the_audit_naming_it(copy_of, case):
+    changes, claim = ROOT_EDITS[case]
+    path = copy_of("merged")
+    edit(path, **changes)
+    reseal(path)
+    assert_fails(path, claim)
+
+
+BLOCK_EDITS = {
+    "alpha": (dict(alpha=lambda a: a * 0.9), f"{BLOCK}: alpha"),
+    "lower bound above alpha": (dict(lower_bound=lambda b: b * 1.01), f"{BLOCK}/lower_bound"),
+    "attributes": (dict(attributes=["c", "b", "a"]), f"{BLOCK}: attributes"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BLOCK_EDITS))
+def test_an_edited_block_claim_fails_the_audit_naming_it(copy_of, case):
+    changes, claim = BLOCK_EDITS[case]
+    path = copy_of("merged")
+    edit(path, BLOCK, **changes)
+    reseal(path)
+    assert_fails(path, claim)
+
+
+def test_a_block_bound_between_the_optimum_and_alpha_is_not_certified(copy_of):
+    """Below the block's alpha, so only running the dual again can tell that no dual point
+    reaches it: the optimum is about 2.03958, alpha 2.03969."""
+    path = copy_of("merged")
+    block = read_plan(path).block("r-a.b.c")
+    claimed = (block.lower_bound + block.alpha) / 2
+    edit(path, BLOCK, lower_bound=claimed)
+    reseal(path)
+    report = assert_fails(path, f"{BLOCK}/lower_bound: stored {claimed!r}, but the dual reaches only")
+    assert len(report.failures) == 1
+
+
+ARRAY_EDITS = {
+    "query targets x 10": ("queries/targets", lambda t: t * 10, "queries/targets: 26 differ from the stored spec"),
+    "block target shares x 10": (f"{BLOCK}/targets", lambda t: t * 10, f"{BLOCK}/targets: 26 target shares"),
+    "block target shares / 10": (f"{BLOCK}/targets", lambda t: t / 10, "blocks/*/targets: the target shares of 26"),
+    "query variances": ("queries/variances", lambda v: v / 2, "queries/variances: differ from the sum"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(ARRAY_EDITS))
+def test_an_edited_array_claim_fails_the_audit_naming_it(copy_of, case):
+    name, change, claim = ARRAY_EDITS[case]
+    path = copy_of("merged")
+    edit_array(path, name, change)
+    reseal(path)
+    assert_fails(path, claim)
+
+
+def test_targets_inflated_everywhere_consistently_still_fail(copy_of):
+    """Spec, spec hash, query targets and block shares all x 10: the plan no longer meets its
+    targets with equality, so the stated variance scale (1) is not the plan's (0.1)."""
+    path = copy_of("merged")
+    spec = read_plan(path).attrs["spec"]
+    spec["queries"] = [dict(q, target=q["target"] * 10) for q in spec["queries"]]
+    edit(path, spec=spec, planner__spec_hash=parse_spec(spec).spec_hash)
+    edit_array(path, "queries/targets", lambda t: t * 10)
+    edit_array(path, f"{BLOCK}/targets", lambda t: t * 10)
+    reseal(path)
+    assert_fails(path, "planner.variance_scale: stored 1.0, but the largest variance/target is 0.1")
+
+
+def test_a_budget_plan_over_its_spec_budget_fails(copy_of):
+    path = copy_of("budget")
+    spec = read_plan(path).attrs["spec"]
+    spec["privacy"] = {"mode": "budget", "rho": 0.25}  # the plan spends rho 0.5
+    edit(path, spec=spec, planner__spec_hash=parse_spec(spec).spec_hash)
+    reseal(path)
+    assert_fails(path, "alpha: 1.0", "exceeds the spec's budget (alpha 0.5)")
+
+
+def test_a_budget_plan_variance_scale_is_recomputed(copy_of):
+    path = copy_of("budget")
+    scale = read_plan(path).attrs["planner"]["variance_scale"]
+    assert scale == pytest.approx(2.0396916, rel=1e-6)  # alpha 2.0397 brought down to the budget's 1
+    edit(path, planner__variance_scale=scale / 10)  # it would promise ten times more accuracy
+    reseal(path)
+    assert_fails(path, "planner.variance_scale", "queries/variances: 26 queries exceed")
+
+
+def test_joint_block_dual_bound_is_recertified(copy_of):
+    path = copy_of("joint")
+    bound = read_plan(path).attrs["planner"]["chosen_blocks_lower_bound"]
+    assert bound["method"] == JOINT_BLOCK_DUAL and "block-diagonal plan with the chosen blocks" in bound["bounds"]
+    edit(path, planner__chosen_blocks_lower_bound__value=bound["value"] * 1.01)
+    reseal(path)
+    assert_fails(path, "planner.chosen_blocks_lower_bound: stored", "the joint block dual reaches only")
+
+
+def test_a_global_bound_on_a_plan_of_several_blocks_fails(copy_of):
+    path = copy_of("joint")
+    plan = read_plan(path)
+    assert plan.attrs["planner"]["global_lower_bound"]["value"] is None
+    assert len(plan.block_ids) == 2
+    edit(path, planner__global_lower_bound__value=0.1)  # true, but nothing certifies it
+    reseal(path)
+    assert_fails(path, "planner.global_lower_bound: 0.1 is stated for a plan of 2 blocks")
+
+
+def test_a_claim_edited_without_resealing_fails_the_checksum(copy_of, capsys):
+    path = copy_of("merged")
+    edit(path, account__epsilon_delta=_scaled_rows(0.1))
+    report = audit_plan(str(path))
+    assert report.failures[0].startswith("checksum: stored")
+    assert any(f.startswith("account.epsilon_delta") for f in report.failures)
+    assert main(["audit", str(path)]) == 1
+    out = capsys.readouterr().out
+    assert "audit FAILED" in out and "mismatch: checksum" in out and "mismatch: account.epsilon_delta" in out
+
+
+# ---------------------------------------------------------------------------- the issue's figure
+
+
+def _optimal_alpha(W: np.ndarray, targets: np.ndarray) -> float:
+    """Problem 1 as one semidefinite program (independent of distfit): with ``X = Sigma^-1`` in
+    an orthonormal row basis B of W and ``L = W B^T``, minimise t subject to ``b_i^T X b_i <= t``
+    and ``diag(Y) <= c`` with ``[[Y, L], [L^T, X]] >> 0`` (so ``Y >= L X^-1 L^T``, whose diagonal
+    holds the variances)."""
+    import cvxpy as cp
+
+    B = orthonormal_row_basis(W)
+    L = W @ B.T
+    k, m = B.shape[0], W.shape[0]
+    X = cp.Variable((k, k), symmetric=True)
+    Y = cp.Variable((m, m), symmetric=True)
+    t = cp.Variable()
+    problem = cp.Problem(cp.Minimize(t), [
+        cp.bmat([[Y, L], [L.T, X]]) >> 0, cp.diag(Y) <= targets, cp.sum(cp.multiply(B.T @ X, B.T), axis=1) <= t])
+    problem.solve(solver=cp.CLARABEL)
+    assert problem.status == "optimal"
+    return float(problem.value)
+
+
+def test_the_planner_bound_is_named_for_the_chosen_blocks(plans):
+    """The issue's plan: the planner's bound (2.0396907) is above the optimum (2.0395807), so it
+    bounds plans with the chosen blocks only; the store says so, and states the certified global
+    bound beside it (the one block's own certificate), which the optimum respects."""
+    plan = read_plan(plans / "merged.zarr")
+    planner = plan.attrs["planner"]
+    assert "allocation_lower_bound" not in planner
+    chosen, whole = planner["chosen_blocks_lower_bound"], planner["global_lower_bound"]
+    assert chosen["method"] == SCALE_ALLOCATION and "plan with the chosen blocks" in chosen["bounds"]
+    assert "not a bound on plans with other blocks" in chosen["bounds"]
+    assert chosen["value"] == pytest.approx(2.0396907, abs=5e-8)
+    assert whole["value"] == pytest.approx(2.0395807, abs=5e-8) == plan.block("r-a.b.c").lower_bound
+    assert "every Gaussian mechanism" in whole["bounds"] and "one block" in whole["method"]
+
+    spec = parse_spec(MERGED_SPEC)
+    workload = spec.workload()
+    optimum = _optimal_alpha(workload.matrix, workload.targets)
+    assert optimum == pytest.approx(2.0395807, abs=5e-8)
+    assert chosen["value"] > optimum * (1 + 5e-5)  # not a bound on every plan
+    assert whole["value"] <= optimum * (1 + 1e-7) <= plan.attrs["alpha"] * (1 + 1e-7)
+    assert plan.attrs["alpha"] / whole["value"] - 1 < 1e-4  # the certified gap
+
+
+def test_a_version_1_plan_passes_with_warnings_and_its_claims_are_still_recomputed(tmp_path, capsys):
+    """A plan written before issue 12 (format version 1: its checksum covers the arrays only)
+    passes with warnings; an edited claim re-sealed by the version-1 rule still fails."""
+    with zipfile.ZipFile(Path(__file__).parent / "stores" / "plan_v1.zip") as archive:
+        archive.extractall(tmp_path)
+    path = tmp_path / "plan.zarr"
+    assert main(["audit", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "audit passed" in out and "warning: checksum: a plan of format version 1" in out
+    assert "warning: planner.allocation_lower_bound: not audited" in out
+    edit(path, account__epsilon_delta=_scaled_rows(0.1))
+    assert audit_plan(str(path)).ok is False
+    assert reseal(path) == read_plan(path).checksum == "sha256:f00e2d65d9a11aaa3e910671bff0505b73c161558beece90cd2a8de763b36dab"
+    assert_fails(path, "account.epsilon_delta: 6 epsilons differ")
+
+
+
+def test_bounds_over_the_work_budget_are_named_in_a_warning(plans, monkeypatch):
+    """A block too big to re-certify within the audit's budget is not failed: the audit says
+    that its bound (and the global bound riding on it) is the planner's word."""
+    import distfit.audit
+
+    monkeypatch.setattr(distfit.audit, "RECERTIFY_WORK", 1.0)
+    report = audit_plan(str(plans / "merged.zarr"))
+    assert report.ok
+    assert report.warnings == ("lower bounds: 1 of 1 block bounds not re-certified (over the audit's work budget of "
+                               "1 flops; first: r-a.b.c); they are the planner's claims; so is "
+                               "planner.global_lower_bound",)
