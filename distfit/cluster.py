@@ -14,6 +14,7 @@ import contextlib
 import ctypes
 import ctypes.util
 import os
+import signal
 import sys
 import threading
 import time
@@ -79,7 +80,7 @@ def local_cluster(workers: int | None = None, worker_env: dict[str, str | None] 
     settings = {f"distributed.nanny.pre-spawn-environ.{name}": value for name, value in (worker_env or {}).items()}
     with dask.config.set(settings):  # read by each Nanny when it is created (restarts included)
         return LocalCluster(n_workers=workers or os.cpu_count() or 1, threads_per_worker=1, processes=True,
-                            dashboard_address=":0", silence_logs=40)
+                            dashboard_address=":0", silence_logs=40, preload=[__name__])
 
 
 def _dask_client(cluster, workers, timeout, log, worker_env):
@@ -145,6 +146,17 @@ class MallocTuning(WorkerPlugin):
 
     def setup(self, worker) -> None:
         raise_mmap_threshold()
+
+
+def dask_setup(worker) -> None:
+    """Dask preload hook (``LocalCluster(preload=["distfit.cluster"])``): the worker processes of a
+    *local* cluster ignore SIGINT. Ctrl-C in a terminal reaches every process of its process
+    group, and a local cluster's workers are in the driver's; the driver alone handles the
+    interrupt (it stops the workers and says what was kept), so the workers must not die
+    printing their own tracebacks. Workers of an existing cluster are left alone (their owner
+    may stop them with Ctrl-C)."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def malloc_tuning_plugin() -> MallocTuning:

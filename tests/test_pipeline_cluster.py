@@ -289,3 +289,37 @@ def test_run_survives_a_worker_killed_during_the_release(tmp_path):
     assert manifest["stages"]["release"] == "done" and manifest["stages"]["data"] == "given"
     assert manifest["data"]["units"] == KILL_UNITS
     assert read_release(rundir / "release.zarr").attrs["n_chunks"] == KILL_CHUNKS
+
+
+def test_ctrl_c_during_a_local_cluster_run_is_one_line_then_resumes(tmp_path):
+    """Ctrl-C (SIGINT to the whole process group, as a terminal sends it) while `distfit run`
+    releases on its local cluster: no traceback from the driver or the workers, one line saying
+    what was kept, exit 130; the same command then resumes the release and seals it."""
+    out = tmp_path / "run"
+    argv = _distfit("run", "--out", out, "--units", 200_000, "--workers", 2)
+    process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV,
+                               start_new_session=True)
+    done = np.zeros(0)
+    try:
+        deadline = time.time() + 240
+        while time.time() < deadline and process.poll() is None:
+            time.sleep(0.2)
+            with contextlib.suppress(Exception):
+                done = zarr.open_group(store=str(out / "release.zarr"), mode="r")["chunks/done"][...]
+            if 2 <= done.sum() < done.size - 5:
+                break
+        os.killpg(process.pid, signal.SIGINT)
+        _, err = process.communicate(timeout=120)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+    assert 2 <= done.sum() < done.size, f"the run was not caught mid-release ({done.sum()} of {done.size} chunks): {err}"
+    assert process.returncode == 130, err
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("distfit: error: interrupted; what was finished is kept in") and "run the same command" in last
+    resumed = subprocess.run(argv, capture_output=True, text=True, env=ENV, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "(resumed)" in resumed.stdout
+    assert verify_release(out / "release.zarr")[0]
+    assert read_release(out / "release.zarr").attrs["complete"] is True
