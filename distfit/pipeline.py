@@ -74,6 +74,9 @@ PACKAGES = ("distfit", "numpy", "scipy", "dask", "distributed", "zarr")
 
 PLAN_NAME, DATA_NAME, RELEASE_NAME, MANIFEST_NAME = "plan.zarr", "data.zarr", "release.zarr", "manifest.json"
 REPORT_NAME = "report"
+#: What a run writes in RUNDIR (``check_rundir``); a level's directory also holds its spec record
+#: and, under a budget, its accuracy-first plan.
+RUN_NAMES = (PLAN_NAME, DATA_NAME, RELEASE_NAME, MANIFEST_NAME, REPORT_NAME, "spec.yaml", "accuracy-plan.zarr")
 
 __all__ = ["LevelsRunResult", "RunDirError", "RunFailure", "RunResult", "default_spec_path", "run_levels",
            "run_pipeline", "data_seed"]
@@ -181,12 +184,28 @@ def _plan_spec_hash(path: Path) -> str | None:
     return (plan.attrs.get("planner") or {}).get("spec_hash")
 
 
+def check_rundir(rundir: Path, names: tuple[str, ...]) -> None:
+    """The one rule for an output directory (as for ``distfit report --out``): it may be missing,
+    empty, or hold only what a distfit run writes there (``names``, and their staging, lock and
+    temporary siblings); anything else is refused, so a run never writes beside a user's files."""
+    if rundir.is_symlink() or (rundir.exists() and not rundir.is_dir()):
+        raise RunDirError(f"{rundir}: exists and is not a directory")
+    if not rundir.is_dir():
+        return
+    foreign = sorted(entry.name for entry in rundir.iterdir()
+                     if not (entry.name in names or entry.name.startswith(tuple(f"{n}." for n in names))
+                             or entry.name.startswith(tuple(f".{n}." for n in names))))
+    if foreign:
+        shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
+        raise RunDirError(f"{rundir}: a non-empty directory that is not a distfit run directory (it holds {shown}); "
+                          "use an empty or new --out")
+
+
 def _inspect(rundir: Path, spec_hash: str, synthesise: bool, units: int | None,
              spec: Any = None, source: str | None = None) -> None:
-    """Refuse a RUNDIR that holds another spec's run (or data tabulated from another
-    ``source`` for microdata); touches nothing."""
-    if rundir.exists() and not rundir.is_dir():
-        raise RunDirError(f"{rundir}: exists and is not a directory")
+    """Refuse a RUNDIR that is not a run directory (:func:`check_rundir`) or holds another
+    spec's run (or data tabulated from another ``source`` for microdata); touches nothing."""
+    check_rundir(rundir, RUN_NAMES)
     manifest = _read_manifest(rundir / MANIFEST_NAME)
     if manifest is not None:
         theirs = (manifest.get("spec") or {}).get("hash") if isinstance(manifest.get("spec"), dict) else None
@@ -274,10 +293,13 @@ def run_pipeline(
     log: TextIO | None = None,
     fsync: bool = True,
     after_chunk: Callable[[int], None] | None = None,
+    plan_written: str | None = None,
 ) -> RunResult:
     """Run (or finish) the pipeline of ``spec`` into ``out`` (module docstring). ``spec``: a
     ``PipelineSpec``, or the path of its YAML file (None: the embedded default pipeline), read
-    once for the whole run.
+    once for the whole run. ``plan_written``: the caller has just written RUNDIR/plan.zarr, and
+    how (``run_levels``: a level's plan scaled to its budget share); it is reported as done by
+    this run, not reused.
 
     Errors: SpecError / ValueError / RunDirError / FileExistsError (bad input, exit 2),
     RunFailure (the plan fails its audit, exit 1), ClusterError.
@@ -319,7 +341,10 @@ def run_pipeline(
 
             # 1. plan
             t = time.perf_counter()
-            if plan_path.exists():
+            if plan_path.exists() and plan_written is not None:
+                stages["plan"] = "done"
+                print(f"distfit: plan at {plan_path} ({plan_written})", file=log)
+            elif plan_path.exists():
                 stages["plan"] = "reused"
                 print(f"distfit: reusing the plan at {plan_path} (spec hash matches)", file=log)
             else:
@@ -433,6 +458,8 @@ def run_pipeline(
 
 LEVELS_DIR, PEOPLE_NAME = "levels", "people"
 ACCURACY_PLAN_NAME, LEVEL_SPEC_NAME = "accuracy-plan.zarr", "spec.yaml"
+#: What a multi-level run writes in RUNDIR (``check_rundir``).
+LEVELS_RUN_NAMES = (LEVELS_DIR, PEOPLE_NAME, MANIFEST_NAME)
 
 
 @dataclass(frozen=True)
@@ -500,16 +527,15 @@ def run_levels(
             raise ValueError(f"--units must be >= 1, got {units}")
         spec_hash = spec.spec_hash
         rundir = Path(os.fspath(out))
-        if rundir.exists() and not rundir.is_dir():
-            raise RunDirError(f"{rundir}: exists and is not a directory")
+        if rundir.exists() and rundir.is_dir() and any(
+                (rundir / name).exists() for name in (PLAN_NAME, RELEASE_NAME, DATA_NAME)):
+            raise RunDirError(f"{rundir}: holds a single-level run; use another --out")
+        check_rundir(rundir, LEVELS_RUN_NAMES)
         manifest_path = rundir / MANIFEST_NAME
         earlier = _read_manifest(manifest_path)
         if earlier is not None and (earlier.get("spec") or {}).get("hash") != spec_hash:
             raise RunDirError(f"{rundir}: holds the run of another spec (spec hash "
                               f"{(earlier.get('spec') or {}).get('hash')}); use another --out")
-        if rundir.exists() and earlier is None and any(
-                (rundir / name).exists() for name in (PLAN_NAME, RELEASE_NAME, DATA_NAME)):
-            raise RunDirError(f"{rundir}: holds a single-level run; use another --out")
         if data is not None:
             if microdata_format(data) is None:
                 raise ValueError(f"--data {data}: a multi-level run reads person-level microdata (.csv, .csv.gz, "
@@ -550,6 +576,7 @@ def run_levels(
             timings["people"] = time.perf_counter() - t
 
             level_specs = {level.name: spec.level_spec(level.name) for level in spec.levels}
+            scaled_now: dict[str, str] = {}
             if budget is not None:
                 t = time.perf_counter()
                 accuracy = []
@@ -571,6 +598,7 @@ def run_levels(
                     if not plan_path.exists():
                         scale_plan_to_budget(str(level_dirs[name] / ACCURACY_PLAN_NAME), str(plan_path),
                                              level_specs[name], share, fsync=fsync)
+                        scaled_now[name] = f"the accuracy-first plan scaled to the level's budget share alpha {share:.6g}"
                 timings["budget"] = time.perf_counter() - t
 
             results: dict[str, RunResult] = {}
@@ -583,7 +611,8 @@ def run_levels(
                 # the level's run records its spec file; the spec itself is passed, not read back
                 results[name] = run_pipeline(
                     dataclasses.replace(level_spec, source_path=os.path.abspath(record)), level_dirs[name],
-                    data=str(people), cluster=address, serial=serial, log=log, fsync=fsync)
+                    data=str(people), cluster=address, serial=serial, log=log, fsync=fsync,
+                    plan_written=scaled_now.get(name))
                 timings[f"level {name}"] = time.perf_counter() - t
 
         plans = {name: read_plan(result.plan) for name, result in results.items()}

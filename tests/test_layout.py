@@ -135,7 +135,7 @@ def test_one_domain_from_a_schema():
 
 def test_tests_are_laid_out_like_the_package():
     """tests/<folder>/test_<module>.py tests distfit/<folder>/<module>.py (a few named exceptions)."""
-    extra = {"test_layout", "test_cluster_files", "test_pipeline_cluster", "plan/test_streaming",
+    extra = {"test_layout", "test_readme", "test_cluster_files", "test_pipeline_cluster", "plan/test_streaming",
              "stores/test_xarray"}  # every store opened by xarray
     orphans = []
     for test in sorted((ROOT / "tests").rglob("test_*.py")):

@@ -177,6 +177,21 @@ def test_another_spec_into_the_same_rundir_is_refused(capsys, specs, tmp_path):
     assert sorted(p.relative_to(rundir) for p in rundir.rglob("*")) == listing
 
 
+def test_a_foreign_non_empty_rundir_is_refused(capsys, specs, tmp_path):
+    """One rule with ``distfit report --out``: a RUNDIR that holds files a run does not write is
+    refused (exit 2, one line naming them) and left as it was."""
+    spec, _ = specs
+    rundir = tmp_path / "mine"
+    rundir.mkdir()
+    (rundir / "notes.txt").write_text("my notes")
+    before = sorted(p.name for p in tmp_path.iterdir())
+    code, _, err = _run(capsys, spec, rundir)
+    assert code == 2
+    assert_one_line_error(err, "not a distfit run directory", "notes.txt")
+    assert sorted(p.name for p in rundir.iterdir()) == ["notes.txt"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == before  # no lock or staging left beside it
+
+
 @pytest.mark.parametrize("content, fragment", [
     ("name: broken\nattributes: []\nqueries: []\n", "attributes"),
     ("name: [unclosed\n", "spec"),
@@ -231,6 +246,9 @@ def test_multilevel_run_end_to_end(tmp_path, capsys):
     code, out, err = run(capsys, "run", str(path), "--out", str(rundir), "--units", "23", "--serial")
     assert code == 0, err
     assert "privacy        alpha 3 (exact)" in out
+    # a first run plans every level: nothing is "reused" (the budget's scaled plans are this run's)
+    assert "reus" not in err and "reused" not in out, out + err
+    assert err.count("scaled to the level's budget share") == 3
     manifest = json.loads((rundir / "manifest.json").read_text())
     assert list(manifest["levels"]) == ["nation", "state", "county"]
     assert manifest["privacy"]["alpha"] == pytest.approx(3.0, rel=1e-9) and manifest["privacy"]["alpha_exact"]

@@ -2,7 +2,15 @@
 commands themselves are tested with their library stages (tests/test_pipeline.py, tests/plan, ...)."""
 from __future__ import annotations
 
+import shutil
+
+import pytest
+import zarr
+
 from distfit.cli import commands
+from distfit.release.job import run_release
+from distfit.stores.data import write_synthetic
+from distfit.stores.plan import read_plan
 from distfit.pipeline import RunFailure
 from tests.clitools import assert_one_line_error, run
 
@@ -16,3 +24,39 @@ def test_run_failure_exits_1(tmp_path, capsys, monkeypatch):
     assert code == 1
     assert out == ""
     assert_one_line_error(err, "fails audit", "alpha mismatch")
+
+
+def test_release_refuses_a_tampered_plan_before_starting_a_cluster(small_plan, tmp_path, capsys):
+    """A plan whose arrays no longer match its checksum is refused by the audit before any
+    cluster starts (no "local cluster" line), exit 2, nothing written at --out."""
+    plan = tmp_path / "plan.zarr"
+    shutil.copytree(small_plan.plan, plan)
+    block = read_plan(plan).block_ids[0]
+    sigma = zarr.open_array(str(plan / f"blocks/{block}/sigma"), mode="r+")
+    sigma[0, 0] = sigma[0, 0] * 0.5
+    data = tmp_path / "data.zarr"
+    write_synthetic(small_plan.spec, 20, data, seed=1, chunk_units=5)
+    code, _, err = run(capsys, "release", str(plan), "--data", str(data), "--out", str(tmp_path / "r.zarr"),
+                       "--workers", "1")
+    assert code == 2
+    assert_one_line_error(err, "fails audit", "checksum")
+    assert not (tmp_path / "r.zarr").exists()
+
+
+def test_seeded_resume_says_where_its_noise_comes_from(small_plan, tmp_path, capsys):
+    """A resumed test-seed release draws its missing chunks from the seed, and says so (not
+    "fresh entropy")."""
+    data = tmp_path / "data.zarr"
+    write_synthetic(small_plan.spec, 20, data, seed=1, chunk_units=5)
+    out = tmp_path / "r.zarr"
+
+    def stop_after_two(chunk):
+        if chunk == 1:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        run_release(small_plan.plan, data, out, seed=4, serial=True, after_chunk=stop_after_two, fsync=False)
+    code, _, err = run(capsys, "release", small_plan.plan, "--data", str(data), "--out", str(out), "--serial",
+                       "--seed", "4", "--resume")
+    assert code == 0, err
+    assert "to draw from the test seed" in err and "fresh entropy" not in err

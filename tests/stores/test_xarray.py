@@ -306,8 +306,8 @@ def test_an_old_incomplete_release_resumes_in_its_own_layout(stores, tmp_path):
 
 def _readme_example() -> str:
     text = (ROOT / "README.md").read_text(encoding="utf-8")
-    section = text[text.index("\n### Opening stores with xarray\n"):]
-    section = section[:section.index("\n### ", 1)]
+    section = text[text.index("\n## Opening stores with xarray\n"):]
+    section = section[:section.index("\n## ", 1)]
     return section[section.index("```python\n") + len("```python\n"):section.index("\n```\n")]
 
 
