@@ -54,6 +54,7 @@ from distfit.audit import audit_plan
 from distfit.cluster import dask_client, local_cluster
 from distfit.data.microdata import check_source, ensure_tabulated, microdata_format, tabulation_mismatch
 from distfit.data.people import write_synthetic_people
+from distfit.plan.planner import decompose_lazily
 from distfit.plan.job import level_profiles, run_plan, scale_plan_to_budget
 from distfit.plan.levels import budget_shares, combine_levels
 from distfit.privacy import Budget
@@ -339,6 +340,23 @@ def run_pipeline(
         with contextlib.ExitStack() as stack:
             where = _Cluster(cluster, workers, serial, log, stack)
 
+            def tabulate(cover: list[tuple[str, ...]]) -> str:
+                address = where.get()
+                with (dask_client(address, log=log) if address is not None else contextlib.nullcontext()) as client:
+                    return ensure_tabulated(spec, source, data_path, cover=cover, client=client, fsync=fsync,
+                                            log=log)[1]
+
+            # 0. microdata first when there is no plan yet: a value outside its attribute's domain
+            # is refused before any planning (the decomposition, and so the marginals the blocks
+            # need, is known without solving a block).
+            tabulated: str | None = None
+            if source is not None and not plan_path.exists():
+                t = time.perf_counter()
+                layouts = decompose_lazily(spec.domain, spec.group_triples(),
+                                           spec.blocks.max_cells if spec.blocks.merge else 0).layouts
+                tabulated = tabulate([layout.attributes for layout in layouts])
+                timings["data"] = time.perf_counter() - t
+
             # 1. plan
             t = time.perf_counter()
             if plan_path.exists() and plan_written is not None:
@@ -364,12 +382,10 @@ def run_pipeline(
 
             # 3. data
             t = time.perf_counter()
-            if source is not None:
-                address = where.get()
-                with (dask_client(address, log=log) if address is not None else contextlib.nullcontext()) as client:
-                    _path, stages["data"] = ensure_tabulated(
-                        spec, source, data_path, cover=[plan.block(b).attributes for b in plan.block_ids],
-                        client=client, fsync=fsync, log=log)
+            if source is not None and tabulated is not None:
+                stages["data"] = tabulated
+            elif source is not None:
+                stages["data"] = tabulate([plan.block(b).attributes for b in plan.block_ids])
             elif not synthesise:
                 stages["data"] = "given"
             elif data_path.exists():
@@ -380,7 +396,7 @@ def run_pipeline(
                 write_synthetic(spec, units or DEFAULT_UNITS, data_path, seed=data_seed(spec_hash), fsync=fsync)
                 stages["data"] = "synthesised"
             data_store = open_data(data_path)
-            timings["data"] = time.perf_counter() - t
+            timings["data"] = timings.get("data", 0.0) + time.perf_counter() - t
 
             # 4. release
             t = time.perf_counter()

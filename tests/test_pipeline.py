@@ -279,3 +279,29 @@ def test_multilevel_run_end_to_end(tmp_path, capsys):
     (tmp_path / "other.yaml").write_text(yaml.safe_dump(other))
     code, _, err = run(capsys, "run", str(tmp_path / "other.yaml"), "--out", str(rundir), "--serial")
     assert code == 2 and "holds the run of another spec" in err
+
+
+def test_microdata_out_of_domain_is_refused_before_planning(capsys, specs, tmp_path):
+    """A microdata value outside its attribute's domain is found before any block is solved: exit
+    2, one line naming file, line, column and value, and no plan in the run directory. The same
+    file with the value fixed then runs, tabulated once (before the plan, with every block's
+    marginal)."""
+    spec, _ = specs
+    people = pd.DataFrame({"age": ["0", "5", "3", "2"], "sex": ["f", "m", "m", "f"], "edu": ["0", "1", "2", "1"]})
+    bad = people.copy()
+    bad.loc[2, "sex"] = "x"
+    bad_csv = tmp_path / "bad.csv"
+    bad.to_csv(bad_csv, index=False)
+    rundir = tmp_path / "run"
+    code, _, err = run(capsys, "run", str(spec), "--out", str(rundir), "--data", str(bad_csv), "--serial")
+    assert code == 2
+    assert_one_line_error(err, "bad.csv", "line 4", "'sex'", "'x'")
+    assert not (rundir / "plan.zarr").exists()
+    good_csv = tmp_path / "good.csv"
+    people.to_csv(good_csv, index=False)
+    rundir = tmp_path / "good"
+    code, out, err = run(capsys, "run", str(spec), "--out", str(rundir), "--data", str(good_csv), "--serial")
+    assert code == 0, err
+    assert _manifest(rundir)["stages"]["data"] == "tabulated"
+    assert "reusing the data tabulated" not in err
+    assert read_release(rundir / "release.zarr").answers.shape[0] == 1
