@@ -1,36 +1,40 @@
-"""Release throughput: ``run_release`` on 2 local worker processes against a minimal numpy loop.
+"""Release throughput: ``run_release`` on W local worker processes against the minimal loop.
 
 Usage::
 
-    python benchmarks/bench_release.py [--units 100000 300000 1000000] [--workers 2] [--workdir DIR]
-                                       [--repeat N]
+    python benchmarks/bench_release.py [--units 100000 1000000] [--workers 2] [--repeat 3]
+                                       [--workdir DIR] [--keep-data]
 
-Plans ``pipelines/pl94.yaml`` once (``run_plan``, serial) into the workdir; then, for each N,
-synthesises N unit histograms with ``write_synthetic`` (252 cells, timed separately: not part
-of the comparison), releases them with ``run_release(..., workers=W)`` (its own local
-cluster; start-up, audit, store layout, the chunk tasks and sealing with its checksum and
-fsync are all inside the timed call) and runs a minimal single-process baseline doing the same
-arithmetic and writes: per data chunk, read the counts, take each block's marginals,
-``(X_b B^T + Z) L^T`` with ``Z = Xi C^T`` (``C`` the Cholesky factor of ``Sigma_b``, computed
-once per block; ``Xi`` from ``default_rng`` per (block, chunk) as in distfit), sum the block
-columns into the query answers, and write block answers, query answers and unit ids into a
-plain Zarr v3 group with the same chunking and the same codecs
-(``distfit.stores.release.ANSWER_COMPRESSORS`` for the answers). No Dask, no validation, no
-checksum, no fsync. ``--repeat N`` runs the pair
-(distfit, then the baseline) N times per N and reports the median and the range.
+Plans ``pipelines/pl94.yaml`` once (``run_plan``, serial: one block, 252 cells, 319 queries)
+into the workdir and, for each N, synthesises N unit histograms (``write_synthetic``; timed
+apart, not part of the comparison; kept with ``--keep-data --workdir DIR`` for the next
+session). Then, ``--repeat`` times, alternating:
 
-Memory: peak RSS is *sampled* (every 50 ms, psutil) in a background thread, separately for
-each phase: the driver process, and each descendant process of the driver (the nanny and
-worker processes of the local cluster; the largest one is reported). Nothing is added to the
-library. ``ru_maxrss`` of the driver over the whole run is printed at the end.
-Stores are deleted after each N.
+* **distfit**: ``run_release(plan, data, out, workers=W)``, counted from the data store to
+  the sealed release: its own local cluster's start-up, the audit, the data checks, the store
+  layout, the chunk tasks, the seal (checksum and fsync) and the cluster's shutdown;
+* **the loop**: the minimal single-process numpy loop doing the same arithmetic (the
+  reference of issue 16): per 10,000 units, read the counts ``x`` from the data store,
+  ``z = xi chol(Sigma)^T`` with ``xi`` from ``default_rng`` per chunk, answers
+  ``(x B^T + z) L^T``, written to a Zarr v3 array (units x m, uncompressed, 10,000-unit
+  chunks). Nothing else: no validation, no unit ids, no query sums (one block covering every
+  attribute: the block's rows are the queries), no checksum, no fsync; numpy's own BLAS
+  threads (all cores). Its Cholesky factor is computed once.
+
+Printed per N: the best and the spread (min-max) of each, units/s at the best, the ratio
+distfit / loop of the bests (and the range of the per-pair ratios), peak memory (sampled RSS,
+every 50 ms: the driver, the largest worker process, and the loop), bytes written per unit
+(the files of each store), and the load average (``os.getloadavg``) before each run. Each run
+is a fresh spawned process, so its peak RSS is its own. With
+two or more N, the fixed and per-unit costs of distfit's best times (a line through the two
+largest N) extrapolate to 8M units (the US census blocks). Stores are deleted after each run.
 """
 from __future__ import annotations
 
 import argparse
 import io
+import multiprocessing
 import os
-import resource
 import shutil
 import sys
 import tempfile
@@ -46,21 +50,22 @@ import psutil  # noqa: E402
 import scipy.linalg  # noqa: E402
 import zarr  # noqa: E402
 
-from distfit.stores.data import read_histograms, write_synthetic  # noqa: E402
 from distfit.plan.job import run_plan  # noqa: E402
-from distfit.spec.parse import load_spec  # noqa: E402
-from distfit.release.noise import load_blocks  # noqa: E402
 from distfit.release.job import run_release  # noqa: E402
-from distfit.stores.release import ANSWER_COMPRESSORS, answer_chunks  # noqa: E402
+from distfit.spec.parse import load_spec  # noqa: E402
+from distfit.stores.data import read_histograms, write_synthetic  # noqa: E402
 from distfit.stores.plan import read_plan  # noqa: E402
 
 MIB = 2.0**20
+LOOP_CHUNK = 10_000
+EXTRAPOLATE_TO = 8_000_000
 
 
 class PeakRSS:
-    """Sample RSS of this process and of its descendants until stopped (peak per process)."""
+    """Sample RSS of process ``pid`` and of its descendants until stopped (peak per process)."""
 
-    def __init__(self, interval: float = 0.05):
+    def __init__(self, pid: int, interval: float = 0.05):
+        self.pid = pid
         self.interval = interval
         self.driver = 0
         self.children: dict[int, int] = {}
@@ -68,7 +73,10 @@ class PeakRSS:
         self._thread = threading.Thread(target=self._loop, daemon=True)
 
     def _loop(self) -> None:
-        me = psutil.Process()
+        try:
+            me = psutil.Process(self.pid)
+        except psutil.Error:
+            return
         while not self._stop.is_set():
             try:
                 self.driver = max(self.driver, me.memory_info().rss)
@@ -95,138 +103,150 @@ class PeakRSS:
         return max(self.children.values(), default=0)
 
 
-def baseline(plan_path: str, data_path: str, out: str, entropy: int) -> float:
-    """The minimal loop (module docstring); returns seconds."""
+def minimal_loop(plan_path: str, data_path: str, out: str, seed: int) -> float:
+    """The reference loop (module docstring); returns seconds (plan read to last write)."""
     start = time.perf_counter()
     plan = read_plan(plan_path)
-    blocks = load_blocks(plan)  # sorted ids: position = noise-stream block index
-    schema = plan.attrs["schema"]
-    shape = tuple(schema["sizes"])
-    names = list(schema["attributes"])
-    m = int(np.asarray(plan.queries_targets).shape[0])
-    prepared = []
-    for position, (block_id, block) in enumerate(blocks.items()):
-        keep = {names.index(a) for a in block.attributes}
-        drop = tuple(1 + ax for ax in range(len(shape)) if ax not in keep)
-        prepared.append((position, block_id, drop, np.asarray(block.basis, dtype=np.float64).T,
-                         np.asarray(block.recon, dtype=np.float64).T,
-                         scipy.linalg.cholesky(np.asarray(block.sigma, dtype=np.float64), lower=True).T,
-                         np.asarray(block.query_index),
-                         np.unique(block.query_index).size == np.size(block.query_index)))
+    (block_id,) = plan.block_ids
+    block = plan.block(block_id)
+    if len(block.attributes) != len(plan.attrs["schema"]["attributes"]):
+        raise SystemExit("the minimal loop needs one block on every attribute (PL94)")
+    basis_t, recon_t = block.basis.T, block.recon.T
+    chol_t = scipy.linalg.cholesky(block.sigma, lower=True).T
     data = read_histograms(data_path)
-    units, step = data.units, data.chunk_units
+    units = data.units
     root = zarr.open_group(store=out, mode="w-", zarr_format=3)
-    config = {"write_empty_chunks": True}
-    arrays = {}
-    for _position, block_id, _drop, _bt, recon_t, _ct, _qi, _u in prepared:
-        arrays[block_id] = root.create_array(
-            f"blocks/{block_id}/answers", shape=(units, recon_t.shape[1]), dtype=np.float64,
-            chunks=answer_chunks(step, recon_t.shape[1]), compressors=ANSWER_COMPRESSORS, config=config)
-    queries = root.create_array("queries/answers", shape=(units, m), dtype=np.float64,
-                                chunks=answer_chunks(step, m), compressors=ANSWER_COMPRESSORS, config=config)
-    ids_out = root.create_array("unit_ids", shape=(units,), dtype=np.int64, chunks=(step,), config=config)
-    for chunk, lo in enumerate(range(0, units, step)):
-        hi = min(lo + step, units)
-        counts = np.asarray(data.counts[lo:hi])
-        cube = counts.reshape((hi - lo,) + shape)
-        q = np.zeros((hi - lo, m))
-        for position, block_id, drop, basis_t, recon_t, chol_t, qi, unique in prepared:
-            marg = cube.sum(axis=drop).reshape(hi - lo, -1).astype(np.float64)
-            rng = np.random.default_rng(np.random.SeedSequence(entropy, spawn_key=(position, chunk)))
-            z = rng.standard_normal((hi - lo, chol_t.shape[0])) @ chol_t
-            ans = (marg @ basis_t + z) @ recon_t
-            arrays[block_id][lo:hi] = ans
-            if unique:
-                q[:, qi] += ans
-            else:
-                np.add.at(q, (slice(None), qi), ans)
-        queries[lo:hi] = q
-        ids_out[lo:hi] = np.asarray(data.unit_ids[lo:hi])
+    answers = root.create_array("answers", shape=(units, recon_t.shape[1]), dtype=np.float64,
+                                chunks=(LOOP_CHUNK, recon_t.shape[1]), compressors=None)
+    for chunk, lo in enumerate(range(0, units, LOOP_CHUNK)):
+        hi = min(lo + LOOP_CHUNK, units)
+        x = np.asarray(data.counts[lo:hi], dtype=np.float64)
+        rng = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(0, chunk)))
+        z = rng.standard_normal((hi - lo, chol_t.shape[0])) @ chol_t
+        answers[lo:hi] = (x @ basis_t + z) @ recon_t
     return time.perf_counter() - start
+
+
+def _distfit(plan_path: str, data_path: str, out: str, workers: int) -> float:
+    return run_release(plan_path, data_path, out, workers=workers, log=io.StringIO()).seconds
+
+
+def _child(connection, function, args) -> None:
+    connection.send(function(*args))
+
+
+def measured(function, *args) -> tuple[float, PeakRSS]:
+    """``function(*args)`` (seconds) run in a fresh process (spawned, not a daemon: a release
+    starts its own cluster; its RSS is its own, not what earlier runs left in this one),
+    sampled by :class:`PeakRSS`."""
+    context = multiprocessing.get_context("spawn")
+    receive, send = context.Pipe(duplex=False)
+    child = context.Process(target=_child, args=(send, function, args))
+    child.start()
+    with PeakRSS(child.pid) as memory:
+        seconds = receive.recv()
+        child.join()
+    if child.exitcode != 0:
+        raise SystemExit(f"{function.__name__} failed (exit {child.exitcode})")
+    return seconds, memory
+
+
+def store_bytes(path: str) -> int:
+    return sum(f.stat().st_size for f in Path(path).rglob("*") if f.is_file())
+
+
+def load() -> str:
+    return "/".join(f"{x:.1f}" for x in os.getloadavg())
+
+
+def spread(values: list[float], fmt: str) -> str:
+    best = format(min(values), fmt)
+    return best if len(values) == 1 else f"{best} ({format(min(values), fmt)}-{format(max(values), fmt)})"
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--units", type=int, nargs="+", default=[100_000, 300_000, 1_000_000])
+    parser.add_argument("--units", type=int, nargs="+", default=[100_000, 1_000_000])
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--repeat", type=int, default=3, help="runs of each per N, alternating (default 3)")
     parser.add_argument("--workdir", default=None, help="default: a new temporary directory (deleted)")
+    parser.add_argument("--keep-data", action="store_true", help="keep (and reuse) the data stores in --workdir")
     parser.add_argument("--spec", default=str(ROOT / "pipelines" / "pl94.yaml"))
-    parser.add_argument("--repeat", type=int, default=1,
-                        help="release and baseline runs per N (alternating); the table shows the median and range")
     args = parser.parse_args(argv)
     if args.repeat < 1:
         parser.error("--repeat must be >= 1")
+    if args.keep_data and args.workdir is None:
+        parser.error("--keep-data needs --workdir")
 
     own = args.workdir is None
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="bench-release-"))
     workdir.mkdir(parents=True, exist_ok=True)
     plan_path = str(workdir / "plan.zarr")
-    if Path(plan_path).exists():
-        shutil.rmtree(plan_path)
+    shutil.rmtree(plan_path, ignore_errors=True)
     start = time.perf_counter()
     run_plan(load_spec(args.spec), plan_path, serial=True, log=io.StringIO())
     plan = read_plan(plan_path)
-    blocks = load_blocks(plan)
-    print(f"plan {Path(args.spec).name}: {len(blocks)} block(s) "
-          f"{[(b.recon.shape[0], b.basis.shape[1]) for b in blocks.values()]} (m_b, d_b), "
+    shapes = [plan.block(b).recon.shape[0:1] + plan.block(b).basis.shape for b in plan.block_ids]
+    print(f"plan {Path(args.spec).name}: {len(shapes)} block(s) (m_b, k, d_b) {shapes}, "
           f"{len(plan.queries_targets)} queries, planned in {time.perf_counter() - start:.1f} s; "
-          f"workdir {workdir}", flush=True)
+          f"{os.cpu_count()} CPUs; workdir {workdir}", flush=True)
 
     rows = []
     try:
         for n in args.units:
-            data_path, out, base_out = (str(workdir / f"{name}-{n}.zarr") for name in ("data", "release", "baseline"))
-            for p in (data_path, out, base_out):
+            data_path = str(workdir / f"data-{n}.zarr")
+            out, loop_out = str(workdir / f"release-{n}.zarr"), str(workdir / f"loop-{n}.zarr")
+            for p in (out, loop_out):
                 shutil.rmtree(p, ignore_errors=True)
-            start = time.perf_counter()
-            write_synthetic(args.spec, n, data_path, seed=n)
-            synth = time.perf_counter() - start
-            chunk_units = read_histograms(data_path).chunk_units
-            data_mib = sum(f.stat().st_size for f in Path(data_path).rglob("*") if f.is_file()) / MIB
-            print(f"N={n}: synthesised in {synth:.1f} s ({chunk_units} units/chunk, {data_mib:.0f} MiB on disk)",
-                  flush=True)
+            if not (args.keep_data and Path(data_path).exists()):
+                shutil.rmtree(data_path, ignore_errors=True)
+                start = time.perf_counter()
+                write_synthetic(args.spec, n, data_path, seed=n)
+                print(f"N={n}: synthesised in {time.perf_counter() - start:.1f} s", flush=True)
             runs = []
             for rep in range(args.repeat):
-                with PeakRSS() as mem_d:
-                    result = run_release(plan_path, data_path, out, workers=args.workers, log=io.StringIO())
-                seconds = result.seconds
-                out_mib = sum(f.stat().st_size for f in Path(out).rglob("*") if f.is_file()) / MIB
+                before_d = load()
+                seconds, mem_d = measured(_distfit, plan_path, data_path, out, args.workers)
+                out_bytes = store_bytes(out)
                 shutil.rmtree(out)
-                with PeakRSS() as mem_b:
-                    base = baseline(plan_path, data_path, base_out, entropy=12345 + n + rep)
-                shutil.rmtree(base_out)
-                runs.append((seconds, base, mem_d.driver / MIB, mem_d.worker / MIB, mem_b.driver / MIB, out_mib))
-                print(f"N={n} run {rep + 1}/{args.repeat}: distfit {seconds:.1f} s, baseline {base:.1f} s, "
-                      f"ratio {seconds / base:.2f}; release {out_mib:.0f} MiB on disk; load average "
-                      f"{os.getloadavg()[0]:.1f}", flush=True)
-            shutil.rmtree(data_path)
-            rows.append((n, synth, runs))
+                before_l = load()
+                loop, mem_l = measured(minimal_loop, plan_path, data_path, loop_out, 12345 + rep)
+                loop_bytes = store_bytes(loop_out)
+                shutil.rmtree(loop_out)
+                runs.append(dict(distfit=seconds, loop=loop, drv=mem_d.driver / MIB, wrk=mem_d.worker / MIB,
+                                 loop_mib=mem_l.driver / MIB, bytes=out_bytes / n, loop_bytes=loop_bytes / n))
+                print(f"N={n} run {rep + 1}/{args.repeat}: distfit {seconds:.2f} s (load {before_d}), "
+                      f"loop {loop:.2f} s (load {before_l}), ratio {seconds / loop:.2f}; peak RSS driver "
+                      f"{mem_d.driver / MIB:.0f} MiB, worker {mem_d.worker / MIB:.0f} MiB, loop "
+                      f"{mem_l.driver / MIB:.0f} MiB", flush=True)
+            if not args.keep_data:
+                shutil.rmtree(data_path)
+            rows.append((n, runs))
     finally:
         if own:
             shutil.rmtree(workdir, ignore_errors=True)
 
-    def spread(values: list[float], fmt: str) -> str:
-        if len(values) == 1:
-            return format(values[0], fmt)
-        return f"{format(float(np.median(values)), fmt)} ({format(min(values), fmt)}-{format(max(values), fmt)})"
-
     print()
-    if args.repeat > 1:
-        print(f"median (min-max) of {args.repeat} runs; each run: distfit, then the baseline")
-    print(f"{'units':>9} {'synth s':>8} {'distfit s':>18} {'units/s':>9} {'base s':>18} {'units/s':>9} "
-          f"{'ratio':>16} {'drv MiB':>8} {'wrk MiB':>8} {'base MiB':>8} {'out MiB':>8}")
-    for n, synth, runs in rows:
-        seconds = [r[0] for r in runs]
-        bases = [r[1] for r in runs]
-        ratios = [r[0] / r[1] for r in runs]
-        print(f"{n:>9} {synth:>8.1f} {spread(seconds, '.1f'):>18} {n / float(np.median(seconds)):>9.0f} "
-              f"{spread(bases, '.1f'):>18} {n / float(np.median(bases)):>9.0f} {spread(ratios, '.2f'):>16} "
-              f"{max(r[2] for r in runs):>8.0f} {max(r[3] for r in runs):>8.0f} {max(r[4] for r in runs):>8.0f} "
-              f"{runs[0][5]:>8.0f}")
-    print(f"ratio = distfit / baseline seconds of the same run (goal <= 1.5); units/s at the median; drv/wrk "
-          f"MiB = sampled peak RSS of the driver / largest worker process during run_release ({args.workers} "
-          f"workers; max over runs); base MiB = sampled peak RSS during the baseline (goal < 2048 MiB, flat in N)")
-    print(f"driver ru_maxrss over the whole run = {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB")
+    print(f"best (min-max) of {args.repeat} run(s) each, alternating; distfit on {args.workers} worker processes")
+    print(f"{'units':>9} {'distfit s':>17} {'units/s':>8} {'loop s':>17} {'units/s':>8} {'ratio':>5} "
+          f"{'(pairs)':>11} {'drv MiB':>7} {'wrk MiB':>7} {'loop MiB':>8} {'B/unit':>7} {'loop B/unit':>11}")
+    for n, runs in rows:
+        d = [r["distfit"] for r in runs]
+        lp = [r["loop"] for r in runs]
+        pairs = [r["distfit"] / r["loop"] for r in runs]
+        print(f"{n:>9} {spread(d, '.2f'):>17} {n / min(d):>8.0f} {spread(lp, '.2f'):>17} {n / min(lp):>8.0f} "
+              f"{min(d) / min(lp):>5.2f} {min(pairs):>5.2f}-{max(pairs):<5.2f} {max(r['drv'] for r in runs):>7.0f} "
+              f"{max(r['wrk'] for r in runs):>7.0f} {max(r['loop_mib'] for r in runs):>8.0f} "
+              f"{runs[0]['bytes']:>7.0f} {runs[0]['loop_bytes']:>11.0f}")
+    print("ratio = best distfit / best loop (goal <= 0.7 at 1M); (pairs) = range of distfit / loop within each run; "
+          "MiB = sampled peak RSS (driver, largest worker, loop); B/unit = bytes of the store's files per unit")
+    if len(rows) >= 2:
+        (n1, r1), (n2, r2) = rows[-2], rows[-1]
+        t1, t2 = min(r["distfit"] for r in r1), min(r["distfit"] for r in r2)
+        per_unit = (t2 - t1) / (n2 - n1)
+        fixed = t2 - per_unit * n2
+        print(f"distfit = {fixed:.2f} s + {per_unit * 1e6:.2f} s per 1M units (line through N={n1}, {n2}); "
+              f"{EXTRAPOLATE_TO:,} units extrapolated: {fixed + per_unit * EXTRAPOLATE_TO:.0f} s (goal <= 90 s)")
     return 0
 
 

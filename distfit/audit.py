@@ -31,24 +31,29 @@ naming the claim when a stored one differs by more than a relative :data:`TOLERA
   ``planner.alpha_sum_bound`` is that sum; ``rho = alpha / 2``; ``account`` (alpha, rho, the
   exact (epsilon, delta) table and the RDP curve) is :func:`distfit.privacy.privacy_account`
   of alpha, row by row.
-* **lower bounds**, re-certified by running the dual again (a lower bound is a proof only if
-  some dual point reaches it; the stored dual weights are not kept), to a relative
-  :data:`BOUND_TOLERANCE` (a maximisation started elsewhere than the solver's stalls up to
-  ~1e-7 short of it; :func:`certify_block_bound`): a block's ``lower_bound`` must be reached by
-  :func:`distfit.solver.dual.maximize_dual` on the block's problem at its target shares scaled
-  to its variances (``targets * max(variances / targets)``: what the solver certified, scaled
-  as the block was); ``planner.global_lower_bound``, stated only for a one-block plan, likewise
-  on that block (its shares are the targets); ``planner.chosen_blocks_lower_bound`` by its
-  method: the scale allocation's program (:func:`distfit.plan.allocate.allocate_scales`, to a
-  relative 1e-9) over the stored blocks, or the joint block dual
-  (:func:`distfit.solver.dual.maximize_block_dual`: the planner's run replayed - its inputs,
-  block order and evaluation cap - then, if short, a longer one). Block bounds are re-certified
-  smallest block first while the estimated work (:data:`RECERTIFY_EVALUATIONS` evaluations of
-  ``k^2 (k + d_b + m_b)`` flops) stays within :data:`RECERTIFY_WORK` (by that estimate Adult's
-  470 blocks, 1.1e9 flops per evaluation of all of them, fit; not measured), the joint bound
-  when one evaluation is within the planner's own limit;
-  the audit warns about any bound it did not re-certify (and about a version-1 plan's
-  ``allocation_lower_bound``, which does not say what it bounds: never re-certified).
+* **lower bounds**, evaluated at their stored certificates, never searched for (a lower bound is
+  a proof only given the dual point that reaches it; re-maximising the dual from another start
+  stalled short of stored bounds): every block stores the weights of the dual point that proves
+  its ``lower_bound`` (``cell_weights`` u, ``query_weights`` v; :mod:`distfit.stores.plan`).
+  Each must be a distribution (finite, >= 0, adding up to 1 within :data:`WEIGHT_TOLERANCE`),
+  and ``lower_bound`` must equal, to a relative :data:`BOUND_TOLERANCE` (1e-9),
+  ``|| diag(sqrt(v / t)) recon basis diag(sqrt(u)) ||_*^2``
+  (:func:`distfit.solver.dual.certified_bound`, one k x k SVD per block) at the block's target
+  shares scaled to its recomputed variances, ``t = targets * max(variances / targets)``
+  (:func:`block_bound_targets`: what the solver certified, scaled as the block was by the
+  allocation and any budget; the two agree to about 1e-12). A block with NaN weights (one the
+  joint block dual re-optimised: no certificate of its own) may claim no bound.
+  ``planner.global_lower_bound``, stated only for a one-block plan, is that block's certified
+  bound. ``planner.chosen_blocks_lower_bound`` by its method: the scale allocation's is
+  re-solved (:func:`distfit.plan.allocate.allocate_scales` over the stored blocks, to a relative
+  :data:`ALLOCATION_TOLERANCE`, tighter than the planner's, so the stored value must lie below
+  it) when the program is small (at most :data:`ALLOCATION_AUDIT_WORK` flops per Newton step,
+  ``sum_S m_b + blocks^3``; on Adult's 470 blocks it took 7.6 s), else a warning; the joint
+  block dual's certificate is not stored, and maximising that dual again would be a search,
+  so it gets a warning ("not re-certified"). A plan written before the certificates were kept
+  (no ``cell_weights``/``query_weights``) passes with a warning that its block bounds (and a
+  global bound riding on one) are not re-certified; a version-1 plan's
+  ``allocation_lower_bound``, which does not say what it bounds, is never audited (a warning).
 
 Not recomputed (covered by the version-2 checksum only, so a plan that passes vouches for them
 only as the planner's record): the solver statistics and gaps of each block, the planner's
@@ -68,24 +73,19 @@ import numpy as np
 from distfit.domain import Domain
 from distfit.plan.allocate import allocate_scales
 from distfit.plan.composition import EXACT_DOMAIN_LIMIT, stitched_profile
-from distfit.plan.planner import (
-    CO_OPTIMIZE_WORK, JOINT_BLOCK_DUAL, SCALE_ALLOCATION, block_work, decompose_lazily, joint_dual_evaluations,
-)
+from distfit.plan.planner import JOINT_BLOCK_DUAL, SCALE_ALLOCATION
 from distfit.privacy import privacy_account
-from distfit.solver.dual import maximize_block_dual, maximize_dual
-from distfit.solver.linalg import dominant_rows
+from distfit.solver.dual import certified_bound
 from distfit.spec.model import PipelineSpec
 from distfit.spec.parse import parse_spec
 from distfit.stores.plan import BlockRecord, Plan, checksum_covers_attrs, read_plan, verify_checksum
 from distfit.threads import blas_limit
 
 TOLERANCE = 1e-8
-BOUND_TOLERANCE = 1e-6  # a stored lower bound passes within this of the audit's own certificate
-RECERTIFY_WORK = 5e10  # estimated flops the audit spends re-certifying block lower bounds
-RECERTIFY_EVALUATIONS = 30  # dual evaluations a block's re-certification is assumed to take (for the budget)
-DUAL_ITERATIONS = 400  # L-BFGS iterations per maximisation (the solver's default)
-WARM_SHARPNESS = 2e5  # soft-max sharpness of the warm start when the solver recorded none (SM-II's last)
+BOUND_TOLERANCE = 1e-9  # a block's lower_bound equals the bound its stored certificate proves, to this (relative)
+WEIGHT_TOLERANCE = 1e-9  # a certificate's weights add up to 1 within this
 ALLOCATION_TOLERANCE = 1e-9  # relative gap to which the audit solves the allocation program
+ALLOCATION_AUDIT_WORK = 1e7  # the allocation program is re-solved up to this many flops per Newton step
 
 
 @dataclass(frozen=True)
@@ -149,120 +149,106 @@ def _first(mask: np.ndarray) -> int:
 
 
 # --------------------------------------------------------------------------------------------
-# re-certifying lower bounds
+# lower bounds: evaluated at their stored certificates
 
 
-def certify_block_bound(block: BlockRecord, goal: float) -> float:
-    """The largest dual bound the audit reaches (stopping once it reaches ``goal``) on the
-    block's Problem 1 at its target shares scaled to its variances, ``t = s * targets`` with
-    ``s = max(variances / targets)``: ``f(u, v) = ||diag(sqrt(v / t)) L B diag(sqrt(u))||_*^2``
-    (:mod:`distfit.solver.dual`), a proven lower bound on the alpha of every covariance whose
-    variances are at most ``t``.
+def block_bound_targets(variances: np.ndarray, targets: np.ndarray) -> np.ndarray:
+    """The variances a block's lower bound speaks about: its target shares scaled to its
+    variances, ``t = targets * max(variances / targets)``.
 
-    L-BFGS stalls short of the optimum on some blocks, at a point that depends on where it
-    starts (and on rounding: BLAS threads), and the solver's bound may come from a warm start
-    the store does not hold (SM-II's weights). So: a cold start (the solver's first stage); if
-    short, a warm start from the soft-max weights of the stored plan, balanced (max profile =
-    max ratio) at the sharpness the solver recorded (its SM-II weights are those of a nearby
-    plan); then a restart from the best point so far. On the plans of the test suite the cold
-    start alone fell up to 1.1e-7 (relative) short and the three together reached every stored
-    bound; the audit accepts a bound within :data:`BOUND_TOLERANCE` of what it reaches."""
-    ratios = block.variances / block.targets
-    targets = float(ratios.max()) * block.targets
-    scaled = block.recon / np.sqrt(targets)[:, None]
-    rows = dominant_rows(scaled)
-    constraints = scaled[rows]
-
-    def maximize(cells=None, queries=None):
-        return maximize_dual(block.basis, constraints, cells, queries, max_iterations=DUAL_ITERATIONS,
-                             target_gap=TOLERANCE, known_alpha=goal)[0]
-
-    best = maximize()
-    if _at_most(goal, best.bound):
-        return best.bound
-    sharpness = float(block.solver.get("final_t") or 0.0) or WARM_SHARPNESS
-    alpha = float(block.profile.max())
-    warm = maximize(np.exp(sharpness * (block.profile / math.sqrt(alpha) - math.sqrt(alpha))),
-                    np.exp(sharpness * math.sqrt(alpha) * (block.variances[rows] / targets[rows] - 1.0)))
-    best = max(best, warm, key=lambda point: point.bound)
-    if _at_most(goal, best.bound):
-        return best.bound
-    return max(best.bound, maximize(best.cell_weights, best.query_weights).bound)
+    A solve certifies its bound at the shares it was solved for, and its plan meets them up to
+    ``1 + 1e-12`` (``solve._scaled_to_targets``); every later scaling by s (allocation scale,
+    budget factor: :mod:`distfit.scaling`) multiplies the variances by s and divides the bound
+    by s, leaving the weights. So the bound at t equals the stored one to about 1e-12."""
+    return float(np.max(variances / targets)) * targets
 
 
-def _recertify_blocks(check: _Checks, plan: Plan, claims: dict[str, float], work: dict[str, float],
-                      global_bound: float | None) -> None:
-    """Re-certify each claimed block bound (``claims``: block id -> stored lower bound), smallest
-    block first (``work``: flops of one dual evaluation) while the estimated work fits
-    :data:`RECERTIFY_WORK`; the global bound of a one-block plan rides on its block."""
-    spent = 0.0
-    skipped = []
-    for block_id in sorted(claims, key=lambda b: (work[b], b)):
-        cost = work[block_id] * RECERTIFY_EVALUATIONS
-        if spent + cost > RECERTIFY_WORK:
-            skipped.append(block_id)
-            continue
-        spent += cost
-        block = plan.block(block_id)
-        goal = claims[block_id]
-        if global_bound is not None:
-            goal = max(goal, global_bound)
-        reached = certify_block_bound(block, goal)
-        name = f"blocks/{block_id}/lower_bound"
-        check(_at_most(block.lower_bound, reached, BOUND_TOLERANCE) or block.lower_bound <= 0,
-              f"{name}: stored {block.lower_bound!r}, but the dual reaches only {reached!r} on the block's problem "
-              "(the bound is not certified)")
-        if global_bound is not None:
-            check(_at_most(global_bound, reached, BOUND_TOLERANCE),
-                  f"planner.global_lower_bound: stored {global_bound!r}, but the dual reaches only {reached!r} on the "
-                  "plan's one block (the bound is not certified)")
-    if skipped:
-        check.warnings.append(
-            f"lower bounds: {len(skipped)} of {len(claims)} block bounds not re-certified (over the audit's work budget "
-            f"of {RECERTIFY_WORK:.3g} flops; first: {skipped[0]}); they are the planner's claims"
-            + ("; so is planner.global_lower_bound" if global_bound is not None else ""))
+def _is_distribution(weights: np.ndarray) -> str:
+    """Why ``weights`` is not a distribution (empty when it is): finite, >= 0, summing to 1."""
+    if not np.all(np.isfinite(weights)):
+        return f"{int((~np.isfinite(weights)).sum())} entries are not finite"
+    if np.any(weights < 0):
+        return f"{int((weights < 0).sum())} entries are negative (first: {weights[weights < 0][0]!r})"
+    if abs(float(weights.sum()) - 1.0) > WEIGHT_TOLERANCE:
+        return f"they add up to {float(weights.sum())!r}, not 1"
+    return ""
 
 
-def _recertify_chosen_blocks_bound(check: _Checks, plan: Plan, bound: Any, targets: np.ndarray, scale: float,
-                                   shapes: list[tuple[float, np.ndarray, np.ndarray]], spec: PipelineSpec | None) -> None:
-    """``planner.chosen_blocks_lower_bound``: re-certified by the method it names (module docstring)."""
+def _check_block_bound(check: _Checks, block: BlockRecord, variances: np.ndarray) -> float | None:
+    """Check a block's ``lower_bound`` against its stored certificate (module docstring);
+    returns the bound the certificate proves, None when it proves none (no certificate of its
+    own, NaN weights: then the block may claim none) or the weights are not a distribution."""
+    name = f"blocks/{block.block_id}"
+    weights = {"cell_weights": block.cell_weights, "query_weights": block.query_weights}
+    if all(np.isnan(w).all() for w in weights.values()):
+        check(not block.lower_bound > 0,
+              f"{name}/lower_bound: stored {block.lower_bound!r}, but the block has no certificate of its own "
+              "(its cell_weights and query_weights are NaN)")
+        return None
+    valid = True
+    for array, w in weights.items():
+        problem = _is_distribution(w)
+        valid &= check(not problem, f"{name}/{array}: not a distribution of weights ({problem})")
+    if not valid or not np.all(block.targets > 0):  # bad target shares are failed above
+        return None
+    t = block_bound_targets(variances, block.targets)
+    bound = certified_bound(block.basis, block.recon / np.sqrt(t)[:, None], block.cell_weights, block.query_weights)
+    check(abs(block.lower_bound - bound) <= BOUND_TOLERANCE * bound,
+          f"{name}/lower_bound: stored {block.lower_bound!r}, but its certificate (cell_weights, query_weights) "
+          f"proves {bound!r} on the block's problem")
+    return bound
+
+
+def _check_global_bound(check: _Checks, plan: Plan, value: Any, proved: dict[str, float | None],
+                        unkept: set[str], uncertified: list[str]) -> None:
+    """``planner.global_lower_bound``: stated only for a one-block plan, and then its block's
+    certified bound (that block's shares are the queries' targets)."""
+    name = "planner.global_lower_bound"
+    if not check(len(plan.block_ids) == 1 and isinstance(value, (int, float)) and not isinstance(value, bool),
+                 f"{name}: {value!r} is stated for a plan of {len(plan.block_ids)} blocks; a global bound is "
+                 "certified only for a one-block plan (its block's dual certificate)"):
+        return
+    block_id = plan.block_ids[0]
+    if block_id in unkept:  # a plan written before certificates were kept
+        if block_id not in uncertified:  # else the warning about its blocks names this bound too
+            check.warnings.append(f"{name}: not re-certified: the plan's one block stores no certificate (a plan "
+                                  "written before blocks kept them); it is the planner's claim")
+        return
+    bound = proved.get(block_id)
+    if check(bound is not None, f"{name}: stored {value!r}, but the plan's one block proves no bound (no valid "
+                                "certificate)"):
+        check(abs(float(value) - bound) <= BOUND_TOLERANCE * bound,
+              f"{name}: stored {value!r}, but the certificate of the plan's one block proves {bound!r}")
+
+
+def _check_chosen_blocks_bound(check: _Checks, bound: Any, targets: np.ndarray, scale: float,
+                               shapes: list[tuple[float, np.ndarray, np.ndarray]]) -> None:
+    """``planner.chosen_blocks_lower_bound``: re-solved when it is the scale allocation's and its
+    program is small; otherwise named in a warning (module docstring)."""
     name = "planner.chosen_blocks_lower_bound"
     if not isinstance(bound, dict) or not isinstance(bound.get("value"), (int, float)) or isinstance(bound.get("value"), bool):
         check(False, f"{name}: expected {{value, method, bounds}}, got {bound!r}")
         return
     value, method = float(bound["value"]), bound.get("method")
-    if method == SCALE_ALLOCATION:
-        # The program over the stored block shapes (its optimum does not depend on how the
-        # shapes were scaled), for the targets the plan meets: k * c.
-        allocation = allocate_scales([a for a, _, _ in shapes], [(qi, v) for _, qi, v in shapes],
-                                     scale * targets, tolerance=ALLOCATION_TOLERANCE)
-        reached = allocation.lower_bound
-    elif method == JOINT_BLOCK_DUAL:
-        order = {block_id: i for i, block_id in enumerate(_planner_order(spec))}
-        records = sorted(plan.iter_blocks(), key=lambda r: (order.get(r.block_id, len(order)), r.block_id))
-        work = block_work(records)
-        if work > CO_OPTIMIZE_WORK:
-            check.warnings.append(f"{name}: not re-certified (the joint block dual's work, {work:.3g} flops per "
-                                  f"evaluation, is over {CO_OPTIMIZE_WORK:.3g}); it is the planner's claim")
-            return
-        # The planner's run again: its inputs (the blocks in decomposition order, accuracy-first
-        # targets c; the stored bound was then divided by the variance scale k) and evaluation
-        # cap. Replays need not end where the planner's did (rounding, memory layout), so if
-        # this one falls short, a longer run to a tight gap.
-        bases = [r.basis for r in records]
-        recons = [r.recon / np.sqrt(targets[r.query_index])[:, None] for r in records]
-        indices = [r.query_index for r in records]
-        cap = joint_dual_evaluations(work)
-        reached = maximize_block_dual(bases, recons, indices, targets.size, max_evaluations=cap).lower_bound / scale
-        if not _at_most(value, reached):
-            longer = maximize_block_dual(bases, recons, indices, targets.size, target_gap=TOLERANCE,
-                                         max_evaluations=4 * cap)
-            reached = max(reached, longer.lower_bound / scale)
-    else:
+    if method not in (SCALE_ALLOCATION, JOINT_BLOCK_DUAL):
         check(False, f"{name}: unknown method {method!r} (expected {SCALE_ALLOCATION!r} or {JOINT_BLOCK_DUAL!r})")
         return
-    check(_at_most(value, reached, BOUND_TOLERANCE),
-          f"{name}: stored {value!r}, but the {method} reaches only {reached!r} (the bound is not certified)")
+    work = sum(q.size for _, q, _ in shapes) + float(len(shapes)) ** 3
+    if method == JOINT_BLOCK_DUAL or work > ALLOCATION_AUDIT_WORK:
+        why = ("its certificate (the joint dual's weights) is not stored, and maximising that dual again is a "
+               "search, not a check" if method == JOINT_BLOCK_DUAL else
+               f"the allocation program of {len(shapes)} blocks is over the audit's limit ({work:.3g} > "
+               f"{ALLOCATION_AUDIT_WORK:.3g} flops per Newton step)")
+        check.warnings.append(f"{name}: not re-certified ({why}); it is the planner's claim")
+        return
+    # The program over the stored block shapes (its optimum does not depend on how the shapes
+    # were scaled), for the targets the plan meets: k * c. Deterministic, and solved tighter
+    # than the planner did (1e-6), so the planner's certified value lies below this one's.
+    allocation = allocate_scales([a for a, _, _ in shapes], [(qi, v) for _, qi, v in shapes], scale * targets,
+                                 tolerance=ALLOCATION_TOLERANCE)
+    check(_at_most(value, allocation.lower_bound, TOLERANCE),
+          f"{name}: stored {value!r}, but the {method} reaches only {allocation.lower_bound!r} (the bound is not "
+          "certified)")
 
 
 # --------------------------------------------------------------------------------------------
@@ -285,15 +271,6 @@ def _stored_spec(check: _Checks, attrs: dict) -> PipelineSpec | None:
         check(planner["spec_hash"] == spec.spec_hash,
               f"planner.spec_hash: stored {planner['spec_hash']!r}, but the stored spec hashes to {spec.spec_hash!r}")
     return spec
-
-
-def _planner_order(spec: PipelineSpec | None) -> list[str]:
-    """The block ids in the order the planner had them (its decomposition of the spec: attribute
-    sets only, no arrays); empty without a spec."""
-    if spec is None:
-        return []
-    max_cells = spec.blocks.max_cells if spec.blocks.merge else 0
-    return [layout.block_id for layout in decompose_lazily(spec.domain, spec.group_triples(), max_cells).layouts]
 
 
 def _check_account(check: _Checks, stored: Any, alpha: float) -> None:
@@ -363,8 +340,9 @@ def _audit(plan: Plan, path: str) -> AuditReport:
     shares = np.zeros(m)
     block_profiles = []
     shapes = []  # (alpha, query_index, variances) per block: the allocation program's input
-    bound_claims: dict[str, float] = {}
-    work: dict[str, float] = {}  # block id -> flops of one dual evaluation (planner.block_work)
+    proved: dict[str, float | None] = {}  # block id -> the bound its certificate proves
+    unkept: set[str] = set()  # blocks without certificate arrays (a plan written before they were kept)
+    uncertified: list[str] = []  # those of them that claim a bound
     alpha_sum = 0.0
     profiles_complete = True
     for block in plan.iter_blocks():
@@ -399,11 +377,15 @@ def _audit(plan: Plan, path: str) -> AuditReport:
             f"{name}/targets: {int(bad.sum())} target shares are not in (0, their query's target] (first: query "
             f"{int(block.query_index[_first(bad)])}: share {block.targets[_first(bad)]!r}, target "
             f"{query_targets[_first(bad)]!r})"))
-        work[block.block_id] = block_work([block])
         if block.lower_bound > 0:
-            if check(_at_most(block.lower_bound, block_alpha),
-                     f"{name}/lower_bound: {block.lower_bound!r} exceeds the block's alpha {block_alpha!r}"):
-                bound_claims[block.block_id] = block.lower_bound
+            check(_at_most(block.lower_bound, block_alpha),
+                  f"{name}/lower_bound: {block.lower_bound!r} exceeds the block's alpha {block_alpha!r}")
+        if block.cell_weights is None:
+            unkept.add(block.block_id)
+            if block.lower_bound > 0:
+                uncertified.append(block.block_id)
+        else:
+            proved[block.block_id] = _check_block_bound(check, block, block_variances)
         np.add.at(variances, block.query_index, block_variances)
         np.add.at(shares, block.query_index, block.targets)
         answered[block.query_index] = True
@@ -445,19 +427,19 @@ def _audit(plan: Plan, path: str) -> AuditReport:
         allowed = budget.to_alpha()
         check(_at_most(alpha, allowed), f"alpha: {alpha!r} exceeds the spec's budget (alpha {allowed!r})")
 
-    # Lower bounds (module docstring): re-certified, or named in a warning.
+    # Lower bounds (module docstring): evaluated at their certificates, or named in a warning.
     global_bound = (planner.get("global_lower_bound") or {}).get("value") if isinstance(
         planner.get("global_lower_bound"), dict) else None
     if global_bound is not None:
-        if not check(len(plan.block_ids) == 1 and isinstance(global_bound, (int, float)),
-                     f"planner.global_lower_bound: {global_bound!r} is stated for a plan of {len(plan.block_ids)} "
-                     "blocks; a global bound is certified only for a one-block plan (its block's dual certificate)"):
-            global_bound = None
-        elif not bound_claims and plan.block_ids[0] in work:
-            bound_claims[plan.block_ids[0]] = 0.0
-    _recertify_blocks(check, plan, bound_claims, work, None if global_bound is None else float(global_bound))
+        _check_global_bound(check, plan, global_bound, proved, unkept, uncertified)
+    if uncertified:
+        check.warnings.append(
+            f"lower bounds: {len(uncertified)} of {len(plan.block_ids)} block bounds not re-certified (first: "
+            f"{uncertified[0]}): the plan was written before blocks kept their dual certificates (cell_weights, "
+            "query_weights); they are the planner's claims"
+            + ("; so is planner.global_lower_bound" if global_bound is not None else ""))
     if "chosen_blocks_lower_bound" in planner and shapes and np.isfinite(scale) and scale > 0:
-        _recertify_chosen_blocks_bound(check, plan, planner["chosen_blocks_lower_bound"], targets, scale, shapes, spec)
+        _check_chosen_blocks_bound(check, planner["chosen_blocks_lower_bound"], targets, scale, shapes)
     if "allocation_lower_bound" in planner:
         check.warnings.append("planner.allocation_lower_bound: not audited (a version-1 plan's name for the bound "
                               "on plans with the chosen blocks only; it does not say how it was certified)")

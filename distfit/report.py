@@ -1,31 +1,38 @@
-"""``distfit report``: a plan store (and optionally a release store) in, an HTML report out.
+"""``distfit report``: a plan store (and optionally a release store) in, one HTML page out.
 
 ``distfit report PLAN.zarr [RELEASE.zarr] --out DIR`` (DESIGN.md section 5) writes
-``DIR/index.html`` and PNG plots (matplotlib, Agg backend):
+``DIR/index.html``: one self-contained file. Every plot is inline SVG (matplotlib
+``savefig(format="svg")``, text kept as text so it stays small, sharp at any zoom and
+searchable; a scatter of more than :data:`RASTER_POINTS` points is embedded as a bitmap inside
+its SVG), the style sheet is inline, and the page has no scripts, no links to other files and
+no network URLs: mailed or uploaded alone it shows everything. The figures (``id`` of each
+``<figure>``, listed in :attr:`ReportResult.plots` and the run manifest):
 
-* ``privacy_curve.png``   epsilon(delta) of the plan, delta from 1e-12 to 1e-2 (log x axis),
+* ``privacy_curve``   epsilon(delta) of the plan, delta from 1e-12 to 1e-2 (log x axis),
   exact (:func:`distfit.privacy.epsilon_for_delta` at the plan's alpha);
-* ``block_alpha.png``     each block's privacy cost alpha (bars, sorted), with its certified
-  lower bound where that is finite;
-* ``variance_ratio.png``  histogram of variance/target over all queries, with a line at 1
-  (SM-II meets every accuracy target at exactly 1 when the spec gives no privacy budget) and,
-  when the spec's workload is small (domain of at most :data:`BASELINE_MAX_CELLS` cells), the
-  baselines' max ratios at the plan's alpha (:func:`distfit.solver.baselines.compare_baselines`);
-* ``answers_<j>.png``     with a release: the noisy answers of the first few queries for the
-  first units with 95% confidence intervals ``answer +- 1.96 sqrt(variance)``;
-* ``calibration.png``     with a release and its data (``--data``, :func:`distfit.stores.data.open_data`):
+* ``block_alpha``     each block's privacy cost alpha (horizontal bars, largest first, at most
+  :data:`BLOCK_BARS`), with its certified lower bound where that is finite;
+* ``variance_ratio``  histogram of variance/target over all queries, with a line at 1 (SM-II
+  meets every accuracy target at exactly 1 when the spec gives no privacy budget) and, when the
+  spec's workload is small (domain of at most :data:`BASELINE_MAX_CELLS` cells), the baselines'
+  max ratios at the plan's alpha (:func:`distfit.solver.baselines.compare_baselines`);
+* ``interval_width``  with a release: each query's 95% interval half-width ``1.96 sqrt(variance)``.
+  The noise of a query has the same variance for every unit, so the half-width is one number
+  per query; the first units' answers to the first queries are a table, under a row with each
+  query's half-width, rather than error bars, which on the scale of the answers (hundreds) would be
+  invisible;
+* ``calibration``     with a release and its data (``--data``, :func:`distfit.stores.data.open_data`):
   query by query, the actual error of each released answer against its promised standard
   deviation (log-log scatter with the 1.96 sd line) and the histogram of the standardised
   errors ``z = (answer - true) / sd`` against N(0, 1); the page gives the share within 1.96 sd
   (95% expected) and within 1 sd (68.3%). The true answers are computed from the data's block
   marginals (:func:`distfit.release.noise.true_block_answers`) for at most
-  :data:`CALIBRATION_ANSWERS` answers (the first units). This section is derived from the
-  confidential data: the page says so, and such a report is for the data owner's validation,
-  not for publication.
+  :data:`CALIBRATION_ANSWERS` answers (the first units; the page says how many of how many).
+  This section is derived from the confidential data: the page says so, and such a report is
+  for the data owner's validation, not for publication.
 
 The page also holds the privacy account (alpha, rho, the epsilon/delta table), the planner's
-decisions and a table of per-block solver statistics and certificate gaps. It is
-self-contained: relative PNG links, no scripts, no external URLs.
+decisions and a table of per-block solver statistics and certificate gaps.
 
 Writing is atomic: the report is built in a staging directory next to ``DIR``
 (``<DIR>.incomplete-<random>``) and renamed into place (:func:`distfit.stores.files.move_into_place`).
@@ -38,11 +45,13 @@ Bad inputs (no plan store, not a plan, not a sealed release, a release of anothe
 from __future__ import annotations
 
 import html
+import io
 import math
 import os
+import re
 import secrets
 import shutil
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -59,24 +68,35 @@ from distfit.stores.plan import read_plan
 from distfit.stores.release import read_release
 
 MARKER = ".distfit-report"
+PAGE = "index.html"
 BASELINE_MAX_CELLS = 5000
 CURVE_DELTAS = np.logspace(-12, -2, 41)
-ANSWER_QUERIES = 4   # error-bar plots for the first few queries
-ANSWER_UNITS = 20    # ... over the first units
-BLOCK_BARS = 60      # most blocks drawn in the alpha-per-block plot
+ANSWER_QUERIES = 4   # the answer table: the first few queries
+ANSWER_UNITS = 20    # ... of the first units
+BLOCK_BARS = 40      # most blocks drawn in the alpha-per-block plot (the table lists every block)
 Z95 = 1.959963984540054
 #: Most (unit, query) answers the calibration compares with the truth (the first units).
 CALIBRATION_ANSWERS = 2_000_000
 #: Most points drawn in the calibration scatter (an even subsample beyond).
 CALIBRATION_POINTS = 20_000
+#: A scatter with more points than this is drawn as a bitmap inside its SVG: one vector marker
+#: per point would make the page megabytes (20,000 points: about 3 MB as vectors, 0.2 MB as a bitmap).
+RASTER_POINTS = 2000
+#: Resolution of those bitmaps (the rest of each figure is vector).
+RASTER_DPI = 150
+#: An id, or a reference to one, in matplotlib's SVG: ``id="``, ``href="#`` and ``url(#``.
+_SVG_ID = re.compile(r'(\bid="|href="#|url\(#)')
+_SVG_METADATA = re.compile(r"\s*<metadata>.*?</metadata>", re.S)
 
-__all__ = ["BASELINE_MAX_CELLS", "MARKER", "ReportResult", "write_report"]
+__all__ = ["BASELINE_MAX_CELLS", "MARKER", "PAGE", "ReportResult", "write_report"]
 
 
-@dataclass
+@dataclass(frozen=True)
 class ReportResult:
+    """Where the report went, the ids of its figures (each a ``<figure id=...>`` of the page),
+    the baselines' max variance/target (or None and why not) and the calibration summary."""
     path: str
-    plots: list[str] = field(default_factory=list)
+    plots: tuple[str, ...] = ()
     baselines: dict[str, float] | None = None
     baseline_note: str = ""
     calibration: dict | None = None
@@ -121,52 +141,75 @@ def _e(x: Any) -> str:
 
 
 # --------------------------------------------------------------------------------------------
-# plots
+# plots: each returns inline SVG markup
 
 
-def _plot_privacy_curve(plt, alpha: float, out: Path) -> None:
+def _svg(plt, fig, name: str, description: str) -> str:
+    """``fig`` as SVG markup to inline in the page (the figure is closed).
+
+    Text stays text (``svg.fonttype: none``: a few kB instead of glyph outlines, with a generic
+    sans-serif fallback in its font list). Every id (and every reference to one) is prefixed with
+    the figure's name, so the ids of a page are unique, and hashed with the figure's name as the
+    salt instead of a random one, so the same figure gives the same markup. The XML prologue (not
+    allowed inside HTML) and the metadata block are dropped."""
+    buf = io.StringIO()
+    with plt.rc_context({"svg.fonttype": "none", "svg.hashsalt": f"distfit-report-{name}"}):
+        fig.savefig(buf, format="svg", dpi=RASTER_DPI)
+    plt.close(fig)
+    text = buf.getvalue()
+    svg = _SVG_METADATA.sub("", text[text.index("<svg"):])  # its RDF block: a date, "made by matplotlib"
+    # matplotlib names its groups axes_1, legend_1, patch_1, ... in every figure: prefix every id,
+    # and every reference to one, with the figure's name, so that the ids of a page stay unique
+    svg = _SVG_ID.sub(lambda m: f'{m.group(1)}{name}-', svg)
+    return svg.replace("<svg ", f'<svg role="img" aria-label="{html.escape(description)}" ', 1)
+
+
+def _outside_legend(fig, ncols: int = 2) -> None:
+    """One legend for the figure, outside the axes (below them), so it never covers data."""
+    fig.legend(loc="outside lower center", ncols=ncols, fontsize=8, frameon=False)
+
+
+def _plot_privacy_curve(plt, alpha: float) -> str:
     eps = [epsilon_for_delta(alpha, float(d)) for d in CURVE_DELTAS]
-    fig, ax = plt.subplots(figsize=(6.4, 4.0))
+    fig, ax = plt.subplots(figsize=(6.4, 4.0), layout="constrained")
     ax.plot(CURVE_DELTAS, eps, marker=".", color="C0")
     ax.set_xscale("log")
     ax.set_xlabel("delta")
     ax.set_ylabel("epsilon")
     ax.set_title(f"Privacy curve epsilon(delta), alpha = {alpha:.4g}")
     ax.grid(True, which="both", alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(out, dpi=100)
-    plt.close(fig)
+    return _svg(plt, fig, "privacy_curve", "privacy curve epsilon(delta)")
 
 
-def _plot_block_alpha(plt, blocks: list[dict], out: Path) -> None:
-    """The blocks' alphas, largest first: all of them up to :data:`BLOCK_BARS`, else the
-    largest BLOCK_BARS (the title says how many are shown; the table lists every block)."""
+def _plot_block_alpha(plt, blocks: list[dict]) -> str:
+    """The blocks' alphas, largest first, as horizontal bars (block ids readable on the y axis):
+    all of them up to :data:`BLOCK_BARS`, else the largest BLOCK_BARS (the title says how many
+    are shown; the table lists every block)."""
     order = sorted(blocks, key=lambda b: b["alpha"], reverse=True)[:BLOCK_BARS]
-    x = np.arange(len(order))
-    fig, ax = plt.subplots(figsize=(max(6.4, 0.35 * len(order) + 2), 4.0))
-    ax.bar(x, [b["alpha"] for b in order], color="C0", label="block alpha")
+    y = np.arange(len(order))
+    fig, ax = plt.subplots(figsize=(7.5, 1.9 + 0.2 * len(order)), layout="constrained")
+    ax.barh(y, [b["alpha"] for b in order], height=0.6, color="C0", label="block alpha")
     lb = [(i, b["lower_bound"]) for i, b in enumerate(order) if math.isfinite(b["lower_bound"])]
     if lb:
-        ax.scatter([i for i, _ in lb], [v for _, v in lb], color="C3", marker="_", s=300, zorder=3,
-                   label="certified lower bound")
-    ax.set_xticks(x)
-    ax.set_xticklabels([b["id"] for b in order], rotation=60, ha="right", fontsize=7)
-    ax.set_ylabel("alpha")
+        ax.scatter([v for _, v in lb], [i for i, _ in lb], color="C3", marker="|", s=250, linewidths=2,
+                   zorder=3, label="certified lower bound")
+    ax.set_yticks(y, labels=[b["id"] for b in order], fontsize=8)
+    ax.set_ylim(len(order) - 0.5, -0.5)  # largest on top
+    ax.set_xlabel("alpha (privacy cost of the block)")
+    ax.grid(True, axis="x", alpha=0.3)
     shown = f"the {len(order)} largest of {len(blocks)} blocks" if len(order) < len(blocks) else "every block"
-    ax.set_title(f"Privacy cost per block ({shown})")
-    ax.legend(loc="upper right")
-    fig.tight_layout()
-    fig.savefig(out, dpi=100)
-    plt.close(fig)
+    ax.set_title(f"Privacy cost per block ({shown})", fontsize=10)
+    _outside_legend(fig)
+    return _svg(plt, fig, "block_alpha", "privacy cost alpha per block")
 
 
-def _plot_variance_ratio(plt, ratios: np.ndarray, baselines: dict[str, float] | None, out: Path) -> None:
-    fig, ax = plt.subplots(figsize=(6.4, 4.0))
+def _plot_variance_ratio(plt, ratios: np.ndarray, baselines: dict[str, float] | None) -> str:
+    fig, ax = plt.subplots(figsize=(7.5, 4.2), layout="constrained")
     finite = ratios[np.isfinite(ratios)]
     hi = max([1.0, float(finite.max(initial=1.0))] + list((baselines or {}).values())) * 1.05
     lo = min(1.0, float(finite.min(initial=1.0))) * 0.95
     bins = 40 if not baselines else np.linspace(lo, hi, 60)  # bars stay visible next to the baselines
-    ax.hist(finite, bins=bins, color="C0", alpha=0.8, label="SM-II queries")
+    ax.hist(finite, bins=bins, color="C0", alpha=0.8, label="SM-II (this plan): its queries")
     ax.axvline(1.0, color="k", linestyle="--", label="target (ratio 1)")
     for i, (name, r) in enumerate(sorted((baselines or {}).items())):
         ax.axvline(r, color=f"C{i + 1}", linestyle="-", label=f"{name}: max {r:.3g}")
@@ -174,57 +217,53 @@ def _plot_variance_ratio(plt, ratios: np.ndarray, baselines: dict[str, float] | 
         ax.set_xscale("log")
     ax.set_xlabel("variance / target")
     ax.set_ylabel("queries")
-    ax.set_title("Variance relative to target")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out, dpi=100)
-    plt.close(fig)
+    ax.set_title("Variance relative to target", fontsize=10)
+    _outside_legend(fig, ncols=3)
+    return _svg(plt, fig, "variance_ratio", "histogram of variance/target")
 
 
-def _plot_answers(plt, answers: np.ndarray, sd: float, units: list[str], label: str, out: Path) -> None:
-    x = np.arange(answers.shape[0])
-    fig, ax = plt.subplots(figsize=(6.4, 3.6))
-    ax.errorbar(x, answers, yerr=Z95 * sd, fmt="o", capsize=3, color="C0")
-    ax.set_xticks(x)
-    ax.set_xticklabels(units, rotation=60, ha="right", fontsize=7)
-    ax.set_xlabel("unit")
-    ax.set_ylabel("noisy answer")
-    ax.set_title(f"{label}: answers with 95% intervals (+-{Z95 * sd:.3g})", fontsize=9)
-    ax.grid(True, axis="y", alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(out, dpi=100)
-    plt.close(fig)
+def _plot_interval_width(plt, variances: np.ndarray) -> str:
+    """Each query's 95% interval half-width 1.96 sqrt(variance), against the query's index."""
+    half = Z95 * np.sqrt(np.maximum(np.asarray(variances, dtype=float), 0.0))
+    fig, ax = plt.subplots(figsize=(7.5, 3.6), layout="constrained")
+    ax.scatter(np.arange(half.size), half, s=8, color="C0", rasterized=half.size > RASTER_POINTS)
+    ax.set_ylim(0, float(half.max(initial=1.0)) * 1.1 or 1.0)
+    ax.set_xlabel("query (its index in the release)")
+    ax.set_ylabel("half-width (units of the answer)")
+    ax.set_title("95% interval: answer ± 1.96 standard deviations; the half-width per query", fontsize=10)
+    ax.grid(True, alpha=0.3)
+    return _svg(plt, fig, "interval_width", "95% interval half-width per query")
 
 
-def _plot_calibration(plt, z: np.ndarray, sd: np.ndarray, out: Path) -> None:
+def _plot_calibration(plt, z: np.ndarray, sd: np.ndarray) -> str:
     """Left: |actual error| against the promised sd per answer (log-log) with the 1.96 sd line;
     right: histogram of the standardised errors with the N(0, 1) density."""
     error = np.abs(z) * sd
     step = max(1, error.size // CALIBRATION_POINTS)
-    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.8))
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4.2), layout="constrained")
     shown_sd, shown_error = sd[::step], np.maximum(error[::step], 1e-12)
-    left.scatter(shown_sd, shown_error, s=3, alpha=0.3, color="C0", label="released answers")
+    left.scatter(shown_sd, shown_error, s=3, alpha=0.3, color="C0", label="released answers",
+                 rasterized=shown_sd.size > RASTER_POINTS)
     grid = np.geomspace(max(float(sd.min()), 1e-12), float(sd.max()) * 1.05, 50)
     left.plot(grid, Z95 * grid, color="C3", label="1.96 x promised sd")
     left.set_xscale("log")
     left.set_yscale("log")
     left.set_xlabel("promised standard deviation")
     left.set_ylabel("|released - true|")
-    left.set_title(f"actual error vs promise ({error.size} answers)", fontsize=9)
-    left.legend(fontsize=8, loc="lower right")
+    drawn = f", {shown_sd.size:,} drawn" if step > 1 else ""
+    left.set_title(f"actual error against the promise ({error.size:,} answers{drawn})", fontsize=9)
     left.grid(True, which="both", alpha=0.2)
     bins = np.linspace(-5, 5, 81)
-    right.hist(np.clip(z, -5, 5), bins=bins, density=True, color="C0", alpha=0.7, label="z = error / sd")
+    right.hist(np.clip(z, -5, 5), bins=bins, density=True, color="C0", alpha=0.7,
+               label="standardised error z = (released - true) / sd")
     x = np.linspace(-5, 5, 400)
-    right.plot(x, np.exp(-x * x / 2) / math.sqrt(2 * math.pi), color="C3", label="N(0, 1)")
+    right.plot(x, np.exp(-x * x / 2) / math.sqrt(2 * math.pi), color="k", label="N(0, 1) density")
     for edge in (-Z95, Z95):
         right.axvline(edge, color="grey", linestyle="--", linewidth=1)
-    right.set_xlabel("standardised error")
-    right.set_title(f"{np.mean(np.abs(z) <= Z95):.1%} within 1.96 sd (95% expected)", fontsize=9)
-    right.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out, dpi=100)
-    plt.close(fig)
+    right.set_xlabel("standardised error z (dashed: ±1.96)")
+    right.set_title(f"{np.mean(np.abs(z) <= Z95):.1%} within ±1.96 sd (95% expected)", fontsize=9)
+    _outside_legend(fig, ncols=4)
+    return _svg(plt, fig, "calibration", "actual error against promised standard deviation")
 
 
 def _calibration(plan, release, data_path) -> tuple[dict, np.ndarray, np.ndarray]:
@@ -249,6 +288,7 @@ def _calibration(plan, release, data_path) -> tuple[dict, np.ndarray, np.ndarray
     result = calibration(noisy, true, release.variances)
     z = result.pop("z")
     result["units"] = units
+    result["of_units"] = int(data.units)
     sd = np.broadcast_to(np.sqrt(np.asarray(release.variances, dtype=float)), z.shape).ravel()
     return result, z.ravel(), sd
 
@@ -290,20 +330,30 @@ body { font-family: sans-serif; margin: 2em; max-width: 1100px; color: #222; }
 table { border-collapse: collapse; margin: 0.5em 0 1.5em 0; font-size: 0.9em; }
 th, td { border: 1px solid #bbb; padding: 3px 8px; text-align: right; }
 th { background: #eee; } td.l, th.l { text-align: left; }
-img { max-width: 100%; border: 1px solid #ddd; margin: 0.5em 0; }
-.note { color: #555; font-size: 0.9em; } .warn { color: #a00; font-weight: bold; }
+.wide { overflow-x: auto; max-width: 100%; }
+figure { margin: 0.5em 0 1.5em 0; }
+figure svg { display: block; max-width: 100%; height: auto; border: 1px solid #ddd; }
+figcaption, .note { color: #555; font-size: 0.9em; } .warn { color: #a00; font-weight: bold; }
 """
 
 
-def _table(header: list[str], rows: list[list[Any]], left: int = 1) -> str:
-    out = ["<table><tr>"]
-    out += [f'<th class="{"l" if i < left else ""}">{html.escape(h)}</th>' for i, h in enumerate(header)]
-    out.append("</tr>")
+def _table(header: list[str] | None, rows: list[list[Any]], left: int = 1) -> str:
+    """An HTML table (wrapped to scroll sideways when wider than the page); ``header`` None for
+    a table of name/value rows without a header row; the first ``left`` columns left-aligned."""
+    out = ['<div class="wide"><table>']
+    if header is not None:
+        out.append("<tr>" + "".join(f'<th class="{"l" if i < left else ""}">{html.escape(h)}</th>'
+                                    for i, h in enumerate(header)) + "</tr>")
     for row in rows:
         out.append("<tr>" + "".join(
             f'<td class="{"l" if i < left else ""}">{_e(v)}</td>' for i, v in enumerate(row)) + "</tr>")
-    out.append("</table>")
+    out.append("</table></div>")
     return "\n".join(out)
+
+
+def _figure(figures: dict[str, str], name: str, caption: str = "") -> str:
+    caption = f"<figcaption>{html.escape(caption)}</figcaption>" if caption else ""
+    return f'<figure id="{name}">\n{figures[name]}{caption}</figure>'
 
 
 def _bound_rows(planner: dict) -> list[list[Any]]:
@@ -326,26 +376,45 @@ def _bound_rows(planner: dict) -> list[list[Any]]:
     return rows
 
 
-def _page(plan, release, blocks, ratios, baselines, baseline_note, answer_plots, calibrated=None) -> str:
+def _answer_rows(release) -> tuple[list[str], list[list[Any]]]:
+    """The first units' answers to the first queries, below one row with each query's 95%
+    interval half-width (1.96 sd: the same for every unit)."""
+    n_units = min(ANSWER_UNITS, int(release.answers.shape[0]))
+    n_q = min(ANSWER_QUERIES, int(release.answers.shape[1]))
+    answers = np.asarray(release.answers[:n_units, :n_q], dtype=float)
+    half = Z95 * np.sqrt(np.maximum(np.asarray(release.variances[:n_q], dtype=float), 0.0))
+    labels = release.labels or [f"query {j}" for j in range(release.answers.shape[1])]
+    units = [_fmt(u) for u in np.asarray(release.unit_ids[:n_units])]
+    rows = [["95% interval"] + [f"answer ± {h:.4g}" for h in half]]
+    rows += [[u] + list(answers[i]) for i, u in enumerate(units)]
+    # a zero-width space after each ":" of a label (group:cell) lets the long headers wrap there
+    return ["unit"] + [str(labels[j]).replace(":", ":\u200b") for j in range(n_q)], rows
+
+
+def _page(plan, release, blocks, ratios, baselines, baseline_note, figures: dict[str, str],
+          calibrated: dict | None = None) -> str:
     a = plan.attrs
     account = a.get("account") or {}
     planner = a.get("planner") or {}
     spec = a.get("spec") or {}
+    m = len(plan.queries_targets)
     parts = [
         "<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
+        '<meta name="viewport" content="width=device-width, initial-scale=1">',
         f"<title>distfit report: {html.escape(str(spec.get('name', 'plan')))}</title>",
         f"<style>{_CSS}</style></head><body>",
         f"<h1>distfit report: {html.escape(str(spec.get('name', 'plan')))}</h1>",
-        _table(["", ""], [
+        _table(None, [
             ["plan", os.path.basename(plan.path.rstrip("/"))],
             ["plan checksum", a.get("checksum")],
             ["created", a.get("created")],
             ["distfit version", a.get("distfit_version")],
             ["schema", " x ".join(f"{n}[{s}]" for n, s in zip(a["schema"]["attributes"], a["schema"]["sizes"]))],
-            ["queries", len(plan.queries_targets)],
+            ["queries", m],
             ["blocks", len(blocks)],
             ["release", os.path.basename(release.path.rstrip("/")) if release is not None else None],
         ], left=2),
+        '<p class="note">This page is one file: its plots are inline, it needs no other file and no network.</p>',
         "<h2>Privacy account</h2>",
         _table(["quantity", "value"], [
             ["alpha (privacy cost)", a.get("alpha")],
@@ -356,7 +425,7 @@ def _page(plan, release, blocks, ratios, baselines, baseline_note, answer_plots,
         "<h3>(epsilon, delta)</h3>",
         _table(["delta", "epsilon"],
                [[r["delta"], r["epsilon"]] for r in account.get("epsilon_delta", [])], left=0),
-        '<img src="privacy_curve.png" alt="privacy curve epsilon(delta)">',
+        _figure(figures, "privacy_curve"),
         "<h2>Planner decisions</h2>",
         "<ul>" + "".join(f"<li>{html.escape(str(d))}</li>" for d in planner.get("decisions", [])) + "</ul>",
         _table(["quantity", "value"], [[k, planner.get(k)] for k in (
@@ -366,9 +435,10 @@ def _page(plan, release, blocks, ratios, baselines, baseline_note, answer_plots,
         '<p class="note">Each bound with what it bounds: the planner\'s bound holds for plans with the chosen '
         "blocks only, not for every plan; <code>distfit audit</code> re-certifies every bound by running its "
         "dual again and warns about any it did not.</p>",
-        _table(["lower bound", "value", "how certified", "what it bounds"], _bound_rows(planner), left=1),
+        _table(["lower bound", "value", "how certified", "what it bounds"], _bound_rows(planner), left=4),
         "<h2>Blocks</h2>",
-        '<img src="block_alpha.png" alt="alpha per block">',
+        _figure(figures, "block_alpha", "Bar: the block's privacy cost alpha; red tick: its certified lower "
+                "bound (the block's dual certificate), where it has one."),
     ]
     stat_keys = sorted({k for b in blocks for k in b["solver"] if k != "gap"})
     rows = []
@@ -389,8 +459,7 @@ def _page(plan, release, blocks, ratios, baselines, baseline_note, answer_plots,
             ["min variance/target", float(np.min(ratios)) if ratios.size else None],
             ["median variance/target", float(np.median(ratios)) if ratios.size else None],
         ]),
-        '<img src="variance_ratio.png" alt="histogram of variance/target">',
-        f'<p class="note">{html.escape(baseline_note)}</p>',
+        _figure(figures, "variance_ratio", baseline_note),
     ]
     if baselines:
         parts.append(_table(["mechanism", "max variance/target"],
@@ -400,27 +469,35 @@ def _page(plan, release, blocks, ratios, baselines, baseline_note, answer_plots,
         parts.append("<h2>Release: noisy answers</h2>")
         if not release.private:
             parts.append('<p class="warn">NOT PRIVATE: this release was drawn with a fixed seed (tests only).</p>')
-        parts.append(f"<p class='note'>{html.escape(str(release.attrs.get('units')))} units; "
-                     "the first units and queries with 95% confidence intervals "
-                     "(answer +- 1.96 sqrt(variance)).</p>")
-        for name, label in answer_plots:
-            parts.append(f"<h3>{html.escape(label)}</h3>")
-            parts.append(f'<img src="{name}" alt="answers of {html.escape(label)}">')
+        header, answer_rows = _answer_rows(release)
+        parts += [
+            f"<p class='note'>{int(release.attrs.get('units', release.answers.shape[0])):,} units x "
+            f"{release.answers.shape[1]:,} queries. 95% interval: answer ± 1.96 standard deviations of "
+            "the query's noise. The noise of a query has the same variance for every unit, so the interval's "
+            "half-width is one number per query (the plot); drawn as error bars on the scale of the answers "
+            "the intervals would be too small to see, so the first units' answers are a table.</p>",
+            _figure(figures, "interval_width"),
+            f"<h3>The first {len(answer_rows) - 1} units' answers to the first {len(header) - 1} queries</h3>",
+            _table(header, answer_rows, left=1),
+        ]
     if calibrated is not None:
+        units, of_units = calibrated["units"], calibrated["of_units"]
+        scope = f"all {units:,}" if units == of_units else f"the first {units:,} of {of_units:,}"
         parts += [
             "<h2>Calibration: actual error against the promise</h2>",
             '<p class="warn">CONFIDENTIAL: this section compares the released answers with the true '
             "answers computed from the data. It is for the data owner's validation; do not publish "
             "a report that has it.</p>",
             _table(["quantity", "value"], [
-                ["answers compared", f"{calibrated['count']} ({calibrated['units']} units x "
-                                     f"{len(plan.queries_targets)} queries)"],
+                ["answers compared", f"{calibrated['count']:,} ({scope} units x {m:,} queries)"],
                 ["within 1.96 sd (95% expected)", f"{calibrated['within_1.96sd']:.2%}"],
                 ["within 1 sd (68.3% expected)", f"{calibrated['within_1sd']:.2%}"],
                 ["mean standardised error (0 expected)", calibrated["mean_z"]],
                 ["sd of standardised errors (1 expected)", calibrated["sd_z"]],
             ]),
-            '<img src="calibration.png" alt="actual error against promised standard deviation">',
+            f'<p class="note">At most {CALIBRATION_ANSWERS:,} answers are compared (the first units), '
+            "so that a large release is checked in seconds.</p>",
+            _figure(figures, "calibration"),
         ]
     parts.append("</body></html>")
     return "\n".join(parts) + "\n"
@@ -466,43 +543,27 @@ def _write_report(plan_path: str | os.PathLike, out_path: Path, release_path: st
     calibrated = _calibration(plan, release, data_path) if data_path is not None else None
 
     plt = _pyplot()
+    figures = {"privacy_curve": _plot_privacy_curve(plt, float(plan.attrs["alpha"])),
+               "block_alpha": _plot_block_alpha(plt, blocks),
+               "variance_ratio": _plot_variance_ratio(plt, ratios, baselines)}
+    if release is not None:
+        figures["interval_width"] = _plot_interval_width(plt, release.variances)
+    summary = None
+    if calibrated is not None:
+        summary, z, sd = calibrated
+        figures["calibration"] = _plot_calibration(plt, z, sd)
+    page = _page(plan, release, blocks, ratios, baselines, note, figures, summary)
+
     out_path.parent.mkdir(parents=True, exist_ok=True)
     staging = out_path.with_name(f"{out_path.name}{STAGING_MARKER}{secrets.token_hex(6)}")
     staging.mkdir()
     try:
-        result = ReportResult(path=str(out_path), baselines=baselines, baseline_note=note)
-        _plot_privacy_curve(plt, float(plan.attrs["alpha"]), staging / "privacy_curve.png")
-        _plot_block_alpha(plt, blocks, staging / "block_alpha.png")
-        _plot_variance_ratio(plt, ratios, baselines, staging / "variance_ratio.png")
-        result.plots += ["privacy_curve.png", "block_alpha.png", "variance_ratio.png"]
-        answer_plots = []
-        if release is not None:
-            units = int(release.attrs.get("units", release.answers.shape[0]))
-            n_units = min(ANSWER_UNITS, units)
-            n_q = min(ANSWER_QUERIES, release.answers.shape[1])
-            answers = np.asarray(release.answers[:n_units, :n_q], dtype=float)
-            variances = release.variances
-            labels = release.labels or [f"query {j}" for j in range(release.answers.shape[1])]
-            unit_ids = [_fmt(u) for u in np.asarray(release.unit_ids[:n_units])]
-            for j in range(n_q):
-                name = f"answers_{j}.png"
-                _plot_answers(plt, answers[:, j], math.sqrt(max(float(variances[j]), 0.0)), unit_ids,
-                              str(labels[j]), staging / name)
-                answer_plots.append((name, str(labels[j])))
-                result.plots.append(name)
-        calibration_summary = None
-        if calibrated is not None:
-            calibration_summary, z, sd = calibrated
-            _plot_calibration(plt, z, sd, staging / "calibration.png")
-            result.plots.append("calibration.png")
-            result.calibration = calibration_summary
-        (staging / "index.html").write_text(
-            _page(plan, release, blocks, ratios, baselines, note, answer_plots, calibration_summary),
-            encoding="utf-8")
+        (staging / PAGE).write_text(page, encoding="utf-8")
         (staging / MARKER).write_text("distfit report directory; `distfit report` may replace it\n",
                                       encoding="utf-8")
         move_into_place(staging, out_path, _check_out)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
-    return result
+    return ReportResult(path=str(out_path), plots=tuple(figures), baselines=baselines, baseline_note=note,
+                        calibration=summary)

@@ -4,8 +4,10 @@ DESIGN.md section 1 (Problem 2) and section 2 (allocation): a block whose noise 
 multiplied by ``k > 0`` (``Sigma -> k Sigma``) has every variance ``diag(L Sigma L^T)`` multiplied
 by ``k`` and its privacy profile ``p_i = b_i^T Sigma^-1 b_i`` divided by ``k``, and with it every
 privacy cost derived from the profile: ``alpha = max_i p_i``, its certified lower bound, sums of
-block alphas. The allocation's scale ``s_S`` of a block, a privacy-first plan's common factor
-``k = alpha / alpha_budget`` and a level's share of a run's budget are all this one operation.
+block alphas (the dual weights that certify a bound do not change: at scale k they prove the
+bound divided by k, for variances k times the targets). The allocation's scale ``s_S`` of a
+block, a privacy-first plan's common factor ``k = alpha / alpha_budget`` and a level's share of
+a run's budget are all this one operation.
 
 The arithmetic is fixed (``x * k`` for the noise side, ``x / k`` for the privacy side), so
 every stage that scales gets the same floats: a plan scaled in memory and one scaled block by

@@ -23,7 +23,7 @@ MODULES = sorted(PACKAGE.rglob("*.py"))
 #: The mathematics: pure functions on numpy arrays, no I/O, no cluster, no environment.
 PURE = (
     "checks", "domain", "workload", "privacy", "scaling",
-    "solver/*", "spec/model", "spec/targets", "plan/residual", "plan/allocate", "plan/composition",
+    "solver/*", "spec/model", "spec/targets", "spec/groups", "spec/queries", "spec/fields", "spec/schema", "plan/residual", "plan/allocate", "plan/composition",
     "plan/planner", "plan/levels", "release/noise", "data/synthetic",
 )
 #: Imports that may sit inside a function: optional dependencies, and what must run first.

@@ -64,7 +64,9 @@ def _check_outputs(rundir, spec_path) -> dict:
     assert manifest["cluster"] == {"kind": "serial"}
     index = Path(manifest["report"]["index"])
     assert index.is_file() and "alpha" in index.read_text()
-    assert manifest["report"]["plots"] and all((index.parent / p).is_file() for p in manifest["report"]["plots"])
+    # the plots are inline in the one page: each named figure is there, and no other file is
+    assert manifest["report"]["plots"] and all(f'<figure id="{p}">' in index.read_text() for p in manifest["report"]["plots"])
+    assert sorted(p.name for p in index.parent.iterdir()) == sorted([index.name, ".distfit-report"])
     assert not list(rundir.glob(".manifest.json.*"))  # no temporary left behind
     return manifest
 

@@ -4,14 +4,21 @@ A scheduler and two workers are started as separate processes on loopback (``das
 --scheduler-file F`` and ``dask worker --scheduler-file F``, the way cluster/README.md and the
 batch scripts start them), and ``distfit run ... --cluster F`` runs as its own process, so the
 whole path is exercised: the console entry point, the scheduler file, task shipping to worker
-processes, Zarr stores written by the workers and sealed by the driver. The second test kills a
-worker process (SIGKILL) while the release is running; its nanny restarts it and the run must
-still finish with a plan that passes audit and a sealed release in which every chunk is written.
+processes, Zarr stores written by the workers and sealed by the driver.
+
+The fault tests run ``distfit release --seed S`` (``distfit run`` has no seed: its release stays
+private, so it cannot be compared with another): one kills a worker process of that cluster
+(SIGKILL, from inside the scheduler, right after the first chunk is written, while the worker
+holds chunk tasks: ``tests.faults``); another kills the whole process group of a release on
+its own local cluster (driver, nannies, workers) half-way and resumes it. Each proves the kill
+fell while the work was in progress and compares the sealed release, bit for bit, with an
+uninterrupted release of the same seed.
 """
 from __future__ import annotations
 
 import collections
 import contextlib
+import io
 import json
 import os
 import shutil
@@ -26,10 +33,11 @@ import numpy as np
 import yaml
 import zarr
 
+from distfit.release.job import run_release
 from distfit.stores.data import write_synthetic
-from distfit.stores.release import read_release, verify_release
-from distfit.spec.parse import load_spec
+from distfit.stores.release import ReleaseError, read_release, verify_release
 from distfit.stores.plan import read_plan
+from tests.faults import assert_killed_while_in_progress, kill_a_worker_after_the_first
 from tests.reference import SMALL_SPEC
 
 #: The cluster's processes: a long scheduler/worker transition log (the tests read it back to
@@ -37,9 +45,14 @@ from tests.reference import SMALL_SPEC
 ENV = dict(os.environ, DASK_DISTRIBUTED__ADMIN__LOW_LEVEL_LOG_LENGTH="100000",
            OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
 
-#: The fault test's data: KILL_CHUNKS chunks (release tasks) of KILL_CHUNK_UNITS units.
+#: The worker-kill test's data: KILL_CHUNKS chunks (release tasks) of KILL_CHUNK_UNITS units.
 KILL_CHUNK_UNITS, KILL_CHUNKS = 200, 40
 KILL_UNITS = KILL_CHUNK_UNITS * KILL_CHUNKS
+#: The driver-kill test's data: many small chunks, so that the release stays part-way for a
+#: couple of seconds (about 150 chunks/s on 2 workers) and the test's poll catches it there.
+DRIVER_CHUNK_UNITS, DRIVER_CHUNKS = 100, 300
+#: The fault tests' noise seed (``distfit release --seed``: tests only, the release is not private).
+SEED = 20240611
 
 
 def _dask(command: str) -> list[str]:
@@ -155,14 +168,6 @@ def executed_keys(client) -> dict[str, list[str]]:
     return client.run(executed)
 
 
-def scheduler_transitions(client, prefix: str) -> list[tuple[str, str, str]]:
-    """``(key, start, finish)`` of every scheduler transition of a key starting with ``prefix``."""
-    def transitions(dask_scheduler):
-        return [(str(entry[0]), entry[1], entry[2]) for entry in dask_scheduler.transition_log
-                if str(entry[0]).startswith(prefix)]
-    return client.run_on_scheduler(transitions)
-
-
 def _label(key: str, prefix: str) -> str:
     """``release-chunk-7-0a1b2c3d`` -> ``7`` (runtime.run_tasks keys: ``name-label-run``)."""
     return key[len(prefix):].rsplit("-", 1)[0]
@@ -199,6 +204,35 @@ def _check_run(rundir: Path, cluster: Cluster, scheduler_address: str) -> dict:
     return manifest
 
 
+def _release_arrays(path: Path) -> dict[str, np.ndarray]:
+    """Every array of a release store, by its path in the store."""
+    group = zarr.open_group(store=str(path), mode="r")
+    return {name: array[...] for name, array in group.members(max_depth=None) if isinstance(array, zarr.Array)}
+
+
+def _chunks_done(path: Path) -> np.ndarray:
+    """``chunks/done`` of a release store (empty while the store does not exist yet)."""
+    try:
+        return np.asarray(zarr.open_group(store=str(path), mode="r")["chunks/done"][...])
+    except Exception:  # noqa: BLE001 - not created yet, or being created
+        return np.zeros(0, np.uint8)
+
+
+def assert_same_release(path: Path, reference: Path) -> None:
+    """Both releases sealed and verified, and equal bit for bit: every array and the checksum."""
+    for store in (path, reference):
+        ok, stored, recomputed = verify_release(store)
+        assert ok, (store, stored, recomputed)
+        release = read_release(store)
+        assert release.attrs["complete"] is True and release.private is False  # a --seed release
+        assert np.all(_chunks_done(store) == 1)
+    got, expected = _release_arrays(path), _release_arrays(reference)
+    assert sorted(got) == sorted(expected)
+    for name, array in expected.items():
+        assert got[name].dtype == array.dtype and got[name].tobytes() == array.tobytes(), name
+    assert read_release(path).checksum == read_release(reference).checksum
+
+
 def test_run_through_a_scheduler_file(tmp_path):
     """`distfit run --cluster SCHEDULER_FILE`: every block solve and every release chunk runs on
     the two workers of that cluster, once each; the manifest names the cluster."""
@@ -230,65 +264,110 @@ def test_run_through_a_scheduler_file(tmp_path):
     keys = [key for worker_keys in executed.values() for key in worker_keys]
     solved = {_label(k, "solve-") for k in keys if k.startswith("solve-")}
     assert solved == set(plan.block_ids)
-    chunks = collections.Counter(_label(k, "release-chunk-") for k in keys if k.startswith("release-chunk-"))
-    assert chunks == {str(c): 1 for c in range(3)}  # each chunk released once, on these workers
+    # release tasks (keys release-chunks-FIRST-RUN, a run of chunks each, or release-chunk-C-RUN,
+    # one chunk each): every task ran once, on these workers, starting at chunk 0; that every
+    # chunk was written is _check_run's chunks/done
+    prefix = "release-chunks-" if any(k.startswith("release-chunks-") for k in keys) else "release-chunk-"
+    tasks = collections.Counter(_label(k, prefix) for k in keys if k.startswith(prefix))
+    assert "0" in tasks and set(tasks) <= {"0", "1", "2"} and set(tasks.values()) == {1}, tasks
 
 
-def test_run_survives_a_worker_killed_during_the_release(tmp_path):
-    """SIGKILL one worker process while it holds release tasks: its tasks are rescheduled (the
-    nanny restarts the worker), the run exits 0, and the plan and the sealed release verify with
-    every chunk written."""
-    spec = _write_spec(tmp_path)
+def test_seeded_release_survives_a_worker_killed_mid_release(tmp_path, small_plan):
+    """`distfit release --seed S --cluster SCHEDULER_FILE`; one worker process of that cluster is
+    SIGKILLed right after the first chunk is written, while it holds chunk tasks (the scheduler
+    kills it and records what it held: ``tests.faults``). Its tasks run again on the other worker
+    with the same (block, chunk) noise streams, its nanny restarts it, the command exits 0, and
+    the sealed release equals, bit for bit, an uninterrupted `distfit release --seed S` on the
+    same cluster."""
     data = tmp_path / "data.zarr"
-    # 40 chunks of 200 units: one task per chunk, so the release takes a few seconds and the
-    # worker is killed with most of it still to do
-    write_synthetic(load_spec(spec), KILL_UNITS, data, seed=7, chunk_units=KILL_CHUNK_UNITS, fsync=False)
-    rundir = tmp_path / "run"
-    out, err = tmp_path / "run.out", tmp_path / "run.err"
+    # 40 chunks of 200 units: one task per chunk, most of them still to do at the kill
+    write_synthetic(small_plan.spec, KILL_UNITS, data, seed=7, chunk_units=KILL_CHUNK_UNITS, fsync=False)
+    reference, killed = tmp_path / "reference.zarr", tmp_path / "killed.zarr"
     with dask_cluster(tmp_path) as cluster:
         client = cluster.client
-        scheduler_address = client.scheduler.address
         pids = worker_pids(client)
-        with open(out, "wb") as stdout, open(err, "wb") as stderr:
-            run = subprocess.Popen(
-                _distfit("run", spec, "--out", rundir, "--cluster", cluster.scheduler_file, "--data", data),
-                stdout=stdout, stderr=stderr, env=ENV, start_new_session=True)
-        try:
-            victim = None
-            deadline = time.monotonic() + 120
-            while victim is None and run.poll() is None and time.monotonic() < deadline:
-                for worker, keys in client.processing().items():
-                    if any(str(key).startswith("release-chunk-") for key in keys) and worker in pids:
-                        victim = worker
-                        break
-                else:
-                    time.sleep(0.02)
-            assert victim is not None, (
-                f"no release task was seen on a worker (run exit {run.poll()}):\n{_tail(err)}")
-            os.kill(pids[victim], signal.SIGKILL)
-            done_at_kill = int(np.asarray(
-                zarr.open_group(str(rundir / "release.zarr"), mode="r")["chunks/done"][...]).sum())
-            code = run.wait(timeout=180)
-        finally:
-            _stop(run)
-        assert code == 0, f"{_tail(out)}\n{_tail(err)}\n{cluster.log_tails()}"
+
+        def release(out: Path) -> subprocess.CompletedProcess:
+            argv = _distfit("release", small_plan.plan, "--data", data, "--out", out, "--seed", SEED,
+                            "--cluster", cluster.scheduler_file)
+            return subprocess.run(argv, capture_output=True, text=True, timeout=180, env=ENV)
+
+        uninterrupted = release(reference)
+        assert uninterrupted.returncode == 0, f"{uninterrupted.stderr}\n{cluster.log_tails()}"
+        with kill_a_worker_after_the_first(client, "release-chunk") as record:
+            result = release(killed)
+        assert result.returncode == 0, f"{result.stdout}\n{result.stderr}\n{cluster.log_tails()}"
         client.wait_for_workers(2, timeout=60)
         restarted = worker_pids(client)
-        transitions = scheduler_transitions(client, "release-chunk-")
 
-    assert done_at_kill < KILL_CHUNKS, "the release had finished before the worker was killed"
-    assert pids[victim] not in restarted.values() and len(restarted) == 2  # the nanny restarted it
-    # the tasks the killed worker held were released by the scheduler and then run elsewhere
-    lost = {key for key, start, finish in transitions if (start, finish) == ("processing", "released")}
-    assert lost, "no release task was lost with the killed worker"
-    finished = {key for key, start, finish in transitions if (start, finish) == ("processing", "memory")}
-    assert lost <= finished
-    assert {_label(k, "release-chunk-") for k in finished} == {str(c) for c in range(KILL_CHUNKS)}
+    assert_killed_while_in_progress(record)  # fewer chunk tasks done than the release had
+    victim = record["killed"]
+    assert pids[victim["address"]] == victim["pid"]  # one of the cluster's two worker processes
+    assert victim["pid"] not in restarted.values() and len(restarted) == 2  # the nanny restarted it
+    assert "NOT PRIVATE" in result.stdout and read_release(killed).attrs["n_chunks"] == KILL_CHUNKS
+    assert_same_release(killed, reference)
 
-    manifest = _check_run(rundir, cluster, scheduler_address)
-    assert manifest["stages"]["release"] == "done" and manifest["stages"]["data"] == "given"
-    assert manifest["data"]["units"] == KILL_UNITS
-    assert read_release(rundir / "release.zarr").attrs["n_chunks"] == KILL_CHUNKS
+
+def test_release_driver_killed_then_resumed_equals_an_uninterrupted_release(tmp_path, small_plan):
+    """`distfit release PLAN --data D --out R --seed S --workers 2` on its own local cluster;
+    once some but not all chunks are written the whole process group (the driver, its nannies
+    and workers) is SIGKILLed. The store is left unsealed with those chunks; `--resume` with
+    the same seed keeps them, draws the rest and seals a release equal, bit for bit, to an
+    uninterrupted release with the same seed."""
+    data, out = tmp_path / "data.zarr", tmp_path / "release.zarr"
+    write_synthetic(small_plan.spec, DRIVER_CHUNK_UNITS * DRIVER_CHUNKS, data, seed=8,
+                    chunk_units=DRIVER_CHUNK_UNITS, fsync=False)
+    argv = _distfit("release", small_plan.plan, "--data", data, "--out", out, "--seed", SEED, "--workers", 2)
+    err = tmp_path / "release.err"
+    with open(err, "wb") as stderr:
+        process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=stderr, env=ENV, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        done = _chunks_done(out)
+        while process.poll() is None and time.monotonic() < deadline and not 0 < done.sum() < DRIVER_CHUNKS:
+            time.sleep(0.02)
+            done = _chunks_done(out)
+        os.killpg(process.pid, signal.SIGKILL)  # the group is the release's: start_new_session
+        process.wait(timeout=30)
+        # every process of the group is gone before the store is read: nothing writes after this
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                os.killpg(process.pid, 0)
+            except ProcessLookupError:
+                break
+            time.sleep(0.1)
+        else:
+            raise AssertionError("processes of the killed release's group are still running")
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait(timeout=30)
+    assert process.returncode == -signal.SIGKILL, _tail(err)
+    at_kill = _chunks_done(out)
+    assert at_kill.shape == (DRIVER_CHUNKS,) and 0 < at_kill.sum() < DRIVER_CHUNKS, (
+        f"the release was not caught part-way: {at_kill.sum()} of {DRIVER_CHUNKS} chunks\n{_tail(err)}")
+    try:
+        read_release(out)
+    except ReleaseError:
+        pass
+    else:
+        raise AssertionError("the killed release reads as sealed")
+    written = np.flatnonzero(at_kill)
+    before = _release_arrays(out)
+
+    resumed = subprocess.run(argv + ["--resume"], capture_output=True, text=True, timeout=180, env=ENV)
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"{written.size} of {DRIVER_CHUNKS} chunks already written" in resumed.stderr, resumed.stderr
+    assert "resumed" in resumed.stdout
+    after = _release_arrays(out)
+    rows = (written[:, None] * DRIVER_CHUNK_UNITS + np.arange(DRIVER_CHUNK_UNITS)).ravel()
+    for name in ("queries/answers", "unit_ids"):
+        assert after[name][rows].tobytes() == before[name][rows].tobytes(), name  # kept as written
+
+    reference = tmp_path / "reference.zarr"
+    run_release(small_plan.plan, data, reference, seed=SEED, serial=True, fsync=False, log=io.StringIO())
+    assert_same_release(out, reference)
 
 
 def test_ctrl_c_during_a_local_cluster_run_is_one_line_then_resumes(tmp_path):

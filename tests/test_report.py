@@ -1,18 +1,27 @@
-"""Tests for ``distfit report`` (distfit.report): plots, self-contained HTML, refusals."""
+"""Tests for ``distfit report`` (distfit.report): one self-contained HTML file with inline SVG
+plots (checked in the markup and, when Chromium is installed, rendered alone in headless Chromium),
+the page's content, refusals."""
 from __future__ import annotations
 
+import math
 import re
+import shutil
+import xml.etree.ElementTree as ET
 from pathlib import Path
 
+import numpy as np
 import pytest
 
+import distfit.report as report_module
+from benchmarks.render_report import find_chromium, ink, references, render_page
 from tests.clitools import assert_one_line_error, run
 from distfit.stores.data import write_synthetic
 from distfit.release.job import run_release
-from distfit.report import MARKER
+from distfit.report import MARKER, PAGE, Z95
 from distfit.stores.plan import read_plan
+from distfit.stores.release import read_release
 
-PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+SVG = "{http://www.w3.org/2000/svg}"
 
 
 @pytest.fixture(scope="module")
@@ -25,28 +34,89 @@ def inputs(tmp_path_factory, small_plan):
     return {"plan": small_plan.plan, "release": str(release), "root": root, "data": str(data), "spec": small_plan.spec}
 
 
+@pytest.fixture(scope="module")
+def full_report(inputs, tmp_path_factory):
+    """The report of the plan, its release and its data (every section), written once."""
+    out = tmp_path_factory.mktemp("full-report") / "report"
+    result = report_module.write_report(inputs["plan"], out, inputs["release"], inputs["data"])
+    return out, result
+
+
+def _figures(page: str) -> dict[str, ET.Element]:
+    """Each ``<figure id=...>``'s inline SVG, parsed as XML (so it is well-formed)."""
+    found = re.findall(r'<figure id="(\w+)">\s*(<svg .*?</svg>)', page, flags=re.S)
+    return {name: ET.fromstring(svg) for name, svg in found}
+
+
 def _check_report(out: Path) -> str:
-    page = (out / "index.html").read_text(encoding="utf-8")
-    pngs = sorted(p.name for p in out.glob("*.png"))
-    assert pngs
-    linked = set(re.findall(r'src="([^"]+)"', page))
-    assert linked == set(pngs)  # every PNG is referenced and every reference exists
-    for name in pngs:
-        data = (out / name).read_bytes()
-        assert data[:8] == PNG_MAGIC and len(data) > 2000, name
-    # self-contained: no scripts, no external URLs
-    assert "<script" not in page.lower() and "http://" not in page and "https://" not in page
-    assert (out / MARKER).is_file()
+    """One file: the directory holds the page and the marker only, the page refers to nothing
+    outside itself (no file, no URL: every src/href is a fragment naming an element of the page
+    or a data: URI) and its ids are unique (so every fragment reference means one element)."""
+    assert sorted(p.name for p in out.iterdir()) == sorted([PAGE, MARKER])
+    page = (out / PAGE).read_text(encoding="utf-8")
+    ids = re.findall(r'\bid="([^"]+)"', page)
+    assert len(ids) == len(set(ids)), [i for i in set(ids) if ids.count(i) > 1][:5]
+    for ref in re.findall(r'(?:src|href)="([^"]*)"', page) + re.findall(r"url\(([^)]*)\)", page):
+        assert ref.startswith("data:") or (ref.startswith("#") and ref[1:] in ids), ref
+    assert references(page) == []
+    # no scripts, no URLs but the SVG namespace names (identifiers, never fetched)
+    assert "<script" not in page.lower()
+    assert not re.findall(r"(?:https?|ftp)://", re.sub(r'xmlns(?::\w+)?="[^"]*"', "", page))
+    assert "<img" not in page  # every plot is inline SVG
+    figures = _figures(page)
+    assert figures and page.count("<figure ") == len(figures)
+    for name, svg in figures.items():
+        assert svg.tag == f"{SVG}svg", name
+        assert len(list(svg.iter(f"{SVG}path"))) > 10, name  # axes, ticks and data were drawn
+    assert not re.search(r"<th[^>]*></th>", page)  # no empty header cell (issue 13)
     return page
 
 
-def test_report_with_release(inputs, tmp_path, capsys):
+def _rect(path_d: str) -> tuple[float, float, float, float]:
+    xs, ys = zip(*[(float(x), float(y)) for x, y in re.findall(r"([-\d.]+) ([-\d.]+)", path_d)])
+    return min(xs), min(ys), max(xs), max(ys)
+
+
+def _legend_points(svg: ET.Element, name: str) -> tuple[list, list]:
+    """(the axes rectangles, every coordinate the figure's legends draw at), in SVG units."""
+    groups = {g.get("id"): g for g in svg.iter(f"{SVG}g")}
+    axes = [_rect(next(g.iter(f"{SVG}path")).get("d")) for gid, g in groups.items()
+            if re.fullmatch(rf"{name}-axes_\d+", gid or "")]
+    points = []
+    for gid, g in groups.items():
+        if re.fullmatch(rf"{name}-legend_\d+", gid or ""):
+            for el in g.iter():
+                if el.get("x") is not None and el.get("y") is not None:
+                    points.append((float(el.get("x")), float(el.get("y"))))
+                if el.tag == f"{SVG}path" and el.get("d"):
+                    points += [(float(x), float(y)) for x, y in re.findall(r"([-\d.]+) ([-\d.]+)", el.get("d"))]
+    return axes, points
+
+
+def test_legends_do_not_cover_the_plots(full_report):
+    """Issue 13: every legend is drawn outside every axes of its figure (the block bars and the
+    baselines' lines were hidden behind legends inside the axes)."""
+    out, _ = full_report
+    figures = _figures((out / PAGE).read_text(encoding="utf-8"))
+    with_legend = 0
+    for name, svg in figures.items():
+        axes, points = _legend_points(svg, name)
+        assert axes, name
+        if not points:
+            continue
+        with_legend += 1
+        inside = [(x, y) for x, y in points for x0, y0, x1, y1 in axes if x0 < x < x1 and y0 < y < y1]
+        assert not inside, (name, inside[:3])
+    assert with_legend >= 3  # block_alpha, variance_ratio, calibration
+
+
+def test_report_with_release(inputs, full_report, tmp_path, capsys):
     out = tmp_path / "report"
     code, stdout, err = run(capsys, "report", inputs["plan"], inputs["release"], "--out", str(out))
     assert code == 0, err
     page = _check_report(out)
-    pngs = {p.name for p in out.glob("*.png")}
-    assert {"privacy_curve.png", "block_alpha.png", "variance_ratio.png", "answers_0.png"} <= pngs
+    assert set(_figures(page)) == {"privacy_curve", "block_alpha", "variance_ratio", "interval_width"}
+    assert "plots          4  (privacy_curve, block_alpha, variance_ratio, interval_width)" in stdout
     plan = read_plan(inputs["plan"])
     assert f"{plan.attrs['alpha']:.6g}" in page
     assert "Privacy account" in page and "(epsilon, delta)" in page
@@ -63,22 +133,85 @@ def test_report_with_release(inputs, tmp_path, capsys):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["report"]
 
 
+def test_answers_and_intervals(inputs, full_report):
+    """Issue 13: the intervals are stated where they can be read: the first units' answers to
+    the first queries as numbers under each query's 95% interval half-width 1.96 sqrt(variance)
+    (recomputed here from the release), and every query's half-width plotted on a scale from 0;
+    no ambiguous "(+-1.96)" titles."""
+    out, _ = full_report
+    page = (out / PAGE).read_text(encoding="utf-8")
+    release = read_release(inputs["release"])
+    half = Z95 * np.sqrt(np.asarray(release.variances, dtype=float))
+    table = page[page.index("answers to the first"):page.index("<h2>Calibration")]
+    cells = [re.findall(r"<td[^>]*>([^<]*)</td>", row) for row in re.findall(r"<tr>(.*?)</tr>", table)]
+    assert cells[0] == []  # the header row: the query labels
+    cells = cells[1:]
+    assert cells[0] == ["95% interval"] + [f"answer ± {h:.4g}" for h in half[:4]]
+    answers = np.asarray(release.answers[:20, :4], dtype=float)
+    assert len(cells) == 1 + 20
+    for i, row in enumerate(cells[1:]):
+        assert row[0] == str(np.asarray(release.unit_ids[:20])[i])
+        np.testing.assert_allclose([float(v) for v in row[1:]], answers[i], rtol=1e-5)
+    assert "95% interval: answer ± 1.96 standard deviations" in page
+    assert "(+-" not in page and "+-1.96" not in page
+    # the half-width plot: one point per query, the y axis from 0 past the largest half-width
+    svg = _figures(page)["interval_width"]
+    points = [u for g in svg.iter(f"{SVG}g") if (g.get("id") or "").startswith("interval_width-PathCollection")
+              for u in g.iter(f"{SVG}use")]
+    assert len(points) == release.answers.shape[1]
+    texts = ["".join(t.itertext()) for t in svg.iter(f"{SVG}text")]
+    assert "0.0" in texts and any(("±" in t and "1.96 standard deviations" in t) for t in texts)
+    assert math.isfinite(half.max())
+
+
 def test_report_without_release_and_overwrite(inputs, tmp_path, capsys):
     out = tmp_path / "report"
     code, _, err = run(capsys, "report", inputs["plan"], "--out", str(out))
     assert code == 0, err
     page = _check_report(out)
-    assert not list(out.glob("answers_*.png")) and "Release: noisy answers" not in page
-    # a previous report (marker file) is replaced; an empty directory is accepted
+    assert "interval_width" not in _figures(page) and "Release: noisy answers" not in page
+    # a previous report (marker file) is replaced, also one of an earlier version with PNG files
+    (out / "answers_0.png").write_bytes(b"old")
     code, _, err = run(capsys, "report", inputs["plan"], inputs["release"], "--out", str(out))
     assert code == 0, err
-    assert list(out.glob("answers_*.png"))
+    assert "interval_width" in _figures(_check_report(out))
     empty = tmp_path / "empty"
     empty.mkdir()
     code, _, err = run(capsys, "report", inputs["plan"], "--out", str(empty))
     assert code == 0, err
     _check_report(empty)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["empty", "report"]
+
+
+def test_the_page_renders_alone_in_chromium(full_report, tmp_path):
+    """Issue 13: the page, copied alone into an empty directory, renders in headless Chromium:
+    a screenshot with the plots drawn (pixels in matplotlib's colour C0), and Chromium opens no
+    file but the page. The same page with one image file it lacks is caught (the check can fail)."""
+    chromium = find_chromium()
+    if chromium is None:
+        pytest.skip("no Chromium binary (chromium, chromium-browser, google-chrome): the rendering check "
+                    "needs one (apt-get install -y --no-install-recommends chromium); the markup checks ran")
+    out, _ = full_report
+    alone = tmp_path / "alone"
+    alone.mkdir()
+    page = alone / PAGE
+    shutil.copyfile(out / PAGE, page)
+    shot = tmp_path / "shot.png"
+    result = render_page(chromium, page, shot, width=1200, height=3000, timeout=120)
+    assert shot.is_file() and shot.stat().st_size > 10_000, result.log_tail
+    assert page.as_uri() in result.loaded, ("Chromium's verbose log names no file it opened "
+                                           f"(FileURLLoader::Start): {result.log_tail}")
+    assert result.loaded == (page.as_uri(),), result.loaded
+    dark, blue = ink(shot)
+    assert dark > 0.02 and blue > 0.001, (dark, blue)  # text, tables and the inline plots were drawn
+    # negative control: a page that needs another file
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    text = page.read_text(encoding="utf-8").replace("</body>", '<img src="missing.png" alt="x"></body>')
+    (broken / PAGE).write_text(text, encoding="utf-8")
+    result = render_page(chromium, broken / PAGE, tmp_path / "broken.png", width=400, height=300, timeout=120)
+    assert (broken / "missing.png").as_uri() in result.loaded
+    assert references(text) == ["missing.png"]
 
 
 def test_report_bad_inputs(inputs, tmp_path, capsys):
@@ -132,18 +265,26 @@ def test_true_answers_are_the_workload_times_the_counts(inputs):
                                rtol=1e-9, atol=1e-8)
 
 
-def test_calibration_section(inputs, tmp_path, capsys):
-    """30 units x 30 queries of a seeded release: the standardised errors are N(0, 1), so about
-    95% lie within 1.96 sd (the binomial sd of the share over 900 answers is 0.7%; the noise is
-    correlated within a unit, so the bounds are wide)."""
+def test_calibration_section(inputs, tmp_path, capsys, monkeypatch):
+    """30 units x 24 queries of a seeded release: the standardised errors are N(0, 1), so about
+    95% lie within 1.96 sd (the binomial sd of the share over 720 answers is 0.8%; the noise is
+    correlated within a unit, so the bounds are wide). With a cap below the release's size the
+    page says that the answers compared are a subset (issue 13)."""
+    m = len(read_plan(inputs["plan"]).queries_targets)
     out = tmp_path / "report"
     code, stdout, err = run(capsys, "report", inputs["plan"], inputs["release"], "--out", str(out),
                             "--data", inputs["data"])
     assert code == 0, err
     page = _check_report(out)
-    assert (out / "calibration.png").is_file() and "CONFIDENTIAL" in page
+    assert "calibration" in _figures(page) and "CONFIDENTIAL" in page
+    assert f"{30 * m} (all 30 units x {m} queries)" in page
     share = float(re.search(r"calibration +([0-9.]+)% of (\d+) answers", stdout).group(1)) / 100
     assert 0.90 <= share <= 0.99, stdout
+    monkeypatch.setattr(report_module, "CALIBRATION_ANSWERS", 10 * m + 1)
+    code, stdout, err = run(capsys, "report", inputs["plan"], inputs["release"], "--out", str(out),
+                            "--data", inputs["data"])
+    assert code == 0, err
+    assert f"{10 * m} (the first 10 of 30 units x {m} queries)" in _check_report(out)
     code, _, err = run(capsys, "report", inputs["plan"], "--out", str(tmp_path / "r2"), "--data", inputs["data"])
     assert code == 2 and "give the release too" in err
 
@@ -154,7 +295,7 @@ def test_the_planner_bounds_are_named_for_what_they_bound(inputs, tmp_path, caps
     out = tmp_path / "report"
     code, _, err = run(capsys, "report", inputs["plan"], "--out", str(out))
     assert code == 0, err
-    page = (out / "index.html").read_text(encoding="utf-8")
+    page = (out / PAGE).read_text(encoding="utf-8")
     bound = read_plan(inputs["plan"]).attrs["planner"]["chosen_blocks_lower_bound"]
     assert "plans with the chosen blocks only" in page and f"{bound['value']:.6g}" in page
     assert bound["method"] in page and "block-diagonal plan with the chosen blocks" in page

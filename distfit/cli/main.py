@@ -165,9 +165,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     report_parser = commands.add_parser(
         "report", help="plots + HTML report of a plan (and optionally a release)",
-        description="Write DIR/index.html and PNG plots: the privacy curve and account, alpha per block, "
-                    "variance/target (with baselines for small workloads), solver statistics and, with a "
-                    "release, noisy answers with 95% intervals. Written atomically; DIR may be missing, "
+        description="Write DIR/index.html, one self-contained page (plots inline as SVG): the privacy curve "
+                    "and account, alpha per block, variance/target (with baselines for small workloads), "
+                    "solver statistics and, with a release, each query's 95% interval and the first "
+                    "answers. Written atomically; DIR may be missing, "
                     "empty or an earlier report (replaced); any other non-empty DIR is refused.",
     )
     report_parser.add_argument("plan", metavar="PLAN.zarr")

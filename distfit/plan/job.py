@@ -96,6 +96,9 @@ def write_plan(spec: PipelineSpec, plan: PlanResult, out: str, overwrite: bool =
                 alpha=block.alpha,
                 lower_bound=block.lower_bound,
                 solver=_solver_attrs(block.solution),
+                # scale-free: at scale s the bound is lower_bound / s on variances s * targets
+                cell_weights=block.solution.cell_weights,
+                query_weights=block.solution.query_weights,
             )
             for block in plan.blocks
         )
@@ -135,6 +138,8 @@ class StoreSink:
                 alpha=solution.alpha,
                 lower_bound=solution.lower_bound,
                 solver=_solver_attrs(solution),
+                cell_weights=solution.cell_weights,  # promote keeps them: scaling leaves the weights
+                query_weights=solution.query_weights,
             ),
         )
 
@@ -301,8 +306,9 @@ def scale_plan_to_budget(source: str, out: str, spec: PipelineSpec, budget_alpha
     """Write at ``out`` the plan that planning ``spec`` (a level spec whose privacy is the budget
     ``alpha = budget_alpha``) would give, from the accuracy-first plan at ``source``: every block
     scaled by ``k = alpha / budget_alpha`` (``distfit.scaling.scale_block``, as ``apply_budget``;
-    Problem 2: sigma and variances times k, profile, alpha and bounds divided by k), block by
-    block through a ``PlanWriter`` (atomic). Returns the new plan's checksum; the plan passes
+    Problem 2: sigma and variances times k, profile, alpha and bounds divided by k; a block's
+    dual certificate, its weights, is scale-free and copied as it is), block by block through a
+    ``PlanWriter`` (atomic). Returns the new plan's checksum; the plan passes
     ``distfit.audit.audit_plan`` like any other."""
     plan = read_plan(source)
     attrs = plan.attrs

@@ -569,7 +569,12 @@ def _co_optimize(planned: Sequence[PlannedBlock], targets: np.ndarray) -> BlockD
 
 
 def _replace_sigmas(planned: Sequence[PlannedBlock], sigmas: Sequence[np.ndarray], targets: np.ndarray) -> tuple[PlannedBlock, ...]:
-    """Blocks carrying the jointly optimised covariances (scale 1); target shares follow them."""
+    """Blocks carrying the jointly optimised covariances (scale 1); target shares follow them.
+
+    Such a block has no certificate of its own: its solve's dual weights bound the block's
+    problem at the shares it was solved for, not at the shares that now follow the joint
+    covariance. So its ``lower_bound`` is 0 (no block claim), its weights NaN, and its gap
+    unknown; the plan's bound is the joint block dual's (``chosen_blocks_lower_bound``)."""
     solutions = []
     for block, sigma in zip(planned, sigmas):
         profile = privacy_profile(sigma, block.solution.basis)
@@ -578,6 +583,8 @@ def _replace_sigmas(planned: Sequence[PlannedBlock], sigmas: Sequence[np.ndarray
         solutions.append(dataclasses.replace(
             block.solution, sigma=sigma, profile=profile, variances=variances, alpha=float(profile.max()),
             lower_bound=0.0, gap=float("inf"), stats=stats,
+            cell_weights=np.full(block.solution.cell_weights.shape, np.nan),
+            query_weights=np.full(block.solution.query_weights.shape, np.nan),
         ))
     totals = stitched_variances(targets.size, ((b.spec.query_index, s.variances) for b, s in zip(planned, solutions)))
     return tuple(

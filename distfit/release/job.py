@@ -33,29 +33,36 @@ Audit: the plan must pass :func:`distfit.audit.audit_plan` before anything is wr
 driver audits it itself, unless its caller already did and passes the report (``audit=``;
 ``distfit run`` does, so a run audits and hashes the plan once before the release): then the
 plan read must still hold the audited checksum (a comparison of the stored attr, no rehash).
-Workers reading the plan's blocks (:func:`plan_blocks_task`) compare the stored checksum the
+Workers reading the plan's blocks (:func:`distfit.release.tasks.plan_blocks_task`) compare the stored checksum the
 same way.
 
 Lifecycle. A new release is built *at the final path* with ``complete=False``: every reader
-(:func:`distfit.stores.release.read_release`) refuses it; only ``--resume`` opens it. Each task
-writes its chunk's block answers, query answers and unit ids, then its ``chunks/done`` entry.
-Sealing (driver, after all chunks; :func:`distfit.stores.release.seal`) re-verifies the plan's
-checksum against the one recorded at the start (recomputing it from the plan's arrays: the one
-rehash of the plan after the audit, so that a plan altered during the release is caught),
-recomputes the store checksum, and sets ``complete=True``. An error (bad counts in a chunk, a
+(:func:`distfit.stores.release.read_release`) refuses it; only ``--resume`` opens it. A Dask task
+releases a run of consecutive chunks (:func:`distfit.release.tasks.task_chunks`: guided sizes,
+at most ``TASK_UNITS`` units); for each chunk it writes the answers of the blocks the store holds
+(a single-block plan's are its query answers: ``derived_blocks``, DESIGN.md section 4), the
+query answers and the unit ids, then the chunk's ``chunks/done`` entry. Sealing (driver, after
+all chunks; :func:`distfit.stores.release.seal`) re-verifies the plan's checksum against the one
+recorded at the start (recomputing it from the plan's arrays: the one rehash of the plan after
+the audit, so that a plan altered during the release is caught), takes the store checksum
+(hashed while the chunks landed) and sets ``complete=True``. An error (bad counts in a chunk, a
 plan changed mid-run, an interruption) leaves the store incomplete and unsealed.
 
 Where the time goes (``benchmarks/bench_release.py``, ``benchmarks/README.md``): the Dask client
 is started on a thread as the release starts (:class:`distfit.cluster.BackgroundClient`: a local
 cluster's worker processes spawn and import while the driver audits the plan and checks the data;
-a ``--resume`` starts it only if chunks are missing) and shut down while the driver seals; with
-``fsync`` the files of each finished chunk are fsynced on a driver thread while later chunks run
-(:class:`distfit.stores.release.ChunkSync`), so the seal's fsync of the whole store finds them
-clean; the seal's checksum reads the store one zarr chunk ahead of the hash
-(:data:`distfit.stores.release.SEAL_READ_BYTES`). The driver's linear algebra (the audit) and
-each chunk task run under the BLAS thread rule (:func:`distfit.threads.blas_threads`,
-``DISTFIT_BLAS_THREADS``); a local cluster's workers start without Dask's malloc trim setting
-(``WORKER_ENV``). An unreachable ``--cluster`` is refused before anything is written.
+a ``--resume`` starts it only if chunks are missing) and shut down while the driver seals. A
+worker prepares the plan's blocks once (``prepare_blocks``: Cholesky factors, the float32 basis
+of the exact basis product), then per chunk draws the noise and does the two float64 products
+of the mechanism, bit for bit as ever; the chunk's files are written raw
+(:class:`distfit.stores.release_chunks.ChunkWriter`). As each chunk is reported done, driver
+threads fsync its files (:class:`distfit.stores.release_chunks.ChunkSync`) and feed it to the
+store checksum (:class:`distfit.stores.release_chunks.ReleaseHasher`), so the seal finds the
+files on disk and the digest computed. The driver's linear algebra (the audit) and each chunk
+task run under the BLAS thread rule (:func:`distfit.threads.blas_threads`,
+``DISTFIT_BLAS_THREADS``): one thread per worker process; a local cluster's workers start
+without Dask's malloc trim setting (``WORKER_ENV``). An unreachable ``--cluster`` is refused
+before anything is written.
 
 * ``--resume`` on an incomplete release: the recorded plan checksum must equal the plan's
   current one, the data's schema, units, chunking and ``created`` must match, and ``--seed``
@@ -85,41 +92,44 @@ import secrets
 import shutil
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Mapping, TextIO
+from typing import Any, Callable, Iterable, Iterator, TextIO
 
 import numpy as np
 
 from distfit.audit import AuditReport, audit_plan
 from distfit.cluster import TASK_RETRIES, WORKER_ENV, BackgroundClient, Progress, run_tasks
 from distfit.data.microdata import ensure_tabulated, microdata_format
-from distfit.domain import Domain
-from distfit.release.noise import fresh_entropy, load_blocks, release_chunk
+from distfit.release.noise import fresh_entropy, load_blocks, prepare_blocks
+from distfit.release.tasks import (
+    ChunkJob,
+    PlanView,
+    plan_blocks_task,
+    release_chunk_task,
+    release_chunks_task,
+    task_chunks,
+)
 from distfit.spec.parse import parse_spec
 from distfit.stores.data import open_data
 from distfit.stores.lock import store_lock
 from distfit.stores.files import STAGING_MARKER, is_staging, leftovers, move_into_place
 from distfit.stores.plan import read_plan
 from distfit.stores.release import (
-    ChunkSync,
     check_replaceable,
     create_release,
     open_resumable,
     pending_chunks,
     release_state,
     seal,
-    write_chunk,
 )
+from distfit.stores.release_chunks import ChunkSync, ChunkWriter, ReleaseHasher, stored_blocks
 from distfit.threads import blas_limit
 
 PathLike = str | os.PathLike
 
 __all__ = [
-    "ChunkJob",
     "ReleaseResult",
-    "plan_blocks_task",
-    "release_chunk_task",
     "run_release",
     "tabulated_data_path",
 ]
@@ -150,85 +160,28 @@ class ReleaseResult:
 # the task
 
 
-@dataclass(frozen=True, eq=False)
-class _PlanView:
-    """What :func:`distfit.release.noise.release_chunk` reads of a plan (no zarr handle: picklable)."""
-
-    attrs: dict
-    block_ids: tuple[str, ...]
-    queries_targets: np.ndarray
-
-
-@dataclass(frozen=True, eq=False)
-class ChunkJob:
-    """Everything a chunk task needs but the blocks (small; one per session). ``entropy`` is
-    kept out of ``repr`` so it never reaches a log or an error message."""
-
-    release_path: str
-    data_path: str
-    plan: _PlanView
-    units: int
-    chunk_units: int
-    entropy: int = field(repr=False)
-
-
-def release_chunk_task(job: ChunkJob, blocks: Mapping[str, Any], chunk: int) -> int:
-    """One task: release chunk ``chunk`` through every block and write its whole chunks.
-
-    Reads the chunk's unit ids and, block by block, its marginal counts from the data store
-    (:func:`distfit.stores.data.open_data`, ``block_counts``), computes
-    :func:`distfit.release.noise.release_chunk` (counts validated as read: a ValueError naming the
-    chunk and the bad row/cell, with nothing written) and writes ``blocks/*/answers``,
-    ``queries/answers`` and ``unit_ids`` for its rows and, last, ``chunks/done[chunk] = 1``
-    (:func:`distfit.stores.release.write_chunk`).
-    Deterministic in its arguments, so a retry rewrites identical bytes. Returns the number of
-    units written (never the answers).
-    """
-    start = chunk * job.chunk_units
-    stop = min(start + job.chunk_units, job.units)
-    data = open_data(job.data_path)
-    ids = np.asarray(data.unit_ids[start:stop])
-    schema = job.plan.attrs["schema"]
-    domain = Domain.from_schema(schema)
-    try:
-        with blas_limit():
-            released = release_chunk(job.plan, lambda attributes: data.block_counts(attributes, start, stop),
-                                     job.entropy, chunk, domain, blocks=blocks)
-    except ValueError as error:
-        raise ValueError(
-            f"{job.data_path}: chunk {chunk} (units {start}..{stop - 1}): {error}") from None
-    write_chunk(job.release_path, chunk, start, released.blocks, released.queries, ids)
-    return stop - start
-
-
 def _run_serial(job: ChunkJob, blocks, pending: Iterable[int]) -> Iterator[tuple[int, int]]:
+    data = open_data(job.data_path)
+    writer = ChunkWriter(job.release_path)
     for chunk in pending:
-        yield chunk, release_chunk_task(job, blocks, chunk)
-
-
-def plan_blocks_task(plan_path: str, plan_checksum: str) -> dict[str, Any]:
-    """The plan's blocks, read on a worker; refuses a plan whose stored checksum is not
-    ``plan_checksum`` (the audited one: a comparison of the attr, no rehash)."""
-    plan = read_plan(plan_path)
-    if plan.checksum != plan_checksum:
-        raise ValueError(f"{plan_path}: the plan changed during the release (checksum "
-                         f"{plan.checksum}, {plan_checksum} at the start)")
-    return load_blocks(plan)
+        yield chunk, release_chunk_task(job, blocks, chunk, data=data, writer=writer)
 
 
 def _run_dask(client, job: ChunkJob, plan_path: str, plan_checksum: str,
-              pending: Iterable[int]) -> Iterator[tuple[int, int]]:
-    """One impure task per chunk (unique keys, retries). The blocks are one task's result that
-    every chunk task depends on, read from the plan store by a worker, not scattered: scattered
-    data cannot be recomputed, so losing the worker that held it would fail the release,
-    while a task result is recomputed on another worker (and re-checked against the plan's
-    checksum)."""
+              pending: list[int]) -> Iterator[tuple[int, int]]:
+    """One impure task per run of chunks (``task_chunks``; unique keys, retries). The blocks
+    are one task's result that every chunk task depends on, read from the plan store by a
+    worker, not scattered: scattered data cannot be recomputed, so losing the worker that held
+    it would fail the release, while a task result is recomputed on another worker (and
+    re-checked against the plan's checksum)."""
     blocks_future = client.submit(plan_blocks_task, os.path.abspath(plan_path), plan_checksum,
                                   key=f"release-blocks-{secrets.token_hex(6)}", pure=False,
                                   retries=TASK_RETRIES)
-    calls = ((str(chunk), (job, blocks_future, chunk)) for chunk in pending)
-    for label, units in run_tasks(client, release_chunk_task, calls, "release-chunk"):
-        yield int(label), units
+    threads = max(1, sum(client.nthreads().values()))
+    calls = ((str(chunks[0]), (job, blocks_future, chunks))
+             for chunks in task_chunks(list(pending), job.chunk_units, threads))
+    for _label, done in run_tasks(client, release_chunks_task, calls, "release-chunks"):
+        yield from done
 
 
 # --------------------------------------------------------------------------------------------
@@ -372,12 +325,13 @@ def run_release(
 
         drawn = total = 0
         syncer: ChunkSync | None = None
+        hasher: ReleaseHasher | None = None
         try:
             job = ChunkJob(
                 release_path=str(target), data_path=os.path.abspath(data_path),
-                plan=_PlanView(attrs={"schema": dict(plan.attrs["schema"])}, block_ids=tuple(sorted(blocks)),
+                plan=PlanView(attrs={"schema": dict(plan.attrs["schema"])}, block_ids=tuple(sorted(blocks)),
                                queries_targets=np.asarray(plan.queries_targets)),
-                units=data.units, chunk_units=data.chunk_units,
+                units=data.units, chunk_units=data.chunk_units, stored=stored_blocks(root),
                 entropy=int(seed) if seed is not None else fresh_entropy(),
             )
             total = sum(min(data.chunk_units, data.units - c * data.chunk_units) for c in pending)
@@ -385,6 +339,8 @@ def run_release(
             drawn = 0
             if fsync and pending:
                 syncer = ChunkSync(root, target, data.units, data.chunk_units)
+            if pending:
+                hasher = ReleaseHasher(root, target, data.units, data.chunk_units)
 
             def consume(results: Iterator[tuple[int, int]]) -> None:
                 nonlocal drawn
@@ -392,6 +348,8 @@ def run_release(
                     drawn += units
                     if syncer is not None:
                         syncer(chunk)
+                    if hasher is not None:
+                        hasher.chunk_done(chunk)
                     progress(drawn, total)
                     if after_chunk is not None:
                         after_chunk(chunk)
@@ -399,7 +357,7 @@ def run_release(
             if not pending:
                 pass
             elif serial:
-                consume(_run_serial(job, blocks, pending))
+                consume(_run_serial(job, prepare_blocks(blocks), pending))
             else:
                 consume(_run_dask(client(), job, plan_path, plan_checksum, pending))
             del job
@@ -407,7 +365,8 @@ def run_release(
                 clients[0].close(wait=False)  # the workers are done: shut them down while sealing
             if syncer is not None:
                 syncer.close()
-            checksum = seal(root, target, plan_path=plan_path, plan_checksum=plan_checksum, fsync=fsync)
+            checksum = seal(root, target, plan_path=plan_path, plan_checksum=plan_checksum, fsync=fsync,
+                            hasher=hasher)
             if staging is not None:
                 move_into_place(staging, out_path, check_replaceable, fsync=fsync)
         except BaseException:
@@ -415,6 +374,8 @@ def run_release(
                 print(file=log)  # end the progress line before the error
             if syncer is not None:
                 syncer.close(cancel=True)
+            if hasher is not None:
+                hasher.cancel()
             if staging is not None:
                 shutil.rmtree(staging, ignore_errors=True)
             raise

@@ -10,7 +10,10 @@ attributes (``d_b`` cells, row-major in schema order), the block releases
 stored as ``blocks/<block_id>/answers`` (units x m_b). For a whole chunk of units at once, with
 ``X_b`` (units x d_b) holding the marginals as rows, that is ``Y_b = (X_b B_b^T + Z_b) L_b^T``
 with ``Z_b = Xi C_b^T``, ``Xi`` standard normal (units x k_b) and ``C_b`` the lower Cholesky
-factor of ``Sigma_b`` (so every row of ``Z_b`` has covariance ``C_b C_b^T = Sigma_b``).
+factor of ``Sigma_b`` (so every row of ``Z_b`` has covariance ``C_b C_b^T = Sigma_b``). For
+integer counts and an integer basis ``X_b B_b^T`` is an exact integer matrix, computed in
+float32 where that is exact (:func:`basis_product`); the noise and the product with ``L_b^T``
+are float64, the same operations on the same operands as ever, so a seed gives the same bits.
 Workload query j's answer is the sum of its rows over the blocks (``query_index``): it has mean
 ``(W x)_j`` and variance ``plan queries/variances[j]`` (``sum_b (L_b Sigma_b L_b^T)_jj``).
 
@@ -47,17 +50,23 @@ from distfit.domain import Domain
 
 __all__ = [
     "ChunkRelease",
+    "EXACT_FLOAT32_BOUND",
+    "PreparedBlock",
+    "basis_product",
     "block_chunk_answers",
     "block_marginal",
     "block_noise",
     "block_positions",
     "calibration",
+    "derived_blocks",
     "fresh_entropy",
     "load_blocks",
     "marginal_counts",
     "noise_stream",
     "noisy_block_answers",
     "plan_domain",
+    "prepare_block",
+    "prepare_blocks",
     "query_answers",
     "release_chunk",
     "true_block_answers",
@@ -99,9 +108,8 @@ def _validated(counts: Any, cells: int, described: str) -> np.ndarray:
             row, cell = np.argwhere(bad)[0]
             raise ValueError(
                 f"counts: unit row {row}, cell {cell} holds {arr[row, cell].item()!r}, not an integer count")
-    negative = arr < 0
-    if negative.any():
-        row, cell = np.argwhere(negative)[0]
+    if arr.size and arr.min() < 0:  # one pass, no temporary; the rare failure looks again
+        row, cell = np.argwhere(arr < 0)[0]
         raise ValueError(f"counts: unit row {row}, cell {cell} holds {arr[row, cell].item()!r}, a negative count")
     if (np.issubdtype(arr.dtype, np.floating) or arr.dtype.kind == "u") and arr.size and arr.max() >= 2**63:
         row, cell = np.unravel_index(np.argmax(arr), arr.shape)
@@ -132,9 +140,12 @@ def _marginal_axes(domain: Domain, attributes: Sequence[str]) -> tuple[int, ...]
 def marginal_counts(counts: np.ndarray, domain: Domain, attributes: Sequence[str]) -> np.ndarray:
     """The marginal on ``attributes`` of counts already validated (:func:`validate_counts`):
     ``counts`` (units x d) summed over the other attributes' axes to (units x d_b), columns
-    row-major over ``attributes`` in domain order. No validation of the counts (that is
-    :func:`block_marginal`); an unknown or duplicated attribute is a ValueError."""
+    row-major over ``attributes`` in domain order (``counts`` itself, not a copy, when
+    ``attributes`` are all of the schema's: nothing to sum). No validation of the counts (that
+    is :func:`block_marginal`); an unknown or duplicated attribute is a ValueError."""
     drop = _marginal_axes(domain, attributes)
+    if not drop:
+        return counts
     units = counts.shape[0]
     cube = counts.reshape((units,) + tuple(domain.shape))
     return cube.sum(axis=tuple(1 + axis for axis in drop)).reshape(units, -1)
@@ -145,7 +156,8 @@ def block_marginal(counts: Any, domain: Domain, attributes: Sequence[str]) -> np
 
     Column order is row-major over ``attributes`` taken in *domain* order (the order of a
     block's basis columns, DESIGN.md section 4), whatever order they are given in;
-    ``attributes=()`` gives the total (units x 1). ``counts`` is validated by
+    ``attributes=()`` gives the total (units x 1); all of the schema's attributes give the
+    validated counts themselves (:func:`marginal_counts`). ``counts`` is validated by
     :func:`validate_counts` (ValueError naming the first bad unit row and cell); an unknown or
     duplicated attribute is a ValueError too.
     """
@@ -214,32 +226,110 @@ def block_noise(sigma: Any, units: int, rng: np.random.Generator) -> np.ndarray:
     ValueError if ``sigma`` is not symmetric positive definite.
     """
     units = _nonnegative_int(units, "units")
-    factor = _cholesky(sigma)
+    return _noise(_cholesky(sigma), units, rng)
+
+
+def _noise(factor: np.ndarray, units: int, rng: np.random.Generator) -> np.ndarray:
+    """``xi C^T`` for the lower Cholesky factor ``C`` (:func:`block_noise`): the one place the
+    noise is drawn, so every path draws the same bits."""
     xi = rng.standard_normal((units, factor.shape[0]))
     return xi @ factor.T
+
+
+#: Integers of magnitude below 2**24 are exact in float32: the bound of :func:`basis_product`.
+EXACT_FLOAT32_BOUND = 2.0**24
+
+
+@dataclass(frozen=True, eq=False)
+class PreparedBlock:
+    """A plan block made ready to release chunks (:func:`prepare_block`), computed once per
+    worker instead of once per chunk: ``basis`` B (k x d_b), ``recon`` L (m_b x k), ``factor``
+    the lower Cholesky factor C of ``Sigma`` (checked symmetric positive definite),
+    ``query_index`` (m_b,), ``attributes``; for an integer-valued basis (every basis distfit
+    builds: identity, prefix, residual bases, entries in {-1, 0, 1}) ``basis32``, B^T in
+    float32 (C order), and ``basis_max``, the largest ``|B_ij|`` (both None otherwise)."""
+
+    block_id: str
+    attributes: tuple[str, ...]
+    basis: np.ndarray
+    recon: np.ndarray
+    factor: np.ndarray
+    query_index: np.ndarray
+    basis32: np.ndarray | None = None
+    basis_max: float | None = None
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        """``(m_b, k, d_b)``."""
+        return (self.recon.shape[0],) + self.basis.shape
+
+
+def prepare_block(block: Any) -> PreparedBlock:
+    """``block`` (a :class:`distfit.stores.plan.BlockRecord` or anything with ``block_id``,
+    ``attributes``, ``basis``, ``recon``, ``sigma`` and ``query_index``; a
+    :class:`PreparedBlock` is returned as it is) with its Cholesky factor computed once
+    (:func:`block_noise`'s, ValueError if ``sigma`` is not symmetric positive definite) and,
+    for an integer-valued basis, what :func:`basis_product` needs for its float32 product."""
+    if isinstance(block, PreparedBlock):
+        return block
+    basis = np.asarray(block.basis, dtype=np.float64)
+    recon = np.asarray(block.recon, dtype=np.float64)
+    if basis.ndim != 2 or recon.ndim != 2 or recon.shape[1] != basis.shape[0]:
+        raise ValueError(f"recon: shape {recon.shape} does not match basis rows k={basis.shape[0]}")
+    factor = _cholesky(block.sigma)
+    if factor.shape[0] != basis.shape[0]:
+        raise ValueError(f"sigma: shape {np.shape(block.sigma)}, expected ({basis.shape[0]}, {basis.shape[0]}) from basis")
+    basis32 = basis_max = None
+    if basis.size and np.all(basis == np.round(basis)):
+        basis_max = float(np.abs(basis).max())
+        if basis_max < EXACT_FLOAT32_BOUND:
+            basis32 = np.ascontiguousarray(basis.T, dtype=np.float32)
+    return PreparedBlock(block_id=str(getattr(block, "block_id", "")), attributes=tuple(block.attributes),
+                         basis=basis, recon=recon, factor=factor,
+                         query_index=np.asarray(block.query_index, dtype=np.int64),
+                         basis32=basis32, basis_max=basis_max if basis32 is not None else None)
+
+
+def basis_product(block: PreparedBlock, marginal_counts: np.ndarray) -> np.ndarray:
+    """``X_b B^T`` (units x k) for marginal counts ``X_b`` (units x d_b).
+
+    When ``X_b`` holds integers and ``B`` is integer-valued, every product and every partial
+    sum of the product is an integer of magnitude at most ``max_ij |B_ij| * max_u sum_j
+    X_uj``; while that is below 2**24 all of them are exact in float32 (and below 2**53,
+    exact in float64), so the product is the exact integer matrix whatever the precision or
+    order of summation: a float32 product (half the work and memory traffic of float64)
+    gives the same bits as the float64 ``X_b @ B.T`` always computed here (checked in the
+    tests against the float64 product). Otherwise (a real-valued basis, float counts, a unit
+    too large) it is the float64 product, as always. Returns float32 or float64: adding it to
+    float64 noise converts it exactly.
+    """
+    marg = np.asarray(marginal_counts)
+    if (block.basis32 is not None and np.issubdtype(marg.dtype, np.integer) and marg.size
+            and float(marg.sum(axis=1).max()) * block.basis_max < EXACT_FLOAT32_BOUND):
+        return marg.astype(np.float32) @ block.basis32
+    return np.asarray(marg, dtype=np.float64) @ block.basis.T
 
 
 def noisy_block_answers(block: Any, marginal_counts: Any, rng: np.random.Generator) -> np.ndarray:
     """One block's noisy answers for a chunk of units: ``(X_b B^T + Z) L^T`` (units x m_b).
 
     ``block`` has ``basis`` B (k x d_b), ``recon`` L (m_b x k) and ``sigma`` (k x k) (a
-    :class:`distfit.stores.plan.BlockRecord` or anything alike); ``marginal_counts`` X_b
-    (units x d_b) the units' marginals on the block's attributes (:func:`block_marginal`);
-    ``Z`` = :func:`block_noise` ``(sigma, units, rng)``. Row u is the mechanism
-    ``L (B x_u + z_u)`` of DESIGN.md section 1 (what ``blocks/<block_id>/answers`` holds).
+    :class:`distfit.stores.plan.BlockRecord` or anything alike, or a :class:`PreparedBlock`);
+    ``marginal_counts`` X_b (units x d_b) the units' marginals on the block's attributes
+    (:func:`block_marginal`); ``Z`` = :func:`block_noise` ``(sigma, units, rng)``. Row u is the
+    mechanism ``L (B x_u + z_u)`` of DESIGN.md section 1 (what ``blocks/<block_id>/answers``
+    holds). ``X_b B^T`` is :func:`basis_product` (exact for integer counts and bases); the
+    sum with ``Z`` is formed in ``Z``'s C-ordered buffer, so the product with ``L^T`` is the
+    same BLAS call on the same operands as ever (the same bits).
     """
-    basis = np.asarray(block.basis, dtype=np.float64)
-    recon = np.asarray(block.recon, dtype=np.float64)
-    marg = np.asarray(marginal_counts, dtype=np.float64)
-    k, d_b = basis.shape
-    if recon.ndim != 2 or recon.shape[1] != k:
-        raise ValueError(f"recon: shape {recon.shape} does not match basis rows k={k}")
+    block = prepare_block(block)
+    marg = np.asarray(marginal_counts)
+    k, d_b = block.basis.shape
     if marg.ndim != 2 or marg.shape[1] != d_b:
         raise ValueError(f"marginal_counts: shape {marg.shape}, expected (units, {d_b}) from the basis")
-    z = block_noise(block.sigma, marg.shape[0], rng)
-    if z.shape[1] != k:
-        raise ValueError(f"sigma: shape {np.shape(block.sigma)}, expected ({k}, {k}) from basis")
-    return (marg @ basis.T + z) @ recon.T
+    total = _noise(block.factor, marg.shape[0], rng)
+    total += basis_product(block, marg)  # X_b B^T + Z: addition is commutative, bit for bit
+    return total @ block.recon.T
 
 
 def true_block_answers(block: Any, marginal_counts: Any) -> np.ndarray:
@@ -283,10 +373,15 @@ def query_answers(block_answers: Sequence[tuple[Any, Any]], num_queries: int) ->
     and ``query_index`` (m_b,) naming the query of each column (DESIGN.md section 4: "each
     workload query's answer, the sum of its block rows"); repeated indices within a block
     add up too. A query no block holds a row for gets 0. All blocks must have the same units.
+
+    The sum is ``0.0 + row + row + ...`` in block order (row order within a block), the
+    same additions in the same order for every way of computing it, so the bits never depend
+    on it: one block whose rows are each of the m queries once is a column gather
+    (``0.0 + row``), anything else accumulates query-major (rows of a (m x units) array:
+    contiguous, unlike scattering into columns) and is transposed back (C order).
     """
     num_queries = _nonnegative_int(num_queries, "num_queries")
-    units = None
-    out = None
+    checked = []
     for position, (query_index, answers) in enumerate(block_answers):
         qi = np.asarray(query_index)
         ans = np.asarray(answers, dtype=np.float64)
@@ -298,19 +393,50 @@ def query_answers(block_answers: Sequence[tuple[Any, Any]], num_queries: int) ->
         if qi.size and (qi.min() < 0 or qi.max() >= num_queries):
             raise ValueError(
                 f"block_answers[{position}]: query_index outside 0..{num_queries - 1}")
-        if units is None:
-            units = ans.shape[0]
-            out = np.zeros((units, num_queries))
-        elif ans.shape[0] != units:
+        if checked and ans.shape[0] != checked[0][1].shape[0]:
             raise ValueError(
-                f"block_answers[{position}]: {ans.shape[0]} units, but earlier blocks have {units}")
-        if np.unique(qi).size == qi.size:
-            out[:, qi] += ans
-        else:
-            np.add.at(out, (slice(None), qi), ans)
-    if out is None:
+                f"block_answers[{position}]: {ans.shape[0]} units, but earlier blocks have {checked[0][1].shape[0]}")
+        checked.append((qi, ans))
+    if not checked:
         raise ValueError("block_answers: no blocks")
-    return out
+    units = checked[0][1].shape[0]
+    if len(checked) == 1 and checked[0][0].size == num_queries:
+        qi, ans = checked[0]
+        order = np.empty(num_queries, dtype=np.int64)
+        order[qi] = np.arange(num_queries)
+        if np.array_equal(qi[order], np.arange(num_queries)):  # a permutation: query j is row order[j]
+            if np.array_equal(order, np.arange(num_queries)):
+                return ans + 0.0  # 0.0 + row, as the sum is defined (a -0.0 row becomes +0.0)
+            out = np.take(ans, order, axis=1)
+            out += 0.0
+            return out
+    out_t = np.zeros((num_queries, units))
+    for qi, ans in checked:
+        if np.unique(qi).size == qi.size:
+            out_t[qi] += ans.T
+        else:
+            np.add.at(out_t, qi, ans.T)
+    return np.ascontiguousarray(out_t.T)
+
+
+def derived_blocks(query_indices: Mapping[str, Any], num_queries: int) -> tuple[str, ...]:
+    """The blocks whose answers are columns of the query answers, in sorted id order.
+
+    ``query_indices``: ``{block_id: query_index}`` of every block of a plan. A block is
+    derived when each of its rows is the only row, in the whole plan, of its query: then query
+    ``j``'s answer is ``0.0 + that row`` (:func:`query_answers`), so the block's answers are
+    ``queries/answers[:, query_index]`` bit for bit (a row of exactly -0.0, probability 0 for
+    noisy answers, reads back as +0.0). A single-block plan (PL94) is derived whole; in the
+    plans of merged residual blocks a query usually has rows in several blocks, and those
+    blocks are not derived. The release stores derived blocks' answers once
+    (:mod:`distfit.stores.release`).
+    """
+    num_queries = _nonnegative_int(num_queries, "num_queries")
+    indices = {block_id: np.asarray(qi, dtype=np.int64) for block_id, qi in query_indices.items()}
+    rows = np.bincount(np.concatenate([qi for qi in indices.values()] + [np.zeros(0, np.int64)]),
+                       minlength=num_queries)
+    return tuple(block_id for block_id in sorted(indices)
+                 if indices[block_id].size and np.all(rows[indices[block_id]] == 1))
 
 
 # --------------------------------------------------------------------------------------------
@@ -333,6 +459,14 @@ def load_blocks(plan: Any) -> dict[str, Any]:
     """Every block of ``plan`` read once, ``{block_id: BlockRecord}`` in sorted id order (pass it
     to :func:`release_chunk` as ``blocks=`` so chunks do not re-read the store)."""
     return {block_id: plan.block(block_id) for block_id in sorted(plan.block_ids)}
+
+
+def prepare_blocks(blocks: Mapping[str, Any]) -> dict[str, PreparedBlock]:
+    """``{block_id: PreparedBlock}`` (:func:`prepare_block`) in sorted id order, e.g. of
+    :func:`load_blocks`: pass it to :func:`release_chunk` as ``blocks=`` so that no chunk
+    factors ``Sigma`` again. Run it under the BLAS thread rule of the chunks
+    (:func:`distfit.threads.blas_limit`), as the factor was always computed there."""
+    return {block_id: prepare_block(blocks[block_id]) for block_id in sorted(blocks)}
 
 
 def _check_domain(plan: Any, domain: Domain | None) -> Domain:
@@ -385,8 +519,9 @@ def release_chunk(plan: Any, counts_chunk: Any, entropy: int, chunk_index: int,
     counts on a block's attributes (units x d_b, columns row-major in schema order; e.g. a data
     store's ``block_counts`` bound to the chunk's units, :func:`distfit.stores.data.open_data`), whose
     results are validated the same way against the block's marginal. ``domain`` defaults to the
-    plan's schema and must match it when given. ``blocks`` (``{block_id: BlockRecord}``, e.g.
-    from :func:`load_blocks`) avoids re-reading the store per chunk; it must hold exactly the
+    plan's schema and must match it when given. ``blocks`` (``{block_id: BlockRecord}`` from
+    :func:`load_blocks`, or better ``{block_id: PreparedBlock}`` from :func:`prepare_blocks`)
+    avoids re-reading the store and re-factoring ``Sigma`` per chunk; it must hold exactly the
     plan's block ids. Chunk ``c`` depends only on ``(plan, the chunk's counts, entropy, c)``:
     chunks can run in any order, on any worker, and be retried.
     """
@@ -409,7 +544,7 @@ def release_chunk(plan: Any, counts_chunk: Any, entropy: int, chunk_index: int,
     answers: dict[str, np.ndarray] = {}
     pieces = []
     for block_id in sorted(positions):
-        block = blocks[block_id]
+        block = prepare_block(blocks[block_id])
         rng = noise_stream(entropy, positions[block_id], chunk_index)
         ans = noisy_block_answers(block, marginal(block.attributes), rng)
         answers[block_id] = ans

@@ -22,6 +22,15 @@ How a solve runs (each stage is in its own module):
 4. The best plan is scaled by its largest variance ratio so that every target holds; its alpha
    and the best lower bound give the reported optimality gap.
 
+The certificate is kept: ``BlockSolution.cell_weights`` (u, one per cell) and
+``query_weights`` (v, one per query row; the rows ``dominant_rows`` left out get 0) are the
+dual point of the largest bound found, and ``lower_bound`` is ``dual.certified_bound`` at
+them: for u >= 0, v >= 0 each summing to 1,
+``alpha* >= || diag(sqrt(v / c)) L B diag(sqrt(u)) ||_*^2`` (nuclear norm; DESIGN.md section
+1) for every covariance whose variances are at most c (the solve's ``targets``). Anyone holding
+(basis, recon, targets, u, v) re-evaluates the bound with one k x k SVD (``distfit audit``
+does, on every block of a plan) instead of trusting, or searching for, it.
+
 If the certified gap stays above ``max_gap`` the solve raises ``ConvergenceError`` saying how
 far it got, rather than return a plan that may be far from optimal.
 
@@ -78,6 +87,14 @@ class BlockSolution:
     ``gap = alpha_problem1 / lower_bound - 1`` the certified relative optimality gap.
     With a budget, ``alpha`` is the budget's alpha and ``variance_scale`` = k >= 1 (or < 1 when
     the budget is generous); without one, ``variance_scale`` is 1.
+
+    The certificate of ``lower_bound``: ``cell_weights`` u (d,) and ``query_weights`` v (m,),
+    each on the simplex, with ``lower_bound = dual.certified_bound(basis, recon / sqrt(targets),
+    u, v)`` = ``|| diag(sqrt(v / targets)) recon basis diag(sqrt(u)) ||_*^2``: a bound on the
+    alpha of every covariance whose variances are at most ``targets`` (Problem 1, whatever the
+    budget). Scaling the plan by s (``distfit.scaling``) divides the bound by s and multiplies
+    the variances it speaks about by s; the weights stay. A block re-optimised by the planner's
+    joint block dual has no certificate of its own: NaN weights and ``lower_bound`` 0.
     """
 
     sigma: np.ndarray
@@ -93,6 +110,8 @@ class BlockSolution:
     basis_kind: str
     basis_reduced: bool
     stats: SolverStats
+    cell_weights: np.ndarray
+    query_weights: np.ndarray
     budget: Budget | None = field(default=None)
 
     @property
@@ -197,12 +216,13 @@ def _solve_represented(
     scaled_recon = recon / np.sqrt(target_array)[:, None]
     # Only the constraints not implied by a longer parallel row (linalg.dominant_rows): the same
     # feasible set, often far fewer rows. The plan is scaled against every row at the end.
-    constraints = scaled_recon[dominant_rows(scaled_recon)]
+    rows = dominant_rows(scaled_recon)
+    constraints = scaled_recon[rows]
 
-    bound_point, primal_point, evaluations = dual.maximize_dual(
+    certificate, primal_point, evaluations = dual.maximize_dual(
         basis_matrix, constraints, max_iterations=dual_iterations, target_gap=gap_tolerance
     )
-    lower_bound = bound_point.bound
+    lower_bound = certificate.bound
     best_sigma, best_alpha, stage = primal_point.sigma, primal_point.primal_alpha, "dual"
     newton = cg = 0
     final_t = 0.0
@@ -231,10 +251,17 @@ def _solve_represented(
                 known_alpha=best_alpha,
             )
             evaluations += more
-            lower_bound = max(lower_bound, polished_bound.bound)
+            if polished_bound.bound > lower_bound:
+                certificate, lower_bound = polished_bound, polished_bound.bound
             if polished_primal.primal_alpha < best_alpha:
                 best_sigma, best_alpha, stage = polished_primal.sigma, polished_primal.primal_alpha, "dual"
 
+    # The certificate on every query row (the rows dominant_rows left out weigh 0), and the
+    # bound it proves, evaluated the way an auditor re-evaluates it (dual.certified_bound).
+    query_weights = np.zeros(scaled_recon.shape[0])
+    query_weights[rows] = certificate.query_weights
+    cell_weights = certificate.cell_weights
+    lower_bound = dual.certified_bound(basis_matrix, scaled_recon, cell_weights, query_weights)
     sigma = _scaled_to_targets(best_sigma, scaled_recon)
     # Exactly symmetric: Newton steps and scalings leave round-off asymmetry (seen up to 1e-13
     # relative), which near-zero entries turn into audit mismatches; profile and variances are
@@ -273,5 +300,7 @@ def _solve_represented(
         basis_kind=representation.kind,
         basis_reduced=representation.reduced,
         stats=stats,
+        cell_weights=cell_weights,
+        query_weights=query_weights,
         budget=parsed_budget,
     )

@@ -31,6 +31,7 @@ __all__ = [
 ]
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9_-]+$")
+_DOTTED_NAME_RE = re.compile(r"^[A-Za-z0-9_.-]+$")
 
 
 def type_name(value: Any) -> str:
@@ -110,12 +111,15 @@ def check_keys(value: Mapping, path: str, allowed: Sequence[str], required: Sequ
             raise SpecError(path, f"missing required key {key!r}")
 
 
-def check_name(value: Any, path: str, what: str) -> str:
-    """A name of letters, digits, ``_`` and ``-`` (spec, attribute, group and level names)."""
+def check_name(value: Any, path: str, what: str, dots: bool = False) -> str:
+    """A name of letters, digits, ``_`` and ``-`` (spec, attribute and level names); with
+    ``dots``, ``.`` too (group names: the marginals shorthand names the group of clique (a, b)
+    ``NAME.a.b``, and a spec's canonical form writes those groups out)."""
     if not isinstance(value, str):
         raise SpecError(path, f"expected {what} (a string), got {type_name(value)} {show(value)}")
-    if not _NAME_RE.match(value):
-        raise SpecError(path, f"{what} {value!r} may hold only letters, digits, '_' and '-'")
+    if not (_DOTTED_NAME_RE if dots else _NAME_RE).match(value):
+        allowed = "letters, digits, '_', '-' and '.'" if dots else "letters, digits, '_' and '-'"
+        raise SpecError(path, f"{what} {value!r} may hold only {allowed}")
     return value
 
 

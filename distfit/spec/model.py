@@ -8,11 +8,14 @@ description of every field, is ``pipelines/README.md`` ("Schema reference"); the
 """
 from __future__ import annotations
 
+import contextlib
 import functools
+import gc
 import hashlib
 import itertools
 import json
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Union
 
@@ -25,6 +28,7 @@ from distfit.workload import Workload, kron_queries
 
 __all__ = [
     "SpecError",
+    "collector_paused",
     "AttributeSpec",
     "AttributeQuery",
     "QueryGroupSpec",
@@ -44,6 +48,21 @@ DEFAULT_MAX_CELLS = 4096
 WORKLOAD_MAX_CELLS = 5_000_000
 #: ... and workload matrices with more entries than this (800 MB of float64).
 WORKLOAD_MAX_ENTRIES = 100_000_000
+
+
+@contextlib.contextmanager
+def collector_paused() -> Iterator[None]:
+    """Pause Python's cyclic garbage collector while a spec is read, parsed or written in
+    canonical form. These make millions of small objects that live on (YAML nodes, mappings,
+    groups) and no cycles worth collecting, and every collection walks them all again: reading
+    44,850 groups took 4.6 s of CPU instead of 1.4 s. The collector's state is restored."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 class SpecError(ValueError):
@@ -78,6 +97,12 @@ class AttributeSpec:
     def size(self) -> int:
         """Number of values."""
         return len(self.values)
+
+    @functools.cached_property
+    def label_index(self) -> dict[str, int]:
+        """``{label: value index}``: names a value by its label in O(1) (a ``select`` of every
+        value of a large attribute would otherwise be quadratic)."""
+        return {label: i for i, label in enumerate(self.values)}
 
     @property
     def data_column(self) -> str:
@@ -114,7 +139,7 @@ class AttributeSpec:
             valid = np.isfinite(numbers_) & (codes >= 0) & (codes < self.size)
             return np.where(valid, codes, -1).astype(np.int64)
         uniques, inverse = np.unique(_as_labels(array), return_inverse=True)
-        lookup = {label: i for i, label in enumerate(self.values)}
+        lookup = self.label_index
         recode = dict(self.recode)
         mapped = np.array([lookup.get(recode.get(u, u), -1) if u is not None else -1
                            for u in uniques.tolist()], dtype=np.int64)
@@ -241,14 +266,25 @@ class QueryGroupSpec:
         return tuple(",".join(parts) for parts in itertools.product(
             *(query.labels for _, query in self.queries)))
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self, memo: dict[int, Any] | None = None) -> dict[str, Any]:
+        """The group in canonical form. ``memo`` (``{id(targets): canonical target}``) lets the
+        groups of one spec that share a target array (equal number targets,
+        :mod:`distfit.spec.groups`) write it once; valid while those arrays are alive."""
         out: dict[str, Any] = {"name": self.name}
         if self.queries:
             out["attributes"] = {attribute: query.to_canonical() for attribute, query in self.queries}
         else:
             out["total"] = True
-        targets = [float(t) for t in self.targets]
-        out["target"] = targets[0] if all(t == targets[0] for t in targets) else targets
+        key = id(self.targets)
+        if memo is not None and key in memo:
+            out["target"] = memo[key]
+            return out
+        # One number when the targets are all equal, else the list.
+        targets = self.targets
+        target = float(targets[0]) if (targets == targets[0]).all() else targets.tolist()
+        if memo is not None and isinstance(target, float):  # lists are never shared between groups
+            memo[key] = target
+        out["target"] = target
         return out
 
 
@@ -298,9 +334,10 @@ class LevelSpec:
     units: UnitsSpec | None
     groups: tuple[QueryGroupSpec, ...]
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self, memo: dict[int, Any] | None = None) -> dict[str, Any]:
+        """The level in canonical form (``memo``: :meth:`QueryGroupSpec.to_dict`)."""
         return {"name": self.name, "units": None if self.units is None else self.units.to_dict(),
-                "queries": [group.to_dict() for group in self.groups]}
+                "queries": [group.to_dict(memo) for group in self.groups]}
 
 
 @dataclass(frozen=True, eq=False)
@@ -345,17 +382,18 @@ class PipelineSpec:
 
     def attribute(self, name: str) -> AttributeSpec:
         """The attribute called ``name`` (KeyError if none)."""
-        for attribute in self.attributes:
-            if attribute.name == name:
-                return attribute
-        raise KeyError(name)
+        return self._index[0][name]
 
     def group(self, name: str) -> QueryGroupSpec:
         """The query group called ``name`` (KeyError if none)."""
-        for group in self.groups:
-            if group.name == name:
-                return group
-        raise KeyError(name)
+        return self._index[1][name]
+
+    @functools.cached_property
+    def _index(self) -> tuple[dict[str, AttributeSpec], dict[str, QueryGroupSpec]]:
+        """Attributes and groups by name, built once: looking every group up by name must not
+        scan all of them each time (quadratic with half a million groups)."""
+        return ({attribute.name: attribute for attribute in self.attributes},
+                {group.name: group for group in self.groups})
 
     @property
     def num_queries(self) -> int:
@@ -408,16 +446,21 @@ class PipelineSpec:
     def to_dict(self) -> dict[str, Any]:
         """The canonical, JSON-serialisable form (pipelines/README.md, "Canonical form and
         hash"); a valid spec itself."""
+        with collector_paused():
+            return self._canonical()
+
+    def _canonical(self) -> dict[str, Any]:
+        memo: dict[int, Any] = {}
         out: dict[str, Any] = {
             "name": self.name,
             "description": self.description,
             "attributes": [attribute.to_dict() for attribute in self.attributes],
         }
         if self.levels:
-            out["levels"] = [level.to_dict() for level in self.levels]
+            out["levels"] = [level.to_dict(memo) for level in self.levels]
         else:
             out["units"] = None if self.units is None else self.units.to_dict()
-            out["queries"] = [group.to_dict() for group in self.groups]
+            out["queries"] = [group.to_dict(memo) for group in self.groups]
         out["privacy"] = self.privacy.to_dict()
         out["blocks"] = self.blocks.to_dict()
         return out
@@ -427,7 +470,8 @@ class PipelineSpec:
         """SHA-256 (hex) of the canonical JSON of :meth:`to_dict` without ``description``."""
         content = self.to_dict()
         del content["description"]
-        text = json.dumps(content, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
-                          allow_nan=False)
+        with collector_paused():
+            text = json.dumps(content, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
+                              allow_nan=False)
         return hashlib.sha256(text.encode("utf-8")).hexdigest()
 

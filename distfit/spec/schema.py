@@ -15,6 +15,7 @@ __all__ = [
     "LEVEL_KEYS",
     "ATTRIBUTE_KEYS",
     "GROUP_KEYS",
+    "MARGINAL_KEYS",
     "PRIVACY_KEYS",
     "BUDGET_KEYS",
     "BLOCK_KEYS",
@@ -40,7 +41,9 @@ LEVEL_KEYS = ("name", "units", "queries")
 #: Keys of one item of ``attributes``.
 ATTRIBUTE_KEYS = ("name", "values", "size", "ordinal", "column", "bins", "recode")
 #: Keys of one query group (an item of ``queries``).
-GROUP_KEYS = ("name", "attributes", "total", "target")
+GROUP_KEYS = ("name", "attributes", "total", "marginals", "target")
+#: Keys of a group's ``marginals`` (the shorthand for every k-way marginal of some attributes).
+MARGINAL_KEYS = ("order", "over", "kinds", "targets")
 #: Keys of ``privacy`` ...
 PRIVACY_KEYS = ("mode", "rho", "epsilon", "delta", "alpha")
 #: ... of which these give a budget (:class:`distfit.privacy.Budget`).

@@ -165,7 +165,10 @@ def parse_target(raw: Any, path: str, base_dir: Path, expected: int, group: str 
     from the spec's ``target`` value ``raw`` at field ``path``; target files are read relative to
     ``base_dir``. SpecError naming the field on the first problem."""
     if is_number(raw):
-        value = float(raw)
+        try:
+            value = float(raw)
+        except OverflowError:  # an integer beyond the floats
+            value = math.inf
         check_targets(np.array([value]), lambda _: SpecError(
             path, f"must be > 0, got {show(raw)}" if math.isfinite(value)
             else f"must be finite and > 0, got {show(raw)}"))

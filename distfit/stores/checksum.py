@@ -30,7 +30,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -52,8 +52,12 @@ def canonical_json(value: Any) -> bytes:
                       allow_nan=False).encode("utf-8")
 
 
+#: How :func:`compute_checksum` reads a slab: ``read(path, array, where)`` returns ``array[where]``.
+Reader = Callable[[str, zarr.Array, Any], Any]
+
+
 def compute_checksum(group: zarr.Group, *, attrs: Mapping[str, Any] | None = None, threads: int | None = None,
-                     read_bytes: int | None = None) -> str:
+                     read_bytes: int | None = None, read: Reader | None = None) -> str:
     """``"sha256:<hex>"`` over every array under ``group`` (format: the module docstring);
     with ``attrs`` (a JSON mapping: the claims the store states) the version-2 digest, which
     also covers :func:`canonical_json` of ``attrs``.
@@ -64,17 +68,23 @@ def compute_checksum(group: zarr.Group, *, attrs: Mapping[str, Any] | None = Non
     ``read_bytes`` read ahead beyond the slab being hashed (at least the next slab). Each slab
     is hashed from the array's own buffer, no copy. The defaults suit a plan (thousands of small
     arrays: reading them one at a time is latency-bound); the release seal reads one zarr
-    chunk of answers at a time on one thread (:data:`distfit.stores.release.SEAL_READ_BYTES`).
-    The defaults are read at call time.
+    chunk of answers at a time on one thread (:data:`distfit.stores.release_chunks.SEAL_READ_BYTES`).
+    The defaults are read at call time. ``read(path, array, where)`` (default ``array[where]``)
+    reads each slab, ``where`` a slice of rows (``Ellipsis`` for a 0-d array), in hash order:
+    the release hashes its store while the chunks are being written with a reader that waits
+    for a slab's rows to be written (:class:`distfit.stores.release_chunks.ReleaseHasher`); the
+    digest is the same whoever reads.
     """
     threads = max(1, int(READ_THREADS if threads is None else threads))
+    reader: Reader = read or (lambda _name, arr, where: arr[where])
     read_bytes = max(1, int(READ_BYTES if read_bytes is None else read_bytes))
     arrays = [(name, obj) for name, obj in group.members(max_depth=None) if isinstance(obj, zarr.Array)]
     arrays.sort(key=lambda item: item[0])
     claims = None if attrs is None else canonical_json(dict(attrs))
     h = hashlib.sha256(_DOMAIN if claims is None else _DOMAIN_WITH_ATTRS)
     # One step per header or slab, in hash order: ("bytes", b) feeds b; ("read", arr, where,
-    # dtype, nbytes) feeds the slab's bytes; ("strings", name, arr) hashes a string array in place.
+    # dtype, nbytes, name) feeds the slab's bytes; ("strings", name, arr) hashes a string array
+    # in place.
     steps: list[tuple] = []
     for name, arr in arrays:
         if np.dtype(arr.dtype).kind in "TUO":  # variable-length strings (e.g. a release's unit ids)
@@ -87,17 +97,17 @@ def compute_checksum(group: zarr.Group, *, attrs: Mapping[str, Any] | None = Non
         if nbytes == 0:
             continue
         if not shape:  # 0-d
-            steps.append(("read", arr, Ellipsis, dtype, nbytes))
+            steps.append(("read", arr, Ellipsis, dtype, nbytes, name))
             continue
         row_bytes = max(1, nbytes // shape[0])
         rows = max(1, int(arr.chunks[0]) if arr.chunks else shape[0])  # whole zarr chunks per read
         step = rows * max(1, read_bytes // (row_bytes * rows))
         for start in range(0, shape[0], step):
             stop = min(shape[0], start + step)
-            steps.append(("read", arr, slice(start, start + step), dtype, (stop - start) * row_bytes))
+            steps.append(("read", arr, slice(start, stop), dtype, (stop - start) * row_bytes, name))
 
-    def read(arr: zarr.Array, where, dtype: np.dtype) -> np.ndarray:
-        return np.ascontiguousarray(arr[where], dtype=dtype)
+    def read_slab(name: str, arr: zarr.Array, where, dtype: np.dtype) -> np.ndarray:
+        return np.ascontiguousarray(reader(name, arr, where), dtype=dtype)
 
     reads = [i for i, step in enumerate(steps) if step[0] == "read"]
     with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="distfit-checksum") as pool:
@@ -110,8 +120,8 @@ def compute_checksum(group: zarr.Group, *, attrs: Mapping[str, Any] | None = Non
             while next_read < len(reads) and (not futures or (
                     len(futures) < 4 * threads and ahead_bytes + steps[reads[next_read]][4] <= read_bytes)):
                 i = reads[next_read]
-                _, arr, where, dtype, size = steps[i]
-                futures[i] = pool.submit(read, arr, where, dtype)
+                _, arr, where, dtype, size, name = steps[i]
+                futures[i] = pool.submit(read_slab, name, arr, where, dtype)
                 ahead_bytes += size
                 next_read += 1
 
@@ -121,7 +131,7 @@ def compute_checksum(group: zarr.Group, *, attrs: Mapping[str, Any] | None = Non
                 if kind == "bytes":
                     h.update(step[1])
                 elif kind == "strings":
-                    _hash_strings(h, step[1], step[2])
+                    _hash_strings(h, step[1], step[2], reader)
                 else:
                     fill()
                     part = futures.pop(i).result()
@@ -137,7 +147,7 @@ def compute_checksum(group: zarr.Group, *, attrs: Mapping[str, Any] | None = Non
     return CHECKSUM_PREFIX + h.hexdigest()
 
 
-def _hash_strings(h, name: str, arr: zarr.Array) -> None:
+def _hash_strings(h, name: str, arr: zarr.Array, reader: Reader) -> None:
     """Feed a 1-d string array to the checksum: the header ``f"{name}\\nstring\\n{n}\\n"``, then
     per slab of rows the UTF-8 byte length of every element (little-endian uint64) followed by
     the elements' UTF-8 bytes, concatenated."""
@@ -147,9 +157,10 @@ def _hash_strings(h, name: str, arr: zarr.Array) -> None:
     h.update(f"{name}\nstring\n{shape[0]}\n".encode("utf-8"))
     step = max(1, int(arr.chunks[0]) if arr.chunks else shape[0])
     for start in range(0, shape[0], step):
-        encoded = [str(item).encode("utf-8") for item in np.asarray(arr[start:start + step]).tolist()]
+        stop = min(shape[0], start + step)
+        encoded = [str(item).encode("utf-8") for item in np.asarray(reader(name, arr, slice(start, stop))).tolist()]
         h.update(np.array([len(b) for b in encoded], dtype="<u8").tobytes())
         h.update(b"".join(encoded))
 
 
-__all__ = ["CHECKSUM_PREFIX", "READ_BYTES", "READ_THREADS", "canonical_json", "compute_checksum"]
+__all__ = ["CHECKSUM_PREFIX", "READ_BYTES", "READ_THREADS", "Reader", "canonical_json", "compute_checksum"]

@@ -16,7 +16,19 @@ Layout (**contract**, DESIGN.md section 4)::
                        targets      (m_b,)     float64
                        variances    (m_b,)     float64
                        profile      (d_b,)     float64
+                       cell_weights (d_b,)     float64   the dual certificate of lower_bound:
+                       query_weights (m_b,)    float64   u on the cells, v on the query rows
                        attrs: attributes (list of names), alpha, lower_bound, solver (dict)
+
+``cell_weights`` and ``query_weights`` (:data:`CERTIFICATE_ARRAYS`, an addition to DESIGN.md
+section 4) are the dual point that proves the block's ``lower_bound``: each on the simplex,
+``lower_bound = || diag(sqrt(v / t)) recon basis diag(sqrt(u)) ||_*^2``
+(:func:`distfit.solver.dual.certified_bound`) at the block's target shares scaled to its
+variances, ``t = targets * max(variances / targets)``: no covariance of the block whose
+variances are at most t has a smaller alpha. A block without a certificate of its own (one the
+planner's joint block dual re-optimised) has NaN weights and ``lower_bound`` 0. Plans written
+before the certificate was kept have neither array: they are read (``BlockRecord``'s weights
+are then None) and ``distfit audit`` warns that their block bounds are not re-certified.
 
 Plans are written atomically by :class:`distfit.stores.plan_writer.PlanWriter` (built in a
 ``<path>.incomplete-<random>`` staging directory, renamed into place once complete).
@@ -73,6 +85,9 @@ UNCLAIMED_PLANNER = ("seconds", "distfit_version")
 UNCLAIMED_SOLVER = ("seconds",)
 
 BLOCK_ARRAYS = ("basis", "recon", "query_index", "sigma", "targets", "variances", "profile")
+#: A block's dual certificate (module docstring): in every plan written since they were kept,
+#: absent from older ones (both or neither).
+CERTIFICATE_ARRAYS = ("cell_weights", "query_weights")
 ROOT_KEYS = (
     "distfit_format", "format_version", "spec", "schema", "alpha", "alpha_exact", "rho",
     "composition", "created", "distfit_version", "complete", "checksum",
@@ -121,7 +136,9 @@ class BlockRecord:
     ``basis`` (k, d_b), ``recon`` (m_b, k), ``query_index`` (m_b,) int64 (the workload query
     each row of ``recon`` belongs to), ``sigma`` (k, k), ``targets`` / ``variances`` (m_b,),
     ``profile`` (d_b,); ``attributes`` the block's attribute names, ``alpha`` its privacy cost,
-    ``lower_bound`` its certified lower bound, ``solver`` a dict of solver statistics.
+    ``lower_bound`` its certified lower bound, ``solver`` a dict of solver statistics;
+    ``cell_weights`` (d_b,) and ``query_weights`` (m_b,) the dual certificate of ``lower_bound``
+    (module docstring; NaN: none of its own; both None: a plan written before they were kept).
     Arrays are converted to float64 / int64; inconsistent shapes raise ``ValueError`` naming
     the field. ``block_id`` must match ``[A-Za-z0-9_.-]+`` (not ``.``/``..``, not ``__...``,
     which zarr reserves).
@@ -139,6 +156,8 @@ class BlockRecord:
     alpha: float
     lower_bound: float
     solver: dict = field(default_factory=dict)
+    cell_weights: np.ndarray | None = None
+    query_weights: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         bid = self.block_id
@@ -186,6 +205,15 @@ class BlockRecord:
         for name, arr in (("basis", basis), ("recon", recon), ("query_index", qi), ("sigma", sigma),
                           ("targets", targets), ("variances", variances), ("profile", profile)):
             set_(self, name, arr)
+        if (self.cell_weights is None) != (self.query_weights is None):
+            raise ValueError("cell_weights/query_weights: give both (the certificate) or neither")
+        if self.cell_weights is not None:
+            for name, size in (("cell_weights", d_b), ("query_weights", m_b)):
+                arr = float_array(name, getattr(self, name), 1)
+                if arr.shape != (size,):
+                    raise ValueError(f"{name}: shape {arr.shape}, expected ({size},) from "
+                                     f"{'basis columns' if name == 'cell_weights' else 'recon'}")
+                set_(self, name, arr)
         try:
             set_(self, "alpha", float(self.alpha))
             set_(self, "lower_bound", float(self.lower_bound))
@@ -203,6 +231,13 @@ class BlockRecord:
     def shape(self) -> tuple[int, int, int]:
         """``(m_b, k, d_b)``."""
         return self.recon.shape[0], self.basis.shape[0], self.basis.shape[1]
+
+    @property
+    def arrays(self) -> dict[str, np.ndarray]:
+        """The arrays a store holds for this block: :data:`BLOCK_ARRAYS`, then the
+        :data:`CERTIFICATE_ARRAYS` when the record has them."""
+        names = BLOCK_ARRAYS + (CERTIFICATE_ARRAYS if self.cell_weights is not None else ())
+        return {name: getattr(self, name) for name in names}
 
 
 # --------------------------------------------------------------------------------------------
@@ -257,14 +292,15 @@ class Plan:
         where = f"{self.path}: blocks/{block_id}"
         g = self._group["blocks"][block_id]
         arrays = {}
-        for name in BLOCK_ARRAYS:
+        for name in BLOCK_ARRAYS + CERTIFICATE_ARRAYS:
             try:
                 node = g[name]
             except KeyError:
                 node = None
-            if not isinstance(node, zarr.Array):
+            if isinstance(node, zarr.Array):
+                arrays[name] = node[...]
+            elif name in BLOCK_ARRAYS:
                 raise StoreError(f"{where}: missing array {name}")
-            arrays[name] = node[...]
         a = dict(g.attrs)
         missing = [k for k in ("attributes", "alpha", "lower_bound") if k not in a]
         if missing:
@@ -346,6 +382,7 @@ def verify_checksum(path: PathLike) -> tuple[bool, str, str]:
 
 __all__ = [
     "BLOCK_ARRAYS",
+    "CERTIFICATE_ARRAYS",
     "CHECKSUM_ATTRS_VERSION",
     "CHUNK_BYTES",
     "FORMAT_VERSION",

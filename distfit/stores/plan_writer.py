@@ -56,7 +56,6 @@ from distfit.stores.files import (
     write_array,
 )
 from distfit.stores.plan import (
-    BLOCK_ARRAYS,
     FORMAT,
     FORMAT_VERSION,
     ROOT_KEYS,
@@ -86,6 +85,8 @@ BLOCK_DIMS: dict[str, tuple[str, ...]] = {
     "targets": ("block_query",),
     "variances": ("block_query",),
     "profile": ("cell",),
+    "cell_weights": ("cell",),  # the dual certificate (stores.plan.CERTIFICATE_ARRAYS)
+    "query_weights": ("block_query",),
 }
 QUERY_DIMS = ("query",)  # queries/targets and queries/variances
 SCRATCH = "scratch"  # the staging store's scratch group (streamed planning); never in a finished plan
@@ -190,8 +191,8 @@ class PlanWriter:
 
     def _write_block_files(self, record: BlockRecord, attrs: dict) -> None:
         g = self._blocks.create_group(record.block_id)
-        for name in BLOCK_ARRAYS:
-            write_array(g, name, getattr(record, name), dims=BLOCK_DIMS[name])
+        for name, data in record.arrays.items():
+            write_array(g, name, data, dims=BLOCK_DIMS[name])
         g.attrs.update(attrs)
 
     def write_blocks(self, records: Iterable[BlockRecord], batch: int = WRITE_BATCH) -> int:
@@ -233,8 +234,7 @@ class PlanWriter:
         async def write_one(record: BlockRecord, attrs: dict) -> None:
             group = await blocks.create_group(record.block_id)
 
-            async def write_array(name: str) -> None:
-                data = getattr(record, name)
+            async def write_array(name: str, data: np.ndarray) -> None:
                 arr = await group.create_array(
                     name, shape=data.shape, dtype=data.dtype,
                     chunks=chunk_shape(data.shape, data.dtype.itemsize),
@@ -244,7 +244,7 @@ class PlanWriter:
                 if data.size:
                     await arr.setitem(Ellipsis, data)
 
-            await asyncio.gather(*(write_array(name) for name in BLOCK_ARRAYS))
+            await asyncio.gather(*(write_array(name, data) for name, data in record.arrays.items()))
             await group.update_attributes(attrs)
 
         async def write_all() -> None:
@@ -321,7 +321,7 @@ class PlanWriter:
         if not isinstance(record, BlockRecord):
             raise TypeError(f"write_draft expects a BlockRecord, got {type(record).__name__}")
         self.write_scratch(
-            key, {name: getattr(record, name) for name in BLOCK_ARRAYS},
+            key, record.arrays,
             {"attributes": list(record.attributes), "alpha": record.alpha,
              "lower_bound": record.lower_bound, "solver": record.solver})
         top = int(record.query_index.max()) if record.query_index.size else -1

@@ -8,8 +8,11 @@ Layout (**contract**, DESIGN.md section 4), a Zarr v3 group::
                                 chunk_units, n_chunks, data ({"path", "created"} of the data
                                 store: for --resume only), complete (False until sealed), and
                                 at seal: checksum, sealed (time)
-      blocks/<block_id>/answers  (units, m_b) float64   the block's noisy L (B x + z)
-                                 attrs: attributes, block_index (its noise-stream position)
+      blocks/<block_id>/answers  (units, m_b) float64   the block's noisy L (B x + z); not
+                                 stored for a *derived* block (below)
+                                 attrs: attributes, block_index (its noise-stream position),
+                                 and answers_in="queries/answers" for a derived block
+      blocks/<block_id>/query_index (m_b,) int64  a derived block only: the query of each row
       queries/answers            (units, m)   float64   each query's answer (sum of its rows)
       queries/variances          (m,)         float64   copied from the plan
                                  group attrs: labels (list of m strings ``GROUP:LABEL``, or
@@ -33,47 +36,61 @@ answer array (``tree["queries"].dataset.sel(unit=some_id)``). ``unit`` repeats `
 Releases written before the coordinates (no ``unit``, ``queries/query``, ``block_query``, no
 dimension names) read and verify as before; a resumed one is finished in its own layout.
 
+Derived blocks (:func:`distfit.release.noise.derived_blocks`): a block each of whose rows is the
+only row, in the whole plan, of its query (every block of a single-block plan, e.g. PL94) has
+answers equal, bit for bit, to columns of the query answers (query ``j``'s answer is ``0.0 +``
+its one row; a row of exactly -0.0, probability 0, reads back as +0.0). Writing them twice
+would double the bytes written, fsynced and hashed (PL94: 5,120 -> 2,568 bytes per unit), so
+such a block stores ``query_index`` instead of ``answers`` and the attr ``answers_in``;
+:meth:`Release.block_answers` returns ``queries/answers[:, query_index]`` for it, read lazily
+(:class:`DerivedAnswers`), and in xarray it is ``tree["queries"]["answers"].isel(query=
+tree["blocks/<id>"]["query_index"])``. A plan none of whose blocks is derived (plans of
+merged residual blocks, where a query has rows in several blocks) gets the layout and the
+checksum it always had. A release laid out with every block's answers (before derived blocks)
+reads, verifies and resumes in its own layout: what a chunk writes is what the store holds.
+
 Answer arrays are chunked over units only, ``(r, m_b)`` with ``r`` the largest divisor of
 ``chunk_units`` (the data's chunk size) that keeps a chunk under 16 MiB (:func:`answer_chunks`),
 so each release chunk (one task) owns whole zarr chunks and no two tasks touch the same file.
 Answer arrays are stored uncompressed (:data:`ANSWER_COMPRESSORS`: noisy float64 does not
-compress). Query labels are a JSON attr, not an array: fixed-width UTF-32 has no Zarr v3
-specification. The checksum is :func:`distfit.stores.checksum.compute_checksum` over every array
-of the store (the same format as the plan's), written when the release is sealed.
+compress), and so are numeric unit ids and the done markers (a chunk writes them as raw chunk
+files, :mod:`distfit.stores.release_chunks`; stores laid out before with zstd ids read and
+resume as before). Query labels are a JSON attr, not an array: fixed-width UTF-32 has no Zarr
+v3 specification. The checksum is :func:`distfit.stores.checksum.compute_checksum` over every
+array of the store (the same format as the plan's; codecs are not hashed), written when the
+release is sealed.
 
 Never stored: the counts, true marginals or true answers, the entropy, the ``--seed`` (a seeded
 release records only ``private=False``), and no attr derived from the data beyond ``units``.
 
 Store lifecycle (the orchestration is :func:`distfit.release.job.run_release`):
 :func:`create_release` lays out an empty store with ``complete=False`` (every reader refuses
-it); :func:`write_chunk` writes one chunk's arrays and, last, its ``chunks/done`` entry;
-:class:`ChunkSync` fsyncs finished chunks' files while later chunks run; :func:`seal` checks
-the plan is unchanged and every chunk done, then writes the checksum and ``complete=True``.
+it); each task writes its chunks' arrays and, last, their ``chunks/done`` entries, while the
+driver fsyncs and hashes the chunks reported done (:mod:`distfit.stores.release_chunks`:
+``write_chunk``, ``ChunkSync``, ``ReleaseHasher``); :func:`seal` checks the plan is unchanged
+and every chunk done, then writes the checksum and ``complete=True``.
 :func:`open_resumable` reopens an incomplete store for ``--resume`` after checking it belongs
 to the same plan and data; :func:`release_state` says what is at a path. :func:`read_release`
 and :func:`verify_release` read a sealed store.
 """
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Any, Mapping
 
 import numpy as np
 import zarr
 
 from distfit import __version__
-from distfit.release.noise import block_positions
+from distfit.release.noise import block_positions, derived_blocks
 from distfit.stores.checksum import compute_checksum
 from distfit.stores.files import (
     open_store,
     check_format,
     chunk_shape,
-    fsync_file,
     fsync_tree,
     jsonable,
     root_attrs_on_disk,
@@ -81,6 +98,7 @@ from distfit.stores.files import (
     write_array,
 )
 from distfit.stores.plan import verify_checksum
+from distfit.stores.release_chunks import SEAL_READ_BYTES, SEAL_READ_THREADS, ReleaseHasher
 
 FORMAT = "release"
 FORMAT_VERSION = 1
@@ -92,11 +110,15 @@ FORMAT_VERSION = 1
 #: choice, and readers decode whatever codecs a store records (older zstd stores read as before).
 ANSWER_COMPRESSORS: Any = None
 
+#: The ``answers_in`` attr of a derived block's group: where its answers are (module docstring).
+DERIVED_FROM = "queries/answers"
+
 #: Dimension names (Zarr v3 ``dimension_names``) of every release array, by path pattern
 #: (module docstring); ``<block_id>`` stands for every block.
 DIMS: dict[str, tuple[str, ...]] = {
     "blocks/<block_id>/answers": ("unit", "block_query"),
     "blocks/<block_id>/block_query": ("block_query",),
+    "blocks/<block_id>/query_index": ("block_query",),
     "queries/answers": ("unit", "query"),
     "queries/variances": ("query",),
     "queries/query": ("query",),
@@ -104,14 +126,6 @@ DIMS: dict[str, tuple[str, ...]] = {
     "unit": ("unit",),
     "chunks/done": ("chunk",),
 }
-
-#: How the seal reads the store for its checksum (:func:`distfit.stores.checksum.compute_checksum`,
-#: the same digest as every reader's): whole zarr chunks of answers, at least this many bytes a
-#: read, on one thread, the next slab read while this one is hashed. A release is a few large
-#: arrays, so the plan's default (8 threads, 64 MiB slabs) only adds memory: 0.5-0.6 s this way
-#: for a 100k-unit PL94 release here (benchmarks/README.md).
-SEAL_READ_BYTES = 8 * 2**20
-SEAL_READ_THREADS = 1
 
 PathLike = str | os.PathLike
 
@@ -153,18 +167,23 @@ def _lay_out(path: Path, *, plan, plan_path: str, data, blocks, private: bool, l
     root = zarr.open_group(store=str(path), mode="w-", zarr_format=3)
     root.attrs.update({"distfit_format": FORMAT, "format_version": FORMAT_VERSION, "complete": False})
     label_array = None if labels is None else np.array(list(labels), dtype=object)  # text coordinates
+    derived = set(derived_blocks({b: block.query_index for b, block in blocks.items()}, m))
     block_group = root.create_group("blocks")
     for block_id, block in blocks.items():
         m_b = block.recon.shape[0]
+        query_index = np.asarray(block.query_index, dtype=np.int64)
         g = block_group.create_group(block_id)
-        g.create_array("answers", shape=(units, m_b), dtype=np.float64,
-                       chunks=answer_chunks(chunk_units, m_b), compressors=ANSWER_COMPRESSORS,
-                       dimension_names=DIMS["blocks/<block_id>/answers"], config=config)
+        attrs = {"attributes": list(block.attributes), "block_index": positions[block_id]}
+        if block_id in derived:  # its answers are queries/answers[:, query_index] (module docstring)
+            write_array(g, "query_index", query_index, dims=DIMS["blocks/<block_id>/query_index"])
+            attrs["answers_in"] = DERIVED_FROM
+        else:
+            g.create_array("answers", shape=(units, m_b), dtype=np.float64,
+                           chunks=answer_chunks(chunk_units, m_b), compressors=ANSWER_COMPRESSORS,
+                           dimension_names=DIMS["blocks/<block_id>/answers"], config=config)
         if label_array is not None:
-            write_array(g, "block_query", label_array[np.asarray(block.query_index, dtype=np.int64)],
-                        dims=DIMS["blocks/<block_id>/block_query"])
-        g.attrs.update(jsonable({"attributes": list(block.attributes),
-                                  "block_index": positions[block_id]}))
+            write_array(g, "block_query", label_array[query_index], dims=DIMS["blocks/<block_id>/block_query"])
+        g.attrs.update(jsonable(attrs))
     queries = root.create_group("queries")
     queries.create_array("answers", shape=(units, m), dtype=np.float64,
                          chunks=answer_chunks(chunk_units, m), compressors=ANSWER_COMPRESSORS,
@@ -179,11 +198,15 @@ def _lay_out(path: Path, *, plan, plan_path: str, data, blocks, private: bool, l
         ids_dtype = str  # variable-length UTF-8 (the Zarr v3 "string" data type)
     elif ids_dtype.kind not in "iuf":
         raise ValueError(f"{data.path}: unit_ids of dtype {ids_dtype} are not supported (numbers or strings)")
-    for name in ("unit_ids", "unit"):  # written by the chunks (write_chunk)
+    # Written by the chunks (write_chunk). Numeric ids and the done markers are uncompressed, like
+    # the answers, so a chunk writes them as raw chunk files (ChunkWriter.write_rows): zarr's
+    # pipeline cost ~4 ms of CPU per call here, 3 calls per chunk, for 16 bytes a unit.
+    for name in ("unit_ids", "unit"):
         root.create_array(name, shape=(units,), dtype=ids_dtype, chunks=(chunk_units,),
+                          compressors=None if ids_dtype is not str else "auto",
                           dimension_names=DIMS[name], config=config)
     root.create_group("chunks").create_array(
-        "done", shape=(n_chunks,), dtype=np.uint8, chunks=(1,), fill_value=0,
+        "done", shape=(n_chunks,), dtype=np.uint8, chunks=(1,), fill_value=0, compressors=None,
         dimension_names=DIMS["chunks/done"], config=config)
     root.attrs.update(jsonable({
         "distfit_format": FORMAT,
@@ -201,23 +224,6 @@ def _lay_out(path: Path, *, plan, plan_path: str, data, blocks, private: bool, l
         "data": {"path": os.path.abspath(data.path), "created": data.attrs.get("created")},
         "complete": False,
     }))
-
-
-def write_chunk(release_path: str, chunk: int, start: int, block_answers: Mapping[str, np.ndarray],
-                query_answers: np.ndarray, unit_ids: np.ndarray) -> None:
-    """Write release chunk ``chunk`` (rows ``start:start + len(unit_ids)``): every block's
-    answers, the query answers and the unit ids (``unit_ids`` and its coordinate twin ``unit``,
-    absent from a release laid out before it, resumed), then, last, ``chunks/done[chunk] = 1``.
-    Runs in a task, on any worker; the rows are whole zarr chunks that no other chunk touches."""
-    stop = start + len(unit_ids)
-    root = zarr.open_group(store=release_path, mode="r+", zarr_format=3)
-    for block_id, answers in block_answers.items():
-        root[f"blocks/{block_id}/answers"][start:stop] = answers
-    root["queries/answers"][start:stop] = query_answers
-    root["unit_ids"][start:stop] = unit_ids
-    if "unit" in root:
-        root["unit"][start:stop] = unit_ids
-    root["chunks/done"][chunk] = 1
 
 
 def pending_chunks(root: zarr.Group) -> list[int]:
@@ -279,78 +285,40 @@ def open_resumable(path: Path, *, plan, data, private: bool, blocks: Mapping[str
             f"{path}: the data at {data.path} is not the data this release started from "
             f"({', '.join(mismatch)} differ); use --overwrite to start over")
     try:
-        stored_blocks = set(root["blocks"].group_keys())
+        laid_out = set(root["blocks"].group_keys())
         root["queries/answers"], root["unit_ids"], root["chunks/done"]
     except KeyError as error:
         raise ValueError(f"{path}: damaged incomplete release (missing {error}); use --overwrite") from None
-    if stored_blocks != set(blocks):
+    if laid_out != set(blocks):
         raise ValueError(f"{path}: its blocks do not match the plan's; use --overwrite")
     return root
 
 
-class ChunkSync:
-    """fsync each finished chunk's files on a driver thread while later chunks are computed.
-
-    Without it the seal's fsync (``fsync_tree``) waits for every written byte to reach the
-    disk at the very end (about a second per 500 MB here); with it the writeback overlaps the
-    chunk tasks and the seal finds the files clean. An optimisation only: errors are ignored
-    here (a file not there yet, a path this code cannot guess), because the seal still fsyncs
-    every file and directory of the store and raises on failure."""
-
-    def __init__(self, root: zarr.Group, path: Path, units: int, chunk_units: int) -> None:
-        self._path = path
-        self._units, self._chunk_units = units, chunk_units
-        self._arrays = []
-        for name in [f"blocks/{b}/answers" for b in root["blocks"].group_keys()] + [
-                "queries/answers", "unit_ids", *(["unit"] if "unit" in root else []), "chunks/done"]:
-            arr = root[name]
-            self._arrays.append((name, arr.metadata, tuple(int(c) for c in arr.chunks), tuple(arr.shape)))
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="distfit-fsync")
-
-    def _files(self, chunk: int) -> Iterator[Path]:
-        start = chunk * self._chunk_units
-        stop = min(start + self._chunk_units, self._units)
-        for name, metadata, chunks, shape in self._arrays:
-            if name == "chunks/done":
-                rows = range(chunk, chunk + 1)
-            else:
-                rows = range(start // chunks[0], -(-stop // chunks[0]))
-            cols = range(-(-shape[1] // chunks[1])) if len(shape) == 2 else [None]
-            for i in rows:
-                for j in cols:
-                    key = metadata.encode_chunk_key((i,) if j is None else (i, j))
-                    yield self._path / name / key
-
-    def _sync(self, chunk: int) -> None:
-        for file in self._files(chunk):
-            with contextlib.suppress(OSError):
-                fsync_file(str(file))
-
-    def __call__(self, chunk: int) -> None:
-        self._pool.submit(self._sync, chunk)
-
-    def close(self, cancel: bool = False) -> None:
-        """Wait for the queued fsyncs (call before the seal's own fsync); ``cancel``: drop the
-        ones not started (the release failed)."""
-        self._pool.shutdown(wait=True, cancel_futures=cancel)
-
-
-def seal(root: zarr.Group, path: Path, *, plan_path: str, plan_checksum: str, fsync: bool) -> str:
+def seal(root: zarr.Group, path: Path, *, plan_path: str, plan_checksum: str, fsync: bool,
+         hasher: ReleaseHasher | None = None) -> str:
     """Verify the plan is unchanged and every chunk done, then checksum and mark complete.
 
     The plan's checksum is recomputed from its arrays (:func:`distfit.stores.plan.verify_checksum`)
     and must equal ``plan_checksum``, the one audited at the start: a plan rewritten or altered
-    in place during the release leaves the release incomplete. Returns the release checksum."""
+    in place during the release leaves the release incomplete. The release checksum is the
+    ``hasher``'s (:class:`ReleaseHasher`, hashed while the chunks were written), or, without one
+    or if it failed, computed here from the store. Returns the release checksum."""
     ok, stored, recomputed = verify_checksum(plan_path)
     if not ok or stored != plan_checksum:
+        if hasher is not None:
+            hasher.cancel()
         raise ValueError(
             f"{plan_path}: the plan changed during the release (checksum {recomputed}, started "
             f"from {plan_checksum}); the release at {path} is left incomplete")
     done = np.asarray(root["chunks/done"][...])
-    if not done.all():
-        missing = np.flatnonzero(done == 0)
+    if not (done == 1).all():
+        if hasher is not None:
+            hasher.cancel()
+        missing = np.flatnonzero(done != 1)
         raise RuntimeError(f"{path}: chunks {missing[:5].tolist()} not written; cannot seal")
-    checksum = compute_checksum(root, threads=SEAL_READ_THREADS, read_bytes=SEAL_READ_BYTES)
+    checksum = hasher.result() if hasher is not None else None
+    if checksum is None:
+        checksum = compute_checksum(root, threads=SEAL_READ_THREADS, read_bytes=SEAL_READ_BYTES)
     if fsync:
         fsync_tree(path)
     root.attrs.update({"checksum": checksum, "sealed": utc_now(), "complete": True})
@@ -401,8 +369,44 @@ class Release:
         return tuple(sorted(self._group["blocks"].group_keys()))
 
     def block_answers(self, block_id: str):
-        """``blocks/<block_id>/answers`` (units x m_b)."""
-        return self._group[f"blocks/{block_id}/answers"]
+        """``blocks/<block_id>/answers`` (units x m_b): the zarr array, or for a derived block
+        (module docstring) a :class:`DerivedAnswers` view of ``queries/answers[:, query_index]``
+        (index it like the array: ``[a:b]``, ``[i]``, ``[...]``)."""
+        group = self._group[f"blocks/{block_id}"]
+        if "answers" in group:
+            return group["answers"]
+        if group.attrs.get("answers_in") != DERIVED_FROM or "query_index" not in group:
+            raise ReleaseError(f"{self.path}: block {block_id} has neither answers nor a query_index")
+        return DerivedAnswers(self._group[DERIVED_FROM], np.asarray(group["query_index"][...], dtype=np.int64))
+
+
+class DerivedAnswers:
+    """A derived block's answers (module docstring): ``queries/answers[:, query_index]``, read
+    lazily: indexing reads only the rows asked for. ``shape``, ``dtype``, ``ndim``,
+    ``query_index``; ``np.asarray(view)`` reads it whole."""
+
+    def __init__(self, answers: Any, query_index: np.ndarray) -> None:
+        self._answers = answers
+        self.query_index = query_index
+        self.shape = (int(answers.shape[0]), int(query_index.size))
+        self.dtype = np.dtype(answers.dtype)
+        self.ndim = 2
+
+    def __getitem__(self, key: Any) -> np.ndarray:
+        key = key if isinstance(key, tuple) else (key,)
+        if key and key[0] is Ellipsis:
+            key = (slice(None),) + key[1:] if len(key) > 1 else ()
+        rows, cols = (key[0], key[1:]) if key else (slice(None), ())
+        block = np.take(np.asarray(self._answers[rows]), self.query_index, axis=-1)
+        one_row = not isinstance(rows, slice) and np.ndim(rows) == 0  # an integer row: a 1-d result
+        return block[(() if one_row else (slice(None),)) + cols] if cols else block
+
+    def __array__(self, dtype=None, copy=None) -> np.ndarray:
+        out = self[...]
+        return out if dtype is None else out.astype(dtype)
+
+    def __len__(self) -> int:
+        return self.shape[0]
 
 
 def _open_release(path: PathLike) -> tuple[Path, zarr.Group, dict]:
@@ -433,9 +437,10 @@ def verify_release(path: PathLike) -> tuple[bool, str, str]:
 
 __all__ = [
     "ANSWER_COMPRESSORS",
+    "DERIVED_FROM",
     "FORMAT_VERSION",
-    "ChunkSync",
     "DIMS",
+    "DerivedAnswers",
     "Release",
     "ReleaseError",
     "answer_chunks",
@@ -447,5 +452,4 @@ __all__ = [
     "release_state",
     "seal",
     "verify_release",
-    "write_chunk",
 ]

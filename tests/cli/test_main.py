@@ -49,7 +49,7 @@ def test_module_entry_point_subprocess(tmp_path):
 def _fail_third_chunk(error):
     """A ``write_chunk`` that writes two chunks, then fails the way a full disk or a denied
     directory does."""
-    from distfit.release import job as release_job
+    from distfit.release import tasks as release_job  # where a chunk task calls write_chunk
 
     original = release_job.write_chunk
     calls = []

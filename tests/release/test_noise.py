@@ -235,3 +235,133 @@ def test_query_answers_are_unbiased_with_the_plans_variances(planned):
     assert np.all(variances <= plan.queries_targets * (1 + 1e-9))
     # no returned row equals the true answers
     assert not np.any(np.all(np.isclose(out.queries, truth), axis=1))
+
+
+# --------------------------------------------------------------------------------------------
+# the same bits as the arithmetic always did (issue 16): references written out literally
+
+
+def _reference_block_answers(block, marginal, rng):
+    """The mechanism as distfit always computed it, operation for operation: ``z = xi C^T``
+    with C = scipy's lower Cholesky factor, then ``(X_b B^T + z) L^T``, all float64."""
+    import scipy.linalg
+
+    factor = scipy.linalg.cholesky(np.asarray(block.sigma, dtype=np.float64), lower=True)
+    z = rng.standard_normal((marginal.shape[0], factor.shape[0])) @ factor.T
+    return (np.asarray(marginal, dtype=np.float64) @ np.asarray(block.basis, dtype=np.float64).T + z) @ \
+        np.asarray(block.recon, dtype=np.float64).T
+
+
+def _reference_query_answers(parts, m):
+    """Each query's answer as distfit always summed it: zeros, then block by block
+    ``out[:, qi] += answers`` (``np.add.at`` for repeated rows)."""
+    out = np.zeros((parts[0][1].shape[0], m))
+    for qi, ans in parts:
+        if np.unique(qi).size == qi.size:
+            out[:, qi] += ans
+        else:
+            np.add.at(out, (slice(None), qi), ans)
+    return out
+
+
+class _Block:
+    def __init__(self, basis, recon, sigma, query_index=None, attributes=("age",), block_id="b"):
+        self.basis, self.recon, self.sigma = basis, recon, sigma
+        self.query_index = np.arange(recon.shape[0]) if query_index is None else query_index
+        self.attributes, self.block_id = attributes, block_id
+
+
+def _spd(k, seed):
+    a = np.random.default_rng(seed).normal(size=(k, k))
+    return a @ a.T + k * np.eye(k)
+
+
+@pytest.mark.parametrize("kind", ["identity", "prefix", "residual", "real"])
+def test_noisy_block_answers_have_the_bits_of_the_reference(kind):
+    """Integer bases take the float32 basis product (exact: the same integers); a real-valued
+    basis the float64 one; either way the answers are the reference's bytes."""
+    rng = np.random.default_rng(3)
+    d, k = 30, 30
+    basis = {"identity": np.eye(d), "prefix": np.tril(np.ones((d, d))),
+             "residual": rng.choice([-1.0, 0.0, 1.0], size=(k, d), p=[0.1, 0.8, 0.1]),
+             "real": rng.normal(size=(k, d))}[kind]
+    block = _Block(basis, rng.normal(size=(40, k)), _spd(k, 4))
+    prepared = rel.prepare_block(block)
+    assert (prepared.basis32 is not None) == (kind != "real")
+    for units in (1, 7, 513):
+        counts = rng.poisson(4.0, size=(units, d)).astype(np.int64)
+        got = rel.noisy_block_answers(prepared, counts, rel.noise_stream(11, 2, units))
+        want = _reference_block_answers(block, counts, rel.noise_stream(11, 2, units))
+        assert got.tobytes() == want.tobytes(), (kind, units)
+        assert rel.noisy_block_answers(block, counts, rel.noise_stream(11, 2, units)).tobytes() == want.tobytes()
+
+
+def test_basis_product_is_exact_or_float64():
+    """float32 only while every partial sum is an integer below 2**24; beyond, float64 (the
+    bytes never differ from the float64 product)."""
+    rng = np.random.default_rng(5)
+    basis = rng.choice([-1.0, 0.0, 1.0, 2.0], size=(12, 20))
+    block = rel.prepare_block(_Block(basis, np.eye(12), np.eye(12)))
+    small = rng.poisson(50.0, size=(64, 20)).astype(np.int64)
+    out = rel.basis_product(block, small)
+    assert out.dtype == np.float32
+    np.testing.assert_array_equal(out.astype(np.float64), small.astype(np.float64) @ basis.T)
+    big = small.copy()
+    big[17, 3] = 2**23  # row sum * max|B| = 2 * (2**23 + ...) > 2**24
+    out = rel.basis_product(block, big)
+    assert out.dtype == np.float64
+    assert out.tobytes() == (big.astype(np.float64) @ basis.T).tobytes()
+    # float counts (a caller's own marginals) and a real basis: the float64 product
+    assert rel.basis_product(block, small.astype(float)).dtype == np.float64
+    real = rel.prepare_block(_Block(basis + 0.5, np.eye(12), np.eye(12)))
+    assert real.basis32 is None and rel.basis_product(real, small).dtype == np.float64
+
+
+def test_release_chunk_has_the_bits_of_the_reference(planned):
+    """release_chunk (prepared blocks or records) against the literal reference, block by block
+    and for the query sums, on the real multi-block plan."""
+    plan, _spec = planned
+    counts = _counts(37, seed=12)
+    positions = rel.block_positions(plan)
+    parts, blocks = [], rel.load_blocks(plan)
+    for block_id, block in blocks.items():
+        marginal = rel.block_marginal(counts, DOMAIN, block.attributes)
+        parts.append((block.query_index, _reference_block_answers(
+            block, marginal, rel.noise_stream(99, positions[block_id], 4))))
+    want = _reference_query_answers(parts, plan.queries_targets.size)
+    for given in (None, blocks, rel.prepare_blocks(blocks)):
+        got = rel.release_chunk(plan, counts, 99, 4, blocks=given)
+        assert got.queries.tobytes() == want.tobytes()
+        assert got.queries.flags.c_contiguous
+        for (qi, ans), block_id in zip(parts, sorted(blocks)):
+            assert got.blocks[block_id].tobytes() == ans.tobytes()
+
+
+@pytest.mark.parametrize("case", ["arange", "permutation", "overlapping", "repeats", "partial"])
+def test_query_answers_have_the_bits_of_the_column_scatter(case):
+    rng = np.random.default_rng(6)
+    m, units = 9, 11
+    perm = rng.permutation(m)
+    parts = {
+        "arange": [(np.arange(m), rng.normal(size=(units, m)))],
+        "permutation": [(perm, rng.normal(size=(units, m)))],
+        "overlapping": [(perm[:6], rng.normal(size=(units, 6))), (np.arange(m), rng.normal(size=(units, m))),
+                        (np.array([3, 1]), rng.normal(size=(units, 2)))],
+        "repeats": [(np.array([0, 4, 4, 8, 4]), rng.normal(size=(units, 5))), (perm, rng.normal(size=(units, m)))],
+        "partial": [(np.array([2, 5]), rng.normal(size=(units, 2)))],
+    }[case]
+    parts[0][1][3, 0] = -0.0  # the sum starts at +0.0: a -0.0 row is +0.0 in the query answers
+    got = rel.query_answers(parts, m)
+    want = _reference_query_answers(parts, m)
+    assert got.tobytes() == want.tobytes() and got.flags.c_contiguous
+    if case in ("arange", "permutation", "partial"):  # that query has this one row
+        assert got[3, parts[0][0][0]] == 0.0 and not np.signbit(got[3, parts[0][0][0]])
+
+
+def test_derived_blocks_are_the_sole_rows_of_their_queries():
+    assert rel.derived_blocks({"a": np.arange(5)}, 5) == ("a",)
+    assert rel.derived_blocks({"a": np.array([4, 0, 2])}, 5) == ("a",)  # uncovered queries are 0
+    assert rel.derived_blocks({"a": np.array([0, 1]), "b": np.array([2, 3])}, 4) == ("a", "b")
+    assert rel.derived_blocks({"a": np.array([0, 1]), "b": np.array([1, 2]), "c": np.array([3])}, 4) == ("c",)
+    assert rel.derived_blocks({"a": np.array([0, 0, 1])}, 2) == ()  # a repeated row sums
+    assert rel.derived_blocks({"a": np.zeros(0, np.int64), "b": np.array([0])}, 1) == ("b",)

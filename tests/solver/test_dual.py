@@ -13,7 +13,7 @@ import pytest
 
 from distfit import privacy, workload as wl
 from distfit.solver.basis import represent
-from distfit.solver.dual import DualPoint, evaluate_dual, maximize_dual, plan_cost
+from distfit.solver.dual import DualPoint, certified_bound, evaluate_dual, maximize_dual, plan_cost
 
 from tests.reference import cvx_optimal_alpha, orthonormal_row_basis
 
@@ -208,3 +208,53 @@ def test_bound_never_exceeds_the_optimum():
     assert _nuclear_bound(W, targets, u, v) <= 1.0
     point = evaluate_dual(W, W / np.sqrt(targets)[:, None], u, v)
     assert point.bound <= 1.0 + 1e-9  # library: 1 + 3.1e-6
+
+
+# --------------------------------------------------------------------------------------------
+# certified_bound: the bound at stored weights (what a solve reports and the audit re-evaluates)
+
+
+@pytest.mark.parametrize("name,W,targets", CASES, ids=IDS)
+def test_certified_bound_is_the_definition(name, W, targets, cvx_alphas):
+    """At random weights (some exactly zero, as a certificate's are on rows implied by others),
+    in any basis: the nuclear norm of ``diag(sqrt(v / c)) W diag(sqrt(u))`` by a full SVD of W,
+    to 1e-11, never above it by more than rounding, and never above the optimum."""
+    rng = np.random.default_rng(23)
+    for kind in ("svd", "identity", "auto"):
+        basis, scaled_recon = _scaled(W, targets, kind)
+        for trial in range(4):
+            u = _random_simplex(rng, W.shape[1], spread=1 + 3 * trial)
+            v = _random_simplex(rng, W.shape[0], spread=1 + 3 * trial)
+            u[rng.random(u.size) < 0.3] = 0.0
+            v[rng.random(v.size) < 0.3] = 0.0
+            if not u.any() or not v.any():
+                continue
+            exact = _nuclear_bound(W, targets, u / u.sum(), v / v.sum())
+            bound = certified_bound(basis, scaled_recon, u, v)  # normalises, as evaluate_dual does
+            assert bound == pytest.approx(exact, rel=1e-11)
+            assert bound <= exact * (1 + 1e-14)
+            assert bound <= cvx_alphas[name] * (1.0 + 1e-6)
+
+
+def test_certified_bound_keeps_small_singular_values():
+    """W = I_40, c = 1: f(u, v) = (sum_i sqrt(u_i v_i))^2 exactly. Thirty cells with
+    ``u_i v_i = 1e-17`` add 1.9e-7 (relative) to f; their eigenvalues of ``X`` (1e-17) sit below
+    ``evaluate_dual``'s rounding allowance, so it drops them; the SVD of the k x k reduction
+    resolves them."""
+    d = 40
+    u = np.full(d, 10**-8.5)
+    u[:10] = 0.1
+    v = u.copy()
+    exact = float(np.sum(np.sqrt(u * v / (u.sum() * v.sum())))) ** 2
+    bound = certified_bound(np.eye(d), np.eye(d), u, v)
+    assert bound == pytest.approx(exact, rel=1e-11) and bound <= exact
+    assert evaluate_dual(np.eye(d), np.eye(d), u, v).bound < exact * (1 - 1e-7)
+
+
+@pytest.mark.parametrize("cells, queries", [
+    ([-0.1, 0.6, 0.5], [0.5, 0.5]), ([np.nan, 0.5, 0.5], [0.5, 0.5]), ([0.0, 0.0, 0.0], [0.5, 0.5]),
+    ([0.2, 0.3, 0.5], [np.inf, 1.0]),
+])
+def test_certified_bound_refuses_weights_that_are_no_distribution(cells, queries):
+    with pytest.raises(ValueError, match="weights must be finite, >= 0 and not all zero"):
+        certified_bound(np.eye(3), np.ones((2, 3)), np.array(cells), np.array(queries))

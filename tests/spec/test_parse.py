@@ -264,6 +264,38 @@ def test_yaml_dialect(tmp_path):
     assert spec.groups[0].targets[0] == 1000.0
 
 
+DIALECT_EDGES = """\
+name: edges
+description: "quoted: text, with 'quotes' and unicode \\u00e9"
+attributes:
+  - {name: answer, values: [yes, no, on, 18_64, 2020-01-01, '5', 0x1F, 0o17, "017", ~a]}
+  - name: hours
+    bins: [-.inf, 0, 1.5e1, .inf]
+queries:
+  - {name: a, attributes: {answer: {select: [0x3, '5', "017"]}}, target: [1e3, .5, +2]}
+  - name: b
+    attributes:
+      hours: prefix
+    target: !!float 3
+"""
+
+
+@pytest.mark.parametrize("text", ["pipelines", DIALECT_EDGES])
+def test_libyaml_and_python_readers_agree(tmp_path, monkeypatch, text):
+    """load_spec reads with libyaml's parser when PyYAML has it; the pure-Python reader (used
+    without libyaml, and for the message of a malformed file) must give the same specs."""
+    paths = sorted(PIPELINES.glob("*.yaml")) if text == "pipelines" else [write(tmp_path, text)]
+    fast = [load_spec(path) for path in paths]
+    monkeypatch.setattr("distfit.spec.parse._FastSpecLoader", None)
+    slow = [load_spec(path) for path in paths]
+    for a, b in zip(fast, slow):
+        assert a.to_dict() == b.to_dict() and a.spec_hash == b.spec_hash
+    if text != "pipelines":
+        assert fast[0].attribute("answer").values[5:9] == ("5", "31", "15", "017")
+        assert fast[0].group("a").targets.tolist() == [1000.0, 0.5, 2.0]
+        assert fast[0].group("a").queries[0][1].params == (3, 5, 8)
+
+
 # ------------------------------------------------------------------ errors
 
 

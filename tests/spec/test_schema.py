@@ -28,6 +28,7 @@ ACCEPTED = {
     "top": schema.TOP_KEYS,
     "attribute": schema.ATTRIBUTE_KEYS,
     "group": schema.GROUP_KEYS,
+    "marginals": schema.MARGINAL_KEYS,
     "level": schema.LEVEL_KEYS,
     "units": schema.UNIT_KEYS,
     "privacy": schema.PRIVACY_KEYS,
@@ -75,6 +76,8 @@ def _documented_keys() -> dict[str, set[str]]:
         "top": set(example) | set(levels),
         "attribute": set().union(*(attribute.keys() for attribute in example["attributes"])),
         "group": set().union(*(group.keys() for group in example["queries"])),
+        "marginals": set().union(*(group["marginals"].keys() for group in example["queries"]
+                                   if "marginals" in group)),
         "level": set().union(*(level.keys() for level in levels["levels"])),
         "units": set().union(*(u.keys() for u in units)),
         "privacy": set(example["privacy"]),
@@ -115,7 +118,11 @@ def test_the_first_example_is_a_valid_spec(tmp_path):
     assert spec.name == "pl94"
     assert [a.name for a in spec.attributes] == ["voting_age", "race", "age", "sex"]
     assert spec.attribute("age").values == ("0-17", "18-64", "65+")
-    assert [g.name for g in spec.groups] == ["detailed", "everyone"]
+    assert [g.name for g in spec.groups] == [
+        "detailed", "everyone", "pairs.voting_age.age", "pairs.voting_age.sex", "pairs.age.sex"]
+    assert [q.kind for _, q in spec.group("pairs.age.sex").queries] == ["prefix", "identity"]
+    assert spec.group("pairs.age.sex").targets.tolist() == [2.0] * 6
+    assert spec.group("pairs.voting_age.sex").targets.tolist() == [1.0] * 4
     assert spec.privacy.mode == "budget" and spec.blocks.max_cells == 4096
 
 
@@ -132,6 +139,9 @@ def _with_unknown_key(section: str) -> tuple[dict, str]:
     if section == "group":
         group["zzzz"] = 1
         return mapping, "queries[0]"
+    if section == "marginals":
+        mapping["queries"] = [{"name": "p", "marginals": {"order": 2, "zzzz": 1}, "target": 1}]
+        return mapping, "queries[0].marginals"
     if section == "level":
         del mapping["queries"]
         mapping["levels"] = [{"name": "n", "queries": [group], "zzzz": 1}]

@@ -19,6 +19,7 @@ from distfit.stores.checksum import compute_checksum
 from distfit.stores.files import chunk_shape, jsonable
 from distfit.stores.plan import (
     BLOCK_ARRAYS,
+    CERTIFICATE_ARRAYS,
     FORMAT_VERSION,
     BlockRecord,
     StoreError,
@@ -34,7 +35,9 @@ SPEC = {"name": "toy", "groups": [{"clique": ["age", "sex"], "target": 1.0}]}
 M = 10  # workload queries
 
 
-def make_block(block_id: str, attributes, k: int, d_b: int, m_b: int, seed: int) -> BlockRecord:
+def make_block(block_id: str, attributes, k: int, d_b: int, m_b: int, seed: int, certificate: bool = True) -> BlockRecord:
+    """A block with random arrays; ``certificate``: with dual weights (as every plan written
+    since they are kept), else without (as a plan written before)."""
     rng = np.random.default_rng(seed)
     basis = rng.standard_normal((k, d_b))
     recon = rng.standard_normal((m_b, k))
@@ -55,6 +58,8 @@ def make_block(block_id: str, attributes, k: int, d_b: int, m_b: int, seed: int)
         alpha=np.float64(profile.max()),  # numpy scalars must be stored as plain JSON
         lower_bound=float(profile.max()) * 0.999,
         solver={"dual_evaluations": np.int64(12), "stage": "dual", "final_t": 1e3},
+        cell_weights=rng.dirichlet(np.ones(d_b)) if certificate else None,
+        query_weights=rng.dirichlet(np.ones(m_b)) if certificate else None,
     )
 
 
@@ -62,7 +67,7 @@ def blocks3() -> list[BlockRecord]:
     return [
         make_block("age.sex", ["age", "sex"], k=5, d_b=6, m_b=4, seed=1),
         make_block("race", ["race"], k=3, d_b=4, m_b=3, seed=2),
-        make_block("empty_", [], k=1, d_b=1, m_b=2, seed=3),
+        make_block("empty_", [], k=1, d_b=1, m_b=2, seed=3, certificate=False),  # as written before certificates
     ]
 
 
@@ -162,8 +167,11 @@ def test_round_trip_three_blocks(tmp_path):
     for rec in plan.iter_blocks():
         seen.append(rec.block_id)
         orig = by_id[rec.block_id]
-        for name in BLOCK_ARRAYS:
+        for name in BLOCK_ARRAYS + CERTIFICATE_ARRAYS:
             got, want = getattr(rec, name), getattr(orig, name)
+            if want is None:  # a block without a certificate reads back without one
+                assert got is None and rec.block_id == "empty_", name
+                continue
             assert got.dtype == (np.int64 if name == "query_index" else np.float64), name
             assert got.shape == want.shape, name
             assert got.tobytes() == want.tobytes(), name  # bit for bit (incl. -0.0)
@@ -180,6 +188,10 @@ def test_round_trip_three_blocks(tmp_path):
     b = g["blocks/age.sex"]
     assert b["basis"].shape == (5, 6) and b["recon"].shape == (4, 5) and b["sigma"].shape == (5, 5)
     assert b["query_index"].dtype == np.int64 and b["profile"].shape == (6,)
+    assert b["cell_weights"].shape == (6,) and b["query_weights"].shape == (4,)
+    assert b["cell_weights"].metadata.dimension_names == ("cell",)
+    assert b["query_weights"].metadata.dimension_names == ("block_query",)
+    assert "cell_weights" not in g["blocks/empty_"]  # no certificate: no arrays
     assert dict(b.attrs)["attributes"] == ["age", "sex"]
 
     ok, stored, recomputed = verify_checksum(path)
@@ -493,6 +505,9 @@ def test_safe_block_ids(good):
     ("profile", np.zeros(2), "profile"),
     ("attributes", "age", "attributes"),
     ("solver", [1, 2], "solver"),
+    ("cell_weights", np.full(2, 0.5), "cell_weights"),  # d_b is 3
+    ("query_weights", np.ones((2, 1)), "query_weights"),
+    ("query_weights", None, "cell_weights/query_weights"),  # the certificate is both or neither
 ])
 def test_inconsistent_fields_are_named(value_field, value, named):
     rec = make_block("ok", ["age"], k=2, d_b=3, m_b=2, seed=0)
@@ -505,6 +520,20 @@ def test_plan_without_queries_is_refused(plan_copy):
     shutil.rmtree(path / "queries" / "variances")
     with pytest.raises(StoreError, match="missing array queries/variances"):
         read_plan(path)
+
+
+def test_a_block_with_half_a_certificate_is_refused(plan_copy):
+    """The weight arrays are optional together (a plan written before they were kept has
+    neither), not one at a time; the other block arrays are never optional."""
+    path, _ = plan_copy
+    shutil.rmtree(path / "blocks" / "race" / "query_weights")
+    plan = read_plan(path)
+    with pytest.raises(StoreError, match=r"blocks/race: cell_weights/query_weights: give both"):
+        plan.block("race")
+    assert plan.block("empty_").cell_weights is None  # neither: read as a block without a certificate
+    shutil.rmtree(path / "blocks" / "empty_" / "profile")
+    with pytest.raises(StoreError, match="blocks/empty_: missing array profile"):
+        plan.block("empty_")
 
 
 def test_bad_schema_is_refused(tmp_path):
@@ -587,7 +616,8 @@ def _unscaled(rec: BlockRecord, scale: float) -> BlockRecord:
     return BlockRecord(block_id=rec.block_id, attributes=rec.attributes, basis=rec.basis, recon=rec.recon,
                        query_index=rec.query_index, sigma=rec.sigma / scale, targets=rec.targets,
                        variances=rec.variances / scale, profile=rec.profile * scale, alpha=rec.alpha * scale,
-                       lower_bound=rec.lower_bound * scale, solver=rec.solver)
+                       lower_bound=rec.lower_bound * scale, solver=rec.solver,
+                       cell_weights=rec.cell_weights, query_weights=rec.query_weights)  # scale-free
 
 
 def test_promoted_drafts_make_the_same_store_as_write_block(template, tmp_path):

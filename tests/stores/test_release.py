@@ -12,7 +12,7 @@ import pytest
 import yaml
 import zarr
 
-import distfit.stores.release as stores_release
+import distfit.stores.release_chunks as release_chunks
 from distfit.plan.job import run_plan
 from distfit.release.job import run_release
 from distfit.spec.parse import load_spec
@@ -20,13 +20,13 @@ from distfit.stores.checksum import compute_checksum
 from distfit.stores.data import write_synthetic
 from distfit.stores.release import (
     ANSWER_COMPRESSORS,
-    ChunkSync,
     ReleaseError,
     answer_chunks,
     read_release,
     release_state,
     verify_release,
 )
+from distfit.stores.release_chunks import ChunkSync
 from tests.reference import SMALL_SPEC
 
 UNITS, CHUNK = 50, 8  # 7 chunks, the last one short
@@ -97,8 +97,8 @@ def test_seal_checksum_is_the_store_checksum(inputs, tmp_path, string_ids):
     result = run_release(inputs["plan"], str(data), out, seed=SEED, serial=True, fsync=False)
     group = zarr.open_group(store=str(out), mode="r")
     assert (np.dtype(group["unit_ids"].dtype).kind in "TUO") == string_ids
-    seal_read = compute_checksum(group, threads=stores_release.SEAL_READ_THREADS,
-                                 read_bytes=stores_release.SEAL_READ_BYTES)
+    seal_read = compute_checksum(group, threads=release_chunks.SEAL_READ_THREADS,
+                                 read_bytes=release_chunks.SEAL_READ_BYTES)
     assert seal_read == compute_checksum(group) == result.checksum
     # one zarr chunk per read: many slabs per array
     assert compute_checksum(group, threads=1, read_bytes=1) == result.checksum

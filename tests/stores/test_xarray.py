@@ -41,6 +41,7 @@ PLAN_DIMS = {
     "blocks/*/query_index": ("block_query",), "blocks/*/sigma": ("basis_row", "basis_col"),
     "blocks/*/targets": ("block_query",), "blocks/*/variances": ("block_query",),
     "blocks/*/profile": ("cell",),
+    "blocks/*/cell_weights": ("cell",), "blocks/*/query_weights": ("block_query",),  # the dual certificate
 }
 RELEASE_DIMS = {
     "blocks/*/answers": ("unit", "block_query"), "blocks/*/block_query": ("block_query",),
@@ -125,7 +126,8 @@ def test_plan_opens_whole_and_matches_read_plan(stores):
         node = tree[f"blocks/{block.block_id}"]
         m_b, k, d_b = block.shape
         assert dict(node.sizes) == {"block_query": m_b, "basis_row": k, "basis_col": k, "cell": d_b}
-        for name in ("basis", "recon", "query_index", "sigma", "targets", "variances", "profile"):
+        for name in ("basis", "recon", "query_index", "sigma", "targets", "variances", "profile",
+                     "cell_weights", "query_weights"):
             np.testing.assert_array_equal(node[name].values, getattr(block, name), err_msg=name)
         assert node.attrs["attributes"] == list(block.attributes)
     # a plan has no coordinate arrays: its checksum is the one the same plan had before (the

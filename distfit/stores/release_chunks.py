@@ -1,0 +1,390 @@
+"""Writing a release's chunks: the task's writer, fsync and checksum as the chunks land.
+
+What runs while the chunks of a release are written (the store's layout, lifecycle and reader
+are :mod:`distfit.stores.release`; the orchestration :func:`distfit.release.job.run_release`):
+
+* in each task, :class:`ChunkWriter` (:func:`write_chunk`) writes a chunk's arrays: whole
+  chunks of uncompressed arrays as raw chunk files (:func:`raw_chunks`), the rest by zarr, and
+  last the chunk's ``chunks/done`` entry;
+* in the driver, as each chunk is reported done, :class:`ChunkSync` fsyncs its files and
+  :class:`ReleaseHasher` feeds its rows to the store checksum (read back with
+  :func:`read_rows`), so that the seal finds the files on disk and the digest computed.
+
+Where the time went before (1M PL94 units, 2 workers; benchmarks/README.md): zarr's write
+pipeline cost 8.4 ms of CPU per 10 MB answer chunk against 1.5 ms for the file write itself,
+and ~4 ms per call for the ids and the done marker; the seal read and hashed the whole store
+after the last chunk.
+"""
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import threading
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, Iterator, Mapping
+
+import numpy as np
+import zarr
+from zarr.codecs import BytesCodec
+
+from distfit.stores.checksum import compute_checksum
+from distfit.stores.files import fsync_file
+
+#: How the seal reads the store for its checksum (:func:`distfit.stores.checksum.compute_checksum`,
+#: the same digest as every reader's): whole zarr chunks of answers, at least this many bytes a
+#: read, on one thread, the next slab read while this one is hashed. A release is a few large
+#: arrays, so the plan's default (8 threads, 64 MiB slabs) only adds memory: 0.5-0.6 s this way
+#: for a 100k-unit PL94 release here (benchmarks/README.md).
+SEAL_READ_BYTES = 8 * 2**20
+SEAL_READ_THREADS = 1
+
+
+#: Chunk files are written and read with ``O_DIRECT`` (Linux) where the file is a whole number
+#: of :data:`DIRECT_ALIGN` blocks (a 4096-unit chunk always is) and the filesystem takes it,
+#: else through the page cache. Copying into the page cache cost more CPU than anything but the
+#: noise's own arithmetic: 4.5 of 27 CPU-s of a 1M-unit PL94 release here (perf: the kernel's
+#: copy_folio_from_iter_atomic, ~0.6 GB/s), against 0.3 CPU-s written direct (1.8 GB/s); the
+#: seal's checksum reads the files back direct too (2.4 GB/s, no copy into the cache).
+DIRECT_IO = hasattr(os, "O_DIRECT")
+DIRECT_ALIGN = 4096  # bytes: the buffer address, file offsets and sizes of a direct transfer
+_NOT_DIRECT = (errno.EINVAL, errno.EOPNOTSUPP, errno.ENOTSUP)  # refused by the filesystem
+
+
+def aligned_empty(nbytes: int) -> np.ndarray:
+    """An uninitialised uint8 array of ``nbytes`` whose address is a multiple of
+    :data:`DIRECT_ALIGN` (what ``O_DIRECT`` transfers need)."""
+    raw = np.empty(nbytes + DIRECT_ALIGN, dtype=np.uint8)
+    start = (-raw.ctypes.data) % DIRECT_ALIGN
+    return raw[start:start + nbytes]
+
+
+def write_file(path: Path, data: np.ndarray, direct: bool = DIRECT_IO) -> bool:
+    """Write the bytes of ``data`` (C-contiguous) to a new file at ``path``: with ``O_DIRECT``
+    when ``direct`` and the size is a whole number of :data:`DIRECT_ALIGN` blocks (copied into
+    an aligned buffer if need be), else, or if the filesystem refuses it, through the page
+    cache. Returns whether direct I/O is still worth trying (False once refused)."""
+    view = memoryview(data).cast("B")
+    if direct and view.nbytes and view.nbytes % DIRECT_ALIGN == 0:
+        if data.ctypes.data % DIRECT_ALIGN:
+            aligned = aligned_empty(view.nbytes)
+            aligned[...] = np.frombuffer(view, dtype=np.uint8)
+            view = memoryview(aligned)
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_DIRECT, 0o666)
+        except OSError as error:
+            if error.errno not in _NOT_DIRECT:
+                raise
+            direct = False
+        else:
+            try:
+                written = os.write(fd, view)
+            except OSError as error:
+                if error.errno not in _NOT_DIRECT:
+                    raise
+                written, direct = -1, False
+            finally:
+                os.close(fd)
+            if written == view.nbytes:
+                return True
+    with open(path, "wb") as f:  # truncates whatever a refused or short direct write left
+        f.write(view)
+    return direct
+
+
+def read_file(path: Path, out: np.ndarray) -> bool:
+    """Fill ``out`` (C-contiguous) with the first ``out.nbytes`` bytes of the file at ``path``,
+    with ``O_DIRECT`` where :func:`write_file` would write it; False if the file is shorter."""
+    view = memoryview(out).cast("B")
+    if DIRECT_IO and view.nbytes % DIRECT_ALIGN == 0 and out.ctypes.data % DIRECT_ALIGN == 0:
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
+        except OSError as error:
+            if error.errno not in _NOT_DIRECT:
+                raise
+        else:
+            try:
+                got = os.readv(fd, [view])
+            except OSError as error:
+                if error.errno not in _NOT_DIRECT:
+                    raise
+                got = -1
+            finally:
+                os.close(fd)
+            if got == view.nbytes:
+                return True
+    with open(path, "rb", buffering=0) as f:
+        filled = 0
+        while filled < view.nbytes:
+            got = f.readinto(view[filled:])
+            if not got:
+                return False
+            filled += got
+    return True
+
+
+def write_chunk(release: "str | ChunkWriter", chunk: int, start: int, block_answers: Mapping[str, np.ndarray],
+                query_answers: np.ndarray, unit_ids: np.ndarray) -> None:
+    """Write release chunk ``chunk`` (rows ``start:start + len(unit_ids)``) through ``release``
+    (a :class:`ChunkWriter`, or the store's path: opened for this chunk): the answers of the
+    blocks in ``block_answers`` (exactly those the store holds, :func:`stored_blocks`), the
+    query answers and the unit ids (``unit_ids`` and its coordinate twin ``unit``, absent from
+    a release laid out before it, resumed), then, last, ``chunks/done[chunk] = 1``.
+    Runs in a task, on any worker; the rows are whole zarr chunks that no other chunk touches."""
+    writer = release if isinstance(release, ChunkWriter) else ChunkWriter(release)
+    writer.write(chunk, start, block_answers, query_answers, unit_ids)
+
+
+class ChunkWriter:
+    """The release store at ``release_path`` opened by a task to write its chunks
+    (:func:`write_chunk`); arrays are looked up once, on first use.
+
+    Answer arrays, numeric unit ids and the done markers are laid out uncompressed
+    (:func:`distfit.stores.release.create_release`): a chunk's file is the rows' little-endian
+    bytes in C order, padded to the chunk's shape with the fill value at the array's end
+    (:func:`raw_chunks`). Whole chunks of such an array are written as exactly those bytes
+    (:meth:`write_rows`), atomically as zarr does (a temporary file renamed over the chunk's
+    key), without zarr's encoding pipeline: 1.5 instead of 8.4 ms of CPU per 10 MB chunk here,
+    and ~0.3 instead of ~4 ms per id or done-marker write. Anything else (string ids, the zstd
+    ids of a store laid out before, resumed; a part of a chunk) is written by zarr."""
+
+    def __init__(self, release_path: str) -> None:
+        self._path = Path(release_path)
+        self._root = zarr.open_group(store=str(release_path), mode="r+", zarr_format=3)
+        self._arrays: dict[str, Any] = {}
+        self._direct = DIRECT_IO
+
+    def _array(self, name: str):
+        if name not in self._arrays:
+            self._arrays[name] = self._root[name] if name != "unit" or "unit" in self._root else None
+        return self._arrays[name]
+
+    def write(self, chunk: int, start: int, block_answers: Mapping[str, np.ndarray], query_answers: np.ndarray,
+              unit_ids: np.ndarray) -> None:
+        """:func:`write_chunk`."""
+        for block_id, answers in block_answers.items():
+            self.write_rows(f"blocks/{block_id}/answers", start, answers)
+        self.write_rows("queries/answers", start, query_answers)
+        for name in ("unit_ids", "unit"):
+            if self._array(name) is not None:
+                self.write_rows(name, start, unit_ids)
+        self.write_rows("chunks/done", chunk, np.ones(1, dtype=np.uint8))
+
+    def write_rows(self, name: str, start: int, rows: np.ndarray) -> None:
+        """``array[start:start + len(rows)] = rows``: as raw chunk files where that is exact
+        (:func:`raw_chunks`: whole chunks of rows, or the rows up to the array's end), else
+        through zarr."""
+        arr = self._array(name)
+        rows = np.asarray(rows)
+        stop = start + rows.shape[0]
+        chunks = tuple(int(c) for c in arr.chunks)
+        if not (raw_chunks(arr) and rows.shape[1:] == tuple(arr.shape[1:]) and start % chunks[0] == 0
+                and (stop % chunks[0] == 0 or stop == arr.shape[0])):
+            arr[start:stop] = rows
+            return
+        dtype = np.dtype(arr.dtype).newbyteorder("<")
+        for r0 in range(start, stop, chunks[0]):
+            piece = rows[r0 - start:min(r0 + chunks[0], stop) - start]
+            if piece.shape[0] < chunks[0]:  # the array's edge: stored at the chunk's shape, padded
+                padded = np.full(chunks, arr.metadata.fill_value, dtype=dtype)
+                padded[:piece.shape[0]] = piece
+                piece = padded
+            data = np.ascontiguousarray(piece, dtype=dtype)
+            key = _chunk_file(self._path, name, arr, r0 // chunks[0])
+            key.parent.mkdir(parents=True, exist_ok=True)
+            partial = key.with_name(f"{key.name}.{uuid.uuid4().hex}.partial")
+            try:
+                self._direct = write_file(partial, data, self._direct)
+                os.replace(partial, key)
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    os.unlink(partial)
+                raise
+
+
+def raw_chunks(arr: zarr.Array) -> bool:
+    """Whether each chunk file of ``arr`` is its rows' raw bytes: a numeric array stored
+    uncompressed (the one ``bytes`` codec, little-endian) and chunked over its first axis only;
+    a chunk at the array's end is stored at the full chunk shape, padded with the fill value."""
+    codecs = arr.metadata.codecs
+    dtype = np.dtype(arr.dtype)
+    endian = getattr(codecs[0], "endian", None) if codecs else None
+    return (len(codecs) == 1 and isinstance(codecs[0], BytesCodec)
+            and (str(getattr(endian, "value", endian)) == "little" or (endian is None and dtype.itemsize == 1))
+            and dtype.kind in "fiub" and len(arr.shape) >= 1
+            and tuple(int(c) for c in arr.chunks[1:]) == tuple(int(n) for n in arr.shape[1:]))
+
+
+def _chunk_file(root: Path, name: str, arr: zarr.Array, index: int) -> Path:
+    return root / name / arr.metadata.encode_chunk_key((index,) + (0,) * (len(arr.shape) - 1))
+
+
+def read_rows(root: Path, name: str, arr: zarr.Array, where: slice) -> np.ndarray:
+    """``arr[where]`` (a slice of rows starting on a chunk boundary) read from the raw chunk
+    files where :func:`raw_chunks` allows, each file read straight into the result
+    (:func:`read_file`: direct I/O where it applies); else, or if a file is missing or short,
+    through zarr."""
+    start, stop = where.start or 0, min(int(arr.shape[0]), where.stop if where.stop is not None else arr.shape[0])
+    rows = int(arr.chunks[0])
+    if not raw_chunks(arr) or start % rows or stop <= start:
+        return arr[where]
+    first, last = start // rows, (stop - 1) // rows
+    dtype = np.dtype(arr.dtype).newbyteorder("<")
+    shape = ((last - first + 1) * rows,) + tuple(int(n) for n in arr.shape[1:])
+    out = aligned_empty(int(np.prod(shape)) * dtype.itemsize).view(dtype).reshape(shape)
+    for k, index in enumerate(range(first, last + 1)):
+        try:
+            if not read_file(_chunk_file(root, name, arr, index), out[k * rows:(k + 1) * rows]):
+                return arr[where]
+        except FileNotFoundError:
+            return arr[where]
+    return out[:stop - start]
+
+
+def chunk_arrays(root: zarr.Group) -> list[str]:
+    """The arrays the chunks write (:func:`write_chunk`), sorted: the stored blocks' answers,
+    ``chunks/done``, ``queries/answers``, ``unit`` (when laid out) and ``unit_ids``."""
+    names = [f"blocks/{b}/answers" for b in stored_blocks(root)] + [
+        "queries/answers", "unit_ids", *(["unit"] if "unit" in root else []), "chunks/done"]
+    return sorted(names)
+
+
+def stored_blocks(root: zarr.Group) -> tuple[str, ...]:
+    """The blocks whose ``answers`` array the store holds (all but the derived ones; all of them
+    in a release laid out before derived blocks), sorted."""
+    blocks = root["blocks"]
+    return tuple(sorted(b for b in blocks.group_keys() if "answers" in blocks[b]))
+
+
+class ChunkSync:
+    """fsync each finished chunk's files on a driver thread while later chunks are computed.
+
+    Without it the seal's fsync (``fsync_tree``) waits for every written byte to reach the
+    disk at the very end (about a second per 500 MB here); with it the writeback overlaps the
+    chunk tasks and the seal finds the files clean. An optimisation only: errors are ignored
+    here (a file not there yet, a path this code cannot guess), because the seal still fsyncs
+    every file and directory of the store and raises on failure."""
+
+    def __init__(self, root: zarr.Group, path: Path, units: int, chunk_units: int) -> None:
+        self._path = path
+        self._units, self._chunk_units = units, chunk_units
+        self._arrays = []
+        for name in chunk_arrays(root):
+            arr = root[name]
+            self._arrays.append((name, arr.metadata, tuple(int(c) for c in arr.chunks), tuple(arr.shape)))
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="distfit-fsync")
+
+    def _files(self, chunk: int) -> Iterator[Path]:
+        start = chunk * self._chunk_units
+        stop = min(start + self._chunk_units, self._units)
+        for name, metadata, chunks, shape in self._arrays:
+            if name == "chunks/done":
+                rows = range(chunk, chunk + 1)
+            else:
+                rows = range(start // chunks[0], -(-stop // chunks[0]))
+            cols = range(-(-shape[1] // chunks[1])) if len(shape) == 2 else [None]
+            for i in rows:
+                for j in cols:
+                    key = metadata.encode_chunk_key((i,) if j is None else (i, j))
+                    yield self._path / name / key
+
+    def _sync(self, chunk: int) -> None:
+        for file in self._files(chunk):
+            with contextlib.suppress(OSError):
+                fsync_file(str(file))
+
+    def __call__(self, chunk: int) -> None:
+        self._pool.submit(self._sync, chunk)
+
+    def close(self, cancel: bool = False) -> None:
+        """Wait for the queued fsyncs (call before the seal's own fsync); ``cancel``: drop the
+        ones not started (the release failed)."""
+        self._pool.shutdown(wait=True, cancel_futures=cancel)
+
+
+class ReleaseHasher:
+    """The seal's checksum computed while the chunks are written, on a driver thread.
+
+    :func:`distfit.stores.checksum.compute_checksum` over the store, in its documented order,
+    with a reader that waits until the rows of a slab of an array the chunks write
+    (:func:`chunk_arrays`) belong to chunks reported done (:meth:`chunk_done`; the ones done
+    when it starts, on ``--resume``, count) and then reads them back, hot in the page cache.
+    ``chunks/done`` is hashed as the all-ones it must hold when sealed, which :func:`seal`
+    checks before taking the digest. The first answer array in hash order (for a single-block
+    plan the only one, ``queries/answers``) is hashed as its chunks land, so the seal no
+    longer reads and hashes the whole store after the last chunk (2.6 GB at 1M PL94 units);
+    later arrays are hashed once their chunks are all in; raw chunk files are read straight
+    into the slab (:func:`read_rows`). Memory: one slab (:data:`SEAL_READ_BYTES`) read ahead.
+    The digest is the one a reading of the finished store gives (``compute_checksum``, what
+    every ``verify_release`` recomputes)."""
+
+    def __init__(self, root: zarr.Group, path: Path, units: int, chunk_units: int) -> None:
+        self._path = Path(path)
+        self._done = np.asarray(root["chunks/done"][...]) == 1
+        self._chunk_units = chunk_units
+        self._written = set(chunk_arrays(root))
+        self._condition = threading.Condition()
+        self._cancelled = False
+        self._digest: str | None = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, args=(root,), name="distfit-release-checksum", daemon=True)
+        self._thread.start()
+
+    def _run(self, root: zarr.Group) -> None:
+        try:
+            self._digest = compute_checksum(root, threads=SEAL_READ_THREADS, read_bytes=SEAL_READ_BYTES,
+                                            read=self._read)
+        except BaseException as error:  # noqa: BLE001 - result() reports it (the seal then rereads)
+            self._error = error
+
+    def _read(self, name: str, arr: zarr.Array, where: Any) -> np.ndarray:
+        if name == "chunks/done":
+            return np.ones(arr.shape, dtype=arr.dtype)  # as sealed (seal checks it)
+        if name in self._written and isinstance(where, slice):
+            first = where.start // self._chunk_units
+            last = (min(where.stop, arr.shape[0]) - 1) // self._chunk_units
+            with self._condition:
+                self._condition.wait_for(lambda: self._cancelled or self._done[first:last + 1].all())
+                if self._cancelled:
+                    raise RuntimeError("release checksum cancelled")
+            return read_rows(self._path, name, arr, where)
+        return arr[where]
+
+    def chunk_done(self, chunk: int) -> None:
+        """Chunk ``chunk`` is written (its task returned): its rows may be hashed."""
+        with self._condition:
+            self._done[chunk] = True
+            self._condition.notify_all()
+
+    def result(self) -> str | None:
+        """The digest, once every chunk is done (waits); None if hashing failed."""
+        self._thread.join()
+        return self._digest if self._error is None else None
+
+    def cancel(self) -> None:
+        """Stop hashing (the release failed) and wait for the thread to end."""
+        with self._condition:
+            self._cancelled = True
+            self._condition.notify_all()
+        self._thread.join()
+
+
+__all__ = [
+    "ChunkSync",
+    "ChunkWriter",
+    "ReleaseHasher",
+    "DIRECT_ALIGN",
+    "DIRECT_IO",
+    "SEAL_READ_BYTES",
+    "SEAL_READ_THREADS",
+    "aligned_empty",
+    "chunk_arrays",
+    "raw_chunks",
+    "read_file",
+    "read_rows",
+    "stored_blocks",
+    "write_chunk",
+    "write_file",
+]

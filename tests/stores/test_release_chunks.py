@@ -1,0 +1,140 @@
+"""distfit.stores.release_chunks: raw chunk files, and the checksum hashed as chunks land.
+
+The end-to-end release (layout, resume, clusters) is tests/release/test_job.py; here the pieces
+are checked against zarr itself and against compute_checksum of the finished store."""
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import zarr
+
+import distfit.stores.release_chunks as release_chunks
+from distfit.release.job import run_release
+from distfit.stores.checksum import compute_checksum
+from distfit.stores.data import write_synthetic
+from distfit.stores.release import seal
+from distfit.stores.release_chunks import ChunkWriter, ReleaseHasher, raw_chunks, read_rows
+
+ROWS, CHUNK = 23, 5  # the last chunk holds 3 rows: stored padded to 5
+
+
+def _arrays(group: zarr.Group, compressors) -> None:
+    config = {"write_empty_chunks": True}
+    group.create_array("answers", shape=(ROWS, 7), dtype=np.float64, chunks=(CHUNK, 7), compressors=compressors,
+                       config=config)
+    group.create_array("ids", shape=(ROWS,), dtype=np.int64, chunks=(CHUNK,), compressors=compressors, config=config)
+    group.create_array("done", shape=(5,), dtype=np.uint8, chunks=(1,), fill_value=0, compressors=compressors,
+                       config=config)
+    group.create_array("wide", shape=(ROWS, 8), dtype=np.float64, chunks=(CHUNK, 4), compressors=None, config=config)
+
+
+def _files(path: Path) -> dict[str, bytes]:
+    return {f.relative_to(path).as_posix(): f.read_bytes() for f in path.rglob("*")
+            if f.is_file() and f.name != "zarr.json"}
+
+
+@pytest.mark.parametrize("compressors", [None, "auto"])
+def test_raw_chunk_files_are_the_files_zarr_writes(tmp_path, compressors):
+    """write_rows writes exactly the files zarr writes (raw where raw_chunks says so, through
+    zarr otherwise), and read_rows reads back what zarr reads, edge chunk included."""
+    ours, theirs = tmp_path / "ours.zarr", tmp_path / "theirs.zarr"
+    for path in (ours, theirs):
+        _arrays(zarr.open_group(str(path), mode="w", zarr_format=3), compressors)
+    rng = np.random.default_rng(1)
+    answers, ids, wide = rng.normal(size=(ROWS, 7)), rng.integers(0, 1 << 40, ROWS), rng.normal(size=(ROWS, 8))
+    answers[0, 0] = -0.0
+    writer = ChunkWriter(str(ours))
+    plain = zarr.open_group(str(theirs), mode="r+")
+    for chunk, start in enumerate(range(0, ROWS, CHUNK)):
+        stop = min(start + CHUNK, ROWS)
+        writer.write_rows("answers", start, answers[start:stop])
+        writer.write_rows("ids", start, ids[start:stop])
+        writer.write_rows("done", chunk, np.ones(1, np.uint8))
+        writer.write_rows("wide", start, wide[start:stop])  # chunked over columns: zarr writes it
+        plain["answers"][start:stop] = answers[start:stop]
+        plain["ids"][start:stop] = ids[start:stop]
+        plain["done"][chunk] = 1
+        plain["wide"][start:stop] = wide[start:stop]
+    assert _files(ours) == _files(theirs)
+    assert not list(ours.rglob("*.partial"))
+    group = zarr.open_group(str(ours), mode="r")
+    assert raw_chunks(group["answers"]) == raw_chunks(group["ids"]) == raw_chunks(group["done"]) == (compressors is None)
+    assert not raw_chunks(group["wide"])
+    for name, rows in (("answers", slice(0, 10)), ("answers", slice(20, 25)), ("answers", slice(5, 23)),
+                       ("ids", slice(15, 30)), ("done", slice(0, 5)), ("wide", slice(0, 10))):
+        got = read_rows(ours, name, group[name], rows)
+        assert got.tobytes() == np.asarray(group[name][rows]).tobytes(), (name, rows)
+
+
+@pytest.fixture(scope="module")
+def release(small_plan, tmp_path_factory):
+    """A sealed multi-block release with string-free ids (7 chunks of 8 units, the last short)."""
+    root = tmp_path_factory.mktemp("hasher")
+    data = root / "data.zarr"
+    write_synthetic(small_plan.spec, 50, data, seed=1, chunk_units=8)
+    out = root / "r.zarr"
+    result = run_release(small_plan.plan, data, out, seed=3, serial=True, fsync=False)
+    return {"path": out, "checksum": result.checksum, "plan": small_plan.plan}
+
+
+def test_hasher_waits_for_chunks_and_gives_the_store_checksum(release, tmp_path):
+    """Chunks reported done in any order (some done already, as on --resume): the digest is
+    compute_checksum's of the finished store; rows of chunks not yet done are never read."""
+    group = zarr.open_group(str(release["path"]), mode="r")
+    assert compute_checksum(group) == release["checksum"]
+    group = zarr.open_group(str(release["path"]), mode="r+")
+    done = group["chunks/done"]
+    done[[1, 4, 6]] = 0  # as if those chunks were still to come
+    read: list[tuple[str, int, int]] = []
+
+    class Spy(ReleaseHasher):
+        def _read(self, name, arr, where):
+            out = super()._read(name, arr, where)
+            if isinstance(where, slice) and name in self._written:
+                read.append((name, where.start, min(where.stop, arr.shape[0])))
+            return out
+
+    try:
+        hasher = Spy(group, release["path"], 50, 8)
+        time.sleep(0.3)
+        first = list(read)
+        assert hasher._thread.is_alive()  # waiting for chunk 1 of the first answer array
+        assert all(stop <= 8 for _name, _start, stop in first if _name != "chunks/done"), first
+        for chunk in (6, 1, 4):
+            hasher.chunk_done(chunk)
+        assert hasher.result() == release["checksum"]
+    finally:
+        done[...] = 1
+
+
+def test_cancelled_hasher_stops_and_a_failed_one_leaves_the_seal_to_hash(release, tmp_path, monkeypatch):
+    group = zarr.open_group(str(release["path"]), mode="r+")
+    group["chunks/done"][3] = 0
+    try:
+        hasher = ReleaseHasher(group, release["path"], 50, 8)
+        threading.Timer(0.2, hasher.cancel).start()
+        assert hasher.result() is None  # cancelled while waiting for chunk 3
+        assert not hasher._thread.is_alive()
+    finally:
+        group["chunks/done"][3] = 1
+
+    calls = []
+    real = release_chunks.compute_checksum
+
+    def failing(group, **kwargs):
+        calls.append(kwargs.get("read"))
+        if kwargs.get("read") is not None:
+            raise OSError("read failed")
+        return real(group, **kwargs)
+
+    monkeypatch.setattr(release_chunks, "compute_checksum", failing)
+    hasher = ReleaseHasher(group, release["path"], 50, 8)
+    assert hasher.result() is None
+    # the seal then hashes the store itself (stores.release.compute_checksum): the same digest
+    assert seal(group, release["path"], plan_path=release["plan"], plan_checksum=zarr.open_group(
+        release["plan"], mode="r").attrs["checksum"], fsync=False, hasher=hasher) == release["checksum"]
+    assert calls and calls[0] is not None
