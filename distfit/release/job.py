@@ -33,8 +33,8 @@ Audit: the plan must pass :func:`distfit.audit.audit_plan` before anything is wr
 driver audits it itself, unless its caller already did and passes the report (``audit=``;
 ``distfit run`` does, so a run audits and hashes the plan once before the release): then the
 plan read must still hold the audited checksum (a comparison of the stored attr, no rehash).
-Workers reading the plan's blocks (:func:`distfit.release.tasks.plan_blocks_task`) compare the stored checksum the
-same way.
+Workers reading the plan's blocks (:func:`distfit.release.tasks.plan_blocks_task`) compare the
+stored checksum the same way.
 
 Lifecycle. A new release is built *at the final path* with ``complete=False``: every reader
 (:func:`distfit.stores.release.read_release`) refuses it; only ``--resume`` opens it. A Dask task
@@ -54,8 +54,11 @@ cluster's worker processes spawn and import while the driver audits the plan and
 a ``--resume`` starts it only if chunks are missing) and shut down while the driver seals. A
 worker prepares the plan's blocks once (``prepare_blocks``: Cholesky factors, the float32 basis
 of the exact basis product), then per chunk draws the noise and does the two float64 products
-of the mechanism, bit for bit as ever; the chunk's files are written raw
-(:class:`distfit.stores.release_chunks.ChunkWriter`). As each chunk is reported done, driver
+of the mechanism, bit for bit as ever; the chunk's files are written raw, with direct I/O where
+the filesystem allows, on a writer thread while the next chunk is computed
+(:class:`distfit.stores.release_chunks.ChunkWriter`). The worker-side code is
+:mod:`distfit.release.tasks`, so a worker imports none of the driver's modules. Tasks run in
+the order submitted (:func:`distfit.cluster.run_tasks`). As each chunk is reported done, driver
 threads fsync its files (:class:`distfit.stores.release_chunks.ChunkSync`) and feed it to the
 store checksum (:class:`distfit.stores.release_chunks.ReleaseHasher`), so the seal finds the
 files on disk and the digest computed. The driver's linear algebra (the audit) and each chunk
@@ -162,9 +165,11 @@ class ReleaseResult:
 
 def _run_serial(job: ChunkJob, blocks, pending: Iterable[int]) -> Iterator[tuple[int, int]]:
     data = open_data(job.data_path)
-    writer = ChunkWriter(job.release_path)
-    for chunk in pending:
-        yield chunk, release_chunk_task(job, blocks, chunk, data=data, writer=writer)
+    with ChunkWriter(job.release_path) as writer:
+        for chunk in pending:
+            units = release_chunk_task(job, blocks, chunk, data=data, writer=writer)
+            writer.flush()  # written before the chunk is reported (fsync, checksum, after_chunk)
+            yield chunk, units
 
 
 def _run_dask(client, job: ChunkJob, plan_path: str, plan_checksum: str,

@@ -67,7 +67,8 @@ def release_chunk_task(job: ChunkJob, blocks: Mapping[str, Any], chunk: int, *, 
     validated as read: a ValueError naming the chunk and the bad row/cell, with nothing
     written) and writes the answers of the blocks that store them (``job.stored``),
     ``queries/answers`` and ``unit_ids`` for its rows and, last, ``chunks/done[chunk] = 1``
-    (:func:`distfit.stores.release_chunks.write_chunk`, through ``writer`` when given).
+    (:func:`distfit.stores.release_chunks.write_chunk`: written before this returns, or, through
+    ``writer``, queued: written once the writer is flushed).
     Deterministic in its arguments, so a retry rewrites identical bytes. Returns the number of
     units written (never the answers).
     """
@@ -95,8 +96,8 @@ def release_chunks_task(job: ChunkJob, blocks: Mapping[str, Any], chunks: tuple[
     is marked done as it is written, so an interrupted task leaves its finished chunks done;
     a retry redraws and rewrites the task's chunks with identical bytes."""
     data = open_data(job.data_path)
-    writer = ChunkWriter(job.release_path)
-    return tuple((chunk, release_chunk_task(job, blocks, chunk, data=data, writer=writer)) for chunk in chunks)
+    with ChunkWriter(job.release_path) as writer:  # leaving it waits for the last chunk's writes
+        return tuple((chunk, release_chunk_task(job, blocks, chunk, data=data, writer=writer)) for chunk in chunks)
 
 
 #: Units per Dask task, at most (:func:`task_chunks`): a few release chunks per task, so that

@@ -47,18 +47,18 @@ def test_raw_chunk_files_are_the_files_zarr_writes(tmp_path, compressors):
     rng = np.random.default_rng(1)
     answers, ids, wide = rng.normal(size=(ROWS, 7)), rng.integers(0, 1 << 40, ROWS), rng.normal(size=(ROWS, 8))
     answers[0, 0] = -0.0
-    writer = ChunkWriter(str(ours))
     plain = zarr.open_group(str(theirs), mode="r+")
-    for chunk, start in enumerate(range(0, ROWS, CHUNK)):
-        stop = min(start + CHUNK, ROWS)
-        writer.write_rows("answers", start, answers[start:stop])
-        writer.write_rows("ids", start, ids[start:stop])
-        writer.write_rows("done", chunk, np.ones(1, np.uint8))
-        writer.write_rows("wide", start, wide[start:stop])  # chunked over columns: zarr writes it
-        plain["answers"][start:stop] = answers[start:stop]
-        plain["ids"][start:stop] = ids[start:stop]
-        plain["done"][chunk] = 1
-        plain["wide"][start:stop] = wide[start:stop]
+    with ChunkWriter(str(ours)) as writer:
+        for chunk, start in enumerate(range(0, ROWS, CHUNK)):
+            stop = min(start + CHUNK, ROWS)
+            writer.write_rows("answers", start, answers[start:stop])
+            writer.write_rows("ids", start, ids[start:stop])
+            writer.write_rows("done", chunk, np.ones(1, np.uint8))
+            writer.write_rows("wide", start, wide[start:stop])  # chunked over columns: zarr writes it
+            plain["answers"][start:stop] = answers[start:stop]
+            plain["ids"][start:stop] = ids[start:stop]
+            plain["done"][chunk] = 1
+            plain["wide"][start:stop] = wide[start:stop]
     assert _files(ours) == _files(theirs)
     assert not list(ours.rglob("*.partial"))
     group = zarr.open_group(str(ours), mode="r")
@@ -138,3 +138,63 @@ def test_cancelled_hasher_stops_and_a_failed_one_leaves_the_seal_to_hash(release
     assert seal(group, release["path"], plan_path=release["plan"], plan_checksum=zarr.open_group(
         release["plan"], mode="r").attrs["checksum"], fsync=False, hasher=hasher) == release["checksum"]
     assert calls and calls[0] is not None
+
+
+@pytest.mark.parametrize("direct", [True, False])
+def test_direct_io_writes_and_reads_the_same_bytes(tmp_path, monkeypatch, direct):
+    """Whole 4096-byte blocks go through O_DIRECT where the filesystem takes it (from an
+    unaligned array too: copied into an aligned buffer), anything else through the page cache;
+    either way the files are zarr's bytes, and read_rows reads them back."""
+    monkeypatch.setattr(release_chunks, "DIRECT_IO", direct and release_chunks.DIRECT_IO)
+    rows, width, units = 512, 8, 1300  # 32 KiB chunks; the last one (276 rows) padded
+    ours, theirs = tmp_path / "ours.zarr", tmp_path / "theirs.zarr"
+    for path in (ours, theirs):
+        zarr.open_group(str(path), mode="w", zarr_format=3).create_array(
+            "answers", shape=(units, width), dtype=np.float64, chunks=(rows, width), compressors=None,
+            config={"write_empty_chunks": True})
+    data = np.random.default_rng(4).normal(size=(units + 1, width))[1:]  # a view 64 bytes in: unaligned
+    with ChunkWriter(str(ours)) as writer:
+        for start in range(0, units, rows):
+            writer.write_rows("answers", start, data[start:start + rows])
+            zarr.open_group(str(theirs), mode="r+")["answers"][start:start + rows] = data[start:start + rows]
+    assert _files(ours) == _files(theirs)
+    arr = zarr.open_group(str(ours), mode="r")["answers"]
+    np.testing.assert_array_equal(read_rows(ours, "answers", arr, slice(0, 2 * rows)), data[:2 * rows])
+    np.testing.assert_array_equal(read_rows(ours, "answers", arr, slice(1024, 1536)), data[1024:])
+    # the primitives: an aligned file size is written direct when the filesystem allows it
+    block = np.arange(4096, dtype=np.uint8)
+    went_direct = release_chunks.write_file(tmp_path / "f", block)
+    assert went_direct is False if not direct else isinstance(went_direct, bool)
+    out = release_chunks.aligned_empty(4096)
+    assert out.ctypes.data % release_chunks.DIRECT_ALIGN == 0
+    assert release_chunks.read_file(tmp_path / "f", out) and out.tobytes() == block.tobytes()
+    assert not release_chunks.read_file(tmp_path / "f", release_chunks.aligned_empty(8192))  # short file
+
+
+def test_queued_writes_are_ordered_and_a_failure_leaves_its_chunk_not_done(release, tmp_path, monkeypatch):
+    """A ChunkWriter writes each chunk's files on its thread, the done marker last, one chunk in
+    flight; a write that fails is raised by the next call, and its chunk is not marked done."""
+    import shutil
+
+    path = tmp_path / "copy.zarr"
+    shutil.copytree(release["path"], path)
+    group = zarr.open_group(str(path), mode="r+")
+    group["chunks/done"][...] = 0
+    answers = group["queries/answers"][...]
+    ids = group["unit_ids"][...]
+    real = release_chunks.write_file
+
+    def failing(where, data, direct=None):
+        if "queries/answers/c/2/" in where.as_posix():
+            raise OSError(28, "No space left on device", "queries/answers/c/2/0")
+        return real(where, data, direct)
+
+    monkeypatch.setattr(release_chunks, "write_file", failing)
+    writer = ChunkWriter(str(path))
+    writer.write(0, 0, {}, answers[0:8], ids[0:8])
+    writer.write(1, 8, {}, answers[8:16], ids[8:16])
+    writer.write(2, 16, {}, answers[16:24], ids[16:24])  # queued; fails on the writer's thread
+    with pytest.raises(OSError, match="No space left"):
+        writer.write(3, 24, {}, answers[24:32], ids[24:32])  # returns once chunk 2 is done: raises
+    writer.close()  # chunk 3 was queued after the failure: written in order, done last
+    assert group["chunks/done"][...].tolist() == [1, 1, 0, 1, 0, 0, 0]
