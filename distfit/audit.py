@@ -25,9 +25,12 @@ naming the claim when a stored one differs by more than a relative :data:`TOLERA
   ``planner.variance_scale`` is the largest variance/target ``k`` (recomputed); accuracy first
   (no budget in the spec): ``k <= 1``, every target met; under a budget: alpha is at most the
   budget's alpha.
-* **privacy account**: ``alpha_exact`` is the domain rule (at most
-  :data:`distfit.plan.composition.EXACT_DOMAIN_LIMIT` cells); ``alpha`` is the cell-by-cell
-  maximum of the summed block profiles when exact, else the sum of the block alphas;
+* **privacy account**: ``alpha_exact`` is :func:`distfit.plan.composition.alpha_is_exact`: a
+  domain of at most :data:`distfit.plan.composition.EXACT_DOMAIN_LIMIT` cells, or (a claim the
+  audit accepts above that limit, never requires) every block's recomputed profile flat to
+  :data:`TOLERANCE` (closed-form blocks), when the summed profile is flat and its maximum is the
+  sum of the block alphas; ``alpha`` is the cell-by-cell maximum of the summed block profiles
+  on a small domain, else the sum of the block alphas;
   ``planner.alpha_sum_bound`` is that sum; ``rho = alpha / 2``; ``account`` (alpha, rho, the
   exact (epsilon, delta) table and the RDP curve) is :func:`distfit.privacy.privacy_account`
   of alpha, row by row.
@@ -71,8 +74,9 @@ from typing import Any, Callable
 import numpy as np
 
 from distfit.domain import Domain
+from distfit.packing import PackedBlocks, block_cells, residual_basis
 from distfit.plan.allocate import allocate_scales
-from distfit.plan.composition import EXACT_DOMAIN_LIMIT, stitched_profile
+from distfit.plan.composition import EXACT_DOMAIN_LIMIT, alpha_is_exact, stitched_profile
 from distfit.plan.planner import JOINT_BLOCK_DUAL, SCALE_ALLOCATION
 from distfit.privacy import privacy_account
 from distfit.solver.dual import certified_bound
@@ -86,6 +90,7 @@ BOUND_TOLERANCE = 1e-9  # a block's lower_bound equals the bound its stored cert
 WEIGHT_TOLERANCE = 1e-9  # a certificate's weights add up to 1 within this
 ALLOCATION_TOLERANCE = 1e-9  # relative gap to which the audit solves the allocation program
 ALLOCATION_AUDIT_WORK = 1e7  # the allocation program is re-solved up to this many flops per Newton step
+ROW_SLAB = 1 << 22  # a pack's implied rows are expanded this many at a time (memory: a few arrays of this length)
 
 
 @dataclass(frozen=True)
@@ -130,6 +135,11 @@ def _profile_by_eigendecomposition(sigma: np.ndarray, basis: np.ndarray) -> np.n
     return np.einsum("ij,ij->j", projected, projected)
 
 
+def _row_variances(recon: np.ndarray, sigma: np.ndarray) -> np.ndarray:
+    """``diag(L Sigma L^T)`` through one matrix product (BLAS; a three-operand einsum is not)."""
+    return np.einsum("ij,ij->i", recon @ sigma, recon)
+
+
 def _close(stored, recomputed) -> bool:
     try:
         stored = np.asarray(stored, dtype=float)
@@ -142,6 +152,11 @@ def _close(stored, recomputed) -> bool:
 def _at_most(value: float, bound: float, tolerance: float = TOLERANCE) -> bool:
     """``value <= bound`` up to the relative ``tolerance``."""
     return bool(value <= bound * (1.0 + tolerance))
+
+
+def _is_flat(profile: np.ndarray) -> bool:
+    """A profile constant over its cells to the relative :data:`TOLERANCE`."""
+    return bool(np.ptp(profile) <= TOLERANCE * np.max(profile)) if profile.size else True
 
 
 def _first(mask: np.ndarray) -> int:
@@ -252,6 +267,158 @@ def _check_chosen_blocks_bound(check: _Checks, bound: Any, targets: np.ndarray, 
 
 
 # --------------------------------------------------------------------------------------------
+# packs: the same checks, vectorised over blocks and segments
+
+
+@dataclass
+class _Sums:
+    """Per-query sums over every block row: variances, target shares, whether answered."""
+
+    variances: np.ndarray
+    shares: np.ndarray
+    answered: np.ndarray
+
+
+@dataclass
+class _PackResult:
+    alpha_sum: float
+    profiles: list  # (attributes, profile) per block, when the domain is small enough for exact alpha
+    shapes: list  # (alpha, query_index, variances) per block, the allocation program's (placeholders if big)
+    proved: dict  # block id -> certified bound (a one-block plan only)
+    flat: bool  # every block's recomputed profile is flat (to TOLERANCE)
+
+
+def _signature_forms(signatures: np.ndarray) -> dict[str, np.ndarray]:
+    """Per attribute-size signature (rows of sizes, 0-padded): from the materialised basis B
+    and G = B B^T (sigma / scale), by eigendecomposition (:func:`_profile_by_eigendecomposition`)
+    and the pseudo-inverse R = B^+ = B^T G^-1 (the rows ``kappa R[x|S]`` a segment implies): the profile at
+    scale 1 (``profiles``) and its largest value, the smallest and largest row variance ``diag(R G R^T)`` at kappa 1, and the
+    certificate's bound at unit kappa and target (u, v uniform), ``certified_bound(B, R)``."""
+    out: dict = {key: np.empty(len(signatures)) for key in ("profile", "variance_min", "variance_max", "bound")}
+    out["profiles"] = []
+    for i, row in enumerate(signatures):
+        basis = residual_basis(tuple(int(n) for n in row if n > 0))
+        gram = basis @ basis.T
+        profile = _profile_by_eigendecomposition(gram, basis)
+        recon = np.linalg.solve(gram, basis).T  # B^+ = B^T (B B^T)^-1: B has full row rank
+        row_variances = _row_variances(recon, gram)
+        d = basis.shape[1]
+        out["profile"][i] = profile.max()
+        out["profiles"].append(profile)
+        out["variance_min"][i], out["variance_max"][i] = row_variances.min(), row_variances.max()
+        out["bound"][i] = certified_bound(basis, recon, np.full(d, 1.0 / d), np.full(d, 1.0 / d))
+    return out
+
+
+def _audit_pack(check: _Checks, plan: Plan, p: int, pack: PackedBlocks, domain: Domain, targets: np.ndarray,
+                sums: _Sums, small: bool) -> _PackResult | None:
+    """Every claim of a pack's blocks (module docstring), recomputed by numpy over all its blocks
+    and segments at once: per attribute-size signature one eigendecomposition and one SVD
+    (:func:`_signature_forms`), then per block and per segment only scalars, and the implied rows
+    expanded :data:`ROW_SLAB` at a time into the per-query sums. None when the pack cannot be
+    audited further (a failure was recorded)."""
+    name = f"packs/{plan.pack_ids[p]}"
+    ids = plan.packed_block_ids(p)
+    sizes = np.asarray(domain.sizes, dtype=np.int64)
+    m = targets.size
+    own = pack.attributes
+    own_sizes = np.where(own >= 0, sizes[np.maximum(own, 0)], 0)
+    bad = np.flatnonzero(((own >= 0) & (own_sizes < 2)).any(axis=1))
+    if not check(bad.size == 0, lambda: f"{name}: {bad.size} blocks hold an attribute of size 1 (first: {ids[bad[0]]})"):
+        return None
+    clique_cells = block_cells(sizes, pack.segment_clique)
+    last = pack.segment_query + clique_cells - 1
+    if not check(pack.segments == 0 or int(last.max()) < m,
+                 f"{name}/segment_query: refers to query {int(last.max()) if pack.segments else 0}, but there are {m} "
+                 "queries"):
+        return None
+    signatures, which = np.unique(own_sizes, axis=0, return_inverse=True)
+    which = which.ravel()
+    try:
+        forms = _signature_forms(signatures)
+    except np.linalg.LinAlgError as error:
+        check(False, f"{name}: a residual basis has a singular Gram matrix ({error})")
+        return None
+    scale = pack.scale
+    alpha = forms["profile"][which] / scale
+    wrong = np.flatnonzero(~np.isclose(pack.alpha, alpha, rtol=TOLERANCE, atol=0.0))
+    check(wrong.size == 0, lambda: (f"{name}/alpha: {wrong.size} blocks' alphas differ from their profiles' max "
+                                    f"(first: {ids[wrong[0]]}: stored {float(pack.alpha[wrong[0]])!r}, recomputed "
+                                    f"{float(alpha[wrong[0]])!r})"))
+    owner = pack.segment_block
+    kappa = block_cells(sizes, own)[owner] / clique_cells
+    low = scale[owner] * kappa**2 * forms["variance_min"][which[owner]]
+    high = scale[owner] * kappa**2 * forms["variance_max"][which[owner]]
+    wrong = np.flatnonzero(~(np.isclose(pack.segment_variance, low, rtol=TOLERANCE, atol=0.0)
+                             & np.isclose(pack.segment_variance, high, rtol=TOLERANCE, atol=0.0)))
+    check(wrong.size == 0, lambda: (f"{name}/segment_variance: {wrong.size} segments' variances differ from "
+                                    f"diag(L Sigma L^T) (first: segment {wrong[0]} of {ids[owner[wrong[0]]]}: stored "
+                                    f"{float(pack.segment_variance[wrong[0]])!r}, recomputed {float(high[wrong[0]])!r})"))
+
+    # The implied rows, a slab of segments at a time in order of their first query (so a slab's
+    # queries span a narrow range and its sums are accumulated there, not over all m queries):
+    # per-query sums and each segment's smallest query target.
+    share = pack.segment_target
+    smallest_target = np.empty(pack.segments)
+    by_query = np.argsort(pack.segment_query, kind="stable")
+    ends = np.cumsum(clique_cells[by_query])
+    start = 0
+    while start < pack.segments:
+        stop = max(start + 1, int(np.searchsorted(ends, (ends[start - 1] if start else 0) + ROW_SLAB, side="right")))
+        segments = by_query[start:min(stop, pack.segments)]
+        rows = clique_cells[segments]
+        first_row = np.cumsum(rows) - rows
+        query = np.repeat(pack.segment_query[segments] - first_row, rows) + np.arange(int(rows.sum()))
+        low_query = int(query.min())
+        local = query - low_query
+        span = slice(low_query, int(query.max()) + 1)
+        sums.variances[span] += np.bincount(local, np.repeat(high[segments], rows))
+        sums.shares[span] += np.bincount(local, np.repeat(share[segments], rows))
+        sums.answered[query] = True
+        smallest_target[segments] = np.minimum.reduceat(targets[query], first_row)
+        start = stop
+    bad = np.flatnonzero(~((share > 0) & (share <= smallest_target * (1.0 + TOLERANCE))))
+    check(bad.size == 0, lambda: (f"{name}/segment_target: {bad.size} segments' target shares are not in (0, their "
+                                  f"queries' target] (first: segment {bad[0]} of {ids[owner[bad[0]]]}: share "
+                                  f"{float(share[bad[0]])!r}, target {float(smallest_target[bad[0]])!r})"))
+
+    # Lower bounds at their certificates: u uniform on the cells, v uniform on the certificate
+    # segment's rows, at t = shares * max(variance / share) over the block (block_bound_targets).
+    ratio = np.maximum.reduceat(high / share, pack.segment_offsets[:-1]) if pack.segments else np.zeros(0)
+    has = np.flatnonzero(pack.certificate >= 0)
+    cert = pack.certificate[has]
+    bound = np.zeros(len(pack))
+    bound[has] = kappa[cert] ** 2 / (share[cert] * ratio[has]) * forms["bound"][which[has]]
+    off = has[np.abs(pack.lower_bound[has] - bound[has]) > BOUND_TOLERANCE * bound[has]]
+    check(off.size == 0, lambda: (f"{name}/lower_bound: {off.size} blocks' bounds are not what their certificates "
+                                  f"prove (first: {ids[off[0]]}: stored {float(pack.lower_bound[off[0]])!r}, its certificate "
+                                  f"proves {float(bound[off[0]])!r})"))
+    over = np.flatnonzero(pack.lower_bound > alpha * (1.0 + TOLERANCE))
+    check(over.size == 0, lambda: (f"{name}/lower_bound: {over.size} blocks' bounds exceed their alpha (first: "
+                                   f"{ids[over[0]]})"))
+
+    names = domain.names
+    exact = domain.size <= EXACT_DOMAIN_LIMIT
+    profiles, shapes = [], []
+    if exact or small:
+        for b in range(len(pack)):
+            attributes = tuple(names[i] for i in own[b] if i >= 0)
+            if exact:
+                profiles.append((attributes, forms["profiles"][which[b]] / scale[b]))
+            if small:
+                segments = slice(pack.segment_offsets[b], pack.segment_offsets[b + 1])
+                rows = clique_cells[segments]
+                query = np.concatenate([q + np.arange(r) for q, r in zip(pack.segment_query[segments], rows)])
+                shapes.append((float(alpha[b]), query, np.repeat(high[segments], rows)))
+    else:
+        none, no_variance = np.zeros(0, np.int64), np.zeros(0)  # over the limit (a warning): shared placeholders
+        shapes = [(a, none, no_variance) for a in alpha.tolist()]
+    proved = {ids[0]: float(bound[0]) if pack.certificate[0] >= 0 else None} if len(plan.block_ids) == 1 else {}
+    flat = all(_is_flat(profile) for profile in forms["profiles"])
+    return _PackResult(float(alpha.sum()), profiles, shapes, proved, flat)
+
+
+# --------------------------------------------------------------------------------------------
 # the audit
 
 
@@ -345,7 +512,9 @@ def _audit(plan: Plan, path: str) -> AuditReport:
     uncertified: list[str] = []  # those of them that claim a bound
     alpha_sum = 0.0
     profiles_complete = True
-    for block in plan.iter_blocks():
+    flat = True  # every block's recomputed profile is flat: alpha_is_exact at any domain size
+    for block_id in plan.explicit_block_ids:
+        block = plan.block(block_id)
         name = f"blocks/{block.block_id}"
         attributes = list(block.attributes)
         ordered = [a for a in domain.names if a in attributes]
@@ -366,7 +535,7 @@ def _audit(plan: Plan, path: str) -> AuditReport:
             check(False, f"{name}/sigma: {error}")
             profiles_complete = False
             continue
-        block_variances = np.einsum("ij,jk,ik->i", block.recon, block.sigma, block.recon)
+        block_variances = _row_variances(block.recon, block.sigma)
         block_alpha = float(profile.max())
         check(_close(block.profile, profile), f"{name}/profile: stored values differ from b_i^T Sigma^-1 b_i")
         check(_close(block.variances, block_variances), f"{name}/variances: stored values differ from diag(L Sigma L^T)")
@@ -390,8 +559,22 @@ def _audit(plan: Plan, path: str) -> AuditReport:
         np.add.at(shares, block.query_index, block.targets)
         answered[block.query_index] = True
         block_profiles.append((tuple(attributes), profile))
+        flat = flat and _is_flat(profile)
         shapes.append((block_alpha, block.query_index, block_variances))
         alpha_sum += block_alpha
+
+    sums = _Sums(variances, shares, answered)
+    small = float(len(plan.block_ids)) ** 3 <= ALLOCATION_AUDIT_WORK  # else the allocation is not re-solved
+    for p, pack in enumerate(plan.packs()):
+        result = _audit_pack(check, plan, p, pack, domain, targets, sums, small)
+        if result is None:
+            profiles_complete = False
+            continue
+        flat = flat and result.flat
+        alpha_sum += result.alpha_sum
+        block_profiles.extend(result.profiles)
+        shapes.extend(result.shapes)
+        proved.update(result.proved)
 
     check(_close(plan.queries_variances, variances), "queries/variances: differ from the sum of the block rows")
     check(answered.all(), lambda: f"queries: {int((~answered).sum())} queries have no row in any block (first: "
@@ -412,10 +595,15 @@ def _audit(plan: Plan, path: str) -> AuditReport:
     check(over.size == 0, f"queries/variances: {over.size} queries exceed {promised:g} x their targets "
                           f"(first: query {over[:1].tolist()})")
 
+    # Small domains are exact (evaluated cell by cell); above the limit alpha_exact may be
+    # claimed only when every profile is flat (the planner claims it for closed-form-only plans;
+    # a flat plan labelled a bound understates nothing).
     exact = domain.size <= EXACT_DOMAIN_LIMIT
-    check(attrs.get("alpha_exact") is exact,
-          f"alpha_exact: stored {attrs.get('alpha_exact')!r}, but a domain of {domain.size} cells gives {exact} "
-          f"(exact up to {EXACT_DOMAIN_LIMIT} cells)")
+    stored_exact = attrs.get("alpha_exact")
+    allowed = (stored_exact is exact or (stored_exact is True and alpha_is_exact(domain.size, flat and profiles_complete)))
+    check(allowed, f"alpha_exact: stored {stored_exact!r}, but a domain of {domain.size} cells gives {exact} "
+                   f"(exact up to {EXACT_DOMAIN_LIMIT} cells, or above with every block profile flat: "
+                   f"{flat and profiles_complete})")
     alpha = float(stitched_profile(domain, block_profiles).max()) if exact and profiles_complete else alpha_sum
     check(_close(attrs.get("alpha"), alpha), f"alpha: stored {attrs.get('alpha')!r}, but the blocks give {alpha!r}")
     check(_close(attrs.get("rho"), alpha / 2.0), f"rho: stored {attrs.get('rho')!r}, but alpha / 2 = {alpha / 2.0!r}")

@@ -16,6 +16,9 @@ pipeline (``distfit/pipelines/default.yaml``, a copy of ``pipelines/pl94.yaml``)
              refused - :class:`RunDirError` - when they do not); with ``--data`` a data store
              (histograms or marginals) it is released as it is
 4. release  -> ``RUNDIR/release.zarr`` (:func:`distfit.release.job.run_release`)
+4b. estimate -> ``RUNDIR/estimate.zarr`` (:func:`distfit.estimate.job.run_estimate`, on by default:
+             nonnegative, consistent estimates of every query from the sealed release; reads no
+             data, costs no privacy; ``integer=True`` rounds them; ``estimate=False`` skips it)
 5. manifest -> ``RUNDIR/manifest.json`` written atomically (temporary file + ``os.replace``):
    spec path and hash, plan and release checksums, privacy account (from the plan attrs),
    per-stage timings and status, package versions, the cluster used (``{"kind": "serial"}``,
@@ -54,6 +57,8 @@ from distfit.audit import audit_plan
 from distfit.cluster import dask_client, local_cluster
 from distfit.data.microdata import check_source, ensure_tabulated, microdata_format, tabulation_mismatch
 from distfit.data.people import write_synthetic_people
+from distfit.estimate.job import estimate_in_run, manifest_entry
+from distfit.estimate.levels import estimate_levels, parent_columns
 from distfit.plan.planner import decompose_lazily
 from distfit.plan.job import level_profiles, run_plan, scale_plan_to_budget
 from distfit.plan.levels import budget_shares, combine_levels
@@ -74,12 +79,14 @@ DEFAULT_UNITS = 10_000
 PACKAGES = ("distfit", "numpy", "scipy", "dask", "distributed", "zarr")
 
 PLAN_NAME, DATA_NAME, RELEASE_NAME, MANIFEST_NAME = "plan.zarr", "data.zarr", "release.zarr", "manifest.json"
+ESTIMATE_NAME = "estimate.zarr"
 REPORT_NAME = "report"
 #: What a run writes in RUNDIR (``check_rundir``); a level's directory also holds its spec record
 #: and, under a budget, its accuracy-first plan.
-RUN_NAMES = (PLAN_NAME, DATA_NAME, RELEASE_NAME, MANIFEST_NAME, REPORT_NAME, "spec.yaml", "accuracy-plan.zarr")
+RUN_NAMES = (PLAN_NAME, DATA_NAME, RELEASE_NAME, ESTIMATE_NAME, MANIFEST_NAME, REPORT_NAME, "spec.yaml",
+             "accuracy-plan.zarr")
 
-__all__ = ["LevelsRunResult", "RunDirError", "RunFailure", "RunResult", "default_spec_path", "run_levels",
+__all__ = ["LevelsRunResult", "RunDirError", "RunFailure", "RunResult", "default_spec_path", "report_level", "run_levels",
            "run_pipeline", "data_seed"]
 
 
@@ -105,6 +112,8 @@ class RunResult:
     stages: dict[str, str] = field(default_factory=dict)   # stage -> "done" | "reused" | ...
     timings: dict[str, float] = field(default_factory=dict)
     manifest_data: dict[str, Any] = field(default_factory=dict)
+    estimate: str | None = None              # RUNDIR/estimate.zarr, None when not estimated
+    estimate_checksum: str | None = None
 
 
 SpecLike = Union[PipelineSpec, str, os.PathLike, None]
@@ -203,7 +212,7 @@ def check_rundir(rundir: Path, names: tuple[str, ...]) -> None:
 
 
 def _inspect(rundir: Path, spec_hash: str, synthesise: bool, units: int | None,
-             spec: Any = None, source: str | None = None) -> None:
+             spec: Any = None, source: str | None = None, parent_column: str | None = None) -> None:
     """Refuse a RUNDIR that is not a run directory (:func:`check_rundir`) or holds another
     spec's run (or data tabulated from another ``source`` for microdata); touches nothing."""
     check_rundir(rundir, RUN_NAMES)
@@ -223,7 +232,7 @@ def _inspect(rundir: Path, spec_hash: str, synthesise: bool, units: int | None,
                 f"{spec_hash}); use another --out")
     data_path = rundir / DATA_NAME
     if source is not None and (data_path.exists() or data_path.is_symlink()):
-        reason = tabulation_mismatch(data_path, spec, source)
+        reason = tabulation_mismatch(data_path, spec, source, parent_column=parent_column)
         if reason is not None:
             raise RunDirError(f"{data_path}: holds data from an earlier run that does not match --data "
                               f"{source} ({reason}); use another --out")
@@ -295,12 +304,19 @@ def run_pipeline(
     fsync: bool = True,
     after_chunk: Callable[[int], None] | None = None,
     plan_written: str | None = None,
+    parent_column: str | None = None,
+    estimate: bool = True,
+    integer: bool = False,
+    report: bool = True,
 ) -> RunResult:
     """Run (or finish) the pipeline of ``spec`` into ``out`` (module docstring). ``spec``: a
     ``PipelineSpec``, or the path of its YAML file (None: the embedded default pipeline), read
     once for the whole run. ``plan_written``: the caller has just written RUNDIR/plan.zarr, and
     how (``run_levels``: a level's plan scaled to its budget share); it is reported as done by
-    this run, not reused.
+    this run, not reused. ``parent_column`` (``run_levels``): microdata is tabulated with each
+    unit's parent id from that column (the coarser level's unit column). ``estimate``: run the
+    estimate stage (``integer``: integer estimates; :func:`distfit.estimate.job.estimate_in_run`).
+    ``report=False`` (``run_levels``): written later, with the top-down estimate (:func:`report_level`).
 
     Errors: SpecError / ValueError / RunDirError / FileExistsError (bad input, exit 2),
     RunFailure (the plan fails its audit, exit 1), ClusterError.
@@ -322,9 +338,9 @@ def run_pipeline(
             if units is not None:
                 raise ValueError(f"--units is for synthetic data; --data {source} is microdata (its units are "
                                  "the values of the spec's unit column)")
-        _inspect(rundir, spec_hash, synthesise, units, spec=spec, source=source)
+        _inspect(rundir, spec_hash, synthesise, units, spec=spec, source=source, parent_column=parent_column)
 
-        plan_path, release_path = rundir / PLAN_NAME, rundir / RELEASE_NAME
+        plan_path, release_path, estimate_path = rundir / PLAN_NAME, rundir / RELEASE_NAME, rundir / ESTIMATE_NAME
         data_path = rundir / DATA_NAME if synthesise or source is not None else Path(os.fspath(data))
         manifest_path = rundir / MANIFEST_NAME
         report_path = rundir / REPORT_NAME
@@ -344,7 +360,7 @@ def run_pipeline(
                 address = where.get()
                 with (dask_client(address, log=log) if address is not None else contextlib.nullcontext()) as client:
                     return ensure_tabulated(spec, source, data_path, cover=cover, client=client, fsync=fsync,
-                                            log=log)[1]
+                                            parent_column=parent_column, log=log)[1]
 
             # 0. microdata first when there is no plan yet: a value outside its attribute's domain
             # is refused before any planning (the decomposition, and so the marginals the blocks
@@ -352,9 +368,9 @@ def run_pipeline(
             tabulated: str | None = None
             if source is not None and not plan_path.exists():
                 t = time.perf_counter()
-                layouts = decompose_lazily(spec.domain, spec.group_triples(),
-                                           spec.blocks.max_cells if spec.blocks.merge else 0).layouts
-                tabulated = tabulate([layout.attributes for layout in layouts])
+                decomposition = decompose_lazily(spec.domain, spec.group_triples(),
+                                                 spec.blocks.max_cells if spec.blocks.merge else 0)
+                tabulated = tabulate(decomposition.block_attributes())
                 timings["data"] = time.perf_counter() - t
 
             # 1. plan
@@ -422,13 +438,24 @@ def run_pipeline(
                 release_checksum = result.checksum
                 stages["release"] = "resumed" if result.resumed else "done"
             timings["release"] = time.perf_counter() - t
+
+            # 4b. estimate: post-processing of the sealed release (reads no data; no privacy cost)
+            t = time.perf_counter()
+            estimated, stages["estimate"] = None, "skipped"
+            if estimate:
+                estimated, stages["estimate"] = estimate_in_run(
+                    str(plan_path), str(release_path), str(estimate_path), integer=integer, cluster=where.get,
+                    workers=workers, serial=serial, log=log, fsync=fsync)
+                timings["estimate"] = time.perf_counter() - t
             cluster_used = where.describe()
 
         # 5. report (rebuilt on every run: it is cheap and replaces only an earlier distfit report)
-        t = time.perf_counter()
-        report = write_report(str(plan_path), str(report_path), str(release_path), str(data_path))
-        stages["report"] = "done"
-        timings["report"] = time.perf_counter() - t
+        t, written = time.perf_counter(), None
+        if report:
+            written = write_report(str(plan_path), str(report_path), str(release_path), str(data_path),
+                                   estimate_path=str(estimate_path) if estimate else None)
+            timings["report"] = time.perf_counter() - t
+        stages["report"] = "done" if report else "deferred"
 
         # 6. manifest
         timings["total"] = time.perf_counter() - started
@@ -446,6 +473,7 @@ def run_pipeline(
                      "source": ({key: (data_store.attrs.get("source") or {}).get(key)
                                  for key in ("path", "format", "size", "mtime")} if source is not None else None)},
             "release": {"path": os.path.abspath(release_path), "checksum": release_checksum},
+            "estimate": estimated,
             "privacy": {
                 "alpha": plan_attrs.get("alpha"),
                 "rho": plan_attrs.get("rho"),
@@ -457,8 +485,7 @@ def run_pipeline(
             "timings_seconds": timings,
             "versions": package_versions(),
             "cluster": cluster_used,
-            "report": {"path": os.path.abspath(report.path), "index": os.path.abspath(os.path.join(report.path, "index.html")),
-                       "plots": list(report.plots), "calibration": report.calibration},
+            "report": _report_entry(written) if written is not None else None,
         }
         write_json_atomic(manifest_path, manifest)
         return RunResult(
@@ -466,7 +493,30 @@ def run_pipeline(
             report=str(report_path),
             manifest=str(manifest_path), spec_hash=spec_hash, plan_checksum=plan.checksum,
             release_checksum=release_checksum, stages=stages, timings=timings, manifest_data=manifest,
+            estimate=str(estimate_path) if estimated else None, estimate_checksum=(estimated or {}).get("checksum"),
         )
+
+
+def _report_entry(report: Any) -> dict[str, Any]:
+    """The manifest's ``report`` entry of a written report (``distfit.report.ReportResult``)."""
+    return {"path": os.path.abspath(report.path), "index": os.path.abspath(os.path.join(report.path, "index.html")),
+            "plots": list(report.plots), "calibration": report.calibration}
+
+
+def report_level(result: RunResult, estimate: Any | None) -> RunResult:
+    """Write the report of a level run with ``report=False`` with the section of its top-down
+    ``estimate`` (a :class:`distfit.estimate.levels.LevelEstimate`, or None) and complete the
+    level's manifest (``report``, ``estimate``, their stages and timing); the result, completed."""
+    t = time.perf_counter()
+    written = write_report(result.plan, result.report, result.release, result.data,
+                           estimate_path=estimate and estimate.path)
+    stages = dict(result.stages, estimate=estimate.status if estimate else "skipped", report="done")
+    manifest = dict(result.manifest_data, stages=stages, report=_report_entry(written),
+                    estimate=manifest_entry(estimate.path, estimate.checksum) if estimate else None,
+                    timings_seconds=dict(result.timings, report=time.perf_counter() - t))
+    write_json_atomic(Path(result.manifest), manifest)
+    return dataclasses.replace(result, stages=stages, manifest_data=manifest, estimate=estimate and estimate.path,
+                               estimate_checksum=estimate and estimate.checksum)
 
 
 # --------------------------------------------------------------------------------------------
@@ -490,6 +540,7 @@ class LevelsRunResult:
     account: dict[str, Any]
     manifest: str
     timings: dict[str, float] = field(default_factory=dict)
+    estimates: dict[str, Any] = field(default_factory=dict)  # level -> estimate.levels.LevelEstimate
 
 
 def _write_spec(path: Path, spec: PipelineSpec) -> None:
@@ -515,6 +566,8 @@ def run_levels(
     serial: bool = False,
     log: TextIO | None = None,
     fsync: bool = True,
+    estimate: bool = True,
+    integer: bool = False,
 ) -> LevelsRunResult:
     """Run a multi-level spec (a ``PipelineSpec`` or the path of its YAML file, read once) into
     ``out``: levels one after another (sequential composition), each level's blocks and chunks
@@ -531,7 +584,10 @@ def run_levels(
     (:func:`distfit.plan.levels.budget_shares`) and each level's plan is that plan scaled to its
     share (:func:`distfit.plan.job.scale_plan_to_budget`); its ``spec.yaml`` records the share
     as the level's ``privacy.alpha``. A rerun reuses and resumes level by level like
-    :func:`run_pipeline`; a RUNDIR of another spec is refused (RunDirError).
+    :func:`run_pipeline`; a RUNDIR of another spec is refused (RunDirError). Then (``estimate``)
+    every level's ``estimate.zarr``, top-down: children sum to their parent, exactly as integers
+    with ``integer`` (:func:`distfit.estimate.levels.estimate_levels`; each level's tabulation
+    records its units' parents, ``parent_column``).
     """
     with store_lock(out, "run directory"):  # one run per RUNDIR at a time (stores/lock.py)
         started = time.perf_counter()
@@ -618,6 +674,7 @@ def run_levels(
                 timings["budget"] = time.perf_counter() - t
 
             results: dict[str, RunResult] = {}
+            parents = parent_columns(spec)
             for name, level_spec in level_specs.items():
                 t = time.perf_counter()
                 print(f"distfit: level {name} ({level_spec.num_queries} queries, units "
@@ -628,9 +685,14 @@ def run_levels(
                 results[name] = run_pipeline(
                     dataclasses.replace(level_spec, source_path=os.path.abspath(record)), level_dirs[name],
                     data=str(people), cluster=address, serial=serial, log=log, fsync=fsync,
-                    plan_written=scaled_now.get(name))
+                    plan_written=scaled_now.get(name), parent_column=parents[name], estimate=False, report=False)
                 timings[f"level {name}"] = time.perf_counter() - t
 
+        t = time.perf_counter()  # top-down: every level's children sum to their parent (integer: exactly)
+        estimates = estimate_levels(spec, level_dirs, integer=integer, log=log, fsync=fsync) if estimate else {}
+        timings["estimate"] = time.perf_counter() - t
+        # each level's report, with its top-down estimate (estimated once, above; timed in the level's manifest)
+        results = {name: report_level(result, estimates.get(name)) for name, result in results.items()}
         plans = {name: read_plan(result.plan) for name, result in results.items()}
         account = combine_levels(spec.domain, [(name, float(plan.attrs["alpha"]), level_profiles(plan))
                                                for name, plan in plans.items()]).to_dict()
@@ -645,7 +707,8 @@ def run_levels(
             "levels": {name: {"dir": os.path.abspath(level_dirs[name]), "manifest": result.manifest,
                               "alpha": plans[name].attrs.get("alpha"), "plan_checksum": result.plan_checksum,
                               "release_checksum": result.release_checksum,
-                              "report": os.path.join(result.report, "index.html")}
+                              "report": os.path.join(result.report, "index.html"),
+                              "estimate": result.manifest_data["estimate"]}
                        for name, result in results.items()},
             "privacy": account,
             "timings_seconds": timings,
@@ -654,4 +717,4 @@ def run_levels(
         }
         write_json_atomic(manifest_path, manifest)
         return LevelsRunResult(rundir=str(rundir), spec_hash=spec_hash, people=str(people), levels=results,
-                               account=account, manifest=str(manifest_path), timings=timings)
+                               account=account, manifest=str(manifest_path), timings=timings, estimates=estimates)

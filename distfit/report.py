@@ -29,7 +29,13 @@ no network URLs: mailed or uploaded alone it shows everything. The figures (``id
   marginals (:func:`distfit.release.noise.true_block_answers`) for at most
   :data:`CALIBRATION_ANSWERS` answers (the first units; the page says how many of how many).
   This section is derived from the confidential data: the page says so, and such a report is
-  for the data owner's validation, not for publication.
+  for the data owner's validation, not for publication;
+* ``estimate_error``  with an estimate store (``estimate_path``, :mod:`distfit.stores.estimate`)
+  and the data: per query, the root mean squared error of the raw answers and of the estimates
+  against the true answers (the same first units as the calibration; points below the diagonal:
+  the estimate is closer to the truth). Without the data the estimate section still compares
+  raw and estimated answers (how many raw answers were negative; the first units' answers side
+  by side) and gives the fit of the projection.
 
 The page also holds the privacy account (alpha, rho, the epsilon/delta table), the planner's
 decisions and a table of per-block solver statistics and certificate gaps.
@@ -58,10 +64,12 @@ from typing import Any
 import numpy as np
 
 from distfit.privacy import epsilon_for_delta
-from distfit.release.noise import calibration, query_answers, true_block_answers
+from distfit.release.noise import calibration
+from distfit.report_packs import block_rows, true_query_answers
 from distfit.solver.baselines import compare_baselines
 from distfit.spec.parse import parse_spec
 from distfit.stores.data import open_data
+from distfit.stores.estimate import read_estimate
 from distfit.stores.lock import store_lock
 from distfit.stores.files import STAGING_MARKER, move_into_place
 from distfit.stores.plan import read_plan
@@ -266,8 +274,9 @@ def _plot_calibration(plt, z: np.ndarray, sd: np.ndarray) -> str:
     return _svg(plt, fig, "calibration", "actual error against promised standard deviation")
 
 
-def _calibration(plan, release, data_path) -> tuple[dict, np.ndarray, np.ndarray]:
-    """Standardised errors of the first units' released answers (module docstring)."""
+def _calibration(plan, release, data_path) -> tuple[dict, np.ndarray, np.ndarray, np.ndarray]:
+    """Standardised errors of the first units' released answers (module docstring), and those
+    units' true answers (units x m)."""
     data = open_data(data_path)
     if data.units != int(release.attrs.get("units", -1)):
         raise ValueError(f"{data_path}: holds {data.units} units, the release {release.attrs.get('units')}; "
@@ -279,18 +288,51 @@ def _calibration(plan, release, data_path) -> tuple[dict, np.ndarray, np.ndarray
     if not np.array_equal(ids, data_ids):
         raise ValueError(f"{data_path}: its unit ids differ from the release's; give the data the "
                          "release was made from")
-    rows = []
-    for bid in plan.block_ids:
-        block = plan.block(bid)
-        rows.append((block.query_index, true_block_answers(block, data.block_counts(block.attributes, 0, units))))
-    true = query_answers(rows, m)
+    true = true_query_answers(plan, data, units)  # packed blocks in bulk (distfit.report_packs)
     noisy = np.asarray(release.answers[:units], dtype=float)
     result = calibration(noisy, true, release.variances)
     z = result.pop("z")
     result["units"] = units
     result["of_units"] = int(data.units)
     sd = np.broadcast_to(np.sqrt(np.asarray(release.variances, dtype=float)), z.shape).ravel()
-    return result, z.ravel(), sd
+    return result, z.ravel(), sd, true
+
+
+def _plot_estimate_error(plt, raw: np.ndarray, estimated: np.ndarray) -> str:
+    """Per query: RMSE of the estimates against RMSE of the raw answers, with the diagonal."""
+    fig, ax = plt.subplots(figsize=(6.4, 4.6), layout="constrained")
+    ax.scatter(raw, estimated, s=10, color="C0", label="a query", rasterized=raw.size > RASTER_POINTS)
+    top = float(max(raw.max(initial=1.0), estimated.max(initial=1.0))) * 1.05
+    ax.plot([0, top], [0, top], color="k", linestyle="--", label="equal error")
+    ax.set_xlim(0, top)
+    ax.set_ylim(0, top)
+    ax.set_xlabel("RMSE of the raw answers")
+    ax.set_ylabel("RMSE of the estimates")
+    ax.set_title("Error against the truth, per query (below the line: the estimate is closer)", fontsize=9)
+    ax.grid(True, alpha=0.3)
+    _outside_legend(fig)
+    return _svg(plt, fig, "estimate_error", "root mean squared error of estimates against raw answers, per query")
+
+
+def _estimate_summary(release, estimate, true: np.ndarray | None) -> dict:
+    """Raw against estimated answers for the first units (the calibration's, with ``true``;
+    else up to :data:`CALIBRATION_ANSWERS` answers): negative shares, and with ``true`` each
+    one's error (RMSE overall and per query, mean absolute error)."""
+    m = int(release.answers.shape[1])
+    units = true.shape[0] if true is not None else max(
+        1, min(int(release.answers.shape[0]), CALIBRATION_ANSWERS // max(m, 1)))
+    raw = np.asarray(release.answers[:units], dtype=float)
+    est = np.asarray(estimate.estimates[:units], dtype=float)
+    out = {"units": units, "raw_negative": float(np.mean(raw < 0)), "estimate_negative": float(np.mean(est < 0))}
+    if true is not None:
+        raw_err, est_err = raw - true, est - true
+        out.update({"rmse_raw": float(np.sqrt(np.mean(raw_err ** 2))),
+                    "rmse_estimate": float(np.sqrt(np.mean(est_err ** 2))),
+                    "mae_raw": float(np.mean(np.abs(raw_err))), "mae_estimate": float(np.mean(np.abs(est_err))),
+                    "query_rmse_raw": np.sqrt(np.mean(raw_err ** 2, axis=0)),
+                    "query_rmse_estimate": np.sqrt(np.mean(est_err ** 2, axis=0))})
+        out["queries_improved"] = float(np.mean(out["query_rmse_estimate"] <= out["query_rmse_raw"]))
+    return out
 
 
 # --------------------------------------------------------------------------------------------
@@ -391,8 +433,70 @@ def _answer_rows(release) -> tuple[list[str], list[list[Any]]]:
     return ["unit"] + [str(labels[j]).replace(":", ":\u200b") for j in range(n_q)], rows
 
 
+def _estimate_rows(release, estimate) -> tuple[list[str], list[list[Any]]]:
+    """The first units' raw and estimated answers to the first queries, side by side."""
+    n_units = min(ANSWER_UNITS, int(release.answers.shape[0]))
+    n_q = min(ANSWER_QUERIES, int(release.answers.shape[1]))
+    raw = np.asarray(release.answers[:n_units, :n_q], dtype=float)
+    est = np.asarray(estimate.estimates[:n_units, :n_q])
+    labels = release.labels or [f"query {j}" for j in range(release.answers.shape[1])]
+    # a zero-width space after each ":" of a label lets the long headers wrap there (as _answer_rows)
+    header = ["unit"] + [str(labels[j]).replace(":", ":\u200b") + f" {kind}"
+                         for j in range(n_q) for kind in ("raw", "estimate")]
+    units = [_fmt(u) for u in np.asarray(release.unit_ids[:n_units])]
+    return header, [[u] + [v for j in range(n_q) for v in (raw[i, j], est[i, j])] for i, u in enumerate(units)]
+
+
+def _geography(geography: dict) -> str:
+    """A top-down estimate's place in its geography (the estimate store's ``geography`` attr)."""
+    level, above = geography.get("level"), geography.get("parent_level")
+    if above is None:
+        return f"level {level}, the coarsest of {', '.join(geography.get('levels') or [])}: the top of the top-down estimate"
+    return f"level {level}: every unit's table sums exactly, cell by cell, to its parent's in level {above}"
+
+
+def _estimate_section(release, estimate, summary: dict, figures: dict[str, str]) -> list[str]:
+    a = estimate.attrs
+    fit = a.get("fit") or {}
+    header, rows = _estimate_rows(release, estimate)
+    units = summary["units"]
+    parts = [
+        "<h2>Estimates: nonnegative and consistent</h2>",
+        "<p class='note'>Post-processing of the release (no privacy cost; the data is not read): per unit the "
+        "nonnegative data vector closest to the release in the noise's metric "
+        f"({html.escape(str(a.get('objective')))}), and every query's estimate computed from it, so that the "
+        "estimates never go below 0 and every table adds up.</p>",
+        _table(["quantity", "value"], [
+            ["estimate", os.path.basename(estimate.path.rstrip("/"))],
+            ["method", a.get("method")],
+            ["integer", a.get("integer")],
+            ["objective per unit: mean, max", f"{_fmt(fit.get('objective_mean'))}, {_fmt(fit.get('objective_max'))}"],
+            ["iterations (most of any unit)", fit.get("iterations_max")],
+            ["units not converged", fit.get("unconverged_units")],
+            *([["geography", _geography(a["geography"])]] if a.get("geography") else []),
+            [f"raw answers below 0 (first {units:,} units)", f"{summary['raw_negative']:.2%}"],
+            [f"estimates below 0 (first {units:,} units)", f"{summary['estimate_negative']:.2%}"],
+        ]),
+        f"<h3>The first {len(rows)} units' raw and estimated answers</h3>",
+        _table(header, rows, left=1),
+    ]
+    if "rmse_raw" in summary:
+        parts += [
+            '<p class="warn">CONFIDENTIAL: the error of each against the true answers, computed from the data '
+            "(for the data owner's validation; do not publish).</p>",
+            _table(["error against the truth", "raw answers", "estimates"], [
+                ["root mean squared error", summary["rmse_raw"], summary["rmse_estimate"]],
+                ["mean absolute error", summary["mae_raw"], summary["mae_estimate"]],
+            ]),
+            f"<p class='note'>{summary['queries_improved']:.1%} of the queries have an estimate error at most "
+            f"their raw error (RMSE over the first {units:,} units).</p>",
+            _figure(figures, "estimate_error"),
+        ]
+    return parts
+
+
 def _page(plan, release, blocks, ratios, baselines, baseline_note, figures: dict[str, str],
-          calibrated: dict | None = None) -> str:
+          calibrated: dict | None = None, estimated: tuple | None = None) -> str:
     a = plan.attrs
     account = a.get("account") or {}
     planner = a.get("planner") or {}
@@ -499,6 +603,8 @@ def _page(plan, release, blocks, ratios, baselines, baseline_note, figures: dict
             "so that a large release is checked in seconds.</p>",
             _figure(figures, "calibration"),
         ]
+    if estimated is not None:
+        parts += _estimate_section(release, *estimated, figures)
     parts.append("</body></html>")
     return "\n".join(parts) + "\n"
 
@@ -509,18 +615,20 @@ def _page(plan, release, blocks, ratios, baselines, baseline_note, figures: dict
 
 def write_report(plan_path: str | os.PathLike, out: str | os.PathLike,
                  release_path: str | os.PathLike | None = None,
-                 data_path: str | os.PathLike | None = None) -> ReportResult:
+                 data_path: str | os.PathLike | None = None,
+                 estimate_path: str | os.PathLike | None = None) -> ReportResult:
     """Write the report of the plan (and release) to ``out`` (module docstring). With
-    ``data_path`` (the release's data store) the report adds the calibration section."""
+    ``data_path`` (the release's data store) the report adds the calibration section; with
+    ``estimate_path`` (an estimate of the release) the estimate section."""
     out_path = Path(os.fspath(out))
     if STAGING_MARKER in out_path.name:
         raise ValueError(f"{out_path}: a report path may not contain {STAGING_MARKER!r}")
     with store_lock(out_path, "report"):  # one writer per report directory (stores/lock.py)
-        return _write_report(plan_path, out_path, release_path, data_path)
+        return _write_report(plan_path, out_path, release_path, data_path, estimate_path)
 
 
 def _write_report(plan_path: str | os.PathLike, out_path: Path, release_path: str | os.PathLike | None,
-                  data_path: str | os.PathLike | None) -> ReportResult:
+                  data_path: str | os.PathLike | None, estimate_path: str | os.PathLike | None) -> ReportResult:
     if out_path.exists() or out_path.is_symlink():
         _check_out(out_path)  # refuse early, before any work
     plan = read_plan(plan_path)
@@ -529,18 +637,18 @@ def _write_report(plan_path: str | os.PathLike, out_path: Path, release_path: st
         raise ValueError(f"{release.path}: the release was made from another plan "
                          f"(plan checksum {release.attrs.get('plan_checksum')}, not {plan.checksum})")
 
-    blocks = []
-    for bid in plan.block_ids:
-        rec = plan.block(bid)
-        blocks.append({"id": bid, "attributes": rec.attributes, "alpha": rec.alpha,
-                       "lower_bound": rec.lower_bound, "solver": rec.solver,
-                       "shape": " x ".join(map(str, rec.shape))})
+    blocks = block_rows(plan)  # packed blocks from their packs' arrays (distfit.report_packs)
     with np.errstate(divide="ignore", invalid="ignore"):
         ratios = np.asarray(plan.queries_variances / plan.queries_targets, dtype=float)
     baselines, note = _baselines(plan)
     if data_path is not None and release is None:
         raise ValueError("--data: the calibration compares a release with its data; give the release too")
     calibrated = _calibration(plan, release, data_path) if data_path is not None else None
+    estimate = read_estimate(estimate_path) if estimate_path is not None else None
+    if estimate is not None and (release is None or estimate.attrs.get("release_checksum") != release.checksum):
+        raise ValueError(f"{estimate.path}: the estimate is not of the release "
+                         f"{'given' if release is None else release.path} (release checksum "
+                         f"{estimate.attrs.get('release_checksum')}); give the release it was made from")
 
     plt = _pyplot()
     figures = {"privacy_curve": _plot_privacy_curve(plt, float(plan.attrs["alpha"])),
@@ -548,11 +656,17 @@ def _write_report(plan_path: str | os.PathLike, out_path: Path, release_path: st
                "variance_ratio": _plot_variance_ratio(plt, ratios, baselines)}
     if release is not None:
         figures["interval_width"] = _plot_interval_width(plt, release.variances)
-    summary = None
+    summary = true = estimated = None
     if calibrated is not None:
-        summary, z, sd = calibrated
+        summary, z, sd, true = calibrated
         figures["calibration"] = _plot_calibration(plt, z, sd)
-    page = _page(plan, release, blocks, ratios, baselines, note, figures, summary)
+    if estimate is not None:
+        compared = _estimate_summary(release, estimate, true)
+        if true is not None:
+            figures["estimate_error"] = _plot_estimate_error(plt, compared["query_rmse_raw"],
+                                                             compared["query_rmse_estimate"])
+        estimated = (estimate, compared)
+    page = _page(plan, release, blocks, ratios, baselines, note, figures, summary, estimated)
 
     out_path.parent.mkdir(parents=True, exist_ok=True)
     staging = out_path.with_name(f"{out_path.name}{STAGING_MARKER}{secrets.token_hex(6)}")

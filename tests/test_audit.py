@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 import zarr
 
 import distfit.audit
@@ -27,7 +28,8 @@ from distfit.plan.planner import JOINT_BLOCK_DUAL, SCALE_ALLOCATION
 from distfit.solver.dual import certified_bound
 from distfit.spec.parse import parse_spec
 from distfit.stores.checksum import compute_checksum
-from distfit.stores.plan import checksum_covers_attrs, plan_claims, read_plan
+from distfit.stores.plan import StoreError, checksum_covers_attrs, plan_claims, read_plan
+from tests.packed_plans import marginals_spec, write_packed_plan
 from tests.reference import SMALL_SPEC, orthonormal_row_basis
 
 #: The issue's plan: all 2-way marginals of a 2 x 3 x 4 domain, targets 1; merged into one block.
@@ -56,7 +58,10 @@ def plans(tmp_path_factory):
         "replaced": (dict(SMALL_SPEC, name="small-unmerged", blocks={"merge": False}), {}),
     }
     for name, (content, options) in specs.items():
-        run_plan(parse_spec(content), str(root / f"{name}.zarr"), serial=True, log=io.StringIO(), **options)
+        # closed_forms=False: these plans exercise solved (SM-II, merged, joint-dual) blocks; the
+        # planner would otherwise pack their identity-marginal blocks in closed form (issue 10)
+        run_plan(parse_spec(content), str(root / f"{name}.zarr"), serial=True, log=io.StringIO(),
+                 closed_forms=False, **options)
     return root
 
 
@@ -474,3 +479,161 @@ def test_an_allocation_over_the_audits_limit_is_named_in_a_warning(plans, monkey
     assert report.warnings == ("planner.chosen_blocks_lower_bound: not re-certified (the allocation program of 1 "
                                "blocks is over the audit's limit (27 > 1 flops per Newton step)); it is the "
                                "planner's claim",)
+
+
+# --------------------------------------------------------------------------------------------
+# packed plans (issue 10): every claim of a packed block recomputed in bulk, and caught when edited
+
+#: 2-way marginals of 3 x 4 x 2 x 3 attributes, a target per marginal: block r-x0 has segments of
+#: different targets, so its certificate picks one.
+PACKED_SPEC = marginals_spec([3, 4, 2, 3], 2, [1.0, 2.0, 3.0, 1.0, 2.0, 3.0], name="packed")
+
+
+@pytest.fixture(scope="module")
+def packed(tmp_path_factory):
+    root = tmp_path_factory.mktemp("packed")
+    write_packed_plan(root / "packed.zarr", PACKED_SPEC)
+    write_packed_plan(root / "groups.zarr", PACKED_SPEC, explicit=len(read_plan(root / "packed.zarr").block_ids))
+    write_packed_plan(root / "mixed.zarr", PACKED_SPEC, explicit=4)
+    return root
+
+
+def test_a_packed_plan_passes_and_agrees_with_its_blocks_written_one_group_each(packed):
+    reports = {name: audit_plan(str(packed / f"{name}.zarr")) for name in ("packed", "groups", "mixed")}
+    for name, report in reports.items():
+        assert report.ok and not report.warnings, (name, report.failures, report.warnings)
+    assert read_plan(packed / "packed.zarr").explicit_block_ids == ()
+    assert read_plan(packed / "groups.zarr").pack_ids == ()
+    alphas = [reports[name].alpha for name in ("packed", "groups", "mixed")]
+    assert alphas == pytest.approx([alphas[0]] * 3, rel=1e-12)
+    # every packed block's stated bound is what its materialised certificate proves (the one-group rule)
+    plan = read_plan(packed / "packed.zarr")
+    for block in plan.iter_blocks():
+        t = block_bound_targets(block.variances, block.targets)
+        proved = certified_bound(block.basis, block.recon / np.sqrt(t)[:, None], block.cell_weights,
+                                 block.query_weights)
+        assert block.lower_bound == pytest.approx(proved, rel=1e-9)
+
+
+def _pack_block(path, block_id: str) -> int:
+    plan = read_plan(path)
+    return plan.packed_block_ids(0).index(block_id)
+
+
+def _segments_of(path, block_id: str) -> np.ndarray:
+    offsets = read_plan(path).packs()[0].segment_offsets
+    b = _pack_block(path, block_id)
+    return np.arange(offsets[b], offsets[b + 1])
+
+
+def _bump(index_of, factor):
+    def change(values):
+        values = values.copy()
+        values[index_of] = values[index_of] * factor
+        return values
+    return change
+
+
+PACK_EDITS = {
+    # edited array, which entries (a block id, "segment:<block id>" its segments, "query:<q>" the
+    # segments of the marginal starting at query q), factor, the claims named
+    "scale": ("scale", "r-x1.x2", 1 + 1e-6, ("packs/p0/alpha", "packs/p0/segment_variance", "packs/p0/lower_bound")),
+    "alpha": ("alpha", "r-x0.x3", 1.01, ("packs/p0/alpha",)),
+    "lower_bound": ("lower_bound", "r-x2", 1 + 1e-8, ("packs/p0/lower_bound",)),
+    "variance": ("segment_variance", "segment:r-x0", 1.01, ("packs/p0/segment_variance",)),
+    "share over target": ("segment_target", "segment:r-x3", 4.0, ("packs/p0/segment_target",)),
+    "shares short": ("segment_target", "query:0", 0.2, ("blocks/*/targets: the target shares",)),
+}
+
+
+@pytest.mark.parametrize("case", sorted(PACK_EDITS))
+def test_an_edit_inside_a_packed_block_fails_the_audit_naming_it(packed, tmp_path, case):
+    array, entry, factor, claims = PACK_EDITS[case]
+    path = tmp_path / "plan.zarr"
+    shutil.copytree(packed / "packed.zarr", path)
+    if entry.startswith("query:"):  # every block's segment of the marginal whose first query this is
+        index = np.flatnonzero(read_plan(path).packs()[0].segment_query == int(entry.split(":")[1]))
+    else:
+        index = _segments_of(path, entry.split(":")[1]) if entry.startswith("segment:") else _pack_block(path, entry)
+    edit_array(path, f"packs/p0/{array}", _bump(index, factor))
+    reseal(path)
+    assert_fails(path, *claims)
+
+
+def test_a_moved_certificate_or_query_fails(packed, tmp_path):
+    path = tmp_path / "plan.zarr"
+    shutil.copytree(packed / "packed.zarr", path)
+    segments = _segments_of(path, "r-x0")  # three marginals of targets 1, 2, 3: one binds
+    b = _pack_block(path, "r-x0")
+    certificate = int(read_plan(path).packs()[0].certificate[b])
+    other = int(segments[segments != certificate][-1])
+    edit_array(path, "packs/p0/certificate", lambda c: np.where(np.arange(c.size) == b, other, c))
+    reseal(path)
+    assert_fails(path, "packs/p0/lower_bound")
+
+    shutil.rmtree(path)
+    shutil.copytree(packed / "packed.zarr", path)
+    first = int(_segments_of(path, "r-x2.x3")[0])
+    edit_array(path, "packs/p0/segment_query", lambda q: np.where(np.arange(q.size) == first, q - 1, q))
+    reseal(path)
+    assert_fails(path, "queries/variances")
+
+
+def test_a_packed_edit_without_resealing_fails_the_checksum_and_a_broken_pack_is_refused(packed, tmp_path):
+    path = tmp_path / "plan.zarr"
+    shutil.copytree(packed / "packed.zarr", path)
+    edit(path, "packs/p0", solver={"method": "SM-II"})  # a claim only the checksum covers
+    report = audit_plan(str(path))
+    assert [f for f in report.failures if f.startswith("checksum")], report.failures
+    shutil.rmtree(path)
+    shutil.copytree(packed / "packed.zarr", path)
+    edit_array(path, "packs/p0/segment_offsets", lambda o: o[::-1].copy())
+    with pytest.raises(StoreError, match="packs/p0: segment_offsets"):
+        audit_plan(str(path))
+
+
+# --------------------------------------------------------------------------------------------
+# large domains planned in closed form (issue 10): alpha exact above the cell-by-cell limit
+
+
+def _shorthand_spec(name: str, sizes, order: int, extra=()) -> dict:
+    return {"name": name, "attributes": [{"name": f"a{i}", "size": n, "ordinal": True} for i, n in enumerate(sizes)],
+            "queries": [{"name": "m", "marginals": {"order": order}, "target": 1}, *extra]}
+
+
+@pytest.mark.parametrize("sizes, order, reference", [
+    ([10] * 30, 2, 309.796131),  # issue 10's table: the residual program's optimum
+    ([10] * 8, 3, 38.972609),
+])
+def test_closed_form_plans_of_large_domains_pass_the_audit_with_alpha_exact(tmp_path, capsys, sizes, order, reference):
+    """``distfit plan`` then ``distfit audit`` on all k-way marginals of a domain far over the
+    cell-by-cell limit: every block is closed-form (flat profiles), so alpha is exact as the sum
+    of the block alphas, the CLI says so, the packed bounds are what their certificates prove,
+    and the audit passes."""
+    spec_path, plan_path = tmp_path / "spec.yaml", tmp_path / "plan.zarr"
+    spec_path.write_text(yaml.safe_dump(_shorthand_spec("big", sizes, order)))
+    assert main(["plan", str(spec_path), "--out", str(plan_path), "--serial"]) == 0
+    out = capsys.readouterr().out
+    assert "[exact (closed-form blocks: flat profiles, so the sum over blocks)]" in out, out
+    plan = read_plan(plan_path)
+    assert plan.explicit_block_ids == () and plan.attrs["alpha_exact"] is True
+    assert plan.attrs["alpha"] == pytest.approx(reference, rel=1e-6)
+    report = audit_plan(str(plan_path))
+    assert report.ok, report.failures
+    assert report.alpha == pytest.approx(plan.attrs["alpha"], rel=1e-12)
+    assert main(["audit", str(plan_path)]) == 0
+
+
+def test_alpha_exact_claimed_over_a_non_flat_block_of_a_large_domain_fails(tmp_path):
+    """A prefix query adds an SM-II block whose profile is not flat: the plan says "sum bound",
+    and the same plan re-labelled exact fails the audit naming alpha_exact."""
+    prefix = {"name": "p", "attributes": {"a0": "prefix"}, "target": 1}
+    spec = _shorthand_spec("mixed-big", [10] * 8, 2, [prefix])
+    path = tmp_path / "plan.zarr"
+    run_plan(parse_spec(spec), str(path), serial=True, log=io.StringIO())
+    plan = read_plan(path)
+    assert plan.explicit_block_ids and plan.attrs["alpha_exact"] is False
+    assert audit_plan(str(path)).ok
+    edit(path, alpha_exact=True)
+    reseal(path)
+    assert_fails(path, "alpha_exact")

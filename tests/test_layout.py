@@ -24,11 +24,13 @@ MODULES = sorted(PACKAGE.rglob("*.py"))
 PURE = (
     "checks", "domain", "workload", "privacy", "scaling",
     "solver/*", "spec/model", "spec/targets", "spec/groups", "spec/queries", "spec/fields", "spec/schema", "plan/residual", "plan/allocate", "plan/composition",
-    "plan/planner", "plan/levels", "release/noise", "data/synthetic",
+    "plan/planner", "plan/levels", "release/noise", "data/synthetic", "packing", "estimate/geography",
+    "estimate/measurements", "estimate/projection", "estimate/rounding",
 )
 #: Imports that may sit inside a function: optional dependencies, and what must run first.
 LAZY_ALLOWED = {
     "matplotlib", "matplotlib.pyplot",  # report.py selects the Agg backend before pyplot loads
+    "jax", "jax.numpy", "mbi",  # estimate/graphical.py: the optional graphical extra, on first use
 }
 MAX_LINES = 720
 

@@ -1,7 +1,9 @@
 """`distfit run`: plan + audit + data + release into one run directory, with a manifest."""
 from __future__ import annotations
 
+import io
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -12,8 +14,10 @@ import zarr
 
 from tests.clitools import assert_one_line_error, run
 from distfit.audit import audit_plan
+import distfit.estimate.job as estimating
 import distfit.pipeline as pipeline
 from distfit.stores.data import read_histograms, write_synthetic
+from distfit.stores.estimate import read_estimate, verify_estimate
 from distfit.stores.release import read_release, verify_release
 from distfit.pipeline import PACKAGES, data_seed, default_spec_path
 from distfit.spec.parse import load_spec
@@ -41,6 +45,10 @@ def _manifest(rundir) -> dict:
     return json.loads((Path(rundir) / "manifest.json").read_text())
 
 
+def index_text(manifest) -> str:
+    return Path(manifest["report"]["index"]).read_text()
+
+
 def _check_outputs(rundir, spec_path) -> dict:
     rundir = Path(rundir)
     for name in ("plan.zarr", "data.zarr", "release.zarr", "manifest.json"):
@@ -61,6 +69,17 @@ def _check_outputs(rundir, spec_path) -> dict:
     assert set(manifest["versions"]) == set(PACKAGES)
     assert all(isinstance(v, str) for v in manifest["versions"].values())
     assert set(manifest["timings_seconds"]) >= {"plan", "audit", "data", "release", "total"}
+    if manifest["stages"]["estimate"] != "skipped":  # the estimate of this release, sealed, as recorded
+        estimate = read_estimate(rundir / "estimate.zarr")
+        assert verify_estimate(rundir / "estimate.zarr")[0]
+        assert estimate.attrs["release_checksum"] == manifest["release"]["checksum"]
+        assert estimate.attrs["plan_checksum"] == plan.checksum
+        assert np.asarray(estimate.estimates[...]).min() >= 0  # published estimates are never negative
+        assert manifest["estimate"] == {"path": str((rundir / "estimate.zarr").resolve()), "checksum": estimate.checksum,
+                                        "method": "projection", "integer": estimate.integer, "fit": estimate.attrs["fit"]}
+        assert "estimate" in manifest["timings_seconds"] and "Estimates: nonnegative" in index_text(manifest)
+    else:
+        assert manifest["estimate"] is None
     assert manifest["cluster"] == {"kind": "serial"}
     index = Path(manifest["report"]["index"])
     assert index.is_file() and "alpha" in index.read_text()
@@ -79,7 +98,8 @@ def test_end_to_end_and_rerun_reuses_everything(capsys, specs, tmp_path):
     for name in ("plan.zarr", "data.zarr", "release.zarr", "manifest.json"):
         assert str(rundir / name) in out
     first = _check_outputs(rundir, spec)
-    assert first["stages"] == {"plan": "done", "audit": "passed", "data": "synthesised", "release": "done", "report": "done"}
+    assert first["stages"] == {"plan": "done", "audit": "passed", "data": "synthesised", "release": "done",
+                               "estimate": "done", "report": "done"}
     data = read_histograms(rundir / "data.zarr")
     assert data.units == 200 and data.attrs["seed"] == data_seed(first["spec"]["hash"])
     assert data.attrs["spec_hash"] == first["spec"]["hash"]
@@ -89,7 +109,9 @@ def test_end_to_end_and_rerun_reuses_everything(capsys, specs, tmp_path):
     code, out, err = _run(capsys, spec, rundir)
     assert code == 0, err
     second = _check_outputs(rundir, spec)
-    assert second["stages"] == {"plan": "reused", "audit": "passed", "data": "reused", "release": "reused", "report": "done"}
+    assert second["stages"] == {"plan": "reused", "audit": "passed", "data": "reused", "release": "reused",
+                                "estimate": "reused", "report": "done"}
+    assert second["estimate"] == first["estimate"]
     assert second["plan"]["checksum"] == first["plan"]["checksum"]
     assert second["release"]["checksum"] == first["release"]["checksum"]
     assert second["data"]["created"] == first["data"]["created"]
@@ -104,6 +126,45 @@ def test_end_to_end_and_rerun_reuses_everything(capsys, specs, tmp_path):
     code, _, err = run(capsys, "run", str(spec), "--out", str(rundir), "--serial", "--units", "300")
     assert code == 2
     assert_one_line_error(err, "200 units")
+
+
+def test_estimate_stage_options_and_resume(capsys, specs, tmp_path, monkeypatch):
+    """--integer replaces a real estimate (it is a function of the plan and release: nothing is
+    lost), a partial estimate is resumed, --no-estimate skips the stage; the release is never
+    redrawn."""
+    spec, _ = specs
+    rundir = tmp_path / "run"
+    code, out, err = _run(capsys, spec, rundir, "--integer")
+    assert code == 0, err
+    assert "estimate.zarr  (done, integer)" in out
+    first = _check_outputs(rundir, spec)
+    assert first["estimate"]["integer"] is True and read_estimate(rundir / "estimate.zarr").cells.dtype == np.int64
+    code, out, err = _run(capsys, spec, rundir)
+    assert code == 0, err
+    assert "of other inputs or options; replacing it" in err
+    second = _check_outputs(rundir, spec)
+    assert second["stages"]["estimate"] == "done" and second["estimate"]["integer"] is False
+    assert second["release"]["checksum"] == first["release"]["checksum"]
+    # a partial estimate (interrupted after its first chunk) is resumed by the next run
+    real_run = estimating.run_estimate
+
+    def interrupted(*args, **kwargs):
+        def stop(chunk):
+            raise Interrupted
+        return real_run(*args, **dict(kwargs, after_chunk=stop))
+
+    shutil.rmtree(rundir / "estimate.zarr")
+    monkeypatch.setattr(estimating, "run_estimate", interrupted)
+    with pytest.raises(Interrupted):
+        pipeline.run_pipeline(str(spec), rundir, serial=True, log=io.StringIO())
+    monkeypatch.setattr(estimating, "run_estimate", real_run)
+    code, out, err = _run(capsys, spec, rundir)
+    assert code == 0, err
+    assert "resuming" in err and "estimate.zarr  (resumed, real)" in out
+    assert _check_outputs(rundir, spec)["estimate"]["checksum"] == second["estimate"]["checksum"]
+    code, out, err = _run(capsys, spec, rundir, "--no-estimate")
+    assert code == 0, err
+    assert _check_outputs(rundir, spec)["stages"]["estimate"] == "skipped" and "  estimate  " not in out
 
 
 class Interrupted(Exception):

@@ -35,6 +35,7 @@ import zarr
 
 from distfit.release.job import run_release
 from distfit.stores.data import write_synthetic
+from distfit.stores.estimate import read_estimate
 from distfit.stores.release import ReleaseError, read_release, verify_release
 from distfit.stores.plan import read_plan
 from tests.faults import assert_killed_while_in_progress, kill_a_worker_after_the_first
@@ -254,7 +255,7 @@ def test_run_through_a_scheduler_file(tmp_path):
 
     manifest = _check_run(rundir, cluster, scheduler_address)
     assert manifest["stages"] == {"plan": "done", "audit": "passed", "data": "synthesised",
-                                  "release": "done", "report": "done"}
+                                  "release": "done", "estimate": "done", "report": "done"}
     plan = read_plan(rundir / "plan.zarr")
     release = read_release(rundir / "release.zarr")
     assert release.attrs["n_chunks"] == 3  # 9000 units in chunks of 4096
@@ -270,6 +271,10 @@ def test_run_through_a_scheduler_file(tmp_path):
     prefix = "release-chunks-" if any(k.startswith("release-chunks-") for k in keys) else "release-chunk-"
     tasks = collections.Counter(_label(k, prefix) for k in keys if k.startswith(prefix))
     assert "0" in tasks and set(tasks) <= {"0", "1", "2"} and set(tasks.values()) == {1}, tasks
+    # the estimate: one task per release chunk (estimate-chunk-C-RUN), each once, on these workers
+    estimated = collections.Counter(_label(k, "estimate-chunk-") for k in keys if k.startswith("estimate-chunk-"))
+    assert estimated == {"0": 1, "1": 1, "2": 1}, estimated
+    assert read_estimate(rundir / "estimate.zarr").attrs["release_checksum"] == release.checksum
 
 
 def test_seeded_release_survives_a_worker_killed_mid_release(tmp_path, small_plan):

@@ -16,7 +16,11 @@ import distfit.report as report_module
 from benchmarks.render_report import find_chromium, ink, references, render_page
 from tests.clitools import assert_one_line_error, run
 from distfit.stores.data import write_synthetic
+from distfit.estimate.job import run_estimate
 from distfit.release.job import run_release
+from distfit.release.noise import query_answers, true_block_answers
+from distfit.stores.data import open_data
+from distfit.stores.estimate import read_estimate
 from distfit.report import MARKER, PAGE, Z95
 from distfit.stores.plan import read_plan
 from distfit.stores.release import read_release
@@ -31,14 +35,17 @@ def inputs(tmp_path_factory, small_plan):
     write_synthetic(small_plan.spec, 30, data, seed=1, chunk_units=10)
     release = root / "release.zarr"
     run_release(small_plan.plan, str(data), str(release), seed=5, serial=True, fsync=False)
-    return {"plan": small_plan.plan, "release": str(release), "root": root, "data": str(data), "spec": small_plan.spec}
+    estimate = root / "estimate.zarr"
+    run_estimate(small_plan.plan, release, estimate, serial=True, fsync=False)
+    return {"plan": small_plan.plan, "release": str(release), "root": root, "data": str(data), "spec": small_plan.spec,
+            "estimate": str(estimate)}
 
 
 @pytest.fixture(scope="module")
 def full_report(inputs, tmp_path_factory):
-    """The report of the plan, its release and its data (every section), written once."""
+    """The report of the plan, its release, its data and its estimate (every section), written once."""
     out = tmp_path_factory.mktemp("full-report") / "report"
-    result = report_module.write_report(inputs["plan"], out, inputs["release"], inputs["data"])
+    result = report_module.write_report(inputs["plan"], out, inputs["release"], inputs["data"], inputs["estimate"])
     return out, result
 
 
@@ -301,3 +308,53 @@ def test_the_planner_bounds_are_named_for_what_they_bound(inputs, tmp_path, caps
     assert bound["method"] in page and "block-diagonal plan with the chosen blocks" in page
     assert "global: every plan of this form" in page and "not known: the plan has 2 blocks" in page
     assert "allocation_lower_bound" not in page
+
+
+def _estimate_table(page: str) -> list[list[str]]:
+    section = page[page.index("<h2>Estimates: nonnegative"):]
+    table = section[section.index("raw and estimated answers"):]
+    table = table[:table.index("</table>")]
+    return [re.findall(r"<td[^>]*>([^<]*)</td>", row) for row in re.findall(r"<tr>(.*?)</tr>", table)][1:]
+
+
+def test_estimate_section(inputs, full_report, tmp_path, capsys):
+    """Raw against estimated answers: the first units' answers side by side (read back here), the
+    share of raw answers below 0 (none of the estimates), the projection's fit; with the data, the
+    RMSE and mean absolute error of each against the truth, recomputed here, and one point per
+    query in the figure. An estimate of another release is refused (exit 2)."""
+    release, estimate = read_release(inputs["release"]), read_estimate(inputs["estimate"])
+    raw, est = np.asarray(release.answers[...], dtype=float), np.asarray(estimate.estimates[...])
+    out = tmp_path / "report"
+    code, stdout, err = run(capsys, "report", inputs["plan"], inputs["release"], "--out", str(out),
+                            "--estimate", inputs["estimate"])
+    assert code == 0, err
+    page = _check_report(out)
+    assert "estimate_error" not in _figures(page) and "CONFIDENTIAL" not in page
+    assert f"<td class=\"\">{np.mean(raw < 0):.2%}</td>" in page and f"<td class=\"\">{0:.2%}</td>" in page
+    assert f"{estimate.attrs['fit']['objective_mean']:.6g}" in page and "projection" in page
+    rows = _estimate_table(page)
+    assert len(rows) == 20
+    for i, row in enumerate(rows):
+        assert row[0] == str(np.asarray(release.unit_ids[:20])[i])
+        np.testing.assert_allclose([float(v) for v in row[1:]], np.column_stack([raw[i, :4], est[i, :4]]).ravel(),
+                                   rtol=1e-5)
+    full = (full_report[0] / PAGE).read_text(encoding="utf-8")
+    assert "estimate_error" in full_report[1].plots
+    plan, data = read_plan(inputs["plan"]), open_data(inputs["data"])
+    true = query_answers([(plan.block(b).query_index,
+                           true_block_answers(plan.block(b), data.block_counts(plan.block(b).attributes, 0, 30)))
+                          for b in plan.block_ids], raw.shape[1])
+    for value in (np.sqrt(np.mean((raw - true) ** 2)), np.sqrt(np.mean((est - true) ** 2)),
+                  np.mean(np.abs(raw - true)), np.mean(np.abs(est - true))):
+        assert f"<td class=\"\">{value:.6g}</td>" in full
+    svg = _figures(full)["estimate_error"]
+    points = [u for g in svg.iter(f"{SVG}g") if (g.get("id") or "").startswith("estimate_error-PathCollection")
+              for u in g.iter(f"{SVG}use")]
+    assert len(points) == raw.shape[1] + 1  # one per query, and the legend's marker
+    other = tmp_path / "other.zarr"
+    run_release(inputs["plan"], inputs["data"], other, seed=6, serial=True, fsync=False)
+    capsys.readouterr()
+    code, _, err = run(capsys, "report", inputs["plan"], str(other), "--out", str(tmp_path / "r2"),
+                       "--estimate", inputs["estimate"])
+    assert code == 2
+    assert_one_line_error(err, "the estimate is not of the release")

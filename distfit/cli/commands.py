@@ -1,5 +1,5 @@
-"""The pipeline commands: ``distfit plan``, ``audit``, ``synth``, ``release``, ``tabulate``,
-``report`` and ``run``.
+"""The pipeline commands: ``distfit plan``, ``audit``, ``synth``, ``release``, ``estimate``,
+``tabulate``, ``report`` and ``run``.
 
 Each handler checks the flags the library cannot check (``UsageError``, exit code 2), calls one
 library function and prints a short summary; all the work (and every other error) is the
@@ -17,6 +17,7 @@ from distfit.cli.errors import PROG, UsageError
 from distfit.cli.solve import format_number
 from distfit.cluster import dask_client
 from distfit.data.microdata import tabulate_microdata
+from distfit.estimate.job import run_estimate
 from distfit.pipeline import run_levels, run_pipeline
 from distfit.plan.job import run_plan
 from distfit.release.job import run_release
@@ -32,9 +33,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
         load_spec(args.spec), args.out, cluster=args.cluster, workers=args.workers, overwrite=args.overwrite,
         serial=args.serial, refine_rounds=args.refine_rounds,
     )
-    kind = "exact (evaluated cell by cell)" if plan.alpha_exact else "sum bound over blocks"
+    kind = plan.alpha_kind
     print(f"{PROG}: plan {args.out}")
-    print(f"  blocks         {len(plan.blocks)}  ({plan.composition})")
+    print(f"  blocks         {plan.num_blocks}  ({plan.composition})")
     print(f"  privacy cost   alpha = {format_number(plan.alpha)}  [{kind}]   rho = {format_number(plan.rho)}")
     print(f"  max variance/target  {float((plan.variances / plan.targets).max()):.6f}")
     print(f"  checksum       {checksum}")
@@ -107,6 +108,34 @@ def cmd_release(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_estimate(args: argparse.Namespace) -> int:
+    """``distfit estimate``: plan + sealed release -> sealed estimate store
+    (``distfit.estimate.job.run_estimate``)."""
+    if args.workers is not None and args.workers < 1:
+        raise UsageError(f"--workers must be >= 1, got {args.workers}")
+    if args.resume and args.overwrite:
+        raise UsageError("--resume and --overwrite exclude each other")
+    if args.serial and (args.cluster is not None or args.workers is not None):
+        raise UsageError("--serial excludes --cluster and --workers")
+    result = run_estimate(args.plan, args.release, args.out, integer=args.integer, resume=args.resume,
+                          overwrite=args.overwrite, method=args.method, cluster=args.cluster, workers=args.workers,
+                          serial=args.serial)
+    rate = result.units_done_now / result.seconds if result.seconds > 0 else float("nan")
+    fit = result.fit
+    print(f"{PROG}: estimate {result.path}")
+    print(f"  units          {result.units}  ({result.chunks} chunks, {result.chunks_done_now} estimated now"
+          f"{', resumed' if result.resumed else ''})")
+    print(f"  queries        {result.queries}  (cells {result.cells})")
+    print(f"  method         {result.method}, {'integer' if result.integer else 'real'} estimates, nonnegative "
+          f"and consistent")
+    print(f"  fit            objective mean {fit['objective_mean']:.6g}, at most {fit['iterations_max']} iterations, "
+          f"{fit['unconverged_units']} units unconverged")
+    print(f"  seconds        {result.seconds:.1f}  ({rate:.1f} units/s)")
+    print(f"  release checksum  {result.release_checksum}")
+    print(f"  checksum       {result.checksum}  (sealed)")
+    return 0
+
+
 def cmd_tabulate(args: argparse.Namespace) -> int:
     """``distfit tabulate``: microdata -> marginals store (``distfit.data.microdata.tabulate_microdata``),
     on a Dask cluster unless ``--serial``; ``--plan`` adds a marginal per block of that plan."""
@@ -148,7 +177,8 @@ def cmd_tabulate(args: argparse.Namespace) -> int:
 def cmd_report(args: argparse.Namespace) -> int:
     """``distfit report``: plots and HTML page of a plan and optionally a release
     (``distfit.report.write_report``)."""
-    result = write_report(args.plan, args.out, release_path=args.release, data_path=args.data)
+    result = write_report(args.plan, args.out, release_path=args.release, data_path=args.data,
+                          estimate_path=args.estimate)
     print(f"{PROG}: report {result.path}/index.html")
     print(f"  plots          {len(result.plots)}  ({', '.join(result.plots)})")
     if result.calibration is not None:
@@ -174,9 +204,12 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise UsageError("--serial excludes --cluster and --workers")
     spec = load_spec(args.spec) if args.spec is not None else None  # None: the embedded default pipeline
     multilevel = spec is not None and spec.multilevel
-    run = run_levels if multilevel else run_pipeline
-    result = run(spec, args.out, data=args.data, units=args.units, cluster=args.cluster,
-                 workers=args.workers, serial=args.serial)
+    if multilevel:
+        result = run_levels(spec, args.out, data=args.data, units=args.units, cluster=args.cluster,
+                            workers=args.workers, serial=args.serial, estimate=args.estimate, integer=args.integer)
+    else:
+        result = run_pipeline(spec, args.out, data=args.data, units=args.units, cluster=args.cluster,
+                              workers=args.workers, serial=args.serial, estimate=args.estimate, integer=args.integer)
     if multilevel:
         account = result.account
         print(f"{PROG}: run {result.rundir} ({len(result.levels)} levels, sequential composition)")
@@ -197,6 +230,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     print(f"  plan           {result.plan}  ({stages.get('plan')}, audit {stages.get('audit')})")
     print(f"  data           {result.data}  ({stages.get('data')})")
     print(f"  release        {result.release}  ({stages.get('release')})")
+    if result.estimate is not None:
+        integer = result.manifest_data["estimate"]["integer"]
+        print(f"  estimate       {result.estimate}  ({stages.get('estimate')}, {'integer' if integer else 'real'})")
     print(f"  manifest       {result.manifest}")
     print(f"  plan checksum  {result.plan_checksum}")
     print(f"  release checksum  {result.release_checksum}")

@@ -8,8 +8,10 @@ store's account (``distfit.audit``); ``distfit synth`` writes synthetic unit his
 spec's schema (``distfit.stores.data``); ``distfit tabulate`` turns person-level microdata (CSV,
 Parquet) into the marginal counts a release needs (``distfit.data.microdata``); ``distfit release``
 adds noise to unit histograms, tabulated marginals or microdata through a plan and writes a
-sealed, resumable release store (``distfit.release.job``); ``distfit report`` writes plots and an
-HTML page for a plan and optionally a release (``distfit.report``); ``distfit run`` does plan, audit, data, release and report into one run
+sealed, resumable release store (``distfit.release.job``); ``distfit estimate`` post-processes a sealed
+release into nonnegative, consistent (optionally integer) estimates of every query, a sealed,
+resumable estimate store that never reads the data (``distfit.estimate.job``); ``distfit report`` writes plots and an
+HTML page for a plan and optionally a release (``distfit.report``); ``distfit run`` does plan, audit, data, release, estimate and report into one run
 directory with a manifest (``distfit.pipeline``).
 
 Exit codes: 0 success; 1 the solver could not certify its plan (``ConvergenceError``), an
@@ -17,7 +19,7 @@ output could not be written (disk full, no permission: any ``OSError``), an audi
 mismatch, or a stage of ``distfit run`` failed (``RunFailure``); 130 interrupted (Ctrl-C: one line
 says what was kept and how to resume); 2 bad input (unknown workload,
 unreadable or malformed ``.npz`` or spec, conflicting budget flags, a ``ValueError`` from the
-library, a block too large for memory, a plan or release already at ``--out``, a store being
+library, a block too large for memory, a plan, release or estimate already at ``--out``, a store being
 written by another process (``StoreLockedError``, naming it), an unreachable
 scheduler, a plan that fails audit, data that does not fit the plan, bad microdata: a missing
 column, a value outside its attribute's domain, an empty unit id, an unreadable file).
@@ -37,7 +39,16 @@ from typing import Sequence
 import numpy as np
 
 from distfit import __version__
-from distfit.cli.commands import cmd_audit, cmd_plan, cmd_release, cmd_report, cmd_run, cmd_synth, cmd_tabulate
+from distfit.cli.commands import (
+    cmd_audit,
+    cmd_estimate,
+    cmd_plan,
+    cmd_release,
+    cmd_report,
+    cmd_run,
+    cmd_synth,
+    cmd_tabulate,
+)
 from distfit.cli.errors import PROG, OutputError, UsageError, print_error
 from distfit.cli.solve import DEFAULT_MAX_GAP, cmd_solve
 from distfit.cli.workloads import WORKLOAD_HELP
@@ -143,6 +154,28 @@ def build_parser() -> argparse.ArgumentParser:
     add_cluster_options(release_parser, serial_help="release the chunks in this process, without Dask")
     release_parser.set_defaults(handler=cmd_release)
 
+    estimate_parser = commands.add_parser(
+        "estimate", help="nonnegative, consistent estimates from a sealed release (post-processing, no privacy cost)",
+        description="Per unit, project the release onto nonnegative data vectors in the noise's metric and "
+                    "write every workload query's estimate (and the data vector) to an estimate store (one Dask "
+                    "task per release chunk); reads the plan and the release only, never the data; resumable, "
+                    "sealed with a checksum.",
+    )
+    estimate_parser.add_argument("plan", metavar="PLAN.zarr")
+    estimate_parser.add_argument("release", metavar="RELEASE.zarr")
+    estimate_parser.add_argument("--out", required=True, metavar="ESTIMATE.zarr")
+    estimate_parser.add_argument("--integer", action="store_true",
+                                 help="integer estimates: each unit's cells rounded, its total kept")
+    estimate_parser.add_argument("--method", default="auto",
+                                 choices=("auto", "projection", "graphical", "graphical-exact", "graphical-region-graph"),
+                                 help="auto (default): the projection up to 2^22 cells, a graphical model "
+                                      "(clique marginals; needs the graphical extra) above")
+    estimate_parser.add_argument("--resume", action="store_true",
+                                 help="finish an interrupted estimate at --out (estimated chunks are kept)")
+    estimate_parser.add_argument("--overwrite", action="store_true", help="replace an estimate already at --out")
+    add_cluster_options(estimate_parser, serial_help="estimate the chunks in this process, without Dask")
+    estimate_parser.set_defaults(handler=cmd_estimate)
+
     tabulate_parser = commands.add_parser(
         "tabulate", help="tabulate person-level microdata (CSV, Parquet) into per-unit marginal counts",
         description="Read microdata (one row per person: the spec's attribute columns and unit column) in "
@@ -177,6 +210,9 @@ def build_parser() -> argparse.ArgumentParser:
     report_parser.add_argument("--data", metavar="DATA.zarr",
                                help="the release's data store: adds the calibration section (actual error of "
                                     "each answer against its promised sd; CONFIDENTIAL, for validation only)")
+    report_parser.add_argument("--estimate", metavar="ESTIMATE.zarr",
+                               help="an estimate of the release (distfit estimate): adds raw against estimated "
+                                    "answers (with --data, the error of each against the truth)")
     report_parser.set_defaults(handler=cmd_report)
 
     run_parser = commands.add_parser(
@@ -193,6 +229,9 @@ def build_parser() -> argparse.ArgumentParser:
                                  "files) tabulated into RUNDIR/data.zarr (default: synthesise RUNDIR/data.zarr)")
     run_parser.add_argument("--units", type=int, metavar="N",
                             help="units of synthetic data (default 10000; a rerun reuses the earlier data)")
+    run_parser.add_argument("--integer", action="store_true", help="integer estimates (each unit's total kept)")
+    run_parser.add_argument("--no-estimate", dest="estimate", action="store_false",
+                            help="skip the estimate stage (RUNDIR/estimate.zarr)")
     add_cluster_options(run_parser, serial_help="plan and release in this process, without Dask")
     run_parser.set_defaults(handler=cmd_run)
     return parser
@@ -209,7 +248,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as exit_:  # --help, --version
         return exit_.code if isinstance(exit_.code, int) else 0
     if getattr(args, "handler", None) is None:
-        print_error("a command is required: solve, plan, audit, synth, tabulate, release, report or run (see distfit --help)")
+        print_error("a command is required: solve, plan, audit, synth, tabulate, release, estimate, report or run "
+                    "(see distfit --help)")
         return 2
     try:
         with blas_limit():
@@ -247,6 +287,9 @@ def interrupted_hint(args: argparse.Namespace) -> str:
     command = getattr(args, "command", None)
     if command == "release":
         return (f"the chunks written so far are kept in {args.out} (incomplete, never read as a release); "
+                "finish it with the same command and --resume")
+    if command == "estimate":
+        return (f"the chunks estimated so far are kept in {args.out} (incomplete, never read as an estimate); "
                 "finish it with the same command and --resume")
     if command == "run":
         return (f"what was finished is kept in {args.out}; run the same command again to resume "

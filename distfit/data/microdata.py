@@ -23,7 +23,8 @@ Reading (never the whole file in memory)
   text ids stripped of surrounding blanks (UTF-8; an integral float is written without ``.0``).
   With no unit column every person is in one unit, id 0. A unit without people has no row in
   the microdata, so it is not in the tabulation and not released (a unit-histogram store can
-  hold empty units, if they must be published).
+  hold empty units, if they must be published). With ``parent_column`` (a level of a multi-level
+  run) each unit's parent id is read and stored too; two parents for one unit is bad input.
 
 Two passes, one Dask task per partition or per chunk of units (on the given
 ``distributed.Client``, or in this process one task at a time with the synchronous scheduler):
@@ -221,6 +222,8 @@ class _ScanJob:
     integer_ids: bool
     cliques: tuple[tuple[int, ...], ...]   # attribute positions per clique
     sizes: tuple[int, ...]
+    parent_column: str | None = None       # the coarser level's unit column (geography)
+    integer_parents: bool = False
 
 
 def _show(value: Any) -> str:
@@ -314,11 +317,26 @@ def _scan_partition(frame, index: int, job: _ScanJob) -> dict[str, Any]:
             first = (bad_unit[0], job.unit_column, bad_unit[1])
     else:
         units, local_ids = np.zeros(rows, np.int64), np.zeros(1, np.int64)
+    if job.parent_column is not None:
+        parents, parent_ids, bad_parent = _unit_codes(frame[job.parent_column], job.integer_parents)
+        if bad_parent is not None and (first is None or bad_parent[0] < first[0]):
+            first = (bad_parent[0], job.parent_column, bad_parent[1].replace("unit id", "parent unit id"))
+        if first is None:
+            # every unit's first row says its parent; a row saying another is bad input
+            first_rows = np.unique(units, return_index=True)[1]  # local units are 0 .. U-1
+            clash = np.flatnonzero(parents != parents[first_rows][units])
+            if clash.size:
+                row = int(clash[0])
+                first = (row, job.parent_column, _two_parents(
+                    local_ids[units[row]], job.unit_column, parent_ids[parents[first_rows[units[row]]]],
+                    parent_ids[parents[row]]))
     if first is not None:
         result["error"] = {"row": first[0], "column": first[1], "problem": first[2]}
         return result
     parts = Path(job.parts_dir)
     np.save(parts / f"p{index}.ids.npy", local_ids)
+    if job.parent_column is not None:
+        np.save(parts / f"p{index}.parents.npy", parent_ids[parents[first_rows]])
     for i, positions in enumerate(job.cliques):
         sizes = tuple(job.sizes[p] for p in positions)
         cells = math.prod(sizes)
@@ -329,6 +347,12 @@ def _scan_partition(frame, index: int, job: _ScanJob) -> dict[str, Any]:
         np.save(parts / f"p{index}.c{i}.counts.npy", counts)
     result["units"] = int(len(local_ids))
     return result
+
+
+def _two_parents(unit: Any, unit_column: str | None, one: Any, other: Any) -> str:
+    """The problem of a unit whose people name two parents (one line)."""
+    return (f"unit {_show(unit)} of {unit_column!r} has people in two parents, {_show(one)} and "
+            f"{_show(other)} (each unit must lie inside one unit of the coarser level)")
 
 
 def _run_scans(ddf, job: _ScanJob, client, log: TextIO) -> tuple[dict[int, dict], tuple[int, Any] | None]:
@@ -418,9 +442,9 @@ def _failure_message(name: str, fmt: str, results: dict[int, dict], failure: tup
 # reading
 
 
-def _open_source(name: str, fmt: str, spec, blocksize: int | str):
-    """A lazy dask DataFrame of the needed columns, and whether unit ids are integers;
-    DataError for an unreadable source or missing columns."""
+def _open_source(name: str, fmt: str, spec, blocksize: int | str, parent_column: str | None = None):
+    """A lazy dask DataFrame of the needed columns, whether unit ids are integers and whether
+    parent ids (``parent_column``'s) are; DataError for an unreadable source or missing columns."""
     try:
         if fmt == "csv":
             gz = name.lower().endswith(".gz")
@@ -440,17 +464,22 @@ def _open_source(name: str, fmt: str, spec, blocksize: int | str):
     wanted: list[tuple[str, str]] = [(a.data_column, f"attribute {a.name}") for a in spec.attributes]
     if spec.units is not None:
         wanted.insert(0, (spec.units.column, "the unit column"))
+    if parent_column is not None:
+        wanted.insert(1, (parent_column, "the parent unit column"))
     missing = [f"{column!r} ({role})" for column, role in wanted if column not in found]
     if missing:
         raise DataError(f"{name}: missing column{'s' if len(missing) > 1 else ''} {', '.join(missing)}; "
                         f"columns found: {', '.join(found) or 'none'}")
     needed = list(dict.fromkeys(column for column, _ in wanted))
     ddf = ddf[needed]
-    integer_ids = False
-    if spec.units is not None:
-        dtype = ddf.dtypes[spec.units.column]
-        integer_ids = bool(pd.api.types.is_integer_dtype(dtype) and not pd.api.types.is_bool_dtype(dtype))
-    return ddf, integer_ids
+
+    def integer(column: str | None) -> bool:
+        if column is None:
+            return False
+        dtype = ddf.dtypes[column]
+        return bool(pd.api.types.is_integer_dtype(dtype) and not pd.api.types.is_bool_dtype(dtype))
+
+    return ddf, integer(spec.units.column if spec.units is not None else None), integer(parent_column)
 
 
 # --------------------------------------------------------------------------------------------
@@ -480,6 +509,26 @@ def _unit_index(parts: Path, results: dict[int, dict], integer: bool) -> tuple[n
     return ids, ranges
 
 
+def _parent_index(parts: Path, partitions: Sequence[int], ids: np.ndarray, job: _ScanJob, name: str) -> np.ndarray:
+    """Each global unit's parent id (the partitions' ``p<k>.parents.npy`` by ``p<k>.units.npy``);
+    DataError naming the unit, the parent column and both parents when two partitions disagree."""
+    parents = np.zeros(ids.size, np.int64 if job.integer_parents else "S1")
+    seen = np.zeros(ids.size, dtype=bool)
+    for k in partitions:
+        index = np.load(parts / f"p{k}.units.npy")
+        local = np.load(parts / f"p{k}.parents.npy")
+        if local.dtype.itemsize > parents.dtype.itemsize:
+            parents = parents.astype(local.dtype)
+        clash = np.flatnonzero(seen[index] & (parents[index] != local))
+        if clash.size:
+            unit = index[clash[0]]
+            raise DataError(f"{name}: column {job.parent_column!r}: "
+                            + _two_parents(ids[unit], job.unit_column, parents[unit], local[clash[0]]))
+        parents[index] = local
+        seen[index] = True
+    return parents
+
+
 @dataclass(frozen=True)
 class _MergeJob:
     store: str
@@ -488,6 +537,8 @@ class _MergeJob:
     units: int
     chunk_units: int
     integer_ids: bool
+    parents: bool = False              # write parent_ids (parents.npy)
+    integer_parents: bool = False
 
 
 def _merge_chunk(job: _MergeJob, chunk: int, partitions: tuple[int, ...]) -> int:
@@ -517,6 +568,9 @@ def _merge_chunk(job: _MergeJob, chunk: int, partitions: tuple[int, ...]) -> int
         writer.write_marginal(i, start, dense.reshape(n, cells))
     ids = np.asarray(np.load(parts / "ids.npy", mmap_mode="r")[start:stop])
     writer.write_unit_ids(start, ids if job.integer_ids else np.char.decode(ids, "utf-8"))
+    if job.parents:
+        parents = np.asarray(np.load(parts / "parents.npy", mmap_mode="r")[start:stop])
+        writer.write_parent_ids(start, parents if job.integer_parents else np.char.decode(parents, "utf-8"))
     return n
 
 
@@ -527,7 +581,7 @@ def _merge_chunk(job: _MergeJob, chunk: int, partitions: tuple[int, ...]) -> int
 def tabulate_microdata(spec: Any, source: PathLike, out: PathLike, *, client=None,
                        chunk_units: int | None = None, overwrite: bool = False, fsync: bool = True,
                        cover: Iterable[Sequence[str]] = (), blocksize: int | str = BLOCKSIZE,
-                       log: TextIO | None = None) -> Path:
+                       parent_column: str | None = None, log: TextIO | None = None) -> Path:
     """Tabulate the microdata at ``source`` for ``spec`` into a marginals store at ``out``.
 
     ``spec``: a :class:`distfit.spec.model.PipelineSpec` or a spec path. ``client``: a
@@ -535,7 +589,10 @@ def tabulate_microdata(spec: Any, source: PathLike, out: PathLike, *, client=Non
     ``chunk_units``: units per chunk (default: up to 4096, at most 16 MiB of the largest
     clique's counts). ``cover``: attribute sets that must each lie in a stored clique (a plan's
     blocks; :func:`query_cliques`). ``blocksize``: bytes per partition (tests use small ones).
-    Returns the path written. Raises DataError (bad input: module docstring),
+    ``parent_column``: the unit column of the coarser level the units lie in (a level of a
+    multi-level run): each unit's parent id is stored as ``parent_ids`` (:mod:`distfit.stores.data`),
+    and a unit whose people name two parents is a DataError naming the unit, the column and
+    both parents. Returns the path written. Raises DataError (bad input: module docstring),
     FileExistsError (something at ``out`` that may not be replaced), ValueError (bad arguments).
     """
     log = log or sys.stderr
@@ -553,7 +610,10 @@ def tabulate_microdata(spec: Any, source: PathLike, out: PathLike, *, client=Non
         raise ValueError(f"a clique of {max(cells)} cells is more than {MAX_CLIQUE_CELLS} to tabulate")
     if microdata_format(name) == "csv" and Path(name).is_dir():
         raise DataError(f"{name}: is a directory, not a CSV file")
-    ddf, integer_ids = _open_source(name, fmt, spec, blocksize)
+    if parent_column is not None and (spec.units is None or parent_column == spec.units.column):
+        raise ValueError(f"parent_column {parent_column!r}: needs a unit column other than it "
+                         f"(the spec's is {spec.units.column if spec.units is not None else None!r})")
+    ddf, integer_ids, integer_parents = _open_source(name, fmt, spec, blocksize, parent_column)
 
     with staged_store(out, MARGINALS_FORMAT, overwrite=overwrite, fsync=fsync) as (staging, group):
         parts = staging / PARTS
@@ -562,7 +622,7 @@ def tabulate_microdata(spec: Any, source: PathLike, out: PathLike, *, client=Non
                        columns=tuple(a.data_column for a in spec.attributes),
                        unit_column=spec.units.column if spec.units is not None else None,
                        integer_ids=integer_ids or spec.units is None, cliques=positions,
-                       sizes=tuple(domain.sizes))
+                       sizes=tuple(domain.sizes), parent_column=parent_column, integer_parents=integer_parents)
         results, failure = _run_scans(ddf, job, client, log)
         if failure is not None:
             raise DataError(_failure_message(name, fmt, results, failure))
@@ -570,15 +630,19 @@ def tabulate_microdata(spec: Any, source: PathLike, out: PathLike, *, client=Non
         if rows == 0:
             raise DataError(f"{name}: no data rows (a header only)" if fmt == "csv" else f"{name}: no data rows")
         ids, ranges = _unit_index(parts, results, job.integer_ids)
+        if parent_column is not None:
+            np.save(parts / "parents.npy", _parent_index(parts, [k for k, _, _ in ranges], ids, job, name))
         units = int(ids.size)
         chunk_units = chunk_units or default_chunk_units(max(cells), units)
         values = value_labels(spec)
         create_marginals(group, cells, units, chunk_units, job.integer_ids,
-                         labels=[cell_labels(clique, values) for clique in cliques])
+                         labels=[cell_labels(clique, values) for clique in cliques],
+                         integer_parents=None if parent_column is None else integer_parents)
         np.save(parts / "ids.npy", ids)
         del ids
         merge = _MergeJob(store=str(staging), parts_dir=str(parts), cells=cells, units=units,
-                          chunk_units=chunk_units, integer_ids=job.integer_ids)
+                          chunk_units=chunk_units, integer_ids=job.integer_ids,
+                          parents=parent_column is not None, integer_parents=integer_parents)
         calls = []
         for chunk, start in enumerate(range(0, units, chunk_units)):
             stop = start + chunk_units
@@ -593,15 +657,16 @@ def tabulate_microdata(spec: Any, source: PathLike, out: PathLike, *, client=Non
         shutil.rmtree(parts)
         write_marginals_attrs(group, domain=domain, spec_hash=spec.spec_hash, units=units,
                               chunk_units=chunk_units, cliques=cliques, source={**info, "rows": rows},
-                              total_people=rows)
+                              total_people=rows, parent_column=parent_column)
     return Path(os.fspath(out))
 
 
 def tabulation_mismatch(store: PathLike, spec: Any, source: PathLike,
-                        cover: Iterable[Sequence[str]] = ()) -> str | None:
+                        cover: Iterable[Sequence[str]] = (), parent_column: str | None = None) -> str | None:
     """None when the marginals store at ``store`` was tabulated for ``spec`` (same spec hash)
-    from ``source`` as it is now (same absolute path, format, size and mtime) and holds a clique
-    for every set in ``cover``; otherwise why not (one phrase)."""
+    from ``source`` as it is now (same absolute path, format, size and mtime), with the parent
+    ids of ``parent_column`` (or none, for None), and holds a clique for every set in
+    ``cover``; otherwise why not (one phrase)."""
     spec = as_pipeline_spec(spec)
     try:
         data = read_marginals(store)
@@ -613,6 +678,8 @@ def tabulation_mismatch(store: PathLike, spec: Any, source: PathLike,
     for key in ("path", "format", "size", "mtime"):
         if recorded.get(key) != now[key]:
             return f"the source's {key} differs ({recorded.get(key)!r} recorded, {now[key]!r} now)"
+    if data.parent_column != parent_column:
+        return f"parent ids of column {data.parent_column!r} stored, {parent_column!r} wanted"
     for attributes in cover:
         try:
             data.clique_for(attributes)
@@ -623,17 +690,18 @@ def tabulation_mismatch(store: PathLike, spec: Any, source: PathLike,
 
 def ensure_tabulated(spec: Any, source: PathLike, out: PathLike, *, cover: Iterable[Sequence[str]] = (),
                      client=None, replace: bool = False, fsync: bool = True,
-                     blocksize: int | str = BLOCKSIZE, log: TextIO | None = None) -> tuple[Path, str]:
-    """Reuse the marginals store at ``out`` if it matches (:func:`tabulation_mismatch`), else
-    tabulate ``source`` into it. Returns ``(path, "reused" | "tabulated")``. A store that does
-    not match is replaced only with ``replace`` (and only if it is a marginals store);
-    otherwise DataError."""
+                     blocksize: int | str = BLOCKSIZE, parent_column: str | None = None,
+                     log: TextIO | None = None) -> tuple[Path, str]:
+    """Reuse the marginals store at ``out`` if it matches (:func:`tabulation_mismatch`, with
+    ``parent_column``), else tabulate ``source`` into it (:func:`tabulate_microdata`). Returns
+    ``(path, "reused" | "tabulated")``. A store that does not match is replaced only with
+    ``replace`` (and only if it is a marginals store); otherwise DataError."""
     log = log or sys.stderr
     cover = [tuple(c) for c in cover]
     path = Path(os.fspath(out))
     replacing = False
     if path.exists() or path.is_symlink():
-        reason = tabulation_mismatch(path, spec, source, cover)
+        reason = tabulation_mismatch(path, spec, source, cover, parent_column)
         if reason is None:
             print(f"distfit: reusing the data tabulated at {path} (same source and spec)", file=log)
             return path, "reused"
@@ -643,5 +711,5 @@ def ensure_tabulated(spec: Any, source: PathLike, out: PathLike, *, cover: Itera
         print(f"distfit: tabulating again into {path} ({reason})", file=log)
         replacing = True
     tabulate_microdata(spec, source, path, client=client, overwrite=replacing, fsync=fsync, cover=cover,
-                       blocksize=blocksize, log=log)
+                       blocksize=blocksize, parent_column=parent_column, log=log)
     return path, "tabulated"

@@ -57,14 +57,25 @@ def allocate_scales(
     on a loaded driver; the barrier takes about 3 s and ends with a slightly better allocation.)
     """
     alphas = np.asarray(block_alphas, dtype=float)
-    targets = np.asarray(targets, dtype=float)
-    if np.any(alphas <= 0) or not np.all(np.isfinite(alphas)):
-        raise ValueError("block_alphas: every block alpha must be finite and > 0")
     if len(block_queries) != alphas.size:
         raise ValueError(f"block_queries: {len(block_queries)} entries for {alphas.size} block alphas")
     rows = np.concatenate([np.asarray(query_index, dtype=np.int64) for query_index, _ in block_queries])
     cols = np.concatenate([np.full(len(query_index), column) for column, (query_index, _) in enumerate(block_queries)])
     values = np.concatenate([np.asarray(variances, dtype=float) for _, variances in block_queries])
+    return allocate_rows(alphas, rows, cols, values, targets, tolerance)
+
+
+def allocate_rows(block_alphas: np.ndarray, rows: np.ndarray, cols: np.ndarray, values: np.ndarray,
+                  targets: np.ndarray, tolerance: float = 1e-6) -> ScaleAllocation:
+    """``allocate_scales`` with the variances as sparse triples: query ``rows[r]`` gets variance
+    ``values[r]`` from block ``cols[r]`` at scale 1 (a query's entries in one block add up)."""
+    alphas = np.asarray(block_alphas, dtype=float)
+    targets = np.asarray(targets, dtype=float)
+    rows = np.asarray(rows, dtype=np.int64)
+    cols = np.asarray(cols, dtype=np.int64)
+    values = np.asarray(values, dtype=float)
+    if np.any(alphas <= 0) or not np.all(np.isfinite(alphas)):
+        raise ValueError("block_alphas: every block alpha must be finite and > 0")
     if np.any(values < 0) or not np.all(np.isfinite(values)):
         raise ValueError("block_queries: variances must be finite and >= 0")
     if np.any(targets[rows] <= 0):
@@ -77,6 +88,7 @@ def allocate_scales(
     if idle.size:
         raise ValueError(f"block_queries: block {int(idle[0])} gives no query any variance, so its scale is unbounded")
     num_constraints = normalised.shape[0]
+    leaves = _LeafElimination(normalised)
 
     def barrier_change(scales: np.ndarray, step: np.ndarray, slack: np.ndarray, growth: np.ndarray, length: float) -> float:
         """``phi_t(s + length step) - phi_t(s)``, term by term: at large t the values themselves
@@ -96,12 +108,7 @@ def allocate_scales(
         for _ in range(BARRIER_MAX_NEWTON):
             slack = 1.0 - normalised @ scales
             gradient = -weight * alphas / scales**2 + transposed @ (1.0 / slack)
-            hessian = (transposed.multiply(1.0 / slack**2) @ normalised).toarray()
-            hessian[np.diag_indices_from(hessian)] += 2.0 * weight * alphas / scales**3
-            try:
-                step = -scipy.linalg.cho_solve(scipy.linalg.cho_factor(hessian), gradient)
-            except np.linalg.LinAlgError:
-                step = -np.linalg.lstsq(hessian, gradient, rcond=None)[0]
+            step = -leaves.solve(2.0 * weight * alphas / scales**3, 1.0 / slack**2, gradient)
             decrement = float(-gradient @ step)  # squared Newton decrement
             if not decrement > 1e-9:
                 break
@@ -123,6 +130,53 @@ def allocate_scales(
             break
         weight *= 20.0
     return ScaleAllocation(scales=best, alpha_bound=upper, lower_bound=lower)
+
+
+class _LeafElimination:
+    """Newton systems ``(diag(h) + V^T diag(w) V) x = g`` of the allocation, with the *leaf*
+    blocks eliminated first (the issue's "eliminate them first").
+
+    A leaf is a block with a nonzero in one constraint row only, at most one leaf per row (the
+    block of a marginal's own clique: no other marginal reaches it). The leaves' part of the
+    system is diagonal, ``h_j + V_rj^2 w_r``, and eliminating them leaves the other blocks'
+    system with the row weights changed: ``S = diag(h_C) + V_C^T diag(w - (V_rj w_r)^2 /
+    (h_j + V_rj^2 w_r)) V_C`` (the Schur complement; a dense Cholesky of the non-leaf blocks
+    only). All 2-way marginals of N attributes: N + 1 non-leaf blocks of N(N + 1)/2 + N + 1."""
+
+    def __init__(self, normalised: scipy.sparse.csr_matrix) -> None:
+        columns = normalised.tocsc()
+        counts = np.diff(columns.indptr)
+        single = np.flatnonzero(counts == 1)
+        rows = columns.indices[columns.indptr[single]]
+        _, first = np.unique(rows, return_index=True)  # one leaf per row
+        self.leaf = single[first]
+        self.leaf_row = rows[first]
+        self.leaf_value = columns.data[columns.indptr[self.leaf]]
+        mask = np.ones(normalised.shape[1], dtype=bool)
+        mask[self.leaf] = False
+        self.rest = np.flatnonzero(mask)
+        self.rest_matrix = columns[:, self.rest].tocsr()
+        self.rest_transposed = self.rest_matrix.T.tocsr()
+
+    def solve(self, diagonal: np.ndarray, row_weights: np.ndarray, rhs: np.ndarray) -> np.ndarray:
+        leaf_weight = self.leaf_value * row_weights[self.leaf_row]  # V_rj w_r
+        leaf_diagonal = diagonal[self.leaf] + self.leaf_value * leaf_weight
+        weights = row_weights.copy()
+        weights[self.leaf_row] -= leaf_weight**2 / leaf_diagonal
+        carried = np.zeros(row_weights.size)
+        carried[self.leaf_row] = leaf_weight * rhs[self.leaf] / leaf_diagonal
+        out = np.empty_like(rhs)
+        if self.rest.size:
+            schur = (self.rest_transposed.multiply(weights) @ self.rest_matrix).toarray()
+            schur[np.diag_indices_from(schur)] += diagonal[self.rest]
+            reduced = rhs[self.rest] - self.rest_transposed @ carried
+            try:
+                out[self.rest] = scipy.linalg.cho_solve(scipy.linalg.cho_factor(schur), reduced)
+            except np.linalg.LinAlgError:
+                out[self.rest] = np.linalg.lstsq(schur, reduced, rcond=None)[0]
+        coupled = (self.rest_matrix @ out[self.rest])[self.leaf_row] if self.rest.size else 0.0
+        out[self.leaf] = (rhs[self.leaf] - leaf_weight * coupled) / leaf_diagonal
+        return out
 
 
 def _largest_step(room: np.ndarray, use: np.ndarray) -> float:

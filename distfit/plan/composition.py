@@ -26,6 +26,13 @@ from distfit.domain import Domain
 EXACT_DOMAIN_LIMIT = 5_000_000  # cells: above it alpha is the sum bound (one float per cell is too much)
 
 
+def alpha_is_exact(domain_size: int, flat_profiles: bool) -> bool:
+    """Whether a plan's alpha is exact: its domain is evaluated cell by cell (at most
+    ``EXACT_DOMAIN_LIMIT`` cells), or every block's profile is flat (closed-form blocks), so
+    the stitched profile is flat and its maximum is the sum bound ``sum_b alpha_b`` itself."""
+    return domain_size <= EXACT_DOMAIN_LIMIT or flat_profiles
+
+
 class StitchedProfile:
     """``p(x) = sum_b p_b(x restricted to A_b)`` accumulated one block at a time, holding one
     float per full-domain cell whatever the number of blocks, never a list of block profiles

@@ -60,6 +60,7 @@ def apply_budget(plan: PlanResult, budget_alpha: float) -> PlanResult:
     return dataclasses.replace(
         plan,
         blocks=blocks,
+        closed_scales=None if plan.closed_scales is None else plan.closed_scales * factor,
         variances=scaled_noise(plan.variances, factor),
         alpha=scaled_cost(plan.alpha, factor),
         alpha_sum_bound=scaled_cost(plan.alpha_sum_bound, factor),
@@ -102,7 +103,15 @@ def write_plan(spec: PipelineSpec, plan: PlanResult, out: str, overwrite: bool =
             )
             for block in plan.blocks
         )
+        write_closed_blocks(writer, plan)
         return finish_plan(writer, spec, plan)
+
+
+def write_closed_blocks(writer: PlanWriter, plan: PlanResult) -> None:
+    """The plan's closed-form blocks as one pack (``distfit.packing.PackedBlocks``): a few arrays
+    for all of them, not a store group each."""
+    if plan.closed is not None and len(plan.closed):
+        writer.write_packed(plan.closed.pack(plan.closed_scales))
 
 
 class StoreSink:
@@ -192,8 +201,8 @@ def planner_bounds(plan: PlanResult) -> dict:
     (the allocation's or the joint block dual's certificate: plans with the chosen blocks only;
     ``PlanResult.allocation_lower_bound``) and ``global_lower_bound`` (every plan of the form; known
     when the plan is one block, whose own dual certificate is then global, else ``None``)."""
-    blocks = len(plan.blocks)
-    known = blocks == 1 and plan.blocks[0].lower_bound > 0
+    blocks = plan.num_blocks
+    known = blocks == 1 and len(plan.blocks) == 1 and plan.blocks[0].lower_bound > 0
     return {
         "chosen_blocks_lower_bound": {
             "value": plan.allocation_lower_bound,
@@ -260,30 +269,35 @@ def run_plan(
     refine_rounds: int = 1,
     stream: bool | None = None,
     log: TextIO | None = None,
+    closed_forms: bool = True,
 ) -> tuple[PlanResult, str]:
     """Spec (``distfit.spec.parse.load_spec``) to plan store at ``out``; returns the plan and its
     checksum. ``stream``: build the plan through the store (module docstring); ``None``
     (default) streams exactly the plans too big to co-optimise (``planner.should_stream``).
+    ``closed_forms=False`` solves every block with SM-II and merges as before closed forms
+    (``decomposition.decompose_lazily``): for comparisons and tests of solved blocks.
     Errors: SpecError/ValueError (bad input), FileExistsError (a plan is already there),
     cluster.ClusterError (unreachable scheduler)."""
     log = log or sys.stderr
     with store_lock(out, "plan"):  # one writer per store: a second plan job into out is refused
         return _run_plan(spec, out, cluster=cluster, workers=workers, overwrite=overwrite, serial=serial,
-                         refine_rounds=refine_rounds, stream=stream, log=log)
+                         refine_rounds=refine_rounds, stream=stream, log=log, closed_forms=closed_forms)
 
 
 def _run_plan(spec: PipelineSpec, out: str, *, cluster: str | None, workers: int | None, overwrite: bool, serial: bool,
-              refine_rounds: int, stream: bool | None, log: TextIO) -> tuple[PlanResult, str]:
+              refine_rounds: int, stream: bool | None, log: TextIO, closed_forms: bool = True) -> tuple[PlanResult, str]:
     PlanWriter(out, overwrite=overwrite).abort()  # refuse an existing plan before any work
-    decomposition = decompose_lazily(spec.domain, spec.group_triples(), spec.blocks.max_cells if spec.blocks.merge else 0)
+    decomposition = decompose_lazily(spec.domain, spec.group_triples(), spec.blocks.max_cells if spec.blocks.merge else 0,
+                                     closed_forms=closed_forms)
     decisions = list(decomposition.decisions)
     for line in decisions:
         print(f"distfit: {line}", file=log)
     budget = spec.privacy.budget
     if not (should_stream(decomposition.layouts) if stream is None else stream):
         blocks = list(decomposition.specs())
-        with _executor(cluster, workers, serial, log) as executor:
-            plan = plan_blocks(spec.domain, blocks, spec.targets, executor, refine_rounds, decisions, RoundProgress("plan", log))
+        with _executor(cluster, workers, serial or not decomposition.layouts, log) as executor:
+            plan = plan_blocks(spec.domain, blocks, decomposition.workload.targets(), executor, refine_rounds, decisions, RoundProgress("plan", log),
+                               closed=decomposition.closed)
         if budget is not None:
             plan = apply_budget(plan, budget.to_alpha())
         return plan, write_plan(spec, plan, out, overwrite=overwrite)
@@ -294,11 +308,13 @@ def _run_plan(spec: PipelineSpec, out: str, *, cluster: str | None, workers: int
         for block in decomposition.specs():
             refs.append(sink.save_spec(block))
             del block  # before the next one is built
-        with _executor(cluster, workers, serial, log) as executor:
-            plan = plan_streamed(spec.domain, refs, spec.targets, sink, executor, refine_rounds, decisions, RoundProgress("plan", log))
+        with _executor(cluster, workers, serial or not decomposition.layouts, log) as executor:
+            plan = plan_streamed(spec.domain, refs, decomposition.workload.targets(), sink, executor, refine_rounds, decisions, RoundProgress("plan", log),
+                                 closed=decomposition.closed)
         if budget is not None:
             plan = apply_budget(plan, budget.to_alpha())
         write_streamed_blocks(plan, sink)
+        write_closed_blocks(writer, plan)
         return plan, finish_plan(writer, spec, plan)
 
 

@@ -53,9 +53,11 @@ from typing import Callable, Iterable, Iterator, Protocol, Sequence
 import numpy as np
 
 from distfit.domain import Domain
-from distfit.plan.allocate import ScaleAllocation, allocate_scales
-from distfit.plan.composition import EXACT_DOMAIN_LIMIT, StitchedProfile, stitched_profile, stitched_variances
-from distfit.plan.residual import BlockLayout, BlockSpec, GroupLike, ResidualWorkload, group_targets
+from distfit.plan.allocate import ScaleAllocation, allocate_rows
+from distfit.plan.closed_form import ClosedFormBlocks
+from distfit.plan.composition import EXACT_DOMAIN_LIMIT, StitchedProfile, alpha_is_exact, stitched_profile, stitched_variances
+from distfit.plan.decomposition import decompose, decompose_lazily  # noqa: F401 (re-exported: step 1)
+from distfit.plan.residual import BlockLayout, BlockSpec, GroupLike, group_targets
 from distfit.privacy import privacy_account, privacy_profile
 from distfit.scaling import scale_block, scaled_cost, scaled_noise
 from distfit.solver.dual import BlockDualResult, maximize_block_dual
@@ -232,48 +234,30 @@ class PlanResult:
     variance_scale: float = field(default=1.0)  # k > 1 when a budget forces variances k * c
     streamed: bool = field(default=False)  # blocks are drafts in a BlockSink (write_streamed_blocks)
     lower_bound_method: str = field(default=SCALE_ALLOCATION)  # or JOINT_BLOCK_DUAL: what allocation_lower_bound bounds
+    closed: ClosedFormBlocks | None = field(default=None)  # closed-form blocks (not in ``blocks``)
+    closed_scales: np.ndarray | None = field(default=None)  # their scales s_S (Sigma = s_S sigma_S B B^T)
+
+    @property
+    def num_blocks(self) -> int:
+        """Blocks of the plan: ``blocks`` (solved) and the closed-form ones."""
+        return len(self.blocks) + (0 if self.closed is None else len(self.closed))
 
     @property
     def rho(self) -> float:
         return self.alpha / 2.0
 
+    @property
+    def alpha_kind(self) -> str:
+        """How alpha was found, in words (``_composed_plan``): exact cell by cell, exact as the
+        sum of flat closed-form profiles, or the sum bound."""
+        if self.alpha_exact and self.domain.size <= EXACT_DOMAIN_LIMIT:
+            return "exact (evaluated cell by cell)"
+        if self.alpha_exact:
+            return "exact (closed-form blocks: flat profiles, so the sum over blocks)"
+        return "sum bound over blocks"
+
     def account(self) -> dict:
         return privacy_account(self.alpha).to_dict()
-
-
-@dataclass(frozen=True, eq=False)
-class Decomposition:
-    """The blocks a plan will have, as layouts (sizes, no arrays), and the workload their specs
-    are built from one at a time (``specs()``), so the driver never holds every spec."""
-
-    layouts: tuple[BlockLayout, ...]
-    decisions: tuple[str, ...]
-    workload: ResidualWorkload
-
-    def specs(self) -> Iterator[BlockSpec]:
-        for layout in self.layouts:
-            yield self.workload.build(layout)
-
-
-def decompose_lazily(domain: Domain, groups: Sequence[GroupLike], max_cells: int) -> Decomposition:
-    """Residual blocks merged under ``max_cells`` (``residual.merge_layout``), decided on attribute
-    sets and row counts; a log of what was decided and why."""
-    workload = ResidualWorkload(domain, groups)
-    cliques = [tuple(group[1]) for group in groups]
-    layouts = workload.layout(cliques, max_cells)
-    decisions = (
-        f"residual decomposition: {len(workload.subsets)} blocks from {len(groups)} query groups",
-        f"merged under max_cells={max_cells}: {len(layouts)} blocks "
-        f"(largest {max(b.cells for b in layouts)} cells, {max(b.rows for b in layouts)} basis rows)",
-    )
-    return Decomposition(tuple(layouts), decisions, workload)
-
-
-def decompose(domain: Domain, groups: Sequence[GroupLike], max_cells: int) -> tuple[list[BlockSpec], list[str]]:
-    """Residual blocks merged under ``max_cells``, every spec built, and a log of what was
-    decided and why (``decompose_lazily`` builds them one at a time)."""
-    decomposition = decompose_lazily(domain, groups, max_cells)
-    return list(decomposition.specs()), list(decomposition.decisions)
 
 
 def block_work(blocks: Iterable[BlockSpec | BlockRef | BlockLayout]) -> float:
@@ -305,8 +289,57 @@ def should_stream(blocks: Sequence[BlockSpec | BlockRef | BlockLayout]) -> bool:
     return block_work(blocks) > STREAM_WORK
 
 
-def _rows_per_query(blocks: Sequence[BlockSpec | BlockRef], num_queries: int) -> np.ndarray:
-    return np.bincount(np.concatenate([b.query_index for b in blocks]), minlength=num_queries)
+def _solved_queries(blocks: Sequence[BlockSpec | BlockRef]) -> tuple[np.ndarray, np.ndarray]:
+    """The queries with a row in a solved block (sorted) and how many rows each has: arrays
+    the size of the solved rows, never of the workload (162M queries at 100 attributes, 3-way)."""
+    return np.unique(np.concatenate([b.query_index for b in blocks] + [np.zeros(0, np.int64)]), return_counts=True)
+
+
+@dataclass(frozen=True, eq=False)
+class _ClosedRows:
+    """The closed-form blocks as the allocation sees them: ``(query, block, variance)`` rows at
+    their unscaled shapes, one per segment whose marginal has no row in a solved block (then all
+    of its queries have the same constraint: a *run* of queries sharing the variance of its
+    first) and one per row otherwise (a run of one query, like every query no such marginal
+    covers). ``run_start``/``run_length`` cover the queries in order; ``run_of_row`` is the run
+    of every allocation row. The per-query variances are formed once, at the end (``variances``)."""
+
+    closed: ClosedFormBlocks
+    query: np.ndarray
+    block: np.ndarray
+    variance: np.ndarray
+    run_start: np.ndarray
+    run_length: np.ndarray
+    run_of_row: np.ndarray
+
+    @classmethod
+    def of(cls, closed: ClosedFormBlocks, solved: Sequence[BlockSpec | BlockRef], num_queries: int) -> _ClosedRows:
+        expand = np.isin(closed.segment_query, _solved_queries(solved)[0])
+        query, block, variance = closed.allocation_rows(expand)
+        starts, first = np.unique(closed.segment_query[~expand], return_index=True)
+        cells = closed.segment_cells[~expand][first]
+        # queries outside every shared run are runs of one (int8 coverage: the runs are disjoint marginals)
+        change = np.zeros(num_queries + 1, dtype=np.int8)
+        change[starts] = 1
+        change[starts + cells] -= 1
+        single = np.flatnonzero(np.cumsum(change[:-1], dtype=np.int8) == 0)
+        run_start = np.concatenate([starts, single])
+        run_length = np.concatenate([cells, np.ones(single.size, dtype=np.int64)])
+        order = np.argsort(run_start, kind="stable")
+        run_start, run_length = run_start[order], run_length[order]
+        return cls(closed, query, block, variance, run_start, run_length, np.searchsorted(run_start, query))
+
+    def totals(self, scales: np.ndarray, num_queries: int) -> np.ndarray:
+        """Per query, the variance of its closed-form rows at ``scales`` (runs' first queries only)."""
+        return np.bincount(self.query, self.variance * scales[self.block], minlength=num_queries)
+
+    def variances(self, solved: Iterable[tuple[np.ndarray, np.ndarray]], scales: np.ndarray) -> np.ndarray:
+        """Per-query variances: the solved blocks' ``(query_index, variances)`` plus the
+        closed-form rows at ``scales``, accumulated per run and spread over its queries."""
+        per_run = np.bincount(self.run_of_row, self.variance * scales[self.block], minlength=self.run_start.size)
+        for query_index, values in solved:
+            np.add.at(per_run, np.searchsorted(self.run_start, query_index), values)
+        return np.repeat(per_run, self.run_length)
 
 
 def _collect(results: Iterable[tuple[int, BlockSolution]], total: int, keep: Callable[[int, BlockSolution], object],
@@ -339,28 +372,40 @@ def _refine(
     targets: np.ndarray,
     run_round: Callable[[int, list[np.ndarray]], list],
     refine_rounds: int,
-    rows_per_query: np.ndarray,
+    max_rows: int,
     log: list[str],
     drop_round: Callable[[int], None] | None = None,
+    closed: _ClosedRows | None = None,
 ) -> tuple[_Round, int]:
     """Solve, allocate, and refine the target shares (module docstring, steps 2-3).
 
     ``run_round(number, block_targets)`` solves every block for its share and returns, in
     block order, objects with ``alpha`` and ``variances``. Returns the best round and how many
     rounds ran; ``drop_round`` is told about every round that is not (or no longer) the best.
+    The closed-form blocks (``closed``) join every allocation (their scales follow the solved
+    blocks' in ``allocation.scales``); their shapes do not depend on the shares, so no round
+    re-solves them. ``max_rows``: the most rows (closed-form ones included) of a query with a solved row.
     """
-    if refine_rounds and rows_per_query.max() <= 1:
-        log.append("no query spans two blocks: target shares are fixed, no refinement rounds")
+    if refine_rounds and (not blocks or max_rows <= 1):
+        log.append("no query spans two blocks: target shares are fixed, no refinement rounds" if blocks else
+                   "every block has a closed form: target shares are fixed, no refinement rounds")
         refine_rounds = 0
     block_targets = [block.targets.copy() for block in blocks]
     previous_bound = np.inf
     best: _Round | None = None
+    n = len(blocks)
+    fixed_alphas = closed.closed.alpha if closed is not None else np.zeros(0)
     for round_number in range(refine_rounds + 1):
         results = run_round(round_number, block_targets)
+        rows = [b.query_index for b in blocks]
+        cols = [np.full(b.query_index.size, i) for i, b in enumerate(blocks)]
+        values = [np.asarray(r.variances, dtype=float) for r in results]
+        if closed is not None:
+            rows, cols, values = rows + [closed.query], cols + [closed.block + n], values + [closed.variance]
         with blas_limit():
-            allocation = allocate_scales(
-                [r.alpha for r in results], [(b.query_index, r.variances) for b, r in zip(blocks, results)], targets
-            )
+            allocation = allocate_rows(
+                np.concatenate([[r.alpha for r in results], fixed_alphas]), np.concatenate(rows + [np.zeros(0, np.int64)]),
+                np.concatenate(cols + [np.zeros(0, np.int64)]), np.concatenate(values + [np.zeros(0)]), targets)
         log.append(
             f"round {round_number}: sum bound {allocation.alpha_bound:.6g} (allocation lower bound {allocation.lower_bound:.6g})"
         )
@@ -374,10 +419,37 @@ def _refine(
             log.append(f"round {round_number}: less than 0.01% better; refinement stops")
             break
         previous_bound = allocation.alpha_bound
+        if round_number == refine_rounds:
+            break
         scaled = [scaled_noise(r.variances, k) for r, k in zip(results, allocation.scales)]
         totals = stitched_variances(targets.size, ((b.query_index, v) for b, v in zip(blocks, scaled)))
+        if closed is not None:
+            totals += closed.totals(allocation.scales[n:], targets.size)
         block_targets = [targets[b.query_index] * v / totals[b.query_index] for b, v in zip(blocks, scaled)]
     return best, round_number + 1
+
+
+def _closed_parts(closed: ClosedFormBlocks | None, blocks: Sequence[BlockSpec | BlockRef],
+                  targets: np.ndarray) -> tuple[_ClosedRows | None, int, bool]:
+    """The closed-form blocks' allocation rows; the most rows (solved and closed-form) of a query
+    with a solved row; whether such a query also has a closed-form row."""
+    solved, counts = _solved_queries(blocks)
+    if closed is None or not len(closed):
+        return None, int(counts.max(initial=0)), False
+    rows = _ClosedRows.of(closed, blocks, targets.size)
+    at = np.minimum(np.searchsorted(solved, rows.query), max(solved.size - 1, 0))
+    hit = (solved[at] == rows.query) if solved.size else np.zeros(rows.query.size, dtype=bool)
+    counts = counts + np.bincount(at[hit], minlength=solved.size)
+    return rows, int(counts.max(initial=0)), bool(hit.any())
+
+
+def _with_closed(solved: Iterable[tuple[np.ndarray, np.ndarray]], closed: _ClosedRows | None, scales: np.ndarray,
+                 num_queries: int) -> np.ndarray:
+    """Per-query variances: the solved blocks' ``(query_index, variances)`` plus the
+    closed-form rows at ``scales`` (``_ClosedRows.variances``)."""
+    if closed is None:
+        return stitched_variances(num_queries, solved)
+    return closed.variances(solved, scales)
 
 
 def plan_blocks(
@@ -389,25 +461,30 @@ def plan_blocks(
     decisions: Sequence[str] = (),
     progress: Callable[[int, int], None] | None = None,
     co_optimize: bool = True,
+    closed: ClosedFormBlocks | None = None,
 ) -> PlanResult:
-    """Solve, allocate and stitch ``blocks`` in memory (module docstring, steps 2-5)."""
+    """Solve, allocate and stitch ``blocks`` in memory (module docstring, steps 2-5); the
+    closed-form blocks ``closed`` join the allocation and the composition without a solve."""
     start = time.perf_counter()
     targets = np.asarray(targets, dtype=float)
     log = list(decisions)
-    rows_per_query = _rows_per_query(blocks, targets.size)
+    solved_rows = _solved_queries(blocks)[1]
+    closed_rows, max_rows, shared = _closed_parts(closed, blocks, targets)
     work = block_work(blocks)
-    joint_dual = co_optimize and rows_per_query.max() > 1 and work <= CO_OPTIMIZE_WORK
+    spans = bool(blocks) and solved_rows.max(initial=0) > 1
+    joint_dual = co_optimize and spans and not shared and work <= CO_OPTIMIZE_WORK
 
     def run_round(number: int, block_targets: list[np.ndarray]) -> list[BlockSolution]:
         tasks = [BlockTask(i, blocks[i], block_targets[i]) for i in solve_order(blocks)]
         return _collect(executor(tasks), len(tasks), lambda index, solution: solution, progress)
 
-    best, rounds = _refine(blocks, targets, run_round, refine_rounds, rows_per_query, log)
+    best, rounds = _refine(blocks, targets, run_round, refine_rounds, max_rows, log, closed=closed_rows)
     allocation = best.allocation
     planned = tuple(
         PlannedBlock(spec, solution, float(scale), share)
         for spec, solution, scale, share in zip(blocks, best.results, allocation.scales, best.targets)
     )
+    closed_scales = allocation.scales[len(blocks):]
     lower_bound, sum_bound = allocation.lower_bound, allocation.alpha_bound
     if joint_dual:
         joint = _co_optimize(planned, targets)
@@ -417,16 +494,28 @@ def plan_blocks(
         )
         if joint.alpha_sum_bound < sum_bound:
             planned = _replace_sigmas(planned, joint.sigmas, targets)
-            sum_bound = joint.alpha_sum_bound
-        lower_bound = joint.lower_bound
-    elif co_optimize and rows_per_query.max() > 1:
+            sum_bound = joint.alpha_sum_bound + _closed_sum(closed, closed_scales)
+        lower_bound = joint.lower_bound + _closed_sum(closed, closed_scales)
+    elif co_optimize and spans and shared:
+        log.append("joint block dual skipped: queries of solved blocks also have closed-form rows, whose shares it "
+                   "cannot move")
+    elif co_optimize and spans:
         log.append(f"joint block dual skipped: about {work:.3g} flops per evaluation, over {CO_OPTIMIZE_WORK:.3g}")
-    variances = stitched_variances(targets.size, ((b.spec.query_index, b.variances) for b in planned))
+    variances = _with_closed(((b.spec.query_index, b.variances) for b in planned), closed_rows, closed_scales,
+                             targets.size)
     return _composed_plan(
         domain, tuple(planned), targets, variances, sum_bound, lower_bound, log, start, rounds,
-        profile_max=lambda: float(stitched_profile(domain, [(b.spec.attributes, b.profile) for b in planned]).max()),
+        profile_max=lambda: float(stitched_profile(domain, [(b.spec.attributes, b.profile) for b in planned]).max(
+            initial=0.0)) + _closed_sum(closed, closed_scales),
         lower_bound_method=JOINT_BLOCK_DUAL if joint_dual else SCALE_ALLOCATION,
+        closed=closed, closed_scales=closed_scales,
     )
+
+
+def _closed_sum(closed: ClosedFormBlocks | None, scales: np.ndarray) -> float:
+    """``sum_S alpha_S / s_S`` of the closed-form blocks: their profiles are flat, so this is
+    exactly what they add to every cell of the stitched profile."""
+    return 0.0 if closed is None else float(np.sum(scaled_cost(closed.alpha, scales)))
 
 
 def plan_streamed(
@@ -439,6 +528,7 @@ def plan_streamed(
     decisions: Sequence[str] = (),
     progress: Callable[[int, int], None] | None = None,
     co_optimize: bool = True,
+    closed: ClosedFormBlocks | None = None,
 ) -> PlanResult:
     """``plan_blocks`` for plans too big to hold: the blocks live in ``sink`` (module docstring).
 
@@ -450,7 +540,8 @@ def plan_streamed(
     start = time.perf_counter()
     targets = np.asarray(targets, dtype=float)
     log = list(decisions)
-    rows_per_query = _rows_per_query(blocks, targets.size)
+    solved_rows = _solved_queries(blocks)[1]
+    closed_rows, max_rows, _ = _closed_parts(closed, blocks, targets)
     work = block_work(blocks)
     log.append(
         f"streamed: {len(blocks)} blocks go to the plan store as they complete and are scaled there one at a time "
@@ -469,9 +560,11 @@ def plan_streamed(
 
         return _collect(executor(tasks()), len(blocks), keep, progress)
 
-    best, rounds = _refine(blocks, targets, run_round, refine_rounds, rows_per_query, log, sink.drop_round)
+    best, rounds = _refine(blocks, targets, run_round, refine_rounds, max_rows, log, sink.drop_round,
+                           closed=closed_rows)
     allocation = best.allocation
-    if co_optimize and rows_per_query.max() > 1:
+    closed_scales = allocation.scales[len(blocks):]
+    if co_optimize and bool(blocks) and solved_rows.max(initial=0) > 1:
         if work > CO_OPTIMIZE_WORK:
             log.append(f"joint block dual skipped: about {work:.3g} flops per evaluation, over {CO_OPTIMIZE_WORK:.3g}")
         else:
@@ -480,35 +573,41 @@ def plan_streamed(
         StreamedBlock(ref, best.number, shape.alpha, shape.lower_bound, float(scale), share)
         for ref, shape, scale, share in zip(blocks, best.results, allocation.scales, best.targets)
     )
-    variances = stitched_variances(
-        targets.size, ((b.ref.query_index, scaled_noise(shape.variances, b.scale)) for b, shape in zip(streamed, best.results))
-    )
+    variances = _with_closed(
+        ((b.ref.query_index, scaled_noise(shape.variances, b.scale)) for b, shape in zip(streamed, best.results)),
+        closed_rows, closed_scales, targets.size)
     sum_bound = allocation.alpha_bound
 
     def profile_max() -> float:
         profile = StitchedProfile(domain)
         for block in streamed:
             profile.add(block.attributes, scaled_cost(sink.load_arrays(block.round, block.ref, ("profile",))["profile"], block.scale))
-        return profile.max()
+        return profile.max() + _closed_sum(closed, closed_scales)
 
     return _composed_plan(
         domain, streamed, targets, variances, sum_bound, allocation.lower_bound, log, start, rounds,
         profile_max=profile_max, evaluated_from=", block by block from the store", streamed=True,
+        closed=closed, closed_scales=closed_scales,
     )
 
 
 def _composed_plan(domain: Domain, blocks: tuple, targets: np.ndarray, variances: np.ndarray, sum_bound: float,
                    lower_bound: float, log: list[str], start: float, rounds: int, *, profile_max: Callable[[], float],
                    evaluated_from: str = "", streamed: bool = False,
-                   lower_bound_method: str = SCALE_ALLOCATION) -> PlanResult:
+                   lower_bound_method: str = SCALE_ALLOCATION, closed: ClosedFormBlocks | None = None,
+                   closed_scales: np.ndarray | None = None) -> PlanResult:
     """The stitched plan of scaled blocks under sequential composition (DESIGN.md section 2):
     alpha is the maximum of the stitched profile ``sum_S p_S(x_S)`` (``profile_max``) on a domain
     of at most ``EXACT_DOMAIN_LIMIT`` cells, else the sum bound ``sum_S alpha_S``."""
-    alpha_exact = domain.size <= EXACT_DOMAIN_LIMIT
-    if alpha_exact:
+    alpha_exact = alpha_is_exact(domain.size, flat_profiles=not blocks)
+    if domain.size <= EXACT_DOMAIN_LIMIT:
         alpha = profile_max()
         log.append(f"alpha {alpha:.6g} evaluated cell by cell over {domain.size} cells{evaluated_from} "
                    f"(sum bound {sum_bound:.6g})")
+    elif alpha_exact:
+        alpha = sum_bound
+        log.append(f"alpha {alpha:.6g} exact: every block has a closed form, whose profile is flat, so the stitched "
+                   f"profile is flat and its maximum is the sum bound")
     else:
         alpha = sum_bound
         log.append(f"domain of {domain.size:.3g} cells is too large to evaluate; alpha is the sum bound {alpha:.6g}")
@@ -529,6 +628,8 @@ def _composed_plan(domain: Domain, blocks: tuple, targets: np.ndarray, variances
         rounds=rounds,
         streamed=streamed,
         lower_bound_method=lower_bound_method,
+        closed=closed,
+        closed_scales=closed_scales,
     )
 
 
@@ -599,7 +700,10 @@ def plan_groups(
     max_cells: int = 1024,
     executor: Executor = serial_executor,
     refine_rounds: int = 1,
+    closed_forms: bool = True,
 ) -> PlanResult:
-    """Decompose ``groups`` on ``domain`` and plan the blocks (accuracy first)."""
-    blocks, decisions = decompose(domain, groups, max_cells)
-    return plan_blocks(domain, blocks, group_targets(domain, groups), executor, refine_rounds, decisions)
+    """Decompose ``groups`` on ``domain`` and plan the blocks (accuracy first); ``closed_forms=False``
+    solves every block with SM-II (no closed forms)."""
+    decomposition = decompose_lazily(domain, groups, max_cells, closed_forms=closed_forms)
+    return plan_blocks(domain, list(decomposition.specs()), group_targets(domain, groups), executor, refine_rounds,
+                       decomposition.decisions, closed=decomposition.closed)

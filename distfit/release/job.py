@@ -19,7 +19,8 @@ tabulated from the same source (path, size, mtime) for the same spec; otherwise 
 tabulated again, except under ``--resume``, which needs the data the release started from.
 Every block must be answerable from the data (``check_blocks``: a marginals store must hold a
 clique containing each block's attributes) and unit ids must be distinct
-(``check_unit_ids``, once up front); both are refused before anything is written.
+(``check_unit_ids``, once up front); both are refused before anything is written. A data store
+with geography (``parent_ids``: a level of a multi-level run) has it copied into the release.
 
 Never stored: the counts, true marginals or true answers, the entropy, the ``--seed`` (a seeded
 release records only ``private=False``; resuming it needs the same ``--seed`` again), and no
@@ -92,7 +93,6 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
-import shutil
 import sys
 import time
 from dataclasses import dataclass
@@ -102,7 +102,8 @@ from typing import Any, Callable, Iterable, Iterator, TextIO
 import numpy as np
 
 from distfit.audit import AuditReport, audit_plan
-from distfit.cluster import TASK_RETRIES, WORKER_ENV, BackgroundClient, Progress, run_tasks
+from distfit.chunked_job import ChunkedWrite, check_out, claim_out, new_target
+from distfit.cluster import TASK_RETRIES, WORKER_ENV, BackgroundClient, run_tasks
 from distfit.data.microdata import ensure_tabulated, microdata_format
 from distfit.release.noise import fresh_entropy, load_blocks, prepare_blocks
 from distfit.release.tasks import (
@@ -115,8 +116,6 @@ from distfit.release.tasks import (
 )
 from distfit.spec.parse import parse_spec
 from distfit.stores.data import open_data
-from distfit.stores.lock import store_lock
-from distfit.stores.files import STAGING_MARKER, is_staging, leftovers, move_into_place
 from distfit.stores.plan import read_plan
 from distfit.stores.release import (
     check_replaceable,
@@ -126,7 +125,7 @@ from distfit.stores.release import (
     release_state,
     seal,
 )
-from distfit.stores.release_chunks import ChunkSync, ChunkWriter, ReleaseHasher, stored_blocks
+from distfit.stores.release_chunks import ChunkWriter, stored_blocks
 from distfit.threads import blas_limit
 
 PathLike = str | os.PathLike
@@ -233,29 +232,16 @@ def run_release(
     log = log or sys.stderr
     plan_path, data_path = os.fspath(plan_path), os.fspath(data_path)
     out_path = Path(os.fspath(out))
-    if resume and overwrite:
-        raise ValueError("--resume and --overwrite exclude each other")
+    check_out(out_path, "release", resume=resume, overwrite=overwrite)
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0):
         raise ValueError(f"--seed must be an integer >= 0, got {seed!r}")
-    if is_staging(out_path):
-        raise ValueError(f"{out_path}: a release path may not contain {STAGING_MARKER!r}")
     private = seed is None
 
     with contextlib.ExitStack() as stack:
         # One writer per store: a second release into out (or a second --resume) is refused here,
         # before it looks at, or cleans up, anything at out.
-        stack.enter_context(store_lock(out_path, "release"))
-        state = release_state(out_path)
-        if state == "sealed" and not overwrite:
-            raise FileExistsError(
-                f"{out_path}: already holds a sealed release; pass --overwrite to replace it")
-        if state == "incomplete" and not (resume or overwrite):
-            raise FileExistsError(
-                f"{out_path}: holds an incomplete release; pass --resume to finish it or --overwrite to start over")
-        if state == "absent" and leftovers(out_path):
-            print(f"distfit: note: leftovers of an earlier write next to {out_path}: "
-                  f"{', '.join(p.name for p in leftovers(out_path))}", file=log)
-        resumed = resume and state == "incomplete"
+        state, resumed = claim_out(stack, out_path, "release", release_state, resume=resume, overwrite=overwrite,
+                                   log=log)
         # The driver's linear algebra (the audit) under the BLAS thread rule, as on the command line.
         stack.enter_context(blas_limit())
         clients: list[BackgroundClient] = []
@@ -316,77 +302,36 @@ def run_release(
                   f"written (kept as they are), {len(pending)} to draw "
                   f"{'with fresh entropy' if private else 'from the test seed'}", file=log)
         else:
-            if resume:
-                print(f"distfit: nothing to resume at {out_path}; starting a new release", file=log)
             client()  # an unreachable cluster is refused before anything is written
-            if state == "absent":
-                target = out_path
-                target.parent.mkdir(parents=True, exist_ok=True)
-            else:  # --overwrite: build aside, move into place once sealed
-                target = staging = out_path.with_name(f"{out_path.name}{STAGING_MARKER}{secrets.token_hex(6)}")
+            target, staging = new_target(out_path, state, "release", resume=resume, log=log)
             root = create_release(target, plan=plan, plan_path=plan_path, data=data, blocks=blocks,
                                   private=private, labels=_query_labels(plan))
             pending = list(range(n_chunks))
 
-        drawn = total = 0
-        syncer: ChunkSync | None = None
-        hasher: ReleaseHasher | None = None
-        try:
+        with ChunkedWrite(root, target, units=data.units, chunk_units=data.chunk_units, pending=pending,
+                          stage="release", log=log, fsync=fsync, staging=staging, after_chunk=after_chunk) as write:
             job = ChunkJob(
                 release_path=str(target), data_path=os.path.abspath(data_path),
                 plan=PlanView(attrs={"schema": dict(plan.attrs["schema"])}, block_ids=tuple(sorted(blocks)),
                                queries_targets=np.asarray(plan.queries_targets)),
                 units=data.units, chunk_units=data.chunk_units, stored=stored_blocks(root),
                 entropy=int(seed) if seed is not None else fresh_entropy(),
+                packs=tuple(zip(plan.pack_ids, map(plan.packed_block_ids, range(len(plan.pack_ids))))),
             )
-            total = sum(min(data.chunk_units, data.units - c * data.chunk_units) for c in pending)
-            progress = Progress("release", log, unit="units")
-            drawn = 0
-            if fsync and pending:
-                syncer = ChunkSync(root, target, data.units, data.chunk_units)
-            if pending:
-                hasher = ReleaseHasher(root, target, data.units, data.chunk_units)
-
-            def consume(results: Iterator[tuple[int, int]]) -> None:
-                nonlocal drawn
-                for chunk, units in results:
-                    drawn += units
-                    if syncer is not None:
-                        syncer(chunk)
-                    if hasher is not None:
-                        hasher.chunk_done(chunk)
-                    progress(drawn, total)
-                    if after_chunk is not None:
-                        after_chunk(chunk)
-
             if not pending:
                 pass
             elif serial:
-                consume(_run_serial(job, prepare_blocks(blocks), pending))
+                write.consume(_run_serial(job, prepare_blocks(blocks), pending))
             else:
-                consume(_run_dask(client(), job, plan_path, plan_checksum, pending))
+                write.consume(_run_dask(client(), job, plan_path, plan_checksum, pending))
             del job
             if clients:
                 clients[0].close(wait=False)  # the workers are done: shut them down while sealing
-            if syncer is not None:
-                syncer.close()
-            checksum = seal(root, target, plan_path=plan_path, plan_checksum=plan_checksum, fsync=fsync,
-                            hasher=hasher)
-            if staging is not None:
-                move_into_place(staging, out_path, check_replaceable, fsync=fsync)
-        except BaseException:
-            if 0 < drawn < total:
-                print(file=log)  # end the progress line before the error
-            if syncer is not None:
-                syncer.close(cancel=True)
-            if hasher is not None:
-                hasher.cancel()
-            if staging is not None:
-                shutil.rmtree(staging, ignore_errors=True)
-            raise
+            checksum = write.seal(lambda hasher: seal(root, target, plan_path=plan_path, plan_checksum=plan_checksum,
+                                                      fsync=fsync, hasher=hasher), out_path, check_replaceable)
     return ReleaseResult(
         path=str(out_path), units=data.units, queries=len(plan.queries_targets), blocks=len(blocks),
-        chunks=n_chunks, chunks_drawn=len(pending), units_drawn=drawn,
+        chunks=n_chunks, chunks_drawn=len(pending), units_drawn=write.done_units,
         seconds=time.perf_counter() - started, checksum=checksum, plan_checksum=plan_checksum,
         private=private, resumed=resumed, data=str(data_path), tabulated=tabulated,
     )

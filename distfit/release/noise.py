@@ -22,7 +22,10 @@ chunk ``c`` draw from ``default_rng(SeedSequence(entropy, spawn_key=(b, c)))``, 
 ``entropy`` 128 bits of fresh OS entropy per release (:func:`fresh_entropy`). A retried task
 therefore redraws exactly the same noise, and no (block, chunk) is ever released with two
 different draws; each chunk is independent of every other (processing chunk 3 alone gives the
-same answers as in a full run).
+same answers as in a full run). The blocks of a pack (a packed plan, :class:`PackedBlock`) are
+released together by :mod:`distfit.release.packed`, from one stream per (pack, chunk),
+``spawn_key=(PACK_STREAM, pack, chunk)`` (three words, so never a block's stream), with
+``z_b = chol(Sigma_b) xi_b`` as here (that module's docstring derives it).
 
 Privacy invariants (every function here keeps them; the release store relies on them):
 
@@ -39,19 +42,23 @@ Nothing loops over units or cells; loops run over the blocks of a plan only.
 """
 from __future__ import annotations
 
+import bisect
 import secrets
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 import scipy.linalg
 
 from distfit.domain import Domain
+from distfit.release.packed import PreparedPack, pack_answers, pack_measurements, pack_stream, prepare_pack
 
 __all__ = [
     "ChunkRelease",
     "EXACT_FLOAT32_BOUND",
+    "PackedBlock",
     "PreparedBlock",
+    "PreparedBlocks",
     "basis_product",
     "block_chunk_answers",
     "block_marginal",
@@ -64,6 +71,7 @@ __all__ = [
     "marginal_counts",
     "noise_stream",
     "noisy_block_answers",
+    "noisy_block_measurements",
     "plan_domain",
     "prepare_block",
     "prepare_blocks",
@@ -120,9 +128,13 @@ def _validated(counts: Any, cells: int, described: str) -> np.ndarray:
 def validate_marginal(counts: Any, domain: Domain, attributes: Sequence[str]) -> np.ndarray:
     """Marginal counts on ``attributes`` (units x d_b, d_b the product of their sizes; units x 1
     for ``()``) checked like :func:`validate_counts` and returned as int64."""
-    _marginal_axes(domain, attributes)  # ValueError for unknown or duplicated names
-    names = [name for name in domain.names if name in set(attributes)]
-    cells = int(np.prod([domain.sizes[domain.index(n)] for n in names], dtype=np.int64))
+    if isinstance(attributes, str):
+        raise ValueError(f"attributes: expected a sequence of names, got the string {attributes!r}")
+    positions = sorted(domain.index(name) for name in attributes)  # ValueError for an unknown name
+    if len(set(positions)) != len(positions):
+        raise ValueError(f"attributes: duplicated names in {list(attributes)}")
+    cells = int(np.prod([domain.sizes[p] for p in positions], dtype=np.int64))
+    names = [domain.names[p] for p in positions]
     return _validated(counts, cells, f"the marginal on {names}" if names else "the total")
 
 
@@ -323,13 +335,23 @@ def noisy_block_answers(block: Any, marginal_counts: Any, rng: np.random.Generat
     same BLAS call on the same operands as ever (the same bits).
     """
     block = prepare_block(block)
+    return noisy_block_measurements(block, marginal_counts, rng) @ block.recon.T
+
+
+def noisy_block_measurements(block: Any, marginal_counts: Any, rng: np.random.Generator) -> np.ndarray:
+    """One block's noisy basis measurements for a chunk of units: ``X_b B^T + Z`` (units x k),
+    what :func:`noisy_block_answers` multiplies by ``L^T`` (the same draw, the same bits). The
+    mechanism releases exactly this (``L`` is post-processing, and a residual block's ``L`` has
+    full column rank, so its answers determine it): a release stores it for packed blocks, k
+    numbers per unit instead of m_b (:mod:`distfit.stores.release`)."""
+    block = prepare_block(block)
     marg = np.asarray(marginal_counts)
     k, d_b = block.basis.shape
     if marg.ndim != 2 or marg.shape[1] != d_b:
         raise ValueError(f"marginal_counts: shape {marg.shape}, expected (units, {d_b}) from the basis")
     total = _noise(block.factor, marg.shape[0], rng)
     total += basis_product(block, marg)  # X_b B^T + Z: addition is commutative, bit for bit
-    return total @ block.recon.T
+    return total
 
 
 def true_block_answers(block: Any, marginal_counts: Any) -> np.ndarray:
@@ -455,18 +477,75 @@ def block_positions(plan: Any) -> dict[str, int]:
     return {block_id: position for position, block_id in enumerate(sorted(plan.block_ids))}
 
 
+@dataclass(frozen=True, eq=False)
+class PackedBlock:
+    """A block of a pack as :func:`load_blocks` gives it: its id and attributes (names) and its
+    pack, shared by all the pack's blocks (``pack``: the :class:`distfit.packing.PackedBlocks`,
+    or once :func:`prepare_blocks` has run, the :class:`distfit.release.packed.PreparedPack`),
+    ``sizes`` the schema's. Nothing per block is materialised: the pack releases its blocks
+    together (:mod:`distfit.release.packed`)."""
+
+    block_id: str
+    attributes: tuple[str, ...]
+    pack: Any = field(repr=False)
+    pack_id: str = ""
+    pack_index: int = 0
+    sizes: tuple[int, ...] = ()
+
+
 def load_blocks(plan: Any) -> dict[str, Any]:
     """Every block of ``plan`` read once, ``{block_id: BlockRecord}`` in sorted id order (pass it
-    to :func:`release_chunk` as ``blocks=`` so chunks do not re-read the store)."""
-    return {block_id: plan.block(block_id) for block_id in sorted(plan.block_ids)}
+    to :func:`release_chunk` as ``blocks=`` so chunks do not re-read the store); a packed
+    block is a :class:`PackedBlock` (its arrays are never materialised)."""
+    explicit = getattr(plan, "explicit_block_ids", None)
+    pack_ids = tuple(getattr(plan, "pack_ids", ()))
+    if not pack_ids:
+        return {block_id: plan.block(block_id) for block_id in sorted(plan.block_ids)}
+    names = list(plan.attrs["schema"]["attributes"])
+    sizes = tuple(int(n) for n in plan.attrs["schema"]["sizes"])
+    out: dict[str, Any] = {block_id: plan.block(block_id) for block_id in explicit}
+    for p, (pack_id, pack) in enumerate(zip(pack_ids, plan.packs())):
+        rows = pack.attributes.tolist()
+        for block_id, row in zip(plan.packed_block_ids(p), rows):
+            out[block_id] = PackedBlock(block_id=block_id, attributes=tuple(names[i] for i in row if i >= 0),
+                                        pack=pack, pack_id=pack_id, pack_index=p, sizes=sizes)
+    return {block_id: out[block_id] for block_id in sorted(out)}
 
 
-def prepare_blocks(blocks: Mapping[str, Any]) -> dict[str, PreparedBlock]:
+class PreparedBlocks(dict):
+    """``{block_id: PreparedBlock | PackedBlock}`` (:func:`prepare_blocks`): a dict, of its own
+    type so that Dask ships it as one pickle. Dask serialises a plain dict's values one by one
+    (``iterate_collection``), which would copy a pack shared by 100,000 :class:`PackedBlock`
+    values 100,000 times; one pickle keeps it shared."""
+
+
+def prepare_blocks(blocks: Mapping[str, Any]) -> dict[str, Any]:
     """``{block_id: PreparedBlock}`` (:func:`prepare_block`) in sorted id order, e.g. of
     :func:`load_blocks`: pass it to :func:`release_chunk` as ``blocks=`` so that no chunk
-    factors ``Sigma`` again. Run it under the BLAS thread rule of the chunks
-    (:func:`distfit.threads.blas_limit`), as the factor was always computed there."""
-    return {block_id: prepare_block(blocks[block_id]) for block_id in sorted(blocks)}
+    factors ``Sigma`` again; packed blocks stay :class:`PackedBlock`, their pack prepared once
+    (:func:`distfit.release.packed.prepare_pack`). Run it under the BLAS thread rule of the
+    chunks (:func:`distfit.threads.blas_limit`), as the factor was always computed there."""
+    packs = _prepared_packs(blocks.values())
+    out = PreparedBlocks()
+    for block_id in sorted(blocks):
+        block = blocks[block_id]
+        if isinstance(block, PackedBlock):
+            out[block_id] = block if isinstance(block.pack, PreparedPack) else PackedBlock(
+                block_id=block.block_id, attributes=block.attributes, pack=packs[block.pack_index],
+                pack_id=block.pack_id, pack_index=block.pack_index, sizes=block.sizes)
+        else:
+            out[block_id] = prepare_block(block)
+    return out
+
+
+def _prepared_packs(blocks: Any) -> dict[int, PreparedPack]:
+    """``{pack_index: PreparedPack}`` of the packs of ``blocks`` (each prepared once)."""
+    found: dict[int, Any] = {}
+    for block in blocks:
+        if isinstance(block, PackedBlock) and block.pack_index not in found:
+            found[block.pack_index] = block
+    return {p: b.pack if isinstance(b.pack, PreparedPack) else prepare_pack(b.pack, b.sizes, b.pack_id, p)
+            for p, b in sorted(found.items())}
 
 
 def _check_domain(plan: Any, domain: Domain | None) -> Domain:
@@ -495,11 +574,14 @@ def block_chunk_answers(block: Any, block_index: int, counts_chunk: Any, entropy
 @dataclass(frozen=True, eq=False)
 class ChunkRelease:
     """The released arrays of one chunk of units: ``blocks[block_id]`` (units x m_b, what goes
-    to ``blocks/<block_id>/answers``) and ``queries`` (units x m, ``queries/answers``).
+    to ``blocks/<block_id>/answers``; the blocks not in a pack), ``queries`` (units x m,
+    ``queries/answers``) and ``measurements[pack_id]`` (units x K, every block's ``B x + z`` of
+    the pack: ``packs/<pack_id>/measurements``, :mod:`distfit.release.packed`).
     Holds no true counts and no entropy."""
 
     blocks: dict[str, np.ndarray]
     queries: np.ndarray
+    measurements: dict[str, np.ndarray] = field(default_factory=dict)  # per pack id (units x K)
 
     @property
     def units(self) -> int:
@@ -513,7 +595,12 @@ def release_chunk(plan: Any, counts_chunk: Any, entropy: int, chunk_index: int,
 
     Block ``b`` (``block_positions(plan)[b]``) draws from ``noise_stream(entropy, position,
     chunk_index)``; its answers are ``(X_b B_b^T + Z_b) L_b^T`` and each query's answer is the
-    sum of its block rows (:func:`query_answers`, ``m = len(plan.queries_targets)``).
+    sum of its block rows (:func:`query_answers`, ``m = len(plan.queries_targets)``). The blocks
+    of a pack (:class:`PackedBlock`) are released together, pack ``p`` drawing from
+    :func:`distfit.release.packed.pack_stream` ``(entropy, p, chunk_index)``: their measurements
+    ``B x + z`` (:func:`distfit.release.packed.pack_measurements`) and their rows added to the
+    query answers after the other blocks' (:func:`distfit.release.packed.pack_answers`); no
+    packed block's answers are formed.
     ``counts_chunk`` is either the chunk's full counts (units x d; validated once by
     :func:`validate_counts`) or a function ``attributes -> X_b`` giving the chunk's marginal
     counts on a block's attributes (units x d_b, columns row-major in schema order; e.g. a data
@@ -534,20 +621,42 @@ def release_chunk(plan: Any, counts_chunk: Any, entropy: int, chunk_index: int,
 
         def marginal(attributes: Sequence[str]) -> np.ndarray:
             return marginal_counts(counts, domain, attributes)
-    positions = block_positions(plan)
     if blocks is None:
         blocks = load_blocks(plan)
-    elif set(blocks) != set(positions):
+    elif len(blocks) != len(plan.block_ids) or set(blocks) != set(plan.block_ids):
         raise ValueError(
-            f"blocks: ids {sorted(blocks)} do not match the plan's block ids {sorted(positions)}")
+            f"blocks: ids {sorted(blocks)} do not match the plan's block ids {sorted(plan.block_ids)}")
     chunk_index = _nonnegative_int(chunk_index, "chunk_index")
+    packs = _prepared_packs(blocks.values())
+    explicit = [b for b in sorted(blocks) if not isinstance(blocks[b], PackedBlock)] if packs else sorted(blocks)
+    positions = _positions(plan, explicit)
     answers: dict[str, np.ndarray] = {}
     pieces = []
-    for block_id in sorted(positions):
+    for block_id in explicit:
         block = prepare_block(blocks[block_id])
         rng = noise_stream(entropy, positions[block_id], chunk_index)
         ans = noisy_block_answers(block, marginal(block.attributes), rng)
         answers[block_id] = ans
         pieces.append((block.query_index, ans))
     num_queries = int(np.asarray(plan.queries_targets).shape[0])
-    return ChunkRelease(blocks=answers, queries=query_answers(pieces, num_queries))
+    units = pieces[0][1].shape[0] if pieces else None
+    measurements: dict[str, np.ndarray] = {}
+    for prepared in packs.values():
+        def read(i: int, prepared: PreparedPack = prepared) -> np.ndarray:
+            return marginal([domain.names[p] for p in prepared.sources[i]])
+
+        if units is None:
+            units = read(0).shape[0]  # every pack has a block, so a source
+        noise = pack_stream(entropy, prepared.pack_index, chunk_index).standard_normal((units, prepared.width))
+        measurements[prepared.pack_id] = pack_measurements(prepared, read, units, noise)
+    queries = query_answers(pieces, num_queries) if pieces else np.zeros((units or 0, num_queries))
+    for prepared in packs.values():
+        pack_answers(prepared, measurements[prepared.pack_id], queries)
+    return ChunkRelease(blocks=answers, queries=queries, measurements=measurements)
+
+
+def _positions(plan: Any, block_ids: Sequence[str]) -> dict[str, int]:
+    """:func:`block_positions` of ``block_ids`` only (a bisection of the plan's sorted ids, not a
+    sort of them all: a packed plan has many)."""
+    ordered = sorted(plan.block_ids)  # linear on the sorted ids a plan holds
+    return {block_id: bisect.bisect_left(ordered, block_id) for block_id in block_ids}

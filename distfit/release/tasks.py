@@ -54,6 +54,8 @@ class ChunkJob:
     chunk_units: int
     stored: tuple[str, ...]         # the blocks whose answers the store holds (stored_blocks)
     entropy: int = field(repr=False)
+    packs: tuple[tuple[str, tuple[str, ...]], ...] = ()  # (pack id, its block ids in pack order): measurements
+    # (only the pack ids are read: a pack's measurements come whole, distfit.release.packed)
 
 
 def release_chunk_task(job: ChunkJob, blocks: Mapping[str, Any], chunk: int, *, data: Any = None,
@@ -66,7 +68,7 @@ def release_chunk_task(job: ChunkJob, blocks: Mapping[str, Any], chunk: int, *, 
     (``{block_id: PreparedBlock}``, :func:`distfit.release.noise.prepare_blocks`; counts
     validated as read: a ValueError naming the chunk and the bad row/cell, with nothing
     written) and writes the answers of the blocks that store them (``job.stored``),
-    ``queries/answers`` and ``unit_ids`` for its rows and, last, ``chunks/done[chunk] = 1``
+    ``queries/answers``, the packs' measurements (``job.packs``) and ``unit_ids`` for its rows and, last, ``chunks/done[chunk] = 1``
     (:func:`distfit.stores.release_chunks.write_chunk`: written before this returns, or, through
     ``writer``, queued: written once the writer is flushed).
     Deterministic in its arguments, so a retry rewrites identical bytes. Returns the number of
@@ -85,8 +87,9 @@ def release_chunk_task(job: ChunkJob, blocks: Mapping[str, Any], chunk: int, *, 
     except ValueError as error:
         raise ValueError(
             f"{job.data_path}: chunk {chunk} (units {start}..{stop - 1}): {error}") from None
+    measured = {pack_id: released.measurements[pack_id] for pack_id, _ids in job.packs}  # packs/<id>/measurements
     write_chunk(writer or job.release_path, chunk, start, {b: released.blocks[b] for b in job.stored},
-                released.queries, ids)
+                released.queries, ids, measured)
     return stop - start
 
 
@@ -126,7 +129,8 @@ def task_chunks(pending: list[int], chunk_units: int, threads: int) -> list[tupl
 
 def plan_blocks_task(plan_path: str, plan_checksum: str) -> dict[str, Any]:
     """The plan's blocks, read and prepared on a worker (``{block_id: PreparedBlock}``, each
-    ``Sigma`` factored once, under the BLAS thread rule of the chunk tasks); refuses a plan whose
+    ``Sigma`` factored once, under the BLAS thread rule of the chunk tasks; a packed block a
+    ``PackedBlock`` sharing its pack, prepared once: :func:`distfit.release.noise.prepare_blocks`); refuses a plan whose
     stored checksum is not ``plan_checksum`` (the audited one: a comparison of the attr, no
     rehash)."""
     plan = read_plan(plan_path)

@@ -41,6 +41,12 @@ reads and writes natively; sorted by code point). The tabulation creates the arr
 writes the attrs last (:func:`write_marginals_attrs`). Next to them: ``unit`` (the unit ids
 again) and ``marginals/cell_<i>`` (the cell labels of clique i), xarray coordinates (below).
 
+Geography (a level of a multi-level run, :func:`distfit.pipeline.run_levels`): when the units
+lie inside the units of a coarser level, ``parent_ids`` (units,) holds each unit's parent id
+(int64 or UTF-8 strings, like ``unit_ids``; dimension ``unit``) and the attr ``parent_column``
+names the data column it was read from. Both are absent otherwise, and stores written before
+them read as before (:attr:`MarginalsData.parent_ids` is then None).
+
 Dimension names and coordinates (both stores)
 ---------------------------------------------
 Every array carries Zarr v3 ``dimension_names`` (:data:`HISTOGRAMS_DIMS`, :func:`marginal_dims`)
@@ -118,6 +124,8 @@ from distfit.stores.files import (
 FORMAT = "histograms"
 MARGINALS_FORMAT = "marginals"
 FORMAT_VERSION = 1
+#: Each unit's parent id (geography; module docstring), in data and release stores alike.
+PARENT_IDS = "parent_ids"
 
 #: Zarr v3 ``dimension_names`` of a histograms store's arrays (module docstring).
 HISTOGRAMS_DIMS: dict[str, tuple[str, ...]] = {
@@ -138,6 +146,7 @@ __all__ = [
     "HistogramsData",
     "MarginalsData",
     "MarginalsWriter",
+    "PARENT_IDS",
     "cell_labels",
     "create_marginals",
     "marginal_dims",
@@ -293,12 +302,14 @@ def cell_labels(attributes: Sequence[str], values: Mapping[str, Sequence[str]]) 
 
 
 def create_marginals(group: zarr.Group, widths: Sequence[int], units: int, chunk_units: int,
-                     integer_ids: bool, *, labels: Sequence[np.ndarray] | None = None) -> None:
+                     integer_ids: bool, *, labels: Sequence[np.ndarray] | None = None,
+                     integer_parents: bool | None = None) -> None:
     """Create the empty arrays of a marginals store in the staging ``group`` of
     :func:`staged_store`: ``marginals/<i>`` (units, widths[i]) int64, ``unit_ids`` and its
     coordinate twin ``unit`` (int64, or strings unless ``integer_ids``), all chunked by
     ``chunk_units`` units, and, given ``labels`` (the :func:`cell_labels` of each clique),
-    the coordinates ``marginals/cell_<i>`` (module docstring)."""
+    the coordinates ``marginals/cell_<i>`` (module docstring). ``integer_parents`` not None:
+    also ``parent_ids`` (int64 if True, else strings), each unit's parent."""
     if labels is not None and [len(x) for x in labels] != [int(w) for w in widths]:
         raise ValueError(f"labels: {[len(x) for x in labels]} cell labels per clique, widths are {list(widths)}")
     config = {"write_empty_chunks": True}
@@ -310,6 +321,9 @@ def create_marginals(group: zarr.Group, widths: Sequence[int], units: int, chunk
             write_array(marginals, f"cell_{i}", np.asarray(labels[i], dtype=object), dims=marginal_dims(i)[1:])
     for name in ("unit_ids", "unit"):  # both filled by MarginalsWriter.write_unit_ids
         group.create_array(name, shape=(units,), dtype=np.int64 if integer_ids else str,
+                           chunks=(chunk_units,), dimension_names=("unit",), config=config)
+    if integer_parents is not None:  # filled by MarginalsWriter.write_parent_ids
+        group.create_array(PARENT_IDS, shape=(units,), dtype=np.int64 if integer_parents else str,
                            chunks=(chunk_units,), dimension_names=("unit",), config=config)
 
 
@@ -332,11 +346,19 @@ class MarginalsWriter:
         for name in self._id_arrays:
             self._root[name][start:start + ids.shape[0]] = ids
 
+    def write_parent_ids(self, start: int, ids: np.ndarray) -> None:
+        """Entries ``start ..`` of ``parent_ids``: int64 or str ids."""
+        self._root[PARENT_IDS][start:start + ids.shape[0]] = ids
+
 
 def write_marginals_attrs(group: zarr.Group, *, domain: Domain, spec_hash: str, units: int, chunk_units: int,
-                          cliques: Sequence[Sequence[str]], source: dict[str, Any], total_people: int) -> None:
+                          cliques: Sequence[Sequence[str]], source: dict[str, Any], total_people: int,
+                          parent_column: str | None = None) -> None:
     """The root attrs of a marginals store (module docstring), written once its arrays are
-    filled; :func:`staged_store` then marks it complete."""
+    filled; :func:`staged_store` then marks it complete. ``parent_column``: the column the
+    ``parent_ids`` were read from (the attr is written only then)."""
+    if parent_column is not None:
+        group.attrs["parent_column"] = parent_column
     group.attrs.update(jsonable({
         "distfit_format": MARGINALS_FORMAT,
         "format_version": FORMAT_VERSION,
@@ -401,9 +423,15 @@ def _cached(cache: dict, key: tuple, start: int, stop: int, read):
 
 
 class UnitStoreView:
-    """What both data stores' readers share: the domain of their ``schema`` attr."""
+    """What both data stores' readers share: the domain of their ``schema`` attr, and the
+    geography (``parent_ids``, a lazy array, and ``parent_column``; None when not stored)."""
 
     attrs: dict
+    parent_ids: Any = None
+
+    @property
+    def parent_column(self) -> str | None:
+        return self.attrs.get("parent_column") if self.parent_ids is not None else None
 
     @property
     def domain(self) -> Domain:
@@ -475,7 +503,9 @@ class MarginalsData(UnitStoreView):
     cliques: tuple[tuple[str, ...], ...]
     marginals: tuple[Any, ...] = field(repr=False)
     unit_ids: Any = field(repr=False)
+    parent_ids: Any = field(default=None, repr=False)
     _cache: dict = field(default_factory=dict, repr=False)
+    _index: dict = field(default_factory=dict, repr=False)  # frozenset(clique) -> index (clique_for)
 
     format = MARGINALS_FORMAT
 
@@ -495,6 +525,11 @@ class MarginalsData(UnitStoreView):
     def clique_for(self, attributes: Sequence[str]) -> int:
         """Index of the smallest stored clique holding every attribute of ``attributes``;
         DataError if none does."""
+        if not self._index:  # stored cliques are maximal: a stored set is its own smallest holder
+            self._index.update((frozenset(c), i) for i, c in reversed(list(enumerate(self.cliques))))
+        exact = self._index.get(frozenset(attributes))
+        if exact is not None and len(set(attributes)) == len(attributes):
+            return exact
         domain = self.domain
         want = set(attributes)
         for name in want:
@@ -611,7 +646,15 @@ def read_marginals(path: PathLike) -> MarginalsData:
         if arr.chunks[0] != chunk_units:
             raise DataError(f"{p}: marginals/{i} is chunked by {arr.chunks[0]} units, attrs say {chunk_units}")
         arrays.append(arr)
-    return MarginalsData(path=str(p), attrs=attrs, cliques=cliques, marginals=tuple(arrays), unit_ids=ids)
+    parents = None
+    if PARENT_IDS in group:
+        parents = _array(p, group, PARENT_IDS)
+        if parents.shape != (units,):
+            raise DataError(f"{p}: {PARENT_IDS} has shape {parents.shape}, expected ({units},)")
+        if not isinstance(attrs.get("parent_column"), str):
+            raise DataError(f"{p}: {PARENT_IDS} without a parent_column attr naming their column")
+    return MarginalsData(path=str(p), attrs=attrs, cliques=cliques, marginals=tuple(arrays), unit_ids=ids,
+                         parent_ids=parents)
 
 
 def open_data(path: PathLike) -> HistogramsData | MarginalsData:

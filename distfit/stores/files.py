@@ -161,6 +161,25 @@ def root_attrs_on_disk(path: Path) -> dict | None:
     return attrs if isinstance(attrs, dict) else None
 
 
+def store_state(path: Path, fmt: str, kind: str) -> str:
+    """What is at ``path`` for a writer of a store built in place and sealed (a release, an
+    estimate; ``fmt`` its ``distfit_format``, ``kind`` its name in messages): ``"absent"``,
+    ``"sealed"`` (``complete=true``) or ``"incomplete"``; FileExistsError for anything else."""
+    if not (path.exists() or path.is_symlink()):
+        return "absent"
+    attrs = root_attrs_on_disk(path) if path.is_dir() else None
+    if attrs is None or attrs.get("distfit_format") != fmt:
+        raise FileExistsError(f"{path}: already exists and is not a distfit {kind} store; refusing to replace it")
+    return "sealed" if attrs.get("complete") is True else "incomplete"
+
+
+def check_store_kind(path: Path, fmt: str, kind: str) -> None:
+    """Refuse (FileExistsError) to replace anything at ``path`` but a store of format ``fmt``
+    (``move_into_place``'s ``check_target`` of a release or an estimate)."""
+    if path.exists() and not (path.is_dir() and (root_attrs_on_disk(path) or {}).get("distfit_format") == fmt):
+        raise FileExistsError(f"{path}: is not a distfit {kind} store; refusing to replace it")
+
+
 def fsync_tree(root: Path) -> None:
     """fsync every file and directory under ``root`` (directories best effort).
 
@@ -267,3 +286,19 @@ def open_store(path: str | os.PathLike, kind: str, error: type[Exception]) -> tu
     except Exception as exc:  # noqa: BLE001 - any failure to open is a refusal
         raise error(f"{p}: cannot open as a Zarr v3 group ({type(exc).__name__}: {exc})") from None
     return p, group, dict(attrs)
+
+
+def open_sealed(path: str | os.PathLike, kind: str, version: int, error: type[Exception]
+                ) -> tuple[Path, zarr.Group, dict]:
+    """Open a sealed store built in place (a release, an estimate: ``kind`` is its
+    ``distfit_format`` and its command): :func:`open_store` and :func:`check_format`, then refuse
+    one not yet sealed (``complete`` not true: ``finish it with distfit <kind> --resume``) or
+    without a checksum. Raises ``error``; returns ``(path, group, root attrs)``."""
+    p, group, attrs = open_store(path, kind, error)
+    check_format(p, attrs, kind, version, error)
+    if attrs.get("complete") is not True:
+        raise error(f"{p}: the {kind} is incomplete (interrupted or still running); finish it with "
+                    f"distfit {kind} --resume")
+    if not isinstance(attrs.get("checksum"), str):
+        raise error(f"{p}: the {kind} has no checksum")
+    return p, group, attrs

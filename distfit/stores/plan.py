@@ -2,7 +2,7 @@
 
 Layout (**contract**, DESIGN.md section 4)::
 
-    plan.zarr/                 attrs: distfit_format="plan", format_version (2), spec, schema
+    plan.zarr/                 attrs: distfit_format="plan", format_version (2; 3 with packs), spec, schema
                                       ({"attributes": [names], "sizes": [ints]}), alpha,
                                       alpha_exact, rho, composition, created (ISO 8601 UTC),
                                       distfit_version, complete=True, checksum, and any extra
@@ -19,6 +19,34 @@ Layout (**contract**, DESIGN.md section 4)::
                        cell_weights (d_b,)     float64   the dual certificate of lower_bound:
                        query_weights (m_b,)    float64   u on the cells, v on the query rows
                        attrs: attributes (list of names), alpha, lower_bound, solver (dict)
+
+Packs (format version 3; DESIGN.md section 4, "Packed blocks"): closed-form residual blocks of
+identity marginals (:class:`distfit.packing.PackedBlocks`) may be stored many at once, one group
+of ten arrays per pack, instead of one group per block::
+
+      packs/<pack_id>/attributes      (n, r) int64   each block's attributes: schema positions,
+                                                     ascending, -1 padded (the total: all -1)
+                      scale           (n,)  float64  Sigma_b = scale_b * B_b B_b^T,
+                                                     B_b = kron_{i in S_b} D_{n_i}
+                      alpha           (n,)  float64  the block's alpha (its profile is flat)
+                      lower_bound     (n,)  float64
+                      certificate     (n,)  int64    the segment whose rows carry the dual query
+                                                     weights (uniform; cell weights uniform); -1 none
+                      segment_offsets (n+1,) int64   block b's segments: offsets[b]:offsets[b+1]
+                      segment_clique  (s, a) int64   the segment's identity marginal (positions)
+                      segment_query   (s,)  int64    its first query (its cells: q, q+1, ..)
+                      segment_target  (s,)  float64  each of its rows' target share
+                      segment_variance (s,) float64  each of its rows' variance
+                      attrs: kind="residual-identity", solver (shared by the pack's blocks)
+
+A packed block's id is :func:`distfit.plan.residual.block_id_for` of its attribute names; its
+arrays (basis, recon, query_index, sigma, targets, variances, profile, certificate weights) are
+implied by the schema sizes and these numbers (:mod:`distfit.packing`) and materialised by
+:meth:`Plan.block`, so :func:`read_plan` yields every block as before; :meth:`Plan.packs` gives
+the packs whole (the audit and the release work on them in bulk). The checksum covers the pack
+arrays like any array, and each pack's attrs (its kind: the implicit forms' declaration) as
+claims (:func:`plan_claims`). A plan without packs is written as format version 2, byte for
+byte as before; version 2 and 1 plans read, verify and audit as ever.
 
 ``cell_weights`` and ``query_weights`` (:data:`CERTIFICATE_ARRAYS`, an addition to DESIGN.md
 section 4) are the dual point that proves the block's ``lower_bound``: each on the simplex,
@@ -68,6 +96,8 @@ from typing import Any
 import numpy as np
 import zarr
 
+from distfit.packing import PackedBlocks, block_arrays
+from distfit.plan.residual import block_id_for
 from distfit.stores.checksum import compute_checksum
 from distfit.stores.files import (
     open_store,
@@ -77,7 +107,8 @@ from distfit.stores.files import (
 )
 
 FORMAT = "plan"
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3  # the newest this distfit reads; a plan without packs is still written as 2
+UNPACKED_VERSION = 2  # what a plan without packs is written as (byte for byte as before packs)
 CHECKSUM_ATTRS_VERSION = 2  # the first format_version whose checksum covers the claims' attrs
 #: What the version-2 checksum leaves out (:func:`plan_claims`): provenance and store state.
 UNCLAIMED_ROOT = ("checksum", "complete", "created", "distfit_version")
@@ -88,6 +119,21 @@ BLOCK_ARRAYS = ("basis", "recon", "query_index", "sigma", "targets", "variances"
 #: A block's dual certificate (module docstring): in every plan written since they were kept,
 #: absent from older ones (both or neither).
 CERTIFICATE_ARRAYS = ("cell_weights", "query_weights")
+#: The arrays of a pack (``packs/<pack_id>/``, module docstring), the fields of
+#: :class:`distfit.packing.PackedBlocks` of the same names; and its dimension names.
+PACK_ARRAYS: dict[str, tuple[str, ...]] = {
+    "attributes": ("block", "block_attribute"),
+    "scale": ("block",),
+    "alpha": ("block",),
+    "lower_bound": ("block",),
+    "certificate": ("block",),
+    "segment_offsets": ("block_edge",),
+    "segment_clique": ("segment", "segment_attribute"),
+    "segment_query": ("segment",),
+    "segment_target": ("segment",),
+    "segment_variance": ("segment",),
+}
+PACK_KIND = "residual-identity"  # the one kind of pack: closed-form residual blocks of identity marginals
 ROOT_KEYS = (
     "distfit_format", "format_version", "spec", "schema", "alpha", "alpha_exact", "rho",
     "composition", "created", "distfit_version", "complete", "checksum",
@@ -272,7 +318,12 @@ def _open_plan_group(path: PathLike) -> tuple[Path, zarr.Group, dict]:
 
 @dataclass(frozen=True, eq=False)
 class Plan:
-    """A complete plan store opened for reading. Blocks are read lazily by :meth:`block`."""
+    """A complete plan store opened for reading. Blocks are read lazily by :meth:`block`.
+
+    ``block_ids`` are every block's, sorted (a packed block's id is
+    :func:`distfit.plan.residual.block_id_for` of its attribute names); ``explicit_block_ids``
+    those stored one group per block; :meth:`packs` the packs as written (bulk access:
+    audit and release read them whole instead of block by block)."""
 
     path: str
     attrs: dict
@@ -280,14 +331,47 @@ class Plan:
     queries_variances: np.ndarray
     block_ids: tuple[str, ...]
     _group: Any = field(repr=False)
+    explicit_block_ids: tuple[str, ...] = ()
+    pack_ids: tuple[str, ...] = ()
+    _packs: tuple = field(default=(), repr=False)  # PackedBlocks per pack id
+    _packed_ids: tuple = field(default=(), repr=False)  # per pack: its blocks' ids, in pack order
+    _where: dict = field(default_factory=dict, repr=False)  # packed block id -> (pack, position), built lazily
 
     @property
     def checksum(self) -> str:
         return self.attrs["checksum"]
 
+    def packs(self) -> tuple[PackedBlocks, ...]:
+        """The plan's packs (``packs/<pack_id>``, in ``pack_ids`` order)."""
+        return self._packs
+
+    def packed_block_ids(self, pack: int) -> tuple[str, ...]:
+        """The ids of pack ``pack``'s blocks, in pack order."""
+        return self._packed_ids[pack]
+
+    def _locate(self, block_id: str) -> tuple[int, int] | None:
+        if not self._packs:
+            return None
+        if not self._where:
+            for p, ids in enumerate(self._packed_ids):
+                self._where.update((bid, (p, b)) for b, bid in enumerate(ids))
+        return self._where.get(block_id)
+
     def block(self, block_id: str) -> BlockRecord:
-        """Read one block's arrays and attrs from the store."""
-        if block_id not in self.block_ids:
+        """Read one block's arrays and attrs from the store (a packed block: materialised from
+        its pack, :func:`distfit.packing.block_arrays`)."""
+        where = self._locate(block_id)
+        if where is not None:
+            p, b = where
+            pack = self._packs[p]
+            names = tuple(self.attrs["schema"]["attributes"][i] for i in pack.attributes[b] if i >= 0)
+            try:
+                return BlockRecord(block_id=block_id, attributes=names, alpha=pack.alpha[b],
+                                   lower_bound=pack.lower_bound[b], solver=pack.solver,
+                                   **block_arrays(pack, self.attrs["schema"]["sizes"], b))
+            except ValueError as exc:
+                raise StoreError(f"{self.path}: packs/{self.pack_ids[p]} block {b} ({block_id}): {exc}") from None
+        if block_id not in self.explicit_block_ids:
             raise KeyError(f"{self.path}: no block {block_id!r}")
         where = f"{self.path}: blocks/{block_id}"
         g = self._group["blocks"][block_id]
@@ -318,20 +402,63 @@ class Plan:
             yield self.block(bid)
 
 
+def packed_ids(schema: Mapping, pack: PackedBlocks) -> tuple[str, ...]:
+    """The block ids of ``pack``'s blocks (``block_id_for`` of their attribute names), in pack order."""
+    names = list(schema["attributes"])
+    return tuple(block_id_for([names[i] for i in row if i >= 0]) for row in pack.attributes.tolist())
+
+
+def _read_packs(p: Path, group: zarr.Group, attrs: Mapping) -> tuple[tuple[str, ...], tuple, tuple]:
+    """``(pack ids, PackedBlocks per pack, block ids per pack)``; StoreError naming a bad pack."""
+    try:
+        packs = group["packs"]
+    except KeyError:
+        return (), (), ()
+    ids, out, block_ids = [], [], []
+    sizes = list(attrs.get("schema", {}).get("sizes", []))
+    for pack_id in sorted(packs.group_keys()):
+        g = packs[pack_id]
+        where = f"{p}: packs/{pack_id}"
+        a = dict(g.attrs)
+        if a.get("kind") != PACK_KIND:
+            raise StoreError(f"{where}: kind {a.get('kind')!r}, expected {PACK_KIND!r}")
+        try:
+            arrays = {name: g[name][...] for name in PACK_ARRAYS}
+        except KeyError as exc:
+            raise StoreError(f"{where}: missing array {exc}") from None
+        try:
+            pack = PackedBlocks(**arrays, solver=a.get("solver", {}))
+        except ValueError as exc:
+            raise StoreError(f"{where}: {exc}") from None
+        for name in ("attributes", "segment_clique"):
+            arr = arrays[name]
+            if arr.size and arr.max() >= len(sizes):
+                raise StoreError(f"{where}/{name}: schema position {int(arr.max())}, but the schema has "
+                                 f"{len(sizes)} attributes")
+        ids.append(pack_id)
+        out.append(pack)
+        block_ids.append(packed_ids(attrs["schema"], pack))
+    return tuple(ids), tuple(out), tuple(block_ids)
+
+
 def read_plan(path: PathLike) -> Plan:
     """Open a complete plan store, or raise :class:`StoreError` saying why it is refused.
 
     Refused: a missing path, a staging (``.incomplete-``) directory, anything that is not a
     Zarr v3 group with ``distfit_format="plan"``, a ``format_version`` newer than
-    :data:`FORMAT_VERSION`, a store without ``complete=True`` or without a checksum. The
-    checksum itself is not recomputed here (that reads every array): see :func:`verify_checksum`.
+    :data:`FORMAT_VERSION`, a store without ``complete=True`` or without a checksum, a pack
+    that is not a valid :class:`distfit.packing.PackedBlocks`. The checksum itself is not
+    recomputed here (that reads every array): see :func:`verify_checksum`.
     """
     p, group, attrs = _open_plan_group(path)
     targets = np.asarray(group["queries/targets"][...], dtype=np.float64)
     variances = np.asarray(group["queries/variances"][...], dtype=np.float64)
-    block_ids = tuple(sorted(group["blocks"].group_keys()))
+    explicit = tuple(sorted(group["blocks"].group_keys()))
+    pack_ids, packs, ids = _read_packs(p, group, attrs)
+    block_ids = tuple(sorted(explicit + tuple(b for per_pack in ids for b in per_pack))) if packs else explicit
     return Plan(path=str(p), attrs=attrs, queries_targets=targets, queries_variances=variances,
-                block_ids=block_ids, _group=group)
+                block_ids=block_ids, _group=group, explicit_block_ids=explicit, pack_ids=pack_ids,
+                _packs=packs, _packed_ids=ids)
 
 
 def checksum_covers_attrs(attrs: Mapping) -> bool:
@@ -349,7 +476,8 @@ def _without(value: Any, keys: tuple[str, ...]) -> Any:
 
 def plan_claims(root_attrs: Mapping, group: zarr.Group) -> dict[str, Any]:
     """The attrs the version-2 plan checksum covers, ``{"": root, "blocks/<block_id>": block
-    attrs, ...}``: ``root_attrs`` without :data:`UNCLAIMED_ROOT`, its ``planner`` without
+    attrs, ..., "packs/<pack_id>": pack attrs, ...}`` (packs: their ``kind`` and ``solver``, the
+    solver without :data:`UNCLAIMED_SOLVER`): ``root_attrs`` without :data:`UNCLAIMED_ROOT`, its ``planner`` without
     :data:`UNCLAIMED_PLANNER`; every block's attrs (read from ``group``) with its ``solver``
     without :data:`UNCLAIMED_SOLVER`. Everything else a plan states is covered: alpha,
     alpha_exact, rho, composition, the account, the spec and schema, the planner's bounds,
@@ -367,12 +495,21 @@ def plan_claims(root_attrs: Mapping, group: zarr.Group) -> dict[str, Any]:
         if "solver" in block:
             block["solver"] = _without(block["solver"], UNCLAIMED_SOLVER)
         claims[f"blocks/{block_id}"] = block
+    try:
+        packs = group["packs"]
+    except KeyError:
+        return claims
+    for pack_id in sorted(packs.group_keys()):
+        pack = dict(packs[pack_id].attrs)
+        if "solver" in pack:
+            pack["solver"] = _without(pack["solver"], UNCLAIMED_SOLVER)
+        claims[f"packs/{pack_id}"] = pack
     return claims
 
 
 def verify_checksum(path: PathLike) -> tuple[bool, str, str]:
     """``(ok, stored, recomputed)`` for a plan store (refused like :func:`read_plan`): the
-    version-2 rule (arrays and :func:`plan_claims`) for a plan of format version 2, the
+    version-2 rule (arrays and :func:`plan_claims`) for a plan of format version 2 or 3, the
     version-1 rule (arrays only) for one of version 1."""
     _p, group, attrs = _open_plan_group(path)
     stored = attrs["checksum"]
@@ -383,6 +520,10 @@ def verify_checksum(path: PathLike) -> tuple[bool, str, str]:
 __all__ = [
     "BLOCK_ARRAYS",
     "CERTIFICATE_ARRAYS",
+    "PACK_ARRAYS",
+    "PACK_KIND",
+    "UNPACKED_VERSION",
+    "packed_ids",
     "CHECKSUM_ATTRS_VERSION",
     "CHUNK_BYTES",
     "FORMAT_VERSION",

@@ -13,12 +13,19 @@ Layout (**contract**, DESIGN.md section 4), a Zarr v3 group::
                                  attrs: attributes, block_index (its noise-stream position),
                                  and answers_in="queries/answers" for a derived block
       blocks/<block_id>/query_index (m_b,) int64  a derived block only: the query of each row
+      packs/<pack_id>/measurements (units, K) float64   a packed plan's blocks (no group each):
+                                 their noisy basis measurements B x + z, k_b columns per block in
+                                 the plan's pack order (:func:`packed_columns`)
+      packs/<pack_id>/offsets    (n + 1,)     int64     block i's columns offsets[i]:offsets[i + 1]
       queries/answers            (units, m)   float64   each query's answer (sum of its rows)
       queries/variances          (m,)         float64   copied from the plan
                                  group attrs: labels (list of m strings ``GROUP:LABEL``, or
                                  None when the plan's spec cannot be parsed into m labels)
       unit_ids                   (units,)     the data's unit ids (numeric, or variable-length
                                               UTF-8 strings: the Zarr v3 ``string`` data type)
+      parent_ids                 (units,)     geography, when the data has it: each unit's parent
+                                              id (root attr ``parent_column`` names its column;
+                                              :mod:`distfit.stores.data`), written at lay-out
       chunks/done                (n_chunks,)  uint8, one zarr chunk per release chunk: 1 once
                                               every array of that chunk is written
       unit                       (units,)     coordinate: the unit ids again (same dtype)
@@ -48,6 +55,15 @@ tree["blocks/<id>"]["query_index"])``. A plan none of whose blocks is derived (p
 merged residual blocks, where a query has rows in several blocks) gets the layout and the
 checksum it always had. A release laid out with every block's answers (before derived blocks)
 reads, verifies and resumes in its own layout: what a chunk writes is what the store holds.
+
+Packed blocks (a plan with packs, :mod:`distfit.stores.plan`): the release stores what the
+mechanism releases, each block's ``B x + z`` (k_b numbers per unit, fewer than its m_b rows),
+in one array per pack, and no group per block (half a million blocks would be a million
+files); :meth:`Release.block_answers` gives a packed block's answers ``measurements @ recon^T``
+with ``recon`` from the plan (still holding ``plan_checksum``). A pack's blocks draw their noise
+from one stream per (pack, chunk) (:mod:`distfit.release.packed`, which computes the whole
+pack in a few array operations), so the same seed gives other noise than the same blocks
+stored one group each; for the same draws the answers agree to rounding (1e-15 relative).
 
 Answer arrays are chunked over units only, ``(r, m_b)`` with ``r`` the largest divisor of
 ``chunk_units`` (the data's chunk size) that keeps a chunk under 16 MiB (:func:`answer_chunks`),
@@ -86,19 +102,20 @@ import zarr
 
 from distfit import __version__
 from distfit.release.noise import block_positions, derived_blocks
+from distfit.release.packed import pack_offsets, pack_query_rows
 from distfit.stores.checksum import compute_checksum
+from distfit.stores.data import PARENT_IDS
 from distfit.stores.files import (
-    open_store,
-    check_format,
+    check_store_kind,
     chunk_shape,
-    fsync_tree,
     jsonable,
-    root_attrs_on_disk,
+    open_sealed,
+    store_state,
     utc_now,
     write_array,
 )
-from distfit.stores.plan import verify_checksum
-from distfit.stores.release_chunks import SEAL_READ_BYTES, SEAL_READ_THREADS, ReleaseHasher
+from distfit.stores.plan import read_plan, verify_checksum
+from distfit.stores.release_chunks import ReleaseHasher, seal_chunked
 
 FORMAT = "release"
 FORMAT_VERSION = 1
@@ -119,11 +136,14 @@ DIMS: dict[str, tuple[str, ...]] = {
     "blocks/<block_id>/answers": ("unit", "block_query"),
     "blocks/<block_id>/block_query": ("block_query",),
     "blocks/<block_id>/query_index": ("block_query",),
+    "packs/<pack_id>/measurements": ("unit", "measurement"),
+    "packs/<pack_id>/offsets": ("block_edge",),
     "queries/answers": ("unit", "query"),
     "queries/variances": ("query",),
     "queries/query": ("query",),
     "unit_ids": ("unit",),
     "unit": ("unit",),
+    PARENT_IDS: ("unit",),
     "chunks/done": ("chunk",),
 }
 
@@ -167,9 +187,23 @@ def _lay_out(path: Path, *, plan, plan_path: str, data, blocks, private: bool, l
     root = zarr.open_group(store=str(path), mode="w-", zarr_format=3)
     root.attrs.update({"distfit_format": FORMAT, "format_version": FORMAT_VERSION, "complete": False})
     label_array = None if labels is None else np.array(list(labels), dtype=object)  # text coordinates
-    derived = set(derived_blocks({b: block.query_index for b, block in blocks.items()}, m))
+    packed = packed_columns(plan, blocks)
+    in_packs = {b for ids, _ in packed.values() for b in ids}
+    rows = {b: block.query_index for b, block in blocks.items() if b not in in_packs}
+    if packed:  # a query with a row in a pack has two rows once an explicit block holds one too
+        sizes = list(plan.attrs["schema"]["sizes"])
+        rows[""] = np.concatenate([pack_query_rows(pack, sizes) for pack in plan.packs()])
+    derived = set(derived_blocks(rows, m)) - in_packs - {""}
     block_group = root.create_group("blocks")
+    for pack_id, (ids, offsets) in packed.items():  # one measurements array per pack, not a group per block
+        g = root.require_group("packs").create_group(pack_id)
+        g.create_array("measurements", shape=(units, int(offsets[-1])), dtype=np.float64,
+                       chunks=answer_chunks(chunk_units, int(offsets[-1])), compressors=ANSWER_COMPRESSORS,
+                       dimension_names=DIMS["packs/<pack_id>/measurements"], config=config)
+        write_array(g, "offsets", offsets, dims=DIMS["packs/<pack_id>/offsets"])
     for block_id, block in blocks.items():
+        if block_id in in_packs:
+            continue
         m_b = block.recon.shape[0]
         query_index = np.asarray(block.query_index, dtype=np.int64)
         g = block_group.create_group(block_id)
@@ -208,6 +242,12 @@ def _lay_out(path: Path, *, plan, plan_path: str, data, blocks, private: bool, l
     root.create_group("chunks").create_array(
         "done", shape=(n_chunks,), dtype=np.uint8, chunks=(1,), fill_value=0, compressors=None,
         dimension_names=DIMS["chunks/done"], config=config)
+    parents = getattr(data, "parent_ids", None)
+    if parents is not None:  # geography, not data: the driver copies it whole (the checksum covers it)
+        parents = np.asarray(parents[...])
+        write_array(root, PARENT_IDS, parents.astype(object) if parents.dtype.kind in "TUO" else parents,
+                    dims=DIMS[PARENT_IDS])
+        root.attrs["parent_column"] = data.parent_column
     root.attrs.update(jsonable({
         "distfit_format": FORMAT,
         "format_version": FORMAT_VERSION,
@@ -226,30 +266,30 @@ def _lay_out(path: Path, *, plan, plan_path: str, data, blocks, private: bool, l
     }))
 
 
+def packed_columns(plan, blocks: Mapping[str, Any]) -> dict[str, tuple[tuple[str, ...], np.ndarray]]:
+    """``{pack_id: (block ids in pack order, offsets)}`` of a packed plan (empty for another):
+    block ``ids[i]``'s measurements ``X_b B^T + Z`` (k_b of them) are the columns
+    ``offsets[i]:offsets[i + 1]`` of ``packs/<pack_id>/measurements`` (module docstring)."""
+    out = {}
+    packs = plan.packs() if getattr(plan, "pack_ids", ()) else ()
+    for p, (pack_id, pack) in enumerate(zip(getattr(plan, "pack_ids", ()), packs)):
+        out[pack_id] = (plan.packed_block_ids(p), pack_offsets(pack, plan.attrs["schema"]["sizes"]))
+    return out
+
+
 def pending_chunks(root: zarr.Group) -> list[int]:
     """The chunks not yet marked done in ``chunks/done``, in order."""
     return np.flatnonzero(np.asarray(root["chunks/done"][...]) == 0).tolist()
 
 
-def _is_release_store(path: Path) -> bool:
-    attrs = root_attrs_on_disk(path)
-    return attrs is not None and attrs.get("distfit_format") == FORMAT
-
-
 def release_state(path: Path) -> str:
     """``"absent"``, ``"sealed"`` or ``"incomplete"``; FileExistsError for anything else."""
-    if not (path.exists() or path.is_symlink()):
-        return "absent"
-    if not path.is_dir() or not _is_release_store(path):
-        raise FileExistsError(
-            f"{path}: already exists and is not a distfit release store; refusing to replace it")
-    return "sealed" if root_attrs_on_disk(path).get("complete") is True else "incomplete"
+    return store_state(path, FORMAT, "release")
 
 
 def check_replaceable(path: Path) -> None:
     """Refuse (FileExistsError) to replace anything at ``path`` but a release store."""
-    if path.exists() and not (path.is_dir() and _is_release_store(path)):
-        raise FileExistsError(f"{path}: is not a distfit release store; refusing to replace it")
+    check_store_kind(path, FORMAT, "release")
 
 
 def open_resumable(path: Path, *, plan, data, private: bool, blocks: Mapping[str, Any]) -> zarr.Group:
@@ -289,7 +329,8 @@ def open_resumable(path: Path, *, plan, data, private: bool, blocks: Mapping[str
         root["queries/answers"], root["unit_ids"], root["chunks/done"]
     except KeyError as error:
         raise ValueError(f"{path}: damaged incomplete release (missing {error}); use --overwrite") from None
-    if laid_out != set(blocks):
+    in_packs = {b for ids, _ in packed_columns(plan, blocks).values() for b in ids}
+    if laid_out != set(blocks) - in_packs:
         raise ValueError(f"{path}: its blocks do not match the plan's; use --overwrite")
     return root
 
@@ -310,21 +351,7 @@ def seal(root: zarr.Group, path: Path, *, plan_path: str, plan_checksum: str, fs
         raise ValueError(
             f"{plan_path}: the plan changed during the release (checksum {recomputed}, started "
             f"from {plan_checksum}); the release at {path} is left incomplete")
-    done = np.asarray(root["chunks/done"][...])
-    if not (done == 1).all():
-        if hasher is not None:
-            hasher.cancel()
-        missing = np.flatnonzero(done != 1)
-        raise RuntimeError(f"{path}: chunks {missing[:5].tolist()} not written; cannot seal")
-    checksum = hasher.result() if hasher is not None else None
-    if checksum is None:
-        checksum = compute_checksum(root, threads=SEAL_READ_THREADS, read_bytes=SEAL_READ_BYTES)
-    if fsync:
-        fsync_tree(path)
-    root.attrs.update({"checksum": checksum, "sealed": utc_now(), "complete": True})
-    if fsync:
-        fsync_tree(path)
-    return checksum
+    return seal_chunked(root, path, fsync=fsync, hasher=hasher)
 
 
 # --------------------------------------------------------------------------------------------
@@ -365,6 +392,16 @@ class Release:
         return self._group["unit_ids"]
 
     @property
+    def parent_ids(self):
+        """Each unit's parent id (a lazy array), or None when the release has no geography."""
+        return self._group[PARENT_IDS] if PARENT_IDS in self._group else None
+
+    @property
+    def parent_column(self) -> str | None:
+        """The data column the parent ids were read from (None without parent ids)."""
+        return self.attrs.get("parent_column") if PARENT_IDS in self._group else None
+
+    @property
     def block_ids(self) -> tuple[str, ...]:
         return tuple(sorted(self._group["blocks"].group_keys()))
 
@@ -372,12 +409,31 @@ class Release:
         """``blocks/<block_id>/answers`` (units x m_b): the zarr array, or for a derived block
         (module docstring) a :class:`DerivedAnswers` view of ``queries/answers[:, query_index]``
         (index it like the array: ``[a:b]``, ``[i]``, ``[...]``)."""
+        if block_id not in self._group["blocks"] and "packs" in self._group:
+            return self._packed_answers(block_id)
         group = self._group[f"blocks/{block_id}"]
         if "answers" in group:
             return group["answers"]
         if group.attrs.get("answers_in") != DERIVED_FROM or "query_index" not in group:
             raise ReleaseError(f"{self.path}: block {block_id} has neither answers nor a query_index")
         return DerivedAnswers(self._group[DERIVED_FROM], np.asarray(group["query_index"][...], dtype=np.int64))
+
+
+    def _packed_answers(self, block_id: str) -> np.ndarray:
+        """A packed block's answers (module docstring): its measurements times its ``recon^T``
+        from the plan (which must still hold the release's ``plan_checksum``)."""
+        plan = read_plan(self.attrs["plan_path"])
+        if plan.checksum != self.attrs.get("plan_checksum"):
+            raise ReleaseError(f"{self.path}: the plan at {plan.path} is not the one released (checksum "
+                               f"{plan.checksum}, released {self.attrs.get('plan_checksum')})")
+        for p, pack_id in enumerate(plan.pack_ids):
+            ids = plan.packed_block_ids(p)
+            if block_id in ids:
+                offsets = np.asarray(self._group[f"packs/{pack_id}/offsets"][...])
+                i = ids.index(block_id)
+                measured = np.asarray(self._group[f"packs/{pack_id}/measurements"][:, offsets[i]:offsets[i + 1]])
+                return measured @ plan.block(block_id).recon.T
+        raise KeyError(f"{self.path}: no block {block_id!r}")
 
 
 class DerivedAnswers:
@@ -410,15 +466,7 @@ class DerivedAnswers:
 
 
 def _open_release(path: PathLike) -> tuple[Path, zarr.Group, dict]:
-    p, group, attrs = open_store(path, FORMAT, ReleaseError)
-    check_format(p, attrs, FORMAT, FORMAT_VERSION, ReleaseError)
-    if attrs.get("complete") is not True:
-        raise ReleaseError(
-            f"{p}: the release is incomplete (interrupted or still running); finish it with "
-            "distfit release --resume")
-    if not isinstance(attrs.get("checksum"), str):
-        raise ReleaseError(f"{p}: the release has no checksum")
-    return p, group, attrs
+    return open_sealed(path, FORMAT, FORMAT_VERSION, ReleaseError)
 
 
 def read_release(path: PathLike) -> Release:
@@ -447,6 +495,7 @@ __all__ = [
     "check_replaceable",
     "create_release",
     "open_resumable",
+    "packed_columns",
     "pending_chunks",
     "read_release",
     "release_state",

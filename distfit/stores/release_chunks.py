@@ -24,14 +24,14 @@ import threading
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
 import zarr
 from zarr.codecs import BytesCodec
 
 from distfit.stores.checksum import compute_checksum
-from distfit.stores.files import fsync_file
+from distfit.stores.files import fsync_file, fsync_tree, jsonable, utc_now
 
 #: How the seal reads the store for its checksum (:func:`distfit.stores.checksum.compute_checksum`,
 #: the same digest as every reader's): whole zarr chunks of answers, at least this many bytes a
@@ -128,19 +128,21 @@ def read_file(path: Path, out: np.ndarray) -> bool:
 
 
 def write_chunk(release: "str | ChunkWriter", chunk: int, start: int, block_answers: Mapping[str, np.ndarray],
-                query_answers: np.ndarray, unit_ids: np.ndarray) -> None:
+                query_answers: np.ndarray, unit_ids: np.ndarray,
+                pack_measurements: Mapping[str, np.ndarray] | None = None) -> None:
     """Write release chunk ``chunk`` (rows ``start:start + len(unit_ids)``): the answers of the
     blocks in ``block_answers`` (exactly those the store holds, :func:`stored_blocks`), the
     query answers and the unit ids (``unit_ids`` and its coordinate twin ``unit``, absent from
     a release laid out before it, resumed), then, last, ``chunks/done[chunk] = 1``.
     ``release`` is the store's path (written before this returns) or an open
     :class:`ChunkWriter` (queued: written by the time it is flushed). Runs in a task, on any
-    worker; the rows are whole zarr chunks that no other chunk touches."""
+    worker; the rows are whole zarr chunks that no other chunk touches. ``pack_measurements``:
+    ``{pack_id: rows}`` of ``packs/<pack_id>/measurements`` (a packed plan's release)."""
     if isinstance(release, ChunkWriter):
-        release.write(chunk, start, block_answers, query_answers, unit_ids)
+        release.write(chunk, start, block_answers, query_answers, unit_ids, pack_measurements)
         return
     with ChunkWriter(release) as writer:
-        writer.write(chunk, start, block_answers, query_answers, unit_ids)
+        writer.write(chunk, start, block_answers, query_answers, unit_ids, pack_measurements)
 
 
 class ChunkWriter:
@@ -179,12 +181,21 @@ class ChunkWriter:
         return self._arrays[name]
 
     def write(self, chunk: int, start: int, block_answers: Mapping[str, np.ndarray], query_answers: np.ndarray,
-              unit_ids: np.ndarray) -> None:
+              unit_ids: np.ndarray, pack_measurements: Mapping[str, np.ndarray] | None = None) -> None:
         """Queue the chunk's writes (:func:`write_chunk`); returns once the previous chunk is
         written (raising its error, if any)."""
-        jobs = [(f"blocks/{block_id}/answers", start, answers) for block_id, answers in block_answers.items()]
-        jobs.append(("queries/answers", start, query_answers))
-        jobs += [(name, start, unit_ids) for name in ("unit_ids", "unit") if self._array(name) is not None]
+        rows = {f"blocks/{block_id}/answers": answers for block_id, answers in block_answers.items()}
+        rows.update({f"packs/{pack_id}/measurements": m for pack_id, m in (pack_measurements or {}).items()})
+        rows["queries/answers"] = query_answers
+        rows.update({name: unit_ids for name in ("unit_ids", "unit") if self._array(name) is not None})
+        self.write_arrays(chunk, start, rows)
+
+    def write_arrays(self, chunk: int, start: int, rows: Mapping[str, np.ndarray]) -> None:
+        """Queue ``store[name][start:start + len(r)] = r`` for every ``name: r`` of ``rows``, in
+        order, then, last, ``chunks/done[chunk] = 1``; returns once the previous chunk is written
+        (raising its error, if any). What any chunked store of this lifecycle writes per chunk
+        (the release's :meth:`write`, the estimate's chunks: :mod:`distfit.stores.estimate`)."""
+        jobs = [(name, start, r) for name, r in rows.items()]
         jobs.append(("chunks/done", chunk, np.ones(1, dtype=np.uint8)))  # last: the chunk is complete
         previous, self._in_flight = self._in_flight, self._pool.submit(self._write_all, jobs)
         if previous is not None:
@@ -289,9 +300,11 @@ def read_rows(root: Path, name: str, arr: zarr.Array, where: slice) -> np.ndarra
 
 def chunk_arrays(root: zarr.Group) -> list[str]:
     """The arrays the chunks write (:func:`write_chunk`), sorted: the stored blocks' answers,
-    ``chunks/done``, ``queries/answers``, ``unit`` (when laid out) and ``unit_ids``."""
+    the packs' measurements, ``chunks/done``, ``queries/answers``, ``unit`` (when laid out) and ``unit_ids``."""
     names = [f"blocks/{b}/answers" for b in stored_blocks(root)] + [
         "queries/answers", "unit_ids", *(["unit"] if "unit" in root else []), "chunks/done"]
+    if "packs" in root:  # a packed plan's release: each pack's measurements
+        names += [f"packs/{p}/measurements" for p in root["packs"].group_keys()]
     return sorted(names)
 
 
@@ -309,13 +322,15 @@ class ChunkSync:
     disk at the very end (about a second per 500 MB here); with it the writeback overlaps the
     chunk tasks and the seal finds the files clean. An optimisation only: errors are ignored
     here (a file not there yet, a path this code cannot guess), because the seal still fsyncs
-    every file and directory of the store and raises on failure."""
+    every file and directory of the store and raises on failure. ``arrays``: the arrays the
+    chunks write (default: a release's, :func:`chunk_arrays`; an estimate store names its own)."""
 
-    def __init__(self, root: zarr.Group, path: Path, units: int, chunk_units: int) -> None:
+    def __init__(self, root: zarr.Group, path: Path, units: int, chunk_units: int,
+                 arrays: Sequence[str] | None = None) -> None:
         self._path = path
         self._units, self._chunk_units = units, chunk_units
         self._arrays = []
-        for name in chunk_arrays(root):
+        for name in chunk_arrays(root) if arrays is None else sorted(arrays):
             arr = root[name]
             self._arrays.append((name, arr.metadata, tuple(int(c) for c in arr.chunks), tuple(arr.shape)))
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="distfit-fsync")
@@ -362,13 +377,16 @@ class ReleaseHasher:
     later arrays are hashed once their chunks are all in; raw chunk files are read straight
     into the slab (:func:`read_rows`). Memory: one slab (:data:`SEAL_READ_BYTES`) read ahead.
     The digest is the one a reading of the finished store gives (``compute_checksum``, what
-    every ``verify_release`` recomputes)."""
+    every ``verify_release`` recomputes). ``arrays``: the arrays the chunks write (default: a
+    release's, :func:`chunk_arrays`; an estimate store, :mod:`distfit.stores.estimate`, names
+    its own: any store laid out with whole-chunk rows and ``chunks/done``)."""
 
-    def __init__(self, root: zarr.Group, path: Path, units: int, chunk_units: int) -> None:
+    def __init__(self, root: zarr.Group, path: Path, units: int, chunk_units: int,
+                 arrays: Sequence[str] | None = None) -> None:
         self._path = Path(path)
         self._done = np.asarray(root["chunks/done"][...]) == 1
         self._chunk_units = chunk_units
-        self._written = set(chunk_arrays(root))
+        self._written = set(chunk_arrays(root) if arrays is None else arrays)
         self._condition = threading.Condition()
         self._cancelled = False
         self._digest: str | None = None
@@ -415,6 +433,31 @@ class ReleaseHasher:
         self._thread.join()
 
 
+def seal_chunked(root: zarr.Group, path: Path, *, fsync: bool, hasher: ReleaseHasher | None = None,
+                 attrs: Mapping[str, Any] | None = None) -> str:
+    """Seal a store whose chunks are all written (a release, an estimate): check every
+    ``chunks/done`` entry is 1 (else RuntimeError naming the missing chunks, the ``hasher``
+    cancelled), take the store checksum (the ``hasher``'s, or, without one or if it failed,
+    :func:`distfit.stores.checksum.compute_checksum` read as :data:`SEAL_READ_BYTES`), fsync the
+    store, then write ``attrs`` (JSON) with ``checksum``, ``sealed`` and ``complete=True`` last,
+    and fsync again. The caller checks its inputs are unchanged first. Returns the checksum."""
+    done = np.asarray(root["chunks/done"][...])
+    if not (done == 1).all():
+        if hasher is not None:
+            hasher.cancel()
+        missing = np.flatnonzero(done != 1)
+        raise RuntimeError(f"{path}: chunks {missing[:5].tolist()} not written; cannot seal")
+    checksum = hasher.result() if hasher is not None else None
+    if checksum is None:
+        checksum = compute_checksum(root, threads=SEAL_READ_THREADS, read_bytes=SEAL_READ_BYTES)
+    if fsync:
+        fsync_tree(path)
+    root.attrs.update({**jsonable(dict(attrs or {})), "checksum": checksum, "sealed": utc_now(), "complete": True})
+    if fsync:
+        fsync_tree(path)
+    return checksum
+
+
 __all__ = [
     "ChunkSync",
     "ChunkWriter",
@@ -428,6 +471,7 @@ __all__ = [
     "raw_chunks",
     "read_file",
     "read_rows",
+    "seal_chunked",
     "stored_blocks",
     "write_chunk",
     "write_file",

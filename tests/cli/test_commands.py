@@ -60,3 +60,34 @@ def test_seeded_resume_says_where_its_noise_comes_from(small_plan, tmp_path, cap
                        "--seed", "4", "--resume")
     assert code == 0, err
     assert "to draw from the test seed" in err and "fresh entropy" not in err
+
+
+@pytest.mark.parametrize("flags, fragment", [
+    (["--serial", "--workers", "2"], "--serial excludes"),
+    (["--workers", "0"], "--workers must be >= 1"),
+    (["--resume", "--overwrite"], "exclude each other"),
+])
+def test_estimate_flag_errors_exit_2_before_any_work(tmp_path, capsys, flags, fragment):
+    out = tmp_path / "e.zarr"
+    code, _, err = run(capsys, "estimate", str(tmp_path / "plan.zarr"), str(tmp_path / "release.zarr"),
+                       "--out", str(out), *flags)
+    assert code == 2
+    assert_one_line_error(err, fragment)
+    assert not out.exists()
+
+
+def test_estimate_of_a_missing_release_or_ctrl_c(small_plan, tmp_path, capsys, monkeypatch):
+    """A missing release is one line, exit 2; Ctrl-C says what was kept and how to resume (130)."""
+    code, _, err = run(capsys, "estimate", small_plan.plan, str(tmp_path / "none.zarr"), "--out",
+                       str(tmp_path / "e.zarr"), "--serial")
+    assert code == 2
+    assert_one_line_error(err, "no such release store")
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(commands, "run_estimate", interrupted)
+    code, _, err = run(capsys, "estimate", small_plan.plan, str(tmp_path / "r.zarr"), "--out",
+                       str(tmp_path / "e.zarr"), "--serial")
+    assert code == 130
+    assert_one_line_error(err, "interrupted", "--resume")

@@ -503,3 +503,88 @@ def test_resume_a_release_from_microdata(inputs, tmp_path, capsys):
     assert code == 2
     assert_one_line_error(err, "chunk 0 (units 0..2)", "marginals/1 ['age', 'edu']",
                           "row 1, cell 2 holds -1, a negative count")
+
+
+# --------------------------------------------------------------------------------------------
+# geography: each unit's parent (a level of a multi-level run)
+
+REGION = {unit: f"r{i % 3}" for i, unit in enumerate(sorted(IDS))}
+
+
+def test_parent_ids_are_tabulated_and_released(inputs, tmp_path):
+    from distfit.data.microdata import tabulation_mismatch
+    from distfit.release.job import run_release
+
+    people = inputs["people"].assign(region=[f" {REGION[str(b).strip()]}" for b in inputs["people"]["block"]])
+    source = tmp_path / "people.csv"
+    people.to_csv(source, index=False)
+    spec = load_spec(inputs["spec"])
+    out = tabulate_microdata(spec, source, tmp_path / "d.zarr", chunk_units=3, blocksize=2000, fsync=False,
+                             parent_column="region")
+    data = open_data(out)
+    assert data.parent_column == "region" and data.attrs["parent_column"] == "region"
+    assert data.parent_ids.metadata.dimension_names == ("unit",)
+    assert list(data.parent_ids[...]) == [REGION[u] for u in data.unit_ids[...]]
+    _check_against_groupby(out, people)  # the counts are what they were
+    assert tabulation_mismatch(out, spec, source, parent_column="region") is None
+    assert "parent ids of column 'region' stored, None wanted" in tabulation_mismatch(out, spec, source)
+    # a store without parent ids reads as before
+    plain = open_data(tabulate_microdata(spec, source, tmp_path / "plain.zarr", fsync=False))
+    assert plain.parent_ids is None and plain.parent_column is None
+    assert "None stored, 'region' wanted" in tabulation_mismatch(plain.path, spec, source, parent_column="region")
+    # the release copies them (geography, not data) and its checksum covers them
+    release = tmp_path / "r.zarr"
+    run_release(inputs["plan"], out, release, seed=3, serial=True)
+    opened = read_release(release)
+    assert opened.parent_column == "region"
+    assert list(opened.parent_ids[...]) == list(data.parent_ids[...])
+    assert verify_release(release)[0]
+    zarr.open_array(str(release / "parent_ids"), mode="r+")[0] = "r2" if data.parent_ids[0] != "r2" else "r1"
+    assert not verify_release(release)[0]
+    run_release(inputs["plan"], plain.path, tmp_path / "r2.zarr", seed=3, serial=True)
+    assert read_release(tmp_path / "r2.zarr").parent_ids is None
+    assert verify_release(tmp_path / "r2.zarr")[0]
+
+
+def test_integer_parent_ids(inputs, tmp_path):
+    people = inputs["int_people"].assign(state=lambda f: f["block"] // 20)
+    source = tmp_path / "people.parquet"
+    people.to_parquet(source, row_group_size=60)
+    data = read_marginals(tabulate_microdata(inputs["spec"], source, tmp_path / "d.zarr", fsync=False,
+                                             blocksize=2000, parent_column="state"))
+    assert np.dtype(data.parent_ids.dtype) == np.int64
+    np.testing.assert_array_equal(data.parent_ids[...], np.asarray(data.unit_ids[...]) // 20)
+
+
+def test_a_unit_in_two_parents_is_refused(inputs, tmp_path):
+    spec = load_spec(inputs["spec"])
+    people = inputs["people"].assign(region=[REGION[str(b).strip()] for b in inputs["people"]["block"]])
+    rows = np.flatnonzero([str(b).strip() == "b2" for b in people["block"]])
+    # within one partition: the row that names a second parent is located
+    one = people.copy()
+    one.loc[rows[1], "region"] = "elsewhere"
+    source = tmp_path / "one.csv"
+    one.to_csv(source, index=False)
+    with pytest.raises(DataError) as raised:
+        tabulate_microdata(spec, source, tmp_path / "d.zarr", fsync=False, parent_column="region")
+    message = str(raised.value)
+    assert "\n" not in message
+    assert (f"one.csv: line {rows[1] + 2}, column 'region': unit 'b2' of 'block' has people in two parents, "
+            f"'{REGION['b2']}' and 'elsewhere'") in message
+    # across partitions: b2's people first, then everybody else, then b2's again with another parent
+    b2 = people.iloc[rows]
+    many = pd.concat([b2, people.drop(index=people.index[rows]), b2.assign(region="late")])
+    source = tmp_path / "many.csv"
+    many.to_csv(source, index=False)
+    with pytest.raises(DataError, match=r"many.csv: column 'region': unit 'b2' of 'block' has people in two "
+                                        rf"parents, '{REGION['b2']}' and 'late'"):
+        tabulate_microdata(spec, source, tmp_path / "d.zarr", fsync=False, blocksize=2000, parent_column="region")
+    # a missing parent id, and a missing parent column
+    gap = people.copy()
+    gap.loc[5, "region"] = ""
+    gap.to_csv(tmp_path / "gap.csv", index=False)
+    with pytest.raises(DataError, match=r"gap.csv: line 7, column 'region': the parent unit id is empty"):
+        tabulate_microdata(spec, tmp_path / "gap.csv", tmp_path / "d.zarr", fsync=False, parent_column="region")
+    with pytest.raises(DataError, match=r"missing column 'state' \(the parent unit column\)"):
+        tabulate_microdata(spec, inputs["csv"], tmp_path / "d.zarr", fsync=False, parent_column="state")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["gap.csv", "many.csv", "one.csv"]

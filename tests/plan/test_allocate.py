@@ -1,11 +1,13 @@
 """Scale allocation: one scale per block under every query's target (DESIGN.md section 2)."""
 from __future__ import annotations
 
+import itertools
+
 import cvxpy as cp
 import numpy as np
 import pytest
 
-from distfit.plan.allocate import allocate_scales
+from distfit.plan.allocate import allocate_rows, allocate_scales
 from distfit.plan.composition import stitched_profile
 from tests.plan.blocks import plan_residual, two_way
 from tests.reference import SYMMETRIC_REFERENCE_REL, cvx_two_way_marginal_alpha
@@ -74,6 +76,35 @@ def test_allocation_is_certified_and_matches_a_convex_solver_at_scale():
     problem = cp.Problem(cp.Minimize(cp.sum(cp.multiply(alphas, cp.inv_pos(scales)))), [variance @ scales <= targets])
     problem.solve(solver=cp.CLARABEL)
     assert allocation.alpha_bound == pytest.approx(problem.value, rel=1e-6)
+
+
+def test_allocation_with_leaf_blocks_matches_a_convex_solver():
+    """Residual-shaped programs (allocate.allocate_rows): 2-way cliques of 12 attributes, each
+    constraint row reaching its clique's own block (a leaf, eliminated first), the two 1-way
+    blocks and the total; one extra leaf shares a row with another (only one is eliminated),
+    random alphas and variances. Same optimum as cvxpy + Clarabel."""
+    rng = np.random.default_rng(5)
+    pairs = list(itertools.combinations(range(12), 2))
+    num_blocks = 1 + 12 + len(pairs) + 1
+    rows, cols = [], []
+    for r, (a, b) in enumerate(pairs):
+        for block in (0, 1 + a, 1 + b, 13 + r):
+            rows.append(r)
+            cols.append(block)
+    rows.append(0)
+    cols.append(num_blocks - 1)  # a second single-row block on row 0
+    values = rng.lognormal(-1.0, 1.0, len(rows))
+    alphas = rng.lognormal(0.0, 1.0, num_blocks)
+    targets = rng.uniform(1.0, 4.0, len(pairs))
+    allocation = allocate_rows(alphas, np.array(rows), np.array(cols), values, targets, tolerance=1e-9)
+    variance = np.zeros((len(pairs), num_blocks))
+    np.add.at(variance, (rows, cols), values)
+    scales = cp.Variable(num_blocks, pos=True)
+    problem = cp.Problem(cp.Minimize(cp.sum(cp.multiply(alphas, cp.inv_pos(scales)))), [variance @ scales <= targets])
+    problem.solve(solver=cp.CLARABEL)
+    assert allocation.alpha_bound == pytest.approx(problem.value, rel=1e-6)
+    assert allocation.lower_bound <= allocation.alpha_bound <= allocation.lower_bound * (1 + 1e-9)
+    assert np.all(variance @ allocation.scales <= targets * (1 + 1e-12))
 
 
 def test_allocation_refuses_a_block_without_variance():

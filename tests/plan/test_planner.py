@@ -23,7 +23,7 @@ def test_two_way_marginals_plan_reaches_the_convex_optimum():
     domain = Domain(tuple(f"a{i}" for i in range(5)), (3,) * 5)
     groups = [(f"{a},{b}", {a: np.eye(3), b: np.eye(3)}, 1.0) for a, b in itertools.combinations(domain.names, 2)]
     plan = plan_groups(domain, groups, max_cells=0, refine_rounds=0)
-    assert len(plan.blocks) == 16
+    assert plan.num_blocks == 16 and len(plan.closed) == 16  # every block closed-form
     optimum = cvx_two_way_marginal_alpha((3,) * 5)
     assert optimum * (1 - SYMMETRIC_REFERENCE_REL) <= plan.alpha <= optimum * (1 + 1e-4)
     assert plan.alpha_exact

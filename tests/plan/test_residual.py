@@ -137,3 +137,40 @@ def test_layouts_describe_the_blocks_they_build(max_cells):
             np.testing.assert_array_equal(getattr(built, name), getattr(block, name))
     for subset in workload.subsets:
         np.testing.assert_array_equal(workload.query_index(subset), workload.residual_block(subset).query_index)
+
+
+def test_subsets_of_identity_groups_enumerated_in_bulk_match_the_row_test():
+    """``ResidualWorkload`` enumerates the subsets of identity-marginal groups with one target
+    by numpy, the others by the per-row test: both give what the per-row test gives everywhere
+    (subsets in (size, positions) order, each subset's groups in order, their query rows), with
+    a size-1 attribute, a clique written out of schema order, a prefix and per-query targets."""
+    domain = Domain(("a", "b", "one", "c"), (3, 4, 1, 2))
+    groups = [
+        ("ab", {"b": np.eye(4), "a": np.eye(3)}, 1.0),  # out of schema order
+        ("a-one-c", {"a": np.eye(3), "one": np.eye(1), "c": np.eye(2)}, 2.0),
+        ("b-prefix", {"b": prefix_queries(4)}, 1.0),
+        ("bc", {"b": np.eye(4), "c": np.eye(2)}, np.arange(1.0, 9.0)),  # per-query targets
+        ("total", {}, 3.0),
+    ]
+    workload = ResidualWorkload(domain, groups)
+    blocks = residual_blocks(domain, groups)
+    assert list(workload.subsets) == [block.attributes for block in blocks]
+    sizes = dict(zip(domain.names, domain.sizes))
+    expected = sorted({s for _, per, _ in groups for r in range(len(per) + 1)
+                       for s in itertools.combinations([a for a in domain.names if a in per and sizes[a] > 1], r)},
+                      key=lambda s: (len(s), [domain.index(a) for a in s]))
+    assert list(workload.subsets) == expected
+    for subset, block in zip(workload.subsets, blocks):
+        np.testing.assert_array_equal(workload.query_index(subset), block.query_index)
+        members = [g for g, (_, per, _) in enumerate(groups) if set(subset) <= set(per)]
+        assert workload.groups_of(subset) == members
+        assert workload.closed_form(subset) == all(g in (0, 1, 4) for g in members)
+    np.testing.assert_array_equal(workload.closed_form_mask(), [workload.closed_form(s) for s in workload.subsets])
+
+
+def test_workload_targets_are_the_groups_targets_in_order():
+    domain = Domain(("a", "b"), (3, 2))
+    groups = [("a", {"a": np.eye(3)}, 2.0), ("ab", {"a": prefix_queries(3), "b": np.eye(2)}, np.arange(1.0, 7.0)),
+              ("b", {"b": np.eye(2)}, np.array([1.5, 1.5])), ("total", {}, 4.0)]
+    np.testing.assert_array_equal(ResidualWorkload(domain, groups).targets(),
+                                  np.concatenate([[2.0] * 3, np.arange(1.0, 7.0), [1.5, 1.5], [4.0]]))

@@ -233,7 +233,7 @@ def test_killed_streamed_write_leaves_no_complete_looking_plan(tmp_path, phase):
     assert len(staging) == 1
     promoted = [p for p in (staging[0] / "blocks").iterdir() if p.is_dir()]
     drafts = [p for p in (staging[0] / "scratch").glob("round-*/*") if p.is_dir()]
-    assert (len(promoted), len(drafts)) == ((2, 4) if phase == "promote" else (0, 3))
+    assert (len(promoted), len(drafts)) == ((2, 3) if phase == "promote" else (0, 3))  # 5 solved blocks (r-age.sex is closed-form, packed)
     with pytest.raises(StoreError, match="interrupted write"):
         read_plan(out)
     with pytest.raises(StoreError, match="staging directory"):

@@ -160,7 +160,7 @@ def test_release_chunk_shapes_and_validation(planned):
     for block in plan.iter_blocks():
         assert out.blocks[block.block_id].shape == (9, block.recon.shape[0])
     assert out.queries.shape == (9, plan.queries_targets.size) and out.units == 9
-    assert set(vars(out)) == {"blocks", "queries"}  # no counts, no entropy
+    assert set(vars(out)) == {"blocks", "queries", "measurements"}  # no counts, no entropy
     with pytest.raises(ValueError, match="schema"):
         rel.release_chunk(plan, counts, 42, 0, Domain(("age", "sex", "edu"), (6, 2, 4)))
     with pytest.raises(ValueError, match="columns"):

@@ -105,6 +105,31 @@ def test_marginals_store_written_chunk_by_chunk(tmp_path):
         stored.check_blocks([("b", "c")])
 
 
+def test_marginals_store_with_parent_ids(tmp_path):
+    """Geography: ``parent_ids`` (dimension unit) and the ``parent_column`` attr read back; a
+    store holding one without the other is refused; histograms have none."""
+    domain = Domain(("a",), (2,))
+    out = tmp_path / "marginals.zarr"
+    with data.staged_store(out, data.MARGINALS_FORMAT, fsync=False) as (staging, group):
+        data.create_marginals(group, (2,), units=3, chunk_units=2, integer_ids=False, integer_parents=True)
+        for start in (0, 2):
+            writer = data.MarginalsWriter(staging)
+            writer.write_marginal(0, start, np.ones((min(2, 3 - start), 2), dtype=np.int64))
+            writer.write_unit_ids(start, np.array(["c1", "c2", "c3"])[start:start + 2])
+            writer.write_parent_ids(start, np.array([7, 7, 9])[start:start + 2])
+        data.write_marginals_attrs(group, domain=domain, spec_hash="h", units=3, chunk_units=2, cliques=[("a",)],
+                                   source={"path": "x.csv"}, total_people=6, parent_column="state")
+    stored = data.open_data(out)
+    assert stored.parent_column == "state" and stored.parent_ids[...].tolist() == [7, 7, 9]
+    assert stored.parent_ids.metadata.dimension_names == ("unit",)
+    root = zarr.open_group(str(out), mode="r+")
+    del root.attrs["parent_column"]
+    with pytest.raises(DataError, match="parent_ids without a parent_column attr"):
+        data.open_data(out)
+    histograms = write_synthetic(domain, 3, tmp_path / "h.zarr", seed=1, fsync=False)
+    assert data.open_data(histograms).parent_ids is None and data.open_data(histograms).parent_column is None
+
+
 def test_default_chunking_bounded(small_spec, tmp_path):
     h = read_histograms(write_synthetic(load_spec(small_spec), 30, tmp_path / "d.zarr", seed=1))
     assert h.counts.chunks == (30, 120)

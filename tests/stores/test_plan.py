@@ -21,6 +21,7 @@ from distfit.stores.plan import (
     BLOCK_ARRAYS,
     CERTIFICATE_ARRAYS,
     FORMAT_VERSION,
+    UNPACKED_VERSION,
     BlockRecord,
     StoreError,
     checksum_covers_attrs,
@@ -145,7 +146,7 @@ def test_round_trip_three_blocks(tmp_path):
     assert plan.block_ids == tuple(sorted(b.block_id for b in blocks))
     a = plan.attrs
     assert a["distfit_format"] == "plan"
-    assert a["format_version"] == FORMAT_VERSION
+    assert a["format_version"] == UNPACKED_VERSION
     assert a["complete"] is True
     assert a["checksum"] == checksum == plan.checksum
     assert checksum.startswith("sha256:") and len(checksum) == 7 + 64

@@ -4,6 +4,7 @@ The end-to-end behaviour of ``distfit release`` (layout, contents, resume, clust
 tests/release/test_job.py; these tests look at the store pieces."""
 from __future__ import annotations
 
+import io
 import shutil
 from pathlib import Path
 
@@ -15,7 +16,8 @@ import zarr
 import distfit.stores.release_chunks as release_chunks
 from distfit.plan.job import run_plan
 from distfit.release.job import run_release
-from distfit.spec.parse import load_spec
+from distfit.spec.parse import load_spec, parse_spec
+from distfit.stores.plan import read_plan
 from distfit.stores.checksum import compute_checksum
 from distfit.stores.data import write_synthetic
 from distfit.stores.release import (
@@ -27,6 +29,7 @@ from distfit.stores.release import (
     verify_release,
 )
 from distfit.stores.release_chunks import ChunkSync
+from tests.packed_plans import marginals_spec, reference_release, write_packed_plan
 from tests.reference import SMALL_SPEC
 
 UNITS, CHUNK = 50, 8  # 7 chunks, the last one short
@@ -122,3 +125,33 @@ def test_reader_refusals_and_state(inputs, tmp_path):
     answers[0, 0] = answers[0, 0] + 1.0
     ok, stored, recomputed = verify_release(out)
     assert not ok and stored == read_release(out).checksum and recomputed != stored
+
+
+# --------------------------------------------------------------------------------------------
+# a packed plan's release (issue 10): one measurements array per pack, not a group per block
+
+
+@pytest.mark.parametrize("explicit", [0, 4])
+def test_a_packed_plan_releases_what_the_blocks_give_for_the_same_draws(tmp_path, explicit):
+    """A packed (or mixed) plan's release equals, to rounding, the block-by-block reference on the
+    same draws (each pack's stream per chunk, each explicit block's own), with one measurements
+    array per pack and no group per packed block."""
+    spec = marginals_spec([3, 4, 2, 3], 2, [1.0, 2.0, 3.0, 1.0, 2.0, 3.0], name="packed-release")
+    write_packed_plan(tmp_path / "packed.zarr", spec, explicit=explicit)
+    data = write_synthetic(parse_spec(spec), 20, tmp_path / "data.zarr", seed=1, chunk_units=8, fsync=False)
+    run_release(tmp_path / "packed.zarr", data, tmp_path / "packed-release.zarr", seed=7, serial=True,
+                log=io.StringIO(), fsync=False)
+    release = read_release(tmp_path / "packed-release.zarr")
+    assert verify_release(tmp_path / "packed-release.zarr")[0]
+    plan = read_plan(tmp_path / "packed.zarr")
+    counts = np.asarray(zarr.open_group(str(data), mode="r")["counts"][...])
+    want, measured = reference_release(plan, counts, 7, 8)
+    scale = np.abs(want).max()
+    np.testing.assert_allclose(release.answers[...], want, rtol=0, atol=1e-12 * scale)
+    assert len(release.block_ids) == explicit
+    group = zarr.open_group(str(tmp_path / "packed-release.zarr"), mode="r")
+    np.testing.assert_allclose(group["packs/p0/measurements"][...], measured["p0"], rtol=0, atol=1e-12 * scale)
+    total = np.zeros_like(want)  # every block's answers (packed: measurements @ recon^T) sum to the queries'
+    for block_id in plan.block_ids:
+        np.add.at(total.T, plan.block(block_id).query_index, np.asarray(release.block_answers(block_id)[...]).T)
+    np.testing.assert_allclose(total, want, rtol=0, atol=1e-12 * scale)

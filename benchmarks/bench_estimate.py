@@ -1,0 +1,139 @@
+"""Estimate against release: ``run_estimate`` and ``run_release`` of the same units, side by side.
+
+Usage::
+
+    python benchmarks/bench_estimate.py [--units 20000] [--workers 2] [--repeat 1] [--integer]
+                                        [--spec pipelines/pl94.yaml] [--workdir DIR] [--keep-data]
+
+The documented full figure is ``--units 1000000`` (issue 11: PL94, 1,000,000 units, estimate
+time <= release time, memory flat); the default is smaller for a quick run. Plans the spec once
+(``run_plan``, serial) into the workdir and, for each N, synthesises N unit histograms
+(``write_synthetic``; timed apart). Then, ``--repeat`` times:
+
+* **release**: ``run_release(plan, data, release, workers=W)``, from the data store to the
+  sealed release (its own local cluster's start-up and shutdown, the audit, the chunk tasks,
+  the seal);
+* **estimate**: ``run_estimate(plan, release, estimate, workers=W)`` of that release, from the
+  sealed release to the sealed estimate (its own local cluster, the plan check, one task per
+  release chunk: recover the measurements, project every unit onto x >= 0, W x; the seal).
+
+Each run is a fresh spawned process whose peak RSS (driver, and the largest worker process) is
+sampled every 50 ms (:class:`benchmarks.bench_release.PeakRSS`). Printed per N: both times,
+units/s, the ratio estimate / release (goal <= 1), peak RSS of each, bytes written per unit,
+the estimate's fit (iterations, unconverged units) and the load average before each run.
+"""
+from __future__ import annotations
+
+import argparse
+import io
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.bench_release import MIB, load, measured, spread, store_bytes  # noqa: E402
+from distfit.estimate.job import run_estimate  # noqa: E402
+from distfit.plan.job import run_plan  # noqa: E402
+from distfit.release.job import run_release  # noqa: E402
+from distfit.spec.parse import load_spec  # noqa: E402
+from distfit.stores.data import write_synthetic  # noqa: E402
+from distfit.stores.estimate import read_estimate  # noqa: E402
+from distfit.stores.plan import read_plan  # noqa: E402
+
+
+def release(plan_path: str, data_path: str, out: str, workers: int) -> float:
+    return run_release(plan_path, data_path, out, workers=workers, log=io.StringIO()).seconds
+
+
+def estimate(plan_path: str, release_path: str, out: str, workers: int, integer: bool) -> float:
+    return run_estimate(plan_path, release_path, out, workers=workers, integer=integer, log=io.StringIO()).seconds
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--units", type=int, nargs="+", default=[20_000])
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--repeat", type=int, default=1)
+    parser.add_argument("--integer", action="store_true", help="integer estimates")
+    parser.add_argument("--workdir", default=None, help="default: a new temporary directory (deleted)")
+    parser.add_argument("--keep-data", action="store_true", help="keep (and reuse) the data stores in --workdir")
+    parser.add_argument("--spec", default=str(ROOT / "pipelines" / "pl94.yaml"))
+    args = parser.parse_args(argv)
+    if args.repeat < 1:
+        parser.error("--repeat must be >= 1")
+    if args.keep_data and args.workdir is None:
+        parser.error("--keep-data needs --workdir")
+
+    own = args.workdir is None
+    workdir = Path(args.workdir or tempfile.mkdtemp(prefix="bench-estimate-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    plan_path = str(workdir / "plan.zarr")
+    shutil.rmtree(plan_path, ignore_errors=True)
+    start = time.perf_counter()
+    run_plan(load_spec(args.spec), plan_path, serial=True, log=io.StringIO())
+    plan = read_plan(plan_path)
+    shapes = [plan.block(b).recon.shape[0:1] + plan.block(b).basis.shape for b in plan.block_ids]
+    print(f"plan {Path(args.spec).name}: {len(shapes)} block(s) (m_b, k, d_b) {shapes}, "
+          f"{len(plan.queries_targets)} queries, planned in {time.perf_counter() - start:.1f} s; "
+          f"{os.cpu_count()} CPUs; workdir {workdir}", flush=True)
+
+    rows = []
+    try:
+        for n in args.units:
+            data_path = str(workdir / f"data-{n}.zarr")
+            rel, est = str(workdir / f"release-{n}.zarr"), str(workdir / f"estimate-{n}.zarr")
+            if not (args.keep_data and Path(data_path).exists()):
+                shutil.rmtree(data_path, ignore_errors=True)
+                start = time.perf_counter()
+                write_synthetic(args.spec, n, data_path, seed=n)
+                print(f"N={n}: synthesised in {time.perf_counter() - start:.1f} s", flush=True)
+            runs = []
+            for rep in range(args.repeat):
+                for p in (rel, est):
+                    shutil.rmtree(p, ignore_errors=True)
+                before_r = load()
+                r_seconds, mem_r = measured(release, plan_path, data_path, rel, args.workers)
+                before_e = load()
+                e_seconds, mem_e = measured(estimate, plan_path, rel, est, args.workers, args.integer)
+                fit = read_estimate(est).attrs["fit"]
+                runs.append(dict(release=r_seconds, estimate=e_seconds, r_drv=mem_r.driver / MIB,
+                                 r_wrk=mem_r.worker / MIB, e_drv=mem_e.driver / MIB, e_wrk=mem_e.worker / MIB,
+                                 r_bytes=store_bytes(rel) / n, e_bytes=store_bytes(est) / n, fit=fit))
+                print(f"N={n} run {rep + 1}/{args.repeat}: release {r_seconds:.2f} s (load {before_r}), estimate "
+                      f"{e_seconds:.2f} s (load {before_e}), ratio {e_seconds / r_seconds:.2f}; peak RSS release "
+                      f"driver {mem_r.driver / MIB:.0f} / worker {mem_r.worker / MIB:.0f} MiB, estimate driver "
+                      f"{mem_e.driver / MIB:.0f} / worker {mem_e.worker / MIB:.0f} MiB; fit {fit}", flush=True)
+            for p in (rel, est):
+                shutil.rmtree(p, ignore_errors=True)
+            if not args.keep_data:
+                shutil.rmtree(data_path)
+            rows.append((n, runs))
+    finally:
+        if own:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+    print()
+    print(f"best (min-max) of {args.repeat} run(s) each; both on {args.workers} worker processes"
+          f"{', integer estimates' if args.integer else ''}")
+    print(f"{'units':>9} {'release s':>17} {'units/s':>8} {'estimate s':>17} {'units/s':>8} {'ratio':>5} "
+          f"{'rel drv/wrk MiB':>15} {'est drv/wrk MiB':>15} {'rel B/unit':>10} {'est B/unit':>10}")
+    for n, runs in rows:
+        r = [x["release"] for x in runs]
+        e = [x["estimate"] for x in runs]
+        print(f"{n:>9} {spread(r, '.2f'):>17} {n / min(r):>8.0f} {spread(e, '.2f'):>17} {n / min(e):>8.0f} "
+              f"{min(e) / min(r):>5.2f} "
+              f"{max(x['r_drv'] for x in runs):>7.0f}/{max(x['r_wrk'] for x in runs):<7.0f} "
+              f"{max(x['e_drv'] for x in runs):>7.0f}/{max(x['e_wrk'] for x in runs):<7.0f} "
+              f"{runs[0]['r_bytes']:>10.0f} {runs[0]['e_bytes']:>10.0f}")
+    print("ratio = best estimate / best release (goal <= 1 at 1M PL94 units); MiB = sampled peak RSS (driver / "
+          "largest worker); B/unit = bytes of the store's files per unit")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

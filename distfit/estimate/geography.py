@@ -1,0 +1,335 @@
+"""Top-down estimates of a nested geography: nonnegative, children summing to their parent (pure numpy).
+
+DESIGN.md section 7 ("Geography: top-down"), after the TopDown algorithm of the 2020 US Census
+(Abowd et al., "The 2020 Census Disclosure Avoidance System TopDown Algorithm", HDSR 2022):
+levels are estimated from the coarsest down, each unit's children constrained to sum exactly
+to the parent's estimate, cell by cell.
+
+Measurements. Level ``l`` releases for every unit ``u`` the measurements of its plan, ``y_bu =
+B_b M_b x_u + z_bu`` with ``z_bu ~ N(0, Sigma_b)`` independent across units, blocks and levels.
+Their GLS objective (the projection's, :mod:`distfit.estimate.projection`) is ``0.5 x^T H_l x
+- g_lu^T x`` plus a constant, ``H_l`` the level's information and ``g_lu`` its linear term
+(:func:`distfit.estimate.projection.normal_equations`). A unit of level ``l`` is also measured
+by its descendants: the sum of the measurements of its ``n`` descendants at a finer level
+``l'`` is ``B_b M_b x_u + sum z``, noise ``N(0, n Sigma_b)`` (the descendants partition its
+people), whose GLS term is ``(0.5 x^T H_l' x - G_l'u^T x) / n`` with ``G_l'u`` the sum of the
+descendants' ``g``. So unit ``u`` of level ``l`` minimises
+
+    ``0.5 x^T H_u x - g_u^T x``,  ``H_u = H_l + sum_{l' > l} H_l' / n_ul'``,
+                                  ``g_u = g_lu + sum_{l' > l} G_l'u / n_ul'``
+
+(a level ``l'`` where ``u`` has no descendant contributes nothing), every level's measurements
+used once per level above it.
+
+Constraints. The root level (one unit, or units without a parent) only has ``x_u >= 0``. The
+children of a parent ``p`` (already estimated, ``X_p``) are solved together:
+``x_c >= 0`` and ``sum_{c in children(p)} x_c = X_p`` cell by cell; their objective is the sum
+of theirs. That set is a product, over parents and cells, of scaled simplices, so its
+Euclidean projection (:func:`project_siblings`) is the simplex projection of Held, Wolfe and
+Crowder (1974) / Duchi et al. (ICML 2008): sort the children's values ``v`` of one parent and
+cell in decreasing order, ``rho = max{k : v_(k) - (sum_{i <= k} v_(i) - s) / k > 0}``,
+``tau = (sum_{i <= rho} v_(i) - s) / rho``, ``x = max(v - tau, 0)``, vectorised over every
+parent and cell at once by sorting (no loop over parents or cells). The problem is solved by
+:func:`distfit.estimate.projection.minimise_quadratic` (accelerated projected gradient) with
+that projection, all children of a level at once (``coupled``: the rows are tied by the
+projection) and the per-unit ``H_u`` applied as an operator (:class:`WeightedInformation`).
+
+Where ``H_u`` is singular the minimiser is not unique; the solver starts from the parent's
+table split by the children's estimated totals (:func:`sibling_start`), so a cell detail no
+level measures follows the parent's.
+
+Integer counts (``integer=True``): the root units are rounded with
+:func:`distfit.estimate.rounding.round_preserving_total`, every finer level is solved against
+its parents' *integer* counts and rounded with :func:`distfit.estimate.rounding.round_children`,
+so integer children sum exactly to their parent, cell by cell, at every level.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import scipy.sparse
+
+from distfit.estimate.projection import minimise_quadratic, quadratic_objective
+from distfit.estimate.rounding import round_children, round_preserving_total
+
+__all__ = [
+    "GeographyLevel",
+    "SiblingProjection",
+    "TopDownResult",
+    "WeightedInformation",
+    "descendant_terms",
+    "estimate_top_down",
+    "project_siblings",
+    "sibling_start",
+]
+
+#: At most this many distinct segment widths in :class:`SiblingProjection` (else powers of two).
+MAX_WIDTHS = 32
+
+
+@dataclass(frozen=True, eq=False)
+class GeographyLevel:
+    """One level of a nested geography (coarsest first): ``hessian`` ``H_l`` (cells x cells,
+    or a callable ``V -> V H_l`` with a ``lipschitz`` attribute, e.g.
+    :class:`distfit.estimate.projection.InformationOperator`), ``linear`` ``g_l`` (units x cells)
+    and ``parent_of`` (units,) the row of each unit's parent in the level above (None: a root
+    level, nonnegativity only). ``whitened`` (units x k, optional): the unit's whitened
+    measurements ``C_b^-1 y_b`` of every block side by side, for the residual's constant."""
+
+    hessian: Any
+    linear: np.ndarray
+    parent_of: np.ndarray | None = None
+    whitened: np.ndarray | None = None
+
+    @property
+    def units(self) -> int:
+        return int(self.linear.shape[0])
+
+
+@dataclass(frozen=True, eq=False)
+class TopDownResult:
+    """Per level (coarsest first): ``x`` (units x cells, >= 0; children sum to their parent),
+    ``counts`` (units x cells int64, or None without ``integer``), ``objective`` (units,)
+    ``0.5 x^T H_u x - g_u^T x``, ``residual`` (units,) the GLS residual ``2 objective +
+    sum_l' w_ul' ||C^-1 Y_ul'||^2`` (the weighted squared residual of the unit's own and summed
+    descendants' measurements; the constant from the levels' ``whitened``, 0 where not given),
+    ``iterations`` and ``converged`` (units,) bool."""
+
+    x: tuple[np.ndarray, ...]
+    counts: tuple[np.ndarray, ...] | None
+    objective: tuple[np.ndarray, ...]
+    residual: tuple[np.ndarray, ...]
+    iterations: tuple[int, ...]
+    converged: tuple[np.ndarray, ...]
+
+
+def _apply(hessian: Any, v: np.ndarray) -> np.ndarray:
+    """``v H`` for a dense ``H`` or an operator."""
+    return v @ hessian if isinstance(hessian, np.ndarray) else hessian(v)
+
+
+def _top_eigenvalue(hessian: Any) -> float:
+    if isinstance(hessian, np.ndarray):
+        return float(np.linalg.eigvalsh(hessian)[-1]) if hessian.size else 0.0
+    return float(hessian.lipschitz)
+
+
+class WeightedInformation:
+    """The per-unit information ``H_u = sum_j w_uj H_j`` as an operator on all units at once:
+    ``op(V)[u] = sum_j w_uj (V H_j)[u]`` (``V`` units x cells, rows in the units' order; the
+    rows are never subset, :func:`minimise_quadratic` runs them ``coupled``). ``lipschitz``:
+    ``sum_j max_u w_uj lambda_max(H_j)``, an upper bound of every ``lambda_max(H_u)``."""
+
+    def __init__(self, hessians: Sequence[Any], weights: np.ndarray) -> None:
+        self.hessians = tuple(hessians)
+        self.weights = np.asarray(weights, dtype=np.float64)  # (units, len(hessians))
+        self._lipschitz: float | None = None
+
+    def __call__(self, v: np.ndarray) -> np.ndarray:
+        out = np.zeros_like(v, dtype=np.float64)
+        for j, hessian in enumerate(self.hessians):
+            w = self.weights[:, j]
+            if np.any(w):
+                out += w[:, None] * _apply(hessian, v)
+        return out
+
+    @property
+    def lipschitz(self) -> float:
+        if self._lipschitz is None:
+            top = sum(float(self.weights[:, j].max(initial=0.0)) * _top_eigenvalue(h)
+                      for j, h in enumerate(self.hessians))
+            self._lipschitz = max(top, np.finfo(float).tiny)
+        return self._lipschitz
+
+
+def _grouping(parent_of: np.ndarray, parents: int) -> scipy.sparse.csr_array:
+    """The 0/1 matrix (parents x children) summing children into their parent."""
+    n = parent_of.size
+    return scipy.sparse.csr_array((np.ones(n), (parent_of, np.arange(n))), shape=(parents, n))
+
+
+def _check_parents(levels: Sequence[GeographyLevel]) -> list[np.ndarray | None]:
+    out: list[np.ndarray | None] = []
+    for i, level in enumerate(levels):
+        if level.parent_of is None:
+            if i > 0 and levels[i - 1].units == 1:  # under one population: all its children
+                out.append(np.zeros(level.units, dtype=np.int64))
+            elif i > 0:
+                raise ValueError(f"level {i}: no parent_of, and level {i - 1} has {levels[i - 1].units} units")
+            else:
+                out.append(None)
+            continue
+        parent_of = np.asarray(level.parent_of)
+        if i == 0:
+            raise ValueError("level 0: the root level has no parents (parent_of must be None)")
+        if parent_of.shape != (level.units,) or not np.issubdtype(parent_of.dtype, np.integer):
+            raise ValueError(f"level {i}: parent_of must be {level.units} integers, got shape {parent_of.shape}")
+        if parent_of.size and (parent_of.min() < 0 or parent_of.max() >= levels[i - 1].units):
+            raise ValueError(f"level {i}: parent_of outside 0..{levels[i - 1].units - 1}")
+        out.append(parent_of.astype(np.int64))
+    return out
+
+
+def _squared_norms(whitened: np.ndarray | None, units: int) -> np.ndarray:
+    if whitened is None:
+        return np.zeros(units)
+    return np.einsum("ij,ij->i", whitened, whitened)
+
+
+def descendant_terms(levels: Sequence[GeographyLevel]) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """Per level ``l``: ``(weights, linear, constant)`` of its units' objective (module
+    docstring): ``weights`` (units, K - l) the coefficient of ``H_l, H_l+1, ...`` (1 for
+    ``H_l``, ``1 / n_ul'`` for a finer level where the unit has ``n_ul' > 0`` descendants, else
+    0), ``linear`` (units x cells) ``g_u`` and ``constant`` (units,) ``sum_l' w_ul' ||sum of the
+    descendants' whitened measurements||^2`` (0 for levels without ``whitened``). Sums over
+    descendants are sparse products, level by level (no loop over units)."""
+    parents = _check_parents(levels)
+    out = []
+    for i, level in enumerate(levels):
+        counts = [np.ones(level.units)]
+        sums = [np.asarray(level.linear, dtype=np.float64)]
+        norms = [_squared_norms(level.whitened, level.units)]
+        # descendants at level j > i: their counts, summed g and whitened measurements, carried up from j to i
+        for j in range(i + 1, len(levels)):
+            n = np.ones(levels[j].units)
+            g = np.asarray(levels[j].linear, dtype=np.float64)
+            white = levels[j].whitened
+            for k in range(j, i, -1):
+                grouping = _grouping(parents[k], levels[k - 1].units)
+                n, g = grouping @ n, grouping @ g
+                white = None if white is None else grouping @ white
+            counts.append(n)
+            sums.append(g)
+            norms.append(_squared_norms(white, level.units))
+        safe = [np.where(n > 0, n, 1.0) for n in counts]
+        weights = np.stack([np.where(n > 0, 1.0 / s, 0.0) for n, s in zip(counts, safe)], axis=1)
+        linear = sum(w[:, None] * g for w, g in zip(weights.T, sums))
+        constant = sum(w * c for w, c in zip(weights.T, norms))
+        out.append((weights, np.asarray(linear), np.asarray(constant)))
+    return out
+
+
+class SiblingProjection:
+    """The Euclidean projection onto ``{x >= 0, sum_{c: parent_of[c] = p} x_c = totals[p]}``
+    (``x`` children x cells, ``totals`` parents x cells, clipped at 0): every parent and cell a
+    scaled simplex (module docstring: sort, threshold, clip). The grouping of the children is
+    prepared once (a level's solve projects hundreds of times): the parents' segments are
+    padded to a few widths (each distinct size, or powers of two when sizes vary widely), so a
+    call sorts every segment and cell at once along a short axis (``np.sort`` of a (segments,
+    width, cells) array per width; no loop over parents or cells)."""
+
+    def __init__(self, parent_of: np.ndarray, totals: np.ndarray) -> None:
+        parent_of = np.asarray(parent_of, dtype=np.int64)
+        n = parent_of.size
+        self.totals = np.maximum(np.asarray(totals, dtype=np.float64), 0.0)
+        order = np.argsort(parent_of, kind="stable")  # children grouped by parent
+        grouped = parent_of[order]
+        starts = np.flatnonzero(np.r_[True, grouped[1:] != grouped[:-1]]) if n else np.zeros(0, dtype=np.int64)
+        sizes = np.diff(np.r_[starts, n])
+        self.segments = starts.size
+        self.segment_of = np.empty(n, dtype=np.int64)
+        self.segment_of[order] = np.repeat(np.arange(starts.size), sizes)
+        widths = sizes if np.unique(sizes).size <= MAX_WIDTHS else 2 ** np.ceil(np.log2(sizes)).astype(np.int64)
+        self.buckets = []
+        for width in np.unique(widths):
+            segs = np.flatnonzero(widths == width)
+            column = np.arange(width)[None, :]
+            valid = column < sizes[segs][:, None]
+            rows = np.where(valid, order[np.minimum(starts[segs][:, None] + column, n - 1)], n)  # n: the pad row
+            rank = np.arange(1, width + 1, dtype=np.float64)[None, :, None]
+            self.buckets.append((segs, rows, valid[:, :, None], self.totals[grouped[starts[segs]]], rank))
+
+    def __call__(self, v: np.ndarray) -> np.ndarray:
+        v = np.asarray(v, dtype=np.float64)
+        if not v.size:
+            return v.copy()
+        cells = v.shape[1]
+        padded = np.concatenate([v, np.full((1, cells), v.min() - 1.0)])  # pads sort last and are masked
+        tau = np.empty((self.segments, cells))
+        for segs, rows, valid, total, rank in self.buckets:
+            s = -np.sort(-padded[rows], axis=1)                # decreasing within each segment and cell
+            cum = np.cumsum(s, axis=1)
+            positive = (s - (cum - total[:, None, :]) / rank > 0) & valid
+            rho = np.maximum(np.max(np.where(positive, rank, 0.0), axis=1), 1.0)
+            at_rho = np.take_along_axis(cum, (rho - 1).astype(np.int64)[:, None, :], axis=1)[:, 0, :]
+            tau[segs] = (at_rho - total) / rho
+        return np.maximum(v - tau[self.segment_of], 0.0)
+
+
+def project_siblings(v: np.ndarray, parent_of: np.ndarray, totals: np.ndarray) -> np.ndarray:
+    """The Euclidean projection of ``v`` (children x cells) onto ``{x >= 0, sum_{c: parent_of[c]
+    = p} x_c = totals[p]}`` (:class:`SiblingProjection`, prepared and applied once)."""
+    return SiblingProjection(parent_of, totals)(v)
+
+
+def sibling_start(parent_totals: np.ndarray, parent_of: np.ndarray, share: np.ndarray) -> np.ndarray:
+    """The start of a level's solve: each parent's table split among its children in proportion
+    to ``share`` (children,) (clipped at 0; equal parts where a parent's shares are all 0)."""
+    parent_of = np.asarray(parent_of, dtype=np.int64)
+    share = np.maximum(np.asarray(share, dtype=np.float64), 0.0)
+    parents = parent_totals.shape[0]
+    norm = np.bincount(parent_of, weights=share, minlength=parents)
+    size = np.bincount(parent_of, minlength=parents).astype(np.float64)
+    fraction = np.where(norm[parent_of] > 0, share / np.where(norm > 0, norm, 1.0)[parent_of],
+                        1.0 / np.maximum(size, 1.0)[parent_of])
+    return fraction[:, None] * parent_totals[parent_of]
+
+
+def _estimated_totals(hessian: Any, linear: np.ndarray) -> np.ndarray:
+    """Each unit's total from its own level's least-squares solution ``g H^+`` (dense ``H``);
+    equal shares (ones) for an operator."""
+    if isinstance(hessian, np.ndarray):
+        return (linear @ np.linalg.pinv(hessian, hermitian=True)).sum(axis=1)
+    return np.ones(linear.shape[0])
+
+
+def _nonnegative(v: np.ndarray) -> np.ndarray:
+    return np.maximum(v, 0.0)
+
+
+def estimate_top_down(levels: Sequence[GeographyLevel], *, integer: bool = False, tol: float = 1e-9,
+                      max_iter: int = 20000, on_level: Callable[[int], None] | None = None) -> TopDownResult:
+    """Every level's estimates, coarsest first (module docstring): the root level by
+    nonnegative GLS, each finer level by GLS with its children summing to their parent's
+    estimate (``integer``: to the parent's integer counts, then rounded so they sum exactly).
+    ``tol``/``max_iter``: :func:`distfit.estimate.projection.minimise_quadratic`'s.
+    ``on_level(i)`` is called as level ``i`` starts (progress)."""
+    if not levels:
+        raise ValueError("levels: at least one level")
+    cells = int(np.asarray(levels[0].linear).shape[1])
+    for i, level in enumerate(levels):
+        if np.asarray(level.linear).ndim != 2 or np.asarray(level.linear).shape[1] != cells:
+            raise ValueError(f"level {i}: linear must be (units, {cells}), got {np.asarray(level.linear).shape}")
+    parents = _check_parents(levels)
+    terms = descendant_terms(levels)
+    xs, counts, objectives, residuals, iterations, converged = [], [], [], [], [], []
+    for i, level in enumerate(levels):
+        if on_level is not None:
+            on_level(i)
+        weights, linear, constant = terms[i]
+        hessian = WeightedInformation([lv.hessian for lv in levels[i:]], weights)
+        parent_of = parents[i]
+        if parent_of is None:
+            project = _nonnegative
+            start = _nonnegative(linear @ np.linalg.pinv(level.hessian, hermitian=True)
+                                 if isinstance(level.hessian, np.ndarray) else linear / hessian.lipschitz)
+        else:
+            above = counts[i - 1].astype(np.float64) if integer else xs[i - 1]
+            project = SiblingProjection(parent_of, above)
+            start = sibling_start(above, parent_of, _estimated_totals(level.hessian, level.linear))
+        result = minimise_quadratic(hessian, linear, project, start, tol=tol, max_iter=max_iter,
+                                    lipschitz=hessian.lipschitz, coupled=True)
+        x = result.x
+        xs.append(x)
+        objectives.append(quadratic_objective(hessian, linear, x))
+        residuals.append(np.maximum(2.0 * objectives[-1] + constant, 0.0))
+        iterations.append(int(result.iterations))
+        converged.append(result.converged)
+        if integer:
+            counts.append(round_preserving_total(x) if parent_of is None
+                          else round_children(x, parent_of, counts[i - 1]))
+    return TopDownResult(x=tuple(xs), counts=tuple(counts) if integer else None, objective=tuple(objectives),
+                         residual=tuple(residuals), iterations=tuple(iterations), converged=tuple(converged))

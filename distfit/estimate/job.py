@@ -1,0 +1,430 @@
+"""``distfit estimate``: a plan and its sealed release in, an estimate store out (the I/O edge).
+
+``distfit estimate PLAN.zarr RELEASE.zarr --out ESTIMATE.zarr [--integer] [--resume]
+[--overwrite] [--workers N | --cluster ADDR|FILE | --serial]`` (DESIGN.md sections 5 and 7).
+Post-processing: it reads the plan and the release only, never the data, so it costs no
+privacy. Per unit (DESIGN.md section 7): the measurements ``y_b = R_b a_b`` are recovered
+exactly from the block answers (:func:`distfit.estimate.measurements.recover_measurements`),
+the data vector is the projection ``x_hat = argmin_{x >= 0} sum_b (y_b - B_b M_b x)^T
+Sigma_b^-1 (y_b - B_b M_b x)`` (:func:`distfit.estimate.projection.project_nonnegative`), with
+``--integer`` rounded so that each unit's total is kept
+(:func:`distfit.estimate.rounding.round_preserving_total`), and every workload query's estimate
+is ``W x_hat`` (:func:`distfit.estimate.measurements.workload_estimates`): nonnegative and
+consistent (every table a sum of one ``x_hat``'s cells). The store is
+:mod:`distfit.stores.estimate` (its layout is a contract, DESIGN.md section 4).
+
+Where it runs: one task per release chunk (the release's chunking), every unit of the chunk
+solved together with array operations; serially in the driver (``--serial``) or on Dask through
+:mod:`distfit.cluster` (a local multi-process cluster by default, started on a thread while the
+driver checks its inputs: :class:`distfit.cluster.BackgroundClient`). The measurement model is
+built once per worker by one task every chunk task depends on (:func:`model_task`: recomputed
+on another worker if its worker is lost, unlike scattered data). A task reads its chunk's
+answers from the release as raw chunk files (:func:`distfit.stores.release_chunks.read_rows`)
+and writes its arrays and, last, its done marker (``ChunkWriter.write_arrays``); the driver
+fsyncs and hashes each chunk as it lands (``ChunkSync``, ``ReleaseHasher``), so the seal finds
+the files on disk and the digest computed, as a release's does.
+
+Refused before anything is written (ValueError / FileExistsError, exit 2 on the command line):
+a release that is not sealed (or not a release), a plan whose arrays do not match its checksum,
+a release whose recorded plan checksum is not the plan's (a release of another plan or spec),
+a sealed estimate at ``--out`` without ``--overwrite``, an incomplete one without ``--resume``
+or ``--overwrite``, anything else at ``--out``, a second writer (``store_lock``).
+
+Lifecycle as a release's: built at the final path with ``complete=false``; ``--resume``
+continues an incomplete estimate of the same plan, release and options, computing only the
+chunks not marked done (the estimate is deterministic, so a resumed store equals an
+uninterrupted one bit for bit); ``--overwrite`` builds aside and moves into place once sealed.
+Sealing re-verifies the plan's checksum and that the release still holds the checksum it was
+started from.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterable, Iterator, TextIO
+
+import numpy as np
+
+from distfit.chunked_job import ChunkedWrite, check_out, claim_out, new_target
+from distfit.cluster import TASK_RETRIES, WORKER_ENV, BackgroundClient, run_tasks
+from distfit.estimate import graphical
+from distfit.estimate.measurements import (
+    MeasurementModel,
+    WorkloadKind,
+    measurement_model,
+    published_estimates,
+    recover_measurements,
+    workload_kind,
+)
+from distfit.estimate.projection import project_nonnegative
+from distfit.estimate.rounding import round_preserving_total
+from distfit.spec.parse import parse_spec
+from distfit.stores.data import cell_labels, value_labels
+from distfit.stores.estimate import (
+    check_replaceable,
+    chunk_arrays,
+    chunk_rows,
+    create_estimate,
+    estimate_state,
+    open_resumable,
+    read_estimate,
+    seal,
+)
+from distfit.stores.files import root_attrs_on_disk
+from distfit.stores.plan import read_plan, verify_checksum
+from distfit.stores.release import DerivedAnswers, pending_chunks, read_release
+from distfit.stores.release_chunks import ChunkWriter, read_rows
+from distfit.threads import blas_limit
+
+PathLike = str | os.PathLike
+
+#: The method recorded in the store (``method`` attr) and the objective it minimises per unit.
+METHOD = "projection"
+OBJECTIVE = "sum_b (y_b - B_b M_b x)^T Sigma_b^-1 (y_b - B_b M_b x) over x >= 0, per unit"
+#: The graphical model's (DESIGN.md section 7, :mod:`distfit.estimate.graphical`), over clique marginals.
+GRAPHICAL_OBJECTIVE = ("sum_b (y_b - B_b M_b mu)^T Sigma_b^-1 (y_b - B_b M_b mu) over nonnegative clique marginals "
+                       "mu of total N_hat: the marginal polytope (graphical-exact) or the local polytope of the "
+                       "saturated region graph (graphical-region-graph), per unit")
+#: The ``--method`` choices: auto takes the projection up to graphical.PROJECTION_MAX_CELLS cells;
+#: graphical lets graphical.graphical_problem choose exact or region-graph inference.
+METHODS = ("auto", "projection", "graphical", "graphical-exact", "graphical-region-graph")
+
+__all__ = ["EstimateJob", "EstimateResult", "estimate_chunk", "estimate_chunk_task", "estimate_in_run",
+           "manifest_entry", "model_task", "run_estimate"]
+
+
+@dataclass(frozen=True)
+class EstimateResult:
+    """What :func:`run_estimate` did. ``chunks_done_now`` chunks were estimated in this session
+    (all of them for a new estimate, the missing ones on ``--resume``); ``fit`` is the store's
+    ``fit`` attr (objective mean and max, iterations max, unconverged units)."""
+
+    path: str
+    units: int
+    queries: int
+    cells: int
+    chunks: int
+    chunks_done_now: int
+    units_done_now: int
+    seconds: float
+    checksum: str
+    plan_checksum: str
+    release_checksum: str
+    method: str
+    integer: bool
+    resumed: bool
+    fit: dict
+
+
+@dataclass(frozen=True)
+class EstimateJob:
+    """Everything a chunk task needs but the model (small; one per session)."""
+
+    estimate_path: str
+    release_path: str
+    release_checksum: str
+    units: int
+    chunk_units: int
+    integer: bool
+    workload: WorkloadKind
+    method: str = METHOD  # or "graphical-exact" / "graphical-region-graph" (graphical_method)
+
+
+# --------------------------------------------------------------------------------------------
+# what a worker runs
+
+
+def model_task(plan_path: str, plan_checksum: str) -> MeasurementModel:
+    """The plan's measurement model, built on a worker once per session (every chunk task
+    depends on it); refuses a plan whose stored checksum is not ``plan_checksum``."""
+    plan = read_plan(plan_path)
+    if plan.checksum != plan_checksum:
+        raise ValueError(f"{plan_path}: the plan changed during the estimate (checksum {plan.checksum}, "
+                         f"{plan_checksum} at the start)")
+    with blas_limit():
+        return measurement_model(plan)
+
+
+def _chunk_answers(release, model: MeasurementModel, start: int, stop: int) -> dict[str, np.ndarray]:
+    """Every block's released answers for rows ``start:stop``: stored blocks read as raw chunk
+    files, derived blocks (:class:`distfit.stores.release.DerivedAnswers`) taken as columns of
+    the query answers, read once."""
+    path, rows = Path(release.path), slice(start, stop)
+    queries = None
+    out = {}
+    for block in model.blocks:
+        view = release.block_answers(block.block_id)
+        if isinstance(view, DerivedAnswers):
+            if queries is None:
+                queries = read_rows(path, "queries/answers", release.answers, rows)
+            out[block.block_id] = np.take(queries, view.query_index, axis=1)
+        elif isinstance(view, np.ndarray):  # a packed block: computed whole by the release reader
+            out[block.block_id] = view[start:stop]
+        else:
+            out[block.block_id] = read_rows(path, f"blocks/{block.block_id}/answers", view, rows)
+    return out
+
+
+def estimate_chunk(model: MeasurementModel, answers: dict[str, np.ndarray], *, integer: bool,
+                   workload: WorkloadKind) -> tuple[np.ndarray, np.ndarray, Any]:
+    """The estimates of one chunk of units (pure): ``(queries (n, m), cells (n, cells), fit)``
+    from the block answers (module docstring); ``fit`` is the projection's result (objective,
+    iterations, converged). The query estimates are
+    :func:`distfit.estimate.measurements.published_estimates` (``workload``: the model's
+    :func:`~distfit.estimate.measurements.workload_kind`): never below 0 for a nonnegative
+    workload; with ``integer`` the cells are int64 and so are the queries of an integral one."""
+    fit = project_nonnegative(model, recover_measurements(model, answers))
+    cells = round_preserving_total(fit.x) if integer else np.asarray(fit.x, dtype=np.float64)
+    return published_estimates(model, cells, workload, integer=integer), cells, fit
+
+
+def graphical_method(model: MeasurementModel, method: str, integer: bool) -> tuple[str, Any]:
+    """The store's ``method`` for ``--method`` (:data:`METHODS`) and the graphical problem
+    (None for the projection): auto takes a graphical model above
+    :data:`distfit.estimate.graphical.PROJECTION_MAX_CELLS` cells, where ``x`` cannot be held.
+    ValueError (one line): an unknown method, ``--integer`` with a graphical model (overlapping
+    clique marginals cannot in general be rounded to integers that still agree on their shared
+    attributes, so integer tables are refused rather than made inconsistent), a model too large
+    for memory, mbi not installed."""
+    if method not in METHODS:
+        raise ValueError(f"--method: {method!r}, expected one of {', '.join(METHODS)}")
+    if method == "projection" or (method == "auto" and not graphical.use_graphical(model)):
+        return METHOD, None
+    if integer:
+        raise ValueError(f"--integer: not available with a graphical-model estimate ({model.cells:,} cells); "
+                         "clique marginals cannot in general be rounded consistently, leave out --integer")
+    try:
+        problem = graphical.graphical_problem(model, method=method.removeprefix("graphical-").replace("graphical", "auto"))
+    except graphical.GraphicalUnavailable as exc:
+        raise ValueError(str(exc)) from None
+    return f"graphical-{problem.method}", problem
+
+
+#: The graphical problem of the last model a worker saw (model, problem): built once per worker.
+_PROBLEM: list = []
+
+
+def _tables(method: str) -> str:
+    """The per-unit tables a method stores: the data vector or the clique marginals."""
+    return "cells/estimates" if method == METHOD else "marginals/estimates"
+
+
+def _problem_for(model: MeasurementModel, method: str):
+    if not _PROBLEM or _PROBLEM[0] is not model:
+        _PROBLEM[:] = [model, graphical.graphical_problem(model, method=method.removeprefix("graphical-"))]
+    return _PROBLEM[1]
+
+
+def estimate_chunk_graphical(problem, answers: dict[str, np.ndarray], *,
+                             workload: WorkloadKind) -> tuple[np.ndarray, np.ndarray, Any]:
+    """One chunk through a graphical model (pure but for jax inside mbi): ``(queries (n, m),
+    marginals (n, sum_c |c|), fit)`` (:func:`distfit.estimate.graphical.estimate_units`); a
+    nonnegative workload's estimates are sums of nonnegative marginals, rounding below 0 set to 0."""
+    fit = graphical.estimate_units(problem, recover_measurements(problem.model, answers))
+    queries = np.maximum(fit.estimates, 0.0) if workload.nonnegative else fit.estimates
+    return queries, fit.marginals, fit
+
+
+def estimate_chunk_task(job: EstimateJob, model: MeasurementModel, chunk: int,
+                        writer: ChunkWriter | None = None) -> tuple[int, int]:
+    """Estimate release chunk ``chunk`` and write its rows and, last, its done marker (written
+    before this returns, or through ``writer``: queued). Deterministic in its arguments, so a
+    retry rewrites identical bytes. Returns ``(chunk, units)``."""
+    start = chunk * job.chunk_units
+    stop = min(start + job.chunk_units, job.units)
+    release = read_release(job.release_path)
+    if release.checksum != job.release_checksum:
+        raise ValueError(f"{job.release_path}: the release changed during the estimate (checksum "
+                         f"{release.checksum}, {job.release_checksum} at the start)")
+    with blas_limit():
+        if job.method == METHOD:
+            queries, cells, fit = estimate_chunk(model, _chunk_answers(release, model, start, stop),
+                                                 integer=job.integer, workload=job.workload)
+        else:
+            queries, cells, fit = estimate_chunk_graphical(_problem_for(model, job.method), _chunk_answers(
+                release, model, start, stop), workload=job.workload)
+    rows = chunk_rows(queries, cells, fit.objective, fit.iterations, fit.converged,
+                      np.asarray(release.unit_ids[start:stop]), tables=_tables(job.method))
+    if writer is not None:
+        writer.write_arrays(chunk, start, rows)
+    else:
+        with ChunkWriter(job.estimate_path) as own:
+            own.write_arrays(chunk, start, rows)
+    return chunk, stop - start
+
+
+# --------------------------------------------------------------------------------------------
+# the driver
+
+
+def _cell_labels(plan, model: MeasurementModel) -> np.ndarray | None:
+    """The cell labels of the schema (the spec's value labels; codes when the spec cannot be read)."""
+    try:
+        values = value_labels(parse_spec(plan.attrs["spec"]))
+    except Exception:  # noqa: BLE001 - labels are a convenience; a spec we cannot parse gives codes
+        values = value_labels(model.domain())
+    if any(len(values.get(a, ())) != n for a, n in zip(model.attributes, model.sizes)):
+        values = value_labels(model.domain())
+    return cell_labels(model.attributes, values)
+
+
+def _check_inputs(plan_path: str, release_path: str):
+    """The sealed release and the plan it was made from (module docstring), or ValueError."""
+    release = read_release(release_path)  # ReleaseError (ValueError): missing, unsealed, not a release
+    ok, stored, recomputed = verify_checksum(plan_path)  # StoreError (ValueError): not a plan
+    if not ok:
+        raise ValueError(f"{plan_path}: the plan's arrays do not match its checksum ({recomputed}, stored "
+                         f"{stored}); it has been altered")
+    if release.attrs.get("plan_checksum") != stored:
+        raise ValueError(f"{release.path}: was released from another plan (plan checksum "
+                         f"{release.attrs.get('plan_checksum')}), not from {plan_path} ({stored})")
+    return read_plan(plan_path), release
+
+
+def run_estimate(
+    plan_path: PathLike,
+    release_path: PathLike,
+    out: PathLike,
+    *,
+    integer: bool = False,
+    resume: bool = False,
+    overwrite: bool = False,
+    method: str = "auto",
+    cluster: str | None = None,
+    workers: int | None = None,
+    serial: bool = False,
+    log: TextIO | None = None,
+    fsync: bool = True,
+    after_chunk: Callable[[int], None] | None = None,
+) -> EstimateResult:
+    """Estimate every unit of the sealed release at ``release_path`` (made through the plan at
+    ``plan_path``) into ``out`` (module docstring). ``after_chunk(chunk)`` is called in the
+    driver after each chunk is written (a test hook). Errors: ValueError (bad input),
+    FileExistsError (something at ``out`` that may not be replaced, or a second writer),
+    cluster.ClusterError."""
+    started = time.perf_counter()
+    log = log or sys.stderr
+    plan_path, release_path = os.fspath(plan_path), os.fspath(release_path)
+    out_path = Path(os.fspath(out))
+    check_out(out_path, "estimate", resume=resume, overwrite=overwrite)
+    if workers is not None and workers < 1:
+        raise ValueError(f"--workers must be >= 1, got {workers}")
+
+    with contextlib.ExitStack() as stack:
+        state, resumed = claim_out(stack, out_path, "estimate", estimate_state, resume=resume, overwrite=overwrite,
+                                   log=log)
+        stack.enter_context(blas_limit())
+        plan, release = _check_inputs(plan_path, release_path)
+        clients: list[BackgroundClient] = []
+
+        def client():
+            if not clients:
+                clients.append(stack.enter_context(BackgroundClient(cluster, workers, log=log, worker_env=WORKER_ENV)))
+            return clients[0].get()
+
+        if not serial and not resumed:
+            client()  # workers spawn while the model is built; an unreachable cluster is refused here
+        model = measurement_model(plan)
+        store_method, problem = graphical_method(model, method, integer)
+        if problem is not None:
+            _PROBLEM[:] = [model, problem]  # the serial path reuses the driver's
+        workload = workload_kind(model)
+        units, chunk_units = int(release.attrs["units"]), int(release.attrs["chunk_units"])
+        n_chunks = -(-units // chunk_units)
+        staging: Path | None = None
+        if resumed:
+            root = open_resumable(out_path, plan_checksum=plan.checksum, release_checksum=release.checksum,
+                                  integer=integer, method=store_method)
+            target = out_path
+            pending = pending_chunks(root)
+            print(f"distfit: resuming {out_path}: {n_chunks - len(pending)} of {n_chunks} chunks already "
+                  f"estimated (kept), {len(pending)} to go", file=log)
+        else:
+            target, staging = new_target(out_path, state, "estimate", resume=resume, log=log)
+            root = create_estimate(target, plan=plan, plan_path=plan_path, release=release, method=store_method,
+                                   objective=OBJECTIVE if problem is None else GRAPHICAL_OBJECTIVE,
+                                   integer=integer, cells=model.cells,
+                                   query_dtype=np.int64 if integer and workload.integral else np.float64,
+                                   cell_labels=_cell_labels(plan, model) if problem is None else None,
+                                   cliques=None if problem is None else problem.cliques)
+            pending = list(range(n_chunks))
+
+        job = EstimateJob(estimate_path=str(target), release_path=os.path.abspath(release.path),
+                          release_checksum=release.checksum, units=units, chunk_units=chunk_units,
+                          integer=integer, workload=workload, method=store_method)
+        with ChunkedWrite(root, target, units=units, chunk_units=chunk_units, pending=pending, stage="estimate",
+                          log=log, fsync=fsync, staging=staging, arrays=chunk_arrays(_tables(store_method)),
+                          after_chunk=after_chunk) as write:
+            if pending and serial:
+                write.consume(_run_serial(job, model, pending))
+            elif pending:
+                write.consume(_run_dask(client(), job, plan_path, plan.checksum, pending))
+            if clients:
+                clients[0].close(wait=False)  # the workers are done: shut them down while sealing
+            checksum = write.seal(lambda hasher: seal(
+                root, target, plan_path=plan_path, plan_checksum=plan.checksum, release_path=release_path,
+                release_checksum=release.checksum, fsync=fsync, hasher=hasher), out_path, check_replaceable)
+            fit = dict(root.attrs["fit"])
+    return EstimateResult(
+        path=str(out_path), units=units, queries=model.num_queries, cells=model.cells, chunks=n_chunks,
+        chunks_done_now=len(pending), units_done_now=write.done_units, seconds=time.perf_counter() - started,
+        checksum=checksum, plan_checksum=plan.checksum, release_checksum=release.checksum, method=store_method,
+        integer=bool(integer), resumed=resumed, fit=fit)
+
+
+def _run_serial(job: EstimateJob, model: MeasurementModel, pending: Iterable[int]) -> Iterator[tuple[int, int]]:
+    with ChunkWriter(job.estimate_path) as writer:
+        for chunk in pending:
+            result = estimate_chunk_task(job, model, chunk, writer=writer)
+            writer.flush()  # written before the chunk is reported (fsync, checksum, after_chunk)
+            yield result
+
+
+def _run_dask(client, job: EstimateJob, plan_path: str, plan_checksum: str,
+              pending: list[int]) -> Iterator[tuple[int, int]]:
+    """One impure task per chunk (unique keys, retries, run in submission order), each depending
+    on the model task's result (module docstring)."""
+    model = client.submit(model_task, os.path.abspath(plan_path), plan_checksum,
+                          key=f"estimate-model-{secrets.token_hex(6)}", pure=False, retries=TASK_RETRIES)
+    calls = ((str(chunk), (job, model, chunk)) for chunk in pending)
+    for _label, result in run_tasks(client, estimate_chunk_task, calls, "estimate-chunk"):
+        yield result
+
+
+def manifest_entry(path: PathLike, checksum: str) -> dict[str, Any]:
+    """The run manifest's ``estimate`` entry of the sealed estimate at ``path`` (path,
+    checksum, method, integer, fit)."""
+    attrs = read_estimate(path).attrs
+    return {"path": os.path.abspath(path), "checksum": checksum, "method": attrs["method"],
+            "integer": attrs["integer"], "fit": attrs["fit"]}
+
+
+def estimate_in_run(plan_path: PathLike, release_path: PathLike, out: PathLike, *, integer: bool,
+                    cluster: Callable[[], str | None], workers: int | None, serial: bool, log: TextIO,
+                    fsync: bool = True) -> tuple[dict[str, Any], str]:
+    """The estimate stage of ``distfit run`` (:func:`distfit.pipeline.run_pipeline`):
+    ``(entry, status)``, ``entry`` the manifest's (:func:`manifest_entry`). An estimate at ``out`` of the same plan and release with the same
+    options is reused when sealed (``"reused"``) and resumed when not (``"resumed"``); one of
+    other inputs or options is replaced (``"done"``): an estimate is a function of the plan and
+    the release, so recomputing it loses nothing (unlike a release's noise). ``cluster()`` gives
+    the scheduler address (None: serial), asked only when there is work to do."""
+    out_path = Path(os.fspath(out))
+    attrs = root_attrs_on_disk(out_path) if out_path.is_dir() else None
+    release = read_release(release_path)
+    same = attrs is not None and (attrs.get("release_checksum"), attrs.get("plan_checksum"), attrs.get("integer"),
+                                  attrs.get("method")) == (release.checksum, release.attrs.get("plan_checksum"),
+                                                           bool(integer), METHOD)
+    if same and attrs.get("complete") is True:
+        print(f"distfit: the estimate at {out_path} is sealed and of this release; reused", file=log)
+        return manifest_entry(out_path, str(attrs["checksum"])), "reused"
+    if attrs is not None and not same:
+        print(f"distfit: the estimate at {out_path} is of other inputs or options; replacing it", file=log)
+    result = run_estimate(plan_path, release_path, out_path, integer=integer, resume=same,
+                          overwrite=attrs is not None and not same, cluster=None if serial else cluster(),
+                          workers=workers, serial=serial, log=log, fsync=fsync)
+    return manifest_entry(out_path, result.checksum), "resumed" if result.resumed else "done"

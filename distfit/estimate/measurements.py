@@ -1,0 +1,343 @@
+"""The measurement model of a plan: what each release block measures, recovered exactly (pure numpy).
+
+DESIGN.md sections 1 and 7. Block ``b`` of a plan releases, for every unit,
+``a_b = L_b (B_b x_b + z_b)`` with ``x_b = M_b x`` the unit's marginal on the block's attributes
+(``M_b`` sums the full domain's cells onto the marginal's ``d_b`` cells, row-major in schema
+order), ``z_b ~ N(0, Sigma_b)``. ``L_b`` (m_b x k_b) has full column rank, so any left inverse
+recovers the measurement exactly: with ``R_b = L_b^+ = (L_b^T L_b)^-1 L_b^T`` (``R_b L_b = I``),
+
+    ``y_b = R_b a_b = B_b x_b + z_b``                         (:func:`recover_measurements`)
+
+and the estimates of every workload query from a data vector ``x`` (units x cells) are
+
+    ``(W x)_j = sum over the rows r of the blocks with query_index[r] = j of (L_b B_b M_b x)_r``
+                                                              (:func:`workload_estimates`),
+
+the same sum by query the release forms (:func:`distfit.release.noise.query_answers`), without
+the noise. Every estimate derived from one ``x`` is therefore consistent with every other.
+
+Published estimates (:func:`published_estimates`). When every coefficient of ``W`` is
+nonnegative (:func:`workload_kind`; every query kind of the spec), ``W x >= 0`` for ``x >= 0``
+exactly, but a query summed from the rows of several residual blocks (coefficients of both
+signs that cancel) comes out as ``-1e-13`` where it is 0 in exact arithmetic. Such a value,
+negative by at most :data:`NONNEGATIVE_TOLERANCE` times ``1 + sum_c |x_c|`` (the unit's total;
+the cancellation error is of order 1e-16 of it), is published as 0; nothing else is changed.
+
+The noise metric of a block is ``Sigma_b^-1 = C_b^-T C_b^-1`` (``C_b`` the lower Cholesky
+factor, the one the release draws with, :func:`distfit.release.noise.prepare_block`); the
+*whitener* ``C_b^-1`` makes ``C_b^-1 (y_b - B_b x_b)`` standard normal at the true ``x``. The
+model keeps per block the *whitened basis* ``G_b = C_b^-1 B_b`` and, for ``d_b <=``
+:data:`DENSE_BLOCK_CELLS`, the block's *information* ``G_b^T G_b = B_b^T Sigma_b^-1 B_b``
+(d_b x d_b); the projection (:mod:`distfit.estimate.projection`) builds everything from them.
+
+Marginals are array operations on the whole chunk of units: ``M_b x`` reshapes ``x`` (units x
+cells) to ``(units, n_1, ..., n_a)`` and sums the axes of the attributes not in the block
+(:meth:`MeasurementModel.marginal`); ``M_b^T v`` broadcasts ``v`` (units x d_b) back over those
+axes (:meth:`MeasurementModel.add_expanded`). No loop runs over units or cells; loops run over
+the blocks of a plan only.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterable, Mapping
+
+import numpy as np
+import scipy.linalg
+
+from distfit.domain import Domain
+from distfit.release.noise import prepare_block
+
+__all__ = [
+    "BlockMeasurement",
+    "DENSE_BLOCK_CELLS",
+    "MeasurementModel",
+    "block_measurement",
+    "measurement_model",
+    "model_from_blocks",
+    "NONNEGATIVE_TOLERANCE",
+    "WorkloadKind",
+    "published_estimates",
+    "recover_measurements",
+    "workload_estimates",
+    "workload_kind",
+]
+
+#: Blocks of at most this many cells keep their information matrix ``B^T Sigma^-1 B`` dense.
+DENSE_BLOCK_CELLS = 4096
+#: ``R L`` may differ from the identity by this much (relative to ``||L|| ||R||``) before
+#: ``L`` counts as rank deficient (measurements would not be recoverable).
+RECOVERY_TOLERANCE = 1e-8
+#: The model keeps the dense workload matrix ``W`` (m x cells) up to this many entries.
+DENSE_WORKLOAD_ENTRIES = 1 << 22
+#: Rows of ``L B`` within this distance of integers are snapped to them (0/1 query rows), so
+#: the estimates of an integer ``x`` are exact integers.
+INTEGER_ROW_TOLERANCE = 1e-9
+#: A nonnegative workload's query estimate this far below 0, relative to ``1 + sum_c |x_c|``, is
+#: rounding (module docstring) and published as 0.
+NONNEGATIVE_TOLERANCE = 1e-9
+#: Elements of ``W^T`` (cells x m) formed per slab when :func:`workload_kind` has no dense ``W``.
+WORKLOAD_SLAB = 2**22
+
+
+@dataclass(frozen=True, eq=False)
+class BlockMeasurement:
+    """One block of a plan as a measurement of the marginal on ``attributes`` (schema order).
+
+    ``basis`` B (k x d_b), ``recon`` L (m_b x k), ``recovery`` R = L^+ (k x m_b, ``R L = I``),
+    ``sigma`` (k x k), ``whitener`` ``C^-1`` (k x k, lower triangular, ``C^-T C^-1 =
+    Sigma^-1``), ``whitened_basis`` ``G = C^-1 B`` (k x d_b), ``information`` ``G^T G`` (d_b x
+    d_b; None above :data:`DENSE_BLOCK_CELLS`), ``query_rows`` ``L B`` (m_b x d_b; rows within
+    1e-9 of integers snapped to them), ``query_index`` (m_b,), ``drop_axes`` the schema axes the
+    marginal sums out and ``expand_shape`` the marginal's shape with 1 on those axes.
+    """
+
+    block_id: str
+    attributes: tuple[str, ...]
+    basis: np.ndarray
+    recon: np.ndarray
+    recovery: np.ndarray
+    sigma: np.ndarray
+    whitener: np.ndarray
+    whitened_basis: np.ndarray
+    information: np.ndarray | None
+    query_rows: np.ndarray
+    query_index: np.ndarray
+    drop_axes: tuple[int, ...]
+    expand_shape: tuple[int, ...]
+
+    @property
+    def cells(self) -> int:
+        """``d_b``, the number of cells of the block's marginal."""
+        return int(self.basis.shape[1])
+
+    @property
+    def rows(self) -> int:
+        """``k_b``, the number of basis rows (the length of the measurement ``y_b``)."""
+        return int(self.basis.shape[0])
+
+
+@dataclass(frozen=True, eq=False)
+class MeasurementModel:
+    """Every block of a plan as a measurement of the schema's domain (:func:`measurement_model`).
+
+    ``attributes``/``sizes`` the schema, ``cells`` = prod(sizes), ``blocks`` in the plan's
+    block order, ``num_queries`` m (the workload's queries, in spec order); ``workload`` the
+    dense ``W = sum_b (L_b B_b M_b by query_index)`` (m x cells, entries within 1e-9 of an
+    integer snapped to it) when it has at most :data:`DENSE_WORKLOAD_ENTRIES` entries, else None.
+    """
+
+    attributes: tuple[str, ...]
+    sizes: tuple[int, ...]
+    cells: int
+    blocks: tuple[BlockMeasurement, ...]
+    num_queries: int
+    workload: np.ndarray | None = None
+
+    def block(self, block_id: str) -> BlockMeasurement:
+        """The block ``block_id`` (KeyError if the plan has none)."""
+        for block in self.blocks:
+            if block.block_id == block_id:
+                return block
+        raise KeyError(f"no block {block_id!r}")
+
+    def marginal(self, x: np.ndarray, block: BlockMeasurement) -> np.ndarray:
+        """``M_b x``: the block's marginal of every row of ``x`` (units x cells) -> (units x d_b).
+        ``x`` itself (no copy) when the block holds every attribute."""
+        if not block.drop_axes:
+            return x
+        units = x.shape[0]
+        cube = x.reshape((units,) + self.sizes)
+        return cube.sum(axis=tuple(1 + axis for axis in block.drop_axes)).reshape(units, block.cells)
+
+    def add_expanded(self, out: np.ndarray, values: np.ndarray, block: BlockMeasurement) -> None:
+        """``out += M_b^T values`` in place: ``values`` (units x d_b) copied onto every cell of
+        the full domain that the marginal sums into it (``out`` units x cells, C-contiguous)."""
+        units = out.shape[0]
+        cube = out.reshape((units,) + self.sizes)
+        cube += values.reshape((units,) + block.expand_shape)
+
+    def domain(self) -> Domain:
+        """The schema as a :class:`distfit.domain.Domain`."""
+        return Domain(self.attributes, self.sizes)
+
+
+def _snap_integer_rows(rows: np.ndarray) -> np.ndarray:
+    """Entries of ``L B`` within :data:`INTEGER_ROW_TOLERANCE` of an integer, as that integer
+    (a 0/1 query row computed through ``L B`` carries rounding errors of order 1e-16)."""
+    nearest = np.round(rows)
+    close = np.abs(rows - nearest) <= INTEGER_ROW_TOLERANCE
+    return np.where(close, nearest, rows)
+
+
+def block_measurement(block: Any, domain: Domain) -> BlockMeasurement:
+    """``block`` (anything with ``block_id, attributes, basis, recon, query_index, sigma``, e.g. a
+    :class:`distfit.stores.plan.BlockRecord`) as a :class:`BlockMeasurement` of ``domain``.
+
+    ValueError naming the field: unknown or duplicated attributes, a basis whose columns are not
+    the marginal's cells, ``sigma`` not symmetric positive definite, ``recon`` without full
+    column rank (the measurement could not be recovered).
+    """
+    block_id = str(getattr(block, "block_id", ""))
+    where = f"blocks/{block_id}"
+    try:
+        prepared = prepare_block(block)  # validates shapes and factors Sigma (the release's C)
+    except ValueError as exc:
+        raise ValueError(f"{where}/{exc}") from None
+    names = tuple(block.attributes)
+    if len(set(names)) != len(names):
+        raise ValueError(f"{where}/attributes: duplicated names in {list(names)}")
+    for name in names:
+        if name not in domain.names:
+            raise ValueError(f"{where}/attributes: unknown attribute {name!r}; the schema has {list(domain.names)}")
+    keep = [axis for axis, name in enumerate(domain.names) if name in names]
+    ordered = tuple(domain.names[axis] for axis in keep)
+    d_b = int(np.prod([domain.sizes[axis] for axis in keep], dtype=np.int64))
+    basis, recon = prepared.basis, prepared.recon
+    if basis.shape[1] != d_b:
+        raise ValueError(f"{where}/basis: {basis.shape[1]} columns, but the marginal on {list(ordered)} has {d_b} cells")
+    k = basis.shape[0]
+    if recon.shape[0] < k:
+        raise ValueError(f"{where}/recon: {recon.shape[0]} rows < {k} columns, not of full column rank")
+    recovery = np.linalg.pinv(recon)
+    defect = np.abs(recovery @ recon - np.eye(k)).max(initial=0.0)
+    scale = np.linalg.norm(recon) * np.linalg.norm(recovery)  # Frobenius: bounds the spectral norms
+    if not np.isfinite(defect) or defect > RECOVERY_TOLERANCE * max(1.0, scale):
+        raise ValueError(f"{where}/recon: not of full column rank (the measurement cannot be recovered)")
+    whitener = scipy.linalg.solve_triangular(prepared.factor, np.eye(k), lower=True)
+    whitened = whitener @ basis
+    information = whitened.T @ whitened if d_b <= DENSE_BLOCK_CELLS else None
+    drop = tuple(axis for axis in range(len(domain)) if axis not in keep)
+    expand = tuple(1 if axis in drop else domain.sizes[axis] for axis in range(len(domain)))
+    return BlockMeasurement(
+        block_id=block_id, attributes=ordered, basis=basis, recon=recon, recovery=recovery,
+        sigma=np.asarray(block.sigma, dtype=np.float64), whitener=whitener, whitened_basis=whitened,
+        information=information, query_rows=_snap_integer_rows(recon @ basis),
+        query_index=prepared.query_index, drop_axes=drop, expand_shape=expand)
+
+
+def model_from_blocks(domain: Domain, blocks: Iterable[Any], num_queries: int | None = None) -> MeasurementModel:
+    """A :class:`MeasurementModel` of ``blocks`` (each as :func:`block_measurement` takes it)
+    over ``domain``; ``num_queries`` defaults to one past the largest query index."""
+    measured = tuple(block_measurement(block, domain) for block in blocks)
+    if not measured:
+        raise ValueError("blocks: the plan has no blocks")
+    largest = max(int(b.query_index.max(initial=-1)) for b in measured)
+    m = largest + 1 if num_queries is None else int(num_queries)
+    if largest >= m:
+        raise ValueError(f"query_index: query {largest} outside the workload's {m} queries")
+    model = MeasurementModel(attributes=tuple(domain.names), sizes=tuple(domain.sizes), cells=domain.size,
+                             blocks=measured, num_queries=m)
+    if m * domain.size > DENSE_WORKLOAD_ENTRIES:
+        return model
+    workload = np.zeros((m, domain.size))
+    for block in measured:
+        rows = np.zeros((block.query_rows.shape[0], domain.size))
+        model.add_expanded(rows, block.query_rows, block)
+        np.add.at(workload, block.query_index, rows)
+    return MeasurementModel(attributes=model.attributes, sizes=model.sizes, cells=model.cells, blocks=measured,
+                            num_queries=m, workload=_snap_integer_rows(workload))
+
+
+def measurement_model(plan: Any) -> MeasurementModel:
+    """The measurement model of ``plan`` (:func:`distfit.read_plan`'s result, or anything with
+    ``attrs["schema"]`` and ``iter_blocks()``; ``queries_targets`` gives m when present).
+    Built once per plan; every chunk of units shares it."""
+    domain = Domain.from_schema(plan.attrs["schema"])
+    targets = getattr(plan, "queries_targets", None)
+    return model_from_blocks(domain, plan.iter_blocks(), None if targets is None else len(targets))
+
+
+def recover_measurements(model: MeasurementModel, block_answers: Mapping[str, Any]) -> dict[str, np.ndarray]:
+    """``{block_id: y_b}``, ``y_b = a_b R_b^T`` (units x k_b) for the released answers ``a_b``
+    (units x m_b) of every block of ``model`` (exact up to rounding: ``R_b L_b = I``).
+    ValueError naming the block: missing, or answers of the wrong shape, or different unit counts."""
+    out: dict[str, np.ndarray] = {}
+    units = None
+    for block in model.blocks:
+        if block.block_id not in block_answers:
+            raise ValueError(f"block_answers: no answers for block {block.block_id!r}")
+        answers = np.asarray(block_answers[block.block_id], dtype=np.float64)
+        if answers.ndim != 2 or answers.shape[1] != block.recon.shape[0]:
+            raise ValueError(f"block_answers[{block.block_id!r}]: shape {answers.shape}, expected (units, {block.recon.shape[0]})")
+        if units is not None and answers.shape[0] != units:
+            raise ValueError(f"block_answers[{block.block_id!r}]: {answers.shape[0]} units, other blocks have {units}")
+        units = answers.shape[0]
+        out[block.block_id] = answers @ block.recovery.T
+    return out
+
+
+def workload_estimates(model: MeasurementModel, x: np.ndarray) -> np.ndarray:
+    """``W x`` (units x m): every workload query's estimate from the data vectors ``x`` (units x
+    cells), the sum by ``query_index`` of the rows ``L_b B_b M_b x`` of every block.
+
+    With the model's dense ``workload`` this is ``x W^T``: for integer ``x`` and 0/1 (integer)
+    queries every product and partial sum is an integer below 2**53, so the estimates are exact
+    integers, and consistent with each other (one ``x``). Without it (a domain too large), the
+    block rows are summed, whose coefficients need not be integers (a query split over residual
+    blocks): integers up to rounding then.
+    """
+    x = np.asarray(x, dtype=np.float64)
+    if x.ndim != 2 or x.shape[1] != model.cells:
+        raise ValueError(f"x: shape {x.shape}, expected (units, {model.cells})")
+    if model.workload is not None:
+        return x @ model.workload.T
+    out = np.zeros((x.shape[0], model.num_queries))
+    for block in model.blocks:
+        rows = model.marginal(x, block) @ block.query_rows.T
+        qi = block.query_index
+        if np.unique(qi).size == qi.size:
+            out[:, qi] += rows
+        else:
+            np.add.at(out, (slice(None), qi), rows)
+    return out
+
+
+@dataclass(frozen=True)
+class WorkloadKind:
+    """``integral``: every coefficient of ``W`` is an integer (to :data:`INTEGER_ROW_TOLERANCE`),
+    so the estimates of an integer ``x`` are integers; ``nonnegative``: every coefficient is
+    ``>= -INTEGER_ROW_TOLERANCE``, so ``W x >= 0`` for ``x >= 0``."""
+
+    integral: bool
+    nonnegative: bool
+
+
+def _kind_of(w: np.ndarray) -> WorkloadKind:
+    return WorkloadKind(integral=bool(np.allclose(w, np.rint(w), rtol=0.0, atol=INTEGER_ROW_TOLERANCE)),
+                        nonnegative=bool(w.min(initial=0.0) >= -INTEGER_ROW_TOLERANCE))
+
+
+def workload_kind(model: MeasurementModel) -> WorkloadKind:
+    """What the workload's coefficients are (:class:`WorkloadKind`). Read off the model's dense
+    ``workload`` when it keeps one; at once when every block's query rows ``L_b B_b`` are
+    nonnegative integers (sums of such rows); else (a query summed from the rows of several
+    blocks) ``W^T`` is formed a slab of cells at a time (:func:`workload_estimates` of identity
+    rows, at most :data:`WORKLOAD_SLAB` elements a slab)."""
+    if model.workload is not None:
+        return _kind_of(model.workload)
+    rows = [_kind_of(block.query_rows) for block in model.blocks]
+    if all(kind.integral and kind.nonnegative for kind in rows):
+        return WorkloadKind(integral=True, nonnegative=True)
+    integral = nonnegative = True
+    step = max(1, WORKLOAD_SLAB // max(model.cells, model.num_queries))
+    for first in range(0, model.cells, step):
+        slab = _kind_of(workload_estimates(model, np.eye(min(step, model.cells - first), model.cells, first)))
+        integral, nonnegative = integral and slab.integral, nonnegative and slab.nonnegative
+        if not (integral or nonnegative):
+            break
+    return WorkloadKind(integral=integral, nonnegative=nonnegative)
+
+
+def published_estimates(model: MeasurementModel, x: np.ndarray, kind: WorkloadKind, *,
+                        integer: bool = False) -> np.ndarray:
+    """The query estimates a store publishes from the tables ``x >= 0`` (units x cells):
+    :func:`workload_estimates`, with a nonnegative workload's rounding below 0 (at most
+    :data:`NONNEGATIVE_TOLERANCE` ``(1 + sum_c |x_c|)``) set to 0 (module docstring); with
+    ``integer`` (integer ``x``) and an integral workload, as int64."""
+    queries = workload_estimates(model, x)
+    if kind.nonnegative:
+        slack = NONNEGATIVE_TOLERANCE * (1.0 + np.abs(np.asarray(x, dtype=np.float64)).sum(axis=1, keepdims=True))
+        queries = np.where((queries < 0) & (queries >= -slack), 0.0, queries)
+    if integer and kind.integral:
+        queries = np.rint(queries).astype(np.int64)
+    return queries

@@ -1,0 +1,423 @@
+"""Estimate stores: the layout, its lifecycle and the reader (post-processing of a sealed release).
+
+Layout (**contract**, DESIGN.md section 4), a Zarr v3 group::
+
+    estimate.zarr/       attrs: distfit_format="estimate", format_version=1, plan_checksum,
+                                release_checksum, plan_path, release_path, schema
+                                ({"attributes", "sizes"} of the plan), method, objective (the
+                                formula minimised), integer (bool), units, chunk_units, n_chunks,
+                                queries, cells, created, distfit_version, parent_column (with
+                                parent_ids only), geography (a top-down level's estimate only:
+                                level, levels, parent_level, parent_column, parent_estimate
+                                {path, checksum} of the estimate its units sum to;
+                                :mod:`distfit.estimate.levels`), complete (False until
+                                sealed), and at seal: checksum, sealed (time), fit (a summary of
+                                fit/*: objective mean and max, iterations max, unconverged units)
+      queries/estimates  (units, m)      float64 (int64 with integer, when every workload
+                                         coefficient is an integer): every workload query's
+                                         estimate W x_hat, in the release's unit order
+                         group attrs: labels (m strings GROUP:LABEL, or None), groups
+                         ({group: [start, stop]}: each query group's columns, spec order)
+      queries/query      (m,)            coordinate: the query labels (absent when labels is None)
+      cells/estimates    (units, cells)  float64 (int64 with integer): the data vector estimate
+                                         x_hat of every unit (the detailed table every query
+                                         estimate is a sum of); cells row-major in schema order
+      cells/cell         (cells,)        coordinate: cell labels ``age[0-17],sex[female]``
+      marginals/estimates (units, sum_c |c|) instead of cells/ when the method is a graphical model
+                         (``graphical-exact``, ``graphical-region-graph``: the domain is too
+                         large for x): every clique's nonnegative marginal, row-major, the
+                         cliques' tables side by side; group attrs cliques ([[attribute, ...]])
+                         and offsets (each clique's first column)
+      fit/objective      (units,)        float64  the unit's minimised objective (module of the
+                                                  method: the Sigma^-1-weighted squared residual)
+      fit/iterations     (units,)        int32    iterations of the solve of the unit's chunk
+      fit/converged      (units,)        uint8    1 if the solve met its tolerance for the unit
+      unit_ids, unit     (units,)        the release's unit ids (and their coordinate twin)
+      parent_ids         (units,)        geography, when the release has it: each unit's parent
+                                         id, copied whole from the release (root attr
+                                         ``parent_column`` names its data column; covered by the
+                                         checksum like every array)
+      chunks/done        (n_chunks,)     uint8, one zarr chunk per release chunk: 1 once every
+                                         array of that chunk is written
+
+Dimension names (:data:`DIMS`): ``unit``, ``query``, ``cell``, ``chunk``; xarray opens the
+store whole (``xr.open_datatree(path, engine="zarr")``), ``unit`` at the root labelling every
+per-unit array.
+
+The per-unit data vector (``cells/estimates``) is stored because the projection computes it
+anyway and it is the one table every other estimate derives from (a published table for any
+other query is a sum of its cells); it costs ``cells`` numbers per unit next to the ``m`` of the
+queries (PL94: 252 next to 319). A domain too large to hold x per unit is not estimated by
+projection at all (a graphical model instead, DESIGN.md section 7).
+
+Never stored: the data, true answers or anything derived from them (the estimate reads the
+plan and the release only); the release's privacy is unchanged (post-processing).
+
+Lifecycle, as a release's (:mod:`distfit.stores.release`; the orchestration is
+:func:`distfit.estimate.job.run_estimate`): :func:`create_estimate` lays out the store with
+``complete=False`` (every reader refuses it); one task per release chunk writes the chunk's
+arrays and, last, its ``chunks/done`` entry (:meth:`distfit.stores.release_chunks.ChunkWriter.write_arrays`);
+the driver fsyncs and hashes chunks as they land (``ChunkSync``, ``ReleaseHasher`` over
+:func:`chunk_arrays`); :func:`seal` checks the plan and release are unchanged, then writes the
+checksum (:func:`distfit.stores.checksum.compute_checksum`, arrays only, like a release's) and
+``complete=True``. :func:`open_resumable` reopens an incomplete store made from the same plan,
+release and options.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+import zarr
+
+from distfit import __version__
+from distfit.stores.checksum import compute_checksum
+from distfit.stores.data import PARENT_IDS
+from distfit.stores.files import (
+    check_store_kind,
+    jsonable,
+    open_sealed,
+    root_attrs_on_disk,
+    store_state,
+    utc_now,
+    write_array,
+)
+from distfit.stores.plan import verify_checksum
+from distfit.stores.release import ANSWER_COMPRESSORS, answer_chunks
+from distfit.stores.release_chunks import ReleaseHasher, seal_chunked
+
+FORMAT = "estimate"
+FORMAT_VERSION = 1
+KIND = "estimate"
+
+#: Dimension names (Zarr v3 ``dimension_names``) of every estimate array (module docstring).
+DIMS: dict[str, tuple[str, ...]] = {
+    "queries/estimates": ("unit", "query"),
+    "queries/query": ("query",),
+    "cells/estimates": ("unit", "cell"),
+    "cells/cell": ("cell",),
+    "marginals/estimates": ("unit", "marginal_cell"),
+    "fit/objective": ("unit",),
+    "fit/iterations": ("unit",),
+    "fit/converged": ("unit",),
+    "unit_ids": ("unit",),
+    "unit": ("unit",),
+    PARENT_IDS: ("unit",),
+    "chunks/done": ("chunk",),
+}
+
+#: What each chunk writes, besides ``chunks/done`` (:func:`chunk_arrays`), with its dtype when fixed.
+FIT_DTYPES = {"fit/objective": np.float64, "fit/iterations": np.int32, "fit/converged": np.uint8}
+
+PathLike = str | os.PathLike
+
+
+class EstimateError(ValueError):
+    """A path that is not a readable, complete (sealed) estimate store; the message says why."""
+
+
+def chunk_arrays(tables: str = "cells/estimates") -> list[str]:
+    """The arrays every chunk writes, sorted (``chunks/done`` included, written last);
+    ``tables``: ``cells/estimates`` (the projection) or ``marginals/estimates`` (a graphical model)."""
+    return sorted(["queries/estimates", tables, *FIT_DTYPES, "unit_ids", "unit", "chunks/done"])
+
+
+def query_groups(labels: Sequence[str] | None) -> dict[str, list[int]] | None:
+    """``{group: [start, stop]}`` of labels ``GROUP:LABEL`` whose groups are contiguous (spec
+    order); None when there are no labels or a group is split."""
+    if labels is None:
+        return None
+    groups: dict[str, list[int]] = {}
+    for j, label in enumerate(labels):
+        name = str(label).split(":", 1)[0]
+        if name in groups and groups[name][1] != j:
+            return None
+        groups.setdefault(name, [j, j])[1] = j + 1
+    return groups
+
+
+def create_estimate(path: Path, *, plan, plan_path: str, release, method: str, objective: str, integer: bool,
+                    cells: int, query_dtype: Any, cell_labels: np.ndarray | None,
+                    cliques: Sequence[Sequence[str]] | None = None) -> zarr.Group:
+    """Lay out an empty, incomplete estimate store at ``path`` (driver only) and return its root
+    group, open for writing. ``release``: the sealed release (:func:`distfit.stores.release.read_release`)
+    whose units, chunking, unit ids dtype and labels the store follows. ``cliques`` (a graphical
+    model's, each a tuple of attributes in schema order): ``marginals/estimates`` (units x the
+    cliques' cells, each clique's table row-major, group attrs ``cliques`` and ``offsets``)
+    instead of ``cells/estimates``. On any error nothing is left at ``path``."""
+    try:
+        _lay_out(path, plan=plan, plan_path=plan_path, release=release, method=method, objective=objective,
+                 integer=integer, cells=cells, query_dtype=query_dtype, cell_labels=cell_labels, cliques=cliques)
+    except BaseException:
+        shutil.rmtree(path, ignore_errors=True)
+        raise
+    return zarr.open_group(store=str(path), mode="r+", zarr_format=3)
+
+
+def _lay_out(path: Path, *, plan, plan_path, release, method, objective, integer, cells, query_dtype,
+             cell_labels, cliques=None) -> None:
+    attrs = release.attrs
+    units, chunk_units = int(attrs["units"]), int(attrs["chunk_units"])
+    n_chunks = -(-units // chunk_units)
+    m = int(release.answers.shape[1])
+    config = {"write_empty_chunks": True}
+    root = zarr.open_group(store=str(path), mode="w-", zarr_format=3)
+    root.attrs.update({"distfit_format": FORMAT, "format_version": FORMAT_VERSION, "complete": False})
+    labels = release.labels
+    queries = root.create_group("queries")
+    queries.create_array("estimates", shape=(units, m), dtype=query_dtype, chunks=answer_chunks(chunk_units, m),
+                         compressors=ANSWER_COMPRESSORS, dimension_names=DIMS["queries/estimates"], config=config)
+    if labels is not None:
+        write_array(queries, "query", np.array(list(labels), dtype=object), dims=DIMS["queries/query"])
+    queries.attrs.update(jsonable({"labels": labels, "groups": query_groups(labels)}))
+    if cliques is not None:
+        size = dict(zip(plan.attrs["schema"]["attributes"], plan.attrs["schema"]["sizes"]))
+        offsets = np.concatenate([[0], np.cumsum([int(np.prod([size[a] for a in c])) for c in cliques])])
+        group = root.create_group("marginals")
+        group.create_array("estimates", shape=(units, int(offsets[-1])), dtype=np.int64 if integer else np.float64,
+                           chunks=answer_chunks(chunk_units, int(offsets[-1])), compressors=ANSWER_COMPRESSORS,
+                           dimension_names=DIMS["marginals/estimates"], config=config)
+        group.attrs.update(jsonable({"cliques": [list(c) for c in cliques], "offsets": offsets.tolist()}))
+    cell_group = root.create_group("cells") if cliques is None else None
+    if cell_group is not None:
+        cell_group.create_array("estimates", shape=(units, cells), dtype=np.int64 if integer else np.float64,
+                                chunks=answer_chunks(chunk_units, cells), compressors=ANSWER_COMPRESSORS,
+                                dimension_names=DIMS["cells/estimates"], config=config)
+    if cell_labels is not None and cell_group is not None:
+        write_array(cell_group, "cell", np.asarray(cell_labels, dtype=object), dims=DIMS["cells/cell"])
+    fit = root.create_group("fit")
+    for name, dtype in FIT_DTYPES.items():
+        fit.create_array(name.split("/")[1], shape=(units,), dtype=dtype, chunks=(chunk_units,), compressors=None,
+                         dimension_names=DIMS[name], config=config)
+    ids_dtype = np.dtype(release.unit_ids.dtype)
+    ids_dtype = str if ids_dtype.kind in "TUO" else ids_dtype  # variable-length UTF-8, as in the release
+    for name in ("unit_ids", "unit"):
+        root.create_array(name, shape=(units,), dtype=ids_dtype, chunks=(chunk_units,),
+                          compressors=None if ids_dtype is not str else "auto",
+                          dimension_names=DIMS[name], config=config)
+    root.create_group("chunks").create_array(
+        "done", shape=(n_chunks,), dtype=np.uint8, chunks=(1,), fill_value=0, compressors=None,
+        dimension_names=DIMS["chunks/done"], config=config)
+    if release.parent_ids is not None:  # geography, not data: copied whole from the release
+        parents = np.asarray(release.parent_ids[...])
+        write_array(root, PARENT_IDS, parents.astype(object) if parents.dtype.kind in "TUO" else parents,
+                    dims=DIMS[PARENT_IDS])
+        root.attrs["parent_column"] = release.parent_column
+    root.attrs.update(jsonable({
+        "distfit_format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "plan_checksum": plan.checksum,
+        "release_checksum": release.checksum,
+        "plan_path": os.path.abspath(plan_path),
+        "release_path": os.path.abspath(release.path),
+        "schema": {"attributes": list(plan.attrs["schema"]["attributes"]),
+                   "sizes": list(plan.attrs["schema"]["sizes"])},
+        "method": method,
+        "objective": objective,
+        "integer": bool(integer),
+        "units": units,
+        "chunk_units": chunk_units,
+        "n_chunks": n_chunks,
+        "queries": m,
+        "cells": int(cells),
+        "created": utc_now(),
+        "distfit_version": __version__,
+        "complete": False,
+    }))
+
+
+def estimate_state(path: Path) -> str:
+    """``"absent"``, ``"sealed"`` or ``"incomplete"``; FileExistsError for anything else."""
+    return store_state(path, FORMAT, KIND)
+
+
+def check_replaceable(path: Path) -> None:
+    """Refuse (FileExistsError) to replace anything at ``path`` but an estimate store."""
+    check_store_kind(path, FORMAT, KIND)
+
+
+def open_resumable(path: Path, *, plan_checksum: str, release_checksum: str, integer: bool,
+                   method: str) -> zarr.Group:
+    """Open an incomplete estimate to finish it, after checking it was started from the same
+    plan and release with the same options; ValueError naming what differs."""
+    root = zarr.open_group(store=str(path), mode="r+", zarr_format=3)
+    attrs = dict(root.attrs)
+    if attrs.get("format_version") != FORMAT_VERSION:
+        raise ValueError(f"{path}: format_version {attrs.get('format_version')!r} cannot be resumed by this distfit")
+    differ = [f"{name} ({attrs.get(key)!r} recorded, {now!r} now)" for name, key, now in (
+        ("plan checksum", "plan_checksum", plan_checksum), ("release checksum", "release_checksum", release_checksum),
+        ("integer", "integer", bool(integer)), ("method", "method", method)) if attrs.get(key) != now]
+    if differ:
+        raise ValueError(f"{path}: an incomplete estimate of other inputs ({'; '.join(differ)}); "
+                         "use --overwrite to start over")
+    try:
+        for name in chunk_arrays("marginals/estimates" if "marginals" in root else "cells/estimates"):
+            root[name]
+    except KeyError as error:
+        raise ValueError(f"{path}: damaged incomplete estimate (missing {error}); use --overwrite") from None
+    return root
+
+
+def fit_summary(root: zarr.Group) -> dict[str, Any]:
+    """The ``fit`` attr of a store whose chunks are all written: the objective's mean and max,
+    the most iterations and how many units did not converge (from ``fit/*``)."""
+    objective = np.asarray(root["fit/objective"][...], dtype=np.float64)
+    iterations = np.asarray(root["fit/iterations"][...])
+    converged = np.asarray(root["fit/converged"][...])
+    finite = objective[np.isfinite(objective)]
+    return {"objective_mean": float(finite.mean()) if finite.size else None,
+            "objective_max": float(finite.max()) if finite.size else None,
+            "iterations_max": int(iterations.max(initial=0)),
+            "unconverged_units": int((converged == 0).sum())}
+
+
+def seal(root: zarr.Group, path: Path, *, plan_path: str, plan_checksum: str, release_path: str,
+         release_checksum: str, fsync: bool, hasher: ReleaseHasher | None = None) -> str:
+    """Verify the plan and the release are unchanged, then checksum and mark complete.
+
+    The plan's checksum is recomputed from its arrays (cheap next to the release) and must be
+    ``plan_checksum``; the release at ``release_path`` must still be sealed with
+    ``release_checksum`` (its stored attr: a release replaced during the estimate is caught; its
+    arrays are not hashed again). Then :func:`distfit.stores.release_chunks.seal_chunked` with
+    the ``fit`` summary. Returns the estimate's checksum."""
+    ok, stored, recomputed = verify_checksum(plan_path)
+    release_attrs = root_attrs_on_disk(Path(release_path)) or {}
+    changed = None
+    if not ok or stored != plan_checksum:
+        changed = (f"{plan_path}: the plan changed during the estimate (checksum {recomputed}, started from "
+                   f"{plan_checksum})")
+    elif release_attrs.get("complete") is not True or release_attrs.get("checksum") != release_checksum:
+        changed = (f"{release_path}: the release changed during the estimate (checksum "
+                   f"{release_attrs.get('checksum')}, started from {release_checksum})")
+    if changed is not None:
+        if hasher is not None:
+            hasher.cancel()
+        raise ValueError(f"{changed}; the estimate at {path} is left incomplete")
+    return seal_chunked(root, path, fsync=fsync, hasher=hasher, attrs={"fit": fit_summary(root)})
+
+
+# --------------------------------------------------------------------------------------------
+# reading
+
+
+@dataclass(frozen=True, eq=False)
+class Estimate:
+    """A sealed estimate store opened for reading; arrays are lazy zarr arrays."""
+
+    path: str
+    attrs: dict
+    _group: Any = field(repr=False)
+
+    @property
+    def checksum(self) -> str:
+        return self.attrs["checksum"]
+
+    @property
+    def integer(self) -> bool:
+        return bool(self.attrs["integer"])
+
+    @property
+    def method(self) -> str:
+        return str(self.attrs["method"])
+
+    @property
+    def estimates(self):
+        """``queries/estimates`` (units x m)."""
+        return self._group["queries/estimates"]
+
+    @property
+    def cells(self):
+        """``cells/estimates`` (units x cells): each unit's data vector estimate."""
+        return self._group["cells/estimates"]
+
+    @property
+    def marginals(self) -> dict[tuple[str, ...], np.ndarray] | None:
+        """A graphical model's clique marginals ``{clique: (units, *sizes)}`` (read whole), or
+        None for the projection (its ``cells`` hold the data vector instead)."""
+        if "marginals" not in self._group:
+            return None
+        group = self._group["marginals"]
+        table, offsets = np.asarray(group["estimates"][...]), group.attrs["offsets"]
+        size = dict(zip(self.attrs["schema"]["attributes"], self.attrs["schema"]["sizes"]))
+        return {tuple(c): table[:, offsets[i]:offsets[i + 1]].reshape((-1, *[size[a] for a in c]))
+                for i, c in enumerate(group.attrs["cliques"])}
+
+    @property
+    def objective(self):
+        return self._group["fit/objective"]
+
+    @property
+    def labels(self) -> list[str] | None:
+        return self._group["queries"].attrs.get("labels")
+
+    @property
+    def groups(self) -> dict[str, list[int]] | None:
+        return self._group["queries"].attrs.get("groups")
+
+    @property
+    def unit_ids(self):
+        return self._group["unit_ids"]
+
+    @property
+    def parent_ids(self):
+        """Each unit's parent id (a lazy array, the release's), or None without geography."""
+        return self._group[PARENT_IDS] if PARENT_IDS in self._group else None
+
+    @property
+    def parent_column(self) -> str | None:
+        """The data column the parent ids were read from (None without parent ids)."""
+        return self.attrs.get("parent_column") if PARENT_IDS in self._group else None
+
+
+def read_estimate(path: PathLike) -> Estimate:
+    """Open a sealed estimate store, or raise :class:`EstimateError` saying why it is refused
+    (missing, staging directory, not an estimate, newer format, incomplete, no checksum)."""
+    p, group, attrs = open_sealed(path, FORMAT, FORMAT_VERSION, EstimateError)
+    return Estimate(path=str(p), attrs=attrs, _group=group)
+
+
+def verify_estimate(path: PathLike) -> tuple[bool, str, str]:
+    """``(ok, stored, recomputed)`` checksum of a sealed estimate store."""
+    _p, group, attrs = open_sealed(path, FORMAT, FORMAT_VERSION, EstimateError)
+    recomputed = compute_checksum(group)
+    return attrs["checksum"] == recomputed, attrs["checksum"], recomputed
+
+
+def chunk_rows(estimates: np.ndarray, cells: np.ndarray, objective: np.ndarray, iterations: Any,
+               converged: np.ndarray, unit_ids: np.ndarray, tables: str = "cells/estimates") -> Mapping[str, np.ndarray]:
+    """One chunk's rows by array name, for ``ChunkWriter.write_arrays`` (every array of
+    :func:`chunk_arrays` but ``chunks/done``, which the writer marks last); ``cells`` goes to
+    ``tables`` (``marginals/estimates`` for a graphical model's clique marginals)."""
+    n = len(unit_ids)
+    return {
+        "queries/estimates": estimates,
+        tables: cells,
+        "fit/objective": np.asarray(objective, dtype=np.float64).reshape(n),
+        "fit/iterations": np.broadcast_to(np.asarray(iterations, dtype=np.int32), (n,)),
+        "fit/converged": np.broadcast_to(np.asarray(converged, dtype=np.uint8), (n,)),
+        "unit_ids": unit_ids,
+        "unit": unit_ids,
+    }
+
+
+__all__ = [
+    "DIMS",
+    "FORMAT_VERSION",
+    "Estimate",
+    "EstimateError",
+    "check_replaceable",
+    "chunk_arrays",
+    "chunk_rows",
+    "create_estimate",
+    "estimate_state",
+    "fit_summary",
+    "open_resumable",
+    "query_groups",
+    "read_estimate",
+    "seal",
+    "verify_estimate",
+]

@@ -1,0 +1,197 @@
+"""Top-down estimates of a nested geography (distfit.estimate.geography) against cvxpy."""
+from __future__ import annotations
+
+import cvxpy as cp
+import numpy as np
+import pytest
+
+from distfit.estimate.geography import GeographyLevel, estimate_top_down, project_siblings
+
+CELLS = 6
+
+
+def _tree(rng, sizes):
+    """parent_of per level (None for the root), every parent with at least one child."""
+    parents = [None]
+    for above, size in zip(sizes[:-1], sizes[1:]):
+        parent_of = np.concatenate([np.arange(above), rng.integers(0, above, size - above)])
+        parents.append(rng.permutation(parent_of))
+    return parents
+
+
+def _levels(rng, sizes, *, rank=None, scale=1.0):
+    """Random levels: full-rank (or rank-deficient) informations, linear terms of noisy
+    nonnegative truths that sum up the tree."""
+    parents = _tree(rng, sizes)
+    truth = [None] * len(sizes)
+    truth[-1] = rng.poisson(2.0, (sizes[-1], CELLS)).astype(float) * scale
+    for i in range(len(sizes) - 1, 0, -1):
+        up = np.zeros((sizes[i - 1], CELLS))
+        np.add.at(up, parents[i], truth[i])
+        truth[i - 1] = up
+    levels = []
+    for i, size in enumerate(sizes):
+        a = rng.standard_normal((rank or CELLS + 2, CELLS))  # a whitened basis: H = A^T A, g = A^T y
+        whitened = truth[i] @ a.T + rng.normal(0, 2.0, (size, a.shape[0]))
+        levels.append(GeographyLevel(hessian=a.T @ a, linear=whitened @ a, parent_of=parents[i], whitened=whitened))
+    return levels
+
+
+def _reference_residual(levels, i, x):
+    """Each unit's weighted squared residual: its own measurements and, per finer level, the sum
+    of its descendants' (variance n: weight 1/n), by explicit descendant lists."""
+    out = np.zeros(levels[i].units)
+    for u in range(levels[i].units):
+        members = np.array([u])
+        value = 0.0
+        for j in range(i, len(levels)):
+            if j > i:
+                members = np.flatnonzero(np.isin(levels[j].parent_of, members))
+            if not members.size:
+                continue
+            # y^T y - 2 g^T x + x^T H x, with the summed whitened y and g of the members
+            y = levels[j].whitened[members].sum(axis=0)
+            g = levels[j].linear[members].sum(axis=0)
+            value += (y @ y - 2 * g @ x[u] + x[u] @ levels[j].hessian @ x[u]) / members.size
+        out[u] = value
+    return out
+
+
+def _reference_terms(levels):
+    """H_u, g_u of every unit by explicit descendant lists (module docstring of geography)."""
+    out = []
+    for i, level in enumerate(levels):
+        units = []
+        for u in range(level.units):
+            hessian, linear = level.hessian.copy(), level.linear[u].copy()
+            members = np.array([u])
+            for j in range(i + 1, len(levels)):
+                members = np.flatnonzero(np.isin(levels[j].parent_of, members))
+                if members.size:
+                    hessian += levels[j].hessian / members.size
+                    linear += levels[j].linear[members].sum(axis=0) / members.size
+            units.append((hessian, linear))
+        out.append(units)
+    return out
+
+
+def _cvxpy_level(terms, parent_of, above):
+    x = cp.Variable((len(terms), CELLS))
+    objective = sum(0.5 * cp.quad_form(x[u], cp.psd_wrap(h)) - g @ x[u] for u, (h, g) in enumerate(terms))
+    constraints = [x >= 0]
+    if parent_of is not None:
+        grouping = np.zeros((above.shape[0], len(terms)))
+        grouping[parent_of, np.arange(len(terms))] = 1
+        constraints.append(grouping @ x == above)
+    problem = cp.Problem(cp.Minimize(objective), constraints)
+    problem.solve(solver=cp.CLARABEL, tol_gap_abs=1e-12, tol_gap_rel=1e-12, tol_feas=1e-12)
+    return x.value, problem.value
+
+
+def _close(a, b, rel=1e-6):
+    return np.max(np.abs(a - b)) <= rel * max(1.0, np.max(np.abs(b)))
+
+
+# --------------------------------------------------------------------------------------------
+# the projection
+
+
+def test_project_siblings_matches_cvxpy():
+    rng = np.random.default_rng(0)
+    parent_of = np.array([2, 0, 0, 1, 2, 2, 0, 3, 2])
+    v = rng.normal(0, 3, (9, 5))
+    v[1, 0] = v[2, 0] = v[6, 0] = 1.5  # ties
+    totals = np.abs(rng.normal(0, 4, (4, 5)))
+    totals[1, :] = 0.0  # a parent with nothing to share
+    got = project_siblings(v, parent_of, totals)
+    x = cp.Variable(v.shape)
+    grouping = np.zeros((4, 9))
+    grouping[parent_of, np.arange(9)] = 1
+    cp.Problem(cp.Minimize(cp.sum_squares(x - v)), [x >= 0, grouping @ x == totals]).solve(
+        solver=cp.CLARABEL, tol_gap_abs=1e-12, tol_gap_rel=1e-12, tol_feas=1e-12)
+    assert _close(got, x.value)
+    assert np.all(got >= 0) and _close(grouping @ got, totals, 1e-12)
+
+
+@pytest.mark.parametrize("skewed", [False, True], ids=["few-sizes", "many-sizes"])
+def test_project_siblings_kkt_at_scale(skewed):
+    """Optimality of the simplex projection, per parent and cell: the kept children all moved
+    by the same tau, the zeroed ones were at most tau (Held-Wolfe-Crowder). Many distinct
+    family sizes pad the segments to powers of two."""
+    rng = np.random.default_rng(1)
+    n, parents, cells = 3000, 400, 7
+    extra = ((rng.pareto(1.0, n - parents) * 20).astype(np.int64) % parents if skewed
+             else rng.integers(0, parents, n - parents))
+    parent_of = rng.permutation(np.concatenate([np.arange(parents), extra]))
+    assert (np.unique(np.bincount(parent_of)).size > 32) is skewed
+    v = rng.normal(0, 5, (n, cells))
+    totals = rng.exponential(10, (parents, cells))
+    x = project_siblings(v, parent_of, totals)
+    sums = np.zeros((parents, cells))
+    np.add.at(sums, parent_of, x)
+    np.testing.assert_allclose(sums, totals, rtol=1e-12, atol=1e-10)
+    assert x.min() >= 0
+    shift = v - x  # tau where x > 0
+    kept = x > 0
+    tau_max = np.full((parents, cells), -np.inf)
+    tau_min = np.full((parents, cells), np.inf)
+    np.maximum.at(tau_max, parent_of, np.where(kept, shift, -np.inf))
+    np.minimum.at(tau_min, parent_of, np.where(kept, shift, np.inf))
+    assert np.max(tau_max - tau_min) < 1e-9  # one tau per parent and cell
+    assert np.all(np.where(kept, True, v <= tau_max[parent_of] + 1e-9))
+
+
+# --------------------------------------------------------------------------------------------
+# top-down
+
+
+@pytest.mark.parametrize("sizes", [(1, 3, 8), (2, 5, 11)], ids=["one-root", "two-roots"])
+def test_top_down_matches_cvxpy_level_by_level(sizes):
+    rng = np.random.default_rng(sum(sizes))
+    levels = _levels(rng, sizes)
+    result = estimate_top_down(levels, tol=1e-12, max_iter=200000)
+    terms = _reference_terms(levels)
+    for i, level in enumerate(levels):
+        above = result.x[i - 1] if i else None
+        x_ref, value = _cvxpy_level(terms[i], level.parent_of, above)
+        assert _close(result.x[i], x_ref), (i, np.max(np.abs(result.x[i] - x_ref)))
+        assert abs(result.objective[i].sum() - value) <= 1e-6 * max(1.0, abs(value))
+        np.testing.assert_allclose(result.residual[i], _reference_residual(levels, i, result.x[i]), rtol=1e-9)
+        assert result.converged[i].all()
+        assert result.x[i].min() >= 0
+        if i:
+            sums = np.zeros_like(above)
+            np.add.at(sums, level.parent_of, result.x[i])
+            np.testing.assert_allclose(sums, above, rtol=1e-10, atol=1e-9)
+    # the root's units are solved with nonnegativity only: some raw answers were negative
+    assert (levels[-1].linear @ np.linalg.inv(levels[-1].hessian)).min() < 0
+
+
+def test_under_one_population_and_integer_counts():
+    rng = np.random.default_rng(7)
+    levels = _levels(rng, (1, 4, 13, 30), rank=3)  # singular informations: non-unique, still feasible
+    levels = [levels[0], GeographyLevel(levels[1].hessian, levels[1].linear, None),  # under the one root unit
+              *levels[2:]]
+    result = estimate_top_down(levels, integer=True, tol=1e-10)
+    counts = result.counts
+    assert counts[0].sum() == round(result.x[0].sum())
+    parents = [None, np.zeros(4, dtype=np.int64), levels[2].parent_of, levels[3].parent_of]
+    for i in range(1, 4):
+        sums = np.zeros_like(counts[i - 1])
+        np.add.at(sums, parents[i], counts[i])
+        np.testing.assert_array_equal(sums, counts[i - 1])  # exactly, cell by cell
+    for i in range(4):
+        assert counts[i].dtype == np.int64 and counts[i].min() >= 0
+        assert np.all((counts[i] == np.floor(result.x[i] + 1e-9)) | (counts[i] == np.ceil(result.x[i] - 1e-9)))
+
+
+def test_bad_geography_is_refused():
+    rng = np.random.default_rng(3)
+    levels = _levels(rng, (2, 4))
+    root = levels[0]
+    with pytest.raises(ValueError, match="level 0: the root level has no parents"):
+        estimate_top_down([GeographyLevel(root.hessian, root.linear, np.array([0, 0])), levels[1]])
+    with pytest.raises(ValueError, match=r"level 1: parent_of outside 0..1"):
+        estimate_top_down([root, GeographyLevel(levels[1].hessian, levels[1].linear, np.array([0, 1, 2, 0]))])
+    with pytest.raises(ValueError, match="level 1: no parent_of, and level 0 has 2 units"):
+        estimate_top_down([root, GeographyLevel(levels[1].hessian, levels[1].linear, None)])

@@ -1,0 +1,396 @@
+"""`distfit estimate` end to end: a plan and its sealed release -> a sealed, resumable estimate store."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+import zarr
+
+from distfit.domain import Domain
+from distfit.estimate.job import run_estimate
+from distfit.estimate.measurements import (
+    NONNEGATIVE_TOLERANCE,
+    WorkloadKind,
+    measurement_model,
+    published_estimates,
+    workload_estimates,
+    workload_kind,
+)
+from distfit.plan.job import run_plan
+from distfit.release.job import run_release
+from distfit.release.noise import block_marginal
+from distfit.spec.parse import load_spec
+from distfit.stores.data import read_histograms, write_synthetic
+from distfit.stores.estimate import EstimateError, read_estimate, verify_estimate
+from distfit.stores.lock import StoreLockedError, store_lock
+from distfit.stores.plan import read_plan
+from distfit.stores.release import read_release
+from tests.clitools import assert_one_line_error, run
+from tests.reference import SMALL_SPEC
+
+UNITS, CHUNK = 50, 8          # 7 chunks, the last one short
+SEED = 24680
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory, small_plan):
+    root = tmp_path_factory.mktemp("estimate-inputs")
+    data = root / "data.zarr"
+    write_synthetic(small_plan.spec, UNITS, data, seed=1, chunk_units=CHUNK, fsync=False)
+    release = root / "release.zarr"
+    run_release(small_plan.plan, data, release, seed=SEED, serial=True, fsync=False)
+    # another spec's plan and a release of it (same schema)
+    other = dict(SMALL_SPEC, queries=[dict(SMALL_SPEC["queries"][0], target=[2, 2, 2, 3, 3, 3])]
+                 + SMALL_SPEC["queries"][1:])
+    (root / "other.yaml").write_text(yaml.safe_dump(other))
+    other_plan = root / "other.zarr"
+    run_plan(load_spec(root / "other.yaml"), str(other_plan), serial=True)
+    other_release = root / "other-release.zarr"
+    run_release(other_plan, data, other_release, seed=SEED, serial=True, fsync=False)
+    reference = root / "estimate.zarr"
+    run_estimate(small_plan.plan, release, reference, serial=True, fsync=False)
+    return {"root": root, "plan": small_plan.plan, "data": str(data), "release": str(release),
+            "other_plan": str(other_plan), "other_release": str(other_release), "estimate": str(reference)}
+
+
+def _arrays(path) -> dict[str, np.ndarray]:
+    group = zarr.open_group(store=str(path), mode="r")
+    return {name: arr[...] for name, arr in group.members(max_depth=None) if isinstance(arr, zarr.Array)}
+
+
+def _assert_same_store(a, b) -> None:
+    left, right = _arrays(a), _arrays(b)
+    assert set(left) == set(right)
+    for name in left:
+        assert left[name].dtype == right[name].dtype, name
+        assert left[name].tobytes() == right[name].tobytes() if left[name].dtype != object else \
+            left[name].tolist() == right[name].tolist(), name
+    assert read_estimate(a).checksum == read_estimate(b).checksum
+
+
+def _sealed(path) -> bool:
+    p = Path(path) / "zarr.json"
+    return p.exists() and json.loads(p.read_text())["attributes"].get("complete") is True
+
+
+def _measurement_matrices(plan):
+    """Independent of distfit.estimate: per block, ``M_b`` (d_b x cells, built by marginalising
+    the identity), ``B_b``, the whitener ``C_b^-1`` and ``L_b``'s pseudo-inverse."""
+    domain = Domain(tuple(plan.attrs["schema"]["attributes"]), tuple(plan.attrs["schema"]["sizes"]))
+    eye = np.eye(domain.size)
+    out = []
+    for block in plan.iter_blocks():
+        marginaliser = block_marginal(eye.astype(np.int64), domain, block.attributes).T.astype(float)
+        whitener = np.linalg.inv(np.linalg.cholesky(block.sigma))
+        out.append((block, marginaliser, whitener, np.linalg.pinv(block.recon)))
+    return domain, out
+
+
+def _workload(plan) -> np.ndarray:
+    """W (m x cells) from the plan's blocks: sum by query of the rows L_b B_b M_b."""
+    domain, blocks = _measurement_matrices(plan)
+    w = np.zeros((len(plan.queries_targets), domain.size))
+    for block, marginaliser, _, _ in blocks:
+        np.add.at(w, block.query_index, block.recon @ block.basis @ marginaliser)
+    return w
+
+
+def test_estimate_is_nonnegative_consistent_and_optimal(inputs):
+    """Every unit's x_hat is >= 0, the query estimates are W x_hat (W built here from the plan),
+    and x_hat satisfies the KKT conditions of the projection, written out independently:
+    gradient ``H x - g`` (H, g from the plan's arrays and the release) zero on the free cells,
+    >= 0 on the cells at 0. The error of B x_hat in the noise's metric is never larger than the
+    measurements' (projection onto a convex set holding the truth), unit by unit."""
+    plan = read_plan(inputs["plan"])
+    release = read_release(inputs["release"])
+    est = read_estimate(inputs["estimate"])
+    x = np.asarray(est.cells[...])
+    assert x.shape == (UNITS, 36) and x.dtype == np.float64 and (x >= 0).all()
+    np.testing.assert_allclose(np.asarray(est.estimates[...]), x @ _workload(plan).T, rtol=0, atol=1e-8)
+    np.testing.assert_array_equal(np.asarray(est.unit_ids[...]), np.asarray(release.unit_ids[...]))
+    domain, blocks = _measurement_matrices(plan)
+    counts = np.asarray(read_histograms(inputs["data"]).counts[...], dtype=float)
+    hessian = np.zeros((domain.size, domain.size))
+    linear = np.zeros((UNITS, domain.size))
+    error_hat = np.zeros(UNITS)
+    error_raw = np.zeros(UNITS)
+    for block, marginaliser, whitener, recovery in blocks:
+        answers = np.asarray(release.block_answers(block.block_id)[...])
+        y = answers @ recovery.T
+        g = whitener @ block.basis @ marginaliser  # whitened B M
+        hessian += g.T @ g
+        linear += (y @ whitener.T) @ g
+        error_hat += (((x - counts) @ g.T) ** 2).sum(axis=1)
+        error_raw += (((y @ whitener.T) - counts @ g.T) ** 2).sum(axis=1)
+    gradient = x @ hessian - linear
+    scale = np.abs(linear).max()
+    free = x > 1e-7 * max(1.0, x.max())
+    assert np.abs(gradient[free]).max() <= 1e-6 * scale
+    assert gradient[~free].min() >= -1e-6 * scale
+    assert (error_hat <= error_raw + 1e-8).all()
+    assert est.attrs["fit"]["unconverged_units"] == 0
+    objective = np.asarray(est.objective[...])
+    expected = np.zeros(UNITS)
+    for block, marginaliser, whitener, recovery in blocks:
+        y = np.asarray(release.block_answers(block.block_id)[...]) @ recovery.T
+        expected += (((y - x @ (block.basis @ marginaliser).T) @ whitener.T) ** 2).sum(axis=1)
+    np.testing.assert_allclose(objective, expected, rtol=1e-9, atol=1e-9)
+
+
+def test_store_attrs_and_no_data(inputs):
+    est = read_estimate(inputs["estimate"])
+    plan, release = read_plan(inputs["plan"]), read_release(inputs["release"])
+    a = est.attrs
+    assert a["distfit_format"] == "estimate" and a["format_version"] == 1 and a["complete"] is True
+    assert a["plan_checksum"] == plan.checksum and a["release_checksum"] == release.checksum
+    assert a["method"] == "projection" and a["integer"] is False and "Sigma_b^-1" in a["objective"]
+    assert a["units"] == UNITS and a["chunk_units"] == CHUNK and a["n_chunks"] == 7
+    assert set(a["fit"]) == {"objective_mean", "objective_max", "iterations_max", "unconverged_units"}
+    assert verify_estimate(inputs["estimate"])[0]
+    assert est.labels == release.labels and est.groups == {"age": [0, 6], "age_sex": [6, 18], "sex_edu": [18, 24]}
+    text = "\n".join(p.read_text() for p in Path(inputs["estimate"]).rglob("zarr.json"))
+    assert inputs["data"] not in text and "data.zarr" not in text
+    counts = np.asarray(read_histograms(inputs["data"]).counts[...])
+    for name, arr in _arrays(inputs["estimate"]).items():
+        assert not (arr.shape == counts.shape and np.array_equal(arr, counts)), name
+
+
+def test_integer_estimates_keep_each_units_total(inputs, tmp_path):
+    out = tmp_path / "int.zarr"
+    result = run_estimate(inputs["plan"], inputs["release"], out, integer=True, serial=True, fsync=False)
+    assert result.integer and result.chunks_done_now == 7
+    est, real = read_estimate(out), read_estimate(inputs["estimate"])
+    x, xf = np.asarray(est.cells[...]), np.asarray(real.cells[...])
+    assert x.dtype == np.int64 and est.estimates.dtype == np.int64 and est.attrs["integer"] is True
+    assert (x >= 0).all() and (np.abs(x - xf) < 1).all()  # each cell the floor or ceiling
+    np.testing.assert_array_equal(x.sum(axis=1), np.rint(xf.sum(axis=1)).astype(np.int64))
+    np.testing.assert_array_equal(np.asarray(est.estimates[...]),
+                                  np.rint(x @ _workload(read_plan(inputs["plan"])).T).astype(np.int64))
+
+
+def test_estimation_runs_with_the_data_store_deleted(inputs, tmp_path):
+    root = tmp_path / "copy"
+    shutil.copytree(inputs["root"], root, ignore=shutil.ignore_patterns("estimate.zarr*", "other*"))
+    shutil.copytree(inputs["plan"], root / "plan.zarr")
+    shutil.rmtree(root / "data.zarr")
+    assert not (root / "data.zarr").exists()
+    run_estimate(root / "plan.zarr", root / "release.zarr", root / "e.zarr", serial=True, fsync=False)
+    _assert_same_store(root / "e.zarr", inputs["estimate"])
+
+
+class Interrupt(Exception):
+    pass
+
+
+def _chunk_files(path, chunks) -> dict[str, bytes]:
+    """Bytes of every file of the unit-chunked arrays (CHUNK rows per zarr chunk) of ``chunks``."""
+    files = {}
+    for name in ("queries/estimates", "cells/estimates", "fit/objective", "unit_ids"):
+        for c in chunks:
+            for f in (Path(path) / name / "c").rglob("*"):
+                if f.is_file() and f.relative_to(Path(path) / name / "c").parts[0] == str(c):
+                    files[f"{name}/{f.name}/{c}"] = f.read_bytes()
+    return files
+
+
+def test_interrupted_estimate_resumes_without_redoing_chunks(inputs, tmp_path, capsys):
+    out = tmp_path / "e.zarr"
+    seen = []
+
+    def stop_after_three(chunk):
+        seen.append(chunk)
+        if len(seen) == 3:
+            raise Interrupt
+
+    with pytest.raises(Interrupt):
+        run_estimate(inputs["plan"], inputs["release"], out, serial=True, fsync=False, after_chunk=stop_after_three)
+    capsys.readouterr()
+    assert not _sealed(out)
+    with pytest.raises(EstimateError, match="incomplete"):
+        read_estimate(out)
+    done = np.flatnonzero(zarr.open_array(str(out / "chunks/done"), mode="r")[...]).tolist()
+    assert done == [0, 1, 2]
+    before = _chunk_files(out, done)
+    assert before
+    code, _, err = run(capsys, "estimate", inputs["plan"], inputs["release"], "--out", str(out), "--serial")
+    assert code == 2
+    assert_one_line_error(err, "incomplete estimate", "--resume")
+    redone = []
+    result = run_estimate(inputs["plan"], inputs["release"], out, resume=True, serial=True, fsync=False,
+                          after_chunk=redone.append)
+    assert result.resumed and result.chunks_done_now == 4 and sorted(redone) == [3, 4, 5, 6]
+    assert _chunk_files(out, done) == before  # the finished chunks untouched
+    _assert_same_store(out, inputs["estimate"])
+
+
+def test_killed_estimate_resumes_and_equals_an_uninterrupted_one(inputs, tmp_path, capsys):
+    """SIGKILL the estimating process once some chunks are done (proved from the store), resume
+    with the command line, and compare bit for bit with the uninterrupted estimate."""
+    out = tmp_path / "killed.zarr"
+    script = (
+        "import time\n"
+        "from distfit.estimate.job import run_estimate\n"
+        f"run_estimate({inputs['plan']!r}, {inputs['release']!r}, {str(out)!r}, serial=True,\n"
+        "             after_chunk=lambda chunk: time.sleep(0.4))\n")
+    process = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    done = np.zeros(0)
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            time.sleep(0.1)
+            try:
+                done = zarr.open_group(store=str(out), mode="r")["chunks/done"][...]
+            except Exception:  # noqa: BLE001 - not laid out yet
+                continue
+            if 2 <= done.sum() < done.size:
+                break
+        os.kill(process.pid, signal.SIGKILL)
+    finally:
+        process.wait(timeout=30)
+    assert process.returncode == -signal.SIGKILL
+    assert 2 <= done.sum() < done.size, "the estimate was not caught half-way"
+    assert not _sealed(out)
+    finished = np.flatnonzero(zarr.open_array(str(out / "chunks/done"), mode="r")[...]).tolist()
+    before = _chunk_files(out, finished)
+    code, stdout, err = run(capsys, "estimate", inputs["plan"], inputs["release"], "--out", str(out), "--serial",
+                            "--resume")
+    assert code == 0, err
+    assert f"{len(finished)} of 7 chunks already estimated" in err and "resumed" in stdout
+    assert _chunk_files(out, finished) == before
+    _assert_same_store(out, inputs["estimate"])
+
+
+def test_local_cluster_equals_serial(inputs, tmp_path, capsys):
+    out = tmp_path / "dask.zarr"
+    code, stdout, err = run(capsys, "estimate", inputs["plan"], inputs["release"], "--out", str(out),
+                            "--workers", "2")
+    assert code == 0, err
+    assert "local cluster with 2 worker processes" in err and "sealed" in stdout
+    _assert_same_store(out, inputs["estimate"])
+
+
+def test_bad_inputs_exit_2_and_seal_nothing(inputs, tmp_path, capsys):
+    def estimate(plan, release, out, *flags):
+        code, _, err = run(capsys, "estimate", str(plan), str(release), "--out", str(out), "--serial", *flags)
+        return code, err
+
+    # a release whose plan checksum differs from the plan's: a release of another spec's plan
+    out = tmp_path / "a.zarr"
+    code, err = estimate(inputs["plan"], inputs["other_release"], out)
+    assert code == 2
+    assert_one_line_error(err, "released from another plan", read_plan(inputs["plan"]).checksum)
+    assert not out.exists()
+    # ... and a release whose recorded plan checksum was altered
+    forged = tmp_path / "forged.zarr"
+    shutil.copytree(inputs["release"], forged)
+    meta = json.loads((forged / "zarr.json").read_text())
+    meta["attributes"]["plan_checksum"] = "sha256:" + "0" * 64
+    (forged / "zarr.json").write_text(json.dumps(meta))
+    code, err = estimate(inputs["plan"], forged, out)
+    assert code == 2
+    assert_one_line_error(err, "released from another plan", "sha256:" + "0" * 64)
+    assert not out.exists()
+    # an unsealed release
+    unsealed = tmp_path / "unsealed.zarr"
+    shutil.copytree(inputs["release"], unsealed)
+    meta = json.loads((unsealed / "zarr.json").read_text())
+    meta["attributes"]["complete"] = False
+    (unsealed / "zarr.json").write_text(json.dumps(meta))
+    code, err = estimate(inputs["plan"], unsealed, out)
+    assert code == 2
+    assert_one_line_error(err, "incomplete")
+    assert not out.exists()
+    # a plan altered since (its arrays no longer match its checksum)
+    plan = tmp_path / "plan.zarr"
+    shutil.copytree(inputs["plan"], plan)
+    block = read_plan(plan).block_ids[0]
+    zarr.open_array(str(plan / f"blocks/{block}/sigma"), mode="r+")[0, 0] *= 2
+    code, err = estimate(plan, inputs["release"], out)
+    assert code == 2
+    assert_one_line_error(err, "do not match its checksum")
+    assert not out.exists()
+    # an estimate already sealed at --out: refused, kept; --overwrite replaces it
+    sealed = tmp_path / "sealed.zarr"
+    shutil.copytree(inputs["estimate"], sealed)
+    checksum = read_estimate(sealed).checksum
+    code, err = estimate(inputs["plan"], inputs["release"], sealed)
+    assert code == 2
+    assert_one_line_error(err, "sealed estimate", "--overwrite")
+    assert read_estimate(sealed).checksum == checksum
+    code, err = estimate(inputs["plan"], inputs["other_release"], sealed, "--overwrite")
+    assert code == 2 and read_estimate(sealed).checksum == checksum
+    assert sorted(p.name for p in tmp_path.glob("sealed.zarr*")) == ["sealed.zarr"]
+    code, err = estimate(inputs["plan"], inputs["release"], sealed, "--overwrite", "--integer")
+    assert code == 0, err
+    assert read_estimate(sealed).integer and sorted(p.name for p in tmp_path.glob("sealed.zarr*")) == ["sealed.zarr"]
+    # not an estimate store at --out; --resume with --overwrite
+    junk = tmp_path / "junk"
+    junk.mkdir()
+    (junk / "file").write_text("mine")
+    code, err = estimate(inputs["plan"], inputs["release"], junk, "--overwrite")
+    assert code == 2
+    assert_one_line_error(err, "not a distfit estimate store")
+    code, err = estimate(inputs["plan"], inputs["release"], out, "--resume", "--overwrite")
+    assert code == 2
+    assert_one_line_error(err, "exclude")
+    # one writer at a time
+    with store_lock(out, "test"):
+        with pytest.raises(StoreLockedError):
+            run_estimate(inputs["plan"], inputs["release"], out, serial=True)
+    assert not out.exists()
+
+
+def test_an_incomplete_estimate_of_other_options_is_not_resumed(inputs, tmp_path, capsys):
+    out = tmp_path / "e.zarr"
+
+    def stop(chunk):
+        raise Interrupt
+
+    with pytest.raises(Interrupt):
+        run_estimate(inputs["plan"], inputs["release"], out, serial=True, fsync=False, after_chunk=stop)
+    capsys.readouterr()
+    code, _, err = run(capsys, "estimate", inputs["plan"], inputs["release"], "--out", str(out), "--serial",
+                       "--resume", "--integer")
+    assert code == 2
+    assert_one_line_error(err, "integer", "--overwrite")
+    assert not _sealed(out)
+
+
+def test_workload_kind(small_plan):
+    """The small plan's blocks have non-integer rows L_b B_b whose sums by query are 0/1 (W is
+    integral and nonnegative: checked through W^T); halving one block's rows makes W fractional,
+    negating it makes W negative somewhere."""
+    model = measurement_model(read_plan(small_plan.plan))
+    assert not all(np.array_equal(b.query_rows, np.rint(b.query_rows)) for b in model.blocks)
+    assert workload_kind(model) == WorkloadKind(integral=True, nonnegative=True)
+    assert workload_kind(dataclasses.replace(model, workload=None)) == WorkloadKind(True, True)  # slab by slab
+    first = dataclasses.replace(model.blocks[0], query_rows=model.blocks[0].query_rows / 2)
+    halved = dataclasses.replace(model, blocks=(first,) + model.blocks[1:], workload=None)
+    assert not workload_kind(halved).integral
+    assert workload_kind(dataclasses.replace(model, workload=model.workload / 2)) == WorkloadKind(False, True)
+    assert not workload_kind(dataclasses.replace(model, workload=-model.workload)).nonnegative
+
+
+def test_published_estimates_clamp_rounding_below_zero_only(small_plan):
+    """A nonnegative workload's estimates a rounding error below 0 (the blockwise sum of
+    residual rows) are published as 0; a real negative (a workload with negative
+    coefficients) is kept."""
+    model = dataclasses.replace(measurement_model(read_plan(small_plan.plan)), workload=None)
+    x = np.random.default_rng(3).random((50, model.cells)) * (np.random.default_rng(4).random((50, model.cells)) < 0.3)
+    raw = workload_estimates(model, x)
+    published = published_estimates(model, x, workload_kind(model))
+    assert published.min() >= 0
+    np.testing.assert_array_equal(published[raw >= 0], raw[raw >= 0])
+    assert np.abs(raw[raw < 0]).max(initial=0.0) <= NONNEGATIVE_TOLERANCE * (1 + x.sum(axis=1)).max()
+    negative = WorkloadKind(integral=False, nonnegative=False)
+    np.testing.assert_array_equal(published_estimates(model, -x, negative), workload_estimates(model, -x))

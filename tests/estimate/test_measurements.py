@@ -1,0 +1,120 @@
+"""The measurement model (distfit.estimate.measurements): exact recovery of B x + z from a
+release, marginals, and workload estimates that equal the release's own sums."""
+from __future__ import annotations
+
+import types
+
+import numpy as np
+import pytest
+
+import distfit
+from distfit.estimate.measurements import (
+    measurement_model,
+    model_from_blocks,
+    recover_measurements,
+    workload_estimates,
+)
+from distfit.domain import Domain
+from distfit.release.noise import (
+    block_marginal,
+    noise_stream,
+    noisy_block_answers,
+    prepare_block,
+    query_answers,
+    true_block_answers,
+)
+
+ENTROPY = 77
+
+
+@pytest.fixture(scope="module")
+def model_and_plan(small_plan):
+    plan = distfit.read_plan(small_plan.plan)
+    return measurement_model(plan), plan
+
+
+def test_model_matches_the_plan(model_and_plan):
+    model, plan = model_and_plan
+    assert model.attributes == tuple(plan.attrs["schema"]["attributes"])
+    assert model.cells == int(np.prod(plan.attrs["schema"]["sizes"]))
+    assert model.num_queries == len(plan.queries_targets)
+    assert [b.block_id for b in model.blocks] == list(plan.block_ids)
+    for block in model.blocks:
+        assert np.allclose(block.recovery @ block.recon, np.eye(block.rows), atol=1e-10)
+        precision = np.linalg.inv(block.sigma)
+        assert np.allclose(block.whitener.T @ block.whitener, precision, rtol=1e-9, atol=1e-9)
+        if block.information is not None:
+            assert np.allclose(block.information, block.basis.T @ precision @ block.basis, rtol=1e-8, atol=1e-8)
+
+
+def test_recovery_is_exact(model_and_plan):
+    model, plan = model_and_plan
+    rng = np.random.default_rng(0)
+    x = rng.poisson(2.0, (30, model.cells))
+    answers, expected = {}, {}
+    for position, block_id in enumerate(plan.block_ids):
+        record = prepare_block(plan.block(block_id))
+        marginal = block_marginal(x, model.domain(), record.attributes)
+        answers[block_id] = noisy_block_answers(record, marginal, noise_stream(ENTROPY, position, 0))
+        # the same stream again: the noise z the release drew, so y = B x_b + z is known
+        z = noise_stream(ENTROPY, position, 0).standard_normal((x.shape[0], record.factor.shape[0])) @ record.factor.T
+        expected[block_id] = marginal @ record.basis.T + z
+    recovered = recover_measurements(model, answers)
+    for block_id in plan.block_ids:
+        assert np.allclose(recovered[block_id], expected[block_id], rtol=1e-9, atol=1e-8)
+
+
+def test_workload_estimates_are_the_releases_noiseless_sums(model_and_plan):
+    model, plan = model_and_plan
+    rng = np.random.default_rng(1)
+    x = rng.poisson(3.0, (25, model.cells))
+    pieces = [(b.query_index, true_block_answers(b, block_marginal(x, model.domain(), b.attributes)))
+              for b in plan.iter_blocks()]
+    expected = query_answers(pieces, model.num_queries)
+    got = workload_estimates(model, x)
+    assert np.allclose(got, expected, rtol=1e-12, atol=1e-9)
+    assert np.array_equal(got, np.round(got))  # integer x, 0/1 queries: exact integers
+
+
+def test_marginal_and_expansion_are_adjoint(model_and_plan):
+    model, _ = model_and_plan
+    rng = np.random.default_rng(2)
+    v = rng.standard_normal((4, model.cells))
+    for block in model.blocks:
+        w = rng.standard_normal((4, block.cells))
+        expanded = np.zeros_like(v)
+        model.add_expanded(expanded, w, block)
+        assert np.allclose(np.sum(model.marginal(v, block) * w), np.sum(v * expanded))
+        assert np.array_equal(model.marginal(v, block), block_marginal(np.zeros((4, model.cells), int), model.domain(),
+                                                                       block.attributes) + model.marginal(v, block))
+
+
+def test_block_attributes_in_any_order_mean_schema_order():
+    domain = Domain(("a", "b"), (2, 3))
+    block = types.SimpleNamespace(block_id="x", attributes=("b", "a"), basis=np.eye(6), recon=np.eye(6),
+                                  sigma=np.eye(6), query_index=np.arange(6))
+    model = model_from_blocks(domain, [block])
+    assert model.blocks[0].attributes == ("a", "b")
+    x = np.arange(6.0)[None, :]
+    assert np.array_equal(workload_estimates(model, x), x)
+
+
+def test_bad_blocks_are_refused_naming_the_field():
+    domain = Domain(("a", "b"), (2, 3))
+    good = dict(block_id="x", attributes=("a",), basis=np.eye(2), recon=np.eye(2), sigma=np.eye(2),
+                query_index=np.arange(2))
+    with pytest.raises(ValueError, match="blocks/x/recon: not of full column rank"):
+        model_from_blocks(domain, [types.SimpleNamespace(**dict(good, recon=np.ones((3, 2))))])
+    with pytest.raises(ValueError, match="blocks/x/attributes: unknown attribute 'c'"):
+        model_from_blocks(domain, [types.SimpleNamespace(**dict(good, attributes=("c",)))])
+    with pytest.raises(ValueError, match="blocks/x/basis: 2 columns"):
+        model_from_blocks(domain, [types.SimpleNamespace(**dict(good, attributes=("b",)))])
+    with pytest.raises(ValueError, match="blocks/x/sigma"):
+        model_from_blocks(domain, [types.SimpleNamespace(**dict(good, sigma=-np.eye(2)))])
+    model = model_from_blocks(domain, [types.SimpleNamespace(**good)])
+    with pytest.raises(ValueError, match="no answers for block 'x'"):
+        recover_measurements(model, {})
+    with pytest.raises(ValueError, match=r"block_answers\['x'\]: shape \(4, 3\)"):
+        recover_measurements(model, {"x": np.zeros((4, 3))})
+    with pytest.raises(ValueError, match="x: shape"):
+        workload_estimates(model, np.zeros((2, 5)))

@@ -1,0 +1,111 @@
+"""The block-diagonal plus low-rank form of H (distfit.estimate.structure): found where the
+workload has it, refused where it does not, and its free-cell solves against dense ones."""
+from __future__ import annotations
+
+import types
+
+import numpy as np
+
+from distfit.domain import Domain
+from distfit.estimate import structure
+from distfit.estimate.measurements import model_from_blocks
+from distfit.estimate.projection import hessian_structure, normal_equations
+from distfit.estimate.structure import block_low_rank, solve_free, solve_orthant
+
+
+def structured_blocks(rng, sizes=(2, 2, 9)):
+    """PL94 in small: a detailed block acting on (a, b) alike for every c (block diagonal over
+    c), the c marginal measured cell by cell, the (a, b) marginal and two sums over c (low rank)."""
+    ab, c = sizes[0] * sizes[1], sizes[2]
+    detail = rng.standard_normal((ab, ab)) + 3 * np.eye(ab)
+    halves = np.zeros((2, c))
+    halves[0, : c // 2], halves[1, c // 2:] = 1.0, 1.0
+    spec = [
+        (("a", "b", "c"), np.kron(detail, np.eye(c)), np.eye(ab * c)),
+        (("c",), np.diag(rng.uniform(0.5, 2.0, c)), np.diag(rng.uniform(0.5, 2.0, c))),
+        (("a", "b"), rng.standard_normal((ab, ab)), np.eye(ab) + 0.2),
+        (("c",), halves, np.diag([2.0, 3.0])),
+    ]
+    blocks, start = [], 0
+    for i, (attributes, basis, sigma) in enumerate(spec):
+        k = basis.shape[0]
+        blocks.append(types.SimpleNamespace(block_id=f"b{i}", attributes=attributes, basis=basis,
+                                            recon=np.eye(k), sigma=sigma, query_index=np.arange(start, start + k)))
+        start += k
+    return Domain(("a", "b", "c"), sizes), blocks
+
+
+def structured_hessian(seed=0):
+    rng = np.random.default_rng(seed)
+    domain, blocks = structured_blocks(rng)
+    model = model_from_blocks(domain, blocks)
+    y = {b.block_id: rng.standard_normal((1, b.rows)) for b in model.blocks}
+    return model, normal_equations(model, y)[0]
+
+
+def test_the_form_is_found_and_exact():
+    model, hessian = structured_hessian()
+    structure = block_low_rank(hessian, model.sizes)
+    assert structure is not None
+    assert structure.group_cells == 4 and structure.groups == 9 and structure.rank <= 6
+    permuted = hessian[np.ix_(structure.perm, structure.perm)]
+    assert np.allclose(structure.hessian, permuted)
+    # solve_free against dense solves of H_FF x_F = g_F, for random free sets
+    rng = np.random.default_rng(1)
+    g = rng.standard_normal((50, model.cells))
+    free = rng.random((50, model.cells)) < rng.uniform(0.1, 0.9, (50, 1))
+    for dtype, tolerance in ((np.float64, 1e-10), (np.float32, 1e-3)):
+        x = solve_free(structure, g, free, dtype)
+        for unit in range(g.shape[0]):
+            cells = np.flatnonzero(free[unit])
+            expected = np.zeros(model.cells)
+            expected[cells] = np.linalg.solve(permuted[np.ix_(cells, cells)], g[unit, cells])
+            assert np.abs(x[unit] - expected).max() <= tolerance * max(1.0, np.abs(expected).max())
+
+
+def test_no_form_for_a_generic_hessian():
+    rng = np.random.default_rng(2)
+    a = rng.standard_normal((36, 36))
+    assert block_low_rank(a @ a.T + np.eye(36), (6, 2, 3)) is None
+    singular = np.zeros((36, 36))
+    assert block_low_rank(singular, (6, 2, 3)) is None
+
+
+def test_solve_orthant_meets_the_kkt_conditions():
+    model, hessian = structured_hessian(3)
+    structure = hessian_structure(hessian, model.sizes)
+    assert structure is not None and hessian_structure(hessian, model.sizes) is structure  # remembered
+    rng = np.random.default_rng(4)
+    truth = rng.poisson(rng.choice([0.0, 0.5, 4.0], size=(300, model.cells))).astype(float)
+    g = truth @ hessian + rng.standard_normal((300, model.cells)) * 3
+    x, gradient, converged, steps = solve_orthant(structure, g, tol=1e-10, max_steps=25)
+    assert converged.all() and steps >= 1
+    scale = np.abs(g).max()
+    assert np.allclose(gradient, x @ hessian - g, atol=1e-8 * scale)
+    assert (x >= 0).all()
+    assert np.abs(np.where(x > 0, x @ hessian - g, 0.0)).max() <= 1e-9 * scale  # stationary on F
+    assert (x @ hessian - g).min() >= -1e-8 * scale  # no negative multiplier on A
+
+
+def test_solve_orthant_batches_orders_and_fallback_agree(monkeypatch):
+    """The same KKT point whatever the batching, in either cell order, and when the float32
+    search settles nothing (every row on the float64 steps)."""
+    model, hessian = structured_hessian(5)
+    found = block_low_rank(hessian, model.sizes)
+    rng = np.random.default_rng(6)
+    truth = rng.poisson(rng.choice([0.0, 0.5, 4.0], size=(200, model.cells))).astype(float)
+    g = truth @ hessian + rng.standard_normal((200, model.cells)) * 3
+    x, gradient, converged, _steps = solve_orthant(found, g, tol=1e-10, max_steps=25)
+    assert converged.all()
+    scale = np.abs(g).max()
+    assert (x >= 0).all() and (x @ hessian - g).min() >= -1e-8 * scale
+    assert np.abs(np.where(x > 0, x @ hessian - g, 0.0)).max() <= 1e-9 * scale
+    xp, gradient_p, _c, _s = solve_orthant(found, g[:, found.perm], tol=1e-10, max_steps=25, permuted=True)
+    assert np.allclose(xp, x[:, found.perm], rtol=0, atol=1e-9 * scale)
+    assert np.allclose(gradient_p, gradient[:, found.perm], rtol=0, atol=1e-9 * scale)
+    monkeypatch.setattr(structure, "BATCH", 7)
+    batched = solve_orthant(found, g, tol=1e-10, max_steps=25)
+    assert batched[2].all() and np.allclose(batched[0], x, rtol=0, atol=1e-9 * scale)
+    monkeypatch.setattr(structure, "SEARCH_STEPS", 1)  # the search settles (almost) nothing
+    fallback = solve_orthant(found, g, tol=1e-10, max_steps=25)
+    assert fallback[2].all() and np.allclose(fallback[0], x, rtol=0, atol=1e-9 * scale)

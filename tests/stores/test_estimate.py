@@ -1,0 +1,150 @@
+"""The estimate store: layout and dimension names (xarray opens it whole), the reader's refusals,
+the seal's checks (distfit.stores.estimate)."""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import xarray as xr
+import zarr
+
+from distfit.estimate.job import METHOD, OBJECTIVE, run_estimate
+from distfit.release.job import run_release
+from distfit.stores.checksum import compute_checksum
+from distfit.stores.data import write_synthetic
+from distfit.stores.estimate import (
+    EstimateError,
+    chunk_rows,
+    create_estimate,
+    estimate_state,
+    query_groups,
+    read_estimate,
+    seal,
+    verify_estimate,
+)
+from distfit.stores.plan import read_plan
+from distfit.stores.release import read_release
+from distfit.stores.release_chunks import ChunkWriter
+
+UNITS, CHUNK = 23, 10
+#: The documented dimension names (docs/stores.md), written out: the contract, not the writer's table.
+ESTIMATE_DIMS = {
+    "queries/estimates": ("unit", "query"), "queries/query": ("query",),
+    "cells/estimates": ("unit", "cell"), "cells/cell": ("cell",),
+    "fit/objective": ("unit",), "fit/iterations": ("unit",), "fit/converged": ("unit",),
+    "unit_ids": ("unit",), "unit": ("unit",), "chunks/done": ("chunk",),
+}
+
+
+@pytest.fixture(scope="module")
+def stores(small_plan, tmp_path_factory):
+    root = tmp_path_factory.mktemp("estimate-store")
+    write_synthetic(small_plan.spec, UNITS, root / "data.zarr", seed=3, chunk_units=CHUNK, fsync=False)
+    run_release(small_plan.plan, root / "data.zarr", root / "release.zarr", seed=5, serial=True, fsync=False)
+    run_estimate(small_plan.plan, root / "release.zarr", root / "estimate.zarr", serial=True, fsync=False)
+    return {"root": root, "plan": small_plan.plan, "release": root / "release.zarr",
+            "estimate": root / "estimate.zarr"}
+
+
+def test_every_array_has_the_documented_dimension_names(stores):
+    found = {}
+    for meta in Path(stores["estimate"]).rglob("zarr.json"):
+        doc = json.loads(meta.read_text())
+        if doc["node_type"] == "array":
+            found[meta.parent.relative_to(stores["estimate"]).as_posix()] = tuple(doc.get("dimension_names") or ())
+    assert found == ESTIMATE_DIMS
+
+
+def test_xarray_opens_the_store_whole(stores):
+    tree = xr.open_datatree(stores["estimate"], engine="zarr", consolidated=False)
+    est, release = read_estimate(stores["estimate"]), read_release(stores["release"])
+    ids = np.asarray(release.unit_ids[...])
+    np.testing.assert_array_equal(tree["unit"].values, ids)
+    queries = tree["queries"].dataset["estimates"]
+    assert queries.dims == ("unit", "query") and list(queries["query"].values) == release.labels
+    cells = tree["cells"].dataset["estimates"]
+    assert cells.dims == ("unit", "cell") and dict(cells.sizes) == {"unit": UNITS, "cell": 36}
+    assert cells["cell"].values[0] == "age[0],sex[f],edu[0]" and cells["cell"].values[-1] == "age[5],sex[m],edu[2]"
+    unit = int(ids[7])
+    np.testing.assert_array_equal(queries.sel(unit=unit).values, np.asarray(est.estimates[7]))
+    np.testing.assert_array_equal(cells.sel(unit=unit).values, np.asarray(est.cells[7]))
+    assert tree["fit"].dataset["objective"].dims == ("unit",)
+    # one query group's table, by its columns
+    start, stop = est.groups["age_sex"]
+    table = queries.isel(query=slice(start, stop))
+    assert all(str(q).startswith("age_sex:") for q in table["query"].values)
+
+
+def test_checksum_and_reader_refusals(stores, tmp_path):
+    ok, stored, recomputed = verify_estimate(stores["estimate"])
+    assert ok and stored == recomputed
+    group = zarr.open_group(store=str(stores["estimate"]), mode="r")
+    assert compute_checksum(group) == stored
+    assert estimate_state(Path(stores["estimate"])) == "sealed"
+    assert estimate_state(tmp_path / "none") == "absent"
+    copy = tmp_path / "copy.zarr"
+    shutil.copytree(stores["estimate"], copy)
+    zarr.open_array(str(copy / "cells/estimates"), mode="r+")[0, 0] += 1.0
+    assert not verify_estimate(copy)[0]
+    meta = json.loads((copy / "zarr.json").read_text())
+    meta["attributes"]["complete"] = False
+    (copy / "zarr.json").write_text(json.dumps(meta))
+    assert estimate_state(copy) == "incomplete"
+    with pytest.raises(EstimateError, match="incomplete"):
+        read_estimate(copy)
+    with pytest.raises(EstimateError, match="not 'estimate'"):
+        read_estimate(stores["release"])
+    with pytest.raises(EstimateError, match="no such estimate store"):
+        read_estimate(tmp_path / "missing.zarr")
+    with pytest.raises(FileExistsError, match="not a distfit estimate store"):
+        estimate_state(Path(stores["release"]))
+
+
+def _lay_out(stores, path):
+    plan, release = read_plan(stores["plan"]), read_release(stores["release"])
+    return create_estimate(path, plan=plan, plan_path=stores["plan"], release=release, method=METHOD,
+                           objective=OBJECTIVE, integer=False, cells=36, query_dtype=np.float64,
+                           cell_labels=None), plan, release
+
+
+def _write_chunk(path, chunk, release, m):
+    start, stop = chunk * CHUNK, min((chunk + 1) * CHUNK, UNITS)
+    n = stop - start
+    with ChunkWriter(str(path)) as writer:
+        writer.write_arrays(chunk, start, chunk_rows(np.full((n, m), 1.5), np.full((n, 36), 0.25), np.arange(n),
+                                                     7, np.ones(n, bool), np.asarray(release.unit_ids[start:stop])))
+
+
+def test_seal_checks_every_chunk_and_the_inputs(stores, tmp_path):
+    path = tmp_path / "e.zarr"
+    root, plan, release = _lay_out(stores, path)
+    m = len(plan.queries_targets)
+    for chunk in (0, 2):
+        _write_chunk(path, chunk, release, m)
+    kwargs = dict(plan_path=stores["plan"], plan_checksum=plan.checksum, release_path=str(stores["release"]),
+                  release_checksum=release.checksum, fsync=False)
+    with pytest.raises(RuntimeError, match=r"chunks \[1\] not written"):
+        seal(root, path, **kwargs)
+    _write_chunk(path, 1, release, m)
+    with pytest.raises(ValueError, match="the release changed during the estimate"):
+        seal(root, path, **dict(kwargs, release_checksum="sha256:" + "1" * 64))
+    with pytest.raises(ValueError, match="the plan changed during the estimate"):
+        seal(root, path, **dict(kwargs, plan_checksum="sha256:" + "1" * 64))
+    assert estimate_state(path) == "incomplete"
+    checksum = seal(root, path, **kwargs)
+    est = read_estimate(path)
+    assert est.checksum == checksum == compute_checksum(zarr.open_group(store=str(path), mode="r"))
+    assert est.attrs["fit"] == {"objective_mean": float(np.mean(np.r_[np.arange(10), np.arange(10), np.arange(3)])),
+                                "objective_max": 9.0, "iterations_max": 7, "unconverged_units": 0}
+    np.testing.assert_array_equal(np.asarray(est.estimates[...]), np.full((UNITS, m), 1.5))
+    np.testing.assert_array_equal(np.asarray(est.unit_ids[...]), np.asarray(release.unit_ids[...]))
+    assert est.labels == release.labels and "cell" not in zarr.open_group(str(path / "cells"), mode="r")
+
+
+def test_query_groups():
+    assert query_groups(["a:1", "a:2", "b:x", "c:total"]) == {"a": [0, 2], "b": [2, 3], "c": [3, 4]}
+    assert query_groups(["a:1", "b:1", "a:2"]) is None  # a split group has no one slice
+    assert query_groups(None) is None
