@@ -3,7 +3,7 @@
 Usage::
 
     python benchmarks/bench_projection.py [--units 10000] [--nnls-units 1000] [--repeat 3]
-                                          [--chunk 2000] [--release-seconds 9.8]
+                                          [--chunk 4096] [--release-seconds 9.8]
 
 Plans ``pipelines/pl94.yaml`` (serial ``run_plan``: one block, 252 cells, 252 x 252 basis,
 319 queries) in a temporary directory, synthesises ``--units`` unit histograms
@@ -13,9 +13,10 @@ Plans ``pipelines/pl94.yaml`` (serial ``run_plan``: one block, 252 cells, 252 x 
 unless ``DISTFIT_BLAS_THREADS`` says otherwise), alternating:
 
 * **distfit**: :func:`distfit.estimate.projection.project_nonnegative` on chunks of
-  ``--chunk`` units (the whole chunk as one matrix problem). PL94's ``H`` is block diagonal
-  over race plus rank 6 (:mod:`distfit.estimate.structure`), so this is the Woodbury path:
-  float32 active-set search, float64 KKT check and refinement;
+  ``--chunk`` units (default 4096, the largest data chunk; batches of matrix problems inside).
+  PL94's ``H`` is block diagonal over race plus rank 6 (:mod:`distfit.estimate.structure`), so
+  this is the Woodbury path: float32 active-set search, mixed-precision refinement, float64
+  KKT check;
 * **dense**: the same function with the structure switched off (the general dense path:
   active-set steps on gathered free-cell systems, the method before the structure);
 * **the loop**: per unit, ``scipy.optimize.nnls(G, C^-1 y)`` on the whitened system (G =
@@ -85,7 +86,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--units", type=int, default=PER)
     parser.add_argument("--nnls-units", type=int, default=1000)
-    parser.add_argument("--chunk", type=int, default=2000)
+    parser.add_argument("--chunk", type=int, default=4096)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--release-seconds", type=float, default=9.8)
     args = parser.parse_args()

@@ -14,9 +14,13 @@ from typing import Sequence
 import numpy as np
 import scipy.linalg
 import scipy.sparse
+import scipy.sparse.linalg
 
 BARRIER_MAX_CENTRES = 40  # t grows 20x per centre: far beyond what float64 can use
 BARRIER_MAX_NEWTON = 100  # per centre; ~10-30 are typical
+DENSE_SCHUR_LIMIT = 500  # non-leaf blocks up to which the Schur complement is factorised densely (measured: CG 4x faster at 1,001)
+CG_TOLERANCE = 1e-10  # relative residual of an iterative Newton step
+CG_MAX_ITERATIONS = 400  # then the dense factorisation after all
 
 
 @dataclass(frozen=True)
@@ -141,7 +145,14 @@ class _LeafElimination:
     system is diagonal, ``h_j + V_rj^2 w_r``, and eliminating them leaves the other blocks'
     system with the row weights changed: ``S = diag(h_C) + V_C^T diag(w - (V_rj w_r)^2 /
     (h_j + V_rj^2 w_r)) V_C`` (the Schur complement; a dense Cholesky of the non-leaf blocks
-    only). All 2-way marginals of N attributes: N + 1 non-leaf blocks of N(N + 1)/2 + N + 1."""
+    only). All 2-way marginals of N attributes: N + 1 non-leaf blocks of N(N + 1)/2 + N + 1.
+
+    Above ``DENSE_SCHUR_LIMIT`` non-leaf blocks (all marginals up to 3-way of 100 attributes:
+    5,051, a 2.6 s Cholesky per Newton step) the Schur system is solved by conjugate gradients
+    with a Jacobi preconditioner, each product ``S x`` through the sparse ``V_C`` (~4% of S is
+    nonzero), falling back to the dense factorisation when it has not converged to
+    ``CG_TOLERANCE`` in ``CG_MAX_ITERATIONS``. An inexact Newton step costs no certificate: the
+    lower bound holds at every weight vector and the upper bound is a feasible allocation."""
 
     def __init__(self, normalised: scipy.sparse.csr_matrix) -> None:
         columns = normalised.tocsc()
@@ -167,16 +178,33 @@ class _LeafElimination:
         carried[self.leaf_row] = leaf_weight * rhs[self.leaf] / leaf_diagonal
         out = np.empty_like(rhs)
         if self.rest.size:
-            schur = (self.rest_transposed.multiply(weights) @ self.rest_matrix).toarray()
-            schur[np.diag_indices_from(schur)] += diagonal[self.rest]
             reduced = rhs[self.rest] - self.rest_transposed @ carried
-            try:
-                out[self.rest] = scipy.linalg.cho_solve(scipy.linalg.cho_factor(schur), reduced)
-            except np.linalg.LinAlgError:
-                out[self.rest] = np.linalg.lstsq(schur, reduced, rcond=None)[0]
+            out[self.rest] = self._schur_solve(diagonal[self.rest], weights, reduced)
         coupled = (self.rest_matrix @ out[self.rest])[self.leaf_row] if self.rest.size else 0.0
         out[self.leaf] = (rhs[self.leaf] - leaf_weight * coupled) / leaf_diagonal
         return out
+
+
+    def _schur_solve(self, diagonal: np.ndarray, weights: np.ndarray, rhs: np.ndarray) -> np.ndarray:
+        """``(diag(diagonal) + V_C^T diag(weights) V_C) x = rhs`` (class docstring)."""
+        if self.rest.size > DENSE_SCHUR_LIMIT:
+            matrix, transposed = self.rest_matrix, self.rest_transposed
+            operator = scipy.sparse.linalg.LinearOperator(
+                (self.rest.size, self.rest.size), dtype=float,
+                matvec=lambda x: diagonal * x + transposed @ (weights * (matrix @ x)))
+            jacobi = 1.0 / (diagonal + transposed.power(2) @ weights)
+            preconditioner = scipy.sparse.linalg.LinearOperator(
+                (self.rest.size, self.rest.size), dtype=float, matvec=lambda x: jacobi * x)
+            solution, info = scipy.sparse.linalg.cg(operator, rhs, rtol=CG_TOLERANCE, atol=0.0,
+                                                    maxiter=CG_MAX_ITERATIONS, M=preconditioner)
+            if info == 0:
+                return solution
+        schur = (self.rest_transposed.multiply(weights) @ self.rest_matrix).toarray()
+        schur[np.diag_indices_from(schur)] += diagonal
+        try:
+            return scipy.linalg.cho_solve(scipy.linalg.cho_factor(schur), rhs)
+        except np.linalg.LinAlgError:
+            return np.linalg.lstsq(schur, rhs, rcond=None)[0]
 
 
 def _largest_step(room: np.ndarray, use: np.ndarray) -> float:

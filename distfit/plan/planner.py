@@ -57,7 +57,7 @@ from distfit.plan.allocate import ScaleAllocation, allocate_rows
 from distfit.plan.closed_form import ClosedFormBlocks
 from distfit.plan.composition import EXACT_DOMAIN_LIMIT, StitchedProfile, alpha_is_exact, stitched_profile, stitched_variances
 from distfit.plan.decomposition import decompose, decompose_lazily  # noqa: F401 (re-exported: step 1)
-from distfit.plan.residual import BlockLayout, BlockSpec, GroupLike, group_targets
+from distfit.plan.residual import BlockLayout, BlockSpec, GroupLike
 from distfit.privacy import privacy_account, privacy_profile
 from distfit.scaling import scale_block, scaled_cost, scaled_noise
 from distfit.solver.dual import BlockDualResult, maximize_block_dual
@@ -705,5 +705,5 @@ def plan_groups(
     """Decompose ``groups`` on ``domain`` and plan the blocks (accuracy first); ``closed_forms=False``
     solves every block with SM-II (no closed forms)."""
     decomposition = decompose_lazily(domain, groups, max_cells, closed_forms=closed_forms)
-    return plan_blocks(domain, list(decomposition.specs()), group_targets(domain, groups), executor, refine_rounds,
+    return plan_blocks(domain, list(decomposition.specs()), decomposition.workload.targets(), executor, refine_rounds,
                        decomposition.decisions, closed=decomposition.closed)

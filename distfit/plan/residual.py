@@ -65,35 +65,9 @@ def difference_matrix(n: int) -> np.ndarray:
     return np.eye(n - 1, n) - np.eye(n - 1, n, k=1)
 
 
-def _group_parts(domain: Domain, group: GroupLike, first_query: int):
-    name, per_attribute, target = group
-    clique = tuple(attribute for attribute in domain.names if attribute in per_attribute)
-    unknown = [attribute for attribute in per_attribute if attribute not in domain.names]
-    if unknown:
-        raise ValueError(f"groups[{name!r}]: unknown attribute {unknown[0]!r}")
-    matrices = {attribute: np.asarray(per_attribute[attribute], dtype=float) for attribute in clique}
-    for attribute in clique:
-        if matrices[attribute].ndim != 2 or matrices[attribute].shape[1] != domain.size_of(attribute):
-            raise ValueError(
-                f"groups[{name!r}]: query matrix for {attribute!r} must have {domain.size_of(attribute)} columns, "
-                f"got shape {matrices[attribute].shape}"
-            )
-    rows = math.prod(matrices[attribute].shape[0] for attribute in clique)
-    try:
-        targets = validate_targets(target, rows)
-    except ValueError as error:
-        raise ValueError(f"groups[{name!r}].{error}") from None
-    return clique, matrices, targets, np.arange(first_query, first_query + rows)
-
-
 def group_targets(domain: Domain, groups: Sequence[GroupLike]) -> np.ndarray:
     """Every query's target, in workload order (the groups' rows one after another)."""
-    parts, first = [], 0
-    for group in groups:
-        targets = _group_parts(domain, group, first)[2]
-        parts.append(targets)
-        first += targets.size
-    return np.concatenate(parts)
+    return ResidualWorkload(domain, groups).targets()
 
 
 @dataclass(frozen=True)

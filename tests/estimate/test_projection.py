@@ -239,3 +239,19 @@ def test_structured_hessian_path_equals_clarabel_and_never_hurts(monkeypatch):
     dense = project_nonnegative(model, y)
     assert np.allclose(dense.x, result.x, rtol=1e-8, atol=1e-8)
     assert np.allclose(dense.objective, result.objective, rtol=1e-9, atol=1e-9)
+
+
+def test_structured_path_in_batches_gives_the_same_projection(monkeypatch):
+    """project_nonnegative computes g, the objective's constant and x batch by batch on the
+    structured path: small batches give the same result as one."""
+    rng = np.random.default_rng(9)
+    domain, blocks = structured_blocks(rng)
+    model = model_from_blocks(domain, blocks)
+    x = rng.poisson(rng.choice([0.0, 0.4, 5.0], size=(23, domain.size))).astype(float)
+    y = recover_measurements(model, simulate(rng, model, x)[0])
+    whole = project_nonnegative(model, y)
+    monkeypatch.setattr(projection, "STRUCTURE_BATCH", 5)
+    batched = project_nonnegative(model, y)
+    assert whole.converged.all() and batched.converged.all()
+    assert np.allclose(batched.x, whole.x, rtol=1e-10, atol=1e-10)
+    assert np.allclose(batched.objective, whole.objective, rtol=1e-10, atol=1e-10)

@@ -7,6 +7,7 @@ import cvxpy as cp
 import numpy as np
 import pytest
 
+import distfit.plan.allocate
 from distfit.plan.allocate import allocate_rows, allocate_scales
 from distfit.plan.composition import stitched_profile
 from tests.plan.blocks import plan_residual, two_way
@@ -100,6 +101,32 @@ def test_allocation_with_leaf_blocks_matches_a_convex_solver():
     variance = np.zeros((len(pairs), num_blocks))
     np.add.at(variance, (rows, cols), values)
     scales = cp.Variable(num_blocks, pos=True)
+    problem = cp.Problem(cp.Minimize(cp.sum(cp.multiply(alphas, cp.inv_pos(scales)))), [variance @ scales <= targets])
+    problem.solve(solver=cp.CLARABEL)
+    assert allocation.alpha_bound == pytest.approx(problem.value, rel=1e-6)
+    assert allocation.lower_bound <= allocation.alpha_bound <= allocation.lower_bound * (1 + 1e-9)
+    assert np.all(variance @ allocation.scales <= targets * (1 + 1e-12))
+
+
+@pytest.mark.parametrize("limit", [10**9, 0])
+def test_iterative_and_dense_schur_solves_reach_the_same_certified_optimum(monkeypatch, limit):
+    """All marginals up to 3-way of 9 attributes (3-way leaves eliminated, 46 non-leaf blocks):
+    the Newton steps by conjugate gradients (``DENSE_SCHUR_LIMIT`` 0) and by the dense
+    Cholesky (a limit above the size) both end at cvxpy + Clarabel's optimum, certified."""
+    monkeypatch.setattr(distfit.plan.allocate, "DENSE_SCHUR_LIMIT", limit)
+    rng = np.random.default_rng(11)
+    cliques = [c for k in (1, 2, 3) for c in itertools.combinations(range(9), k)]
+    subsets = sorted({s for c in cliques for r in range(len(c) + 1) for s in itertools.combinations(c, r)})
+    index = {s: i for i, s in enumerate(subsets)}
+    rows, cols = zip(*[(r, index[s]) for r, c in enumerate(cliques) for k in range(len(c) + 1)
+                       for s in itertools.combinations(c, k)])
+    values = rng.lognormal(-1.0, 1.0, len(rows))
+    alphas = rng.lognormal(0.0, 1.0, len(subsets))
+    targets = rng.uniform(1.0, 4.0, len(cliques))
+    allocation = allocate_rows(alphas, np.array(rows), np.array(cols), values, targets, tolerance=1e-9)
+    variance = np.zeros((len(cliques), len(subsets)))
+    np.add.at(variance, (rows, cols), values)
+    scales = cp.Variable(len(subsets), pos=True)
     problem = cp.Problem(cp.Minimize(cp.sum(cp.multiply(alphas, cp.inv_pos(scales)))), [variance @ scales <= targets])
     problem.solve(solver=cp.CLARABEL)
     assert allocation.alpha_bound == pytest.approx(problem.value, rel=1e-6)
