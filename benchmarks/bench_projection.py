@@ -15,7 +15,7 @@ unless ``DISTFIT_BLAS_THREADS`` says otherwise), alternating:
 * **distfit**: :func:`distfit.estimate.projection.project_nonnegative` on chunks of
   ``--chunk`` units (default 4096, the largest data chunk; batches of matrix problems inside).
   PL94's ``H`` is block diagonal over race plus rank 6 (:mod:`distfit.estimate.structure`), so
-  this is the Woodbury path: float32 active-set search, mixed-precision refinement, float64
+  this is the Woodbury path: compiled (numba) float64 active-set steps, one refinement, the
   KKT check;
 * **dense**: the same function with the structure switched off (the general dense path:
   active-set steps on gathered free-cell systems, the method before the structure);
@@ -24,7 +24,8 @@ unless ``DISTFIT_BLAS_THREADS`` says otherwise), alternating:
 
 Times are CPU seconds (``time.process_time``: the machine may be shared, wall time is noisy)
 per 10,000 units, best of the repeats, after one warm-up chunk (the structure is found once
-per process and plan: its one-time cost is printed on its own). Printed as well: the ratios,
+per process and plan, and the compiled kernel loaded from numba's cache or compiled once per
+process: both one-time costs are printed on their own). Printed as well: the ratios,
 the largest differences between the solutions (all solve the same strictly convex problem:
 PL94's basis determines every cell), steps, unconverged units, the mean free-set size, and the
 CPU time of 1,000,000 units on 2 workers next to the release's (benchmarks/bench_release.py:
@@ -104,6 +105,7 @@ def main() -> None:
     with blas_limit():
         hessian, _g = normal_equations(model, {k: v[:1] for k, v in y.items()})
         found, structure = _cpu(hessian_structure, hessian, model.sizes)
+        jit, _first = _cpu(_distfit, model, {k: v[:1] for k, v in y.items()}, 1)  # compile or cache load
         _distfit(model, {k: v[:args.chunk] for k, v in y.items()}, args.chunk)  # warm-up
         for _ in range(args.repeat):
             load = os.getloadavg()[0]
@@ -123,7 +125,8 @@ def main() -> None:
           f"chunks of {args.chunk}, best of {args.repeat}, CPU seconds, one BLAS thread")
     if structure is not None:
         print(f"structure: groups of {structure.group_cells} cells x {structure.groups}, rank {structure.rank}, "
-              f"{structure.types.max() + 1} block types; found once in {found:.2f} s")
+              f"{structure.types.max() + 1} block types; found once in {found:.2f} s; first call (numba "
+              f"compile or cache load) {jit:.2f} s")
     print(f"{'':>12} {'s per 10k':>10} {'spread':>15} {'us per unit':>12}")
     for name, times in (("distfit", ours), ("dense", dense), ("nnls loop", theirs)):
         print(f"{name:>12} {min(times):>10.2f} {min(times):>7.2f}-{max(times):<7.2f} {min(times) / PER * 1e6:>12.1f}")

@@ -19,12 +19,17 @@ marginals. ``P`` is
   distribution, so they are exactly the marginals of the projection's ``x_hat`` whenever the
   measured cliques determine the objective (the total is fixed, see below);
 - the local polytope of the saturated region graph (``method = "region-graph"``, APPGM): mirror
-  descent on the potentials with one warm-started, damped sweep of convex generalised belief
-  propagation per step (``mbi.approximate_oracles.convex_generalized_belief_propagation``, the
-  paper's Prox-PGM with Convex-GBP), first step ``2 / (L N)`` then mbi's Armijo rule. With one sweep per step the messages lag
-  the potentials, so the iterate's pseudo-marginals disagree slightly on shared attributes
-  (measured: 1e-3 of the total); the potentials are then held and the sweeps continue until
-  every pair of cliques agrees on its shared attributes to :data:`CONSISTENCY` of the total.
+  descent on the potentials with warm-started, damped sweeps of convex generalised belief
+  propagation (the paper's Prox-PGM with Convex-GBP; mbi's algorithm, computed on every edge at
+  once by :mod:`distfit.estimate.region_graph`, numpy only, several units together). It starts
+  from ``theta_C = log max(x_C, 1/2)``, ``x_C`` each clique's raw table (:func:`_warm_start`),
+  first step ``2 / (L N)``, then mbi's Armijo rule (growing 5% per accepted step at first). With
+  one sweep per step the messages lag the potentials and the line search eventually rejects
+  every step; it is restarted :data:`RESTARTS` times after settling the messages, each time
+  with more sweeps per step (less lag, less bias: on 4 attributes of 3 values the objective
+  ends 0.6% above Clarabel's optimum over the local polytope). The potentials are then held
+  and the sweeps continue until every edge of the region graph agrees to :data:`CONSISTENCY`
+  of the total.
 
 The rule (:func:`graphical_problem`): exact when the junction tree of the measured cliques holds
 at most :data:`EXACT_MAX_CELLS` cells (message passing then costs milliseconds per step), else
@@ -92,6 +97,16 @@ CONSISTENCY = 1e-7
 ITERATIONS = 3000
 TOLERANCE = 1e-10
 POLISH_SWEEPS = 5000
+#: Region graph: sweeps of the warm start's potentials before mirror descent, and the step's
+#: growth on an accepted step (mbi's Armijo rule grows 1.01; 1.05 reaches the working step size
+#: in ~100 steps on Adult instead of ~400).
+WARM_SWEEPS = 100
+GROWTH = 1.05
+#: Line-search restarts after the loss stalls, each after this many sweeps of the held potentials.
+RESTARTS = 3
+RESTART_SWEEPS = 100
+#: Each restart adds this many sweeps per step: the messages lag less, so the bias they leave shrinks.
+INNER_GROWTH = 2
 #: Convergence is checked every this many steps (mbi's own callback period).
 CHECK_EVERY = 50
 
@@ -294,8 +309,41 @@ def _solver(ns: SimpleNamespace, model: MeasurementModel, domain, cliques, paren
 
     bases = tuple(jnp.asarray(b.whitened_basis) for b in measured)
     step = _region_operator(model, graph, parent) if graph is not None and cliques else None
+    warm = _warm_operators(model, graph) if step is not None else None
     return SimpleNamespace(ns=ns, domain=domain, measured=tuple(b.block_id for b in measured), bases=bases,
-                           loss=loss, step=step, graph=graph)
+                           loss=loss, step=step, graph=graph, warm=warm)
+
+
+def _warm_operators(model: MeasurementModel, graph: region_graph.RegionGraph) -> list:
+    """Per clique ``C``: the block ids ``b`` with attributes within ``C`` and ``P_C`` with
+    ``P_C [C_b^-1 y_b]_b`` the generalised least squares table of ``C`` from those blocks alone
+    (the raw marginal: the residual blocks of ``C``'s subsets span its cells)."""
+    out = []
+    for i in graph.clique_index:
+        clique, shape = graph.regions[i], graph.shapes[i]
+        index = np.indices(shape).reshape(len(shape), -1)
+        ids, rows = [], []
+        for block in model.blocks:
+            if set(block.attributes) <= set(clique):
+                keep = [j for j, a in enumerate(clique) if a in block.attributes]
+                cell = (np.ravel_multi_index(tuple(index[keep]), tuple(shape[j] for j in keep)) if keep
+                        else np.zeros(index.shape[1], dtype=np.int64))
+                ids.append(block.block_id)
+                rows.append(block.whitened_basis[:, cell])
+        out.append((i, tuple(ids), np.linalg.pinv(np.vstack(rows))))
+    return out
+
+
+def _warm_start(problem: GraphicalProblem, white: list[Mapping[str, np.ndarray]]) -> np.ndarray:
+    """Potentials ``theta_C = log max(x_C, 1/2)`` from each clique's raw table ``x_C``
+    (:func:`_warm_operators`), (cells, n): mirror descent then starts near the measurements
+    instead of from the uniform table (on Adult, 600 steps reach a loss 4.6x lower)."""
+    graph = problem.solver.graph
+    theta = np.zeros((graph.cells, len(white)))
+    for i, ids, inverse in problem.solver.warm:
+        stacked = np.stack([np.concatenate([w[b] for b in ids]) for w in white], axis=1)
+        theta[graph.region_start[i]:graph.region_start[i + 1]] = np.log(np.maximum(inverse @ stacked, 0.5))
+    return theta
 
 
 def _check(problem: GraphicalProblem, measurements: Mapping[str, Any]) -> dict[str, np.ndarray]:
@@ -339,7 +387,7 @@ def estimate_graphical(problem: GraphicalProblem, measurements: Mapping[str, Any
         steps = counted[0]
     else:
         target = np.concatenate([white[b][:, None] for b in solver.measured])
-        mu, steps, _ = _region_graph(problem, target, np.array([total]), iterations, tol)
+        mu, steps, _ = _region_graph(problem, target, np.array([total]), iterations, tol, _warm_start(problem, [white]))
         graph = solver.graph
         tables = {graph.regions[i]: graph.table(mu, i)[0] for i in graph.clique_index}
     tables = {c: np.maximum(t, 0.0) for c, t in tables.items()}
@@ -371,7 +419,7 @@ def _region_operator(model: MeasurementModel, graph: region_graph.RegionGraph,
 
 
 def _region_graph(problem: GraphicalProblem, target: np.ndarray, total: np.ndarray, iterations: int,
-                  tol: float) -> tuple[np.ndarray, int, np.ndarray]:
+                  tol: float, theta: np.ndarray) -> tuple[np.ndarray, int, np.ndarray]:
     """APPGM for ``n`` units at once (``target`` (sum_b k_b, n) the whitened measurements,
     ``total`` (n,)): mirror descent on the clique potentials, each step from a warm-started damped
     sweep of convex GBP (:mod:`distfit.estimate.region_graph`), first step ``2 / (L N)``, then
@@ -381,32 +429,45 @@ def _region_graph(problem: GraphicalProblem, target: np.ndarray, total: np.ndarr
     and whether each unit converged (its loss stalled and its regions agree)."""
     graph, k = problem.solver.graph, problem.solver.step
     n = target.shape[1]
-    theta = np.zeros((graph.cells, n))
     up, down = region_graph.zero_messages(graph, n)
+    for _ in range(WARM_SWEEPS):  # messages of the warm start's potentials first, so Armijo compares like with like
+        mu, up, down = region_graph.sweep(graph, theta, up, down, total)
     stepsize = 2.0 / (problem.lipschitz * total)
 
     def loss(mu):
         r = k @ mu - target
         return 0.5 * np.einsum("ij,ij->j", r, r), r
 
-    previous, stalls, steps = np.full(n, np.inf), np.zeros(n, int), 0
+    previous, stalls, steps, restarts = np.full(n, np.inf), np.zeros(n, int), 0, 0
     while steps < iterations:
+        if (stalls >= 2).all() and restarts < RESTARTS:
+            # the step sizes collapse once the lagging messages make every trial look worse: settle
+            # the messages of the held potentials, then start the line search afresh
+            for _ in range(RESTART_SWEEPS):
+                mu, up, down = region_graph.sweep(graph, theta, up, down, total)
+            stalls, previous, restarts = np.zeros(n, int), np.full(n, np.inf), restarts + 1
+            stepsize = 2.0 / (problem.lipschitz * total)
+        active = stalls < 2  # a converged unit is frozen, so a unit's estimate does not depend on its chunk
         for _ in range(CHECK_EVERY):
-            mu, up, down = region_graph.sweep(graph, theta, up, down, total)
+            for _ in range(1 + INNER_GROWTH * restarts):
+                mu, up, down = region_graph.sweep(graph, theta, up, down, total)
             value, r = loss(mu)
             grad = k.T @ r
             trial = theta - stepsize * grad
-            mu2, up2, down2 = region_graph.sweep(graph, trial, up, down, total)
+            mu2, up2, down2 = mu, up, down
+            for _ in range(1 + INNER_GROWTH * restarts):
+                mu2, up2, down2 = region_graph.sweep(graph, trial, up2, down2, total)
             value2, _ = loss(mu2)
-            accept = value - value2 >= 0.5 * stepsize * np.einsum("ij,ij->j", grad, mu - mu2)
+            accept = active & (value - value2 >= 0.5 * stepsize * np.einsum("ij,ij->j", grad, mu - mu2))
             theta = np.where(accept, trial, theta)
             up, down = np.where(accept, up2, up), np.where(accept, down2, down)
-            stepsize = np.where(accept, 1.01 * stepsize, 0.5 * stepsize)
+            grow = GROWTH if restarts == 0 else 1.01  # mbi's rule once near the optimum: less lag bias
+            stepsize = np.where(accept, grow * stepsize, np.where(active, 0.5 * stepsize, stepsize))
             value = np.where(accept, value2, value)
         steps += CHECK_EVERY
-        stalls = np.where(previous - value <= tol * np.maximum(np.abs(value), 1.0), stalls + 1, 0)
+        stalls = np.where(active, np.where(previous - value <= tol * np.maximum(np.abs(value), 1.0), stalls + 1, 0), stalls)
         previous = value
-        if (stalls >= 2).all():
+        if (stalls >= 2).all() and restarts >= RESTARTS:
             break
     for sweep in range(POLISH_SWEEPS):
         mu, up, down = region_graph.sweep(graph, theta, up, down, total)
@@ -433,7 +494,7 @@ def estimate_units(problem: GraphicalProblem, measurements: Mapping[str, np.ndar
         total = np.array([max(sum(float(w @ y[b]) for b, w in problem.total_weights.items())
                               / problem.total_information, 1.0) for y in ys])
         target = np.stack([np.concatenate([w[b] for b in problem.solver.measured]) for w in white], axis=1)
-        mu, steps, converged = _region_graph(problem, target, total, iterations, tol)
+        mu, steps, converged = _region_graph(problem, target, total, iterations, tol, _warm_start(problem, white))
         graph = problem.solver.graph
         units = [_finish(problem, {graph.regions[i]: np.maximum(graph.table(mu[:, [u]], i)[0], 0.0)
                                    for i in graph.clique_index}, white[u], float(total[u]), steps) for u in range(n)]

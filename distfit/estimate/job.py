@@ -90,6 +90,9 @@ OBJECTIVE = "sum_b (y_b - B_b M_b x)^T Sigma_b^-1 (y_b - B_b M_b x) over x >= 0,
 GRAPHICAL_OBJECTIVE = ("sum_b (y_b - B_b M_b mu)^T Sigma_b^-1 (y_b - B_b M_b mu) over nonnegative clique marginals "
                        "mu of total N_hat: the marginal polytope (graphical-exact) or the local polytope of the "
                        "saturated region graph (graphical-region-graph), per unit")
+#: What ``--method auto`` (``distfit run``) may record: a function of the plan, so any of them is
+#: the same choice for the same plan.
+AUTO_METHODS = (METHOD, "graphical-exact", "graphical-region-graph")
 #: The ``--method`` choices: auto takes the projection up to graphical.PROJECTION_MAX_CELLS cells;
 #: graphical lets graphical.graphical_problem choose exact or region-graph inference.
 METHODS = ("auto", "projection", "graphical", "graphical-exact", "graphical-region-graph")
@@ -417,8 +420,9 @@ def estimate_in_run(plan_path: PathLike, release_path: PathLike, out: PathLike, 
     attrs = root_attrs_on_disk(out_path) if out_path.is_dir() else None
     release = read_release(release_path)
     same = attrs is not None and (attrs.get("release_checksum"), attrs.get("plan_checksum"), attrs.get("integer"),
-                                  attrs.get("method")) == (release.checksum, release.attrs.get("plan_checksum"),
-                                                           bool(integer), METHOD)
+                                  attrs.get("method") in AUTO_METHODS) == (release.checksum,
+                                                                          release.attrs.get("plan_checksum"),
+                                                                          bool(integer), True)
     if same and attrs.get("complete") is True:
         print(f"distfit: the estimate at {out_path} is sealed and of this release; reused", file=log)
         return manifest_entry(out_path, str(attrs["checksum"])), "reused"

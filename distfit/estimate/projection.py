@@ -41,16 +41,17 @@ settle in :data:`NEWTON_STEPS` (the method may cycle where ``H`` is not an M-mat
 Where ``H`` is block diagonal plus low rank (PL94: 4 x 4 blocks per race plus rank 6;
 :func:`hessian_structure`, found once per process and ``H``), the same active-set steps solve
 the free-cell systems by Woodbury without gathering them (:mod:`distfit.estimate.structure`:
-a float32 search, then a mixed-precision refinement and the KKT check against the dense ``H``),
-:data:`STRUCTURE_BATCH` units at a time (``g`` computed per batch, with the objective's constant
-from the same whitened measurements).
+float64 steps unit by unit in a compiled loop, one refinement with the dense ``H`` and the KKT
+check), :data:`STRUCTURE_BATCH` units at a time (``g`` computed per batch, with the objective's
+constant from the same whitened measurements).
 
 Measured (benchmarks/bench_projection.py, PL94, 252 cells, mean 39 free cells at the solution,
-chunks of 4096 units, CPU time, one BLAS thread, a loaded machine): 39.5 us per unit with the
-structure (74 us before the batching and the refinement of :mod:`distfit.estimate.structure`,
-same run conditions), 247 us on the dense path (gathered systems, stacked LAPACK solves),
-1430 us for a loop of ``scipy.optimize.nnls`` on the whitened system; the solutions agree to
-7e-11.
+chunks of 4096 units, CPU time, one BLAS thread, a loaded machine): 22 us per unit with the
+structure (37 us in alternating runs for the previous numpy version of
+:mod:`distfit.estimate.structure`, 74 us before its batching), 230-280 us on the dense path
+(gathered systems, stacked LAPACK solves), 1400-1600 us for a loop of ``scipy.optimize.nnls``
+on the whitened system; the solutions agree to 8e-11. Once per process the compiled loop is
+loaded from numba's cache (0.2 s; compiled on a cache miss: 4.7 s).
 """
 from __future__ import annotations
 
@@ -87,8 +88,8 @@ PINV_CUTOFF = 1e-10
 #: Active-set (Newton) steps per round, and FISTA iterations between rounds.
 NEWTON_STEPS = 25
 FISTA_ROUND = 200
-#: Units solved together on the structured path (:mod:`distfit.estimate.structure`, which
-#: batches again inside): their ``g``, ``x`` and gradient stay in cache.
+#: Units solved together on the structured path (:mod:`distfit.estimate.structure`): their
+#: ``g``, ``x`` and gradient stay in cache.
 STRUCTURE_BATCH = 1024
 #: Structures of ``H`` found (:func:`distfit.estimate.structure.block_low_rank`), with their
 #: ``H``: every chunk of a plan shares one ``H``; the search runs once per process and plan.

@@ -17,41 +17,46 @@ Free-cell systems (:func:`solve_free`), for each unit's free set ``F`` (``x_A = 
 ``H_FF x_F = g_F`` is ``(D_FF + V_F V_F^T) x_F = g_F``, by Woodbury (Golub & Van Loan 2.1.4)
 
     ``z = D_FF^-1 g_F``,  ``S = I + V_F^T D_FF^-1 V_F`` (k x k, SPD, eigenvalues >= 1),
-    ``x_F = D_FF^-1 (g_F - V_F S^-1 V_F^T z)``.
+    ``x_F = D_FF^-1 (g_F - V_F w)``,  ``w = S^-1 V_F^T z``.
 
 ``D_FF^-1`` acts group by group through the inverse of the group's block restricted to its
 free cells, tabulated once for every block type and free pattern (2^group cells patterns, zero
 outside the pattern), and ``V_F^T D_FF^-1 V_F`` is the sum over groups of tabulated k x k
-matrices: a count of (type, pattern) per unit times the table (one product); ``S`` is factored
-by a Cholesky loop over its k columns for every unit at once. No system is gathered and every
-array has the same shape for every unit: a step costs a few passes over the units x cells
-array and products with ``V`` (cells x k). The gradient needs no product with ``H``: with
-``w = S^-1 V_F^T z``, ``V^T x = w``, so ``H x - g = D x + V w - g``.
+matrices. The gradient needs no product with ``H``: ``V^T x = w`` (``V_F^T x_F = V_F^T z - (S
+- I) w``), so ``H x - g = D x + V w - g``.
 
 :func:`solve_orthant` runs the primal-dual active-set method of
-:mod:`distfit.estimate.projection` with these solves, :data:`BATCH` units at a time (their
-arrays stay in cache): a float32 search for the free set (multipliers judged at
-:data:`SEARCH_TOL`; in the first steps, free cells below a fraction :data:`DROP` of their
-standard deviation leave early), then the solution on the free set found refined twice in
-mixed precision (float64 residuals, float32 corrections; the second residual with the dense
-``H``) and the KKT conditions checked on the float64 gradient: where they hold the result is
-the exact KKT point, as the dense method's (to 1e-13 relative on PL94); the few units where
-they fail (a multiplier between the float32 and float64 thresholds) go on by float64 steps.
+:mod:`distfit.estimate.projection` with these solves in float64, unit by unit, in one compiled
+loop (numba: per unit the method branches on its own free set, which numpy can only batch
+through padded tables, temporary arrays and a float32 search; compiled, a step costs a few
+passes over one unit's 252 cells, in cache). From the free set ``g H^-1 > START sqrt(diag
+H^-1)`` (``H^-1 g`` by the same Woodbury solve, every cell free), each step solves on ``F``,
+frees the cells of ``A`` with a multiplier below ``-tol lambda_max max(1, ||x||_inf)`` and fixes
+the cells of ``F`` at or below zero (in the first steps, below a fraction :data:`DROP` of their
+standard deviation: most would go negative a step later). Between steps only the groups whose
+pattern changed update ``S``, ``z`` and ``V^T z``. When ``F`` settles, the solution is refined
+once (float64 residual ``H x - g`` with the dense ``H`` over the free cells; the correction by
+the same solve) and the KKT conditions checked on the refined gradient: where they hold the
+result is the exact KKT point, as the dense method's (on PL94 the gradient agrees with the
+dense ``H x - g`` to 1e-15 of ``max |g|``), else the steps go on from the corrected free set.
+Units that do not settle in ``max_steps`` come back unconverged (the caller's dense method
+takes them).
 
-Measured (benchmarks/bench_projection.py, PL94, one BLAS thread, CPU time, loaded machine):
-5.1 float32 steps a unit on average at about 4.5 us each, 7 us for the refinement and check,
-1.3% of units on float64 steps; 33 us a unit in all, against 62 us in the same run for the
-previous version (one batch, dense gradients, LAPACK's batched solves, float64 steps after
-the search).
+Measured (PL94, 4096 units, CPU time, loaded machine): 5.1 steps a unit on average; 15 us a
+unit for :func:`solve_orthant` against 31-36 us in the same runs for the previous numpy version
+(float32 search on batches of 512 units, mixed-precision refinement); the whole projection
+(benchmarks/bench_projection.py) 22 us against 37. The kernels compile once per structure shape
+(4.7 s) into numba's on-disk cache (0.2 s to load in a new process).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numba
 import numpy as np
 
-__all__ = ["BlockLowRank", "MAX_GROUP_CELLS", "MAX_RANK", "SEARCH_TOL", "STRUCTURE_CELLS", "block_low_rank",
-           "solve_free", "solve_orthant"]
+__all__ = ["BlockLowRank", "MAX_GROUP_CELLS", "MAX_RANK", "STRUCTURE_CELLS", "block_low_rank", "solve_free",
+           "solve_orthant"]
 
 #: Groups of at most this many cells (2^6 = 64 free patterns per block type).
 MAX_GROUP_CELLS = 6
@@ -64,21 +69,13 @@ STRUCTURE_CELLS = 1024
 RANK_CUTOFF = 1e-9
 RESIDUAL_CUTOFF = 1e-10
 BLOCK_CUTOFF = 1e-6
-#: Multiplier threshold of the float32 search (relative, as ``tol`` of the float64 steps).
-SEARCH_TOL = 1e-7
-#: Float32 search steps at most (units still changing their free set, often by float32
-#: rounding at a degenerate cell, go on by float64 steps).
-SEARCH_STEPS = 12
-#: Rows solved together: the arrays of one active-set step (about 5 KiB a row) stay in cache
-#: (measured on PL94: 32 us a row in batches of 512, 48 us in one batch of 4096).
-BATCH = 512
 #: The first free set: cells whose unconstrained estimate ``g H^-1`` exceeds this many of its
 #: standard deviations ``sqrt(diag H^-1)`` (measured on PL94 with DROP: 5.1 steps a unit at
 #: 0.5, 5.2 at 0.75).
 START = 0.5
-#: In the first search steps, free cells below these fractions of their standard deviation
+#: In the first steps, free cells below these fractions of their standard deviation
 #: ``sqrt(diag H^-1)`` leave the free set (most go negative a step later; measured on PL94:
-#: 5.1 steps a unit instead of 5.8); later steps, and the float64 check, use 0.
+#: 5.1 steps a unit instead of 5.7); later steps, and the KKT check, use 0.
 DROP = (0.3, 0.1)
 #: Random three-way splits of the groups tried for the completion.
 SPLITS = 8
@@ -89,26 +86,26 @@ class BlockLowRank:
     """``H = D + V V^T`` in a permuted cell order (:func:`block_low_rank`).
 
     ``perm`` (cells,): position ``j * groups + r`` holds cell ``perm[j * groups + r]``, the
-    ``j``-th cell of group ``r``; ``group_cells``, ``groups``; ``factor`` V (cells x k, permuted
-    order); ``types`` (groups,) the block type of each group (groups with equal blocks of ``D``
-    and rows of ``V`` share one); ``blocks`` (group_cells^2, groups): entry ``(i * group_cells
-    + j, r)`` of group ``r``'s block of ``D``; ``inverses`` (group_cells^2, types * 2^group_cells): entry
-    ``(i * group_cells + j, t * 2^group_cells + p)`` of the inverse of type ``t``'s block
+    ``j``-th cell of group ``r``; ``group_cells`` (s), ``groups``; ``factor`` V (cells x k,
+    permuted order) and ``factor_t`` its transpose (contiguous); ``types`` (groups,) the block
+    type of each group (groups with equal blocks of ``D`` and rows of ``V`` share one);
+    ``blocks`` (groups, s^2): entry ``(r, i * s + j)`` of group ``r``'s block of ``D``;
+    ``inverses`` (types * 2^s, s^2): row ``t * 2^s + p`` the inverse of type ``t``'s block
     restricted to pattern ``p`` (bit ``i`` of ``p``: cell ``i`` free), zero outside it;
-    ``capacitance`` (types * 2^group_cells, k * k): ``V_p^T D_p^-1 V_p`` of each type and
-    pattern; ``hessian`` the dense ``H`` in the permuted order; ``inverse`` ``H^-1`` (permuted),
-    ``spread`` ``sqrt(diag H^-1)``; ``lipschitz`` ``lambda_max(H)``."""
+    ``capacitance`` (types * 2^s, k^2): ``V_p^T D_p^-1 V_p`` of each type and pattern;
+    ``hessian`` the dense ``H`` in the permuted order; ``spread`` ``sqrt(diag H^-1)``;
+    ``lipschitz`` ``lambda_max(H)``."""
 
     perm: np.ndarray
     group_cells: int
     groups: int
     factor: np.ndarray
+    factor_t: np.ndarray
     types: np.ndarray
     blocks: np.ndarray
     inverses: np.ndarray
     capacitance: np.ndarray
     hessian: np.ndarray
-    inverse: np.ndarray
     spread: np.ndarray
     lipschitz: float
 
@@ -124,7 +121,7 @@ class BlockLowRank:
 
     @property
     def offsets(self) -> np.ndarray:
-        """(groups,) the first column of each group's type in ``inverses``."""
+        """(groups,) the first row of each group's type in ``inverses`` and ``capacitance``."""
         return self.types * self.patterns
 
 
@@ -218,226 +215,349 @@ def block_low_rank(hessian: np.ndarray, sizes: tuple[int, ...]) -> BlockLowRank 
         types = _types(np.concatenate([blocks.reshape(groups, -1), rows.reshape(groups, -1)], axis=1))
         first = np.array([np.flatnonzero(types == t)[0] for t in range(types.max() + 1)])
         inverse, capacitance = _pattern_tables(blocks[first], rows[first])
-        permuted = hessian[np.ix_(perm, perm)]
-        full_inverse = np.linalg.inv(permuted)
+        permuted = np.ascontiguousarray(hessian[np.ix_(perm, perm)])
+        spread = np.sqrt(np.maximum(np.diag(np.linalg.inv(permuted)), 0.0))
         return BlockLowRank(
             perm=perm, group_cells=group_cells, groups=groups, factor=np.ascontiguousarray(factor[perm]),
-            types=types, blocks=np.ascontiguousarray(blocks.reshape(groups, -1).T), inverses=np.ascontiguousarray(inverse.transpose(2, 3, 0, 1).reshape(group_cells ** 2, -1)),
-            capacitance=capacitance.reshape(first.size * (1 << group_cells), -1), hessian=permuted,
-            inverse=full_inverse, spread=np.sqrt(np.maximum(np.diag(full_inverse), 0.0)),
-            lipschitz=float(values[-1]))
+            factor_t=np.ascontiguousarray(factor[perm].T), types=types,
+            blocks=np.ascontiguousarray(blocks.reshape(groups, -1)),
+            inverses=np.ascontiguousarray(inverse.reshape(first.size * (1 << group_cells), -1)),
+            capacitance=np.ascontiguousarray(capacitance.reshape(first.size * (1 << group_cells), -1)),
+            hessian=permuted, spread=spread, lipschitz=float(values[-1]))
     return None
 
 
-def _apply_planes(planes: np.ndarray, v: np.ndarray, size: int) -> np.ndarray:
-    """Per unit and group, the tabulated s x s inverse times the group's values: ``planes``
-    (s^2, units, groups), ``v`` (units, s, groups) -> (units, s, groups)."""
-    out = np.empty(v.shape, dtype=np.result_type(planes, v))  # C order: reshapes stay views
-    return np.einsum("ijug,ujg->uig", planes.reshape(size, size, *planes.shape[1:]), v, out=out)
+def _jit(function):
+    """``numba.njit`` without the GIL, fastmath off (the float64 steps are the exact method's),
+    cached on disk where numba finds a writable cache directory (beside the package, else
+    the user's cache), else compiled once per process."""
+    try:
+        return numba.njit(nogil=True, cache=True)(function)
+    except RuntimeError:  # pragma: no cover - no writable cache directory
+        return numba.njit(nogil=True)(function)
 
 
-def _factor(structure: BlockLowRank, free: np.ndarray, dtype) -> tuple[np.ndarray, np.ndarray]:
-    """The parts of the Woodbury solve (module docstring) that depend on the free sets only:
-    the tabulated ``D_FF^-1`` of every group (planes, s^2 x units x groups) and the Cholesky
-    factor of ``S`` (units x k x k, :func:`_cholesky`); ``free`` (units x cells, permuted order)."""
-    units, size, groups = free.shape[0], structure.group_cells, structure.groups
-    cube = free.reshape(units, size, groups).view(np.uint8)
-    bits = cube[:, 0].copy()
-    for j in range(1, size):  # the pattern of each group, bit j: cell j free (one byte a group)
-        bits |= cube[:, j] << j
-    pattern = bits + structure.offsets
-    planes = np.take(structure.inverses.astype(dtype, copy=False), pattern, axis=1)
-    kinds = structure.capacitance.shape[0]
-    counts = np.bincount((pattern + np.arange(units)[:, None] * kinds).ravel(), minlength=units * kinds)
-    k = structure.rank
-    system = (counts.reshape(units, kinds).astype(dtype) @ structure.capacitance.astype(dtype, copy=False))
-    system = system.reshape(units, k, k)
-    system[:, np.arange(k), np.arange(k)] += 1.0
-    return planes, _cholesky(system)
-
-
-def _cholesky(system: np.ndarray) -> np.ndarray:
-    """Lower Cholesky factors of SPD ``system`` (units x k x k), every unit at once (a loop
-    over the k columns: LAPACK's batched calls cost more than the arithmetic at k = 6), the
-    diagonal stored inverted for :func:`_cholesky_solve`."""
-    k = system.shape[1]
-    lower = np.zeros_like(system)
+@_jit
+def _cholesky(a, lower, kz):
+    """Lower Cholesky factor of the SPD ``a`` (its lower triangle), the diagonal stored inverted."""
+    k = len(kz)
     for j in range(k):
-        pivot = system[:, j, j] - np.einsum("nk,nk->n", lower[:, j, :j], lower[:, j, :j])
-        lower[:, j, j] = 1.0 / np.sqrt(pivot)  # S = I + PSD: pivots >= 1
-        lower[:, j + 1:, j] = ((system[:, j + 1:, j] - np.einsum("nik,nk->ni", lower[:, j + 1:, :j], lower[:, j, :j]))
-                               * lower[:, j, j][:, None])
-    return lower
+        p = a[j, j]
+        for m in range(j):
+            p -= lower[j, m] * lower[j, m]
+        lower[j, j] = 1.0 / np.sqrt(p)  # S = I + PSD: pivots >= 1
+        for i in range(j + 1, k):
+            v = a[i, j]
+            for m in range(j):
+                v -= lower[i, m] * lower[j, m]
+            lower[i, j] = v * lower[j, j]
 
 
-def _cholesky_solve(lower: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """``S^-1 b`` for every row from :func:`_cholesky`'s factors (forward, then back substitution)."""
-    k = b.shape[1]
-    y = np.empty_like(b)
+@_jit
+def _cholesky_solve(lower, t, kz):
+    """``t <- S^-1 t`` from :func:`_cholesky`'s factor (forward, then back substitution)."""
+    k = len(kz)
     for i in range(k):
-        y[:, i] = (b[:, i] - np.einsum("nk,nk->n", lower[:, i, :i], y[:, :i])) * lower[:, i, i]
-    x = np.empty_like(b)
+        v = t[i]
+        for m in range(i):
+            v -= lower[i, m] * t[m]
+        t[i] = v * lower[i, i]
     for i in range(k - 1, -1, -1):
-        x[:, i] = (y[:, i] - np.einsum("nk,nk->n", lower[:, i + 1:, i], x[:, i + 1:])) * lower[:, i, i]
-    return x
+        v = t[i]
+        for m in range(i + 1, k):
+            v -= lower[m, i] * t[m]
+        t[i] = v * lower[i, i]
 
 
-def _solve_factored(structure: BlockLowRank, planes: np.ndarray, lower: np.ndarray, g: np.ndarray
-                    ) -> tuple[np.ndarray, np.ndarray]:
-    """``x_F = D_FF^-1 (g_F - V_F w)``, 0 off ``F``, with ``w = S^-1 V_F^T D_FF^-1 g_F``, from
-    :func:`_factor`; returns ``(x, V w)``. ``V^T x = w`` (``V_F^T x_F = V_F^T z - (S - I) w``),
-    so ``H x = D x + V w``: the gradient costs one pass over the blocks (:func:`_gradient`)."""
-    units, size, groups = g.shape[0], structure.group_cells, structure.groups
-    dtype = planes.dtype
-    z = _apply_planes(planes, g.astype(dtype, copy=False).reshape(units, size, groups), size).reshape(units, -1)
-    factor = structure.factor.astype(dtype, copy=False)
-    coupling = _cholesky_solve(lower, z @ factor) @ factor.T
-    correction = _apply_planes(planes, coupling.reshape(units, size, groups), size)
-    return z - correction.reshape(units, -1), coupling
+@_jit
+def _couple(vt, t, c, kz):
+    """``c = V t`` on every cell."""
+    c[:] = 0.0
+    for b in range(len(kz)):
+        tb = t[b]
+        for cell in range(c.size):
+            c[cell] += tb * vt[b, cell]
 
 
-def _gradient(structure: BlockLowRank, x: np.ndarray, coupling: np.ndarray, g: np.ndarray) -> np.ndarray:
-    """``H x - g = D x + V (V^T x) - g`` with ``V (V^T x)`` given (``coupling``), in x's dtype."""
-    units, size, groups = x.shape[0], structure.group_cells, structure.groups
-    blocks = structure.blocks.astype(x.dtype, copy=False).reshape(size, size, groups)
-    out = np.empty_like(x)
-    np.einsum("ijg,ujg->uig", blocks, x.reshape(units, size, groups), out=out.reshape(units, size, groups))
-    out += coupling
-    out -= g
-    return out
+@_jit
+def _project(vt, z, t, lanes, kz):
+    """``t = V^T z`` in 8 interleaved partial sums (independent chains: vectorised without
+    reassociating the sum)."""
+    cells = z.size
+    body = cells - cells % 8
+    for b in range(len(kz)):
+        lanes[:] = 0.0
+        for cell in range(0, body, 8):
+            for lane in range(8):
+                lanes[lane] += vt[b, cell + lane] * z[cell + lane]
+        v = 0.0
+        for cell in range(body, cells):
+            v += vt[b, cell] * z[cell]
+        for lane in range(8):
+            v += lanes[lane]
+        t[b] = v
+
+
+@_jit
+def _apply(table, q, rhs, r, groups, out, sz):
+    """``out_r = table[q] rhs_r`` on group ``r``'s cells (one tabulated s x s matrix)."""
+    s = len(sz)
+    for i in range(s):
+        v = 0.0
+        for j in range(s):
+            v += table[q, i * s + j] * rhs[j * groups + r]
+        out[i * groups + r] = v
+
+
+@_jit
+def _capacitance(pattern, offsets, capacitance, acc, kz):
+    """``acc = I + sum_r (V_p^T D_p^-1 V_p)`` over the groups with free cells (lower triangle)."""
+    k = len(kz)
+    acc[:, :] = 0.0
+    for a in range(k):
+        acc[a, a] = 1.0
+    for r in range(pattern.size):
+        if pattern[r]:
+            q = offsets[r] + pattern[r]
+            for a in range(k):
+                for b in range(a + 1):
+                    acc[a, b] += capacitance[q, a * k + b]
+
+
+@_jit
+def _next(pattern, new, x, gradient, spread, floor, threshold, groups, scratch, sz):
+    """The next free set's patterns (cells of ``F`` with ``x`` above ``floor`` of their spread
+    stay, cells of ``A`` with a multiplier below ``-threshold`` join), branch-free over the
+    cells; whether any group changed."""
+    s = len(sz)
+    for i in range(s):
+        for r in range(groups):
+            cell = i * groups + r
+            fixed = 1 - ((pattern[r] >> i) & 1)
+            scratch[cell] = np.int64(x[cell] > floor * spread[cell]) | (fixed & np.int64(gradient[cell] < -threshold))
+    for r in range(groups):
+        new[r] = scratch[r]
+    for i in range(1, s):
+        for r in range(groups):
+            new[r] |= scratch[i * groups + r] << i
+    changed = 0
+    for r in range(groups):
+        changed |= np.int64(new[r] != pattern[r])
+    return changed != 0
+
+
+@_jit
+def _swap(r, old, new, offsets, inverses, capacitance, factor, gu, z, acc, tacc, groups, sz, kz):
+    """Group ``r`` goes from pattern ``old`` to ``new``: ``S`` and ``t = V^T z`` updated by its
+    terms, ``z_r = D_p^-1 g_r`` recomputed."""
+    s, k = len(sz), len(kz)
+    q0, q1 = offsets[r] + old, offsets[r] + new
+    for a in range(k):
+        for b in range(a + 1):
+            acc[a, b] += capacitance[q1, a * k + b] - capacitance[q0, a * k + b]
+    for i in range(s):
+        cell = i * groups + r
+        for b in range(k):
+            tacc[b] -= z[cell] * factor[cell, b]
+    _apply(inverses, q1, gu, r, groups, z, sz)
+    for i in range(s):
+        cell = i * groups + r
+        for b in range(k):
+            tacc[b] += z[cell] * factor[cell, b]
+
+
+@_jit
+def _orthant(g, inverses, capacitance, blocks, offsets, factor, vt, hessian, spread, tol_scale, max_steps,
+             start, drop, x_out, gradient_out, converged, sz, kz):
+    """The active-set method of the module docstring on every row of ``g`` (permuted order);
+    ``sz``, ``kz``: tuples of length s and k (compile-time sizes: the small loops unroll).
+    Writes ``x``, the gradient and whether each row converged; returns the most steps."""
+    n, cells = g.shape
+    s, k = len(sz), len(kz)
+    groups = cells // s
+    full = (1 << s) - 1
+    pattern = np.empty(groups, np.int64)
+    new = np.empty(groups, np.int64)
+    scratch = np.empty(cells, np.int64)
+    acc, lower, lower_full = np.empty((k, k)), np.empty((k, k)), np.empty((k, k))
+    z, x, c, gradient = np.empty(cells), np.empty(cells), np.empty(cells), np.empty(cells)
+    residual, z2 = np.empty(cells), np.empty(cells)
+    t, tacc, lanes = np.empty(k), np.empty(k), np.empty(8)
+    new[:] = full
+    _capacitance(new, offsets, capacitance, acc, kz)
+    _cholesky(acc, lower_full, kz)
+    most = 0
+    for u in range(n):
+        gu = g[u]
+        # the first free set: H^-1 g (every cell free) above START of its spread
+        for r in range(groups):
+            _apply(inverses, offsets[r] + full, gu, r, groups, z, sz)
+        _project(vt, z, t, lanes, kz)
+        _cholesky_solve(lower_full, t, kz)
+        _couple(vt, t, c, kz)
+        for r in range(groups):
+            q = offsets[r] + full
+            bits = 0
+            for i in range(s):
+                cell = i * groups + r
+                v = z[cell]
+                for j in range(s):
+                    v -= inverses[q, i * s + j] * c[j * groups + r]
+                bits |= np.int64(v > start * spread[cell]) << i
+            pattern[r] = bits
+        for r in range(groups):
+            _apply(inverses, offsets[r] + pattern[r], gu, r, groups, z, sz)
+        _project(vt, z, tacc, lanes, kz)
+        _capacitance(pattern, offsets, capacitance, acc, kz)
+        steps = 0
+        done = False
+        while steps < max_steps:
+            steps += 1
+            _cholesky(acc, lower, kz)
+            t[:] = tacc
+            _cholesky_solve(lower, t, kz)
+            _couple(vt, t, c, kz)
+            big = 1.0
+            for r in range(groups):  # x_F = D_FF^-1 (g_F - c_F), gradient D x + c - g
+                if pattern[r]:
+                    q = offsets[r] + pattern[r]
+                    for i in range(s):
+                        cell = i * groups + r
+                        v = z[cell]
+                        for j in range(s):
+                            v -= inverses[q, i * s + j] * c[j * groups + r]
+                        x[cell] = v
+                        big = max(big, abs(v))
+                    for i in range(s):
+                        cell = i * groups + r
+                        v = c[cell] - gu[cell]
+                        for j in range(s):
+                            v += blocks[r, i * s + j] * x[j * groups + r]
+                        gradient[cell] = v
+                else:
+                    for i in range(s):
+                        cell = i * groups + r
+                        x[cell] = 0.0
+                        gradient[cell] = c[cell] - gu[cell]
+            floor = drop[steps - 1] if steps <= drop.size else 0.0
+            if _next(pattern, new, x, gradient, spread, floor, tol_scale * big, groups, scratch, sz):
+                for r in range(groups):
+                    if new[r] != pattern[r]:
+                        _swap(r, pattern[r], new[r], offsets, inverses, capacitance, factor, gu, z, acc, tacc,
+                              groups, sz, kz)
+                        pattern[r] = new[r]
+                continue
+            # settled: one refinement step (float64 residual with the dense H), then the KKT check
+            residual[:] = -gu
+            for i in range(cells):
+                xi = x[i]
+                if xi != 0.0:  # rows of the free cells (H symmetric: rows are columns)
+                    for cell in range(cells):
+                        residual[cell] += xi * hessian[i, cell]
+            for r in range(groups):
+                _apply(inverses, offsets[r] + pattern[r], residual, r, groups, z2, sz)
+            _project(vt, z2, t, lanes, kz)
+            _cholesky_solve(lower, t, kz)
+            _couple(vt, t, c, kz)
+            big = 1.0
+            for r in range(groups):  # x -= d, gradient = residual - H d = residual - D d - c
+                if pattern[r]:
+                    q = offsets[r] + pattern[r]
+                    for i in range(s):
+                        cell = i * groups + r
+                        v = z2[cell]
+                        for j in range(s):
+                            v -= inverses[q, i * s + j] * c[j * groups + r]
+                        z2[cell] = v
+                    for i in range(s):
+                        cell = i * groups + r
+                        v = residual[cell] - c[cell]
+                        for j in range(s):
+                            v -= blocks[r, i * s + j] * z2[j * groups + r]
+                        gradient[cell] = v
+                        x[cell] -= z2[cell]
+                        big = max(big, abs(x[cell]))
+                else:
+                    for i in range(s):
+                        cell = i * groups + r
+                        gradient[cell] = residual[cell] - c[cell]
+            if not _next(pattern, new, x, gradient, spread, 0.0, tol_scale * big, groups, scratch, sz):
+                done = True
+                break
+            for r in range(groups):  # on from the corrected free set
+                pattern[r] = new[r]
+                _apply(inverses, offsets[r] + pattern[r], gu, r, groups, z, sz)
+            _project(vt, z, tacc, lanes, kz)
+            _capacitance(pattern, offsets, capacitance, acc, kz)
+        converged[u] = done
+        most = max(most, steps)
+        for cell in range(cells):
+            x_out[u, cell] = x[cell] if done else 0.0
+            gradient_out[u, cell] = gradient[cell] if done else 0.0
+    return most
+
+
+def _sizes(structure: BlockLowRank) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Tuples of length s and k: numba compiles the kernels for these lengths (the loops over a
+    group's cells and the coupling's rank unroll), once per shape of structure."""
+    return (0,) * structure.group_cells, (0,) * structure.rank
+
+
+@_jit
+def _free_solve(g, free, inverses, capacitance, offsets, vt, x_out, sz, kz):
+    """:func:`solve_free` on every row (permuted order)."""
+    n, cells = g.shape
+    s, k = len(sz), len(kz)
+    groups = cells // s
+    pattern = np.empty(groups, np.int64)
+    acc, lower = np.empty((k, k)), np.empty((k, k))
+    z, c, t, lanes = np.empty(cells), np.empty(cells), np.empty(k), np.empty(8)
+    for u in range(n):
+        for r in range(groups):
+            bits = 0
+            for i in range(s):
+                bits |= np.int64(free[u, i * groups + r]) << i
+            pattern[r] = bits
+            _apply(inverses, offsets[r] + bits, g[u], r, groups, z, sz)
+        _capacitance(pattern, offsets, capacitance, acc, kz)
+        _cholesky(acc, lower, kz)
+        _project(vt, z, t, lanes, kz)
+        _cholesky_solve(lower, t, kz)
+        _couple(vt, t, c, kz)
+        for r in range(groups):
+            q = offsets[r] + pattern[r]
+            for i in range(s):
+                v = z[i * groups + r]
+                for j in range(s):
+                    v -= inverses[q, i * s + j] * c[j * groups + r]
+                x_out[u, i * groups + r] = v
 
 
 def solve_free(structure: BlockLowRank, g: np.ndarray, free: np.ndarray, dtype=np.float64) -> np.ndarray:
     """``x`` with ``H_FF x_F = g_F``, ``x_A = 0`` for every row (module docstring, Woodbury);
-    ``g``, ``free`` (units x cells) in the permuted order of ``structure``; in ``dtype``."""
-    planes, lower = _factor(structure, free, dtype)
-    return _solve_factored(structure, planes, lower, g)[0]
-
-
-def _changed(x: np.ndarray, gradient: np.ndarray, free: np.ndarray, threshold: np.ndarray, floor=0.0
-             ) -> tuple[np.ndarray, np.ndarray]:
-    """The next free set of the active-set method, ``{x > floor}`` and the cells of ``A`` whose
-    multiplier is below ``-threshold``, and whether it equals ``free`` (per row)."""
-    new_free = (x > floor) | (~free & (gradient < -threshold[:, None]))
-    return new_free, (new_free == free).all(axis=1)
-
-
-def _search(structure: BlockLowRank, g: np.ndarray, free: np.ndarray, max_steps: int
-            ) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
-    """Float32 active-set steps from ``free`` (multipliers judged at :data:`SEARCH_TOL`).
-    Returns ``(free, settled, x, steps)``: the last free set of every row, whether it settled,
-    and where it did, the float32 solution on it (zeros elsewhere)."""
-    n, cells = g.shape
-    final_free, settled = np.empty_like(free), np.zeros(n, dtype=bool)
-    x_out = np.zeros((n, cells), dtype=np.float32)
-    active, ga = np.arange(n), g.astype(np.float32, copy=False)
-    spread = structure.spread.astype(np.float32)
-    steps = 0
-    while active.size and steps < max_steps:
-        steps += 1
-        planes, lower = _factor(structure, free, np.float32)
-        x, coupling = _solve_factored(structure, planes, lower, ga)
-        # the largest entry is positive unless x <= 0: a cheaper scale than max |x|
-        scale = np.float32(SEARCH_TOL * structure.lipschitz) * np.maximum(np.float32(1.0), x.max(axis=1))
-        floor = spread * DROP[steps - 1] if steps <= len(DROP) else 0.0
-        free, done = _changed(x, _gradient(structure, x, coupling, ga), free, scale, floor)
-        if done.any():
-            where, keep = active[done], np.flatnonzero(~done)
-            x_out[where], final_free[where], settled[where] = x[done], free[done], True
-            active, free, ga = active[keep], np.take(free, keep, axis=0), np.take(ga, keep, axis=0)
-    final_free[active] = free
-    return final_free, settled, x_out, steps
-
-
-def _refine(structure: BlockLowRank, g: np.ndarray, free: np.ndarray, x: np.ndarray, tol: float
-            ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Mixed-precision iterative refinement (Wilkinson; Higham, *Accuracy and Stability*, 12.1)
-    of the float32 solution ``x`` on ``free``: twice the float64 residual ``r = H x - g`` and
-    the correction ``H_FF^-1 r_F`` solved with float32 factors. The first residual uses the
-    form ``D x + V (V^T x)`` (exact to ~1e-11 relative, half the cost), the second the dense
-    ``H``; the gradient after the last correction ``d`` is ``r - H d`` (``d`` is ~1e-9 of
-    ``x``: ``H d`` in float32 through the form suffices). Then the KKT check of the module
-    docstring on that gradient (stationarity on ``free`` is what the refinement achieves).
-    Returns ``(x, gradient, next free set, kkt)``: rows failing the check go on from
-    the next free set."""
-    planes, lower = _factor(structure, free, np.float32)  # recomputed: cheaper than kept
-    x = x.astype(np.float64)
-    residual = _gradient(structure, x, (x @ structure.factor) @ structure.factor.T, g)
-    x -= _solve_factored(structure, planes, lower, residual.astype(np.float32))[0]
-    residual = x @ structure.hessian - g
-    correction, coupling = _solve_factored(structure, planes, lower, residual.astype(np.float32))
-    x -= correction
-    gradient = residual - _gradient(structure, correction, coupling, 0.0)  # H d = D d + V w
-    scale = tol * structure.lipschitz * np.maximum(1.0, np.abs(x).max(axis=1))
-    new_free, kkt = _changed(x, gradient, free, scale)
-    return x, gradient, new_free, kkt
-
-
-def _steps(structure: BlockLowRank, g: np.ndarray, free: np.ndarray, dtype, tol: float, max_steps: int,
-           ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int]:
-    """Active-set steps (:func:`distfit.estimate.projection` docstring) on the rows of ``g``
-    from ``free`` in ``dtype`` (float64: the solution of the settled free set refined once,
-    the correction in float32). Returns ``(x, gradient, free, converged, steps)``."""
-    hessian = structure.hessian.astype(dtype, copy=False)
-    out, gradient = np.zeros(g.shape), np.zeros(g.shape)
-    converged = np.zeros(g.shape[0], dtype=bool)
-    final_free = free.copy()
-    active = np.arange(g.shape[0])
-    ga = g.astype(dtype)
-    steps = 0
-    while active.size and steps < max_steps:
-        steps += 1
-        x = solve_free(structure, ga, free, dtype)
-        grad = x @ hessian - ga
-        scale = tol * structure.lipschitz * np.maximum(1.0, np.abs(x).max(axis=1))
-        new_free, settled = _changed(x, grad, free, scale)
-        if dtype == np.float64 and settled.any():
-            # one step of mixed-precision refinement: removes the rounding of the form
-            # D + V V^T (H's own, ~1e-12 relative) from x_F
-            x[settled] -= solve_free(structure, grad[settled], free[settled], np.float32)
-        where = active[settled]
-        out[where], gradient[where], converged[where] = x[settled], grad[settled], True
-        final_free[active] = new_free
-        keep = ~settled
-        active, free, ga = active[keep], new_free[keep], ga[keep]
-    return out, gradient, final_free, converged, steps
+    ``g``, ``free`` (units x cells) in the permuted order of ``structure``; solved in float64,
+    returned in ``dtype``."""
+    g = np.ascontiguousarray(g, dtype=np.float64)
+    x = np.empty_like(g)
+    _free_solve(g, np.ascontiguousarray(free, dtype=bool), structure.inverses, structure.capacitance,
+                structure.offsets, structure.factor_t, x, *_sizes(structure))
+    return x.astype(dtype, copy=False)
 
 
 def solve_orthant(structure: BlockLowRank, g: np.ndarray, *, tol: float, max_steps: int, permuted: bool = False
                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
     """``argmin_{x >= 0} 0.5 x^T H x - g^T x`` for every row of ``g`` (units x cells, the
-    original cell order, or the structure's where ``permuted``): float32 search from the free
-    set ``g H^-1 > START sqrt(diag H^-1)``, refined in float64 and checked against the dense
-    ``H``; the rows the search did not settle, and any that fail the check, go on by float64
-    steps (module docstring). Rows go :data:`BATCH` at a time. Returns ``(x, gradient H x - g,
-    converged, steps)`` in the order of ``g``; rows not converged come back as zeros."""
-    gp = g if permuted else np.take(g, structure.perm, axis=1)
+    original cell order, or the structure's where ``permuted``) by the compiled active-set
+    method of the module docstring. Returns ``(x, gradient H x - g, converged, steps)`` in the
+    order of ``g`` (``steps``: the most any row took); rows not converged come back as zeros."""
+    gp = np.ascontiguousarray(g if permuted else np.take(g, structure.perm, axis=1), dtype=np.float64)
     x, gradient = np.empty(gp.shape), np.empty(gp.shape)
     converged = np.empty(gp.shape[0], dtype=bool)
-    steps = 0
-    for lo in range(0, gp.shape[0], BATCH):  # cache blocking: a batch's arrays stay in cache
-        rows = slice(lo, lo + BATCH)
-        x[rows], gradient[rows], converged[rows], batch_steps = _solve_batch(structure, gp[rows], tol, max_steps)
-        steps = max(steps, batch_steps)
+    steps = _orthant(gp, structure.inverses, structure.capacitance, structure.blocks, structure.offsets,
+                     structure.factor, structure.factor_t, structure.hessian, structure.spread,
+                     tol * structure.lipschitz, max_steps, START, np.array(DROP, dtype=np.float64),
+                     x, gradient, converged, *_sizes(structure))
     if not permuted:
         order = np.argsort(structure.perm)
         x, gradient = np.take(x, order, axis=1), np.take(gradient, order, axis=1)
-    return x, gradient, converged, steps
-
-
-def _solve_batch(structure: BlockLowRank, g: np.ndarray, tol: float, max_steps: int
-                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
-    """:func:`solve_orthant` on one batch of rows, in the structure's order."""
-    g32 = g.astype(np.float32)
-    start = g32 @ structure.inverse.astype(np.float32) > START * structure.spread
-    free, settled, x32, searched = _search(structure, g32, start, min(max_steps, SEARCH_STEPS))
-    # every row at once (the few the search did not settle, from zero: discarded below)
-    x, gradient, refined, kkt = _refine(structure, g, free, x32, tol)
-    converged = settled & kkt
-    refined[~settled] = free[~settled]
-    rest = np.flatnonzero(~converged)
-    steps = 0
-    if rest.size:
-        x[rest], gradient[rest], _free, converged[rest], steps = _steps(
-            structure, g[rest], refined[rest], np.float64, tol, max_steps)
-    return x, gradient, converged, searched + steps
+    return x, gradient, converged, int(steps)

@@ -121,9 +121,9 @@ def local_polytope(model, y, total, regions):
 
 def test_region_graph_solves_the_saturated_local_polytope(tmp_path_factory):
     """4 attributes of 3 values, all 3-way marginals: APPGM's pseudo-marginals equal Clarabel's
-    on the saturated region graph (triples, pairs, singletons) to 3e-3 of the total (measured
-    1.1e-3: one damped sweep per step leaves a small bias that the final sweeps do not undo), and agree
-    with each other on shared attributes to 1e-6 of the total."""
+    on the saturated region graph (triples, pairs, singletons) to 2e-3 of the total (measured
+    5.9e-4: the messages lag the potentials by a few sweeps, a small bias that the final sweeps
+    do not undo), and agree with each other on shared attributes to 1e-6 of the total."""
     model = plan_model(tmp_path_factory, "four", [(f"b{i}", 3) for i in range(4)], (3,))
     _, y = one_unit(model, 200, seed=2)
     problem = graphical.graphical_problem(model, method="region-graph")
@@ -132,11 +132,11 @@ def test_region_graph_solves_the_saturated_local_polytope(tmp_path_factory):
     names = model.attributes
     regions = [c for k in (1, 2, 3) for c in itertools.combinations(names, k)]
     ref, optimum = local_polytope(model, y, est.total, regions)
-    # measured: 3.9% above the optimum after the final sweeps (the lag bias, module docstring)
-    assert optimum - 1e-6 * optimum <= est.objective <= 1.05 * optimum
+    # measured: 0.6% above the optimum after the final sweeps (the lag bias, module docstring)
+    assert optimum - 1e-6 * optimum <= est.objective <= 1.02 * optimum
     for clique, table in est.marginals.items():
         assert table.min() >= 0
-        np.testing.assert_allclose(table, ref[clique], atol=3e-3 * est.total)
+        np.testing.assert_allclose(table, ref[clique], atol=2e-3 * est.total)
     assert shared_disagreement(est.marginals) <= 1e-6 * est.total
     assert est.inconsistency <= 1e-6
 
@@ -185,3 +185,52 @@ def test_units_of_a_chunk_are_estimated_together(tmp_path_factory):
         alone = graphical.estimate_graphical(problem, y)
         np.testing.assert_allclose(chunk.estimates[u], alone.estimates, atol=1e-3 * alone.total)
         np.testing.assert_allclose(chunk.marginals[u, :27], alone.marginals[problem.cliques[0]].reshape(-1), atol=1e-3 * alone.total)
+
+
+@pytest.mark.parametrize("method", ["graphical-region-graph", "graphical"])
+def test_distfit_estimate_through_a_graphical_model(tmp_path, capsys, method):
+    """`distfit estimate --method ...` end to end on a 4-attribute plan of all 3-way marginals
+    (the graphical path forced below the cells threshold): a sealed store whose method names the
+    inference, nonnegative clique marginals that agree on shared attributes, query estimates
+    equal to the marginals' sums (the estimate_units of the recovered answers), no cells array;
+    --integer is refused with one line and nothing written."""
+    spec = {"name": "wide", "attributes": [{"name": f"b{i}", "size": 3} for i in range(4)],
+            "queries": [{"name": "m3", "marginals": {"order": 3}, "target": 1.0}]}
+    (tmp_path / "spec.yaml").write_text(yaml.safe_dump(spec))
+    loaded = load_spec(tmp_path / "spec.yaml")
+    run_plan(loaded, str(tmp_path / "plan.zarr"), serial=True, log=io.StringIO())
+    write_synthetic(loaded, 5, tmp_path / "data.zarr", seed=3, chunk_units=2, fsync=False)
+    run_release(tmp_path / "plan.zarr", tmp_path / "data.zarr", tmp_path / "release.zarr", seed=11, serial=True,
+                fsync=False, log=io.StringIO())
+    args = [str(tmp_path / "plan.zarr"), str(tmp_path / "release.zarr")]
+    code, _, err = run(capsys, "estimate", *args, "--out", str(tmp_path / "bad.zarr"), "--method", method,
+                       "--integer", "--serial")
+    assert code == 2 and not (tmp_path / "bad.zarr").exists()
+    assert_one_line_error(err, "--integer", "graphical")
+    code, out, err = run(capsys, "estimate", *args, "--out", str(tmp_path / "est.zarr"), "--method", method, "--serial")
+    assert code == 0, err
+    expected = "graphical-region-graph" if method == "graphical-region-graph" else "graphical-exact"
+    assert expected in out
+    assert verify_estimate(tmp_path / "est.zarr")[0]
+    est = read_estimate(tmp_path / "est.zarr")
+    assert est.method == expected and est.attrs["objective"].startswith("sum_b")
+    assert "cells" not in est._group  # noqa: SLF001 - the layout: no data vector for a graphical model
+    marginals = est.marginals
+    assert len(marginals) == 4 and all(t.shape == (5, 3, 3, 3) for t in marginals.values())
+    estimates = np.asarray(est.estimates[...])
+    assert estimates.min() >= 0
+    for u in range(5):
+        unit = {c: t[u] for c, t in marginals.items()}
+        assert min(t.min() for t in unit.values()) >= 0
+        # measured 2e-6 for one sparse unit (total 33): held-potential sweeps converge slowly where
+        # cells are ~1e-40; the store records it (fit/converged 0 for that unit)
+        assert shared_disagreement(unit) <= 1e-5 * unit[next(iter(unit))].sum()
+    model = measurement_model(read_plan(str(tmp_path / "plan.zarr")))
+    release = read_release(tmp_path / "release.zarr")
+    answers = {b.block_id: np.asarray(release.block_answers(b.block_id)[...]) for b in model.blocks}
+    problem = graphical.graphical_problem(model, method=expected.removeprefix("graphical-"))
+    reference = graphical.estimate_units(problem, recover_measurements(model, answers))
+    # the chunks (2 units) restart their line searches and polish at other times than one 5-unit
+    # batch: the same convex problem, solved to its tolerance (measured 6e-3 of the total)
+    totals = np.asarray([t.sum() for t in next(iter(marginals.values()))])
+    assert (np.abs(estimates - np.maximum(reference.estimates, 0.0)).max(axis=1) <= 1e-2 * totals).all()
