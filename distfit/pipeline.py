@@ -59,6 +59,7 @@ from distfit.data.microdata import check_source, ensure_tabulated, microdata_for
 from distfit.data.people import write_synthetic_people
 from distfit.estimate.job import estimate_in_run, manifest_entry
 from distfit.estimate.levels import estimate_levels, parent_columns
+from distfit.failures import RunFailure
 from distfit.plan.planner import decompose_lazily
 from distfit.plan.job import level_profiles, run_plan, scale_plan_to_budget
 from distfit.plan.levels import budget_shares, combine_levels
@@ -92,10 +93,6 @@ __all__ = ["LevelsRunResult", "RunDirError", "RunFailure", "RunResult", "default
 
 class RunDirError(ValueError):
     """RUNDIR holds something this run may not touch (another spec's run, a foreign file)."""
-
-
-class RunFailure(RuntimeError):
-    """A stage failed on valid input (e.g. the plan fails its audit): exit code 1."""
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,10 @@
-"""The pipeline commands: ``distfit plan``, ``audit``, ``synth``, ``release``, ``estimate``,
-``tabulate``, ``report`` and ``run``.
+"""The pipeline commands: ``distfit synth``, ``release``, ``estimate``, ``tabulate``, ``report``
+and ``run``.
 
 Each handler checks the flags the library cannot check (``UsageError``, exit code 2), calls one
 library function and prints a short summary; all the work (and every other error) is the
-library's. ``distfit solve`` is ``distfit.cli.solve``.
+library's. ``distfit solve`` is ``distfit.cli.solve``; ``distfit plan`` and ``distfit audit`` are
+``distfit.cli.planning`` (they need none of these commands' heavy dependencies).
 """
 from __future__ import annotations
 
@@ -12,48 +13,16 @@ import contextlib
 import os
 import time
 
-from distfit.audit import audit_plan
 from distfit.cli.errors import PROG, UsageError
-from distfit.cli.solve import format_number
 from distfit.cluster import dask_client
 from distfit.data.microdata import tabulate_microdata
 from distfit.estimate.job import run_estimate
 from distfit.pipeline import run_levels, run_pipeline
-from distfit.plan.job import run_plan
 from distfit.release.job import run_release
 from distfit.report import write_report
 from distfit.spec.parse import load_spec
 from distfit.stores.data import read_histograms, read_marginals, write_synthetic
 from distfit.stores.plan import read_plan
-
-
-def cmd_plan(args: argparse.Namespace) -> int:
-    """``distfit plan``: spec -> plan store (``distfit.plan.job.run_plan``); print its account."""
-    plan, checksum = run_plan(
-        load_spec(args.spec), args.out, cluster=args.cluster, workers=args.workers, overwrite=args.overwrite,
-        serial=args.serial, refine_rounds=args.refine_rounds,
-    )
-    kind = plan.alpha_kind
-    print(f"{PROG}: plan {args.out}")
-    print(f"  blocks         {plan.num_blocks}  ({plan.composition})")
-    print(f"  privacy cost   alpha = {format_number(plan.alpha)}  [{kind}]   rho = {format_number(plan.rho)}")
-    print(f"  max variance/target  {float((plan.variances / plan.targets).max()):.6f}")
-    print(f"  checksum       {checksum}")
-    print(f"  seconds        {plan.seconds:.1f}")
-    return 0
-
-
-def cmd_audit(args: argparse.Namespace) -> int:
-    """``distfit audit``: recompute a plan store's account (``distfit.audit.audit_plan``); exit 1
-    on a mismatch."""
-    report = audit_plan(args.plan)
-    status = "passed" if report.ok else "FAILED"
-    print(f"{PROG}: audit {status}: {report.path}: {report.checks} checks, alpha {format_number(report.alpha)}")
-    for failure in report.failures:
-        print(f"  mismatch: {failure}")
-    for warning in report.warnings:
-        print(f"  warning: {warning}")
-    return 0 if report.ok else 1
 
 
 def cmd_synth(args: argparse.Namespace) -> int:

@@ -29,33 +29,53 @@ no partial output file is ever left behind.
 
 This module parses the arguments, dispatches to the command's handler and maps errors to exit
 codes; the handlers are ``distfit.cli.solve`` (``distfit solve``, with ``distfit.cli.workloads``
-and ``distfit.cli.outputs``) and ``distfit.cli.commands`` (the pipeline commands).
+and ``distfit.cli.outputs``), ``distfit.cli.planning`` (``distfit plan`` and ``distfit audit``)
+and ``distfit.cli.commands`` (the other pipeline commands). ``HANDLERS`` names each command's
+handler by module and function, and only the command that runs has its module imported
+(``importlib.import_module``): the commands' dependencies differ a lot (microdata reading pulls
+dask.dataframe, pandas and pyarrow; the estimate stage numba; the report matplotlib; ``distfit
+run`` all of them), and importing every handler up front would make ``distfit plan`` and ``distfit
+audit`` on a small spec spend most of their time importing what they never use. This is a
+dispatch table, not a lazy import: every module still imports its own dependencies at its top.
+The exceptions mapped to exit codes below come from light modules (``distfit.failures``,
+``distfit.solver.solve``, ``distfit.cluster``, ``distfit.cli.errors``).
 """
 from __future__ import annotations
 
 import argparse
-from typing import Sequence
+import importlib
+from typing import Callable, Sequence
 
 import numpy as np
 
 from distfit import __version__
-from distfit.cli.commands import (
-    cmd_audit,
-    cmd_estimate,
-    cmd_plan,
-    cmd_release,
-    cmd_report,
-    cmd_run,
-    cmd_synth,
-    cmd_tabulate,
-)
 from distfit.cli.errors import PROG, OutputError, UsageError, print_error
-from distfit.cli.solve import DEFAULT_MAX_GAP, cmd_solve
+from distfit.cli.solve import DEFAULT_MAX_GAP
 from distfit.cli.workloads import WORKLOAD_HELP
 from distfit.cluster import ClusterError
-from distfit.pipeline import RunFailure
+from distfit.failures import RunFailure
 from distfit.solver.solve import ConvergenceError
 from distfit.threads import blas_limit
+
+#: command -> (module, function) of its handler; the module is imported only when the command runs
+#: (module docstring)
+HANDLERS = {
+    "solve": ("distfit.cli.solve", "cmd_solve"),
+    "plan": ("distfit.cli.planning", "cmd_plan"),
+    "audit": ("distfit.cli.planning", "cmd_audit"),
+    "synth": ("distfit.cli.commands", "cmd_synth"),
+    "release": ("distfit.cli.commands", "cmd_release"),
+    "estimate": ("distfit.cli.commands", "cmd_estimate"),
+    "tabulate": ("distfit.cli.commands", "cmd_tabulate"),
+    "report": ("distfit.cli.commands", "cmd_report"),
+    "run": ("distfit.cli.commands", "cmd_run"),
+}
+
+
+def command_handler(command: str) -> Callable[[argparse.Namespace], int]:
+    """The handler of ``distfit COMMAND`` (``HANDLERS``), its module imported now."""
+    module, function = HANDLERS[command]
+    return getattr(importlib.import_module(module), function)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -74,8 +94,8 @@ def add_cluster_options(parser: argparse.ArgumentParser, serial_help: str) -> No
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The ``distfit`` argument parser: one subcommand per command, each with its handler
-    (``args.handler``)."""
+    """The ``distfit`` argument parser: one subcommand per command (``args.command``; its
+    handler is ``HANDLERS[args.command]``)."""
     parser = _Parser(
         prog=PROG,
         description="Differentially private linear-query release with per-query variance targets.",
@@ -103,7 +123,6 @@ def build_parser() -> argparse.ArgumentParser:
                               help="write sigma, basis, recon, targets, profile, variances")
     solve_parser.add_argument("--baselines", action="store_true",
                               help="also run the Gaussian, hierarchical and matrix mechanisms at the same alpha")
-    solve_parser.set_defaults(handler=cmd_solve)
 
     plan_parser = commands.add_parser(
         "plan", help="plan a pipeline spec: blocks on a Dask cluster, stitched account, Zarr plan store",
@@ -114,13 +133,11 @@ def build_parser() -> argparse.ArgumentParser:
     add_cluster_options(plan_parser, serial_help="solve the blocks in this process, without Dask")
     plan_parser.add_argument("--overwrite", action="store_true", help="replace a plan already at --out")
     plan_parser.add_argument("--refine-rounds", type=int, default=1, metavar="R", help="target-share refinement rounds (default 1)")
-    plan_parser.set_defaults(handler=cmd_plan)
 
     audit_parser = commands.add_parser(
         "audit", help="recompute a plan's profiles, alpha and variances from its stored arrays; exit 1 on mismatch",
     )
     audit_parser.add_argument("plan", metavar="PLAN.zarr")
-    audit_parser.set_defaults(handler=cmd_audit)
 
     synth_parser = commands.add_parser(
         "synth", help="write synthetic unit histograms with the spec's schema (not private data)",
@@ -134,7 +151,6 @@ def build_parser() -> argparse.ArgumentParser:
     synth_parser.add_argument("--chunk-units", type=int, metavar="C",
                               help="units per chunk (default: up to 4096, at most 16 MiB of counts)")
     synth_parser.add_argument("--overwrite", action="store_true", help="replace data already at --out")
-    synth_parser.set_defaults(handler=cmd_synth)
 
     release_parser = commands.add_parser(
         "release", help="release noisy answers for every unit: plan + data -> sealed Zarr release store",
@@ -152,7 +168,6 @@ def build_parser() -> argparse.ArgumentParser:
     release_parser.add_argument("--seed", type=int, metavar="S",
                                 help="fixed noise seed, FOR TESTS ONLY: the release is marked not private")
     add_cluster_options(release_parser, serial_help="release the chunks in this process, without Dask")
-    release_parser.set_defaults(handler=cmd_release)
 
     estimate_parser = commands.add_parser(
         "estimate", help="nonnegative, consistent estimates from a sealed release (post-processing, no privacy cost)",
@@ -174,7 +189,6 @@ def build_parser() -> argparse.ArgumentParser:
                                  help="finish an interrupted estimate at --out (estimated chunks are kept)")
     estimate_parser.add_argument("--overwrite", action="store_true", help="replace an estimate already at --out")
     add_cluster_options(estimate_parser, serial_help="estimate the chunks in this process, without Dask")
-    estimate_parser.set_defaults(handler=cmd_estimate)
 
     tabulate_parser = commands.add_parser(
         "tabulate", help="tabulate person-level microdata (CSV, Parquet) into per-unit marginal counts",
@@ -194,7 +208,6 @@ def build_parser() -> argparse.ArgumentParser:
     tabulate_parser.add_argument("--level", metavar="NAME",
                                  help="for a multi-level spec: the level to tabulate (its unit column and tables)")
     add_cluster_options(tabulate_parser, serial_help="tabulate in this process, without a cluster")
-    tabulate_parser.set_defaults(handler=cmd_tabulate)
 
     report_parser = commands.add_parser(
         "report", help="plots + HTML report of a plan (and optionally a release)",
@@ -213,7 +226,6 @@ def build_parser() -> argparse.ArgumentParser:
     report_parser.add_argument("--estimate", metavar="ESTIMATE.zarr",
                                help="an estimate of the release (distfit estimate): adds raw against estimated "
                                     "answers (with --data, the error of each against the truth)")
-    report_parser.set_defaults(handler=cmd_report)
 
     run_parser = commands.add_parser(
         "run", help="the main job: plan + audit + (synthetic) data + release into RUNDIR, with a manifest",
@@ -233,7 +245,6 @@ def build_parser() -> argparse.ArgumentParser:
     run_parser.add_argument("--no-estimate", dest="estimate", action="store_false",
                             help="skip the estimate stage (RUNDIR/estimate.zarr)")
     add_cluster_options(run_parser, serial_help="plan and release in this process, without Dask")
-    run_parser.set_defaults(handler=cmd_run)
     return parser
 
 
@@ -247,13 +258,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except SystemExit as exit_:  # --help, --version
         return exit_.code if isinstance(exit_.code, int) else 0
-    if getattr(args, "handler", None) is None:
+    if args.command is None:
         print_error("a command is required: solve, plan, audit, synth, tabulate, release, estimate, report or run "
                     "(see distfit --help)")
         return 2
     try:
+        handler = command_handler(args.command)
         with blas_limit():
-            return args.handler(args)
+            return handler(args)
     except KeyboardInterrupt:
         print_error(f"interrupted; {interrupted_hint(args)}")
         return 130

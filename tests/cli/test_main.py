@@ -2,6 +2,7 @@
 errors, ``python -m distfit.cli``."""
 from __future__ import annotations
 
+import argparse
 import errno
 import json
 import os
@@ -12,6 +13,7 @@ from pathlib import Path
 import pytest
 
 import distfit
+from distfit.cli import main as cli
 from tests.clitools import assert_one_line_error, run
 
 PREFIX16_ALPHA = 2.9053  # DESIGN.md section 1 reference value
@@ -44,6 +46,51 @@ def test_module_entry_point_subprocess(tmp_path):
                          capture_output=True, text=True, env=env, timeout=120)
     assert bad.returncode == 2
     assert_one_line_error(bad.stderr, "unknown workload")
+
+
+#: what planning and auditing never need (distfit.cli.main's docstring: the dispatch table)
+HEAVY = ("dask.dataframe", "pandas", "pyarrow", "matplotlib", "numba", "jax", "distfit.pipeline",
+         "distfit.cli.commands")
+
+
+def test_plan_and_audit_import_none_of_the_other_commands_dependencies(small_plan, tmp_path):
+    """``distfit plan --help``, a (serial) ``distfit plan`` and ``distfit audit`` run in a fresh
+    interpreter without importing dask.dataframe, pandas, pyarrow, matplotlib, numba, jax or the
+    pipeline; ``distfit run`` then imports its module."""
+    script = f"""
+import contextlib, io, json, sys
+from distfit.cli.main import main
+heavy = {HEAVY!r}
+seen = {{}}
+with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+    seen["help"] = (main(["plan", "--help"]), [m for m in heavy if m in sys.modules])
+    seen["plan"] = (main(["plan", {str(small_plan.spec_path)!r}, "--out", {str(tmp_path / "p.zarr")!r}, "--serial"]),
+                    [m for m in heavy if m in sys.modules])
+    seen["audit"] = (main(["audit", {str(tmp_path / "p.zarr")!r}]), [m for m in heavy if m in sys.modules])
+    seen["run"] = (main(["run", "--out", {str(tmp_path / "p.zarr")!r}, "--units", "0"]),
+                   [m for m in heavy if m in sys.modules])
+print(json.dumps(seen))
+"""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[2]) + os.pathsep + env.get("PYTHONPATH", "")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr
+    seen = json.loads(done.stdout)
+    assert seen["help"] == [0, []]
+    assert seen["plan"] == [0, []]
+    assert seen["audit"] == [0, []]
+    code, imported = seen["run"]
+    assert code == 2 and "distfit.pipeline" in imported  # --units 0 is refused after the import
+
+
+def test_every_command_has_its_handler():
+    """Each subcommand of the parser names a handler in ``HANDLERS`` that resolves to a function."""
+    parser = cli.build_parser()
+    commands = next(action for action in parser._actions if isinstance(action, argparse._SubParsersAction))
+    assert set(commands.choices) == set(cli.HANDLERS)
+    for command in cli.HANDLERS:
+        handler = cli.command_handler(command)
+        assert callable(handler) and handler.__name__ == f"cmd_{command}"
 
 
 def _fail_third_chunk(error):

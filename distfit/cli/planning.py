@@ -1,0 +1,46 @@
+"""The planning commands: ``distfit plan`` and ``distfit audit``.
+
+Each handler calls one library function and prints a short summary; all the work (and every
+error) is the library's. They sit apart from the other pipeline commands
+(``distfit.cli.commands``) so that planning and auditing import only the solver, the planner
+and the plan store: not the microdata reader (dask.dataframe, pandas, pyarrow), the estimate
+stage (numba, jax), the report (matplotlib) or ``distfit.pipeline``.
+"""
+from __future__ import annotations
+
+import argparse
+
+from distfit.audit import audit_plan
+from distfit.cli.errors import PROG
+from distfit.cli.solve import format_number
+from distfit.plan.job import run_plan
+from distfit.spec.parse import load_spec
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    """``distfit plan``: spec -> plan store (``distfit.plan.job.run_plan``); print its account."""
+    plan, checksum = run_plan(
+        load_spec(args.spec), args.out, cluster=args.cluster, workers=args.workers, overwrite=args.overwrite,
+        serial=args.serial, refine_rounds=args.refine_rounds,
+    )
+    kind = plan.alpha_kind
+    print(f"{PROG}: plan {args.out}")
+    print(f"  blocks         {plan.num_blocks}  ({plan.composition})")
+    print(f"  privacy cost   alpha = {format_number(plan.alpha)}  [{kind}]   rho = {format_number(plan.rho)}")
+    print(f"  max variance/target  {float((plan.variances / plan.targets).max()):.6f}")
+    print(f"  checksum       {checksum}")
+    print(f"  seconds        {plan.seconds:.1f}")
+    return 0
+
+
+def cmd_audit(args: argparse.Namespace) -> int:
+    """``distfit audit``: recompute a plan store's account (``distfit.audit.audit_plan``); exit 1
+    on a mismatch."""
+    report = audit_plan(args.plan)
+    status = "passed" if report.ok else "FAILED"
+    print(f"{PROG}: audit {status}: {report.path}: {report.checks} checks, alpha {format_number(report.alpha)}")
+    for failure in report.failures:
+        print(f"  mismatch: {failure}")
+    for warning in report.warnings:
+        print(f"  warning: {warning}")
+    return 0 if report.ok else 1
