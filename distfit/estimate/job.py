@@ -13,14 +13,17 @@ is ``W x_hat`` (:func:`distfit.estimate.measurements.workload_estimates`): nonne
 consistent (every table a sum of one ``x_hat``'s cells). The store is
 :mod:`distfit.stores.estimate` (its layout is a contract, DESIGN.md section 4).
 
-Where it runs: one task per release chunk (the release's chunking), every unit of the chunk
-solved together with array operations; serially in the driver (``--serial``) or on Dask through
-:mod:`distfit.cluster` (a local multi-process cluster by default, started on a thread while the
-driver checks its inputs: :class:`distfit.cluster.BackgroundClient`). The measurement model is
+Where it runs: per release chunk (the release's chunking), every unit of the chunk solved
+together with array operations, a run of chunks per task as the release cuts them
+(:func:`estimate_chunks_task`, :func:`distfit.release.tasks.task_chunks`); serially in the
+driver (``--serial``) or on Dask through :mod:`distfit.cluster` (a local multi-process
+cluster by default, started on a thread while the driver checks its inputs:
+:class:`distfit.cluster.BackgroundClient`). The measurement model is
 built once per worker by one task every chunk task depends on (:func:`model_task`: recomputed
-on another worker if its worker is lost, unlike scattered data). A task reads its chunk's
+on another worker if its worker is lost, unlike scattered data). A task reads its chunks'
 answers from the release as raw chunk files (:func:`distfit.stores.release_chunks.read_rows`)
-and writes its arrays and, last, its done marker (``ChunkWriter.write_arrays``); the driver
+and writes each chunk's arrays and, last, its done marker (``ChunkWriter.write_arrays``: on a
+writer thread while the next chunk is computed); the driver
 fsyncs and hashes each chunk as it lands (``ChunkSync``, ``ReleaseHasher``), so the seal finds
 the files on disk and the digest computed, as a release's does.
 
@@ -77,6 +80,7 @@ from distfit.stores.estimate import (
 )
 from distfit.stores.files import root_attrs_on_disk
 from distfit.stores.plan import read_plan, verify_checksum
+from distfit.release.tasks import task_chunks
 from distfit.stores.release import DerivedAnswers, pending_chunks, read_release
 from distfit.stores.release_chunks import ChunkWriter, read_rows
 from distfit.threads import blas_limit
@@ -97,7 +101,8 @@ AUTO_METHODS = (METHOD, "graphical-exact", "graphical-region-graph")
 #: graphical lets graphical.graphical_problem choose exact or region-graph inference.
 METHODS = ("auto", "projection", "graphical", "graphical-exact", "graphical-region-graph")
 
-__all__ = ["EstimateJob", "EstimateResult", "estimate_chunk", "estimate_chunk_task", "estimate_in_run",
+__all__ = ["EstimateJob", "EstimateResult", "estimate_chunk", "estimate_chunk_task", "estimate_chunks_task",
+           "estimate_in_run",
            "manifest_entry", "model_task", "run_estimate"]
 
 
@@ -233,17 +238,24 @@ def estimate_chunk_graphical(problem, answers: dict[str, np.ndarray], *,
     return queries, fit.marginals, fit
 
 
-def estimate_chunk_task(job: EstimateJob, model: MeasurementModel, chunk: int,
-                        writer: ChunkWriter | None = None) -> tuple[int, int]:
-    """Estimate release chunk ``chunk`` and write its rows and, last, its done marker (written
-    before this returns, or through ``writer``: queued). Deterministic in its arguments, so a
-    retry rewrites identical bytes. Returns ``(chunk, units)``."""
-    start = chunk * job.chunk_units
-    stop = min(start + job.chunk_units, job.units)
+def _open_release(job: EstimateJob):
+    """The release of ``job``, refused if its checksum is no longer the one the estimate started from."""
     release = read_release(job.release_path)
     if release.checksum != job.release_checksum:
         raise ValueError(f"{job.release_path}: the release changed during the estimate (checksum "
                          f"{release.checksum}, {job.release_checksum} at the start)")
+    return release
+
+
+def estimate_chunk_task(job: EstimateJob, model: MeasurementModel, chunk: int,
+                        writer: ChunkWriter | None = None, release: Any = None) -> tuple[int, int]:
+    """Estimate release chunk ``chunk`` and write its rows and, last, its done marker (written
+    before this returns, or through ``writer``: queued, written while the next chunk is
+    computed). ``release``: the release opened by the caller (else opened and checked here).
+    Deterministic in its arguments, so a retry rewrites identical bytes. Returns ``(chunk, units)``."""
+    start = chunk * job.chunk_units
+    stop = min(start + job.chunk_units, job.units)
+    release = _open_release(job) if release is None else release
     with blas_limit():
         if job.method == METHOD:
             queries, cells, fit = estimate_chunk(model, _chunk_answers(release, model, start, stop),
@@ -259,6 +271,17 @@ def estimate_chunk_task(job: EstimateJob, model: MeasurementModel, chunk: int,
         with ChunkWriter(job.estimate_path) as own:
             own.write_arrays(chunk, start, rows)
     return chunk, stop - start
+
+
+def estimate_chunks_task(job: EstimateJob, model: MeasurementModel,
+                         chunks: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
+    """One Dask task: :func:`estimate_chunk_task` for each of ``chunks`` in turn (a run of
+    chunks cut by :func:`distfit.release.tasks.task_chunks`, as the release's tasks are), the
+    release opened and checked once and one writer whose thread writes a chunk while the next
+    is computed. Each chunk is marked done as it is written. Returns ``(chunk, units)`` per chunk."""
+    release = _open_release(job)
+    with ChunkWriter(job.estimate_path) as writer:  # leaving it waits for the last chunk's writes
+        return tuple(estimate_chunk_task(job, model, chunk, writer=writer, release=release) for chunk in chunks)
 
 
 # --------------------------------------------------------------------------------------------
@@ -381,22 +404,26 @@ def run_estimate(
 
 
 def _run_serial(job: EstimateJob, model: MeasurementModel, pending: Iterable[int]) -> Iterator[tuple[int, int]]:
+    release = _open_release(job)
     with ChunkWriter(job.estimate_path) as writer:
         for chunk in pending:
-            result = estimate_chunk_task(job, model, chunk, writer=writer)
+            result = estimate_chunk_task(job, model, chunk, writer=writer, release=release)
             writer.flush()  # written before the chunk is reported (fsync, checksum, after_chunk)
             yield result
 
 
 def _run_dask(client, job: EstimateJob, plan_path: str, plan_checksum: str,
               pending: list[int]) -> Iterator[tuple[int, int]]:
-    """One impure task per chunk (unique keys, retries, run in submission order), each depending
-    on the model task's result (module docstring)."""
+    """One impure task per run of chunks (:func:`distfit.release.tasks.task_chunks`: a task's
+    fixed cost paid per ~32k units, not per chunk; unique keys, retries, run in submission
+    order), each depending on the model task's result (module docstring)."""
     model = client.submit(model_task, os.path.abspath(plan_path), plan_checksum,
                           key=f"estimate-model-{secrets.token_hex(6)}", pure=False, retries=TASK_RETRIES)
-    calls = ((str(chunk), (job, model, chunk)) for chunk in pending)
-    for _label, result in run_tasks(client, estimate_chunk_task, calls, "estimate-chunk"):
-        yield result
+    threads = max(1, sum(client.nthreads().values()))
+    calls = ((str(chunks[0]), (job, model, chunks))
+             for chunks in task_chunks(list(pending), job.chunk_units, threads))
+    for _label, done in run_tasks(client, estimate_chunks_task, calls, "estimate-chunks"):
+        yield from done
 
 
 def manifest_entry(path: PathLike, checksum: str) -> dict[str, Any]:

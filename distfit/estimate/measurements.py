@@ -335,9 +335,12 @@ def published_estimates(model: MeasurementModel, x: np.ndarray, kind: WorkloadKi
     :data:`NONNEGATIVE_TOLERANCE` ``(1 + sum_c |x_c|)``) set to 0 (module docstring); with
     ``integer`` (integer ``x``) and an integral workload, as int64."""
     queries = workload_estimates(model, x)
-    if kind.nonnegative:
-        slack = NONNEGATIVE_TOLERANCE * (1.0 + np.abs(np.asarray(x, dtype=np.float64)).sum(axis=1, keepdims=True))
-        queries = np.where((queries < 0) & (queries >= -slack), 0.0, queries)
+    negative = np.flatnonzero((queries < 0).any(axis=1)) if kind.nonnegative else ()
+    if len(negative):  # only the units with a negative estimate need their totals (most have none)
+        rows = queries[negative]
+        slack = NONNEGATIVE_TOLERANCE * (1.0 + np.abs(np.asarray(x[negative], dtype=np.float64)).sum(axis=1,
+                                                                                                      keepdims=True))
+        queries[negative] = np.where((rows < 0) & (rows >= -slack), 0.0, rows)
     if integer and kind.integral:
         queries = np.rint(queries).astype(np.int64)
     return queries

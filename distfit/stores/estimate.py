@@ -55,7 +55,7 @@ plan and the release only); the release's privacy is unchanged (post-processing)
 
 Lifecycle, as a release's (:mod:`distfit.stores.release`; the orchestration is
 :func:`distfit.estimate.job.run_estimate`): :func:`create_estimate` lays out the store with
-``complete=False`` (every reader refuses it); one task per release chunk writes the chunk's
+``complete=False`` (every reader refuses it); each task (a run of release chunks) writes its chunks'
 arrays and, last, its ``chunks/done`` entry (:meth:`distfit.stores.release_chunks.ChunkWriter.write_arrays`);
 the driver fsyncs and hashes chunks as they land (``ChunkSync``, ``ReleaseHasher`` over
 :func:`chunk_arrays`); :func:`seal` checks the plan and release are unchanged, then writes the
