@@ -108,6 +108,7 @@ from distfit.spec.model import PipelineSpec
 from distfit.spec.parse import load_spec
 from distfit.stores.lock import store_lock
 from distfit.stores.files import (
+    PARENT_IDS,
     open_store,
     STAGING_MARKER,
     check_format,
@@ -124,9 +125,6 @@ from distfit.stores.files import (
 FORMAT = "histograms"
 MARGINALS_FORMAT = "marginals"
 FORMAT_VERSION = 1
-#: Each unit's parent id (geography; module docstring), in data and release stores alike.
-PARENT_IDS = "parent_ids"
-
 #: Zarr v3 ``dimension_names`` of a histograms store's arrays (module docstring).
 HISTOGRAMS_DIMS: dict[str, tuple[str, ...]] = {
     "counts": ("unit", "cell"),

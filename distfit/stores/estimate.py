@@ -67,7 +67,6 @@ from __future__ import annotations
 
 import os
 import shutil
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -75,15 +74,16 @@ import numpy as np
 import zarr
 
 from distfit import __version__
-from distfit.stores.checksum import compute_checksum
-from distfit.stores.data import PARENT_IDS
 from distfit.stores.files import (
+    PARENT_IDS,
+    SealedStore,
     check_store_kind,
     jsonable,
     open_sealed,
     root_attrs_on_disk,
     store_state,
     utc_now,
+    verify_sealed,
     write_array,
 )
 from distfit.stores.plan import verify_checksum
@@ -304,17 +304,9 @@ def seal(root: zarr.Group, path: Path, *, plan_path: str, plan_checksum: str, re
 # reading
 
 
-@dataclass(frozen=True, eq=False)
-class Estimate:
-    """A sealed estimate store opened for reading; arrays are lazy zarr arrays."""
-
-    path: str
-    attrs: dict
-    _group: Any = field(repr=False)
-
-    @property
-    def checksum(self) -> str:
-        return self.attrs["checksum"]
+class Estimate(SealedStore):
+    """A sealed estimate store opened for reading; arrays are lazy zarr arrays (the shared
+    readers of :class:`distfit.stores.files.SealedStore`: checksum, labels, unit ids, parent ids)."""
 
     @property
     def integer(self) -> bool:
@@ -351,26 +343,8 @@ class Estimate:
         return self._group["fit/objective"]
 
     @property
-    def labels(self) -> list[str] | None:
-        return self._group["queries"].attrs.get("labels")
-
-    @property
     def groups(self) -> dict[str, list[int]] | None:
         return self._group["queries"].attrs.get("groups")
-
-    @property
-    def unit_ids(self):
-        return self._group["unit_ids"]
-
-    @property
-    def parent_ids(self):
-        """Each unit's parent id (a lazy array, the release's), or None without geography."""
-        return self._group[PARENT_IDS] if PARENT_IDS in self._group else None
-
-    @property
-    def parent_column(self) -> str | None:
-        """The data column the parent ids were read from (None without parent ids)."""
-        return self.attrs.get("parent_column") if PARENT_IDS in self._group else None
 
 
 def read_estimate(path: PathLike) -> Estimate:
@@ -382,9 +356,7 @@ def read_estimate(path: PathLike) -> Estimate:
 
 def verify_estimate(path: PathLike) -> tuple[bool, str, str]:
     """``(ok, stored, recomputed)`` checksum of a sealed estimate store."""
-    _p, group, attrs = open_sealed(path, FORMAT, FORMAT_VERSION, EstimateError)
-    recomputed = compute_checksum(group)
-    return attrs["checksum"] == recomputed, attrs["checksum"], recomputed
+    return verify_sealed(path, FORMAT, FORMAT_VERSION, EstimateError)
 
 
 def chunk_rows(estimates: np.ndarray, cells: np.ndarray, objective: np.ndarray, iterations: Any,

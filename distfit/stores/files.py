@@ -27,6 +27,8 @@ from typing import Any, Callable
 import numpy as np
 import zarr
 
+from distfit.stores.checksum import compute_checksum
+
 STAGING_MARKER = ".incomplete-"
 REPLACED_MARKER = ".replaced-"
 CHUNK_BYTES = 16 * 2**20
@@ -302,3 +304,49 @@ def open_sealed(path: str | os.PathLike, kind: str, version: int, error: type[Ex
     if not isinstance(attrs.get("checksum"), str):
         raise error(f"{p}: the {kind} has no checksum")
     return p, group, attrs
+
+
+#: The array of each unit's parent id (geography: a level of a multi-level run) in the data,
+#: release and estimate stores, with the root attr ``parent_column`` naming its data column.
+PARENT_IDS = "parent_ids"
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class SealedStore:
+    """What every sealed store built chunk by chunk (a release, an estimate) gives its reader:
+    its path, root attrs, checksum, query labels and lazy arrays by unit (``unit_ids``, and
+    ``parent_ids`` where the units have geography). Opened by :func:`open_sealed`."""
+
+    path: str
+    attrs: dict
+    _group: Any = dataclasses.field(repr=False)
+
+    @property
+    def checksum(self) -> str:
+        return self.attrs["checksum"]
+
+    @property
+    def labels(self) -> list[str] | None:
+        return self._group["queries"].attrs.get("labels")
+
+    @property
+    def unit_ids(self):
+        return self._group["unit_ids"]
+
+    @property
+    def parent_ids(self):
+        """Each unit's parent id (a lazy array), or None when the units have no geography."""
+        return self._group[PARENT_IDS] if PARENT_IDS in self._group else None
+
+    @property
+    def parent_column(self) -> str | None:
+        """The data column the parent ids were read from (None without parent ids)."""
+        return self.attrs.get("parent_column") if PARENT_IDS in self._group else None
+
+
+def verify_sealed(path: str | os.PathLike, kind: str, version: int, error: type[Exception]
+                  ) -> tuple[bool, str, str]:
+    """``(ok, stored, recomputed)`` checksum of a sealed store (:func:`open_sealed`'s refusals)."""
+    _p, group, attrs = open_sealed(path, kind, version, error)
+    recomputed = compute_checksum(group)
+    return attrs["checksum"] == recomputed, attrs["checksum"], recomputed

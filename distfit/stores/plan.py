@@ -486,24 +486,15 @@ def plan_claims(root_attrs: Mapping, group: zarr.Group) -> dict[str, Any]:
     if "planner" in root:
         root["planner"] = _without(root["planner"], UNCLAIMED_PLANNER)
     claims: dict[str, Any] = {"": root}
-    try:
-        blocks = group["blocks"]
-    except KeyError:
-        return claims
-    for block_id in sorted(blocks.group_keys()):
-        block = dict(blocks[block_id].attrs)
-        if "solver" in block:
-            block["solver"] = _without(block["solver"], UNCLAIMED_SOLVER)
-        claims[f"blocks/{block_id}"] = block
-    try:
-        packs = group["packs"]
-    except KeyError:
-        return claims
-    for pack_id in sorted(packs.group_keys()):
-        pack = dict(packs[pack_id].attrs)
-        if "solver" in pack:
-            pack["solver"] = _without(pack["solver"], UNCLAIMED_SOLVER)
-        claims[f"packs/{pack_id}"] = pack
+    for kind in ("blocks", "packs"):  # one group per block; packs of closed-form blocks
+        if kind not in group:
+            continue
+        members = group[kind]
+        for name in sorted(members.group_keys()):
+            member = dict(members[name].attrs)
+            if "solver" in member:
+                member["solver"] = _without(member["solver"], UNCLAIMED_SOLVER)
+            claims[f"{kind}/{name}"] = member
     return claims
 
 

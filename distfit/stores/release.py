@@ -93,7 +93,6 @@ from __future__ import annotations
 
 import os
 import shutil
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -103,15 +102,16 @@ import zarr
 from distfit import __version__
 from distfit.release.noise import block_positions, derived_blocks
 from distfit.release.packed import pack_offsets, pack_query_rows
-from distfit.stores.checksum import compute_checksum
-from distfit.stores.data import PARENT_IDS
 from distfit.stores.files import (
+    PARENT_IDS,
+    SealedStore,
     check_store_kind,
     chunk_shape,
     jsonable,
     open_sealed,
     store_state,
     utc_now,
+    verify_sealed,
     write_array,
 )
 from distfit.stores.plan import read_plan, verify_checksum
@@ -358,17 +358,9 @@ def seal(root: zarr.Group, path: Path, *, plan_path: str, plan_checksum: str, fs
 # reading
 
 
-@dataclass(frozen=True, eq=False)
-class Release:
-    """A sealed release store opened for reading; arrays are lazy zarr arrays."""
-
-    path: str
-    attrs: dict
-    _group: Any = field(repr=False)
-
-    @property
-    def checksum(self) -> str:
-        return self.attrs["checksum"]
+class Release(SealedStore):
+    """A sealed release store opened for reading; arrays are lazy zarr arrays (the shared
+    readers of :class:`distfit.stores.files.SealedStore`: checksum, labels, unit ids, parent ids)."""
 
     @property
     def private(self) -> bool:
@@ -382,24 +374,6 @@ class Release:
     @property
     def variances(self) -> np.ndarray:
         return np.asarray(self._group["queries/variances"][...])
-
-    @property
-    def labels(self) -> list[str] | None:
-        return self._group["queries"].attrs.get("labels")
-
-    @property
-    def unit_ids(self):
-        return self._group["unit_ids"]
-
-    @property
-    def parent_ids(self):
-        """Each unit's parent id (a lazy array), or None when the release has no geography."""
-        return self._group[PARENT_IDS] if PARENT_IDS in self._group else None
-
-    @property
-    def parent_column(self) -> str | None:
-        """The data column the parent ids were read from (None without parent ids)."""
-        return self.attrs.get("parent_column") if PARENT_IDS in self._group else None
 
     @property
     def block_ids(self) -> tuple[str, ...]:
@@ -478,9 +452,7 @@ def read_release(path: PathLike) -> Release:
 
 def verify_release(path: PathLike) -> tuple[bool, str, str]:
     """``(ok, stored, recomputed)`` checksum of a sealed release store."""
-    _p, group, attrs = _open_release(path)
-    recomputed = compute_checksum(group)
-    return attrs["checksum"] == recomputed, attrs["checksum"], recomputed
+    return verify_sealed(path, FORMAT, FORMAT_VERSION, ReleaseError)
 
 
 __all__ = [
