@@ -9,6 +9,7 @@ Usage::
                                                [--refine-rounds 1] [--out DIR]
     python benchmarks/bench_adult_plan.py payload [--spec pipelines/adult.yaml]
     python benchmarks/bench_adult_plan.py allocate --plan /tmp/adult_r0.zarr
+    python benchmarks/bench_adult_plan.py rounds --plan /tmp/adult_now.zarr [--largest 12] [--every 20]
 
 ``write``: reads every block of an existing plan store (realistic BlockRecords without
 re-planning) and writes them again into a fresh store, once block by block
@@ -25,6 +26,14 @@ minutes per round.)
 
 ``payload``: pickled size of every block task (``plan.BlockTask``: the spec's basis, recon,
 query index and target shares) against the time to pickle them all.
+
+``rounds``: CPU seconds per block of both refinement rounds, before and after session 6's
+round scheduling, in one process: before, round 0 (the queries' targets) and round 1 (the
+refined shares stored in ``--plan``) each solved cold to a 1e-4 gap with the dual stage run
+to its iteration limit; after, round 0 to ``rounds.SHAPING_GAP`` and round 1 warm-started from
+it (``solver.solve.WarmStart``) to 1e-4, the dual stage stopping once its bound stalls
+(``solve.DUAL_STALL_WINDOW``). A sample: the ``--largest`` slowest blocks and every
+``--every``-th of the rest.
 
 ``allocate``: the scale allocation of an existing plan (its blocks' alphas and query variances,
 as stored; the program is the same at any scales) solved by ``allocate.allocate_scales`` (the
@@ -94,7 +103,7 @@ def bench_write(args: argparse.Namespace) -> None:
 
 def bench_plan(args: argparse.Namespace) -> None:
     from distfit.plan.residual import group_targets  # noqa: F401  (import cost outside the timings)
-    from distfit.plan.planner import decompose, plan_blocks, plan_streamed, should_stream
+    from distfit.plan.planner import BATCH_SECONDS, decompose, plan_blocks, plan_streamed, should_stream
     from distfit.plan.job import StoreSink, apply_budget, finish_plan, write_plan
     from distfit.cluster import DaskExecutor, dask_client
     from distfit.spec.parse import load_spec
@@ -121,7 +130,7 @@ def bench_plan(args: argparse.Namespace) -> None:
     out = Path(args.out or tempfile.mkdtemp(prefix="bench-adult-plan-")) / "adult.zarr"
     streamed = should_stream(blocks)
     with dask_client(None, args.workers, log=sys.stderr) as client:
-        executor = DaskExecutor(client)
+        executor = DaskExecutor(client, batch_seconds=BATCH_SECONDS)
         start = time.perf_counter()
         if not streamed:
             plan = plan_blocks(spec.domain, blocks, spec.targets, executor, args.refine_rounds, decisions, progress)
@@ -206,6 +215,51 @@ def bench_allocate(args: argparse.Namespace) -> None:
           f"sum bound / Clarabel optimum - 1 = {allocation.alpha_bound / problem.value - 1:.2e} ({load()})")
 
 
+def bench_rounds(args: argparse.Namespace) -> None:
+    """Per-block CPU seconds of both rounds, before and after the round scheduling of session 6,
+    side by side in one process (module docstring, ``rounds``)."""
+    from distfit.solver import solve as solve_module
+    from distfit.solver.solve import WarmStart, solve
+    from distfit.stores import plan as store
+    from distfit.plan.rounds import BLOCK_GAP, SHAPING_GAP
+    from distfit.threads import blas_limit
+
+    plan = store.read_plan(args.plan)
+    records = list(plan.iter_blocks())
+    targets = np.asarray(plan.queries_targets, dtype=float)
+    # the heaviest blocks by stored solver time, then every n-th of the rest (most blocks are tiny)
+    records.sort(key=lambda r: -float(r.solver["seconds"]))
+    sample = records[:args.largest] + records[args.largest::args.every]
+    stall = solve_module.DUAL_STALL_WINDOW
+    totals = np.zeros(4)
+    print(f"{len(sample)} of {len(records)} blocks of {args.plan} ({load()})")
+    print(f"{'block':48s} {'k':>4s} {'m':>6s} | before: r0 1e-4  r1 1e-4 | after: r0 {SHAPING_GAP:.0e}  r1 warm | gaps after r1")
+    with blas_limit():
+        for record in sample:
+            basis, recon = np.asarray(record.basis), np.asarray(record.recon)
+            W = recon @ basis
+            first, shares = targets[np.asarray(record.query_index)], np.asarray(record.targets)
+            row = []
+            solve_module.DUAL_STALL_WINDOW = 0  # before: the dual stage runs to its iteration limit
+            for t in (first, shares):
+                cpu = time.process_time()
+                solve(W, t, basis=basis, gap_tolerance=BLOCK_GAP)
+                row.append(time.process_time() - cpu)
+            solve_module.DUAL_STALL_WINDOW = stall
+            cpu = time.process_time()
+            shaped = solve(W, first, basis=basis, gap_tolerance=SHAPING_GAP, max_gap=10 * SHAPING_GAP)
+            row.append(time.process_time() - cpu)
+            cpu = time.process_time()
+            final = solve(W, shares, basis=basis, gap_tolerance=BLOCK_GAP, warm_start=WarmStart.of(shaped))
+            row.append(time.process_time() - cpu)
+            totals += row
+            print(f"{record.block_id:48s} {basis.shape[0]:4d} {recon.shape[0]:6d} | {row[0]:13.2f} {row[1]:8.2f} | "
+                  f"{row[2]:12.2f} {row[3]:8.2f} | {final.gap:.1e}", flush=True)
+    print(f"{'total CPU s':61s} | {totals[0]:13.2f} {totals[1]:8.2f} | {totals[2]:12.2f} {totals[3]:8.2f} |")
+    print(f"after / before: round 0 {totals[2] / totals[0]:.3f}, round 1 {totals[3] / totals[1]:.3f}, "
+          f"both {totals[2:].sum() / totals[:2].sum():.3f} ({load()})")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -221,8 +275,13 @@ def main() -> None:
     q.add_argument("--spec", default=str(ROOT / "pipelines" / "adult.yaml"))
     a = sub.add_parser("allocate")
     a.add_argument("--plan", default="/tmp/adult_r0.zarr")
+    r = sub.add_parser("rounds")
+    r.add_argument("--plan", default="/tmp/adult_r0.zarr", help="a refined Adult plan store: its blocks' round-1 shares")
+    r.add_argument("--largest", type=int, default=12, help="the blocks with the longest stored solves")
+    r.add_argument("--every", type=int, default=20, help="then every n-th of the rest")
     args = parser.parse_args()
-    {"write": bench_write, "plan": bench_plan, "payload": bench_payload, "allocate": bench_allocate}[args.command](args)
+    {"write": bench_write, "plan": bench_plan, "payload": bench_payload, "allocate": bench_allocate,
+     "rounds": bench_rounds}[args.command](args)
 
 
 if __name__ == "__main__":

@@ -20,38 +20,100 @@ time <= release time, memory flat); the default is smaller for a quick run. Plan
 Each run is a fresh spawned process whose peak RSS (driver, and the largest worker process) is
 sampled every 50 ms (:class:`benchmarks.bench_release.PeakRSS`). Printed per N: both times,
 units/s, the ratio estimate / release (goal <= 1), peak RSS of each, bytes written per unit,
-the estimate's fit (iterations, unconverged units) and the load average before each run.
+the estimate's fit (iterations, unconverged units), the load average before each run, and the
+CPU seconds each run used (the driver and its worker processes, user + system: on a shared,
+loaded machine the wall times mostly measure the other load, the CPU seconds much less).
+
+Then where a chunk's time goes (:func:`pieces`, the last N's release, in this process, one BLAS
+thread, CPU time per unit, best of 3): read the block answers, whiten them
+(:func:`distfit.estimate.measurements.whitened_measurements`), project
+(:func:`distfit.estimate.projection.project_nonnegative`), ``W x``
+(:func:`distfit.estimate.measurements.published_estimates`), and what that compute alone costs
+N units on the workers; the rest of the estimate's time is the cluster's start, writing,
+fsyncing and hashing the store, and the seal.
 """
 from __future__ import annotations
 
 import argparse
 import io
 import os
+import resource
 import shutil
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.bench_release import MIB, load, measured, spread, store_bytes  # noqa: E402
 from distfit.estimate.job import run_estimate  # noqa: E402
+from distfit.estimate.measurements import (  # noqa: E402
+    measurement_model,
+    published_estimates,
+    whitened_measurements,
+    workload_kind,
+)
+from distfit.estimate.projection import project_nonnegative  # noqa: E402
 from distfit.plan.job import run_plan  # noqa: E402
 from distfit.release.job import run_release  # noqa: E402
 from distfit.spec.parse import load_spec  # noqa: E402
 from distfit.stores.data import write_synthetic  # noqa: E402
 from distfit.stores.estimate import read_estimate  # noqa: E402
 from distfit.stores.plan import read_plan  # noqa: E402
+from distfit.stores.release import read_release  # noqa: E402
+from distfit.threads import blas_limit  # noqa: E402
 
 
-def release(plan_path: str, data_path: str, out: str, workers: int) -> float:
-    return run_release(plan_path, data_path, out, workers=workers, log=io.StringIO()).seconds
+def _cpu() -> float:
+    """User + system CPU seconds of this process and of its waited-for descendants (the local
+    cluster's worker processes, once it has shut them down)."""
+    return sum(u.ru_utime + u.ru_stime for u in (resource.getrusage(resource.RUSAGE_SELF),
+                                                 resource.getrusage(resource.RUSAGE_CHILDREN)))
 
 
-def estimate(plan_path: str, release_path: str, out: str, workers: int, integer: bool) -> float:
-    return run_estimate(plan_path, release_path, out, workers=workers, integer=integer, log=io.StringIO()).seconds
+def release(plan_path: str, data_path: str, out: str, workers: int) -> tuple[float, float]:
+    """``(seconds, CPU seconds)`` of a release (run in a fresh process by ``measured``)."""
+    cpu = _cpu()
+    seconds = run_release(plan_path, data_path, out, workers=workers, log=io.StringIO()).seconds
+    return seconds, _cpu() - cpu
+
+
+def estimate(plan_path: str, release_path: str, out: str, workers: int, integer: bool) -> tuple[float, float]:
+    """``(seconds, CPU seconds)`` of an estimate (run in a fresh process by ``measured``)."""
+    cpu = _cpu()
+    seconds = run_estimate(plan_path, release_path, out, workers=workers, integer=integer, log=io.StringIO()).seconds
+    return seconds, _cpu() - cpu
+
+
+def pieces(plan_path: str, release_path: str, repeat: int = 3) -> dict[str, float]:
+    """CPU microseconds per unit of each stage of one chunk (the release's first), best of
+    ``repeat``, one BLAS thread (module docstring); ``units``: the chunk's."""
+    release, plan = read_release(release_path), read_plan(plan_path)
+    n = min(int(release.attrs["chunk_units"]), int(release.attrs["units"]))
+    out: dict[str, float] = {"units": n}
+    with blas_limit():
+        model = measurement_model(plan)
+        kind = workload_kind(model)
+
+        def read():
+            return {b.block_id: np.asarray(release.block_answers(b.block_id)[0:n]) for b in model.blocks}
+
+        stages = [("read", lambda _: read()), ("whiten", lambda a: whitened_measurements(model, a)),
+                  ("project", lambda w: project_nonnegative(model, w, whitened=True).x),
+                  ("W x", lambda x: published_estimates(model, x, kind))]
+        value = None
+        for name, stage in stages:
+            best = float("inf")
+            for _ in range(repeat + (name == "project")):  # one more: the compiled kernel loads once
+                start = time.process_time()
+                result = stage(value)
+                best = min(best, time.process_time() - start)
+            out[name], value = best / n * 1e6, result
+    return out
 
 
 def main(argv=None) -> int:
@@ -97,15 +159,19 @@ def main(argv=None) -> int:
                 for p in (rel, est):
                     shutil.rmtree(p, ignore_errors=True)
                 before_r = load()
-                r_seconds, mem_r = measured(release, plan_path, data_path, rel, args.workers)
+                (r_seconds, r_cpu), mem_r = measured(release, plan_path, data_path, rel, args.workers)
                 before_e = load()
-                e_seconds, mem_e = measured(estimate, plan_path, rel, est, args.workers, args.integer)
+                (e_seconds, e_cpu), mem_e = measured(estimate, plan_path, rel, est, args.workers, args.integer)
                 fit = read_estimate(est).attrs["fit"]
-                runs.append(dict(release=r_seconds, estimate=e_seconds, r_drv=mem_r.driver / MIB,
+                if rep == args.repeat - 1 and n == args.units[-1]:
+                    cpu = pieces(plan_path, rel)
+                runs.append(dict(release=r_seconds, estimate=e_seconds, r_cpu=r_cpu, e_cpu=e_cpu,
+                                 r_drv=mem_r.driver / MIB,
                                  r_wrk=mem_r.worker / MIB, e_drv=mem_e.driver / MIB, e_wrk=mem_e.worker / MIB,
                                  r_bytes=store_bytes(rel) / n, e_bytes=store_bytes(est) / n, fit=fit))
                 print(f"N={n} run {rep + 1}/{args.repeat}: release {r_seconds:.2f} s (load {before_r}), estimate "
-                      f"{e_seconds:.2f} s (load {before_e}), ratio {e_seconds / r_seconds:.2f}; peak RSS release "
+                      f"{e_seconds:.2f} s (load {before_e}), ratio {e_seconds / r_seconds:.2f}; CPU s release "
+                      f"{r_cpu:.1f}, estimate {e_cpu:.1f}, ratio {e_cpu / r_cpu:.2f}; peak RSS release "
                       f"driver {mem_r.driver / MIB:.0f} / worker {mem_r.worker / MIB:.0f} MiB, estimate driver "
                       f"{mem_e.driver / MIB:.0f} / worker {mem_e.worker / MIB:.0f} MiB; fit {fit}", flush=True)
             for p in (rel, est):
@@ -130,8 +196,20 @@ def main(argv=None) -> int:
               f"{max(x['r_drv'] for x in runs):>7.0f}/{max(x['r_wrk'] for x in runs):<7.0f} "
               f"{max(x['e_drv'] for x in runs):>7.0f}/{max(x['e_wrk'] for x in runs):<7.0f} "
               f"{runs[0]['r_bytes']:>10.0f} {runs[0]['e_bytes']:>10.0f}")
+    for n, runs in rows:
+        r, e = min(x["r_cpu"] for x in runs), min(x["e_cpu"] for x in runs)
+        print(f"{n:>9} CPU seconds (driver and workers, user + system): release {r:.1f}, estimate {e:.1f}, "
+              f"ratio {e / r:.2f}")
     print("ratio = best estimate / best release (goal <= 1 at 1M PL94 units); MiB = sampled peak RSS (driver / "
-          "largest worker); B/unit = bytes of the store's files per unit")
+          "largest worker); B/unit = bytes of the store's files per unit; CPU seconds: what both cost on a busy "
+          "machine, where wall times mostly measure the other load")
+    n, runs = rows[-1]
+    compute = sum(v for k, v in cpu.items() if k != "units")
+    print(f"where a chunk's time goes (CPU us/unit, one chunk of {cpu['units']} units, one thread): "
+          + ", ".join(f"{k} {v:.1f}" for k, v in cpu.items() if k != "units")
+          + f"; sum {compute:.1f} us = {n * compute / 1e6 / args.workers:.2f} s of the estimate's "
+          f"{min(x['estimate'] for x in runs):.2f} s on {args.workers} workers (the rest: cluster start, "
+          "writing, fsync and hashing, seal)")
     return 0
 
 

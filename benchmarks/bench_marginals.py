@@ -2,11 +2,12 @@
 
 Each workload is written as a spec with the ``marginals`` shorthand (docs/spec.md), planned by
 ``distfit plan`` as a subprocess (the whole process: spec loading, planning, the plan store;
-``--audit`` adds ``distfit audit``) and solved by the reference, ResidualPlanner's selection
-program (Xiao, Kifer et al., NeurIPS 2023) written out with cvxpy + Clarabel and sparse
-constraints: block S at noise level x_S costs ``c_S / x_S`` (``c_S = prod_{i in S} (1 - 1/n_i)``)
-and gives each cell of marginal A the variance ``(d_S / d_A)^2 c_S x_S``; minimise
-``sum_S c_S / x_S`` subject to every marginal's variance at most its target. Its optimum is the
+``--audit`` adds ``distfit audit``, its seconds and peak memory) and solved by the reference,
+ResidualPlanner's selection program (Xiao, Kifer et al., NeurIPS 2023) written out with cvxpy +
+Clarabel and sparse constraints: block S at noise level x_S costs ``c_S / x_S``
+(``c_S = prod_{i in S} (1 - 1/n_i)``) and gives each cell of marginal A the variance
+``(d_S / d_A)^2 c_S x_S``; minimise ``sum_S c_S / x_S`` subject to every marginal's variance at
+most its target. Its optimum is the
 certified optimal alpha of an identity-marginal workload. Printed side by side: seconds, peak
 memory and alpha of each, and their ratios.
 
@@ -130,8 +131,9 @@ def bench(name: str, workdir: Path, audit: bool, serial: bool) -> None:
     blocks = re.search(r"blocks\s+(\d+)", out)
     audit_text = ""
     if audit:
-        audit_out, audit_seconds, _ = _run([DISTFIT, "audit", str(plan_path)])
-        audit_text = f"  audit {'passed' if 'audit passed' in audit_out else 'FAILED'} {audit_seconds:.1f} s"
+        audit_out, audit_seconds, audit_memory = _run([DISTFIT, "audit", str(plan_path)])
+        audit_text = (f"  audit {'passed' if 'audit passed' in audit_out else 'FAILED'} {audit_seconds:.1f} s "
+                      f"{audit_memory:.2f} GiB")
     print(f"{name}: {label}")
     found = float(alpha.group(1)) if alpha else float("nan")
     print(f"  distfit plan   {seconds:8.2f} s  {memory:5.2f} GiB  alpha {found:.6g} "

@@ -74,7 +74,7 @@ from typing import Any, Callable
 import numpy as np
 
 from distfit.domain import Domain
-from distfit.packing import PackedBlocks, block_cells, residual_basis
+from distfit.packing import PackedBlocks, QueryRuns, block_cells, residual_basis
 from distfit.plan.allocate import allocate_scales
 from distfit.plan.composition import EXACT_DOMAIN_LIMIT, alpha_is_exact, stitched_profile
 from distfit.plan.planner import JOINT_BLOCK_DUAL, SCALE_ALLOCATION
@@ -147,6 +147,24 @@ def _close(stored, recomputed) -> bool:
         return False
     recomputed = np.asarray(recomputed, dtype=float)
     return stored.shape == recomputed.shape and bool(np.allclose(stored, recomputed, rtol=TOLERANCE, atol=0.0))
+
+
+def _differing_queries(stored: QueryRuns, recomputed: np.ndarray) -> np.ndarray:
+    """The queries whose ``recomputed`` value is not close to the ``stored`` one (as ``_close``:
+    ``np.isclose(stored, recomputed)``, relative :data:`TOLERANCE`), a stored vector read as runs
+    (:class:`distfit.packing.QueryRuns`) so it is never expanded. The recomputed values close to
+    a run's value form an interval (``|s - r| <= TOLERANCE |r|`` for r of one sign), so a run's
+    least and greatest recomputed values decide it; only failing runs are compared query by query."""
+    starts = stored.offsets[:-1]
+    if not starts.size:
+        return np.zeros(0, dtype=np.int64)
+    low, high = np.minimum.reduceat(recomputed, starts), np.maximum.reduceat(recomputed, starts)
+    bad = np.flatnonzero(~(np.isclose(stored.values, low, rtol=TOLERANCE, atol=0.0)
+                           & np.isclose(stored.values, high, rtol=TOLERANCE, atol=0.0)))
+    lengths = stored.lengths[bad]
+    queries = np.arange(int(lengths.sum())) + np.repeat(starts[bad] - (np.cumsum(lengths) - lengths), lengths)
+    wrong = ~np.isclose(np.repeat(stored.values[bad], lengths), recomputed[queries], rtol=TOLERANCE, atol=0.0)
+    return queries[wrong]
 
 
 def _at_most(value: float, bound: float, tolerance: float = TOLERANCE) -> bool:
@@ -490,16 +508,20 @@ def _audit(plan: Plan, path: str) -> AuditReport:
         check(False, f"schema: not a schema ({error})")
         return AuditReport(path, check.count, tuple(check.failures), float("nan"), recomputed_sum,
                            tuple(check.warnings))
-    targets = plan.queries_targets
+    stored_targets = plan.target_runs
+    targets = None
     if spec is not None:
         spec_targets = spec.targets
-        if check(targets.shape == spec_targets.shape,
-                 f"queries/targets: {targets.size} targets, but the stored spec has {spec_targets.size} queries"):
-            differ = ~np.isclose(targets, spec_targets, rtol=TOLERANCE, atol=0.0)
-            check(not differ.any(), lambda: (
-                f"queries/targets: {int(differ.sum())} differ from the stored spec's targets (first: query "
-                f"{_first(differ)}: stored {targets[_first(differ)]!r}, spec {spec_targets[_first(differ)]!r})"))
+        if check(stored_targets.size == spec_targets.size,
+                 f"queries/targets: {stored_targets.size} targets, but the stored spec has {spec_targets.size} queries"):
+            differ = _differing_queries(stored_targets, spec_targets)
+            check(not differ.size, lambda: (
+                f"queries/targets: {differ.size} differ from the stored spec's targets (first: query "
+                f"{int(differ[0])}: stored {float(stored_targets[differ[:1]][0])!r}, "
+                f"spec {float(spec_targets[differ[0]])!r})"))
             targets = spec_targets  # what the claims below are about: the spec's targets
+    if targets is None:
+        targets = stored_targets.expand()
     m = targets.size
 
     variances = np.zeros(m)
@@ -576,7 +598,9 @@ def _audit(plan: Plan, path: str) -> AuditReport:
         shapes.extend(result.shapes)
         proved.update(result.proved)
 
-    check(_close(plan.queries_variances, variances), "queries/variances: differ from the sum of the block rows")
+    stored_variances = plan.variance_runs
+    check(stored_variances.size == m and not _differing_queries(stored_variances, variances).size,
+          "queries/variances: differ from the sum of the block rows")
     check(answered.all(), lambda: f"queries: {int((~answered).sum())} queries have no row in any block (first: "
                                   f"query {_first(~answered)})")
     short = answered & (shares < targets * (1.0 - TOLERANCE))

@@ -21,6 +21,7 @@ import yaml
 import zarr
 
 import distfit.audit
+import distfit.stores.plan
 from distfit.audit import audit_plan, block_bound_targets
 from distfit.cli.main import main
 from distfit.plan.job import run_plan
@@ -43,6 +44,9 @@ MERGED_SPEC = {
     ],
 }
 BLOCK = "blocks/r-a.b.c"
+# SMALL_SPEC with sex_edu's target 0.5: its refined shares are the ones kept (with target 2 the
+# refinement round gains under 0.01% and the round-0 shares, the targets themselves, are kept)
+REFINED_SPEC = dict(SMALL_SPEC, queries=[*SMALL_SPEC["queries"][:2], dict(SMALL_SPEC["queries"][2], target=0.5)])
 
 
 @pytest.fixture(scope="module")
@@ -53,8 +57,8 @@ def plans(tmp_path_factory):
         "merged": (MERGED_SPEC, {}),
         "budget": (dict(MERGED_SPEC, name="merged-budget", privacy={"rho": 0.5}), {}),
         "joint": (SMALL_SPEC, {}),
-        "refined": (dict(SMALL_SPEC, name="small-refined"), {"stream": True}),
-        "refined-budget": (dict(SMALL_SPEC, name="small-refined-budget", privacy={"rho": 0.5}), {"stream": True}),
+        "refined": (dict(REFINED_SPEC, name="small-refined"), {"stream": True}),
+        "refined-budget": (dict(REFINED_SPEC, name="small-refined-budget", privacy={"rho": 0.5}), {"stream": True}),
         "replaced": (dict(SMALL_SPEC, name="small-unmerged", blocks={"merge": False}), {}),
     }
     for name, (content, options) in specs.items():
@@ -590,6 +594,26 @@ def test_a_packed_edit_without_resealing_fails_the_checksum_and_a_broken_pack_is
     edit_array(path, "packs/p0/segment_offsets", lambda o: o[::-1].copy())
     with pytest.raises(StoreError, match="packs/p0: segment_offsets"):
         audit_plan(str(path))
+
+
+@pytest.mark.parametrize("array, change, claim", [
+    ("variance_values", lambda v: v * np.where(np.arange(v.size) == 2, 1.01, 1.0), "queries/variances"),
+    ("target_values", lambda v: v * np.where(np.arange(v.size) == 0, 1.5, 1.0), "queries/targets: 12 differ"),
+    ("target_offsets", lambda o: o + (np.arange(o.size) == 1), "queries/targets: 1 differ from the stored spec's "
+                                                               "targets (first: query 12: stored 1.0, spec 2.0)"),
+])
+def test_queries_stored_as_runs_pass_and_an_edited_run_fails(tmp_path, monkeypatch, array, change, claim):
+    """Targets and variances stored as runs (format version 4) are compared run by run with the
+    spec's targets and the sum of the block rows, never expanded; a run moved by one query fails."""
+    monkeypatch.setattr(distfit.stores.plan, "RUN_LENGTH_MIN_QUERIES", 1)
+    path = tmp_path / "plan.zarr"
+    write_packed_plan(path, PACKED_SPEC)
+    assert read_plan(path).attrs["format_version"] == 4
+    report = audit_plan(str(path))
+    assert report.ok and not report.warnings, report.failures
+    edit_array(path, f"queries/{array}", change)
+    reseal(path)
+    assert_fails(path, claim)
 
 
 # --------------------------------------------------------------------------------------------

@@ -202,9 +202,11 @@ def test_killed_worker_plan_completes_and_passes_audit(tmp_path, stream):
     path.write_text(yaml.safe_dump(spec))
     with dask_client(None, workers=2) as client:
         address = client.scheduler.address
-        reference, _ = run_plan(load_spec(path), str(tmp_path / "reference.zarr"), cluster=address, stream=stream)
+        # one task per block (batch_seconds=0): batched, this plan's 16 small blocks are one or two tasks a round
+        reference, _ = run_plan(load_spec(path), str(tmp_path / "reference.zarr"), cluster=address, stream=stream,
+                                batch_seconds=0)
         with kill_a_worker_after_the_first(client, "solve-") as record:
-            plan, _ = run_plan(load_spec(path), str(tmp_path / "plan.zarr"), cluster=address, stream=stream)
+            plan, _ = run_plan(load_spec(path), str(tmp_path / "plan.zarr"), cluster=address, stream=stream, batch_seconds=0)
     assert_killed_while_in_progress(record)  # solve tasks of every round: a refinement round adds its own
     report = audit_plan(str(tmp_path / "plan.zarr"))
     assert report.ok, report.failures

@@ -7,7 +7,7 @@ import itertools
 import numpy as np
 import pytest
 
-from distfit.packing import PackedBlocks, block_arrays, marginal_pack
+from distfit.packing import PackedBlocks, QueryRuns, block_arrays, marginal_pack
 from distfit.solver.dual import certified_bound
 
 SIZES = [3, 4, 2]
@@ -74,3 +74,27 @@ def test_a_pack_of_every_subset_has_the_closed_form_alpha(sizes):
     pack, _ = marginal_pack(sizes, cliques, 1.0)
     c = [np.prod([1 - 1 / sizes[p] for p in row if p >= 0]) for row in pack.attributes]
     np.testing.assert_allclose(pack.alpha, c, rtol=1e-15)  # scale 1
+
+
+def test_query_runs_encode_expand_and_index_like_the_vector():
+    vector = np.array([1.0, 1.0, 2.0, np.nan, np.nan, -0.0, 0.0, 0.0, 3.0])
+    runs = QueryRuns.encode(vector)
+    assert runs.offsets.tolist() == [0, 2, 3, 5, 6, 8, 9] and runs.size == len(runs) == 9
+    assert runs.expand().tobytes() == vector.tobytes() == np.asarray(runs).tobytes()  # NaN and -0.0 kept bit for bit
+    queries = np.array([[8, 0], [5, 6]])
+    np.testing.assert_array_equal(runs[queries], vector[queries])
+    with pytest.raises(IndexError):
+        runs[np.array([9])]
+    split = QueryRuns(np.array([1.0, 1.0, 2.0]), np.array([0, 1, 4, 6]))
+    merged = split.canonical()
+    assert merged.offsets.tolist() == [0, 4, 6] and merged.canonical() is merged
+    np.testing.assert_array_equal(merged.expand(), split.expand())
+    offsets, mine, theirs = merged.aligned(QueryRuns.encode(np.arange(6.0)))
+    assert offsets.tolist() == list(range(7))
+    np.testing.assert_array_equal(mine, split.expand())
+    np.testing.assert_array_equal(theirs, np.arange(6.0))
+    assert QueryRuns.encode(np.zeros(0)).size == 0
+    for values, offsets, field in (([1.0], [1, 2], "offsets"), ([1.0, 2.0], [0, 2, 2], "offsets"),
+                                   ([1.0], [0, 1, 2], "values")):
+        with pytest.raises(ValueError, match=field):
+            QueryRuns(np.array(values), np.array(offsets))

@@ -132,7 +132,7 @@ def build_parser() -> argparse.ArgumentParser:
     plan_parser.add_argument("--out", required=True, metavar="PLAN.zarr")
     add_cluster_options(plan_parser, serial_help="solve the blocks in this process, without Dask")
     plan_parser.add_argument("--overwrite", action="store_true", help="replace a plan already at --out")
-    plan_parser.add_argument("--refine-rounds", type=int, default=1, metavar="R", help="target-share refinement rounds (default 1)")
+    plan_parser.add_argument("--refine-rounds", type=int, default=2, metavar="R", help="target-share refinement rounds (default 2)")
 
     audit_parser = commands.add_parser(
         "audit", help="recompute a plan's profiles, alpha and variances from its stored arrays; exit 1 on mismatch",

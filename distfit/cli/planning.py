@@ -27,7 +27,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     print(f"{PROG}: plan {args.out}")
     print(f"  blocks         {plan.num_blocks}  ({plan.composition})")
     print(f"  privacy cost   alpha = {format_number(plan.alpha)}  [{kind}]   rho = {format_number(plan.rho)}")
-    print(f"  max variance/target  {float((plan.variances / plan.targets).max()):.6f}")
+    print(f"  max variance/target  {plan.max_variance_ratio:.6f}")
     print(f"  checksum       {checksum}")
     print(f"  seconds        {plan.seconds:.1f}")
     return 0

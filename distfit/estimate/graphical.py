@@ -22,14 +22,17 @@ marginals. ``P`` is
   descent on the potentials with warm-started, damped sweeps of convex generalised belief
   propagation (the paper's Prox-PGM with Convex-GBP; mbi's algorithm, computed on every edge at
   once by :mod:`distfit.estimate.region_graph`, numpy only, several units together). It starts
-  from ``theta_C = log max(x_C, 1/2)``, ``x_C`` each clique's raw table (:func:`_warm_start`),
-  first step ``2 / (L N)``, then mbi's Armijo rule (growing 5% per accepted step at first). With
+  at the raw tables: potentials ``log t_r`` on every region, ``t_r`` the raw table clamped at
+  1/2 and, for a clique, fitted to its subregions' tables (:func:`_warm_start`), first step ``2 / (L N)``, then mbi's Armijo rule (growing 5% per accepted step at first). With
   one sweep per step the messages lag the potentials and the line search eventually rejects
   every step; it is restarted :data:`RESTARTS` times after settling the messages, each time
   with more sweeps per step (less lag, less bias: on 4 attributes of 3 values the objective
   ends 0.6% above Clarabel's optimum over the local polytope). The potentials are then held
-  and the sweeps continue until every edge of the region graph agrees to :data:`CONSISTENCY`
-  of the total.
+  and the sweeps continue until every edge of the region graph agrees to
+  :data:`POLISH_CONSISTENCY` of the total; the pseudo-marginals are then I-projected onto
+  agreement (:func:`distfit.estimate.region_graph.make_consistent`, Newton on the dual), so
+  that the cliques agree to :data:`CONSISTENCY` of the total even on sparse units, where the
+  messages converge slowly (cells of ~1e-40).
 
 The rule (:func:`graphical_problem`): exact when the junction tree of the measured cliques holds
 at most :data:`EXACT_MAX_CELLS` cells (message passing then costs milliseconds per step), else
@@ -90,18 +93,24 @@ MEMORY_LIMIT_BYTES = 8 << 30
 #: float64 copies of every table that an inference step keeps alive (potentials, marginals,
 #: gradient, trial point, messages, jax temporaries): the memory estimate's factor.
 TABLE_COPIES = 12
-#: Pseudo-marginals of two cliques agree on their shared attributes to this fraction of the total.
-CONSISTENCY = 1e-7
+#: Pseudo-marginals of two cliques agree on their shared attributes to this fraction of the total
+#: (the region graph's final I-projection, :func:`distfit.estimate.region_graph.make_consistent`).
+CONSISTENCY = 1e-12
 #: Mirror descent steps (at most), the relative loss change per 50 steps that stops them, and
-#: the most belief-propagation sweeps spent reaching :data:`CONSISTENCY` afterwards.
+#: the most belief-propagation sweeps of the held potentials afterwards, stopped once the regions
+#: agree to :data:`POLISH_CONSISTENCY` of the total (the messages then converge only linearly:
+#: the I-projection closes the rest).
 ITERATIONS = 3000
 TOLERANCE = 1e-10
-POLISH_SWEEPS = 5000
+POLISH_SWEEPS = 2000
+POLISH_CONSISTENCY = 1e-6
 #: Region graph: sweeps of the warm start's potentials before mirror descent, and the step's
 #: growth on an accepted step (mbi's Armijo rule grows 1.01; 1.05 reaches the working step size
 #: in ~100 steps on Adult instead of ~400).
 WARM_SWEEPS = 100
 GROWTH = 1.05
+#: Passes of proportional fitting of each clique's clamped raw table to its subregions' tables.
+WARM_FITS = 5
 #: Line-search restarts after the loss stalls, each after this many sweeps of the held potentials.
 RESTARTS = 3
 RESTART_SWEEPS = 100
@@ -314,11 +323,13 @@ def _solver(ns: SimpleNamespace, model: MeasurementModel, domain, cliques, paren
                            loss=loss, step=step, graph=graph, warm=warm)
 
 
-def _warm_operators(model: MeasurementModel, graph: region_graph.RegionGraph) -> list:
+def _warm_operators(model: MeasurementModel, graph: region_graph.RegionGraph) -> tuple[list, list]:
     """Per clique ``C``: the block ids ``b`` with attributes within ``C`` and ``P_C`` with
     ``P_C [C_b^-1 y_b]_b`` the generalised least squares table of ``C`` from those blocks alone
-    (the raw marginal: the residual blocks of ``C``'s subsets span its cells)."""
-    out = []
+    (the raw marginal: the residual blocks of ``C``'s subsets span its cells). Per other region
+    ``r``: the cliques that contain it, each with the axes its table sums over onto ``r``. Per
+    clique: its largest proper subregions, each with the axes the clique sums over onto it."""
+    cliques = []
     for i in graph.clique_index:
         clique, shape = graph.regions[i], graph.shapes[i]
         index = np.indices(shape).reshape(len(shape), -1)
@@ -330,20 +341,60 @@ def _warm_operators(model: MeasurementModel, graph: region_graph.RegionGraph) ->
                         else np.zeros(index.shape[1], dtype=np.int64))
                 ids.append(block.block_id)
                 rows.append(block.whitened_basis[:, cell])
-        out.append((i, tuple(ids), np.linalg.pinv(np.vstack(rows))))
-    return out
+        cliques.append((i, tuple(ids), np.linalg.pinv(np.vstack(rows))))
+    regions = []
+    for r, attributes in enumerate(graph.regions):
+        if r not in graph.clique_index:
+            members = [(c, tuple(1 + j for j, a in enumerate(graph.regions[c]) if a not in attributes))
+                       for c in graph.clique_index if set(attributes) <= set(graph.regions[c])]
+            regions.append((r, members))
+    fits = []
+    for c in graph.clique_index:
+        below = [r for r, _ in regions if set(graph.regions[r]) < set(graph.regions[c])]
+        top = [r for r in below if not any(set(graph.regions[r]) < set(graph.regions[q]) for q in below)]
+        fits.append((c, [(r, tuple(1 + j for j, a in enumerate(graph.regions[c]) if a not in graph.regions[r])) for r in top]))
+    return cliques, regions, fits
 
 
 def _warm_start(problem: GraphicalProblem, white: list[Mapping[str, np.ndarray]]) -> np.ndarray:
-    """Potentials ``theta_C = log max(x_C, 1/2)`` from each clique's raw table ``x_C``
-    (:func:`_warm_operators`), (cells, n): mirror descent then starts near the measurements
-    instead of from the uniform table (on Adult, 600 steps reach a loss 4.6x lower)."""
+    """Potentials ``theta_r = log t_r`` on every region ``r``, (cells, n): ``t_r = max(x_r, 1/2)``
+    for an intersection, ``x_r`` the mean of its cliques' marginals (all equal in a residual
+    plan); for a clique ``C``, ``max(x_C, 1/2)`` (``x_C`` its raw table,
+    :func:`_warm_operators`) fitted to the tables of its largest subregions by
+    :data:`WARM_FITS` passes of iterative proportional fitting. With every counting number 1,
+    convex GBP's fixed point maximises ``sum_r <theta_r, mu_r> + H(mu_r)`` over the local
+    polytope, so it is ``mu_r = t_r`` whenever the tables agree (they do, but for the clamped
+    cells of the subregions and the fitting's tolerance): mirror descent starts at the
+    measurements. Potentials on the cliques alone
+    (the earlier start) leave the intersections' entropies pulling towards uniform (4% of the
+    total off on 5 attributes, with the cliques' tables agreeing exactly). Mirror descent moves
+    only the cliques' potentials; on the local polytope a potential of ``r`` is the same as its
+    expansion onto a clique that contains ``r``, so the model class is unchanged."""
     graph = problem.solver.graph
-    theta = np.zeros((graph.cells, len(white)))
-    for i, ids, inverse in problem.solver.warm:
+    cliques, regions, fits = problem.solver.warm
+    n = len(white)
+    raw = np.zeros((graph.cells, n))
+    for i, ids, inverse in cliques:
         stacked = np.stack([np.concatenate([w[b] for b in ids]) for w in white], axis=1)
-        theta[graph.region_start[i]:graph.region_start[i + 1]] = np.log(np.maximum(inverse @ stacked, 0.5))
-    return theta
+        raw[graph.region_start[i]:graph.region_start[i + 1]] = inverse @ stacked
+    for r, members in regions:
+        mean = sum(graph.table(raw, c).sum(axis=axes) for c, axes in members) / len(members)
+        raw[graph.region_start[r]:graph.region_start[r + 1]] = mean.reshape(n, -1).T
+    table = np.maximum(raw, 0.5)
+    # Clamping a clique's negative cells adds mass that its normalisation would take from the
+    # large cells (Adult: 7,266 of 42,301 raw cells negative; the full-population prefix queries
+    # fell 100 below the truth). Proportional fitting to the subregions' tables (precise, and
+    # rarely clamped) puts it back where the lower-order measurements say: on Adult, the queries
+    # of these tables have a mean absolute error of 9.45 against the raw answers' 10.75 (clamping
+    # alone: 16.0).
+    for c, subregions in fits:
+        fitted = graph.table(table, c)
+        for _ in range(WARM_FITS):
+            for r, axes in subregions:
+                target = np.expand_dims(graph.table(table, r), axes)
+                fitted = fitted * target / fitted.sum(axis=axes, keepdims=True)
+        table[graph.region_start[c]:graph.region_start[c + 1]] = fitted.reshape(n, -1).T
+    return np.log(table)
 
 
 def _check(problem: GraphicalProblem, measurements: Mapping[str, Any]) -> dict[str, np.ndarray]:
@@ -425,7 +476,8 @@ def _region_graph(problem: GraphicalProblem, target: np.ndarray, total: np.ndarr
     sweep of convex GBP (:mod:`distfit.estimate.region_graph`), first step ``2 / (L N)``, then
     mbi's Armijo rule per unit (accept and grow by 1% when the loss falls by at least half the
     linear prediction, else halve); then sweeps with the potentials held until every edge of the
-    region graph agrees to :data:`CONSISTENCY` of the total. Returns ``mu`` (cells, n), the steps
+    region graph agrees to :data:`POLISH_CONSISTENCY` of the total, and the I-projection onto
+    agreement (to :data:`CONSISTENCY`). Returns ``mu`` (cells, n), the steps
     and whether each unit converged (its loss stalled and its regions agree)."""
     graph, k = problem.solver.graph, problem.solver.step
     n = target.shape[1]
@@ -471,9 +523,10 @@ def _region_graph(problem: GraphicalProblem, target: np.ndarray, total: np.ndarr
             break
     for sweep in range(POLISH_SWEEPS):
         mu, up, down = region_graph.sweep(graph, theta, up, down, total)
-        agree = region_graph.inconsistency(graph, mu) <= CONSISTENCY * total
-        if sweep % CHECK_EVERY == CHECK_EVERY - 1 and agree.all():
+        if sweep % CHECK_EVERY == CHECK_EVERY - 1 and (region_graph.inconsistency(graph, mu) <= POLISH_CONSISTENCY * total).all():
             break
+    mu = region_graph.make_consistent(graph, mu, CONSISTENCY * total)
+    agree = region_graph.inconsistency(graph, mu) <= CONSISTENCY * total
     return mu, steps, (stalls >= 2) & agree
 
 

@@ -4,7 +4,8 @@
 [--overwrite] [--workers N | --cluster ADDR|FILE | --serial]`` (DESIGN.md sections 5 and 7).
 Post-processing: it reads the plan and the release only, never the data, so it costs no
 privacy. Per unit (DESIGN.md section 7): the measurements ``y_b = R_b a_b`` are recovered
-exactly from the block answers (:func:`distfit.estimate.measurements.recover_measurements`),
+exactly from the block answers, whitened in the same product
+(:func:`distfit.estimate.measurements.whitened_measurements`),
 the data vector is the projection ``x_hat = argmin_{x >= 0} sum_b (y_b - B_b M_b x)^T
 Sigma_b^-1 (y_b - B_b M_b x)`` (:func:`distfit.estimate.projection.project_nonnegative`), with
 ``--integer`` rounded so that each unit's total is kept
@@ -62,6 +63,7 @@ from distfit.estimate.measurements import (
     measurement_model,
     published_estimates,
     recover_measurements,
+    whitened_measurements,
     workload_kind,
 )
 from distfit.estimate.projection import project_nonnegative
@@ -77,6 +79,7 @@ from distfit.stores.estimate import (
     open_resumable,
     read_estimate,
     seal,
+    stored_tables,
 )
 from distfit.stores.files import root_attrs_on_disk
 from distfit.stores.plan import read_plan, verify_checksum
@@ -141,6 +144,7 @@ class EstimateJob:
     integer: bool
     workload: WorkloadKind
     method: str = METHOD  # or "graphical-exact" / "graphical-region-graph" (graphical_method)
+    tables: str | None = "cells/estimates"  # the per-unit table written (stores.estimate.chunk_arrays)
 
 
 # --------------------------------------------------------------------------------------------
@@ -186,7 +190,7 @@ def estimate_chunk(model: MeasurementModel, answers: dict[str, np.ndarray], *, i
     :func:`distfit.estimate.measurements.published_estimates` (``workload``: the model's
     :func:`~distfit.estimate.measurements.workload_kind`): never below 0 for a nonnegative
     workload; with ``integer`` the cells are int64 and so are the queries of an integral one."""
-    fit = project_nonnegative(model, recover_measurements(model, answers))
+    fit = project_nonnegative(model, whitened_measurements(model, answers), whitened=True)
     cells = round_preserving_total(fit.x) if integer else np.asarray(fit.x, dtype=np.float64)
     return published_estimates(model, cells, workload, integer=integer), cells, fit
 
@@ -215,11 +219,6 @@ def graphical_method(model: MeasurementModel, method: str, integer: bool) -> tup
 
 #: The graphical problem of the last model a worker saw (model, problem): built once per worker.
 _PROBLEM: list = []
-
-
-def _tables(method: str) -> str:
-    """The per-unit tables a method stores: the data vector or the clique marginals."""
-    return "cells/estimates" if method == METHOD else "marginals/estimates"
 
 
 def _problem_for(model: MeasurementModel, method: str):
@@ -264,7 +263,7 @@ def estimate_chunk_task(job: EstimateJob, model: MeasurementModel, chunk: int,
             queries, cells, fit = estimate_chunk_graphical(_problem_for(model, job.method), _chunk_answers(
                 release, model, start, stop), workload=job.workload)
     rows = chunk_rows(queries, cells, fit.objective, fit.iterations, fit.converged,
-                      np.asarray(release.unit_ids[start:stop]), tables=_tables(job.method))
+                      np.asarray(release.unit_ids[start:stop]), tables=job.tables)
     if writer is not None:
         writer.write_arrays(chunk, start, rows)
     else:
@@ -360,6 +359,8 @@ def run_estimate(
         if problem is not None:
             _PROBLEM[:] = [model, problem]  # the serial path reuses the driver's
         workload = workload_kind(model)
+        # the data vector is written once: as query columns where the workload holds every cell
+        cell_columns = model.cell_queries if problem is None and (workload.integral or not integer) else None
         units, chunk_units = int(release.attrs["units"]), int(release.attrs["chunk_units"])
         n_chunks = -(-units // chunk_units)
         staging: Path | None = None
@@ -377,14 +378,15 @@ def run_estimate(
                                    integer=integer, cells=model.cells,
                                    query_dtype=np.int64 if integer and workload.integral else np.float64,
                                    cell_labels=_cell_labels(plan, model) if problem is None else None,
-                                   cliques=None if problem is None else problem.cliques)
+                                   cliques=None if problem is None else problem.cliques,
+                                   cell_columns=cell_columns)
             pending = list(range(n_chunks))
 
         job = EstimateJob(estimate_path=str(target), release_path=os.path.abspath(release.path),
                           release_checksum=release.checksum, units=units, chunk_units=chunk_units,
-                          integer=integer, workload=workload, method=store_method)
+                          integer=integer, workload=workload, method=store_method, tables=stored_tables(root))
         with ChunkedWrite(root, target, units=units, chunk_units=chunk_units, pending=pending, stage="estimate",
-                          log=log, fsync=fsync, staging=staging, arrays=chunk_arrays(_tables(store_method)),
+                          log=log, fsync=fsync, staging=staging, arrays=chunk_arrays(job.tables),
                           after_chunk=after_chunk) as write:
             if pending and serial:
                 write.consume(_run_serial(job, model, pending))

@@ -234,6 +234,6 @@ def estimate_levels(spec: Any, level_dirs: Mapping[str, os.PathLike | str], *, i
         out[name] = LevelEstimate(name, str(paths[name]), checksum, levels[i].units, "done", above)
         if not result.converged[i].all():
             print(f"distfit: note: level {name}: the solve stopped at {result.iterations[i]} iterations before its "
-                  "tolerance (fit/converged)", file=log)
+                  "tolerance (solve/converged)", file=log)
     print(f"distfit: top-down estimates of {len(names)} levels in {time.perf_counter() - started:.2f} s", file=log)
     return out

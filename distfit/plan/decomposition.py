@@ -20,6 +20,13 @@ from distfit.plan.residual import BlockLayout, BlockSpec, GroupLike, ResidualWor
 
 MERGE_MAX_ROWS = 1024  # basis rows a merged block may have: an SM-II step costs O(k^3)
 MERGE_LOG_LINES = 50  # merge decisions written out one per line; the rest are counted
+SMALL_SOLVED_WORK = 1e8  # flops per SM-II step of all solved blocks below which mixed blocks are solved too
+
+
+def solved_work(layouts: Sequence[BlockLayout]) -> float:
+    """Flops of one SM-II step over ``layouts``: ``sum_b (k_b^3 + m_b k_b^2)`` (a k x k
+    factorisation and the m_b query variances of each block)."""
+    return float(sum(float(b.rows) ** 3 + float(b.queries) * float(b.rows) ** 2 for b in layouts))
 
 
 @dataclass(frozen=True, eq=False)
@@ -56,12 +63,25 @@ def decompose_lazily(domain: Domain, groups: Sequence[GroupLike], max_cells: int
     lower-order residual in one merged block and loses the free share of the targets (5.6-10.2%
     above the optimum measured). Blocks of a group with any other block (ranges, prefixes,
     per-query targets) merge as before, where correlating the noise can pay (the age pyramid:
-    2.28x); a merge whose blocks would all be closed-form is undone."""
+    2.28x); a merge whose blocks would all be closed-form is undone.
+
+    Closed-form blocks that share a query group with solved blocks are solved instead when the
+    plan is small: when solving every block outside the free set costs at most
+    ``SMALL_SOLVED_WORK`` flops per SM-II step (``solved_work``). There the queries' target
+    shares move with the solved blocks', so the symmetric shape is not the optimum, and the
+    joint block dual (which cannot move the shares of closed-form rows) runs. PL94 at
+    ``max_cells: 64`` (``bench_price_of_blocks.py``): 3.15001 with its six mixed blocks in closed
+    form, 2.37988 solved, against the global optimum 2.36339. On large plans the closed forms
+    keep SM-II off thousands of blocks."""
     workload = ResidualWorkload(domain, groups)
     closed = workload.closed_form_mask() if closed_forms else np.zeros(len(workload.subset_positions), dtype=bool)
     free_mask = workload.free_of_mixed(closed)
     rest = workload.names_of(np.flatnonzero(~free_mask))
     cliques = [tuple(group[1]) for group in groups] if rest else []
+    if closed_forms and np.any(closed & ~free_mask):
+        all_solved = workload.layouts(merge_layout(domain, rest, cliques, max_cells, max_rows))
+        if solved_work(all_solved) <= SMALL_SOLVED_WORK:
+            closed = free_mask  # the mixed closed-form blocks are solved (docstring)
     free = np.flatnonzero(free_mask)
     undone: list[tuple[str, ...]] = []
     merged, unmerged = [], 0

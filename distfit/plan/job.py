@@ -39,7 +39,7 @@ import numpy as np
 from distfit import __version__
 from distfit.cluster import DaskExecutor, Progress, dask_client
 from distfit.plan.planner import (
-    JOINT_BLOCK_DUAL, SCALE_ALLOCATION, BlockRef, Executor, PlanResult, decompose_lazily, plan_blocks, plan_streamed,
+    BATCH_SECONDS, JOINT_BLOCK_DUAL, SCALE_ALLOCATION, BlockRef, Executor, PlanResult, decompose_lazily, plan_blocks, plan_streamed,
     serial_executor, should_stream, write_streamed_blocks,
 )
 from distfit.plan.residual import BlockSpec
@@ -61,7 +61,7 @@ def apply_budget(plan: PlanResult, budget_alpha: float) -> PlanResult:
         plan,
         blocks=blocks,
         closed_scales=None if plan.closed_scales is None else plan.closed_scales * factor,
-        variances=scaled_noise(plan.variances, factor),
+        variance_runs=plan.variance_runs.with_values(scaled_noise(plan.variance_runs.values, factor)),
         alpha=scaled_cost(plan.alpha, factor),
         alpha_sum_bound=scaled_cost(plan.alpha_sum_bound, factor),
         allocation_lower_bound=scaled_cost(plan.allocation_lower_bound, factor),
@@ -227,8 +227,8 @@ def finish_plan(writer: PlanWriter, spec: PipelineSpec, plan: PlanResult) -> str
     return writer.finish(
         spec=spec.to_dict(),
         schema=spec.domain.schema(),
-        queries_targets=plan.targets,
-        queries_variances=plan.variances,
+        queries_targets=plan.target_runs,
+        queries_variances=plan.variance_runs,
         alpha=plan.alpha,
         alpha_exact=plan.alpha_exact,
         rho=plan.rho,
@@ -250,12 +250,13 @@ def finish_plan(writer: PlanWriter, spec: PipelineSpec, plan: PlanResult) -> str
 
 
 @contextlib.contextmanager
-def _executor(cluster: str | None, workers: int | None, serial: bool, log: TextIO) -> Iterator[Executor]:
+def _executor(cluster: str | None, workers: int | None, serial: bool, log: TextIO,
+              batch_seconds: float = BATCH_SECONDS) -> Iterator[Executor]:
     if serial:
         yield serial_executor
         return
     with dask_client(cluster, workers, log=log) as client:
-        yield DaskExecutor(client)
+        yield DaskExecutor(client, batch_seconds=batch_seconds)
 
 
 def run_plan(
@@ -266,26 +267,31 @@ def run_plan(
     workers: int | None = None,
     overwrite: bool = False,
     serial: bool = False,
-    refine_rounds: int = 1,
+    refine_rounds: int = 2,
     stream: bool | None = None,
     log: TextIO | None = None,
     closed_forms: bool = True,
+    batch_seconds: float = BATCH_SECONDS,
 ) -> tuple[PlanResult, str]:
     """Spec (``distfit.spec.parse.load_spec``) to plan store at ``out``; returns the plan and its
     checksum. ``stream``: build the plan through the store (module docstring); ``None``
     (default) streams exactly the plans too big to co-optimise (``planner.should_stream``).
     ``closed_forms=False`` solves every block with SM-II and merges as before closed forms
     (``decomposition.decompose_lazily``): for comparisons and tests of solved blocks.
-    Errors: SpecError/ValueError (bad input), FileExistsError (a plan is already there),
+    ``refine_rounds``: 2 by default (``plan.rounds``: warm-started rounds cost about half a
+    cold one; on Adult the second lowered alpha from 1.280 to 1.254). ``batch_seconds``: the least estimated work of one cluster task (``planner.batched``: small
+    blocks share tasks; 0 = one task per block). Errors: SpecError/ValueError (bad input), FileExistsError (a plan is already there),
     cluster.ClusterError (unreachable scheduler)."""
     log = log or sys.stderr
     with store_lock(out, "plan"):  # one writer per store: a second plan job into out is refused
         return _run_plan(spec, out, cluster=cluster, workers=workers, overwrite=overwrite, serial=serial,
-                         refine_rounds=refine_rounds, stream=stream, log=log, closed_forms=closed_forms)
+                         refine_rounds=refine_rounds, stream=stream, log=log, closed_forms=closed_forms,
+                         batch_seconds=batch_seconds)
 
 
 def _run_plan(spec: PipelineSpec, out: str, *, cluster: str | None, workers: int | None, overwrite: bool, serial: bool,
-              refine_rounds: int, stream: bool | None, log: TextIO, closed_forms: bool = True) -> tuple[PlanResult, str]:
+              refine_rounds: int, stream: bool | None, log: TextIO, closed_forms: bool = True,
+              batch_seconds: float = BATCH_SECONDS) -> tuple[PlanResult, str]:
     PlanWriter(out, overwrite=overwrite).abort()  # refuse an existing plan before any work
     decomposition = decompose_lazily(spec.domain, spec.group_triples(), spec.blocks.max_cells if spec.blocks.merge else 0,
                                      closed_forms=closed_forms)
@@ -295,8 +301,8 @@ def _run_plan(spec: PipelineSpec, out: str, *, cluster: str | None, workers: int
     budget = spec.privacy.budget
     if not (should_stream(decomposition.layouts) if stream is None else stream):
         blocks = list(decomposition.specs())
-        with _executor(cluster, workers, serial or not decomposition.layouts, log) as executor:
-            plan = plan_blocks(spec.domain, blocks, decomposition.workload.targets(), executor, refine_rounds, decisions, RoundProgress("plan", log),
+        with _executor(cluster, workers, serial or not decomposition.layouts, log, batch_seconds) as executor:
+            plan = plan_blocks(spec.domain, blocks, decomposition.workload.target_runs(), executor, refine_rounds, decisions, RoundProgress("plan", log),
                                closed=decomposition.closed)
         if budget is not None:
             plan = apply_budget(plan, budget.to_alpha())
@@ -308,8 +314,8 @@ def _run_plan(spec: PipelineSpec, out: str, *, cluster: str | None, workers: int
         for block in decomposition.specs():
             refs.append(sink.save_spec(block))
             del block  # before the next one is built
-        with _executor(cluster, workers, serial or not decomposition.layouts, log) as executor:
-            plan = plan_streamed(spec.domain, refs, decomposition.workload.targets(), sink, executor, refine_rounds, decisions, RoundProgress("plan", log),
+        with _executor(cluster, workers, serial or not decomposition.layouts, log, batch_seconds) as executor:
+            plan = plan_streamed(spec.domain, refs, decomposition.workload.target_runs(), sink, executor, refine_rounds, decisions, RoundProgress("plan", log),
                                  closed=decomposition.closed)
         if budget is not None:
             plan = apply_budget(plan, budget.to_alpha())
@@ -351,8 +357,9 @@ def scale_plan_to_budget(source: str, out: str, spec: PipelineSpec, budget_alpha
                                  float(block.alpha), float(block.lower_bound))
             writer.write_block(dataclasses.replace(block, **scaled._asdict()))
         return writer.finish(
-            spec=spec.to_dict(), schema=attrs["schema"], queries_targets=np.asarray(plan.queries_targets),
-            queries_variances=scaled_noise(np.asarray(plan.queries_variances), factor), alpha=new_alpha,
+            spec=spec.to_dict(), schema=attrs["schema"], queries_targets=plan.target_runs,
+            queries_variances=plan.variance_runs.with_values(scaled_noise(plan.variance_runs.values, factor)),
+            alpha=new_alpha,
             alpha_exact=bool(attrs.get("alpha_exact")), rho=new_alpha / 2.0,
             composition=attrs.get("composition"),
             extra_attrs={"account": privacy_account(new_alpha).to_dict(), "planner": planner})

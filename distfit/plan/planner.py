@@ -14,7 +14,9 @@ tasks and yields ``(index, BlockSolution)`` in any order, so results can stream.
 3. ``allocate.allocate_scales`` picks one scale per block (the convex program of DESIGN.md
    section 2). Refinement rounds then re-solve every block with the share of each query's
    target that the allocation gave it (``c_j * s_S v_jS / sum_S' s_S' v_jS'``) and allocate
-   again, until a round gains less than 0.01%; the best round is kept.
+   again, until a round gains less than 0.01%; the best round is kept (``rounds.refine``: a
+   round another follows is solved to a looser gap, later rounds are warm-started from the
+   previous one, and every kept block is certified to ``BLOCK_GAP``).
 4. When the blocks are small enough for the driver (``CO_OPTIMIZE_WORK``), the joint block
    dual (``solver.dual.maximize_block_dual``) re-optimises all block covariances together:
    it chooses how each query's target is shared among its blocks, which per-block shapes
@@ -53,15 +55,16 @@ from typing import Callable, Iterable, Iterator, Protocol, Sequence
 import numpy as np
 
 from distfit.domain import Domain
-from distfit.plan.allocate import ScaleAllocation, allocate_rows
+from distfit.packing import QueryRuns
 from distfit.plan.closed_form import ClosedFormBlocks
 from distfit.plan.composition import EXACT_DOMAIN_LIMIT, StitchedProfile, alpha_is_exact, stitched_profile, stitched_variances
 from distfit.plan.decomposition import decompose, decompose_lazily  # noqa: F401 (re-exported: step 1)
 from distfit.plan.residual import BlockLayout, BlockSpec, GroupLike
+from distfit.plan.rounds import BLOCK_GAP, Round, refine
 from distfit.privacy import privacy_account, privacy_profile
 from distfit.scaling import scale_block, scaled_cost, scaled_noise
 from distfit.solver.dual import BlockDualResult, maximize_block_dual
-from distfit.solver.solve import BlockSolution, solve
+from distfit.solver.solve import BlockSolution, WarmStart, solve
 from distfit.threads import blas_limit
 
 LOG = logging.getLogger("distfit.plan.planner")
@@ -84,11 +87,14 @@ class BlockTask:
     index: int
     spec: BlockSpec
     targets: np.ndarray
+    gap_tolerance: float = BLOCK_GAP
+    warm_start: WarmStart | None = None  # the block's solution in the previous round, if any
 
 
 def solve_block(task: BlockTask) -> BlockSolution:
     """A pure function of the task (picklable): the block's SM-II solve in its own basis."""
-    return solve(task.spec.workload, task.targets, basis=task.spec.basis)
+    return solve(task.spec.workload, task.targets, basis=task.spec.basis, gap_tolerance=task.gap_tolerance,
+                 max_gap=max(10.0 * task.gap_tolerance, 1e-3), warm_start=task.warm_start)
 
 
 Executor = Callable[[Iterable[BlockTask]], Iterator[tuple[int, BlockSolution]]]
@@ -217,12 +223,13 @@ class BlockSink(Protocol):
 
 @dataclass(frozen=True, eq=False)
 class PlanResult:
-    """A stitched plan: blocks, per-query variances and the combined privacy account."""
+    """A stitched plan: blocks, per-query targets and variances (as runs, ``distfit.packing.QueryRuns``:
+    161.7M queries of identity marginals are 166,751 runs) and the combined privacy account."""
 
     domain: Domain
     blocks: tuple[PlannedBlock | StreamedBlock, ...]  # StreamedBlock when ``streamed``
-    targets: np.ndarray
-    variances: np.ndarray
+    target_runs: QueryRuns  # every query's target, as runs (one per marginal of identity marginals)
+    variance_runs: QueryRuns  # every query's variance, as runs
     alpha: float
     alpha_exact: bool
     alpha_sum_bound: float
@@ -236,6 +243,22 @@ class PlanResult:
     lower_bound_method: str = field(default=SCALE_ALLOCATION)  # or JOINT_BLOCK_DUAL: what allocation_lower_bound bounds
     closed: ClosedFormBlocks | None = field(default=None)  # closed-form blocks (not in ``blocks``)
     closed_scales: np.ndarray | None = field(default=None)  # their scales s_S (Sigma = s_S sigma_S B B^T)
+
+    @property
+    def targets(self) -> np.ndarray:
+        """(m,) every query's target (``target_runs`` expanded: a new array on every call)."""
+        return self.target_runs.expand()
+
+    @property
+    def variances(self) -> np.ndarray:
+        """(m,) every query's variance (``variance_runs`` expanded: a new array on every call)."""
+        return self.variance_runs.expand()
+
+    @property
+    def max_variance_ratio(self) -> float:
+        """The largest variance/target over the queries, run by run (0 for no queries)."""
+        _, variances, targets = self.variance_runs.aligned(self.target_runs)
+        return float(np.max(variances / targets, initial=0.0))
 
     @property
     def num_blocks(self) -> int:
@@ -283,6 +306,40 @@ def solve_order(blocks: Sequence[BlockSpec | BlockRef | BlockLayout]) -> list[in
     return sorted(range(len(blocks)), key=lambda i: -work[i])
 
 
+#: A block solve's time as ``SOLVE_OVERHEAD_S + SECONDS_PER_WORK * block_work`` (Adult, one
+#: core: the 3-way blocks with k = 210 take ~3 s at work 3.5e7; a 1 x 4 block ~3 ms).
+SOLVE_OVERHEAD_S = 3e-3
+SECONDS_PER_WORK = 1e-7
+BATCH_SECONDS = 0.1  # the least estimated work of one cluster task (issue 10: Dask costs 10-15 ms per task)
+
+
+def estimated_seconds(block: BlockSpec | BlockRef | BlockLayout) -> float:
+    """Rough single-core seconds of one block solve (``SOLVE_OVERHEAD_S``, ``SECONDS_PER_WORK``)."""
+    return SOLVE_OVERHEAD_S + SECONDS_PER_WORK * block_work([block])
+
+
+def batched(tasks: Iterable[BlockTask], min_seconds: float = BATCH_SECONDS) -> Iterator[list[BlockTask]]:
+    """Tasks in the order given, grouped into runs of at least ``min_seconds`` of estimated
+    work (``estimated_seconds``); a task that alone reaches it is a batch of its own. In
+    ``solve_order`` (most work first) the large SM-II blocks go out one per task, longest
+    first, and the small ones share tasks at the end. Reads ``tasks`` lazily, one batch ahead."""
+    batch: list[BlockTask] = []
+    seconds = 0.0
+    for task in tasks:
+        batch.append(task)
+        seconds += estimated_seconds(task.spec)
+        if seconds >= min_seconds:
+            yield batch
+            batch, seconds = [], 0.0
+    if batch:
+        yield batch
+
+
+def solve_blocks(tasks: Sequence[BlockTask]) -> list[tuple[int, BlockSolution]]:
+    """``solve_block`` for each task of a batch (``batched``): one cluster task, many blocks."""
+    return [(task.index, solve_block(task)) for task in tasks]
+
+
 def should_stream(blocks: Sequence[BlockSpec | BlockRef | BlockLayout]) -> bool:
     """Stream the plan through the store (``plan_streamed``) rather than hold it in memory:
     when the blocks are too big for the joint block dual (``STREAM_WORK``)."""
@@ -302,7 +359,7 @@ class _ClosedRows:
     of its queries have the same constraint: a *run* of queries sharing the variance of its
     first) and one per row otherwise (a run of one query, like every query no such marginal
     covers). ``run_start``/``run_length`` cover the queries in order; ``run_of_row`` is the run
-    of every allocation row. The per-query variances are formed once, at the end (``variances``)."""
+    of every allocation row. The per-query variances are runs, formed once at the end (``variances``)."""
 
     closed: ClosedFormBlocks
     query: np.ndarray
@@ -318,11 +375,12 @@ class _ClosedRows:
         query, block, variance = closed.allocation_rows(expand)
         starts, first = np.unique(closed.segment_query[~expand], return_index=True)
         cells = closed.segment_cells[~expand][first]
-        # queries outside every shared run are runs of one (int8 coverage: the runs are disjoint marginals)
-        change = np.zeros(num_queries + 1, dtype=np.int8)
-        change[starts] = 1
-        change[starts + cells] -= 1
-        single = np.flatnonzero(np.cumsum(change[:-1], dtype=np.int8) == 0)
+        # queries outside every shared run are runs of one: the gaps between the shared runs, which
+        # are disjoint marginals in query order (no vector the size of the workload)
+        gap_start = np.concatenate([[0], starts + cells])
+        gap_length = np.concatenate([starts, [num_queries]]) - gap_start
+        single = np.arange(int(gap_length.sum()), dtype=np.int64) + np.repeat(
+            gap_start - (np.cumsum(gap_length) - gap_length), gap_length)
         run_start = np.concatenate([starts, single])
         run_length = np.concatenate([cells, np.ones(single.size, dtype=np.int64)])
         order = np.argsort(run_start, kind="stable")
@@ -333,13 +391,13 @@ class _ClosedRows:
         """Per query, the variance of its closed-form rows at ``scales`` (runs' first queries only)."""
         return np.bincount(self.query, self.variance * scales[self.block], minlength=num_queries)
 
-    def variances(self, solved: Iterable[tuple[np.ndarray, np.ndarray]], scales: np.ndarray) -> np.ndarray:
-        """Per-query variances: the solved blocks' ``(query_index, variances)`` plus the
-        closed-form rows at ``scales``, accumulated per run and spread over its queries."""
+    def variances(self, solved: Iterable[tuple[np.ndarray, np.ndarray]], scales: np.ndarray) -> QueryRuns:
+        """Per-query variances as runs: the solved blocks' ``(query_index, variances)`` plus the
+        closed-form rows at ``scales``, accumulated per run (never spread over its queries)."""
         per_run = np.bincount(self.run_of_row, self.variance * scales[self.block], minlength=self.run_start.size)
         for query_index, values in solved:
             np.add.at(per_run, np.searchsorted(self.run_start, query_index), values)
-        return np.repeat(per_run, self.run_length)
+        return QueryRuns(per_run, np.append(self.run_start, self.run_start[-1] + self.run_length[-1]))
 
 
 def _collect(results: Iterable[tuple[int, BlockSolution]], total: int, keep: Callable[[int, BlockSolution], object],
@@ -359,78 +417,8 @@ def _collect(results: Iterable[tuple[int, BlockSolution]], total: int, keep: Cal
     return kept
 
 
-@dataclass(frozen=True, eq=False)
-class _Round:
-    number: int
-    allocation: ScaleAllocation
-    results: list  # per block: BlockSolution (in memory) or _Shape (streamed); .alpha, .variances
-    targets: list[np.ndarray]  # the target shares this round solved for
-
-
-def _refine(
-    blocks: Sequence[BlockSpec | BlockRef],
-    targets: np.ndarray,
-    run_round: Callable[[int, list[np.ndarray]], list],
-    refine_rounds: int,
-    max_rows: int,
-    log: list[str],
-    drop_round: Callable[[int], None] | None = None,
-    closed: _ClosedRows | None = None,
-) -> tuple[_Round, int]:
-    """Solve, allocate, and refine the target shares (module docstring, steps 2-3).
-
-    ``run_round(number, block_targets)`` solves every block for its share and returns, in
-    block order, objects with ``alpha`` and ``variances``. Returns the best round and how many
-    rounds ran; ``drop_round`` is told about every round that is not (or no longer) the best.
-    The closed-form blocks (``closed``) join every allocation (their scales follow the solved
-    blocks' in ``allocation.scales``); their shapes do not depend on the shares, so no round
-    re-solves them. ``max_rows``: the most rows (closed-form ones included) of a query with a solved row.
-    """
-    if refine_rounds and (not blocks or max_rows <= 1):
-        log.append("no query spans two blocks: target shares are fixed, no refinement rounds" if blocks else
-                   "every block has a closed form: target shares are fixed, no refinement rounds")
-        refine_rounds = 0
-    block_targets = [block.targets.copy() for block in blocks]
-    previous_bound = np.inf
-    best: _Round | None = None
-    n = len(blocks)
-    fixed_alphas = closed.closed.alpha if closed is not None else np.zeros(0)
-    for round_number in range(refine_rounds + 1):
-        results = run_round(round_number, block_targets)
-        rows = [b.query_index for b in blocks]
-        cols = [np.full(b.query_index.size, i) for i, b in enumerate(blocks)]
-        values = [np.asarray(r.variances, dtype=float) for r in results]
-        if closed is not None:
-            rows, cols, values = rows + [closed.query], cols + [closed.block + n], values + [closed.variance]
-        with blas_limit():
-            allocation = allocate_rows(
-                np.concatenate([[r.alpha for r in results], fixed_alphas]), np.concatenate(rows + [np.zeros(0, np.int64)]),
-                np.concatenate(cols + [np.zeros(0, np.int64)]), np.concatenate(values + [np.zeros(0)]), targets)
-        log.append(
-            f"round {round_number}: sum bound {allocation.alpha_bound:.6g} (allocation lower bound {allocation.lower_bound:.6g})"
-        )
-        if best is None or allocation.alpha_bound < best.allocation.alpha_bound:
-            if best is not None and drop_round is not None:
-                drop_round(best.number)
-            best = _Round(round_number, allocation, results, [t.copy() for t in block_targets])
-        elif drop_round is not None:
-            drop_round(round_number)
-        if allocation.alpha_bound > previous_bound * (1.0 - 1e-4):
-            log.append(f"round {round_number}: less than 0.01% better; refinement stops")
-            break
-        previous_bound = allocation.alpha_bound
-        if round_number == refine_rounds:
-            break
-        scaled = [scaled_noise(r.variances, k) for r, k in zip(results, allocation.scales)]
-        totals = stitched_variances(targets.size, ((b.query_index, v) for b, v in zip(blocks, scaled)))
-        if closed is not None:
-            totals += closed.totals(allocation.scales[n:], targets.size)
-        block_targets = [targets[b.query_index] * v / totals[b.query_index] for b, v in zip(blocks, scaled)]
-    return best, round_number + 1
-
-
 def _closed_parts(closed: ClosedFormBlocks | None, blocks: Sequence[BlockSpec | BlockRef],
-                  targets: np.ndarray) -> tuple[_ClosedRows | None, int, bool]:
+                  targets: QueryRuns) -> tuple[_ClosedRows | None, int, bool]:
     """The closed-form blocks' allocation rows; the most rows (solved and closed-form) of a query
     with a solved row; whether such a query also has a closed-form row."""
     solved, counts = _solved_queries(blocks)
@@ -444,18 +432,18 @@ def _closed_parts(closed: ClosedFormBlocks | None, blocks: Sequence[BlockSpec | 
 
 
 def _with_closed(solved: Iterable[tuple[np.ndarray, np.ndarray]], closed: _ClosedRows | None, scales: np.ndarray,
-                 num_queries: int) -> np.ndarray:
-    """Per-query variances: the solved blocks' ``(query_index, variances)`` plus the
+                 num_queries: int) -> QueryRuns:
+    """Per-query variances as runs: the solved blocks' ``(query_index, variances)`` plus the
     closed-form rows at ``scales`` (``_ClosedRows.variances``)."""
     if closed is None:
-        return stitched_variances(num_queries, solved)
+        return QueryRuns.encode(stitched_variances(num_queries, solved))
     return closed.variances(solved, scales)
 
 
 def plan_blocks(
     domain: Domain,
     blocks: Sequence[BlockSpec],
-    targets: np.ndarray,
+    targets: np.ndarray | QueryRuns,
     executor: Executor = serial_executor,
     refine_rounds: int = 1,
     decisions: Sequence[str] = (),
@@ -466,7 +454,7 @@ def plan_blocks(
     """Solve, allocate and stitch ``blocks`` in memory (module docstring, steps 2-5); the
     closed-form blocks ``closed`` join the allocation and the composition without a solve."""
     start = time.perf_counter()
-    targets = np.asarray(targets, dtype=float)
+    targets = QueryRuns.of(targets)  # runs: never a vector the size of the workload
     log = list(decisions)
     solved_rows = _solved_queries(blocks)[1]
     closed_rows, max_rows, shared = _closed_parts(closed, blocks, targets)
@@ -474,11 +462,12 @@ def plan_blocks(
     spans = bool(blocks) and solved_rows.max(initial=0) > 1
     joint_dual = co_optimize and spans and not shared and work <= CO_OPTIMIZE_WORK
 
-    def run_round(number: int, block_targets: list[np.ndarray]) -> list[BlockSolution]:
-        tasks = [BlockTask(i, blocks[i], block_targets[i]) for i in solve_order(blocks)]
+    def run_round(number: int, block_targets: list[np.ndarray], gap: float, previous: Round | None) -> list[BlockSolution]:
+        tasks = [BlockTask(i, blocks[i], block_targets[i], gap, None if previous is None else WarmStart.of(previous.results[i]))
+                 for i in solve_order(blocks)]
         return _collect(executor(tasks), len(tasks), lambda index, solution: solution, progress)
 
-    best, rounds = _refine(blocks, targets, run_round, refine_rounds, max_rows, log, closed=closed_rows)
+    best, rounds = refine(blocks, targets, run_round, refine_rounds, max_rows, log, closed=closed_rows)
     allocation = best.allocation
     planned = tuple(
         PlannedBlock(spec, solution, float(scale), share)
@@ -521,7 +510,7 @@ def _closed_sum(closed: ClosedFormBlocks | None, scales: np.ndarray) -> float:
 def plan_streamed(
     domain: Domain,
     blocks: Sequence[BlockRef],
-    targets: np.ndarray,
+    targets: np.ndarray | QueryRuns,
     sink: BlockSink,
     executor: Executor = serial_executor,
     refine_rounds: int = 1,
@@ -538,7 +527,7 @@ def plan_streamed(
     the store with ``write_streamed_blocks`` (after any budget scaling). The joint block dual
     is not run (it needs every block in memory)."""
     start = time.perf_counter()
-    targets = np.asarray(targets, dtype=float)
+    targets = QueryRuns.of(targets)  # runs: never a vector the size of the workload
     log = list(decisions)
     solved_rows = _solved_queries(blocks)[1]
     closed_rows, max_rows, _ = _closed_parts(closed, blocks, targets)
@@ -548,10 +537,16 @@ def plan_streamed(
         f"(joint-dual work about {work:.3g} flops, stream limit {STREAM_WORK:.3g})"
     )
 
-    def run_round(number: int, block_targets: list[np.ndarray]) -> list[_Shape]:
+    def run_round(number: int, block_targets: list[np.ndarray], gap: float, previous: Round | None) -> list[_Shape]:
+        def warm(i: int) -> WarmStart | None:
+            if previous is None:
+                return None
+            arrays = sink.load_arrays(previous.number, blocks[i], ("sigma", "cell_weights", "query_weights"))
+            return WarmStart(arrays["sigma"], arrays["cell_weights"], arrays["query_weights"])
+
         def tasks() -> Iterator[BlockTask]:
             for i in solve_order(blocks):
-                yield BlockTask(i, sink.load_spec(blocks[i]), block_targets[i])
+                yield BlockTask(i, sink.load_spec(blocks[i]), block_targets[i], gap, warm(i))
 
         def keep(index: int, solution: BlockSolution) -> _Shape:
             sink.save_solution(number, blocks[index], solution, block_targets[index])
@@ -560,7 +555,7 @@ def plan_streamed(
 
         return _collect(executor(tasks()), len(blocks), keep, progress)
 
-    best, rounds = _refine(blocks, targets, run_round, refine_rounds, max_rows, log, sink.drop_round,
+    best, rounds = refine(blocks, targets, run_round, refine_rounds, max_rows, log, sink.drop_round,
                            closed=closed_rows)
     allocation = best.allocation
     closed_scales = allocation.scales[len(blocks):]
@@ -591,7 +586,7 @@ def plan_streamed(
     )
 
 
-def _composed_plan(domain: Domain, blocks: tuple, targets: np.ndarray, variances: np.ndarray, sum_bound: float,
+def _composed_plan(domain: Domain, blocks: tuple, targets: QueryRuns, variances: QueryRuns, sum_bound: float,
                    lower_bound: float, log: list[str], start: float, rounds: int, *, profile_max: Callable[[], float],
                    evaluated_from: str = "", streamed: bool = False,
                    lower_bound_method: str = SCALE_ALLOCATION, closed: ClosedFormBlocks | None = None,
@@ -616,8 +611,8 @@ def _composed_plan(domain: Domain, blocks: tuple, targets: np.ndarray, variances
     return PlanResult(
         domain=domain,
         blocks=blocks,
-        targets=targets,
-        variances=variances,
+        target_runs=targets,
+        variance_runs=variances,
         alpha=alpha,
         alpha_exact=alpha_exact,
         alpha_sum_bound=sum_bound,
@@ -657,7 +652,7 @@ def joint_dual_evaluations(work: float) -> int:
     return max(JOINT_DUAL_MIN_EVALUATIONS, int(JOINT_DUAL_BUDGET / max(work, 1.0)))
 
 
-def _co_optimize(planned: Sequence[PlannedBlock], targets: np.ndarray) -> BlockDualResult:
+def _co_optimize(planned: Sequence[PlannedBlock], targets: QueryRuns) -> BlockDualResult:
     work = block_work([b.spec for b in planned])
     with blas_limit():
         return maximize_block_dual(
@@ -669,7 +664,7 @@ def _co_optimize(planned: Sequence[PlannedBlock], targets: np.ndarray) -> BlockD
         )
 
 
-def _replace_sigmas(planned: Sequence[PlannedBlock], sigmas: Sequence[np.ndarray], targets: np.ndarray) -> tuple[PlannedBlock, ...]:
+def _replace_sigmas(planned: Sequence[PlannedBlock], sigmas: Sequence[np.ndarray], targets: QueryRuns) -> tuple[PlannedBlock, ...]:
     """Blocks carrying the jointly optimised covariances (scale 1); target shares follow them.
 
     Such a block has no certificate of its own: its solve's dual weights bound the block's
@@ -705,5 +700,5 @@ def plan_groups(
     """Decompose ``groups`` on ``domain`` and plan the blocks (accuracy first); ``closed_forms=False``
     solves every block with SM-II (no closed forms)."""
     decomposition = decompose_lazily(domain, groups, max_cells, closed_forms=closed_forms)
-    return plan_blocks(domain, list(decomposition.specs()), decomposition.workload.targets(), executor, refine_rounds,
+    return plan_blocks(domain, list(decomposition.specs()), decomposition.workload.target_runs(), executor, refine_rounds,
                        decomposition.decisions, closed=decomposition.closed)

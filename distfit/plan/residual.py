@@ -28,6 +28,7 @@ import scipy.sparse
 import scipy.sparse.csgraph
 
 from distfit.domain import Domain
+from distfit.packing import QueryRuns
 from distfit.plan.closed_form import ClosedFormBlocks, is_identity
 from distfit.workload import validate_targets
 
@@ -265,14 +266,23 @@ class ResidualWorkload:
         return np.array([index[tuple(s)] for s in subsets], dtype=np.int64)
 
     def targets(self) -> np.ndarray:
-        """Every query's target, in workload order (``group_targets``): one ``np.repeat`` over
-        the groups with one target, the others group by group."""
-        out = np.repeat(self._target, np.diff(self._first))
-        for number in np.flatnonzero(~self._simple).tolist():
+        """Every query's target, in workload order (``group_targets``): :meth:`target_runs` expanded."""
+        return self.target_runs().expand()
+
+    def target_runs(self) -> QueryRuns:
+        """Every query's target as runs (:class:`distfit.packing.QueryRuns`, merged): one run per
+        group with one target (identity marginals: one per marginal, never a vector the size of
+        the workload), the other groups' targets encoded group by group."""
+        rows = np.diff(self._first)
+        values, offsets = [self._target[self._simple]], [self._first[:-1][self._simple]]
+        for number in np.flatnonzero(~self._simple & (rows > 0)).tolist():
             name, _, target = self._source[number]
-            rows = int(self._first[number + 1] - self._first[number])
-            out[self._first[number]:self._first[number + 1]] = validate_targets(target, rows)
-        return out
+            runs = QueryRuns.encode(validate_targets(target, int(rows[number])))
+            values.append(runs.values)
+            offsets.append(runs.offsets[:-1] + self._first[number])
+        starts = np.concatenate(offsets)
+        order = np.argsort(starts, kind="stable")
+        return QueryRuns(np.concatenate(values)[order], np.append(starts[order], self._first[-1])).canonical()
 
     def _parts(self, number: int) -> tuple:
         """Group ``number`` as ``(clique, averages, residuals, targets, query_index)``: per

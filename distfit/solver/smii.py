@@ -224,7 +224,11 @@ def whitened_hessian_operator(state: SoftmaxState, scaled_recon: np.ndarray, t: 
 
     (``Sigma^-1 S M`` maps to ``S~ M~``). The CG iterates are those of the preconditioned
     method, but a product costs one k x k x k multiplication instead of four (``Sigma^-1 S M``
-    and the preconditioner's ``Sigma R Sigma``): about half the CG time on large blocks.
+    and the preconditioner's ``Sigma R Sigma``): about half the CG time on large blocks; and
+    none once fewer than k cells are active (``S~ M~ = (S~ Y~) diag(w) Y~^T``, k^2 per cell).
+    The cost of a product is then about ``k^2 (3 a + 2 b)`` for a active cells and b active
+    queries: on Adult's k = 210 blocks 3.3 ms with most of them active (the first stage),
+    0.4 ms with a handful (the later stages).
     Returns the operator and ``U``.
     """
     cells = _active(state.cell_weights)
@@ -234,12 +238,19 @@ def whitened_hessian_operator(state: SoftmaxState, scaled_recon: np.ndarray, t: 
     cell_weights = state.cell_weights[cells]
     recon = scaled_recon[queries] @ upper.T
     query_weights = state.query_weights[queries]
-    weighted_cells = (inverse_basis * cell_weights) @ inverse_basis.T
+    weighted_basis = inverse_basis * cell_weights
+    # M~ has rank <= the active cells a: with a < k, S~ M~ = (S~ Y~) diag(w) Y~^T costs k^2 a
+    # instead of k^3, and S~ Y~ is needed for q anyway. Past the first stages of the
+    # continuation only a handful of cells stay active (Adult's k = 210 blocks: 6-20 of 336),
+    # and the k^3 product was then most of a Hessian product's cost.
+    low_rank = cells.size < upper.shape[0]
+    weighted_cells = None if low_rank else weighted_basis @ inverse_basis.T
 
     def apply(direction: np.ndarray) -> np.ndarray:
-        product = direction @ weighted_cells
+        image = direction @ inverse_basis
+        product = image @ weighted_basis.T if low_rank else direction @ weighted_cells
         product += product.T
-        q = np.einsum("ij,ij->j", inverse_basis, direction @ inverse_basis)
+        q = np.einsum("ij,ij->j", inverse_basis, image)
         q -= cell_weights @ q
         r = np.einsum("ij,ij->i", recon @ direction, recon)
         r -= query_weights @ r

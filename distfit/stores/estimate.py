@@ -12,7 +12,7 @@ Layout (**contract**, DESIGN.md section 4), a Zarr v3 group::
                                 {path, checksum} of the estimate its units sum to;
                                 :mod:`distfit.estimate.levels`), complete (False until
                                 sealed), and at seal: checksum, sealed (time), fit (a summary of
-                                fit/*: objective mean and max, iterations max, unconverged units)
+                                solve/*: objective mean and max, iterations max, unconverged units)
       queries/estimates  (units, m)      float64 (int64 with integer, when every workload
                                          coefficient is an integer): every workload query's
                                          estimate W x_hat, in the release's unit order
@@ -21,17 +21,21 @@ Layout (**contract**, DESIGN.md section 4), a Zarr v3 group::
       queries/query      (m,)            coordinate: the query labels (absent when labels is None)
       cells/estimates    (units, cells)  float64 (int64 with integer): the data vector estimate
                                          x_hat of every unit (the detailed table every query
-                                         estimate is a sum of); cells row-major in schema order
+                                         estimate is a sum of); cells row-major in schema order.
+                                         Absent when the workload holds every cell as a query
+                                         (a detailed table, as PL94's): then group attr
+                                         in_queries [start, stop] names the columns of
+                                         queries/estimates that are x_hat, cell by cell
       cells/cell         (cells,)        coordinate: cell labels ``age[0-17],sex[female]``
       marginals/estimates (units, sum_c |c|) instead of cells/ when the method is a graphical model
                          (``graphical-exact``, ``graphical-region-graph``: the domain is too
                          large for x): every clique's nonnegative marginal, row-major, the
                          cliques' tables side by side; group attrs cliques ([[attribute, ...]])
                          and offsets (each clique's first column)
-      fit/objective      (units,)        float64  the unit's minimised objective (module of the
+      solve/objective    (units,)        float64  the unit's minimised objective (module of the
                                                   method: the Sigma^-1-weighted squared residual)
-      fit/iterations     (units,)        int32    iterations of the solve of the unit's chunk
-      fit/converged      (units,)        uint8    1 if the solve met its tolerance for the unit
+      solve/iterations   (units,)        int32    iterations of the solve of the unit's chunk
+      solve/converged    (units,)        uint8    1 if the solve met its tolerance for the unit
       unit_ids, unit     (units,)        the release's unit ids (and their coordinate twin)
       parent_ids         (units,)        geography, when the release has it: each unit's parent
                                          id, copied whole from the release (root attr
@@ -47,11 +51,25 @@ per-unit array.
 The per-unit data vector (``cells/estimates``) is stored because the projection computes it
 anyway and it is the one table every other estimate derives from (a published table for any
 other query is a sum of its cells); it costs ``cells`` numbers per unit next to the ``m`` of the
-queries (PL94: 252 next to 319). A domain too large to hold x per unit is not estimated by
-projection at all (a graphical model instead, DESIGN.md section 7).
+queries. Where the workload's queries include every cell in cell order (PL94: its ``detailed``
+group, columns 67..318), those columns of ``queries/estimates`` are ``x_hat`` exactly (a 0/1 row
+with one 1), so the store does not write it twice: ``cells/estimates`` is left out and the
+``cells`` group's ``in_queries`` attr points at the columns (:func:`create_estimate`'s
+``cell_columns``); :attr:`Estimate.cells` reads the data vector either way. On PL94 the store
+is 2.6 KB per unit instead of 4.6 KB, and as many fewer bytes to write, fsync and hash. A
+domain too large to hold x per unit is not estimated by projection at all (a graphical model
+instead, DESIGN.md section 7).
 
 Never stored: the data, true answers or anything derived from them (the estimate reads the
 plan and the release only); the release's privacy is unchanged (post-processing).
+
+Hash order. The checksum feeds the arrays sorted by name
+(:func:`distfit.stores.checksum.compute_checksum`) and the driver hashes them while the
+chunks are written (``ReleaseHasher``): an array is hashed as its chunks land only when every
+array before it is complete. The per-unit fit arrays are therefore named ``solve/*`` (after
+``queries/``), so that ``queries/estimates`` (2.5 GB at 1M PL94 units) is hashed chunk by
+chunk during the estimate instead of all at once after its last chunk (named ``fit/*`` they
+sorted first and held it back: format 1).
 
 Lifecycle, as a release's (:mod:`distfit.stores.release`; the orchestration is
 :func:`distfit.estimate.job.run_estimate`): :func:`create_estimate` lays out the store with
@@ -67,6 +85,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -91,7 +110,8 @@ from distfit.stores.release import ANSWER_COMPRESSORS, answer_chunks
 from distfit.stores.release_chunks import ReleaseHasher, seal_chunked
 
 FORMAT = "estimate"
-FORMAT_VERSION = 1
+#: 2: the per-unit fit arrays are ``solve/*`` (``fit/*`` in 1; module docstring, "Hash order").
+FORMAT_VERSION = 2
 KIND = "estimate"
 
 #: Dimension names (Zarr v3 ``dimension_names``) of every estimate array (module docstring).
@@ -101,9 +121,9 @@ DIMS: dict[str, tuple[str, ...]] = {
     "cells/estimates": ("unit", "cell"),
     "cells/cell": ("cell",),
     "marginals/estimates": ("unit", "marginal_cell"),
-    "fit/objective": ("unit",),
-    "fit/iterations": ("unit",),
-    "fit/converged": ("unit",),
+    "solve/objective": ("unit",),
+    "solve/iterations": ("unit",),
+    "solve/converged": ("unit",),
     "unit_ids": ("unit",),
     "unit": ("unit",),
     PARENT_IDS: ("unit",),
@@ -111,7 +131,7 @@ DIMS: dict[str, tuple[str, ...]] = {
 }
 
 #: What each chunk writes, besides ``chunks/done`` (:func:`chunk_arrays`), with its dtype when fixed.
-FIT_DTYPES = {"fit/objective": np.float64, "fit/iterations": np.int32, "fit/converged": np.uint8}
+FIT_DTYPES = {"solve/objective": np.float64, "solve/iterations": np.int32, "solve/converged": np.uint8}
 
 PathLike = str | os.PathLike
 
@@ -120,10 +140,19 @@ class EstimateError(ValueError):
     """A path that is not a readable, complete (sealed) estimate store; the message says why."""
 
 
-def chunk_arrays(tables: str = "cells/estimates") -> list[str]:
+def chunk_arrays(tables: str | None = "cells/estimates") -> list[str]:
     """The arrays every chunk writes, sorted (``chunks/done`` included, written last);
-    ``tables``: ``cells/estimates`` (the projection) or ``marginals/estimates`` (a graphical model)."""
-    return sorted(["queries/estimates", tables, *FIT_DTYPES, "unit_ids", "unit", "chunks/done"])
+    ``tables``: ``cells/estimates`` (the projection), ``marginals/estimates`` (a graphical model)
+    or None (the projection of a workload that holds every cell: ``in_queries``)."""
+    tables_ = [] if tables is None else [tables]
+    return sorted(["queries/estimates", *tables_, *FIT_DTYPES, "unit_ids", "unit", "chunks/done"])
+
+
+def stored_tables(root: zarr.Group) -> str | None:
+    """The per-unit table array a store's chunks write (:func:`chunk_arrays`' ``tables``)."""
+    if "marginals" in root:
+        return "marginals/estimates"
+    return "cells/estimates" if "cells" in root and "estimates" in root["cells"] else None
 
 
 def query_groups(labels: Sequence[str] | None) -> dict[str, list[int]] | None:
@@ -142,16 +171,20 @@ def query_groups(labels: Sequence[str] | None) -> dict[str, list[int]] | None:
 
 def create_estimate(path: Path, *, plan, plan_path: str, release, method: str, objective: str, integer: bool,
                     cells: int, query_dtype: Any, cell_labels: np.ndarray | None,
-                    cliques: Sequence[Sequence[str]] | None = None) -> zarr.Group:
+                    cliques: Sequence[Sequence[str]] | None = None, cell_columns: int | None = None) -> zarr.Group:
     """Lay out an empty, incomplete estimate store at ``path`` (driver only) and return its root
     group, open for writing. ``release``: the sealed release (:func:`distfit.stores.release.read_release`)
     whose units, chunking, unit ids dtype and labels the store follows. ``cliques`` (a graphical
     model's, each a tuple of attributes in schema order): ``marginals/estimates`` (units x the
     cliques' cells, each clique's table row-major, group attrs ``cliques`` and ``offsets``)
-    instead of ``cells/estimates``. On any error nothing is left at ``path``."""
+    instead of ``cells/estimates``. ``cell_columns`` (``start``: the queries ``start ..
+    start + cells - 1`` are the cells, :func:`distfit.estimate.measurements.cell_query_columns`):
+    no ``cells/estimates``, the ``cells`` group's attr ``in_queries`` ``[start, start + cells]``
+    instead (module docstring). On any error nothing is left at ``path``."""
     try:
         _lay_out(path, plan=plan, plan_path=plan_path, release=release, method=method, objective=objective,
-                 integer=integer, cells=cells, query_dtype=query_dtype, cell_labels=cell_labels, cliques=cliques)
+                 integer=integer, cells=cells, query_dtype=query_dtype, cell_labels=cell_labels, cliques=cliques,
+                 cell_columns=cell_columns)
     except BaseException:
         shutil.rmtree(path, ignore_errors=True)
         raise
@@ -159,7 +192,7 @@ def create_estimate(path: Path, *, plan, plan_path: str, release, method: str, o
 
 
 def _lay_out(path: Path, *, plan, plan_path, release, method, objective, integer, cells, query_dtype,
-             cell_labels, cliques=None) -> None:
+             cell_labels, cliques=None, cell_columns=None) -> None:
     attrs = release.attrs
     units, chunk_units = int(attrs["units"]), int(attrs["chunk_units"])
     n_chunks = -(-units // chunk_units)
@@ -183,13 +216,15 @@ def _lay_out(path: Path, *, plan, plan_path, release, method, objective, integer
                            dimension_names=DIMS["marginals/estimates"], config=config)
         group.attrs.update(jsonable({"cliques": [list(c) for c in cliques], "offsets": offsets.tolist()}))
     cell_group = root.create_group("cells") if cliques is None else None
-    if cell_group is not None:
+    if cell_group is not None and cell_columns is not None:
+        cell_group.attrs["in_queries"] = [int(cell_columns), int(cell_columns) + int(cells)]
+    elif cell_group is not None:
         cell_group.create_array("estimates", shape=(units, cells), dtype=np.int64 if integer else np.float64,
                                 chunks=answer_chunks(chunk_units, cells), compressors=ANSWER_COMPRESSORS,
                                 dimension_names=DIMS["cells/estimates"], config=config)
     if cell_labels is not None and cell_group is not None:
         write_array(cell_group, "cell", np.asarray(cell_labels, dtype=object), dims=DIMS["cells/cell"])
-    fit = root.create_group("fit")
+    fit = root.create_group("solve")
     for name, dtype in FIT_DTYPES.items():
         fit.create_array(name.split("/")[1], shape=(units,), dtype=dtype, chunks=(chunk_units,), compressors=None,
                          dimension_names=DIMS[name], config=config)
@@ -255,7 +290,7 @@ def open_resumable(path: Path, *, plan_checksum: str, release_checksum: str, int
         raise ValueError(f"{path}: an incomplete estimate of other inputs ({'; '.join(differ)}); "
                          "use --overwrite to start over")
     try:
-        for name in chunk_arrays("marginals/estimates" if "marginals" in root else "cells/estimates"):
+        for name in chunk_arrays(stored_tables(root)):
             root[name]
     except KeyError as error:
         raise ValueError(f"{path}: damaged incomplete estimate (missing {error}); use --overwrite") from None
@@ -264,10 +299,10 @@ def open_resumable(path: Path, *, plan_checksum: str, release_checksum: str, int
 
 def fit_summary(root: zarr.Group) -> dict[str, Any]:
     """The ``fit`` attr of a store whose chunks are all written: the objective's mean and max,
-    the most iterations and how many units did not converge (from ``fit/*``)."""
-    objective = np.asarray(root["fit/objective"][...], dtype=np.float64)
-    iterations = np.asarray(root["fit/iterations"][...])
-    converged = np.asarray(root["fit/converged"][...])
+    the most iterations and how many units did not converge (from ``solve/*``)."""
+    objective = np.asarray(root["solve/objective"][...], dtype=np.float64)
+    iterations = np.asarray(root["solve/iterations"][...])
+    converged = np.asarray(root["solve/converged"][...])
     finite = objective[np.isfinite(objective)]
     return {"objective_mean": float(finite.mean()) if finite.size else None,
             "objective_max": float(finite.max()) if finite.size else None,
@@ -304,6 +339,41 @@ def seal(root: zarr.Group, path: Path, *, plan_path: str, plan_checksum: str, re
 # reading
 
 
+@dataclass(frozen=True)
+class QueryColumns:
+    """The columns ``start:stop`` of a (units x m) zarr array as a lazy (units x stop - start)
+    array: ``shape``, ``dtype``, ``ndim`` and numpy-style ``[rows]`` / ``[rows, columns]``
+    indexing (rows read from the store, then the columns taken), ``np.asarray``."""
+
+    array: Any
+    start: int
+    stop: int
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (int(self.array.shape[0]), self.stop - self.start)
+
+    @property
+    def dtype(self) -> np.dtype:
+        return np.dtype(self.array.dtype)
+
+    @property
+    def ndim(self) -> int:
+        return 2
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def __getitem__(self, key: Any) -> np.ndarray:
+        rows, columns = key if isinstance(key, tuple) else (key, slice(None))
+        rows = slice(None) if rows is Ellipsis else rows
+        return np.asarray(self.array[rows, self.start:self.stop])[..., columns]
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        out = self[...]
+        return out if dtype is None else out.astype(dtype, copy=False)
+
+
 class Estimate(SealedStore):
     """A sealed estimate store opened for reading; arrays are lazy zarr arrays (the shared
     readers of :class:`distfit.stores.files.SealedStore`: checksum, labels, unit ids, parent ids)."""
@@ -323,8 +393,14 @@ class Estimate(SealedStore):
 
     @property
     def cells(self):
-        """``cells/estimates`` (units x cells): each unit's data vector estimate."""
-        return self._group["cells/estimates"]
+        """``cells/estimates`` (units x cells): each unit's data vector estimate; where the store
+        keeps it in ``queries/estimates`` (``in_queries``), those columns, read lazily
+        (:class:`QueryColumns`)."""
+        group = self._group["cells"]
+        if "estimates" in group:
+            return group["estimates"]
+        start, stop = group.attrs["in_queries"]
+        return QueryColumns(self._group["queries/estimates"], int(start), int(stop))
 
     @property
     def marginals(self) -> dict[tuple[str, ...], np.ndarray] | None:
@@ -340,7 +416,8 @@ class Estimate(SealedStore):
 
     @property
     def objective(self):
-        return self._group["fit/objective"]
+        """``solve/objective`` (units,) (``fit/objective`` in a format 1 store)."""
+        return self._group["solve/objective" if "solve" in self._group else "fit/objective"]
 
     @property
     def groups(self) -> dict[str, list[int]] | None:
@@ -360,17 +437,20 @@ def verify_estimate(path: PathLike) -> tuple[bool, str, str]:
 
 
 def chunk_rows(estimates: np.ndarray, cells: np.ndarray, objective: np.ndarray, iterations: Any,
-               converged: np.ndarray, unit_ids: np.ndarray, tables: str = "cells/estimates") -> Mapping[str, np.ndarray]:
+               converged: np.ndarray, unit_ids: np.ndarray,
+               tables: str | None = "cells/estimates") -> Mapping[str, np.ndarray]:
     """One chunk's rows by array name, for ``ChunkWriter.write_arrays`` (every array of
     :func:`chunk_arrays` but ``chunks/done``, which the writer marks last); ``cells`` goes to
-    ``tables`` (``marginals/estimates`` for a graphical model's clique marginals)."""
+    ``tables`` (``marginals/estimates`` for a graphical model's clique marginals; None: not
+    written, the cells are columns of ``estimates``)."""
     n = len(unit_ids)
+    tables_ = {} if tables is None else {tables: cells}
     return {
         "queries/estimates": estimates,
-        tables: cells,
-        "fit/objective": np.asarray(objective, dtype=np.float64).reshape(n),
-        "fit/iterations": np.broadcast_to(np.asarray(iterations, dtype=np.int32), (n,)),
-        "fit/converged": np.broadcast_to(np.asarray(converged, dtype=np.uint8), (n,)),
+        **tables_,
+        "solve/objective": np.asarray(objective, dtype=np.float64).reshape(n),
+        "solve/iterations": np.broadcast_to(np.asarray(iterations, dtype=np.int32), (n,)),
+        "solve/converged": np.broadcast_to(np.asarray(converged, dtype=np.uint8), (n,)),
         "unit_ids": unit_ids,
         "unit": unit_ids,
     }
@@ -381,6 +461,7 @@ __all__ = [
     "FORMAT_VERSION",
     "Estimate",
     "EstimateError",
+    "QueryColumns",
     "check_replaceable",
     "chunk_arrays",
     "chunk_rows",
@@ -391,5 +472,6 @@ __all__ = [
     "query_groups",
     "read_estimate",
     "seal",
+    "stored_tables",
     "verify_estimate",
 ]

@@ -2,13 +2,14 @@
 
 Layout (**contract**, DESIGN.md section 4)::
 
-    plan.zarr/                 attrs: distfit_format="plan", format_version (2; 3 with packs), spec, schema
+    plan.zarr/                 attrs: distfit_format="plan", format_version (2; 3 with packs; 4 with
+                                      runs), spec, schema
                                       ({"attributes": [names], "sizes": [ints]}), alpha,
                                       alpha_exact, rho, composition, created (ISO 8601 UTC),
                                       distfit_version, complete=True, checksum, and any extra
                                       attrs the caller passes (e.g. "account", "planner")
-      queries/targets          (m,)       float64
-      queries/variances        (m,)       float64
+      queries/targets          (m,)       float64   (or as runs, below)
+      queries/variances        (m,)       float64   (or as runs, below)
       blocks/<block_id>/basis        (k, d_b)   float64
                        recon        (m_b, k)   float64
                        query_index  (m_b,)     int64
@@ -38,6 +39,27 @@ of ten arrays per pack, instead of one group per block::
                       segment_target  (s,)  float64  each of its rows' target share
                       segment_variance (s,) float64  each of its rows' variance
                       attrs: kind="residual-identity", solver (shared by the pack's blocks)
+
+Runs (format version 4): a plan of many queries whose targets or variances come in long runs of
+equal values (identity marginals with one target each: one run per marginal) stores that vector
+as runs (:class:`distfit.packing.QueryRuns`) instead of per query::
+
+      queries/target_values     (r,)   float64  the value of each run
+      queries/target_offsets    (r+1,) int64    run i is queries offsets[i]:offsets[i+1] (from 0 to m)
+      queries/variance_values   (r',)  float64
+      queries/variance_offsets  (r'+1,) int64
+
+each vector independently, in its merged form (adjacent runs differ), when it has at least
+:data:`RUN_LENGTH_MIN_QUERIES` queries and at most one run per :data:`RUN_LENGTH_RATIO` queries
+(:func:`stored_form`: the store's bytes follow from the vector alone, whichever form the
+writer was given). At 100 attributes of 10 values, every marginal up to 3-way (162.2M queries,
+all targets 1), the targets are one run and the variances three (one per order), where the
+per-query vectors were 1.3 GB each, held by ``distfit plan`` and read back by every reader.
+:func:`read_plan` reads either form: :attr:`Plan.target_runs` / :attr:`Plan.variance_runs` give
+the runs (per-query arrays of older plans encoded), :attr:`Plan.queries_targets` /
+:attr:`Plan.queries_variances` the per-query vectors (expanded on first use). The checksum covers
+these arrays like any other. A plan with neither runs nor packs is written as version 2, with
+packs but no runs as version 3, byte for byte as before.
 
 A packed block's id is :func:`distfit.plan.residual.block_id_for` of its attribute names; its
 arrays (basis, recon, query_index, sigma, targets, variances, profile, certificate weights) are
@@ -86,6 +108,7 @@ not covered by the checksum) so xarray opens a plan whole; readers do not need t
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import re
 from collections.abc import Iterator, Mapping
@@ -96,7 +119,7 @@ from typing import Any
 import numpy as np
 import zarr
 
-from distfit.packing import PackedBlocks, block_arrays
+from distfit.packing import PackedBlocks, QueryRuns, block_arrays
 from distfit.plan.residual import block_id_for
 from distfit.stores.checksum import compute_checksum
 from distfit.stores.files import (
@@ -107,8 +130,15 @@ from distfit.stores.files import (
 )
 
 FORMAT = "plan"
-FORMAT_VERSION = 3  # the newest this distfit reads; a plan without packs is still written as 2
-UNPACKED_VERSION = 2  # what a plan without packs is written as (byte for byte as before packs)
+FORMAT_VERSION = 4  # the newest this distfit reads and writes (a plan with runs)
+PACKED_VERSION = 3  # what a plan with packs and without runs is written as (byte for byte as before runs)
+UNPACKED_VERSION = 2  # what a plan without packs or runs is written as (byte for byte as before packs)
+#: A per-query vector is stored as runs when it has at least this many queries (smaller plans
+#: keep their bytes and checksums) and at most one run per ``RUN_LENGTH_RATIO`` queries.
+RUN_LENGTH_MIN_QUERIES = 1 << 16
+RUN_LENGTH_RATIO = 4
+#: The two per-query vectors of a plan (``queries/<name>``) and the prefix of their run arrays.
+QUERY_VECTORS = {"targets": "target", "variances": "variance"}
 CHECKSUM_ATTRS_VERSION = 2  # the first format_version whose checksum covers the claims' attrs
 #: What the version-2 checksum leaves out (:func:`plan_claims`): provenance and store state.
 UNCLAIMED_ROOT = ("checksum", "complete", "created", "distfit_version")
@@ -300,13 +330,13 @@ def _open_plan_group(path: PathLike) -> tuple[Path, zarr.Group, dict]:
     checksum = attrs.get("checksum")
     if not isinstance(checksum, str) or not checksum:
         raise StoreError(f"{p}: the plan has no checksum")
-    for name in ("queries/targets", "queries/variances"):
-        try:
-            node = group[name]
-        except KeyError:
-            node = None
-        if not isinstance(node, zarr.Array):
-            raise StoreError(f"{p}: missing array {name}")
+    for name, prefix in QUERY_VECTORS.items():
+        stored = [n for n in (name, f"{prefix}_values", f"{prefix}_offsets") if _array(group, f"queries/{n}") is not None]
+        if not stored:
+            raise StoreError(f"{p}: missing array queries/{name} (or its runs queries/{prefix}_values, _offsets)")
+        if stored not in ([name], [f"{prefix}_values", f"{prefix}_offsets"]):
+            raise StoreError(f"{p}: queries/{name}: expected the array queries/{name} or the runs "
+                             f"queries/{prefix}_values and queries/{prefix}_offsets, found {stored}")
     try:
         blocks = group["blocks"]
     except KeyError:
@@ -316,9 +346,40 @@ def _open_plan_group(path: PathLike) -> tuple[Path, zarr.Group, dict]:
     return p, group, attrs
 
 
+def _array(group: zarr.Group, name: str) -> zarr.Array | None:
+    try:
+        node = group[name]
+    except KeyError:
+        return None
+    return node if isinstance(node, zarr.Array) else None
+
+
+def stored_form(runs: QueryRuns) -> bool:
+    """Whether a plan stores the per-query vector ``runs`` (merged: :meth:`QueryRuns.canonical`)
+    as runs (module docstring) rather than per query."""
+    return runs.size >= RUN_LENGTH_MIN_QUERIES and len(runs.values) * RUN_LENGTH_RATIO <= runs.size
+
+
+def _read_vector(p: Path, group: zarr.Group, name: str) -> QueryRuns:
+    """``queries/<name>`` of a plan as runs (a per-query array is encoded)."""
+    prefix = QUERY_VECTORS[name]
+    array = _array(group, f"queries/{name}")
+    if array is not None:
+        return QueryRuns.encode(np.asarray(array[...], dtype=np.float64))
+    values, offsets = group[f"queries/{prefix}_values"][...], group[f"queries/{prefix}_offsets"][...]
+    try:
+        return QueryRuns(values, offsets)
+    except ValueError as exc:
+        raise StoreError(f"{p}: queries/{prefix}_{exc}") from None
+
+
 @dataclass(frozen=True, eq=False)
 class Plan:
     """A complete plan store opened for reading. Blocks are read lazily by :meth:`block`.
+
+    ``target_runs`` and ``variance_runs`` are every query's target and variance as runs
+    (:class:`distfit.packing.QueryRuns`, whichever form the store holds: module docstring);
+    ``queries_targets`` and ``queries_variances`` the same as (m,) vectors, expanded on first use.
 
     ``block_ids`` are every block's, sorted (a packed block's id is
     :func:`distfit.plan.residual.block_id_for` of its attribute names); ``explicit_block_ids``
@@ -327,8 +388,8 @@ class Plan:
 
     path: str
     attrs: dict
-    queries_targets: np.ndarray
-    queries_variances: np.ndarray
+    target_runs: QueryRuns
+    variance_runs: QueryRuns
     block_ids: tuple[str, ...]
     _group: Any = field(repr=False)
     explicit_block_ids: tuple[str, ...] = ()
@@ -340,6 +401,16 @@ class Plan:
     @property
     def checksum(self) -> str:
         return self.attrs["checksum"]
+
+    @functools.cached_property
+    def queries_targets(self) -> np.ndarray:
+        """(m,) every query's target."""
+        return self.target_runs.expand()
+
+    @functools.cached_property
+    def queries_variances(self) -> np.ndarray:
+        """(m,) every query's variance."""
+        return self.variance_runs.expand()
 
     def packs(self) -> tuple[PackedBlocks, ...]:
         """The plan's packs (``packs/<pack_id>``, in ``pack_ids`` order)."""
@@ -451,12 +522,13 @@ def read_plan(path: PathLike) -> Plan:
     recomputed here (that reads every array): see :func:`verify_checksum`.
     """
     p, group, attrs = _open_plan_group(path)
-    targets = np.asarray(group["queries/targets"][...], dtype=np.float64)
-    variances = np.asarray(group["queries/variances"][...], dtype=np.float64)
+    targets, variances = _read_vector(p, group, "targets"), _read_vector(p, group, "variances")
+    if targets.size != variances.size:
+        raise StoreError(f"{p}: queries: {targets.size} targets but {variances.size} variances")
     explicit = tuple(sorted(group["blocks"].group_keys()))
     pack_ids, packs, ids = _read_packs(p, group, attrs)
     block_ids = tuple(sorted(explicit + tuple(b for per_pack in ids for b in per_pack))) if packs else explicit
-    return Plan(path=str(p), attrs=attrs, queries_targets=targets, queries_variances=variances,
+    return Plan(path=str(p), attrs=attrs, target_runs=targets, variance_runs=variances,
                 block_ids=block_ids, _group=group, explicit_block_ids=explicit, pack_ids=pack_ids,
                 _packs=packs, _packed_ids=ids)
 
@@ -513,6 +585,10 @@ __all__ = [
     "CERTIFICATE_ARRAYS",
     "PACK_ARRAYS",
     "PACK_KIND",
+    "PACKED_VERSION",
+    "QUERY_VECTORS",
+    "RUN_LENGTH_MIN_QUERIES",
+    "RUN_LENGTH_RATIO",
     "UNPACKED_VERSION",
     "packed_ids",
     "CHECKSUM_ATTRS_VERSION",
@@ -524,5 +600,6 @@ __all__ = [
     "checksum_covers_attrs",
     "plan_claims",
     "read_plan",
+    "stored_form",
     "verify_checksum",
 ]

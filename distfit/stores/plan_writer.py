@@ -55,12 +55,14 @@ from distfit.stores.files import (
     utc_now,
     write_array,
 )
-from distfit.packing import PackedBlocks, block_cells
+from distfit.packing import PackedBlocks, QueryRuns, block_cells
 from distfit.stores.plan import (
     FORMAT,
     FORMAT_VERSION,
     PACK_ARRAYS,
     PACK_KIND,
+    PACKED_VERSION,
+    QUERY_VECTORS,
     ROOT_KEYS,
     UNPACKED_VERSION,
     BlockRecord,
@@ -70,6 +72,7 @@ from distfit.stores.plan import (
     is_plan_store,
     packed_ids,
     plan_claims,
+    stored_form,
 )
 
 WRITE_BATCH = 16  # blocks written per round trip to zarr's event loop (PlanWriter.write_blocks)
@@ -94,6 +97,8 @@ BLOCK_DIMS: dict[str, tuple[str, ...]] = {
     "query_weights": ("block_query",),
 }
 QUERY_DIMS = ("query",)  # queries/targets and queries/variances
+#: Dimension names of the run form of a query vector (stores.plan: queries/<prefix>_values, _offsets).
+RUN_DIMS = {"values": "{prefix}_run", "offsets": "{prefix}_run_edge"}
 SCRATCH = "scratch"  # the staging store's scratch group (streamed planning); never in a finished plan
 RESCALED_ARRAYS = ("sigma", "targets", "variances", "profile")  # what promote_draft may rewrite
 
@@ -106,6 +111,10 @@ class PlanWriter:
     ...         w.write_block(rec)
     ...     w.finish(spec=..., schema=..., queries_targets=c, queries_variances=v,
     ...              alpha=a, alpha_exact=True, rho=a / 2, composition="sequential")
+
+    ``queries_targets`` and ``queries_variances`` may be per-query arrays or
+    :class:`distfit.packing.QueryRuns`; the store holds each in the form
+    :func:`distfit.stores.plan.stored_form` chooses for the vector, whichever was given.
 
     ``path`` must not exist unless ``overwrite=True`` (and then it must hold a plan store:
     other directories are never replaced). ``fsync`` (default on) flushes every file before
@@ -264,7 +273,7 @@ class PlanWriter:
         ten arrays whatever the number of blocks. Any number of packs, in any order with
         :meth:`write_block`. What needs the schema (positions in range, attribute sizes > 1,
         queries in range, ids distinct from every other block's) is checked by :meth:`finish`.
-        A plan with a pack is written as format version 3."""
+        A plan with a pack is written as format version 3 (4 if it also stores runs of queries)."""
         self._require_open()
         if not isinstance(blocks, PackedBlocks):
             raise TypeError(f"write_packed expects PackedBlocks, got {type(blocks).__name__}")
@@ -429,12 +438,12 @@ class PlanWriter:
 
     def _finish(self, *, spec, schema, queries_targets, queries_variances, alpha, alpha_exact,
                 rho, composition, extra_attrs) -> str:
-        targets = float_array("queries_targets", queries_targets, 1)
-        variances = float_array("queries_variances", queries_variances, 1)
-        if variances.shape != targets.shape:
+        targets = _query_runs("queries_targets", queries_targets)
+        variances = _query_runs("queries_variances", queries_variances)
+        if variances.size != targets.size:
             raise ValueError(
-                f"queries_variances: shape {variances.shape} does not match queries_targets {targets.shape}")
-        m = targets.shape[0]
+                f"queries_variances: shape ({variances.size},) does not match queries_targets ({targets.size},)")
+        m = targets.size
         if self._max_query_index >= m:
             raise ValueError(
                 f"queries_targets: a block refers to query {self._max_query_index}, but there are only {m}")
@@ -457,12 +466,13 @@ class PlanWriter:
         shutil.rmtree(self.staging_path / SCRATCH, ignore_errors=True)  # scratch is never part of a plan
 
         queries = self._group["queries"]
-        write_array(queries, "targets", targets, dims=QUERY_DIMS)
-        write_array(queries, "variances", variances, dims=QUERY_DIMS)
+        as_runs = False
+        for name, runs, given in (("targets", targets, queries_targets), ("variances", variances, queries_variances)):
+            as_runs |= _write_vector(queries, name, runs, given)
         attrs = jsonable({
             **extra,
             "distfit_format": FORMAT,
-            "format_version": FORMAT_VERSION if self._packs else UNPACKED_VERSION,
+            "format_version": FORMAT_VERSION if as_runs else PACKED_VERSION if self._packs else UNPACKED_VERSION,
             "spec": spec,
             "schema": schema,
             "alpha": float(alpha),
@@ -490,6 +500,26 @@ class PlanWriter:
         move_into_place(self.staging_path, self.path, lambda _: self._check_target(), fsync=self.fsync)
 
 
+def _query_runs(name: str, vector: Any) -> QueryRuns:
+    """A per-query vector (array or runs) as merged runs; ValueError naming ``name``."""
+    if isinstance(vector, QueryRuns):
+        return vector.canonical()
+    return QueryRuns.encode(float_array(name, vector, 1))
+
+
+def _write_vector(queries: zarr.Group, name: str, runs: QueryRuns, given: Any) -> bool:
+    """Write ``queries/<name>``, the vector ``runs`` (``given`` as the caller gave it), in its
+    stored form (:func:`distfit.stores.plan.stored_form`); whether as runs."""
+    if not stored_form(runs):
+        per_query = runs.expand() if isinstance(given, QueryRuns) else float_array(name, given, 1)
+        write_array(queries, name, np.ascontiguousarray(per_query), dims=QUERY_DIMS)
+        return False
+    prefix = QUERY_VECTORS[name]
+    for part, data in (("values", runs.values), ("offsets", runs.offsets)):
+        write_array(queries, f"{prefix}_{part}", data, dims=(RUN_DIMS[part].format(prefix=prefix),))
+    return True
+
+
 def _check_schema(schema: Any) -> dict:
     if (not isinstance(schema, Mapping) or not {"attributes", "sizes"} <= set(schema)
             or isinstance(schema["attributes"], str)):
@@ -510,4 +540,4 @@ def _check_schema(schema: Any) -> dict:
     return {**{k: v for k, v in schema.items()}, "attributes": names, "sizes": out_sizes}
 
 
-__all__ = ["BLOCK_DIMS", "PlanWriter", "QUERY_DIMS", "RESCALED_ARRAYS", "WRITE_BATCH"]
+__all__ = ["BLOCK_DIMS", "PlanWriter", "QUERY_DIMS", "RESCALED_ARRAYS", "RUN_DIMS", "WRITE_BATCH"]

@@ -18,11 +18,13 @@ import zarr
 
 from distfit.domain import Domain
 from distfit.estimate.job import run_estimate
+from distfit.estimate.projection import project_nonnegative
 from distfit.estimate.measurements import (
     NONNEGATIVE_TOLERANCE,
     WorkloadKind,
     measurement_model,
     published_estimates,
+    recover_measurements,
     workload_estimates,
     workload_kind,
 )
@@ -151,7 +153,7 @@ def test_store_attrs_and_no_data(inputs):
     est = read_estimate(inputs["estimate"])
     plan, release = read_plan(inputs["plan"]), read_release(inputs["release"])
     a = est.attrs
-    assert a["distfit_format"] == "estimate" and a["format_version"] == 1 and a["complete"] is True
+    assert a["distfit_format"] == "estimate" and a["format_version"] == 2 and a["complete"] is True
     assert a["plan_checksum"] == plan.checksum and a["release_checksum"] == release.checksum
     assert a["method"] == "projection" and a["integer"] is False and "Sigma_b^-1" in a["objective"]
     assert a["units"] == UNITS and a["chunk_units"] == CHUNK and a["n_chunks"] == 7
@@ -195,7 +197,7 @@ class Interrupt(Exception):
 def _chunk_files(path, chunks) -> dict[str, bytes]:
     """Bytes of every file of the unit-chunked arrays (CHUNK rows per zarr chunk) of ``chunks``."""
     files = {}
-    for name in ("queries/estimates", "cells/estimates", "fit/objective", "unit_ids"):
+    for name in ("queries/estimates", "cells/estimates", "solve/objective", "unit_ids"):
         for c in chunks:
             for f in (Path(path) / name / "c").rglob("*"):
                 if f.is_file() and f.relative_to(Path(path) / name / "c").parts[0] == str(c):
@@ -231,6 +233,44 @@ def test_interrupted_estimate_resumes_without_redoing_chunks(inputs, tmp_path, c
     assert result.resumed and result.chunks_done_now == 4 and sorted(redone) == [3, 4, 5, 6]
     assert _chunk_files(out, done) == before  # the finished chunks untouched
     _assert_same_store(out, inputs["estimate"])
+
+
+def test_a_detailed_workload_keeps_the_cells_in_the_queries(inputs, tmp_path, capsys):
+    """A workload with every cell as a query (PL94's detailed group): the store writes x_hat
+    once, as those query columns (no cells/estimates, the cells group's in_queries), the reader's
+    ``cells`` are them and equal the projection of the recovered measurements; an interrupted
+    estimate of it resumes to the same store; the checksum verifies."""
+    spec = dict(SMALL_SPEC, queries=SMALL_SPEC["queries"] + [
+        {"name": "detailed", "attributes": {"age": "identity", "sex": "identity", "edu": "identity"}, "target": 4}],
+                blocks={"max_cells": 36})
+    (tmp_path / "detailed.yaml").write_text(yaml.safe_dump(spec))
+    plan, release, out = tmp_path / "plan.zarr", tmp_path / "release.zarr", tmp_path / "e.zarr"
+    run_plan(load_spec(tmp_path / "detailed.yaml"), str(plan), serial=True)
+    run_release(plan, inputs["data"], release, seed=SEED, serial=True, fsync=False)
+    run_estimate(plan, release, out, serial=True, fsync=False)
+    est = read_estimate(out)
+    assert not (out / "cells" / "estimates").exists() and verify_estimate(out)[0]
+    start, stop = zarr.open_group(str(out / "cells"), mode="r").attrs["in_queries"]
+    assert stop - start == 36 and est.groups["detailed"] == [start, stop]
+    x = np.asarray(est.cells[...])
+    assert x.shape == est.cells.shape == (UNITS, 36) and est.cells.dtype == np.float64
+    np.testing.assert_array_equal(x, np.asarray(est.estimates[:, start:stop]))
+    np.testing.assert_array_equal(est.cells[7], x[7])
+    model = measurement_model(read_plan(str(plan)))
+    answers = {b.block_id: np.asarray(read_release(release).block_answers(b.block_id)[...]) for b in model.blocks}
+    direct = project_nonnegative(model, recover_measurements(model, answers)).x
+    np.testing.assert_allclose(x, direct, rtol=0, atol=1e-9 * max(1.0, direct.max()))
+    stopped = tmp_path / "stopped.zarr"
+
+    def stop_after_two(chunk):
+        if chunk == 1:
+            raise Interrupt
+
+    with pytest.raises(Interrupt):
+        run_estimate(plan, release, stopped, serial=True, fsync=False, after_chunk=stop_after_two)
+    result = run_estimate(plan, release, stopped, resume=True, serial=True, fsync=False)
+    assert result.resumed and result.chunks_done_now == 5
+    _assert_same_store(stopped, out)
 
 
 def test_killed_estimate_resumes_and_equals_an_uninterrupted_one(inputs, tmp_path, capsys):

@@ -2,6 +2,7 @@
 release, marginals, and workload estimates that equal the release's own sums."""
 from __future__ import annotations
 
+import dataclasses
 import types
 
 import numpy as np
@@ -9,6 +10,7 @@ import pytest
 
 import distfit
 from distfit.estimate.measurements import (
+    cell_query_columns,
     measurement_model,
     model_from_blocks,
     recover_measurements,
@@ -74,6 +76,28 @@ def test_workload_estimates_are_the_releases_noiseless_sums(model_and_plan):
     got = workload_estimates(model, x)
     assert np.allclose(got, expected, rtol=1e-12, atol=1e-9)
     assert np.array_equal(got, np.round(got))  # integer x, 0/1 queries: exact integers
+
+
+def test_cell_query_columns_finds_a_detailed_query_group(model_and_plan):
+    """The queries that are the cells themselves, in cell order, are found where they are (their
+    estimates are then x exactly); a workload without them, or with them out of order, has none."""
+    model, _ = model_and_plan
+    assert cell_query_columns(model) is None  # the small spec has no detailed group
+    m, cells = model.workload.shape
+    detailed = dataclasses.replace(model, workload=np.vstack([model.workload[:5], np.eye(cells), model.workload[5:]]))
+    assert cell_query_columns(detailed) == 5
+    # W x with the cell queries copied and the other rows multiplied: the full product's values
+    split = dataclasses.replace(detailed, cell_queries=5, num_queries=m + cells)
+    x = np.random.default_rng(2).random((7, cells))
+    got = workload_estimates(split, x)
+    assert np.array_equal(got[:, 5:5 + cells], x) and got.flags["C_CONTIGUOUS"]
+    np.testing.assert_allclose(got, x @ detailed.workload.T, rtol=1e-14, atol=1e-13)
+    counts = np.random.default_rng(3).poisson(5.0, (7, cells))
+    assert np.array_equal(workload_estimates(split, counts), counts @ detailed.workload.T)
+    shuffled = dataclasses.replace(model, workload=np.vstack([model.workload, np.eye(cells)[::-1]]))
+    assert cell_query_columns(shuffled) is None
+    twice = dataclasses.replace(model, workload=np.vstack([model.workload, 2 * np.eye(cells)]))
+    assert cell_query_columns(twice) is None
 
 
 def test_marginal_and_expansion_are_adjoint(model_and_plan):

@@ -10,7 +10,13 @@ import pytest
 import distfit
 from distfit.domain import Domain
 from distfit.estimate import projection
-from distfit.estimate.measurements import measurement_model, model_from_blocks, recover_measurements, workload_estimates
+from distfit.estimate.measurements import (
+    measurement_model,
+    model_from_blocks,
+    recover_measurements,
+    whitened_measurements,
+    workload_estimates,
+)
 from distfit.estimate.projection import (
     InformationOperator,
     minimise_quadratic,
@@ -199,6 +205,21 @@ def test_objective_is_the_noise_metric_distance(released):
         residual = y[block.block_id][:20] - model.marginal(result.x, block) @ block.basis.T
         direct += np.einsum("ij,jk,ik->i", residual, np.linalg.inv(block.sigma), residual)
     assert np.allclose(result.objective, direct, rtol=1e-8, atol=1e-8)
+
+
+def test_whitened_measurements_give_the_same_projection(released):
+    """The estimate's path: the answers whitened in one product (``C^-1 R a``) and projected with
+    ``whitened=True`` equal the measurements recovered, then whitened (``C^-1 (R a)``)."""
+    plan, model, x, chunk = released
+    y = recover_measurements(model, chunk.blocks)
+    white = whitened_measurements(model, chunk.blocks)
+    for block in model.blocks:
+        np.testing.assert_allclose(white[block.block_id], y[block.block_id] @ block.whitener.T, rtol=1e-12,
+                                   atol=1e-10)
+    plain, fused = project_nonnegative(model, y), project_nonnegative(model, white, whitened=True)
+    assert fused.converged.all()
+    np.testing.assert_allclose(fused.x, plain.x, rtol=0, atol=1e-8)
+    np.testing.assert_allclose(fused.objective, plain.objective, rtol=1e-8, atol=1e-8)
 
 
 def test_measurements_of_the_wrong_shape_are_refused(released):

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import itertools
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -9,9 +10,13 @@ import pytest
 import distfit
 from distfit.domain import Domain
 from distfit.packing import block_arrays
+from distfit.plan import decomposition
 from distfit.plan.planner import plan_groups
 from distfit.plan.residual import ResidualWorkload
 from distfit.solver.dual import certified_bound
+from distfit.spec.parse import load_spec
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _marginals(sizes, order, targets=None):
@@ -111,9 +116,11 @@ def test_per_marginal_targets_and_merge_never_above_unmerged():
     assert np.all(merged.variances <= merged.targets * (1 + 1e-9))
 
 
-def test_mixed_workload_keeps_smii_blocks_and_meets_targets():
-    """A prefix group makes the blocks it reaches SM-II blocks; the identity-only ones stay
-    closed-form; every target is met and alpha is at most the all-SM-II plan's (+ its gap)."""
+def test_mixed_workload_keeps_smii_blocks_and_meets_targets(monkeypatch):
+    """On a large plan (here: the small-plan rule switched off), a prefix group makes the blocks
+    it reaches SM-II blocks; the identity-only ones stay closed-form; every target is met and
+    alpha is at most the all-SM-II plan's (+ its gap)."""
+    monkeypatch.setattr(decomposition, "SMALL_SOLVED_WORK", 0.0)
     domain = Domain(("a", "b", "c"), (4, 3, 2))
     prefix = np.tril(np.ones((4, 4)))
     groups = [("ab", {"a": prefix, "b": np.eye(3)}, 1.0), ("bc", {"b": np.eye(3), "c": np.eye(2)}, 2.0),
@@ -123,3 +130,24 @@ def test_mixed_workload_keeps_smii_blocks_and_meets_targets():
     assert plan.closed is not None and len(plan.closed) >= 1 and plan.blocks
     assert np.all(plan.variances <= plan.targets * (1 + 1e-9))
     assert plan.alpha <= reference.alpha * (1 + 1e-3)
+
+
+@pytest.mark.parametrize("max_cells", [0, 64])
+def test_small_mixed_plan_solves_its_closed_form_blocks(monkeypatch, max_cells):
+    """PL94 (pipelines/pl94.yaml): its ``detailed`` identity group shares the total and the
+    race blocks with the race-list groups, so on this small plan the six identity blocks are
+    solved and merged with the rest, not put in closed form: alpha equals the all-SM-II plan's
+    and is no higher than the plan with those blocks in closed form (which at ``max_cells: 64``
+    put the total with the race block: 3.15 against the global optimum 2.36)."""
+    spec = load_spec(str(ROOT / "pipelines" / "pl94.yaml"))
+    plan = plan_groups(spec.domain, spec.group_triples(), max_cells=max_cells)
+    solved = plan_groups(spec.domain, spec.group_triples(), max_cells=max_cells, closed_forms=False)
+    monkeypatch.setattr(decomposition, "SMALL_SOLVED_WORK", 0.0)
+    mixed_closed = plan_groups(spec.domain, spec.group_triples(), max_cells=max_cells)
+    assert plan.closed is None and mixed_closed.closed is not None
+    assert plan.alpha == pytest.approx(solved.alpha, rel=1e-9)
+    assert plan.alpha <= mixed_closed.alpha * (1 + 1e-6)
+    assert np.all(plan.variances <= plan.targets * (1 + 1e-9))
+    if max_cells == 64:
+        whole = distfit.solve(spec.workload().matrix, spec.workload().targets)
+        assert plan.alpha <= whole.alpha * 1.01  # the price of blocks: 2.37988 / 2.36339

@@ -140,3 +140,32 @@ def test_scaling_a_stored_plan_to_a_budget_equals_planning_with_that_budget(tmp_
     assert [attributes for attributes, _ in profiles] == [tuple(scaled.block(b).attributes) for b in scaled.block_ids]
     for (_, profile), block_id in zip(profiles, scaled.block_ids):
         assert profile.tobytes() == np.asarray(scaled.block(block_id).profile, dtype=float).tobytes()
+
+
+def test_batched_tasks_follow_the_order_and_reach_the_least_work():
+    from distfit.plan.planner import BlockTask, batched, decompose, estimated_seconds, solve_order
+
+    spec = parse_spec(SMALL_SPEC)
+    blocks, _ = decompose(spec.domain, spec.group_triples(), 0)
+    tasks = [BlockTask(i, blocks[i], blocks[i].targets) for i in solve_order(blocks)]
+    floor = 2.5 * max(estimated_seconds(b) for b in blocks)
+    batches = list(batched(iter(tasks), floor))
+    assert [t.index for batch in batches for t in batch] == [t.index for t in tasks]  # order kept, nothing lost
+    assert all(sum(estimated_seconds(t.spec) for t in batch) >= floor for batch in batches[:-1])
+    assert len(batches) < len(tasks)
+    assert [len(batch) for batch in batched(tasks, 0.0)] == [1] * len(tasks)  # 0: one task per block
+
+
+def test_batching_gives_the_same_plan_store_as_one_task_per_block(tmp_path):
+    from distfit.cluster import DaskExecutor, dask_client
+    from distfit.plan.job import write_plan
+    from distfit.plan.planner import decompose, plan_blocks
+
+    spec = parse_spec(SMALL_SPEC)
+    checksums = []
+    with dask_client(None, workers=2) as client:
+        for seconds in (0.0, 1e3):  # one task per block; every block in one task
+            blocks, decisions = decompose(spec.domain, spec.group_triples(), 0)
+            plan = plan_blocks(spec.domain, blocks, spec.targets, DaskExecutor(client, batch_seconds=seconds), 1, decisions)
+            checksums.append(write_plan(spec, plan, str(tmp_path / f"plan-{seconds}.zarr")))
+    assert checksums[0] == checksums[1]

@@ -258,3 +258,17 @@ def test_certified_bound_keeps_small_singular_values():
 def test_certified_bound_refuses_weights_that_are_no_distribution(cells, queries):
     with pytest.raises(ValueError, match="weights must be finite, >= 0 and not all zero"):
         certified_bound(np.eye(3), np.ones((2, 3)), np.array(cells), np.array(queries))
+
+
+@pytest.mark.parametrize("name,W,targets", CASES[:4], ids=IDS[:4])
+def test_stall_window_stops_early_with_a_valid_bound(name, W, targets, cvx_alphas):
+    """A stalled bound ends the ascent: never more evaluations than without the window, and the
+    bound is still a proof (below the optimum) and close to it (the stall rule only stops once
+    the bound moves by less than a fraction of the target gap)."""
+    alpha_star = cvx_alphas[name]
+    basis, scaled_recon = _scaled(W, targets)
+    full_bound, _, full = maximize_dual(basis, scaled_recon, max_iterations=400, target_gap=1e-4)
+    bound, _, stalled = maximize_dual(basis, scaled_recon, max_iterations=400, target_gap=1e-4, stall_window=10)
+    assert stalled <= full
+    assert bound.bound <= alpha_star * (1.0 + 1e-6)
+    assert bound.bound == pytest.approx(full_bound.bound, rel=1e-2)

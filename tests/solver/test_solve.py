@@ -7,6 +7,7 @@ which share no code with the library.
 """
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import numpy as np
@@ -16,7 +17,7 @@ import distfit
 from distfit import privacy, workload as wl
 from distfit.solver.dual import certified_bound
 from distfit.solver.linalg import dominant_rows
-from distfit.solver.solve import BlockSolution, ConvergenceError, solve
+from distfit.solver.solve import BlockSolution, ConvergenceError, WarmStart, solve
 
 from tests.reference import (
     SYMMETRIC_REFERENCE_REL,
@@ -477,3 +478,55 @@ def test_sigma_is_exactly_symmetric():
     block = next(b for b in blocks if b.attributes == ("a", "b", "c"))
     solution = solve_block(BlockTask(0, block, block.targets))
     assert np.array_equal(solution.sigma, solution.sigma.T)
+
+
+# --------------------------------------------------------------------------------------------
+# Warm starts (the planner's refinement rounds: the same block, new target shares)
+# --------------------------------------------------------------------------------------------
+
+def _prefix_block(seed):
+    """A 2-way block of prefixes on a 4 x 5 grid with per-query targets: the kind of block the
+    planner re-solves with new shares (Adult's residual blocks are of this kind)."""
+    rng = np.random.default_rng(seed)
+    W = np.kron(prefix_matrix(4), prefix_matrix(5))
+    return W, rng.uniform(1.0, 4.0, W.shape[0])
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_warm_start_reaches_the_cold_certified_optimum(seed):
+    W, first = _prefix_block(seed)
+    shares = first * np.random.default_rng(seed + 10).uniform(0.3, 1.0, first.size)  # the next round's shares
+    earlier = solve(W, first)
+    cold = solve(W, shares)
+    warm = solve(W, shares, warm_start=WarmStart.of(earlier))
+    for solution in (cold, warm):
+        assert solution.gap <= 1e-4
+        assert np.all(solution.variances <= shares * (1 + 1e-9))
+        # the certificate is the one an auditor recomputes, at the new targets
+        scaled = solution.recon / np.sqrt(shares)[:, None]
+        assert certified_bound(solution.basis, scaled, solution.cell_weights, solution.query_weights) == pytest.approx(
+            solution.lower_bound, rel=1e-12)
+    # both are certified optima of the same problem: each plan is above the other's bound
+    assert warm.alpha >= cold.lower_bound and cold.alpha >= warm.lower_bound
+    assert warm.alpha == pytest.approx(cold.alpha, rel=2e-4)
+
+
+def test_warm_start_from_the_same_targets_needs_no_smii():
+    W, targets = _prefix_block(2)
+    earlier = solve(W, targets)
+    again = solve(W, targets, warm_start=WarmStart.of(earlier))
+    assert again.gap <= 1e-4
+    assert again.stats.newton_iterations == 0
+    assert again.stats.dual_evaluations <= max(3, earlier.stats.dual_evaluations // 4)
+    assert again.alpha == pytest.approx(earlier.alpha, rel=1e-4)
+
+
+def test_warm_start_of_a_block_without_certificate_is_none():
+    W, targets = _prefix_block(3)
+    solution = solve(W, targets)
+    uncertified = dataclasses.replace(solution, cell_weights=np.full(solution.cell_weights.shape, np.nan))
+    assert WarmStart.of(uncertified) is None
+    assert WarmStart.of(solution) is not None
+    # a start of another block's size is ignored, not an error
+    other = WarmStart(np.eye(2), np.ones(3), np.ones(4))
+    assert solve(W, targets, warm_start=other).gap <= 1e-4

@@ -34,7 +34,7 @@ UNITS, CHUNK = 23, 10
 ESTIMATE_DIMS = {
     "queries/estimates": ("unit", "query"), "queries/query": ("query",),
     "cells/estimates": ("unit", "cell"), "cells/cell": ("cell",),
-    "fit/objective": ("unit",), "fit/iterations": ("unit",), "fit/converged": ("unit",),
+    "solve/objective": ("unit",), "solve/iterations": ("unit",), "solve/converged": ("unit",),
     "unit_ids": ("unit",), "unit": ("unit",), "chunks/done": ("chunk",),
 }
 
@@ -71,7 +71,7 @@ def test_xarray_opens_the_store_whole(stores):
     unit = int(ids[7])
     np.testing.assert_array_equal(queries.sel(unit=unit).values, np.asarray(est.estimates[7]))
     np.testing.assert_array_equal(cells.sel(unit=unit).values, np.asarray(est.cells[7]))
-    assert tree["fit"].dataset["objective"].dims == ("unit",)
+    assert tree["solve"].dataset["objective"].dims == ("unit",)
     # one query group's table, by its columns
     start, stop = est.groups["age_sex"]
     table = queries.isel(query=slice(start, stop))

@@ -1,7 +1,9 @@
 """Packed plan stores (issue 10): a pack round-trips through ``distfit.read_plan`` block for
 block, is ten arrays whatever its number of blocks, is covered by the checksum (arrays and the
 pack's attrs), makes the plan format version 3 (a plan without packs stays version 2), and a
-pack that does not fit the schema or the queries is refused before anything is moved into place."""
+pack that does not fit the schema or the queries is refused before anything is moved into place;
+long runs of equal targets or variances are stored as runs (format version 4), whichever form
+the writer is given, and read back per query."""
 from __future__ import annotations
 
 import os
@@ -10,9 +12,12 @@ import numpy as np
 import pytest
 import zarr
 
+import distfit.stores.plan as plan_store
 from distfit import read_plan
-from distfit.packing import block_arrays, marginal_pack
-from distfit.stores.plan import PACK_ARRAYS, UNPACKED_VERSION, FORMAT_VERSION, verify_checksum
+from distfit.packing import QueryRuns, block_arrays, marginal_pack
+from distfit.stores.plan import (
+    FORMAT_VERSION, PACK_ARRAYS, PACKED_VERSION, UNPACKED_VERSION, StoreError, verify_checksum,
+)
 from distfit.stores.plan_writer import PlanWriter
 from tests.packed_plans import marginals_spec, packed_plan_parts, write_packed_plan
 
@@ -28,7 +33,7 @@ def test_a_packed_plan_round_trips_block_for_block(tmp_path):
     write_packed_plan(path, SPEC)
     pack, targets, variances = packed_plan_parts(SPEC)
     plan = read_plan(path)
-    assert plan.attrs["format_version"] == FORMAT_VERSION == 3 and plan.pack_ids == ("p0",)
+    assert plan.attrs["format_version"] == PACKED_VERSION == 3 and plan.pack_ids == ("p0",)
     (stored,) = plan.packs()
     for name in PACK_ARRAYS:
         np.testing.assert_array_equal(getattr(stored, name), getattr(pack, name))
@@ -99,3 +104,46 @@ def test_a_pack_that_does_not_fit_the_schema_or_the_queries_is_refused(tmp_path)
     with pytest.raises(TypeError, match="PackedBlocks"):
         with PlanWriter(tmp_path / "plan.zarr") as writer:
             writer.write_packed({"attributes": []})
+
+
+@pytest.fixture
+def runs_from_one_query(monkeypatch):
+    """Store long runs as runs from one query on (the default keeps plans under 65,536 queries
+    per query, so their bytes and checksums are as before)."""
+    monkeypatch.setattr(plan_store, "RUN_LENGTH_MIN_QUERIES", 1)
+
+
+def test_long_runs_are_stored_as_runs_and_read_back_per_query(tmp_path, runs_from_one_query):
+    path = tmp_path / "plan.zarr"
+    write_packed_plan(path, SPEC)
+    _, targets, variances = packed_plan_parts(SPEC)
+    plan = read_plan(path)
+    assert plan.attrs["format_version"] == FORMAT_VERSION == 4 and verify_checksum(path)[0]
+    queries = zarr.open_group(str(path / "queries"), mode="r")
+    assert sorted(queries.array_keys()) == ["target_offsets", "target_values", "variance_offsets", "variance_values"]
+    assert queries["target_values"].shape == (6,) and queries["target_offsets"][-1] == targets.size == 53
+    np.testing.assert_array_equal(plan.queries_targets, targets)
+    np.testing.assert_array_equal(plan.queries_variances, variances)
+    np.testing.assert_array_equal(plan.variance_runs.expand(), variances)
+    arr = zarr.open_array(str(path / "queries/variance_values"), mode="r+")
+    arr[0] = arr[0] * 1.01  # every claim is covered: the run arrays too
+    assert not verify_checksum(path)[0]
+    arr = zarr.open_array(str(path / "queries/target_offsets"), mode="r+")
+    arr[1] = arr[2]
+    with pytest.raises(StoreError, match="queries/target_offsets"):
+        read_plan(path)
+
+
+def test_the_store_follows_the_vector_not_the_form_it_was_given_in(tmp_path, runs_from_one_query):
+    _, targets, variances = packed_plan_parts(SPEC)
+    common = dict(spec=SPEC, schema={"attributes": ["x0", "x1", "x2", "x3"], "sizes": [3, 4, 2, 3]}, alpha=1.0,
+                  alpha_exact=True, rho=0.5, composition="sequential")
+    scattered = np.arange(targets.size, dtype=float)  # one run per query: stored per query
+    checksums = []
+    for name, given in (("arrays", lambda v: v), ("runs", QueryRuns.encode)):
+        with PlanWriter(tmp_path / f"{name}.zarr") as writer:
+            checksums.append(writer.finish(**common, queries_targets=given(targets), queries_variances=given(scattered)))
+        plan = read_plan(tmp_path / f"{name}.zarr")
+        assert plan.attrs["format_version"] == 4 and "variances" in zarr.open_group(str(tmp_path / f"{name}.zarr/queries"))
+        np.testing.assert_array_equal(plan.queries_variances, scattered)
+    assert checksums[0] == checksums[1]

@@ -1,0 +1,61 @@
+"""Refinement rounds (``distfit.plan.rounds``): shaping gaps, warm starts, the kept round's gap."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+
+from distfit.plan.planner import decompose_lazily, plan_blocks
+from distfit.plan.rounds import BLOCK_GAP, SHAPING_GAP, refine
+from tests.reference import mixed_marginal_workload
+
+
+def _blocks():
+    """Two blocks sharing query 1 (queries 0, 1 and 1, 2), targets 1."""
+    return [SimpleNamespace(query_index=np.array([0, 1]), targets=np.ones(2)),
+            SimpleNamespace(query_index=np.array([1, 2]), targets=np.ones(2))]
+
+
+def _stub(alphas_by_round, calls):
+    """A ``run_round`` that records (number, gap, warm-started from) and returns fixed shapes;
+    a result is certified to exactly the gap it was asked for."""
+    def run_round(number, shares, gap, previous):
+        calls.append((number, gap, None if previous is None else previous.number))
+        alpha = alphas_by_round[min(number, len(alphas_by_round) - 1)]
+        return [SimpleNamespace(alpha=alpha, lower_bound=alpha / (1 + gap), variances=np.ones(2)) for _ in shares]
+    return run_round
+
+
+def test_rounds_that_another_follows_are_shaping_rounds_and_warm_start_the_next():
+    calls, log = [], []
+    best, rounds = refine(_blocks(), np.ones(3), _stub([2.0, 1.0, 0.5], calls), 2, 2, log)
+    assert calls == [(0, SHAPING_GAP, None), (1, SHAPING_GAP, 0), (2, BLOCK_GAP, 1)]
+    assert (best.number, best.gap, rounds) == (2, BLOCK_GAP, 3)
+    assert any("warm-started" in line for line in log)
+
+
+def test_a_shaping_round_that_stays_best_is_solved_again_to_the_block_gap():
+    """Round 1 does not help: round 0's shares are kept, re-solved to BLOCK_GAP from round 0
+    (a draft number of its own, not counted as a round); round 1's drafts are dropped."""
+    calls, log, dropped = [], [], []
+    best, rounds = refine(_blocks(), np.ones(3), _stub([1.0, 1.5], calls), 1, 2, log, dropped.append)
+    assert calls == [(0, SHAPING_GAP, None), (1, BLOCK_GAP, 0), (2, BLOCK_GAP, 0)]
+    assert (best.number, best.gap, rounds) == (2, BLOCK_GAP, 2)
+    assert dropped == [1, 0]
+    assert all(r.alpha <= r.lower_bound * (1 + BLOCK_GAP) for r in best.results)
+
+
+def test_without_refinement_the_only_round_is_solved_to_the_block_gap():
+    calls = []
+    best, rounds = refine(_blocks(), np.ones(3), _stub([1.0], calls), 0, 2, [])
+    assert calls == [(0, BLOCK_GAP, None)] and rounds == 1
+
+
+def test_every_kept_block_of_a_refined_plan_is_certified_to_the_block_gap():
+    """Without the joint block dual (whose blocks carry no certificate of their own)."""
+    domain, groups = mixed_marginal_workload()
+    decomposition = decompose_lazily(domain, groups, 0)
+    plan = plan_blocks(domain, list(decomposition.specs()), decomposition.workload.targets(), refine_rounds=2,
+                       co_optimize=False, closed=decomposition.closed)
+    assert plan.blocks and all(b.solution.gap <= BLOCK_GAP for b in plan.blocks)
+    assert np.all(plan.variances <= plan.targets * (1 + 1e-9))
