@@ -22,7 +22,8 @@ tasks and yields ``(index, BlockSolution)`` in any order, so results can stream.
    it chooses how each query's target is shared among its blocks, which per-block shapes
    followed by one scale per block cannot, and certifies a lower bound for block-diagonal
    plans of these blocks. Its plan replaces the allocation's when it is better. Its evaluations
-   are capped by total work (``joint_dual_evaluations``: 27 on Adult's 470 blocks).
+   are capped by total work (``joint_dual_evaluations``), and it is skipped where that cap is
+   under ``JOINT_DUAL_USEFUL_EVALUATIONS`` (Adult's 470 blocks: it would get 27).
 5. Sequential composition across blocks (the same people meet every block, ``composition``):
    the stitched profile is ``p(x) = sum_S p_S(x_S) / s_S`` (a block at scale s_S:
    ``distfit.scaling``); it is evaluated cell by cell when the domain has at most
@@ -32,7 +33,7 @@ tasks and yields ``(index, BlockSolution)`` in any order, so results can stream.
 
 Small plans are co-optimised in memory; large plans stream. ``plan_blocks`` keeps every
 block's solution in the driver (the joint block dual needs them all). A plan whose joint-dual
-work is above ``STREAM_WORK`` (= ``CO_OPTIMIZE_WORK``, so the joint dual would be skipped
+work is above ``STREAM_WORK`` (above ``CO_OPTIMIZE_WORK``, so the joint dual would be skipped
 anyway; ``should_stream``) goes through ``plan_streamed`` instead, which keeps the blocks in a
 ``BlockSink`` (``job.StoreSink``: the staging plan store): the block specs are spilled
 there before the solves and read back one task at a time; each result is written there as it
@@ -68,10 +69,13 @@ from distfit.solver.solve import BlockSolution, WarmStart, solve
 from distfit.threads import blas_limit
 
 LOG = logging.getLogger("distfit.plan.planner")
-CO_OPTIMIZE_WORK = 2e9  # flops of one joint dual evaluation above which the driver skips it
-STREAM_WORK = CO_OPTIMIZE_WORK  # plans above this work are streamed through the plan store
 JOINT_DUAL_BUDGET = 3e10  # flops the joint block dual may spend in all: evaluations <= budget / work
 JOINT_DUAL_MIN_EVALUATIONS = 20
+# Fewer evaluations than this never beat the per-block shapes (Adult, 27 evaluations: 1.66961
+# against 1.25316, 30-45 s after the last round); small plans converge in 50-100.
+JOINT_DUAL_USEFUL_EVALUATIONS = 100
+CO_OPTIMIZE_WORK = JOINT_DUAL_BUDGET / JOINT_DUAL_USEFUL_EVALUATIONS  # flops of one joint dual evaluation above which it is skipped
+STREAM_WORK = 2e9  # plans above this work are streamed through the plan store (the joint dual is skipped there too)
 #: How a plan's ``allocation_lower_bound`` was certified, i.e. what it bounds (the sum bound
 #: ``sum_S alpha_S`` of plans with the chosen blocks only): the scale allocation's dual bounds
 #: the chosen block covariances rescaled, one factor per block; the joint block dual bounds
@@ -489,7 +493,7 @@ def plan_blocks(
         log.append("joint block dual skipped: queries of solved blocks also have closed-form rows, whose shares it "
                    "cannot move")
     elif co_optimize and spans:
-        log.append(f"joint block dual skipped: about {work:.3g} flops per evaluation, over {CO_OPTIMIZE_WORK:.3g}")
+        log.append(f"joint block dual skipped: about {work:.3g} flops per evaluation, over {CO_OPTIMIZE_WORK:.3g} (under {JOINT_DUAL_USEFUL_EVALUATIONS} evaluations in its budget)")
     variances = _with_closed(((b.spec.query_index, b.variances) for b in planned), closed_rows, closed_scales,
                              targets.size)
     return _composed_plan(
@@ -561,7 +565,7 @@ def plan_streamed(
     closed_scales = allocation.scales[len(blocks):]
     if co_optimize and bool(blocks) and solved_rows.max(initial=0) > 1:
         if work > CO_OPTIMIZE_WORK:
-            log.append(f"joint block dual skipped: about {work:.3g} flops per evaluation, over {CO_OPTIMIZE_WORK:.3g}")
+            log.append(f"joint block dual skipped: about {work:.3g} flops per evaluation, over {CO_OPTIMIZE_WORK:.3g} (under {JOINT_DUAL_USEFUL_EVALUATIONS} evaluations in its budget)")
         else:
             log.append("joint block dual skipped: the plan is streamed, and the joint dual needs every block in memory")
     streamed = tuple(
