@@ -10,7 +10,7 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import dataclass
-from typing import Iterator, Sequence
+from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 
@@ -20,13 +20,22 @@ from distfit.plan.residual import BlockLayout, BlockSpec, GroupLike, ResidualWor
 
 MERGE_MAX_ROWS = 1024  # basis rows a merged block may have: an SM-II step costs O(k^3)
 MERGE_LOG_LINES = 50  # merge decisions written out one per line; the rest are counted
-SMALL_SOLVED_WORK = 1e8  # flops per SM-II step of all solved blocks below which mixed blocks are solved too
+SMALL_SOLVED_WORK = 1e8  # ``block_work`` of all solved blocks below which mixed blocks are solved too
 
 
-def solved_work(layouts: Sequence[BlockLayout]) -> float:
-    """Flops of one SM-II step over ``layouts``: ``sum_b (k_b^3 + m_b k_b^2)`` (a k x k
-    factorisation and the m_b query variances of each block)."""
-    return float(sum(float(b.rows) ** 3 + float(b.queries) * float(b.rows) ** 2 for b in layouts))
+def block_work(blocks: Iterable[BlockSpec | BlockLayout]) -> float:
+    """Flops of one joint block dual evaluation, about ``sum_S k^2 (k + d_b + m_b)``: the
+    planner's measure of a block's work (solve order, task sizes, streaming). A block is a
+    ``BlockSpec`` (its arrays' shapes) or anything with ``rows``, ``cells`` and ``queries``
+    (``BlockLayout``, ``planner.BlockRef``)."""
+    total = 0.0
+    for block in blocks:
+        if isinstance(block, BlockSpec):
+            (k, d_b), m_b = block.basis.shape, block.recon.shape[0]
+        else:
+            k, d_b, m_b = block.rows, block.cells, block.queries
+        total += float(k) ** 2 * (k + d_b + m_b)
+    return total
 
 
 @dataclass(frozen=True, eq=False)
@@ -66,8 +75,8 @@ def decompose_lazily(domain: Domain, groups: Sequence[GroupLike], max_cells: int
     2.28x); a merge whose blocks would all be closed-form is undone.
 
     Closed-form blocks that share a query group with solved blocks are solved instead when the
-    plan is small: when solving every block outside the free set costs at most
-    ``SMALL_SOLVED_WORK`` flops per SM-II step (``solved_work``). There the queries' target
+    plan is small: when the work of every block outside the free set (``block_work``) is at
+    most ``SMALL_SOLVED_WORK``. There the queries' target
     shares move with the solved blocks', so the symmetric shape is not the optimum, and the
     joint block dual (which cannot move the shares of closed-form rows) runs. PL94 at
     ``max_cells: 64`` (``bench_price_of_blocks.py``): 3.15001 with its six mixed blocks in closed
@@ -80,7 +89,7 @@ def decompose_lazily(domain: Domain, groups: Sequence[GroupLike], max_cells: int
     cliques = [tuple(group[1]) for group in groups] if rest else []
     if closed_forms and np.any(closed & ~free_mask):
         all_solved = workload.layouts(merge_layout(domain, rest, cliques, max_cells, max_rows))
-        if solved_work(all_solved) <= SMALL_SOLVED_WORK:
+        if block_work(all_solved) <= SMALL_SOLVED_WORK:
             closed = free_mask  # the mixed closed-form blocks are solved (docstring)
     free = np.flatnonzero(free_mask)
     undone: list[tuple[str, ...]] = []

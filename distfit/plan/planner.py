@@ -59,7 +59,7 @@ from distfit.domain import Domain
 from distfit.packing import QueryRuns
 from distfit.plan.closed_form import ClosedFormBlocks
 from distfit.plan.composition import EXACT_DOMAIN_LIMIT, StitchedProfile, alpha_is_exact, stitched_profile, stitched_variances
-from distfit.plan.decomposition import decompose, decompose_lazily  # noqa: F401 (re-exported: step 1)
+from distfit.plan.decomposition import block_work, decompose, decompose_lazily  # noqa: F401 (re-exported: step 1)
 from distfit.plan.residual import BlockLayout, BlockSpec, GroupLike
 from distfit.plan.rounds import BLOCK_GAP, Round, refine
 from distfit.privacy import privacy_account, privacy_profile
@@ -285,18 +285,6 @@ class PlanResult:
 
     def account(self) -> dict:
         return privacy_account(self.alpha).to_dict()
-
-
-def block_work(blocks: Iterable[BlockSpec | BlockRef | BlockLayout]) -> float:
-    """Flops of one joint block dual evaluation, about ``sum_S k^2 (k + d_b + m_b)``."""
-    total = 0.0
-    for block in blocks:
-        if isinstance(block, (BlockRef, BlockLayout)):
-            k, d_b, m_b = block.rows, block.cells, block.queries
-        else:
-            (k, d_b), m_b = block.basis.shape, block.recon.shape[0]
-        total += float(k) ** 2 * (k + d_b + m_b)
-    return total
 
 
 def solve_order(blocks: Sequence[BlockSpec | BlockRef | BlockLayout]) -> list[int]:
