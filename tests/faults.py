@@ -41,15 +41,25 @@ class KillAfterFirstResult(SchedulerPlugin):
         task = self.scheduler.tasks.get(key)
         worker = task.processing_on.address if finish == "processing" and task is not None and task.processing_on else None
         self.log.append((key, start, finish, worker))
-        if self.killed is not None or finish != "memory":
+        if self.killed is not None or finish not in ("memory", "processing"):
+            return
+        if finish == "processing":
+            # tasks of microseconds may leave no worker holding one at any result; a task sent
+            # to a worker after the first result is held by it now
+            if worker is not None and any(entry[2] == "memory" for entry in self.log):
+                state = self.scheduler.workers[worker]
+                self._kill(state, sorted(str(t.key) for t in state.processing if str(t.key).startswith(self.prefix)))
             return
         for state in self.scheduler.workers.values():
             held = sorted(str(t.key) for t in state.processing if str(t.key).startswith(self.prefix))
             if held:
-                done = sum(1 for entry in self.log if entry[2] == "memory")
-                os.kill(state.pid, signal.SIGKILL)
-                self.killed = {"address": state.address, "pid": state.pid, "held": held, "done": done}
+                self._kill(state, held)
                 return
+
+    def _kill(self, state, held: list[str]) -> None:
+        done = sum(1 for entry in self.log if entry[2] == "memory")
+        os.kill(state.pid, signal.SIGKILL)
+        self.killed = {"address": state.address, "pid": state.pid, "held": held, "done": done}
 
 
 def _kill_record(dask_scheduler) -> tuple[list, dict | None]:
