@@ -3,7 +3,7 @@
 Layout (**contract**, DESIGN.md section 4)::
 
     plan.zarr/                 attrs: distfit_format="plan", format_version (2; 3 with packs; 4 with
-                                      runs), spec, schema
+                                      runs; 5 with a solved pack), spec, schema
                                       ({"attributes": [names], "sizes": [ints]}), alpha,
                                       alpha_exact, rho, composition, created (ISO 8601 UTC),
                                       distfit_version, complete=True, checksum, and any extra
@@ -70,6 +70,33 @@ arrays like any array, and each pack's attrs (its kind: the implicit forms' decl
 claims (:func:`plan_claims`). A plan without packs is written as format version 2, byte for
 byte as before; version 2 and 1 plans read, verify and audit as ever.
 
+Solved pack (format version 5): an in-memory plan of at least :data:`SOLVED_PACK_MIN_BLOCKS`
+solved blocks, each with its certificate arrays, stores them all in one group of 13 ragged
+arrays (:mod:`distfit.stores.solved_pack`) instead of one group of nine arrays per block::
+
+      solved/shape          (n, 3) int64   block b's (m_b, k_b, d_b), b in pack order
+             attributes     (n, r) int64   its schema positions in its own attribute order, -1 padded
+             alpha          (n,)  float64
+             lower_bound    (n,)  float64
+             basis          (sum k_b d_b,) float64   each block's (k_b, d_b) basis in C order,
+             recon          (sum m_b k_b,) float64   concatenated in pack order; block b's
+             sigma          (sum k_b^2,)   float64   entries are offsets[b]:offsets[b+1],
+             query_index    (sum m_b,)     int64     offsets = [0, cumsum(its sizes)] from
+             targets, variances, query_weights (sum m_b,) float64   the shape table (not stored)
+             profile, cell_weights          (sum d_b,) float64
+             attrs: kind="solved", block_ids (list, pack order), solvers (list: each block's
+                    solver dict)
+
+Adult's 470 solved blocks were 4,230 arrays and 8,937 files (30 MB: zarr's cost is per array,
+~3 ms each): 17 s to write, checksum and fsync; packed, 13 arrays and 2 s. :meth:`Plan.block`
+materialises a packed block's :class:`BlockRecord` by slicing (the same values, dtypes,
+attributes and solver dict as the one-group layout; each ragged array is read once, on first
+use, and kept); :attr:`Plan.explicit_block_ids` includes them (their arrays are explicit). The
+checksum covers the arrays like any array and the attrs as claims (:func:`plan_claims`, each
+solver without :data:`UNCLAIMED_SOLVER`). A plan with fewer solved blocks (or a block without
+certificate arrays) keeps one group per block and its version 2, 3 or 4, byte for byte as
+before; so do streamed plans (their blocks are written one at a time as drafts).
+
 ``cell_weights`` and ``query_weights`` (:data:`CERTIFICATE_ARRAYS`, an addition to DESIGN.md
 section 4) are the dual point that proves the block's ``lower_bound``: each on the simplex,
 ``lower_bound = || diag(sqrt(v / t)) recon basis diag(sqrt(u)) ||_*^2``
@@ -128,15 +155,22 @@ from distfit.stores.files import (
     check_format,
     root_attrs_on_disk,
 )
+from distfit.stores.solved_pack import SOLVED_GROUP, open_solved
 
 FORMAT = "plan"
-FORMAT_VERSION = 4  # the newest this distfit reads and writes (a plan with runs)
+FORMAT_VERSION = 5  # the newest this distfit reads and writes (a plan with a solved pack)
+SOLVED_VERSION = 5  # what a plan with a solved pack is written as (module docstring)
+RUNS_VERSION = 4  # what a plan with runs and without a solved pack is written as
 PACKED_VERSION = 3  # what a plan with packs and without runs is written as (byte for byte as before runs)
 UNPACKED_VERSION = 2  # what a plan without packs or runs is written as (byte for byte as before packs)
 #: A per-query vector is stored as runs when it has at least this many queries (smaller plans
 #: keep their bytes and checksums) and at most one run per ``RUN_LENGTH_RATIO`` queries.
 RUN_LENGTH_MIN_QUERIES = 1 << 16
 RUN_LENGTH_RATIO = 4
+#: An in-memory plan stores its solved blocks as one solved pack (format 5) from this many on.
+#: Below it one group per block costs little (16 blocks: ~0.1 s), and small plans - every test
+#: and documented example that pins a plan's bytes, checksum or format version - keep theirs.
+SOLVED_PACK_MIN_BLOCKS = 16
 #: The two per-query vectors of a plan (``queries/<name>``) and the prefix of their run arrays.
 QUERY_VECTORS = {"targets": "target", "variances": "variance"}
 CHECKSUM_ATTRS_VERSION = 2  # the first format_version whose checksum covers the claims' attrs
@@ -383,8 +417,8 @@ class Plan:
 
     ``block_ids`` are every block's, sorted (a packed block's id is
     :func:`distfit.plan.residual.block_id_for` of its attribute names); ``explicit_block_ids``
-    those stored one group per block; :meth:`packs` the packs as written (bulk access:
-    audit and release read them whole instead of block by block)."""
+    those with explicit arrays (one group per block, or in the solved pack); :meth:`packs` the
+    packs as written (bulk access: audit and release read them whole instead of block by block)."""
 
     path: str
     attrs: dict
@@ -397,6 +431,7 @@ class Plan:
     _packs: tuple = field(default=(), repr=False)  # PackedBlocks per pack id
     _packed_ids: tuple = field(default=(), repr=False)  # per pack: its blocks' ids, in pack order
     _where: dict = field(default_factory=dict, repr=False)  # packed block id -> (pack, position), built lazily
+    _solved: Any = field(default=None, repr=False)  # solved_pack.SolvedPack (format 5) or None
 
     @property
     def checksum(self) -> str:
@@ -430,7 +465,12 @@ class Plan:
 
     def block(self, block_id: str) -> BlockRecord:
         """Read one block's arrays and attrs from the store (a packed block: materialised from
-        its pack, :func:`distfit.packing.block_arrays`)."""
+        its pack, :func:`distfit.packing.block_arrays`; a block of the solved pack: sliced from it)."""
+        if self._solved is not None and block_id in self._solved.position:
+            try:
+                return BlockRecord(**self._solved.record(block_id, self.attrs["schema"]["attributes"]))
+            except ValueError as exc:
+                raise StoreError(f"{self.path}: {SOLVED_GROUP}/ block {block_id}: {exc}") from None
         where = self._locate(block_id)
         if where is not None:
             p, b = where
@@ -526,11 +566,21 @@ def read_plan(path: PathLike) -> Plan:
     if targets.size != variances.size:
         raise StoreError(f"{p}: queries: {targets.size} targets but {variances.size} variances")
     explicit = tuple(sorted(group["blocks"].group_keys()))
+    try:
+        solved = open_solved(group, list(attrs.get("schema", {}).get("attributes", [])))
+    except ValueError as exc:
+        raise StoreError(f"{p}: {exc}") from None
+    if solved is not None:
+        explicit = tuple(sorted(explicit + solved.tables.block_ids))
     pack_ids, packs, ids = _read_packs(p, group, attrs)
     block_ids = tuple(sorted(explicit + tuple(b for per_pack in ids for b in per_pack))) if packs else explicit
+    if solved is not None or packs:  # one id, one block, whichever part of the plan holds it
+        repeated = next((a for a, b in zip(block_ids, block_ids[1:]) if a == b), None)
+        if repeated is not None:
+            raise StoreError(f"{p}: block id {repeated!r} is stored twice (blocks/, {SOLVED_GROUP}/ or packs/)")
     return Plan(path=str(p), attrs=attrs, target_runs=targets, variance_runs=variances,
                 block_ids=block_ids, _group=group, explicit_block_ids=explicit, pack_ids=pack_ids,
-                _packs=packs, _packed_ids=ids)
+                _packs=packs, _packed_ids=ids, _solved=solved)
 
 
 def checksum_covers_attrs(attrs: Mapping) -> bool:
@@ -548,8 +598,10 @@ def _without(value: Any, keys: tuple[str, ...]) -> Any:
 
 def plan_claims(root_attrs: Mapping, group: zarr.Group) -> dict[str, Any]:
     """The attrs the version-2 plan checksum covers, ``{"": root, "blocks/<block_id>": block
-    attrs, ..., "packs/<pack_id>": pack attrs, ...}`` (packs: their ``kind`` and ``solver``, the
-    solver without :data:`UNCLAIMED_SOLVER`): ``root_attrs`` without :data:`UNCLAIMED_ROOT`, its ``planner`` without
+    attrs, ..., "packs/<pack_id>": pack attrs, ..., "solved": the solved pack's attrs}`` (packs:
+    their ``kind`` and ``solver``, the solver without :data:`UNCLAIMED_SOLVER`; the solved pack:
+    its ``kind``, ``block_ids`` and ``solvers``, each without :data:`UNCLAIMED_SOLVER`):
+    ``root_attrs`` without :data:`UNCLAIMED_ROOT`, its ``planner`` without
     :data:`UNCLAIMED_PLANNER`; every block's attrs (read from ``group``) with its ``solver``
     without :data:`UNCLAIMED_SOLVER`. Everything else a plan states is covered: alpha,
     alpha_exact, rho, composition, the account, the spec and schema, the planner's bounds,
@@ -567,6 +619,11 @@ def plan_claims(root_attrs: Mapping, group: zarr.Group) -> dict[str, Any]:
             if "solver" in member:
                 member["solver"] = _without(member["solver"], UNCLAIMED_SOLVER)
             claims[f"{kind}/{name}"] = member
+    if SOLVED_GROUP in group:  # the solved pack (format 5): its ids, kind and solvers
+        solved = dict(group[SOLVED_GROUP].attrs)
+        if isinstance(solved.get("solvers"), list):
+            solved["solvers"] = [_without(s, UNCLAIMED_SOLVER) for s in solved["solvers"]]
+        claims[SOLVED_GROUP] = solved
     return claims
 
 
@@ -589,6 +646,9 @@ __all__ = [
     "QUERY_VECTORS",
     "RUN_LENGTH_MIN_QUERIES",
     "RUN_LENGTH_RATIO",
+    "RUNS_VERSION",
+    "SOLVED_PACK_MIN_BLOCKS",
+    "SOLVED_VERSION",
     "UNPACKED_VERSION",
     "packed_ids",
     "CHECKSUM_ATTRS_VERSION",

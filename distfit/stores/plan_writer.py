@@ -26,6 +26,10 @@ needed. ``finish`` refuses to seal a plan while a draft is still unpromoted, del
 in-memory path writes. The root attrs say ``complete=False`` until ``finish``, so an
 interrupted streamed write (a staging directory with some blocks) is refused like any other.
 
+An in-memory plan's many solved blocks go into one solved pack instead
+(:meth:`PlanWriter.write_solved`, format version 5: 13 arrays in all, not nine per block;
+:mod:`distfit.stores.solved_pack`); streamed plans keep one group per block.
+
 A writer is not thread-safe: write from the driver only (DESIGN.md section 4); its
 :meth:`PlanWriter.write_blocks` writes many blocks' files concurrently on zarr's event loop.
 """
@@ -35,7 +39,7 @@ import asyncio
 import os
 import secrets
 import shutil
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -58,12 +62,13 @@ from distfit.stores.files import (
 from distfit.packing import PackedBlocks, QueryRuns, block_cells
 from distfit.stores.plan import (
     FORMAT,
-    FORMAT_VERSION,
     PACK_ARRAYS,
     PACK_KIND,
     PACKED_VERSION,
     QUERY_VECTORS,
     ROOT_KEYS,
+    RUNS_VERSION,
+    SOLVED_VERSION,
     UNPACKED_VERSION,
     BlockRecord,
     PathLike,
@@ -74,6 +79,7 @@ from distfit.stores.plan import (
     plan_claims,
     stored_form,
 )
+from distfit.stores.solved_pack import RAGGED, SOLVED_GROUP, SOLVED_KIND, TABLES, pack_solved
 
 WRITE_BATCH = 16  # blocks written per round trip to zarr's event loop (PlanWriter.write_blocks)
 
@@ -145,6 +151,7 @@ class PlanWriter:
         self._max_query_index = -1
         self._drafts: dict[str, tuple[str, int]] = {}  # scratch key -> (block_id, max query index)
         self._packs: list[PackedBlocks] = []  # written packs, checked against the schema in finish
+        self._solved: list[str] | None = None  # the schema names a solved pack was written on
 
     # -- lifecycle
 
@@ -267,13 +274,41 @@ class PlanWriter:
 
         zarr_sync(write_all())
 
+    def write_solved(self, records: Iterable[BlockRecord], schema_attributes: Sequence[str]) -> int:
+        """Write many solved blocks as the plan's one solved pack, ``solved/`` (format version 5;
+        layout: :mod:`distfit.stores.plan`, :mod:`distfit.stores.solved_pack`): 13 arrays whatever
+        the number of blocks, where :meth:`write_blocks` writes nine per block. Each record is
+        checked as :meth:`write_block` checks it (ids unique across every block written, its
+        attrs JSON); each must have its certificate arrays (NaN allowed) and attributes among
+        ``schema_attributes``, the schema's attribute names, which ``finish`` must be given.
+        Blocks are read back in ``block_ids`` order whatever the order here. Returns the number
+        of blocks written."""
+        self._require_open()
+        if self._solved is not None:
+            raise ValueError("write_solved: a plan has one solved pack, and it was already written")
+        names = [str(a) for a in schema_attributes]
+        records = list(records)
+        solvers = [self._admit(record, "write_solved expects BlockRecords")["solver"] for record in records]
+        tables, ragged = pack_solved(records, names)
+        attrs = jsonable({"kind": SOLVED_KIND, "block_ids": list(tables.block_ids), "solvers": solvers},
+                         f"{SOLVED_GROUP} attrs")
+        self._solved = names
+        group = self._group.create_group(SOLVED_GROUP)
+        for name, (_, dims) in TABLES.items():
+            write_array(group, name, np.ascontiguousarray(getattr(tables, name)), dims=dims)
+        for name, (_, _, dim) in RAGGED.items():
+            write_array(group, name, ragged[name], dims=(dim,))
+        group.attrs.update(attrs)
+        return len(records)
+
     def write_packed(self, blocks: PackedBlocks) -> None:
         """Write a pack of closed-form residual blocks (:class:`distfit.packing.PackedBlocks`)
         as ``packs/p<i>`` (``i`` counts the packs written; layout: :mod:`distfit.stores.plan`):
         ten arrays whatever the number of blocks. Any number of packs, in any order with
         :meth:`write_block`. What needs the schema (positions in range, attribute sizes > 1,
         queries in range, ids distinct from every other block's) is checked by :meth:`finish`.
-        A plan with a pack is written as format version 3 (4 if it also stores runs of queries)."""
+        A plan with a pack is written as format version 3 (4 if it also stores runs of queries,
+        5 if it has a solved pack)."""
         self._require_open()
         if not isinstance(blocks, PackedBlocks):
             raise TypeError(f"write_packed expects PackedBlocks, got {type(blocks).__name__}")
@@ -450,6 +485,9 @@ class PlanWriter:
         if not isinstance(spec, Mapping):
             raise ValueError(f"spec: expected a dict, got {type(spec).__name__}")
         schema = _check_schema(schema)
+        if self._solved is not None and schema["attributes"] != self._solved:
+            raise ValueError(f"schema: attributes {schema['attributes']} are not those the solved pack was "
+                             f"written on ({self._solved})")
         self._check_packs(schema, m)
         if not isinstance(alpha_exact, (bool, np.bool_)):
             raise ValueError(f"alpha_exact: expected a bool, got {alpha_exact!r}")
@@ -472,7 +510,8 @@ class PlanWriter:
         attrs = jsonable({
             **extra,
             "distfit_format": FORMAT,
-            "format_version": FORMAT_VERSION if as_runs else PACKED_VERSION if self._packs else UNPACKED_VERSION,
+            "format_version": (SOLVED_VERSION if self._solved is not None else RUNS_VERSION if as_runs
+                               else PACKED_VERSION if self._packs else UNPACKED_VERSION),
             "spec": spec,
             "schema": schema,
             "alpha": float(alpha),

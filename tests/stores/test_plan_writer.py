@@ -16,7 +16,7 @@ import distfit.stores.plan as plan_store
 from distfit import read_plan
 from distfit.packing import QueryRuns, block_arrays, marginal_pack
 from distfit.stores.plan import (
-    FORMAT_VERSION, PACK_ARRAYS, PACKED_VERSION, UNPACKED_VERSION, StoreError, verify_checksum,
+    PACK_ARRAYS, PACKED_VERSION, RUNS_VERSION, UNPACKED_VERSION, StoreError, verify_checksum,
 )
 from distfit.stores.plan_writer import PlanWriter
 from tests.packed_plans import marginals_spec, packed_plan_parts, write_packed_plan
@@ -118,7 +118,7 @@ def test_long_runs_are_stored_as_runs_and_read_back_per_query(tmp_path, runs_fro
     write_packed_plan(path, SPEC)
     _, targets, variances = packed_plan_parts(SPEC)
     plan = read_plan(path)
-    assert plan.attrs["format_version"] == FORMAT_VERSION == 4 and verify_checksum(path)[0]
+    assert plan.attrs["format_version"] == RUNS_VERSION == 4 and verify_checksum(path)[0]
     queries = zarr.open_group(str(path / "queries"), mode="r")
     assert sorted(queries.array_keys()) == ["target_offsets", "target_values", "variance_offsets", "variance_values"]
     assert queries["target_values"].shape == (6,) and queries["target_offsets"][-1] == targets.size == 53
