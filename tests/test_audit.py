@@ -145,7 +145,7 @@ def test_the_test_plans_are_the_cases_the_audit_must_get_right(plans):
     for name in ("refined", "refined-budget"):
         plan = read_plan(plans / f"{name}.zarr")
         planner = plan.attrs["planner"]
-        assert planner["rounds"] == 2 and planner["chosen_blocks_lower_bound"]["method"] == SCALE_ALLOCATION
+        assert planner["rounds"] >= 2 and planner["chosen_blocks_lower_bound"]["method"] == SCALE_ALLOCATION
         blocks = list(plan.iter_blocks())
         assert len(blocks) == 2
         for block in blocks:
