@@ -61,7 +61,7 @@ from distfit.plan.closed_form import ClosedFormBlocks
 from distfit.plan.composition import EXACT_DOMAIN_LIMIT, StitchedProfile, alpha_is_exact, stitched_profile, stitched_variances
 from distfit.plan.decomposition import block_work, decompose, decompose_lazily  # noqa: F401 (re-exported: step 1)
 from distfit.plan.residual import BlockLayout, BlockSpec, GroupLike
-from distfit.plan.rounds import BLOCK_GAP, COARSE_SHAPING_GAP, SHAPING_GAP, Round, refine
+from distfit.plan.rounds import BLOCK_GAP, COARSE_SHAPING_GAPS, SHAPING_GAP, Round, refine
 from distfit.privacy import privacy_account, privacy_profile
 from distfit.scaling import scale_block, scaled_cost, scaled_noise
 from distfit.solver.dual import BlockDualResult, maximize_block_dual
@@ -75,8 +75,8 @@ JOINT_DUAL_MIN_EVALUATIONS = 20
 # against 1.25316, 30-45 s after the last round); small plans converge in 50-100.
 JOINT_DUAL_USEFUL_EVALUATIONS = 100
 CO_OPTIMIZE_WORK = JOINT_DUAL_BUDGET / JOINT_DUAL_USEFUL_EVALUATIONS  # flops of one joint dual evaluation above which it is skipped
-#: Plans above this work shape their target shares at ``rounds.COARSE_SHAPING_GAP``
-#: (:func:`shaping_gap`): those whose joint block dual is skipped for its work.
+#: Plans above this work shape their target shares at ``rounds.COARSE_SHAPING_GAPS``
+#: (:func:`shaping_gaps`): those whose joint block dual is skipped for its work.
 COARSE_SHAPING_WORK = CO_OPTIMIZE_WORK
 STREAM_WORK = 2e9  # plans above this work are streamed through the plan store (the joint dual is skipped there too)
 #: How a plan's ``allocation_lower_bound`` was certified, i.e. what it bounds (the sum bound
@@ -335,12 +335,12 @@ def solve_blocks(tasks: Sequence[BlockTask]) -> list[tuple[int, BlockSolution]]:
     return [(task.index, solve_block(task)) for task in tasks]
 
 
-def shaping_gap(work: float) -> float:
-    """The certified gap of the shaping rounds (``rounds.refine``) of a plan of ``work``
-    (``block_work``): ``rounds.COARSE_SHAPING_GAP`` above ``COARSE_SHAPING_WORK``, where the
+def shaping_gaps(work: float) -> tuple[float, ...]:
+    """The certified gaps of the shaping rounds (``rounds.refine``) of a plan of ``work``
+    (``block_work``): ``rounds.COARSE_SHAPING_GAPS`` above ``COARSE_SHAPING_WORK``, where the
     joint block dual is skipped for its work (no joint dual starts from the shapes, and the
-    shaping solves are most of the plan's time), else ``rounds.SHAPING_GAP``."""
-    return SHAPING_GAP if work <= COARSE_SHAPING_WORK else COARSE_SHAPING_GAP
+    shaping solves were most of the plan's time), else ``rounds.SHAPING_GAP``."""
+    return (SHAPING_GAP,) if work <= COARSE_SHAPING_WORK else COARSE_SHAPING_GAPS
 
 
 def should_stream(blocks: Sequence[BlockSpec | BlockRef | BlockLayout]) -> bool:
@@ -471,7 +471,7 @@ def plan_blocks(
         return _collect(executor(tasks), len(tasks), lambda index, solution: solution, progress)
 
     best, rounds = refine(blocks, targets, run_round, refine_rounds, max_rows, log, closed=closed_rows,
-                          shaping_gap=shaping_gap(work))
+                          shaping_gaps=shaping_gaps(work))
     allocation = best.allocation
     planned = tuple(
         PlannedBlock(spec, solution, float(scale), share)
@@ -560,7 +560,7 @@ def plan_streamed(
         return _collect(executor(tasks()), len(blocks), keep, progress)
 
     best, rounds = refine(blocks, targets, run_round, refine_rounds, max_rows, log, sink.drop_round,
-                           closed=closed_rows, shaping_gap=shaping_gap(work))
+                           closed=closed_rows, shaping_gaps=shaping_gaps(work))
     allocation = best.allocation
     closed_scales = allocation.scales[len(blocks):]
     if co_optimize and bool(blocks) and solved_rows.max(initial=0) > 1:

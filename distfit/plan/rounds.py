@@ -28,12 +28,17 @@ from distfit.threads import blas_limit
 #: queries), and at 1e-2 the refined plan of a 16-block test workload (tests/test_cluster.py's
 #: faults spec) ended 1.4% higher in its sum bound than with 1e-4 shapes (1e-3: 0.05% lower).
 SHAPING_GAP = 1e-3
-#: The shaping gap of a large plan (the planner's: one whose joint block dual is skipped for its
-#: work, ``planner.CO_OPTIMIZE_WORK``), where the shaping rounds' solves are most of the time.
-#: The 1.4% above concerns the joint dual's start on a small plan; on Adult (470 SM-II blocks,
-#: no joint dual; with ``solve.WARM_DUAL_ITERATIONS``) 1e-2 shapes gave the better plan, alpha
-#: 1.25224 -> 1.25048, and ``distfit plan`` 107 -> 90 s (rounds 46 + 25 + 30 s -> 33 + 16 + 36 s).
-COARSE_SHAPING_GAP = 1e-2
+#: The shaping gaps of a large plan (the planner's: one whose joint block dual is skipped for
+#: its work, ``planner.COARSE_SHAPING_WORK``), where the shaping rounds' solves were most of its
+#: time: round 0, round 1, and every later shaping round. Round 0 only has to say roughly how
+#: each query's target splits between its blocks: at a 0.5 gap most blocks stop at the dual's
+#: first recovered plans (Adult: 3.3 s instead of 46 s at 1e-3); each later round starts from
+#: the last one's plans (warm) and its better shares. The 1.4% above concerns the joint dual's
+#: start on a small plan; on Adult (470 SM-II blocks, no joint dual, two refinement rounds,
+#: ``distfit plan`` wall time and alpha on 2 cores) the shaping gaps (1e-3, 1e-3) gave 107 s,
+#: alpha 1.25224; (1e-2, 1e-2) 89.5 s, 1.25048; (0.5, 1e-2) 73.0 s, 1.24971; (0.5, 0.1)
+#: 61.0 s, 1.25380; (0.5, 0.2) 62.0 s, 1.26286; three rounds (0.5, 0.1, 3e-2) 75.6 s, 1.24647.
+COARSE_SHAPING_GAPS = (0.5, 1e-1, 1e-2)
 BLOCK_GAP = 1e-4  # certified gap of every block of the kept plan (``solve``'s default)
 
 
@@ -73,16 +78,16 @@ def refine(
     log: list[str],
     drop_round: Callable[[int], None] | None = None,
     closed: ClosedRows | None = None,
-    shaping_gap: float = SHAPING_GAP,
+    shaping_gaps: Sequence[float] = (SHAPING_GAP,),
 ) -> tuple[Round, int]:
     """Solve, allocate, and refine the target shares (module docstring, steps 2-3).
 
     ``run_round(number, block_targets, gap, previous)`` solves every block for its share to the
     certified ``gap`` (warm-started from the ``previous`` round's solutions when given: same
     blocks, new shares) and returns, in block order, objects with ``alpha`` and ``variances``.
-    Every round that another follows is solved to ``shaping_gap`` (``SHAPING_GAP``, or
-    ``COARSE_SHAPING_GAP`` for a large plan: its shapes only set the next shares), the last to
-    ``BLOCK_GAP``; should a shaping round end up the best (refinement
+    Every round that another follows is solved to its shaping gap (round r to
+    ``shaping_gaps[min(r, len - 1)]``: ``SHAPING_GAP``, or ``COARSE_SHAPING_GAPS`` for a large
+    plan; its shapes only set the next shares), the last to ``BLOCK_GAP``; should a shaping round end up the best (refinement
     stopped early) with a block above ``BLOCK_GAP``, its shares are solved once more to
     ``BLOCK_GAP`` (warm-started; not counted as a round), so every kept block is certified to it. Returns the best round and how many rounds ran; ``drop_round`` is told
     about every round that is not (or no longer) the best.
@@ -119,7 +124,7 @@ def refine(
         return Round(number, allocation, results, [t.copy() for t in shares], gap)
 
     for round_number in range(refine_rounds + 1):
-        gap = BLOCK_GAP if round_number == refine_rounds else shaping_gap
+        gap = BLOCK_GAP if round_number == refine_rounds else shaping_gaps[min(round_number, len(shaping_gaps) - 1)]
         this = solved_round(round_number, block_targets, gap, previous)
         allocation, results = this.allocation, this.results
         if best is None or allocation.alpha_bound < best.allocation.alpha_bound:

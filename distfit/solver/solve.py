@@ -19,11 +19,13 @@ How a solve runs (each stage is in its own module):
    converges in 30-100 evaluations while the recovered plan stays far above it for hundreds
    more, and SM-II finds the plan faster. A ``WarmStart`` (an earlier solve of the same block
    for other targets) starts the ascent from its weights (at most ``WARM_DUAL_ITERATIONS``
-   iterations: the polishing stage certifies) and offers its plan to SM-II.
+   iterations: the polishing stage certifies) and offers its plan to SM-II; should that path
+   end above ``max_gap``, the block is solved again from the cold start.
 3. If the certified gap is still above ``gap_tolerance``, ``smii.smii_optimize`` (the paper's
    soft-max Newton-CG with continuation in t) starts from the best recovered plan, and the
    dual is maximised again from SM-II's soft-max weights (they are the dual variables of the
-   smoothed problem), tightening the bound.
+   smoothed problem), tightening the bound, and restarted from its best weights
+   (``DUAL_RESTARTS``) while the gap is still open.
 4. The best plan is scaled by its largest variance ratio so that every target holds; its alpha
    and the best lower bound give the reported optimality gap.
 
@@ -74,6 +76,10 @@ DUAL_STALL_WINDOW = 20
 #: dual stage 10.4 -> 5.7 CPU s, the same alphas; the whole plan: rounds 1 and 2 29 + 31 s ->
 #: 25 + 30 s, alpha 1.2536 -> 1.2522.
 WARM_DUAL_ITERATIONS = 5
+#: Fresh starts of the dual ascent from its best weights while the gap is open after the
+#: polishing stage: L-BFGS on this nonsmooth dual (the nuclear norm, where singular values
+#: cross) can end on a failed line search short of the gap, and a new start goes on from there.
+DUAL_RESTARTS = 3
 
 
 class ConvergenceError(RuntimeError):
@@ -246,9 +252,19 @@ def solve(
     # blocks with processes instead; DISTFIT_BLAS_THREADS overrides.
     with blas_limit():
         representation = represent(workload, basis)
+        try:
+            return _solve_represented(
+                representation, target_array, parsed_budget, method, gap_tolerance, max_gap, dual_iterations, time_limit,
+                start, warm_start,
+            )
+        except ConvergenceError:
+            if warm_start is None:
+                raise
+        # A start changes the path, not the problem: where a warm start's path ends above
+        # max_gap (its capped first dual stage gave SM-II a weak bound to aim at), the block
+        # is solved again from the cold start.
         return _solve_represented(
             representation, target_array, parsed_budget, method, gap_tolerance, max_gap, dual_iterations, time_limit, start,
-            warm_start,
         )
 
 
@@ -323,6 +339,18 @@ def _solve_represented(
                 certificate, lower_bound = polished_bound, polished_bound.bound
             if polished_primal.primal_alpha < best_alpha:
                 best_sigma, best_alpha, stage = polished_primal.sigma, polished_primal.primal_alpha, "dual"
+        for _ in range(DUAL_RESTARTS):
+            if best_alpha <= lower_bound * (1.0 + gap_tolerance):
+                break
+            bound_point, primal_point, more = dual.maximize_dual(
+                basis_matrix, constraints, certificate.cell_weights, certificate.query_weights,
+                max_iterations=dual_iterations, target_gap=gap_tolerance, known_alpha=best_alpha)
+            evaluations += more
+            if primal_point.primal_alpha < best_alpha:
+                best_sigma, best_alpha, stage = primal_point.sigma, primal_point.primal_alpha, "dual"
+            if not bound_point.bound > lower_bound:
+                break  # the ascent is stuck, not merely stopped
+            certificate, lower_bound = bound_point, bound_point.bound
 
     # The certificate on every query row (the rows dominant_rows left out weigh 0), and the
     # bound it proves, evaluated the way an auditor re-evaluates it (dual.certified_bound).

@@ -5,8 +5,8 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from distfit.plan.planner import decompose_lazily, plan_blocks
-from distfit.plan.rounds import BLOCK_GAP, SHAPING_GAP, refine
+from distfit.plan.planner import COARSE_SHAPING_WORK, decompose_lazily, plan_blocks, shaping_gaps
+from distfit.plan.rounds import BLOCK_GAP, COARSE_SHAPING_GAPS, SHAPING_GAP, refine
 from tests.reference import mixed_marginal_workload
 
 
@@ -32,6 +32,20 @@ def test_rounds_that_another_follows_are_shaping_rounds_and_warm_start_the_next(
     assert calls == [(0, SHAPING_GAP, None), (1, SHAPING_GAP, 0), (2, BLOCK_GAP, 1)]
     assert (best.number, best.gap, rounds) == (2, BLOCK_GAP, 3)
     assert any("warm-started" in line for line in log)
+
+
+def test_a_large_plan_shapes_at_falling_coarse_gaps():
+    """Round r is solved to ``shaping_gaps[min(r, len - 1)]``; the kept round to BLOCK_GAP. A
+    plan whose joint block dual is skipped for its work gets the coarse schedule, a smaller
+    one SHAPING_GAP in every shaping round."""
+    calls = []
+    best, rounds = refine(_blocks(), np.ones(3), _stub([4.0, 3.0, 2.0, 1.5, 1.0], calls), 4, 2, [],
+                          shaping_gaps=(0.5, 0.1, 0.01))
+    assert [gap for _, gap, _ in calls] == [0.5, 0.1, 0.01, 0.01, BLOCK_GAP]
+    assert (best.number, best.gap, rounds) == (4, BLOCK_GAP, 5)
+    assert shaping_gaps(COARSE_SHAPING_WORK) == (SHAPING_GAP,)
+    assert shaping_gaps(2 * COARSE_SHAPING_WORK) == COARSE_SHAPING_GAPS
+    assert COARSE_SHAPING_GAPS[0] > COARSE_SHAPING_GAPS[-1] >= SHAPING_GAP
 
 
 def test_a_shaping_round_that_stays_best_is_solved_again_to_the_block_gap():

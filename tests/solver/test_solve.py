@@ -17,6 +17,7 @@ import distfit
 from distfit import privacy, workload as wl
 from distfit.solver.dual import certified_bound
 from distfit.solver.linalg import dominant_rows
+from distfit.solver import solve as solve_module
 from distfit.solver.solve import BlockSolution, ConvergenceError, WarmStart, solve
 
 from tests.reference import (
@@ -530,3 +531,53 @@ def test_warm_start_of_a_block_without_certificate_is_none():
     # a start of another block's size is ignored, not an error
     other = WarmStart(np.eye(2), np.ones(3), np.ones(4))
     assert solve(W, targets, warm_start=other).gap <= 1e-4
+
+
+def test_a_dual_ascent_that_stops_short_is_restarted(monkeypatch):
+    """L-BFGS on the nonsmooth dual can end short of the gap (a failed line search): with the
+    polishing stage cut to 2 iterations, the restarts from its best weights still certify the
+    1e-4 gap, and the bound they prove is the one an auditor recomputes."""
+    W, first = _prefix_block(4)
+    shares = first * np.random.default_rng(14).uniform(0.3, 1.0, first.size)
+    earlier = solve(W, first)
+    real = solve_module.dual.maximize_dual
+    calls = []
+
+    def short_polish(*args, **kwargs):
+        calls.append(kwargs.get("stall_window", 0))
+        if len(calls) == 2:  # the polishing stage (the first call after SM-II)
+            kwargs["max_iterations"] = 2
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(solve_module.dual, "maximize_dual", short_polish)
+    warm = solve(W, shares, warm_start=WarmStart.of(earlier))
+    assert len(calls) >= 3 and calls[0] > 0 and not any(calls[1:])  # first stage, polish, restarts
+    assert warm.gap <= 1e-4
+    scaled = warm.recon / np.sqrt(shares)[:, None]
+    assert certified_bound(warm.basis, scaled, warm.cell_weights, warm.query_weights) == pytest.approx(
+        warm.lower_bound, rel=1e-12)
+
+
+def test_a_warm_start_that_cannot_certify_falls_back_to_the_cold_solve(monkeypatch):
+    """Every dual ascent of the warm path (from the warm start's, SM-II's, the restarts'
+    weights) is made to fail at once, giving the bound at uniform weights: the path ends above
+    max_gap, and the solve is the cold one, bit for bit."""
+    W, first = _prefix_block(5)
+    shares = first * np.random.default_rng(15).uniform(0.3, 1.0, first.size)
+    earlier = solve(W, first)
+    cold = solve(W, shares)
+    real = solve_module.dual.maximize_dual
+    warm_calls = []
+
+    def weak_from_weights(basis, recon, cell_weights=None, query_weights=None, **kwargs):
+        if cell_weights is None or "cold" in warm_calls:  # the cold path: as it is
+            warm_calls.append("cold")
+            return real(basis, recon, cell_weights, query_weights, **kwargs)
+        warm_calls.append("warm")
+        return real(basis, recon, None, None, **{**kwargs, "max_iterations": 0})
+
+    monkeypatch.setattr(solve_module.dual, "maximize_dual", weak_from_weights)
+    warm = solve(W, shares, warm_start=WarmStart.of(earlier), max_gap=1e-4)
+    assert warm_calls[0] == "warm" and "cold" in warm_calls  # the warm path ran, then the cold one
+    assert warm.alpha == cold.alpha and np.array_equal(warm.sigma, cold.sigma)
+    assert warm.gap <= 1e-4
