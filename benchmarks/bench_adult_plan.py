@@ -33,7 +33,8 @@ refined shares stored in ``--plan``) each solved cold to a 1e-4 gap with the dua
 to its iteration limit; after, round 0 to ``rounds.SHAPING_GAP`` and round 1 warm-started from
 it (``solver.solve.WarmStart``) to 1e-4, the dual stage stopping once its bound stalls
 (``solve.DUAL_STALL_WINDOW``). A sample: the ``--largest`` slowest blocks and every
-``--every``-th of the rest.
+``--every``-th of the rest. (Session 6's schedule: since session 7 a plan as large as Adult
+shapes at ``rounds.COARSE_SHAPING_GAPS``; benchmarks/README.md, "Session 7".)
 
 ``allocate``: the scale allocation of an existing plan (its blocks' alphas and query variances,
 as stored; the program is the same at any scales) solved by ``allocate.allocate_scales`` (the
