@@ -25,7 +25,7 @@ How a solve runs (each stage is in its own module):
    soft-max Newton-CG with continuation in t) starts from the best recovered plan, and the
    dual is maximised again from SM-II's soft-max weights (they are the dual variables of the
    smoothed problem), tightening the bound, and restarted from its best weights
-   (``DUAL_RESTARTS``) while the gap is still open.
+   (``DUAL_RESTARTS``) while the gap is still above ``max_gap``.
 4. The best plan is scaled by its largest variance ratio so that every target holds; its alpha
    and the best lower bound give the reported optimality gap.
 
@@ -76,9 +76,10 @@ DUAL_STALL_WINDOW = 20
 #: dual stage 10.4 -> 5.7 CPU s, the same alphas; the whole plan: rounds 1 and 2 29 + 31 s ->
 #: 25 + 30 s, alpha 1.2536 -> 1.2522.
 WARM_DUAL_ITERATIONS = 5
-#: Fresh starts of the dual ascent from its best weights while the gap is open after the
-#: polishing stage: L-BFGS on this nonsmooth dual (the nuclear norm, where singular values
-#: cross) can end on a failed line search short of the gap, and a new start goes on from there.
+#: Fresh starts of the dual ascent from its best weights while the gap is above ``max_gap``
+#: after the polishing stage (the solve would otherwise fail): L-BFGS on this nonsmooth dual
+#: (the nuclear norm, where singular values cross) can end on a failed line search short of the
+#: gap, and a new start goes on from there.
 DUAL_RESTARTS = 3
 
 
@@ -340,8 +341,8 @@ def _solve_represented(
             if polished_primal.primal_alpha < best_alpha:
                 best_sigma, best_alpha, stage = polished_primal.sigma, polished_primal.primal_alpha, "dual"
         for _ in range(DUAL_RESTARTS):
-            if best_alpha <= lower_bound * (1.0 + gap_tolerance):
-                break
+            if best_alpha <= lower_bound * (1.0 + max_gap):
+                break  # within what the solve accepts: a restart would only cost time
             bound_point, primal_point, more = dual.maximize_dual(
                 basis_matrix, constraints, certificate.cell_weights, certificate.query_weights,
                 max_iterations=dual_iterations, target_gap=gap_tolerance, known_alpha=best_alpha)
