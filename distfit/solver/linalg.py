@@ -30,8 +30,29 @@ def quadratic_forms(rows: np.ndarray, upper: np.ndarray) -> np.ndarray:
     if rows.flags.f_contiguous:
         image = blas.dtrmm(1.0, upper, rows, side=1, trans_a=1)  # rows @ upper^T, (m, k)
         return np.einsum("ij,ij->i", image, image)
-    image = blas.dtrmm(1.0, upper, rows.T)  # upper @ rows^T, (k, m)
+    image = whitened_rows(rows, upper)
     return np.einsum("ij,ij->j", image, image)
+
+
+def whitened_rows(rows: np.ndarray, upper: np.ndarray) -> np.ndarray:
+    """``upper @ rows^T`` (k x m) for ``upper`` upper triangular (below its diagonal ignored), by
+    ``trmm``: the rows ``l_j`` of a workload in the coordinates where ``Sigma = upper^T upper``
+    is the identity (``l_j^T Sigma l_j = |upper l_j|^2``)."""
+    return blas.dtrmm(1.0, upper, np.asarray(rows, dtype=float).T)
+
+
+def inverse_transpose_product(upper: np.ndarray, matrix: np.ndarray) -> np.ndarray:
+    """``upper^-T @ matrix`` (k x n) for ``upper`` upper triangular (below its diagonal ignored),
+    by ``trsm`` on the transposed layout (a row-major ``matrix`` is not copied): with ``Sigma =
+    upper^T upper``, ``Sigma^-1 = upper^-1 upper^-T``, so ``b^T Sigma^-1 b = |upper^-T b|^2`` at
+    half the flops of a Cholesky solve."""
+    return blas.dtrsm(1.0, upper, np.asarray(matrix, dtype=float).T, side=1).T
+
+
+def inverse_product(upper: np.ndarray, matrix: np.ndarray) -> np.ndarray:
+    """``upper^-1 @ matrix`` (k x n) for ``upper`` upper triangular (below its diagonal ignored),
+    by ``trsm``; with :func:`inverse_transpose_product`, ``Sigma^-1 B = upper^-1 (upper^-T B)``."""
+    return blas.dtrsm(1.0, upper, np.asarray(matrix, dtype=float).T, side=1, trans_a=1).T
 
 
 def factored_quadratic_forms(rows: np.ndarray, factor: np.ndarray) -> np.ndarray:

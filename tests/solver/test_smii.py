@@ -13,7 +13,7 @@ from distfit import workload as wl
 from distfit.solver.basis import represent
 from distfit.solver.dual import plan_cost
 from distfit.solver.smii import (
-    SmiiResult, objective_gradient, hessian_operator, newton_direction, SoftmaxState, whitened_hessian_operator, balance, smii_optimize,
+    SmiiResult, objective_gradient, hessian_operator, newton_direction, SoftmaxState, whitened_gradient, whitened_hessian_operator, balance, smii_optimize,
 )
 from distfit.solver.solve import solve
 
@@ -194,6 +194,25 @@ def test_hessian_vector_product_matches_finite_differences(name, W, targets, kin
 
 
 @pytest.mark.parametrize("name,W,targets,kind", CASES[:1] + CASES[3:], ids=IDS[:1] + IDS[3:])
+def test_single_precision_hessian_products_are_float32_rounding_of_the_exact_ones(name, W, targets, kind):
+    # Newton-CG runs its products in float32 while its forcing term is loose: they must be the
+    # float64 products up to float32 rounding (and exactly symmetric), not another operator.
+    basis, scaled_recon = _problem(W, targets, kind)
+    k = basis.shape[0]
+    rng = np.random.default_rng(6)
+    state = SoftmaxState(_random_spd(k, rng), basis, scaled_recon, 4.0, 4.0)
+    exact, _ = whitened_hessian_operator(state, scaled_recon, 4.0)
+    single, _ = whitened_hessian_operator(state, scaled_recon, 4.0, single=True)
+    for _ in range(3):
+        S = _random_symmetric(k, rng)
+        product = single(S)
+        assert product.dtype == np.float64
+        np.testing.assert_array_equal(product, product.T)
+        np.testing.assert_allclose(product, exact(S), rtol=0, atol=1e-5 * np.abs(exact(S)).max())
+        assert not np.array_equal(product, exact(S))  # the float32 path really ran
+
+
+@pytest.mark.parametrize("name,W,targets,kind", CASES[:1] + CASES[3:], ids=IDS[:1] + IDS[3:])
 def test_whitened_hessian_is_the_preconditioned_hessian(name, W, targets, kind):
     # H~[S~] = U H[U^T S~ U] U^T with Sigma = U^T U, so plain CG on H~ is preconditioned CG on H.
     basis, scaled_recon = _problem(W, targets, kind)
@@ -211,6 +230,10 @@ def test_whitened_hessian_is_the_preconditioned_hessian(name, W, targets, kind):
         np.testing.assert_allclose(whitened(S), expected, rtol=1e-9, atol=1e-10 * np.abs(expected).max())
     # and the Newton step solves H s = -g to the forcing tolerance in the preconditioner's norm
     gradient = objective_gradient(state, basis, scaled_recon)
-    step, _ = newton_direction(state, basis, scaled_recon, gradient, t, max_cg=200, use_forcing=False)
+    # the whitened gradient is the gradient mapped by Sigma = U^T U
+    np.testing.assert_allclose(whitened_gradient(state, scaled_recon), upper @ gradient @ upper.T,
+                               rtol=1e-9, atol=1e-10 * np.abs(upper @ gradient @ upper.T).max())
+    step, slope, _ = newton_direction(state, basis, scaled_recon, t, max_cg=200, use_forcing=False)
+    assert slope == pytest.approx(np.vdot(gradient, step), rel=1e-9)
     residual = hessian(step) + gradient
     assert np.linalg.norm(upper @ residual @ upper.T) <= 1e-4 * np.linalg.norm(upper @ gradient @ upper.T)
