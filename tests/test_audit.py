@@ -15,6 +15,8 @@ import shutil
 import zipfile
 from pathlib import Path
 
+import re
+
 import numpy as np
 import pytest
 import yaml
@@ -281,7 +283,7 @@ def test_an_edited_weight_fails_naming_the_bound_it_no_longer_proves(copy_of):
 
 
 WEIGHT_EDITS = {
-    "cell weights x 2": ("cell_weights", lambda u: u * 2, "they add up to 2.0"),
+    "cell weights x 2": ("cell_weights", lambda u: u * 2, "they add up to "),
     "a negative query weight": ("query_weights", lambda v: np.where(v == v.max(), -v, v), "1 entries are negative"),
     "a NaN cell weight": ("cell_weights", lambda u: np.where(np.arange(u.size) == 0, np.nan, u),
                           "1 entries are not finite"),
@@ -296,6 +298,9 @@ def test_weights_that_are_not_a_distribution_fail(copy_of, case):
     reseal(path)
     report = assert_fails(path, f"blocks/r-sex.edu/{array}: not a distribution of weights ({why}")
     assert len(report.failures) == 1  # no bound is evaluated at weights that are not a distribution
+    if case == "cell weights x 2":  # the sum it names is the edited one (2 up to rounding)
+        total = float(re.search(r"they add up to ([0-9.e+-]+),", report.failures[0]).group(1))
+        assert total == pytest.approx(2.0, rel=1e-12)
 
 
 def test_a_block_without_a_certificate_may_claim_no_bound(copy_of):
