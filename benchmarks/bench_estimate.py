@@ -25,9 +25,10 @@ CPU seconds each run used (the driver and its worker processes, user + system: o
 loaded machine the wall times mostly measure the other load, the CPU seconds much less).
 
 Then where a chunk's time goes (:func:`pieces`, the last N's release, in this process, one BLAS
-thread, CPU time per unit, best of 3): read the block answers, whiten them
-(:func:`distfit.estimate.measurements.whitened_measurements`), project
-(:func:`distfit.estimate.projection.project_nonnegative`), ``W x``
+thread, CPU time per unit, best of 3): read the block answers
+(:func:`distfit.estimate.job.chunk_answers`, as a chunk task does), project them
+(:func:`distfit.estimate.projection.project_nonnegative` with ``answers=True``: the linear term
+in one product from the answers, as ``distfit estimate`` does), ``W x``
 (:func:`distfit.estimate.measurements.published_estimates`), and what that compute alone costs
 N units on the workers; the rest of the estimate's time is the cluster's start, writing,
 fsyncing and hashing the store, and the seal.
@@ -50,11 +51,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.bench_release import MIB, load, measured, spread, store_bytes  # noqa: E402
-from distfit.estimate.job import run_estimate  # noqa: E402
+from distfit.estimate.job import chunk_answers, run_estimate  # noqa: E402
 from distfit.estimate.measurements import (  # noqa: E402
     measurement_model,
     published_estimates,
-    whitened_measurements,
     workload_kind,
 )
 from distfit.estimate.projection import project_nonnegative  # noqa: E402
@@ -100,10 +100,9 @@ def pieces(plan_path: str, release_path: str, repeat: int = 3) -> dict[str, floa
         kind = workload_kind(model)
 
         def read():
-            return {b.block_id: np.asarray(release.block_answers(b.block_id)[0:n]) for b in model.blocks}
+            return chunk_answers(release, model, 0, n)
 
-        stages = [("read", lambda _: read()), ("whiten", lambda a: whitened_measurements(model, a)),
-                  ("project", lambda w: project_nonnegative(model, w, whitened=True).x),
+        stages = [("read", lambda _: read()), ("project", lambda a: project_nonnegative(model, a, answers=True).x),
                   ("W x", lambda x: published_estimates(model, x, kind))]
         value = None
         for name, stage in stages:

@@ -4,8 +4,8 @@
 [--overwrite] [--workers N | --cluster ADDR|FILE | --serial]`` (DESIGN.md sections 5 and 7).
 Post-processing: it reads the plan and the release only, never the data, so it costs no
 privacy. Per unit (DESIGN.md section 7): the measurements ``y_b = R_b a_b`` are recovered
-exactly from the block answers, whitened in the same product
-(:func:`distfit.estimate.measurements.whitened_measurements`),
+exactly from the block answers (the projection takes the answers: its linear term
+``B_b^T Sigma_b^-1 y_b`` in one product from them),
 the data vector is the projection ``x_hat = argmin_{x >= 0} sum_b (y_b - B_b M_b x)^T
 Sigma_b^-1 (y_b - B_b M_b x)`` (:func:`distfit.estimate.projection.project_nonnegative`), with
 ``--integer`` rounded so that each unit's total is kept
@@ -63,7 +63,6 @@ from distfit.estimate.measurements import (
     measurement_model,
     published_estimates,
     recover_measurements,
-    whitened_measurements,
     workload_kind,
 )
 from distfit.estimate.projection import project_nonnegative
@@ -104,8 +103,8 @@ AUTO_METHODS = (METHOD, "graphical-exact", "graphical-region-graph")
 #: graphical lets graphical.graphical_problem choose exact or region-graph inference.
 METHODS = ("auto", "projection", "graphical", "graphical-exact", "graphical-region-graph")
 
-__all__ = ["EstimateJob", "EstimateResult", "estimate_chunk", "estimate_chunk_task", "estimate_chunks_task",
-           "estimate_in_run",
+__all__ = ["EstimateJob", "EstimateResult", "chunk_answers", "estimate_chunk", "estimate_chunk_task",
+           "estimate_chunks_task", "estimate_in_run",
            "manifest_entry", "model_task", "run_estimate"]
 
 
@@ -162,10 +161,11 @@ def model_task(plan_path: str, plan_checksum: str) -> MeasurementModel:
         return measurement_model(plan)
 
 
-def _chunk_answers(release, model: MeasurementModel, start: int, stop: int) -> dict[str, np.ndarray]:
+def chunk_answers(release, model: MeasurementModel, start: int, stop: int) -> dict[str, np.ndarray]:
     """Every block's released answers for rows ``start:stop``: stored blocks read as raw chunk
     files, derived blocks (:class:`distfit.stores.release.DerivedAnswers`) taken as columns of
-    the query answers, read once."""
+    the query answers, read once (the query answers themselves, not copied, for a block whose
+    rows are every query in order: PL94's)."""
     path, rows = Path(release.path), slice(start, stop)
     queries = None
     out = {}
@@ -174,7 +174,9 @@ def _chunk_answers(release, model: MeasurementModel, start: int, stop: int) -> d
         if isinstance(view, DerivedAnswers):
             if queries is None:
                 queries = read_rows(path, "queries/answers", release.answers, rows)
-            out[block.block_id] = np.take(queries, view.query_index, axis=1)
+            identity = view.query_index.size == queries.shape[1] and \
+                np.array_equal(view.query_index, np.arange(queries.shape[1]))
+            out[block.block_id] = queries if identity else np.take(queries, view.query_index, axis=1)
         elif isinstance(view, np.ndarray):  # a packed block: computed whole by the release reader
             out[block.block_id] = view[start:stop]
         else:
@@ -190,7 +192,7 @@ def estimate_chunk(model: MeasurementModel, answers: dict[str, np.ndarray], *, i
     :func:`distfit.estimate.measurements.published_estimates` (``workload``: the model's
     :func:`~distfit.estimate.measurements.workload_kind`): never below 0 for a nonnegative
     workload; with ``integer`` the cells are int64 and so are the queries of an integral one."""
-    fit = project_nonnegative(model, whitened_measurements(model, answers), whitened=True)
+    fit = project_nonnegative(model, answers, answers=True)
     cells = round_preserving_total(fit.x) if integer else np.asarray(fit.x, dtype=np.float64)
     return published_estimates(model, cells, workload, integer=integer), cells, fit
 
@@ -257,10 +259,10 @@ def estimate_chunk_task(job: EstimateJob, model: MeasurementModel, chunk: int,
     release = _open_release(job) if release is None else release
     with blas_limit():
         if job.method == METHOD:
-            queries, cells, fit = estimate_chunk(model, _chunk_answers(release, model, start, stop),
+            queries, cells, fit = estimate_chunk(model, chunk_answers(release, model, start, stop),
                                                  integer=job.integer, workload=job.workload)
         else:
-            queries, cells, fit = estimate_chunk_graphical(_problem_for(model, job.method), _chunk_answers(
+            queries, cells, fit = estimate_chunk_graphical(_problem_for(model, job.method), chunk_answers(
                 release, model, start, stop), workload=job.workload)
     rows = chunk_rows(queries, cells, fit.objective, fit.iterations, fit.converged,
                       np.asarray(release.unit_ids[start:stop]), tables=job.tables)

@@ -39,6 +39,7 @@ the blocks of a plan only.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
@@ -78,6 +79,9 @@ INTEGER_ROW_TOLERANCE = 1e-9
 #: A nonnegative workload's query estimate this far below 0, relative to ``1 + sum_c |x_c|``, is
 #: rounding (module docstring) and published as 0.
 NONNEGATIVE_TOLERANCE = 1e-9
+#: A square subset of a block's answers recovers its measurement (``y = L_S^-1 a_S``) where
+#: ``L_S`` is this well conditioned (rounding amplified at most this much: 1e-12 relative).
+SUBSET_CONDITION = 1e4
 #: Elements of ``W^T`` (cells x m) formed per slab when :func:`workload_kind` has no dense ``W``.
 WORKLOAD_SLAB = 2**22
 
@@ -115,6 +119,23 @@ class BlockMeasurement:
     def cells(self) -> int:
         """``d_b``, the number of cells of the block's marginal."""
         return int(self.basis.shape[1])
+
+    @functools.cached_property
+    def answer_linear(self) -> tuple[slice, np.ndarray]:
+        """``(rows, K)``: ``B^T Sigma^-1 y = a[rows] K`` from the answers ``a`` in one product
+        (the projection's linear term, :func:`distfit.estimate.projection.project_nonnegative`
+        with ``answers=True``). ``y = R a`` with any left inverse ``R`` of ``L``: the last (or
+        first) ``k`` rows ``S`` of ``L`` where they are invertible with condition number at
+        most :data:`SUBSET_CONDITION` (``R = L_S^-1`` on them: a product ``k / m_b`` the size,
+        rounding amplified at most that much; PL94: the 252 cell queries of 319, 159), else
+        every row (``R = L^+``); ``K = (C^-1 R)^T G``. Formed on first use."""
+        k, m = self.rows, self.recon.shape[0]
+        for rows in (slice(m - k, m), slice(0, k)):
+            square = self.recon[rows]
+            if m > k and np.linalg.cond(square) <= SUBSET_CONDITION:
+                left = np.linalg.inv(square)
+                return rows, (self.whitener @ left).T @ self.whitened_basis
+        return slice(0, m), self.whitened_recovery.T @ self.whitened_basis
 
     @property
     def rows(self) -> int:

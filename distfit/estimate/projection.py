@@ -42,20 +42,28 @@ Where ``H`` is block diagonal plus low rank (PL94: 4 x 4 blocks per race plus ra
 :func:`hessian_structure`, found once per process and ``H``), the same active-set steps solve
 the free-cell systems by Woodbury without gathering them (:mod:`distfit.estimate.structure`:
 float64 steps unit by unit in a compiled loop, one refinement with the dense ``H`` and the KKT
-check), :data:`STRUCTURE_BATCH` units at a time (``g`` computed per batch, with the objective's
-constant from the same whitened measurements). ``distfit estimate`` passes the measurements
-already whitened (``whitened=True``: ``C^-1 y = (C^-1 R) a`` in one product from the answers,
-:func:`distfit.estimate.measurements.whitened_measurements`, instead of ``R a`` and then a
-triangular product; PL94, answers to ``g`` and the constant: 6.6 us a unit instead of 8.4, CPU,
-one thread, a loaded machine).
+check), :data:`STRUCTURE_BATCH` units at a time (``g`` computed per batch). The objective
+comes from the solver: ``2 (0.5 x^T H x - g^T x)`` plus the constant ``sum_b |C_b^-1 y_b|^2``;
+where the whitened measurements span the cells (``sum_b k_b = cells``, ``H`` nonsingular: the
+stacked ``G_b M_b`` is square and invertible, PL94), the constant is ``g^T H^-1 g`` and the
+objective ``(x - H^-1 g)^T H (x - H^-1 g)``, from ``H^-1 g`` (the solver's first solve)
+without a constant, and without its cancellation. ``distfit estimate`` passes the released
+answers (``answers=True``): then ``g = sum_b M_b^T (a_b[S] K_b)`` in one product from the
+answers (:attr:`distfit.estimate.measurements.BlockMeasurement.answer_linear`: ``K_b = (C_b^-1
+R_b)^T G_b`` with the left inverse ``R_b`` of a square subset ``S`` of the rows of ``L_b``: PL94,
+252 of 319), no whitened measurement formed. Before it took the whitened measurements
+(``whitened=True``: ``C^-1 y = (C^-1 R) a``,
+:func:`distfit.estimate.measurements.whitened_measurements`).
 
-Measured (benchmarks/bench_projection.py, PL94, 252 cells, mean 39 free cells at the solution,
-chunks of 4096 units, CPU time, one BLAS thread, a loaded machine): 22 us per unit with the
-structure (37 us in alternating runs for the previous numpy version of
-:mod:`distfit.estimate.structure`, 74 us before its batching), 230-280 us on the dense path
-(gathered systems, stacked LAPACK solves), 1400-1600 us for a loop of ``scipy.optimize.nnls``
-on the whitened system; the solutions agree to 8e-11. Once per process the compiled loop is
-loaded from numba's cache (0.2 s; compiled on a cache miss: 4.7 s).
+Measured (PL94, chunks of 4096 units, CPU time, one BLAS thread, machine shared with load
+2-4): the estimate's projection from the answers (``answers=True``) 16.9-18.5 us a unit, of
+which ``g`` 3.1, against 32 before this session (whitening 4.4 plus the projection 27.6);
+benchmarks/bench_projection.py (from recovered measurements): 18.3 us per unit with the
+structure (31.4 in the same conditions before; 37 for the numpy version of
+:mod:`distfit.estimate.structure`, 74 before its batching), 275 us on the dense path (gathered
+systems, stacked LAPACK solves), 1550 us for a loop of ``scipy.optimize.nnls`` on the whitened
+system; the solutions agree to 7e-11. Once per process the compiled loop is loaded from
+numba's cache (0.2 s; compiled on a cache miss: 7 s).
 """
 from __future__ import annotations
 
@@ -93,8 +101,9 @@ PINV_CUTOFF = 1e-10
 NEWTON_STEPS = 25
 FISTA_ROUND = 200
 #: Units solved together on the structured path (:mod:`distfit.estimate.structure`): their
-#: ``g``, ``x`` and gradient stay in cache.
-STRUCTURE_BATCH = 1024
+#: ``g``, ``x`` and gradient stay in cache (PL94, 4096 units: 256 to 512 measured best, 1024
+#: 5-8 % slower).
+STRUCTURE_BATCH = 256
 #: Structures of ``H`` found (:func:`distfit.estimate.structure.block_low_rank`), with their
 #: ``H``: every chunk of a plan shares one ``H``; the search runs once per process and plan.
 STRUCTURE_CACHE = 8
@@ -176,19 +185,28 @@ def normal_equations(model: MeasurementModel, measurements: Mapping[str, np.ndar
 
 
 def _linear(model: MeasurementModel, measurements: Mapping[str, np.ndarray], units: int,
-            rows: slice = slice(None), whitened: bool = False) -> tuple[np.ndarray, np.ndarray]:
+            rows: slice = slice(None), whitened: bool = False, answers: bool = False,
+            constant: bool = True) -> tuple[np.ndarray, np.ndarray]:
     """``g`` of the rows ``rows`` of ``measurements`` (:func:`normal_equations`; ``whitened``:
-    they are ``C_b^-1 y_b`` already) and the constant ``sum_b y_b^T Sigma_b^-1 y_b`` of the
-    objective, per unit."""
+    they are ``C_b^-1 y_b`` already; ``answers``: they are the released answers ``a_b``) and
+    the constant ``sum_b y_b^T Sigma_b^-1 y_b`` of the objective, per unit (zeros unless
+    ``constant``: answers then give ``g`` in one product, ``a_b K_b``)."""
     count = len(range(units)[rows])
-    g, constant = np.zeros((count, model.cells)), np.zeros(count)
+    g, total = np.zeros((count, model.cells)), np.zeros(count)
     for block in model.blocks:
         y = np.asarray(measurements[block.block_id][rows], dtype=np.float64)
-        # C^-1 y by a triangular product (half the flops of a dense one; C^-1 is lower triangular)
-        white = y if whitened else scipy.linalg.blas.dtrmm(1.0, block.whitener, y.T, side=0, lower=1).T
-        constant += np.einsum("ij,ij->i", white, white)
+        if answers and not constant:
+            subset, linear = block.answer_linear
+            model.add_expanded(g, y[:, subset] @ linear, block)
+            continue
+        if answers:
+            white = y @ block.whitened_recovery.T
+        else:  # C^-1 y by a triangular product (half the flops of a dense one; C^-1 is lower triangular)
+            white = y if whitened else scipy.linalg.blas.dtrmm(1.0, block.whitener, y.T, side=0, lower=1).T
+        if constant:
+            total += np.einsum("ij,ij->i", white, white)
         model.add_expanded(g, white @ block.whitened_basis, block)  # G^T C^-1 y = B^T Sigma^-1 y
-    return g, constant
+    return g, total
 
 
 def _information(model: MeasurementModel) -> np.ndarray | InformationOperator:
@@ -210,14 +228,15 @@ def _information(model: MeasurementModel) -> np.ndarray | InformationOperator:
     return (hessian + hessian.T) / 2
 
 
-def _units(model: MeasurementModel, measurements: Mapping[str, np.ndarray]) -> int:
+def _units(model: MeasurementModel, measurements: Mapping[str, np.ndarray], answers: bool = False) -> int:
     units = None
     for block in model.blocks:
         if block.block_id not in measurements:
             raise ValueError(f"measurements: no measurement for block {block.block_id!r}")
         y = measurements[block.block_id]
-        if y.ndim != 2 or y.shape[1] != block.rows:
-            raise ValueError(f"measurements[{block.block_id!r}]: shape {y.shape}, expected (units, {block.rows})")
+        width = block.recon.shape[0] if answers else block.rows
+        if y.ndim != 2 or y.shape[1] != width:
+            raise ValueError(f"measurements[{block.block_id!r}]: shape {y.shape}, expected (units, {width})")
         if units is not None and y.shape[0] != units:
             raise ValueError(f"measurements[{block.block_id!r}]: {y.shape[0]} units, other blocks have {units}")
         units = y.shape[0]
@@ -402,38 +421,43 @@ def hessian_structure(hessian: np.ndarray, sizes: tuple[int, ...]) -> BlockLowRa
 
 
 def project_nonnegative(model: MeasurementModel, measurements: Mapping[str, np.ndarray], *,
-                        tol: float = 1e-10, max_iter: int = 20000, whitened: bool = False) -> ProjectionResult:
+                        tol: float = 1e-10, max_iter: int = 20000, whitened: bool = False,
+                        answers: bool = False) -> ProjectionResult:
     """``x_hat = argmin_{x >= 0} sum_b (y_b - B_b M_b x)^T Sigma_b^-1 (y_b - B_b M_b x)`` for
     every unit of ``measurements`` (``{block_id: y_b}``, units x k_b) at once (module docstring);
     ``whitened``: the measurements are ``C_b^-1 y_b``
-    (:func:`distfit.estimate.measurements.whitened_measurements`: one product from the answers).
+    (:func:`distfit.estimate.measurements.whitened_measurements`: one product from the answers);
+    ``answers``: they are the released block answers ``a_b`` (units x m_b), the measurements
+    ``y_b = R_b a_b`` (module docstring: ``g`` in one product from them).
     """
-    units = _units(model, measurements)
+    units = _units(model, measurements, answers)
     hessian = _information(model)
     dense = isinstance(hessian, np.ndarray)
     structure = hessian_structure(hessian, model.sizes) if dense else None
-    x = np.zeros((units, model.cells))
+    x = np.empty((units, model.cells)) if structure is not None else np.zeros((units, model.cells))
     converged = np.zeros(units, dtype=bool)
     iterations = 0
     objective, constant = np.zeros(units), np.zeros(units)
     if structure is not None:  # H = D + V V^T: Woodbury active-set steps (structure module)
-        order = np.argsort(structure.perm)
+        # square (sum_b k_b = cells, H nonsingular): the whitened measurements span the cells, so
+        # the objective is (x - H^-1 g)^T H (x - H^-1 g) and needs no constant (module docstring)
+        square = sum(block.rows for block in model.blocks) == model.cells
+        values = np.empty((min(units, STRUCTURE_BATCH), 2))
         for lo in range(0, units, STRUCTURE_BATCH):  # cache blocking: g, x of a batch stay in cache
             rows = slice(lo, lo + STRUCTURE_BATCH)
-            g, constant[rows] = _linear(model, measurements, units, rows, whitened)
-            gp = np.take(g, structure.perm, axis=1)  # the structure's order, x back at the end
-            xp, gradient, converged[rows], steps = solve_orthant(structure, gp, tol=tol, max_steps=NEWTON_STEPS,
-                                                                 permuted=True)
+            g, constant[rows] = _linear(model, measurements, units, rows, whitened, answers, not square)
+            batch = values[:g.shape[0]]
+            _x, _gradient, converged[rows], steps = solve_orthant(structure, g, tol=tol, max_steps=NEWTON_STEPS,
+                                                                  values=batch, out=x[rows])  # x's rows: contiguous
             iterations = max(iterations, steps)
-            # at the KKT point 2 (0.5 x^T H x - g^T x) = x . (H x - g) - g . x
-            objective[rows] = np.einsum("ij,ij->i", xp, gradient - gp)
-            np.take(xp, order, axis=1, out=x[rows])  # x's rows are contiguous: no temporary
-        if converged.all():
-            return ProjectionResult(x=np.maximum(x, 0.0, out=x), objective=np.maximum(objective + constant, 0.0),
+            objective[rows] = batch[:, 1] if square else batch[:, 0]
+        if converged.all():  # x: every row written, its free cells > 0 (the KKT check), the others 0
+            return ProjectionResult(x=x, objective=np.maximum(objective + constant, 0.0),
                                     iterations=iterations, converged=converged)
-        g = _linear(model, measurements, units, whitened=whitened)[0]
+        g, full = _linear(model, measurements, units, whitened=whitened, answers=answers)
+        constant = np.where(converged, constant, full)  # square: the converged rows' objective is whole
     else:
-        g, constant = _linear(model, measurements, units, whitened=whitened)
+        g, constant = _linear(model, measurements, units, whitened=whitened, answers=answers)
     active = np.flatnonzero(~converged)
     rest = active
     lipschitz = _lipschitz(hessian)

@@ -33,23 +33,38 @@ passes over one unit's 252 cells, in cache). From the free set ``g H^-1 > START 
 H^-1)`` (``H^-1 g`` by the same Woodbury solve, every cell free), each step solves on ``F``,
 frees the cells of ``A`` with a multiplier below ``-tol lambda_max max(1, ||x||_inf)`` and fixes
 the cells of ``F`` at or below zero (in the first steps, below a fraction :data:`DROP` of their
-standard deviation: most would go negative a step later). Between steps only the groups whose
-pattern changed update ``S``, ``z`` and ``V^T z``. When ``F`` settles, the solution is refined
-once (float64 residual ``H x - g`` with the dense ``H`` over the free cells; the correction by
-the same solve) and the KKT conditions checked on the refined gradient: where they hold the
-result is the exact KKT point, as the dense method's (on PL94 the gradient agrees with the
-dense ``H x - g`` to 1e-15 of ``max |g|``), else the steps go on from the corrected free set.
-Units that do not settle in ``max_steps`` come back unconverged (the caller's dense method
-takes them).
+standard deviation: most would go negative a step later). Between steps the groups whose
+pattern changed update ``S``, ``z`` and ``V^T z`` one by one where at most :data:`SWAPS` did,
+else the three are recomputed in full (measured on PL94: 70 pattern changes a unit, most in
+the first two steps). When ``F`` settles, the solution is refined once (float64 residual ``H x
+- g`` with the dense ``H`` over the free cells' rows; the correction by the same solve) and the
+KKT conditions checked on the refined gradient: where they hold the result is the exact KKT
+point, as the dense method's, else the steps go on from the corrected free set. The
+refinement is needed: PL94's ``H`` is ``D + V V^T`` off the blocks only to 3.6e-12 of ``max
+|H|`` (a floor of singular values near 5e-13 beyond rank 6, the plan's own rounding), which
+moves the structured solution by up to 5e-7. Units that do not settle in ``max_steps`` come
+back unconverged (the caller's dense method takes them).
 
-Measured (PL94, 4096 units, CPU time, loaded machine): 5.1 steps a unit on average; 15 us a
-unit for :func:`solve_orthant` against 31-36 us in the same runs for the previous numpy version
-(float32 search on batches of 512 units, mixed-precision refinement); the whole projection
-(benchmarks/bench_projection.py) 22 us against 37. The kernels compile once per structure shape
-(4.7 s) into numba's on-disk cache (0.2 s to load in a new process).
+Layout for the compiler: the cells are held as ``i * groups + r`` (cell ``i`` of group ``r``)
+and every per-group s x s matrix (``D_r``, the full pattern's inverse, the current pattern's,
+updated as patterns change) column-wise (``table[i * s + j, r]``), so every pass over the cells
+is a loop over the groups that LLVM vectorises; no pass writes into one of its inputs (the
+overlap check would fall back to scalar code: 18 us -> 14 us a unit when removed). The sums
+over cells (``V^T z``, ``S``, dot products) are reassociated into vectorised partial sums and
+the group products use fused multiply-adds: rounding-level differences, nothing else. ``g`` is
+gathered into the structure's order and ``x`` scattered back in the kernel (no numpy passes),
+and with the solution come ``2 (0.5 x^T H x - g^T x)`` and ``(x - H^-1 g)^T H (x - H^-1 g)``
+(the projection's objective, see :func:`solve_orthant`).
+
+Measured (PL94, 4096 units, CPU time, machine shared, load 2-4, alternating runs): 5.1 steps a
+unit; :func:`solve_orthant` 12.4-14.0 us a unit against 16.7-19.8 us for the previous scalar
+kernel of session 7 (ratio 0.74-0.77; 31-36 us for the numpy version before it). The kernels
+compile once per structure shape (7 s) into numba's on-disk cache (0.2 s to load in a
+new process).
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numba
@@ -77,6 +92,9 @@ START = 0.5
 #: ``sqrt(diag H^-1)`` leave the free set (most go negative a step later; measured on PL94:
 #: 5.1 steps a unit instead of 5.7); later steps, and the KKT check, use 0.
 DROP = (0.3, 0.1)
+#: At most this many groups changing pattern in a step are updated one by one (measured on
+#: PL94: 70 changes a unit in 5 steps, most in the first two; more are recomputed in full).
+SWAPS = 8
 #: Random three-way splits of the groups tried for the completion.
 SPLITS = 8
 
@@ -123,6 +141,16 @@ class BlockLowRank:
     def offsets(self) -> np.ndarray:
         """(groups,) the first row of each group's type in ``inverses`` and ``capacitance``."""
         return self.types * self.patterns
+
+    @functools.cached_property
+    def blocks_t(self) -> np.ndarray:
+        """(s^2, groups) ``blocks`` transposed: group ``r``'s block of ``D`` in column ``r``."""
+        return np.ascontiguousarray(self.blocks.T)
+
+    @functools.cached_property
+    def full_t(self) -> np.ndarray:
+        """(s^2, groups) group ``r``'s ``D_r^-1`` (every cell free) in column ``r``."""
+        return np.ascontiguousarray(self.inverses[self.offsets + self.patterns - 1].T)
 
 
 def _numerical_rank(matrix: np.ndarray) -> int:
@@ -227,14 +255,18 @@ def block_low_rank(hessian: np.ndarray, sizes: tuple[int, ...]) -> BlockLowRank 
     return None
 
 
-def _jit(function):
-    """``numba.njit`` without the GIL, fastmath off (the float64 steps are the exact method's),
-    cached on disk where numba finds a writable cache directory (beside the package, else
-    the user's cache), else compiled once per process."""
+def _jit(function=None, *, fastmath: tuple[str, ...] = ()):
+    """``numba.njit`` without the GIL, cached on disk where numba finds a writable cache
+    directory (beside the package, else the user's cache), else compiled once per process.
+    Fastmath off (the float64 steps are the exact method's) but for the ``fastmath`` flags a
+    kernel names: ``reassoc`` for its sums, ``contract`` for fused multiply-adds (rounding only)."""
+    if function is None:
+        return functools.partial(_jit, fastmath=fastmath)
+    flags = set(fastmath) or False
     try:
-        return numba.njit(nogil=True, cache=True)(function)
+        return numba.njit(nogil=True, cache=True, fastmath=flags)(function)
     except RuntimeError:  # pragma: no cover - no writable cache directory
-        return numba.njit(nogil=True)(function)
+        return numba.njit(nogil=True, fastmath=flags)(function)
 
 
 @_jit
@@ -271,31 +303,69 @@ def _cholesky_solve(lower, t, kz):
 
 @_jit
 def _couple(vt, t, c, kz):
-    """``c = V t`` on every cell."""
-    c[:] = 0.0
+    """``c = V t`` on every cell (the sum over the rank unrolled: one store a cell)."""
+    for cell in range(c.size):
+        v = 0.0
+        for b in range(len(kz)):
+            v += t[b] * vt[b, cell]
+        c[cell] = v
+
+
+@_jit(fastmath=("reassoc", "contract"))
+def _dots(vt, z, t, kz):
+    """``t = V^T z``, each sum reassociated into vectorised partial sums (rounding only)."""
     for b in range(len(kz)):
-        tb = t[b]
-        for cell in range(c.size):
-            c[cell] += tb * vt[b, cell]
+        v = 0.0
+        for cell in range(z.size):
+            v += vt[b, cell] * z[cell]
+        t[b] = v
+
+
+@_jit(fastmath=("reassoc", "contract"))
+def _dot(a, b):
+    """``a . b``, reassociated as :func:`_dots`."""
+    v = 0.0
+    for i in range(a.size):
+        v += a[i] * b[i]
+    return v
+
+
+@_jit(fastmath=("contract",))
+def _blocks(table, base, shift, rhs, sign, out, groups, sz):
+    """``out = (base - shift) + sign T rhs`` group by group, with group ``r``'s s x s matrix
+    ``T_r`` held in column ``r`` of ``table`` (``table[i * s + j, r]``): every loop runs over
+    the groups, vectorised, with fused multiply-adds (``out`` must be none of the inputs: an
+    overlap check would fall back to the scalar loop)."""
+    s = len(sz)
+    for i in range(s):
+        for r in range(groups):
+            v = 0.0
+            for j in range(s):
+                v += table[i * s + j, r] * rhs[j * groups + r]
+            out[i * groups + r] = (base[i * groups + r] - shift[i * groups + r]) + sign * v
 
 
 @_jit
-def _project(vt, z, t, lanes, kz):
-    """``t = V^T z`` in 8 interleaved partial sums (independent chains: vectorised without
-    reassociating the sum)."""
-    cells = z.size
-    body = cells - cells % 8
-    for b in range(len(kz)):
-        lanes[:] = 0.0
-        for cell in range(0, body, 8):
-            for lane in range(8):
-                lanes[lane] += vt[b, cell + lane] * z[cell + lane]
-        v = 0.0
-        for cell in range(body, cells):
-            v += vt[b, cell] * z[cell]
-        for lane in range(8):
-            v += lanes[lane]
-        t[b] = v
+def _absmax(x):
+    """``max(1, ||x||_inf)`` in four independent chains (max is associative: exact)."""
+    cells = x.size
+    body = cells - cells % 4
+    a0 = a1 = a2 = a3 = 1.0
+    for cell in range(0, body, 4):
+        a0 = max(a0, abs(x[cell]))
+        a1 = max(a1, abs(x[cell + 1]))
+        a2 = max(a2, abs(x[cell + 2]))
+        a3 = max(a3, abs(x[cell + 3]))
+    for cell in range(body, cells):
+        a0 = max(a0, abs(x[cell]))
+    return max(max(a0, a1), max(a2, a3))
+
+
+@_jit
+def _load(current, inverses, q, r, sz):
+    """Column ``r`` of ``current`` <- row ``q`` of ``inverses`` (group ``r``'s new pattern)."""
+    for e in range(len(sz) * len(sz)):
+        current[e, r] = inverses[q, e]
 
 
 @_jit
@@ -309,47 +379,43 @@ def _apply(table, q, rhs, r, groups, out, sz):
         out[i * groups + r] = v
 
 
-@_jit
+@_jit(fastmath=("reassoc", "contract"))
 def _capacitance(pattern, offsets, capacitance, acc, kz):
-    """``acc = I + sum_r (V_p^T D_p^-1 V_p)`` over the groups with free cells (lower triangle)."""
+    """``acc = I + sum_r (V_p^T D_p^-1 V_p)`` over the groups (lower triangle; the empty
+    pattern's rows are zeros), one entry at a time (a sum in registers, reassociated as
+    :func:`_dots`)."""
     k = len(kz)
-    acc[:, :] = 0.0
     for a in range(k):
-        acc[a, a] = 1.0
-    for r in range(pattern.size):
-        if pattern[r]:
-            q = offsets[r] + pattern[r]
-            for a in range(k):
-                for b in range(a + 1):
-                    acc[a, b] += capacitance[q, a * k + b]
+        for b in range(a + 1):
+            v = 1.0 if a == b else 0.0
+            for r in range(pattern.size):
+                v += capacitance[offsets[r] + pattern[r], a * k + b]
+            acc[a, b] = v
 
 
 @_jit
-def _next(pattern, new, x, gradient, spread, floor, threshold, groups, scratch, sz):
+def _next(pattern, new, x, gradient, spread, floor, threshold, groups, sz):
     """The next free set's patterns (cells of ``F`` with ``x`` above ``floor`` of their spread
     stay, cells of ``A`` with a multiplier below ``-threshold`` join), branch-free over the
-    cells; whether any group changed."""
+    cells; how many groups changed."""
     s = len(sz)
-    for i in range(s):
-        for r in range(groups):
+    for r in range(groups):
+        bits = 0
+        for i in range(s):
             cell = i * groups + r
             fixed = 1 - ((pattern[r] >> i) & 1)
-            scratch[cell] = np.int64(x[cell] > floor * spread[cell]) | (fixed & np.int64(gradient[cell] < -threshold))
-    for r in range(groups):
-        new[r] = scratch[r]
-    for i in range(1, s):
-        for r in range(groups):
-            new[r] |= scratch[i * groups + r] << i
+            bits |= (np.int64(x[cell] > floor * spread[cell]) | (fixed & np.int64(gradient[cell] < -threshold))) << i
+        new[r] = bits
     changed = 0
     for r in range(groups):
-        changed |= np.int64(new[r] != pattern[r])
-    return changed != 0
+        changed += np.int64(new[r] != pattern[r])
+    return changed
 
 
 @_jit
-def _swap(r, old, new, offsets, inverses, capacitance, factor, gu, z, acc, tacc, groups, sz, kz):
+def _swap(r, old, new, offsets, inverses, capacitance, factor, gu, z, current, acc, tacc, groups, sz, kz):
     """Group ``r`` goes from pattern ``old`` to ``new``: ``S`` and ``t = V^T z`` updated by its
-    terms, ``z_r = D_p^-1 g_r`` recomputed."""
+    terms, its inverse loaded and ``z_r = D_p^-1 g_r`` recomputed."""
     s, k = len(sz), len(kz)
     q0, q1 = offsets[r] + old, offsets[r] + new
     for a in range(k):
@@ -359,6 +425,7 @@ def _swap(r, old, new, offsets, inverses, capacitance, factor, gu, z, acc, tacc,
         cell = i * groups + r
         for b in range(k):
             tacc[b] -= z[cell] * factor[cell, b]
+    _load(current, inverses, q1, r, sz)
     _apply(inverses, q1, gu, r, groups, z, sz)
     for i in range(s):
         cell = i * groups + r
@@ -367,47 +434,95 @@ def _swap(r, old, new, offsets, inverses, capacitance, factor, gu, z, acc, tacc,
 
 
 @_jit
-def _orthant(g, inverses, capacitance, blocks, offsets, factor, vt, hessian, spread, tol_scale, max_steps,
-             start, drop, x_out, gradient_out, converged, sz, kz):
+def _reload(pattern, new, offsets, inverses, capacitance, vt, gu, z, current, zero, acc, tacc, groups, sz, kz):
+    """Every group takes its ``new`` pattern: inverses loaded where it changed, then ``z =
+    D_FF^-1 g``, ``t = V^T z`` and ``S`` recomputed in full (cheaper than :func:`_swap` once
+    more than :data:`SWAPS` groups change)."""
+    for r in range(groups):
+        if new[r] != pattern[r]:
+            pattern[r] = new[r]
+            _load(current, inverses, offsets[r] + pattern[r], r, sz)
+    _blocks(current, zero, zero, gu, 1.0, z, groups, sz)
+    _dots(vt, z, tacc, kz)
+    _capacitance(pattern, offsets, capacitance, acc, kz)
+
+
+@_jit(fastmath=("contract",))
+def _residual(hessian, x, g, residual, rows):
+    """``residual = H x - g`` from the rows of ``H`` of the cells with ``x != 0`` (``H``
+    symmetric: rows are columns), four rows a pass over ``residual``."""
+    count = 0
+    for i in range(x.size):
+        if x[i] != 0.0:
+            rows[count] = i
+            count += 1
+    for cell in range(x.size):
+        residual[cell] = -g[cell]
+    body = count - count % 4
+    for m in range(0, body, 4):
+        a, b, c, d = rows[m], rows[m + 1], rows[m + 2], rows[m + 3]
+        xa, xb, xc, xd = x[a], x[b], x[c], x[d]
+        for cell in range(x.size):
+            residual[cell] += (xa * hessian[a, cell] + xb * hessian[b, cell]) + (xc * hessian[c, cell]
+                                                                                + xd * hessian[d, cell])
+    for m in range(body, count):
+        a = rows[m]
+        xa = x[a]
+        for cell in range(x.size):
+            residual[cell] += xa * hessian[a, cell]
+
+
+@_jit
+def _orthant(g, perm, inverses, capacitance, blocks_t, full_t, offsets, factor, vt, hessian, spread, tol_scale,
+             max_steps, start, drop, swaps, x_out, gradient_out, converged, values, sz, kz):
     """The active-set method of the module docstring on every row of ``g`` (permuted order);
     ``sz``, ``kz``: tuples of length s and k (compile-time sizes: the small loops unroll).
-    Writes ``x``, the gradient and whether each row converged; returns the most steps."""
+    Group ``r``'s s x s matrices are held in column ``r`` of ``blocks_t`` (``D_r``), ``full_t``
+    (``D_r^-1``) and a working table of the current patterns' inverses, so that every pass
+    over the cells is vectorised over the groups. Writes ``x``, the gradient, whether each row
+    converged and ``values`` (:func:`solve_orthant`); returns the most steps. Row ``u`` of
+    ``g``, ``x`` and the gradient is in the order of ``perm`` (cell ``perm[j]`` at position
+    ``j`` of the structure's order): gathered and scattered here, not by numpy passes."""
     n, cells = g.shape
     s, k = len(sz), len(kz)
     groups = cells // s
     full = (1 << s) - 1
     pattern = np.empty(groups, np.int64)
     new = np.empty(groups, np.int64)
-    scratch = np.empty(cells, np.int64)
+    rows = np.empty(cells, np.int64)
+    current = np.empty((s * s, groups))
+    zero = np.zeros(cells)
     acc, lower, lower_full = np.empty((k, k)), np.empty((k, k)), np.empty((k, k))
     z, x, c, gradient = np.empty(cells), np.empty(cells), np.empty(cells), np.empty(cells)
-    residual, z2 = np.empty(cells), np.empty(cells)
-    t, tacc, lanes = np.empty(k), np.empty(k), np.empty(8)
+    residual, z2, d, unconstrained = np.empty(cells), np.empty(cells), np.empty(cells), np.empty(cells)
+    t, tacc = np.empty(k), np.empty(k)
     new[:] = full
     _capacitance(new, offsets, capacitance, acc, kz)
     _cholesky(acc, lower_full, kz)
+    pattern[:] = 0
+    current[:, :] = 0.0  # the empty pattern's inverses
     most = 0
+    gu = np.empty(cells)
     for u in range(n):
-        gu = g[u]
+        for cell in range(cells):
+            gu[cell] = g[u, perm[cell]]
         # the first free set: H^-1 g (every cell free) above START of its spread
-        for r in range(groups):
-            _apply(inverses, offsets[r] + full, gu, r, groups, z, sz)
-        _project(vt, z, t, lanes, kz)
+        _blocks(full_t, zero, zero, gu, 1.0, z, groups, sz)
+        _dots(vt, z, t, kz)
         _cholesky_solve(lower_full, t, kz)
         _couple(vt, t, c, kz)
+        _blocks(full_t, z, zero, c, -1.0, unconstrained, groups, sz)
+        x[:] = unconstrained
         for r in range(groups):
-            q = offsets[r] + full
             bits = 0
             for i in range(s):
                 cell = i * groups + r
-                v = z[cell]
-                for j in range(s):
-                    v -= inverses[q, i * s + j] * c[j * groups + r]
-                bits |= np.int64(v > start * spread[cell]) << i
-            pattern[r] = bits
-        for r in range(groups):
-            _apply(inverses, offsets[r] + pattern[r], gu, r, groups, z, sz)
-        _project(vt, z, tacc, lanes, kz)
+                bits |= np.int64(x[cell] > start * spread[cell]) << i
+            if bits != pattern[r]:  # the table holds the previous row's patterns
+                pattern[r] = bits
+                _load(current, inverses, offsets[r] + bits, r, sz)
+        _blocks(current, zero, zero, gu, 1.0, z, groups, sz)
+        _dots(vt, z, tacc, kz)
         _capacitance(pattern, offsets, capacitance, acc, kz)
         steps = 0
         done = False
@@ -417,83 +532,45 @@ def _orthant(g, inverses, capacitance, blocks, offsets, factor, vt, hessian, spr
             t[:] = tacc
             _cholesky_solve(lower, t, kz)
             _couple(vt, t, c, kz)
-            big = 1.0
-            for r in range(groups):  # x_F = D_FF^-1 (g_F - c_F), gradient D x + c - g
-                if pattern[r]:
-                    q = offsets[r] + pattern[r]
-                    for i in range(s):
-                        cell = i * groups + r
-                        v = z[cell]
-                        for j in range(s):
-                            v -= inverses[q, i * s + j] * c[j * groups + r]
-                        x[cell] = v
-                        big = max(big, abs(v))
-                    for i in range(s):
-                        cell = i * groups + r
-                        v = c[cell] - gu[cell]
-                        for j in range(s):
-                            v += blocks[r, i * s + j] * x[j * groups + r]
-                        gradient[cell] = v
-                else:
-                    for i in range(s):
-                        cell = i * groups + r
-                        x[cell] = 0.0
-                        gradient[cell] = c[cell] - gu[cell]
+            _blocks(current, z, zero, c, -1.0, x, groups, sz)  # x_F = D_FF^-1 (g_F - c_F)
+            _blocks(blocks_t, c, gu, x, 1.0, gradient, groups, sz)  # c - g + D x
             floor = drop[steps - 1] if steps <= drop.size else 0.0
-            if _next(pattern, new, x, gradient, spread, floor, tol_scale * big, groups, scratch, sz):
+            changed = _next(pattern, new, x, gradient, spread, floor, tol_scale * _absmax(x), groups, sz)
+            if changed > swaps:
+                _reload(pattern, new, offsets, inverses, capacitance, vt, gu, z, current, zero, acc, tacc,
+                        groups, sz, kz)
+            elif changed:
                 for r in range(groups):
                     if new[r] != pattern[r]:
-                        _swap(r, pattern[r], new[r], offsets, inverses, capacitance, factor, gu, z, acc, tacc,
-                              groups, sz, kz)
+                        _swap(r, pattern[r], new[r], offsets, inverses, capacitance, factor, gu, z, current, acc,
+                              tacc, groups, sz, kz)
                         pattern[r] = new[r]
+            if changed:
                 continue
             # settled: one refinement step (float64 residual with the dense H), then the KKT check
-            residual[:] = -gu
-            for i in range(cells):
-                xi = x[i]
-                if xi != 0.0:  # rows of the free cells (H symmetric: rows are columns)
-                    for cell in range(cells):
-                        residual[cell] += xi * hessian[i, cell]
-            for r in range(groups):
-                _apply(inverses, offsets[r] + pattern[r], residual, r, groups, z2, sz)
-            _project(vt, z2, t, lanes, kz)
+            _residual(hessian, x, gu, residual, rows)
+            _blocks(current, zero, zero, residual, 1.0, z2, groups, sz)
+            _dots(vt, z2, t, kz)
             _cholesky_solve(lower, t, kz)
             _couple(vt, t, c, kz)
-            big = 1.0
-            for r in range(groups):  # x -= d, gradient = residual - H d = residual - D d - c
-                if pattern[r]:
-                    q = offsets[r] + pattern[r]
-                    for i in range(s):
-                        cell = i * groups + r
-                        v = z2[cell]
-                        for j in range(s):
-                            v -= inverses[q, i * s + j] * c[j * groups + r]
-                        z2[cell] = v
-                    for i in range(s):
-                        cell = i * groups + r
-                        v = residual[cell] - c[cell]
-                        for j in range(s):
-                            v -= blocks[r, i * s + j] * z2[j * groups + r]
-                        gradient[cell] = v
-                        x[cell] -= z2[cell]
-                        big = max(big, abs(x[cell]))
-                else:
-                    for i in range(s):
-                        cell = i * groups + r
-                        gradient[cell] = residual[cell] - c[cell]
-            if not _next(pattern, new, x, gradient, spread, 0.0, tol_scale * big, groups, scratch, sz):
+            _blocks(current, z2, zero, c, -1.0, d, groups, sz)  # the correction d
+            for cell in range(cells):
+                x[cell] -= d[cell]
+            _blocks(blocks_t, residual, c, d, -1.0, gradient, groups, sz)  # residual - H d = residual - c - D d
+            if not _next(pattern, new, x, gradient, spread, 0.0, tol_scale * _absmax(x), groups, sz):
                 done = True
                 break
-            for r in range(groups):  # on from the corrected free set
-                pattern[r] = new[r]
-                _apply(inverses, offsets[r] + pattern[r], gu, r, groups, z, sz)
-            _project(vt, z, tacc, lanes, kz)
-            _capacitance(pattern, offsets, capacitance, acc, kz)
+            _reload(pattern, new, offsets, inverses, capacitance, vt, gu, z, current, zero, acc, tacc, groups,
+                    sz, kz)
         converged[u] = done
         most = max(most, steps)
         for cell in range(cells):
-            x_out[u, cell] = x[cell] if done else 0.0
-            gradient_out[u, cell] = gradient[cell] if done else 0.0
+            x_out[u, perm[cell]] = x[cell] if done else 0.0
+            gradient_out[u, perm[cell]] = gradient[cell] if done else 0.0
+            residual[cell] = gradient[cell] - gu[cell]
+            z2[cell] = x[cell] - unconstrained[cell]
+        values[u, 0] = _dot(x, residual) if done else 0.0
+        values[u, 1] = _dot(z2, gradient) if done else 0.0
     return most
 
 
@@ -511,7 +588,7 @@ def _free_solve(g, free, inverses, capacitance, offsets, vt, x_out, sz, kz):
     groups = cells // s
     pattern = np.empty(groups, np.int64)
     acc, lower = np.empty((k, k)), np.empty((k, k))
-    z, c, t, lanes = np.empty(cells), np.empty(cells), np.empty(k), np.empty(8)
+    z, c, t = np.empty(cells), np.empty(cells), np.empty(k)
     for u in range(n):
         for r in range(groups):
             bits = 0
@@ -521,7 +598,7 @@ def _free_solve(g, free, inverses, capacitance, offsets, vt, x_out, sz, kz):
             _apply(inverses, offsets[r] + bits, g[u], r, groups, z, sz)
         _capacitance(pattern, offsets, capacitance, acc, kz)
         _cholesky(acc, lower, kz)
-        _project(vt, z, t, lanes, kz)
+        _dots(vt, z, t, kz)
         _cholesky_solve(lower, t, kz)
         _couple(vt, t, c, kz)
         for r in range(groups):
@@ -544,20 +621,27 @@ def solve_free(structure: BlockLowRank, g: np.ndarray, free: np.ndarray, dtype=n
     return x.astype(dtype, copy=False)
 
 
-def solve_orthant(structure: BlockLowRank, g: np.ndarray, *, tol: float, max_steps: int, permuted: bool = False
+def solve_orthant(structure: BlockLowRank, g: np.ndarray, *, tol: float, max_steps: int, permuted: bool = False,
+                  values: np.ndarray | None = None, out: np.ndarray | None = None
                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
     """``argmin_{x >= 0} 0.5 x^T H x - g^T x`` for every row of ``g`` (units x cells, the
     original cell order, or the structure's where ``permuted``) by the compiled active-set
     method of the module docstring. Returns ``(x, gradient H x - g, converged, steps)`` in the
-    order of ``g`` (``steps``: the most any row took); rows not converged come back as zeros."""
-    gp = np.ascontiguousarray(g if permuted else np.take(g, structure.perm, axis=1), dtype=np.float64)
-    x, gradient = np.empty(gp.shape), np.empty(gp.shape)
-    converged = np.empty(gp.shape[0], dtype=bool)
-    steps = _orthant(gp, structure.inverses, structure.capacitance, structure.blocks, structure.offsets,
-                     structure.factor, structure.factor_t, structure.hessian, structure.spread,
-                     tol * structure.lipschitz, max_steps, START, np.array(DROP, dtype=np.float64),
-                     x, gradient, converged, *_sizes(structure))
-    if not permuted:
-        order = np.argsort(structure.perm)
-        x, gradient = np.take(x, order, axis=1), np.take(gradient, order, axis=1)
+    order of ``g`` (``steps``: the most any row took); rows not converged come back as zeros.
+    ``values`` (units x 2), if given, receives per row (0 where not converged) ``2 (0.5 x^T H x
+    - g^T x) = x . (H x - g) - g . x`` and ``(x - x_u)^T H (x - x_u) = (x - x_u) . (H x - g)``
+    with ``x_u = H^-1 g`` (the first solve's): twice the objective's rise above its
+    unconstrained minimum, without the cancellation of the first form plus ``g . x_u``.
+    ``out``: a C-contiguous float64 array (units x cells) to write ``x`` into."""
+    g = np.ascontiguousarray(g, dtype=np.float64)
+    x = np.empty(g.shape) if out is None else out
+    gradient = np.empty(g.shape)
+    converged = np.empty(g.shape[0], dtype=bool)
+    if values is None:
+        values = np.empty((g.shape[0], 2))
+    perm = np.arange(g.shape[1]) if permuted else structure.perm
+    steps = _orthant(g, perm, structure.inverses, structure.capacitance, structure.blocks_t, structure.full_t,
+                     structure.offsets, structure.factor, structure.factor_t, structure.hessian, structure.spread,
+                     tol * structure.lipschitz, max_steps, START, np.array(DROP, dtype=np.float64), SWAPS,
+                     x, gradient, converged, values, *_sizes(structure))
     return x, gradient, converged, int(steps)

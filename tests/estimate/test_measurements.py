@@ -142,3 +142,23 @@ def test_bad_blocks_are_refused_naming_the_field():
         recover_measurements(model, {"x": np.zeros((4, 3))})
     with pytest.raises(ValueError, match="x: shape"):
         workload_estimates(model, np.zeros((2, 5)))
+
+
+def test_answer_linear_is_the_linear_term_of_the_answers():
+    """``a[rows] K = B^T Sigma^-1 y`` for answers ``a = L y``: a well-conditioned square subset of
+    the rows of ``L`` (the last k) where there is one, else every row (``L`` square)."""
+    rng = np.random.default_rng(3)
+    domain = Domain(("a", "b"), (3, 4))
+    for extra in (3, 0):
+        k = domain.size
+        recon = rng.standard_normal((k + extra, k)) + 4 * np.eye(k + extra, k, -extra)
+        a = rng.standard_normal((k, k))
+        block = types.SimpleNamespace(block_id="b0", attributes=("a", "b"), basis=rng.standard_normal((k, k)),
+                                      recon=recon, sigma=a @ a.T + 0.5 * np.eye(k), query_index=np.arange(k + extra))
+        measured = model_from_blocks(domain, [block]).blocks[0]
+        rows, linear = measured.answer_linear
+        assert rows == slice(extra, k + extra)
+        y = rng.standard_normal((5, k))
+        answers = y @ recon.T
+        expected = y @ np.linalg.inv(block.sigma) @ block.basis
+        np.testing.assert_allclose(answers[:, rows] @ linear, expected, rtol=1e-9, atol=1e-9 * np.abs(expected).max())

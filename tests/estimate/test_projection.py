@@ -276,3 +276,57 @@ def test_structured_path_in_batches_gives_the_same_projection(monkeypatch):
     assert whole.converged.all() and batched.converged.all()
     assert np.allclose(batched.x, whole.x, rtol=1e-10, atol=1e-10)
     assert np.allclose(batched.objective, whole.objective, rtol=1e-10, atol=1e-10)
+
+
+def test_answers_give_the_same_projection(released):
+    """``answers=True`` (``g`` in one product from the released answers, as ``distfit estimate``
+    projects) equals the recovered measurements' projection."""
+    plan, model, x, chunk = released
+    plain = project_nonnegative(model, recover_measurements(model, chunk.blocks))
+    direct = project_nonnegative(model, chunk.blocks, answers=True)
+    assert direct.converged.all()
+    np.testing.assert_allclose(direct.x, plain.x, rtol=0, atol=1e-8)
+    np.testing.assert_allclose(direct.objective, plain.objective, rtol=1e-8, atol=1e-8)
+    first = model.blocks[0].block_id
+    with pytest.raises(ValueError, match=f"measurements\\['{first}'\\]"):
+        project_nonnegative(model, dict(chunk.blocks, **{first: chunk.blocks[first][:, :-1]}), answers=True)
+
+
+def square_structured_model(rng):
+    """One block measuring every cell (k = cells, as PL94's), ``H = B^T B`` block diagonal over
+    ``c`` (4 x 4 blocks) plus rank 3, a tall recon: the structured path's objective then needs
+    no constant (it is ``(x - H^-1 g)^T H (x - H^-1 g)``)."""
+    domain = Domain(("a", "b", "c"), (2, 2, 9))
+    detail = rng.standard_normal((4, 4))
+    coupling = rng.standard_normal((domain.size, 3))
+    information = np.kron(detail @ detail.T + 2 * np.eye(4), np.eye(9)) + coupling @ coupling.T
+    basis = np.linalg.cholesky(information).T
+    k = domain.size
+    block = types.SimpleNamespace(block_id="b0", attributes=("a", "b", "c"), basis=basis,
+                                  recon=rng.standard_normal((k + 4, k)) + 3 * np.eye(k + 4, k, -4),
+                                  sigma=np.eye(k), query_index=np.arange(k + 4))
+    return model_from_blocks(domain, [block])
+
+
+def test_square_structured_objective_needs_no_constant(monkeypatch):
+    """A square structured model: the objective from the solver alone (answers path, measurements
+    path, and units left to the dense method after too few active-set steps) is the noise-metric
+    distance, and agrees with Clarabel."""
+    rng = np.random.default_rng(12)
+    model = square_structured_model(rng)
+    x = rng.poisson(rng.choice([0.0, 0.4, 5.0], size=(30, model.cells))).astype(float)
+    answers, _truth = simulate(rng, model, x)
+    y = recover_measurements(model, answers)
+    assert projection.hessian_structure(normal_equations(model, y)[0], model.sizes) is not None
+    block = model.blocks[0]
+    results = [project_nonnegative(model, y), project_nonnegative(model, answers, answers=True)]
+    monkeypatch.setattr(projection, "NEWTON_STEPS", 2)  # some units end on the dense path
+    results.append(project_nonnegative(model, answers, answers=True))
+    for result in results:
+        assert result.converged.all()
+        residual = y[block.block_id] - result.x @ block.basis.T
+        direct = np.einsum("ij,jk,ik->i", residual, np.linalg.inv(block.sigma), residual)
+        np.testing.assert_allclose(result.objective, direct, rtol=1e-8, atol=1e-8)
+        np.testing.assert_allclose(result.x, results[0].x, rtol=0, atol=1e-8 * np.abs(results[0].x).max())
+    value, _reference = cvx_projection(model, y, 0)
+    assert results[0].objective[0] == pytest.approx(value, rel=1e-6, abs=1e-9)

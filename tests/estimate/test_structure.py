@@ -108,3 +108,22 @@ def test_solve_orthant_rows_orders_and_unconverged_rows():
     assert steps > 1 and not short[2].all() and short[3] == 1
     assert not short[0][~short[2]].any() and not short[1][~short[2]].any()
     assert np.array_equal(short[0][short[2]], x[short[2]])
+
+
+def test_solve_orthant_values_and_out():
+    """``values``: ``x . (H x - g) - g . x`` and ``(x - H^-1 g)^T H (x - H^-1 g)`` at the solution
+    (the projection's objective without and with the constant); ``out`` receives ``x``."""
+    model, hessian = structured_hessian(7)
+    found = block_low_rank(hessian, model.sizes)
+    rng = np.random.default_rng(8)
+    truth = rng.poisson(rng.choice([0.0, 0.5, 4.0], size=(40, model.cells))).astype(float)
+    g = truth @ hessian + rng.standard_normal((40, model.cells)) * 3
+    values, out = np.full((40, 2), np.nan), np.full((40, model.cells), np.nan)
+    x, gradient, converged, _steps = solve_orthant(found, g, tol=1e-10, max_steps=25, values=values, out=out)
+    assert converged.all() and x is out and np.isfinite(out).all()
+    quadratic = np.einsum("ij,ij->i", x, x @ hessian - 2 * g)
+    shift = x - np.linalg.solve(hessian, g.T).T
+    rise = np.einsum("ij,ij->i", shift, shift @ hessian)
+    scale = np.abs(quadratic).max()
+    np.testing.assert_allclose(values[:, 0], quadratic, rtol=0, atol=1e-10 * scale)
+    np.testing.assert_allclose(values[:, 1], rise, rtol=1e-9, atol=1e-10 * scale)
