@@ -38,6 +38,7 @@ import numpy as np
 
 from distfit import __version__
 from distfit.cluster import DaskExecutor, Progress, dask_client
+from distfit.packing import PackedBlocks
 from distfit.plan.planner import (
     BATCH_SECONDS, JOINT_BLOCK_DUAL, SCALE_ALLOCATION, BlockRef, Executor, PlanResult, decompose_lazily, plan_blocks, plan_streamed,
     serial_executor, should_stream, write_streamed_blocks,
@@ -101,14 +102,21 @@ def write_plan(spec: PipelineSpec, plan: PlanResult, out: str, overwrite: bool =
             )
             for block in plan.blocks
         ]
-        if len(records) >= SOLVED_PACK_MIN_BLOCKS and all(r.cell_weights is not None for r in records):
-            # One solved pack (format 5): 13 arrays, where a group per block was 9 arrays each
-            # (Adult's 470 blocks: 4,230 arrays, 17 s to write, checksum and fsync).
-            writer.write_solved(records, spec.domain.schema()["attributes"])
-        else:  # a small plan keeps its layout and bytes (written concurrently: write_blocks)
-            writer.write_blocks(records)
+        write_solved_blocks(writer, records, spec.domain.schema()["attributes"])
         write_closed_blocks(writer, plan)
         return finish_plan(writer, spec, plan)
+
+
+def write_solved_blocks(writer: PlanWriter, records: Sequence[BlockRecord], schema_attributes: Sequence[str]) -> None:
+    """A plan's solved (explicit) blocks: :data:`SOLVED_PACK_MIN_BLOCKS` or more, every one with
+    its certificate, as the one solved pack (format 5: 13 arrays, where a group per block was
+    9 arrays each: Adult's 470 blocks were 4,230 arrays, 17 s to write, checksum and fsync);
+    fewer keep one group per block, their layout and bytes (written concurrently:
+    ``PlanWriter.write_blocks``)."""
+    if len(records) >= SOLVED_PACK_MIN_BLOCKS and all(r.cell_weights is not None for r in records):
+        writer.write_solved(records, schema_attributes)
+    else:
+        writer.write_blocks(records)
 
 
 def write_closed_blocks(writer: PlanWriter, plan: PlanResult) -> None:
@@ -333,8 +341,10 @@ def scale_plan_to_budget(source: str, out: str, spec: PipelineSpec, budget_alpha
     ``alpha = budget_alpha``) would give, from the accuracy-first plan at ``source``: every block
     scaled by ``k = alpha / budget_alpha`` (``distfit.scaling.scale_block``, as ``apply_budget``;
     Problem 2: sigma and variances times k, profile, alpha and bounds divided by k; a block's
-    dual certificate, its weights, is scale-free and copied as it is), block by block through a
-    ``PlanWriter`` (atomic). Returns the new plan's checksum; the plan passes
+    dual certificate, its weights, is scale-free and copied as it is), through a ``PlanWriter``
+    (atomic), in the layout ``write_plan`` gives (solved blocks packed where it packs them;
+    each closed-form pack rewritten as a pack, ``PackedBlocks.closed_form`` at its scales times
+    k, not unpacked into a group per block). Returns the new plan's checksum; the plan passes
     ``distfit.audit.audit_plan`` like any other."""
     plan = read_plan(source)
     attrs = plan.attrs
@@ -354,12 +364,19 @@ def scale_plan_to_budget(source: str, out: str, spec: PipelineSpec, budget_alpha
         f"budget alpha {budget_alpha:.6g} (this level's share of the run's budget): variances scaled by k = {factor:.6g}"]
     planner["spec_hash"] = spec.spec_hash
     new_alpha = scaled_cost(alpha, factor)
+    schema = attrs["schema"]
     with store_lock(out, "plan"), PlanWriter(out, fsync=fsync) as writer:
-        for block_id in plan.block_ids:
+        records = []
+        for block_id in plan.explicit_block_ids:
             block = plan.block(block_id)
             scaled = scale_block(factor, np.asarray(block.sigma), np.asarray(block.variances), np.asarray(block.profile),
                                  float(block.alpha), float(block.lower_bound))
-            writer.write_block(dataclasses.replace(block, **scaled._asdict()))
+            records.append(dataclasses.replace(block, **scaled._asdict()))
+        write_solved_blocks(writer, records, schema["attributes"])
+        for pack in plan.packs():  # closed-form packs stay packs: their closed forms at scale * k
+            writer.write_packed(PackedBlocks.closed_form(
+                schema["sizes"], pack.attributes, scaled_noise(pack.scale, factor), pack.segment_offsets,
+                pack.segment_clique, pack.segment_query, pack.segment_target, solver=pack.solver))
         return writer.finish(
             spec=spec.to_dict(), schema=attrs["schema"], queries_targets=plan.target_runs,
             queries_variances=plan.variance_runs.with_values(scaled_noise(plan.variance_runs.values, factor)),

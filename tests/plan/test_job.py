@@ -10,10 +10,12 @@ import zarr
 
 from distfit.audit import audit_plan
 from distfit.cli.main import main
+from distfit.plan import job as plan_job
 from distfit.plan.job import level_profiles, run_plan, scale_plan_to_budget
 from distfit.privacy import alpha_for_budget
 from distfit.spec.parse import parse_spec
 from distfit.stores.plan import read_plan
+from tests.packed_plans import marginals_spec
 from tests.reference import SMALL_SPEC
 
 PIPELINES = Path(__file__).resolve().parents[2] / "pipelines"
@@ -114,6 +116,49 @@ def test_round_progress_restarts_its_clock_every_round():
     meter(2, 2)
     lines = out.getvalue().splitlines()
     assert lines[0].startswith("plan: 2/2 blocks") and lines[1].startswith("plan round 1: 2/2 blocks")
+
+
+def _prefix_and_marginals_spec() -> dict:
+    spec = marginals_spec([3, 4, 2, 3], 2, [1.0, 2.0, 3.0, 1.0, 2.0, 3.0], name="scaled-layout")
+    spec["attributes"] += [{"name": "age", "size": 5, "ordinal": True}, {"name": "edu", "size": 3, "ordinal": True}]
+    spec["queries"] += [{"name": "age", "attributes": {"age": "prefix"}, "target": 1},
+                        {"name": "age_edu", "attributes": {"age": "prefix", "edu": "prefix"}, "target": 2}]
+    return dict(spec, blocks={"merge": False})
+
+
+def _block_groups(path: Path) -> list[str]:
+    blocks = path / "blocks"
+    return sorted(p.name for p in blocks.iterdir() if p.is_dir()) if blocks.is_dir() else []
+
+
+@pytest.mark.parametrize("layout", ["closed-form pack", "solved pack"])
+def test_scaling_a_stored_plan_keeps_its_packs(tmp_path, monkeypatch, layout):
+    """A closed-form pack is scaled as a pack (its closed forms at scale * k) and solved blocks go
+    into a solved pack where write_plan would pack them: not one store group per block (a
+    level's share of a 500,000-block plan would be 500,000 groups); the scaled plan equals the
+    plan run_plan makes for the budget and passes the audit."""
+    monkeypatch.setattr(plan_job, "SOLVED_PACK_MIN_BLOCKS", 2)  # this small plan packs its solved blocks
+    accuracy = marginals_spec([3, 4, 2, 3], 2, [1.0, 2.0, 3.0, 1.0, 2.0, 3.0], name="scaled-layout") \
+        if layout == "closed-form pack" else _prefix_and_marginals_spec()
+    budget = dict(accuracy, privacy={"alpha": 0.75})
+    run_plan(parse_spec(accuracy), str(tmp_path / "a.zarr"), serial=True)
+    run_plan(parse_spec(budget), str(tmp_path / "b.zarr"), serial=True)
+    scale_plan_to_budget(str(tmp_path / "a.zarr"), str(tmp_path / "s.zarr"), parse_spec(budget), 0.75)
+    source, direct, scaled = (read_plan(tmp_path / name) for name in ("a.zarr", "b.zarr", "s.zarr"))
+    assert len(source.packs()) == len(scaled.packs()) == len(direct.packs())
+    assert (len(source.packs()) > 0) == (layout == "closed-form pack")
+    assert (tmp_path / "s.zarr" / "solved").is_dir() == (tmp_path / "a.zarr" / "solved").is_dir() \
+        == (layout == "solved pack")
+    assert _block_groups(tmp_path / "s.zarr") == _block_groups(tmp_path / "b.zarr") == []
+    assert scaled.block_ids == direct.block_ids and scaled.explicit_block_ids == direct.explicit_block_ids
+    for block_id in direct.block_ids:
+        a, b = scaled.block(block_id), direct.block(block_id)
+        for name in ("sigma", "variances", "profile"):
+            np.testing.assert_allclose(getattr(a, name), getattr(b, name), rtol=1e-9, atol=1e-12)
+        assert a.alpha == pytest.approx(b.alpha, rel=1e-9) and a.lower_bound == pytest.approx(b.lower_bound, rel=1e-9)
+    assert scaled.attrs["alpha"] == pytest.approx(0.75, rel=1e-12)
+    report = audit_plan(str(tmp_path / "s.zarr"))
+    assert report.ok, report.failures
 
 
 def test_scaling_a_stored_plan_to_a_budget_equals_planning_with_that_budget(tmp_path):
