@@ -103,7 +103,7 @@ AUTO_METHODS = (METHOD, "graphical-exact", "graphical-region-graph")
 #: graphical lets graphical.graphical_problem choose exact or region-graph inference.
 METHODS = ("auto", "projection", "graphical", "graphical-exact", "graphical-region-graph")
 
-__all__ = ["EstimateJob", "EstimateResult", "chunk_answers", "estimate_chunk", "estimate_chunk_task",
+__all__ = ["EstimateJob", "EstimateResult", "ReleaseRows", "chunk_answers", "estimate_chunk", "estimate_chunk_task",
            "estimate_chunks_task", "estimate_in_run",
            "manifest_entry", "model_task", "run_estimate"]
 
@@ -161,27 +161,58 @@ def model_task(plan_path: str, plan_checksum: str) -> MeasurementModel:
         return measurement_model(plan)
 
 
+class ReleaseRows:
+    """A sealed release's rows as chunk tasks read them: every block's answers and the unit ids.
+    The arrays and derived views are looked up once (each zarr group lookup costs about a
+    millisecond: ten a chunk were 2 us a unit), the rows read as raw chunk files
+    (:func:`distfit.stores.release_chunks.read_rows`)."""
+
+    def __init__(self, release, model: MeasurementModel) -> None:
+        self._path = Path(release.path)
+        self._queries = None
+        self._unit_ids = release.unit_ids
+        # (block id, where its answers come from: "queries" all the query answers, "columns" some
+        # of them (the index), "packed" a packed block's answers (computed whole by the release
+        # reader), "stored" its own answers array)
+        self._sources: list[tuple[str, str, Any]] = []
+        for block in model.blocks:
+            view = release.block_answers(block.block_id)
+            if isinstance(view, DerivedAnswers):
+                self._queries = release.answers
+                identity = view.query_index.size == int(release.answers.shape[1]) and \
+                    np.array_equal(view.query_index, np.arange(view.query_index.size))
+                self._sources.append((block.block_id, "queries", None) if identity else
+                                     (block.block_id, "columns", view.query_index))
+            else:
+                self._sources.append((block.block_id, "packed" if isinstance(view, np.ndarray) else "stored", view))
+
+    def answers(self, start: int, stop: int) -> dict[str, np.ndarray]:
+        """Every block's released answers for rows ``start:stop``: stored blocks read as raw
+        chunk files, derived blocks (:class:`distfit.stores.release.DerivedAnswers`) taken as
+        columns of the query answers, read once (the query answers themselves, not copied, for a
+        block whose rows are every query in order: PL94's)."""
+        rows = slice(start, stop)
+        queries = None if self._queries is None else read_rows(self._path, "queries/answers", self._queries, rows)
+        out = {}
+        for block_id, kind, source in self._sources:
+            if kind == "queries":
+                out[block_id] = queries
+            elif kind == "columns":
+                out[block_id] = np.take(queries, source, axis=1)
+            elif kind == "packed":
+                out[block_id] = source[start:stop]
+            else:
+                out[block_id] = read_rows(self._path, f"blocks/{block_id}/answers", source, rows)
+        return out
+
+    def unit_ids(self, start: int, stop: int) -> np.ndarray:
+        """The unit ids of rows ``start:stop``."""
+        return np.asarray(read_rows(self._path, "unit_ids", self._unit_ids, slice(start, stop)))
+
+
 def chunk_answers(release, model: MeasurementModel, start: int, stop: int) -> dict[str, np.ndarray]:
-    """Every block's released answers for rows ``start:stop``: stored blocks read as raw chunk
-    files, derived blocks (:class:`distfit.stores.release.DerivedAnswers`) taken as columns of
-    the query answers, read once (the query answers themselves, not copied, for a block whose
-    rows are every query in order: PL94's)."""
-    path, rows = Path(release.path), slice(start, stop)
-    queries = None
-    out = {}
-    for block in model.blocks:
-        view = release.block_answers(block.block_id)
-        if isinstance(view, DerivedAnswers):
-            if queries is None:
-                queries = read_rows(path, "queries/answers", release.answers, rows)
-            identity = view.query_index.size == queries.shape[1] and \
-                np.array_equal(view.query_index, np.arange(queries.shape[1]))
-            out[block.block_id] = queries if identity else np.take(queries, view.query_index, axis=1)
-        elif isinstance(view, np.ndarray):  # a packed block: computed whole by the release reader
-            out[block.block_id] = view[start:stop]
-        else:
-            out[block.block_id] = read_rows(path, f"blocks/{block.block_id}/answers", view, rows)
-    return out
+    """Every block's released answers for rows ``start:stop`` (:meth:`ReleaseRows.answers`)."""
+    return ReleaseRows(release, model).answers(start, stop)
 
 
 def estimate_chunk(model: MeasurementModel, answers: dict[str, np.ndarray], *, integer: bool,
@@ -249,28 +280,29 @@ def _open_release(job: EstimateJob):
 
 
 def estimate_chunk_task(job: EstimateJob, model: MeasurementModel, chunk: int,
-                        writer: ChunkWriter | None = None, release: Any = None) -> tuple[int, int]:
+                        writer: ChunkWriter | None = None, rows: ReleaseRows | None = None) -> tuple[int, int]:
     """Estimate release chunk ``chunk`` and write its rows and, last, its done marker (written
     before this returns, or through ``writer``: queued, written while the next chunk is
-    computed). ``release``: the release opened by the caller (else opened and checked here).
-    Deterministic in its arguments, so a retry rewrites identical bytes. Returns ``(chunk, units)``."""
+    computed). ``rows``: the caller's reader of the release (else the release is opened and
+    checked here). Deterministic in its arguments, so a retry rewrites identical bytes. Returns
+    ``(chunk, units)``."""
     start = chunk * job.chunk_units
     stop = min(start + job.chunk_units, job.units)
-    release = _open_release(job) if release is None else release
+    rows = ReleaseRows(_open_release(job), model) if rows is None else rows
     with blas_limit():
         if job.method == METHOD:
-            queries, cells, fit = estimate_chunk(model, chunk_answers(release, model, start, stop),
-                                                 integer=job.integer, workload=job.workload)
+            queries, cells, fit = estimate_chunk(model, rows.answers(start, stop), integer=job.integer,
+                                                 workload=job.workload)
         else:
-            queries, cells, fit = estimate_chunk_graphical(_problem_for(model, job.method), chunk_answers(
-                release, model, start, stop), workload=job.workload)
-    rows = chunk_rows(queries, cells, fit.objective, fit.iterations, fit.converged,
-                      np.asarray(release.unit_ids[start:stop]), tables=job.tables)
+            queries, cells, fit = estimate_chunk_graphical(_problem_for(model, job.method), rows.answers(start, stop),
+                                                           workload=job.workload)
+    arrays = chunk_rows(queries, cells, fit.objective, fit.iterations, fit.converged, rows.unit_ids(start, stop),
+                        tables=job.tables)
     if writer is not None:
-        writer.write_arrays(chunk, start, rows)
+        writer.write_arrays(chunk, start, arrays)
     else:
         with ChunkWriter(job.estimate_path) as own:
-            own.write_arrays(chunk, start, rows)
+            own.write_arrays(chunk, start, arrays)
     return chunk, stop - start
 
 
@@ -278,11 +310,12 @@ def estimate_chunks_task(job: EstimateJob, model: MeasurementModel,
                          chunks: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
     """One Dask task: :func:`estimate_chunk_task` for each of ``chunks`` in turn (a run of
     chunks cut by :func:`distfit.release.tasks.task_chunks`, as the release's tasks are), the
-    release opened and checked once and one writer whose thread writes a chunk while the next
-    is computed. Each chunk is marked done as it is written. Returns ``(chunk, units)`` per chunk."""
-    release = _open_release(job)
+    release opened, checked and its arrays looked up once (:class:`ReleaseRows`) and one writer
+    whose thread writes a chunk while the next is computed. Each chunk is marked done as it is
+    written. Returns ``(chunk, units)`` per chunk."""
+    rows = ReleaseRows(_open_release(job), model)
     with ChunkWriter(job.estimate_path) as writer:  # leaving it waits for the last chunk's writes
-        return tuple(estimate_chunk_task(job, model, chunk, writer=writer, release=release) for chunk in chunks)
+        return tuple(estimate_chunk_task(job, model, chunk, writer=writer, rows=rows) for chunk in chunks)
 
 
 # --------------------------------------------------------------------------------------------
@@ -408,10 +441,10 @@ def run_estimate(
 
 
 def _run_serial(job: EstimateJob, model: MeasurementModel, pending: Iterable[int]) -> Iterator[tuple[int, int]]:
-    release = _open_release(job)
+    rows = ReleaseRows(_open_release(job), model)
     with ChunkWriter(job.estimate_path) as writer:
         for chunk in pending:
-            result = estimate_chunk_task(job, model, chunk, writer=writer, release=release)
+            result = estimate_chunk_task(job, model, chunk, writer=writer, rows=rows)
             writer.flush()  # written before the chunk is reported (fsync, checksum, after_chunk)
             yield result
 

@@ -48,7 +48,19 @@ def test_the_form_is_found_and_exact():
     assert structure is not None
     assert structure.group_cells == 4 and structure.groups == 9 and structure.rank <= 6
     permuted = hessian[np.ix_(structure.perm, structure.perm)]
-    assert np.allclose(structure.hessian, permuted)
+    # H = D + V V^T + E: D block diagonal over the groups (cell i of group r at i * groups + r),
+    # E (float32) zero on the blocks and at rounding level off them
+    s, groups = structure.group_cells, structure.groups
+    group = np.tile(np.arange(groups), s)
+    same = group[:, None] == group[None, :]
+    diagonal = np.zeros_like(permuted)
+    for r in range(groups):
+        cells = np.arange(s) * groups + r
+        diagonal[np.ix_(cells, cells)] = structure.blocks[r].reshape(s, s)
+    assert structure.defect.dtype == np.float32 and not structure.defect[same].any()
+    assert np.abs(structure.defect).max() <= 1e-10 * np.abs(hessian).max()
+    rebuilt = diagonal + structure.factor @ structure.factor.T + structure.defect.astype(np.float64)
+    assert np.abs(rebuilt - permuted).max() <= 1e-14 * np.abs(hessian).max()
     # solve_free against dense solves of H_FF x_F = g_F, for random free sets
     rng = np.random.default_rng(1)
     g = rng.standard_normal((50, model.cells))
