@@ -222,10 +222,17 @@ def estimate_chunk(model: MeasurementModel, answers: dict[str, np.ndarray], *, i
     iterations, converged). The query estimates are
     :func:`distfit.estimate.measurements.published_estimates` (``workload``: the model's
     :func:`~distfit.estimate.measurements.workload_kind`): never below 0 for a nonnegative
-    workload; with ``integer`` the cells are int64 and so are the queries of an integral one."""
-    fit = project_nonnegative(model, answers, answers=True)
+    workload; with ``integer`` the cells are int64 and so are the queries of an integral one.
+    Where the queries hold the cells as columns (``model.cell_queries``) the projection writes
+    ``x`` straight into them (no copy, no separate array: ``cells`` is that view)."""
+    queries = None
+    if not integer and model.workload is not None and model.cell_queries is not None:
+        units = next(iter(answers.values())).shape[0] if answers else 0
+        queries = np.empty((units, model.num_queries))
+    columns = None if queries is None else queries[:, model.cell_queries:model.cell_queries + model.cells]
+    fit = project_nonnegative(model, answers, answers=True, out=columns)
     cells = round_preserving_total(fit.x) if integer else np.asarray(fit.x, dtype=np.float64)
-    return published_estimates(model, cells, workload, integer=integer), cells, fit
+    return published_estimates(model, cells, workload, integer=integer, out=queries), cells, fit
 
 
 def graphical_method(model: MeasurementModel, method: str, integer: bool) -> tuple[str, Any]:

@@ -315,7 +315,7 @@ def _block_answers(model: MeasurementModel,
     return out
 
 
-def workload_estimates(model: MeasurementModel, x: np.ndarray) -> np.ndarray:
+def workload_estimates(model: MeasurementModel, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     """``W x`` (units x m): every workload query's estimate from the data vectors ``x`` (units x
     cells), the sum by ``query_index`` of the rows ``L_b B_b M_b x`` of every block.
 
@@ -327,17 +327,29 @@ def workload_estimates(model: MeasurementModel, x: np.ndarray) -> np.ndarray:
     of 3.6, CPU, one thread). Without it (a domain too large), the block rows are summed, whose
     coefficients need not be integers (a query split over residual blocks): integers up to
     rounding then.
+
+    ``out`` (units x m float64, with cell queries only): written and returned; where ``x`` is
+    already its cell columns (``out[:, cell_queries:cell_queries + cells]``, as
+    :func:`distfit.estimate.job.estimate_chunk` has the projection write it) they are not copied.
     """
     x = np.asarray(x, dtype=np.float64)
     if x.ndim != 2 or x.shape[1] != model.cells:
         raise ValueError(f"x: shape {x.shape}, expected (units, {model.cells})")
     if model.workload is not None and model.cell_queries is not None:
         start, stop = model.cell_queries, model.cell_queries + model.cells
-        out = np.empty((x.shape[0], model.num_queries))
-        out[:, start:stop] = x
+        if out is None:
+            out = np.empty((x.shape[0], model.num_queries))
+        elif out.shape != (x.shape[0], model.num_queries) or out.dtype != np.float64:
+            raise ValueError(f"out: {out.dtype} {out.shape}, expected float64 {(x.shape[0], model.num_queries)}")
+        columns = out[:, start:stop]
+        if not (columns.__array_interface__["data"][0] == x.__array_interface__["data"][0]
+                and columns.strides == x.strides):
+            columns[...] = x
         out[:, :start] = x @ model.workload[:start].T
         out[:, stop:] = x @ model.workload[stop:].T
         return out
+    if out is not None:
+        raise ValueError("out: only a workload with cell queries writes into a given array")
     if model.workload is not None:
         return x @ model.workload.T
     out = np.zeros((x.shape[0], model.num_queries))
@@ -406,12 +418,13 @@ def workload_kind(model: MeasurementModel) -> WorkloadKind:
 
 
 def published_estimates(model: MeasurementModel, x: np.ndarray, kind: WorkloadKind, *,
-                        integer: bool = False) -> np.ndarray:
+                        integer: bool = False, out: np.ndarray | None = None) -> np.ndarray:
     """The query estimates a store publishes from the tables ``x >= 0`` (units x cells):
     :func:`workload_estimates`, with a nonnegative workload's rounding below 0 (at most
     :data:`NONNEGATIVE_TOLERANCE` ``(1 + sum_c |x_c|)``) set to 0 (module docstring); with
-    ``integer`` (integer ``x``) and an integral workload, as int64."""
-    queries = workload_estimates(model, x)
+    ``integer`` (integer ``x``) and an integral workload, as int64. ``out``: as
+    :func:`workload_estimates`'s."""
+    queries = workload_estimates(model, x, out)
     negative = np.flatnonzero((queries < 0).any(axis=1)) if kind.nonnegative else ()
     if len(negative):  # only the units with a negative estimate need their totals (most have none)
         rows = queries[negative]

@@ -86,6 +86,7 @@ __all__ = [
     "hessian_structure",
     "project_nonnegative",
     "quadratic_objective",
+    "unconstrained_answers",
 ]
 
 #: Domains of at most this many cells get a dense ``H`` (cells x cells float64: 128 MiB at 4096).
@@ -100,6 +101,9 @@ PINV_CUTOFF = 1e-10
 #: Active-set (Newton) steps per round, and FISTA iterations between rounds.
 NEWTON_STEPS = 25
 FISTA_ROUND = 200
+#: ``K`` and ``H`` equal to this (relative to ``max |H|``): the cell queries' answers are
+#: ``H^-1 g`` (:func:`unconstrained_answers`).
+UNCONSTRAINED_TOLERANCE = 1e-12
 #: Units solved together on the structured path (:mod:`distfit.estimate.structure`): their
 #: ``g``, ``x`` and gradient stay in cache (PL94, 4096 units: 256 to 512 measured best, 1024
 #: 5-8 % slower).
@@ -419,6 +423,25 @@ def _active_set_newton(hessian: np.ndarray, g: np.ndarray, x: np.ndarray, lipsch
     return out, converged, steps
 
 
+def unconstrained_answers(model: MeasurementModel, hessian: np.ndarray) -> slice | None:
+    """The columns ``S`` of the released answers that are the unconstrained estimate ``x_u =
+    H^-1 g`` itself, where there are such, else None: a plan of one block on every cell, in
+    the domain's order, whose answers' linear map ``K`` (``g = a[S] K``,
+    :attr:`distfit.estimate.measurements.BlockMeasurement.answer_linear`) is ``H`` to
+    :data:`UNCONSTRAINED_TOLERANCE` of ``max |H|``. That is so when the block's basis is square
+    and the workload holds every cell (PL94: the 252 cell queries, ``K`` = ``H`` to 3.5e-14):
+    the answers to the cell queries are ``x_u = B^-1 y`` and ``g = H x_u``, formed from the
+    structure of ``H`` (:func:`distfit.estimate.structure.solve_orthant` with
+    ``unconstrained``), the rounding-level difference between ``a[S] K`` and ``a[S] H`` aside."""
+    if len(model.blocks) != 1 or tuple(model.blocks[0].expand_shape) != tuple(model.sizes):
+        return None
+    subset, linear = model.blocks[0].answer_linear
+    if linear.shape != hessian.shape or not isinstance(subset, slice):
+        return None
+    scale = np.abs(hessian).max(initial=0.0)
+    return subset if np.abs(linear - hessian).max(initial=0.0) <= UNCONSTRAINED_TOLERANCE * scale else None
+
+
 def hessian_structure(hessian: np.ndarray, sizes: tuple[int, ...]) -> BlockLowRank | None:
     """:func:`distfit.estimate.structure.block_low_rank` of a dense ``H``, remembered with ``H``
     (the last :data:`STRUCTURE_CACHE`; an equal ``H`` and ``sizes`` find it again)."""
@@ -435,19 +458,23 @@ def hessian_structure(hessian: np.ndarray, sizes: tuple[int, ...]) -> BlockLowRa
 
 def project_nonnegative(model: MeasurementModel, measurements: Mapping[str, np.ndarray], *,
                         tol: float = 1e-10, max_iter: int = 20000, whitened: bool = False,
-                        answers: bool = False) -> ProjectionResult:
+                        answers: bool = False, out: np.ndarray | None = None) -> ProjectionResult:
     """``x_hat = argmin_{x >= 0} sum_b (y_b - B_b M_b x)^T Sigma_b^-1 (y_b - B_b M_b x)`` for
     every unit of ``measurements`` (``{block_id: y_b}``, units x k_b) at once (module docstring);
     ``whitened``: the measurements are ``C_b^-1 y_b``
     (:func:`distfit.estimate.measurements.whitened_measurements`: one product from the answers);
     ``answers``: they are the released block answers ``a_b`` (units x m_b), the measurements
-    ``y_b = R_b a_b`` (module docstring: ``g`` in one product from them).
+    ``y_b = R_b a_b`` (module docstring: ``g`` in one product from them). ``out``: a float64
+    array (units x cells, rows of unit stride: the cell columns of the query estimates, say)
+    that receives ``x`` and is returned as the result's ``x``.
     """
     units = _units(model, measurements, answers)
     hessian = _information(model)
     dense = isinstance(hessian, np.ndarray)
     structure = hessian_structure(hessian, model.sizes) if dense else None
-    x = np.empty((units, model.cells)) if structure is not None else np.zeros((units, model.cells))
+    if out is not None and (out.shape != (units, model.cells) or out.dtype != np.float64 or out.strides[1] != 8):
+        raise ValueError(f"out: {out.dtype} {out.shape}, expected float64 ({units}, {model.cells}) with unit-stride rows")
+    x = (np.empty((units, model.cells)) if out is None else out) if structure is not None else np.zeros((units, model.cells))
     converged = np.zeros(units, dtype=bool)
     iterations = 0
     objective, constant = np.zeros(units), np.zeros(units)
@@ -456,12 +483,18 @@ def project_nonnegative(model: MeasurementModel, measurements: Mapping[str, np.n
         # the objective is (x - H^-1 g)^T H (x - H^-1 g) and needs no constant (module docstring)
         square = sum(block.rows for block in model.blocks) == model.cells
         values = np.empty((min(units, STRUCTURE_BATCH), 2))
+        cells = unconstrained_answers(model, hessian) if answers else None
         for lo in range(0, units, STRUCTURE_BATCH):  # cache blocking: g, x of a batch stay in cache
             rows = slice(lo, lo + STRUCTURE_BATCH)
-            g, constant[rows] = _linear(model, measurements, units, rows, whitened, answers, not square)
-            batch = values[:g.shape[0]]
-            _x, _none, converged[rows], steps = solve_orthant(structure, g, tol=tol, max_steps=NEWTON_STEPS,
-                                                              values=batch, out=x[rows], gradient=False)
+            batch = values[:len(range(units)[rows])]
+            if cells is not None:  # the answers to the cell queries are H^-1 g: no g product, no first solve
+                _x, _none, converged[rows], steps = solve_orthant(
+                    structure, None, unconstrained=measurements[model.blocks[0].block_id][rows, cells], tol=tol,
+                    max_steps=NEWTON_STEPS, values=batch, out=x[rows], gradient=False)
+            else:
+                g, constant[rows] = _linear(model, measurements, units, rows, whitened, answers, not square)
+                _x, _none, converged[rows], steps = solve_orthant(structure, g, tol=tol, max_steps=NEWTON_STEPS,
+                                                                  values=batch, out=x[rows], gradient=False)
             iterations = max(iterations, steps)
             objective[rows] = batch[:, 1] if square else batch[:, 0]
         if converged.all():  # x: every row written, its free cells > 0 (the KKT check), the others 0
@@ -502,4 +535,7 @@ def project_nonnegative(model: MeasurementModel, measurements: Mapping[str, np.n
     x = np.maximum(x, 0.0)
     objective[rest] = 2.0 * quadratic_objective(hessian, g[rest], x[rest])
     objective += constant
+    if out is not None and x is not out:
+        out[...] = x
+        x = out
     return ProjectionResult(x=x, objective=np.maximum(objective, 0.0), iterations=iterations, converged=converged)

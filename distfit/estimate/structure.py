@@ -165,6 +165,11 @@ class BlockLowRank:
         return place
 
     @functools.cached_property
+    def defect_original(self) -> np.ndarray:
+        """``defect`` in the original cell order (float32)."""
+        return np.ascontiguousarray(self.defect[np.ix_(self.place, self.place)])
+
+    @functools.cached_property
     def blocks_t(self) -> np.ndarray:
         """(s^2, groups) ``blocks`` transposed: group ``r``'s block of ``D`` in column ``r``."""
         return np.ascontiguousarray(self.blocks.T)
@@ -502,8 +507,8 @@ def _defect(defect, x, residual, rows, small):
 
 
 @_jit
-def _orthant(g, place, inverses, capacitance, blocks_t, full_t, offsets, factor, vt, defect, spread, tol_scale,
-             max_steps, start, drop, swaps, x_out, gradient_out, converged, values, sz, kz):
+def _orthant(g, defect_g, place, inverses, capacitance, blocks_t, full_t, offsets, factor, vt, defect, spread,
+             tol_scale, max_steps, start, drop, swaps, x_out, gradient_out, converged, values, sz, kz):
     """The active-set method of the module docstring on every row of ``g`` (permuted order);
     ``sz``, ``kz``: tuples of length s and k (compile-time sizes: the small loops unroll).
     Group ``r``'s s x s matrices are held in column ``r`` of ``blocks_t`` (``D_r``), ``full_t``
@@ -513,9 +518,13 @@ def _orthant(g, place, inverses, capacitance, blocks_t, full_t, offsets, factor,
     has rows); returns the most steps. Rows of ``g``, ``x`` and the gradient are in the
     original order, cell ``c`` at position ``place[c]`` of the structure's: permuted here, each
     row read and written in its own order (the scattered accesses land in the unit's cached
-    vectors: in the structure's order, the gather and the scatter were 40% of the time)."""
+    vectors: in the structure's order, the gather and the scatter were 40% of the time).
+    Where ``defect_g`` has rows, the rows of ``g`` are the unconstrained solutions ``x_u = H^-1
+    g`` and ``defect_g`` their ``E x_u`` (float32): then ``g = D x_u + V V^T x_u + E x_u`` here and
+    no first solve."""
     n, cells = g.shape
     keep = gradient_out.shape[0] > 0
+    given = defect_g.shape[0] > 0
     s, k = len(sz), len(kz)
     groups = cells // s
     full = (1 << s) - 1
@@ -537,14 +546,24 @@ def _orthant(g, place, inverses, capacitance, blocks_t, full_t, offsets, factor,
     most = 0
     gu = np.empty(cells)
     for u in range(n):
-        for cell in range(cells):  # in g's order: the row streams in, the scattered writes hit the cache
-            gu[place[cell]] = g[u, cell]
-        # the first free set: H^-1 g (every cell free) above START of its spread
-        _blocks(full_t, zero, zero, gu, 1.0, z, groups, sz)
-        _dots(vt, z, t, kz)
-        _cholesky_solve(lower_full, t, kz)
-        _couple(vt, t, c, kz)
-        _blocks(full_t, z, zero, c, -1.0, unconstrained, groups, sz)
+        if given:  # g = H x_u = (D x_u + V V^T x_u) + E x_u
+            for cell in range(cells):  # in the rows' order: they stream in, the scattered writes hit the cache
+                unconstrained[place[cell]] = g[u, cell]
+                residual[place[cell]] = defect_g[u, cell]
+            _dots(vt, unconstrained, t, kz)
+            _couple(vt, t, c, kz)
+            _blocks(blocks_t, c, zero, unconstrained, 1.0, z, groups, sz)
+            for cell in range(cells):
+                gu[cell] = z[cell] + residual[cell]
+        else:  # the first solve: x_u = H^-1 g (every cell free)
+            for cell in range(cells):
+                gu[place[cell]] = g[u, cell]
+            _blocks(full_t, zero, zero, gu, 1.0, z, groups, sz)
+            _dots(vt, z, t, kz)
+            _cholesky_solve(lower_full, t, kz)
+            _couple(vt, t, c, kz)
+            _blocks(full_t, z, zero, c, -1.0, unconstrained, groups, sz)
+        # the first free set: x_u above START of its spread
         x[:] = unconstrained
         for r in range(groups):
             bits = 0
@@ -661,8 +680,9 @@ def solve_free(structure: BlockLowRank, g: np.ndarray, free: np.ndarray, dtype=n
     return x.astype(dtype, copy=False)
 
 
-def solve_orthant(structure: BlockLowRank, g: np.ndarray, *, tol: float, max_steps: int, permuted: bool = False,
-                  values: np.ndarray | None = None, out: np.ndarray | None = None, gradient: bool = True
+def solve_orthant(structure: BlockLowRank, g: np.ndarray | None, *, tol: float, max_steps: int,
+                  permuted: bool = False, values: np.ndarray | None = None, out: np.ndarray | None = None,
+                  gradient: bool = True, unconstrained: np.ndarray | None = None
                   ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray, int]:
     """``argmin_{x >= 0} 0.5 x^T H x - g^T x`` for every row of ``g`` (units x cells, the
     original cell order, or the structure's where ``permuted``) by the compiled active-set
@@ -672,15 +692,30 @@ def solve_orthant(structure: BlockLowRank, g: np.ndarray, *, tol: float, max_ste
     - g^T x) = x . (H x - g) - g . x`` and ``(x - x_u)^T H (x - x_u) = (x - x_u) . (H x - g)``
     with ``x_u = H^-1 g`` (the first solve's): twice the objective's rise above its
     unconstrained minimum, without the cancellation of the first form plus ``g . x_u``.
-    ``out``: a C-contiguous float64 array (units x cells) to write ``x`` into; ``gradient``:
-    False to skip the gradient (returned as None)."""
-    g = np.ascontiguousarray(g, dtype=np.float64)
+    ``out``: a float64 array (units x cells, rows of unit stride) to write ``x`` into; ``gradient``:
+    False to skip the gradient (returned as None). ``unconstrained`` (in place of ``g``, which
+    is then None): the rows ``x_u = H^-1 g`` (rows of unit stride), known to the caller
+    (:func:`distfit.estimate.projection.project_nonnegative`: the answers to the cell queries
+    of a plan whose only block measures every cell): ``g = H x_u`` is formed in the kernel as
+    ``(D + V V^T) x_u + E x_u`` (``E x_u`` one float32 product for all rows) and the first
+    solve is skipped."""
+    if unconstrained is not None:
+        if g is not None:
+            raise ValueError("solve_orthant: g or unconstrained, not both")
+        g = np.asarray(unconstrained, dtype=np.float64)
+        if g.strides[1] != 8:
+            g = np.ascontiguousarray(g)
+        defect = structure.defect_original if not permuted else structure.defect
+        defect_g = g.astype(np.float32) @ defect  # E symmetric
+    else:
+        g = np.ascontiguousarray(g, dtype=np.float64)
+        defect_g = np.empty((0, g.shape[1]), dtype=np.float32)
     x = np.empty(g.shape) if out is None else out
     gradients = np.empty(g.shape if gradient else (0, g.shape[1]))
     converged = np.empty(g.shape[0], dtype=bool)
     if values is None:
         values = np.empty((g.shape[0], 2))
-    steps = _orthant(g, structure.place if not permuted else np.arange(g.shape[1]), structure.inverses, structure.capacitance, structure.blocks_t, structure.full_t,
+    steps = _orthant(g, defect_g, structure.place if not permuted else np.arange(g.shape[1]), structure.inverses, structure.capacitance, structure.blocks_t, structure.full_t,
                      structure.offsets, structure.factor, structure.factor_t, structure.defect, structure.spread,
                      tol * structure.lipschitz, max_steps, START, np.array(DROP, dtype=np.float64), SWAPS,
                      x, gradients, converged, values, *_sizes(structure))

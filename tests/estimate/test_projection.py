@@ -330,3 +330,48 @@ def test_square_structured_objective_needs_no_constant(monkeypatch):
         np.testing.assert_allclose(result.x, results[0].x, rtol=0, atol=1e-8 * np.abs(results[0].x).max())
     value, _reference = cvx_projection(model, y, 0)
     assert results[0].objective[0] == pytest.approx(value, rel=1e-6, abs=1e-9)
+
+
+def cell_query_model(rng):
+    """PL94 in small: one square block measuring every cell (``H = B^T B`` block diagonal over
+    ``c`` plus rank 3) whose queries are four marginal sums and then every cell (``recon``'s last
+    rows ``B^-1``): the answers to the cell queries are the unconstrained estimate ``H^-1 g``."""
+    domain = Domain(("a", "b", "c"), (2, 2, 9))
+    detail = rng.standard_normal((4, 4))
+    coupling = rng.standard_normal((domain.size, 3))
+    information = np.kron(detail @ detail.T + 2 * np.eye(4), np.eye(9)) + coupling @ coupling.T
+    basis = np.linalg.cholesky(information).T
+    sums = np.zeros((4, domain.size))
+    sums[0], sums[1, ::2], sums[2, :18], sums[3, 5::7] = 1.0, 1.0, 1.0, 1.0
+    inverse = np.linalg.inv(basis)
+    block = types.SimpleNamespace(block_id="b0", attributes=("a", "b", "c"), basis=basis,
+                                  recon=np.vstack([sums @ inverse, inverse]), sigma=np.eye(domain.size),
+                                  query_index=np.arange(4 + domain.size))
+    return model_from_blocks(domain, [block])
+
+
+def test_cell_query_answers_are_the_unconstrained_estimate(monkeypatch):
+    """Where the cell queries' answers are ``H^-1 g`` (one square block, the workload holding
+    every cell), the projection starts from them (no ``g`` product, no first solve) and gives
+    the projection computed from ``g``, and Clarabel's; elsewhere they are not used."""
+    rng = np.random.default_rng(21)
+    model = cell_query_model(rng)
+    hessian = projection._information(model)
+    assert projection.unconstrained_answers(model, hessian) == slice(4, 4 + model.cells)
+    other = square_structured_model(rng)
+    assert projection.unconstrained_answers(other, projection._information(other)) is None
+    x = rng.poisson(rng.choice([0.0, 0.4, 5.0], size=(40, model.cells))).astype(float)
+    answers, _truth = simulate(rng, model, x)
+    y = recover_measurements(model, answers)
+    assert projection.hessian_structure(hessian, model.sizes) is not None
+    direct = project_nonnegative(model, answers, answers=True)
+    calls = []
+    monkeypatch.setattr(projection, "unconstrained_answers", lambda *args: calls.append(args) and None)
+    through_g = project_nonnegative(model, answers, answers=True)
+    assert calls and direct.converged.all() and through_g.converged.all()
+    scale = np.abs(through_g.x).max()
+    np.testing.assert_allclose(direct.x, through_g.x, rtol=0, atol=1e-9 * scale)
+    np.testing.assert_allclose(direct.objective, through_g.objective, rtol=1e-8, atol=1e-9)
+    value, reference = cvx_projection(model, y, 0)
+    assert direct.objective[0] == pytest.approx(value, rel=1e-6, abs=1e-9)
+    assert np.abs(direct.x[0] - reference).max() <= 1e-5 * max(1.0, np.abs(reference).max())

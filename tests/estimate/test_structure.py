@@ -139,6 +139,11 @@ def test_solve_orthant_values_and_out():
     scale = np.abs(quadratic).max()
     np.testing.assert_allclose(values[:, 0], quadratic, rtol=0, atol=1e-10 * scale)
     np.testing.assert_allclose(values[:, 1], rise, rtol=1e-9, atol=1e-10 * scale)
+    # from the unconstrained solutions H^-1 g in place of g: the same KKT point and values
+    start = solve_orthant(found, None, unconstrained=np.linalg.solve(hessian, g.T).T, tol=1e-10, max_steps=25,
+                          values=(given := np.empty((40, 2))))
+    assert start[2].all() and np.abs(start[0] - x).max() <= 1e-9 * max(1.0, np.abs(x).max())
+    np.testing.assert_allclose(given, values, rtol=1e-8, atol=1e-10 * scale)
     # without the gradient: the same x, bit for bit, and None for the gradient
     bare = solve_orthant(found, g, tol=1e-10, max_steps=25, gradient=False)
     assert bare[1] is None and np.array_equal(bare[0], x) and np.array_equal(bare[2], converged)
