@@ -67,6 +67,7 @@ numba's cache (0.2 s; compiled on a cache miss: 7 s).
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Callable, Mapping
 
@@ -227,8 +228,15 @@ def _add_expanded(model: MeasurementModel, g: np.ndarray | None, values: np.ndar
 
 
 def _information(model: MeasurementModel) -> np.ndarray | InformationOperator:
-    """``H`` (:func:`normal_equations`): dense, or an operator above :data:`DENSE_CELLS` cells."""
-    if model.cells > DENSE_CELLS:
+    """``H`` (:func:`normal_equations`): dense, or an operator above :data:`DENSE_CELLS` cells;
+    remembered for the last :data:`STRUCTURE_CACHE` models (a worker projects every chunk of a
+    session with one model: 0.3 us a unit to rebuild it a chunk)."""
+    return _build_information(model, model.cells > DENSE_CELLS)  # read-only where dense: shared
+
+
+@functools.lru_cache(maxsize=STRUCTURE_CACHE)  # models hash by identity
+def _build_information(model: MeasurementModel, operator: bool) -> np.ndarray | InformationOperator:
+    if operator:
         return InformationOperator(model)
     hessian = np.zeros((model.cells, model.cells))
     for block in model.blocks:
@@ -242,7 +250,9 @@ def _information(model: MeasurementModel) -> np.ndarray | InformationOperator:
         cols = np.zeros((model.cells, model.cells))
         model.add_expanded(cols, np.ascontiguousarray(rows.T), block)
         hessian += cols
-    return (hessian + hessian.T) / 2
+    hessian = (hessian + hessian.T) / 2
+    hessian.flags.writeable = False
+    return hessian
 
 
 def _units(model: MeasurementModel, measurements: Mapping[str, np.ndarray], answers: bool = False) -> int:
@@ -423,6 +433,13 @@ def _active_set_newton(hessian: np.ndarray, g: np.ndarray, x: np.ndarray, lipsch
     return out, converged, steps
 
 
+@functools.lru_cache(maxsize=STRUCTURE_CACHE)  # models hash by identity
+def _model_unconstrained_answers(model: MeasurementModel) -> slice | None:
+    """:func:`unconstrained_answers` of ``model`` with its own ``H``, remembered per model."""
+    hessian = _information(model)
+    return unconstrained_answers(model, hessian) if isinstance(hessian, np.ndarray) else None
+
+
 def unconstrained_answers(model: MeasurementModel, hessian: np.ndarray) -> slice | None:
     """The columns ``S`` of the released answers that are the unconstrained estimate ``x_u =
     H^-1 g`` itself, where there are such, else None: a plan of one block on every cell, in
@@ -483,13 +500,16 @@ def project_nonnegative(model: MeasurementModel, measurements: Mapping[str, np.n
         # the objective is (x - H^-1 g)^T H (x - H^-1 g) and needs no constant (module docstring)
         square = sum(block.rows for block in model.blocks) == model.cells
         values = np.empty((min(units, STRUCTURE_BATCH), 2))
-        cells = unconstrained_answers(model, hessian) if answers else None
+        cells = _model_unconstrained_answers(model) if answers else None
+        if cells is not None:  # the answers to the cell queries are H^-1 g: no g product, no first solve
+            start = np.asarray(measurements[model.blocks[0].block_id], dtype=np.float64)[:, cells]
+            defect = structure.defect_times(start)  # E x_u, one product for all units
         for lo in range(0, units, STRUCTURE_BATCH):  # cache blocking: g, x of a batch stay in cache
             rows = slice(lo, lo + STRUCTURE_BATCH)
             batch = values[:len(range(units)[rows])]
-            if cells is not None:  # the answers to the cell queries are H^-1 g: no g product, no first solve
+            if cells is not None:
                 _x, _none, converged[rows], steps = solve_orthant(
-                    structure, None, unconstrained=measurements[model.blocks[0].block_id][rows, cells], tol=tol,
+                    structure, None, unconstrained=start[rows], defect_product=defect[rows], tol=tol,
                     max_steps=NEWTON_STEPS, values=batch, out=x[rows], gradient=False)
             else:
                 g, constant[rows] = _linear(model, measurements, units, rows, whitened, answers, not square)

@@ -366,7 +366,7 @@ def test_cell_query_answers_are_the_unconstrained_estimate(monkeypatch):
     assert projection.hessian_structure(hessian, model.sizes) is not None
     direct = project_nonnegative(model, answers, answers=True)
     calls = []
-    monkeypatch.setattr(projection, "unconstrained_answers", lambda *args: calls.append(args) and None)
+    monkeypatch.setattr(projection, "_model_unconstrained_answers", lambda *args: calls.append(args) and None)
     through_g = project_nonnegative(model, answers, answers=True)
     assert calls and direct.converged.all() and through_g.converged.all()
     scale = np.abs(through_g.x).max()
