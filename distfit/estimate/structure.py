@@ -105,6 +105,9 @@ DROP = (0.3, 0.1)
 SWAPS = 8
 #: Random three-way splits of the groups tried for the completion.
 SPLITS = 8
+#: The groups are padded to a multiple of this many (two 512-bit vectors of float64, as LLVM
+#: unrolls the passes over the groups): PL94's 63 groups, 64.
+GROUP_ALIGN = 16
 #: The packed capacitance rows are padded to a multiple of this many float64 (one 512-bit
 #: vector): adding a group's row is whole vector adds, no scalar tail (k = 6: 21 -> 24).
 PACK = 8
@@ -112,11 +115,13 @@ PACK = 8
 
 @dataclass(frozen=True, eq=False)
 class BlockLowRank:
-    """``H = D + V V^T`` in a permuted cell order (:func:`block_low_rank`).
+    """``H = D + V V^T (+ E)`` in a permuted cell order (:func:`block_low_rank`).
 
-    ``perm`` (cells,): position ``j * groups + r`` holds cell ``perm[j * groups + r]``, the
-    ``j``-th cell of group ``r``; ``group_cells`` (s), ``groups``; ``factor`` V (cells x k,
-    permuted order) and ``factor_t`` its transpose (contiguous); ``types`` (groups,) the block
+    ``perm`` (positions,): position ``j * groups + r`` holds cell ``perm[j * groups + r]``, the
+    ``j``-th cell of group ``r``, or -1 in a padding group (the groups are padded to a multiple
+    of :data:`GROUP_ALIGN`: every pass over them is whole vectors, no scalar remainder; PL94:
+    63 -> 64); ``group_cells`` (s), ``groups`` (padding included); ``factor`` V (positions x k,
+    zero rows at the padding) and ``factor_t`` its transpose (contiguous); ``types`` (groups,) the block
     type of each group (groups with equal blocks of ``D`` and rows of ``V`` share one);
     ``blocks`` (groups, s^2): entry ``(r, i * s + j)`` of group ``r``'s block of ``D``;
     ``inverses`` (types * 2^s, s^2): row ``t * 2^s + p`` the inverse of type ``t``'s block
@@ -124,9 +129,9 @@ class BlockLowRank:
     ``capacitance`` (types * 2^s, k (k + 1) / 2 rounded up to a multiple of :data:`PACK`):
     ``V_p^T D_p^-1 V_p`` of each type and pattern, its lower triangle packed row by row (entry
     ``(a, b)``, ``b <= a``, at ``a (a + 1) / 2 + b``; zeros after it);
-    ``defect`` (cells x cells, float32) ``E = H - D - V V^T`` in the permuted order (rounding
-    on the blocks, at most :data:`RESIDUAL_CUTOFF` of ``max |H|`` off them); ``spread``
-    ``sqrt(diag H^-1)``;
+    ``defect`` (positions x positions, float32) ``E = H - D - V V^T`` in the permuted order (zero
+    on the blocks and the padding, at most :data:`RESIDUAL_CUTOFF` of ``max |H|`` off them);
+    ``spread`` ``sqrt(diag H^-1)`` (1 at the padding);
     ``lipschitz`` ``lambda_max(H)``."""
 
     perm: np.ndarray
@@ -160,8 +165,9 @@ class BlockLowRank:
     @functools.cached_property
     def place(self) -> np.ndarray:
         """(cells,) the inverse of ``perm``: cell ``c`` sits at position ``place[c]``."""
-        place = np.empty_like(self.perm)
-        place[self.perm] = np.arange(self.perm.size)
+        cells = self.perm >= 0
+        place = np.empty(int(cells.sum()), dtype=np.int64)
+        place[self.perm[cells]] = np.flatnonzero(cells)
         return place
 
     @functools.cached_property
@@ -275,22 +281,41 @@ def block_low_rank(hessian: np.ndarray, sizes: tuple[int, ...]) -> BlockLowRank 
         blocks = residual[members[:, :, None], members[:, None, :]]
         if np.linalg.eigvalsh(blocks)[:, 0].min() <= BLOCK_CUTOFF * values[-1]:
             continue
-        perm = members.T.ravel()
-        rows = factor[members]  # groups x s x k
-        types = _types(np.concatenate([blocks.reshape(groups, -1), rows.reshape(groups, -1)], axis=1))
-        first = np.array([np.flatnonzero(types == t)[0] for t in range(types.max() + 1)])
-        inverse, capacitance = _pattern_tables(blocks[first], rows[first])
-        permuted = hessian[np.ix_(perm, perm)]
-        spread = np.sqrt(np.maximum(np.diag(np.linalg.inv(permuted)), 0.0))
-        defect = np.where(same, 0.0, residual)[np.ix_(perm, perm)].astype(np.float32)  # D takes the blocks
-        return BlockLowRank(
-            perm=perm, group_cells=group_cells, groups=groups, factor=np.ascontiguousarray(factor[perm]),
-            factor_t=np.ascontiguousarray(factor[perm].T), types=types,
-            blocks=np.ascontiguousarray(blocks.reshape(groups, -1)),
-            inverses=np.ascontiguousarray(inverse.reshape(first.size * (1 << group_cells), -1)),
-            capacitance=np.ascontiguousarray(capacitance.reshape(first.size * (1 << group_cells), -1)),
-            defect=defect, spread=spread, lipschitz=float(values[-1]))
+        return _padded(members, factor, blocks, np.where(same, 0.0, residual), hessian, float(values[-1]))
     return None
+
+
+def _padded(members: np.ndarray, factor: np.ndarray, blocks: np.ndarray, defect: np.ndarray, hessian: np.ndarray,
+            lipschitz: float) -> BlockLowRank:
+    """The :class:`BlockLowRank` of groups ``members`` (groups x s cells), ``V`` = ``factor``,
+    ``D``'s blocks, the defect (zero on the blocks) and ``H``, its groups padded to a multiple of
+    :data:`GROUP_ALIGN` with groups of no cell (``D`` = I, ``V`` = 0, ``E`` = 0: a zero ``g``
+    leaves their ``x`` at 0 and their cells fixed, so they change nothing)."""
+    real, s = members.shape
+    groups = -(-real // GROUP_ALIGN) * GROUP_ALIGN
+    positions = (np.arange(s)[None, :] * groups + np.arange(real)[:, None])  # groups x s: cell (r, i) at i G + r
+    place = np.empty(hessian.shape[0], dtype=np.int64)
+    place[members.ravel()] = positions.ravel()
+    perm = np.full(s * groups, -1, dtype=np.int64)
+    perm[place] = np.arange(hessian.shape[0])
+    blocks = np.concatenate([blocks, np.broadcast_to(np.eye(s), (groups - real, s, s))])
+    rows = np.zeros((groups, s, factor.shape[1]))
+    rows[:real] = factor[members]
+    types = _types(np.concatenate([blocks.reshape(groups, -1), rows.reshape(groups, -1)], axis=1))
+    first = np.array([np.flatnonzero(types == t)[0] for t in range(types.max() + 1)])
+    inverse, capacitance = _pattern_tables(blocks[first], rows[first])
+    padded_factor = np.zeros((s * groups, factor.shape[1]))
+    padded_factor[place] = factor
+    spread = np.ones(s * groups)
+    spread[place] = np.sqrt(np.maximum(np.diag(np.linalg.inv(hessian)), 0.0))
+    padded_defect = np.zeros((s * groups, s * groups), dtype=np.float32)
+    padded_defect[np.ix_(place, place)] = defect
+    return BlockLowRank(
+        perm=perm, group_cells=s, groups=groups, factor=padded_factor, factor_t=np.ascontiguousarray(padded_factor.T),
+        types=types, blocks=np.ascontiguousarray(blocks.reshape(groups, -1)),
+        inverses=np.ascontiguousarray(inverse.reshape(first.size * (1 << s), -1)),
+        capacitance=np.ascontiguousarray(capacitance.reshape(first.size * (1 << s), -1)),
+        defect=padded_defect, spread=spread, lipschitz=lipschitz)
 
 
 def _jit(function=None, *, fastmath: tuple[str, ...] = ()):
@@ -514,7 +539,7 @@ def _defect(defect, x, residual, rows, small):
 @_jit
 def _orthant(g, defect_g, place, inverses, capacitance, blocks_t, full_t, offsets, factor, vt, defect, spread,
              tol_scale, max_steps, start, drop, swaps, x_out, gradient_out, converged, values, sz, kz):
-    """The active-set method of the module docstring on every row of ``g`` (permuted order);
+    """The active-set method of the module docstring on every row of ``g``;
     ``sz``, ``kz``: tuples of length s and k (compile-time sizes: the small loops unroll).
     Group ``r``'s s x s matrices are held in column ``r`` of ``blocks_t`` (``D_r``), ``full_t``
     (``D_r^-1``) and a working table of the current patterns' inverses, so that every pass
@@ -527,7 +552,8 @@ def _orthant(g, defect_g, place, inverses, capacitance, blocks_t, full_t, offset
     Where ``defect_g`` has rows, the rows of ``g`` are the unconstrained solutions ``x_u = H^-1
     g`` and ``defect_g`` their ``E x_u`` (float32): then ``g = D x_u + V V^T x_u + E x_u`` here and
     no first solve."""
-    n, cells = g.shape
+    n, real = g.shape
+    cells = spread.size  # the positions, padding included
     keep = gradient_out.shape[0] > 0
     given = defect_g.shape[0] > 0
     s, k = len(sz), len(kz)
@@ -540,8 +566,9 @@ def _orthant(g, defect_g, place, inverses, capacitance, blocks_t, full_t, offset
     current = np.empty((s * s, groups))
     zero = np.zeros(cells)
     acc, lower, lower_full = np.empty(capacitance.shape[1]), np.empty((k, k)), np.empty((k, k))
-    z, x, c, gradient = np.empty(cells), np.empty(cells), np.empty(cells), np.empty(cells)
-    residual, z2, d, unconstrained = np.empty(cells), np.empty(cells), np.empty(cells), np.empty(cells)
+    # zeros: the padding's entries are never written from a row, and stay 0
+    z, x, c, gradient = np.zeros(cells), np.zeros(cells), np.zeros(cells), np.zeros(cells)
+    residual, z2, d, unconstrained = np.zeros(cells), np.zeros(cells), np.zeros(cells), np.zeros(cells)
     t, tacc = np.empty(k), np.empty(k)
     new[:] = full
     _capacitance(new, offsets, capacitance, acc)
@@ -549,10 +576,10 @@ def _orthant(g, defect_g, place, inverses, capacitance, blocks_t, full_t, offset
     pattern[:] = 0
     current[:, :] = 0.0  # the empty pattern's inverses
     most = 0
-    gu = np.empty(cells)
+    gu = np.zeros(cells)
     for u in range(n):
         if given:  # g = H x_u = (D x_u + V V^T x_u) + E x_u
-            for cell in range(cells):  # in the rows' order: they stream in, the scattered writes hit the cache
+            for cell in range(real):  # in the rows' order: they stream in, the scattered writes hit the cache
                 unconstrained[place[cell]] = g[u, cell]
                 residual[place[cell]] = defect_g[u, cell]
             _dots(vt, unconstrained, t, kz)
@@ -561,7 +588,7 @@ def _orthant(g, defect_g, place, inverses, capacitance, blocks_t, full_t, offset
             for cell in range(cells):
                 gu[cell] = z[cell] + residual[cell]
         else:  # the first solve: x_u = H^-1 g (every cell free)
-            for cell in range(cells):
+            for cell in range(real):
                 gu[place[cell]] = g[u, cell]
             _blocks(full_t, zero, zero, gu, 1.0, z, groups, sz)
             _dots(vt, z, t, kz)
@@ -625,10 +652,10 @@ def _orthant(g, defect_g, place, inverses, capacitance, blocks_t, full_t, offset
                     sz, kz)
         converged[u] = done
         most = max(most, steps)
-        for cell in range(cells):  # written in the output's order, gathered from the cache
+        for cell in range(real):  # written in the output's order, gathered from the cache
             x_out[u, cell] = x[place[cell]] if done else 0.0
         if keep:
-            for cell in range(cells):
+            for cell in range(real):
                 gradient_out[u, cell] = gradient[place[cell]] if done else 0.0
         for cell in range(cells):
             residual[cell] = gradient[cell] - gu[cell]
@@ -646,7 +673,7 @@ def _sizes(structure: BlockLowRank) -> tuple[tuple[int, ...], tuple[int, ...]]:
 
 @_jit
 def _free_solve(g, free, inverses, capacitance, offsets, vt, x_out, sz, kz):
-    """:func:`solve_free` on every row (permuted order)."""
+    """:func:`solve_free` on every row (the structure's order, padding included)."""
     n, cells = g.shape
     s, k = len(sz), len(kz)
     groups = cells // s
@@ -675,22 +702,26 @@ def _free_solve(g, free, inverses, capacitance, offsets, vt, x_out, sz, kz):
 
 
 def solve_free(structure: BlockLowRank, g: np.ndarray, free: np.ndarray, dtype=np.float64) -> np.ndarray:
-    """``x`` with ``H_FF x_F = g_F``, ``x_A = 0`` for every row (module docstring, Woodbury);
-    ``g``, ``free`` (units x cells) in the permuted order of ``structure``; solved in float64,
-    returned in ``dtype``."""
-    g = np.ascontiguousarray(g, dtype=np.float64)
-    x = np.empty_like(g)
-    _free_solve(g, np.ascontiguousarray(free, dtype=bool), structure.inverses, structure.capacitance,
+    """``x`` with ``H_FF x_F = g_F``, ``x_A = 0`` for every row (module docstring, Woodbury;
+    ``E`` left out); ``g``, ``free`` (units x cells) in the original cell order; solved in
+    float64, returned in ``dtype``."""
+    place, positions = structure.place, structure.spread.size
+    padded = np.zeros((g.shape[0], positions))
+    padded[:, place] = g
+    free_padded = np.zeros((g.shape[0], positions), dtype=bool)
+    free_padded[:, place] = free
+    x = np.empty_like(padded)
+    _free_solve(padded, free_padded, structure.inverses, structure.capacitance,
                 structure.offsets, structure.factor_t, x, *_sizes(structure))
-    return x.astype(dtype, copy=False)
+    return x[:, place].astype(dtype, copy=False)
 
 
 def solve_orthant(structure: BlockLowRank, g: np.ndarray | None, *, tol: float, max_steps: int,
-                  permuted: bool = False, values: np.ndarray | None = None, out: np.ndarray | None = None,
+                  values: np.ndarray | None = None, out: np.ndarray | None = None,
                   gradient: bool = True, unconstrained: np.ndarray | None = None,
                   defect_product: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray | None, np.ndarray, int]:
     """``argmin_{x >= 0} 0.5 x^T H x - g^T x`` for every row of ``g`` (units x cells, the
-    original cell order, or the structure's where ``permuted``) by the compiled active-set
+    original cell order) by the compiled active-set
     method of the module docstring. Returns ``(x, gradient H x - g, converged, steps)`` in the
     order of ``g`` (``steps``: the most any row took); rows not converged come back as zeros.
     ``values`` (units x 2), if given, receives per row (0 where not converged) ``2 (0.5 x^T H x
@@ -713,7 +744,7 @@ def solve_orthant(structure: BlockLowRank, g: np.ndarray | None, *, tol: float, 
         if g.strides[1] != 8:
             g = np.ascontiguousarray(g)
         if defect_product is None:
-            defect_g = structure.defect_times(g) if not permuted else g.astype(np.float32) @ structure.defect
+            defect_g = structure.defect_times(g)
         elif defect_product.shape != g.shape or defect_product.dtype != np.float32:
             raise ValueError(f"defect_product: {defect_product.dtype} {defect_product.shape}, expected float32 {g.shape}")
         else:
@@ -726,7 +757,7 @@ def solve_orthant(structure: BlockLowRank, g: np.ndarray | None, *, tol: float, 
     converged = np.empty(g.shape[0], dtype=bool)
     if values is None:
         values = np.empty((g.shape[0], 2))
-    steps = _orthant(g, defect_g, structure.place if not permuted else np.arange(g.shape[1]), structure.inverses, structure.capacitance, structure.blocks_t, structure.full_t,
+    steps = _orthant(g, defect_g, structure.place, structure.inverses, structure.capacitance, structure.blocks_t, structure.full_t,
                      structure.offsets, structure.factor, structure.factor_t, structure.defect, structure.spread,
                      tol * structure.lipschitz, max_steps, START, np.array(DROP, dtype=np.float64), SWAPS,
                      x, gradients, converged, values, *_sizes(structure))

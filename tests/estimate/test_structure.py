@@ -46,22 +46,28 @@ def test_the_form_is_found_and_exact():
     model, hessian = structured_hessian()
     structure = block_low_rank(hessian, model.sizes)
     assert structure is not None
-    assert structure.group_cells == 4 and structure.groups == 9 and structure.rank <= 6
-    permuted = hessian[np.ix_(structure.perm, structure.perm)]
-    # H = D + V V^T + E: D block diagonal over the groups (cell i of group r at i * groups + r),
-    # E (float32) zero on the blocks and at rounding level off them
-    s, groups = structure.group_cells, structure.groups
+    assert structure.group_cells == 4 and structure.groups == 16 and structure.rank <= 6  # 9 groups, padded
+    # H = D + V V^T + E in the structure's order (cell c at position place[c], i * groups + r for
+    # cell i of group r; padding groups with D = I, V = 0, E = 0): D block diagonal over the
+    # groups, E (float32) zero on the blocks and at rounding level off them
+    s, groups, place = structure.group_cells, structure.groups, structure.place
+    assert groups % 16 == 0 and np.array_equal(structure.perm[place], np.arange(model.cells))
+    assert (structure.perm >= 0).sum() == model.cells
     group = np.tile(np.arange(groups), s)
     same = group[:, None] == group[None, :]
-    diagonal = np.zeros_like(permuted)
+    diagonal = np.zeros((s * groups, s * groups))
     for r in range(groups):
         cells = np.arange(s) * groups + r
         diagonal[np.ix_(cells, cells)] = structure.blocks[r].reshape(s, s)
     assert structure.defect.dtype == np.float32 and not structure.defect[same].any()
     assert np.abs(structure.defect).max() <= 1e-10 * np.abs(hessian).max()
     rebuilt = diagonal + structure.factor @ structure.factor.T + structure.defect.astype(np.float64)
-    assert np.abs(rebuilt - permuted).max() <= 1e-14 * np.abs(hessian).max()
-    # solve_free against dense solves of H_FF x_F = g_F, for random free sets
+    assert np.abs(rebuilt[np.ix_(place, place)] - hessian).max() <= 1e-14 * np.abs(hessian).max()
+    padding = np.setdiff1d(np.arange(s * groups), place)
+    assert np.array_equal(rebuilt[np.ix_(padding, padding)], np.eye(padding.size))
+    assert not rebuilt[np.ix_(padding, place)].any()
+    # solve_free against dense solves of H_FF x_F = g_F (E left out: H = D + V V^T here to
+    # rounding), for random free sets
     rng = np.random.default_rng(1)
     g = rng.standard_normal((50, model.cells))
     free = rng.random((50, model.cells)) < rng.uniform(0.1, 0.9, (50, 1))
@@ -70,7 +76,7 @@ def test_the_form_is_found_and_exact():
         for unit in range(g.shape[0]):
             cells = np.flatnonzero(free[unit])
             expected = np.zeros(model.cells)
-            expected[cells] = np.linalg.solve(permuted[np.ix_(cells, cells)], g[unit, cells])
+            expected[cells] = np.linalg.solve(hessian[np.ix_(cells, cells)], g[unit, cells])
             assert np.abs(x[unit] - expected).max() <= tolerance * max(1.0, np.abs(expected).max())
 
 
@@ -99,7 +105,7 @@ def test_solve_orthant_meets_the_kkt_conditions():
 
 
 def test_solve_orthant_rows_orders_and_unconverged_rows():
-    """The same KKT point whatever rows are solved together, in either cell order; rows that
+    """The same KKT point whatever rows are solved together; rows that
     do not settle within max_steps come back as zeros, not converged."""
     model, hessian = structured_hessian(5)
     found = block_low_rank(hessian, model.sizes)
@@ -111,9 +117,6 @@ def test_solve_orthant_rows_orders_and_unconverged_rows():
     scale = np.abs(g).max()
     assert (x >= 0).all() and (x @ hessian - g).min() >= -1e-8 * scale
     assert np.abs(np.where(x > 0, x @ hessian - g, 0.0)).max() <= 1e-9 * scale
-    xp, gradient_p, _c, _s = solve_orthant(found, g[:, found.perm], tol=1e-10, max_steps=25, permuted=True)
-    assert np.allclose(xp, x[:, found.perm], rtol=0, atol=1e-9 * scale)
-    assert np.allclose(gradient_p, gradient[:, found.perm], rtol=0, atol=1e-9 * scale)
     rows = solve_orthant(found, g[::7], tol=1e-10, max_steps=25)
     assert rows[2].all() and np.array_equal(rows[0], x[::7])  # row by row: the same arithmetic
     short = solve_orthant(found, g, tol=1e-10, max_steps=1)
