@@ -73,6 +73,9 @@ from distfit.stores.data import cell_labels, value_labels
 from distfit.stores.estimate import (
     check_replaceable,
     chunk_arrays,
+    chunk_fit,
+    combine_fits,
+    fit_parts,
     chunk_rows,
     create_estimate,
     estimate_state,
@@ -318,7 +321,8 @@ def estimate_chunk_task(job: EstimateJob, model: MeasurementModel, chunk: int,
     computed). ``rows``: the caller's reader of the release (else the release is opened and
     checked here); ``read``: the chunk's answers and unit ids, already read
     (:meth:`ReleaseRows.read`). Deterministic in its arguments, so a retry rewrites identical
-    bytes. Returns ``(chunk, units)``."""
+    bytes. Returns ``(chunk, units, part)``, ``part`` the chunk's share of the store's ``fit``
+    attr (:func:`distfit.stores.estimate.chunk_fit` of the rows written)."""
     start, stop = _span(job, chunk)
     if read is None:
         read = (ReleaseRows(_open_release(job), model) if rows is None else rows).read(start, stop)
@@ -330,22 +334,23 @@ def estimate_chunk_task(job: EstimateJob, model: MeasurementModel, chunk: int,
             queries, cells, fit = estimate_chunk_graphical(_problem_for(model, job.method), answers,
                                                            workload=job.workload)
     arrays = chunk_rows(queries, cells, fit.objective, fit.iterations, fit.converged, unit_ids, tables=job.tables)
+    part = chunk_fit(arrays["solve/objective"], arrays["solve/iterations"], arrays["solve/converged"])
     if writer is not None:
         writer.write_arrays(chunk, start, arrays)
     else:
         with ChunkWriter(job.estimate_path) as own:
             own.write_arrays(chunk, start, arrays)
-    return chunk, stop - start
+    return chunk, stop - start, part
 
 
 def estimate_chunks_task(job: EstimateJob, model: MeasurementModel,
-                         chunks: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
+                         chunks: tuple[int, ...]) -> tuple[tuple[int, int, tuple], ...]:
     """One Dask task: :func:`estimate_chunk_task` for each of ``chunks`` in turn (a run of
     chunks cut by :func:`distfit.release.tasks.task_chunks`, as the release's tasks are), the
     release opened, checked and its arrays looked up once (:class:`ReleaseRows`), each chunk read
     while the one before is computed (:meth:`ReleaseRows.read_ahead`) and written by one writer's
     thread while the next is computed. Each chunk is marked done as it is written. Returns
-    ``(chunk, units)`` per chunk."""
+    ``(chunk, units, part)`` per chunk (:func:`estimate_chunk_task`)."""
     rows = ReleaseRows(_open_release(job), model)
     reads = rows.read_ahead([_span(job, chunk) for chunk in chunks])
     with ChunkWriter(job.estimate_path) as writer:  # leaving it waits for the last chunk's writes
@@ -455,18 +460,28 @@ def run_estimate(
         job = EstimateJob(estimate_path=str(target), release_path=os.path.abspath(release.path),
                           release_checksum=release.checksum, units=units, chunk_units=chunk_units,
                           integer=integer, workload=workload, method=store_method, tables=stored_tables(root))
+        parts: dict[int, tuple] = {}  # each chunk's share of the fit attr, as the tasks report it
+
+        def recorded(results: Iterable[tuple[int, int, tuple]]) -> Iterator[tuple[int, int]]:
+            for chunk, count, part in results:
+                parts[chunk] = part
+                yield chunk, count
+
         with ChunkedWrite(root, target, units=units, chunk_units=chunk_units, pending=pending, stage="estimate",
                           log=log, fsync=fsync, staging=staging, arrays=chunk_arrays(job.tables),
                           after_chunk=after_chunk) as write:
             if pending and serial:
-                write.consume(_run_serial(job, model, pending))
+                write.consume(recorded(_run_serial(job, model, pending)))
             elif pending:
-                write.consume(_run_dask(client(), job, plan_path, plan.checksum, pending))
+                write.consume(recorded(_run_dask(client(), job, plan_path, plan.checksum, pending)))
             if clients:
                 clients[0].close(wait=False)  # the workers are done: shut them down while sealing
+            # chunks estimated in an earlier session (--resume): their parts read from the store
+            parts.update(fit_parts(root, chunk_units, [c for c in range(n_chunks) if c not in parts]))
+            fit = combine_fits(parts[c] for c in range(n_chunks))
             checksum = write.seal(lambda hasher: seal(
                 root, target, plan_path=plan_path, plan_checksum=plan.checksum, release_path=release_path,
-                release_checksum=release.checksum, fsync=fsync, hasher=hasher), out_path, check_replaceable)
+                release_checksum=release.checksum, fsync=fsync, hasher=hasher, fit=fit), out_path, check_replaceable)
             fit = dict(root.attrs["fit"])
     return EstimateResult(
         path=str(out_path), units=units, queries=model.num_queries, cells=model.cells, chunks=n_chunks,
@@ -475,7 +490,7 @@ def run_estimate(
         integer=bool(integer), resumed=resumed, fit=fit)
 
 
-def _run_serial(job: EstimateJob, model: MeasurementModel, pending: Iterable[int]) -> Iterator[tuple[int, int]]:
+def _run_serial(job: EstimateJob, model: MeasurementModel, pending: Iterable[int]) -> Iterator[tuple[int, int, tuple]]:
     rows = ReleaseRows(_open_release(job), model)
     pending = list(pending)
     with ChunkWriter(job.estimate_path) as writer:
@@ -486,7 +501,7 @@ def _run_serial(job: EstimateJob, model: MeasurementModel, pending: Iterable[int
 
 
 def _run_dask(client, job: EstimateJob, plan_path: str, plan_checksum: str,
-              pending: list[int]) -> Iterator[tuple[int, int]]:
+              pending: list[int]) -> Iterator[tuple[int, int, tuple]]:
     """One impure task per run of chunks (:func:`distfit.release.tasks.task_chunks`: a task's
     fixed cost paid per ~32k units, not per chunk; unique keys, retries, run in submission
     order), each depending on the model task's result (module docstring)."""

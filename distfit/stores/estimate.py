@@ -83,11 +83,12 @@ release and options.
 """
 from __future__ import annotations
 
+import math
 import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 import zarr
@@ -297,28 +298,56 @@ def open_resumable(path: Path, *, plan_checksum: str, release_checksum: str, int
     return root
 
 
-def fit_summary(root: zarr.Group) -> dict[str, Any]:
-    """The ``fit`` attr of a store whose chunks are all written: the objective's mean and max,
-    the most iterations and how many units did not converge (from ``solve/*``)."""
-    objective = np.asarray(root["solve/objective"][...], dtype=np.float64)
-    iterations = np.asarray(root["solve/iterations"][...])
-    converged = np.asarray(root["solve/converged"][...])
+def chunk_fit(objective: np.ndarray, iterations: np.ndarray, converged: np.ndarray) -> tuple[int, float, float, int, int]:
+    """One chunk's part of the ``fit`` attr, from its ``solve/*`` rows: ``(finite objectives,
+    their sum, their max (-inf: none), the most iterations, units not converged)``."""
+    objective = np.asarray(objective, dtype=np.float64)
     finite = objective[np.isfinite(objective)]
-    return {"objective_mean": float(finite.mean()) if finite.size else None,
-            "objective_max": float(finite.max()) if finite.size else None,
-            "iterations_max": int(iterations.max(initial=0)),
-            "unconverged_units": int((converged == 0).sum())}
+    return (int(finite.size), float(finite.sum()), float(finite.max(initial=-np.inf)),
+            int(np.asarray(iterations).max(initial=0)), int((np.asarray(converged) == 0).sum()))
+
+
+def combine_fits(parts: Iterable[tuple[int, float, float, int, int]]) -> dict[str, Any]:
+    """The ``fit`` attr (the objective's mean and max, the most iterations, how many units did
+    not converge) from the chunks' parts (:func:`chunk_fit`), in any order: the sums are added
+    by ``math.fsum`` (correctly rounded, so the same whatever the order)."""
+    parts = list(parts)
+    count = sum(part[0] for part in parts)
+    return {"objective_mean": math.fsum(part[1] for part in parts) / count if count else None,
+            "objective_max": max(part[2] for part in parts) if count else None,
+            "iterations_max": max((part[3] for part in parts), default=0),
+            "unconverged_units": sum(part[4] for part in parts)}
+
+
+def fit_parts(root: zarr.Group, chunk_units: int, chunks: Iterable[int]) -> dict[int, tuple[int, float, float, int, int]]:
+    """:func:`chunk_fit` of each of ``chunks`` (of ``chunk_units`` rows) read from the store."""
+    out = {}
+    for chunk in chunks:
+        rows = slice(chunk * chunk_units, (chunk + 1) * chunk_units)
+        out[chunk] = chunk_fit(root["solve/objective"][rows], root["solve/iterations"][rows],
+                               root["solve/converged"][rows])
+    return out
+
+
+def fit_summary(root: zarr.Group, chunk_units: int | None = None) -> dict[str, Any]:
+    """The ``fit`` attr of a store whose chunks are all written (:func:`combine_fits` of its
+    chunks of ``chunk_units`` rows, default all rows as one), read from ``solve/*``."""
+    units = int(root["solve/objective"].shape[0])
+    chunk_units = chunk_units or max(units, 1)
+    return combine_fits(fit_parts(root, chunk_units, range(-(-units // chunk_units))).values())
 
 
 def seal(root: zarr.Group, path: Path, *, plan_path: str, plan_checksum: str, release_path: str,
-         release_checksum: str, fsync: bool, hasher: ReleaseHasher | None = None) -> str:
+         release_checksum: str, fsync: bool, hasher: ReleaseHasher | None = None,
+         fit: Mapping[str, Any] | None = None) -> str:
     """Verify the plan and the release are unchanged, then checksum and mark complete.
 
     The plan's checksum is recomputed from its arrays (cheap next to the release) and must be
     ``plan_checksum``; the release at ``release_path`` must still be sealed with
     ``release_checksum`` (its stored attr: a release replaced during the estimate is caught; its
     arrays are not hashed again). Then :func:`distfit.stores.release_chunks.seal_chunked` with
-    the ``fit`` summary. Returns the estimate's checksum."""
+    the ``fit`` summary (given, as :func:`combine_fits` of the chunks' parts, or read from the
+    store: 0.7 s at the seal of 1M units). Returns the estimate's checksum."""
     ok, stored, recomputed = verify_checksum(plan_path)
     release_attrs = root_attrs_on_disk(Path(release_path)) or {}
     changed = None
@@ -332,7 +361,8 @@ def seal(root: zarr.Group, path: Path, *, plan_path: str, plan_checksum: str, re
         if hasher is not None:
             hasher.cancel()
         raise ValueError(f"{changed}; the estimate at {path} is left incomplete")
-    return seal_chunked(root, path, fsync=fsync, hasher=hasher, attrs={"fit": fit_summary(root)})
+    return seal_chunked(root, path, fsync=fsync, hasher=hasher,
+                        attrs={"fit": dict(fit) if fit is not None else fit_summary(root)})
 
 
 # --------------------------------------------------------------------------------------------
@@ -467,6 +497,9 @@ __all__ = [
     "chunk_rows",
     "create_estimate",
     "estimate_state",
+    "chunk_fit",
+    "combine_fits",
+    "fit_parts",
     "fit_summary",
     "open_resumable",
     "query_groups",

@@ -33,7 +33,7 @@ from distfit.release.job import run_release
 from distfit.release.noise import block_marginal
 from distfit.spec.parse import load_spec
 from distfit.stores.data import read_histograms, write_synthetic
-from distfit.stores.estimate import EstimateError, read_estimate, verify_estimate
+from distfit.stores.estimate import EstimateError, fit_summary, read_estimate, verify_estimate
 from distfit.stores.lock import StoreLockedError, store_lock
 from distfit.stores.plan import read_plan
 from distfit.stores.release import read_release
@@ -78,6 +78,11 @@ def _assert_same_store(a, b) -> None:
         assert left[name].tobytes() == right[name].tobytes() if left[name].dtype != object else \
             left[name].tolist() == right[name].tolist(), name
     assert read_estimate(a).checksum == read_estimate(b).checksum
+    # the fit attr, gathered from the chunk tasks (and the store, for chunks of an earlier
+    # session), is the same exactly, and what the store's solve/* arrays give
+    fits = [read_estimate(path).attrs["fit"] for path in (a, b)]
+    root = zarr.open_group(str(a), mode="r")
+    assert fits[0] == fits[1] == fit_summary(root, int(root.attrs["chunk_units"]))
 
 
 def _sealed(path) -> bool:

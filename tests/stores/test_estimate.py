@@ -17,7 +17,9 @@ from distfit.stores.checksum import compute_checksum
 from distfit.stores.data import write_synthetic
 from distfit.stores.estimate import (
     EstimateError,
+    chunk_fit,
     chunk_rows,
+    combine_fits,
     create_estimate,
     estimate_state,
     query_groups,
@@ -142,6 +144,24 @@ def test_seal_checks_every_chunk_and_the_inputs(stores, tmp_path):
     np.testing.assert_array_equal(np.asarray(est.estimates[...]), np.full((UNITS, m), 1.5))
     np.testing.assert_array_equal(np.asarray(est.unit_ids[...]), np.asarray(release.unit_ids[...]))
     assert est.labels == release.labels and "cell" not in zarr.open_group(str(path / "cells"), mode="r")
+
+
+def test_fit_parts_combine_in_any_order():
+    """The fit attr from chunk parts (chunk_fit, combine_fits) is the same in any order of the
+    chunks, and what one pass over all rows gives (mean, max, non-finite objectives left out)."""
+    rng = np.random.default_rng(3)
+    objective = rng.uniform(0, 400, 1000)
+    objective[[5, 700]] = [np.inf, np.nan]
+    iterations = rng.integers(1, 9, 1000)
+    converged = (rng.random(1000) > 0.01).astype(np.uint8)
+    parts = [chunk_fit(objective[i:i + 128], iterations[i:i + 128], converged[i:i + 128]) for i in range(0, 1000, 128)]
+    forward, backward = combine_fits(parts), combine_fits(parts[::-1])
+    assert forward == backward
+    finite = objective[np.isfinite(objective)]
+    assert forward["objective_mean"] == pytest.approx(finite.mean(), rel=1e-14)
+    assert forward["objective_max"] == finite.max() and forward["iterations_max"] == iterations.max()
+    assert forward["unconverged_units"] == int((converged == 0).sum())
+    assert combine_fits([chunk_fit(np.full(3, np.nan), np.zeros(3), np.ones(3))])["objective_mean"] is None
 
 
 def test_query_groups():
