@@ -461,15 +461,17 @@ def unconstrained_answers(model: MeasurementModel, hessian: np.ndarray) -> slice
 
 def hessian_structure(hessian: np.ndarray, sizes: tuple[int, ...]) -> BlockLowRank | None:
     """:func:`distfit.estimate.structure.block_low_rank` of a dense ``H``, remembered with ``H``
-    (the last :data:`STRUCTURE_CACHE`; an equal ``H`` and ``sizes`` find it again)."""
+    (the last :data:`STRUCTURE_CACHE`; an equal ``H`` and ``sizes`` find it again, the very
+    array at once: a read-only ``H``, as the model's own is, is kept without a copy)."""
     sizes = tuple(sizes)
     for known, known_sizes, structure in _structures:
-        if known_sizes == sizes and known.shape == hessian.shape and np.array_equal(known, hessian):
+        if known_sizes == sizes and (known is hessian or (known.shape == hessian.shape
+                                                           and np.array_equal(known, hessian))):
             return structure
     structure = block_low_rank(hessian, sizes)
     if len(_structures) >= STRUCTURE_CACHE:
         _structures.pop(0)
-    _structures.append((hessian.copy(), sizes, structure))
+    _structures.append((hessian if not hessian.flags.writeable else hessian.copy(), sizes, structure))
     return structure
 
 
