@@ -31,7 +31,7 @@ import zarr
 from zarr.codecs import BytesCodec
 
 from distfit.stores.checksum import compute_checksum
-from distfit.stores.files import fsync_file, fsync_tree, jsonable, utc_now
+from distfit.stores.files import fsync_dir, fsync_file, fsync_tree, jsonable, utc_now
 
 #: How the seal reads the store for its checksum (:func:`distfit.stores.checksum.compute_checksum`,
 #: the same digest as every reader's): whole zarr chunks of answers, at least this many bytes a
@@ -440,7 +440,10 @@ def seal_chunked(root: zarr.Group, path: Path, *, fsync: bool, hasher: ReleaseHa
     cancelled), take the store checksum (the ``hasher``'s, or, without one or if it failed,
     :func:`distfit.stores.checksum.compute_checksum` read as :data:`SEAL_READ_BYTES`), fsync the
     store, then write ``attrs`` (JSON) with ``checksum``, ``sealed`` and ``complete=True`` last,
-    and fsync again. The caller checks its inputs are unchanged first. Returns the checksum."""
+    and fsync what that wrote (the root's ``zarr.json``, replaced atomically, and the root
+    directory: the rest of the tree was fsynced just before; a second ``fsync_tree`` took 0.17
+    s of an estimate's seal at 1M PL94 units). The caller checks its inputs are unchanged
+    first. Returns the checksum."""
     done = np.asarray(root["chunks/done"][...])
     if not (done == 1).all():
         if hasher is not None:
@@ -454,7 +457,8 @@ def seal_chunked(root: zarr.Group, path: Path, *, fsync: bool, hasher: ReleaseHa
         fsync_tree(path)
     root.attrs.update({**jsonable(dict(attrs or {})), "checksum": checksum, "sealed": utc_now(), "complete": True})
     if fsync:
-        fsync_tree(path)
+        fsync_file(str(Path(path) / "zarr.json"))
+        fsync_dir(Path(path))
     return checksum
 
 
