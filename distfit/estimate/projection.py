@@ -40,7 +40,7 @@ settle in :data:`NEWTON_STEPS` (the method may cycle where ``H`` is not an M-mat
 
 Where ``H`` is block diagonal plus low rank (PL94: 4 x 4 blocks per race plus rank 6;
 :func:`hessian_structure`, found once per process and ``H``), the same active-set steps solve
-the free-cell systems by Woodbury without gathering them (:mod:`distfit.estimate.structure`:
+the free-cell systems by Woodbury without gathering them (:mod:`distfit.estimate.orthant`:
 float64 steps unit by unit in a compiled loop, one refinement with the dense ``H`` and the KKT
 check), :data:`STRUCTURE_BATCH` units at a time (``g`` computed per batch). The objective
 comes from the solver: ``2 (0.5 x^T H x - g^T x)`` plus the constant ``sum_b |C_b^-1 y_b|^2``;
@@ -55,9 +55,17 @@ R_b)^T G_b`` with the left inverse ``R_b`` of a square subset ``S`` of the rows 
 (``whitened=True``: ``C^-1 y = (C^-1 R) a``,
 :func:`distfit.estimate.measurements.whitened_measurements`).
 
-Measured (PL94, chunks of 4096 units, CPU time, one BLAS thread, machine shared with load
-2-4): the estimate's projection from the answers (``answers=True``) 16.9-18.5 us a unit, of
-which ``g`` 3.1, against 32 before this session (whitening 4.4 plus the projection 27.6);
+Where the answers to the cell queries are ``H^-1 g`` itself (one square block on every cell,
+the workload holding every cell: PL94; :func:`unconstrained_answers`), the structured path
+starts from them: no ``g`` product and no first solve (``g`` is formed in the kernel from the
+structure and one float32 product ``E x_u`` for the chunk), and ``x`` may be written straight
+into the caller's array (``out``: the query estimates' cell columns).
+
+Measured (PL94, chunks of 4096 units, one BLAS thread, a worker's task loop of 196,608 units
+under cProfile, session 9): 16.5 us a unit in all, the kernel 11.5, ``E x_u`` 2.0 (conversion
+and product), ``W x`` 1.7. Session 8 (CPU time, machine shared with load 2-4): the
+estimate's projection from the answers (``answers=True``) 16.9-18.5 us a unit, of which ``g``
+3.1, against 32 before that session (whitening 4.4 plus the projection 27.6);
 benchmarks/bench_projection.py (from recovered measurements): 18.3 us per unit with the
 structure (31.4 in the same conditions before; 37 for the numpy version of
 :mod:`distfit.estimate.structure`, 74 before its batching), 275 us on the dense path (gathered
@@ -75,7 +83,8 @@ import numpy as np
 import scipy.linalg.blas
 
 from distfit.estimate.measurements import MeasurementModel
-from distfit.estimate.structure import BlockLowRank, block_low_rank, solve_orthant
+from distfit.estimate.orthant import solve_orthant
+from distfit.estimate.structure import BlockLowRank, block_low_rank
 
 __all__ = [
     "DENSE_CELLS",
@@ -448,7 +457,7 @@ def unconstrained_answers(model: MeasurementModel, hessian: np.ndarray) -> slice
     :data:`UNCONSTRAINED_TOLERANCE` of ``max |H|``. That is so when the block's basis is square
     and the workload holds every cell (PL94: the 252 cell queries, ``K`` = ``H`` to 3.5e-14):
     the answers to the cell queries are ``x_u = B^-1 y`` and ``g = H x_u``, formed from the
-    structure of ``H`` (:func:`distfit.estimate.structure.solve_orthant` with
+    structure of ``H`` (:func:`distfit.estimate.orthant.solve_orthant` with
     ``unconstrained``), the rounding-level difference between ``a[S] K`` and ``a[S] H`` aside."""
     if len(model.blocks) != 1 or tuple(model.blocks[0].expand_shape) != tuple(model.sizes):
         return None

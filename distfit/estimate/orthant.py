@@ -1,0 +1,539 @@
+"""The orthant projection ``argmin_{x >= 0} 0.5 x^T H x - g^T x`` by compiled active-set steps on
+``H = D + V V^T (+ E)`` (:mod:`distfit.estimate.structure`, :class:`~distfit.estimate.structure.BlockLowRank`).
+
+Free-cell systems (:func:`solve_free`), for each unit's free set ``F`` (``x_A = 0``):
+``H_FF x_F = g_F`` is ``(D_FF + V_F V_F^T) x_F = g_F``, by Woodbury (Golub & Van Loan 2.1.4)
+
+    ``z = D_FF^-1 g_F``,  ``S = I + V_F^T D_FF^-1 V_F`` (k x k, SPD, eigenvalues >= 1),
+    ``x_F = D_FF^-1 (g_F - V_F w)``,  ``w = S^-1 V_F^T z``.
+
+``D_FF^-1`` acts group by group through the inverse of the group's block restricted to its
+free cells, tabulated once for every block type and free pattern (2^group cells patterns, zero
+outside the pattern), and ``V_F^T D_FF^-1 V_F`` is the sum over groups of tabulated k x k
+matrices. The gradient needs no product with ``H``: ``V^T x = w`` (``V_F^T x_F = V_F^T z - (S
+- I) w``), so ``H x - g = D x + V w - g``.
+``S`` is summed from the tabulated matrices' lower triangles packed into rows of
+:data:`~distfit.estimate.structure.PACK`-aligned width (a group's term is whole vector adds: 0.26 us for PL94's 63 groups,
+0.6 us summed entry by entry across the groups).
+
+:func:`solve_orthant` runs the primal-dual active-set method of
+:mod:`distfit.estimate.projection` with these solves in float64, unit by unit, in one compiled
+loop (numba: per unit the method branches on its own free set, which numpy can only batch
+through padded tables, temporary arrays and a float32 search; compiled, a step costs a few
+passes over one unit's 252 cells, in cache). From the free set ``g H^-1 > START sqrt(diag
+H^-1)`` (``H^-1 g`` by the same Woodbury solve, every cell free; or given by the caller, who
+then gives ``x_u = H^-1 g`` in place of ``g``: ``g = (D + V V^T) x_u + E x_u`` is formed here,
+with ``E x_u`` one float32 product for many units, :meth:`~distfit.estimate.structure.BlockLowRank.defect_times`: PL94's
+cell queries are ``x_u``, :func:`distfit.estimate.projection.unconstrained_answers`), each
+step solves on ``F``, frees the cells of ``A`` with a multiplier below ``-tol lambda_max max(1, ||x||_inf)`` and fixes
+the cells of ``F`` at or below zero (in the first steps, below a fraction :data:`DROP` of their
+standard deviation: most would go negative a step later). Between steps the groups whose
+pattern changed update ``S``, ``z`` and ``V^T z`` one by one where at most :data:`SWAPS` did,
+else the three are recomputed in full (measured on PL94: 70 pattern changes a unit, most in
+the first two steps). When ``F`` settles, the solution is refined once (the residual ``H x -
+g``; the correction by the same solve) and the KKT conditions checked on the refined gradient:
+where they hold the result is the exact KKT point, as the dense method's, else the steps go on
+from the corrected free set. The refinement is needed: PL94's ``H`` is ``D + V V^T`` off the
+blocks only to 3.6e-12 of ``max |H|`` (a floor of singular values near 5e-13 beyond rank 6,
+the plan's own rounding), which moves the structured solution by up to 5e-7. The residual is
+``(D x + V V^T x - g) + E x`` with the defect ``E = H - D - V V^T`` kept in float32 (zero on
+the blocks): the structured part in float64, ``E x`` over the rows of the nonzero cells in
+float32, whose relative 6e-8 of a term ~1e-12 of ``H x`` lies far below float64's rounding of
+``H x`` itself (the solutions agree with a dense float64 residual's to 1.4e-11 on PL94), at
+half the memory traffic of the dense float64 rows (PL94: 1.1 us a unit instead of 1.9).
+Units that do not settle in ``max_steps`` come back unconverged (the caller's dense method
+takes them).
+
+Layout for the compiler: the cells are held as ``i * groups + r`` (cell ``i`` of group ``r``),
+the groups padded to a multiple of :data:`~distfit.estimate.structure.GROUP_ALIGN` (groups of no cell), and every
+per-group s x s matrix (``D_r``, the full pattern's inverse, the current pattern's, updated as
+patterns change) column-wise (``table[i * s + j, r]``), so every pass over the cells is a loop
+over the groups that LLVM vectorises in whole vectors; no pass writes into one of its inputs
+(the overlap check would fall back to scalar code: 18 us -> 14 us a unit when removed). The
+sums over cells (``V^T z``, ``S``, dot products) are reassociated into vectorised partial sums
+and the group products use fused multiply-adds: rounding-level differences, nothing else.
+Each unit's row of ``g`` is read and its ``x`` written in their own (original) order through
+the inverse permutation, the scattered side landing in the unit's cached vectors (in the
+structure's order the two were 40% of the time), and with the solution come ``2 (0.5 x^T H x
+- g^T x)`` and ``(x - H^-1 g)^T H (x - H^-1 g)`` (the projection's objective, see
+:func:`solve_orthant`).
+
+Measured (PL94, 4096 units; cycles counted in the kernel, 2.55 GHz): 4.9 steps, 2.1 full
+recomputations and 6.1 single-group updates a unit; 29.0k cycles (11.4 us) a unit from the
+unconstrained answers: starting ``g`` 2.2k, the first free set 3.1k, the steps 15k (Cholesky
+of ``S`` to ``x`` 4.8k, gradient 1.8k, next free set 2.3k, pattern updates 6.4k), the
+refinement 6.4k (its ``E x`` 3.5k), ``x`` written 1.0k. From ``g``, against session 8's
+kernel in the same process (alternating, CPU time, best of 6): 11.3 against 13.5 us a unit
+(session 8 measured 12.4-14.0; session 7's scalar kernel 16.7-19.8, the numpy version before
+it 31-36). The kernels compile once per structure shape (7 s) into numba's on-disk cache
+(0.2-0.5 s to load in a new process).
+"""
+from __future__ import annotations
+
+import functools
+
+import numba
+import numpy as np
+
+from distfit.estimate.structure import BlockLowRank
+
+__all__ = ["DROP", "START", "SWAPS", "solve_free", "solve_orthant"]
+
+#: The first free set: cells whose unconstrained estimate ``g H^-1`` exceeds this many of its
+#: standard deviations ``sqrt(diag H^-1)`` (measured on PL94 with DROP: 5.1 steps a unit at
+#: 0.5, 5.2 at 0.75; session 9, again best of 0.3-1.0).
+START = 0.5
+#: In the first steps, free cells below these fractions of their standard deviation
+#: ``sqrt(diag H^-1)`` leave the free set (most go negative a step later; measured on PL94:
+#: 5.1 steps a unit instead of 5.7); later steps, and the KKT check, use 0.
+DROP = (0.3, 0.1)
+#: At most this many groups changing pattern in a step are updated one by one (measured on
+#: PL94: 70 changes a unit in 5 steps, most in the first two; more are recomputed in full;
+#: session 9: 4-32 all within noise).
+SWAPS = 8
+
+
+def _jit(function=None, *, fastmath: tuple[str, ...] = ()):
+    """``numba.njit`` without the GIL, cached on disk where numba finds a writable cache
+    directory (beside the package, else the user's cache), else compiled once per process.
+    Fastmath off (the float64 steps are the exact method's) but for the ``fastmath`` flags a
+    kernel names: ``reassoc`` for its sums, ``contract`` for fused multiply-adds (rounding only)."""
+    if function is None:
+        return functools.partial(_jit, fastmath=fastmath)
+    flags = set(fastmath) or False
+    try:
+        return numba.njit(nogil=True, cache=True, fastmath=flags)(function)
+    except RuntimeError:  # pragma: no cover - no writable cache directory
+        return numba.njit(nogil=True, fastmath=flags)(function)
+
+
+@_jit
+def _cholesky(packed, lower, kz):
+    """Lower Cholesky factor of ``S = I + P``, ``P`` given by its packed lower triangle (entry
+    ``(a, b)``, ``b <= a``, at ``a (a + 1) / 2 + b``), the diagonal stored inverted."""
+    k = len(kz)
+    for j in range(k):
+        p = 1.0 + packed[j * (j + 1) // 2 + j]
+        for m in range(j):
+            p -= lower[j, m] * lower[j, m]
+        lower[j, j] = 1.0 / np.sqrt(p)  # S = I + PSD: pivots >= 1
+        for i in range(j + 1, k):
+            v = packed[i * (i + 1) // 2 + j]
+            for m in range(j):
+                v -= lower[i, m] * lower[j, m]
+            lower[i, j] = v * lower[j, j]
+
+
+@_jit
+def _cholesky_solve(lower, t, kz):
+    """``t <- S^-1 t`` from :func:`_cholesky`'s factor (forward, then back substitution)."""
+    k = len(kz)
+    for i in range(k):
+        v = t[i]
+        for m in range(i):
+            v -= lower[i, m] * t[m]
+        t[i] = v * lower[i, i]
+    for i in range(k - 1, -1, -1):
+        v = t[i]
+        for m in range(i + 1, k):
+            v -= lower[m, i] * t[m]
+        t[i] = v * lower[i, i]
+
+
+@_jit
+def _couple(vt, t, c, kz):
+    """``c = V t`` on every cell (the sum over the rank unrolled: one store a cell)."""
+    for cell in range(c.size):
+        v = 0.0
+        for b in range(len(kz)):
+            v += t[b] * vt[b, cell]
+        c[cell] = v
+
+
+@_jit(fastmath=("reassoc", "contract"))
+def _dots(vt, z, t, kz):
+    """``t = V^T z``, each sum reassociated into vectorised partial sums (rounding only)."""
+    for b in range(len(kz)):
+        v = 0.0
+        for cell in range(z.size):
+            v += vt[b, cell] * z[cell]
+        t[b] = v
+
+
+@_jit(fastmath=("reassoc", "contract"))
+def _dot(a, b):
+    """``a . b``, reassociated as :func:`_dots`."""
+    v = 0.0
+    for i in range(a.size):
+        v += a[i] * b[i]
+    return v
+
+
+@_jit(fastmath=("contract",))
+def _blocks(table, base, shift, rhs, sign, out, groups, sz):
+    """``out = (base - shift) + sign T rhs`` group by group, with group ``r``'s s x s matrix
+    ``T_r`` held in column ``r`` of ``table`` (``table[i * s + j, r]``): every loop runs over
+    the groups, vectorised, with fused multiply-adds (``out`` must be none of the inputs: an
+    overlap check would fall back to the scalar loop)."""
+    s = len(sz)
+    for i in range(s):
+        for r in range(groups):
+            v = 0.0
+            for j in range(s):
+                v += table[i * s + j, r] * rhs[j * groups + r]
+            out[i * groups + r] = (base[i * groups + r] - shift[i * groups + r]) + sign * v
+
+
+@_jit
+def _absmax(x):
+    """``max(1, ||x||_inf)`` in four independent chains (max is associative: exact)."""
+    cells = x.size
+    body = cells - cells % 4
+    a0 = a1 = a2 = a3 = 1.0
+    for cell in range(0, body, 4):
+        a0 = max(a0, abs(x[cell]))
+        a1 = max(a1, abs(x[cell + 1]))
+        a2 = max(a2, abs(x[cell + 2]))
+        a3 = max(a3, abs(x[cell + 3]))
+    for cell in range(body, cells):
+        a0 = max(a0, abs(x[cell]))
+    return max(max(a0, a1), max(a2, a3))
+
+
+@_jit
+def _load(current, inverses, q, r, sz):
+    """Column ``r`` of ``current`` <- row ``q`` of ``inverses`` (group ``r``'s new pattern)."""
+    for e in range(len(sz) * len(sz)):
+        current[e, r] = inverses[q, e]
+
+
+@_jit
+def _apply(table, q, rhs, r, groups, out, sz):
+    """``out_r = table[q] rhs_r`` on group ``r``'s cells (one tabulated s x s matrix)."""
+    s = len(sz)
+    for i in range(s):
+        v = 0.0
+        for j in range(s):
+            v += table[q, i * s + j] * rhs[j * groups + r]
+        out[i * groups + r] = v
+
+
+@_jit
+def _capacitance(pattern, offsets, capacitance, packed):
+    """``packed = sum_r (V_p^T D_p^-1 V_p)`` over the groups, packed lower triangles (the empty
+    pattern's rows are zeros): one contiguous row added a group, a vectorised add."""
+    packed[:] = 0.0
+    for r in range(pattern.size):
+        q = offsets[r] + pattern[r]
+        for e in range(packed.size):
+            packed[e] += capacitance[q, e]
+
+
+@_jit
+def _next(pattern, new, x, gradient, spread, floor, threshold, groups, sz):
+    """The next free set's patterns (cells of ``F`` with ``x`` above ``floor`` of their spread
+    stay, cells of ``A`` with a multiplier below ``-threshold`` join), branch-free over the
+    cells; how many groups changed."""
+    s = len(sz)
+    for r in range(groups):
+        bits = 0
+        for i in range(s):
+            cell = i * groups + r
+            fixed = 1 - ((pattern[r] >> i) & 1)
+            bits |= (np.int64(x[cell] > floor * spread[cell]) | (fixed & np.int64(gradient[cell] < -threshold))) << i
+        new[r] = bits
+    changed = 0
+    for r in range(groups):
+        changed += np.int64(new[r] != pattern[r])
+    return changed
+
+
+@_jit
+def _swap(r, old, new, offsets, inverses, capacitance, factor, gu, z, current, acc, tacc, groups, sz, kz):
+    """Group ``r`` goes from pattern ``old`` to ``new``: ``S`` and ``t = V^T z`` updated by its
+    terms, its inverse loaded and ``z_r = D_p^-1 g_r`` recomputed."""
+    s, k = len(sz), len(kz)
+    q0, q1 = offsets[r] + old, offsets[r] + new
+    for e in range(acc.size):
+        acc[e] += capacitance[q1, e] - capacitance[q0, e]
+    for i in range(s):
+        cell = i * groups + r
+        for b in range(k):
+            tacc[b] -= z[cell] * factor[cell, b]
+    _load(current, inverses, q1, r, sz)
+    _apply(inverses, q1, gu, r, groups, z, sz)
+    for i in range(s):
+        cell = i * groups + r
+        for b in range(k):
+            tacc[b] += z[cell] * factor[cell, b]
+
+
+@_jit
+def _reload(pattern, new, offsets, inverses, capacitance, vt, gu, z, current, zero, acc, tacc, groups, sz, kz):
+    """Every group takes its ``new`` pattern: inverses loaded where it changed, then ``z =
+    D_FF^-1 g``, ``t = V^T z`` and ``S`` recomputed in full (cheaper than :func:`_swap` once
+    more than :data:`SWAPS` groups change)."""
+    for r in range(groups):
+        if new[r] != pattern[r]:
+            pattern[r] = new[r]
+            _load(current, inverses, offsets[r] + pattern[r], r, sz)
+    _blocks(current, zero, zero, gu, 1.0, z, groups, sz)
+    _dots(vt, z, tacc, kz)
+    _capacitance(pattern, offsets, capacitance, acc)
+
+
+@_jit(fastmath=("contract",))
+def _defect(defect, x, residual, rows, small):
+    """``residual += E x`` from the rows of ``E`` (float32, symmetric: rows are columns) of the
+    cells with ``x != 0``, four rows a pass, summed in float32: ``E`` is ~1e-12 of ``H``
+    (PL94: 3.6e-12), so float32's relative 6e-8 of ``E x`` lies far below the float64
+    rounding of ``H x``, and the rows cost half the memory traffic of float64 ones."""
+    count = 0
+    for i in range(x.size):
+        if x[i] != 0.0:
+            rows[count] = i
+            count += 1
+    for cell in range(x.size):
+        small[cell] = 0.0
+    body = count - count % 4
+    for m in range(0, body, 4):
+        a, b, c, d = rows[m], rows[m + 1], rows[m + 2], rows[m + 3]
+        xa, xb, xc, xd = np.float32(x[a]), np.float32(x[b]), np.float32(x[c]), np.float32(x[d])
+        for cell in range(x.size):
+            small[cell] += (xa * defect[a, cell] + xb * defect[b, cell]) + (xc * defect[c, cell]
+                                                                            + xd * defect[d, cell])
+    for m in range(body, count):
+        a = rows[m]
+        xa = np.float32(x[a])
+        for cell in range(x.size):
+            small[cell] += xa * defect[a, cell]
+    for cell in range(x.size):
+        residual[cell] += small[cell]
+
+
+@_jit
+def _orthant(g, defect_g, place, inverses, capacitance, blocks_t, full_t, offsets, factor, vt, defect, spread,
+             tol_scale, max_steps, start, drop, swaps, x_out, gradient_out, converged, values, sz, kz):
+    """The active-set method of the module docstring on every row of ``g``;
+    ``sz``, ``kz``: tuples of length s and k (compile-time sizes: the small loops unroll).
+    Group ``r``'s s x s matrices are held in column ``r`` of ``blocks_t`` (``D_r``), ``full_t``
+    (``D_r^-1``) and a working table of the current patterns' inverses, so that every pass
+    over the cells is vectorised over the groups. Writes ``x``, the gradient, whether each row
+    converged and ``values`` (:func:`solve_orthant`; the gradient only where ``gradient_out``
+    has rows); returns the most steps. Rows of ``g``, ``x`` and the gradient are in the
+    original order, cell ``c`` at position ``place[c]`` of the structure's: permuted here, each
+    row read and written in its own order (the scattered accesses land in the unit's cached
+    vectors: in the structure's order, the gather and the scatter were 40% of the time).
+    Where ``defect_g`` has rows, the rows of ``g`` are the unconstrained solutions ``x_u = H^-1
+    g`` and ``defect_g`` their ``E x_u`` (float32): then ``g = D x_u + V V^T x_u + E x_u`` here and
+    no first solve."""
+    n, real = g.shape
+    cells = spread.size  # the positions, padding included
+    keep = gradient_out.shape[0] > 0
+    given = defect_g.shape[0] > 0
+    s, k = len(sz), len(kz)
+    groups = cells // s
+    full = (1 << s) - 1
+    pattern = np.empty(groups, np.int64)
+    new = np.empty(groups, np.int64)
+    rows = np.empty(cells, np.int64)
+    small = np.empty(cells, np.float32)
+    current = np.empty((s * s, groups))
+    zero = np.zeros(cells)
+    acc, lower, lower_full = np.empty(capacitance.shape[1]), np.empty((k, k)), np.empty((k, k))
+    # zeros: the padding's entries are never written from a row, and stay 0
+    z, x, c, gradient = np.zeros(cells), np.zeros(cells), np.zeros(cells), np.zeros(cells)
+    residual, z2, d, unconstrained = np.zeros(cells), np.zeros(cells), np.zeros(cells), np.zeros(cells)
+    t, tacc = np.empty(k), np.empty(k)
+    new[:] = full
+    _capacitance(new, offsets, capacitance, acc)
+    _cholesky(acc, lower_full, kz)
+    pattern[:] = 0
+    current[:, :] = 0.0  # the empty pattern's inverses
+    most = 0
+    gu = np.zeros(cells)
+    for u in range(n):
+        if given:  # g = H x_u = (D x_u + V V^T x_u) + E x_u
+            for cell in range(real):  # in the rows' order: they stream in, the scattered writes hit the cache
+                unconstrained[place[cell]] = g[u, cell]
+                residual[place[cell]] = defect_g[u, cell]
+            _dots(vt, unconstrained, t, kz)
+            _couple(vt, t, c, kz)
+            _blocks(blocks_t, c, zero, unconstrained, 1.0, z, groups, sz)
+            for cell in range(cells):
+                gu[cell] = z[cell] + residual[cell]
+        else:  # the first solve: x_u = H^-1 g (every cell free)
+            for cell in range(real):
+                gu[place[cell]] = g[u, cell]
+            _blocks(full_t, zero, zero, gu, 1.0, z, groups, sz)
+            _dots(vt, z, t, kz)
+            _cholesky_solve(lower_full, t, kz)
+            _couple(vt, t, c, kz)
+            _blocks(full_t, z, zero, c, -1.0, unconstrained, groups, sz)
+        # the first free set: x_u above START of its spread
+        x[:] = unconstrained
+        for r in range(groups):
+            bits = 0
+            for i in range(s):
+                cell = i * groups + r
+                bits |= np.int64(x[cell] > start * spread[cell]) << i
+            if bits != pattern[r]:  # the table holds the previous row's patterns
+                pattern[r] = bits
+                _load(current, inverses, offsets[r] + bits, r, sz)
+        _blocks(current, zero, zero, gu, 1.0, z, groups, sz)
+        _dots(vt, z, tacc, kz)
+        _capacitance(pattern, offsets, capacitance, acc)
+        steps = 0
+        done = False
+        while steps < max_steps:
+            steps += 1
+            _cholesky(acc, lower, kz)
+            t[:] = tacc
+            _cholesky_solve(lower, t, kz)
+            _couple(vt, t, c, kz)
+            _blocks(current, z, zero, c, -1.0, x, groups, sz)  # x_F = D_FF^-1 (g_F - c_F)
+            _blocks(blocks_t, c, gu, x, 1.0, gradient, groups, sz)  # c - g + D x
+            floor = drop[steps - 1] if steps <= drop.size else 0.0
+            changed = _next(pattern, new, x, gradient, spread, floor, tol_scale * _absmax(x), groups, sz)
+            if changed > swaps:
+                _reload(pattern, new, offsets, inverses, capacitance, vt, gu, z, current, zero, acc, tacc,
+                        groups, sz, kz)
+            elif changed:
+                for r in range(groups):
+                    if new[r] != pattern[r]:
+                        _swap(r, pattern[r], new[r], offsets, inverses, capacitance, factor, gu, z, current, acc,
+                              tacc, groups, sz, kz)
+                        pattern[r] = new[r]
+            if changed:
+                continue
+            # settled: one refinement step (float64 residual with the dense H), then the KKT check
+            # H x - g = (D x + V V^T x - g) + E x: the structured part in float64, E's in float32
+            _dots(vt, x, t, kz)
+            _couple(vt, t, c, kz)
+            _blocks(blocks_t, c, gu, x, 1.0, residual, groups, sz)
+            _defect(defect, x, residual, rows, small)
+            _blocks(current, zero, zero, residual, 1.0, z2, groups, sz)
+            _dots(vt, z2, t, kz)
+            _cholesky_solve(lower, t, kz)
+            _couple(vt, t, c, kz)
+            _blocks(current, z2, zero, c, -1.0, d, groups, sz)  # the correction d
+            for cell in range(cells):
+                x[cell] -= d[cell]
+            _blocks(blocks_t, residual, c, d, -1.0, gradient, groups, sz)  # residual - H d = residual - c - D d
+            if not _next(pattern, new, x, gradient, spread, 0.0, tol_scale * _absmax(x), groups, sz):
+                done = True
+                break
+            _reload(pattern, new, offsets, inverses, capacitance, vt, gu, z, current, zero, acc, tacc, groups,
+                    sz, kz)
+        converged[u] = done
+        most = max(most, steps)
+        for cell in range(real):  # written in the output's order, gathered from the cache
+            x_out[u, cell] = x[place[cell]] if done else 0.0
+        if keep:
+            for cell in range(real):
+                gradient_out[u, cell] = gradient[place[cell]] if done else 0.0
+        for cell in range(cells):
+            residual[cell] = gradient[cell] - gu[cell]
+            z2[cell] = x[cell] - unconstrained[cell]
+        values[u, 0] = _dot(x, residual) if done else 0.0
+        values[u, 1] = _dot(z2, gradient) if done else 0.0
+    return most
+
+
+def _sizes(structure: BlockLowRank) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Tuples of length s and k: numba compiles the kernels for these lengths (the loops over a
+    group's cells and the coupling's rank unroll), once per shape of structure."""
+    return (0,) * structure.group_cells, (0,) * structure.rank
+
+
+@_jit
+def _free_solve(g, free, inverses, capacitance, offsets, vt, x_out, sz, kz):
+    """:func:`solve_free` on every row (the structure's order, padding included)."""
+    n, cells = g.shape
+    s, k = len(sz), len(kz)
+    groups = cells // s
+    pattern = np.empty(groups, np.int64)
+    acc, lower = np.empty(capacitance.shape[1]), np.empty((k, k))
+    z, c, t = np.empty(cells), np.empty(cells), np.empty(k)
+    for u in range(n):
+        for r in range(groups):
+            bits = 0
+            for i in range(s):
+                bits |= np.int64(free[u, i * groups + r]) << i
+            pattern[r] = bits
+            _apply(inverses, offsets[r] + bits, g[u], r, groups, z, sz)
+        _capacitance(pattern, offsets, capacitance, acc)
+        _cholesky(acc, lower, kz)
+        _dots(vt, z, t, kz)
+        _cholesky_solve(lower, t, kz)
+        _couple(vt, t, c, kz)
+        for r in range(groups):
+            q = offsets[r] + pattern[r]
+            for i in range(s):
+                v = z[i * groups + r]
+                for j in range(s):
+                    v -= inverses[q, i * s + j] * c[j * groups + r]
+                x_out[u, i * groups + r] = v
+
+
+def solve_free(structure: BlockLowRank, g: np.ndarray, free: np.ndarray, dtype=np.float64) -> np.ndarray:
+    """``x`` with ``H_FF x_F = g_F``, ``x_A = 0`` for every row (module docstring, Woodbury;
+    ``E`` left out); ``g``, ``free`` (units x cells) in the original cell order; solved in
+    float64, returned in ``dtype``."""
+    place, positions = structure.place, structure.spread.size
+    padded = np.zeros((g.shape[0], positions))
+    padded[:, place] = g
+    free_padded = np.zeros((g.shape[0], positions), dtype=bool)
+    free_padded[:, place] = free
+    x = np.empty_like(padded)
+    _free_solve(padded, free_padded, structure.inverses, structure.capacitance,
+                structure.offsets, structure.factor_t, x, *_sizes(structure))
+    return x[:, place].astype(dtype, copy=False)
+
+
+def solve_orthant(structure: BlockLowRank, g: np.ndarray | None, *, tol: float, max_steps: int,
+                  values: np.ndarray | None = None, out: np.ndarray | None = None,
+                  gradient: bool = True, unconstrained: np.ndarray | None = None,
+                  defect_product: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray | None, np.ndarray, int]:
+    """``argmin_{x >= 0} 0.5 x^T H x - g^T x`` for every row of ``g`` (units x cells, the
+    original cell order) by the compiled active-set
+    method of the module docstring. Returns ``(x, gradient H x - g, converged, steps)`` in the
+    order of ``g`` (``steps``: the most any row took); rows not converged come back as zeros.
+    ``values`` (units x 2), if given, receives per row (0 where not converged) ``2 (0.5 x^T H x
+    - g^T x) = x . (H x - g) - g . x`` and ``(x - x_u)^T H (x - x_u) = (x - x_u) . (H x - g)``
+    with ``x_u = H^-1 g`` (the first solve's): twice the objective's rise above its
+    unconstrained minimum, without the cancellation of the first form plus ``g . x_u``.
+    ``out``: a float64 array (units x cells, rows of unit stride) to write ``x`` into; ``gradient``:
+    False to skip the gradient (returned as None). ``unconstrained`` (in place of ``g``, which
+    is then None): the rows ``x_u = H^-1 g`` (rows of unit stride), known to the caller
+    (:func:`distfit.estimate.projection.project_nonnegative`: the answers to the cell queries
+    of a plan whose only block measures every cell): ``g = H x_u`` is formed in the kernel as
+    ``(D + V V^T) x_u + E x_u`` (``E x_u`` one float32 product for all rows,
+    :meth:`~distfit.estimate.structure.BlockLowRank.defect_times`, or the caller's ``defect_product`` of these rows: one
+    product for a whole chunk is 0.6 us a unit cheaper than one a batch) and the first solve is
+    skipped."""
+    if unconstrained is not None:
+        if g is not None:
+            raise ValueError("solve_orthant: g or unconstrained, not both")
+        g = np.asarray(unconstrained, dtype=np.float64)
+        if g.strides[1] != 8:
+            g = np.ascontiguousarray(g)
+        if defect_product is None:
+            defect_g = structure.defect_times(g)
+        elif defect_product.shape != g.shape or defect_product.dtype != np.float32:
+            raise ValueError(f"defect_product: {defect_product.dtype} {defect_product.shape}, expected float32 {g.shape}")
+        else:
+            defect_g = defect_product
+    else:
+        g = np.ascontiguousarray(g, dtype=np.float64)
+        defect_g = np.empty((0, g.shape[1]), dtype=np.float32)
+    x = np.empty(g.shape) if out is None else out
+    gradients = np.empty(g.shape if gradient else (0, g.shape[1]))
+    converged = np.empty(g.shape[0], dtype=bool)
+    if values is None:
+        values = np.empty((g.shape[0], 2))
+    steps = _orthant(g, defect_g, structure.place, structure.inverses, structure.capacitance, structure.blocks_t, structure.full_t,
+                     structure.offsets, structure.factor, structure.factor_t, structure.defect, structure.spread,
+                     tol * structure.lipschitz, max_steps, START, np.array(DROP, dtype=np.float64), SWAPS,
+                     x, gradients, converged, values, *_sizes(structure))
+    return x, gradients if gradient else None, converged, int(steps)
