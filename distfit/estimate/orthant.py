@@ -22,9 +22,8 @@ loop (numba: per unit the method branches on its own free set, which numpy can o
 through padded tables, temporary arrays and a float32 search; compiled, a step costs a few
 passes over one unit's 252 cells, in cache). From the free set ``g H^-1 > START sqrt(diag
 H^-1)`` (``H^-1 g`` by the same Woodbury solve, every cell free; or given by the caller, who
-then gives ``x_u = H^-1 g`` in place of ``g``: ``g = (D + V V^T) x_u + E x_u`` is formed here,
-with ``E x_u`` one float32 product for many units, :meth:`~distfit.estimate.structure.BlockLowRank.defect_times`: PL94's
-cell queries are ``x_u``, :func:`distfit.estimate.projection.unconstrained_answers`), each
+then gives ``x_u = H^-1 g`` in place of ``g``, :func:`solve_orthant`: PL94's cell queries are
+``x_u``, :func:`distfit.estimate.projection.unconstrained_answers`), each
 step solves on ``F``, frees the cells of ``A`` with a multiplier below ``-tol lambda_max max(1, ||x||_inf)`` and fixes
 the cells of ``F`` at or below zero (in the first steps, below a fraction :data:`DROP` of their
 standard deviation: most would go negative a step later). Between steps the groups whose
@@ -60,9 +59,10 @@ structure's order the two were 40% of the time), and with the solution come ``2 
 
 Measured (PL94, 4096 units; cycles counted in the kernel, 2.55 GHz): 4.9 steps, 2.1 full
 recomputations and 6.1 single-group updates a unit; 29.0k cycles (11.4 us) a unit from the
-unconstrained answers: starting ``g`` 2.2k, the first free set 3.1k, the steps 15k (Cholesky
-of ``S`` to ``x`` 4.8k, gradient 1.8k, next free set 2.3k, pattern updates 6.4k), the
-refinement 6.4k (its ``E x`` 3.5k), ``x`` written 1.0k. From ``g``, against session 8's
+unconstrained answers (measured with ``E x_u`` a float32 product for every unit, 2 us a unit
+outside the kernel; now formed in it only where a KKT check fails): starting ``g`` 2.2k, the
+first free set 3.1k, the steps 15k (Cholesky of ``S`` to ``x`` 4.8k, gradient 1.8k, next free
+set 2.3k, pattern updates 6.4k), the refinement 6.4k (its ``E x`` 3.5k), ``x`` written 1.0k. From ``g``, against session 8's
 kernel in the same process (alternating, CPU time, best of 6): 11.3 against 13.5 us a unit
 (session 8 measured 12.4-14.0; session 7's scalar kernel 16.7-19.8, the numpy version before
 it 31-36). The kernels compile once per structure shape (7 s) into numba's on-disk cache
@@ -311,8 +311,25 @@ def _defect(defect, x, residual, rows, small):
         residual[cell] += small[cell]
 
 
+@_jit(fastmath=("reassoc", "contract"))
+def _row_dot(defect, i, deviation):
+    """``E_i . deviation`` (``E`` row ``i`` and ``deviation`` float32, summed reassociated)."""
+    v = np.float32(0.0)
+    for j in range(deviation.size):
+        v += defect[i, j] * deviation[j]
+    return np.float64(v)
+
+
 @_jit
-def _orthant(g, defect_g, place, inverses, capacitance, blocks_t, full_t, offsets, factor, vt, defect, spread,
+def _defect_rows(defect, x, deviation, residual):
+    """``residual_i += E_i . deviation`` on the cells with ``x_i != 0`` (the free ones)."""
+    for i in range(x.size):
+        if x[i] != 0.0:
+            residual[i] += _row_dot(defect, i, deviation)
+
+
+@_jit
+def _orthant(g, given, place, inverses, capacitance, blocks_t, full_t, offsets, factor, vt, defect, rowmax, spread,
              tol_scale, max_steps, start, drop, swaps, x_out, gradient_out, converged, values, sz, kz):
     """The active-set method of the module docstring on every row of ``g``;
     ``sz``, ``kz``: tuples of length s and k (compile-time sizes: the small loops unroll).
@@ -324,13 +341,13 @@ def _orthant(g, defect_g, place, inverses, capacitance, blocks_t, full_t, offset
     original order, cell ``c`` at position ``place[c]`` of the structure's: permuted here, each
     row read and written in its own order (the scattered accesses land in the unit's cached
     vectors: in the structure's order, the gather and the scatter were 40% of the time).
-    Where ``defect_g`` has rows, the rows of ``g`` are the unconstrained solutions ``x_u = H^-1
-    g`` and ``defect_g`` their ``E x_u`` (float32): then ``g = D x_u + V V^T x_u + E x_u`` here and
-    no first solve."""
+    Where ``given``, the rows of ``g`` are the unconstrained solutions ``x_u = H^-1 g``: no first
+    solve, and the steps run on ``g' = (D + V V^T) x_u``, the refinement's residual on the free
+    cells made exact with ``E (x - x_u)`` (:func:`solve_orthant`); ``E x_u`` itself is formed only
+    for a unit whose KKT check then fails (the steps go on with the exact ``g``)."""
     n, real = g.shape
     cells = spread.size  # the positions, padding included
     keep = gradient_out.shape[0] > 0
-    given = defect_g.shape[0] > 0
     s, k = len(sz), len(kz)
     groups = cells // s
     full = (1 << s) - 1
@@ -345,6 +362,9 @@ def _orthant(g, defect_g, place, inverses, capacitance, blocks_t, full_t, offset
     z, x, c, gradient = np.zeros(cells), np.zeros(cells), np.zeros(cells), np.zeros(cells)
     residual, z2, d, unconstrained = np.zeros(cells), np.zeros(cells), np.zeros(cells), np.zeros(cells)
     t, tacc = np.empty(k), np.empty(k)
+    deviation = np.zeros(cells, np.float32)  # x - x_u, for E (x - x_u)
+    start32 = np.zeros(cells, np.float32)  # x_u, for E x_u where it is needed
+    resolved = np.zeros(cells, np.bool_)
     new[:] = full
     _capacitance(new, offsets, capacitance, acc)
     _cholesky(acc, lower_full, kz)
@@ -353,15 +373,13 @@ def _orthant(g, defect_g, place, inverses, capacitance, blocks_t, full_t, offset
     most = 0
     gu = np.zeros(cells)
     for u in range(n):
-        if given:  # g = H x_u = (D x_u + V V^T x_u) + E x_u
+        exact = not given  # whether gu is H x_u itself, E x_u included
+        if given:  # g' = (D + V V^T) x_u: H x_u but for E x_u
             for cell in range(real):  # in the rows' order: they stream in, the scattered writes hit the cache
                 unconstrained[place[cell]] = g[u, cell]
-                residual[place[cell]] = defect_g[u, cell]
             _dots(vt, unconstrained, t, kz)
             _couple(vt, t, c, kz)
-            _blocks(blocks_t, c, zero, unconstrained, 1.0, z, groups, sz)
-            for cell in range(cells):
-                gu[cell] = z[cell] + residual[cell]
+            _blocks(blocks_t, c, zero, unconstrained, 1.0, gu, groups, sz)
         else:  # the first solve: x_u = H^-1 g (every cell free)
             for cell in range(real):
                 gu[place[cell]] = g[u, cell]
@@ -406,12 +424,20 @@ def _orthant(g, defect_g, place, inverses, capacitance, blocks_t, full_t, offset
                         pattern[r] = new[r]
             if changed:
                 continue
-            # settled: one refinement step (float64 residual with the dense H), then the KKT check
-            # H x - g = (D x + V V^T x - g) + E x: the structured part in float64, E's in float32
+            # settled: one refinement step, then the KKT check. H x - g = (D x + V V^T x - g) + E x
+            # (exact g), = (D + V V^T)(x - x_u) + E (x - x_u) (g' from x_u): the structured part in
+            # float64, E's in float32, on the free cells' rows (the fixed cells' below)
             _dots(vt, x, t, kz)
             _couple(vt, t, c, kz)
             _blocks(blocks_t, c, gu, x, 1.0, residual, groups, sz)
-            _defect(defect, x, residual, rows, small)
+            norm = 0.0
+            if exact:
+                _defect(defect, x, residual, rows, small)
+            else:
+                for cell in range(cells):
+                    deviation[cell] = np.float32(x[cell] - unconstrained[cell])
+                    norm += abs(x[cell] - unconstrained[cell])
+                _defect_rows(defect, x, deviation, residual)
             _blocks(current, zero, zero, residual, 1.0, z2, groups, sz)
             _dots(vt, z2, t, kz)
             _cholesky_solve(lower, t, kz)
@@ -420,22 +446,40 @@ def _orthant(g, defect_g, place, inverses, capacitance, blocks_t, full_t, offset
             for cell in range(cells):
                 x[cell] -= d[cell]
             _blocks(blocks_t, residual, c, d, -1.0, gradient, groups, sz)  # residual - H d = residual - c - D d
-            if not _next(pattern, new, x, gradient, spread, 0.0, tol_scale * _absmax(x), groups, sz):
+            threshold = tol_scale * _absmax(x)
+            if not exact:  # a fixed cell's multiplier lacks (E (x - x_u))_i, at most rowmax_i |x - x_u|_1:
+                for cell in range(cells):  # formed where that leaves its side of -threshold open
+                    resolved[cell] = False
+                    if x[cell] == 0.0 and gradient[cell] - rowmax[cell] * norm < -threshold <= \
+                            gradient[cell] + rowmax[cell] * norm:
+                        gradient[cell] += _row_dot(defect, cell, deviation)
+                        resolved[cell] = True
+            if not _next(pattern, new, x, gradient, spread, 0.0, threshold, groups, sz):
                 done = True
                 break
+            if not exact:  # the steps go on with g itself: g' + E x_u
+                for cell in range(cells):
+                    start32[cell] = np.float32(unconstrained[cell])
+                for cell in range(cells):
+                    gu[cell] += _row_dot(defect, cell, start32)
+                exact = True
             _reload(pattern, new, offsets, inverses, capacitance, vt, gu, z, current, zero, acc, tacc, groups,
                     sz, kz)
         converged[u] = done
         most = max(most, steps)
         for cell in range(real):  # written in the output's order, gathered from the cache
             x_out[u, cell] = x[place[cell]] if done else 0.0
+        if keep and done and not exact:  # the fixed cells' multipliers in full
+            for cell in range(cells):
+                if x[cell] == 0.0 and not resolved[cell]:
+                    gradient[cell] += _row_dot(defect, cell, deviation)
         if keep:
             for cell in range(real):
                 gradient_out[u, cell] = gradient[place[cell]] if done else 0.0
         for cell in range(cells):
             residual[cell] = gradient[cell] - gu[cell]
             z2[cell] = x[cell] - unconstrained[cell]
-        values[u, 0] = _dot(x, residual) if done else 0.0
+        values[u, 0] = (_dot(x, residual) if exact else np.nan) if done else 0.0
         values[u, 1] = _dot(z2, gradient) if done else 0.0
     return most
 
@@ -493,8 +537,8 @@ def solve_free(structure: BlockLowRank, g: np.ndarray, free: np.ndarray, dtype=n
 
 def solve_orthant(structure: BlockLowRank, g: np.ndarray | None, *, tol: float, max_steps: int,
                   values: np.ndarray | None = None, out: np.ndarray | None = None,
-                  gradient: bool = True, unconstrained: np.ndarray | None = None,
-                  defect_product: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray | None, np.ndarray, int]:
+                  gradient: bool = True, unconstrained: np.ndarray | None = None
+                  ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray, int]:
     """``argmin_{x >= 0} 0.5 x^T H x - g^T x`` for every row of ``g`` (units x cells, the
     original cell order) by the compiled active-set
     method of the module docstring. Returns ``(x, gradient H x - g, converged, steps)`` in the
@@ -507,33 +551,33 @@ def solve_orthant(structure: BlockLowRank, g: np.ndarray | None, *, tol: float, 
     False to skip the gradient (returned as None). ``unconstrained`` (in place of ``g``, which
     is then None): the rows ``x_u = H^-1 g`` (rows of unit stride), known to the caller
     (:func:`distfit.estimate.projection.project_nonnegative`: the answers to the cell queries
-    of a plan whose only block measures every cell): ``g = H x_u`` is formed in the kernel as
-    ``(D + V V^T) x_u + E x_u`` (``E x_u`` one float32 product for all rows,
-    :meth:`~distfit.estimate.structure.BlockLowRank.defect_times`, or the caller's ``defect_product`` of these rows: one
-    product for a whole chunk is 0.6 us a unit cheaper than one a batch) and the first solve is
-    skipped."""
+    of a plan whose only block measures every cell). No first solve, and ``E x_u`` (a dense
+    product, 2 us a unit) is not formed: the steps run on ``g' = (D + V V^T) x_u``; at the
+    settled free set the refinement's residual ``H x - g = (D + V V^T)(x - x_u) + E (x - x_u)``
+    is exact on the free cells (``E``'s rows of the free cells, as for an exact ``g``), so ``x``
+    is the exact solution on that set; a fixed cell's multiplier lacks ``(E (x - x_u))_i``, at
+    most ``max_j |E_ij| ||x - x_u||_1`` (:attr:`~distfit.estimate.structure.BlockLowRank.defect_rowmax`),
+    and is formed where that bound leaves open which side of ``-tol lambda_max max(1,
+    ||x||_inf)`` it lies on, so the KKT decision is the exact one; a unit whose check fails goes
+    on with ``g`` itself (``E x_u`` formed in the kernel). The gradient returned is then exact;
+    ``values``: column 0 is NaN (it needs ``g . x``), column 1 lacks the fixed cells' share of
+    ``(x - x_u)^T E (x - x_u)``, at most ``sum_{i fixed} |x_u,i| max_j |E_ij| ||x - x_u||_1``
+    (PL94: ~1e-9 of the objective; the plan's ``H`` itself is ``D + V V^T`` to 3.6e-12)."""
     if unconstrained is not None:
         if g is not None:
             raise ValueError("solve_orthant: g or unconstrained, not both")
         g = np.asarray(unconstrained, dtype=np.float64)
         if g.strides[1] != 8:
             g = np.ascontiguousarray(g)
-        if defect_product is None:
-            defect_g = structure.defect_times(g)
-        elif defect_product.shape != g.shape or defect_product.dtype != np.float32:
-            raise ValueError(f"defect_product: {defect_product.dtype} {defect_product.shape}, expected float32 {g.shape}")
-        else:
-            defect_g = defect_product
     else:
         g = np.ascontiguousarray(g, dtype=np.float64)
-        defect_g = np.empty((0, g.shape[1]), dtype=np.float32)
     x = np.empty(g.shape) if out is None else out
     gradients = np.empty(g.shape if gradient else (0, g.shape[1]))
     converged = np.empty(g.shape[0], dtype=bool)
     if values is None:
         values = np.empty((g.shape[0], 2))
-    steps = _orthant(g, defect_g, structure.place, structure.inverses, structure.capacitance, structure.blocks_t, structure.full_t,
-                     structure.offsets, structure.factor, structure.factor_t, structure.defect, structure.spread,
+    steps = _orthant(g, unconstrained is not None, structure.place, structure.inverses, structure.capacitance, structure.blocks_t, structure.full_t,
+                     structure.offsets, structure.factor, structure.factor_t, structure.defect, structure.defect_rowmax, structure.spread,
                      tol * structure.lipschitz, max_steps, START, np.array(DROP, dtype=np.float64), SWAPS,
                      x, gradients, converged, values, *_sizes(structure))
     return x, gradients if gradient else None, converged, int(steps)

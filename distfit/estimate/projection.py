@@ -57,13 +57,15 @@ R_b)^T G_b`` with the left inverse ``R_b`` of a square subset ``S`` of the rows 
 
 Where the answers to the cell queries are ``H^-1 g`` itself (one square block on every cell,
 the workload holding every cell: PL94; :func:`unconstrained_answers`), the structured path
-starts from them: no ``g`` product and no first solve (``g`` is formed in the kernel from the
-structure and one float32 product ``E x_u`` for the chunk), and ``x`` may be written straight
-into the caller's array (``out``: the query estimates' cell columns).
+starts from them: no ``g`` product and no first solve (the steps run on the structure's
+``(D + V V^T) x_u``, the defect entering the refinement: :func:`distfit.estimate.orthant.solve_orthant`),
+and ``x`` may be written straight into the caller's array (``out``: the query estimates' cell
+columns).
 
 Measured (PL94, chunks of 4096 units, one BLAS thread, a worker's task loop of 196,608 units
-under cProfile, session 9): 16.5 us a unit in all, the kernel 11.5, ``E x_u`` 2.0 (conversion
-and product), ``W x`` 1.7. Session 8 (CPU time, machine shared with load 2-4): the
+under cProfile, session 9): 16.5 us a unit in all, the kernel 11.5, a float32 product ``E x_u``
+2.0 (conversion and product; since dropped: the kernel forms it only for a unit whose KKT
+check fails), ``W x`` 1.7. Session 8 (CPU time, machine shared with load 2-4): the
 estimate's projection from the answers (``answers=True``) 16.9-18.5 us a unit, of which ``g``
 3.1, against 32 before that session (whitening 4.4 plus the projection 27.6);
 benchmarks/bench_projection.py (from recovered measurements): 18.3 us per unit with the
@@ -514,13 +516,12 @@ def project_nonnegative(model: MeasurementModel, measurements: Mapping[str, np.n
         cells = _model_unconstrained_answers(model) if answers else None
         if cells is not None:  # the answers to the cell queries are H^-1 g: no g product, no first solve
             start = np.asarray(measurements[model.blocks[0].block_id], dtype=np.float64)[:, cells]
-            defect = structure.defect_times(start)  # E x_u, one product for all units
         for lo in range(0, units, STRUCTURE_BATCH):  # cache blocking: g, x of a batch stay in cache
             rows = slice(lo, lo + STRUCTURE_BATCH)
             batch = values[:len(range(units)[rows])]
             if cells is not None:
                 _x, _none, converged[rows], steps = solve_orthant(
-                    structure, None, unconstrained=start[rows], defect_product=defect[rows], tol=tol,
+                    structure, None, unconstrained=start[rows], tol=tol,
                     max_steps=NEWTON_STEPS, values=batch, out=x[rows], gradient=False)
             else:
                 g, constant[rows] = _linear(model, measurements, units, rows, whitened, answers, not square)

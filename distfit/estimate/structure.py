@@ -110,14 +110,10 @@ class BlockLowRank:
         return place
 
     @functools.cached_property
-    def defect_original(self) -> np.ndarray:
-        """``defect`` in the original cell order (float32)."""
-        return np.ascontiguousarray(self.defect[np.ix_(self.place, self.place)])
-
-    def defect_times(self, rows: np.ndarray) -> np.ndarray:
-        """``E x`` for every row ``x`` of ``rows`` (units x cells, original order), in float32:
-        the term of ``H x`` the structure leaves out (``E`` symmetric: ``rows E``)."""
-        return np.asarray(rows).astype(np.float32) @ self.defect_original
+    def defect_rowmax(self) -> np.ndarray:
+        """(positions,) ``max_j |E_ij|`` of each row of ``defect`` (float64): ``|(E v)_i| <=
+        defect_rowmax[i] ||v||_1``."""
+        return np.abs(self.defect).max(axis=1).astype(np.float64)
 
     @functools.cached_property
     def blocks_t(self) -> np.ndarray:

@@ -2,7 +2,10 @@
 solves against dense ones, its KKT points, rows solved together or apart, values and outputs."""
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
+import pytest
 
 from distfit.estimate.orthant import solve_free, solve_orthant
 from distfit.estimate.projection import hessian_structure
@@ -85,7 +88,69 @@ def test_solve_orthant_values_and_out():
     start = solve_orthant(found, None, unconstrained=np.linalg.solve(hessian, g.T).T, tol=1e-10, max_steps=25,
                           values=(given := np.empty((40, 2))))
     assert start[2].all() and np.abs(start[0] - x).max() <= 1e-9 * max(1.0, np.abs(x).max())
-    np.testing.assert_allclose(given, values, rtol=1e-8, atol=1e-10 * scale)
+    np.testing.assert_allclose(start[1], gradient, rtol=0, atol=1e-8 * np.abs(g).max())
+    assert np.isnan(given[:, 0]).all()  # g . x is not formed from x_u
+    np.testing.assert_allclose(given[:, 1], values[:, 1], rtol=1e-8, atol=1e-10 * scale)
     # without the gradient: the same x, bit for bit, and None for the gradient
     bare = solve_orthant(found, g, tol=1e-10, max_steps=25, gradient=False)
     assert bare[1] is None and np.array_equal(bare[0], x) and np.array_equal(bare[2], converged)
+
+
+@pytest.mark.parametrize("size", [1e-6, 1e-8])
+def test_from_the_unconstrained_solutions_the_defect_is_exact(size):
+    """From x_u = H^-1 g the steps run on (D + V V^T) x_u and E (x - x_u) enters the refinement
+    on the free cells only, the fixed cells' multipliers by a bound (formed where it leaves the
+    KKT decision open), E x_u only for a unit whose KKT check fails. With a defect E far larger
+    than a plan's (PL94: 3.6e-12 of max |H|): at 1e-6 every unit ends at H's KKT point, gradient
+    and objective, as from g itself; at 1e-8, units with cells just above 0 (1e-6) and x_u far
+    below 0 elsewhere have another free set under the form alone, which the KKT check catches
+    and the steps correct."""
+    model, hessian = structured_hessian(11)
+    found = block_low_rank(hessian, model.sizes)
+    rng = np.random.default_rng(12)
+    positions = found.spread.size
+    s, groups = found.group_cells, found.groups
+    group = np.tile(np.arange(groups), s)
+    noise = rng.standard_normal((positions, positions))
+    defect = np.where(group[:, None] == group[None, :], 0.0, noise + noise.T)
+    defect[found.perm < 0] = 0.0
+    defect[:, found.perm < 0] = 0.0
+    defect = (defect * size * np.abs(hessian).max() / np.abs(defect).max()).astype(np.float32)
+    lying = dataclasses.replace(found, defect=defect)
+    exact_h = hessian + defect.astype(np.float64)[np.ix_(found.place, found.place)]
+    truth = rng.poisson(rng.choice([0.0, 0.5, 4.0], size=(400, model.cells))).astype(float)
+    g = truth @ exact_h + rng.standard_normal((400, model.cells)) * 3
+    start = np.linalg.solve(exact_h, g.T).T
+    values, plain = np.empty((400, 2)), np.empty((400, 2))
+    x, gradient, converged, _ = solve_orthant(lying, None, unconstrained=start, tol=1e-10, max_steps=25,
+                                              values=values)
+    scale = np.abs(g).max()
+    tolerance = 1e-9
+    assert converged.all() and (x >= 0).all()
+    np.testing.assert_allclose(gradient, x @ exact_h - g, rtol=0, atol=1e-8 * scale)
+    assert (x @ exact_h - g).min() >= -tolerance * scale
+    assert np.abs(np.where(x > 0, x @ exact_h - g, 0.0)).max() <= tolerance * scale
+    shift = x - start
+    np.testing.assert_allclose(values[:, 1], np.einsum("ij,ij->i", shift, shift @ exact_h), rtol=1e-6)
+    bare = dataclasses.replace(found, defect=np.zeros_like(defect))  # the form alone, E dropped
+    if size > 1e-7:  # the same as from g (E x_u in g)
+        reference = solve_orthant(lying, g, tol=1e-10, max_steps=25, values=plain)
+        assert reference[2].all() and np.abs(x - reference[0]).max() <= 1e-9 * max(1.0, np.abs(x).max())
+    else:  # units whose solution has cells just above 0 (1e-6)
+        target = np.where(truth > 0, truth, 0.0)
+        target[:, :6] = 1e-6  # free, just above 0
+        multipliers = np.where(target > 0, 0.0, rng.uniform(500.0, 2000.0, target.shape))  # x_u far from x
+        near = target @ exact_h - multipliers  # KKT at target: H target - g = multipliers >= 0
+        x_u = np.linalg.solve(exact_h, near.T).T
+        got = solve_orthant(lying, None, unconstrained=x_u, tol=1e-10, max_steps=25)
+        own = solve_orthant(bare, None, unconstrained=x_u, tol=1e-10, max_steps=25)[0]
+        bound = max(1.0, np.abs(target).max())
+        # with x_u far below 0 on the fixed cells, the form's steps on g' = (D + V V^T) x_u miss
+        # by E (x - x_u), which fixes some of those cells: the KKT check after the refinement
+        # catches it and the unit goes on with g itself (E x_u formed), to H's solution, as from g
+        moved = (own[:, :6] == 0).any(axis=1)
+        from_g = solve_orthant(lying, near, tol=1e-10, max_steps=25)
+        assert moved.sum() >= 300 and got[2].all() and from_g[2].all()
+        assert (got[0][:, :6] > 0).all() and ((got[0] > 0) == (target > 0)).all()
+        assert np.abs(got[0] - target).max() <= 1e-10 * bound
+        assert np.abs(got[0] - from_g[0]).max() <= 1e-10 * bound
