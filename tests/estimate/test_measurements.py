@@ -94,6 +94,16 @@ def test_cell_query_columns_finds_a_detailed_query_group(model_and_plan):
     np.testing.assert_allclose(got, x @ detailed.workload.T, rtol=1e-14, atol=1e-13)
     counts = np.random.default_rng(3).poisson(5.0, (7, cells))
     assert np.array_equal(workload_estimates(split, counts), counts @ detailed.workload.T)
+    # into a given array, x already its cell columns (not copied) or not: the same values
+    out = np.full((7, m + cells), np.nan)
+    out[:, 5:5 + cells] = x
+    assert workload_estimates(split, out[:, 5:5 + cells], out) is out and np.array_equal(out, got)
+    other = np.full((7, m + cells), np.nan)
+    assert np.array_equal(workload_estimates(split, x, other), got)
+    with pytest.raises(ValueError, match="out: float64 \\(6, "):
+        workload_estimates(split, x, np.empty((6, m + cells)))
+    with pytest.raises(ValueError, match="out: only a workload with cell queries"):
+        workload_estimates(model, x[:, :model.cells], np.empty((7, m)))
     shuffled = dataclasses.replace(model, workload=np.vstack([model.workload, np.eye(cells)[::-1]]))
     assert cell_query_columns(shuffled) is None
     twice = dataclasses.replace(model, workload=np.vstack([model.workload, 2 * np.eye(cells)]))

@@ -91,6 +91,8 @@ def test_solve_orthant_values_and_out():
     np.testing.assert_allclose(start[1], gradient, rtol=0, atol=1e-8 * np.abs(g).max())
     assert np.isnan(given[:, 0]).all()  # g . x is not formed from x_u
     np.testing.assert_allclose(given[:, 1], values[:, 1], rtol=1e-8, atol=1e-10 * scale)
+    with pytest.raises(ValueError, match="g or unconstrained, not both"):
+        solve_orthant(found, g, unconstrained=g, tol=1e-10, max_steps=25)
     # without the gradient: the same x, bit for bit, and None for the gradient
     bare = solve_orthant(found, g, tol=1e-10, max_steps=25, gradient=False)
     assert bare[1] is None and np.array_equal(bare[0], x) and np.array_equal(bare[2], converged)

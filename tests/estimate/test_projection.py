@@ -375,3 +375,11 @@ def test_cell_query_answers_are_the_unconstrained_estimate(monkeypatch):
     value, reference = cvx_projection(model, y, 0)
     assert direct.objective[0] == pytest.approx(value, rel=1e-6, abs=1e-9)
     assert np.abs(direct.x[0] - reference).max() <= 1e-5 * max(1.0, np.abs(reference).max())
+    # x into a given array (the query estimates' cell columns); a wrong one refused, naming it
+    queries = np.full((40, 4 + model.cells), np.nan)
+    into = project_nonnegative(model, answers, answers=True, out=queries[:, 4:])
+    assert np.shares_memory(into.x, queries) and np.array_equal(into.x, through_g.x)  # the path patched above
+    with pytest.raises(ValueError, match="out: float64 \\(40, 36\\)"):
+        project_nonnegative(model, answers, answers=True, out=np.empty((40, 2 * model.cells))[:, ::2])  # strided rows
+    with pytest.raises(ValueError, match="out: float32"):
+        project_nonnegative(model, answers, answers=True, out=np.empty((40, model.cells), dtype=np.float32))
