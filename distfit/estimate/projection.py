@@ -504,7 +504,10 @@ def project_nonnegative(model: MeasurementModel, measurements: Mapping[str, np.n
     structure = hessian_structure(hessian, model.sizes) if dense else None
     if out is not None and (out.shape != (units, model.cells) or out.dtype != np.float64 or out.strides[1] != 8):
         raise ValueError(f"out: {out.dtype} {out.shape}, expected float64 ({units}, {model.cells}) with unit-stride rows")
-    x = (np.empty((units, model.cells)) if out is None else out) if structure is not None else np.zeros((units, model.cells))
+    if structure is None:  # the dense and operator paths write x whole, copied into out at the end
+        x = np.zeros((units, model.cells))
+    else:  # the kernel writes every row
+        x = np.empty((units, model.cells)) if out is None else out
     converged = np.zeros(units, dtype=bool)
     iterations = 0
     objective, constant = np.zeros(units), np.zeros(units)
