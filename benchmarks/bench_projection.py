@@ -100,7 +100,7 @@ def main() -> None:
         model = measurement_model(plan)
         y = recover_measurements(model, released.blocks)
     nnls_units = min(args.nnls_units, args.units)
-    structured = hessian_structure  # the module's own, restored after the dense runs
+    structured = projection.projection_structure  # the module's own, restored after the dense runs
     ours, dense, theirs = [], [], []
     with blas_limit():
         hessian, _g = normal_equations(model, {k: v[:1] for k, v in y.items()})
@@ -111,11 +111,11 @@ def main() -> None:
             load = os.getloadavg()[0]
             seconds, (x, steps, unconverged) = _cpu(_distfit, model, y, args.chunk)
             ours.append(seconds * PER / args.units)
-            projection.hessian_structure = lambda hessian, sizes: None
+            projection.projection_structure = lambda model: None
             try:
                 seconds, (x_dense, dense_steps, _u) = _cpu(_distfit, model, y, args.chunk)
             finally:
-                projection.hessian_structure = structured
+                projection.projection_structure = structured
             dense.append(seconds * PER / args.units)
             seconds, reference = _cpu(_loop, model, y, nnls_units)
             theirs.append(seconds * PER / nnls_units)

@@ -16,7 +16,15 @@ from distributed import Client
 
 import distfit.plan.planner as plan_module
 from distfit.audit import audit_plan
-from distfit.cluster import WORKER_ENV, ClusterError, DaskExecutor, dask_client, local_cluster, raise_mmap_threshold
+from distfit.cluster import (
+    WORKER_ENV,
+    ClusterError,
+    DaskExecutor,
+    dask_client,
+    local_cluster,
+    on_every_worker,
+    raise_mmap_threshold,
+)
 from distfit.domain import Domain
 from distfit.plan.job import run_plan
 from distfit.plan.planner import BlockTask, plan_groups, serial_executor
@@ -240,3 +248,12 @@ def test_local_cluster_workers_follow_worker_env():
     assert seen[0][0] == "yes"
     if "MALLOC_TRIM_THRESHOLD_" not in os.environ:
         assert seen[0][1] is None
+
+
+def test_on_every_worker_makes_the_value_on_each_worker(client):
+    """A value every task depends on (the estimate's model) is made by one task per worker, one
+    on each: no worker waits for another's copy."""
+    for _ in range(3):
+        futures = on_every_worker(client, os.getpid, name="pid")
+        assert len(futures) == len(client.nthreads()) == 2
+        assert len(set(client.gather(futures))) == 2

@@ -19,9 +19,12 @@ together with array operations, a run of chunks per task as the release cuts the
 (:func:`estimate_chunks_task`, :func:`distfit.release.tasks.task_chunks`); serially in the
 driver (``--serial``) or on Dask through :mod:`distfit.cluster` (a local multi-process
 cluster by default, started on a thread while the driver checks its inputs:
-:class:`distfit.cluster.BackgroundClient`). The measurement model is
-built once per worker by one task every chunk task depends on (:func:`model_task`: recomputed
-on another worker if its worker is lost, unlike scattered data). A task reads its chunks'
+:class:`distfit.cluster.BackgroundClient`). The measurement model is built and prepared in the
+driver meanwhile (:func:`distfit.estimate.projection.prepare_projection`: ``H``, its structure)
+and handed to every worker as the argument of a task of its own (:func:`model_task`,
+:func:`distfit.cluster.on_every_worker`: each worker unpickles its copy at once, none waits
+for another's; a result lost with its worker is made again from the task, unlike scattered
+data); the chunk tasks depend on them in turn. A task reads its chunks'
 answers from the release as raw chunk files (:func:`distfit.stores.release_chunks.read_rows`)
 and writes each chunk's arrays and, last, its done marker (``ChunkWriter.write_arrays``: on a
 writer thread while the next chunk is computed); the driver
@@ -45,7 +48,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import secrets
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -56,7 +58,7 @@ from typing import Any, Callable, Iterable, Iterator, TextIO
 import numpy as np
 
 from distfit.chunked_job import ChunkedWrite, check_out, claim_out, new_target
-from distfit.cluster import TASK_RETRIES, WORKER_ENV, BackgroundClient, run_tasks
+from distfit.cluster import WORKER_ENV, BackgroundClient, on_every_worker, run_tasks
 from distfit.estimate import graphical
 from distfit.estimate.measurements import (
     MeasurementModel,
@@ -66,7 +68,7 @@ from distfit.estimate.measurements import (
     recover_measurements,
     workload_kind,
 )
-from distfit.estimate.projection import project_nonnegative
+from distfit.estimate.projection import prepare_projection, project_nonnegative
 from distfit.estimate.rounding import round_preserving_total
 from distfit.spec.parse import parse_spec
 from distfit.stores.data import cell_labels, value_labels
@@ -154,15 +156,11 @@ class EstimateJob:
 # what a worker runs
 
 
-def model_task(plan_path: str, plan_checksum: str) -> MeasurementModel:
-    """The plan's measurement model, built on a worker once per session (every chunk task
-    depends on it); refuses a plan whose stored checksum is not ``plan_checksum``."""
-    plan = read_plan(plan_path)
-    if plan.checksum != plan_checksum:
-        raise ValueError(f"{plan_path}: the plan changed during the estimate (checksum {plan.checksum}, "
-                         f"{plan_checksum} at the start)")
-    with blas_limit():
-        return measurement_model(plan)
+def model_task(model: MeasurementModel) -> MeasurementModel:
+    """The measurement model the driver built from the checked plan and prepared
+    (:func:`distfit.estimate.projection.prepare_projection`), as a task's result on a worker:
+    the chunk tasks depend on it (module docstring)."""
+    return model
 
 
 class ReleaseRows:
@@ -433,6 +431,8 @@ def run_estimate(
         store_method, problem = graphical_method(model, method, integer)
         if problem is not None:
             _PROBLEM[:] = [model, problem]  # the serial path reuses the driver's
+        else:
+            prepare_projection(model)  # here, while the workers start: they receive it ready
         workload = workload_kind(model)
         # the data vector is written once: as query columns where the workload holds every cell
         cell_columns = model.cell_queries if problem is None and (workload.integral or not integer) else None
@@ -473,7 +473,7 @@ def run_estimate(
             if pending and serial:
                 write.consume(recorded(_run_serial(job, model, pending)))
             elif pending:
-                write.consume(recorded(_run_dask(client(), job, plan_path, plan.checksum, pending)))
+                write.consume(recorded(_run_dask(client(), job, model, pending)))
             if clients:
                 clients[0].close(wait=False)  # the workers are done: shut them down while sealing
             # chunks estimated in an earlier session (--resume): their parts read from the store
@@ -500,16 +500,15 @@ def _run_serial(job: EstimateJob, model: MeasurementModel, pending: Iterable[int
             yield result
 
 
-def _run_dask(client, job: EstimateJob, plan_path: str, plan_checksum: str,
+def _run_dask(client, job: EstimateJob, model: MeasurementModel,
               pending: list[int]) -> Iterator[tuple[int, int, tuple]]:
     """One impure task per run of chunks (:func:`distfit.release.tasks.task_chunks`: a task's
     fixed cost paid per ~32k units, not per chunk; unique keys, retries, run in submission
-    order), each depending on the model task's result (module docstring)."""
-    model = client.submit(model_task, os.path.abspath(plan_path), plan_checksum,
-                          key=f"estimate-model-{secrets.token_hex(6)}", pure=False, retries=TASK_RETRIES)
+    order), each depending on one of the model tasks, in turn (module docstring)."""
+    models = on_every_worker(client, model_task, model, name="estimate-model")
     threads = max(1, sum(client.nthreads().values()))
-    calls = ((str(chunks[0]), (job, model, chunks))
-             for chunks in task_chunks(list(pending), job.chunk_units, threads))
+    calls = ((str(chunks[0]), (job, models[i % len(models)], chunks))
+             for i, chunks in enumerate(task_chunks(list(pending), job.chunk_units, threads)))
     for _label, done in run_tasks(client, estimate_chunks_task, calls, "estimate-chunks"):
         yield from done
 

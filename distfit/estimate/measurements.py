@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
 import numpy as np
@@ -152,7 +152,10 @@ class MeasurementModel:
     dense ``W = sum_b (L_b B_b M_b by query_index)`` (m x cells, entries within 1e-9 of an
     integer snapped to it) when it has at most :data:`DENSE_WORKLOAD_ENTRIES` entries, else None;
     ``cell_queries`` the first of the queries that are the cells themselves, in cell order
-    (:func:`cell_query_columns`; PL94's detailed group), else None.
+    (:func:`cell_query_columns`; PL94's detailed group), else None. ``derived``: what other
+    modules compute from the model once and keep with it, by name (the projection's ``H``, its
+    structure and the unconstrained columns: :func:`distfit.estimate.projection.prepare_projection`);
+    kept on the model, not beside it, so that they travel with it when it is pickled to a worker.
     """
 
     attributes: tuple[str, ...]
@@ -162,6 +165,7 @@ class MeasurementModel:
     num_queries: int
     workload: np.ndarray | None = None
     cell_queries: int | None = None
+    derived: dict[str, Any] = field(default_factory=dict, init=False, repr=False)  # a copy (replace) starts empty
 
     def block(self, block_id: str) -> BlockMeasurement:
         """The block ``block_id`` (KeyError if the plan has none)."""

@@ -39,7 +39,7 @@ settle in :data:`NEWTON_STEPS` (the method may cycle where ``H`` is not an M-mat
 :data:`FISTA_ROUND` FISTA iterations and try again. An operator ``H`` uses FISTA alone.
 
 Where ``H`` is block diagonal plus low rank (PL94: 4 x 4 blocks per race plus rank 6;
-:func:`hessian_structure`, found once per process and ``H``), the same active-set steps solve
+:func:`projection_structure`, found once per model and kept with it), the same active-set steps solve
 the free-cell systems by Woodbury without gathering them (:mod:`distfit.estimate.orthant`:
 float64 steps unit by unit in a compiled loop, one refinement with the dense ``H`` and the KKT
 check), :data:`STRUCTURE_BATCH` units at a time (``g`` computed per batch). The objective
@@ -77,7 +77,6 @@ numba's cache (0.2 s; compiled on a cache miss: 7 s).
 """
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 from typing import Callable, Mapping
 
@@ -96,7 +95,9 @@ __all__ = [
     "minimise_quadratic",
     "normal_equations",
     "hessian_structure",
+    "prepare_projection",
     "project_nonnegative",
+    "projection_structure",
     "quadratic_objective",
     "unconstrained_answers",
 ]
@@ -238,14 +239,27 @@ def _add_expanded(model: MeasurementModel, g: np.ndarray | None, values: np.ndar
     return g
 
 
+def _derived(model: MeasurementModel, name: str, build: Callable[[], object]):
+    """``model.derived[name]``, built by ``build()`` on first use (the model's own cache: it
+    travels with the model to the workers, :func:`prepare_projection`); the name carries
+    whether ``H`` is dense (:data:`DENSE_CELLS`), what the values depend on besides the model."""
+    key = f"{name} ({'dense' if model.cells <= DENSE_CELLS else 'operator'})"
+    if key not in model.derived:
+        model.derived[key] = build()
+    return model.derived[key]
+
+
 def _information(model: MeasurementModel) -> np.ndarray | InformationOperator:
     """``H`` (:func:`normal_equations`): dense, or an operator above :data:`DENSE_CELLS` cells;
-    remembered for the last :data:`STRUCTURE_CACHE` models (a worker projects every chunk of a
-    session with one model: 0.3 us a unit to rebuild it a chunk)."""
-    return _build_information(model, model.cells > DENSE_CELLS)  # read-only where dense: shared
+    built once per model (a worker projects every chunk of a session with one model: 0.3 us a
+    unit to rebuild it a chunk). Read-only where dense (shared by every caller; a model
+    unpickled on a worker brings it back writeable)."""
+    hessian = _derived(model, "information", lambda: _build_information(model, model.cells > DENSE_CELLS))
+    if isinstance(hessian, np.ndarray):
+        hessian.flags.writeable = False
+    return hessian
 
 
-@functools.lru_cache(maxsize=STRUCTURE_CACHE)  # models hash by identity
 def _build_information(model: MeasurementModel, operator: bool) -> np.ndarray | InformationOperator:
     if operator:
         return InformationOperator(model)
@@ -261,9 +275,7 @@ def _build_information(model: MeasurementModel, operator: bool) -> np.ndarray | 
         cols = np.zeros((model.cells, model.cells))
         model.add_expanded(cols, np.ascontiguousarray(rows.T), block)
         hessian += cols
-    hessian = (hessian + hessian.T) / 2
-    hessian.flags.writeable = False
-    return hessian
+    return (hessian + hessian.T) / 2
 
 
 def _units(model: MeasurementModel, measurements: Mapping[str, np.ndarray], answers: bool = False) -> int:
@@ -444,11 +456,36 @@ def _active_set_newton(hessian: np.ndarray, g: np.ndarray, x: np.ndarray, lipsch
     return out, converged, steps
 
 
-@functools.lru_cache(maxsize=STRUCTURE_CACHE)  # models hash by identity
 def _model_unconstrained_answers(model: MeasurementModel) -> slice | None:
-    """:func:`unconstrained_answers` of ``model`` with its own ``H``, remembered per model."""
-    hessian = _information(model)
-    return unconstrained_answers(model, hessian) if isinstance(hessian, np.ndarray) else None
+    """:func:`unconstrained_answers` of ``model`` with its own ``H``, once per model."""
+    def build() -> slice | None:
+        hessian = _information(model)
+        return unconstrained_answers(model, hessian) if isinstance(hessian, np.ndarray) else None
+    return _derived(model, "unconstrained", build)
+
+
+def projection_structure(model: MeasurementModel) -> BlockLowRank | None:
+    """The structure of the model's ``H`` that :func:`project_nonnegative` solves with
+    (:func:`hessian_structure`), once per model; None: ``H`` has none, or is an operator (the
+    dense and operator paths)."""
+    def build() -> BlockLowRank | None:
+        hessian = _information(model)
+        return hessian_structure(hessian, model.sizes) if isinstance(hessian, np.ndarray) else None
+    return _derived(model, "structure", build)
+
+
+def prepare_projection(model: MeasurementModel) -> MeasurementModel:
+    """``model`` with everything :func:`project_nonnegative` derives from it computed and kept
+    on it (``model.derived``: ``H``, its structure, the unconstrained columns, each block's
+    :attr:`~distfit.estimate.measurements.BlockMeasurement.answer_linear`), so that a model
+    pickled to the workers arrives ready: ``distfit estimate`` prepares it in the driver while
+    the cluster starts (PL94: 0.1 s a worker no longer spends before its first chunk).
+    Returns ``model`` itself."""
+    projection_structure(model)
+    _model_unconstrained_answers(model)
+    for block in model.blocks:
+        block.answer_linear  # noqa: B018 - a cached property: computed here, pickled with the block
+    return model
 
 
 def unconstrained_answers(model: MeasurementModel, hessian: np.ndarray) -> slice | None:
@@ -501,7 +538,7 @@ def project_nonnegative(model: MeasurementModel, measurements: Mapping[str, np.n
     units = _units(model, measurements, answers)
     hessian = _information(model)
     dense = isinstance(hessian, np.ndarray)
-    structure = hessian_structure(hessian, model.sizes) if dense else None
+    structure = projection_structure(model)
     if out is not None and (out.shape != (units, model.cells) or out.dtype != np.float64 or out.strides[1] != 8):
         raise ValueError(f"out: {out.dtype} {out.shape}, expected float64 ({units}, {model.cells}) with unit-stride rows")
     if structure is None:  # the dense and operator paths write x whole, copied into out at the end

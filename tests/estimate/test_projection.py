@@ -2,6 +2,7 @@
 never worse than the release in the noise metric (draw by draw), consistent estimates."""
 from __future__ import annotations
 
+import pickle
 import types
 
 import numpy as np
@@ -256,7 +257,7 @@ def test_structured_hessian_path_equals_clarabel_and_never_hurts(monkeypatch):
             raw += np.sum(((y[block.block_id][unit] - truth[block.block_id][unit]) @ block.whitener.T) ** 2)
             projected += np.sum(((estimate[0] - truth[block.block_id][unit]) @ block.whitener.T) ** 2)
         assert projected <= raw * (1 + 1e-9) + 1e-9, unit
-    monkeypatch.setattr(projection, "hessian_structure", lambda hessian, sizes: None)  # the dense path
+    monkeypatch.setattr(projection, "projection_structure", lambda model: None)  # the dense path
     dense = project_nonnegative(model, y)
     assert np.allclose(dense.x, result.x, rtol=1e-8, atol=1e-8)
     assert np.allclose(dense.objective, result.objective, rtol=1e-9, atol=1e-9)
@@ -383,3 +384,28 @@ def test_cell_query_answers_are_the_unconstrained_estimate(monkeypatch):
         project_nonnegative(model, answers, answers=True, out=np.empty((40, 2 * model.cells))[:, ::2])  # strided rows
     with pytest.raises(ValueError, match="out: float32"):
         project_nonnegative(model, answers, answers=True, out=np.empty((40, model.cells), dtype=np.float32))
+
+
+def test_a_prepared_model_arrives_ready(monkeypatch):
+    """prepare_projection keeps H, its structure, the unconstrained columns and each block's
+    answer_linear on the model: pickled (as it is sent to a worker) and projected, none of them
+    is derived again, and the result is a fresh model's, bit for bit."""
+    model, twin = cell_query_model(np.random.default_rng(22)), cell_query_model(np.random.default_rng(22))
+    rng = np.random.default_rng(23)
+    x = rng.poisson(rng.choice([0.0, 0.4, 5.0], size=(30, model.cells))).astype(float)
+    answers, _truth = simulate(rng, model, x)
+    fresh = project_nonnegative(twin, answers, answers=True)
+    assert projection.prepare_projection(model) is model
+    sent = pickle.loads(pickle.dumps(model))
+    assert {"information (dense)", "structure (dense)", "unconstrained (dense)"} <= set(sent.derived)
+
+    def derived_again(*_args):
+        raise AssertionError("derived again after pickling")
+    monkeypatch.setattr(projection, "hessian_structure", derived_again)
+    monkeypatch.setattr(projection, "unconstrained_answers", derived_again)
+    monkeypatch.setattr(projection, "_build_information", derived_again)
+    monkeypatch.setattr(np.linalg, "cond", derived_again)  # answer_linear's
+    got = project_nonnegative(sent, answers, answers=True)
+    assert got.converged.all() and not sent.derived["information (dense)"].flags.writeable  # shared: read-only
+    np.testing.assert_array_equal(got.x, fresh.x)
+    np.testing.assert_array_equal(got.objective, fresh.objective)
