@@ -20,7 +20,7 @@ import contextlib
 import secrets
 import shutil
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence, TextIO
+from typing import Any, Callable, Iterable, Mapping, Sequence, TextIO
 
 from distfit.cluster import Progress
 from distfit.stores.files import STAGING_MARKER, is_staging, leftovers, move_into_place
@@ -129,15 +129,14 @@ class ChunkedWrite:
             if self._after_chunk is not None:
                 self._after_chunk(chunk)
 
-    def seal(self, seal: Callable[[ReleaseHasher | None], str], out_path: Path,
+    def seal(self, seal: Callable[[ReleaseHasher | None, Mapping[str, tuple[int, ...]]], str], out_path: Path,
              check_target: Callable[[Path], None]) -> str:
-        """Wait for the queued fsyncs, seal through the store's ``seal(hasher)`` (it checks its
-        inputs are unchanged and takes the hasher's digest) and move a staging directory into
-        place at ``out_path`` (``check_target``: what may be replaced there). Returns the
-        checksum."""
-        if self._syncer is not None:
-            self._syncer.close()
-        checksum = seal(self._hasher)
+        """Wait for the queued fsyncs, seal through the store's ``seal(hasher, synced)`` (it
+        checks its inputs are unchanged, takes the hasher's digest and fsyncs the store but the
+        files ``synced`` as they landed) and move a staging directory into place at
+        ``out_path`` (``check_target``: what may be replaced there). Returns the checksum."""
+        synced = self._syncer.close() if self._syncer is not None else {}
+        checksum = seal(self._hasher, synced)
         if self.staging is not None:
             move_into_place(self.staging, out_path, check_target, fsync=self._fsync)
         return checksum

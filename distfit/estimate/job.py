@@ -479,9 +479,10 @@ def run_estimate(
             # chunks estimated in an earlier session (--resume): their parts read from the store
             parts.update(fit_parts(root, chunk_units, [c for c in range(n_chunks) if c not in parts]))
             fit = combine_fits(parts[c] for c in range(n_chunks))
-            checksum = write.seal(lambda hasher: seal(
+            checksum = write.seal(lambda hasher, synced: seal(
                 root, target, plan_path=plan_path, plan_checksum=plan.checksum, release_path=release_path,
-                release_checksum=release.checksum, fsync=fsync, hasher=hasher, fit=fit), out_path, check_replaceable)
+                release_checksum=release.checksum, fsync=fsync, hasher=hasher, fit=fit, synced=synced),
+                out_path, check_replaceable)
             fit = dict(root.attrs["fit"])
     return EstimateResult(
         path=str(out_path), units=units, queries=model.num_queries, cells=model.cells, chunks=n_chunks,

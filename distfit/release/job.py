@@ -327,8 +327,9 @@ def run_release(
             del job
             if clients:
                 clients[0].close(wait=False)  # the workers are done: shut them down while sealing
-            checksum = write.seal(lambda hasher: seal(root, target, plan_path=plan_path, plan_checksum=plan_checksum,
-                                                      fsync=fsync, hasher=hasher), out_path, check_replaceable)
+            checksum = write.seal(lambda hasher, synced: seal(root, target, plan_path=plan_path, plan_checksum=plan_checksum,
+                                                              fsync=fsync, hasher=hasher, synced=synced),
+                                  out_path, check_replaceable)
     return ReleaseResult(
         path=str(out_path), units=data.units, queries=len(plan.queries_targets), blocks=len(blocks),
         chunks=n_chunks, chunks_drawn=len(pending), units_drawn=write.done_units,

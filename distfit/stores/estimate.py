@@ -339,29 +339,31 @@ def fit_summary(root: zarr.Group, chunk_units: int | None = None) -> dict[str, A
 
 def seal(root: zarr.Group, path: Path, *, plan_path: str, plan_checksum: str, release_path: str,
          release_checksum: str, fsync: bool, hasher: ReleaseHasher | None = None,
-         fit: Mapping[str, Any] | None = None) -> str:
+         fit: Mapping[str, Any] | None = None, synced: Mapping[str, tuple[int, ...]] | None = None) -> str:
     """Verify the plan and the release are unchanged, then checksum and mark complete.
 
     The plan's checksum is recomputed from its arrays (cheap next to the release) and must be
     ``plan_checksum``; the release at ``release_path`` must still be sealed with
     ``release_checksum`` (its stored attr: a release replaced during the estimate is caught; its
-    arrays are not hashed again). Then :func:`distfit.stores.release_chunks.seal_chunked` with
-    the ``fit`` summary (given, as :func:`combine_fits` of the chunks' parts, or read from the
-    store: 0.7 s at the seal of 1M units). Returns the estimate's checksum."""
-    ok, stored, recomputed = verify_checksum(plan_path)
-    release_attrs = root_attrs_on_disk(Path(release_path)) or {}
-    changed = None
-    if not ok or stored != plan_checksum:
-        changed = (f"{plan_path}: the plan changed during the estimate (checksum {recomputed}, started from "
-                   f"{plan_checksum})")
-    elif release_attrs.get("complete") is not True or release_attrs.get("checksum") != release_checksum:
-        changed = (f"{release_path}: the release changed during the estimate (checksum "
-                   f"{release_attrs.get('checksum')}, started from {release_checksum})")
-    if changed is not None:
-        if hasher is not None:
-            hasher.cancel()
-        raise ValueError(f"{changed}; the estimate at {path} is left incomplete")
-    return seal_chunked(root, path, fsync=fsync, hasher=hasher,
+    arrays are not hashed again): ValueError otherwise, the estimate left incomplete. That
+    check runs while :func:`distfit.stores.release_chunks.seal_chunked` checks the chunks,
+    takes the digest and fsyncs (``synced``: the files fsynced as they landed), which then
+    writes the ``fit`` summary (given, as :func:`combine_fits` of the chunks' parts, or read
+    from the store: 0.7 s at the seal of 1M units). Returns the estimate's checksum."""
+    def check() -> None:
+        ok, stored, recomputed = verify_checksum(plan_path)
+        release_attrs = root_attrs_on_disk(Path(release_path)) or {}
+        changed = None
+        if not ok or stored != plan_checksum:
+            changed = (f"{plan_path}: the plan changed during the estimate (checksum {recomputed}, started from "
+                       f"{plan_checksum})")
+        elif release_attrs.get("complete") is not True or release_attrs.get("checksum") != release_checksum:
+            changed = (f"{release_path}: the release changed during the estimate (checksum "
+                       f"{release_attrs.get('checksum')}, started from {release_checksum})")
+        if changed is not None:
+            raise ValueError(f"{changed}; the estimate at {path} is left incomplete")
+
+    return seal_chunked(root, path, fsync=fsync, hasher=hasher, synced=synced, check=check,
                         attrs={"fit": dict(fit) if fit is not None else fit_summary(root)})
 
 

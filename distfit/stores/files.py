@@ -182,8 +182,12 @@ def check_store_kind(path: Path, fmt: str, kind: str) -> None:
         raise FileExistsError(f"{path}: is not a distfit {kind} store; refusing to replace it")
 
 
-def fsync_tree(root: Path) -> None:
-    """fsync every file and directory under ``root`` (directories best effort).
+def fsync_tree(root: Path, synced: Mapping[str, tuple[int, ...]] | None = None) -> None:
+    """fsync every file and directory under ``root`` (directories best effort), but the files
+    of ``synced`` (a path as ``os.path.join`` of ``root`` and its parts gives it: its
+    :func:`file_signature` when it was fsynced) whose signature is unchanged: not written
+    since (:class:`distfit.stores.release_chunks.ChunkSync`, a chunk's files fsynced as it
+    lands: 1,470 of an estimate's 1,731 files at 1M PL94 units).
 
     The fsyncs run on a thread pool: one at a time costs milliseconds each (a journal commit),
     and a plan holds ~16 files per block.
@@ -192,17 +196,36 @@ def fsync_tree(root: Path) -> None:
     for dirpath, _dirnames, filenames in os.walk(root):
         dirs.append(Path(dirpath))
         files.extend(os.path.join(dirpath, fn) for fn in filenames)
+    if synced:
+        files = [file for file in files if file not in synced or synced[file] != file_signature(file)]
     with ThreadPoolExecutor(max_workers=min(32, max(1, len(files)))) as pool:
         list(pool.map(fsync_file, files))
         list(pool.map(fsync_dir, dirs))
 
 
-def fsync_file(path: str) -> None:
+def fsync_file(path: str) -> tuple[int, ...]:
+    """fsync the file at ``path``; returns its :func:`file_signature` as fsynced."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
+        return _signature(os.fstat(fd))
     finally:
         os.close(fd)
+
+
+def file_signature(path: str) -> tuple[int, ...] | None:
+    """``(inode, size, mtime_ns, ctime_ns)`` of the file at ``path`` (None if it is not there):
+    a replacement (a new inode), a change of size or a write a clock tick later changes it. A
+    chunk's files are written once before its task reports it (a retried task rewrites the
+    same bytes), so an fsynced chunk file with its signature unchanged is still on disk."""
+    try:
+        return _signature(os.stat(path))
+    except OSError:
+        return None
+
+
+def _signature(stat: os.stat_result) -> tuple[int, ...]:
+    return (stat.st_ino, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns)
 
 
 def fsync_dir(path: Path) -> None:

@@ -336,22 +336,24 @@ def open_resumable(path: Path, *, plan, data, private: bool, blocks: Mapping[str
 
 
 def seal(root: zarr.Group, path: Path, *, plan_path: str, plan_checksum: str, fsync: bool,
-         hasher: ReleaseHasher | None = None) -> str:
+         hasher: ReleaseHasher | None = None, synced: Mapping[str, tuple[int, ...]] | None = None) -> str:
     """Verify the plan is unchanged and every chunk done, then checksum and mark complete.
 
     The plan's checksum is recomputed from its arrays (:func:`distfit.stores.plan.verify_checksum`)
     and must equal ``plan_checksum``, the one audited at the start: a plan rewritten or altered
-    in place during the release leaves the release incomplete. The release checksum is the
-    ``hasher``'s (:class:`ReleaseHasher`, hashed while the chunks were written), or, without one
-    or if it failed, computed here from the store. Returns the release checksum."""
-    ok, stored, recomputed = verify_checksum(plan_path)
-    if not ok or stored != plan_checksum:
-        if hasher is not None:
-            hasher.cancel()
-        raise ValueError(
-            f"{plan_path}: the plan changed during the release (checksum {recomputed}, started "
-            f"from {plan_checksum}); the release at {path} is left incomplete")
-    return seal_chunked(root, path, fsync=fsync, hasher=hasher)
+    in place during the release leaves the release incomplete (ValueError). That check runs
+    while :func:`distfit.stores.release_chunks.seal_chunked` checks the chunks, takes the
+    release checksum (the ``hasher``'s, :class:`ReleaseHasher`, hashed while the chunks were
+    written, or, without one or if it failed, computed from the store) and fsyncs (``synced``:
+    the files fsynced as they landed). Returns the release checksum."""
+    def check() -> None:
+        ok, stored, recomputed = verify_checksum(plan_path)
+        if not ok or stored != plan_checksum:
+            raise ValueError(
+                f"{plan_path}: the plan changed during the release (checksum {recomputed}, started "
+                f"from {plan_checksum}); the release at {path} is left incomplete")
+
+    return seal_chunked(root, path, fsync=fsync, hasher=hasher, synced=synced, check=check)
 
 
 # --------------------------------------------------------------------------------------------

@@ -4,6 +4,7 @@ The end-to-end release (layout, resume, clusters) is tests/release/test_job.py; 
 are checked against zarr itself and against compute_checksum of the finished store."""
 from __future__ import annotations
 
+import shutil
 import threading
 import time
 from pathlib import Path
@@ -198,3 +199,86 @@ def test_queued_writes_are_ordered_and_a_failure_leaves_its_chunk_not_done(relea
         writer.write(3, 24, {}, answers[24:32], ids[24:32])  # returns once chunk 2 is done: raises
     writer.close()  # chunk 3 was queued after the failure: written in order, done last
     assert group["chunks/done"][...].tolist() == [1, 1, 0, 1, 0, 0, 0]
+
+
+def test_hasher_reads_the_later_arrays_ahead_and_gives_the_same_digest(release, monkeypatch):
+    """The arrays hashed after the first one the chunks write are read as their chunks are
+    reported (PREFETCH_BYTES) and hashed from memory: the digest is the finished store's, and
+    no slab of them is read from the files after the last chunk; with no budget they are read
+    then, to the same digest."""
+    group = zarr.open_group(str(release["path"]), mode="r+")
+    done = group["chunks/done"]
+    served: dict[str, list[bool]] = {}
+
+    class Spy(ReleaseHasher):
+        def _take(self, name, first, fetches):
+            kept = super()._take(name, first, fetches)
+            served.setdefault(name, []).append(kept is not None)
+            return kept
+
+    try:
+        for budget in (release_chunks.PREFETCH_BYTES, 0):
+            monkeypatch.setattr(release_chunks, "PREFETCH_BYTES", budget)
+            served.clear()
+            done[...] = 0  # every chunk reported in this session, in any order
+            hasher = Spy(group, release["path"], 50, 8)
+            later = [name for name, _arr in hasher._prefetch]
+            for chunk in (3, 0, 6, 1, 5, 2, 4):
+                hasher.chunk_done(chunk)
+            assert hasher.result() == release["checksum"]
+            if budget:
+                written = sorted(hasher._written - {"chunks/done"})
+                assert later == written[1:] and "unit_ids" in later
+                assert all(all(served[name]) for name in later) and set(later) <= set(served)
+            else:
+                assert later == [] and not any(any(flags) for flags in served.values())
+            assert not hasher._kept
+    finally:
+        done[...] = 1
+
+
+def test_seal_fsyncs_only_what_the_chunk_sync_did_not(release, tmp_path, monkeypatch):
+    """ChunkSync records each file it fsyncs; the seal's fsync_tree skips those not written
+    since and fsyncs the rest (the metadata, a chunk file rewritten after its fsync)."""
+    import distfit.stores.files as files
+    path = tmp_path / "r.zarr"
+    shutil.copytree(release["path"], path)
+    group = zarr.open_group(str(path), mode="r+")
+    sync = release_chunks.ChunkSync(group, path, 50, 8)
+    for chunk in range(7):
+        sync(chunk)
+    synced = sync.close()
+    assert synced and all(Path(file).is_file() and Path(file).name != "zarr.json" for file in synced)
+    rewritten = sorted(synced)[0]
+    time.sleep(0.02)
+    Path(rewritten).write_bytes(Path(rewritten).read_bytes())  # the same bytes, written again
+    fsynced: list[str] = []
+    monkeypatch.setattr(files, "fsync_file", lambda file: fsynced.append(file))
+    files.fsync_tree(path, synced)
+    every = {str(f) for f in path.rglob("*") if f.is_file()}
+    assert set(fsynced) == (every - set(synced)) | {rewritten}
+
+
+def test_a_refused_check_is_the_seals_error_and_nothing_is_marked(release, tmp_path):
+    """seal_chunked runs the caller's check beside the digest and the fsync: its error is the
+    one raised (even where a chunk is also missing), the hasher cancelled, complete not set."""
+    path = tmp_path / "r.zarr"
+    shutil.copytree(release["path"], path)
+    group = zarr.open_group(str(path), mode="r+")
+    group.attrs.update({"complete": False})
+
+    def refuse():
+        time.sleep(0.1)
+        raise ValueError("the plan changed")
+
+    for missing in (None, 2):
+        if missing is not None:
+            group["chunks/done"][missing] = 0
+        hasher = ReleaseHasher(group, path, 50, 8)
+        with pytest.raises(ValueError, match="the plan changed"):
+            release_chunks.seal_chunked(group, path, fsync=True, hasher=hasher, check=refuse)
+        assert not hasher._thread.is_alive()
+        assert zarr.open_group(str(path), mode="r").attrs["complete"] is False
+    group["chunks/done"][2] = 1
+    assert release_chunks.seal_chunked(group, path, fsync=True, check=lambda: None) == release["checksum"]
+    assert zarr.open_group(str(path), mode="r").attrs["complete"] is True
