@@ -70,11 +70,9 @@ it 31-36). The kernels compile once per structure shape (7 s) into numba's on-di
 """
 from __future__ import annotations
 
-import functools
-
-import numba
 import numpy as np
 
+from distfit.estimate.compiled import jit
 from distfit.estimate.structure import BlockLowRank
 
 __all__ = ["DROP", "START", "SWAPS", "solve_free", "solve_orthant"]
@@ -93,21 +91,7 @@ DROP = (0.3, 0.1)
 SWAPS = 8
 
 
-def _jit(function=None, *, fastmath: tuple[str, ...] = ()):
-    """``numba.njit`` without the GIL, cached on disk where numba finds a writable cache
-    directory (beside the package, else the user's cache), else compiled once per process.
-    Fastmath off (the float64 steps are the exact method's) but for the ``fastmath`` flags a
-    kernel names: ``reassoc`` for its sums, ``contract`` for fused multiply-adds (rounding only)."""
-    if function is None:
-        return functools.partial(_jit, fastmath=fastmath)
-    flags = set(fastmath) or False
-    try:
-        return numba.njit(nogil=True, cache=True, fastmath=flags)(function)
-    except RuntimeError:  # pragma: no cover - no writable cache directory
-        return numba.njit(nogil=True, fastmath=flags)(function)
-
-
-@_jit
+@jit
 def _cholesky(packed, lower, kz):
     """Lower Cholesky factor of ``S = I + P``, ``P`` given by its packed lower triangle (entry
     ``(a, b)``, ``b <= a``, at ``a (a + 1) / 2 + b``), the diagonal stored inverted."""
@@ -124,7 +108,7 @@ def _cholesky(packed, lower, kz):
             lower[i, j] = v * lower[j, j]
 
 
-@_jit
+@jit
 def _cholesky_solve(lower, t, kz):
     """``t <- S^-1 t`` from :func:`_cholesky`'s factor (forward, then back substitution)."""
     k = len(kz)
@@ -140,7 +124,7 @@ def _cholesky_solve(lower, t, kz):
         t[i] = v * lower[i, i]
 
 
-@_jit
+@jit
 def _couple(vt, t, c, kz):
     """``c = V t`` on every cell (the sum over the rank unrolled: one store a cell)."""
     for cell in range(c.size):
@@ -150,7 +134,7 @@ def _couple(vt, t, c, kz):
         c[cell] = v
 
 
-@_jit(fastmath=("reassoc", "contract"))
+@jit(fastmath=("reassoc", "contract"))
 def _dots(vt, z, t, kz):
     """``t = V^T z``, each sum reassociated into vectorised partial sums (rounding only)."""
     for b in range(len(kz)):
@@ -160,7 +144,7 @@ def _dots(vt, z, t, kz):
         t[b] = v
 
 
-@_jit(fastmath=("reassoc", "contract"))
+@jit(fastmath=("reassoc", "contract"))
 def _dot(a, b):
     """``a . b``, reassociated as :func:`_dots`."""
     v = 0.0
@@ -169,7 +153,7 @@ def _dot(a, b):
     return v
 
 
-@_jit(fastmath=("contract",))
+@jit(fastmath=("contract",))
 def _blocks(table, base, shift, rhs, sign, out, groups, sz):
     """``out = (base - shift) + sign T rhs`` group by group, with group ``r``'s s x s matrix
     ``T_r`` held in column ``r`` of ``table`` (``table[i * s + j, r]``): every loop runs over
@@ -184,7 +168,7 @@ def _blocks(table, base, shift, rhs, sign, out, groups, sz):
             out[i * groups + r] = (base[i * groups + r] - shift[i * groups + r]) + sign * v
 
 
-@_jit
+@jit
 def _absmax(x):
     """``max(1, ||x||_inf)`` in four independent chains (max is associative: exact)."""
     cells = x.size
@@ -200,14 +184,14 @@ def _absmax(x):
     return max(max(a0, a1), max(a2, a3))
 
 
-@_jit
+@jit
 def _load(current, inverses, q, r, sz):
     """Column ``r`` of ``current`` <- row ``q`` of ``inverses`` (group ``r``'s new pattern)."""
     for e in range(len(sz) * len(sz)):
         current[e, r] = inverses[q, e]
 
 
-@_jit
+@jit
 def _apply(table, q, rhs, r, groups, out, sz):
     """``out_r = table[q] rhs_r`` on group ``r``'s cells (one tabulated s x s matrix)."""
     s = len(sz)
@@ -218,7 +202,7 @@ def _apply(table, q, rhs, r, groups, out, sz):
         out[i * groups + r] = v
 
 
-@_jit
+@jit
 def _capacitance(pattern, offsets, capacitance, packed):
     """``packed = sum_r (V_p^T D_p^-1 V_p)`` over the groups, packed lower triangles (the empty
     pattern's rows are zeros): one contiguous row added a group, a vectorised add."""
@@ -229,7 +213,7 @@ def _capacitance(pattern, offsets, capacitance, packed):
             packed[e] += capacitance[q, e]
 
 
-@_jit
+@jit
 def _next(pattern, new, x, gradient, spread, floor, threshold, groups, sz):
     """The next free set's patterns (cells of ``F`` with ``x`` above ``floor`` of their spread
     stay, cells of ``A`` with a multiplier below ``-threshold`` join), branch-free over the
@@ -248,7 +232,7 @@ def _next(pattern, new, x, gradient, spread, floor, threshold, groups, sz):
     return changed
 
 
-@_jit
+@jit
 def _swap(r, old, new, offsets, inverses, capacitance, factor, gu, z, current, acc, tacc, groups, sz, kz):
     """Group ``r`` goes from pattern ``old`` to ``new``: ``S`` and ``t = V^T z`` updated by its
     terms, its inverse loaded and ``z_r = D_p^-1 g_r`` recomputed."""
@@ -268,7 +252,7 @@ def _swap(r, old, new, offsets, inverses, capacitance, factor, gu, z, current, a
             tacc[b] += z[cell] * factor[cell, b]
 
 
-@_jit
+@jit
 def _reload(pattern, new, offsets, inverses, capacitance, vt, gu, z, current, zero, acc, tacc, groups, sz, kz):
     """Every group takes its ``new`` pattern: inverses loaded where it changed, then ``z =
     D_FF^-1 g``, ``t = V^T z`` and ``S`` recomputed in full (cheaper than :func:`_swap` once
@@ -282,7 +266,7 @@ def _reload(pattern, new, offsets, inverses, capacitance, vt, gu, z, current, ze
     _capacitance(pattern, offsets, capacitance, acc)
 
 
-@_jit(fastmath=("contract",))
+@jit(fastmath=("contract",))
 def _defect(defect, x, residual, rows, small):
     """``residual += E x`` from the rows of ``E`` (float32, symmetric: rows are columns) of the
     cells with ``x != 0``, four rows a pass, summed in float32: ``E`` is ~1e-12 of ``H``
@@ -311,7 +295,7 @@ def _defect(defect, x, residual, rows, small):
         residual[cell] += small[cell]
 
 
-@_jit(fastmath=("reassoc", "contract"))
+@jit(fastmath=("reassoc", "contract"))
 def _row_dot(defect, i, deviation):
     """``E_i . deviation`` (``E`` row ``i`` and ``deviation`` float32, summed reassociated)."""
     v = np.float32(0.0)
@@ -320,7 +304,7 @@ def _row_dot(defect, i, deviation):
     return np.float64(v)
 
 
-@_jit
+@jit
 def _defect_rows(defect, x, deviation, residual):
     """``residual_i += E_i . deviation`` on the cells with ``x_i != 0`` (the free ones)."""
     for i in range(x.size):
@@ -328,7 +312,7 @@ def _defect_rows(defect, x, deviation, residual):
             residual[i] += _row_dot(defect, i, deviation)
 
 
-@_jit
+@jit
 def _orthant(g, given, place, inverses, capacitance, blocks_t, full_t, offsets, factor, vt, defect, rowmax, spread,
              tol_scale, max_steps, start, drop, swaps, x_out, gradient_out, converged, values, sz, kz):
     """The active-set method of the module docstring on every row of ``g``;
@@ -490,7 +474,7 @@ def _sizes(structure: BlockLowRank) -> tuple[tuple[int, ...], tuple[int, ...]]:
     return (0,) * structure.group_cells, (0,) * structure.rank
 
 
-@_jit
+@jit
 def _free_solve(g, free, inverses, capacitance, offsets, vt, x_out, sz, kz):
     """:func:`solve_free` on every row (the structure's order, padding included)."""
     n, cells = g.shape
