@@ -22,7 +22,6 @@ time), and the ratio groups / packed of each. Both plans must pass the audit wit
 from __future__ import annotations
 
 import argparse
-import io
 import os
 import shutil
 import sys

@@ -42,7 +42,7 @@ from typing import Sequence
 
 import numpy as np
 
-from distfit.packing import PackedBlocks, block_cells, segment_cells, segment_kappa
+from distfit.packing import PackedBlocks, segment_cells, segment_kappa
 
 
 @dataclass(frozen=True, eq=False)

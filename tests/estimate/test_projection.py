@@ -25,7 +25,7 @@ from distfit.estimate.projection import (
     project_nonnegative,
     quadratic_objective,
 )
-from distfit.release.noise import block_marginal, noise_stream, release_chunk
+from distfit.release.noise import block_marginal, release_chunk
 from tests.estimate.test_structure import structured_blocks
 
 cp = pytest.importorskip("cvxpy")
