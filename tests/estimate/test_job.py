@@ -16,6 +16,7 @@ import pytest
 import yaml
 import zarr
 
+import distfit.estimate.job as job_module
 from distfit.domain import Domain
 from distfit.estimate.job import run_estimate
 from distfit.estimate.projection import project_nonnegative
@@ -33,7 +34,14 @@ from distfit.release.job import run_release
 from distfit.release.noise import block_marginal
 from distfit.spec.parse import load_spec
 from distfit.stores.data import read_histograms, write_synthetic
-from distfit.stores.estimate import EstimateError, fit_summary, read_estimate, verify_estimate
+from distfit.stores.estimate import (
+    EstimateError,
+    create_estimate,
+    fit_summary,
+    read_estimate,
+    stored_tables,
+    verify_estimate,
+)
 from distfit.stores.lock import StoreLockedError, store_lock
 from distfit.stores.plan import read_plan
 from distfit.stores.release import read_release
@@ -439,3 +447,33 @@ def test_published_estimates_clamp_rounding_below_zero_only(small_plan):
     assert np.abs(raw[raw < 0]).max(initial=0.0) <= NONNEGATIVE_TOLERANCE * (1 + x.sum(axis=1)).max()
     negative = WorkloadKind(integral=False, nonnegative=False)
     np.testing.assert_array_equal(published_estimates(model, -x, negative), workload_estimates(model, -x))
+
+
+def test_a_workers_tasks_of_one_job_open_the_release_once(inputs, tmp_path, monkeypatch):
+    """Chunk tasks of one job on a worker share one release reader (opened and checked by the
+    first); a task of another job opens its own. What they write is the serial estimate's."""
+    plan, release = read_plan(inputs["plan"]), read_release(inputs["release"])
+    model = measurement_model(plan)
+    opened = []
+    real = job_module._open_release
+    monkeypatch.setattr(job_module, "_open_release", lambda job: opened.append(job) or real(job))
+    monkeypatch.setattr(job_module, "_ROWS", [])
+    jobs = []
+    for name in ("a.zarr", "b.zarr"):
+        root = create_estimate(tmp_path / name, plan=plan, plan_path=inputs["plan"], release=release,
+                               method=job_module.METHOD, objective=job_module.OBJECTIVE, integer=False,
+                               cells=model.cells, query_dtype=np.float64, cell_labels=None, cliques=None,
+                               cell_columns=None)
+        jobs.append(job_module.EstimateJob(
+            estimate_path=str(tmp_path / name), release_path=inputs["release"], release_checksum=release.checksum,
+            units=UNITS, chunk_units=CHUNK, integer=False, workload=workload_kind(model),
+            tables=stored_tables(root)))
+    first, second = jobs
+    job_module.estimate_chunks_task(first, model, (0, 1))
+    job_module.estimate_chunks_task(first, model, (2,))
+    assert opened == [first]
+    job_module.estimate_chunks_task(second, model, (0,))
+    assert opened == [first, second]
+    written = zarr.open_group(str(tmp_path / "a.zarr"), mode="r")["queries/estimates"][:3 * CHUNK]
+    reference = zarr.open_group(inputs["estimate"], mode="r")["queries/estimates"][:3 * CHUNK]
+    assert np.array_equal(written, reference)
