@@ -324,13 +324,16 @@ def on_every_worker(client, function: Callable, *args, name: str) -> list:
     """``function(*args)`` as one impure task per worker of ``client`` (at least one; keys
     ``name-i-run``, ``TASK_RETRIES`` retries): the futures of a value every task of a job
     depends on (the estimate's measurement model), made on every worker at once rather than on
-    one and then copied to the others while they wait. Tasks without dependencies go to the
-    idle workers first, one each. A task's arguments are its data (run_tasks): a result lost
-    with its worker is made again from them."""
+    one and then copied to the others while they wait. Each task asks for its own worker
+    loosely (``allow_other_workers``: the scheduler alone would put two quick tasks on one idle
+    worker; a task whose worker is gone runs elsewhere). A task's arguments are its data
+    (run_tasks): a result lost with its worker is made again from them."""
     warnings.filterwarnings("ignore", message="Sending large graph of size", category=UserWarning)
     run = uuid.uuid4().hex[:8]
-    return [client.submit(function, *args, key=f"{name}-{i}-{run}", retries=TASK_RETRIES, pure=False)
-            for i in range(max(1, len(client.nthreads())))]
+    addresses: list = sorted(client.nthreads()) or [None]
+    return [client.submit(function, *args, key=f"{name}-{i}-{run}", retries=TASK_RETRIES, pure=False,
+                          workers=None if address is None else [address], allow_other_workers=True)
+            for i, address in enumerate(addresses)]
 
 
 def compute_partitions(
