@@ -327,18 +327,17 @@ def _span(job: EstimateJob, chunk: int) -> tuple[int, int]:
 
 
 def estimate_chunk_task(job: EstimateJob, model: MeasurementModel, chunk: int,
-                        writer: ChunkWriter | None = None, rows: ReleaseRows | None = None,
+                        writer: ChunkWriter | None = None,
                         read: tuple[dict[str, np.ndarray], np.ndarray] | None = None) -> tuple[int, int]:
     """Estimate release chunk ``chunk`` and write its rows and, last, its done marker (written
     before this returns, or through ``writer``: queued, written while the next chunk is
-    computed). ``rows``: the caller's reader of the release (else the release is opened and
-    checked here); ``read``: the chunk's answers and unit ids, already read
-    (:meth:`ReleaseRows.read`). Deterministic in its arguments, so a retry rewrites identical
+    computed). ``read``: the chunk's answers and unit ids, already read
+    (:meth:`ReleaseRows.read`; else the release is opened, checked and read here). Deterministic in its arguments, so a retry rewrites identical
     bytes. Returns ``(chunk, units, part)``, ``part`` the chunk's share of the store's ``fit``
     attr (:func:`distfit.stores.estimate.chunk_fit` of the rows written)."""
     start, stop = _span(job, chunk)
     if read is None:
-        read = (ReleaseRows(_open_release(job), model) if rows is None else rows).read(start, stop)
+        read = ReleaseRows(_open_release(job), model).read(start, stop)
     answers, unit_ids = read
     with blas_limit():
         if job.method == METHOD:

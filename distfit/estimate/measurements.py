@@ -342,9 +342,10 @@ def workload_estimates(model: MeasurementModel, x: np.ndarray, out: np.ndarray |
     themselves (``cell_queries``) are ``x`` copied, exactly, and only the other rows of ``W``
     multiplied (PL94: 67 of 319 rows; published estimates of 4096 units in 2.0 us a unit instead
     of 3.6, CPU, one thread), as compiled sums by cell where they are sparse
-    (:attr:`MeasurementModel.query_sums`; PL94's 4.5 % nonzero: 0.4-0.6 us a unit less). Without it (a domain too large), the block rows are summed, whose
-    coefficients need not be integers (a query split over residual blocks): integers up to
-    rounding then.
+    (:attr:`MeasurementModel.query_sums`; PL94's 4.5 % nonzero: 0.63 us a unit in a chunk task
+    against 1.45 for the dense product). Without it (a domain too large), the block rows are
+    summed, whose coefficients need not be integers (a query split over residual blocks):
+    integers up to rounding then.
 
     ``out`` (units x m float64, with cell queries only): written and returned; where ``x`` is
     already its cell columns (``out[:, cell_queries:cell_queries + cells]``, as

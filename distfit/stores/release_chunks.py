@@ -400,14 +400,14 @@ class ReleaseHasher:
         self._chunk_units = chunk_units
         self._written = set(chunk_arrays(root) if arrays is None else arrays)
         # the arrays after the first in hash order, read ahead as their chunks land (PREFETCH_BYTES)
-        self._prefetch: list[tuple[str, zarr.Array]] = []
+        self._prefetch: dict[str, zarr.Array] = {}
         budget = PREFETCH_BYTES
         for name in sorted(self._written - {"chunks/done"})[1:]:
             arr = root[name]
             size = int(np.prod(arr.shape)) * np.dtype(arr.dtype).itemsize
             if size > budget or not raw_chunks(arr) or int(arr.chunks[0]) != chunk_units:
                 break
-            self._prefetch.append((name, arr))
+            self._prefetch[name] = arr
             budget -= size
         self._kept: dict[tuple[str, int], np.ndarray] = {}
         self._fetches: dict[int, Any] = {}
@@ -444,14 +444,14 @@ class ReleaseHasher:
 
     def _fetch(self, chunk: int) -> None:
         start = chunk * self._chunk_units
-        for name, arr in self._prefetch:
+        for name, arr in self._prefetch.items():
             self._kept[(name, chunk)] = read_rows(self._path, name, arr, slice(start, start + self._chunk_units))
 
     def _take(self, name: str, first: int, fetches: list) -> np.ndarray | None:
         """The rows of chunks ``first, first + 1, ...`` (one per fetch) of ``name`` as read
         ahead, removed from the kept ones; None where any is missing (not read ahead: done
         before this session, or its read failed)."""
-        if name not in dict(self._prefetch) or any(f is None for f in fetches):
+        if name not in self._prefetch or any(f is None for f in fetches):
             return None
         for fetch in fetches:
             if fetch.exception() is not None:  # waits for it
