@@ -68,7 +68,7 @@ from distfit.estimate.measurements import (
     recover_measurements,
     workload_kind,
 )
-from distfit.estimate.projection import prepare_projection, project_nonnegative
+from distfit.estimate.projection import prepare_projection, project_nonnegative, projection_memory_bytes
 from distfit.estimate.rounding import round_preserving_total
 from distfit.spec.parse import parse_spec
 from distfit.stores.data import cell_labels, value_labels
@@ -255,26 +255,40 @@ def estimate_chunk(model: MeasurementModel, answers: dict[str, np.ndarray], *, i
     return published_estimates(model, cells, workload, integer=integer, out=queries), cells, fit
 
 
-def graphical_method(model: MeasurementModel, method: str, integer: bool) -> tuple[str, Any]:
-    """The store's ``method`` for ``--method`` (:data:`METHODS`) and the graphical problem
-    (None for the projection): auto takes a graphical model above
-    :data:`distfit.estimate.graphical.PROJECTION_MAX_CELLS` cells, where ``x`` cannot be held.
-    ValueError (one line): an unknown method, ``--integer`` with a graphical model (overlapping
-    clique marginals cannot in general be rounded to integers that still agree on their shared
-    attributes, so integer tables are refused rather than made inconsistent), a model too large
-    for memory, mbi not installed."""
+def graphical_method(model: MeasurementModel, method: str, integer: bool, chunk_units: int = 1, *,
+                     memory_limit: int = graphical.MEMORY_LIMIT_BYTES) -> tuple[str, Any, int]:
+    """The store's ``method`` for ``--method`` (:data:`METHODS`), the graphical problem (None
+    for the projection) and the method's working memory in bytes (per task: one chunk of
+    ``chunk_units`` units for the projection, :func:`~distfit.estimate.projection.projection_memory_bytes`;
+    the graphical model's tables, :attr:`~distfit.estimate.graphical.GraphicalProblem.memory_bytes`).
+    Auto takes the projection when the domain has at most
+    :data:`distfit.estimate.graphical.PROJECTION_MAX_CELLS` cells and its memory is within
+    ``memory_limit``, else a graphical model; nothing proportional to the domain's cells is
+    allocated to decide. ValueError (one line): an unknown method, ``--integer`` with a graphical
+    model (overlapping clique marginals cannot in general be rounded to integers that still
+    agree on their shared attributes, so integer tables are refused rather than made
+    inconsistent), a method whose memory exceeds ``memory_limit`` (the projection's or the
+    graphical model's, :class:`~distfit.estimate.graphical.ModelTooLarge`), mbi not installed."""
     if method not in METHODS:
         raise ValueError(f"--method: {method!r}, expected one of {', '.join(METHODS)}")
-    if method == "projection" or (method == "auto" and not graphical.use_graphical(model)):
-        return METHOD, None
+    projection_bytes = projection_memory_bytes(model, chunk_units)
+    fits = projection_bytes <= memory_limit
+    if method == "projection" or (method == "auto" and fits and not graphical.use_graphical(model)):
+        if not fits:
+            raise ValueError(
+                f"--method projection: the projection of {model.cells:,} cells needs {projection_bytes / 2**30:,.1f} GiB "
+                f"for a chunk of {chunk_units:,} units, over the limit of {memory_limit / 2**30:.1f} GiB; "
+                f"use --method auto (a graphical model)")
+        return METHOD, None, projection_bytes
     if integer:
         raise ValueError(f"--integer: not available with a graphical-model estimate ({model.cells:,} cells); "
                          "clique marginals cannot in general be rounded consistently, leave out --integer")
     try:
-        problem = graphical.graphical_problem(model, method=method.removeprefix("graphical-").replace("graphical", "auto"))
+        problem = graphical.graphical_problem(model, method=method.removeprefix("graphical-").replace("graphical", "auto"),
+                                              memory_limit=memory_limit)
     except graphical.GraphicalUnavailable as exc:
         raise ValueError(str(exc)) from None
-    return f"graphical-{problem.method}", problem
+    return f"graphical-{problem.method}", problem, problem.memory_bytes
 
 
 #: The graphical problem of the last model a worker saw (model, problem): built once per worker.
@@ -443,7 +457,7 @@ def run_estimate(
         if not serial and not resumed:
             client()  # workers spawn while the model is built; an unreachable cluster is refused here
         model = measurement_model(plan)
-        store_method, problem = graphical_method(model, method, integer)
+        store_method, problem, memory = graphical_method(model, method, integer, int(release.attrs["chunk_units"]))
         if problem is not None:
             _PROBLEM[:] = [model, problem]  # the serial path reuses the driver's
         else:
@@ -475,6 +489,8 @@ def run_estimate(
         job = EstimateJob(estimate_path=str(target), release_path=os.path.abspath(release.path),
                           release_checksum=release.checksum, units=units, chunk_units=chunk_units,
                           integer=integer, workload=workload, method=store_method, tables=stored_tables(root))
+        print(f"distfit: estimate by {store_method}: working memory about {memory / 2**20:,.1f} MiB a task "
+              f"(limit {graphical.MEMORY_LIMIT_BYTES / 2**30:.0f} GiB)", file=log)
         parts: dict[int, tuple] = {}  # each chunk's share of the fit attr, as the tasks report it
 
         def recorded(results: Iterable[tuple[int, int, tuple]]) -> Iterator[tuple[int, int]]:

@@ -41,7 +41,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Iterator, Mapping
 
 import numpy as np
 import scipy.linalg
@@ -61,6 +61,7 @@ __all__ = [
     "NONNEGATIVE_TOLERANCE",
     "WorkloadKind",
     "published_estimates",
+    "query_marginal_rows",
     "recover_measurements",
     "whitened_measurements",
     "workload_estimates",
@@ -83,7 +84,7 @@ NONNEGATIVE_TOLERANCE = 1e-9
 #: A square subset of a block's answers recovers its measurement (``y = L_S^-1 a_S``) where
 #: ``L_S`` is this well conditioned (rounding amplified at most this much: 1e-12 relative).
 SUBSET_CONDITION = 1e4
-#: Elements of ``W^T`` (cells x m) formed per slab when :func:`workload_kind` has no dense ``W``.
+#: Entries of a slab of ``W``'s rows on their own marginals (:func:`query_marginal_rows`).
 WORKLOAD_SLAB = 2**22
 
 
@@ -425,22 +426,82 @@ def _kind_of(w: np.ndarray) -> WorkloadKind:
 def workload_kind(model: MeasurementModel) -> WorkloadKind:
     """What the workload's coefficients are (:class:`WorkloadKind`). Read off the model's dense
     ``workload`` when it keeps one; at once when every block's query rows ``L_b B_b`` are
-    nonnegative integers (sums of such rows); else (a query summed from the rows of several
-    blocks) ``W^T`` is formed a slab of cells at a time (:func:`workload_estimates` of identity
-    rows, at most :data:`WORKLOAD_SLAB` elements a slab)."""
+    nonnegative integers (sums of such rows); else from each query's row of ``W`` on its own
+    marginal (:func:`query_marginal_rows`), never over the domain's cells: the coefficient of
+    ``W_j`` at a cell is the entry of that row at the cell's restriction, so the two rows have
+    the same set of values."""
     if model.workload is not None:
         return _kind_of(model.workload)
     rows = [_kind_of(block.query_rows) for block in model.blocks]
     if all(kind.integral and kind.nonnegative for kind in rows):
         return WorkloadKind(integral=True, nonnegative=True)
     integral = nonnegative = True
-    step = max(1, WORKLOAD_SLAB // max(model.cells, model.num_queries))
-    for first in range(0, model.cells, step):
-        slab = _kind_of(workload_estimates(model, np.eye(min(step, model.cells - first), model.cells, first)))
+    for _queries, _axes, table in query_marginal_rows(model):
+        slab = _kind_of(table)
         integral, nonnegative = integral and slab.integral, nonnegative and slab.nonnegative
         if not (integral or nonnegative):
             break
     return WorkloadKind(integral=integral, nonnegative=nonnegative)
+
+
+def query_marginal_rows(model: MeasurementModel) -> Iterator[tuple[np.ndarray, tuple[int, ...], np.ndarray]]:
+    """``(queries, axes, table)`` slabs covering every workload query once: ``table`` (len(queries)
+    x prod(sizes[axes])) holds rows ``queries`` of ``W = sum_b (L_b B_b M_b by query_index)``
+    restricted to the marginal on ``axes`` (schema axes, ascending), the union ``U_j`` of the
+    attributes of the blocks that sum into query ``j``: ``W_j = T_j M_U``, since every block's
+    rows ``L_b B_b M_b = (L_b B_b M_{b|U}) M_U`` for ``b``'s attributes within ``U``.
+
+    Queries of one union are taken together, at most :data:`WORKLOAD_SLAB` entries a table
+    (a single query's row on ``U`` may exceed it: it is then taken alone; it is no larger than
+    the blocks that measure ``U``). Nothing proportional to the domain's cells is formed.
+    Loops run over the blocks and the distinct unions, not over queries or cells."""
+    naxes = len(model.sizes)
+    words = max(1, -(-naxes // 64))
+    union = np.zeros((model.num_queries, words), dtype=np.uint64)  # bit a of U_j: attribute a
+    block_bits = []
+    for block in model.blocks:
+        bits = np.zeros(words, dtype=np.uint64)
+        for axis in range(naxes):
+            if axis not in block.drop_axes:
+                bits[axis // 64] |= np.uint64(1) << np.uint64(axis % 64)
+        block_bits.append(bits)
+        np.bitwise_or.at(union, block.query_index, bits)
+    measured = np.zeros(model.num_queries, dtype=bool)
+    for block in model.blocks:
+        measured[block.query_index] = True
+    distinct, group = np.unique(union, axis=0, return_inverse=True)
+    group = group.reshape(-1)
+    order = np.argsort(group, kind="stable")
+    starts = np.searchsorted(group[order], np.arange(len(distinct) + 1))
+    contributors: list[list[int]] = [[] for _ in range(len(distinct))]
+    for b, block in enumerate(model.blocks):
+        for g in np.unique(group[block.query_index]):
+            contributors[int(g)].append(b)
+    for g, bits in enumerate(distinct):
+        queries = order[starts[g]:starts[g + 1]]
+        queries = queries[measured[queries]]
+        if not queries.size:
+            continue
+        axes = tuple(axis for axis in range(naxes) if int(bits[axis // 64]) >> (axis % 64) & 1)
+        shape = tuple(model.sizes[axis] for axis in axes)
+        cells = int(np.prod(shape, dtype=np.int64))
+        step = max(1, WORKLOAD_SLAB // max(cells, 1))
+        position = np.full(model.num_queries, -1, dtype=np.int64)
+        for first in range(0, queries.size, step):
+            slab = queries[first:first + step]
+            position[slab] = np.arange(slab.size)
+            table = np.zeros((slab.size,) + shape)
+            for b in contributors[g]:
+                block = model.blocks[b]
+                where = position[block.query_index]
+                take = np.flatnonzero(where >= 0)
+                if not take.size:
+                    continue
+                lifted = tuple(1 if axis in block.drop_axes else model.sizes[axis] for axis in axes)
+                rows = block.query_rows[take].reshape((take.size,) + lifted)
+                np.add.at(table, where[take], np.broadcast_to(rows, (take.size,) + shape))
+            position[slab] = -1
+            yield slab, axes, _snap_integer_rows(table.reshape(slab.size, cells))
 
 
 def published_estimates(model: MeasurementModel, x: np.ndarray, kind: WorkloadKind, *,

@@ -97,6 +97,7 @@ __all__ = [
     "hessian_structure",
     "prepare_projection",
     "project_nonnegative",
+    "projection_memory_bytes",
     "projection_structure",
     "quadratic_objective",
     "unconstrained_answers",
@@ -104,6 +105,10 @@ __all__ = [
 
 #: Domains of at most this many cells get a dense ``H`` (cells x cells float64: 128 MiB at 4096).
 DENSE_CELLS = 4096
+#: float64 arrays of ``units x cells`` a chunk's projection keeps alive at once (``g``, ``x``,
+#: FISTA's momentum, gradient, previous and trial points, the active-set solve's gathers, the
+#: published estimates' cells): the memory estimate's factor (:func:`projection_memory_bytes`).
+PROJECTION_COPIES = 10
 #: Power iterations for ``lambda_max(H)`` of an operator, and the safety factor on the result.
 POWER_ITERATIONS = 60
 POWER_SAFETY = 1.05
@@ -276,6 +281,16 @@ def _build_information(model: MeasurementModel, operator: bool) -> np.ndarray | 
         model.add_expanded(cols, np.ascontiguousarray(rows.T), block)
         hessian += cols
     return (hessian + hessian.T) / 2
+
+
+def projection_memory_bytes(model: MeasurementModel, units: int) -> int:
+    """The projection's working memory for a chunk of ``units`` units, in bytes, stated before it
+    starts: :data:`PROJECTION_COPIES` arrays of ``units x cells`` float64, the query estimates
+    (``units x m``), and where ``H`` is dense (:data:`DENSE_CELLS`) three ``cells x cells``
+    float64 arrays (``H`` and the two expansions that build it). Computed from the sizes alone."""
+    cells, units = int(model.cells), max(1, int(units))
+    dense = 3 * cells * cells if cells <= DENSE_CELLS else 0
+    return 8 * (PROJECTION_COPIES * units * cells + units * int(model.num_queries) + dense)
 
 
 def _units(model: MeasurementModel, measurements: Mapping[str, np.ndarray], answers: bool = False) -> int:

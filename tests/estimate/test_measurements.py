@@ -13,8 +13,10 @@ from distfit.estimate.measurements import (
     cell_query_columns,
     measurement_model,
     model_from_blocks,
+    query_marginal_rows,
     recover_measurements,
     workload_estimates,
+    workload_kind,
 )
 from distfit.domain import Domain
 from distfit.release.noise import (
@@ -172,3 +174,19 @@ def test_answer_linear_is_the_linear_term_of_the_answers():
         answers = y @ recon.T
         expected = y @ np.linalg.inv(block.sigma) @ block.basis
         np.testing.assert_allclose(answers[:, rows] @ linear, expected, rtol=1e-9, atol=1e-9 * np.abs(expected).max())
+
+
+def test_query_rows_on_their_own_marginals_equal_the_dense_workload(model_and_plan):
+    """query_marginal_rows (what workload_kind reads on wide domains, never forming a row over
+    the domain's cells) gives every measured query's row of W exactly once, on the union of its
+    blocks' attributes: expanded over the other attributes it equals the dense W, to 1e-12."""
+    model, _ = model_and_plan
+    assert model.workload is not None
+    seen = np.zeros(model.num_queries, dtype=int)
+    for queries, axes, table in query_marginal_rows(model):
+        seen[queries] += 1
+        shape = tuple(model.sizes[a] if a in axes else 1 for a in range(len(model.sizes)))
+        lifted = np.broadcast_to(table.reshape((len(queries),) + shape), (len(queries),) + model.sizes)
+        np.testing.assert_allclose(lifted.reshape(len(queries), model.cells), model.workload[queries], atol=1e-12)
+    assert (seen == 1).all()
+    assert workload_kind(dataclasses.replace(model, workload=None)) == workload_kind(model)
