@@ -106,7 +106,7 @@ def bench_plan(args: argparse.Namespace) -> None:
     from distfit.plan.residual import group_targets  # noqa: F401  (import cost outside the timings)
     from distfit.plan.planner import BATCH_SECONDS, decompose, plan_blocks, plan_streamed, should_stream
     from distfit.plan.job import StoreSink, apply_budget, finish_plan, write_plan
-    from distfit.cluster import DaskExecutor, dask_client
+    from distfit.runtime.cluster import DaskExecutor, dask_client
     from distfit.spec.parse import load_spec
     from distfit.stores.plan_writer import PlanWriter
 
@@ -223,7 +223,7 @@ def bench_rounds(args: argparse.Namespace) -> None:
     from distfit.solver.solve import WarmStart, solve
     from distfit.stores import plan as store
     from distfit.plan.rounds import BLOCK_GAP, SHAPING_GAP
-    from distfit.threads import blas_limit
+    from distfit.runtime.threads import blas_limit
 
     plan = store.read_plan(args.plan)
     records = list(plan.iter_blocks())

@@ -64,7 +64,7 @@ from distfit.stores.data import write_synthetic  # noqa: E402
 from distfit.stores.estimate import read_estimate  # noqa: E402
 from distfit.stores.plan import read_plan  # noqa: E402
 from distfit.stores.release import read_release  # noqa: E402
-from distfit.threads import blas_limit  # noqa: E402
+from distfit.runtime.threads import blas_limit  # noqa: E402
 
 
 def _cpu() -> float:

@@ -39,7 +39,7 @@ sys.path.insert(0, str(ROOT))
 
 from distfit.estimate.measurements import measurement_model, recover_measurements, workload_estimates  # noqa: E402
 from distfit.estimate.projection import project_nonnegative  # noqa: E402
-from distfit.pipeline import run_levels  # noqa: E402
+from distfit.pipeline.run import run_levels  # noqa: E402
 from distfit.spec.parse import load_spec  # noqa: E402
 from distfit.stores.data import open_data  # noqa: E402
 from distfit.stores.estimate import read_estimate  # noqa: E402

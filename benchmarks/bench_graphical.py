@@ -46,7 +46,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from distfit.data.microdata import query_cliques, tabulate_microdata  # noqa: E402
-from distfit.domain import Domain  # noqa: E402
+from distfit.mathematics.domain import Domain  # noqa: E402
 from distfit.estimate import graphical  # noqa: E402
 from distfit.estimate.measurements import measurement_model, model_from_blocks, recover_measurements  # noqa: E402
 from distfit.release.job import run_release  # noqa: E402

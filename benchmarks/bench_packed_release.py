@@ -40,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests/packed_
 
 from distfit.release.noise import load_blocks, marginal_counts, prepare_block, prepare_blocks, release_chunk  # noqa: E402
 from distfit.release.tasks import PlanView  # noqa: E402
-from distfit.domain import Domain  # noqa: E402
+from distfit.mathematics.domain import Domain  # noqa: E402
 from distfit.stores.plan import read_plan  # noqa: E402
 from tests.packed_plans import marginals_spec, write_packed_plan  # noqa: E402
 

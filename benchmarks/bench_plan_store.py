@@ -9,7 +9,7 @@ For each N, the closed-form residual plan of all 2-way marginals of A attributes
 ``tests/packed_plans.py``, the blocks built once, not timed) is written
 
 * **packed**: ``PlanWriter.write_packed`` (one pack: ten arrays) and ``finish``;
-* **groups**: the same blocks materialised (``distfit.packing.block_arrays``) and written one
+* **groups**: the same blocks materialised (``distfit.mathematics.packing.block_arrays``) and written one
   group per block (``PlanWriter.write_blocks``: nine arrays each), the layout before packs;
   only when N <= ``--groups-limit`` (at 100,000 blocks it would take tens of minutes; then the
   line says so and its figures are left out rather than extrapolated);
@@ -33,10 +33,10 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests/packed_plans.py
 
-from distfit.audit import audit_plan  # noqa: E402
-from distfit.packing import block_arrays  # noqa: E402
+from distfit.audit.plan import audit_plan  # noqa: E402
+from distfit.mathematics.packing import block_arrays  # noqa: E402
 from distfit.plan.residual import block_id_for  # noqa: E402
-from distfit.privacy import privacy_account  # noqa: E402
+from distfit.mathematics.privacy import privacy_account  # noqa: E402
 from distfit.spec.parse import parse_spec  # noqa: E402
 from distfit.stores.plan import BlockRecord, read_plan  # noqa: E402
 from distfit.stores.plan_writer import PlanWriter  # noqa: E402

@@ -9,7 +9,7 @@ Plans ``pipelines/pl94.yaml`` (serial ``run_plan``: one block, 252 cells, 252 x 
 319 queries) in a temporary directory, synthesises ``--units`` unit histograms
 (:func:`distfit.data.synthetic.synthesize_chunk`), releases them with a fixed entropy
 (:func:`distfit.release.noise.release_chunk`) and recovers the measurements (not timed). Then,
-``--repeat`` times, under the BLAS thread rule (:func:`distfit.threads.blas_limit`: one thread
+``--repeat`` times, under the BLAS thread rule (:func:`distfit.runtime.threads.blas_limit`: one thread
 unless ``DISTFIT_BLAS_THREADS`` says otherwise), alternating:
 
 * **distfit**: :func:`distfit.estimate.projection.project_nonnegative` on chunks of
@@ -55,7 +55,7 @@ from distfit.plan.job import run_plan  # noqa: E402
 from distfit.release.noise import plan_domain, release_chunk  # noqa: E402
 from distfit.spec.parse import load_spec  # noqa: E402
 from distfit.stores.plan import read_plan  # noqa: E402
-from distfit.threads import blas_limit  # noqa: E402
+from distfit.runtime.threads import blas_limit  # noqa: E402
 
 PER = 10_000
 

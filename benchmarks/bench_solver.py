@@ -43,7 +43,7 @@ from distfit.solver.baselines import compare_baselines, gaussian_mechanism
 from distfit.solver.basis import represent
 from distfit.solver.solve import ConvergenceError, solve
 
-from distfit.threads import blas_threads
+from distfit.runtime.threads import blas_threads
 
 
 def solver_threads(rank: int) -> int | None:
@@ -51,8 +51,8 @@ def solver_threads(rank: int) -> int | None:
     return blas_threads()
 
 
-THREAD_RULE = "BLAS threads = distfit.threads.blas_threads() (DISTFIT_BLAS_THREADS, default 1)"
-from distfit.workload import (
+THREAD_RULE = "BLAS threads = distfit.runtime.threads.blas_threads() (DISTFIT_BLAS_THREADS, default 1)"
+from distfit.mathematics.workload import (
     age_pyramid_workload,
     pl94_workload,
     prefix_workload,

@@ -5,7 +5,7 @@ Each worker is its own batch job (``SLURMCluster`` / ``PBSCluster``, configured 
 ``cluster/slurm/jobqueue.yaml`` or ``cluster/pbs/jobqueue.yaml``); this script, the driver, runs
 on a login node or in a small batch job of its own. It starts the cluster, asks for ``--jobs``
 worker jobs, writes a scheduler file (``client.write_scheduler_file``) into the run directory and
-then runs the pipeline against it, either in-process (``distfit.pipeline.run_pipeline``) or, with
+then runs the pipeline against it, either in-process (``distfit.pipeline.run.run_pipeline``) or, with
 ``--subprocess``, by shelling out to ``distfit run --cluster <file>``.
 
     pip install dask-jobqueue          # optional extra, not a distfit dependency
@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
                 if args.data:
                     command += ["--data", args.data]
                 return subprocess.call(command)
-            from distfit.pipeline import run_pipeline
+            from distfit.pipeline.run import run_pipeline
 
             result = run_pipeline(args.spec, args.out, data=args.data, cluster=sched_file)
             print(f"jobqueue_run: done; manifest {result.manifest}", file=sys.stderr)

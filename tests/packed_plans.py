@@ -1,6 +1,6 @@
 """Packed plans for the store, audit, release and report tests and the store benchmark, written
 without the planner: every residual block of a spec's identity marginals in closed form
-(:func:`distfit.packing.marginal_pack`), all scaled by one factor so that the largest
+(:func:`distfit.mathematics.packing.marginal_pack`), all scaled by one factor so that the largest
 variance/target is 1 (accuracy first; the allocation is not this helper's business).
 ``explicit`` moves some blocks out of the pack into one group each (a mixed plan)."""
 from __future__ import annotations
@@ -10,10 +10,10 @@ from pathlib import Path
 
 import numpy as np
 
-from distfit.packing import PackedBlocks, block_arrays, marginal_pack
+from distfit.mathematics.packing import PackedBlocks, block_arrays, marginal_pack
 from distfit.plan.composition import stitched_profile
 from distfit.plan.residual import block_id_for
-from distfit.privacy import privacy_account
+from distfit.mathematics.privacy import privacy_account
 from distfit.spec.parse import parse_spec
 from distfit.stores.plan import BlockRecord
 from distfit.stores.plan_writer import PlanWriter
@@ -103,7 +103,7 @@ def reference_release(plan, counts: np.ndarray, entropy: int, chunk_units: int) 
     ``L (B x + xi C^T)`` with its own stream, each packed block ``B x + xi_b chol(Sigma_b)^T``
     with ``xi_b`` its columns of its pack's draw (``pack_stream``), answers ``L (B x + z)``
     summed per query. Returns ``(query answers, {pack_id: measurements})``."""
-    from distfit.domain import Domain
+    from distfit.mathematics.domain import Domain
     from distfit.release.noise import block_positions, marginal_counts, noise_stream
     from distfit.release.packed import pack_offsets, pack_stream
 

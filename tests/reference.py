@@ -154,7 +154,7 @@ def cvx_symmetric_marginal_alpha(W, targets, sizes) -> float:
 def two_way_marginal_matrix(sizes) -> np.ndarray:
     """All 2-way marginals of attributes with these sizes (pairs in order, cells in C order,
     attribute 0 slowest): one 0/1 row per cell of each pair's marginal. Built here, without
-    ``distfit``, to be compared with ``distfit.workload.all_two_way_marginals``."""
+    ``distfit``, to be compared with ``distfit.mathematics.workload.all_two_way_marginals``."""
     sizes = tuple(int(n) for n in sizes)
     rows = []
     for a, b in itertools.combinations(range(len(sizes)), 2):
@@ -191,8 +191,8 @@ def mixed_marginal_workload():
     """A small marginal mix with prefix queries and per-query targets (age 8 x sex 2 x edu 4)."""
     import numpy as np
 
-    from distfit.domain import Domain
-    from distfit.workload import prefix_queries
+    from distfit.mathematics.domain import Domain
+    from distfit.mathematics.workload import prefix_queries
 
     domain = Domain(("age", "sex", "edu"), (8, 2, 4))
     rng = np.random.default_rng(0)

@@ -1,8 +1,8 @@
 """House rules of the package layout (issue 14), checked by reading the source tree.
 
 - pure stage modules import neither zarr, dask, yaml, threadpoolctl nor read ``os.environ``;
-- only ``distfit/stores/`` imports zarr, only ``distfit/cluster.py`` imports dask.distributed,
-  only ``distfit/threads.py`` reads the environment and talks to threadpoolctl;
+- only ``distfit/stores/`` imports zarr, only ``distfit/runtime/cluster.py`` imports dask.distributed,
+  only ``distfit/runtime/threads.py`` reads the environment and talks to threadpoolctl;
 - no private name (``_x``) is imported from another module (package, tests and benchmarks);
 - imports at the top of the module, except optional dependencies;
 - one way to do each thing: one checksum (the only hashlib user besides the spec hash), one
@@ -22,9 +22,9 @@ MODULES = sorted(PACKAGE.rglob("*.py"))
 
 #: The mathematics: pure functions on numpy arrays, no I/O, no cluster, no environment.
 PURE = (
-    "checks", "domain", "workload", "privacy", "scaling",
+    "checks", "mathematics/*",
     "solver/*", "spec/model", "spec/targets", "spec/groups", "spec/queries", "spec/fields", "spec/schema", "plan/residual", "plan/allocate", "plan/composition",
-    "plan/planner", "plan/levels", "release/noise", "data/synthetic", "packing", "estimate/geography",
+    "plan/planner", "plan/levels", "release/noise", "data/synthetic", "estimate/geography",
     "estimate/measurements", "estimate/projection", "estimate/rounding",
 )
 #: Imports that may sit inside a function: optional dependencies, and what must run first.
@@ -72,17 +72,17 @@ def test_io_and_cluster_live_in_their_own_modules(path):
         top = _top_package(module)
         if top == "zarr" and not name.startswith("stores/"):
             problems.append(f"imports {module} (zarr belongs in distfit/stores/)")
-        if (top == "distributed" or module.startswith("dask.distributed")) and name != "cluster":
-            problems.append(f"imports {module} (dask.distributed belongs in distfit/cluster.py)")
-        if top == "threadpoolctl" and name != "threads":
-            problems.append(f"imports {module} (thread pools belong in distfit/threads.py)")
+        if (top == "distributed" or module.startswith("dask.distributed")) and name != "runtime/cluster":
+            problems.append(f"imports {module} (dask.distributed belongs in distfit/runtime/cluster.py)")
+        if top == "threadpoolctl" and name != "runtime/threads":
+            problems.append(f"imports {module} (thread pools belong in distfit/runtime/threads.py)")
         if _is_pure(path) and top in ("zarr", "dask", "distributed", "yaml", "threadpoolctl"):
             problems.append(f"pure module imports {module}")
         if module.startswith("."):
             problems.append(f"relative import {module}")
     text = path.read_text(encoding="utf-8")
-    if "os.environ" in text and name != "threads" and (_is_pure(path) or name.startswith(("spec/", "solver/"))):
-        problems.append("reads os.environ (only distfit/threads.py does)")
+    if "os.environ" in text and name != "runtime/threads" and (_is_pure(path) or name.startswith(("spec/", "solver/"))):
+        problems.append("reads os.environ (only distfit/runtime/threads.py does)")
     assert not problems, f"distfit/{name}.py: " + "; ".join(problems)
 
 
@@ -131,14 +131,15 @@ def test_one_checksum():
 def test_one_domain_from_a_schema():
     """``Domain.from_schema`` is the one way from a stored schema back to a Domain."""
     rebuilt = [f"distfit/{_name(p)}.py" for p in MODULES
-               if _name(p) != "domain" and 'Domain(tuple(schema["attributes"])' in p.read_text(encoding="utf-8")]
+               if _name(p) != "mathematics/domain" and 'Domain(tuple(schema["attributes"])' in p.read_text(encoding="utf-8")]
     assert not rebuilt, rebuilt
 
 
 def test_tests_are_laid_out_like_the_package():
     """tests/<folder>/test_<module>.py tests distfit/<folder>/<module>.py (a few named exceptions)."""
-    extra = {"test_layout", "test_readme", "test_cluster_files", "test_pipeline_cluster", "plan/test_streaming",
-             "stores/test_xarray"}  # every store opened by xarray
+    extra = {"test_layout", "test_readme", "test_cluster_files", "pipeline/test_run_cluster", "plan/test_streaming",
+             "stores/test_xarray",  # every store opened by xarray
+             "estimate/test_wide"}  # the estimate job at real width through the command line, memory capped
     orphans = []
     for test in sorted((ROOT / "tests").rglob("test_*.py")):
         rel = test.relative_to(ROOT / "tests").with_suffix("").as_posix()
@@ -149,3 +150,57 @@ def test_tests_are_laid_out_like_the_package():
         if not module.is_file():
             orphans.append(rel)
     assert not orphans, f"test files with no module of that name: {orphans}"
+
+
+def _room(module: str) -> str | None:
+    """The room (first package level under ``distfit``) of an imported module, ``top`` for the
+    package's top-level modules and ``__init__``; None outside distfit."""
+    parts = module.split(".")
+    if parts[0] != "distfit":
+        return None
+    if len(parts) == 1 or not (PACKAGE / parts[1]).is_dir():
+        return "top"  # a top-level module, or a name of distfit/__init__.py (__version__)
+    return parts[1]
+
+
+def _import_graph() -> dict[str, set[str]]:
+    graph: dict[str, set[str]] = {}
+    for path in MODULES:
+        rel = path.relative_to(PACKAGE).parts
+        source = rel[0] if len(rel) > 1 else "top"
+        edges = graph.setdefault(source, set())
+        for node, module in _imports(_tree(path)):
+            targets = [module]
+            if isinstance(node, ast.ImportFrom) and module == "distfit":
+                targets = [f"distfit.{alias.name}" for alias in node.names]
+            for target in targets:
+                room = _room(target)
+                if room is not None and room != source:
+                    edges.add(room)
+    return graph
+
+
+def test_the_import_graph_is_the_documented_one():
+    """docs/architecture.md's ``imports`` block lists, per room, exactly the rooms it imports:
+    an undocumented edge fails, and so does a documented edge that no longer exists."""
+    text = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+    block = text.split("```imports\n", 1)[1].split("```", 1)[0]
+    documented = {}
+    for line in block.strip().splitlines():
+        room, _, targets = line.partition(":")
+        documented[room.strip()] = {t.strip() for t in targets.split(",") if t.strip()}
+    actual = {room: edges for room, edges in _import_graph().items() if edges}
+    assert actual == documented, {room: (sorted(actual.get(room, set()) - documented.get(room, set())),
+                                         sorted(documented.get(room, set()) - actual.get(room, set())))
+                                  for room in set(actual) | set(documented)
+                                  if actual.get(room) != documented.get(room)}
+
+
+def test_every_room_is_documented():
+    """Every folder of the package is a room of docs/architecture.md's table, and the top level
+    holds only ``__init__`` and at most three small modules."""
+    text = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+    rooms = sorted(p.name for p in PACKAGE.iterdir() if p.is_dir() and (p / "__init__.py").is_file())
+    assert not [room for room in rooms if f"| `{room}/` |" not in text]
+    top = sorted(p.stem for p in PACKAGE.glob("*.py") if p.stem not in ("__init__", "__main__"))
+    assert len(top) <= 3 and all(len((PACKAGE / f"{m}.py").read_text().splitlines()) <= 100 for m in top), top

@@ -14,12 +14,12 @@ import os
 import time
 
 from distfit.cli.errors import PROG, UsageError
-from distfit.cluster import dask_client
+from distfit.runtime.cluster import dask_client
 from distfit.data.microdata import tabulate_microdata
 from distfit.estimate.job import run_estimate
-from distfit.pipeline import run_levels, run_pipeline
+from distfit.pipeline.run import run_levels, run_pipeline
 from distfit.release.job import run_release
-from distfit.report import write_report
+from distfit.report.page import write_report
 from distfit.spec.parse import load_spec
 from distfit.stores.data import read_histograms, read_marginals, write_synthetic
 from distfit.stores.plan import read_plan
@@ -145,7 +145,7 @@ def cmd_tabulate(args: argparse.Namespace) -> int:
 
 def cmd_report(args: argparse.Namespace) -> int:
     """``distfit report``: plots and HTML page of a plan and optionally a release
-    (``distfit.report.write_report``)."""
+    (``distfit.report.page.write_report``)."""
     result = write_report(args.plan, args.out, release_path=args.release, data_path=args.data,
                           estimate_path=args.estimate)
     print(f"{PROG}: report {result.path}/index.html")
@@ -163,7 +163,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    """``distfit run``: the whole pipeline into one run directory (``distfit.pipeline.run_pipeline``,
+    """``distfit run``: the whole pipeline into one run directory (``distfit.pipeline.run.run_pipeline``,
     or ``run_levels`` for a multi-level spec); a failed stage raises ``RunFailure`` (exit code 1)."""
     if args.units is not None and args.units <= 0:
         raise UsageError(f"--units must be >= 1, got {args.units}")

@@ -4,15 +4,15 @@ Subcommands: ``distfit solve`` plans one block with ``distfit.solve`` and prints
 cost, certificate, privacy account and solver statistics (optionally the baselines at the same
 privacy cost), as text, JSON (``--json``) and arrays (``--save``); ``distfit plan`` turns a
 pipeline spec into a plan store (``distfit.plan.job``); ``distfit audit`` recomputes a plan
-store's account (``distfit.audit``); ``distfit synth`` writes synthetic unit histograms for a
+store's account (``distfit.audit.plan``); ``distfit synth`` writes synthetic unit histograms for a
 spec's schema (``distfit.stores.data``); ``distfit tabulate`` turns person-level microdata (CSV,
 Parquet) into the marginal counts a release needs (``distfit.data.microdata``); ``distfit release``
 adds noise to unit histograms, tabulated marginals or microdata through a plan and writes a
 sealed, resumable release store (``distfit.release.job``); ``distfit estimate`` post-processes a sealed
 release into nonnegative, consistent (optionally integer) estimates of every query, a sealed,
 resumable estimate store that never reads the data (``distfit.estimate.job``); ``distfit report`` writes plots and an
-HTML page for a plan and optionally a release (``distfit.report``); ``distfit run`` does plan, audit, data, release, estimate and report into one run
-directory with a manifest (``distfit.pipeline``).
+HTML page for a plan and optionally a release (``distfit.report.page``); ``distfit run`` does plan, audit, data, release, estimate and report into one run
+directory with a manifest (``distfit.pipeline.run``).
 
 Exit codes: 0 success; 1 the solver could not certify its plan (``ConvergenceError``), an
 output could not be written (disk full, no permission: any ``OSError``), an audit found a
@@ -37,8 +37,8 @@ dask.dataframe, pandas and pyarrow; the estimate stage numba; the report matplot
 run`` all of them), and importing every handler up front would make ``distfit plan`` and ``distfit
 audit`` on a small spec spend most of their time importing what they never use. This is a
 dispatch table, not a lazy import: every module still imports its own dependencies at its top.
-The exceptions mapped to exit codes below come from light modules (``distfit.failures``,
-``distfit.solver.solve``, ``distfit.cluster``, ``distfit.cli.errors``).
+The exceptions mapped to exit codes below come from light modules (``distfit.runtime.failures``,
+``distfit.solver.solve``, ``distfit.runtime.cluster``, ``distfit.cli.errors``).
 """
 from __future__ import annotations
 
@@ -52,10 +52,10 @@ from distfit import __version__
 from distfit.cli.errors import PROG, OutputError, UsageError, print_error
 from distfit.cli.solve import DEFAULT_MAX_GAP
 from distfit.cli.workloads import WORKLOAD_HELP
-from distfit.cluster import ClusterError
-from distfit.failures import RunFailure
+from distfit.runtime.cluster import ClusterError
+from distfit.runtime.failures import RunFailure
 from distfit.solver.solve import ConvergenceError
-from distfit.threads import blas_limit
+from distfit.runtime.threads import blas_limit
 
 #: command -> (module, function) of its handler; the module is imported only when the command runs
 #: (module docstring)

@@ -4,13 +4,13 @@ Each handler calls one library function and prints a short summary; all the work
 error) is the library's. They sit apart from the other pipeline commands
 (``distfit.cli.commands``) so that planning and auditing import only the solver, the planner
 and the plan store: not the microdata reader (dask.dataframe, pandas, pyarrow), the estimate
-stage (numba, jax), the report (matplotlib) or ``distfit.pipeline``.
+stage (numba, jax), the report (matplotlib) or ``distfit.pipeline.run``.
 """
 from __future__ import annotations
 
 import argparse
 
-from distfit.audit import audit_plan
+from distfit.audit.plan import audit_plan
 from distfit.cli.errors import PROG
 from distfit.cli.solve import format_number
 from distfit.plan.job import run_plan
@@ -34,7 +34,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def cmd_audit(args: argparse.Namespace) -> int:
-    """``distfit audit``: recompute a plan store's account (``distfit.audit.audit_plan``); exit 1
+    """``distfit audit``: recompute a plan store's account (``distfit.audit.plan.audit_plan``); exit 1
     on a mismatch."""
     report = audit_plan(args.plan)
     status = "passed" if report.ok else "FAILED"

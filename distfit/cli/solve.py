@@ -24,7 +24,7 @@ from distfit import __version__
 from distfit.cli.errors import UsageError
 from distfit.cli.outputs import check_output_path, write_outputs
 from distfit.cli.workloads import load_workload
-from distfit.privacy import Budget
+from distfit.mathematics.privacy import Budget
 from distfit.solver.baselines import compare_baselines
 from distfit.solver.solve import solve
 

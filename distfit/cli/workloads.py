@@ -1,7 +1,7 @@
 """``distfit solve``'s WORKLOAD argument: a built-in workload name or a ``.npz`` file.
 
 Built-in names (``WORKLOAD_HELP``): ``pl94``, ``pl94-uniform``, ``age-pyramid``, ``prefix:N``,
-``ranges:D:M:SEED[:random]`` and ``marginals:AxBxC``, built by ``distfit.workload``; a
+``ranges:D:M:SEED[:random]`` and ``marginals:AxBxC``, built by ``distfit.mathematics.workload``; a
 ``.npz`` archive holds arrays ``W`` (m x d) and ``targets`` (m,). A built-in block whose dense
 matrices would not fit in memory (``distfit.solver.solve.estimated_memory`` against
 ``default_memory_limit``) is refused before its matrix is built. Bad input raises
@@ -20,7 +20,7 @@ import numpy as np
 
 from distfit.cli.errors import UsageError
 from distfit.solver.solve import default_memory_limit, estimated_memory
-from distfit.workload import (
+from distfit.mathematics.workload import (
     age_pyramid_workload,
     all_two_way_marginals,
     pl94_workload,

@@ -79,7 +79,7 @@ import pandas as pd
 import pyarrow
 
 from distfit.checks import check_integer
-from distfit.cluster import Progress, compute_partitions, run_tasks
+from distfit.runtime.cluster import Progress, compute_partitions, run_tasks
 from distfit.data.synthetic import default_chunk_units
 from distfit.spec.model import PipelineSpec
 from distfit.spec.parse import load_spec
@@ -358,7 +358,7 @@ def _two_parents(unit: Any, unit_column: str | None, one: Any, other: Any) -> st
 def _run_scans(ddf, job: _ScanJob, client, log: TextIO) -> tuple[dict[int, dict], tuple[int, Any] | None]:
     """Pass 1 over every partition: ``(results by partition, first failure)``; a failure is
     ``(partition, error dict or exception)``, the one of the lowest partition (later partitions
-    are cancelled once a failure is known: :func:`distfit.cluster.compute_partitions`)."""
+    are cancelled once a failure is known: :func:`distfit.runtime.cluster.compute_partitions`)."""
     parts = ddf.to_delayed()
     shown = Progress("tabulate", log, unit="partitions")
     done = 0

@@ -3,7 +3,7 @@
 Pure numpy: this module draws the data; :func:`distfit.stores.data.write_synthetic` writes the
 histograms as a Zarr store (``distfit synth``) and :func:`distfit.data.people.write_synthetic_people`
 writes the people as Parquet microdata. Each unit (e.g. a census block) is a histogram over the
-cells of the spec's domain (row-major in the schema order, as in :class:`distfit.domain.Domain`).
+cells of the spec's domain (row-major in the schema order, as in :class:`distfit.mathematics.domain.Domain`).
 The data is *synthetic*, not private: its seed is stored with it.
 
 Model (:class:`CellModel`, built from the seed alone)
@@ -44,7 +44,7 @@ from typing import Any
 import numpy as np
 
 from distfit.checks import check_integer
-from distfit.domain import Domain
+from distfit.mathematics.domain import Domain
 
 #: Names the model in the stored attrs (``generator``); change it when the data would change.
 GENERATOR = "distfit.data/1"
@@ -133,7 +133,7 @@ class CellModel:
 
 def _check_domain(domain: Domain) -> Domain:
     if not isinstance(domain, Domain):
-        raise TypeError(f"domain: expected a distfit.workload.Domain, got {type(domain).__name__}")
+        raise TypeError(f"domain: expected a distfit.mathematics.workload.Domain, got {type(domain).__name__}")
     if domain.size > MAX_CELLS:
         raise ValueError(
             f"the domain has {domain.size} cells, more than {MAX_CELLS} for full-cell unit "

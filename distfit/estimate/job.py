@@ -17,12 +17,12 @@ consistent (every table a sum of one ``x_hat``'s cells). The store is
 Where it runs: per release chunk (the release's chunking), every unit of the chunk solved
 together with array operations, a run of chunks per task as the release cuts them
 (:func:`estimate_chunks_task`, :func:`distfit.release.tasks.task_chunks`); serially in the
-driver (``--serial``) or on Dask through :mod:`distfit.cluster` (a local multi-process
+driver (``--serial``) or on Dask through :mod:`distfit.runtime.cluster` (a local multi-process
 cluster by default, started on a thread while the driver checks its inputs:
-:class:`distfit.cluster.BackgroundClient`). The measurement model is built and prepared in the
+:class:`distfit.runtime.cluster.BackgroundClient`). The measurement model is built and prepared in the
 driver meanwhile (:func:`distfit.estimate.projection.prepare_projection`: ``H``, its structure)
 and handed to every worker as the argument of a task of its own (:func:`model_task`,
-:func:`distfit.cluster.on_every_worker`: each worker unpickles its copy at once, none waits
+:func:`distfit.runtime.cluster.on_every_worker`: each worker unpickles its copy at once, none waits
 for another's; a result lost with its worker is made again from the task, unlike scattered
 data); the chunk tasks depend on them in turn. A task reads its chunks'
 answers from the release as raw chunk files (:func:`distfit.stores.release_chunks.read_rows`)
@@ -57,8 +57,8 @@ from typing import Any, Callable, Iterable, Iterator, TextIO
 
 import numpy as np
 
-from distfit.chunked_job import ChunkedWrite, check_out, claim_out, new_target
-from distfit.cluster import WORKER_ENV, BackgroundClient, on_every_worker, run_tasks
+from distfit.runtime.chunked_job import ChunkedWrite, check_out, claim_out, new_target
+from distfit.runtime.cluster import WORKER_ENV, BackgroundClient, on_every_worker, run_tasks
 from distfit.estimate import graphical
 from distfit.estimate.measurements import (
     MeasurementModel,
@@ -91,7 +91,7 @@ from distfit.stores.plan import read_plan, verify_checksum
 from distfit.release.tasks import task_chunks
 from distfit.stores.release import DerivedAnswers, pending_chunks, read_release
 from distfit.stores.release_chunks import ChunkWriter, aligned_empty, read_rows
-from distfit.threads import blas_limit
+from distfit.runtime.threads import blas_limit
 
 PathLike = str | os.PathLike
 
@@ -556,7 +556,7 @@ def manifest_entry(path: PathLike, checksum: str) -> dict[str, Any]:
 def estimate_in_run(plan_path: PathLike, release_path: PathLike, out: PathLike, *, integer: bool,
                     cluster: Callable[[], str | None], workers: int | None, serial: bool, log: TextIO,
                     fsync: bool = True) -> tuple[dict[str, Any], str]:
-    """The estimate stage of ``distfit run`` (:func:`distfit.pipeline.run_pipeline`):
+    """The estimate stage of ``distfit run`` (:func:`distfit.pipeline.run.run_pipeline`):
     ``(entry, status)``, ``entry`` the manifest's (:func:`manifest_entry`). An estimate at ``out`` of the same plan and release with the same
     options is reused when sealed (``"reused"``) and resumed when not (``"resumed"``); one of
     other inputs or options is replaced (``"done"``): an estimate is a function of the plan and

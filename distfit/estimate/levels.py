@@ -1,6 +1,6 @@
 """The estimate stage of a multi-level run: every level's estimate, top-down (DESIGN.md section 7).
 
-A multi-level spec (``levels``, :func:`distfit.pipeline.run_levels`) nests its levels: every unit
+A multi-level spec (``levels``, :func:`distfit.pipeline.run.run_levels`) nests its levels: every unit
 of a level lies inside one unit of the level above. A level's tabulation records each unit's
 parent (``parent_ids``, read from the coarser level's unit column: :func:`parent_columns`) and
 its release copies it; a level under a one-population level (no unit column) has the one unit
@@ -55,7 +55,7 @@ from distfit.stores.lock import store_lock
 from distfit.stores.plan import read_plan
 from distfit.stores.release import read_release
 from distfit.stores.release_chunks import ChunkWriter
-from distfit.threads import blas_limit
+from distfit.runtime.threads import blas_limit
 
 __all__ = ["ESTIMATE_NAME", "METHOD", "OBJECTIVE", "LevelEstimate", "estimate_levels", "parent_columns"]
 

@@ -46,7 +46,7 @@ from typing import Any, Iterable, Iterator, Mapping
 import numpy as np
 import scipy.linalg
 
-from distfit.domain import Domain
+from distfit.mathematics.domain import Domain
 from distfit.estimate.query_sums import QuerySums, add_query_sums, query_sums
 from distfit.release.noise import prepare_block
 
@@ -205,7 +205,7 @@ class MeasurementModel:
         cube += values.reshape((units,) + block.expand_shape)
 
     def domain(self) -> Domain:
-        """The schema as a :class:`distfit.domain.Domain`."""
+        """The schema as a :class:`distfit.mathematics.domain.Domain`."""
         return Domain(self.attributes, self.sizes)
 
 

@@ -4,7 +4,7 @@ Targets couple the blocks: each block is solved once with its queries' own targe
 ``alpha_S`` and the variance ``v_jS`` it gives query j), then ``allocate_scales`` picks one scale
 ``s_S`` per block by the convex program
 ``minimise sum_S alpha_S / s_S  subject to  sum_S s_S v_jS <= c_j`` for every query j
-(a block at scale s has covariance ``s Sigma_S``: ``distfit.scaling``).
+(a block at scale s has covariance ``s Sigma_S``: ``distfit.mathematics.scaling``).
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import scipy.linalg
 import scipy.sparse
 import scipy.sparse.linalg
 
-from distfit.packing import QueryRuns
+from distfit.mathematics.packing import QueryRuns
 
 BARRIER_MAX_CENTRES = 40  # t grows 20x per centre: far beyond what float64 can use
 BARRIER_MAX_NEWTON = 100  # per centre; ~10-30 are typical

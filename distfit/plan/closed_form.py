@@ -4,7 +4,7 @@ A residual block S (basis ``B_S = kron_{i in S} D_i``, k = prod (n_i - 1) rows, 
 cells) whose rows all come from identity marginals A (every attribute of A queried by
 ``identity``, one target c_A per marginal) has rows ``kappa_A e_x^T B_S^+`` (x a cell of A
 restricted to S, ``kappa_A = prod_{i in A minus S} 1 / n_i``), one *segment* per marginal
-(:mod:`distfit.packing`). Its optimal covariance is ``Sigma_S = sigma B_S B_S^T``:
+(:mod:`distfit.mathematics.packing`). Its optimal covariance is ``Sigma_S = sigma B_S B_S^T``:
 
 **Proof (symmetry and Schur's lemma).** Let G = prod_{i in S} Sym(n_i) permute the values of
 S's attributes; g acts on the cells of the S-marginal by a permutation matrix Pi_g. The block's
@@ -27,7 +27,7 @@ row variance ``sigma kappa^2 c_S``, profile ``c_S / sigma`` on every cell (flat)
 c_S)``. The dual point u uniform on the cells and v uniform on the rows of the binding segment
 (largest ``kappa^2 / c``) proves it optimal: ``|| diag(sqrt(v / c)) L B diag(sqrt(u)) ||_*^2 =
 kappa^2 k^2 / (d_S^2 c) = alpha_S`` (the stacked rows are ``P_S`` up to a scalar, whose k
-singular values are equal). ``distfit.packing.PackedBlocks.closed_form`` states the same numbers
+singular values are equal). ``distfit.mathematics.packing.PackedBlocks.closed_form`` states the same numbers
 for the stored blocks.
 
 So these blocks need no SM-II, no dual iterations and no task: ``ClosedFormBlocks.of``
@@ -42,7 +42,7 @@ from typing import Sequence
 
 import numpy as np
 
-from distfit.packing import PackedBlocks, segment_cells, segment_kappa
+from distfit.mathematics.packing import PackedBlocks, segment_cells, segment_kappa
 
 
 @dataclass(frozen=True, eq=False)

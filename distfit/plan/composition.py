@@ -10,7 +10,7 @@ Two ways blocks combine:
   ``alpha = max_x p(x) <= sum_b alpha_b`` (equal when the block profiles are flat).
 
 Sequential composition is what a plan's blocks (``planner``), the levels of a multi-level run
-(``levels``) and the auditor (``distfit.audit``) evaluate: ``stitched_profile`` over the full
+(``levels``) and the auditor (``distfit.audit.plan``) evaluate: ``stitched_profile`` over the full
 domain when it has at most ``EXACT_DOMAIN_LIMIT`` cells, else the sum bound. A query's variance
 is the sum of its rows' variances over the blocks that hold it (``stitched_variances``): the
 blocks' noises are independent.
@@ -21,7 +21,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from distfit.domain import Domain
+from distfit.mathematics.domain import Domain
 
 EXACT_DOMAIN_LIMIT = 5_000_000  # cells: above it alpha is the sum bound (one float per cell is too much)
 

@@ -14,7 +14,7 @@ from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 
-from distfit.domain import Domain
+from distfit.mathematics.domain import Domain
 from distfit.plan.closed_form import ClosedFormBlocks
 from distfit.plan.residual import BlockLayout, BlockSpec, GroupLike, ResidualWorkload, merge_layout
 

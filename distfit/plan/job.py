@@ -8,7 +8,7 @@ the plan store atomically (``distfit.stores.plan_writer.PlanWriter``). The mathe
 
 Privacy-first specs: the accuracy-first plan is scaled as a whole (the blocks are sequential:
 they see the same people), ``Sigma_S * k`` with ``k = alpha / alpha_budget``
-(``distfit.scaling``), so every variance becomes ``k`` times its target and alpha equals the
+(``distfit.mathematics.scaling``), so every variance becomes ``k`` times its target and alpha equals the
 budget's: ``apply_budget`` in memory, ``scale_plan_to_budget`` on a stored plan (a level's share
 of a multi-level run's budget, ``distfit.plan.levels``).
 
@@ -37,15 +37,15 @@ from typing import Iterator, Sequence, TextIO
 import numpy as np
 
 from distfit import __version__
-from distfit.cluster import DaskExecutor, Progress, dask_client
-from distfit.packing import PackedBlocks
+from distfit.runtime.cluster import DaskExecutor, Progress, dask_client
+from distfit.mathematics.packing import PackedBlocks
 from distfit.plan.planner import (
     BATCH_SECONDS, JOINT_BLOCK_DUAL, SCALE_ALLOCATION, BlockRef, Executor, PlanResult, decompose_lazily, plan_blocks, plan_streamed,
     serial_executor, should_stream, write_streamed_blocks,
 )
 from distfit.plan.residual import BlockSpec
-from distfit.privacy import privacy_account
-from distfit.scaling import scale_block, scaled_cost, scaled_noise
+from distfit.mathematics.privacy import privacy_account
+from distfit.mathematics.scaling import scale_block, scaled_cost, scaled_noise
 from distfit.solver.solve import BlockSolution
 from distfit.spec.model import PipelineSpec
 from distfit.stores.lock import store_lock
@@ -120,7 +120,7 @@ def write_solved_blocks(writer: PlanWriter, records: Sequence[BlockRecord], sche
 
 
 def write_closed_blocks(writer: PlanWriter, plan: PlanResult) -> None:
-    """The plan's closed-form blocks as one pack (``distfit.packing.PackedBlocks``): a few arrays
+    """The plan's closed-form blocks as one pack (``distfit.mathematics.packing.PackedBlocks``): a few arrays
     for all of them, not a store group each."""
     if plan.closed is not None and len(plan.closed):
         writer.write_packed(plan.closed.pack(plan.closed_scales))
@@ -339,13 +339,13 @@ def _run_plan(spec: PipelineSpec, out: str, *, cluster: str | None, workers: int
 def scale_plan_to_budget(source: str, out: str, spec: PipelineSpec, budget_alpha: float, *, fsync: bool = True) -> str:
     """Write at ``out`` the plan that planning ``spec`` (a level spec whose privacy is the budget
     ``alpha = budget_alpha``) would give, from the accuracy-first plan at ``source``: every block
-    scaled by ``k = alpha / budget_alpha`` (``distfit.scaling.scale_block``, as ``apply_budget``;
+    scaled by ``k = alpha / budget_alpha`` (``distfit.mathematics.scaling.scale_block``, as ``apply_budget``;
     Problem 2: sigma and variances times k, profile, alpha and bounds divided by k; a block's
     dual certificate, its weights, is scale-free and copied as it is), through a ``PlanWriter``
     (atomic), in the layout ``write_plan`` gives (solved blocks packed where it packs them;
     each closed-form pack rewritten as a pack, ``PackedBlocks.closed_form`` at its scales times
     k, not unpacked into a group per block). Returns the new plan's checksum; the plan passes
-    ``distfit.audit.audit_plan`` like any other."""
+    ``distfit.audit.plan.audit_plan`` like any other."""
     plan = read_plan(source)
     attrs = plan.attrs
     alpha = float(attrs["alpha"])

@@ -24,7 +24,7 @@ This module is the mathematics of combining levels (pure functions over the leve
 profiles); reading the profiles from a stored plan (:func:`distfit.plan.job.level_profiles`)
 and scaling a stored plan to its share (:func:`distfit.plan.job.scale_plan_to_budget`) are
 plan-store work, and the run itself (``distfit run`` on a multi-level spec) is
-:func:`distfit.pipeline.run_levels`.
+:func:`distfit.pipeline.run.run_levels`.
 """
 from __future__ import annotations
 
@@ -34,9 +34,9 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from distfit.domain import Domain
+from distfit.mathematics.domain import Domain
 from distfit.plan.composition import EXACT_DOMAIN_LIMIT, stitched_profile
-from distfit.privacy import privacy_account
+from distfit.mathematics.privacy import privacy_account
 
 __all__ = ["LevelAccount", "budget_shares", "combine_levels"]
 
@@ -48,7 +48,7 @@ class LevelAccount:
     ``levels``: level names in spec order; ``level_alphas``: each level plan's alpha;
     ``alpha``: the combined privacy cost (max over cells of the summed profiles when
     ``alpha_exact``, else the sum of the level alphas, an upper bound); ``rho = alpha / 2``;
-    ``account``: :func:`distfit.privacy.privacy_account` of ``alpha`` (JSON form).
+    ``account``: :func:`distfit.mathematics.privacy.privacy_account` of ``alpha`` (JSON form).
     """
 
     levels: tuple[str, ...]

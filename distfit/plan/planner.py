@@ -2,7 +2,7 @@
 
 DESIGN.md section 2. The planner is data-free and pure: it turns query groups on a domain into
 block solutions and one privacy account. Where blocks are solved is the executor's business
-(``serial_executor`` here, ``distfit.cluster.DaskExecutor`` on a cluster): an executor takes block
+(``serial_executor`` here, ``distfit.runtime.cluster.DaskExecutor`` on a cluster): an executor takes block
 tasks and yields ``(index, BlockSolution)`` in any order, so results can stream.
 
 1. ``residual.residual_blocks`` splits every query group over the residual blocks of its
@@ -26,7 +26,7 @@ tasks and yields ``(index, BlockSolution)`` in any order, so results can stream.
    under ``JOINT_DUAL_USEFUL_EVALUATIONS`` (Adult's 470 blocks: it would get 27).
 5. Sequential composition across blocks (the same people meet every block, ``composition``):
    the stitched profile is ``p(x) = sum_S p_S(x_S) / s_S`` (a block at scale s_S:
-   ``distfit.scaling``); it is evaluated cell by cell when the domain has at most
+   ``distfit.mathematics.scaling``); it is evaluated cell by cell when the domain has at most
    ``composition.EXACT_DOMAIN_LIMIT`` cells (``alpha_exact``), else alpha is the sum bound
    ``sum_S alpha_S / s_S``. Disjoint units (geography) compose in parallel: every unit uses the
    same plan, so units cost nothing extra.
@@ -55,18 +55,18 @@ from typing import Callable, Iterable, Iterator, Protocol, Sequence
 
 import numpy as np
 
-from distfit.domain import Domain
-from distfit.packing import QueryRuns
+from distfit.mathematics.domain import Domain
+from distfit.mathematics.packing import QueryRuns
 from distfit.plan.closed_form import ClosedFormBlocks
 from distfit.plan.composition import EXACT_DOMAIN_LIMIT, StitchedProfile, alpha_is_exact, stitched_profile, stitched_variances
 from distfit.plan.decomposition import block_work, decompose, decompose_lazily  # noqa: F401 (re-exported: step 1)
 from distfit.plan.residual import BlockLayout, BlockSpec, GroupLike
 from distfit.plan.rounds import BLOCK_GAP, COARSE_SHAPING_GAPS, SHAPING_GAP, Round, refine
-from distfit.privacy import privacy_account, privacy_profile
-from distfit.scaling import scale_block, scaled_cost, scaled_noise
+from distfit.mathematics.privacy import privacy_account, privacy_profile
+from distfit.mathematics.scaling import scale_block, scaled_cost, scaled_noise
 from distfit.solver.dual import BlockDualResult, maximize_block_dual
 from distfit.solver.solve import BlockSolution, WarmStart, solve
-from distfit.threads import blas_limit
+from distfit.runtime.threads import blas_limit
 
 LOG = logging.getLogger("distfit.plan.planner")
 JOINT_DUAL_BUDGET = 3e10  # flops the joint block dual may spend in all: evaluations <= budget / work
@@ -118,7 +118,7 @@ def serial_executor(tasks: Iterable[BlockTask]) -> Iterator[tuple[int, BlockSolu
 @dataclass(frozen=True, eq=False)
 class PlannedBlock:
     """A block of the final plan: its (unscaled) solution at noise scale ``scale``; the
-    properties are the scaled quantities (``distfit.scaling``: ``sigma * scale``, ...)."""
+    properties are the scaled quantities (``distfit.mathematics.scaling``: ``sigma * scale``, ...)."""
 
     spec: BlockSpec
     solution: BlockSolution
@@ -230,7 +230,7 @@ class BlockSink(Protocol):
 
 @dataclass(frozen=True, eq=False)
 class PlanResult:
-    """A stitched plan: blocks, per-query targets and variances (as runs, ``distfit.packing.QueryRuns``:
+    """A stitched plan: blocks, per-query targets and variances (as runs, ``distfit.mathematics.packing.QueryRuns``:
     161.7M queries of identity marginals are 166,751 runs) and the combined privacy account."""
 
     domain: Domain
@@ -634,7 +634,7 @@ def _composed_plan(domain: Domain, blocks: tuple, targets: QueryRuns, variances:
 
 def write_streamed_blocks(plan: PlanResult, sink: BlockSink) -> None:
     """Second pass of a streamed plan: one block at a time, read its draft's sigma, variances
-    and profile, apply the block's final scale (``distfit.scaling.scale_block``, the arithmetic
+    and profile, apply the block's final scale (``distfit.mathematics.scaling.scale_block``, the arithmetic
     of ``PlannedBlock``) and make it the plan's block."""
     if not plan.streamed:
         raise ValueError("write_streamed_blocks: the plan was planned in memory; write its blocks directly")

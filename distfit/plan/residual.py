@@ -27,10 +27,10 @@ import numpy as np
 import scipy.sparse
 import scipy.sparse.csgraph
 
-from distfit.domain import Domain
-from distfit.packing import QueryRuns
+from distfit.mathematics.domain import Domain
+from distfit.mathematics.packing import QueryRuns
 from distfit.plan.closed_form import ClosedFormBlocks, is_identity
-from distfit.workload import validate_targets
+from distfit.mathematics.workload import validate_targets
 
 GroupLike = tuple  # (name, {attribute: Q_i}, target scalar or per-query array)
 
@@ -270,7 +270,7 @@ class ResidualWorkload:
         return self.target_runs().expand()
 
     def target_runs(self) -> QueryRuns:
-        """Every query's target as runs (:class:`distfit.packing.QueryRuns`, merged): one run per
+        """Every query's target as runs (:class:`distfit.mathematics.packing.QueryRuns`, merged): one run per
         group with one target (identity marginals: one per marginal, never a vector the size of
         the workload), the other groups' targets encoded group by group."""
         rows = np.diff(self._first)

@@ -18,14 +18,14 @@ import numpy as np
 from distfit.plan.allocate import ScaleAllocation, allocate_rows
 from distfit.plan.composition import stitched_variances
 from distfit.plan.residual import BlockSpec
-from distfit.scaling import scaled_noise
-from distfit.threads import blas_limit
+from distfit.mathematics.scaling import scaled_noise
+from distfit.runtime.threads import blas_limit
 
 #: Certified gap of each block in a round that another round follows: its shapes only set the
 #: next round's target shares (the kept plan is always solved to ``BLOCK_GAP``). Not looser:
 #: the shares follow the block plans' variances, which are far from unique at a given alpha
 #: (on Adult's blocks two plans 5e-4 apart in alpha differ by up to 25% of a target on some
-#: queries), and at 1e-2 the refined plan of a 16-block test workload (tests/test_cluster.py's
+#: queries), and at 1e-2 the refined plan of a 16-block test workload (tests/runtime/test_cluster.py's
 #: faults spec) ended 1.4% higher in its sum bound than with 1e-4 shapes (1e-3: 0.05% lower).
 SHAPING_GAP = 1e-3
 #: The shaping gaps of a large plan (the planner's: one whose joint block dual is skipped for

@@ -5,7 +5,7 @@
 mathematics (noise streams, ``L (B x + z)``, query sums) is :mod:`distfit.release.noise`; the
 release store (its layout, **contract**, DESIGN.md section 4; writing, sealing, reading) is
 :mod:`distfit.stores.release`; this module checks the inputs, runs one task per chunk of units
-(serially or on Dask through :mod:`distfit.cluster`) and seals the result.
+(serially or on Dask through :mod:`distfit.runtime.cluster`) and seals the result.
 
 Data (``--data``): a data store (:func:`distfit.stores.data.open_data`: unit histograms from ``distfit
 synth``, or marginals from ``distfit tabulate``), or person-level microdata (``.csv``,
@@ -30,7 +30,7 @@ Randomness: fresh OS entropy per session (:func:`distfit.release.noise.fresh_ent
 only and shipped with the tasks; block ``b`` (sorted-id position) of chunk ``c`` draws from
 ``noise_stream(entropy, b, c)``, so a retried task redraws identical noise.
 
-Audit: the plan must pass :func:`distfit.audit.audit_plan` before anything is written. The
+Audit: the plan must pass :func:`distfit.audit.plan.audit_plan` before anything is written. The
 driver audits it itself, unless its caller already did and passes the report (``audit=``;
 ``distfit run`` does, so a run audits and hashes the plan once before the release): then the
 plan read must still hold the audited checksum (a comparison of the stored attr, no rehash).
@@ -50,7 +50,7 @@ the audit, so that a plan altered during the release is caught), takes the store
 plan changed mid-run, an interruption) leaves the store incomplete and unsealed.
 
 Where the time goes (``benchmarks/bench_release.py``, ``benchmarks/README.md``): the Dask client
-is started on a thread as the release starts (:class:`distfit.cluster.BackgroundClient`: a local
+is started on a thread as the release starts (:class:`distfit.runtime.cluster.BackgroundClient`: a local
 cluster's worker processes spawn and import while the driver audits the plan and checks the data;
 a ``--resume`` starts it only if chunks are missing) and shut down while the driver seals. A
 worker prepares the plan's blocks once (``prepare_blocks``: Cholesky factors, the float32 basis
@@ -59,11 +59,11 @@ of the mechanism, bit for bit as ever; the chunk's files are written raw, with d
 the filesystem allows, on a writer thread while the next chunk is computed
 (:class:`distfit.stores.release_chunks.ChunkWriter`). The worker-side code is
 :mod:`distfit.release.tasks`, so a worker imports none of the driver's modules. Tasks run in
-the order submitted (:func:`distfit.cluster.run_tasks`). As each chunk is reported done, driver
+the order submitted (:func:`distfit.runtime.cluster.run_tasks`). As each chunk is reported done, driver
 threads fsync its files (:class:`distfit.stores.release_chunks.ChunkSync`) and feed it to the
 store checksum (:class:`distfit.stores.release_chunks.ReleaseHasher`), so the seal finds the
 files on disk and the digest computed. The driver's linear algebra (the audit) and each chunk
-task run under the BLAS thread rule (:func:`distfit.threads.blas_threads`,
+task run under the BLAS thread rule (:func:`distfit.runtime.threads.blas_threads`,
 ``DISTFIT_BLAS_THREADS``): one thread per worker process; a local cluster's workers start
 without Dask's malloc trim setting (``WORKER_ENV``). An unreachable ``--cluster`` is refused
 before anything is written.
@@ -84,7 +84,7 @@ before anything is written.
   ``--resume`` and ``--overwrite`` exclude each other.
 
 Refused before anything is written (``ValueError`` / ``FileExistsError``, exit 2 on the command
-line): a plan that fails :func:`distfit.audit.audit_plan` (the failures are named), data whose
+line): a plan that fails :func:`distfit.audit.plan.audit_plan` (the failures are named), data whose
 schema differs from the plan's, a non-release path at ``--out``. Counts are validated per chunk
 inside the task (:func:`distfit.release.noise.validate_counts`: ValueError naming the chunk, row, cell).
 """
@@ -101,9 +101,9 @@ from typing import Any, Callable, Iterable, Iterator, TextIO
 
 import numpy as np
 
-from distfit.audit import AuditReport, audit_plan
-from distfit.chunked_job import ChunkedWrite, check_out, claim_out, new_target
-from distfit.cluster import TASK_RETRIES, WORKER_ENV, BackgroundClient, run_tasks
+from distfit.audit.plan import AuditReport, audit_plan
+from distfit.runtime.chunked_job import ChunkedWrite, check_out, claim_out, new_target
+from distfit.runtime.cluster import TASK_RETRIES, WORKER_ENV, BackgroundClient, run_tasks
 from distfit.data.microdata import ensure_tabulated, microdata_format
 from distfit.release.noise import fresh_entropy, load_blocks, prepare_blocks
 from distfit.release.tasks import (
@@ -126,7 +126,7 @@ from distfit.stores.release import (
     seal,
 )
 from distfit.stores.release_chunks import ChunkWriter, stored_blocks
-from distfit.threads import blas_limit
+from distfit.runtime.threads import blas_limit
 
 PathLike = str | os.PathLike
 

@@ -50,7 +50,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import scipy.linalg
 
-from distfit.domain import Domain
+from distfit.mathematics.domain import Domain
 from distfit.release.packed import PreparedPack, pack_answers, pack_measurements, pack_stream, prepare_pack
 
 __all__ = [
@@ -357,7 +357,7 @@ def noisy_block_measurements(block: Any, marginal_counts: Any, rng: np.random.Ge
 def true_block_answers(block: Any, marginal_counts: Any) -> np.ndarray:
     """One block's noiseless answers ``X_b B^T L^T`` (units x m_b): what
     :func:`noisy_block_answers` returns without ``Z``. For validation only (calibration in
-    :mod:`distfit.report`); never written to a release."""
+    :mod:`distfit.report.page`); never written to a release."""
     basis = np.asarray(block.basis, dtype=np.float64)
     recon = np.asarray(block.recon, dtype=np.float64)
     marg = np.asarray(marginal_counts, dtype=np.float64)
@@ -480,7 +480,7 @@ def block_positions(plan: Any) -> dict[str, int]:
 @dataclass(frozen=True, eq=False)
 class PackedBlock:
     """A block of a pack as :func:`load_blocks` gives it: its id and attributes (names) and its
-    pack, shared by all the pack's blocks (``pack``: the :class:`distfit.packing.PackedBlocks`,
+    pack, shared by all the pack's blocks (``pack``: the :class:`distfit.mathematics.packing.PackedBlocks`,
     or once :func:`prepare_blocks` has run, the :class:`distfit.release.packed.PreparedPack`),
     ``sizes`` the schema's. Nothing per block is materialised: the pack releases its blocks
     together (:mod:`distfit.release.packed`)."""
@@ -524,7 +524,7 @@ def prepare_blocks(blocks: Mapping[str, Any]) -> dict[str, Any]:
     :func:`load_blocks`: pass it to :func:`release_chunk` as ``blocks=`` so that no chunk
     factors ``Sigma`` again; packed blocks stay :class:`PackedBlock`, their pack prepared once
     (:func:`distfit.release.packed.prepare_pack`). Run it under the BLAS thread rule of the
-    chunks (:func:`distfit.threads.blas_limit`), as the factor was always computed there."""
+    chunks (:func:`distfit.runtime.threads.blas_limit`), as the factor was always computed there."""
     packs = _prepared_packs(blocks.values())
     out = PreparedBlocks()
     for block_id in sorted(blocks):

@@ -1,6 +1,6 @@
 """Releasing packed blocks in bulk (pure numpy): every block of a pack in a few array operations.
 
-A pack (:class:`distfit.packing.PackedBlocks`) holds closed-form residual blocks: block ``b``
+A pack (:class:`distfit.mathematics.packing.PackedBlocks`) holds closed-form residual blocks: block ``b``
 with attributes ``S`` (sizes ``n_1 .. n_r``) has basis ``B_S = kron_i D_i`` (``D_i`` the
 (n_i - 1) x n_i difference matrix, rows ``e_j - e_{j+1}``) and covariance ``Sigma_b = s_b B_S
 B_S^T``. For a chunk of units the release of the pack is, per unit and block (DESIGN.md
@@ -20,7 +20,7 @@ exact), and ``C_S xi`` one small matrix product per axis, both for all blocks of
 at once.
 
 The query answers: block ``b``'s rows for an identity marginal ``A`` (a segment) are
-``kappa * R_S[x|S]`` (``R_S = kron_i D_i^+``, ``kappa = d_S / d_A``; :mod:`distfit.packing`),
+``kappa * R_S[x|S]`` (``R_S = kron_i D_i^+``, ``kappa = d_S / d_A``; :mod:`distfit.mathematics.packing`),
 so it adds ``kappa * (R_S y_b)[x|S]`` to query ``q + x`` for every cell ``x`` of ``A``: one
 product with ``D_i^+`` per axis, broadcast over the axes of ``A`` not in ``S``, added into the
 columns of the marginal's queries, for all segments of the same shapes at once.
@@ -46,7 +46,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from distfit.packing import PackedBlocks, block_cells, residual_reconstruction, segment_kappa
+from distfit.mathematics.packing import PackedBlocks, block_cells, residual_reconstruction, segment_kappa
 
 __all__ = [
     "AnswerGroup",
@@ -83,7 +83,7 @@ def pack_stream(entropy: int, pack_index: int, chunk_index: int) -> np.random.Ge
 def _axis_factors(n: int) -> tuple[np.ndarray, np.ndarray]:
     """``(C, D^+)`` of one attribute of size ``n``: ``C`` the lower Cholesky factor of ``D D^T``
     ((n - 1) x (n - 1)), ``D^+`` the pseudo-inverse of ``D`` (n x (n - 1), the factor of
-    :func:`distfit.packing.residual_reconstruction`). Read-only."""
+    :func:`distfit.mathematics.packing.residual_reconstruction`). Read-only."""
     d = np.eye(n - 1, n) - np.eye(n - 1, n, k=1)
     chol = np.linalg.cholesky(d @ d.T)
     pinv = np.array(residual_reconstruction((n,)))

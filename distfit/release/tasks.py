@@ -14,12 +14,12 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from distfit.domain import Domain
+from distfit.mathematics.domain import Domain
 from distfit.release.noise import load_blocks, prepare_blocks, release_chunk
 from distfit.stores.data import open_data
 from distfit.stores.plan import read_plan
 from distfit.stores.release_chunks import ChunkWriter, write_chunk
-from distfit.threads import blas_limit
+from distfit.runtime.threads import blas_limit
 
 __all__ = [
     "ChunkJob",

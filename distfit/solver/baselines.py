@@ -38,7 +38,7 @@ import scipy.linalg
 import scipy.optimize
 import scipy.special
 
-from distfit.workload import validate_workload
+from distfit.mathematics.workload import validate_workload
 
 __all__ = [
     "BaselineResult",

@@ -35,7 +35,7 @@ import scipy.linalg
 import scipy.optimize
 
 from distfit.solver.linalg import factored_quadratic_forms, weighted_gram
-from distfit.privacy import privacy_profile
+from distfit.mathematics.privacy import privacy_profile
 
 
 #: ``maximize_dual(stall_window=...)``: the bound has stalled once it rises by less than this

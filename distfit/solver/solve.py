@@ -59,10 +59,10 @@ import numpy as np
 from distfit.solver import dual, smii
 from distfit.solver.basis import represent
 from distfit.solver.linalg import dominant_rows
-from distfit.privacy import Budget, PrivacyAccount, privacy_account, privacy_profile
-from distfit.scaling import scaled_cost, scaled_noise
-from distfit.threads import blas_limit
-from distfit.workload import validate_workload
+from distfit.mathematics.privacy import Budget, PrivacyAccount, privacy_account, privacy_profile
+from distfit.mathematics.scaling import scaled_cost, scaled_noise
+from distfit.runtime.threads import blas_limit
+from distfit.mathematics.workload import validate_workload
 
 
 SOLVE_METHODS = ("auto", "smii", "dual")
@@ -114,7 +114,7 @@ class BlockSolution:
     each on the simplex, with ``lower_bound = dual.certified_bound(basis, recon / sqrt(targets),
     u, v)`` = ``|| diag(sqrt(v / targets)) recon basis diag(sqrt(u)) ||_*^2``: a bound on the
     alpha of every covariance whose variances are at most ``targets`` (Problem 1, whatever the
-    budget). Scaling the plan by s (``distfit.scaling``) divides the bound by s and multiplies
+    budget). Scaling the plan by s (``distfit.mathematics.scaling``) divides the bound by s and multiplies
     the variances it speaks about by s; the weights stay. A block re-optimised by the planner's
     joint block dual has no certificate of its own: NaN weights and ``lower_bound`` 0.
     """

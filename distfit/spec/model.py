@@ -21,10 +21,10 @@ from typing import Any, Union
 
 import numpy as np
 
-from distfit.domain import Domain
-from distfit.privacy import Budget
+from distfit.mathematics.domain import Domain
+from distfit.mathematics.privacy import Budget
 from distfit.spec.schema import PLAIN_KINDS
-from distfit.workload import Workload, kron_queries
+from distfit.mathematics.workload import Workload, kron_queries
 
 __all__ = [
     "SpecError",
@@ -301,7 +301,7 @@ class UnitsSpec:
 @dataclass(frozen=True)
 class PrivacySpec:
     """``mode`` is ``"accuracy"`` (``budget`` None) or ``"budget"`` (``budget`` a
-    :class:`distfit.privacy.Budget`)."""
+    :class:`distfit.mathematics.privacy.Budget`)."""
 
     mode: str = "accuracy"
     budget: Budget | None = None
@@ -377,7 +377,7 @@ class PipelineSpec:
 
     @property
     def domain(self) -> Domain:
-        """The schema as a :class:`distfit.domain.Domain` (names and sizes, schema order)."""
+        """The schema as a :class:`distfit.mathematics.domain.Domain` (names and sizes, schema order)."""
         return Domain(tuple(a.name for a in self.attributes), tuple(a.size for a in self.attributes))
 
     def attribute(self, name: str) -> AttributeSpec:

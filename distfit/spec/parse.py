@@ -18,7 +18,7 @@ from typing import Any, Union
 
 import yaml
 
-from distfit.privacy import Budget
+from distfit.mathematics.privacy import Budget
 from distfit.spec.fields import (
     check_bool,
     check_count,

@@ -19,7 +19,7 @@ import numpy as np
 from distfit.spec.fields import is_int, is_number, is_sequence, listing, show, type_name
 from distfit.spec.model import AttributeQuery, AttributeSpec, SpecError
 from distfit.spec.schema import MAPPING_KINDS, ORDINAL_KINDS, PLAIN_KINDS, QUERY_KINDS
-from distfit.workload import (
+from distfit.mathematics.workload import (
     all_range_queries,
     custom_queries,
     identity_queries,

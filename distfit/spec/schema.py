@@ -46,7 +46,7 @@ GROUP_KEYS = ("name", "attributes", "total", "marginals", "target")
 MARGINAL_KEYS = ("order", "over", "kinds", "targets")
 #: Keys of ``privacy`` ...
 PRIVACY_KEYS = ("mode", "rho", "epsilon", "delta", "alpha")
-#: ... of which these give a budget (:class:`distfit.privacy.Budget`).
+#: ... of which these give a budget (:class:`distfit.mathematics.privacy.Budget`).
 BUDGET_KEYS = ("rho", "epsilon", "delta", "alpha")
 #: Keys of ``blocks``.
 BLOCK_KEYS = ("max_cells", "merge")

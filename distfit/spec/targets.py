@@ -4,7 +4,7 @@
 query order); the forms and the rule ``B * w_j**P * (1 + J * u_j)`` are described in the schema
 reference, ``pipelines/README.md`` ("Query groups", ``target``). ``check_targets`` is the one
 parse-time target check (every target finite and > 0); the other is ``distfit.solver.solve``'s
-(``distfit.workload.validate_workload``).
+(``distfit.mathematics.workload.validate_workload``).
 """
 from __future__ import annotations
 

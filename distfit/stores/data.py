@@ -8,7 +8,7 @@ module holds their layout, writers and readers.
 Histograms store (**contract** for ``distfit release --data``, :func:`write_synthetic`)
 --------------------------------------------------------------------------------------
 N units (e.g. census blocks), each a histogram over the cells of the spec's domain (row-major
-in the schema order, as in :class:`distfit.domain.Domain`). A Zarr v3 group ``DATA.zarr`` with
+in the schema order, as in :class:`distfit.mathematics.domain.Domain`). A Zarr v3 group ``DATA.zarr`` with
 attrs ``distfit_format="histograms"``, ``format_version=1``, ``schema`` ({"attributes": [names],
 "sizes": [ints]}), ``spec_hash`` (of the spec it was made for; None from a bare domain),
 ``units``, ``cells``, ``seed``, ``chunk_units``, ``total_people``, ``model`` (the parameters),
@@ -41,7 +41,7 @@ reads and writes natively; sorted by code point). The tabulation creates the arr
 writes the attrs last (:func:`write_marginals_attrs`). Next to them: ``unit`` (the unit ids
 again) and ``marginals/cell_<i>`` (the cell labels of clique i), xarray coordinates (below).
 
-Geography (a level of a multi-level run, :func:`distfit.pipeline.run_levels`): when the units
+Geography (a level of a multi-level run, :func:`distfit.pipeline.run.run_levels`): when the units
 lie inside the units of a coarser level, ``parent_ids`` (units,) holds each unit's parent id
 (int64 or UTF-8 strings, like ``unit_ids``; dimension ``unit``) and the attr ``parent_column``
 names the data column it was read from. Both are absent otherwise, and stores written before
@@ -102,7 +102,7 @@ import zarr
 
 from distfit import __version__
 from distfit.data.synthetic import GENERATOR, ModelParams, resolve_synthesis, synthesize_histograms
-from distfit.domain import Domain
+from distfit.mathematics.domain import Domain
 from distfit.release.noise import marginal_counts, validate_counts, validate_marginal
 from distfit.spec.model import PipelineSpec
 from distfit.spec.parse import load_spec

@@ -22,7 +22,7 @@ Layout (**contract**, DESIGN.md section 4)::
                        attrs: attributes (list of names), alpha, lower_bound, solver (dict)
 
 Packs (format version 3; DESIGN.md section 4, "Packed blocks"): closed-form residual blocks of
-identity marginals (:class:`distfit.packing.PackedBlocks`) may be stored many at once, one group
+identity marginals (:class:`distfit.mathematics.packing.PackedBlocks`) may be stored many at once, one group
 of ten arrays per pack, instead of one group per block::
 
       packs/<pack_id>/attributes      (n, r) int64   each block's attributes: schema positions,
@@ -42,7 +42,7 @@ of ten arrays per pack, instead of one group per block::
 
 Runs (format version 4): a plan of many queries whose targets or variances come in long runs of
 equal values (identity marginals with one target each: one run per marginal) stores that vector
-as runs (:class:`distfit.packing.QueryRuns`) instead of per query::
+as runs (:class:`distfit.mathematics.packing.QueryRuns`) instead of per query::
 
       queries/target_values     (r,)   float64  the value of each run
       queries/target_offsets    (r+1,) int64    run i is queries offsets[i]:offsets[i+1] (from 0 to m)
@@ -63,7 +63,7 @@ packs but no runs as version 3, byte for byte as before.
 
 A packed block's id is :func:`distfit.plan.residual.block_id_for` of its attribute names; its
 arrays (basis, recon, query_index, sigma, targets, variances, profile, certificate weights) are
-implied by the schema sizes and these numbers (:mod:`distfit.packing`) and materialised by
+implied by the schema sizes and these numbers (:mod:`distfit.mathematics.packing`) and materialised by
 :meth:`Plan.block`, so :func:`read_plan` yields every block as before; :meth:`Plan.packs` gives
 the packs whole (the audit and the release work on them in bulk). The checksum covers the pack
 arrays like any array, and each pack's attrs (its kind: the implicit forms' declaration) as
@@ -146,7 +146,7 @@ from typing import Any
 import numpy as np
 import zarr
 
-from distfit.packing import PackedBlocks, QueryRuns, block_arrays
+from distfit.mathematics.packing import PackedBlocks, QueryRuns, block_arrays
 from distfit.plan.residual import block_id_for
 from distfit.stores.checksum import compute_checksum
 from distfit.stores.files import (
@@ -184,7 +184,7 @@ BLOCK_ARRAYS = ("basis", "recon", "query_index", "sigma", "targets", "variances"
 #: absent from older ones (both or neither).
 CERTIFICATE_ARRAYS = ("cell_weights", "query_weights")
 #: The arrays of a pack (``packs/<pack_id>/``, module docstring), the fields of
-#: :class:`distfit.packing.PackedBlocks` of the same names; and its dimension names.
+#: :class:`distfit.mathematics.packing.PackedBlocks` of the same names; and its dimension names.
 PACK_ARRAYS: dict[str, tuple[str, ...]] = {
     "attributes": ("block", "block_attribute"),
     "scale": ("block",),
@@ -412,7 +412,7 @@ class Plan:
     """A complete plan store opened for reading. Blocks are read lazily by :meth:`block`.
 
     ``target_runs`` and ``variance_runs`` are every query's target and variance as runs
-    (:class:`distfit.packing.QueryRuns`, whichever form the store holds: module docstring);
+    (:class:`distfit.mathematics.packing.QueryRuns`, whichever form the store holds: module docstring);
     ``queries_targets`` and ``queries_variances`` the same as (m,) vectors, expanded on first use.
 
     ``block_ids`` are every block's, sorted (a packed block's id is
@@ -465,7 +465,7 @@ class Plan:
 
     def block(self, block_id: str) -> BlockRecord:
         """Read one block's arrays and attrs from the store (a packed block: materialised from
-        its pack, :func:`distfit.packing.block_arrays`; a block of the solved pack: sliced from it)."""
+        its pack, :func:`distfit.mathematics.packing.block_arrays`; a block of the solved pack: sliced from it)."""
         if self._solved is not None and block_id in self._solved.position:
             try:
                 return BlockRecord(**self._solved.record(block_id, self.attrs["schema"]["attributes"]))
@@ -558,7 +558,7 @@ def read_plan(path: PathLike) -> Plan:
     Refused: a missing path, a staging (``.incomplete-``) directory, anything that is not a
     Zarr v3 group with ``distfit_format="plan"``, a ``format_version`` newer than
     :data:`FORMAT_VERSION`, a store without ``complete=True`` or without a checksum, a pack
-    that is not a valid :class:`distfit.packing.PackedBlocks`. The checksum itself is not
+    that is not a valid :class:`distfit.mathematics.packing.PackedBlocks`. The checksum itself is not
     recomputed here (that reads every array): see :func:`verify_checksum`.
     """
     p, group, attrs = _open_plan_group(path)

@@ -59,7 +59,7 @@ from distfit.stores.files import (
     utc_now,
     write_array,
 )
-from distfit.packing import PackedBlocks, QueryRuns, block_cells
+from distfit.mathematics.packing import PackedBlocks, QueryRuns, block_cells
 from distfit.stores.plan import (
     FORMAT,
     PACK_ARRAYS,
@@ -119,7 +119,7 @@ class PlanWriter:
     ...              alpha=a, alpha_exact=True, rho=a / 2, composition="sequential")
 
     ``queries_targets`` and ``queries_variances`` may be per-query arrays or
-    :class:`distfit.packing.QueryRuns`; the store holds each in the form
+    :class:`distfit.mathematics.packing.QueryRuns`; the store holds each in the form
     :func:`distfit.stores.plan.stored_form` chooses for the vector, whichever was given.
 
     ``path`` must not exist unless ``overwrite=True`` (and then it must hold a plan store:
@@ -302,7 +302,7 @@ class PlanWriter:
         return len(records)
 
     def write_packed(self, blocks: PackedBlocks) -> None:
-        """Write a pack of closed-form residual blocks (:class:`distfit.packing.PackedBlocks`)
+        """Write a pack of closed-form residual blocks (:class:`distfit.mathematics.packing.PackedBlocks`)
         as ``packs/p<i>`` (``i`` counts the packs written; layout: :mod:`distfit.stores.plan`):
         ten arrays whatever the number of blocks. Any number of packs, in any order with
         :meth:`write_block`. What needs the schema (positions in range, attribute sizes > 1,

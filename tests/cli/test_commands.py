@@ -1,5 +1,5 @@
 """Tests for the pipeline commands' error mapping (distfit.cli.commands, distfit.cli.main); the
-commands themselves are tested with their library stages (tests/test_pipeline.py, tests/plan, ...)."""
+commands themselves are tested with their library stages (tests/pipeline/test_run.py, tests/plan, ...)."""
 from __future__ import annotations
 
 import shutil
@@ -11,7 +11,7 @@ from distfit.cli import commands
 from distfit.release.job import run_release
 from distfit.stores.data import write_synthetic
 from distfit.stores.plan import read_plan
-from distfit.pipeline import RunFailure
+from distfit.pipeline.run import RunFailure
 from tests.clitools import assert_one_line_error, run
 
 

@@ -28,9 +28,9 @@ def test_solve_prefix16_json_and_save(tmp_path, capsys):
     assert report["max_variance_ratio"] <= 1.0 + 1e-9
     assert report["budget"] is None and report["baselines"] is None
     deltas = [row["delta"] for row in report["privacy_account"]["epsilon_delta"]]
-    assert deltas == list(distfit.privacy.DEFAULT_DELTAS)
+    assert deltas == list(distfit.mathematics.privacy.DEFAULT_DELTAS)
     assert report["privacy_account"]["epsilon_delta"][0]["epsilon"] == pytest.approx(
-        distfit.privacy.epsilon_for_delta(report["alpha"], 1e-5))
+        distfit.mathematics.privacy.epsilon_for_delta(report["alpha"], 1e-5))
     assert set(report["solver"]) == {"dual_evaluations", "newton_iterations", "cg_iterations", "final_t",
                                      "seconds", "stage"}
     # the text summary says the same things
@@ -59,7 +59,7 @@ def test_solve_with_budget(tmp_path, capsys, flags, expected_alpha):
     assert code == 0, err
     report = json.loads(out_json.read_text())
     if expected_alpha is None:  # (epsilon, delta): the account reproduces the budget's epsilon
-        expected_alpha = distfit.privacy.alpha_for_budget(1.0, 1e-6)
+        expected_alpha = distfit.mathematics.privacy.alpha_for_budget(1.0, 1e-6)
         eps = {row["delta"]: row["epsilon"] for row in report["privacy_account"]["epsilon_delta"]}
         assert eps[1e-6] == pytest.approx(1.0, rel=1e-9)
     assert report["alpha"] == pytest.approx(expected_alpha, rel=1e-9)

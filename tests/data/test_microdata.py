@@ -448,7 +448,7 @@ def test_run_tabulates_then_reuses_and_refuses_a_changed_source(inputs, tmp_path
 def test_local_cluster_equals_serial(inputs, tmp_path):
     from distributed import Client
 
-    from distfit.cluster import local_cluster
+    from distfit.runtime.cluster import local_cluster
 
     spec = load_spec(inputs["spec"])
     serial = tabulate_microdata(spec, inputs["csv"], tmp_path / "serial.zarr", chunk_units=3, fsync=False)

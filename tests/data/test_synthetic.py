@@ -18,7 +18,7 @@ from distfit.data.synthetic import (
     synthetic_geography,
     unit_columns,
 )
-from distfit.domain import Domain
+from distfit.mathematics.domain import Domain
 from distfit.spec.parse import load_spec, parse_spec
 
 ROOT = Path(__file__).resolve().parents[2]

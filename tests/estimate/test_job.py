@@ -17,7 +17,7 @@ import yaml
 import zarr
 
 import distfit.estimate.job as job_module
-from distfit.domain import Domain
+from distfit.mathematics.domain import Domain
 from distfit.estimate.job import run_estimate
 from distfit.estimate.projection import project_nonnegative
 from distfit.estimate.measurements import (

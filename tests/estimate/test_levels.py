@@ -17,7 +17,7 @@ import pytest
 
 from distfit.estimate.levels import estimate_levels, parent_columns
 from distfit.estimate.measurements import measurement_model, workload_estimates
-from distfit.pipeline import run_levels
+from distfit.pipeline.run import run_levels
 from distfit.spec.parse import load_spec
 from distfit.stores.estimate import read_estimate, verify_estimate
 from distfit.stores.plan import read_plan

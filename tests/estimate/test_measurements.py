@@ -18,7 +18,7 @@ from distfit.estimate.measurements import (
     workload_estimates,
     workload_kind,
 )
-from distfit.domain import Domain
+from distfit.mathematics.domain import Domain
 from distfit.release.noise import (
     block_marginal,
     noise_stream,

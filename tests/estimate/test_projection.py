@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import distfit
-from distfit.domain import Domain
+from distfit.mathematics.domain import Domain
 from distfit.estimate import projection
 from distfit.estimate.measurements import (
     measurement_model,

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from distfit.estimate.query_sums import MAX_DENSITY, add_query_sums, query_sums
-from distfit.workload import pl94_workload
+from distfit.mathematics.workload import pl94_workload
 
 
 def sparse_workload(rng, m=40, cells=90, density=0.05):

@@ -6,7 +6,7 @@ import types
 
 import numpy as np
 
-from distfit.domain import Domain
+from distfit.mathematics.domain import Domain
 from distfit.estimate.measurements import model_from_blocks
 from distfit.estimate.projection import normal_equations
 from distfit.estimate.structure import block_low_rank

@@ -6,10 +6,10 @@ import itertools
 import numpy as np
 
 import distfit
-from distfit.domain import Domain
+from distfit.mathematics.domain import Domain
 from distfit.plan.allocate import allocate_scales
 from distfit.plan.residual import residual_blocks
-from distfit.workload import kron_queries, workload_from_groups
+from distfit.mathematics.workload import kron_queries, workload_from_groups
 
 
 def two_way(sizes):

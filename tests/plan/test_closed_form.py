@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 import distfit
-from distfit.domain import Domain
-from distfit.packing import block_arrays
+from distfit.mathematics.domain import Domain
+from distfit.mathematics.packing import block_arrays
 from distfit.plan import decomposition
 from distfit.plan.planner import plan_groups
 from distfit.plan.residual import ResidualWorkload

@@ -4,9 +4,9 @@ from __future__ import annotations
 import numpy as np
 
 import distfit
-from distfit.domain import Domain
+from distfit.mathematics.domain import Domain
 from distfit.plan.composition import StitchedProfile, stitched_profile, stitched_variances
-from distfit.workload import prefix_queries
+from distfit.mathematics.workload import prefix_queries
 from tests.plan.blocks import marginaliser, plan_residual
 
 

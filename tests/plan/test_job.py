@@ -8,11 +8,11 @@ import pytest
 import yaml
 import zarr
 
-from distfit.audit import audit_plan
+from distfit.audit.plan import audit_plan
 from distfit.cli.main import main
 from distfit.plan import job as plan_job
 from distfit.plan.job import level_profiles, run_plan, scale_plan_to_budget
-from distfit.privacy import alpha_for_budget
+from distfit.mathematics.privacy import alpha_for_budget
 from distfit.spec.parse import parse_spec
 from distfit.stores.plan import read_plan
 from tests.packed_plans import marginals_spec
@@ -40,7 +40,7 @@ def test_plan_then_audit_on_a_local_cluster(tmp_path, capsys):
 
 def test_pl94_plan_audits_and_matches_the_global_solve(tmp_path):
     from distfit import solve
-    from distfit.workload import pl94_workload
+    from distfit.mathematics.workload import pl94_workload
 
     out = str(tmp_path / "pl94.zarr")
     assert main(["plan", str(PIPELINES / "pl94.yaml"), "--out", out, "--serial"]) == 0
@@ -202,7 +202,7 @@ def test_batched_tasks_follow_the_order_and_reach_the_least_work():
 
 
 def test_batching_gives_the_same_plan_store_as_one_task_per_block(tmp_path):
-    from distfit.cluster import DaskExecutor, dask_client
+    from distfit.runtime.cluster import DaskExecutor, dask_client
     from distfit.plan.job import write_plan
     from distfit.plan.planner import decompose, plan_blocks
 

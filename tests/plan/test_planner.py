@@ -9,8 +9,8 @@ import pytest
 import distfit
 from tests.reference import SYMMETRIC_REFERENCE_REL, cvx_two_way_marginal_alpha, mixed_marginal_workload
 from distfit.plan.planner import plan_groups
-from distfit.domain import Domain
-from distfit.workload import prefix_queries, workload_from_groups
+from distfit.mathematics.domain import Domain
+from distfit.mathematics.workload import prefix_queries, workload_from_groups
 
 
 

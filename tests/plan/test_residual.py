@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import distfit
-from distfit.domain import Domain
+from distfit.mathematics.domain import Domain
 from distfit.plan.allocate import allocate_scales
 from distfit.plan.residual import (
     ResidualWorkload,
@@ -16,7 +16,7 @@ from distfit.plan.residual import (
     merge_blocks,
     residual_blocks,
 )
-from distfit.workload import prefix_queries, workload_from_groups
+from distfit.mathematics.workload import prefix_queries, workload_from_groups
 from tests.plan.blocks import marginaliser, two_way
 from tests.reference import mixed_marginal_workload
 

@@ -20,7 +20,7 @@ import zarr
 
 import distfit.plan.planner as plan_module
 import distfit.plan.job as planning
-from distfit.audit import audit_plan
+from distfit.audit.plan import audit_plan
 from distfit.plan.planner import (
     BlockRef, decompose, plan_blocks, plan_streamed, serial_executor, solve_block, write_streamed_blocks,
 )

@@ -20,7 +20,7 @@ from distfit.spec.parse import load_spec
 from distfit.stores.plan import read_plan
 from distfit.stores.checksum import compute_checksum
 from distfit.stores.release import ReleaseError, read_release, verify_release
-from distfit.domain import Domain
+from distfit.mathematics.domain import Domain
 from tests.reference import SMALL_SPEC
 
 SPEC = SMALL_SPEC
@@ -401,7 +401,7 @@ def test_worker_killed_mid_release_redraws_identical_chunks(inputs, tmp_path, ca
     import os
     import signal
 
-    from distfit.cluster import dask_client
+    from distfit.runtime.cluster import dask_client
 
     data = tmp_path / "many.zarr"
     write_synthetic(inputs["spec"], 1200, data, seed=3, chunk_units=20)
@@ -422,7 +422,7 @@ def test_worker_killed_mid_release_redraws_identical_chunks(inputs, tmp_path, ca
 
 
 def test_background_client_reports_an_unreachable_scheduler():
-    from distfit.cluster import BackgroundClient, ClusterError
+    from distfit.runtime.cluster import BackgroundClient, ClusterError
 
     with BackgroundClient("tcp://127.0.0.1:1", timeout=1) as background:
         with pytest.raises(ClusterError, match="cannot reach the scheduler"):
@@ -434,7 +434,7 @@ def test_background_client_reports_an_unreachable_scheduler():
 def test_unreachable_cluster_writes_nothing(inputs, tmp_path, monkeypatch):
     import functools
 
-    from distfit.cluster import BackgroundClient, ClusterError
+    from distfit.runtime.cluster import BackgroundClient, ClusterError
 
     monkeypatch.setattr(releasing, "BackgroundClient", functools.partial(BackgroundClient, timeout=1))
     out = tmp_path / "nowhere.zarr"
@@ -467,7 +467,7 @@ def test_background_client_worker_env(monkeypatch):
     processes before they start; the release uses it to leave out Dask's malloc trim setting."""
     import os
 
-    from distfit.cluster import BackgroundClient
+    from distfit.runtime.cluster import BackgroundClient
 
     monkeypatch.delenv("MALLOC_TRIM_THRESHOLD_", raising=False)  # an earlier cluster may have set it here
     env = dict(releasing.WORKER_ENV, DISTFIT_TEST_WORKER_ENV="on")
@@ -506,8 +506,8 @@ def test_a_run_audits_and_hashes_the_plan_once(tmp_path, monkeypatch):
     audit's report: no second audit) and once more by the seal (it re-verifies the plan against
     the audited checksum: documented, it catches a plan altered during the release); the
     release store once, by the seal."""
-    import distfit.pipeline
-    from distfit.audit import audit_plan
+    import distfit.pipeline.run
+    from distfit.audit.plan import audit_plan
 
     audits = []
 
@@ -515,12 +515,12 @@ def test_a_run_audits_and_hashes_the_plan_once(tmp_path, monkeypatch):
         audits.append(path)
         return audit_plan(path)
 
-    monkeypatch.setattr(distfit.pipeline, "audit_plan", counting_audit)
+    monkeypatch.setattr(distfit.pipeline.run, "audit_plan", counting_audit)
     monkeypatch.setattr(releasing, "audit_plan", counting_audit)
     hashed = _count_checksums(monkeypatch)
     spec_path = tmp_path / "spec.yaml"
     spec_path.write_text(yaml.safe_dump(SPEC))
-    result = distfit.pipeline.run_pipeline(str(spec_path), tmp_path / "run", units=20, serial=True, fsync=False,
+    result = distfit.pipeline.run.run_pipeline(str(spec_path), tmp_path / "run", units=20, serial=True, fsync=False,
                                            estimate=False)  # the estimate stage checks the plan itself
     assert len(audits) == 1
     assert len(hashed) == 4 and hashed[0].startswith("plan.zarr.incomplete-")  # the writer's, staged
@@ -536,7 +536,7 @@ def test_release_audits_once_or_takes_the_callers_audit(inputs, tmp_path, monkey
     audited checksum (the stored attr, no hash)."""
     import dataclasses
 
-    from distfit.audit import audit_plan
+    from distfit.audit.plan import audit_plan
 
     report = audit_plan(inputs["plan"])
     hashed = _count_checksums(monkeypatch)

@@ -8,7 +8,7 @@ import pytest
 
 from distfit.release import noise as rel
 from distfit.stores.plan import read_plan
-from distfit.domain import Domain
+from distfit.mathematics.domain import Domain
 
 DOMAIN = Domain(("age", "sex", "edu"), (6, 2, 3))
 

@@ -10,8 +10,8 @@ import itertools
 import numpy as np
 import pytest
 
-from distfit.domain import Domain
-from distfit.packing import block_arrays, marginal_pack
+from distfit.mathematics.domain import Domain
+from distfit.mathematics.packing import block_arrays, marginal_pack
 from distfit.release.job import run_release
 from distfit.release.noise import marginal_counts
 from distfit.release.packed import (

@@ -15,7 +15,7 @@ from distfit.solver.baselines import (
     optimal_matrix_mechanism,
     strategy_mechanism,
 )
-from distfit.privacy import privacy_cost, privacy_profile
+from distfit.mathematics.privacy import privacy_cost, privacy_profile
 
 # prefix workload (c = 1) optimal privacy costs, DESIGN.md section 1 / paper table 2
 PREFIX_ALPHA = {2: 4.0 / 3.0, 4: 1.7586, 8: 2.2816, 16: 2.9053, 64: 4.458}

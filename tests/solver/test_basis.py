@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from distfit import workload as wl
+from distfit.mathematics import workload as wl
 from distfit.solver.basis import BASIS_KINDS, Representation, represent
 
 from tests.reference import orthonormal_row_basis, prefix_matrix

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from distfit import privacy, workload as wl
+from distfit.mathematics import privacy, workload as wl
 from distfit.solver.basis import represent
 from distfit.solver.dual import DualPoint, certified_bound, evaluate_dual, maximize_dual, plan_cost
 

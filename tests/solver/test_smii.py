@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from distfit import workload as wl
+from distfit.mathematics import workload as wl
 from distfit.solver.basis import represent
 from distfit.solver.dual import plan_cost
 from distfit.solver.smii import (

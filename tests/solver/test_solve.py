@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import distfit
-from distfit import privacy, workload as wl
+from distfit.mathematics import privacy, workload as wl
 from distfit.solver.dual import certified_bound
 from distfit.solver.linalg import dominant_rows
 from distfit.solver import solve as solve_module

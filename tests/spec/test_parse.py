@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 
 from distfit.plan.residual import residual_blocks
-from distfit.privacy import Budget
+from distfit.mathematics.privacy import Budget
 from distfit.spec.model import AttributeSpec, BlockLimits, PipelineSpec, PrivacySpec, SpecError
 from distfit.spec.parse import load_spec, parse_spec
-from distfit.workload import age_pyramid_workload, pl94_workload, workload_from_groups
+from distfit.mathematics.workload import age_pyramid_workload, pl94_workload, workload_from_groups
 
 from tests.spec.helpers import BASE, PIPELINES, base_mapping, edit, reading_spec, spec_error, write
 

@@ -14,7 +14,7 @@ import distfit.stores.data as data
 from distfit.data.synthetic import synthesize_chunk, synthesize_histograms
 from distfit.stores.data import DataError, read_histograms, write_synthetic
 from distfit.spec.parse import load_spec
-from distfit.domain import Domain
+from distfit.mathematics.domain import Domain
 from tests.clitools import assert_one_line_error, run
 
 ROOT = Path(__file__).resolve().parents[2]

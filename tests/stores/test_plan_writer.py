@@ -14,7 +14,7 @@ import zarr
 
 import distfit.stores.plan as plan_store
 from distfit import read_plan
-from distfit.packing import QueryRuns, block_arrays, marginal_pack
+from distfit.mathematics.packing import QueryRuns, block_arrays, marginal_pack
 from distfit.stores.plan import (
     PACK_ARRAYS, PACKED_VERSION, RUNS_VERSION, UNPACKED_VERSION, StoreError, verify_checksum,
 )

@@ -14,11 +14,11 @@ import pytest
 import zarr
 
 import distfit.plan.job as job
-from distfit.audit import audit_plan
-from distfit.packing import block_arrays
+from distfit.audit.plan import audit_plan
+from distfit.mathematics.packing import block_arrays
 from distfit.plan.composition import stitched_profile
 from distfit.plan.residual import block_id_for
-from distfit.privacy import privacy_account
+from distfit.mathematics.privacy import privacy_account
 from distfit.spec.parse import parse_spec
 from distfit.stores.checksum import compute_checksum
 from distfit.stores.plan import (

@@ -20,7 +20,7 @@ import xarray as xr
 import yaml
 import zarr
 
-from distfit.audit import audit_plan
+from distfit.audit.plan import audit_plan
 from distfit.data.microdata import tabulate_microdata
 from distfit.plan.job import run_plan
 from distfit.release.job import run_release

@@ -1,8 +1,8 @@
 """What the report needs of every block, without materialising a pack's blocks one by one.
 
-:mod:`distfit.report` lists every block (id, attributes, alpha, lower bound, solver statistics,
+:mod:`distfit.report.page` lists every block (id, attributes, alpha, lower bound, solver statistics,
 ``queries x rows x cells``) and, with ``--data``, compares the first units' released answers
-with their true answers. For a packed plan (:class:`distfit.packing.PackedBlocks`, up to
+with their true answers. For a packed plan (:class:`distfit.mathematics.packing.PackedBlocks`, up to
 hundreds of thousands of blocks) both come from the pack's arrays: a block's shape is ``m_b =
 sum of its segments' cells``, ``k_b = prod_{i in S}(n_i - 1)``, ``d_b = prod_{i in S} n_i``
 (vectorised over the pack), and the true answers are the release's computation without noise
@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from distfit.packing import block_cells
+from distfit.mathematics.packing import block_cells
 from distfit.release.noise import query_answers, true_block_answers
 from distfit.release.packed import pack_answers, pack_measurements, prepare_pack
 

@@ -23,7 +23,7 @@ from typing import Iterable, Mapping, Sequence, Union
 import numpy as np
 
 from distfit.checks import check_integer
-from distfit.domain import Domain
+from distfit.mathematics.domain import Domain
 
 __all__ = [
     "validate_targets",

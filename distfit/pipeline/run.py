@@ -5,7 +5,7 @@
 pipeline (``distfit/pipelines/default.yaml``, a copy of ``pipelines/pl94.yaml``). Stages:
 
 1. plan     -> ``RUNDIR/plan.zarr``    (:func:`distfit.plan.job.run_plan`)
-2. audit    of that plan               (:func:`distfit.audit.audit_plan`; a mismatch is a failure)
+2. audit    of that plan               (:func:`distfit.audit.plan.audit_plan`; a mismatch is a failure)
 3. data     -> ``RUNDIR/data.zarr``    synthetic histograms (:func:`distfit.stores.data.write_synthetic`)
              when ``--data`` is not given: ``--units`` units (default 10000), seeded from the
              spec hash, so a rerun would synthesise the same data (and in fact reuses it);
@@ -24,7 +24,7 @@ pipeline (``distfit/pipelines/default.yaml``, a copy of ``pipelines/pl94.yaml``)
    per-stage timings and status, package versions, the cluster used (``{"kind": "serial"}``,
    ``{"kind": "local", "workers", "started"}``, or ``{"kind": "external", "address"}`` with, for
    a scheduler file, its absolute ``scheduler_file`` and the ``scheduler_address`` it held) and
-   the report's path and plots. The report (``distfit.report``, RUNDIR/report/index.html) is
+   the report's path and plots. The report (``distfit.report.page``, RUNDIR/report/index.html) is
    rebuilt on every run.
 
 Rerunning into the same RUNDIR picks up where the earlier run stopped: a complete plan whose
@@ -53,19 +53,19 @@ from typing import Any, Callable, TextIO, Union
 import yaml
 
 from distfit import __version__
-from distfit.audit import audit_plan
-from distfit.cluster import dask_client, local_cluster
+from distfit.audit.plan import audit_plan
+from distfit.runtime.cluster import dask_client, local_cluster
 from distfit.data.microdata import check_source, ensure_tabulated, microdata_format, tabulation_mismatch
 from distfit.data.people import write_synthetic_people
 from distfit.estimate.job import estimate_in_run, manifest_entry
 from distfit.estimate.levels import estimate_levels, parent_columns
-from distfit.failures import RunFailure
+from distfit.runtime.failures import RunFailure
 from distfit.plan.planner import decompose_lazily
 from distfit.plan.job import level_profiles, run_plan, scale_plan_to_budget
 from distfit.plan.levels import budget_shares, combine_levels
-from distfit.privacy import Budget
+from distfit.mathematics.privacy import Budget
 from distfit.release.job import run_release
-from distfit.report import write_report
+from distfit.report.page import write_report
 from distfit.spec.model import PipelineSpec, PrivacySpec
 from distfit.spec.parse import load_spec
 from distfit.stores.data import MARGINALS_FORMAT, open_data, read_histograms, write_synthetic
@@ -495,7 +495,7 @@ def run_pipeline(
 
 
 def _report_entry(report: Any) -> dict[str, Any]:
-    """The manifest's ``report`` entry of a written report (``distfit.report.ReportResult``)."""
+    """The manifest's ``report`` entry of a written report (``distfit.report.page.ReportResult``)."""
     return {"path": os.path.abspath(report.path), "index": os.path.abspath(os.path.join(report.path, "index.html")),
             "plots": list(report.plots), "calibration": report.calibration}
 

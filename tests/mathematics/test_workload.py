@@ -1,4 +1,4 @@
-"""Tests for distfit.workload."""
+"""Tests for distfit.mathematics.workload."""
 from __future__ import annotations
 
 import itertools
@@ -6,8 +6,8 @@ import itertools
 import numpy as np
 import pytest
 
-from distfit.domain import Domain
-from distfit.workload import (    Workload,
+from distfit.mathematics.domain import Domain
+from distfit.mathematics.workload import (    Workload,
     age_pyramid_workload,
     all_range_queries,
     all_two_way_marginals,

@@ -22,7 +22,7 @@ import shutil
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence, TextIO
 
-from distfit.cluster import Progress
+from distfit.runtime.cluster import Progress
 from distfit.stores.files import STAGING_MARKER, is_staging, leftovers, move_into_place
 from distfit.stores.lock import store_lock
 from distfit.stores.release_chunks import ChunkSync, ReleaseHasher

@@ -13,13 +13,13 @@ import yaml
 import zarr
 
 from tests.clitools import assert_one_line_error, run
-from distfit.audit import audit_plan
+from distfit.audit.plan import audit_plan
 import distfit.estimate.job as estimating
-import distfit.pipeline as pipeline
+import distfit.pipeline.run as pipeline
 from distfit.stores.data import read_histograms, write_synthetic
 from distfit.stores.estimate import read_estimate, verify_estimate
 from distfit.stores.release import read_release, verify_release
-from distfit.pipeline import PACKAGES, data_seed, default_spec_path
+from distfit.pipeline.run import PACKAGES, data_seed, default_spec_path
 from distfit.spec.parse import load_spec
 from distfit.stores.plan import read_plan, verify_checksum
 from tests.plan.test_levels import LEVELS_SPEC
@@ -285,7 +285,7 @@ def test_bad_flags_exit_2(capsys, specs, tmp_path, flags, fragment):
 def test_embedded_default_pipeline(capsys, tmp_path):
     assert Path(default_spec_path()).is_file()
     assert load_spec(default_spec_path()).spec_hash == load_spec(
-        Path(__file__).parents[1] / "pipelines" / "pl94.yaml").spec_hash
+        Path(__file__).parents[2] / "pipelines" / "pl94.yaml").spec_hash
     rundir = tmp_path / "default"
     code, out, err = run(capsys, "run", "--out", str(rundir), "--units", "200", "--serial")
     assert code == 0, err

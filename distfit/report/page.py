@@ -9,7 +9,7 @@ no network URLs: mailed or uploaded alone it shows everything. The figures (``id
 ``<figure>``, listed in :attr:`ReportResult.plots` and the run manifest):
 
 * ``privacy_curve``   epsilon(delta) of the plan, delta from 1e-12 to 1e-2 (log x axis),
-  exact (:func:`distfit.privacy.epsilon_for_delta` at the plan's alpha);
+  exact (:func:`distfit.mathematics.privacy.epsilon_for_delta` at the plan's alpha);
 * ``block_alpha``     each block's privacy cost alpha (horizontal bars, largest first, at most
   :data:`BLOCK_BARS`), with its certified lower bound where that is finite;
 * ``variance_ratio``  histogram of variance/target over all queries, with a line at 1 (SM-II
@@ -63,9 +63,9 @@ from typing import Any
 
 import numpy as np
 
-from distfit.privacy import epsilon_for_delta
+from distfit.mathematics.privacy import epsilon_for_delta
 from distfit.release.noise import calibration
-from distfit.report_packs import block_rows, true_query_answers
+from distfit.report.packs import block_rows, true_query_answers
 from distfit.solver.baselines import compare_baselines
 from distfit.spec.parse import parse_spec
 from distfit.stores.data import open_data
@@ -288,7 +288,7 @@ def _calibration(plan, release, data_path) -> tuple[dict, np.ndarray, np.ndarray
     if not np.array_equal(ids, data_ids):
         raise ValueError(f"{data_path}: its unit ids differ from the release's; give the data the "
                          "release was made from")
-    true = true_query_answers(plan, data, units)  # packed blocks in bulk (distfit.report_packs)
+    true = true_query_answers(plan, data, units)  # packed blocks in bulk (distfit.report.packs)
     noisy = np.asarray(release.answers[:units], dtype=float)
     result = calibration(noisy, true, release.variances)
     z = result.pop("z")
@@ -637,7 +637,7 @@ def _write_report(plan_path: str | os.PathLike, out_path: Path, release_path: st
         raise ValueError(f"{release.path}: the release was made from another plan "
                          f"(plan checksum {release.attrs.get('plan_checksum')}, not {plan.checksum})")
 
-    blocks = block_rows(plan)  # packed blocks from their packs' arrays (distfit.report_packs)
+    blocks = block_rows(plan)  # packed blocks from their packs' arrays (distfit.report.packs)
     with np.errstate(divide="ignore", invalid="ignore"):
         ratios = np.asarray(plan.queries_variances / plan.queries_targets, dtype=float)
     baselines, note = _baselines(plan)

@@ -159,7 +159,7 @@ class MallocTuning(WorkerPlugin):
 
 
 def dask_setup(worker) -> None:
-    """Dask preload hook (``LocalCluster(preload=["distfit.cluster"])``): the worker processes of a
+    """Dask preload hook (``LocalCluster(preload=["distfit.runtime.cluster"])``): the worker processes of a
     *local* cluster ignore SIGINT. Ctrl-C in a terminal reaches every process of its process
     group, and a local cluster's workers are in the driver's; the driver alone handles the
     interrupt (it stops the workers and says what was kept), so the workers must not die

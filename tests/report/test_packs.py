@@ -1,4 +1,4 @@
-"""distfit.report_packs: the report's block table and true answers of a packed (and a mixed)
+"""distfit.report.packs: the report's block table and true answers of a packed (and a mixed)
 plan, in bulk, against the blocks materialised one at a time."""
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from distfit.release.noise import query_answers, true_block_answers
-from distfit.report_packs import block_rows, true_query_answers
+from distfit.report.packs import block_rows, true_query_answers
 from distfit.spec.parse import parse_spec
 from distfit.stores.data import open_data, write_synthetic
 from distfit.stores.plan import read_plan

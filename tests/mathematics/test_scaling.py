@@ -1,4 +1,4 @@
-"""Scaling a block's noise by k (distfit.scaling): the one arithmetic every stage uses."""
+"""Scaling a block's noise by k (distfit.mathematics.scaling): the one arithmetic every stage uses."""
 from __future__ import annotations
 
 import numpy as np
@@ -6,7 +6,7 @@ import numpy as np
 import distfit
 from distfit.plan.planner import PlannedBlock
 from distfit.plan.residual import residual_blocks
-from distfit.scaling import scale_block, scaled_cost, scaled_noise
+from distfit.mathematics.scaling import scale_block, scaled_cost, scaled_noise
 from tests.plan.blocks import two_way
 
 

@@ -1,4 +1,4 @@
-"""Tests for ``distfit report`` (distfit.report): one self-contained HTML file with inline SVG
+"""Tests for ``distfit report`` (distfit.report.page): one self-contained HTML file with inline SVG
 plots (checked in the markup and, when Chromium is installed, rendered alone in headless Chromium),
 the page's content, refusals."""
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import distfit.report as report_module
+import distfit.report.page as report_module
 from benchmarks.render_report import find_chromium, ink, references, render_page
 from tests.clitools import assert_one_line_error, run
 from distfit.stores.data import write_synthetic
@@ -21,7 +21,7 @@ from distfit.release.job import run_release
 from distfit.release.noise import query_answers, true_block_answers
 from distfit.stores.data import open_data
 from distfit.stores.estimate import read_estimate
-from distfit.report import MARKER, PAGE, Z95
+from distfit.report.page import MARKER, PAGE, Z95
 from distfit.stores.plan import read_plan
 from distfit.stores.release import read_release
 

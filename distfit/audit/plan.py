@@ -32,7 +32,7 @@ naming the claim when a stored one differs by more than a relative :data:`TOLERA
   sum of the block alphas; ``alpha`` is the cell-by-cell maximum of the summed block profiles
   on a small domain, else the sum of the block alphas;
   ``planner.alpha_sum_bound`` is that sum; ``rho = alpha / 2``; ``account`` (alpha, rho, the
-  exact (epsilon, delta) table and the RDP curve) is :func:`distfit.privacy.privacy_account`
+  exact (epsilon, delta) table and the RDP curve) is :func:`distfit.mathematics.privacy.privacy_account`
   of alpha, row by row.
 * **lower bounds**, evaluated at their stored certificates, never searched for (a lower bound is
   a proof only given the dual point that reaches it; re-maximising the dual from another start
@@ -73,17 +73,17 @@ from typing import Any, Callable
 
 import numpy as np
 
-from distfit.domain import Domain
-from distfit.packing import PackedBlocks, QueryRuns, block_cells, residual_basis
+from distfit.mathematics.domain import Domain
+from distfit.mathematics.packing import PackedBlocks, QueryRuns, block_cells, residual_basis
 from distfit.plan.allocate import allocate_scales
 from distfit.plan.composition import EXACT_DOMAIN_LIMIT, alpha_is_exact, stitched_profile
 from distfit.plan.planner import JOINT_BLOCK_DUAL, SCALE_ALLOCATION
-from distfit.privacy import privacy_account
+from distfit.mathematics.privacy import privacy_account
 from distfit.solver.dual import certified_bound
 from distfit.spec.model import PipelineSpec
 from distfit.spec.parse import parse_spec
 from distfit.stores.plan import BlockRecord, Plan, checksum_covers_attrs, read_plan, verify_checksum
-from distfit.threads import blas_limit
+from distfit.runtime.threads import blas_limit
 
 TOLERANCE = 1e-8
 BOUND_TOLERANCE = 1e-9  # a block's lower_bound equals the bound its stored certificate proves, to this (relative)
@@ -152,7 +152,7 @@ def _close(stored, recomputed) -> bool:
 def _differing_queries(stored: QueryRuns, recomputed: np.ndarray) -> np.ndarray:
     """The queries whose ``recomputed`` value is not close to the ``stored`` one (as ``_close``:
     ``np.isclose(stored, recomputed)``, relative :data:`TOLERANCE`), a stored vector read as runs
-    (:class:`distfit.packing.QueryRuns`) so it is never expanded. The recomputed values close to
+    (:class:`distfit.mathematics.packing.QueryRuns`) so it is never expanded. The recomputed values close to
     a run's value form an interval (``|s - r| <= TOLERANCE |r|`` for r of one sign), so a run's
     least and greatest recomputed values decide it; only failing runs are compared query by query."""
     starts = stored.offsets[:-1]
@@ -191,7 +191,7 @@ def block_bound_targets(variances: np.ndarray, targets: np.ndarray) -> np.ndarra
 
     A solve certifies its bound at the shares it was solved for, and its plan meets them up to
     ``1 + 1e-12`` (``solve._scaled_to_targets``); every later scaling by s (allocation scale,
-    budget factor: :mod:`distfit.scaling`) multiplies the variances by s and divides the bound
+    budget factor: :mod:`distfit.mathematics.scaling`) multiplies the variances by s and divides the bound
     by s, leaving the weights. So the bound at t equals the stored one to about 1e-12."""
     return float(np.max(variances / targets)) * targets
 
@@ -459,7 +459,7 @@ def _stored_spec(check: _Checks, attrs: dict) -> PipelineSpec | None:
 
 
 def _check_account(check: _Checks, stored: Any, alpha: float) -> None:
-    """``account`` against :func:`distfit.privacy.privacy_account` of the recomputed alpha, row by row."""
+    """``account`` against :func:`distfit.mathematics.privacy.privacy_account` of the recomputed alpha, row by row."""
     expected = privacy_account(alpha).to_dict()
     if not check(isinstance(stored, dict), f"account: expected the privacy account, got {stored!r}"):
         return
@@ -482,7 +482,7 @@ def _check_account(check: _Checks, stored: Any, alpha: float) -> None:
 def audit_plan(path: str) -> AuditReport:
     """Audit the plan store at ``path`` (module docstring). Raises StoreError if it is unreadable."""
     plan = read_plan(path)
-    with blas_limit():  # small dense factorisations: threads only slow them down (distfit.threads)
+    with blas_limit():  # small dense factorisations: threads only slow them down (distfit.runtime.threads)
         return _audit(plan, str(path))
 
 

@@ -1,4 +1,4 @@
-"""Tests for the privacy accounting in distfit.privacy (DESIGN.md section 1).
+"""Tests for the privacy accounting in distfit.mathematics.privacy (DESIGN.md section 1).
 
 Exact (epsilon, delta) values are checked against Google's dp-accounting, an independent
 implementation of the analytic Gaussian mechanism (Balle & Wang 2018).
@@ -11,7 +11,7 @@ import math
 import numpy as np
 import pytest
 
-from distfit.privacy import (
+from distfit.mathematics.privacy import (
     DEFAULT_DELTAS,
     DEFAULT_RDP_ORDERS,
     Budget,

@@ -1,4 +1,4 @@
-"""Packed blocks (distfit/packing.py): the implied arrays are the residual decomposition of the
+"""Packed blocks (distfit/mathematics/packing.py): the implied arrays are the residual decomposition of the
 identity marginals, and the closed forms are what the materialised arrays give."""
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import itertools
 import numpy as np
 import pytest
 
-from distfit.packing import PackedBlocks, QueryRuns, block_arrays, marginal_pack
+from distfit.mathematics.packing import PackedBlocks, QueryRuns, block_arrays, marginal_pack
 from distfit.solver.dual import certified_bound
 
 SIZES = [3, 4, 2]

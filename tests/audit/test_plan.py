@@ -22,9 +22,9 @@ import pytest
 import yaml
 import zarr
 
-import distfit.audit
+import distfit.audit.plan
 import distfit.stores.plan
-from distfit.audit import audit_plan, block_bound_targets
+from distfit.audit.plan import audit_plan, block_bound_targets
 from distfit.cli.main import main
 from distfit.plan.job import run_plan
 from distfit.plan.planner import JOINT_BLOCK_DUAL, SCALE_ALLOCATION
@@ -465,7 +465,7 @@ def test_the_planner_bound_is_named_for_the_chosen_blocks(plans):
 def test_a_version_1_plan_passes_with_warnings_and_its_claims_are_still_recomputed(tmp_path, capsys):
     """A plan written before issue 12 (format version 1: its checksum covers the arrays only)
     passes with warnings; an edited claim re-sealed by the version-1 rule still fails."""
-    with zipfile.ZipFile(Path(__file__).parent / "stores" / "plan_v1.zip") as archive:
+    with zipfile.ZipFile(Path(__file__).parents[1] / "stores" / "plan_v1.zip") as archive:
         archive.extractall(tmp_path)
     path = tmp_path / "plan.zarr"
     assert main(["audit", str(path)]) == 0
@@ -482,7 +482,7 @@ def test_a_version_1_plan_passes_with_warnings_and_its_claims_are_still_recomput
 def test_an_allocation_over_the_audits_limit_is_named_in_a_warning(plans, monkeypatch):
     """An allocation program too big to re-solve quickly (Adult's: 470 blocks) is not failed:
     the audit says that the bound is the planner's word."""
-    monkeypatch.setattr(distfit.audit, "ALLOCATION_AUDIT_WORK", 1.0)
+    monkeypatch.setattr(distfit.audit.plan, "ALLOCATION_AUDIT_WORK", 1.0)
     report = audit_plan(str(plans / "merged.zarr"))
     assert report.ok
     assert report.warnings == ("planner.chosen_blocks_lower_bound: not re-certified (the allocation program of 1 "

@@ -15,8 +15,8 @@ import zarr
 from distributed import Client
 
 import distfit.plan.planner as plan_module
-from distfit.audit import audit_plan
-from distfit.cluster import (
+from distfit.audit.plan import audit_plan
+from distfit.runtime.cluster import (
     WORKER_ENV,
     ClusterError,
     DaskExecutor,
@@ -25,7 +25,7 @@ from distfit.cluster import (
     on_every_worker,
     raise_mmap_threshold,
 )
-from distfit.domain import Domain
+from distfit.mathematics.domain import Domain
 from distfit.plan.job import run_plan
 from distfit.plan.planner import BlockTask, plan_groups, serial_executor
 from distfit.plan.residual import residual_blocks

@@ -1,0 +1,1 @@
+"""``distfit run``: the stages chained into a run directory with its manifest (docs/architecture.md)."""
