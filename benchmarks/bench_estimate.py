@@ -10,11 +10,11 @@ time <= release time, memory flat); the default is smaller for a quick run. Plan
 (``run_plan``, serial) into the workdir and, for each N, synthesises N unit histograms
 (``write_synthetic``; timed apart). Then, ``--repeat`` times:
 
-* **release**: ``run_release(plan, data, release, workers=W)``, from the data store to the
-  sealed release (its own local cluster's start-up and shutdown, the audit, the chunk tasks,
-  the seal);
-* **estimate**: ``run_estimate(plan, release, estimate, workers=W)`` of that release, from the
-  sealed release to the sealed estimate (its own local cluster, the plan check, one task per
+* **release**: ``run_release(plan, data, release, placement=Placement(workers=W))``, from the
+  data store to the sealed release (its own local cluster's start-up and shutdown, the audit,
+  the chunk tasks, the seal);
+* **estimate**: ``run_estimate(plan, release, estimate, placement=Placement(workers=W))`` of
+  that release, from the sealed release to the sealed estimate (its own local cluster, the plan check, one task per
   release chunk: recover the measurements, project every unit onto x >= 0, W x; the seal).
 
 Each run is a fresh spawned process whose peak RSS (driver, and the largest worker process) is
@@ -65,6 +65,7 @@ from distfit.stores.estimate import read_estimate  # noqa: E402
 from distfit.stores.plan import read_plan  # noqa: E402
 from distfit.stores.release import read_release  # noqa: E402
 from distfit.runtime.threads import blas_limit  # noqa: E402
+from distfit.runtime.placement import Placement
 
 
 def _cpu() -> float:
@@ -77,14 +78,15 @@ def _cpu() -> float:
 def release(plan_path: str, data_path: str, out: str, workers: int) -> tuple[float, float]:
     """``(seconds, CPU seconds)`` of a release (run in a fresh process by ``measured``)."""
     cpu = _cpu()
-    seconds = run_release(plan_path, data_path, out, workers=workers, log=io.StringIO()).seconds
+    seconds = run_release(plan_path, data_path, out, placement=Placement(workers=workers), log=io.StringIO()).seconds
     return seconds, _cpu() - cpu
 
 
 def estimate(plan_path: str, release_path: str, out: str, workers: int, integer: bool) -> tuple[float, float]:
     """``(seconds, CPU seconds)`` of an estimate (run in a fresh process by ``measured``)."""
     cpu = _cpu()
-    seconds = run_estimate(plan_path, release_path, out, workers=workers, integer=integer, log=io.StringIO()).seconds
+    seconds = run_estimate(plan_path, release_path, out, placement=Placement(workers=workers), integer=integer,
+                           log=io.StringIO()).seconds
     return seconds, _cpu() - cpu
 
 
@@ -135,7 +137,7 @@ def main(argv=None) -> int:
     plan_path = str(workdir / "plan.zarr")
     shutil.rmtree(plan_path, ignore_errors=True)
     start = time.perf_counter()
-    run_plan(load_spec(args.spec), plan_path, serial=True, log=io.StringIO())
+    run_plan(load_spec(args.spec), plan_path, placement=Placement(serial=True), log=io.StringIO())
     plan = read_plan(plan_path)
     shapes = [plan.block(b).recon.shape[0:1] + plan.block(b).basis.shape for b in plan.block_ids]
     print(f"plan {Path(args.spec).name}: {len(shapes)} block(s) (m_b, k, d_b) {shapes}, "

@@ -45,6 +45,7 @@ from distfit.stores.data import open_data  # noqa: E402
 from distfit.stores.estimate import read_estimate  # noqa: E402
 from distfit.stores.plan import read_plan  # noqa: E402
 from distfit.stores.release import read_release  # noqa: E402
+from distfit.runtime.placement import Placement
 
 
 def true_answers(model, data) -> np.ndarray:
@@ -85,7 +86,8 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory(prefix="bench-geography-") as scratch:
         out = Path(args.out) if args.out else Path(scratch) / "run"
         started = time.perf_counter()
-        run = run_levels(spec, out, units=args.units, workers=args.workers, serial=args.serial, fsync=False,
+        run = run_levels(spec, out, units=args.units, placement=Placement(workers=args.workers, serial=args.serial),
+                         fsync=False,
                          integer=args.integer, log=io.StringIO())
         print(f"spec {spec.name}: {args.units} finest units, run in {time.perf_counter() - started:.1f} s "
               f"({'integer' if args.integer else 'real'} estimates)")

@@ -54,6 +54,7 @@ from distfit.spec.parse import load_spec  # noqa: E402
 from distfit.stores.data import read_marginals  # noqa: E402
 from distfit.stores.plan import read_plan  # noqa: E402
 from distfit.stores.release import read_release  # noqa: E402
+from distfit.runtime.placement import Placement
 
 
 def marginal_matrix(region, subset, size):
@@ -185,7 +186,8 @@ def adult_inputs(plan_path: str, data_path: str, spec_path: str | Path = ROOT / 
     with tempfile.TemporaryDirectory(prefix="bench-graphical-") as tmp:
         data = tabulate_microdata(spec, data_path, Path(tmp) / "data.zarr",
                                   cover=query_cliques(spec, [b.attributes for b in model.blocks]), log=io.StringIO())
-        run_release(plan_path, data, Path(tmp) / "release.zarr", seed=7, serial=True, log=io.StringIO(), fsync=False)
+        run_release(plan_path, data, Path(tmp) / "release.zarr", seed=7, placement=Placement(serial=True),
+                    log=io.StringIO(), fsync=False)
         release = read_release(Path(tmp) / "release.zarr")
         answers = {b.block_id: np.asarray(release.block_answers(b.block_id)[:1]) for b in model.blocks}
         raw = np.asarray(release.answers[0])

@@ -135,9 +135,13 @@ def _memory_child(mode: str, spec_path: str, out: str, workers: int, trace: bool
     if trace:
         tracemalloc.start()
     start = time.perf_counter()
-    kwargs = {} if mode == "before" else {"stream": mode == "streamed"}
-    spec = spec_path if mode == "before" else load_spec(spec_path)  # an older tree's run_plan read the file
-    plan, _checksum = planning.run_plan(spec, out, workers=workers, log=io.StringIO(), **kwargs)
+    if mode == "before":  # an older tree's run_plan read the file and took workers=, and has no Placement
+        spec, kwargs = spec_path, {"workers": workers}
+    else:
+        from distfit.runtime.placement import Placement  # this tree's (not --before-root's): imported here
+
+        spec, kwargs = load_spec(spec_path), {"stream": mode == "streamed", "placement": Placement(workers=workers)}
+    plan, _checksum = planning.run_plan(spec, out, log=io.StringIO(), **kwargs)
     seconds = time.perf_counter() - start
     if trace:
         phases["plan_traced"] = tracemalloc.get_traced_memory()[1]

@@ -56,6 +56,7 @@ from distfit.release.noise import plan_domain, release_chunk  # noqa: E402
 from distfit.spec.parse import load_spec  # noqa: E402
 from distfit.stores.plan import read_plan  # noqa: E402
 from distfit.runtime.threads import blas_limit  # noqa: E402
+from distfit.runtime.placement import Placement
 
 PER = 10_000
 
@@ -93,7 +94,8 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="bench-projection-") as work:
         plan_path = str(Path(work) / "pl94.zarr")
-        run_plan(load_spec(ROOT / "pipelines" / "pl94.yaml"), plan_path, serial=True, log=io.StringIO())
+        run_plan(load_spec(ROOT / "pipelines" / "pl94.yaml"), plan_path, placement=Placement(serial=True),
+                 log=io.StringIO())
         plan = read_plan(plan_path)
         _start, counts = synthesize_chunk(plan_domain(plan), args.units, 1, 0, args.units)
         released = release_chunk(plan, counts, entropy=20240611, chunk_index=0)

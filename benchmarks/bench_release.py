@@ -10,9 +10,10 @@ into the workdir and, for each N, synthesises N unit histograms (``write_synthet
 apart, not part of the comparison; kept with ``--keep-data --workdir DIR`` for the next
 session). Then, ``--repeat`` times, alternating:
 
-* **distfit**: ``run_release(plan, data, out, workers=W)``, counted from the data store to
-  the sealed release: its own local cluster's start-up, the audit, the data checks, the store
-  layout, the chunk tasks, the seal (checksum and fsync) and the cluster's shutdown;
+* **distfit**: ``run_release(plan, data, out, placement=Placement(workers=W))``, counted from the
+  data store to the sealed release: its own local cluster's start-up, the audit, the data
+  checks, the store layout, the chunk tasks, the seal (checksum and fsync) and the cluster's
+  shutdown;
 * **the loop**: the minimal single-process numpy loop doing the same arithmetic (the
   reference of issue 16): per 10,000 units, read the counts ``x`` from the data store,
   ``z = xi chol(Sigma)^T`` with ``xi`` from ``default_rng`` per chunk, answers
@@ -55,6 +56,7 @@ from distfit.release.job import run_release  # noqa: E402
 from distfit.spec.parse import load_spec  # noqa: E402
 from distfit.stores.data import read_histograms, write_synthetic  # noqa: E402
 from distfit.stores.plan import read_plan  # noqa: E402
+from distfit.runtime.placement import Placement
 
 MIB = 2.0**20
 LOOP_CHUNK = 10_000
@@ -128,7 +130,7 @@ def minimal_loop(plan_path: str, data_path: str, out: str, seed: int) -> float:
 
 
 def _distfit(plan_path: str, data_path: str, out: str, workers: int) -> float:
-    return run_release(plan_path, data_path, out, workers=workers, log=io.StringIO()).seconds
+    return run_release(plan_path, data_path, out, placement=Placement(workers=workers), log=io.StringIO()).seconds
 
 
 def _child(connection, function, args) -> None:
@@ -184,7 +186,7 @@ def main(argv=None) -> int:
     plan_path = str(workdir / "plan.zarr")
     shutil.rmtree(plan_path, ignore_errors=True)
     start = time.perf_counter()
-    run_plan(load_spec(args.spec), plan_path, serial=True, log=io.StringIO())
+    run_plan(load_spec(args.spec), plan_path, placement=Placement(serial=True), log=io.StringIO())
     plan = read_plan(plan_path)
     shapes = [plan.block(b).recon.shape[0:1] + plan.block(b).basis.shape for b in plan.block_ids]
     print(f"plan {Path(args.spec).name}: {len(shapes)} block(s) (m_b, k, d_b) {shapes}, "

@@ -92,8 +92,9 @@ def main(argv: list[str] | None = None) -> int:
                     command += ["--data", args.data]
                 return subprocess.call(command)
             from distfit.pipeline.run import run_pipeline
+            from distfit.runtime.placement import Placement
 
-            result = run_pipeline(args.spec, args.out, data=args.data, cluster=sched_file)
+            result = run_pipeline(args.spec, args.out, data=args.data, placement=Placement(cluster=sched_file))
             print(f"jobqueue_run: done; manifest {result.manifest}", file=sys.stderr)
             return 0
         finally:

@@ -11,6 +11,7 @@ import yaml
 from distfit.plan.job import run_plan
 from distfit.spec.model import PipelineSpec
 from distfit.spec.parse import load_spec
+from distfit.runtime.placement import Placement
 from tests.reference import SMALL_SPEC
 
 
@@ -32,5 +33,5 @@ def small_plan(tmp_path_factory) -> SmallPlan:
     spec_path.write_text(yaml.safe_dump(SMALL_SPEC))
     spec = load_spec(spec_path)
     plan = root / "plan.zarr"
-    run_plan(spec, str(plan), serial=True, log=io.StringIO())
+    run_plan(spec, str(plan), placement=Placement(serial=True), log=io.StringIO())
     return SmallPlan(root, spec_path, spec, str(plan))

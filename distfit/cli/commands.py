@@ -2,19 +2,20 @@
 and ``run``.
 
 Each handler checks the flags the library cannot check (``UsageError``, exit code 2), calls one
-library function and prints a short summary; all the work (and every other error) is the
-library's. ``distfit solve`` is ``distfit.cli.solve``; ``distfit plan`` and ``distfit audit`` are
-``distfit.cli.planning`` (they need none of these commands' heavy dependencies).
+library function where ``args.placement`` says (``--cluster``, ``--workers`` and ``--serial``,
+read and checked once by ``distfit.cli.main.placement_of``) and prints a short summary; all the
+work (and every other error) is the library's. ``distfit solve`` is ``distfit.cli.solve``;
+``distfit plan`` and ``distfit audit`` are ``distfit.cli.planning`` (they need none of these
+commands' heavy dependencies).
 """
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import time
 
 from distfit.cli.errors import PROG, UsageError
-from distfit.runtime.cluster import dask_client
+from distfit.runtime.cluster import placement_client
 from distfit.data.microdata import tabulate_microdata
 from distfit.estimate.job import run_estimate
 from distfit.pipeline.run import run_levels, run_pipeline
@@ -52,15 +53,13 @@ def cmd_synth(args: argparse.Namespace) -> int:
 
 def cmd_release(args: argparse.Namespace) -> int:
     """``distfit release``: plan + data -> sealed release store (``distfit.release.job.run_release``)."""
-    if args.workers is not None and args.workers < 1:
-        raise UsageError(f"--workers must be >= 1, got {args.workers}")
     if args.seed is not None and args.seed < 0:
         raise UsageError(f"--seed must be >= 0, got {args.seed}")
     if args.resume and args.overwrite:
         raise UsageError("--resume and --overwrite exclude each other")
     result = run_release(
         args.plan, args.data, args.out, resume=args.resume, overwrite=args.overwrite, seed=args.seed,
-        cluster=args.cluster, workers=args.workers, serial=args.serial,
+        placement=args.placement,
     )
     rate = result.units_drawn / result.seconds if result.seconds > 0 else float("nan")
     print(f"{PROG}: release {result.path}")
@@ -80,15 +79,10 @@ def cmd_release(args: argparse.Namespace) -> int:
 def cmd_estimate(args: argparse.Namespace) -> int:
     """``distfit estimate``: plan + sealed release -> sealed estimate store
     (``distfit.estimate.job.run_estimate``)."""
-    if args.workers is not None and args.workers < 1:
-        raise UsageError(f"--workers must be >= 1, got {args.workers}")
     if args.resume and args.overwrite:
         raise UsageError("--resume and --overwrite exclude each other")
-    if args.serial and (args.cluster is not None or args.workers is not None):
-        raise UsageError("--serial excludes --cluster and --workers")
     result = run_estimate(args.plan, args.release, args.out, integer=args.integer, resume=args.resume,
-                          overwrite=args.overwrite, method=args.method, cluster=args.cluster, workers=args.workers,
-                          serial=args.serial)
+                          overwrite=args.overwrite, method=args.method, placement=args.placement)
     rate = result.units_done_now / result.seconds if result.seconds > 0 else float("nan")
     fit = result.fit
     print(f"{PROG}: estimate {result.path}")
@@ -108,12 +102,8 @@ def cmd_estimate(args: argparse.Namespace) -> int:
 def cmd_tabulate(args: argparse.Namespace) -> int:
     """``distfit tabulate``: microdata -> marginals store (``distfit.data.microdata.tabulate_microdata``),
     on a Dask cluster unless ``--serial``; ``--plan`` adds a marginal per block of that plan."""
-    if args.workers is not None and args.workers < 1:
-        raise UsageError(f"--workers must be >= 1, got {args.workers}")
     if args.chunk_units is not None and args.chunk_units <= 0:
         raise UsageError(f"--chunk-units must be >= 1, got {args.chunk_units}")
-    if args.serial and (args.cluster is not None or args.workers is not None):
-        raise UsageError("--serial excludes --cluster and --workers")
     started = time.perf_counter()
     spec = load_spec(args.spec)
     if args.level is not None:
@@ -126,7 +116,7 @@ def cmd_tabulate(args: argparse.Namespace) -> int:
     if args.plan is not None:
         plan = read_plan(args.plan)
         cover = [plan.block(block_id).attributes for block_id in plan.block_ids]
-    with (contextlib.nullcontext() if args.serial else dask_client(args.cluster, args.workers)) as client:
+    with placement_client(args.placement) as client:
         path = tabulate_microdata(spec, args.data, args.out, client=client, chunk_units=args.chunk_units,
                                   overwrite=args.overwrite, cover=cover)
     seconds = time.perf_counter() - started
@@ -167,18 +157,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     or ``run_levels`` for a multi-level spec); a failed stage raises ``RunFailure`` (exit code 1)."""
     if args.units is not None and args.units <= 0:
         raise UsageError(f"--units must be >= 1, got {args.units}")
-    if args.workers is not None and args.workers < 1:
-        raise UsageError(f"--workers must be >= 1, got {args.workers}")
-    if args.serial and (args.cluster is not None or args.workers is not None):
-        raise UsageError("--serial excludes --cluster and --workers")
     spec = load_spec(args.spec) if args.spec is not None else None  # None: the embedded default pipeline
     multilevel = spec is not None and spec.multilevel
-    if multilevel:
-        result = run_levels(spec, args.out, data=args.data, units=args.units, cluster=args.cluster,
-                            workers=args.workers, serial=args.serial, estimate=args.estimate, integer=args.integer)
-    else:
-        result = run_pipeline(spec, args.out, data=args.data, units=args.units, cluster=args.cluster,
-                              workers=args.workers, serial=args.serial, estimate=args.estimate, integer=args.integer)
+    run = run_levels if multilevel else run_pipeline
+    result = run(spec, args.out, data=args.data, units=args.units, placement=args.placement, estimate=args.estimate,
+                 integer=args.integer)
     if multilevel:
         account = result.account
         print(f"{PROG}: run {result.rundir} ({len(result.levels)} levels, sequential composition)")

@@ -54,6 +54,7 @@ from distfit.cli.solve import DEFAULT_MAX_GAP
 from distfit.cli.workloads import WORKLOAD_HELP
 from distfit.runtime.cluster import ClusterError
 from distfit.runtime.failures import RunFailure
+from distfit.runtime.placement import Placement
 from distfit.solver.solve import ConvergenceError
 from distfit.runtime.threads import blas_limit
 
@@ -86,11 +87,22 @@ class _Parser(argparse.ArgumentParser):
 
 
 def add_cluster_options(parser: argparse.ArgumentParser, serial_help: str) -> None:
-    """``--cluster``, ``--workers`` and ``--serial``: where a command's tasks run (DESIGN.md section 3)."""
+    """``--cluster``, ``--workers`` and ``--serial``: where a command's tasks run (DESIGN.md
+    section 3), read back as one value by :func:`placement_of`."""
     parser.add_argument("--cluster", metavar="ADDRESS|FILE",
                         help="scheduler address or scheduler file (default: a local multi-process cluster)")
     parser.add_argument("--workers", type=int, metavar="N", help="worker processes of the local cluster (default: cores)")
     parser.add_argument("--serial", action="store_true", help=serial_help)
+
+
+def placement_of(args: argparse.Namespace) -> Placement | None:
+    """The one :class:`distfit.runtime.placement.Placement` of a command's ``--cluster``,
+    ``--workers`` and ``--serial`` (None for a command without them), checked as it is made
+    (ValueError, one line naming the option: exit 2). ``main`` sets it as ``args.placement``
+    before the handler runs; no handler reads the three options itself."""
+    if not hasattr(args, "serial"):
+        return None
+    return Placement(cluster=args.cluster, workers=args.workers, serial=args.serial)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -263,6 +275,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     "(see distfit --help)")
         return 2
     try:
+        args.placement = placement_of(args)
         handler = command_handler(args.command)
         with blas_limit():
             return handler(args)

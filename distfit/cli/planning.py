@@ -18,11 +18,10 @@ from distfit.spec.parse import load_spec
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    """``distfit plan``: spec -> plan store (``distfit.plan.job.run_plan``); print its account."""
-    plan, checksum = run_plan(
-        load_spec(args.spec), args.out, cluster=args.cluster, workers=args.workers, overwrite=args.overwrite,
-        serial=args.serial, refine_rounds=args.refine_rounds,
-    )
+    """``distfit plan``: spec -> plan store (``distfit.plan.job.run_plan``) where ``args.placement``
+    says; print its account."""
+    plan, checksum = run_plan(load_spec(args.spec), args.out, placement=args.placement, overwrite=args.overwrite,
+                              refine_rounds=args.refine_rounds)
     kind = plan.alpha_kind
     print(f"{PROG}: plan {args.out}")
     print(f"  blocks         {plan.num_blocks}  ({plan.composition})")

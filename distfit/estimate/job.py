@@ -19,7 +19,7 @@ together with array operations, a run of chunks per task as the release cuts the
 (:func:`estimate_chunks_task`, :func:`distfit.release.tasks.task_chunks`); serially in the
 driver (``--serial``) or on Dask through :mod:`distfit.runtime.cluster` (a local multi-process
 cluster by default, started on a thread while the driver checks its inputs:
-:class:`distfit.runtime.cluster.BackgroundClient`). The measurement model is built and prepared in the
+:class:`distfit.runtime.cluster.PlacedClient`). The measurement model is built and prepared in the
 driver meanwhile (:func:`distfit.estimate.projection.prepare_projection`: ``H``, its structure)
 and handed to every worker as the argument of a task of its own (:func:`model_task`,
 :func:`distfit.runtime.cluster.on_every_worker`: each worker unpickles its copy at once, none waits
@@ -58,7 +58,8 @@ from typing import Any, Callable, Iterable, Iterator, TextIO
 import numpy as np
 
 from distfit.runtime.chunked_job import ChunkedWrite, check_out, claim_out, new_target
-from distfit.runtime.cluster import WORKER_ENV, BackgroundClient, on_every_worker, run_tasks
+from distfit.runtime.cluster import PlacedClient, on_every_worker, run_tasks
+from distfit.runtime.placement import Placement
 from distfit.estimate import graphical
 from distfit.estimate.measurements import (
     MeasurementModel,
@@ -422,16 +423,15 @@ def run_estimate(
     resume: bool = False,
     overwrite: bool = False,
     method: str = "auto",
-    cluster: str | None = None,
-    workers: int | None = None,
-    serial: bool = False,
+    placement: Placement = Placement(),
     log: TextIO | None = None,
     fsync: bool = True,
     after_chunk: Callable[[int], None] | None = None,
 ) -> EstimateResult:
     """Estimate every unit of the sealed release at ``release_path`` (made through the plan at
-    ``plan_path``) into ``out`` (module docstring). ``after_chunk(chunk)`` is called in the
-    driver after each chunk is written (a test hook). Errors: ValueError (bad input),
+    ``plan_path``) into ``out`` (module docstring). ``placement``: where the chunk tasks run
+    (:class:`distfit.runtime.placement.Placement`; default a local cluster). ``after_chunk(chunk)``
+    is called in the driver after each chunk is written (a test hook). Errors: ValueError (bad input),
     FileExistsError (something at ``out`` that may not be replaced, or a second writer),
     cluster.ClusterError."""
     started = time.perf_counter()
@@ -439,23 +439,16 @@ def run_estimate(
     plan_path, release_path = os.fspath(plan_path), os.fspath(release_path)
     out_path = Path(os.fspath(out))
     check_out(out_path, "estimate", resume=resume, overwrite=overwrite)
-    if workers is not None and workers < 1:
-        raise ValueError(f"--workers must be >= 1, got {workers}")
 
     with contextlib.ExitStack() as stack:
         state, resumed = claim_out(stack, out_path, "estimate", estimate_state, resume=resume, overwrite=overwrite,
                                    log=log)
         stack.enter_context(blas_limit())
         plan, release = _check_inputs(plan_path, release_path)
-        clients: list[BackgroundClient] = []
+        client = PlacedClient(placement, stack, log)
 
-        def client():
-            if not clients:
-                clients.append(stack.enter_context(BackgroundClient(cluster, workers, log=log, worker_env=WORKER_ENV)))
-            return clients[0].get()
-
-        if not serial and not resumed:
-            client()  # workers spawn while the model is built; an unreachable cluster is refused here
+        if not resumed:
+            client.get()  # workers spawn while the model is built; an unreachable cluster is refused here
         model = measurement_model(plan)
         store_method, problem, memory = graphical_method(model, method, integer, int(release.attrs["chunk_units"]))
         if problem is not None:
@@ -501,12 +494,11 @@ def run_estimate(
         with ChunkedWrite(root, target, units=units, chunk_units=chunk_units, pending=pending, stage="estimate",
                           log=log, fsync=fsync, staging=staging, arrays=chunk_arrays(job.tables),
                           after_chunk=after_chunk) as write:
-            if pending and serial:
+            if pending and placement.serial:
                 write.consume(recorded(_run_serial(job, model, pending)))
             elif pending:
-                write.consume(recorded(_run_dask(client(), job, model, pending)))
-            if clients:
-                clients[0].close(wait=False)  # the workers are done: shut them down while sealing
+                write.consume(recorded(_run_dask(client.get(), job, model, pending)))
+            client.close(wait=False)  # the workers are done: shut them down while sealing
             # chunks estimated in an earlier session (--resume): their parts read from the store
             parts.update(fit_parts(root, chunk_units, [c for c in range(n_chunks) if c not in parts]))
             fit = combine_fits(parts[c] for c in range(n_chunks))
@@ -554,14 +546,13 @@ def manifest_entry(path: PathLike, checksum: str) -> dict[str, Any]:
 
 
 def estimate_in_run(plan_path: PathLike, release_path: PathLike, out: PathLike, *, integer: bool,
-                    cluster: Callable[[], str | None], workers: int | None, serial: bool, log: TextIO,
-                    fsync: bool = True) -> tuple[dict[str, Any], str]:
+                    placement: Callable[[], Placement], log: TextIO, fsync: bool = True) -> tuple[dict[str, Any], str]:
     """The estimate stage of ``distfit run`` (:func:`distfit.pipeline.run.run_pipeline`):
     ``(entry, status)``, ``entry`` the manifest's (:func:`manifest_entry`). An estimate at ``out`` of the same plan and release with the same
     options is reused when sealed (``"reused"``) and resumed when not (``"resumed"``); one of
     other inputs or options is replaced (``"done"``): an estimate is a function of the plan and
-    the release, so recomputing it loses nothing (unlike a release's noise). ``cluster()`` gives
-    the scheduler address (None: serial), asked only when there is work to do."""
+    the release, so recomputing it loses nothing (unlike a release's noise). ``placement()`` gives
+    where it runs (the run's, on the cluster the run started), asked only when there is work to do."""
     out_path = Path(os.fspath(out))
     attrs = root_attrs_on_disk(out_path) if out_path.is_dir() else None
     release = read_release(release_path)
@@ -575,6 +566,5 @@ def estimate_in_run(plan_path: PathLike, release_path: PathLike, out: PathLike, 
     if attrs is not None and not same:
         print(f"distfit: the estimate at {out_path} is of other inputs or options; replacing it", file=log)
     result = run_estimate(plan_path, release_path, out_path, integer=integer, resume=same,
-                          overwrite=attrs is not None and not same, cluster=None if serial else cluster(),
-                          workers=workers, serial=serial, log=log, fsync=fsync)
+                          overwrite=attrs is not None and not same, placement=placement(), log=log, fsync=fsync)
     return manifest_entry(out_path, result.checksum), "resumed" if result.resumed else "done"

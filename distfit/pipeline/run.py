@@ -54,12 +54,13 @@ import yaml
 
 from distfit import __version__
 from distfit.audit.plan import audit_plan
-from distfit.runtime.cluster import dask_client, local_cluster
+from distfit.runtime.cluster import dask_client, local_cluster, placement_client
 from distfit.data.microdata import check_source, ensure_tabulated, microdata_format, tabulation_mismatch
 from distfit.data.people import write_synthetic_people
 from distfit.estimate.job import estimate_in_run, manifest_entry
 from distfit.estimate.levels import estimate_levels, parent_columns
 from distfit.runtime.failures import RunFailure
+from distfit.runtime.placement import Placement
 from distfit.plan.planner import decompose_lazily
 from distfit.plan.job import level_profiles, run_plan, scale_plan_to_budget
 from distfit.plan.levels import budget_shares, combine_levels
@@ -255,37 +256,36 @@ def _inspect(rundir: Path, spec_hash: str, synthesise: bool, units: int | None,
 
 
 class _Cluster:
-    """Where the stages run: serial, an external scheduler, or one lazily started local cluster
-    shared by the plan and the release."""
+    """Where the stages run: the run's placement, its local cluster (if it asks for one) started
+    lazily, once, and shared by the stages."""
 
-    def __init__(self, cluster: str | None, workers: int | None, serial: bool, log: TextIO,
-                 stack: contextlib.ExitStack) -> None:
-        self.cluster, self.workers, self.serial, self.log, self.stack = cluster, workers, serial, log, stack
-        self.address: str | None = cluster
+    def __init__(self, placement: Placement, log: TextIO, stack: contextlib.ExitStack) -> None:
+        self.given, self.log, self.stack = placement, log, stack
+        self.address: str | None = placement.cluster
         self.started = False
 
-    def get(self) -> str | None:
-        if self.serial or self.cluster is not None or self.started:
-            return self.address
-        count = self.workers or os.cpu_count() or 1
-        local = self.stack.enter_context(local_cluster(count))  # workers without Dask's malloc trim (WORKER_ENV)
-        print(f"distfit: local cluster with {count} worker processes; dashboard {local.dashboard_link}",
-              file=self.log)
-        self.address, self.started = local.scheduler_address, True
-        return self.address
+    def placement(self) -> Placement:
+        """Where a stage runs: the run's placement, on its local cluster (started now if need be)."""
+        if self.given.local and not self.started:
+            count = self.given.local_workers
+            local = self.stack.enter_context(local_cluster(count))  # workers without Dask's malloc trim (WORKER_ENV)
+            print(f"distfit: local cluster with {count} worker processes; dashboard {local.dashboard_link}",
+                  file=self.log)
+            self.address, self.started = local.scheduler_address, True
+        return self.given.at(self.address)
 
     def describe(self) -> dict[str, Any]:
-        if self.serial:
-            return {"kind": "serial"}
-        if self.cluster is not None:
-            described: dict[str, Any] = {"kind": "external", "address": self.cluster}
-            if os.path.exists(self.cluster):  # a scheduler file (runtime.dask_client's rule)
-                described["scheduler_file"] = os.path.abspath(self.cluster)
-                with contextlib.suppress(OSError, ValueError, AttributeError):
-                    with open(self.cluster, encoding="utf-8") as handle:
-                        described["scheduler_address"] = json.load(handle).get("address")
-            return described
-        return {"kind": "local", "workers": self.workers or os.cpu_count() or 1, "started": self.started}
+        """The manifest's ``cluster`` entry (module docstring)."""
+        described = self.given.describe()
+        if described["kind"] == "local":
+            described["started"] = self.started
+        elif described["kind"] == "external" and os.path.exists(self.given.cluster):
+            # a scheduler file (runtime.dask_client's rule)
+            described["scheduler_file"] = os.path.abspath(self.given.cluster)
+            with contextlib.suppress(OSError, ValueError, AttributeError):
+                with open(self.given.cluster, encoding="utf-8") as handle:
+                    described["scheduler_address"] = json.load(handle).get("address")
+        return described
 
 
 def run_pipeline(
@@ -294,9 +294,7 @@ def run_pipeline(
     *,
     data: str | os.PathLike | None = None,
     units: int | None = None,
-    cluster: str | None = None,
-    workers: int | None = None,
-    serial: bool = False,
+    placement: Placement = Placement(),
     log: TextIO | None = None,
     fsync: bool = True,
     after_chunk: Callable[[int], None] | None = None,
@@ -308,7 +306,9 @@ def run_pipeline(
 ) -> RunResult:
     """Run (or finish) the pipeline of ``spec`` into ``out`` (module docstring). ``spec``: a
     ``PipelineSpec``, or the path of its YAML file (None: the embedded default pipeline), read
-    once for the whole run. ``plan_written``: the caller has just written RUNDIR/plan.zarr, and
+    once for the whole run. ``placement``: where the stages run
+    (:class:`distfit.runtime.placement.Placement`; default a local cluster, started once, only
+    if a stage has work). ``plan_written``: the caller has just written RUNDIR/plan.zarr, and
     how (``run_levels``: a level's plan scaled to its budget share); it is reported as done by
     this run, not reused. ``parent_column`` (``run_levels``): microdata is tabulated with each
     unit's parent id from that column (the coarser level's unit column). ``estimate``: run the
@@ -323,8 +323,6 @@ def run_pipeline(
         log = log or sys.stderr
         if units is not None and (isinstance(units, bool) or units < 1):
             raise ValueError(f"--units must be >= 1, got {units}")
-        if workers is not None and workers < 1:
-            raise ValueError(f"--workers must be >= 1, got {workers}")
         spec, spec_path = _spec_and_path(spec)
         spec_hash = spec.spec_hash
         rundir = Path(os.fspath(out))
@@ -351,11 +349,10 @@ def run_pipeline(
         timings: dict[str, float] = {}
 
         with contextlib.ExitStack() as stack:
-            where = _Cluster(cluster, workers, serial, log, stack)
+            where = _Cluster(placement, log, stack)
 
             def tabulate(cover: list[tuple[str, ...]]) -> str:
-                address = where.get()
-                with (dask_client(address, log=log) if address is not None else contextlib.nullcontext()) as client:
+                with placement_client(where.placement(), log) as client:
                     return ensure_tabulated(spec, source, data_path, cover=cover, client=client, fsync=fsync,
                                             parent_column=parent_column, log=log)[1]
 
@@ -379,7 +376,7 @@ def run_pipeline(
                 stages["plan"] = "reused"
                 print(f"distfit: reusing the plan at {plan_path} (spec hash matches)", file=log)
             else:
-                run_plan(spec, str(plan_path), cluster=where.get(), workers=workers, serial=serial, log=log)
+                run_plan(spec, str(plan_path), placement=where.placement(), log=log)
                 stages["plan"] = "done"
             plan = read_plan(plan_path)
             timings["plan"] = time.perf_counter() - t
@@ -429,7 +426,7 @@ def run_pipeline(
                 resume = attrs is not None
                 result = run_release(
                     str(plan_path), str(data_path), str(release_path), resume=resume,
-                    cluster=where.get(), workers=workers, serial=serial, log=log, fsync=fsync,
+                    placement=where.placement(), log=log, fsync=fsync,
                     after_chunk=after_chunk, audit=report,  # audited above: not audited (hashed) again
                 )
                 release_checksum = result.checksum
@@ -441,8 +438,8 @@ def run_pipeline(
             estimated, stages["estimate"] = None, "skipped"
             if estimate:
                 estimated, stages["estimate"] = estimate_in_run(
-                    str(plan_path), str(release_path), str(estimate_path), integer=integer, cluster=where.get,
-                    workers=workers, serial=serial, log=log, fsync=fsync)
+                    str(plan_path), str(release_path), str(estimate_path), integer=integer,
+                    placement=where.placement, log=log, fsync=fsync)
                 timings["estimate"] = time.perf_counter() - t
             cluster_used = where.describe()
 
@@ -556,19 +553,18 @@ def run_levels(
     spec: PipelineSpec | str | os.PathLike,
     out: str | os.PathLike,
     *,
+    placement: Placement = Placement(),
     data: str | os.PathLike | None = None,
     units: int | None = None,
-    cluster: str | None = None,
-    workers: int | None = None,
-    serial: bool = False,
-    log: TextIO | None = None,
-    fsync: bool = True,
     estimate: bool = True,
     integer: bool = False,
+    log: TextIO | None = None,
+    fsync: bool = True,
 ) -> LevelsRunResult:
     """Run a multi-level spec (a ``PipelineSpec`` or the path of its YAML file, read once) into
     ``out``: levels one after another (sequential composition), each level's blocks and chunks
-    in parallel on one Dask cluster (:mod:`distfit.plan.levels`).
+    in parallel on one Dask cluster (:mod:`distfit.plan.levels`): ``placement``'s (default a
+    local cluster, started once for every level).
 
     Layout: ``RUNDIR/people/`` (synthetic microdata, a directory of Parquet files, when no
     ``--data``: ``--units`` finest-level units, default 10000, nested geography,
@@ -626,13 +622,11 @@ def run_levels(
         level_dirs = {level.name: rundir / LEVELS_DIR / level.name for level in spec.levels}
 
         with contextlib.ExitStack() as stack:
-            address = cluster
-            if not serial and cluster is None:
-                client = stack.enter_context(dask_client(None, workers, log=log))
-                address = client.scheduler.address
-            cluster_used = ({"kind": "serial"} if serial else
-                            {"kind": "local", "workers": workers or os.cpu_count() or 1} if cluster is None else
-                            {"kind": "external", "address": cluster})
+            here = placement  # every level's stages on one cluster: a local one started now
+            if placement.local:
+                client = stack.enter_context(dask_client(None, placement.workers, log=log))
+                here = placement.at(client.scheduler.address)
+            cluster_used = placement.describe()
 
             t = time.perf_counter()
             people_units = units or DEFAULT_UNITS
@@ -653,7 +647,7 @@ def run_levels(
                     accuracy_plan = level_dirs[name] / ACCURACY_PLAN_NAME
                     if not accuracy_plan.exists():
                         print(f"distfit: level {name}: accuracy-first plan (the budget is shared after)", file=log)
-                        run_plan(level_spec, str(accuracy_plan), cluster=address, workers=workers, serial=serial, log=log)
+                        run_plan(level_spec, str(accuracy_plan), placement=here, log=log)
                     plan = read_plan(accuracy_plan)
                     accuracy.append((name, float(plan.attrs["alpha"]), level_profiles(plan)))
                 combined = combine_levels(spec.domain, accuracy)
@@ -681,7 +675,7 @@ def run_levels(
                 # the level's run records its spec file; the spec itself is passed, not read back
                 results[name] = run_pipeline(
                     dataclasses.replace(level_spec, source_path=os.path.abspath(record)), level_dirs[name],
-                    data=str(people), cluster=address, serial=serial, log=log, fsync=fsync,
+                    data=str(people), placement=here, log=log, fsync=fsync,
                     plan_written=scaled_now.get(name), parent_column=parents[name], estimate=False, report=False)
                 timings[f"level {name}"] = time.perf_counter() - t
 

@@ -32,17 +32,18 @@ for the stored blocks.
 
 So these blocks need no SM-II, no dual iterations and no task: ``ClosedFormBlocks.of``
 computes every block's shape at once from arrays over the blocks and segments, and only the
-scale allocation (``allocate``) couples them to the rest of the plan. Their shapes do not
+scale allocation (``allocate``) couples them to the rest of the plan (their rows in it:
+``ClosedRows``). Their shapes do not
 depend on how a query's target is shared, so refinement rounds never re-solve them.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Iterable, Sequence
 
 import numpy as np
 
-from distfit.mathematics.packing import PackedBlocks, segment_cells, segment_kappa
+from distfit.mathematics.packing import PackedBlocks, QueryRuns, segment_cells, segment_kappa
 
 
 @dataclass(frozen=True, eq=False)
@@ -131,6 +132,55 @@ class ClosedFormBlocks:
         return PackedBlocks.closed_form(self.sizes, self.attributes, self.scale * np.asarray(scales, dtype=float),
                                         self.segment_offsets, self.segment_clique, self.segment_query,
                                         self.segment_target)
+
+
+@dataclass(frozen=True, eq=False)
+class ClosedRows:
+    """The closed-form blocks as the allocation sees them: ``(query, block, variance)`` rows at
+    their unscaled shapes, one per segment whose marginal has no row in a solved block (then all
+    of its queries have the same constraint: a *run* of queries sharing the variance of its
+    first) and one per row otherwise (a run of one query, like every query no such marginal
+    covers). ``run_start``/``run_length`` cover the queries in order; ``run_of_row`` is the run
+    of every allocation row. The per-query variances are runs, formed once at the end (``variances``)."""
+
+    closed: ClosedFormBlocks
+    query: np.ndarray
+    block: np.ndarray
+    variance: np.ndarray
+    run_start: np.ndarray
+    run_length: np.ndarray
+    run_of_row: np.ndarray
+
+    @classmethod
+    def of(cls, closed: ClosedFormBlocks, solved: np.ndarray, num_queries: int) -> ClosedRows:
+        """The table of ``closed`` in a plan whose solved blocks hold rows of the queries ``solved`` (sorted)."""
+        expand = np.isin(closed.segment_query, solved)
+        query, block, variance = closed.allocation_rows(expand)
+        starts, first = np.unique(closed.segment_query[~expand], return_index=True)
+        cells = closed.segment_cells[~expand][first]
+        # queries outside every shared run are runs of one: the gaps between the shared runs, which
+        # are disjoint marginals in query order (no vector the size of the workload)
+        gap_start = np.concatenate([[0], starts + cells])
+        gap_length = np.concatenate([starts, [num_queries]]) - gap_start
+        single = np.arange(int(gap_length.sum()), dtype=np.int64) + np.repeat(
+            gap_start - (np.cumsum(gap_length) - gap_length), gap_length)
+        run_start = np.concatenate([starts, single])
+        run_length = np.concatenate([cells, np.ones(single.size, dtype=np.int64)])
+        order = np.argsort(run_start, kind="stable")
+        run_start, run_length = run_start[order], run_length[order]
+        return cls(closed, query, block, variance, run_start, run_length, np.searchsorted(run_start, query))
+
+    def totals(self, scales: np.ndarray, num_queries: int) -> np.ndarray:
+        """Per query, the variance of its closed-form rows at ``scales`` (runs' first queries only)."""
+        return np.bincount(self.query, self.variance * scales[self.block], minlength=num_queries)
+
+    def variances(self, solved: Iterable[tuple[np.ndarray, np.ndarray]], scales: np.ndarray) -> QueryRuns:
+        """Per-query variances as runs: the solved blocks' ``(query_index, variances)`` plus the
+        closed-form rows at ``scales``, accumulated per run (never spread over its queries)."""
+        per_run = np.bincount(self.run_of_row, self.variance * scales[self.block], minlength=self.run_start.size)
+        for query_index, values in solved:
+            np.add.at(per_run, np.searchsorted(self.run_start, query_index), values)
+        return QueryRuns(per_run, np.append(self.run_start, self.run_start[-1] + self.run_length[-1]))
 
 
 def _fraction(sizes: np.ndarray, attributes: np.ndarray) -> np.ndarray:

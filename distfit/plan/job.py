@@ -38,10 +38,11 @@ import numpy as np
 
 from distfit import __version__
 from distfit.runtime.cluster import DaskExecutor, Progress, dask_client
+from distfit.runtime.placement import Placement
 from distfit.mathematics.packing import PackedBlocks
 from distfit.plan.planner import (
-    BATCH_SECONDS, JOINT_BLOCK_DUAL, SCALE_ALLOCATION, BlockRef, Executor, PlanResult, decompose_lazily, plan_blocks, plan_streamed,
-    serial_executor, should_stream, write_streamed_blocks,
+    BATCH_SECONDS, JOINT_BLOCK_DUAL, SCALE_ALLOCATION, BlockRef, Executor, PlannedBlock, PlanResult, decompose_lazily, plan_blocks,
+    plan_streamed, serial_executor, should_stream, write_streamed_blocks,
 )
 from distfit.plan.residual import BlockSpec
 from distfit.mathematics.privacy import privacy_account
@@ -76,32 +77,40 @@ def _solver_attrs(solution: BlockSolution) -> dict:
     return dataclasses.asdict(solution.stats) | {"gap": solution.gap if math.isfinite(solution.gap) else None}
 
 
+def block_record(block: BlockSpec | BlockRef, solution: BlockSolution, targets: np.ndarray,
+                 scaled: PlannedBlock | BlockSolution) -> BlockRecord:
+    """The stored form of a solved block (``BlockRecord``), for ``write_plan`` and for a streamed
+    plan's drafts (``StoreSink.save_solution``) alike: its id, attributes and query rows from
+    ``block`` (spec or ref), basis, recon, solver statistics and dual certificate from
+    ``solution``, the ``targets`` it was solved for, and sigma, variances, profile, alpha and
+    lower bound from ``scaled``: the ``PlannedBlock`` (at its scale) of an in-memory plan, the
+    solution itself for a draft (scaled when promoted: ``planner.write_streamed_blocks``). The
+    certificate is scale-free: at scale s the bound is lower_bound / s on variances s * targets."""
+    return BlockRecord(
+        block_id=block.block_id,
+        attributes=block.attributes,
+        basis=solution.basis,
+        recon=solution.recon,
+        query_index=block.query_index,
+        sigma=scaled.sigma,
+        targets=targets,
+        variances=scaled.variances,
+        profile=scaled.profile,
+        alpha=scaled.alpha,
+        lower_bound=scaled.lower_bound,
+        solver=_solver_attrs(solution),
+        cell_weights=solution.cell_weights,
+        query_weights=solution.query_weights,
+    )
+
+
 def write_plan(spec: PipelineSpec, plan: PlanResult, out: str, overwrite: bool = False) -> str:
     """Write an in-memory ``plan`` to a plan store at ``out`` (DESIGN.md section 4); returns the
     checksum. (A streamed plan is already in its writer: ``run_plan``.)"""
     if plan.streamed:
         raise ValueError("write_plan: a streamed plan is written by run_plan through its open PlanWriter")
     with PlanWriter(out, overwrite=overwrite) as writer:
-        records = [
-            BlockRecord(
-                block_id=block.spec.block_id,
-                attributes=block.spec.attributes,
-                basis=block.solution.basis,
-                recon=block.solution.recon,
-                query_index=block.spec.query_index,
-                sigma=block.sigma,
-                targets=block.targets,
-                variances=block.variances,
-                profile=block.profile,
-                alpha=block.alpha,
-                lower_bound=block.lower_bound,
-                solver=_solver_attrs(block.solution),
-                # scale-free: at scale s the bound is lower_bound / s on variances s * targets
-                cell_weights=block.solution.cell_weights,
-                query_weights=block.solution.query_weights,
-            )
-            for block in plan.blocks
-        ]
+        records = [block_record(block.spec, block.solution, block.targets, block) for block in plan.blocks]
         write_solved_blocks(writer, records, spec.domain.schema()["attributes"])
         write_closed_blocks(writer, plan)
         return finish_plan(writer, spec, plan)
@@ -144,25 +153,8 @@ class StoreSink:
         return BlockSpec(ref.block_id, ref.attributes, arrays["basis"], arrays["recon"], ref.query_index, ref.targets)
 
     def save_solution(self, round_number: int, ref: BlockRef, solution: BlockSolution, targets: np.ndarray) -> None:
-        self.writer.write_draft(
-            f"round-{round_number}/{ref.block_id}",
-            BlockRecord(
-                block_id=ref.block_id,
-                attributes=ref.attributes,
-                basis=solution.basis,
-                recon=solution.recon,
-                query_index=ref.query_index,
-                sigma=solution.sigma,
-                targets=targets,
-                variances=solution.variances,
-                profile=solution.profile,
-                alpha=solution.alpha,
-                lower_bound=solution.lower_bound,
-                solver=_solver_attrs(solution),
-                cell_weights=solution.cell_weights,  # promote keeps them: scaling leaves the weights
-                query_weights=solution.query_weights,
-            ),
-        )
+        # the draft is the solution before the final scale; promote keeps its weights (scale-free)
+        self.writer.write_draft(f"round-{round_number}/{ref.block_id}", block_record(ref, solution, targets, solution))
 
     def drop_round(self, round_number: int) -> None:
         self.writer.discard_scratch(f"round-{round_number}")
@@ -275,10 +267,8 @@ def run_plan(
     spec: PipelineSpec,
     out: str,
     *,
-    cluster: str | None = None,
-    workers: int | None = None,
+    placement: Placement = Placement(),
     overwrite: bool = False,
-    serial: bool = False,
     refine_rounds: int = 2,
     stream: bool | None = None,
     log: TextIO | None = None,
@@ -286,7 +276,8 @@ def run_plan(
     batch_seconds: float = BATCH_SECONDS,
 ) -> tuple[PlanResult, str]:
     """Spec (``distfit.spec.parse.load_spec``) to plan store at ``out``; returns the plan and its
-    checksum. ``stream``: build the plan through the store (module docstring); ``None``
+    checksum. ``placement``: where the block solves run (:class:`distfit.runtime.placement.Placement`;
+    default a local cluster). ``stream``: build the plan through the store (module docstring); ``None``
     (default) streams exactly the plans too big to co-optimise (``planner.should_stream``).
     ``closed_forms=False`` solves every block with SM-II and merges as before closed forms
     (``decomposition.decompose_lazily``): for comparisons and tests of solved blocks.
@@ -296,9 +287,9 @@ def run_plan(
     cluster.ClusterError (unreachable scheduler)."""
     log = log or sys.stderr
     with store_lock(out, "plan"):  # one writer per store: a second plan job into out is refused
-        return _run_plan(spec, out, cluster=cluster, workers=workers, overwrite=overwrite, serial=serial,
-                         refine_rounds=refine_rounds, stream=stream, log=log, closed_forms=closed_forms,
-                         batch_seconds=batch_seconds)
+        return _run_plan(spec, out, cluster=placement.cluster, workers=placement.workers, overwrite=overwrite,
+                         serial=placement.serial, refine_rounds=refine_rounds, stream=stream, log=log,
+                         closed_forms=closed_forms, batch_seconds=batch_seconds)
 
 
 def _run_plan(spec: PipelineSpec, out: str, *, cluster: str | None, workers: int | None, overwrite: bool, serial: bool,

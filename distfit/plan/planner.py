@@ -41,9 +41,11 @@ completes (its basis, recon, sigma before scaling, ...), and the driver keeps on
 allocation needs, O(m_b) per block (``BlockRef``: query indices and target shares;
 ``_Shape``: alpha_S, lower bound, v_jS). Refinement rounds work the same way (each round's
 solutions are drafts; the rounds that are not the best are discarded), alpha is accumulated
-block by block from the stored profiles (``composition.StitchedProfile``), and ``write_streamed_blocks``
-then scales each block in place, one at a time. Same arithmetic in the same order as the
-in-memory path, so the same plan (up to the joint dual, which only the in-memory path runs).
+block by block from the stored profiles (``composition.stitched_profile`` fed one block at a
+time), and ``write_streamed_blocks`` then scales each block in place, one at a time. Both are
+one loop (``plan_blocks``) on two block keepers (``_MemoryBlocks``, ``_SinkBlocks``): the same
+arithmetic in the same order, so the same plan (up to the joint dual, which only the in-memory
+path runs).
 """
 from __future__ import annotations
 
@@ -57,8 +59,8 @@ import numpy as np
 
 from distfit.mathematics.domain import Domain
 from distfit.mathematics.packing import QueryRuns
-from distfit.plan.closed_form import ClosedFormBlocks
-from distfit.plan.composition import EXACT_DOMAIN_LIMIT, StitchedProfile, alpha_is_exact, stitched_profile, stitched_variances
+from distfit.plan.closed_form import ClosedFormBlocks, ClosedRows
+from distfit.plan.composition import EXACT_DOMAIN_LIMIT, alpha_is_exact, stitched_profile, stitched_variances
 from distfit.plan.decomposition import block_work, decompose, decompose_lazily  # noqa: F401 (re-exported: step 1)
 from distfit.plan.residual import BlockLayout, BlockSpec, GroupLike
 from distfit.plan.rounds import BLOCK_GAP, COARSE_SHAPING_GAPS, SHAPING_GAP, Round, refine
@@ -355,54 +357,6 @@ def _solved_queries(blocks: Sequence[BlockSpec | BlockRef]) -> tuple[np.ndarray,
     return np.unique(np.concatenate([b.query_index for b in blocks] + [np.zeros(0, np.int64)]), return_counts=True)
 
 
-@dataclass(frozen=True, eq=False)
-class _ClosedRows:
-    """The closed-form blocks as the allocation sees them: ``(query, block, variance)`` rows at
-    their unscaled shapes, one per segment whose marginal has no row in a solved block (then all
-    of its queries have the same constraint: a *run* of queries sharing the variance of its
-    first) and one per row otherwise (a run of one query, like every query no such marginal
-    covers). ``run_start``/``run_length`` cover the queries in order; ``run_of_row`` is the run
-    of every allocation row. The per-query variances are runs, formed once at the end (``variances``)."""
-
-    closed: ClosedFormBlocks
-    query: np.ndarray
-    block: np.ndarray
-    variance: np.ndarray
-    run_start: np.ndarray
-    run_length: np.ndarray
-    run_of_row: np.ndarray
-
-    @classmethod
-    def of(cls, closed: ClosedFormBlocks, solved: Sequence[BlockSpec | BlockRef], num_queries: int) -> _ClosedRows:
-        expand = np.isin(closed.segment_query, _solved_queries(solved)[0])
-        query, block, variance = closed.allocation_rows(expand)
-        starts, first = np.unique(closed.segment_query[~expand], return_index=True)
-        cells = closed.segment_cells[~expand][first]
-        # queries outside every shared run are runs of one: the gaps between the shared runs, which
-        # are disjoint marginals in query order (no vector the size of the workload)
-        gap_start = np.concatenate([[0], starts + cells])
-        gap_length = np.concatenate([starts, [num_queries]]) - gap_start
-        single = np.arange(int(gap_length.sum()), dtype=np.int64) + np.repeat(
-            gap_start - (np.cumsum(gap_length) - gap_length), gap_length)
-        run_start = np.concatenate([starts, single])
-        run_length = np.concatenate([cells, np.ones(single.size, dtype=np.int64)])
-        order = np.argsort(run_start, kind="stable")
-        run_start, run_length = run_start[order], run_length[order]
-        return cls(closed, query, block, variance, run_start, run_length, np.searchsorted(run_start, query))
-
-    def totals(self, scales: np.ndarray, num_queries: int) -> np.ndarray:
-        """Per query, the variance of its closed-form rows at ``scales`` (runs' first queries only)."""
-        return np.bincount(self.query, self.variance * scales[self.block], minlength=num_queries)
-
-    def variances(self, solved: Iterable[tuple[np.ndarray, np.ndarray]], scales: np.ndarray) -> QueryRuns:
-        """Per-query variances as runs: the solved blocks' ``(query_index, variances)`` plus the
-        closed-form rows at ``scales``, accumulated per run (never spread over its queries)."""
-        per_run = np.bincount(self.run_of_row, self.variance * scales[self.block], minlength=self.run_start.size)
-        for query_index, values in solved:
-            np.add.at(per_run, np.searchsorted(self.run_start, query_index), values)
-        return QueryRuns(per_run, np.append(self.run_start, self.run_start[-1] + self.run_length[-1]))
-
-
 def _collect(results: Iterable[tuple[int, BlockSolution]], total: int, keep: Callable[[int, BlockSolution], object],
              progress: Callable[[int, int], None] | None) -> list:
     """``keep(index, solution)`` for every result as it arrives, in block order. ``progress``
@@ -421,31 +375,127 @@ def _collect(results: Iterable[tuple[int, BlockSolution]], total: int, keep: Cal
 
 
 def _closed_parts(closed: ClosedFormBlocks | None, blocks: Sequence[BlockSpec | BlockRef],
-                  targets: QueryRuns) -> tuple[_ClosedRows | None, int, bool]:
+                  targets: QueryRuns) -> tuple[ClosedRows | None, int, bool]:
     """The closed-form blocks' allocation rows; the most rows (solved and closed-form) of a query
     with a solved row; whether such a query also has a closed-form row."""
     solved, counts = _solved_queries(blocks)
     if closed is None or not len(closed):
         return None, int(counts.max(initial=0)), False
-    rows = _ClosedRows.of(closed, blocks, targets.size)
+    rows = ClosedRows.of(closed, solved, targets.size)
     at = np.minimum(np.searchsorted(solved, rows.query), max(solved.size - 1, 0))
     hit = (solved[at] == rows.query) if solved.size else np.zeros(rows.query.size, dtype=bool)
     counts = counts + np.bincount(at[hit], minlength=solved.size)
     return rows, int(counts.max(initial=0)), bool(hit.any())
 
 
-def _with_closed(solved: Iterable[tuple[np.ndarray, np.ndarray]], closed: _ClosedRows | None, scales: np.ndarray,
+def _with_closed(solved: Iterable[tuple[np.ndarray, np.ndarray]], closed: ClosedRows | None, scales: np.ndarray,
                  num_queries: int) -> QueryRuns:
     """Per-query variances as runs: the solved blocks' ``(query_index, variances)`` plus the
-    closed-form rows at ``scales`` (``_ClosedRows.variances``)."""
+    closed-form rows at ``scales`` (``ClosedRows.variances``)."""
     if closed is None:
         return QueryRuns.encode(stitched_variances(num_queries, solved))
     return closed.variances(solved, scales)
 
 
+class _MemoryBlocks:
+    """How ``plan_blocks`` keeps the blocks of a plan small enough to hold: specs and solutions in
+    the driver, so the final blocks are ``PlannedBlock`` and the joint block dual can re-optimise
+    them. One of the two block keepers the planner's single loop runs on (``_SinkBlocks``)."""
+
+    streamed = False
+    evaluated_from = ""
+    drop_round = None  # every round's solutions are plain objects: nothing to discard
+
+    def __init__(self, specs: Sequence[BlockSpec]) -> None:
+        self.specs = specs
+
+    def task(self, index: int, share: np.ndarray, gap: float, previous: Round | None) -> BlockTask:
+        """Block ``index``'s task, warm-started from its solution in the ``previous`` round."""
+        warm = None if previous is None else WarmStart.of(previous.results[index])
+        return BlockTask(index, self.specs[index], share, gap, warm)
+
+    def keep(self, number: int, index: int, solution: BlockSolution, share: np.ndarray) -> BlockSolution:
+        """What a round keeps of a solution: all of it."""
+        return solution
+
+    def planned(self, best: Round) -> tuple[PlannedBlock, ...]:
+        """The plan's blocks: the best round's solutions at the allocation's scales."""
+        return tuple(PlannedBlock(spec, solution, float(scale), share)
+                     for spec, solution, scale, share in zip(self.specs, best.results, best.allocation.scales, best.targets))
+
+    @staticmethod
+    def variances(planned: Sequence[PlannedBlock], best: Round) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """``(query_index, scaled variances)`` of every block (of ``planned``: the joint dual may have replaced them)."""
+        return ((b.spec.query_index, b.variances) for b in planned)
+
+    @staticmethod
+    def profiles(planned: Sequence[PlannedBlock]) -> Iterator[tuple[Sequence[str], np.ndarray]]:
+        """``(attributes, scaled profile)`` of every block, one at a time."""
+        return ((b.spec.attributes, b.profile) for b in planned)
+
+
+class _SinkBlocks:
+    """How a streamed plan keeps its blocks (module docstring): specs and solutions live in the
+    ``sink``, the driver keeps a ``BlockRef`` and a ``_Shape`` per block (O(m_b)) and reads a
+    block's arrays back one block at a time when it needs them; the final blocks are ``StreamedBlock`` drafts."""
+
+    streamed = True
+    evaluated_from = ", block by block from the store"
+
+    def __init__(self, refs: Sequence[BlockRef], sink: BlockSink) -> None:
+        self.refs = refs
+        self.sink = sink
+        self.drop_round = sink.drop_round
+
+    def task(self, index: int, share: np.ndarray, gap: float, previous: Round | None) -> BlockTask:
+        """Block ``index``'s task: its spec read back from the sink, warm-started from its draft of the ``previous`` round."""
+        spec = self.sink.load_spec(self.refs[index])
+        warm = None
+        if previous is not None:
+            arrays = self.sink.load_arrays(previous.number, self.refs[index], ("sigma", "cell_weights", "query_weights"))
+            warm = WarmStart(arrays["sigma"], arrays["cell_weights"], arrays["query_weights"])
+        return BlockTask(index, spec, share, gap, warm)
+
+    def keep(self, number: int, index: int, solution: BlockSolution, share: np.ndarray) -> _Shape:
+        """Save the solution as round ``number``'s draft; keep what the allocation needs."""
+        self.sink.save_solution(number, self.refs[index], solution, share)
+        # a copy: a result from a worker can be a view into its whole message (basis, recon, sigma)
+        return _Shape(float(solution.alpha), float(solution.lower_bound), np.array(solution.variances, dtype=float))
+
+    def planned(self, best: Round) -> tuple[StreamedBlock, ...]:
+        """The plan's blocks: the best round's drafts, with the allocation's scales to apply."""
+        return tuple(StreamedBlock(ref, best.number, shape.alpha, shape.lower_bound, float(scale), share)
+                     for ref, shape, scale, share in zip(self.refs, best.results, best.allocation.scales, best.targets))
+
+    @staticmethod
+    def variances(planned: Sequence[StreamedBlock], best: Round) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """``(query_index, scaled variances)`` of every block, from the shapes the driver kept."""
+        return ((b.ref.query_index, scaled_noise(shape.variances, b.scale)) for b, shape in zip(planned, best.results))
+
+    def profiles(self, planned: Sequence[StreamedBlock]) -> Iterator[tuple[Sequence[str], np.ndarray]]:
+        """``(attributes, scaled profile)`` of every block, each read from its draft when it is reached."""
+        for block in planned:
+            yield block.attributes, scaled_cost(self.sink.load_arrays(block.round, block.ref, ("profile",))["profile"], block.scale)
+
+
+def _joint_dual_skipped(work: float, shared: bool, streamed: bool) -> str | None:
+    """Why the joint block dual is not run on a plan with a query in two or more solved blocks
+    (``None``: it runs). In memory: a query of a solved block also has closed-form rows, whose
+    shares it cannot move, or one evaluation is over ``CO_OPTIMIZE_WORK``; a streamed plan never
+    runs it (its blocks are not in memory), and says which of its work or the streaming stops it."""
+    if shared and not streamed:
+        return "queries of solved blocks also have closed-form rows, whose shares it cannot move"
+    if work > CO_OPTIMIZE_WORK:
+        return (f"about {work:.3g} flops per evaluation, over {CO_OPTIMIZE_WORK:.3g} "
+                f"(under {JOINT_DUAL_USEFUL_EVALUATIONS} evaluations in its budget)")
+    if streamed:
+        return "the plan is streamed, and the joint dual needs every block in memory"
+    return None
+
+
 def plan_blocks(
     domain: Domain,
-    blocks: Sequence[BlockSpec],
+    blocks: Sequence[BlockSpec] | Sequence[BlockRef],
     targets: np.ndarray | QueryRuns,
     executor: Executor = serial_executor,
     refine_rounds: int = 1,
@@ -453,30 +503,39 @@ def plan_blocks(
     progress: Callable[[int, int], None] | None = None,
     co_optimize: bool = True,
     closed: ClosedFormBlocks | None = None,
+    sink: BlockSink | None = None,
 ) -> PlanResult:
-    """Solve, allocate and stitch ``blocks`` in memory (module docstring, steps 2-5); the
-    closed-form blocks ``closed`` join the allocation and the composition without a solve."""
+    """Solve, allocate and stitch ``blocks`` (module docstring, steps 2-5); the closed-form blocks
+    ``closed`` join the allocation and the composition without a solve. Without ``sink`` the
+    blocks are specs, held in memory with their solutions (``_MemoryBlocks``); with one they are
+    refs of specs saved there and the plan streams through it (``plan_streamed``, ``_SinkBlocks``).
+    Both run this one loop: same tasks, allocation and composition, in the same order."""
     start = time.perf_counter()
     targets = QueryRuns.of(targets)  # runs: never a vector the size of the workload
     log = list(decisions)
+    keeper = _MemoryBlocks(blocks) if sink is None else _SinkBlocks(blocks, sink)
     solved_rows = _solved_queries(blocks)[1]
     closed_rows, max_rows, shared = _closed_parts(closed, blocks, targets)
     work = block_work(blocks)
-    spans = bool(blocks) and solved_rows.max(initial=0) > 1
-    joint_dual = co_optimize and spans and not shared and work <= CO_OPTIMIZE_WORK
+    spans = co_optimize and bool(blocks) and solved_rows.max(initial=0) > 1
+    skipped = _joint_dual_skipped(work, shared, keeper.streamed) if spans else None
+    joint_dual = spans and skipped is None
+    if keeper.streamed:
+        log.append(
+            f"streamed: {len(blocks)} blocks go to the plan store as they complete and are scaled there one at a time "
+            f"(joint-dual work about {work:.3g} flops, stream limit {STREAM_WORK:.3g})"
+        )
 
-    def run_round(number: int, block_targets: list[np.ndarray], gap: float, previous: Round | None) -> list[BlockSolution]:
-        tasks = [BlockTask(i, blocks[i], block_targets[i], gap, None if previous is None else WarmStart.of(previous.results[i]))
-                 for i in solve_order(blocks)]
-        return _collect(executor(tasks), len(tasks), lambda index, solution: solution, progress)
+    def run_round(number: int, block_targets: list[np.ndarray], gap: float, previous: Round | None) -> list:
+        # a lazy iterable: a streamed plan reads each spec back only when its task is submitted
+        tasks = (keeper.task(i, block_targets[i], gap, previous) for i in solve_order(blocks))
+        return _collect(executor(tasks), len(blocks),
+                        lambda index, solution: keeper.keep(number, index, solution, block_targets[index]), progress)
 
-    best, rounds = refine(blocks, targets, run_round, refine_rounds, max_rows, log, closed=closed_rows,
-                          shaping_gaps=shaping_gaps(work))
+    best, rounds = refine(blocks, targets, run_round, refine_rounds, max_rows, log, keeper.drop_round,
+                          closed=closed_rows, shaping_gaps=shaping_gaps(work))
     allocation = best.allocation
-    planned = tuple(
-        PlannedBlock(spec, solution, float(scale), share)
-        for spec, solution, scale, share in zip(blocks, best.results, allocation.scales, best.targets)
-    )
+    planned = keeper.planned(best)
     closed_scales = allocation.scales[len(blocks):]
     lower_bound, sum_bound = allocation.lower_bound, allocation.alpha_bound
     if joint_dual:
@@ -489,20 +548,11 @@ def plan_blocks(
             planned = _replace_sigmas(planned, joint.sigmas, targets)
             sum_bound = joint.alpha_sum_bound + _closed_sum(closed, closed_scales)
         lower_bound = joint.lower_bound + _closed_sum(closed, closed_scales)
-    elif co_optimize and spans and shared:
-        log.append("joint block dual skipped: queries of solved blocks also have closed-form rows, whose shares it "
-                   "cannot move")
-    elif co_optimize and spans:
-        log.append(f"joint block dual skipped: about {work:.3g} flops per evaluation, over {CO_OPTIMIZE_WORK:.3g} (under {JOINT_DUAL_USEFUL_EVALUATIONS} evaluations in its budget)")
-    variances = _with_closed(((b.spec.query_index, b.variances) for b in planned), closed_rows, closed_scales,
-                             targets.size)
-    return _composed_plan(
-        domain, tuple(planned), targets, variances, sum_bound, lower_bound, log, start, rounds,
-        profile_max=lambda: float(stitched_profile(domain, [(b.spec.attributes, b.profile) for b in planned]).max(
-            initial=0.0)) + _closed_sum(closed, closed_scales),
-        lower_bound_method=JOINT_BLOCK_DUAL if joint_dual else SCALE_ALLOCATION,
-        closed=closed, closed_scales=closed_scales,
-    )
+    elif skipped is not None:
+        log.append(f"joint block dual skipped: {skipped}")
+    variances = _with_closed(keeper.variances(planned, best), closed_rows, closed_scales, targets.size)
+    return _composed_plan(domain, keeper, planned, targets, variances, sum_bound, lower_bound,
+                          JOINT_BLOCK_DUAL if joint_dual else SCALE_ALLOCATION, log, start, rounds, closed, closed_scales)
 
 
 def _closed_sum(closed: ClosedFormBlocks | None, scales: np.ndarray) -> float:
@@ -511,97 +561,31 @@ def _closed_sum(closed: ClosedFormBlocks | None, scales: np.ndarray) -> float:
     return 0.0 if closed is None else float(np.sum(scaled_cost(closed.alpha, scales)))
 
 
-def plan_streamed(
-    domain: Domain,
-    blocks: Sequence[BlockRef],
-    targets: np.ndarray | QueryRuns,
-    sink: BlockSink,
-    executor: Executor = serial_executor,
-    refine_rounds: int = 1,
-    decisions: Sequence[str] = (),
-    progress: Callable[[int, int], None] | None = None,
-    co_optimize: bool = True,
-    closed: ClosedFormBlocks | None = None,
-) -> PlanResult:
+def plan_streamed(domain: Domain, blocks: Sequence[BlockRef], targets: np.ndarray | QueryRuns, sink: BlockSink,
+                  *args: object, **kwargs: object) -> PlanResult:
     """``plan_blocks`` for plans too big to hold: the blocks live in ``sink`` (module docstring).
 
-    ``blocks`` are refs of specs already saved in the sink (``sink.save_spec``). Every
+    ``blocks`` are refs of specs already saved in the sink (``sink.save_spec``); the other
+    parameters are ``plan_blocks``' (``executor``, ``refine_rounds``, ... in its order). Every
     solution goes to the sink as it completes; the driver keeps alpha_S, the lower bound and
     v_jS per block. The returned plan's blocks are ``StreamedBlock`` drafts: scale them into
     the store with ``write_streamed_blocks`` (after any budget scaling). The joint block dual
     is not run (it needs every block in memory)."""
-    start = time.perf_counter()
-    targets = QueryRuns.of(targets)  # runs: never a vector the size of the workload
-    log = list(decisions)
-    solved_rows = _solved_queries(blocks)[1]
-    closed_rows, max_rows, _ = _closed_parts(closed, blocks, targets)
-    work = block_work(blocks)
-    log.append(
-        f"streamed: {len(blocks)} blocks go to the plan store as they complete and are scaled there one at a time "
-        f"(joint-dual work about {work:.3g} flops, stream limit {STREAM_WORK:.3g})"
-    )
-
-    def run_round(number: int, block_targets: list[np.ndarray], gap: float, previous: Round | None) -> list[_Shape]:
-        def warm(i: int) -> WarmStart | None:
-            if previous is None:
-                return None
-            arrays = sink.load_arrays(previous.number, blocks[i], ("sigma", "cell_weights", "query_weights"))
-            return WarmStart(arrays["sigma"], arrays["cell_weights"], arrays["query_weights"])
-
-        def tasks() -> Iterator[BlockTask]:
-            for i in solve_order(blocks):
-                yield BlockTask(i, sink.load_spec(blocks[i]), block_targets[i], gap, warm(i))
-
-        def keep(index: int, solution: BlockSolution) -> _Shape:
-            sink.save_solution(number, blocks[index], solution, block_targets[index])
-            # a copy: a result from a worker can be a view into its whole message (basis, recon, sigma)
-            return _Shape(float(solution.alpha), float(solution.lower_bound), np.array(solution.variances, dtype=float))
-
-        return _collect(executor(tasks()), len(blocks), keep, progress)
-
-    best, rounds = refine(blocks, targets, run_round, refine_rounds, max_rows, log, sink.drop_round,
-                           closed=closed_rows, shaping_gaps=shaping_gaps(work))
-    allocation = best.allocation
-    closed_scales = allocation.scales[len(blocks):]
-    if co_optimize and bool(blocks) and solved_rows.max(initial=0) > 1:
-        if work > CO_OPTIMIZE_WORK:
-            log.append(f"joint block dual skipped: about {work:.3g} flops per evaluation, over {CO_OPTIMIZE_WORK:.3g} (under {JOINT_DUAL_USEFUL_EVALUATIONS} evaluations in its budget)")
-        else:
-            log.append("joint block dual skipped: the plan is streamed, and the joint dual needs every block in memory")
-    streamed = tuple(
-        StreamedBlock(ref, best.number, shape.alpha, shape.lower_bound, float(scale), share)
-        for ref, shape, scale, share in zip(blocks, best.results, allocation.scales, best.targets)
-    )
-    variances = _with_closed(
-        ((b.ref.query_index, scaled_noise(shape.variances, b.scale)) for b, shape in zip(streamed, best.results)),
-        closed_rows, closed_scales, targets.size)
-    sum_bound = allocation.alpha_bound
-
-    def profile_max() -> float:
-        profile = StitchedProfile(domain)
-        for block in streamed:
-            profile.add(block.attributes, scaled_cost(sink.load_arrays(block.round, block.ref, ("profile",))["profile"], block.scale))
-        return profile.max() + _closed_sum(closed, closed_scales)
-
-    return _composed_plan(
-        domain, streamed, targets, variances, sum_bound, allocation.lower_bound, log, start, rounds,
-        profile_max=profile_max, evaluated_from=", block by block from the store", streamed=True,
-        closed=closed, closed_scales=closed_scales,
-    )
+    return plan_blocks(domain, blocks, targets, *args, sink=sink, **kwargs)
 
 
-def _composed_plan(domain: Domain, blocks: tuple, targets: QueryRuns, variances: QueryRuns, sum_bound: float,
-                   lower_bound: float, log: list[str], start: float, rounds: int, *, profile_max: Callable[[], float],
-                   evaluated_from: str = "", streamed: bool = False,
-                   lower_bound_method: str = SCALE_ALLOCATION, closed: ClosedFormBlocks | None = None,
-                   closed_scales: np.ndarray | None = None) -> PlanResult:
+def _composed_plan(domain: Domain, keeper: _MemoryBlocks | _SinkBlocks, blocks: tuple, targets: QueryRuns,
+                   variances: QueryRuns, sum_bound: float, lower_bound: float, lower_bound_method: str, log: list[str],
+                   start: float, rounds: int, closed: ClosedFormBlocks | None, closed_scales: np.ndarray) -> PlanResult:
     """The stitched plan of scaled blocks under sequential composition (DESIGN.md section 2):
-    alpha is the maximum of the stitched profile ``sum_S p_S(x_S)`` (``profile_max``) on a domain
-    of at most ``EXACT_DOMAIN_LIMIT`` cells, else the sum bound ``sum_S alpha_S``."""
+    alpha is the maximum of the stitched profile ``sum_S p_S(x_S)`` on a domain of at most
+    ``EXACT_DOMAIN_LIMIT`` cells (``composition.stitched_profile`` fed the solved blocks' scaled
+    profiles one at a time by ``keeper.profiles``, plus the closed-form blocks' flat profiles),
+    else the sum bound ``sum_S alpha_S``."""
     alpha_exact = alpha_is_exact(domain.size, flat_profiles=not blocks)
     if domain.size <= EXACT_DOMAIN_LIMIT:
-        alpha = profile_max()
-        log.append(f"alpha {alpha:.6g} evaluated cell by cell over {domain.size} cells{evaluated_from} "
+        alpha = float(stitched_profile(domain, keeper.profiles(blocks)).max()) + _closed_sum(closed, closed_scales)
+        log.append(f"alpha {alpha:.6g} evaluated cell by cell over {domain.size} cells{keeper.evaluated_from} "
                    f"(sum bound {sum_bound:.6g})")
     elif alpha_exact:
         alpha = sum_bound
@@ -625,7 +609,7 @@ def _composed_plan(domain: Domain, blocks: tuple, targets: QueryRuns, variances:
         decisions=tuple(log),
         seconds=time.perf_counter() - start,
         rounds=rounds,
-        streamed=streamed,
+        streamed=keeper.streamed,
         lower_bound_method=lower_bound_method,
         closed=closed,
         closed_scales=closed_scales,

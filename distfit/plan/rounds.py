@@ -16,6 +16,7 @@ from typing import Callable, Protocol, Sequence
 import numpy as np
 
 from distfit.plan.allocate import ScaleAllocation, allocate_rows
+from distfit.plan.closed_form import ClosedRows
 from distfit.plan.composition import stitched_variances
 from distfit.plan.residual import BlockSpec
 from distfit.mathematics.scaling import scaled_noise
@@ -48,17 +49,6 @@ class BlockLike(Protocol):
 
     query_index: np.ndarray
     targets: np.ndarray
-
-
-class ClosedRows(Protocol):
-    """The closed-form blocks' allocation rows (``planner``'s closed-row table): fixed shapes."""
-
-    closed: object  # .alpha: the closed-form blocks' unscaled alphas
-    query: np.ndarray
-    block: np.ndarray
-    variance: np.ndarray
-
-    def totals(self, scales: np.ndarray, num_queries: int) -> np.ndarray: ...
 
 
 @dataclass(frozen=True, eq=False)

@@ -50,7 +50,7 @@ the audit, so that a plan altered during the release is caught), takes the store
 plan changed mid-run, an interruption) leaves the store incomplete and unsealed.
 
 Where the time goes (``benchmarks/bench_release.py``, ``benchmarks/README.md``): the Dask client
-is started on a thread as the release starts (:class:`distfit.runtime.cluster.BackgroundClient`: a local
+is started on a thread as the release starts (:class:`distfit.runtime.cluster.PlacedClient`: a local
 cluster's worker processes spawn and import while the driver audits the plan and checks the data;
 a ``--resume`` starts it only if chunks are missing) and shut down while the driver seals. A
 worker prepares the plan's blocks once (``prepare_blocks``: Cholesky factors, the float32 basis
@@ -103,7 +103,8 @@ import numpy as np
 
 from distfit.audit.plan import AuditReport, audit_plan
 from distfit.runtime.chunked_job import ChunkedWrite, check_out, claim_out, new_target
-from distfit.runtime.cluster import TASK_RETRIES, WORKER_ENV, BackgroundClient, run_tasks
+from distfit.runtime.cluster import TASK_RETRIES, PlacedClient, run_tasks
+from distfit.runtime.placement import Placement
 from distfit.data.microdata import ensure_tabulated, microdata_format
 from distfit.release.noise import fresh_entropy, load_blocks, prepare_blocks
 from distfit.release.tasks import (
@@ -209,9 +210,7 @@ def run_release(
     resume: bool = False,
     overwrite: bool = False,
     seed: int | None = None,
-    cluster: str | None = None,
-    workers: int | None = None,
-    serial: bool = False,
+    placement: Placement = Placement(),
     log: TextIO | None = None,
     fsync: bool = True,
     after_chunk: Callable[[int], None] | None = None,
@@ -219,7 +218,9 @@ def run_release(
 ) -> ReleaseResult:
     """Release ``data_path`` through the plan at ``plan_path`` into ``out`` (module docstring).
 
-    ``seed`` (tests only) replaces the fresh entropy and marks the release not private.
+    ``placement``: where the chunk tasks run (:class:`distfit.runtime.placement.Placement`;
+    default a local cluster). ``seed`` (tests only) replaces the fresh entropy and marks the
+    release not private.
     ``after_chunk(chunk)`` is called in the driver after each chunk is written (a test hook,
     e.g. to simulate an interruption). ``audit``: the report of ``audit_plan(plan_path)`` when
     the caller has just audited the plan (``distfit run``); the plan is then not audited again,
@@ -244,18 +245,7 @@ def run_release(
                                    log=log)
         # The driver's linear algebra (the audit) under the BLAS thread rule, as on the command line.
         stack.enter_context(blas_limit())
-        clients: list[BackgroundClient] = []
-
-        def start_cluster() -> None:
-            if not serial and not clients:
-                clients.append(stack.enter_context(BackgroundClient(cluster, workers, log=log, worker_env=WORKER_ENV)))
-
-        def client():
-            """The Dask client (None with ``serial``), waiting for it to start if need be."""
-            if serial:
-                return None
-            start_cluster()
-            return clients[0].get()
+        client = PlacedClient(placement, stack, log)  # started below (a resume: when chunks are missing)
 
         if audit is None:
             audit = audit_plan(plan_path)
@@ -270,7 +260,7 @@ def run_release(
             # A plan that fails audit is refused before any cluster starts; the cluster's worker
             # processes then spawn and import while the driver checks the data. (A resume starts
             # it only if chunks are missing.)
-            start_cluster()
+            client.start()
         plan = read_plan(plan_path)
         plan_checksum = plan.checksum
         if plan_checksum != audit.checksum:
@@ -281,7 +271,7 @@ def run_release(
         tabulated = None
         if microdata_format(data_path) is not None:
             data_path, tabulated = _tabulate_for_release(
-                plan, data_path, out_path, blocks, client=client, replace=not resumed, log=log, fsync=fsync)
+                plan, data_path, out_path, blocks, client=client.get, replace=not resumed, log=log, fsync=fsync)
         data = open_data(data_path)
         plan_schema = (list(plan.attrs["schema"]["attributes"]), list(plan.attrs["schema"]["sizes"]))
         data_schema = (list(data.domain.names), list(data.domain.sizes))
@@ -302,7 +292,7 @@ def run_release(
                   f"written (kept as they are), {len(pending)} to draw "
                   f"{'with fresh entropy' if private else 'from the test seed'}", file=log)
         else:
-            client()  # an unreachable cluster is refused before anything is written
+            client.get()  # an unreachable cluster is refused before anything is written
             target, staging = new_target(out_path, state, "release", resume=resume, log=log)
             root = create_release(target, plan=plan, plan_path=plan_path, data=data, blocks=blocks,
                                   private=private, labels=_query_labels(plan))
@@ -320,13 +310,12 @@ def run_release(
             )
             if not pending:
                 pass
-            elif serial:
+            elif placement.serial:
                 write.consume(_run_serial(job, prepare_blocks(blocks), pending))
             else:
-                write.consume(_run_dask(client(), job, plan_path, plan_checksum, pending))
+                write.consume(_run_dask(client.get(), job, plan_path, plan_checksum, pending))
             del job
-            if clients:
-                clients[0].close(wait=False)  # the workers are done: shut them down while sealing
+            client.close(wait=False)  # the workers are done: shut them down while sealing
             checksum = write.seal(lambda hasher, synced: seal(root, target, plan_path=plan_path, plan_checksum=plan_checksum,
                                                               fsync=fsync, hasher=hasher, synced=synced),
                                   out_path, check_replaceable)

@@ -7,7 +7,10 @@ single-threaded worker per process, since the solver's BLAS calls are single-thr
 small blocks); the same code connects to a running scheduler by address
 (``tcp://host:8786``) or scheduler file (SLURM/PBS via dask-jobqueue, Kubernetes via the dask
 operator). Results are yielded as they complete (``as_completed``) so the driver can stream
-them into the plan store; lost workers are covered by task retries.
+them into the plan store; lost workers are covered by task retries. A job's
+:class:`distfit.runtime.placement.Placement` (where it runs) becomes a client through
+``placement_client`` (a context) or ``PlacedClient`` (started on a thread when first needed:
+the chunked jobs).
 """
 from __future__ import annotations
 
@@ -28,6 +31,7 @@ from distributed import Client, LocalCluster, as_completed
 from distributed.diagnostics.plugin import WorkerPlugin
 
 from distfit.plan.planner import BlockTask, batched, solve_blocks
+from distfit.runtime.placement import Placement
 from distfit.solver.solve import BlockSolution
 
 TASK_RETRIES = 3
@@ -233,6 +237,49 @@ class BackgroundClient:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+@contextlib.contextmanager
+def placement_client(placement: Placement, log: TextIO | None = None) -> Iterator[Any]:
+    """The Dask client of ``placement`` (:func:`dask_client` of its cluster and workers) while
+    the context is open, or None for a serial placement (the caller then works in-process)."""
+    if placement.serial:
+        yield None
+        return
+    with dask_client(placement.cluster, placement.workers, log=log) as client:
+        yield client
+
+
+class PlacedClient:
+    """The Dask client of a chunked job's ``placement``, started on first need on a thread of its
+    own (:class:`BackgroundClient`, ``worker_env``) and held open until ``stack`` closes; None
+    for a serial placement. ``start()`` only starts it (the workers spawn while the driver goes
+    on), ``get()`` waits for it (raising what starting raised, e.g. :class:`ClusterError`),
+    ``close(wait=False)`` shuts it down while the driver seals. One way for the release and the
+    estimate jobs to start their cluster only when they have chunks to compute."""
+
+    def __init__(self, placement: Placement, stack: contextlib.ExitStack, log: TextIO | None = None,
+                 worker_env: dict[str, str | None] | None = WORKER_ENV) -> None:
+        self.placement, self.stack, self.log, self.worker_env = placement, stack, log, worker_env
+        self._background: BackgroundClient | None = None
+
+    def start(self) -> None:
+        """Start the client (not for a serial placement), unless it is started already."""
+        if not self.placement.serial and self._background is None:
+            self._background = self.stack.enter_context(BackgroundClient(
+                self.placement.cluster, self.placement.workers, log=self.log, worker_env=self.worker_env))
+
+    def get(self):
+        """The client (None for a serial placement), started now if need be; waits for it."""
+        if self.placement.serial:
+            return None
+        self.start()
+        return self._background.get()
+
+    def close(self, wait: bool = True) -> None:
+        """Shut the client down if it was started (``wait=False``: only ask, see :class:`BackgroundClient`)."""
+        if self._background is not None:
+            self._background.close(wait=wait)
 
 
 class Progress:

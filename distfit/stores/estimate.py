@@ -96,24 +96,19 @@ import zarr
 from distfit import __version__
 from distfit.stores.files import (
     PARENT_IDS,
-    SealedStore,
-    check_store_kind,
     jsonable,
-    open_sealed,
     root_attrs_on_disk,
-    store_state,
     utc_now,
-    verify_sealed,
     write_array,
 )
 from distfit.stores.plan import verify_checksum
 from distfit.stores.release import ANSWER_COMPRESSORS, answer_chunks
 from distfit.stores.release_chunks import ReleaseHasher, seal_chunked
+from distfit.stores.sealing import SealedKind, SealedStore
 
 FORMAT = "estimate"
 #: 2: the per-unit fit arrays are ``solve/*`` (``fit/*`` in 1; module docstring, "Hash order").
 FORMAT_VERSION = 2
-KIND = "estimate"
 
 #: Dimension names (Zarr v3 ``dimension_names``) of every estimate array (module docstring).
 DIMS: dict[str, tuple[str, ...]] = {
@@ -268,12 +263,12 @@ def _lay_out(path: Path, *, plan, plan_path, release, method, objective, integer
 
 def estimate_state(path: Path) -> str:
     """``"absent"``, ``"sealed"`` or ``"incomplete"``; FileExistsError for anything else."""
-    return store_state(path, FORMAT, KIND)
+    return ESTIMATE.state(path)
 
 
 def check_replaceable(path: Path) -> None:
     """Refuse (FileExistsError) to replace anything at ``path`` but an estimate store."""
-    check_store_kind(path, FORMAT, KIND)
+    ESTIMATE.check_replaceable(path)
 
 
 def open_resumable(path: Path, *, plan_checksum: str, release_checksum: str, integer: bool,
@@ -408,7 +403,7 @@ class QueryColumns:
 
 class Estimate(SealedStore):
     """A sealed estimate store opened for reading; arrays are lazy zarr arrays (the shared
-    readers of :class:`distfit.stores.files.SealedStore`: checksum, labels, unit ids, parent ids)."""
+    readers of :class:`distfit.stores.sealing.SealedStore`: checksum, labels, unit ids, parent ids)."""
 
     @property
     def integer(self) -> bool:
@@ -456,16 +451,20 @@ class Estimate(SealedStore):
         return self._group["queries"].attrs.get("groups")
 
 
+#: The estimate as a kind of sealed store (:class:`distfit.stores.sealing.SealedKind`): the
+#: checksum covers the arrays only, like a release's.
+ESTIMATE = SealedKind(FORMAT, FORMAT_VERSION, EstimateError, Estimate)
+
+
 def read_estimate(path: PathLike) -> Estimate:
     """Open a sealed estimate store, or raise :class:`EstimateError` saying why it is refused
     (missing, staging directory, not an estimate, newer format, incomplete, no checksum)."""
-    p, group, attrs = open_sealed(path, FORMAT, FORMAT_VERSION, EstimateError)
-    return Estimate(path=str(p), attrs=attrs, _group=group)
+    return ESTIMATE.read(path)
 
 
 def verify_estimate(path: PathLike) -> tuple[bool, str, str]:
     """``(ok, stored, recomputed)`` checksum of a sealed estimate store."""
-    return verify_sealed(path, FORMAT, FORMAT_VERSION, EstimateError)
+    return ESTIMATE.verify(path)
 
 
 def chunk_rows(estimates: np.ndarray, cells: np.ndarray, objective: np.ndarray, iterations: Any,
@@ -490,6 +489,7 @@ def chunk_rows(estimates: np.ndarray, cells: np.ndarray, objective: np.ndarray, 
 
 __all__ = [
     "DIMS",
+    "ESTIMATE",
     "FORMAT_VERSION",
     "Estimate",
     "EstimateError",

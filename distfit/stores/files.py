@@ -27,8 +27,6 @@ from typing import Any, Callable
 import numpy as np
 import zarr
 
-from distfit.stores.checksum import compute_checksum
-
 STAGING_MARKER = ".incomplete-"
 REPLACED_MARKER = ".replaced-"
 CHUNK_BYTES = 16 * 2**20
@@ -313,63 +311,6 @@ def open_store(path: str | os.PathLike, kind: str, error: type[Exception]) -> tu
     return p, group, dict(attrs)
 
 
-def open_sealed(path: str | os.PathLike, kind: str, version: int, error: type[Exception]
-                ) -> tuple[Path, zarr.Group, dict]:
-    """Open a sealed store built in place (a release, an estimate: ``kind`` is its
-    ``distfit_format`` and its command): :func:`open_store` and :func:`check_format`, then refuse
-    one not yet sealed (``complete`` not true: ``finish it with distfit <kind> --resume``) or
-    without a checksum. Raises ``error``; returns ``(path, group, root attrs)``."""
-    p, group, attrs = open_store(path, kind, error)
-    check_format(p, attrs, kind, version, error)
-    if attrs.get("complete") is not True:
-        raise error(f"{p}: the {kind} is incomplete (interrupted or still running); finish it with "
-                    f"distfit {kind} --resume")
-    if not isinstance(attrs.get("checksum"), str):
-        raise error(f"{p}: the {kind} has no checksum")
-    return p, group, attrs
-
-
 #: The array of each unit's parent id (geography: a level of a multi-level run) in the data,
 #: release and estimate stores, with the root attr ``parent_column`` naming its data column.
 PARENT_IDS = "parent_ids"
-
-
-@dataclasses.dataclass(frozen=True, eq=False)
-class SealedStore:
-    """What every sealed store built chunk by chunk (a release, an estimate) gives its reader:
-    its path, root attrs, checksum, query labels and lazy arrays by unit (``unit_ids``, and
-    ``parent_ids`` where the units have geography). Opened by :func:`open_sealed`."""
-
-    path: str
-    attrs: dict
-    _group: Any = dataclasses.field(repr=False)
-
-    @property
-    def checksum(self) -> str:
-        return self.attrs["checksum"]
-
-    @property
-    def labels(self) -> list[str] | None:
-        return self._group["queries"].attrs.get("labels")
-
-    @property
-    def unit_ids(self):
-        return self._group["unit_ids"]
-
-    @property
-    def parent_ids(self):
-        """Each unit's parent id (a lazy array), or None when the units have no geography."""
-        return self._group[PARENT_IDS] if PARENT_IDS in self._group else None
-
-    @property
-    def parent_column(self) -> str | None:
-        """The data column the parent ids were read from (None without parent ids)."""
-        return self.attrs.get("parent_column") if PARENT_IDS in self._group else None
-
-
-def verify_sealed(path: str | os.PathLike, kind: str, version: int, error: type[Exception]
-                  ) -> tuple[bool, str, str]:
-    """``(ok, stored, recomputed)`` checksum of a sealed store (:func:`open_sealed`'s refusals)."""
-    _p, group, attrs = open_sealed(path, kind, version, error)
-    recomputed = compute_checksum(group)
-    return attrs["checksum"] == recomputed, attrs["checksum"], recomputed

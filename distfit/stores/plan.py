@@ -148,13 +148,11 @@ import zarr
 
 from distfit.mathematics.packing import PackedBlocks, QueryRuns, block_arrays
 from distfit.plan.residual import block_id_for
-from distfit.stores.checksum import compute_checksum
 from distfit.stores.files import (
-    open_store,
     CHUNK_BYTES,
-    check_format,
     root_attrs_on_disk,
 )
+from distfit.stores.sealing import open_sealed, verify_opened
 from distfit.stores.solved_pack import SOLVED_GROUP, open_solved
 
 FORMAT = "plan"
@@ -356,14 +354,8 @@ class BlockRecord:
 
 def _open_plan_group(path: PathLike) -> tuple[Path, zarr.Group, dict]:
     """Open ``path`` read-only after every refusal check; returns (path, group, attrs)."""
-    p, group, _ = open_store(path, FORMAT, StoreError)
-    attrs = dict(group.attrs)
-    check_format(p, attrs, FORMAT, FORMAT_VERSION, StoreError)
-    if attrs.get("complete") is not True:
-        raise StoreError(f"{p}: the plan is not marked complete (an unfinished or damaged write)")
-    checksum = attrs.get("checksum")
-    if not isinstance(checksum, str) or not checksum:
-        raise StoreError(f"{p}: the plan has no checksum")
+    p, group, attrs = open_sealed(path, FORMAT, FORMAT_VERSION, StoreError,
+                                  unfinished="the plan is not marked complete (an unfinished or damaged write)")
     for name, prefix in QUERY_VECTORS.items():
         stored = [n for n in (name, f"{prefix}_values", f"{prefix}_offsets") if _array(group, f"queries/{n}") is not None]
         if not stored:
@@ -627,14 +619,17 @@ def plan_claims(root_attrs: Mapping, group: zarr.Group) -> dict[str, Any]:
     return claims
 
 
+def plan_checksum_claims(attrs: Mapping, group: zarr.Group) -> dict[str, Any] | None:
+    """The plan's sealing rule (:data:`distfit.stores.sealing.ClaimRule`): :func:`plan_claims`
+    for a plan of format version 2 or later, the arrays only (None) for one of version 1."""
+    return plan_claims(attrs, group) if checksum_covers_attrs(attrs) else None
+
+
 def verify_checksum(path: PathLike) -> tuple[bool, str, str]:
-    """``(ok, stored, recomputed)`` for a plan store (refused like :func:`read_plan`): the
-    version-2 rule (arrays and :func:`plan_claims`) for a plan of format version 2 or 3, the
-    version-1 rule (arrays only) for one of version 1."""
+    """``(ok, stored, recomputed)`` for a plan store (refused like :func:`read_plan`), under the
+    plan's rule :func:`plan_checksum_claims` (:func:`distfit.stores.sealing.verify_opened`)."""
     _p, group, attrs = _open_plan_group(path)
-    stored = attrs["checksum"]
-    recomputed = compute_checksum(group, attrs=plan_claims(attrs, group) if checksum_covers_attrs(attrs) else None)
-    return stored == recomputed, stored, recomputed
+    return verify_opened(group, attrs, plan_checksum_claims)
 
 
 __all__ = [
@@ -658,6 +653,7 @@ __all__ = [
     "Plan",
     "StoreError",
     "checksum_covers_attrs",
+    "plan_checksum_claims",
     "plan_claims",
     "read_plan",
     "stored_form",

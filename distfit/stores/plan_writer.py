@@ -48,7 +48,6 @@ import zarr
 from zarr.core.sync import sync as zarr_sync
 
 from distfit import __version__
-from distfit.stores.checksum import compute_checksum
 from distfit.stores.files import (
     STAGING_MARKER,
     chunk_shape,
@@ -76,9 +75,10 @@ from distfit.stores.plan import (
     is_path_safe,
     is_plan_store,
     packed_ids,
-    plan_claims,
+    plan_checksum_claims,
     stored_form,
 )
+from distfit.stores.sealing import seal_checksum
 from distfit.stores.solved_pack import RAGGED, SOLVED_GROUP, SOLVED_KIND, TABLES, pack_solved
 
 WRITE_BATCH = 16  # blocks written per round trip to zarr's event loop (PlanWriter.write_blocks)
@@ -524,7 +524,7 @@ class PlanWriter:
         })
         # The version-2 checksum: the arrays and the attrs that state the plan's claims, read
         # back as a reader will see them (the blocks' attrs from the store).
-        checksum = compute_checksum(self._group, attrs=plan_claims(attrs, self._group))
+        checksum = seal_checksum(self._group, attrs, plan_checksum_claims)
         attrs["checksum"] = checksum
         # One write of zarr.json: attrs.update would rewrite it once per key (a 100,000-group
         # spec is megabytes of JSON: 8 of 9.8 s of writing a 20,000-block packed plan).

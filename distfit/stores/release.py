@@ -104,18 +104,14 @@ from distfit.release.noise import block_positions, derived_blocks
 from distfit.release.packed import pack_offsets, pack_query_rows
 from distfit.stores.files import (
     PARENT_IDS,
-    SealedStore,
-    check_store_kind,
     chunk_shape,
     jsonable,
-    open_sealed,
-    store_state,
     utc_now,
-    verify_sealed,
     write_array,
 )
 from distfit.stores.plan import read_plan, verify_checksum
 from distfit.stores.release_chunks import ReleaseHasher, seal_chunked
+from distfit.stores.sealing import SealedKind, SealedStore
 
 FORMAT = "release"
 FORMAT_VERSION = 1
@@ -284,12 +280,12 @@ def pending_chunks(root: zarr.Group) -> list[int]:
 
 def release_state(path: Path) -> str:
     """``"absent"``, ``"sealed"`` or ``"incomplete"``; FileExistsError for anything else."""
-    return store_state(path, FORMAT, "release")
+    return RELEASE.state(path)
 
 
 def check_replaceable(path: Path) -> None:
     """Refuse (FileExistsError) to replace anything at ``path`` but a release store."""
-    check_store_kind(path, FORMAT, "release")
+    RELEASE.check_replaceable(path)
 
 
 def open_resumable(path: Path, *, plan, data, private: bool, blocks: Mapping[str, Any]) -> zarr.Group:
@@ -362,7 +358,7 @@ def seal(root: zarr.Group, path: Path, *, plan_path: str, plan_checksum: str, fs
 
 class Release(SealedStore):
     """A sealed release store opened for reading; arrays are lazy zarr arrays (the shared
-    readers of :class:`distfit.stores.files.SealedStore`: checksum, labels, unit ids, parent ids)."""
+    readers of :class:`distfit.stores.sealing.SealedStore`: checksum, labels, unit ids, parent ids)."""
 
     @property
     def private(self) -> bool:
@@ -441,20 +437,20 @@ class DerivedAnswers:
         return self.shape[0]
 
 
-def _open_release(path: PathLike) -> tuple[Path, zarr.Group, dict]:
-    return open_sealed(path, FORMAT, FORMAT_VERSION, ReleaseError)
+#: The release as a kind of sealed store (:class:`distfit.stores.sealing.SealedKind`): the
+#: checksum covers the arrays only (format 1).
+RELEASE = SealedKind(FORMAT, FORMAT_VERSION, ReleaseError, Release)
 
 
 def read_release(path: PathLike) -> Release:
     """Open a sealed release store, or raise :class:`ReleaseError` saying why it is refused
     (missing, staging directory, not a release, newer format, incomplete, no checksum)."""
-    p, group, attrs = _open_release(path)
-    return Release(path=str(p), attrs=attrs, _group=group)
+    return RELEASE.read(path)
 
 
 def verify_release(path: PathLike) -> tuple[bool, str, str]:
     """``(ok, stored, recomputed)`` checksum of a sealed release store."""
-    return verify_sealed(path, FORMAT, FORMAT_VERSION, ReleaseError)
+    return RELEASE.verify(path)
 
 
 __all__ = [
@@ -463,6 +459,7 @@ __all__ = [
     "FORMAT_VERSION",
     "DIMS",
     "DerivedAnswers",
+    "RELEASE",
     "Release",
     "ReleaseError",
     "answer_chunks",

@@ -32,6 +32,7 @@ from zarr.codecs import BytesCodec
 
 from distfit.stores.checksum import compute_checksum
 from distfit.stores.files import fsync_dir, fsync_file, fsync_tree, jsonable, utc_now
+from distfit.stores.sealing import seal_checksum
 
 #: How the seal reads the store for its checksum (:func:`distfit.stores.checksum.compute_checksum`,
 #: the same digest as every reader's): whole zarr chunks of answers, at least this many bytes a
@@ -513,7 +514,7 @@ def seal_chunked(root: zarr.Group, path: Path, *, fsync: bool, hasher: ReleaseHa
                 raise RuntimeError(f"{path}: chunks {missing[:5].tolist()} not written; cannot seal")
             checksum = hasher.result() if hasher is not None else None
             if checksum is None:
-                checksum = compute_checksum(root, threads=SEAL_READ_THREADS, read_bytes=SEAL_READ_BYTES)
+                checksum = seal_checksum(root, root.attrs, threads=SEAL_READ_THREADS, read_bytes=SEAL_READ_BYTES)
             if fsync:
                 fsync_tree(path, synced)
             if checking is not None:

@@ -32,6 +32,7 @@ from distfit.solver.dual import certified_bound
 from distfit.spec.parse import parse_spec
 from distfit.stores.checksum import compute_checksum
 from distfit.stores.plan import StoreError, checksum_covers_attrs, plan_claims, read_plan
+from distfit.runtime.placement import Placement
 from tests.packed_plans import marginals_spec, write_packed_plan
 from tests.reference import SMALL_SPEC, orthonormal_row_basis
 
@@ -66,7 +67,7 @@ def plans(tmp_path_factory):
     for name, (content, options) in specs.items():
         # closed_forms=False: these plans exercise solved (SM-II, merged, joint-dual) blocks; the
         # planner would otherwise pack their identity-marginal blocks in closed form (issue 10)
-        run_plan(parse_spec(content), str(root / f"{name}.zarr"), serial=True, log=io.StringIO(),
+        run_plan(parse_spec(content), str(root / f"{name}.zarr"), placement=Placement(serial=True), log=io.StringIO(),
                  closed_forms=False, **options)
     return root
 
@@ -659,7 +660,7 @@ def test_alpha_exact_claimed_over_a_non_flat_block_of_a_large_domain_fails(tmp_p
     prefix = {"name": "p", "attributes": {"a0": "prefix"}, "target": 1}
     spec = _shorthand_spec("mixed-big", [10] * 8, 2, [prefix])
     path = tmp_path / "plan.zarr"
-    run_plan(parse_spec(spec), str(path), serial=True, log=io.StringIO())
+    run_plan(parse_spec(spec), str(path), placement=Placement(serial=True), log=io.StringIO())
     plan = read_plan(path)
     assert plan.explicit_block_ids and plan.attrs["alpha_exact"] is False
     assert audit_plan(str(path)).ok

@@ -12,6 +12,7 @@ from distfit.release.job import run_release
 from distfit.stores.data import write_synthetic
 from distfit.stores.plan import read_plan
 from distfit.pipeline.run import RunFailure
+from distfit.runtime.placement import Placement
 from tests.clitools import assert_one_line_error, run
 
 
@@ -55,7 +56,8 @@ def test_seeded_resume_says_where_its_noise_comes_from(small_plan, tmp_path, cap
             raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        run_release(small_plan.plan, data, out, seed=4, serial=True, after_chunk=stop_after_two, fsync=False)
+        run_release(small_plan.plan, data, out, seed=4, placement=Placement(serial=True), after_chunk=stop_after_two,
+                    fsync=False)
     code, _, err = run(capsys, "release", small_plan.plan, "--data", str(data), "--out", str(out), "--serial",
                        "--seed", "4", "--resume")
     assert code == 0, err

@@ -17,6 +17,7 @@ from distfit.plan.job import run_plan
 from distfit.stores.release import read_release, verify_release
 from distfit.spec.parse import load_spec
 from distfit.stores.plan import read_plan
+from distfit.runtime.placement import Placement
 
 SEX = ["Female", "Male"]
 AGE_EDGES = [0, 30, 60, 200]
@@ -96,7 +97,7 @@ def inputs(tmp_path_factory):
     int_people = _people(500, seed=2, integer_ids=True)
     int_people.to_parquet(parquet, row_group_size=60)
     plan = root / "plan.zarr"
-    run_plan(load_spec(spec), str(plan), serial=True)
+    run_plan(load_spec(spec), str(plan), placement=Placement(serial=True))
     return {"root": root, "spec": spec, "people": people, "csv": csv, "parquet": parquet,
             "int_people": int_people, "plan": plan}
 
@@ -294,7 +295,7 @@ def test_merged_blocks_need_a_covering_clique(inputs, tmp_path, capsys):
     spec = tmp_path / "merged.yaml"
     spec.write_text(yaml.safe_dump(dict(SPEC, blocks={"max_cells": 18})))
     plan = tmp_path / "plan.zarr"
-    run_plan(load_spec(spec), str(plan), serial=True)
+    run_plan(load_spec(spec), str(plan), placement=Placement(serial=True))
     attributes = {read_plan(plan).block(b).attributes for b in read_plan(plan).block_ids}
     assert ("sex", "age", "edu") in attributes  # merged across the two cliques
     bare = tmp_path / "bare.zarr"
@@ -483,13 +484,14 @@ def test_resume_a_release_from_microdata(inputs, tmp_path, capsys):
         tabulate_microdata(inputs["spec"], inputs["csv"], tabulated_data_path(release), chunk_units=3,
                            cover=blocks, fsync=False)
     with pytest.raises(Interrupt):
-        run_release(inputs["plan"], inputs["csv"], out, seed=9, serial=True, after_chunk=stop_after_one)
+        run_release(inputs["plan"], inputs["csv"], out, seed=9, placement=Placement(serial=True),
+                    after_chunk=stop_after_one)
     capsys.readouterr()
     code, stdout, err = run(capsys, "release", str(inputs["plan"]), "--data", str(inputs["csv"]), "--out", str(out),
                             "--serial", "--seed", "9", "--resume")
     assert code == 0, err
     assert "resumed" in stdout and "2 drawn now" in stdout and "reused" in stdout
-    run_release(inputs["plan"], inputs["csv"], full, seed=9, serial=True)
+    run_release(inputs["plan"], inputs["csv"], full, seed=9, placement=Placement(serial=True))
     a, b = _arrays(out), _arrays(full)
     for name in a:
         np.testing.assert_array_equal(a[name], b[name])
@@ -534,14 +536,14 @@ def test_parent_ids_are_tabulated_and_released(inputs, tmp_path):
     assert "None stored, 'region' wanted" in tabulation_mismatch(plain.path, spec, source, parent_column="region")
     # the release copies them (geography, not data) and its checksum covers them
     release = tmp_path / "r.zarr"
-    run_release(inputs["plan"], out, release, seed=3, serial=True)
+    run_release(inputs["plan"], out, release, seed=3, placement=Placement(serial=True))
     opened = read_release(release)
     assert opened.parent_column == "region"
     assert list(opened.parent_ids[...]) == list(data.parent_ids[...])
     assert verify_release(release)[0]
     zarr.open_array(str(release / "parent_ids"), mode="r+")[0] = "r2" if data.parent_ids[0] != "r2" else "r1"
     assert not verify_release(release)[0]
-    run_release(inputs["plan"], plain.path, tmp_path / "r2.zarr", seed=3, serial=True)
+    run_release(inputs["plan"], plain.path, tmp_path / "r2.zarr", seed=3, placement=Placement(serial=True))
     assert read_release(tmp_path / "r2.zarr").parent_ids is None
     assert verify_release(tmp_path / "r2.zarr")[0]
 

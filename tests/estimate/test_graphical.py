@@ -21,6 +21,7 @@ from distfit.stores.data import write_synthetic
 from distfit.stores.estimate import read_estimate, verify_estimate
 from distfit.stores.plan import read_plan
 from distfit.stores.release import read_release
+from distfit.runtime.placement import Placement
 from tests.clitools import assert_one_line_error, run
 
 
@@ -30,7 +31,8 @@ def plan_model(tmp_path_factory, name, attributes, orders):
     spec = {"name": name, "attributes": [{"name": a, "size": n} for a, n in attributes],
             "queries": [{"name": f"m{k}", "marginals": {"order": k}, "target": 1.0} for k in orders]}
     (root / "spec.yaml").write_text(yaml.safe_dump(spec))
-    run_plan(load_spec(root / "spec.yaml"), str(root / "plan.zarr"), serial=True, log=io.StringIO())
+    run_plan(load_spec(root / "spec.yaml"), str(root / "plan.zarr"), placement=Placement(serial=True),
+             log=io.StringIO())
     return measurement_model(read_plan(str(root / "plan.zarr")))
 
 
@@ -257,10 +259,10 @@ def test_distfit_estimate_through_a_graphical_model(tmp_path, capsys, method):
             "queries": [{"name": "m3", "marginals": {"order": 3}, "target": 1.0}]}
     (tmp_path / "spec.yaml").write_text(yaml.safe_dump(spec))
     loaded = load_spec(tmp_path / "spec.yaml")
-    run_plan(loaded, str(tmp_path / "plan.zarr"), serial=True, log=io.StringIO())
+    run_plan(loaded, str(tmp_path / "plan.zarr"), placement=Placement(serial=True), log=io.StringIO())
     write_synthetic(loaded, 5, tmp_path / "data.zarr", seed=3, chunk_units=2, fsync=False)
-    run_release(tmp_path / "plan.zarr", tmp_path / "data.zarr", tmp_path / "release.zarr", seed=11, serial=True,
-                fsync=False, log=io.StringIO())
+    run_release(tmp_path / "plan.zarr", tmp_path / "data.zarr", tmp_path / "release.zarr", seed=11,
+                placement=Placement(serial=True), fsync=False, log=io.StringIO())
     args = [str(tmp_path / "plan.zarr"), str(tmp_path / "release.zarr")]
     code, _, err = run(capsys, "estimate", *args, "--out", str(tmp_path / "bad.zarr"), "--method", method,
                        "--integer", "--serial")

@@ -45,6 +45,7 @@ from distfit.stores.estimate import (
 from distfit.stores.lock import StoreLockedError, store_lock
 from distfit.stores.plan import read_plan
 from distfit.stores.release import read_release
+from distfit.runtime.placement import Placement
 from tests.clitools import assert_one_line_error, run
 from tests.reference import SMALL_SPEC
 
@@ -58,17 +59,17 @@ def inputs(tmp_path_factory, small_plan):
     data = root / "data.zarr"
     write_synthetic(small_plan.spec, UNITS, data, seed=1, chunk_units=CHUNK, fsync=False)
     release = root / "release.zarr"
-    run_release(small_plan.plan, data, release, seed=SEED, serial=True, fsync=False)
+    run_release(small_plan.plan, data, release, seed=SEED, placement=Placement(serial=True), fsync=False)
     # another spec's plan and a release of it (same schema)
     other = dict(SMALL_SPEC, queries=[dict(SMALL_SPEC["queries"][0], target=[2, 2, 2, 3, 3, 3])]
                  + SMALL_SPEC["queries"][1:])
     (root / "other.yaml").write_text(yaml.safe_dump(other))
     other_plan = root / "other.zarr"
-    run_plan(load_spec(root / "other.yaml"), str(other_plan), serial=True)
+    run_plan(load_spec(root / "other.yaml"), str(other_plan), placement=Placement(serial=True))
     other_release = root / "other-release.zarr"
-    run_release(other_plan, data, other_release, seed=SEED, serial=True, fsync=False)
+    run_release(other_plan, data, other_release, seed=SEED, placement=Placement(serial=True), fsync=False)
     reference = root / "estimate.zarr"
-    run_estimate(small_plan.plan, release, reference, serial=True, fsync=False)
+    run_estimate(small_plan.plan, release, reference, placement=Placement(serial=True), fsync=False)
     return {"root": root, "plan": small_plan.plan, "data": str(data), "release": str(release),
             "other_plan": str(other_plan), "other_release": str(other_release), "estimate": str(reference)}
 
@@ -182,7 +183,8 @@ def test_store_attrs_and_no_data(inputs):
 
 def test_integer_estimates_keep_each_units_total(inputs, tmp_path):
     out = tmp_path / "int.zarr"
-    result = run_estimate(inputs["plan"], inputs["release"], out, integer=True, serial=True, fsync=False)
+    result = run_estimate(inputs["plan"], inputs["release"], out, integer=True, placement=Placement(serial=True),
+                          fsync=False)
     assert result.integer and result.chunks_done_now == 7
     est, real = read_estimate(out), read_estimate(inputs["estimate"])
     x, xf = np.asarray(est.cells[...]), np.asarray(real.cells[...])
@@ -199,7 +201,8 @@ def test_estimation_runs_with_the_data_store_deleted(inputs, tmp_path):
     shutil.copytree(inputs["plan"], root / "plan.zarr")
     shutil.rmtree(root / "data.zarr")
     assert not (root / "data.zarr").exists()
-    run_estimate(root / "plan.zarr", root / "release.zarr", root / "e.zarr", serial=True, fsync=False)
+    run_estimate(root / "plan.zarr", root / "release.zarr", root / "e.zarr", placement=Placement(serial=True),
+                 fsync=False)
     _assert_same_store(root / "e.zarr", inputs["estimate"])
 
 
@@ -228,7 +231,8 @@ def test_interrupted_estimate_resumes_without_redoing_chunks(inputs, tmp_path, c
             raise Interrupt
 
     with pytest.raises(Interrupt):
-        run_estimate(inputs["plan"], inputs["release"], out, serial=True, fsync=False, after_chunk=stop_after_three)
+        run_estimate(inputs["plan"], inputs["release"], out, placement=Placement(serial=True), fsync=False,
+                     after_chunk=stop_after_three)
     capsys.readouterr()
     assert not _sealed(out)
     with pytest.raises(EstimateError, match="incomplete"):
@@ -241,7 +245,8 @@ def test_interrupted_estimate_resumes_without_redoing_chunks(inputs, tmp_path, c
     assert code == 2
     assert_one_line_error(err, "incomplete estimate", "--resume")
     redone = []
-    result = run_estimate(inputs["plan"], inputs["release"], out, resume=True, serial=True, fsync=False,
+    result = run_estimate(inputs["plan"], inputs["release"], out, resume=True, placement=Placement(serial=True),
+                          fsync=False,
                           after_chunk=redone.append)
     assert result.resumed and result.chunks_done_now == 4 and sorted(redone) == [3, 4, 5, 6]
     assert _chunk_files(out, done) == before  # the finished chunks untouched
@@ -258,9 +263,9 @@ def test_a_detailed_workload_keeps_the_cells_in_the_queries(inputs, tmp_path, ca
                 blocks={"max_cells": 36})
     (tmp_path / "detailed.yaml").write_text(yaml.safe_dump(spec))
     plan, release, out = tmp_path / "plan.zarr", tmp_path / "release.zarr", tmp_path / "e.zarr"
-    run_plan(load_spec(tmp_path / "detailed.yaml"), str(plan), serial=True)
-    run_release(plan, inputs["data"], release, seed=SEED, serial=True, fsync=False)
-    run_estimate(plan, release, out, serial=True, fsync=False)
+    run_plan(load_spec(tmp_path / "detailed.yaml"), str(plan), placement=Placement(serial=True))
+    run_release(plan, inputs["data"], release, seed=SEED, placement=Placement(serial=True), fsync=False)
+    run_estimate(plan, release, out, placement=Placement(serial=True), fsync=False)
     est = read_estimate(out)
     assert not (out / "cells" / "estimates").exists() and verify_estimate(out)[0]
     start, stop = zarr.open_group(str(out / "cells"), mode="r").attrs["in_queries"]
@@ -280,8 +285,8 @@ def test_a_detailed_workload_keeps_the_cells_in_the_queries(inputs, tmp_path, ca
             raise Interrupt
 
     with pytest.raises(Interrupt):
-        run_estimate(plan, release, stopped, serial=True, fsync=False, after_chunk=stop_after_two)
-    result = run_estimate(plan, release, stopped, resume=True, serial=True, fsync=False)
+        run_estimate(plan, release, stopped, placement=Placement(serial=True), fsync=False, after_chunk=stop_after_two)
+    result = run_estimate(plan, release, stopped, resume=True, placement=Placement(serial=True), fsync=False)
     assert result.resumed and result.chunks_done_now == 5
     _assert_same_store(stopped, out)
 
@@ -293,7 +298,8 @@ def test_killed_estimate_resumes_and_equals_an_uninterrupted_one(inputs, tmp_pat
     script = (
         "import time\n"
         "from distfit.estimate.job import run_estimate\n"
-        f"run_estimate({inputs['plan']!r}, {inputs['release']!r}, {str(out)!r}, serial=True,\n"
+        "from distfit.runtime.placement import Placement\n"
+        f"run_estimate({inputs['plan']!r}, {inputs['release']!r}, {str(out)!r}, placement=Placement(serial=True),\n"
         "             after_chunk=lambda chunk: time.sleep(0.4))\n")
     process = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     done = np.zeros(0)
@@ -399,7 +405,7 @@ def test_bad_inputs_exit_2_and_seal_nothing(inputs, tmp_path, capsys):
     # one writer at a time
     with store_lock(out, "test"):
         with pytest.raises(StoreLockedError):
-            run_estimate(inputs["plan"], inputs["release"], out, serial=True)
+            run_estimate(inputs["plan"], inputs["release"], out, placement=Placement(serial=True))
     assert not out.exists()
 
 
@@ -410,7 +416,8 @@ def test_an_incomplete_estimate_of_other_options_is_not_resumed(inputs, tmp_path
         raise Interrupt
 
     with pytest.raises(Interrupt):
-        run_estimate(inputs["plan"], inputs["release"], out, serial=True, fsync=False, after_chunk=stop)
+        run_estimate(inputs["plan"], inputs["release"], out, placement=Placement(serial=True), fsync=False,
+                     after_chunk=stop)
     capsys.readouterr()
     code, _, err = run(capsys, "estimate", inputs["plan"], inputs["release"], "--out", str(out), "--serial",
                        "--resume", "--integer")

@@ -22,6 +22,7 @@ from distfit.spec.parse import load_spec
 from distfit.stores.estimate import read_estimate, verify_estimate
 from distfit.stores.plan import read_plan
 from distfit.stores.release import read_release
+from distfit.runtime.placement import Placement
 
 CENSUS = Path(__file__).resolve().parents[2] / "pipelines" / "census.yaml"
 LEVELS = ("nation", "state", "county")
@@ -30,7 +31,7 @@ LEVELS = ("nation", "state", "county")
 @pytest.fixture(scope="module")
 def serial_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("census") / "run"
-    return run_levels(CENSUS, out, units=24, serial=True, fsync=False, log=io.StringIO())
+    return run_levels(CENSUS, out, units=24, placement=Placement(serial=True), fsync=False, log=io.StringIO())
 
 
 def _tables(run, name):
@@ -128,7 +129,8 @@ def test_integer_estimates_on_a_local_cluster(serial_run, tmp_path):
     for name in LEVELS:  # the plans are the serial run's (planning is not what is tested here)
         for store in ("accuracy-plan.zarr", "plan.zarr"):
             shutil.copytree(Path(serial_run.rundir) / "levels" / name / store, out / "levels" / name / store)
-    run = run_levels(CENSUS, out, units=16, workers=2, fsync=False, integer=True, log=io.StringIO())
+    run = run_levels(CENSUS, out, units=16, placement=Placement(workers=2), fsync=False, integer=True,
+                     log=io.StringIO())
     _check_top_down(run, integer=True)
     nation = np.asarray(_tables(run, "nation")[0].cells[...])
     county = np.asarray(_tables(run, "county")[0].cells[...])

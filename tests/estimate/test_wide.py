@@ -28,6 +28,7 @@ from distfit.spec.parse import load_spec
 from distfit.stores.estimate import read_estimate, verify_estimate
 from distfit.stores.plan import read_plan
 from distfit.stores.release import read_release
+from distfit.runtime.placement import Placement
 from tests.clitools import assert_one_line_error
 
 MEMORY_CAP = 4 << 30
@@ -158,7 +159,8 @@ def switch_models(tmp_path_factory):
                 "attributes": [{"name": f"a{i}", "size": 4} for i in range(10)] + [{"name": "a10", "size": last}],
                 "queries": [{"name": "ones", "marginals": {"order": 1}, "target": 1.0}]}
         (root / "spec.yaml").write_text(yaml.safe_dump(spec))
-        run_plan(load_spec(root / "spec.yaml"), str(root / "plan.zarr"), serial=True, log=io.StringIO())
+        run_plan(load_spec(root / "spec.yaml"), str(root / "plan.zarr"), placement=Placement(serial=True),
+                 log=io.StringIO())
         models[name] = measurement_model(read_plan(str(root / "plan.zarr")))
     assert models["at"].cells == graphical.PROJECTION_MAX_CELLS
     assert models["above"].cells == 2 * graphical.PROJECTION_MAX_CELLS

@@ -22,6 +22,7 @@ from distfit.stores.release import read_release, verify_release
 from distfit.pipeline.run import PACKAGES, data_seed, default_spec_path
 from distfit.spec.parse import load_spec
 from distfit.stores.plan import read_plan, verify_checksum
+from distfit.runtime.placement import Placement
 from tests.plan.test_levels import LEVELS_SPEC
 from tests.reference import SMALL_SPEC
 
@@ -156,7 +157,7 @@ def test_estimate_stage_options_and_resume(capsys, specs, tmp_path, monkeypatch)
     shutil.rmtree(rundir / "estimate.zarr")
     monkeypatch.setattr(estimating, "run_estimate", interrupted)
     with pytest.raises(Interrupted):
-        pipeline.run_pipeline(str(spec), rundir, serial=True, log=io.StringIO())
+        pipeline.run_pipeline(str(spec), rundir, placement=Placement(serial=True), log=io.StringIO())
     monkeypatch.setattr(estimating, "run_estimate", real_run)
     code, out, err = _run(capsys, spec, rundir)
     assert code == 0, err

@@ -38,6 +38,7 @@ from distfit.stores.data import write_synthetic
 from distfit.stores.estimate import read_estimate
 from distfit.stores.release import ReleaseError, read_release, verify_release
 from distfit.stores.plan import read_plan
+from distfit.runtime.placement import Placement
 from tests.faults import assert_killed_while_in_progress, kill_a_worker_after_the_first
 from tests.reference import SMALL_SPEC
 
@@ -374,7 +375,8 @@ def test_release_driver_killed_then_resumed_equals_an_uninterrupted_release(tmp_
         assert after[name][rows].tobytes() == before[name][rows].tobytes(), name  # kept as written
 
     reference = tmp_path / "reference.zarr"
-    run_release(small_plan.plan, data, reference, seed=SEED, serial=True, fsync=False, log=io.StringIO())
+    run_release(small_plan.plan, data, reference, seed=SEED, placement=Placement(serial=True), fsync=False,
+                log=io.StringIO())
     assert_same_release(out, reference)
 
 

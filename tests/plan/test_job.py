@@ -15,6 +15,7 @@ from distfit.plan.job import level_profiles, run_plan, scale_plan_to_budget
 from distfit.mathematics.privacy import alpha_for_budget
 from distfit.spec.parse import parse_spec
 from distfit.stores.plan import read_plan
+from distfit.runtime.placement import Placement
 from tests.packed_plans import marginals_spec
 from tests.reference import SMALL_SPEC
 
@@ -141,8 +142,8 @@ def test_scaling_a_stored_plan_keeps_its_packs(tmp_path, monkeypatch, layout):
     accuracy = marginals_spec([3, 4, 2, 3], 2, [1.0, 2.0, 3.0, 1.0, 2.0, 3.0], name="scaled-layout") \
         if layout == "closed-form pack" else _prefix_and_marginals_spec()
     budget = dict(accuracy, privacy={"alpha": 0.75})
-    run_plan(parse_spec(accuracy), str(tmp_path / "a.zarr"), serial=True)
-    run_plan(parse_spec(budget), str(tmp_path / "b.zarr"), serial=True)
+    run_plan(parse_spec(accuracy), str(tmp_path / "a.zarr"), placement=Placement(serial=True))
+    run_plan(parse_spec(budget), str(tmp_path / "b.zarr"), placement=Placement(serial=True))
     scale_plan_to_budget(str(tmp_path / "a.zarr"), str(tmp_path / "s.zarr"), parse_spec(budget), 0.75)
     source, direct, scaled = (read_plan(tmp_path / name) for name in ("a.zarr", "b.zarr", "s.zarr"))
     assert len(source.packs()) == len(scaled.packs()) == len(direct.packs())
@@ -166,8 +167,8 @@ def test_scaling_a_stored_plan_to_a_budget_equals_planning_with_that_budget(tmp_
     with that budget: same arrays, alpha, account; and it passes audit."""
     accuracy = dict(SMALL_SPEC, name="scaled")
     budget = dict(accuracy, privacy={"alpha": 0.75})
-    run_plan(parse_spec(accuracy), str(tmp_path / "a.zarr"), serial=True)
-    run_plan(parse_spec(budget), str(tmp_path / "b.zarr"), serial=True)
+    run_plan(parse_spec(accuracy), str(tmp_path / "a.zarr"), placement=Placement(serial=True))
+    run_plan(parse_spec(budget), str(tmp_path / "b.zarr"), placement=Placement(serial=True))
     scale_plan_to_budget(str(tmp_path / "a.zarr"), str(tmp_path / "s.zarr"), parse_spec(budget), 0.75)
     direct, scaled = read_plan(tmp_path / "b.zarr"), read_plan(tmp_path / "s.zarr")
     assert audit_plan(str(tmp_path / "s.zarr")).ok

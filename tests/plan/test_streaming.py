@@ -29,6 +29,7 @@ from distfit.spec.parse import load_spec
 from distfit.stores.checksum import compute_checksum
 from distfit.stores.plan import BLOCK_ARRAYS, StoreError, read_plan
 from distfit.stores.plan_writer import PlanWriter
+from distfit.runtime.placement import Placement
 from tests.reference import SMALL_SPEC
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -49,7 +50,8 @@ def _write_spec(tmp_path, content, name="spec") -> str:
 def _in_memory(monkeypatch, spec_path, out, **kw):
     with monkeypatch.context() as m:
         m.setattr(plan_module, "CO_OPTIMIZE_WORK", 0.0)  # no joint block dual: the streamed path has none
-        return run_plan(load_spec(spec_path), out, serial=True, stream=False, log=io.StringIO(), **kw)
+        return run_plan(load_spec(spec_path), out, placement=Placement(serial=True), stream=False, log=io.StringIO(),
+                        **kw)
 
 
 def assert_same_store(first: str, second: str) -> None:
@@ -82,7 +84,8 @@ def test_streamed_store_equals_the_in_memory_store(tmp_path, monkeypatch, varian
     spec_path = _write_spec(tmp_path, content)
     memory, streamed = str(tmp_path / "memory.zarr"), str(tmp_path / "streamed.zarr")
     plan_a, checksum_a = _in_memory(monkeypatch, spec_path, memory, refine_rounds=rounds)
-    plan_b, checksum_b = run_plan(load_spec(spec_path), streamed, serial=True, stream=True, refine_rounds=rounds, log=io.StringIO())
+    plan_b, checksum_b = run_plan(load_spec(spec_path), streamed, placement=Placement(serial=True), stream=True,
+                                  refine_rounds=rounds, log=io.StringIO())
     assert not plan_a.streamed and plan_b.streamed
     assert len(plan_b.blocks) == len(plan_a.blocks)
     assert plan_b.alpha == pytest.approx(plan_a.alpha, rel=1e-12)
@@ -162,8 +165,8 @@ def test_streamed_run_plan_never_holds_two_block_specs(tmp_path, monkeypatch):
 
     monkeypatch.setattr(ResidualWorkload, "build", tracked)
     content = dict(SMALL_SPEC, blocks={"merge": False})
-    plan, _ = run_plan(load_spec(_write_spec(tmp_path, content)), str(tmp_path / "plan.zarr"), serial=True, stream=True,
-                       refine_rounds=0, log=io.StringIO())
+    plan, _ = run_plan(load_spec(_write_spec(tmp_path, content)), str(tmp_path / "plan.zarr"),
+                       placement=Placement(serial=True), stream=True, refine_rounds=0, log=io.StringIO())
     assert len(most) == len(plan.blocks) >= 4
     assert max(most) == 0
 
@@ -175,7 +178,8 @@ def test_should_stream_follows_the_joint_dual_work_limit(tmp_path, monkeypatch):
     assert plan_module.block_work(blocks) == plan_module.block_work([BlockRef.of(b) for b in blocks])
     monkeypatch.setattr(plan_module, "STREAM_WORK", 0.0)
     assert plan_module.should_stream(blocks)
-    plan, _ = run_plan(load_spec(_write_spec(tmp_path, SMALL_SPEC)), str(tmp_path / "plan.zarr"), serial=True, log=io.StringIO())
+    plan, _ = run_plan(load_spec(_write_spec(tmp_path, SMALL_SPEC)), str(tmp_path / "plan.zarr"),
+                       placement=Placement(serial=True), log=io.StringIO())
     assert plan.streamed  # stream=None follows should_stream
 
 
@@ -192,7 +196,8 @@ def test_failed_streamed_write_leaves_nothing(tmp_path, monkeypatch):
     monkeypatch.setattr(planning, "serial_executor", failing)
     spec_path = _write_spec(tmp_path, dict(SMALL_SPEC, blocks={"merge": False}))
     with pytest.raises(RuntimeError, match="worker lost"):
-        run_plan(load_spec(spec_path), str(tmp_path / "plan.zarr"), serial=True, stream=True, log=io.StringIO())
+        run_plan(load_spec(spec_path), str(tmp_path / "plan.zarr"), placement=Placement(serial=True), stream=True,
+                 log=io.StringIO())
     assert sorted(p.name for p in tmp_path.iterdir()) == ["spec.yaml"]
 
 
@@ -200,6 +205,7 @@ _KILL_SCRIPT = textwrap.dedent("""
     import os, signal, sys
     import distfit.plan.job as planning
     from distfit.plan.planner import solve_block
+    from distfit.runtime.placement import Placement
     from distfit.spec.parse import load_spec
 
     spec, out, phase = sys.argv[1:4]
@@ -218,7 +224,7 @@ _KILL_SCRIPT = textwrap.dedent("""
                 os.kill(os.getpid(), signal.SIGKILL)
             done.append(promote(self, *args, **kwargs))
         planning.StoreSink.promote = killed_while_scaling
-    planning.run_plan(load_spec(spec), out, serial=True, stream=True, refine_rounds=1)
+    planning.run_plan(load_spec(spec), out, placement=Placement(serial=True), stream=True, refine_rounds=1)
 """)
 
 
@@ -247,5 +253,5 @@ def test_killed_streamed_write_leaves_no_complete_looking_plan(tmp_path, phase):
     with pytest.raises(StoreError, match="not marked complete"):
         read_plan(renamed)
     # the leftover does not block a new run
-    plan, _ = run_plan(load_spec(spec_path), str(out), serial=True, stream=True, log=io.StringIO())
+    plan, _ = run_plan(load_spec(spec_path), str(out), placement=Placement(serial=True), stream=True, log=io.StringIO())
     assert read_plan(out).checksum and audit_plan(str(out)).ok

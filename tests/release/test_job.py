@@ -21,6 +21,7 @@ from distfit.stores.plan import read_plan
 from distfit.stores.checksum import compute_checksum
 from distfit.stores.release import ReleaseError, read_release, verify_release
 from distfit.mathematics.domain import Domain
+from distfit.runtime.placement import Placement
 from tests.reference import SMALL_SPEC
 
 SPEC = SMALL_SPEC
@@ -37,7 +38,7 @@ def inputs(tmp_path_factory, small_plan):
     other_spec = root / "other.yaml"
     other_spec.write_text(yaml.safe_dump(other))
     other_plan = root / "other.zarr"
-    run_plan(load_spec(other_spec), str(other_plan), serial=True)
+    run_plan(load_spec(other_spec), str(other_plan), placement=Placement(serial=True))
     return {"plan": small_plan.plan, "data": str(data), "other_plan": str(other_plan), "root": root,
             "spec": small_plan.spec}
 
@@ -131,7 +132,7 @@ def test_seeded_noise_has_the_plan_variances(inputs, tmp_path):
     data_path = tmp_path / "data.zarr"
     write_synthetic(inputs["spec"], units, data_path, seed=4, chunk_units=500, fsync=False)
     out = tmp_path / "r.zarr"
-    run_release(inputs["plan"], str(data_path), out, seed=3, serial=True, fsync=False)
+    run_release(inputs["plan"], str(data_path), out, seed=3, placement=Placement(serial=True), fsync=False)
     plan = read_plan(inputs["plan"])
     data = read_histograms(str(data_path))
     noise = read_release(out).answers[...] - _true_answers(plan, np.asarray(data.counts[...]))
@@ -199,7 +200,8 @@ def _chunk_files(path, done_chunks):
 def test_resume_seeded_equals_uninterrupted(inputs, tmp_path, capsys):
     out, full = tmp_path / "r.zarr", tmp_path / "full.zarr"
     with pytest.raises(Interrupt):
-        run_release(inputs["plan"], inputs["data"], out, seed=SEED, serial=True, after_chunk=_interrupt_after(3))
+        run_release(inputs["plan"], inputs["data"], out, seed=SEED, placement=Placement(serial=True),
+                    after_chunk=_interrupt_after(3))
     capsys.readouterr()
     assert json.loads((out / "zarr.json").read_text())["attributes"]["complete"] is False
     with pytest.raises(ReleaseError, match="incomplete"):
@@ -218,7 +220,7 @@ def test_resume_seeded_equals_uninterrupted(inputs, tmp_path, capsys):
     assert code == 0, err
     assert "resumed" in stdout and "4 drawn now" in stdout
     assert _chunk_files(out, done) == before  # written chunks untouched, bit for bit
-    run_release(inputs["plan"], inputs["data"], full, seed=SEED, serial=True)
+    run_release(inputs["plan"], inputs["data"], full, seed=SEED, placement=Placement(serial=True))
     a, b = _arrays(out), _arrays(full)
     for name in a:
         assert a[name].tobytes() == b[name].tobytes(), name
@@ -229,7 +231,8 @@ def test_resume_seeded_equals_uninterrupted(inputs, tmp_path, capsys):
 def test_resume_private_keeps_written_chunks(inputs, tmp_path, capsys):
     out = tmp_path / "r.zarr"
     with pytest.raises(Interrupt):
-        run_release(inputs["plan"], inputs["data"], out, serial=True, after_chunk=_interrupt_after(2))
+        run_release(inputs["plan"], inputs["data"], out, placement=Placement(serial=True),
+                    after_chunk=_interrupt_after(2))
     capsys.readouterr()
     copy = tmp_path / "copy.zarr"
     shutil.copytree(out, copy)
@@ -359,9 +362,11 @@ def test_driver_killed_mid_release_then_resumed(inputs, tmp_path, capsys):
     script = (
         "import sys, time\n"
         "from distfit.release import job as releasing\n"
+        "from distfit.runtime.placement import Placement\n"
         "def slow(chunk):\n"
         "    time.sleep(0.4)\n"
-        f"releasing.run_release({inputs['plan']!r}, {inputs['data']!r}, {str(out)!r}, seed={seed}, serial=True, after_chunk=slow)\n"
+        f"releasing.run_release({inputs['plan']!r}, {inputs['data']!r}, {str(out)!r}, seed={seed},\n"
+        "                      placement=Placement(serial=True), after_chunk=slow)\n"
     )
     process = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
@@ -415,9 +420,10 @@ def test_worker_killed_mid_release_redraws_identical_chunks(inputs, tmp_path, ca
                 killed.append(chunk)
 
         result = run_release(inputs["plan"], str(data), str(tmp_path / "dask.zarr"), seed=5,
-                             cluster=client.scheduler.address, after_chunk=kill_once)
+                             placement=Placement(cluster=client.scheduler.address), after_chunk=kill_once)
     assert killed and result.chunks == 60
-    serial = run_release(inputs["plan"], str(data), str(tmp_path / "serial.zarr"), seed=5, serial=True)
+    serial = run_release(inputs["plan"], str(data), str(tmp_path / "serial.zarr"), seed=5,
+                         placement=Placement(serial=True))
     assert serial.checksum == result.checksum
 
 
@@ -434,12 +440,14 @@ def test_background_client_reports_an_unreachable_scheduler():
 def test_unreachable_cluster_writes_nothing(inputs, tmp_path, monkeypatch):
     import functools
 
+    import distfit.runtime.cluster as cluster_module
     from distfit.runtime.cluster import BackgroundClient, ClusterError
 
-    monkeypatch.setattr(releasing, "BackgroundClient", functools.partial(BackgroundClient, timeout=1))
+    # the release's client (PlacedClient) starts a BackgroundClient of runtime.cluster
+    monkeypatch.setattr(cluster_module, "BackgroundClient", functools.partial(BackgroundClient, timeout=1))
     out = tmp_path / "nowhere.zarr"
     with pytest.raises(ClusterError):
-        run_release(inputs["plan"], inputs["data"], out, cluster="tcp://127.0.0.1:1")
+        run_release(inputs["plan"], inputs["data"], out, placement=Placement(cluster="tcp://127.0.0.1:1"))
     assert not out.exists() and not list(tmp_path.glob("nowhere.zarr*"))
 
 
@@ -448,7 +456,7 @@ def test_local_cluster_is_gone_when_run_release_returns_or_raises(inputs, tmp_pa
     worker process outlives run_release, also when the audit refuses the plan."""
     import multiprocessing
 
-    result = run_release(inputs["plan"], inputs["data"], tmp_path / "a.zarr", seed=SEED, workers=1)
+    result = run_release(inputs["plan"], inputs["data"], tmp_path / "a.zarr", seed=SEED, placement=Placement(workers=1))
     assert verify_release(result.path)[0]
     assert multiprocessing.active_children() == []
     plan = tmp_path / "tampered.zarr"
@@ -457,7 +465,7 @@ def test_local_cluster_is_gone_when_run_release_returns_or_raises(inputs, tmp_pa
     sigma = zarr.open_array(str(plan / f"blocks/{block_id}/sigma"), mode="r+")
     sigma[0, 0] = sigma[0, 0] * 0.5
     with pytest.raises(ValueError, match="fails audit"):
-        run_release(str(plan), inputs["data"], tmp_path / "b.zarr", workers=1)
+        run_release(str(plan), inputs["data"], tmp_path / "b.zarr", placement=Placement(workers=1))
     assert not (tmp_path / "b.zarr").exists()
     assert multiprocessing.active_children() == []
 
@@ -467,10 +475,10 @@ def test_background_client_worker_env(monkeypatch):
     processes before they start; the release uses it to leave out Dask's malloc trim setting."""
     import os
 
-    from distfit.runtime.cluster import BackgroundClient
+    from distfit.runtime.cluster import WORKER_ENV, BackgroundClient  # WORKER_ENV: PlacedClient's default
 
     monkeypatch.delenv("MALLOC_TRIM_THRESHOLD_", raising=False)  # an earlier cluster may have set it here
-    env = dict(releasing.WORKER_ENV, DISTFIT_TEST_WORKER_ENV="on")
+    env = dict(WORKER_ENV, DISTFIT_TEST_WORKER_ENV="on")
     with BackgroundClient(None, workers=1, worker_env=env) as background:
         seen = list(background.get().run(
             lambda: (os.environ.get("MALLOC_TRIM_THRESHOLD_"), os.environ.get("DISTFIT_TEST_WORKER_ENV"))).values())
@@ -493,9 +501,10 @@ def _count_checksums(monkeypatch) -> list[str]:
 
     modules = [m for name, m in sys.modules.items()
                if name.startswith("distfit") and getattr(m, "compute_checksum", None) is real]
-    # plans hash in plan and plan_writer; sealed releases verify in files (verify_sealed)
-    assert {"distfit.stores.plan", "distfit.stores.plan_writer", "distfit.stores.files"} <= {
-        m.__name__ for m in modules}
+    # every seal and verification goes through the one sealing path (stores.sealing); the
+    # release's hasher digests its chunks as they land (stores.release_chunks)
+    assert {"distfit.stores.sealing", "distfit.stores.release_chunks"} == {m.__name__ for m in modules} - {
+        "distfit.stores.checksum"}
     for module in modules:
         monkeypatch.setattr(module, "compute_checksum", counting)
     return hashed
@@ -520,7 +529,8 @@ def test_a_run_audits_and_hashes_the_plan_once(tmp_path, monkeypatch):
     hashed = _count_checksums(monkeypatch)
     spec_path = tmp_path / "spec.yaml"
     spec_path.write_text(yaml.safe_dump(SPEC))
-    result = distfit.pipeline.run.run_pipeline(str(spec_path), tmp_path / "run", units=20, serial=True, fsync=False,
+    result = distfit.pipeline.run.run_pipeline(str(spec_path), tmp_path / "run", units=20,
+                                               placement=Placement(serial=True), fsync=False,
                                            estimate=False)  # the estimate stage checks the plan itself
     assert len(audits) == 1
     assert len(hashed) == 4 and hashed[0].startswith("plan.zarr.incomplete-")  # the writer's, staged
@@ -540,22 +550,25 @@ def test_release_audits_once_or_takes_the_callers_audit(inputs, tmp_path, monkey
 
     report = audit_plan(inputs["plan"])
     hashed = _count_checksums(monkeypatch)
-    run_release(inputs["plan"], inputs["data"], tmp_path / "a.zarr", seed=SEED, serial=True, fsync=False)
+    run_release(inputs["plan"], inputs["data"], tmp_path / "a.zarr", seed=SEED, placement=Placement(serial=True),
+                fsync=False)
     assert sorted(hashed) == ["a.zarr", "plan.zarr", "plan.zarr"]  # audit, seal (plan), the release
     hashed.clear()
-    given = run_release(inputs["plan"], inputs["data"], tmp_path / "b.zarr", seed=SEED, serial=True,
-                        fsync=False, audit=report)
+    given = run_release(inputs["plan"], inputs["data"], tmp_path / "b.zarr", seed=SEED,
+                        placement=Placement(serial=True), fsync=False, audit=report)
     assert sorted(hashed) == ["b.zarr", "plan.zarr"]  # the seal only
     assert given.checksum == read_release(tmp_path / "a.zarr").checksum
     stale = dataclasses.replace(report, checksum="sha256:" + "0" * 64)
     with pytest.raises(ValueError, match="the plan changed since its audit"):
-        run_release(inputs["plan"], inputs["data"], tmp_path / "c.zarr", seed=SEED, serial=True, audit=stale)
+        run_release(inputs["plan"], inputs["data"], tmp_path / "c.zarr", seed=SEED, placement=Placement(serial=True),
+                    audit=stale)
     failed = dataclasses.replace(report, failures=("alpha: made up",))
     with pytest.raises(ValueError, match=r"fails audit \(1 failures\): alpha: made up"):
-        run_release(inputs["plan"], inputs["data"], tmp_path / "c.zarr", seed=SEED, serial=True, audit=failed)
+        run_release(inputs["plan"], inputs["data"], tmp_path / "c.zarr", seed=SEED, placement=Placement(serial=True),
+                    audit=failed)
     with pytest.raises(ValueError, match="a report of .*, not of the plan"):
-        run_release(inputs["other_plan"], inputs["data"], tmp_path / "c.zarr", seed=SEED, serial=True,
-                    audit=report)
+        run_release(inputs["other_plan"], inputs["data"], tmp_path / "c.zarr", seed=SEED,
+                    placement=Placement(serial=True), audit=report)
     assert not (tmp_path / "c.zarr").exists()
 
 
@@ -595,7 +608,7 @@ def one_block(tmp_path_factory):
     spec_path = root / "one.yaml"
     spec_path.write_text(yaml.safe_dump(dict(SPEC, blocks={"max_cells": 36})))
     plan = root / "plan.zarr"
-    run_plan(load_spec(spec_path), str(plan), serial=True)
+    run_plan(load_spec(spec_path), str(plan), placement=Placement(serial=True))
     assert len(read_plan(str(plan)).block_ids) == 1
     data = root / "data.zarr"
     write_synthetic(load_spec(spec_path), UNITS, data, seed=2, chunk_units=CHUNK)
@@ -609,7 +622,7 @@ def test_release_has_the_bits_of_the_reference(inputs, one_block, tmp_path):
 
     for name, where in (("multi", inputs), ("single", one_block)):
         out = tmp_path / f"{name}.zarr"
-        run_release(where["plan"], where["data"], out, seed=SEED, serial=True, fsync=False)
+        run_release(where["plan"], where["data"], out, seed=SEED, placement=Placement(serial=True), fsync=False)
         plan = read_plan(where["plan"])
         data = read_histograms(where["data"])
         want_blocks, want_queries = _reference_release(plan, np.asarray(data.counts[...]), SEED, CHUNK)
@@ -649,12 +662,12 @@ def test_single_block_release_on_a_cluster_resumes_and_writes_half_the_bytes(one
     """Dask (tasks of several chunks) equals serial bit for bit; an interrupted single-block
     release resumes to the same store; its files hold each answer once."""
     serial, dask, resumed = tmp_path / "serial.zarr", tmp_path / "dask.zarr", tmp_path / "resumed.zarr"
-    run_release(one_block["plan"], one_block["data"], serial, seed=SEED, serial=True)
-    run_release(one_block["plan"], one_block["data"], dask, seed=SEED, workers=2)
+    run_release(one_block["plan"], one_block["data"], serial, seed=SEED, placement=Placement(serial=True))
+    run_release(one_block["plan"], one_block["data"], dask, seed=SEED, placement=Placement(workers=2))
     with pytest.raises(Interrupt):
-        run_release(one_block["plan"], one_block["data"], resumed, seed=SEED, serial=True,
+        run_release(one_block["plan"], one_block["data"], resumed, seed=SEED, placement=Placement(serial=True),
                     after_chunk=_interrupt_after(3))
-    run_release(one_block["plan"], one_block["data"], resumed, seed=SEED, serial=True, resume=True)
+    run_release(one_block["plan"], one_block["data"], resumed, seed=SEED, placement=Placement(serial=True), resume=True)
     a = _arrays(serial)
     for other in (dask, resumed):
         b = _arrays(other)
@@ -679,7 +692,7 @@ def test_a_release_laid_out_before_resumes_in_its_layout(one_block, tmp_path):
     zstd ids and done markers) is finished in that layout: the chunks write what the store
     holds, and it seals to the checksum of the same release made whole in that layout."""
     new = tmp_path / "new.zarr"
-    run_release(one_block["plan"], one_block["data"], new, seed=SEED, serial=True, fsync=False)
+    run_release(one_block["plan"], one_block["data"], new, seed=SEED, placement=Placement(serial=True), fsync=False)
     old = tmp_path / "old.zarr"
     shutil.copytree(new, old)
     group = zarr.open_group(str(old), mode="r+")
@@ -710,7 +723,8 @@ def test_a_release_laid_out_before_resumes_in_its_layout(one_block, tmp_path):
     group["chunks/done"][5] = 0
     answers[2 * CHUNK:3 * CHUNK] = 1e9
     group["queries/answers"][5 * CHUNK:6 * CHUNK] = -1.0
-    run_release(one_block["plan"], one_block["data"], old, seed=SEED, serial=True, resume=True, fsync=False)
+    run_release(one_block["plan"], one_block["data"], old, seed=SEED, placement=Placement(serial=True), resume=True,
+                fsync=False)
     after = _arrays(old)
     assert set(after) == set(whole)
     for name in whole:

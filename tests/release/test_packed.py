@@ -27,6 +27,7 @@ from distfit.spec.parse import parse_spec
 from distfit.stores.data import open_data, write_synthetic
 from distfit.stores.plan import read_plan
 from distfit.stores.release import read_release, verify_release
+from distfit.runtime.placement import Placement
 from tests.packed_plans import marginals_spec, write_packed_plan
 
 SIZES = [3, 4, 2, 3, 5]
@@ -126,8 +127,8 @@ def test_a_packed_release_of_thousands_of_blocks_on_a_local_cluster(tmp_path):
     plan = read_plan(tmp_path / "plan.zarr")
     assert len(plan.block_ids) == 4096 and plan.explicit_block_ids == ()
     data = write_synthetic(parse_spec(spec), 12, tmp_path / "data.zarr", seed=3, chunk_units=6, fsync=False)
-    result = run_release(tmp_path / "plan.zarr", data, tmp_path / "release.zarr", seed=11, workers=2,
-                         log=io.StringIO(), fsync=False)
+    result = run_release(tmp_path / "plan.zarr", data, tmp_path / "release.zarr", seed=11,
+                         placement=Placement(workers=2), log=io.StringIO(), fsync=False)
     assert result.blocks == 4096 and result.chunks == 2
     assert verify_release(tmp_path / "release.zarr")[0]
     release = read_release(tmp_path / "release.zarr")

@@ -24,6 +24,7 @@ from distfit.stores.estimate import read_estimate
 from distfit.report.page import MARKER, PAGE, Z95
 from distfit.stores.plan import read_plan
 from distfit.stores.release import read_release
+from distfit.runtime.placement import Placement
 
 SVG = "{http://www.w3.org/2000/svg}"
 
@@ -34,9 +35,9 @@ def inputs(tmp_path_factory, small_plan):
     data = root / "data.zarr"
     write_synthetic(small_plan.spec, 30, data, seed=1, chunk_units=10)
     release = root / "release.zarr"
-    run_release(small_plan.plan, str(data), str(release), seed=5, serial=True, fsync=False)
+    run_release(small_plan.plan, str(data), str(release), seed=5, placement=Placement(serial=True), fsync=False)
     estimate = root / "estimate.zarr"
-    run_estimate(small_plan.plan, release, estimate, serial=True, fsync=False)
+    run_estimate(small_plan.plan, release, estimate, placement=Placement(serial=True), fsync=False)
     return {"plan": small_plan.plan, "release": str(release), "root": root, "data": str(data), "spec": small_plan.spec,
             "estimate": str(estimate)}
 
@@ -352,7 +353,7 @@ def test_estimate_section(inputs, full_report, tmp_path, capsys):
               for u in g.iter(f"{SVG}use")]
     assert len(points) == raw.shape[1] + 1  # one per query, and the legend's marker
     other = tmp_path / "other.zarr"
-    run_release(inputs["plan"], inputs["data"], other, seed=6, serial=True, fsync=False)
+    run_release(inputs["plan"], inputs["data"], other, seed=6, placement=Placement(serial=True), fsync=False)
     capsys.readouterr()
     code, _, err = run(capsys, "report", inputs["plan"], str(other), "--out", str(tmp_path / "r2"),
                        "--estimate", inputs["estimate"])

@@ -31,6 +31,7 @@ from distfit.plan.planner import BlockTask, plan_groups, serial_executor
 from distfit.plan.residual import residual_blocks
 from distfit.spec.parse import load_spec
 from distfit.stores.plan import read_plan
+from distfit.runtime.placement import Placement
 from tests.faults import assert_killed_while_in_progress, kill_a_worker_after_the_first
 from tests.reference import SMALL_SPEC
 
@@ -116,9 +117,10 @@ def test_dask_executor_takes_tasks_lazily(client):
 def test_streamed_plan_on_a_cluster_equals_the_serial_plan(client, tmp_path, monkeypatch):
     path = tmp_path / "spec.yaml"
     path.write_text(yaml.safe_dump(dict(SMALL_SPEC, blocks={"merge": False})))
-    streamed, _ = run_plan(load_spec(path), str(tmp_path / "streamed.zarr"), cluster=client.scheduler.address, stream=True)
+    streamed, _ = run_plan(load_spec(path), str(tmp_path / "streamed.zarr"),
+                           placement=Placement(cluster=client.scheduler.address), stream=True)
     monkeypatch.setattr(plan_module, "CO_OPTIMIZE_WORK", 0.0)  # the streamed plan has no joint dual
-    serial, _ = run_plan(load_spec(path), str(tmp_path / "serial.zarr"), serial=True, stream=False)
+    serial, _ = run_plan(load_spec(path), str(tmp_path / "serial.zarr"), placement=Placement(serial=True), stream=False)
     assert streamed.streamed and not serial.streamed
     assert streamed.alpha == pytest.approx(serial.alpha, rel=1e-9)
     np.testing.assert_allclose(read_plan(str(tmp_path / "streamed.zarr")).queries_variances, serial.variances, rtol=1e-9)
@@ -211,10 +213,12 @@ def test_killed_worker_plan_completes_and_passes_audit(tmp_path, stream):
     with dask_client(None, workers=2) as client:
         address = client.scheduler.address
         # one task per block (batch_seconds=0): batched, this plan's 16 small blocks are one or two tasks a round
-        reference, _ = run_plan(load_spec(path), str(tmp_path / "reference.zarr"), cluster=address, stream=stream,
+        reference, _ = run_plan(load_spec(path), str(tmp_path / "reference.zarr"), placement=Placement(cluster=address),
+                                stream=stream,
                                 batch_seconds=0)
         with kill_a_worker_after_the_first(client, "solve-") as record:
-            plan, _ = run_plan(load_spec(path), str(tmp_path / "plan.zarr"), cluster=address, stream=stream, batch_seconds=0)
+            plan, _ = run_plan(load_spec(path), str(tmp_path / "plan.zarr"), placement=Placement(cluster=address),
+                               stream=stream, batch_seconds=0)
     assert_killed_while_in_progress(record)  # solve tasks of every round: a refinement round adds its own
     report = audit_plan(str(tmp_path / "plan.zarr"))
     assert report.ok, report.failures

@@ -30,6 +30,7 @@ from distfit.stores.estimate import (
 from distfit.stores.plan import read_plan
 from distfit.stores.release import read_release
 from distfit.stores.release_chunks import ChunkWriter
+from distfit.runtime.placement import Placement
 
 UNITS, CHUNK = 23, 10
 #: The documented dimension names (docs/stores.md), written out: the contract, not the writer's table.
@@ -45,8 +46,10 @@ ESTIMATE_DIMS = {
 def stores(small_plan, tmp_path_factory):
     root = tmp_path_factory.mktemp("estimate-store")
     write_synthetic(small_plan.spec, UNITS, root / "data.zarr", seed=3, chunk_units=CHUNK, fsync=False)
-    run_release(small_plan.plan, root / "data.zarr", root / "release.zarr", seed=5, serial=True, fsync=False)
-    run_estimate(small_plan.plan, root / "release.zarr", root / "estimate.zarr", serial=True, fsync=False)
+    run_release(small_plan.plan, root / "data.zarr", root / "release.zarr", seed=5, placement=Placement(serial=True),
+                fsync=False)
+    run_estimate(small_plan.plan, root / "release.zarr", root / "estimate.zarr", placement=Placement(serial=True),
+                 fsync=False)
     return {"root": root, "plan": small_plan.plan, "release": root / "release.zarr",
             "estimate": root / "estimate.zarr"}
 

@@ -123,8 +123,9 @@ def test_concurrent_releases_into_one_store(small_plan, tmp_path, capsys):
     script = (
         "import time\n"
         "from distfit.release.job import run_release\n"
-        f"result = run_release({small_plan.plan!r}, {str(data)!r}, {str(out)!r}, seed=3, serial=True,\n"
-        "                     after_chunk=lambda chunk: time.sleep(0.3))\n"
+        "from distfit.runtime.placement import Placement\n"
+        f"result = run_release({small_plan.plan!r}, {str(data)!r}, {str(out)!r}, seed=3,\n"
+        "                     placement=Placement(serial=True), after_chunk=lambda chunk: time.sleep(0.3))\n"
         "print(result.checksum)\n"
     )
     first = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

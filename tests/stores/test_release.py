@@ -29,6 +29,7 @@ from distfit.stores.release import (
     verify_release,
 )
 from distfit.stores.release_chunks import ChunkSync
+from distfit.runtime.placement import Placement
 from tests.packed_plans import marginals_spec, reference_release, write_packed_plan
 from tests.reference import SMALL_SPEC
 
@@ -42,7 +43,7 @@ def inputs(tmp_path_factory):
     spec_path = root / "spec.yaml"
     spec_path.write_text(yaml.safe_dump(SMALL_SPEC))
     plan = root / "plan.zarr"
-    run_plan(load_spec(spec_path), str(plan), serial=True)
+    run_plan(load_spec(spec_path), str(plan), placement=Placement(serial=True))
     data = root / "data.zarr"
     write_synthetic(load_spec(spec_path), UNITS, data, seed=1, chunk_units=CHUNK)
     return {"plan": str(plan), "data": str(data)}
@@ -52,7 +53,7 @@ def test_chunk_sync_names_every_chunk_file_of_the_store(inputs, tmp_path):
     """The driver fsyncs each finished chunk's files while later chunks run (ChunkSync);
     the files it names are exactly the chunk files zarr wrote, so the seal's fsync finds them clean."""
     out = tmp_path / "synced.zarr"
-    result = run_release(inputs["plan"], inputs["data"], out, seed=SEED, serial=True, fsync=False)
+    result = run_release(inputs["plan"], inputs["data"], out, seed=SEED, placement=Placement(serial=True), fsync=False)
     root = zarr.open_group(store=str(out), mode="r+")
     sync = ChunkSync(root, out, UNITS, CHUNK)
     try:
@@ -72,7 +73,7 @@ def test_answer_arrays_codecs_and_chunks(inputs, tmp_path):
     """Answer arrays use ANSWER_COMPRESSORS (the benchmark's baseline writes the same) and
     answer_chunks: rows dividing the data's chunk, so each release chunk owns whole zarr chunks."""
     out = tmp_path / "codecs.zarr"
-    run_release(inputs["plan"], inputs["data"], out, seed=SEED, serial=True, fsync=False)
+    run_release(inputs["plan"], inputs["data"], out, seed=SEED, placement=Placement(serial=True), fsync=False)
     release = read_release(out)
     expected = zarr.create_array({}, shape=(4, 4), dtype="f8", compressors=ANSWER_COMPRESSORS).compressors
     for arr in [release.answers] + [release.block_answers(b) for b in release.block_ids]:
@@ -97,7 +98,7 @@ def test_seal_checksum_is_the_store_checksum(inputs, tmp_path, string_ids):
         strings = group.create_array("unit_ids", shape=ids.shape, dtype=str, chunks=(CHUNK,))
         strings[...] = np.array([f"unit-{i:04d}-é" for i in ids], dtype=object)
     out = tmp_path / "sealed.zarr"
-    result = run_release(inputs["plan"], str(data), out, seed=SEED, serial=True, fsync=False)
+    result = run_release(inputs["plan"], str(data), out, seed=SEED, placement=Placement(serial=True), fsync=False)
     group = zarr.open_group(store=str(out), mode="r")
     assert (np.dtype(group["unit_ids"].dtype).kind in "TUO") == string_ids
     seal_read = compute_checksum(group, threads=release_chunks.SEAL_READ_THREADS,
@@ -119,7 +120,7 @@ def test_reader_refusals_and_state(inputs, tmp_path):
     with pytest.raises(FileExistsError, match="not a distfit release store"):
         release_state(Path(inputs["plan"]))
     out = tmp_path / "sealed.zarr"
-    run_release(inputs["plan"], inputs["data"], out, seed=SEED, serial=True, fsync=False)
+    run_release(inputs["plan"], inputs["data"], out, seed=SEED, placement=Placement(serial=True), fsync=False)
     assert release_state(out) == "sealed"
     answers = zarr.open_array(str(out / "queries/answers"), mode="r+")
     answers[0, 0] = answers[0, 0] + 1.0
@@ -139,8 +140,8 @@ def test_a_packed_plan_releases_what_the_blocks_give_for_the_same_draws(tmp_path
     spec = marginals_spec([3, 4, 2, 3], 2, [1.0, 2.0, 3.0, 1.0, 2.0, 3.0], name="packed-release")
     write_packed_plan(tmp_path / "packed.zarr", spec, explicit=explicit)
     data = write_synthetic(parse_spec(spec), 20, tmp_path / "data.zarr", seed=1, chunk_units=8, fsync=False)
-    run_release(tmp_path / "packed.zarr", data, tmp_path / "packed-release.zarr", seed=7, serial=True,
-                log=io.StringIO(), fsync=False)
+    run_release(tmp_path / "packed.zarr", data, tmp_path / "packed-release.zarr", seed=7,
+                placement=Placement(serial=True), log=io.StringIO(), fsync=False)
     release = read_release(tmp_path / "packed-release.zarr")
     assert verify_release(tmp_path / "packed-release.zarr")[0]
     plan = read_plan(tmp_path / "packed.zarr")

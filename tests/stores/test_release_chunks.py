@@ -19,6 +19,7 @@ from distfit.stores.checksum import compute_checksum
 from distfit.stores.data import write_synthetic
 from distfit.stores.release import seal
 from distfit.stores.release_chunks import ChunkWriter, ReleaseHasher, raw_chunks, read_rows
+from distfit.runtime.placement import Placement
 
 ROWS, CHUNK = 23, 5  # the last chunk holds 3 rows: stored padded to 5
 
@@ -78,7 +79,7 @@ def release(small_plan, tmp_path_factory):
     data = root / "data.zarr"
     write_synthetic(small_plan.spec, 50, data, seed=1, chunk_units=8)
     out = root / "r.zarr"
-    result = run_release(small_plan.plan, data, out, seed=3, serial=True, fsync=False)
+    result = run_release(small_plan.plan, data, out, seed=3, placement=Placement(serial=True), fsync=False)
     return {"path": out, "checksum": result.checksum, "plan": small_plan.plan}
 
 

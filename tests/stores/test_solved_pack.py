@@ -27,6 +27,7 @@ from distfit.stores.plan import (
 )
 from distfit.stores.plan_writer import PlanWriter
 from distfit.stores.solved_pack import RAGGED, TABLES, SolvedBlocks, pack_solved
+from distfit.runtime.placement import Placement
 from tests.clitools import run
 from tests.packed_plans import marginals_spec, packed_plan_parts, select
 from tests.reference import SMALL_SPEC
@@ -60,7 +61,8 @@ def plans(tmp_path_factory):
         spec = parse_spec(content)
         with pytest.MonkeyPatch.context() as patch:
             patch.setattr(job, "SOLVED_PACK_MIN_BLOCKS", 2)
-            plan, _ = job.run_plan(spec, str(root / f"{name}-packed.zarr"), serial=True, log=io.StringIO())
+            plan, _ = job.run_plan(spec, str(root / f"{name}-packed.zarr"), placement=Placement(serial=True),
+                                   log=io.StringIO())
         assert 2 <= len(plan.blocks) < SOLVED_PACK_MIN_BLOCKS
         job.write_plan(spec, plan, str(root / f"{name}-groups.zarr"))
         out[name] = (root / f"{name}-packed.zarr", root / f"{name}-groups.zarr", spec, plan)

@@ -29,6 +29,7 @@ from distfit.stores.checksum import compute_checksum
 from distfit.stores.data import cell_labels, open_data, read_histograms, read_marginals, value_labels, write_synthetic
 from distfit.stores.plan import read_plan, verify_checksum
 from distfit.stores.release import read_release, verify_release
+from distfit.runtime.placement import Placement
 from tests.reference import SMALL_SPEC
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -63,7 +64,8 @@ def stores(small_plan, tmp_path_factory):
     run.mkdir()
     shutil.copytree(small_plan.plan, run / "plan.zarr")
     write_synthetic(small_plan.spec, UNITS, run / "data.zarr", seed=1, chunk_units=CHUNK, fsync=False)
-    run_release(run / "plan.zarr", run / "data.zarr", run / "release.zarr", seed=SEED, serial=True, fsync=False)
+    run_release(run / "plan.zarr", run / "data.zarr", run / "release.zarr", seed=SEED, placement=Placement(serial=True),
+                fsync=False)
 
     # microdata with string unit ids, for the same schema (a spec with a unit column)
     spec_path = root / "people.yaml"
@@ -75,8 +77,8 @@ def stores(small_plan, tmp_path_factory):
     plan = read_plan(run / "plan.zarr")
     tabulate_microdata(load_spec(spec_path), root / "people.csv", root / "marginals.zarr", fsync=False,
                        cover=[plan.block(b).attributes for b in plan.block_ids], chunk_units=3)
-    run_release(run / "plan.zarr", root / "marginals.zarr", root / "release-str.zarr", seed=SEED, serial=True,
-                fsync=False)
+    run_release(run / "plan.zarr", root / "marginals.zarr", root / "release-str.zarr", seed=SEED,
+                placement=Placement(serial=True), fsync=False)
     return {"root": root, "run": run, "plan": run / "plan.zarr", "data": run / "data.zarr",
             "release": run / "release.zarr", "marginals": root / "marginals.zarr",
             "release_str": root / "release-str.zarr", "spec": small_plan.spec}
@@ -275,7 +277,7 @@ def test_stores_without_dimension_names_are_still_read(stores, tmp_path):
 
     # an old plan and old data make a new release, which opens in xarray
     out = tmp_path / "new-from-old.zarr"
-    run_release(plan, old_data["data"], out, seed=SEED, serial=True, fsync=False)
+    run_release(plan, old_data["data"], out, seed=SEED, placement=Placement(serial=True), fsync=False)
     np.testing.assert_array_equal(read_release(out).answers[...], read_release(stores["release"]).answers[...])
     np.testing.assert_array_equal(_tree(out)["queries"]["answers"].sel(unit=3).values, read_release(out).answers[3])
 
@@ -293,10 +295,11 @@ def test_an_old_incomplete_release_resumes_in_its_own_layout(stores, tmp_path):
         raise _Stop
 
     with pytest.raises(_Stop):
-        run_release(stores["plan"], stores["data"], started, seed=SEED, serial=True, fsync=False,
+        run_release(stores["plan"], stores["data"], started, seed=SEED, placement=Placement(serial=True), fsync=False,
                     after_chunk=stop_after_one)
     old = _as_written_before(started, tmp_path / "old.zarr")
-    result = run_release(stores["plan"], stores["data"], old, seed=SEED, serial=True, fsync=False, resume=True)
+    result = run_release(stores["plan"], stores["data"], old, seed=SEED, placement=Placement(serial=True), fsync=False,
+                         resume=True)
     assert result.chunks == -(-UNITS // CHUNK)
     assert verify_release(old)[0] and not (old / "unit").exists()
     np.testing.assert_array_equal(read_release(old).answers[...], read_release(stores["release"]).answers[...])
@@ -317,9 +320,10 @@ def test_readme_example_runs(tmp_path, capsys):
     """The README's example, run as written on a small pl94 run (its query label is pl94's)."""
     run = tmp_path / "run"
     spec = load_spec(ROOT / "pipelines" / "pl94.yaml")
-    run_plan(spec, str(run / "plan.zarr"), serial=True, log=io.StringIO())
+    run_plan(spec, str(run / "plan.zarr"), placement=Placement(serial=True), log=io.StringIO())
     write_synthetic(spec, 60, run / "data.zarr", seed=3, chunk_units=25, fsync=False)
-    run_release(run / "plan.zarr", run / "data.zarr", run / "release.zarr", seed=SEED, serial=True, fsync=False)
+    run_release(run / "plan.zarr", run / "data.zarr", run / "release.zarr", seed=SEED, placement=Placement(serial=True),
+                fsync=False)
     code = _readme_example()
     assert 'run = "runs/default"' in code
     exec(compile(code.replace('run = "runs/default"', f"run = {str(run)!r}"), "README.md", "exec"), {})

@@ -1,0 +1,168 @@
+"""Sealing and verification: the one path by which every sealed store is checksummed, opened and
+checked (plans, releases, estimates).
+
+A sealed store is a Zarr v3 group whose root attrs say ``complete=True`` and carry ``checksum``:
+:func:`distfit.stores.checksum.compute_checksum` over its arrays and, where the store's
+:data:`ClaimRule` says so, over the attrs that state its claims (a plan of format version 2 or
+later: :func:`distfit.stores.plan.plan_checksum_claims`; releases and estimates: the arrays only,
+:func:`arrays_only`, their format unchanged). Each store module names its rule once, and
+
+- writers take the checksum with :func:`seal_checksum` (the plan writer's ``finish``, the seal of
+  a store written chunk by chunk, :func:`distfit.stores.release_chunks.seal_chunked`);
+- readers open with :func:`open_sealed` (every refusal: missing, an interrupted write's staging
+  directory, not this kind of store, a newer format, not complete, no checksum) and check the
+  checksum with :func:`verify_opened` / :func:`verify_sealed` under the same rule;
+- a store built in place and sealed chunk by chunk (a release, an estimate) is one
+  :class:`SealedKind` value: its format, version, error, rule and reader class, with the reader,
+  the verifier and the writer's state checks as its methods.
+
+So a store kind's claims and its refusals are decided in one place; a rule that starts covering
+more attrs (issue 28: release and estimate attrs) changes here and in the kind's format version,
+nowhere else.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import zarr
+
+from distfit.stores.checksum import Reader, compute_checksum
+from distfit.stores.files import PARENT_IDS, check_format, check_store_kind, open_store, store_state
+
+__all__ = [
+    "ClaimRule",
+    "SealedKind",
+    "SealedStore",
+    "arrays_only",
+    "open_sealed",
+    "seal_checksum",
+    "verify_opened",
+    "verify_sealed",
+]
+
+#: A store kind's rule: from its root attrs and group, the attrs its checksum covers (the
+#: version-2 digest), or None for the arrays only (version 1).
+ClaimRule = Callable[[Mapping[str, Any], zarr.Group], "Mapping[str, Any] | None"]
+
+
+def arrays_only(_attrs: Mapping[str, Any], _group: zarr.Group) -> None:
+    """The rule of releases and estimates (format 1 to today): the checksum covers the arrays only."""
+    return None
+
+
+def seal_checksum(group: zarr.Group, attrs: Mapping[str, Any], claims: ClaimRule = arrays_only, *,
+                  threads: int | None = None, read_bytes: int | None = None, read: Reader | None = None) -> str:
+    """The checksum a store of root ``attrs`` is sealed with under its rule ``claims`` (how it
+    reads: :func:`distfit.stores.checksum.compute_checksum`'s ``threads``, ``read_bytes``,
+    ``read``; the digest never depends on them)."""
+    return compute_checksum(group, attrs=claims(attrs, group), threads=threads, read_bytes=read_bytes, read=read)
+
+
+def open_sealed(path: str | os.PathLike, kind: str, version: int, error: type[Exception], *,
+                unfinished: str | None = None) -> tuple[Path, zarr.Group, dict]:
+    """Open the sealed store of ``kind`` (its ``distfit_format``, and its command) at ``path``
+    read-only: :func:`distfit.stores.files.open_store` and
+    :func:`distfit.stores.files.check_format`, then refuse one not complete (``unfinished``: the
+    reason given, by default ``the <kind> is incomplete (interrupted or still running); finish it
+    with distfit <kind> --resume``) or without a checksum. Raises ``error``; returns
+    ``(path, group, root attrs)``."""
+    p, group, attrs = open_store(path, kind, error)
+    check_format(p, attrs, kind, version, error)
+    if attrs.get("complete") is not True:
+        raise error(f"{p}: " + (unfinished or f"the {kind} is incomplete (interrupted or still running); "
+                                              f"finish it with distfit {kind} --resume"))
+    checksum = attrs.get("checksum")
+    if not isinstance(checksum, str) or not checksum:
+        raise error(f"{p}: the {kind} has no checksum")
+    return p, group, attrs
+
+
+def verify_opened(group: zarr.Group, attrs: Mapping[str, Any], claims: ClaimRule = arrays_only
+                  ) -> tuple[bool, str, str]:
+    """``(ok, stored, recomputed)``: the checksum of an opened sealed store (:func:`open_sealed`)
+    recomputed under its rule and compared with the one its attrs state."""
+    stored = str(attrs["checksum"])
+    recomputed = seal_checksum(group, attrs, claims)
+    return stored == recomputed, stored, recomputed
+
+
+def verify_sealed(path: str | os.PathLike, kind: str, version: int, error: type[Exception],
+                  claims: ClaimRule = arrays_only) -> tuple[bool, str, str]:
+    """:func:`open_sealed` (its refusals), then :func:`verify_opened` under ``claims``."""
+    _p, group, attrs = open_sealed(path, kind, version, error)
+    return verify_opened(group, attrs, claims)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class SealedStore:
+    """What every sealed store built chunk by chunk (a release, an estimate) gives its reader:
+    its path, root attrs, checksum, query labels and lazy arrays by unit (``unit_ids``, and
+    ``parent_ids`` where the units have geography). Opened by :func:`open_sealed`."""
+
+    path: str
+    attrs: dict
+    _group: Any = dataclasses.field(repr=False)
+
+    @property
+    def checksum(self) -> str:
+        return self.attrs["checksum"]
+
+    @property
+    def labels(self) -> list[str] | None:
+        return self._group["queries"].attrs.get("labels")
+
+    @property
+    def unit_ids(self):
+        return self._group["unit_ids"]
+
+    @property
+    def parent_ids(self):
+        """Each unit's parent id (a lazy array), or None when the units have no geography."""
+        return self._group[PARENT_IDS] if PARENT_IDS in self._group else None
+
+    @property
+    def parent_column(self) -> str | None:
+        """The data column the parent ids were read from (None without parent ids)."""
+        return self.attrs.get("parent_column") if PARENT_IDS in self._group else None
+
+
+@dataclasses.dataclass(frozen=True)
+class SealedKind:
+    """One kind of store built in place and sealed (a release, an estimate): its
+    ``distfit_format`` ``name``, the format ``version`` this distfit reads and writes, the
+    ``error`` its readers raise, its sealing rule ``claims`` and its ``reader`` class (a
+    :class:`SealedStore`). The store module declares it once and reads, verifies and checks its
+    stores through it."""
+
+    name: str
+    version: int
+    error: type[Exception]
+    reader: type[SealedStore]
+    claims: ClaimRule = arrays_only
+
+    def open(self, path: str | os.PathLike) -> tuple[Path, zarr.Group, dict]:
+        """:func:`open_sealed` for this kind."""
+        return open_sealed(path, self.name, self.version, self.error)
+
+    def read(self, path: str | os.PathLike) -> SealedStore:
+        """The sealed store at ``path`` opened for reading, or ``error`` saying why it is refused
+        (missing, staging directory, another kind, newer format, incomplete, no checksum)."""
+        p, group, attrs = self.open(path)
+        return self.reader(path=str(p), attrs=attrs, _group=group)
+
+    def verify(self, path: str | os.PathLike) -> tuple[bool, str, str]:
+        """``(ok, stored, recomputed)`` checksum of the sealed store at ``path`` under ``claims``."""
+        return verify_sealed(path, self.name, self.version, self.error, self.claims)
+
+    def state(self, path: Path) -> str:
+        """``"absent"``, ``"sealed"`` or ``"incomplete"`` at ``path``; FileExistsError for anything
+        else (:func:`distfit.stores.files.store_state`)."""
+        return store_state(path, self.name, self.name)
+
+    def check_replaceable(self, path: Path) -> None:
+        """Refuse (FileExistsError) to replace anything at ``path`` but a store of this kind."""
+        check_store_kind(path, self.name, self.name)
