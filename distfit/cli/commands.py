@@ -14,7 +14,8 @@ import argparse
 import os
 import time
 
-from distfit.cli.errors import PROG, UsageError
+from distfit.cli.errors import UsageError
+from distfit.cli.summary import print_summary
 from distfit.runtime.cluster import placement_client
 from distfit.data.microdata import tabulate_microdata
 from distfit.estimate.job import run_estimate
@@ -42,12 +43,13 @@ def cmd_synth(args: argparse.Namespace) -> int:
     seconds = time.perf_counter() - started
     data = read_histograms(path)
     attrs = data.attrs
-    print(f"{PROG}: synth {path}")
-    print(f"  units          {data.units}  (chunks of {data.chunk_units})")
-    print(f"  cells          {data.cells}  ({' x '.join(map(str, attrs['schema']['sizes']))})")
-    print(f"  total people   {attrs['total_people']}")
-    print(f"  seed           {attrs['seed']}  (synthetic data, not private)")
-    print(f"  seconds        {seconds:.1f}")
+    print_summary(f"synth {path}", [
+        ("units", f"{data.units}  (chunks of {data.chunk_units})"),
+        ("cells", f"{data.cells}  ({' x '.join(map(str, attrs['schema']['sizes']))})"),
+        ("total people", attrs["total_people"]),
+        ("seed", f"{attrs['seed']}  (synthetic data, not private)"),
+        ("seconds", f"{seconds:.1f}"),
+    ])
     return 0
 
 
@@ -62,17 +64,15 @@ def cmd_release(args: argparse.Namespace) -> int:
         placement=args.placement,
     )
     rate = result.units_drawn / result.seconds if result.seconds > 0 else float("nan")
-    print(f"{PROG}: release {result.path}")
-    if result.tabulated is not None:
-        print(f"  data           {result.data}  (microdata {args.data}, {result.tabulated})")
-    print(f"  units          {result.units}  ({result.chunks} chunks, {result.chunks_drawn} drawn now"
-          f"{', resumed' if result.resumed else ''})")
-    print(f"  queries        {result.queries}  ({result.blocks} blocks)")
-    print(f"  seconds        {result.seconds:.1f}  ({rate:.1f} units/s)")
-    print(f"  plan checksum  {result.plan_checksum}")
-    print(f"  checksum       {result.checksum}  (sealed)")
-    if not result.private:
-        print("  NOT PRIVATE    released with a fixed --seed (tests only)")
+    tabulated = [] if result.tabulated is None else [("data", f"{result.data}  (microdata {args.data}, {result.tabulated})")]
+    print_summary(f"release {result.path}", tabulated + [
+        ("units", f"{result.units}  ({result.chunks} chunks, {result.chunks_drawn} drawn now"
+                  f"{', resumed' if result.resumed else ''})"),
+        ("queries", f"{result.queries}  ({result.blocks} blocks)"),
+        ("seconds", f"{result.seconds:.1f}  ({rate:.1f} units/s)"),
+        ("plan checksum", result.plan_checksum),
+        ("checksum", f"{result.checksum}  (sealed)"),
+    ] + ([] if result.private else [("NOT PRIVATE", "released with a fixed --seed (tests only)")]))
     return 0
 
 
@@ -85,17 +85,17 @@ def cmd_estimate(args: argparse.Namespace) -> int:
                           overwrite=args.overwrite, method=args.method, placement=args.placement)
     rate = result.units_done_now / result.seconds if result.seconds > 0 else float("nan")
     fit = result.fit
-    print(f"{PROG}: estimate {result.path}")
-    print(f"  units          {result.units}  ({result.chunks} chunks, {result.chunks_done_now} estimated now"
-          f"{', resumed' if result.resumed else ''})")
-    print(f"  queries        {result.queries}  (cells {result.cells})")
-    print(f"  method         {result.method}, {'integer' if result.integer else 'real'} estimates, nonnegative "
-          f"and consistent")
-    print(f"  fit            objective mean {fit['objective_mean']:.6g}, at most {fit['iterations_max']} iterations, "
-          f"{fit['unconverged_units']} units unconverged")
-    print(f"  seconds        {result.seconds:.1f}  ({rate:.1f} units/s)")
-    print(f"  release checksum  {result.release_checksum}")
-    print(f"  checksum       {result.checksum}  (sealed)")
+    print_summary(f"estimate {result.path}", [
+        ("units", f"{result.units}  ({result.chunks} chunks, {result.chunks_done_now} estimated now"
+                  f"{', resumed' if result.resumed else ''})"),
+        ("queries", f"{result.queries}  (cells {result.cells})"),
+        ("method", f"{result.method}, {'integer' if result.integer else 'real'} estimates, nonnegative and consistent"),
+        ("fit", f"objective mean {fit['objective_mean']:.6g}, at most {fit['iterations_max']} iterations, "
+                f"{fit['unconverged_units']} units unconverged"),
+        ("seconds", f"{result.seconds:.1f}  ({rate:.1f} units/s)"),
+        ("release checksum", result.release_checksum),
+        ("checksum", f"{result.checksum}  (sealed)"),
+    ])
     return 0
 
 
@@ -123,13 +123,13 @@ def cmd_tabulate(args: argparse.Namespace) -> int:
     data = read_marginals(path)
     attrs = data.attrs
     largest = max(data.clique_cells(i) for i in range(len(data.cliques)))
-    print(f"{PROG}: tabulate {path}")
-    print(f"  source         {args.data}  ({attrs['source']['format']}, {attrs['source']['rows']} rows)")
-    print(f"  units          {data.units}  (chunks of {data.chunk_units})")
     shown = "; ".join(" x ".join(c) or "total" for c in data.cliques[:4])
-    print(f"  cliques        {len(data.cliques)}  (largest {largest} cells): {shown}"
-          + ("; ..." if len(data.cliques) > 4 else ""))
-    print(f"  seconds        {seconds:.1f}")
+    print_summary(f"tabulate {path}", [
+        ("source", f"{args.data}  ({attrs['source']['format']}, {attrs['source']['rows']} rows)"),
+        ("units", f"{data.units}  (chunks of {data.chunk_units})"),
+        ("cliques", f"{len(data.cliques)}  (largest {largest} cells): {shown}" + ("; ..." if len(data.cliques) > 4 else "")),
+        ("seconds", f"{seconds:.1f}"),
+    ])
     return 0
 
 
@@ -138,17 +138,17 @@ def cmd_report(args: argparse.Namespace) -> int:
     (``distfit.report.page.write_report``)."""
     result = write_report(args.plan, args.out, release_path=args.release, data_path=args.data,
                           estimate_path=args.estimate)
-    print(f"{PROG}: report {result.path}/index.html")
-    print(f"  plots          {len(result.plots)}  ({', '.join(result.plots)})")
+    rows = [("plots", f"{len(result.plots)}  ({', '.join(result.plots)})")]
     if result.calibration is not None:
         c = result.calibration
-        print(f"  calibration    {c['within_1.96sd']:.2%} of {c['count']} answers within 1.96 sd "
-              f"(95% expected), {c['within_1sd']:.2%} within 1 sd (68.3%)")
+        rows.append(("calibration", f"{c['within_1.96sd']:.2%} of {c['count']} answers within 1.96 sd "
+                                    f"(95% expected), {c['within_1sd']:.2%} within 1 sd (68.3%)"))
     if result.baselines:
         shown = ", ".join(f"{k} {v:.4g}" for k, v in sorted(result.baselines.items()))
-        print(f"  baselines      max variance/target: {shown}")
+        rows.append(("baselines", f"max variance/target: {shown}"))
     else:
-        print(f"  baselines      {result.baseline_note}")
+        rows.append(("baselines", result.baseline_note))
+    print_summary(f"report {result.path}/index.html", rows)
     return 0
 
 
@@ -164,30 +164,33 @@ def cmd_run(args: argparse.Namespace) -> int:
                  integer=args.integer)
     if multilevel:
         account = result.account
-        print(f"{PROG}: run {result.rundir} ({len(result.levels)} levels, sequential composition)")
-        print(f"  spec hash      {result.spec_hash}")
-        print(f"  people         {result.people}")
+        rows = [("spec hash", result.spec_hash), ("people", result.people)]
         for name, level in result.levels.items():
-            print(f"  level {name:<9s} alpha {account['levels'][name]:.6g}  {level.rundir}  "
-                  f"(plan {level.stages.get('plan')}, release {level.stages.get('release')})")
-            print(f"                 report {os.path.join(level.report, 'index.html')}")
-        print(f"  privacy        alpha {account['alpha']:.6g} ({'exact' if account['alpha_exact'] else 'sum bound'}), "
-              f"rho {account['rho']:.6g}")
-        print(f"  manifest       {result.manifest}")
-        print(f"  seconds        {result.timings.get('total', 0.0):.1f}")
+            rows.append((f"level {name}", f"alpha {account['levels'][name]:.6g}  {level.rundir}  "
+                                              f"(plan {level.stages.get('plan')}, release {level.stages.get('release')})"))
+            rows.append(("", f"report {os.path.join(level.report, 'index.html')}"))
+        print_summary(f"run {result.rundir} ({len(result.levels)} levels, sequential composition)", rows + [
+            ("privacy", f"alpha {account['alpha']:.6g} ({'exact' if account['alpha_exact'] else 'sum bound'}), "
+                        f"rho {account['rho']:.6g}"),
+            ("manifest", result.manifest),
+            ("seconds", f"{result.timings.get('total', 0.0):.1f}"),
+        ])
         return 0
     stages = result.stages
-    print(f"{PROG}: run {result.rundir}")
-    print(f"  spec hash      {result.spec_hash}")
-    print(f"  plan           {result.plan}  ({stages.get('plan')}, audit {stages.get('audit')})")
-    print(f"  data           {result.data}  ({stages.get('data')})")
-    print(f"  release        {result.release}  ({stages.get('release')})")
+    rows = [
+        ("spec hash", result.spec_hash),
+        ("plan", f"{result.plan}  ({stages.get('plan')}, audit {stages.get('audit')})"),
+        ("data", f"{result.data}  ({stages.get('data')})"),
+        ("release", f"{result.release}  ({stages.get('release')})"),
+    ]
     if result.estimate is not None:
         integer = result.manifest_data["estimate"]["integer"]
-        print(f"  estimate       {result.estimate}  ({stages.get('estimate')}, {'integer' if integer else 'real'})")
-    print(f"  manifest       {result.manifest}")
-    print(f"  plan checksum  {result.plan_checksum}")
-    print(f"  release checksum  {result.release_checksum}")
-    print(f"  seconds        {result.timings.get('total', 0.0):.1f}")
-    print(f"  report         {os.path.join(result.report, 'index.html')}")
+        rows.append(("estimate", f"{result.estimate}  ({stages.get('estimate')}, {'integer' if integer else 'real'})"))
+    print_summary(f"run {result.rundir}", rows + [
+        ("manifest", result.manifest),
+        ("plan checksum", result.plan_checksum),
+        ("release checksum", result.release_checksum),
+        ("seconds", f"{result.timings.get('total', 0.0):.1f}"),
+        ("report", os.path.join(result.report, "index.html")),
+    ])
     return 0

@@ -13,6 +13,7 @@ import argparse
 from distfit.audit.plan import audit_plan
 from distfit.cli.errors import PROG
 from distfit.cli.solve import format_number
+from distfit.cli.summary import print_summary
 from distfit.plan.job import run_plan
 from distfit.spec.parse import load_spec
 
@@ -23,12 +24,13 @@ def cmd_plan(args: argparse.Namespace) -> int:
     plan, checksum = run_plan(load_spec(args.spec), args.out, placement=args.placement, overwrite=args.overwrite,
                               refine_rounds=args.refine_rounds)
     kind = plan.alpha_kind
-    print(f"{PROG}: plan {args.out}")
-    print(f"  blocks         {plan.num_blocks}  ({plan.composition})")
-    print(f"  privacy cost   alpha = {format_number(plan.alpha)}  [{kind}]   rho = {format_number(plan.rho)}")
-    print(f"  max variance/target  {plan.max_variance_ratio:.6f}")
-    print(f"  checksum       {checksum}")
-    print(f"  seconds        {plan.seconds:.1f}")
+    print_summary(f"plan {args.out}", [
+        ("blocks", f"{plan.num_blocks}  ({plan.composition})"),
+        ("privacy cost", f"alpha = {format_number(plan.alpha)}  [{kind}]   rho = {format_number(plan.rho)}"),
+        ("max variance/target", f"{plan.max_variance_ratio:.6f}"),
+        ("checksum", checksum),
+        ("seconds", f"{plan.seconds:.1f}"),
+    ])
     return 0
 
 
