@@ -4,7 +4,7 @@ answers, and its cost.
 Usage::
 
     python benchmarks/bench_graphical.py appgm [--k 4 8 16] [--trials 2] [--sd 10] [--tol 1e-12] [--iterations 10000]
-    python benchmarks/bench_graphical.py adult --plan PLAN.zarr [--data ../shared/data/adult.csv]
+    python benchmarks/bench_graphical.py adult --plan PLAN.zarr [--data pipelines/data/adult.csv]
 
 ``appgm``: APPGM's setting (papers/004, section 5.1): 8 attributes of 4 values, k random 3-way
 marginals measured with Gaussian noise (standard deviation ``--sd``), N = 10,000 records drawn
@@ -267,7 +267,7 @@ def main() -> None:
     appgm.add_argument("--iterations", type=int, default=10_000)
     adult = sub.add_parser("adult")
     adult.add_argument("--plan", required=True)
-    adult.add_argument("--data", default=str(ROOT.parent / "shared" / "data" / "adult.csv"))
+    adult.add_argument("--data", default=str(ROOT / "pipelines" / "data" / "adult.csv"))
     adult.add_argument("--iterations", type=int, default=graphical.ITERATIONS)
     args = parser.parse_args()
     bench_appgm(args) if args.command == "appgm" else bench_adult(args)

@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -95,6 +95,20 @@ def add_cluster_options(parser: argparse.ArgumentParser, serial_help: str) -> No
     parser.add_argument("--serial", action="store_true", help=serial_help)
 
 
+#: The metavar of each input a pipeline command names as a positional argument (:func:`add_inputs`).
+INPUT_METAVARS = {"spec": "SPEC.yaml", "plan": "PLAN.zarr", "release": "RELEASE.zarr"}
+
+
+def add_inputs(parser: argparse.ArgumentParser, *inputs: str, out: str | None = None, **last: Any) -> None:
+    """A pipeline command's positional ``inputs``, each shown as :data:`INPUT_METAVARS` says
+    (``last``: more keywords of the last one, as ``nargs="?"``), then, given its metavar
+    ``out``, the required ``--out`` it writes: the arguments every pipeline command starts with."""
+    for name in inputs:
+        parser.add_argument(name, metavar=INPUT_METAVARS[name], **(last if name == inputs[-1] else {}))
+    if out is not None:
+        parser.add_argument("--out", required=True, metavar=out)
+
+
 def placement_of(args: argparse.Namespace) -> Placement | None:
     """The one :class:`distfit.runtime.placement.Placement` of a command's ``--cluster``,
     ``--workers`` and ``--serial`` (None for a command without them), checked as it is made
@@ -140,8 +154,7 @@ def build_parser() -> argparse.ArgumentParser:
         "plan", help="plan a pipeline spec: blocks on a Dask cluster, stitched account, Zarr plan store",
         description="Decompose the spec's workload into blocks, solve them on a Dask cluster and write the plan store.",
     )
-    plan_parser.add_argument("spec", metavar="SPEC.yaml")
-    plan_parser.add_argument("--out", required=True, metavar="PLAN.zarr")
+    add_inputs(plan_parser, "spec", out="PLAN.zarr")
     add_cluster_options(plan_parser, serial_help="solve the blocks in this process, without Dask")
     plan_parser.add_argument("--overwrite", action="store_true", help="replace a plan already at --out")
     plan_parser.add_argument("--refine-rounds", type=int, default=2, metavar="R", help="target-share refinement rounds (default 2)")
@@ -149,14 +162,14 @@ def build_parser() -> argparse.ArgumentParser:
     audit_parser = commands.add_parser(
         "audit", help="recompute a plan's profiles, alpha and variances from its stored arrays; exit 1 on mismatch",
     )
-    audit_parser.add_argument("plan", metavar="PLAN.zarr")
+    add_inputs(audit_parser, "plan")
 
     synth_parser = commands.add_parser(
         "synth", help="write synthetic unit histograms with the spec's schema (not private data)",
         description="Synthesise N units (skewed populations and categories, correlated attributes) as a "
                     "Zarr histograms store (units x cells), chunk by chunk, atomically.",
     )
-    synth_parser.add_argument("spec", metavar="SPEC.yaml")
+    add_inputs(synth_parser, "spec")
     synth_parser.add_argument("--units", required=True, type=int, metavar="N", help="number of units (>= 1)")
     synth_parser.add_argument("--out", required=True, metavar="DATA.zarr")
     synth_parser.add_argument("--seed", type=int, metavar="S", help="seed (default: fresh, stored in the data)")
@@ -169,7 +182,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Per block and chunk of units draw z = chol(Sigma) xi and write L (B x + z) and each "
                     "query's answer to a release store (one Dask task per chunk); resumable, sealed with a checksum.",
     )
-    release_parser.add_argument("plan", metavar="PLAN.zarr")
+    add_inputs(release_parser, "plan")
     release_parser.add_argument("--data", required=True, metavar="DATA",
                                 help="a data store (distfit synth or distfit tabulate), or microdata: .csv, .csv.gz, "
                                      ".parquet, .pq or a directory of Parquet files (tabulated into RELEASE.zarr.data.zarr)")
@@ -188,9 +201,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "task per release chunk); reads the plan and the release only, never the data; resumable, "
                     "sealed with a checksum.",
     )
-    estimate_parser.add_argument("plan", metavar="PLAN.zarr")
-    estimate_parser.add_argument("release", metavar="RELEASE.zarr")
-    estimate_parser.add_argument("--out", required=True, metavar="ESTIMATE.zarr")
+    add_inputs(estimate_parser, "plan", "release", out="ESTIMATE.zarr")
     estimate_parser.add_argument("--integer", action="store_true",
                                  help="integer estimates: each unit's cells rounded, its total kept")
     estimate_parser.add_argument("--method", default="auto",
@@ -208,7 +219,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "partitions and write, per unit, the counts of each maximal query clique as a Zarr "
                     "marginals store (atomically); bad rows are reported by line.",
     )
-    tabulate_parser.add_argument("spec", metavar="SPEC.yaml")
+    add_inputs(tabulate_parser, "spec")
     tabulate_parser.add_argument("--data", required=True, metavar="PEOPLE",
                                  help="microdata: .csv, .csv.gz, .parquet, .pq or a directory of Parquet files")
     tabulate_parser.add_argument("--out", required=True, metavar="DATA.zarr")
@@ -229,9 +240,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "answers. Written atomically; DIR may be missing, "
                     "empty or an earlier report (replaced); any other non-empty DIR is refused.",
     )
-    report_parser.add_argument("plan", metavar="PLAN.zarr")
-    report_parser.add_argument("release", metavar="RELEASE.zarr", nargs="?", default=None)
-    report_parser.add_argument("--out", required=True, metavar="DIR")
+    add_inputs(report_parser, "plan", "release", out="DIR", nargs="?", default=None)
     report_parser.add_argument("--data", metavar="DATA.zarr",
                                help="the release's data store: adds the calibration section (actual error of "
                                     "each answer against its promised sd; CONFIDENTIAL, for validation only)")
@@ -245,9 +254,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "unless --data is given, release, and write RUNDIR/manifest.json. A rerun into the same "
                     "RUNDIR reuses the plan and data, resumes a partial release and skips a sealed one.",
     )
-    run_parser.add_argument("spec", metavar="SPEC.yaml", nargs="?", default=None,
-                            help="pipeline spec (default: the embedded default pipeline, PL94)")
-    run_parser.add_argument("--out", required=True, metavar="RUNDIR")
+    add_inputs(run_parser, "spec", out="RUNDIR", nargs="?", default=None,
+               help="pipeline spec (default: the embedded default pipeline, PL94)")
     run_parser.add_argument("--data", metavar="DATA",
                             help="a data store, or microdata (.csv, .csv.gz, .parquet, .pq, a directory of Parquet "
                                  "files) tabulated into RUNDIR/data.zarr (default: synthesise RUNDIR/data.zarr)")

@@ -61,8 +61,7 @@ from distfit.estimate.job import estimate_in_run, manifest_entry
 from distfit.estimate.levels import estimate_levels, parent_columns
 from distfit.runtime.failures import RunFailure
 from distfit.runtime.placement import Placement
-from distfit.plan.planner import decompose_lazily
-from distfit.plan.job import level_profiles, run_plan, scale_plan_to_budget
+from distfit.plan.job import level_profiles, planned_decomposition, run_plan, scale_plan_to_budget
 from distfit.plan.levels import budget_shares, combine_levels
 from distfit.mathematics.privacy import Budget
 from distfit.release.job import run_release
@@ -360,10 +359,10 @@ def run_pipeline(
             # is refused before any planning (the decomposition, and so the marginals the blocks
             # need, is known without solving a block).
             tabulated: str | None = None
+            decomposition = None  # computed once: for the tabulation, then the plan
             if source is not None and not plan_path.exists():
                 t = time.perf_counter()
-                decomposition = decompose_lazily(spec.domain, spec.group_triples(),
-                                                 spec.blocks.max_cells if spec.blocks.merge else 0)
+                decomposition = planned_decomposition(spec)
                 tabulated = tabulate(decomposition.block_attributes())
                 timings["data"] = time.perf_counter() - t
 
@@ -376,7 +375,7 @@ def run_pipeline(
                 stages["plan"] = "reused"
                 print(f"distfit: reusing the plan at {plan_path} (spec hash matches)", file=log)
             else:
-                run_plan(spec, str(plan_path), placement=where.placement(), log=log)
+                run_plan(spec, str(plan_path), placement=where.placement(), log=log, decomposition=decomposition)
                 stages["plan"] = "done"
             plan = read_plan(plan_path)
             timings["plan"] = time.perf_counter() - t

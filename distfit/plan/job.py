@@ -37,9 +37,10 @@ from typing import Iterator, Sequence, TextIO
 import numpy as np
 
 from distfit import __version__
-from distfit.runtime.cluster import DaskExecutor, Progress, dask_client
+from distfit.runtime.cluster import DaskExecutor, Progress, placement_client
 from distfit.runtime.placement import Placement
 from distfit.mathematics.packing import PackedBlocks
+from distfit.plan.decomposition import Decomposition
 from distfit.plan.planner import (
     BATCH_SECONDS, JOINT_BLOCK_DUAL, SCALE_ALLOCATION, BlockRef, Executor, PlannedBlock, PlanResult, decompose_lazily, plan_blocks,
     plan_streamed, serial_executor, should_stream, write_streamed_blocks,
@@ -254,13 +255,9 @@ def finish_plan(writer: PlanWriter, spec: PipelineSpec, plan: PlanResult) -> str
 
 
 @contextlib.contextmanager
-def _executor(cluster: str | None, workers: int | None, serial: bool, log: TextIO,
-              batch_seconds: float = BATCH_SECONDS) -> Iterator[Executor]:
-    if serial:
-        yield serial_executor
-        return
-    with dask_client(cluster, workers, log=log) as client:
-        yield DaskExecutor(client, batch_seconds=batch_seconds)
+def _executor(placement: Placement, log: TextIO, batch_seconds: float = BATCH_SECONDS) -> Iterator[Executor]:
+    with placement_client(placement, log) as client:
+        yield serial_executor if client is None else DaskExecutor(client, batch_seconds=batch_seconds)
 
 
 def run_plan(
@@ -274,6 +271,7 @@ def run_plan(
     log: TextIO | None = None,
     closed_forms: bool = True,
     batch_seconds: float = BATCH_SECONDS,
+    decomposition: Decomposition | None = None,
 ) -> tuple[PlanResult, str]:
     """Spec (``distfit.spec.parse.load_spec``) to plan store at ``out``; returns the plan and its
     checksum. ``placement``: where the block solves run (:class:`distfit.runtime.placement.Placement`;
@@ -283,28 +281,38 @@ def run_plan(
     (``decomposition.decompose_lazily``): for comparisons and tests of solved blocks.
     ``refine_rounds``: 2 by default (``plan.rounds``: warm-started rounds cost about half a
     cold one; on Adult the second lowered alpha from 1.280 to 1.254). ``batch_seconds``: the least estimated work of one cluster task (``planner.batched``: small
-    blocks share tasks; 0 = one task per block). Errors: SpecError/ValueError (bad input), FileExistsError (a plan is already there),
+    blocks share tasks; 0 = one task per block). ``decomposition``: the spec's
+    (:func:`planned_decomposition`) when the caller has it already (a microdata run tabulates the
+    blocks' marginals before planning): the spec is decomposed once per run. Errors: SpecError/ValueError (bad input), FileExistsError (a plan is already there),
     cluster.ClusterError (unreachable scheduler)."""
     log = log or sys.stderr
     with store_lock(out, "plan"):  # one writer per store: a second plan job into out is refused
-        return _run_plan(spec, out, cluster=placement.cluster, workers=placement.workers, overwrite=overwrite,
-                         serial=placement.serial, refine_rounds=refine_rounds, stream=stream, log=log,
-                         closed_forms=closed_forms, batch_seconds=batch_seconds)
+        return _run_plan(spec, out, placement=placement, overwrite=overwrite, refine_rounds=refine_rounds,
+                         stream=stream, log=log, batch_seconds=batch_seconds, closed_forms=closed_forms,
+                         decomposition=decomposition)
 
 
-def _run_plan(spec: PipelineSpec, out: str, *, cluster: str | None, workers: int | None, overwrite: bool, serial: bool,
-              refine_rounds: int, stream: bool | None, log: TextIO, closed_forms: bool = True,
-              batch_seconds: float = BATCH_SECONDS) -> tuple[PlanResult, str]:
+def planned_decomposition(spec: PipelineSpec, *, closed_forms: bool = True) -> Decomposition:
+    """The spec's workload cut into blocks as :func:`run_plan` plans them
+    (``planner.decompose_lazily`` under the spec's ``blocks`` options): what a microdata run
+    tabulates before planning, handed to :func:`run_plan` so that it is computed once."""
+    return decompose_lazily(spec.domain, spec.group_triples(), spec.blocks.max_cells if spec.blocks.merge else 0,
+                            closed_forms=closed_forms)
+
+
+def _run_plan(spec: PipelineSpec, out: str, *, placement: Placement, overwrite: bool, refine_rounds: int,
+              stream: bool | None, log: TextIO, closed_forms: bool, batch_seconds: float,
+              decomposition: Decomposition | None) -> tuple[PlanResult, str]:
     PlanWriter(out, overwrite=overwrite).abort()  # refuse an existing plan before any work
-    decomposition = decompose_lazily(spec.domain, spec.group_triples(), spec.blocks.max_cells if spec.blocks.merge else 0,
-                                     closed_forms=closed_forms)
+    if decomposition is None:
+        decomposition = planned_decomposition(spec, closed_forms=closed_forms)
     decisions = list(decomposition.decisions)
     for line in decisions:
         print(f"distfit: {line}", file=log)
     budget = spec.privacy.budget
     if not (should_stream(decomposition.layouts) if stream is None else stream):
         blocks = list(decomposition.specs())
-        with _executor(cluster, workers, serial or not decomposition.layouts, log, batch_seconds) as executor:
+        with _executor(placement if decomposition.layouts else Placement(serial=True), log, batch_seconds) as executor:
             plan = plan_blocks(spec.domain, blocks, decomposition.workload.target_runs(), executor, refine_rounds, decisions, RoundProgress("plan", log),
                                closed=decomposition.closed)
         if budget is not None:
@@ -317,7 +325,7 @@ def _run_plan(spec: PipelineSpec, out: str, *, cluster: str | None, workers: int
         for block in decomposition.specs():
             refs.append(sink.save_spec(block))
             del block  # before the next one is built
-        with _executor(cluster, workers, serial or not decomposition.layouts, log, batch_seconds) as executor:
+        with _executor(placement if decomposition.layouts else Placement(serial=True), log, batch_seconds) as executor:
             plan = plan_streamed(spec.domain, refs, decomposition.workload.target_runs(), sink, executor, refine_rounds, decisions, RoundProgress("plan", log),
                                  closed=decomposition.closed)
         if budget is not None:

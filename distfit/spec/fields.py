@@ -25,6 +25,7 @@ __all__ = [
     "is_sequence",
     "check_mapping",
     "check_keys",
+    "check_section",
     "check_name",
     "check_bool",
     "check_count",
@@ -109,6 +110,17 @@ def check_keys(value: Mapping, path: str, allowed: Sequence[str], required: Sequ
     for key in required:
         if key not in value:
             raise SpecError(path, f"missing required key {key!r}")
+
+
+def check_section(value: Any, path: str, what: str, allowed: Sequence[str], required: Sequence[str] = ()
+                  ) -> Mapping:
+    """A mapping of the spec and its keys, the check every mapping of known keys starts with
+    (the spec itself, an attribute, a level, a query group, the privacy, blocks and units
+    sections, a marginals shorthand, a target rule): :func:`check_mapping` (``what`` describes
+    the expected mapping), then :func:`check_keys` (``allowed``, ``required``). Returns it."""
+    value = check_mapping(value, path, what)
+    check_keys(value, path, allowed, required)
+    return value
 
 
 def check_name(value: Any, path: str, what: str, dots: bool = False) -> str:

@@ -23,9 +23,9 @@ import numpy as np
 from distfit.spec.fields import (
     check_bool,
     check_count,
-    check_keys,
     check_mapping,
     check_name,
+    check_section,
     is_number,
     is_sequence,
     listing,
@@ -70,9 +70,8 @@ class GroupParser:
         origin: dict[str, str] = {}  # group name -> the field that gave it (for the duplicate error)
         for k, item in enumerate(given):
             entry = f"{path}[{k}]"
-            item = check_mapping(item, entry, "a query group mapping (name, attributes, total or "
-                                              "marginals, target)")
-            check_keys(item, entry, GROUP_KEYS, required=("name",))
+            item = check_section(item, entry, "a query group mapping (name, attributes, total or marginals, target)",
+                                 GROUP_KEYS, required=("name",))
             if "marginals" in item:
                 made = self._marginals(item, entry)
                 for group in made:
@@ -156,9 +155,8 @@ class GroupParser:
             if key in raw:
                 raise SpecError(path, f"give marginals or {key}, not both")
         where = f"{path}.marginals"
-        spec = check_mapping(raw["marginals"], where, "a mapping {order: K, over: [attributes], "
-                                                      "kinds: {...}, targets: {...}}")
-        check_keys(spec, where, MARGINAL_KEYS, required=("order",))
+        spec = check_section(raw["marginals"], where, "a mapping {order: K, over: [attributes], kinds: {...}, "
+                             "targets: {...}}", MARGINAL_KEYS, required=("order",))
         over = self._over(spec.get("over"), f"{where}.over")
         order = check_count(spec["order"], f"{where}.order")
         if order > len(over):

@@ -22,9 +22,9 @@ from distfit.mathematics.privacy import Budget
 from distfit.spec.fields import (
     check_bool,
     check_count,
-    check_keys,
     check_mapping,
     check_name,
+    check_section,
     is_int,
     is_number,
     is_sequence,
@@ -200,8 +200,8 @@ def load_spec(path: Union[str, os.PathLike]) -> PipelineSpec:
 
 
 def _parse_attribute(raw: Any, path: str) -> AttributeSpec:
-    raw = check_mapping(raw, path, "an attribute mapping (name, values or size, ordinal)")
-    check_keys(raw, path, ATTRIBUTE_KEYS, required=("name",))
+    raw = check_section(raw, path, "an attribute mapping (name, values or size, ordinal)", ATTRIBUTE_KEYS,
+                        required=("name",))
     name = check_name(raw["name"], f"{path}.name", "an attribute name")
     has_values = raw.get("values") is not None
     has_size = raw.get("size") is not None
@@ -334,8 +334,7 @@ def _budget_error(error: ValueError) -> SpecError:
 def _parse_privacy(raw: Any) -> PrivacySpec:
     if raw is None:
         return PrivacySpec()
-    raw = check_mapping(raw, "privacy", "a mapping (mode and budget)")
-    check_keys(raw, "privacy", PRIVACY_KEYS)
+    raw = check_section(raw, "privacy", "a mapping (mode and budget)", PRIVACY_KEYS)
     fields = {key: raw[key] for key in BUDGET_KEYS if raw.get(key) is not None}
     mode = raw.get("mode")
     if mode is None:
@@ -357,8 +356,7 @@ def _parse_privacy(raw: Any) -> PrivacySpec:
 def _parse_blocks(raw: Any) -> BlockLimits:
     if raw is None:
         return BlockLimits()
-    raw = check_mapping(raw, "blocks", "a mapping (max_cells, merge)")
-    check_keys(raw, "blocks", BLOCK_KEYS)
+    raw = check_section(raw, "blocks", "a mapping (max_cells, merge)", BLOCK_KEYS)
     max_cells = (check_count(raw["max_cells"], "blocks.max_cells")
                  if raw.get("max_cells") is not None else DEFAULT_MAX_CELLS)
     merge = check_bool(raw["merge"], "blocks.merge") if raw.get("merge") is not None else True
@@ -368,8 +366,7 @@ def _parse_blocks(raw: Any) -> BlockLimits:
 def _parse_units(raw: Any, path: str = "units") -> UnitsSpec | None:
     if raw is None:
         return None
-    raw = check_mapping(raw, path, "a mapping {column: NAME} or null")
-    check_keys(raw, path, UNIT_KEYS, required=("column",))
+    raw = check_section(raw, path, "a mapping {column: NAME} or null", UNIT_KEYS, required=("column",))
     column = raw["column"]
     if not isinstance(column, str) or not column.strip():
         raise SpecError(f"{path}.column", f"expected a column name, got {type_name(column)} {show(column)}")
@@ -390,8 +387,8 @@ def parse_spec(mapping: Any, base_dir: Union[str, os.PathLike, None] = None, *,
 
 
 def _parse_spec(mapping: Any, base: Path, source_path: str | None) -> PipelineSpec:
-    raw = check_mapping(mapping, "spec", "a mapping with name, attributes and queries at the top level")
-    check_keys(raw, "spec", TOP_KEYS, required=("name", "attributes"))
+    raw = check_section(mapping, "spec", "a mapping with name, attributes and queries at the top level", TOP_KEYS,
+                        required=("name", "attributes"))
     if "levels" in raw:
         for key in ("queries", "units"):
             if key in raw:
@@ -431,8 +428,8 @@ def _parse_spec(mapping: Any, base: Path, source_path: str | None) -> PipelineSp
             raise SpecError("levels", f"expected a non-empty list of levels, got {type_name(given_levels)}")
         for i, item in enumerate(given_levels):
             path = f"levels[{i}]"
-            item = check_mapping(item, path, "a level mapping (name, units, queries)")
-            check_keys(item, path, LEVEL_KEYS, required=("name", "queries"))
+            item = check_section(item, path, "a level mapping (name, units, queries)", LEVEL_KEYS,
+                                 required=("name", "queries"))
             level_name = check_name(item["name"], f"{path}.name", "a level name")
             if any(level.name == level_name for level in levels):
                 raise SpecError(f"{path}.name", f"duplicated level {level_name!r}")

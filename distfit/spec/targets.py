@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from distfit.checks import check_integer
-from distfit.spec.fields import check_keys, check_mapping, is_number, is_sequence, show, type_name
+from distfit.spec.fields import check_section, is_number, is_sequence, show, type_name
 from distfit.spec.model import AttributeQuery, SpecError
 from distfit.spec.schema import TARGET_FILE_KEYS, TARGET_RULE_KEYS
 
@@ -174,8 +174,7 @@ def parse_target(raw: Any, path: str, base_dir: Path, expected: int, group: str 
             else f"must be finite and > 0, got {show(raw)}"))
         return np.full(expected, value)
     if isinstance(raw, Mapping):
-        check_mapping(raw, path, "a target")
-        check_keys(raw, path, TARGET_FILE_KEYS + TARGET_RULE_KEYS)
+        check_section(raw, path, "a target", TARGET_FILE_KEYS + TARGET_RULE_KEYS)
         if "file" in raw:
             rule_keys = [key for key in TARGET_RULE_KEYS if key in raw]
             if rule_keys:

@@ -421,11 +421,19 @@ def _cached(cache: dict, key: tuple, start: int, stop: int, read):
 
 
 class UnitStoreView:
-    """What both data stores' readers share: the domain of their ``schema`` attr, and the
-    geography (``parent_ids``, a lazy array, and ``parent_column``; None when not stored)."""
+    """What both data stores' readers share: the domain of their ``schema`` attr, the number
+    of ``units`` (the length of the lazy ``unit_ids``; the readers check it against the
+    counts), the duplicate-id check (by the store's own ``chunk_units``), and the geography
+    (``parent_ids``, a lazy array, and ``parent_column``; None when not stored)."""
 
+    path: str
     attrs: dict
+    unit_ids: Any
     parent_ids: Any = None
+
+    @property
+    def units(self) -> int:
+        return int(self.unit_ids.shape[0])
 
     @property
     def parent_column(self) -> str | None:
@@ -434,6 +442,10 @@ class UnitStoreView:
     @property
     def domain(self) -> Domain:
         return Domain.from_schema(self.attrs["schema"])
+
+    def check_unit_ids(self) -> None:
+        """DataError if a unit id appears twice (module docstring)."""
+        _check_unit_ids(self.path, self.unit_ids, self.chunk_units)
 
 
 @dataclass(frozen=True, eq=False)
@@ -448,10 +460,6 @@ class HistogramsData(UnitStoreView):
     _cache: dict = field(default_factory=dict, repr=False)
 
     format = FORMAT
-
-    @property
-    def units(self) -> int:
-        return int(self.counts.shape[0])
 
     @property
     def cells(self) -> int:
@@ -473,10 +481,6 @@ class HistogramsData(UnitStoreView):
         for attributes in attribute_sets:
             for name in attributes:
                 domain.index(name)
-
-    def check_unit_ids(self) -> None:
-        """DataError if a unit id appears twice (module docstring)."""
-        _check_unit_ids(self.path, self.unit_ids, self.chunk_units)
 
     def block_counts(self, attributes: Sequence[str], start: int, stop: int) -> np.ndarray:
         """Units ``start .. stop - 1`` summed to the block's attributes: (n, d_b) int64.
@@ -506,10 +510,6 @@ class MarginalsData(UnitStoreView):
     _index: dict = field(default_factory=dict, repr=False)  # frozenset(clique) -> index (clique_for)
 
     format = MARGINALS_FORMAT
-
-    @property
-    def units(self) -> int:
-        return int(self.unit_ids.shape[0])
 
     @property
     def chunk_units(self) -> int:
@@ -545,10 +545,6 @@ class MarginalsData(UnitStoreView):
         """DataError unless every attribute set lies in a stored clique."""
         for attributes in attribute_sets:
             self.clique_for(attributes)
-
-    def check_unit_ids(self) -> None:
-        """DataError if a unit id appears twice (module docstring)."""
-        _check_unit_ids(self.path, self.unit_ids, self.chunk_units)
 
     def block_counts(self, attributes: Sequence[str], start: int, stop: int) -> np.ndarray:
         """Units ``start .. stop - 1`` summed to the block's attributes: (n, d_b) int64, from the

@@ -85,7 +85,6 @@ from __future__ import annotations
 
 import math
 import os
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
@@ -94,21 +93,17 @@ import numpy as np
 import zarr
 
 from distfit import __version__
-from distfit.stores.files import (
-    PARENT_IDS,
-    jsonable,
-    root_attrs_on_disk,
-    utc_now,
-    write_array,
-)
-from distfit.stores.plan import verify_checksum
-from distfit.stores.release import ANSWER_COMPRESSORS, answer_chunks
+from distfit.stores.files import jsonable, root_attrs_on_disk, utc_now, write_array
+from distfit.stores.release import ANSWER_COMPRESSORS, answer_chunks, plan_change
 from distfit.stores.release_chunks import ReleaseHasher, seal_chunked
-from distfit.stores.sealing import SealedKind, SealedStore
+from distfit.stores.sealing import UNIT_DIMS, SealedKind, SealedStore, lay_out_units, root_attr, store_array
 
 FORMAT = "estimate"
 #: 2: the per-unit fit arrays are ``solve/*`` (``fit/*`` in 1; module docstring, "Hash order").
 FORMAT_VERSION = 2
+
+#: What each chunk writes, besides ``chunks/done`` (:func:`chunk_arrays`), with its dtype when fixed.
+FIT_DTYPES = {"solve/objective": np.float64, "solve/iterations": np.int32, "solve/converged": np.uint8}
 
 #: Dimension names (Zarr v3 ``dimension_names``) of every estimate array (module docstring).
 DIMS: dict[str, tuple[str, ...]] = {
@@ -117,19 +112,9 @@ DIMS: dict[str, tuple[str, ...]] = {
     "cells/estimates": ("unit", "cell"),
     "cells/cell": ("cell",),
     "marginals/estimates": ("unit", "marginal_cell"),
-    "solve/objective": ("unit",),
-    "solve/iterations": ("unit",),
-    "solve/converged": ("unit",),
-    "unit_ids": ("unit",),
-    "unit": ("unit",),
-    PARENT_IDS: ("unit",),
-    "chunks/done": ("chunk",),
+    **{name: ("unit",) for name in FIT_DTYPES},  # the per-unit fit arrays, solve/*
+    **UNIT_DIMS,
 }
-
-#: What each chunk writes, besides ``chunks/done`` (:func:`chunk_arrays`), with its dtype when fixed.
-FIT_DTYPES = {"solve/objective": np.float64, "solve/iterations": np.int32, "solve/converged": np.uint8}
-
-PathLike = str | os.PathLike
 
 
 class EstimateError(ValueError):
@@ -176,26 +161,20 @@ def create_estimate(path: Path, *, plan, plan_path: str, release, method: str, o
     instead of ``cells/estimates``. ``cell_columns`` (``start``: the queries ``start ..
     start + cells - 1`` are the cells, :func:`distfit.estimate.measurements.cell_query_columns`):
     no ``cells/estimates``, the ``cells`` group's attr ``in_queries`` ``[start, start + cells]``
-    instead (module docstring). On any error nothing is left at ``path``."""
-    try:
-        _lay_out(path, plan=plan, plan_path=plan_path, release=release, method=method, objective=objective,
-                 integer=integer, cells=cells, query_dtype=query_dtype, cell_labels=cell_labels, cliques=cliques,
-                 cell_columns=cell_columns)
-    except BaseException:
-        shutil.rmtree(path, ignore_errors=True)
-        raise
-    return zarr.open_group(store=str(path), mode="r+", zarr_format=3)
+    instead (module docstring). On any error nothing is left at ``path``
+    (:meth:`distfit.stores.sealing.SealedKind.create`)."""
+    return ESTIMATE.create(path, _lay_out, plan=plan, plan_path=plan_path, release=release, method=method,
+                           objective=objective, integer=integer, cells=cells, query_dtype=query_dtype,
+                           cell_labels=cell_labels, cliques=cliques, cell_columns=cell_columns)
 
 
-def _lay_out(path: Path, *, plan, plan_path, release, method, objective, integer, cells, query_dtype,
+def _lay_out(root: zarr.Group, *, plan, plan_path, release, method, objective, integer, cells, query_dtype,
              cell_labels, cliques=None, cell_columns=None) -> None:
     attrs = release.attrs
     units, chunk_units = int(attrs["units"]), int(attrs["chunk_units"])
     n_chunks = -(-units // chunk_units)
     m = int(release.answers.shape[1])
     config = {"write_empty_chunks": True}
-    root = zarr.open_group(store=str(path), mode="w-", zarr_format=3)
-    root.attrs.update({"distfit_format": FORMAT, "format_version": FORMAT_VERSION, "complete": False})
     labels = release.labels
     queries = root.create_group("queries")
     queries.create_array("estimates", shape=(units, m), dtype=query_dtype, chunks=answer_chunks(chunk_units, m),
@@ -226,18 +205,9 @@ def _lay_out(path: Path, *, plan, plan_path, release, method, objective, integer
                          dimension_names=DIMS[name], config=config)
     ids_dtype = np.dtype(release.unit_ids.dtype)
     ids_dtype = str if ids_dtype.kind in "TUO" else ids_dtype  # variable-length UTF-8, as in the release
-    for name in ("unit_ids", "unit"):
-        root.create_array(name, shape=(units,), dtype=ids_dtype, chunks=(chunk_units,),
-                          compressors=None if ids_dtype is not str else "auto",
-                          dimension_names=DIMS[name], config=config)
-    root.create_group("chunks").create_array(
-        "done", shape=(n_chunks,), dtype=np.uint8, chunks=(1,), fill_value=0, compressors=None,
-        dimension_names=DIMS["chunks/done"], config=config)
-    if release.parent_ids is not None:  # geography, not data: copied whole from the release
-        parents = np.asarray(release.parent_ids[...])
-        write_array(root, PARENT_IDS, parents.astype(object) if parents.dtype.kind in "TUO" else parents,
-                    dims=DIMS[PARENT_IDS])
-        root.attrs["parent_column"] = release.parent_column
+    # the parent ids (geography, not data) copied whole from the release
+    lay_out_units(root, units=units, chunk_units=chunk_units, ids_dtype=ids_dtype, parents=release.parent_ids,
+                  parent_column=release.parent_column)
     root.attrs.update(jsonable({
         "distfit_format": FORMAT,
         "format_version": FORMAT_VERSION,
@@ -261,35 +231,19 @@ def _lay_out(path: Path, *, plan, plan_path, release, method, objective, integer
     }))
 
 
-def estimate_state(path: Path) -> str:
-    """``"absent"``, ``"sealed"`` or ``"incomplete"``; FileExistsError for anything else."""
-    return ESTIMATE.state(path)
-
-
-def check_replaceable(path: Path) -> None:
-    """Refuse (FileExistsError) to replace anything at ``path`` but an estimate store."""
-    ESTIMATE.check_replaceable(path)
-
-
 def open_resumable(path: Path, *, plan_checksum: str, release_checksum: str, integer: bool,
                    method: str) -> zarr.Group:
     """Open an incomplete estimate to finish it, after checking it was started from the same
     plan and release with the same options; ValueError naming what differs."""
-    root = zarr.open_group(store=str(path), mode="r+", zarr_format=3)
+    root = ESTIMATE.open_incomplete(path)
     attrs = dict(root.attrs)
-    if attrs.get("format_version") != FORMAT_VERSION:
-        raise ValueError(f"{path}: format_version {attrs.get('format_version')!r} cannot be resumed by this distfit")
     differ = [f"{name} ({attrs.get(key)!r} recorded, {now!r} now)" for name, key, now in (
         ("plan checksum", "plan_checksum", plan_checksum), ("release checksum", "release_checksum", release_checksum),
         ("integer", "integer", bool(integer)), ("method", "method", method)) if attrs.get(key) != now]
     if differ:
         raise ValueError(f"{path}: an incomplete estimate of other inputs ({'; '.join(differ)}); "
                          "use --overwrite to start over")
-    try:
-        for name in chunk_arrays(stored_tables(root)):
-            root[name]
-    except KeyError as error:
-        raise ValueError(f"{path}: damaged incomplete estimate (missing {error}); use --overwrite") from None
+    ESTIMATE.check_laid_out(root, path, chunk_arrays(stored_tables(root)))
     return root
 
 
@@ -346,13 +300,10 @@ def seal(root: zarr.Group, path: Path, *, plan_path: str, plan_checksum: str, re
     writes the ``fit`` summary (given, as :func:`combine_fits` of the chunks' parts, or read
     from the store: 0.7 s at the seal of 1M units). Returns the estimate's checksum."""
     def check() -> None:
-        ok, stored, recomputed = verify_checksum(plan_path)
+        changed = plan_change(plan_path, plan_checksum, "estimate")
         release_attrs = root_attrs_on_disk(Path(release_path)) or {}
-        changed = None
-        if not ok or stored != plan_checksum:
-            changed = (f"{plan_path}: the plan changed during the estimate (checksum {recomputed}, started from "
-                       f"{plan_checksum})")
-        elif release_attrs.get("complete") is not True or release_attrs.get("checksum") != release_checksum:
+        if changed is None and (release_attrs.get("complete") is not True
+                                or release_attrs.get("checksum") != release_checksum):
             changed = (f"{release_path}: the release changed during the estimate (checksum "
                        f"{release_attrs.get('checksum')}, started from {release_checksum})")
         if changed is not None:
@@ -405,18 +356,9 @@ class Estimate(SealedStore):
     """A sealed estimate store opened for reading; arrays are lazy zarr arrays (the shared
     readers of :class:`distfit.stores.sealing.SealedStore`: checksum, labels, unit ids, parent ids)."""
 
-    @property
-    def integer(self) -> bool:
-        return bool(self.attrs["integer"])
-
-    @property
-    def method(self) -> str:
-        return str(self.attrs["method"])
-
-    @property
-    def estimates(self):
-        """``queries/estimates`` (units x m)."""
-        return self._group["queries/estimates"]
+    integer = root_attr("integer", bool)
+    method = root_attr("method", str)
+    estimates = store_array("queries/estimates", "``queries/estimates`` (units x m).")
 
     @property
     def cells(self):
@@ -452,19 +394,15 @@ class Estimate(SealedStore):
 
 
 #: The estimate as a kind of sealed store (:class:`distfit.stores.sealing.SealedKind`): the
-#: checksum covers the arrays only, like a release's.
+#: checksum covers the arrays only, like a release's. Its methods are the module's entry points:
+#: ``read_estimate(path)`` (an :class:`Estimate`, or :class:`EstimateError` saying why the store
+#: is refused: missing, staging directory, not an estimate, newer format, incomplete, no
+#: checksum), ``verify_estimate(path)`` (``(ok, stored, recomputed)`` checksum),
+#: ``estimate_state(path)`` (``"absent"``, ``"sealed"`` or ``"incomplete"``; FileExistsError for
+#: anything else) and ``check_replaceable(path)`` (FileExistsError unless an estimate store).
 ESTIMATE = SealedKind(FORMAT, FORMAT_VERSION, EstimateError, Estimate)
-
-
-def read_estimate(path: PathLike) -> Estimate:
-    """Open a sealed estimate store, or raise :class:`EstimateError` saying why it is refused
-    (missing, staging directory, not an estimate, newer format, incomplete, no checksum)."""
-    return ESTIMATE.read(path)
-
-
-def verify_estimate(path: PathLike) -> tuple[bool, str, str]:
-    """``(ok, stored, recomputed)`` checksum of a sealed estimate store."""
-    return ESTIMATE.verify(path)
+read_estimate, verify_estimate = ESTIMATE.read, ESTIMATE.verify
+estimate_state, check_replaceable = ESTIMATE.state, ESTIMATE.check_replaceable
 
 
 def chunk_rows(estimates: np.ndarray, cells: np.ndarray, objective: np.ndarray, iterations: Any,

@@ -92,7 +92,6 @@ and :func:`verify_release` read a sealed store.
 from __future__ import annotations
 
 import os
-import shutil
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -102,16 +101,10 @@ import zarr
 from distfit import __version__
 from distfit.release.noise import block_positions, derived_blocks
 from distfit.release.packed import pack_offsets, pack_query_rows
-from distfit.stores.files import (
-    PARENT_IDS,
-    chunk_shape,
-    jsonable,
-    utc_now,
-    write_array,
-)
+from distfit.stores.files import chunk_shape, jsonable, utc_now, write_array
 from distfit.stores.plan import read_plan, verify_checksum
 from distfit.stores.release_chunks import ReleaseHasher, seal_chunked
-from distfit.stores.sealing import SealedKind, SealedStore
+from distfit.stores.sealing import UNIT_DIMS, SealedKind, SealedStore, lay_out_units, root_attr, store_array
 
 FORMAT = "release"
 FORMAT_VERSION = 1
@@ -137,13 +130,8 @@ DIMS: dict[str, tuple[str, ...]] = {
     "queries/answers": ("unit", "query"),
     "queries/variances": ("query",),
     "queries/query": ("query",),
-    "unit_ids": ("unit",),
-    "unit": ("unit",),
-    PARENT_IDS: ("unit",),
-    "chunks/done": ("chunk",),
+    **UNIT_DIMS,
 }
-
-PathLike = str | os.PathLike
 
 
 class ReleaseError(ValueError):
@@ -165,23 +153,17 @@ def create_release(path: Path, *, plan, plan_path: str, data, blocks: Mapping[st
                    labels: list[str] | None) -> zarr.Group:
     """Lay out an empty, incomplete release store at ``path`` (driver only) and return its root
     group, open for writing. ``labels`` are the query labels (module docstring). On any error
-    nothing is left at ``path``."""
-    try:
-        _lay_out(path, plan=plan, plan_path=plan_path, data=data, blocks=blocks, private=private, labels=labels)
-    except BaseException:
-        shutil.rmtree(path, ignore_errors=True)
-        raise
-    return zarr.open_group(store=str(path), mode="r+", zarr_format=3)
+    nothing is left at ``path`` (:meth:`distfit.stores.sealing.SealedKind.create`)."""
+    return RELEASE.create(path, _lay_out, plan=plan, plan_path=plan_path, data=data, blocks=blocks, private=private,
+                          labels=labels)
 
 
-def _lay_out(path: Path, *, plan, plan_path: str, data, blocks, private: bool, labels) -> None:
+def _lay_out(root: zarr.Group, *, plan, plan_path: str, data, blocks, private: bool, labels) -> None:
     units, chunk_units = data.units, data.chunk_units
     n_chunks = -(-units // chunk_units)
     m = len(plan.queries_targets)
     positions = block_positions(plan)
     config = {"write_empty_chunks": True}
-    root = zarr.open_group(store=str(path), mode="w-", zarr_format=3)
-    root.attrs.update({"distfit_format": FORMAT, "format_version": FORMAT_VERSION, "complete": False})
     label_array = None if labels is None else np.array(list(labels), dtype=object)  # text coordinates
     packed = packed_columns(plan, blocks)
     in_packs = {b for ids, _ in packed.values() for b in ids}
@@ -230,20 +212,11 @@ def _lay_out(path: Path, *, plan, plan_path: str, data, blocks, private: bool, l
         raise ValueError(f"{data.path}: unit_ids of dtype {ids_dtype} are not supported (numbers or strings)")
     # Written by the chunks (write_chunk). Numeric ids and the done markers are uncompressed, like
     # the answers, so a chunk writes them as raw chunk files (ChunkWriter.write_rows): zarr's
-    # pipeline cost ~4 ms of CPU per call here, 3 calls per chunk, for 16 bytes a unit.
-    for name in ("unit_ids", "unit"):
-        root.create_array(name, shape=(units,), dtype=ids_dtype, chunks=(chunk_units,),
-                          compressors=None if ids_dtype is not str else "auto",
-                          dimension_names=DIMS[name], config=config)
-    root.create_group("chunks").create_array(
-        "done", shape=(n_chunks,), dtype=np.uint8, chunks=(1,), fill_value=0, compressors=None,
-        dimension_names=DIMS["chunks/done"], config=config)
+    # pipeline cost ~4 ms of CPU per call here, 3 calls per chunk, for 16 bytes a unit. The
+    # parent ids (geography, not data) the driver copies whole.
     parents = getattr(data, "parent_ids", None)
-    if parents is not None:  # geography, not data: the driver copies it whole (the checksum covers it)
-        parents = np.asarray(parents[...])
-        write_array(root, PARENT_IDS, parents.astype(object) if parents.dtype.kind in "TUO" else parents,
-                    dims=DIMS[PARENT_IDS])
-        root.attrs["parent_column"] = data.parent_column
+    lay_out_units(root, units=units, chunk_units=chunk_units, ids_dtype=ids_dtype, parents=parents,
+                  parent_column=data.parent_column if parents is not None else None)
     root.attrs.update(jsonable({
         "distfit_format": FORMAT,
         "format_version": FORMAT_VERSION,
@@ -278,24 +251,12 @@ def pending_chunks(root: zarr.Group) -> list[int]:
     return np.flatnonzero(np.asarray(root["chunks/done"][...]) == 0).tolist()
 
 
-def release_state(path: Path) -> str:
-    """``"absent"``, ``"sealed"`` or ``"incomplete"``; FileExistsError for anything else."""
-    return RELEASE.state(path)
-
-
-def check_replaceable(path: Path) -> None:
-    """Refuse (FileExistsError) to replace anything at ``path`` but a release store."""
-    RELEASE.check_replaceable(path)
-
-
 def open_resumable(path: Path, *, plan, data, private: bool, blocks: Mapping[str, Any]) -> zarr.Group:
     """Open an incomplete release for ``--resume`` after checking it belongs to these inputs
     (the plan's checksum, seeded or not, the data's schema, units, chunking and ``created``,
     the blocks); ValueError naming what differs."""
-    root = zarr.open_group(store=str(path), mode="r+", zarr_format=3)
+    root = RELEASE.open_incomplete(path)
     attrs = dict(root.attrs)
-    if attrs.get("format_version") != FORMAT_VERSION:
-        raise ValueError(f"{path}: format_version {attrs.get('format_version')!r} cannot be resumed by this distfit")
     if attrs.get("plan_checksum") != plan.checksum:
         raise ValueError(
             f"{path}: was started from a plan with checksum {attrs.get('plan_checksum')}, but "
@@ -320,15 +281,22 @@ def open_resumable(path: Path, *, plan, data, private: bool, blocks: Mapping[str
         raise ValueError(
             f"{path}: the data at {data.path} is not the data this release started from "
             f"({', '.join(mismatch)} differ); use --overwrite to start over")
-    try:
-        laid_out = set(root["blocks"].group_keys())
-        root["queries/answers"], root["unit_ids"], root["chunks/done"]
-    except KeyError as error:
-        raise ValueError(f"{path}: damaged incomplete release (missing {error}); use --overwrite") from None
+    RELEASE.check_laid_out(root, path, ("blocks", "queries/answers", "unit_ids", "chunks/done"))
+    laid_out = set(root["blocks"].group_keys())
     in_packs = {b for ids, _ in packed_columns(plan, blocks).values() for b in ids}
     if laid_out != set(blocks) - in_packs:
         raise ValueError(f"{path}: its blocks do not match the plan's; use --overwrite")
     return root
+
+
+def plan_change(plan_path: str, plan_checksum: str, during: str) -> str | None:
+    """What the seal of a release and of an estimate (``during``: which) checks first: None
+    while the plan at ``plan_path`` still holds ``plan_checksum`` (recomputed from its arrays,
+    :func:`distfit.stores.plan.verify_checksum`), else the message saying it changed."""
+    ok, stored, recomputed = verify_checksum(plan_path)
+    if ok and stored == plan_checksum:
+        return None
+    return f"{plan_path}: the plan changed during the {during} (checksum {recomputed}, started from {plan_checksum})"
 
 
 def seal(root: zarr.Group, path: Path, *, plan_path: str, plan_checksum: str, fsync: bool,
@@ -343,11 +311,9 @@ def seal(root: zarr.Group, path: Path, *, plan_path: str, plan_checksum: str, fs
     written, or, without one or if it failed, computed from the store) and fsyncs (``synced``:
     the files fsynced as they landed). Returns the release checksum."""
     def check() -> None:
-        ok, stored, recomputed = verify_checksum(plan_path)
-        if not ok or stored != plan_checksum:
-            raise ValueError(
-                f"{plan_path}: the plan changed during the release (checksum {recomputed}, started "
-                f"from {plan_checksum}); the release at {path} is left incomplete")
+        changed = plan_change(plan_path, plan_checksum, "release")
+        if changed is not None:
+            raise ValueError(f"{changed}; the release at {path} is left incomplete")
 
     return seal_chunked(root, path, fsync=fsync, hasher=hasher, synced=synced, check=check)
 
@@ -360,14 +326,8 @@ class Release(SealedStore):
     """A sealed release store opened for reading; arrays are lazy zarr arrays (the shared
     readers of :class:`distfit.stores.sealing.SealedStore`: checksum, labels, unit ids, parent ids)."""
 
-    @property
-    def private(self) -> bool:
-        return bool(self.attrs["private"])
-
-    @property
-    def answers(self):
-        """``queries/answers`` (units x m)."""
-        return self._group["queries/answers"]
+    private = root_attr("private", bool)
+    answers = store_array("queries/answers", "``queries/answers`` (units x m).")
 
     @property
     def variances(self) -> np.ndarray:
@@ -438,19 +398,15 @@ class DerivedAnswers:
 
 
 #: The release as a kind of sealed store (:class:`distfit.stores.sealing.SealedKind`): the
-#: checksum covers the arrays only (format 1).
+#: checksum covers the arrays only (format 1). Its methods are the module's entry points:
+#: ``read_release(path)`` (a :class:`Release`, or :class:`ReleaseError` saying why the store is
+#: refused: missing, staging directory, not a release, newer format, incomplete, no checksum),
+#: ``verify_release(path)`` (``(ok, stored, recomputed)`` checksum), ``release_state(path)``
+#: (``"absent"``, ``"sealed"`` or ``"incomplete"``; FileExistsError for anything else) and
+#: ``check_replaceable(path)`` (FileExistsError unless a release store).
 RELEASE = SealedKind(FORMAT, FORMAT_VERSION, ReleaseError, Release)
-
-
-def read_release(path: PathLike) -> Release:
-    """Open a sealed release store, or raise :class:`ReleaseError` saying why it is refused
-    (missing, staging directory, not a release, newer format, incomplete, no checksum)."""
-    return RELEASE.read(path)
-
-
-def verify_release(path: PathLike) -> tuple[bool, str, str]:
-    """``(ok, stored, recomputed)`` checksum of a sealed release store."""
-    return RELEASE.verify(path)
+read_release, verify_release = RELEASE.read, RELEASE.verify
+release_state, check_replaceable = RELEASE.state, RELEASE.check_replaceable
 
 
 __all__ = [
@@ -468,6 +424,7 @@ __all__ = [
     "open_resumable",
     "packed_columns",
     "pending_chunks",
+    "plan_change",
     "read_release",
     "release_state",
     "seal",

@@ -14,7 +14,9 @@ later: :func:`distfit.stores.plan.plan_checksum_claims`; releases and estimates:
   checksum with :func:`verify_opened` / :func:`verify_sealed` under the same rule;
 - a store built in place and sealed chunk by chunk (a release, an estimate) is one
   :class:`SealedKind` value: its format, version, error, rule and reader class, with the reader,
-  the verifier and the writer's state checks as its methods.
+  the verifier and the writer's lifecycle as its methods (the state checks, the lay-out of a
+  new store, the reopening of an incomplete one for ``--resume``); :func:`lay_out_units` lays
+  out the per-unit arrays every such store has (:data:`UNIT_DIMS`).
 
 So a store kind's claims and its refusals are decided in one place; a rule that starts covering
 more attrs (issue 28: release and estimate attrs) changes here and in the kind's format version,
@@ -24,25 +26,48 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Callable, Mapping
+import shutil
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import zarr
 
 from distfit.stores.checksum import Reader, compute_checksum
-from distfit.stores.files import PARENT_IDS, check_format, check_store_kind, open_store, store_state
+from distfit.stores.files import (
+    PARENT_IDS,
+    check_format,
+    check_store_kind,
+    open_store,
+    store_state,
+    write_array,
+)
 
 __all__ = [
     "ClaimRule",
     "SealedKind",
     "SealedStore",
+    "UNIT_DIMS",
     "arrays_only",
+    "lay_out_units",
+    "root_attr",
+    "store_array",
     "open_sealed",
     "seal_checksum",
     "verify_opened",
     "verify_sealed",
 ]
+
+#: Dimension names (Zarr v3 ``dimension_names``) of the per-unit arrays every store built chunk
+#: by chunk has (:func:`lay_out_units`): the unit ids, their coordinate twin, the parent ids and
+#: the done markers. Each store's own table (its ``DIMS``) ends with these.
+UNIT_DIMS: dict[str, tuple[str, ...]] = {
+    "unit_ids": ("unit",),
+    "unit": ("unit",),
+    PARENT_IDS: ("unit",),
+    "chunks/done": ("chunk",),
+}
 
 #: A store kind's rule: from its root attrs and group, the attrs its checksum covers (the
 #: version-2 digest), or None for the arrays only (version 1).
@@ -97,11 +122,24 @@ def verify_sealed(path: str | os.PathLike, kind: str, version: int, error: type[
     return verify_opened(group, attrs, claims)
 
 
+def root_attr(name: str, kind: Callable[[Any], Any]) -> property:
+    """A sealed store reader's property (:class:`SealedStore`): its root attr ``name`` as ``kind``
+    (``bool``, ``str``)."""
+    return property(lambda store: kind(store.attrs[name]), doc=f"The root attr ``{name}``.")
+
+
+def store_array(path: str, doc: str) -> property:
+    """A sealed store reader's property (:class:`SealedStore`): the lazy zarr array at ``path``
+    (``doc``: what it holds)."""
+    return property(lambda store: store._group[path], doc=doc)
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class SealedStore:
     """What every sealed store built chunk by chunk (a release, an estimate) gives its reader:
     its path, root attrs, checksum, query labels and lazy arrays by unit (``unit_ids``, and
-    ``parent_ids`` where the units have geography). Opened by :func:`open_sealed`."""
+    ``parent_ids`` where the units have geography). Opened by :func:`open_sealed`; a kind's
+    reader adds its own attrs and arrays (:func:`root_attr`, :func:`store_array`)."""
 
     path: str
     attrs: dict
@@ -115,9 +153,7 @@ class SealedStore:
     def labels(self) -> list[str] | None:
         return self._group["queries"].attrs.get("labels")
 
-    @property
-    def unit_ids(self):
-        return self._group["unit_ids"]
+    unit_ids = store_array("unit_ids", "``unit_ids`` (units,): the units' ids.")
 
     @property
     def parent_ids(self):
@@ -166,3 +202,60 @@ class SealedKind:
     def check_replaceable(self, path: Path) -> None:
         """Refuse (FileExistsError) to replace anything at ``path`` but a store of this kind."""
         check_store_kind(path, self.name, self.name)
+
+    def create(self, path: Path, lay_out: Callable[..., None], **inputs: Any) -> zarr.Group:
+        """Lay out an empty, incomplete store of this kind at ``path`` (driver only) and return
+        its root group, open for writing: the root is created with ``distfit_format``,
+        ``format_version`` and ``complete=False`` (every reader refuses it), then
+        ``lay_out(root, **inputs)`` adds the store's arrays and attrs. On any error nothing is
+        left at ``path``."""
+        try:
+            root = zarr.open_group(store=str(path), mode="w-", zarr_format=3)
+            root.attrs.update({"distfit_format": self.name, "format_version": self.version, "complete": False})
+            lay_out(root, **inputs)
+        except BaseException:
+            shutil.rmtree(path, ignore_errors=True)
+            raise
+        return zarr.open_group(store=str(path), mode="r+", zarr_format=3)
+
+    def open_incomplete(self, path: Path) -> zarr.Group:
+        """Reopen the incomplete store at ``path`` for ``--resume`` (its root group, open for
+        writing) if it is of the format version this distfit writes; ValueError otherwise. The
+        caller then checks it was started from the same inputs, and :meth:`check_laid_out`."""
+        root = zarr.open_group(store=str(path), mode="r+", zarr_format=3)
+        version = root.attrs.get("format_version")
+        if version != self.version:
+            raise ValueError(f"{path}: format_version {version!r} cannot be resumed by this distfit")
+        return root
+
+    def check_laid_out(self, root: zarr.Group, path: Path, nodes: Sequence[str]) -> None:
+        """ValueError naming the first of ``nodes`` (arrays, groups) the incomplete store at
+        ``path`` lacks: a damaged store, not resumed."""
+        try:
+            for name in nodes:
+                root[name]
+        except KeyError as error:
+            raise ValueError(f"{path}: damaged incomplete {self.name} (missing {error}); use --overwrite") from None
+
+
+def lay_out_units(root: zarr.Group, *, units: int, chunk_units: int, ids_dtype: Any, parents: Any = None,
+                  parent_column: str | None = None) -> None:
+    """Lay out the per-unit arrays of a store built chunk by chunk (:data:`UNIT_DIMS`): the empty
+    ``unit_ids`` and ``unit`` (``ids_dtype``; ``str``: variable-length UTF-8, compressed, else
+    uncompressed so a chunk writes them as raw chunk files) and ``chunks/done`` (one uint8 zarr
+    chunk per chunk of ``chunk_units`` units), all filled by the chunks, and, when the units have
+    geography, ``parent_ids`` written whole from ``parents`` (a lazy array) with the root attr
+    ``parent_column``."""
+    config = {"write_empty_chunks": True}
+    for name in ("unit_ids", "unit"):
+        root.create_array(name, shape=(units,), dtype=ids_dtype, chunks=(chunk_units,),
+                          compressors=None if ids_dtype is not str else "auto",
+                          dimension_names=UNIT_DIMS[name], config=config)
+    root.create_group("chunks").create_array(
+        "done", shape=(-(-units // chunk_units),), dtype=np.uint8, chunks=(1,), fill_value=0, compressors=None,
+        dimension_names=UNIT_DIMS["chunks/done"], config=config)
+    if parents is not None:  # geography, not data: written whole (the checksum covers it)
+        parents = np.asarray(parents[...])
+        write_array(root, PARENT_IDS, parents.astype(object) if parents.dtype.kind in "TUO" else parents,
+                    dims=UNIT_DIMS[PARENT_IDS])
+        root.attrs["parent_column"] = parent_column
