@@ -58,7 +58,7 @@ import itertools
 import math
 from dataclasses import dataclass
 from types import SimpleNamespace
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import numpy as np
 import scipy.sparse as sp
@@ -470,7 +470,8 @@ def _region_operator(model: MeasurementModel, graph: region_graph.RegionGraph,
 
 
 def _region_graph(problem: GraphicalProblem, target: np.ndarray, total: np.ndarray, iterations: int,
-                  tol: float, theta: np.ndarray) -> tuple[np.ndarray, int, np.ndarray]:
+                  tol: float, theta: np.ndarray,
+                  progress: Callable[[int, int], None] | None = None) -> tuple[np.ndarray, int, np.ndarray]:
     """APPGM for ``n`` units at once (``target`` (sum_b k_b, n) the whitened measurements,
     ``total`` (n,)): mirror descent on the clique potentials, each step from a warm-started damped
     sweep of convex GBP (:mod:`distfit.estimate.region_graph`), first step ``2 / (L N)``, then
@@ -478,7 +479,8 @@ def _region_graph(problem: GraphicalProblem, target: np.ndarray, total: np.ndarr
     linear prediction, else halve); then sweeps with the potentials held until every edge of the
     region graph agrees to :data:`POLISH_CONSISTENCY` of the total, and the I-projection onto
     agreement (to :data:`CONSISTENCY`). Returns ``mu`` (cells, n), the steps
-    and whether each unit converged (its loss stalled and its regions agree)."""
+    and whether each unit converged (its loss stalled and its regions agree). ``progress(steps,
+    iterations)`` is called after every batch of :data:`CHECK_EVERY` steps."""
     graph, k = problem.solver.graph, problem.solver.step
     n = target.shape[1]
     up, down = region_graph.zero_messages(graph, n)
@@ -517,6 +519,8 @@ def _region_graph(problem: GraphicalProblem, target: np.ndarray, total: np.ndarr
             stepsize = np.where(accept, grow * stepsize, np.where(active, 0.5 * stepsize, stepsize))
             value = np.where(accept, value2, value)
         steps += CHECK_EVERY
+        if progress is not None:
+            progress(steps, iterations)
         stalls = np.where(active, np.where(previous - value <= tol * np.maximum(np.abs(value), 1.0), stalls + 1, 0), stalls)
         previous = value
         if (stalls >= 2).all() and restarts >= RESTARTS:
@@ -531,10 +535,13 @@ def _region_graph(problem: GraphicalProblem, target: np.ndarray, total: np.ndarr
 
 
 def estimate_units(problem: GraphicalProblem, measurements: Mapping[str, np.ndarray], *,
-                   iterations: int = ITERATIONS, tol: float = TOLERANCE) -> GraphicalChunk:
+                   iterations: int = ITERATIONS, tol: float = TOLERANCE,
+                   progress: Callable[[int, int], None] | None = None) -> GraphicalChunk:
     """The estimates of ``n`` units from their recovered measurements ``{block_id: (n, k_b)}``:
     the region graph propagates every unit at once (one mirror descent per unit, with its own
-    step sizes); exact inference runs :func:`estimate_graphical` unit by unit."""
+    step sizes); exact inference runs :func:`estimate_graphical` unit by unit. ``progress(steps,
+    iterations)``: called after every batch of :data:`CHECK_EVERY` mirror descent steps of the
+    region graph (the exact path reports nothing: its steps take milliseconds)."""
     model = problem.model
     n = next(iter(measurements.values())).shape[0] if measurements else 0
     if problem.method == "exact" or not problem.cliques:
@@ -547,7 +554,8 @@ def estimate_units(problem: GraphicalProblem, measurements: Mapping[str, np.ndar
         total = np.array([max(sum(float(w @ y[b]) for b, w in problem.total_weights.items())
                               / problem.total_information, 1.0) for y in ys])
         target = np.stack([np.concatenate([w[b] for b in problem.solver.measured]) for w in white], axis=1)
-        mu, steps, converged = _region_graph(problem, target, total, iterations, tol, _warm_start(problem, white))
+        mu, steps, converged = _region_graph(problem, target, total, iterations, tol, _warm_start(problem, white),
+                                             progress)
         graph = problem.solver.graph
         units = [_finish(problem, {graph.regions[i]: np.maximum(graph.table(mu[:, [u]], i)[0], 0.0)
                                    for i in graph.clique_index}, white[u], float(total[u]), steps) for u in range(n)]

@@ -58,7 +58,7 @@ from typing import Any, Callable, Iterable, Iterator, TextIO
 import numpy as np
 
 from distfit.runtime.chunked_job import ChunkedWrite, check_out, claim_out, new_target
-from distfit.runtime.cluster import PlacedClient, on_every_worker, run_tasks
+from distfit.runtime.cluster import PlacedClient, Progress, on_every_worker, run_tasks
 from distfit.runtime.placement import Placement
 from distfit.estimate import graphical
 from distfit.estimate.measurements import (
@@ -302,12 +302,14 @@ def _problem_for(model: MeasurementModel, method: str):
     return _PROBLEM[1]
 
 
-def estimate_chunk_graphical(problem, answers: dict[str, np.ndarray], *,
-                             workload: WorkloadKind) -> tuple[np.ndarray, np.ndarray, Any]:
-    """One chunk through a graphical model (pure but for jax inside mbi): ``(queries (n, m),
-    marginals (n, sum_c |c|), fit)`` (:func:`distfit.estimate.graphical.estimate_units`); a
-    nonnegative workload's estimates are sums of nonnegative marginals, rounding below 0 set to 0."""
-    fit = graphical.estimate_units(problem, recover_measurements(problem.model, answers))
+def estimate_chunk_graphical(problem, answers: dict[str, np.ndarray], *, workload: WorkloadKind,
+                             progress: Callable[[int, int], None] | None = None) -> tuple[np.ndarray, np.ndarray, Any]:
+    """One chunk through a graphical model (pure but for jax inside mbi and ``progress``):
+    ``(queries (n, m), marginals (n, sum_c |c|), fit)``
+    (:func:`distfit.estimate.graphical.estimate_units`, ``progress(steps, at most)`` after every
+    batch of mirror descent steps); a nonnegative workload's estimates are sums of nonnegative
+    marginals, rounding below 0 set to 0."""
+    fit = graphical.estimate_units(problem, recover_measurements(problem.model, answers), progress=progress)
     queries = np.maximum(fit.estimates, 0.0) if workload.nonnegative else fit.estimates
     return queries, fit.marginals, fit
 
@@ -358,8 +360,12 @@ def estimate_chunk_task(job: EstimateJob, model: MeasurementModel, chunk: int,
         if job.method == METHOD:
             queries, cells, fit = estimate_chunk(model, answers, integer=job.integer, workload=job.workload)
         else:
+            # a graphical chunk runs for up to minutes (Adult: 3,000 steps, ~45 s): its steps, rate
+            # and ETA (an upper bound: it may converge sooner) on the process's stderr
+            steps = Progress(f"estimate units {start}-{stop - 1}: mirror descent", unit="steps")
             queries, cells, fit = estimate_chunk_graphical(_problem_for(model, job.method), answers,
-                                                           workload=job.workload)
+                                                           workload=job.workload, progress=steps)
+            steps(fit.iterations, fit.iterations)  # the line ends: the steps it took
     arrays = chunk_rows(queries, cells, fit.objective, fit.iterations, fit.converged, unit_ids, tables=job.tables)
     part = chunk_fit(arrays["solve/objective"], arrays["solve/iterations"], arrays["solve/converged"])
     if writer is not None:

@@ -248,6 +248,21 @@ def test_units_of_a_chunk_are_estimated_together(tmp_path_factory):
         assert abs(chunk.objective[u] - alone.objective) <= 5e-3 * alone.objective
 
 
+def test_region_graph_reports_progress_every_batch_of_steps(tmp_path_factory):
+    """estimate_units calls progress(steps, at most) after every CHECK_EVERY mirror descent steps
+    of the region graph: steps rise by CHECK_EVERY, the bound is the iteration cap, and the last
+    call is the chunk's own step count."""
+    model = plan_model(tmp_path_factory, "four_progress", [(f"b{i}", 3) for i in range(4)], (3,))
+    _, y = one_unit(model, 80, seed=6)
+    problem = graphical.graphical_problem(model, method="region-graph")
+    calls = []
+    chunk = graphical.estimate_units(problem, {b: v[None] for b, v in y.items()}, iterations=400,
+                                     progress=lambda done, total: calls.append((done, total)))
+    assert calls and all(total == 400 for _, total in calls)
+    assert [done for done, _ in calls] == list(range(graphical.CHECK_EVERY, calls[-1][0] + 1, graphical.CHECK_EVERY))
+    assert calls[-1][0] == chunk.iterations <= 400
+
+
 @pytest.mark.parametrize("method", ["graphical-region-graph", "graphical"])
 def test_distfit_estimate_through_a_graphical_model(tmp_path, capsys, method):
     """`distfit estimate --method ...` end to end on a 4-attribute plan of all 3-way marginals

@@ -132,6 +132,7 @@ def test_adult_estimate_through_the_cli_under_4_gib(adult_run):
     assert done.returncode == 0, done.stderr[-3000:]
     assert "cells 1632960000" in done.stdout and "queries        42301" in done.stdout
     assert "distfit: estimate by graphical-region-graph: working memory about" in done.stderr
+    assert "estimate units 0-0: mirror descent: 50/3000 steps" in done.stderr  # progress per batch of steps
     unit = check_graphical_store(adult_run / "est.zarr", "graphical-region-graph")
     total = next(iter(unit.values())).sum()
     assert abs(total - 32561) < 0.01 * 32561  # the total is estimated from the release: near the truth
