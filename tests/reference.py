@@ -1,4 +1,4 @@
-"""Independent test-only references for the solver tests (no code from ``distfit`` is used).
+"""Independent test-only references for the solver and estimate tests (no code from ``distfit`` is used).
 
 ``cvx_optimal_alpha`` solves Problem 1 (DESIGN.md section 1) as a semidefinite program with
 cvxpy, in the variable ``X = Sigma^-1``:
@@ -221,3 +221,16 @@ SMALL_SPEC = {
     ],
     "blocks": {"max_cells": 12},
 }
+
+
+def shared_disagreement(marginals) -> float:
+    """The largest gap of two cliques' tables (``{clique: table}``, axes in clique order) on their
+    shared attributes: 0 for the marginals of one distribution."""
+    worst = 0.0
+    for (r, a), (s, b) in itertools.combinations(marginals.items(), 2):
+        shared = [x for x in r if x in s]
+        if shared:
+            ra = a.sum(axis=tuple(i for i, x in enumerate(r) if x not in shared))
+            sb = b.sum(axis=tuple(i for i, x in enumerate(s) if x not in shared))
+            worst = max(worst, float(np.abs(ra - sb).max()))
+    return worst

@@ -365,7 +365,8 @@ def estimate_chunk_task(job: EstimateJob, model: MeasurementModel, chunk: int,
             steps = Progress(f"estimate units {start}-{stop - 1}: mirror descent", unit="steps")
             queries, cells, fit = estimate_chunk_graphical(_problem_for(model, job.method), answers,
                                                            workload=job.workload, progress=steps)
-            steps(fit.iterations, fit.iterations)  # the line ends: the steps it took
+            if fit.iterations:
+                steps(fit.iterations, fit.iterations)  # the line ends: the steps it took
     arrays = chunk_rows(queries, cells, fit.objective, fit.iterations, fit.converged, unit_ids, tables=job.tables)
     part = chunk_fit(arrays["solve/objective"], arrays["solve/iterations"], arrays["solve/converged"])
     if writer is not None:

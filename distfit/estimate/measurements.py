@@ -458,16 +458,13 @@ def query_marginal_rows(model: MeasurementModel) -> Iterator[tuple[np.ndarray, t
     naxes = len(model.sizes)
     words = max(1, -(-naxes // 64))
     union = np.zeros((model.num_queries, words), dtype=np.uint64)  # bit a of U_j: attribute a
-    block_bits = []
+    measured = np.zeros(model.num_queries, dtype=bool)
     for block in model.blocks:
         bits = np.zeros(words, dtype=np.uint64)
         for axis in range(naxes):
             if axis not in block.drop_axes:
                 bits[axis // 64] |= np.uint64(1) << np.uint64(axis % 64)
-        block_bits.append(bits)
         np.bitwise_or.at(union, block.query_index, bits)
-    measured = np.zeros(model.num_queries, dtype=bool)
-    for block in model.blocks:
         measured[block.query_index] = True
     distinct, group = np.unique(union, axis=0, return_inverse=True)
     group = group.reshape(-1)

@@ -23,6 +23,7 @@ from distfit.stores.plan import read_plan
 from distfit.stores.release import read_release
 from distfit.runtime.placement import Placement
 from tests.clitools import assert_one_line_error, run
+from tests.reference import shared_disagreement
 
 
 def plan_model(tmp_path_factory, name, attributes, orders):
@@ -46,17 +47,6 @@ def one_unit(model, total, seed, concentration=0.2):
         answers[b.block_id] = (model.marginal(x, b) @ b.basis.T + z) @ b.recon.T
     return x[0], {k: v[0] for k, v in recover_measurements(model, answers).items()}
 
-
-def shared_disagreement(marginals):
-    """Independent check: the largest gap of two cliques' tables on their shared attributes."""
-    worst = 0.0
-    for (r, a), (s, b) in itertools.combinations(marginals.items(), 2):
-        shared = [x for x in r if x in s]
-        if shared:
-            ra = a.sum(axis=tuple(i for i, x in enumerate(r) if x not in shared))
-            sb = b.sum(axis=tuple(i for i, x in enumerate(s) if x not in shared))
-            worst = max(worst, np.abs(ra - sb).max())
-    return worst
 
 
 @pytest.fixture(scope="module")

@@ -30,6 +30,7 @@ from distfit.stores.plan import read_plan
 from distfit.stores.release import read_release
 from distfit.runtime.placement import Placement
 from tests.clitools import assert_one_line_error
+from tests.reference import shared_disagreement
 
 MEMORY_CAP = 4 << 30
 ADULT_CSV = Path(__file__).resolve().parents[2] / "pipelines" / "data" / "adult.csv"
@@ -45,17 +46,6 @@ def distfit(*argv: str, cwd: Path, capped: bool = False) -> subprocess.Completed
     return subprocess.run([sys.executable, "-m", "distfit.cli", *argv], cwd=cwd, capture_output=True, text=True,
                           preexec_fn=cap_memory if capped else None, timeout=900)
 
-
-def shared_disagreement(marginals) -> float:
-    """The largest gap of two cliques' tables on their shared attributes (independent check)."""
-    worst = 0.0
-    for (r, a), (s, b) in itertools.combinations(marginals.items(), 2):
-        shared = [x for x in r if x in s]
-        if shared:
-            ra = a.sum(axis=tuple(i for i, x in enumerate(r) if x not in shared))
-            sb = b.sum(axis=tuple(i for i, x in enumerate(s) if x not in shared))
-            worst = max(worst, float(np.abs(ra - sb).max()))
-    return worst
 
 
 def check_graphical_store(path: Path, expected_method: str) -> dict:
