@@ -106,7 +106,8 @@ def bench_plan(args: argparse.Namespace) -> None:
     from distfit.plan.residual import group_targets  # noqa: F401  (import cost outside the timings)
     from distfit.plan.planner import BATCH_SECONDS, decompose, plan_blocks, plan_streamed, should_stream
     from distfit.plan.job import StoreSink, apply_budget, finish_plan, write_plan
-    from distfit.runtime.cluster import DaskExecutor, dask_client
+    from distfit.plan.cluster_executor import DaskExecutor
+    from distfit.runtime.cluster import dask_client
     from distfit.spec.parse import load_spec
     from distfit.stores.plan_writer import PlanWriter
 

@@ -50,7 +50,8 @@ else:
 
 from distfit.plan.residual import residual_blocks  # noqa: E402
 from distfit.plan.planner import BlockTask, decompose, serial_executor, solve_order  # noqa: E402
-from distfit.runtime.cluster import DaskExecutor, dask_client  # noqa: E402
+from distfit.plan.cluster_executor import DaskExecutor  # noqa: E402
+from distfit.runtime.cluster import dask_client  # noqa: E402
 from distfit.spec.parse import load_spec, parse_spec  # noqa: E402
 
 

@@ -41,7 +41,7 @@ naming the claim when a stored one differs by more than a relative :data:`TOLERA
   Each must be a distribution (finite, >= 0, adding up to 1 within :data:`WEIGHT_TOLERANCE`),
   and ``lower_bound`` must equal, to a relative :data:`BOUND_TOLERANCE` (1e-9),
   ``|| diag(sqrt(v / t)) recon basis diag(sqrt(u)) ||_*^2``
-  (:func:`distfit.solver.dual.certified_bound`, one k x k SVD per block) at the block's target
+  (:func:`distfit.mathematics.bounds.certified_bound`, one k x k SVD per block) at the block's target
   shares scaled to its recomputed variances, ``t = targets * max(variances / targets)``
   (:func:`block_bound_targets`: what the solver certified, scaled as the block was by the
   allocation and any budget; the two agree to about 1e-12). A block with NaN weights (one the
@@ -79,7 +79,7 @@ from distfit.plan.allocate import allocate_scales
 from distfit.plan.composition import EXACT_DOMAIN_LIMIT, alpha_is_exact, stitched_profile
 from distfit.plan.planner import JOINT_BLOCK_DUAL, SCALE_ALLOCATION
 from distfit.mathematics.privacy import privacy_account
-from distfit.solver.dual import certified_bound
+from distfit.mathematics.bounds import certified_bound
 from distfit.spec.model import PipelineSpec
 from distfit.spec.parse import parse_spec
 from distfit.stores.plan import BlockRecord, Plan, checksum_covers_attrs, read_plan, verify_checksum

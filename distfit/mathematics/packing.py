@@ -40,7 +40,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from distfit.solver.dual import certified_bound
+from distfit.mathematics.bounds import certified_bound
 
 __all__ = [
     "PackedBlocks",

@@ -37,7 +37,8 @@ from typing import Iterator, Sequence, TextIO
 import numpy as np
 
 from distfit import __version__
-from distfit.runtime.cluster import DaskExecutor, Progress, placement_client
+from distfit.plan.cluster_executor import DaskExecutor
+from distfit.runtime.cluster import Progress, placement_client
 from distfit.runtime.placement import Placement
 from distfit.mathematics.packing import PackedBlocks
 from distfit.plan.decomposition import Decomposition

@@ -2,7 +2,7 @@
 
 DESIGN.md section 2. The planner is data-free and pure: it turns query groups on a domain into
 block solutions and one privacy account. Where blocks are solved is the executor's business
-(``serial_executor`` here, ``distfit.runtime.cluster.DaskExecutor`` on a cluster): an executor takes block
+(``serial_executor`` here, ``distfit.plan.cluster_executor.DaskExecutor`` on a cluster): an executor takes block
 tasks and yields ``(index, BlockSolution)`` in any order, so results can stream.
 
 1. ``residual.residual_blocks`` splits every query group over the residual blocks of its

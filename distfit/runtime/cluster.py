@@ -1,7 +1,7 @@
 """Where the work runs: a Dask cluster (DESIGN.md section 3).
 
 Planning is data-free: each block solve is a pure function (``plan.solve_block``), submitted
-in tasks sized by work (``DaskExecutor``: small blocks batched, large ones alone). By default
+in tasks sized by work (:class:`distfit.plan.cluster_executor.DaskExecutor`: small blocks batched, large ones alone). By default
 a local multi-process cluster is started (``LocalCluster(processes=True)``, one
 single-threaded worker per process, since the solver's BLAS calls are single-threaded for
 small blocks); the same code connects to a running scheduler by address
@@ -30,9 +30,7 @@ import dask
 from distributed import Client, LocalCluster, as_completed
 from distributed.diagnostics.plugin import WorkerPlugin
 
-from distfit.plan.planner import BlockTask, batched, solve_blocks
 from distfit.runtime.placement import Placement
-from distfit.solver.solve import BlockSolution
 
 TASK_RETRIES = 3
 
@@ -444,44 +442,6 @@ def compute_partitions(
     return results, found
 
 
-IN_FLIGHT_PER_THREAD = 4  # block tasks submitted ahead per worker thread (DaskExecutor)
-MIN_IN_FLIGHT = 8
-
-
-class DaskExecutor:
-    """Plan executor (``plan.Executor``) that runs the block solves as Dask tasks sized by work.
-
-    Blocks go out in batches of at least ``batch_seconds`` of estimated work
-    (``planner.batched``; default 0: one task per block; ``distfit plan`` passes
-    ``planner.BATCH_SECONDS``): in the planner's largest-first order a large SM-II block is a
-    task of its own, longest first, and small blocks share tasks, so Dask's 10-15 ms per task
-    stays small against the work. A batch's results are yielded block by block; a batch lost
-    with its worker is retried whole.
-
-    Tasks are taken from ``tasks`` lazily and at most ``max_in_flight`` are submitted and not
-    yet read (default: ``IN_FLIGHT_PER_THREAD`` per worker thread of the cluster at that
-    moment, at least ``MIN_IN_FLIGHT``, so a growing cluster gets more): a streamed plan reads
-    each block's spec from the store only when its task is submitted, and with a local cluster
-    the scheduler (in the driver's process) holds only those tasks' specs. ``max_in_flight=0``
-    submits every task at once."""
-
-    def __init__(self, client, max_in_flight: int | None = None, batch_seconds: float = 0.0) -> None:
-        self.client = client
-        self.max_in_flight = max_in_flight
-        self.batch_seconds = batch_seconds
-
-    def _limit(self) -> int:
-        if self.max_in_flight is not None:
-            return self.max_in_flight
-        threads = sum(self.client.nthreads().values())
-        return max(MIN_IN_FLIGHT, IN_FLIGHT_PER_THREAD * threads)
-
-    def __call__(self, tasks: Iterable[BlockTask]) -> Iterator[tuple[int, BlockSolution]]:
-        def calls() -> Iterator[tuple[str, tuple]]:
-            for batch in batched(tasks, self.batch_seconds):
-                label = batch[0].spec.block_id + (f"+{len(batch) - 1}" if len(batch) > 1 else "")
-                yield label, (batch,)
-
-        limit = None if self.max_in_flight == 0 else self._limit
-        for _, results in run_tasks(self.client, solve_blocks, calls(), "solve", limit):
-            yield from results
+def worker_threads(client) -> int:
+    """The worker threads of ``client``'s cluster at this moment (it may grow or shrink)."""
+    return sum(client.nthreads().values())

@@ -21,7 +21,7 @@ So every dual evaluation also yields a primal plan; scaled to meet the targets i
 The bound is maximised with L-BFGS over square-root parameters of (u, v) (``maximize_dual``;
 the design notes record that plain exponentiated-gradient ascent stalls far short of the
 optimum, and softmax parameters converge an order of magnitude slower than square roots).
-The bound a solve reports is ``certified_bound`` at the best weights found (a k x k SVD that
+The bound a solve reports is ``certified_bound`` (:mod:`distfit.mathematics.bounds`) at the best weights found (a k x k SVD that
 keeps every singular value); the weights are its certificate, kept with the plan, so anyone can
 evaluate the bound again instead of searching for it (``distfit audit``).
 """
@@ -108,57 +108,6 @@ def evaluate_dual(
     profile = np.einsum("ij,ij->j", whitened_cells, whitened_cells)
     ratios = factored_quadratic_forms(scaled_recon, half)
     return DualPoint(u, v, certified**2, nuclear, sigma, profile, ratios)
-
-
-def certified_bound(
-    basis: np.ndarray,
-    scaled_recon: np.ndarray,
-    cell_weights: np.ndarray,
-    query_weights: np.ndarray,
-) -> float:
-    """The dual bound at stored weights: ``f(u, v) = ||diag(sqrt(v)) L_t B diag(sqrt(u))||_*^2``.
-
-    DESIGN.md section 1 (the paper's dual, papers/000*): for ``u >= 0`` on the block's d cells
-    and ``v >= 0`` on its m query rows, each summing to 1, and ``L_t = diag(t^-1/2) L``
-    (``scaled_recon``), every covariance whose variances ``diag(L Sigma L^T)`` are at most
-    ``t`` has ``alpha = max_i b_i^T Sigma^-1 b_i >= f(u, v)``. This is the value a solve
-    reports as its ``lower_bound`` and the one ``distfit audit`` re-evaluates from the plan's
-    ``cell_weights`` / ``query_weights``: an evaluation, not a search.
-
-    The k x k reduction: with ``P = diag(sqrt(v)) L_t = Q_1 R_1`` and
-    ``(B diag(sqrt(u)))^T = Q_2 R_2`` (rows and cells of zero weight dropped first: they add
-    nothing), ``P B diag(sqrt(u)) = Q_1 R_1 R_2^T Q_2^T`` has the singular values of the k x k
-    ``R_1 R_2^T``. Householder QR, the product and the SVD are backward stable: the computed
-    singular values are exact for ``P B diag(sqrt(u)) + E`` with ``|E|_2`` about
-    ``n eps |R_1| |R_2|`` (n the largest dimension), and a nuclear norm moves by at most
-    ``k |E|_2`` (k singular values). ``8 k n eps |R_1|_F |R_2|_F`` (Frobenius norms bound the
-    spectral ones) is subtracted before squaring, so the value stays a proof; it costs at most
-    1.4e-9 of the bound on pl94's and Adult's blocks (1e-12 on the test suite's small ones),
-    far below a solve's gap tolerance. Unlike ``evaluate_dual``
-    (eigenvalues of the Gram matrix ``X``, whose square roots lose half the digits of the
-    small ones) no singular value is lost. Weights are normalised here, as there.
-    Raises ValueError on weights that are negative, not finite or all zero.
-    """
-    u = np.asarray(cell_weights, dtype=float)
-    v = np.asarray(query_weights, dtype=float)
-    for name, weights in (("cell_weights", u), ("query_weights", v)):
-        if not (np.all(np.isfinite(weights)) and np.all(weights >= 0) and weights.sum() > 0):
-            raise ValueError(f"{name}: weights must be finite, >= 0 and not all zero")
-    u = u / u.sum()
-    v = v / v.sum()
-    cells = np.flatnonzero(u > 0)
-    rows = np.flatnonzero(v > 0)
-    left = scaled_recon[rows] * np.sqrt(v[rows])[:, None]  # P: (m', k)
-    right = basis[:, cells] * np.sqrt(u[cells])  # B diag(sqrt(u)): (k, d')
-    upper_left = np.linalg.qr(left, mode="r")  # (min(m', k), k)
-    upper_right = np.linalg.qr(right.T, mode="r")  # (min(d', k), k)
-    singular = np.linalg.svd(upper_left @ upper_right.T, compute_uv=False)
-    if singular.size == 0:
-        return 0.0
-    size = max(left.shape[0], right.shape[1], basis.shape[0])
-    scale = np.linalg.norm(upper_left) * np.linalg.norm(upper_right)
-    rounding = 8.0 * singular.size * size * np.finfo(float).eps * scale
-    return float(max(singular.sum() - rounding, 0.0) ** 2)
 
 
 def plan_cost(basis: np.ndarray, scaled_recon: np.ndarray, sigma: np.ndarray) -> float:

@@ -31,7 +31,7 @@ How a solve runs (each stage is in its own module):
 
 The certificate is kept: ``BlockSolution.cell_weights`` (u, one per cell) and
 ``query_weights`` (v, one per query row; the rows ``dominant_rows`` left out get 0) are the
-dual point of the largest bound found, and ``lower_bound`` is ``dual.certified_bound`` at
+dual point of the largest bound found, and ``lower_bound`` is ``certified_bound`` at
 them: for u >= 0, v >= 0 each summing to 1,
 ``alpha* >= || diag(sqrt(v / c)) L B diag(sqrt(u)) ||_*^2`` (nuclear norm; DESIGN.md section
 1) for every covariance whose variances are at most c (the solve's ``targets``). Anyone holding
@@ -59,6 +59,7 @@ import numpy as np
 from distfit.solver import dual, smii
 from distfit.solver.basis import represent
 from distfit.solver.linalg import dominant_rows
+from distfit.mathematics.bounds import certified_bound
 from distfit.mathematics.privacy import Budget, PrivacyAccount, privacy_account, privacy_profile
 from distfit.mathematics.scaling import scaled_cost, scaled_noise
 from distfit.runtime.threads import blas_limit
@@ -111,7 +112,7 @@ class BlockSolution:
     the budget is generous); without one, ``variance_scale`` is 1.
 
     The certificate of ``lower_bound``: ``cell_weights`` u (d,) and ``query_weights`` v (m,),
-    each on the simplex, with ``lower_bound = dual.certified_bound(basis, recon / sqrt(targets),
+    each on the simplex, with ``lower_bound = certified_bound(basis, recon / sqrt(targets),
     u, v)`` = ``|| diag(sqrt(v / targets)) recon basis diag(sqrt(u)) ||_*^2``: a bound on the
     alpha of every covariance whose variances are at most ``targets`` (Problem 1, whatever the
     budget). Scaling the plan by s (``distfit.mathematics.scaling``) divides the bound by s and multiplies
@@ -354,11 +355,11 @@ def _solve_represented(
             certificate, lower_bound = bound_point, bound_point.bound
 
     # The certificate on every query row (the rows dominant_rows left out weigh 0), and the
-    # bound it proves, evaluated the way an auditor re-evaluates it (dual.certified_bound).
+    # bound it proves, evaluated the way an auditor re-evaluates it (certified_bound).
     query_weights = np.zeros(scaled_recon.shape[0])
     query_weights[rows] = certificate.query_weights
     cell_weights = certificate.cell_weights
-    lower_bound = dual.certified_bound(basis_matrix, scaled_recon, cell_weights, query_weights)
+    lower_bound = certified_bound(basis_matrix, scaled_recon, cell_weights, query_weights)
     sigma = _scaled_to_targets(best_sigma, scaled_recon)
     # Exactly symmetric: Newton steps and scalings leave round-off asymmetry (seen up to 1e-13
     # relative), which near-zero entries turn into audit mismatches; profile and variances are

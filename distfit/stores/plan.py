@@ -100,7 +100,7 @@ before; so do streamed plans (their blocks are written one at a time as drafts).
 ``cell_weights`` and ``query_weights`` (:data:`CERTIFICATE_ARRAYS`, an addition to DESIGN.md
 section 4) are the dual point that proves the block's ``lower_bound``: each on the simplex,
 ``lower_bound = || diag(sqrt(v / t)) recon basis diag(sqrt(u)) ||_*^2``
-(:func:`distfit.solver.dual.certified_bound`) at the block's target shares scaled to its
+(:func:`distfit.mathematics.bounds.certified_bound`) at the block's target shares scaled to its
 variances, ``t = targets * max(variances / targets)``: no covariance of the block whose
 variances are at most t has a smaller alpha. A block without a certificate of its own (one the
 planner's joint block dual re-optimised) has NaN weights and ``lower_bound`` 0. Plans written

@@ -28,7 +28,7 @@ from distfit.audit.plan import audit_plan, block_bound_targets
 from distfit.cli.main import main
 from distfit.plan.job import run_plan
 from distfit.plan.planner import JOINT_BLOCK_DUAL, SCALE_ALLOCATION
-from distfit.solver.dual import certified_bound
+from distfit.mathematics.bounds import certified_bound
 from distfit.spec.parse import parse_spec
 from distfit.stores.checksum import compute_checksum
 from distfit.stores.plan import StoreError, checksum_covers_attrs, plan_claims, read_plan

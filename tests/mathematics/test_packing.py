@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from distfit.mathematics.packing import PackedBlocks, QueryRuns, block_arrays, marginal_pack
-from distfit.solver.dual import certified_bound
+from distfit.mathematics.bounds import certified_bound
 
 SIZES = [3, 4, 2]
 CLIQUES = [(0, 1), (0, 2), (1, 2), (0, 1, 2)]

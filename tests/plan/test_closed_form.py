@@ -13,7 +13,7 @@ from distfit.mathematics.packing import block_arrays
 from distfit.plan import decomposition
 from distfit.plan.planner import plan_groups
 from distfit.plan.residual import ResidualWorkload
-from distfit.solver.dual import certified_bound
+from distfit.mathematics.bounds import certified_bound
 from distfit.spec.parse import load_spec
 
 ROOT = Path(__file__).resolve().parents[2]

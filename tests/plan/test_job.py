@@ -203,7 +203,8 @@ def test_batched_tasks_follow_the_order_and_reach_the_least_work():
 
 
 def test_batching_gives_the_same_plan_store_as_one_task_per_block(tmp_path):
-    from distfit.runtime.cluster import DaskExecutor, dask_client
+    from distfit.plan.cluster_executor import DaskExecutor
+    from distfit.runtime.cluster import dask_client
     from distfit.plan.job import write_plan
     from distfit.plan.planner import decompose, plan_blocks
 

@@ -15,11 +15,11 @@ import zarr
 from distributed import Client
 
 import distfit.plan.planner as plan_module
+from distfit.plan.cluster_executor import DaskExecutor
 from distfit.audit.plan import audit_plan
 from distfit.runtime.cluster import (
     WORKER_ENV,
     ClusterError,
-    DaskExecutor,
     dask_client,
     local_cluster,
     on_every_worker,

@@ -13,7 +13,8 @@ import pytest
 
 from distfit.mathematics import privacy, workload as wl
 from distfit.solver.basis import represent
-from distfit.solver.dual import DualPoint, certified_bound, evaluate_dual, maximize_dual, plan_cost
+from distfit.mathematics.bounds import certified_bound
+from distfit.solver.dual import DualPoint, evaluate_dual, maximize_dual, plan_cost
 
 from tests.reference import cvx_optimal_alpha, orthonormal_row_basis
 

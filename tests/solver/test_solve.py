@@ -15,7 +15,7 @@ import pytest
 
 import distfit
 from distfit.mathematics import privacy, workload as wl
-from distfit.solver.dual import certified_bound
+from distfit.mathematics.bounds import certified_bound
 from distfit.solver.linalg import dominant_rows
 from distfit.solver import solve as solve_module
 from distfit.solver.solve import BlockSolution, ConvergenceError, WarmStart, solve
