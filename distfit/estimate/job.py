@@ -84,13 +84,14 @@ from distfit.stores.estimate import (
     estimate_state,
     open_resumable,
     read_estimate,
+    read_verified_estimate,
     seal,
     stored_tables,
 )
 from distfit.stores.files import root_attrs_on_disk
 from distfit.stores.plan import read_plan, verify_checksum
 from distfit.release.tasks import task_chunks
-from distfit.stores.release import DerivedAnswers, pending_chunks, read_release
+from distfit.stores.release import DerivedAnswers, pending_chunks, read_release, read_verified_release
 from distfit.stores.release_chunks import ChunkWriter, aligned_empty, read_rows
 from distfit.runtime.threads import blas_limit
 
@@ -410,7 +411,8 @@ def _cell_labels(plan, model: MeasurementModel) -> np.ndarray | None:
 
 def _check_inputs(plan_path: str, release_path: str):
     """The sealed release and the plan it was made from (module docstring), or ValueError."""
-    release = read_release(release_path)  # ReleaseError (ValueError): missing, unsealed, not a release
+    # ReleaseError (ValueError): missing, unsealed, not a release, or changed since it was sealed
+    release = read_verified_release(release_path)
     ok, stored, recomputed = verify_checksum(plan_path)  # StoreError (ValueError): not a plan
     if not ok:
         raise ValueError(f"{plan_path}: the plan's arrays do not match its checksum ({recomputed}, stored "
@@ -568,8 +570,9 @@ def estimate_in_run(plan_path: PathLike, release_path: PathLike, out: PathLike, 
                                                                           release.attrs.get("plan_checksum"),
                                                                           bool(integer), True)
     if same and attrs.get("complete") is True:
+        reused = read_verified_estimate(out_path)  # reused only while it still holds what it was sealed with
         print(f"distfit: the estimate at {out_path} is sealed and of this release; reused", file=log)
-        return manifest_entry(out_path, str(attrs["checksum"])), "reused"
+        return manifest_entry(out_path, reused.checksum), "reused"
     if attrs is not None and not same:
         print(f"distfit: the estimate at {out_path} is of other inputs or options; replacing it", file=log)
     result = run_estimate(plan_path, release_path, out_path, integer=integer, resume=same,

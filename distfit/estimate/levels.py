@@ -47,13 +47,13 @@ from distfit.stores.estimate import (
     chunk_rows,
     create_estimate,
     estimate_state,
-    read_estimate,
+    read_verified_estimate,
     seal,
 )
 from distfit.stores.files import STAGING_MARKER, move_into_place
 from distfit.stores.lock import store_lock
-from distfit.stores.plan import read_plan
-from distfit.stores.release import read_release
+from distfit.stores.plan import read_verified_plan
+from distfit.stores.release import read_verified_release
 from distfit.stores.release_chunks import ChunkWriter
 from distfit.runtime.threads import blas_limit
 
@@ -131,7 +131,7 @@ def _reusable(paths: Mapping[str, Path], releases: Mapping[str, Any], integer: b
     for name, path in paths.items():
         if estimate_state(path) != "sealed":
             return None
-        estimate = read_estimate(path)
+        estimate = read_verified_estimate(path)  # reused only if still as sealed
         recorded = (estimate.attrs.get("geography") or {}).get("parent_estimate") or {}
         if (estimate.attrs.get("release_checksum") != releases[name].checksum or estimate.method != METHOD
                 or estimate.integer != bool(integer)
@@ -188,8 +188,8 @@ def estimate_levels(spec: Any, level_dirs: Mapping[str, os.PathLike | str], *, i
     columns = parent_columns(spec)
     plans, releases = {}, {}
     for name in names:
-        plans[name] = read_plan(dirs[name] / "plan.zarr")
-        releases[name] = read_release(dirs[name] / "release.zarr")
+        plans[name] = read_verified_plan(dirs[name] / "plan.zarr")
+        releases[name] = read_verified_release(dirs[name] / "release.zarr")
         if releases[name].attrs.get("plan_checksum") != plans[name].checksum:
             raise ValueError(f"{releases[name].path}: was released from another plan than {dirs[name] / 'plan.zarr'}")
     parents = {name: (names[i - 1] if i else None) for i, name in enumerate(names)}

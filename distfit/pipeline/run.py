@@ -72,7 +72,7 @@ from distfit.stores.data import MARGINALS_FORMAT, open_data, read_histograms, wr
 from distfit.stores.lock import store_lock
 from distfit.stores.files import root_attrs_on_disk, utc_now
 from distfit.stores.plan import read_plan
-from distfit.stores.release import read_release
+from distfit.stores.release import read_verified_release
 
 MANIFEST_FORMAT = "run-manifest"
 MANIFEST_VERSION = 1
@@ -418,15 +418,17 @@ def run_pipeline(
                 if recorded.get("created") != data_store.attrs.get("created"):
                     raise RunDirError(f"{release_path}: a sealed release of other data than {data_path}; "
                                       "use another --out")
-                release_checksum = read_release(release_path).attrs["checksum"]
+                release_checksum = read_verified_release(release_path).checksum  # reused: verified
                 stages["release"] = "reused"
                 print(f"distfit: the release at {release_path} is sealed; no new noise drawn", file=log)
             else:
                 resume = attrs is not None
+                written = stages["data"] in ("synthesised", "tabulated")  # by this run: sealed, not hashed again
                 result = run_release(
                     str(plan_path), str(data_path), str(release_path), resume=resume,
                     placement=where.placement(), log=log, fsync=fsync,
                     after_chunk=after_chunk, audit=report,  # audited above: not audited (hashed) again
+                    data_checksum=data_store.attrs.get("checksum") if written else None,
                 )
                 release_checksum = result.checksum
                 stages["release"] = "resumed" if result.resumed else "done"
@@ -446,7 +448,8 @@ def run_pipeline(
         t, written = time.perf_counter(), None
         if report:
             written = write_report(str(plan_path), str(report_path), str(release_path), str(data_path),
-                                   estimate_path=str(estimate_path) if estimate else None)
+                                   estimate_path=str(estimate_path) if estimate else None,
+                                   verified=True)  # each store written or verified by this run above
             timings["report"] = time.perf_counter() - t
         stages["report"] = "done" if report else "deferred"
 
@@ -502,7 +505,7 @@ def report_level(result: RunResult, estimate: Any | None) -> RunResult:
     level's manifest (``report``, ``estimate``, their stages and timing); the result, completed."""
     t = time.perf_counter()
     written = write_report(result.plan, result.report, result.release, result.data,
-                           estimate_path=estimate and estimate.path)
+                           estimate_path=estimate and estimate.path, verified=True)  # by the level's run
     stages = dict(result.stages, estimate=estimate.status if estimate else "skipped", report="done")
     manifest = dict(result.manifest_data, stages=stages, report=_report_entry(written),
                     estimate=manifest_entry(estimate.path, estimate.checksum) if estimate else None,

@@ -215,6 +215,7 @@ def run_release(
     fsync: bool = True,
     after_chunk: Callable[[int], None] | None = None,
     audit: AuditReport | None = None,
+    data_checksum: str | None = None,
 ) -> ReleaseResult:
     """Release ``data_path`` through the plan at ``plan_path`` into ``out`` (module docstring).
 
@@ -224,8 +225,12 @@ def run_release(
     ``after_chunk(chunk)`` is called in the driver after each chunk is written (a test hook,
     e.g. to simulate an interruption). ``audit``: the report of ``audit_plan(plan_path)`` when
     the caller has just audited the plan (``distfit run``); the plan is then not audited again,
-    only checked to still hold the audited checksum. Errors: ValueError (bad input: audit
-    failures, schema mismatch, bad counts, a resume that does not match, a plan changed since
+    only checked to still hold the audited checksum. ``data_checksum``: the checksum of the data
+    store at ``data_path`` when the caller has just written it (``distfit run``'s synthetic
+    data); it is then not hashed again, only checked to still state that checksum; otherwise
+    the data store is verified once (its whole checksum recomputed) before anything is laid
+    out. Errors: ValueError (bad input: audit failures, data changed since it was sealed,
+    schema mismatch, bad counts, a resume that does not match, a plan changed since
     its audit), FileExistsError (something at ``out`` that may not be replaced),
     cluster.ClusterError.
     """
@@ -272,7 +277,13 @@ def run_release(
         if microdata_format(data_path) is not None:
             data_path, tabulated = _tabulate_for_release(
                 plan, data_path, out_path, blocks, client=client.get, replace=not resumed, log=log, fsync=fsync)
-        data = open_data(data_path)
+        # verified once here, before the store is laid out or any noise drawn (data this release
+        # tabulated, or its caller wrote, was sealed a moment ago by this process: not read twice)
+        fresh = tabulated == "tabulated" or data_checksum is not None
+        data = open_data(data_path, verify=not fresh)
+        if data_checksum is not None and data.attrs.get("checksum") != data_checksum:
+            raise ValueError(f"{data_path}: the data changed since it was written (checksum "
+                             f"{data.attrs.get('checksum')}, written with {data_checksum})")
         plan_schema = (list(plan.attrs["schema"]["attributes"]), list(plan.attrs["schema"]["sizes"]))
         data_schema = (list(data.domain.names), list(data.domain.sizes))
         if data_schema != plan_schema:

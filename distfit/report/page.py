@@ -69,11 +69,11 @@ from distfit.report.packs import block_rows, true_query_answers
 from distfit.solver.baselines import compare_baselines
 from distfit.spec.parse import parse_spec
 from distfit.stores.data import open_data
-from distfit.stores.estimate import read_estimate
+from distfit.stores.estimate import read_estimate, read_verified_estimate
 from distfit.stores.lock import store_lock
 from distfit.stores.files import STAGING_MARKER, move_into_place
-from distfit.stores.plan import read_plan
-from distfit.stores.release import read_release
+from distfit.stores.plan import read_plan, read_verified_plan
+from distfit.stores.release import read_release, read_verified_release
 
 MARKER = ".distfit-report"
 PAGE = "index.html"
@@ -274,10 +274,10 @@ def _plot_calibration(plt, z: np.ndarray, sd: np.ndarray) -> str:
     return _svg(plt, fig, "calibration", "actual error against promised standard deviation")
 
 
-def _calibration(plan, release, data_path) -> tuple[dict, np.ndarray, np.ndarray, np.ndarray]:
+def _calibration(plan, release, data_path, verified: bool) -> tuple[dict, np.ndarray, np.ndarray, np.ndarray]:
     """Standardised errors of the first units' released answers (module docstring), and those
     units' true answers (units x m)."""
-    data = open_data(data_path)
+    data = open_data(data_path, verify=not verified)
     if data.units != int(release.attrs.get("units", -1)):
         raise ValueError(f"{data_path}: holds {data.units} units, the release {release.attrs.get('units')}; "
                          "give the data the release was made from")
@@ -616,23 +616,28 @@ def _page(plan, release, blocks, ratios, baselines, baseline_note, figures: dict
 def write_report(plan_path: str | os.PathLike, out: str | os.PathLike,
                  release_path: str | os.PathLike | None = None,
                  data_path: str | os.PathLike | None = None,
-                 estimate_path: str | os.PathLike | None = None) -> ReportResult:
+                 estimate_path: str | os.PathLike | None = None, *, verified: bool = False) -> ReportResult:
     """Write the report of the plan (and release) to ``out`` (module docstring). With
     ``data_path`` (the release's data store) the report adds the calibration section; with
-    ``estimate_path`` (an estimate of the release) the estimate section."""
+    ``estimate_path`` (an estimate of the release) the estimate section. Every store is
+    verified against its checksum first (one line naming the store that changed), unless
+    ``verified``: the caller wrote or verified each of them just before (``distfit run``)."""
     out_path = Path(os.fspath(out))
     if STAGING_MARKER in out_path.name:
         raise ValueError(f"{out_path}: a report path may not contain {STAGING_MARKER!r}")
     with store_lock(out_path, "report"):  # one writer per report directory (stores/lock.py)
-        return _write_report(plan_path, out_path, release_path, data_path, estimate_path)
+        return _write_report(plan_path, out_path, release_path, data_path, estimate_path, verified)
 
 
 def _write_report(plan_path: str | os.PathLike, out_path: Path, release_path: str | os.PathLike | None,
-                  data_path: str | os.PathLike | None, estimate_path: str | os.PathLike | None) -> ReportResult:
+                  data_path: str | os.PathLike | None, estimate_path: str | os.PathLike | None,
+                  verified: bool) -> ReportResult:
     if out_path.exists() or out_path.is_symlink():
         _check_out(out_path)  # refuse early, before any work
-    plan = read_plan(plan_path)
-    release = read_release(release_path) if release_path is not None else None
+    # every input verified against its checksum once, before anything is written
+    plan = (read_plan if verified else read_verified_plan)(plan_path)
+    read_release_store = read_release if verified else read_verified_release
+    release = read_release_store(release_path) if release_path is not None else None
     if release is not None and release.attrs.get("plan_checksum") != plan.checksum:
         raise ValueError(f"{release.path}: the release was made from another plan "
                          f"(plan checksum {release.attrs.get('plan_checksum')}, not {plan.checksum})")
@@ -643,8 +648,9 @@ def _write_report(plan_path: str | os.PathLike, out_path: Path, release_path: st
     baselines, note = _baselines(plan)
     if data_path is not None and release is None:
         raise ValueError("--data: the calibration compares a release with its data; give the release too")
-    calibrated = _calibration(plan, release, data_path) if data_path is not None else None
-    estimate = read_estimate(estimate_path) if estimate_path is not None else None
+    calibrated = _calibration(plan, release, data_path, verified) if data_path is not None else None
+    read_estimate_store = read_estimate if verified else read_verified_estimate
+    estimate = read_estimate_store(estimate_path) if estimate_path is not None else None
     if estimate is not None and (release is None or estimate.attrs.get("release_checksum") != release.checksum):
         raise ValueError(f"{estimate.path}: the estimate is not of the release "
                          f"{'given' if release is None else release.path} (release checksum "

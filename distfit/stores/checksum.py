@@ -1,5 +1,6 @@
-"""The store checksum: one SHA-256 over every array of a Zarr group (plans and releases alike)
-and, for a plan of format version 2, over the attrs that state its claims.
+"""The store checksum: one SHA-256 over every array of a Zarr group (every kind of store alike)
+and over the attrs that state its claims (plans of format version 2 and later, releases of 2,
+estimates of 3, data stores of 2; older stores: the arrays only).
 
 Format (**contract**: stored plans and releases must keep verifying). SHA-256, fed first with
 the domain line ``b"distfit-plan-checksum-v1\\n"`` (the same for every kind of store) - or
@@ -13,11 +14,13 @@ the array's bytes in C order, little-endian. A 1-d variable-length string array 
 and then, slab by slab, the UTF-8 byte lengths of its elements (little-endian uint64) and their
 UTF-8 bytes. The value is ``"sha256:" + hexdigest``.
 
-**Version 1** (releases, and plans of ``format_version`` 1): the arrays only, not the attrs.
-**Version 2** (``compute_checksum(group, attrs=claims)``; plans of ``format_version`` 2): the
+**Version 1** (plans of ``format_version`` 1, releases of 1, estimates of 1-2: no longer
+read): the arrays only, not the attrs.
+**Version 2** (``compute_checksum(group, attrs=claims)``; every store this distfit writes): the
 arrays as above, then ``f"attrs\\n{n}\\n"`` and the ``n`` bytes of :func:`canonical_json` of
 ``claims``, the mapping of the attrs the store's claims are stated in (which ones is the store's
-rule: :func:`distfit.stores.plan.plan_claims`). Array metadata (chunking, codecs, Zarr v3
+rule: :func:`distfit.stores.plan.plan_claims` for plans,
+:func:`distfit.stores.sealing.stated_attrs` for the rest). Array metadata (chunking, codecs, Zarr v3
 ``dimension_names``) is never hashed: only what the data and the claims are.
 
 :func:`compute_checksum` is the one implementation: the plan writer (``PlanWriter.finish``)
@@ -56,11 +59,13 @@ def canonical_json(value: Any) -> bytes:
 Reader = Callable[[str, zarr.Array, Any], Any]
 
 
-def compute_checksum(group: zarr.Group, *, attrs: Mapping[str, Any] | None = None, threads: int | None = None,
-                     read_bytes: int | None = None, read: Reader | None = None) -> str:
+def compute_checksum(group: zarr.Group, *, attrs: "Mapping[str, Any] | Callable[[], Mapping[str, Any]] | None" = None,
+                     threads: int | None = None, read_bytes: int | None = None, read: Reader | None = None) -> str:
     """``"sha256:<hex>"`` over every array under ``group`` (format: the module docstring);
     with ``attrs`` (a JSON mapping: the claims the store states) the version-2 digest, which
-    also covers :func:`canonical_json` of ``attrs``.
+    also covers :func:`canonical_json` of ``attrs``. ``attrs`` may be a function giving that
+    mapping: it is called once the arrays are hashed (a store hashed while its chunks are
+    written learns its last attrs only when it is sealed).
 
     The arrays are fed to the hash one after another in the documented order, but read ahead
     on ``threads`` threads (default :data:`READ_THREADS`), in slabs of whole zarr chunks of rows
@@ -80,8 +85,7 @@ def compute_checksum(group: zarr.Group, *, attrs: Mapping[str, Any] | None = Non
     read_bytes = max(1, int(READ_BYTES if read_bytes is None else read_bytes))
     arrays = [(name, obj) for name, obj in group.members(max_depth=None) if isinstance(obj, zarr.Array)]
     arrays.sort(key=lambda item: item[0])
-    claims = None if attrs is None else canonical_json(dict(attrs))
-    h = hashlib.sha256(_DOMAIN if claims is None else _DOMAIN_WITH_ATTRS)
+    h = hashlib.sha256(_DOMAIN if attrs is None else _DOMAIN_WITH_ATTRS)
     # One step per header or slab, in hash order: ("bytes", b) feeds b; ("read", arr, where,
     # dtype, nbytes, name) feeds the slab's bytes; ("strings", name, arr) hashes a string array
     # in place.
@@ -141,7 +145,8 @@ def compute_checksum(group: zarr.Group, *, attrs: Mapping[str, Any] | None = Non
         finally:
             for future in futures.values():
                 future.cancel()
-    if claims is not None:
+    if attrs is not None:
+        claims = canonical_json(dict(attrs() if callable(attrs) else attrs))
         h.update(f"attrs\n{len(claims)}\n".encode("utf-8"))
         h.update(claims)
     return CHECKSUM_PREFIX + h.hexdigest()

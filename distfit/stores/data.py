@@ -9,7 +9,7 @@ Histograms store (**contract** for ``distfit release --data``, :func:`write_synt
 --------------------------------------------------------------------------------------
 N units (e.g. census blocks), each a histogram over the cells of the spec's domain (row-major
 in the schema order, as in :class:`distfit.mathematics.domain.Domain`). A Zarr v3 group ``DATA.zarr`` with
-attrs ``distfit_format="histograms"``, ``format_version=1``, ``schema`` ({"attributes": [names],
+attrs ``distfit_format="histograms"``, ``format_version=2``, ``schema`` ({"attributes": [names],
 "sizes": [ints]}), ``spec_hash`` (of the spec it was made for; None from a bare domain),
 ``units``, ``cells``, ``seed``, ``chunk_units``, ``total_people``, ``model`` (the parameters),
 ``generator`` (``"distfit.data/1"``), ``created``, ``distfit_version`` and, written last,
@@ -27,7 +27,7 @@ seed, the domain, ``chunk_units`` and the model (:mod:`distfit.data.synthetic`).
 Marginals store (**contract**, written by :func:`distfit.data.microdata.tabulate_microdata`)
 -------------------------------------------------------------------------------------------
 Per-unit counts of person-level microdata: a Zarr v3 group with attrs
-``distfit_format="marginals"``, ``format_version=1``, ``schema``, ``spec_hash``, ``units``,
+``distfit_format="marginals"``, ``format_version=2``, ``schema``, ``spec_hash``, ``units``,
 ``chunk_units``, ``cliques`` (list of attribute-name lists in schema order: the maximal query
 cliques of the spec's groups, plus any attribute sets the tabulation was asked to cover, e.g. a
 plan's blocks; a set inside another is dropped), ``source`` ({"path", "format": "csv"|"parquet",
@@ -61,13 +61,19 @@ written before these additions (no dimension names, no coordinates) are read as 
 Writing (:func:`staged_store`)
 ------------------------------
 Atomic like the plan store (:mod:`distfit.stores.files`): everything goes to a staging directory
-``<path>.incomplete-<random>`` one chunk at a time (memory is flat in N), the root attrs with
-``complete=True`` come last, everything is fsynced and the directory is renamed into place. An
+``<path>.incomplete-<random>`` one chunk at a time (memory is flat in N), then the store is
+sealed: ``checksum`` (:func:`distfit.stores.checksum.compute_checksum` over every array and
+every stated attr, :func:`distfit.stores.sealing.stated_attrs`: all but the checksum,
+``complete``, ``created`` and ``sealed``), ``sealed`` (the time) and ``complete=True`` come last, everything is fsynced and the directory is renamed into place. An
 existing path is refused unless ``overwrite=True`` (and then only a store of the same format is
 replaced, once the new one is complete); an exception deletes the staging directory.
 
 Reading for a release (:func:`open_data`)
 -----------------------------------------
+A command that takes a data store as input opens it once with ``verify=True`` (its driver,
+before anything is written or any noise drawn): the checksum is recomputed and a store changed
+since it was sealed (a deleted or altered counts chunk, an edited attr) is refused in one line.
+A store of format 1 (no checksum) is refused with the command that writes it anew.
 ``distfit release --data`` takes either store format: :class:`HistogramsData` (full-domain
 counts) or :class:`MarginalsData`. Both give ``units``, ``chunk_units``, ``domain``, ``unit_ids``
 (a lazy zarr array: index it per chunk) and ``block_counts(attributes, start, stop)``: the
@@ -109,9 +115,7 @@ from distfit.spec.parse import load_spec
 from distfit.stores.lock import store_lock
 from distfit.stores.files import (
     PARENT_IDS,
-    open_store,
     STAGING_MARKER,
-    check_format,
     fsync_tree,
     is_staging,
     jsonable,
@@ -121,10 +125,16 @@ from distfit.stores.files import (
     utc_now,
     write_array,
 )
+from distfit.stores.sealing import check_verified, open_sealed, seal_checksum, stated_attrs
 
 FORMAT = "histograms"
 MARGINALS_FORMAT = "marginals"
-FORMAT_VERSION = 1
+#: 2: sealed (``checksum`` over every array and stated attr, :func:`distfit.stores.sealing.stated_attrs`,
+#: and ``sealed``, the seal's time); a data store of format 1 had no checksum and is refused
+#: with the command that writes it anew (:data:`WRITERS`).
+FORMAT_VERSION = 2
+#: The command that writes each data format (named when an old store is refused).
+WRITERS = {FORMAT: "distfit synth", MARGINALS_FORMAT: "distfit tabulate"}
 #: Zarr v3 ``dimension_names`` of a histograms store's arrays (module docstring).
 HISTOGRAMS_DIMS: dict[str, tuple[str, ...]] = {
     "counts": ("unit", "cell"),
@@ -203,7 +213,9 @@ def _staged_write(path: Path, fmt: str, overwrite: bool, fsync: bool):
         group = zarr.open_group(store=str(staging), mode="w-", zarr_format=3)
         group.attrs.update({"distfit_format": fmt, "format_version": FORMAT_VERSION, "complete": False})
         yield staging, group
-        group.attrs["complete"] = True
+        sealed = zarr.open_group(store=str(staging), mode="r+", zarr_format=3)
+        checksum = seal_checksum(sealed, sealed.attrs, stated_attrs)
+        sealed.attrs.update({"checksum": checksum, "sealed": utc_now(), "complete": True})
         if fsync:
             fsync_tree(staging)
         move_into_place(staging, path, lambda existing: _check_target(existing, overwrite, fmt))
@@ -566,12 +578,16 @@ class MarginalsData(UnitStoreView):
         return marginal_counts(counts, sub, attributes)
 
 
-def _open_store(path: PathLike, fmt: str) -> tuple[Path, dict, Domain, Any]:
-    """Every refusal check shared by the data readers; returns ``(path, attrs, domain, group)``."""
-    p, group, attrs = open_store(path, fmt, DataError)
-    check_format(p, attrs, fmt, FORMAT_VERSION, DataError)
-    if attrs.get("complete") is not True:
-        raise DataError(f"{p}: the data is not marked complete (an unfinished or damaged write)")
+def _open_store(path: PathLike, fmt: str, verify: bool) -> tuple[Path, dict, Domain, Any]:
+    """Every refusal check shared by the data readers (:func:`distfit.stores.sealing.open_sealed`:
+    a format older than :data:`FORMAT_VERSION` has no checksum and is refused with the command
+    that writes it anew), the checksum recomputed when ``verify``; returns ``(path, attrs,
+    domain, group)``."""
+    p, group, attrs = open_sealed(path, fmt, FORMAT_VERSION, DataError, oldest=FORMAT_VERSION,
+                                  rewrite=WRITERS[fmt],
+                                  unfinished="the data is not marked complete (an unfinished or damaged write)")
+    if verify:
+        check_verified(p, f"{fmt} store", group, attrs, stated_attrs, DataError)
     schema = attrs.get("schema")
     try:
         domain = Domain.from_schema(schema)
@@ -590,11 +606,13 @@ def _array(p: Path, group: Any, name: str) -> Any:
     return node
 
 
-def read_histograms(path: PathLike) -> HistogramsData:
+def read_histograms(path: PathLike, verify: bool = False) -> HistogramsData:
     """Open a complete histograms store, or raise :class:`DataError` (a ValueError) naming the
-    path and why: missing, staging directory, not a Zarr v3 group, another format, a newer
-    ``format_version``, not marked complete, missing or misshapen arrays."""
-    p, attrs, domain, group = _open_store(path, FORMAT)
+    path and why: missing, staging directory, not a Zarr v3 group, another format, a
+    ``format_version`` newer or older than :data:`FORMAT_VERSION`, not marked complete, no
+    checksum, missing or misshapen arrays; with ``verify``, contents that no longer hash to
+    the checksum it was sealed with."""
+    p, attrs, domain, group = _open_store(path, FORMAT, verify)
     counts, ids = _array(p, group, "counts"), _array(p, group, "unit_ids")
     if counts.ndim != 2 or counts.shape[1] != domain.size:
         raise DataError(f"{p}: counts has shape {counts.shape}, expected (units, {domain.size})")
@@ -607,10 +625,10 @@ def read_histograms(path: PathLike) -> HistogramsData:
     return HistogramsData(path=str(p), attrs=attrs, counts=counts, unit_ids=ids)
 
 
-def read_marginals(path: PathLike) -> MarginalsData:
+def read_marginals(path: PathLike, verify: bool = False) -> MarginalsData:
     """Open a complete marginals store (module docstring), or raise :class:`DataError` naming
     the path and why (as :func:`read_histograms`, plus bad ``cliques`` or ``chunk_units``)."""
-    p, attrs, domain, group = _open_store(path, MARGINALS_FORMAT)
+    p, attrs, domain, group = _open_store(path, MARGINALS_FORMAT, verify)
     cliques = attrs.get("cliques")
     try:
         cliques = tuple(tuple(str(name) for name in clique) for clique in cliques)
@@ -651,9 +669,10 @@ def read_marginals(path: PathLike) -> MarginalsData:
                          parent_ids=parents)
 
 
-def open_data(path: PathLike) -> HistogramsData | MarginalsData:
+def open_data(path: PathLike, verify: bool = False) -> HistogramsData | MarginalsData:
     """Open a complete data store of either format (module docstring) for a release, or raise
-    :class:`DataError` naming the path and why."""
+    :class:`DataError` naming the path and why; ``verify``: recompute its checksum first (what
+    a command's driver does once, before it writes anything or draws any noise)."""
     p = Path(os.fspath(path))
     if not p.exists() and not is_staging(p):
         left = leftovers(p)
@@ -662,5 +681,5 @@ def open_data(path: PathLike) -> HistogramsData | MarginalsData:
                         "distfit tabulate, or microdata: .csv, .csv.gz, .parquet, .pq)")
     attrs = root_attrs_on_disk(p) if p.is_dir() else None
     if attrs is not None and attrs.get("distfit_format") == MARGINALS_FORMAT:
-        return read_marginals(p)
-    return read_histograms(p)
+        return read_marginals(p, verify)
+    return read_histograms(p, verify)

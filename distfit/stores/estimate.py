@@ -2,7 +2,7 @@
 
 Layout (**contract**, DESIGN.md section 4), a Zarr v3 group::
 
-    estimate.zarr/       attrs: distfit_format="estimate", format_version=1, plan_checksum,
+    estimate.zarr/       attrs: distfit_format="estimate", format_version=3, plan_checksum,
                                 release_checksum, plan_path, release_path, schema
                                 ({"attributes", "sizes"} of the plan), method, objective (the
                                 formula minimised), integer (bool), units, chunk_units, n_chunks,
@@ -77,8 +77,11 @@ Lifecycle, as a release's (:mod:`distfit.stores.release`; the orchestration is
 arrays and, last, its ``chunks/done`` entry (:meth:`distfit.stores.release_chunks.ChunkWriter.write_arrays`);
 the driver fsyncs and hashes chunks as they land (``ChunkSync``, ``ReleaseHasher`` over
 :func:`chunk_arrays`); :func:`seal` checks the plan and release are unchanged, then writes the
-checksum (:func:`distfit.stores.checksum.compute_checksum`, arrays only, like a release's) and
-``complete=True``. :func:`open_resumable` reopens an incomplete store made from the same plan,
+checksum (:func:`distfit.stores.checksum.compute_checksum` over the arrays and every stated
+attr, :func:`distfit.stores.sealing.stated_attrs`, like a release's: ``method``, ``integer``,
+``fit`` and the rest; format 3, older estimates are refused) and ``complete=True``. A command
+that takes an estimate as input (the report, the levels) reads it with
+:func:`read_verified_estimate`. :func:`open_resumable` reopens an incomplete store made from the same plan,
 release and options.
 """
 from __future__ import annotations
@@ -100,7 +103,10 @@ from distfit.stores.sealing import UNIT_DIMS, SealedKind, SealedStore, lay_out_u
 
 FORMAT = "estimate"
 #: 2: the per-unit fit arrays are ``solve/*`` (``fit/*`` in 1; module docstring, "Hash order").
-FORMAT_VERSION = 2
+#: 3: the checksum covers every stated attr (:func:`distfit.stores.sealing.stated_attrs`:
+#: ``method``, ``integer``, ``fit``, ...); older estimates are refused with the command that
+#: writes them anew.
+FORMAT_VERSION = 3
 
 #: What each chunk writes, besides ``chunks/done`` (:func:`chunk_arrays`), with its dtype when fixed.
 FIT_DTYPES = {"solve/objective": np.float64, "solve/iterations": np.int32, "solve/converged": np.uint8}
@@ -400,8 +406,8 @@ class Estimate(SealedStore):
 #: checksum), ``verify_estimate(path)`` (``(ok, stored, recomputed)`` checksum),
 #: ``estimate_state(path)`` (``"absent"``, ``"sealed"`` or ``"incomplete"``; FileExistsError for
 #: anything else) and ``check_replaceable(path)`` (FileExistsError unless an estimate store).
-ESTIMATE = SealedKind(FORMAT, FORMAT_VERSION, EstimateError, Estimate)
-read_estimate, verify_estimate = ESTIMATE.read, ESTIMATE.verify
+ESTIMATE = SealedKind(FORMAT, FORMAT_VERSION, EstimateError, Estimate, oldest=FORMAT_VERSION)
+read_estimate, read_verified_estimate, verify_estimate = ESTIMATE.read, ESTIMATE.read_verified, ESTIMATE.verify
 estimate_state, check_replaceable = ESTIMATE.state, ESTIMATE.check_replaceable
 
 
@@ -444,6 +450,7 @@ __all__ = [
     "open_resumable",
     "query_groups",
     "read_estimate",
+    "read_verified_estimate",
     "seal",
     "stored_tables",
     "verify_estimate",

@@ -271,10 +271,12 @@ def move_into_place(staging: Path, final: Path, check_target: Callable[[Path], N
             fsync_dir(final.parent)
 
 
-def check_format(path: Path, attrs: Mapping, expected: str, supported_version: int, error: type[Exception]) -> None:
+def check_format(path: Path, attrs: Mapping, expected: str, supported_version: int, error: type[Exception],
+                 oldest: int = 1, rewrite: str = "") -> None:
     """Refuse a store whose ``distfit_format`` is not ``expected`` or whose ``format_version`` is
-    invalid or newer than ``supported_version``; raises ``error`` naming ``path``. Shared by every
-    store reader (plans, histograms, releases)."""
+    invalid, newer than ``supported_version`` or older than ``oldest`` (``rewrite``: the command
+    that writes it anew, named in the refusal); raises ``error`` naming ``path``. Shared by every
+    store reader (plans, data stores, releases, estimates)."""
     fmt = attrs.get("distfit_format")
     if fmt != expected:
         raise error(f"{path}: distfit_format is {fmt!r}, not {expected!r}")
@@ -284,6 +286,9 @@ def check_format(path: Path, attrs: Mapping, expected: str, supported_version: i
     if version > supported_version:
         raise error(
             f"{path}: format_version {version} is newer than this distfit supports ({supported_version}); upgrade distfit")
+    if version < oldest:
+        raise error(f"{path}: format_version {version} was written by an earlier distfit and is not fully covered by "
+                    f"its checksum, so it is not read; write it anew with this distfit ({rewrite or 'distfit ' + expected})")
 
 
 def open_store(path: str | os.PathLike, kind: str, error: type[Exception]) -> tuple[Path, zarr.Group, dict]:

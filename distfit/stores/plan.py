@@ -152,7 +152,7 @@ from distfit.stores.files import (
     CHUNK_BYTES,
     root_attrs_on_disk,
 )
-from distfit.stores.sealing import open_sealed, verify_opened
+from distfit.stores.sealing import check_verified, open_sealed, verify_opened
 from distfit.stores.solved_pack import SOLVED_GROUP, open_solved
 
 FORMAT = "plan"
@@ -625,6 +625,15 @@ def plan_checksum_claims(attrs: Mapping, group: zarr.Group) -> dict[str, Any] | 
     return plan_claims(attrs, group) if checksum_covers_attrs(attrs) else None
 
 
+def read_verified_plan(path: PathLike) -> Plan:
+    """:func:`read_plan`, then its checksum recomputed under the plan's rule
+    (:func:`distfit.stores.sealing.check_verified`): what a command that reads a plan it does not
+    audit (the report) calls once; :class:`StoreError` in one line if the plan changed."""
+    p, group, attrs = _open_plan_group(path)
+    check_verified(p, "plan", group, attrs, plan_checksum_claims, StoreError)
+    return read_plan(p)
+
+
 def verify_checksum(path: PathLike) -> tuple[bool, str, str]:
     """``(ok, stored, recomputed)`` for a plan store (refused like :func:`read_plan`), under the
     plan's rule :func:`plan_checksum_claims` (:func:`distfit.stores.sealing.verify_opened`)."""
@@ -656,6 +665,7 @@ __all__ = [
     "plan_checksum_claims",
     "plan_claims",
     "read_plan",
+    "read_verified_plan",
     "stored_form",
     "verify_checksum",
 ]

@@ -2,7 +2,7 @@
 
 Layout (**contract**, DESIGN.md section 4), a Zarr v3 group::
 
-    release.zarr/        attrs: distfit_format="release", format_version=1, plan_checksum,
+    release.zarr/        attrs: distfit_format="release", format_version=2, plan_checksum,
                                 plan_path, schema ({"attributes", "sizes"} of the plan), private
                                 (False with --seed), created, distfit_version, units,
                                 chunk_units, n_chunks, data ({"path", "created"} of the data
@@ -73,8 +73,12 @@ compress), and so are numeric unit ids and the done markers (a chunk writes them
 files, :mod:`distfit.stores.release_chunks`; stores laid out before with zstd ids read and
 resume as before). Query labels are a JSON attr, not an array: fixed-width UTF-32 has no Zarr
 v3 specification. The checksum is :func:`distfit.stores.checksum.compute_checksum` over every
-array of the store (the same format as the plan's; codecs are not hashed), written when the
-release is sealed.
+array of the store and every attr it states (:func:`distfit.stores.sealing.stated_attrs`: all
+but the checksum, ``complete`` and the two timestamps; the same format as the plan's; codecs are
+not hashed), written when the release is sealed. A release of format 1 (arrays only: its
+``private`` flag and ``units`` were outside the checksum) is refused by every reader with the
+command that writes it anew. A command that takes a release as input reads it with
+:func:`read_verified_release` (the checksum recomputed once, before anything is written).
 
 Never stored: the counts, true marginals or true answers, the entropy, the ``--seed`` (a seeded
 release records only ``private=False``), and no attr derived from the data beyond ``units``.
@@ -86,8 +90,8 @@ driver fsyncs and hashes the chunks reported done (:mod:`distfit.stores.release_
 ``write_chunk``, ``ChunkSync``, ``ReleaseHasher``); :func:`seal` checks the plan is unchanged
 and every chunk done, then writes the checksum and ``complete=True``.
 :func:`open_resumable` reopens an incomplete store for ``--resume`` after checking it belongs
-to the same plan and data; :func:`release_state` says what is at a path. :func:`read_release`
-and :func:`verify_release` read a sealed store.
+to the same plan and data; :func:`release_state` says what is at a path. :func:`read_release`,
+:func:`read_verified_release` and :func:`verify_release` read a sealed store.
 """
 from __future__ import annotations
 
@@ -107,7 +111,9 @@ from distfit.stores.release_chunks import ReleaseHasher, seal_chunked
 from distfit.stores.sealing import UNIT_DIMS, SealedKind, SealedStore, lay_out_units, root_attr, store_array
 
 FORMAT = "release"
-FORMAT_VERSION = 1
+#: 2: the checksum covers every stated attr (:func:`distfit.stores.sealing.stated_attrs`); a
+#: release of format 1 (arrays only) is refused with the command that writes it anew.
+FORMAT_VERSION = 2
 
 #: Compressors of the answer arrays: none (raw little-endian float64). Noisy answers do not
 #: compress: zarr's default zstd saved 3 % of the bytes of a PL94 release, for ~0.08 s of encoding
@@ -404,8 +410,8 @@ class DerivedAnswers:
 #: ``verify_release(path)`` (``(ok, stored, recomputed)`` checksum), ``release_state(path)``
 #: (``"absent"``, ``"sealed"`` or ``"incomplete"``; FileExistsError for anything else) and
 #: ``check_replaceable(path)`` (FileExistsError unless a release store).
-RELEASE = SealedKind(FORMAT, FORMAT_VERSION, ReleaseError, Release)
-read_release, verify_release = RELEASE.read, RELEASE.verify
+RELEASE = SealedKind(FORMAT, FORMAT_VERSION, ReleaseError, Release, oldest=FORMAT_VERSION)
+read_release, read_verified_release, verify_release = RELEASE.read, RELEASE.read_verified, RELEASE.verify
 release_state, check_replaceable = RELEASE.state, RELEASE.check_replaceable
 
 
@@ -426,6 +432,7 @@ __all__ = [
     "pending_chunks",
     "plan_change",
     "read_release",
+    "read_verified_release",
     "release_state",
     "seal",
     "verify_release",

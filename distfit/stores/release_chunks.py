@@ -32,7 +32,7 @@ from zarr.codecs import BytesCodec
 
 from distfit.stores.checksum import compute_checksum
 from distfit.stores.files import fsync_dir, fsync_file, fsync_tree, jsonable, utc_now
-from distfit.stores.sealing import seal_checksum
+from distfit.stores.sealing import seal_checksum, stated_attrs
 
 #: How the seal reads the store for its checksum (:func:`distfit.stores.checksum.compute_checksum`,
 #: the same digest as every reader's): whole zarr chunks of answers, at least this many bytes a
@@ -418,13 +418,14 @@ class ReleaseHasher:
         self._cancelled = False
         self._digest: str | None = None
         self._error: BaseException | None = None
+        self._claims: Mapping[str, Any] | None = None  # the stated attrs, given by the seal (result)
         self._thread = threading.Thread(target=self._run, args=(root,), name="distfit-release-checksum", daemon=True)
         self._thread.start()
 
     def _run(self, root: zarr.Group) -> None:
         try:
-            self._digest = compute_checksum(root, threads=SEAL_READ_THREADS, read_bytes=SEAL_READ_BYTES,
-                                            read=self._read)
+            self._digest = compute_checksum(root, attrs=self._sealed_claims, threads=SEAL_READ_THREADS,
+                                            read_bytes=SEAL_READ_BYTES, read=self._read)
         except BaseException as error:  # noqa: BLE001 - result() reports it (the seal then rereads)
             self._error = error
 
@@ -474,8 +475,22 @@ class ReleaseHasher:
             self._reader.shutdown(wait=True, cancel_futures=True)
         self._kept.clear()
 
-    def result(self) -> str | None:
-        """The digest, once every chunk is done (waits); None if hashing failed."""
+    def _sealed_claims(self) -> Mapping[str, Any]:
+        """The stated attrs the digest ends with (:func:`distfit.stores.sealing.stated_attrs` of
+        the attrs the store is sealed with): known only at the seal, so the thread waits here
+        once the arrays are hashed."""
+        with self._condition:
+            self._condition.wait_for(lambda: self._cancelled or self._claims is not None)
+            if self._cancelled:
+                raise RuntimeError("release checksum cancelled")
+            return self._claims
+
+    def result(self, claims: Mapping[str, Any]) -> str | None:
+        """The digest over the arrays and ``claims`` (the stated attrs the store is sealed
+        with), once every chunk is done (waits); None if hashing failed."""
+        with self._condition:
+            self._claims = claims
+            self._condition.notify_all()
         self._thread.join()
         self._stop_reading()
         return self._digest if self._error is None else None
@@ -512,9 +527,11 @@ def seal_chunked(root: zarr.Group, path: Path, *, fsync: bool, hasher: ReleaseHa
             if not (done == 1).all():
                 missing = np.flatnonzero(done != 1)
                 raise RuntimeError(f"{path}: chunks {missing[:5].tolist()} not written; cannot seal")
-            checksum = hasher.result() if hasher is not None else None
+            sealed_attrs = {**dict(root.attrs), **jsonable(dict(attrs or {}))}
+            checksum = hasher.result(stated_attrs(sealed_attrs, root)) if hasher is not None else None
             if checksum is None:
-                checksum = seal_checksum(root, root.attrs, threads=SEAL_READ_THREADS, read_bytes=SEAL_READ_BYTES)
+                checksum = seal_checksum(root, sealed_attrs, stated_attrs, threads=SEAL_READ_THREADS,
+                                         read_bytes=SEAL_READ_BYTES)
             if fsync:
                 fsync_tree(path, synced)
             if checking is not None:

@@ -4,8 +4,9 @@ checked (plans, releases, estimates).
 A sealed store is a Zarr v3 group whose root attrs say ``complete=True`` and carry ``checksum``:
 :func:`distfit.stores.checksum.compute_checksum` over its arrays and, where the store's
 :data:`ClaimRule` says so, over the attrs that state its claims (a plan of format version 2 or
-later: :func:`distfit.stores.plan.plan_checksum_claims`; releases and estimates: the arrays only,
-:func:`arrays_only`, their format unchanged). Each store module names its rule once, and
+later: :func:`distfit.stores.plan.plan_checksum_claims`; releases, estimates and data stores:
+:func:`stated_attrs`, every attr of every group and array but :data:`UNSEALED_ATTRS`). Each
+store module names its rule once, and
 
 - writers take the checksum with :func:`seal_checksum` (the plan writer's ``finish``, the seal of
   a store written chunk by chunk, :func:`distfit.stores.release_chunks.seal_chunked`);
@@ -18,9 +19,17 @@ later: :func:`distfit.stores.plan.plan_checksum_claims`; releases and estimates:
   new store, the reopening of an incomplete one for ``--resume``); :func:`lay_out_units` lays
   out the per-unit arrays every such store has (:data:`UNIT_DIMS`).
 
-So a store kind's claims and its refusals are decided in one place; a rule that starts covering
-more attrs (issue 28: release and estimate attrs) changes here and in the kind's format version,
-nowhere else.
+So a store kind's claims and its refusals are decided in one place. A store of a format
+version older than its kind's ``oldest`` (a release of format 1, an estimate of 1-2, a data store
+of 1: written when their attrs were outside the checksum, or, for data, with no checksum at all)
+is refused with the command that writes it anew: what a checksum does not cover cannot be
+trusted, so it is never read as if it were.
+
+Reading and verifying: a command that reads a store it did not write verifies it first
+(:meth:`SealedKind.read_verified`, :func:`distfit.stores.data.open_data` with ``verify=True``):
+the whole checksum is recomputed once, by the driver, before anything is written or any noise
+drawn, and a mismatch is one line naming the store. The tasks that then read the store's chunks
+trust that verification (the window between the two is a documented limit, docs/stores.md).
 """
 from __future__ import annotations
 
@@ -49,7 +58,10 @@ __all__ = [
     "SealedKind",
     "SealedStore",
     "UNIT_DIMS",
+    "UNSEALED_ATTRS",
     "arrays_only",
+    "check_verified",
+    "stated_attrs",
     "lay_out_units",
     "root_attr",
     "store_array",
@@ -73,10 +85,29 @@ UNIT_DIMS: dict[str, tuple[str, ...]] = {
 #: version-2 digest), or None for the arrays only (version 1).
 ClaimRule = Callable[[Mapping[str, Any], zarr.Group], "Mapping[str, Any] | None"]
 
+#: The root attrs outside the checksum of every store sealed by :func:`stated_attrs`: the
+#: checksum itself, the seal's mark and its two timestamps (when the store was started and
+#: sealed: a store written twice from the same inputs states the same facts and has one
+#: checksum). Everything else a store states is covered.
+UNSEALED_ATTRS = ("checksum", "complete", "created", "sealed")
+
 
 def arrays_only(_attrs: Mapping[str, Any], _group: zarr.Group) -> None:
-    """The rule of releases and estimates (format 1 to today): the checksum covers the arrays only."""
+    """The arrays-only rule (version 1; plans of format 1 only, still read and audited)."""
     return None
+
+
+def stated_attrs(root_attrs: Mapping[str, Any], group: zarr.Group) -> dict[str, Any]:
+    """The sealing rule of releases, estimates and data stores: ``{"": root_attrs without
+    UNSEALED_ATTRS, "<path>": the attrs of every other group and array under ``group`` that has
+    any}`` (paths relative to the root, e.g. ``"queries"``: its ``labels``). So a flipped
+    ``private`` flag, an edited ``units`` or a changed query label changes the digest."""
+    claims: dict[str, Any] = {"": {k: v for k, v in root_attrs.items() if k not in UNSEALED_ATTRS}}
+    for name, member in group.members(max_depth=None):
+        attrs = dict(member.attrs)
+        if attrs:
+            claims[name] = attrs
+    return claims
 
 
 def seal_checksum(group: zarr.Group, attrs: Mapping[str, Any], claims: ClaimRule = arrays_only, *,
@@ -88,15 +119,16 @@ def seal_checksum(group: zarr.Group, attrs: Mapping[str, Any], claims: ClaimRule
 
 
 def open_sealed(path: str | os.PathLike, kind: str, version: int, error: type[Exception], *,
-                unfinished: str | None = None) -> tuple[Path, zarr.Group, dict]:
+                unfinished: str | None = None, oldest: int = 1, rewrite: str = "") -> tuple[Path, zarr.Group, dict]:
     """Open the sealed store of ``kind`` (its ``distfit_format``, and its command) at ``path``
     read-only: :func:`distfit.stores.files.open_store` and
-    :func:`distfit.stores.files.check_format`, then refuse one not complete (``unfinished``: the
+    :func:`distfit.stores.files.check_format` (``oldest``, ``rewrite``: a format too old to
+    trust and the command that writes it anew), then refuse one not complete (``unfinished``: the
     reason given, by default ``the <kind> is incomplete (interrupted or still running); finish it
     with distfit <kind> --resume``) or without a checksum. Raises ``error``; returns
     ``(path, group, root attrs)``."""
     p, group, attrs = open_store(path, kind, error)
-    check_format(p, attrs, kind, version, error)
+    check_format(p, attrs, kind, version, error, oldest, rewrite)
     if attrs.get("complete") is not True:
         raise error(f"{p}: " + (unfinished or f"the {kind} is incomplete (interrupted or still running); "
                                               f"finish it with distfit {kind} --resume"))
@@ -116,10 +148,30 @@ def verify_opened(group: zarr.Group, attrs: Mapping[str, Any], claims: ClaimRule
 
 
 def verify_sealed(path: str | os.PathLike, kind: str, version: int, error: type[Exception],
-                  claims: ClaimRule = arrays_only) -> tuple[bool, str, str]:
+                  claims: ClaimRule = arrays_only, *, oldest: int = 1, rewrite: str = "") -> tuple[bool, str, str]:
     """:func:`open_sealed` (its refusals), then :func:`verify_opened` under ``claims``."""
-    _p, group, attrs = open_sealed(path, kind, version, error)
+    _p, group, attrs = open_sealed(path, kind, version, error, oldest=oldest, rewrite=rewrite)
     return verify_opened(group, attrs, claims)
+
+
+def check_verified(path: str | os.PathLike, kind: str, group: zarr.Group, attrs: Mapping[str, Any],
+                   claims: ClaimRule, error: type[Exception]) -> None:
+    """Recompute the checksum of the opened sealed store at ``path`` (:func:`verify_opened`) and
+    raise ``error`` in one line naming the store when it differs from the one it states: it was
+    changed after it was sealed (an array, a chunk deleted, an attr edited) or a chunk no longer
+    decodes (a flipped byte in a compressed chunk); an OSError (no permission, a disk error)
+    passes as it is."""
+    try:
+        ok, stored, recomputed = verify_opened(group, attrs, claims)
+    except OSError:
+        raise
+    except Exception as failure:  # noqa: BLE001 - a chunk that no longer decodes (codec errors vary)
+        raise error(f"{os.fspath(path)}: the {kind} was changed after it was sealed: a chunk no longer "
+                    f"reads ({type(failure).__name__}: {str(failure).splitlines()[0] if str(failure) else ''}); "
+                    "it cannot be trusted") from None
+    if not ok:
+        raise error(f"{os.fspath(path)}: the {kind} was changed after it was sealed: its contents hash to "
+                    f"{recomputed[:19]}..., not to the {stored[:19]}... it was sealed with; it cannot be trusted")
 
 
 def root_attr(name: str, kind: Callable[[Any], Any]) -> property:
@@ -178,21 +230,32 @@ class SealedKind:
     version: int
     error: type[Exception]
     reader: type[SealedStore]
-    claims: ClaimRule = arrays_only
+    claims: ClaimRule = stated_attrs
+    oldest: int = 1  # the oldest format version read (older ones: not covered enough to trust)
 
     def open(self, path: str | os.PathLike) -> tuple[Path, zarr.Group, dict]:
         """:func:`open_sealed` for this kind."""
-        return open_sealed(path, self.name, self.version, self.error)
+        return open_sealed(path, self.name, self.version, self.error, oldest=self.oldest,
+                           rewrite=f"distfit {self.name}")
 
     def read(self, path: str | os.PathLike) -> SealedStore:
         """The sealed store at ``path`` opened for reading, or ``error`` saying why it is refused
-        (missing, staging directory, another kind, newer format, incomplete, no checksum)."""
+        (missing, staging directory, another kind, a format too new or too old, incomplete, no
+        checksum). Its checksum is not recomputed: :meth:`read_verified` does that."""
         p, group, attrs = self.open(path)
+        return self.reader(path=str(p), attrs=attrs, _group=group)
+
+    def read_verified(self, path: str | os.PathLike) -> SealedStore:
+        """:meth:`read`, then the whole checksum recomputed (:func:`check_verified`): what every
+        command that takes this store as input calls once, before it writes anything."""
+        p, group, attrs = self.open(path)
+        check_verified(p, self.name, group, attrs, self.claims, self.error)
         return self.reader(path=str(p), attrs=attrs, _group=group)
 
     def verify(self, path: str | os.PathLike) -> tuple[bool, str, str]:
         """``(ok, stored, recomputed)`` checksum of the sealed store at ``path`` under ``claims``."""
-        return verify_sealed(path, self.name, self.version, self.error, self.claims)
+        return verify_sealed(path, self.name, self.version, self.error, self.claims, oldest=self.oldest,
+                             rewrite=f"distfit {self.name}")
 
     def state(self, path: Path) -> str:
         """``"absent"``, ``"sealed"`` or ``"incomplete"`` at ``path``; FileExistsError for anything

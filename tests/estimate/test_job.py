@@ -48,6 +48,7 @@ from distfit.stores.release import read_release
 from distfit.runtime.placement import Placement
 from tests.clitools import assert_one_line_error, run
 from tests.reference import SMALL_SPEC
+from tests.storetools import reseal
 
 UNITS, CHUNK = 50, 8          # 7 chunks, the last one short
 SEED = 24680
@@ -86,7 +87,10 @@ def _assert_same_store(a, b) -> None:
         assert left[name].dtype == right[name].dtype, name
         assert left[name].tobytes() == right[name].tobytes() if left[name].dtype != object else \
             left[name].tolist() == right[name].tolist(), name
-    assert read_estimate(a).checksum == read_estimate(b).checksum
+    # the same facts, but where the inputs were read from (each estimate states its own paths)
+    where = ("checksum", "created", "sealed", "plan_path", "release_path")
+    facts = [{k: v for k, v in read_estimate(path).attrs.items() if k not in where} for path in (a, b)]
+    assert facts[0] == facts[1]
     # the fit attr, gathered from the chunk tasks (and the store, for chunks of an earlier
     # session), is the same exactly, and what the store's solve/* arrays give
     fits = [read_estimate(path).attrs["fit"] for path in (a, b)]
@@ -167,7 +171,7 @@ def test_store_attrs_and_no_data(inputs):
     est = read_estimate(inputs["estimate"])
     plan, release = read_plan(inputs["plan"]), read_release(inputs["release"])
     a = est.attrs
-    assert a["distfit_format"] == "estimate" and a["format_version"] == 2 and a["complete"] is True
+    assert a["distfit_format"] == "estimate" and a["format_version"] == 3 and a["complete"] is True
     assert a["plan_checksum"] == plan.checksum and a["release_checksum"] == release.checksum
     assert a["method"] == "projection" and a["integer"] is False and "Sigma_b^-1" in a["objective"]
     assert a["units"] == UNITS and a["chunk_units"] == CHUNK and a["n_chunks"] == 7
@@ -355,6 +359,11 @@ def test_bad_inputs_exit_2_and_seal_nothing(inputs, tmp_path, capsys):
     meta = json.loads((forged / "zarr.json").read_text())
     meta["attributes"]["plan_checksum"] = "sha256:" + "0" * 64
     (forged / "zarr.json").write_text(json.dumps(meta))
+    code, err = estimate(inputs["plan"], forged, out)
+    assert code == 2
+    assert_one_line_error(err, str(forged), "changed after it was sealed")
+    assert not out.exists()
+    reseal(forged)  # a forger who knows the sealing rule: the plan link itself must catch it
     code, err = estimate(inputs["plan"], forged, out)
     assert code == 2
     assert_one_line_error(err, "released from another plan", "sha256:" + "0" * 64)

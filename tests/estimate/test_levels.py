@@ -23,6 +23,7 @@ from distfit.stores.estimate import read_estimate, verify_estimate
 from distfit.stores.plan import read_plan
 from distfit.stores.release import read_release
 from distfit.runtime.placement import Placement
+from tests.storetools import reseal
 
 CENSUS = Path(__file__).resolve().parents[2] / "pipelines" / "census.yaml"
 LEVELS = ("nation", "state", "county")
@@ -120,6 +121,7 @@ def test_a_rerun_reuses_the_estimates_and_a_release_without_parents_is_refused(s
     shutil.copytree(Path(serial_run.rundir) / "levels", copy,
                     ignore=lambda _dir, names: [n for n in names if n in ("estimate.zarr", "data.zarr", "report")])
     shutil.rmtree(copy / "county" / "release.zarr" / "parent_ids")
+    reseal(copy / "county" / "release.zarr")  # as such a release was sealed
     with pytest.raises(ValueError, match=r"level county's release has no parent ids of column 'state'"):
         estimate_levels(load_spec(CENSUS), {name: copy / name for name in LEVELS}, log=io.StringIO())
 

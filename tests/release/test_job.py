@@ -18,11 +18,12 @@ from distfit.release.noise import block_marginal
 from distfit.release.job import run_release
 from distfit.spec.parse import load_spec
 from distfit.stores.plan import read_plan
-from distfit.stores.checksum import compute_checksum
+from distfit.stores.sealing import seal_checksum, stated_attrs
 from distfit.stores.release import ReleaseError, read_release, verify_release
 from distfit.mathematics.domain import Domain
 from distfit.runtime.placement import Placement
 from tests.reference import SMALL_SPEC
+from tests.storetools import reseal, stated_checksum
 
 SPEC = SMALL_SPEC
 UNITS, CHUNK = 50, 8          # 7 chunks, the last one short
@@ -76,7 +77,7 @@ def test_end_to_end_serial_layout_and_contents(inputs, tmp_path, capsys, monkeyp
     rel = read_release(out)
     plan = read_plan(inputs["plan"])
     a = rel.attrs
-    assert a["distfit_format"] == "release" and a["format_version"] == 1
+    assert a["distfit_format"] == "release" and a["format_version"] == 2
     assert a["complete"] is True and a["private"] is True
     assert a["plan_checksum"] == plan.checksum
     assert a["units"] == UNITS and a["chunk_units"] == CHUNK and a["n_chunks"] == 7
@@ -284,6 +285,7 @@ def test_bad_inputs_exit_2_and_seal_nothing(inputs, tmp_path, capsys):
     bad = root / "bad-data.zarr"
     shutil.copytree(inputs["data"], bad)
     zarr.open_array(str(bad / "counts"), mode="r+")[3, 2] = -1  # chunk 0: fails before any progress
+    reseal(bad)  # sealed with its bad counts (another tool's store): the checksum cannot catch them
     code, _, err = run(capsys, "release", inputs["plan"], "--data", str(bad), "--out", str(out), "--serial")
     assert code == 2
     assert_one_line_error(err, "negative", "chunk 0", "row 3")
@@ -533,15 +535,18 @@ def test_a_run_audits_and_hashes_the_plan_once(tmp_path, monkeypatch):
                                                placement=Placement(serial=True), fsync=False,
                                            estimate=False)  # the estimate stage checks the plan itself
     assert len(audits) == 1
-    assert len(hashed) == 4 and hashed[0].startswith("plan.zarr.incomplete-")  # the writer's, staged
+    # the writers' seals, staged: the plan's first, and the synthetic data's (which the release,
+    # told its checksum by the run, does not hash again; nor does the run's report)
+    staged = [name.split(".incomplete-")[0] for name in hashed if ".incomplete-" in name]
+    assert hashed[0].startswith("plan.zarr.incomplete-") and staged == ["plan.zarr", "data.zarr"]
     # audit, seal (plan), and the release once: hashed while its chunks are written
     # (stores.release_chunks.ReleaseHasher), so its place among the plan's hashes depends on timing
-    assert sorted(hashed[1:]) == ["plan.zarr", "plan.zarr", "release.zarr"]
+    assert sorted(name for name in hashed if ".incomplete-" not in name) == ["plan.zarr", "plan.zarr", "release.zarr"]
     assert result.stages["audit"] == "passed" and result.stages["release"] == "done"
 
 
 def test_release_audits_once_or_takes_the_callers_audit(inputs, tmp_path, monkeypatch):
-    """Standalone, run_release audits the plan once (one hash) and the seal re-verifies it (one
+    """Standalone, run_release verifies the data once, audits the plan once (one hash) and the seal re-verifies it (one
     more); given a passing audit report it does not audit, only checks the plan still holds the
     audited checksum (the stored attr, no hash)."""
     import dataclasses
@@ -552,11 +557,12 @@ def test_release_audits_once_or_takes_the_callers_audit(inputs, tmp_path, monkey
     hashed = _count_checksums(monkeypatch)
     run_release(inputs["plan"], inputs["data"], tmp_path / "a.zarr", seed=SEED, placement=Placement(serial=True),
                 fsync=False)
-    assert sorted(hashed) == ["a.zarr", "plan.zarr", "plan.zarr"]  # audit, seal (plan), the release
+    # audit, seal (plan), the release, and the data verified once before anything is laid out
+    assert sorted(hashed) == ["a.zarr", "data.zarr", "plan.zarr", "plan.zarr"]
     hashed.clear()
     given = run_release(inputs["plan"], inputs["data"], tmp_path / "b.zarr", seed=SEED,
                         placement=Placement(serial=True), fsync=False, audit=report)
-    assert sorted(hashed) == ["b.zarr", "plan.zarr"]  # the seal only
+    assert sorted(hashed) == ["b.zarr", "data.zarr", "plan.zarr"]  # the seal, the data
     assert given.checksum == read_release(tmp_path / "a.zarr").checksum
     stale = dataclasses.replace(report, checksum="sha256:" + "0" * 64)
     with pytest.raises(ValueError, match="the plan changed since its audit"):
@@ -714,7 +720,7 @@ def test_a_release_laid_out_before_resumes_in_its_layout(one_block, tmp_path):
                                   dimension_names=("unit",) if name != "chunks/done" else ("chunk",))
         arr[...] = values
         assert arr.compressors  # zstd, as before
-    group.attrs["checksum"] = compute_checksum(group)
+    group.attrs["checksum"] = seal_checksum(group, dict(group.attrs), stated_attrs)
     whole = _arrays(old)
     assert verify_release(old)[0]
     # interrupt it: two chunks not done, garbage in them
@@ -729,5 +735,5 @@ def test_a_release_laid_out_before_resumes_in_its_layout(one_block, tmp_path):
     assert set(after) == set(whole)
     for name in whole:
         assert after[name].tobytes() == whole[name].tobytes(), name
-    assert verify_release(old)[0] and read_release(old).checksum == compute_checksum(zarr.open_group(str(old)))
+    assert verify_release(old)[0] and read_release(old).checksum == stated_checksum(old)
     np.testing.assert_array_equal(read_release(old).block_answers(block_id)[...], read_release(new).block_answers(block_id)[...])

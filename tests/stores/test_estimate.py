@@ -13,7 +13,6 @@ import zarr
 
 from distfit.estimate.job import METHOD, OBJECTIVE, run_estimate
 from distfit.release.job import run_release
-from distfit.stores.checksum import compute_checksum
 from distfit.stores.data import write_synthetic
 from distfit.stores.estimate import (
     EstimateError,
@@ -31,6 +30,7 @@ from distfit.stores.plan import read_plan
 from distfit.stores.release import read_release
 from distfit.stores.release_chunks import ChunkWriter
 from distfit.runtime.placement import Placement
+from tests.storetools import stated_checksum
 
 UNITS, CHUNK = 23, 10
 #: The documented dimension names (docs/stores.md), written out: the contract, not the writer's table.
@@ -87,7 +87,7 @@ def test_checksum_and_reader_refusals(stores, tmp_path):
     ok, stored, recomputed = verify_estimate(stores["estimate"])
     assert ok and stored == recomputed
     group = zarr.open_group(store=str(stores["estimate"]), mode="r")
-    assert compute_checksum(group) == stored
+    assert stated_checksum(stores["estimate"]) == stored
     assert estimate_state(Path(stores["estimate"])) == "sealed"
     assert estimate_state(tmp_path / "none") == "absent"
     copy = tmp_path / "copy.zarr"
@@ -141,7 +141,7 @@ def test_seal_checks_every_chunk_and_the_inputs(stores, tmp_path):
     assert estimate_state(path) == "incomplete"
     checksum = seal(root, path, **kwargs)
     est = read_estimate(path)
-    assert est.checksum == checksum == compute_checksum(zarr.open_group(store=str(path), mode="r"))
+    assert est.checksum == checksum == stated_checksum(path)
     assert est.attrs["fit"] == {"objective_mean": float(np.mean(np.r_[np.arange(10), np.arange(10), np.arange(3)])),
                                 "objective_max": 9.0, "iterations_max": 7, "unconverged_units": 0}
     np.testing.assert_array_equal(np.asarray(est.estimates[...]), np.full((UNITS, m), 1.5))

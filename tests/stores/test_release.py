@@ -29,9 +29,11 @@ from distfit.stores.release import (
     verify_release,
 )
 from distfit.stores.release_chunks import ChunkSync
+from distfit.stores.sealing import stated_attrs
 from distfit.runtime.placement import Placement
 from tests.packed_plans import marginals_spec, reference_release, write_packed_plan
 from tests.reference import SMALL_SPEC
+from tests.storetools import reseal
 
 UNITS, CHUNK = 50, 8  # 7 chunks, the last one short
 SEED = 987654321
@@ -97,15 +99,17 @@ def test_seal_checksum_is_the_store_checksum(inputs, tmp_path, string_ids):
         group = zarr.open_group(str(data), mode="r+")
         strings = group.create_array("unit_ids", shape=ids.shape, dtype=str, chunks=(CHUNK,))
         strings[...] = np.array([f"unit-{i:04d}-é" for i in ids], dtype=object)
+        reseal(data)  # a data store with string ids, sealed as its writer would
     out = tmp_path / "sealed.zarr"
     result = run_release(inputs["plan"], str(data), out, seed=SEED, placement=Placement(serial=True), fsync=False)
     group = zarr.open_group(store=str(out), mode="r")
     assert (np.dtype(group["unit_ids"].dtype).kind in "TUO") == string_ids
-    seal_read = compute_checksum(group, threads=release_chunks.SEAL_READ_THREADS,
+    claims = stated_attrs(dict(group.attrs), group)
+    seal_read = compute_checksum(group, attrs=claims, threads=release_chunks.SEAL_READ_THREADS,
                                  read_bytes=release_chunks.SEAL_READ_BYTES)
-    assert seal_read == compute_checksum(group) == result.checksum
+    assert seal_read == compute_checksum(group, attrs=claims) == result.checksum
     # one zarr chunk per read: many slabs per array
-    assert compute_checksum(group, threads=1, read_bytes=1) == result.checksum
+    assert compute_checksum(group, attrs=claims, threads=1, read_bytes=1) == result.checksum
     assert verify_release(out)[0]
 
 

@@ -20,6 +20,8 @@ from distfit.stores.data import write_synthetic
 from distfit.stores.release import seal
 from distfit.stores.release_chunks import ChunkWriter, ReleaseHasher, raw_chunks, read_rows
 from distfit.runtime.placement import Placement
+from distfit.stores.sealing import stated_attrs
+from tests.storetools import stated_checksum
 
 ROWS, CHUNK = 23, 5  # the last chunk holds 3 rows: stored padded to 5
 
@@ -87,7 +89,7 @@ def test_hasher_waits_for_chunks_and_gives_the_store_checksum(release, tmp_path)
     """Chunks reported done in any order (some done already, as on --resume): the digest is
     compute_checksum's of the finished store; rows of chunks not yet done are never read."""
     group = zarr.open_group(str(release["path"]), mode="r")
-    assert compute_checksum(group) == release["checksum"]
+    assert stated_checksum(release["path"]) == release["checksum"]
     group = zarr.open_group(str(release["path"]), mode="r+")
     done = group["chunks/done"]
     done[[1, 4, 6]] = 0  # as if those chunks were still to come
@@ -108,7 +110,7 @@ def test_hasher_waits_for_chunks_and_gives_the_store_checksum(release, tmp_path)
         assert all(stop <= 8 for _name, _start, stop in first if _name != "chunks/done"), first
         for chunk in (6, 1, 4):
             hasher.chunk_done(chunk)
-        assert hasher.result() == release["checksum"]
+        assert hasher.result(stated_attrs(dict(group.attrs), group)) == release["checksum"]
     finally:
         done[...] = 1
 
@@ -119,7 +121,7 @@ def test_cancelled_hasher_stops_and_a_failed_one_leaves_the_seal_to_hash(release
     try:
         hasher = ReleaseHasher(group, release["path"], 50, 8)
         threading.Timer(0.2, hasher.cancel).start()
-        assert hasher.result() is None  # cancelled while waiting for chunk 3
+        assert hasher.result(stated_attrs(dict(group.attrs), group)) is None  # cancelled while waiting for chunk 3
         assert not hasher._thread.is_alive()
     finally:
         group["chunks/done"][3] = 1
@@ -135,7 +137,7 @@ def test_cancelled_hasher_stops_and_a_failed_one_leaves_the_seal_to_hash(release
 
     monkeypatch.setattr(release_chunks, "compute_checksum", failing)
     hasher = ReleaseHasher(group, release["path"], 50, 8)
-    assert hasher.result() is None
+    assert hasher.result(stated_attrs(dict(group.attrs), group)) is None
     # the seal then hashes the store itself (stores.release.compute_checksum): the same digest
     assert seal(group, release["path"], plan_path=release["plan"], plan_checksum=zarr.open_group(
         release["plan"], mode="r").attrs["checksum"], fsync=False, hasher=hasher) == release["checksum"]
@@ -226,7 +228,7 @@ def test_hasher_reads_the_later_arrays_ahead_and_gives_the_same_digest(release, 
             later = list(hasher._prefetch)
             for chunk in (3, 0, 6, 1, 5, 2, 4):
                 hasher.chunk_done(chunk)
-            assert hasher.result() == release["checksum"]
+            assert hasher.result(stated_attrs(dict(group.attrs), group)) == release["checksum"]
             if budget:
                 written = sorted(hasher._written - {"chunks/done"})
                 assert later == written[1:] and "unit_ids" in later

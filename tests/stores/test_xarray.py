@@ -25,12 +25,12 @@ from distfit.data.microdata import tabulate_microdata
 from distfit.plan.job import run_plan
 from distfit.release.job import run_release
 from distfit.spec.parse import load_spec
-from distfit.stores.checksum import compute_checksum
 from distfit.stores.data import cell_labels, open_data, read_histograms, read_marginals, value_labels, write_synthetic
 from distfit.stores.plan import read_plan, verify_checksum
 from distfit.stores.release import read_release, verify_release
 from distfit.runtime.placement import Placement
 from tests.reference import SMALL_SPEC
+from tests.storetools import reseal
 
 ROOT = Path(__file__).resolve().parents[2]
 UNITS, CHUNK, SEED = 30, 10, 11
@@ -237,11 +237,6 @@ def _as_written_before(src: Path, dst: Path) -> Path:
     return dst
 
 
-def _reseal(path: Path) -> None:
-    group = zarr.open_group(store=str(path), mode="r+", zarr_format=3)
-    group.attrs["checksum"] = compute_checksum(group)
-
-
 def test_stores_without_dimension_names_are_still_read(stores, tmp_path):
     # dimension names are metadata: stripped, the plan and the release still verify (same digest)
     plan = _as_written_before(stores["plan"], tmp_path / "plan.zarr")
@@ -263,7 +258,7 @@ def test_stores_without_dimension_names_are_still_read(stores, tmp_path):
     for key in ("release", "release_str"):
         old = _as_written_before(stores[key], tmp_path / f"old-{key}.zarr")
         assert not (old / "unit").exists() and not (old / "queries/query").exists()
-        _reseal(old)
+        reseal(old)
         assert verify_release(old)[0]
         new, before = read_release(stores[key]), read_release(old)
         np.testing.assert_array_equal(before.answers[...], new.answers[...])
@@ -272,6 +267,7 @@ def test_stores_without_dimension_names_are_still_read(stores, tmp_path):
     old_data = {}
     for key, reader in (("data", read_histograms), ("marginals", read_marginals)):
         old_data[key] = old = _as_written_before(stores[key], tmp_path / f"old-{key}.zarr")
+        reseal(old)  # the layout before coordinates, sealed as this distfit seals data
         assert not (old / "unit").exists() and set(_dims_on_disk(old).values()) == {None}
         np.testing.assert_array_equal(np.asarray(reader(old).unit_ids[...]), np.asarray(reader(stores[key]).unit_ids[...]))
 

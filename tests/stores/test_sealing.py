@@ -1,0 +1,172 @@
+"""Tamper, then read (distfit.stores.sealing: the one sealing path): every command that reads a store refuses one changed after it was sealed
+(issue 28), in one line naming the store, exit 2, before it writes anything.
+
+One sealed chain per module (a small real plan, a 40-unit data store in 4 chunks, a seeded
+release, an estimate); each test copies the store it tampers with, so the chain stays sealed.
+The tampers are the ones an adversary tried: a deleted chunk, a flipped byte in a chunk, an
+attr edited in ``zarr.json`` (``units``, ``private``, ``integer``, ``method``, ``fit``), a store
+of an older format."""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from distfit.cli import main as cli
+from distfit.stores.data import write_synthetic
+from tests.clitools import assert_one_line_error, run
+
+
+@pytest.fixture(scope="module")
+def chain(small_plan, tmp_path_factory):
+    """Sealed plan, data (40 units, 4 chunks), release (--seed) and estimate."""
+    root = tmp_path_factory.mktemp("chain")
+    data = root / "data.zarr"
+    write_synthetic(small_plan.spec, 40, data, seed=3, chunk_units=10)
+    release, estimate = root / "release.zarr", root / "estimate.zarr"
+    assert cli.main(["release", small_plan.plan, "--data", str(data), "--out", str(release), "--seed", "5",
+                     "--serial"]) == 0
+    assert cli.main(["estimate", small_plan.plan, str(release), "--out", str(estimate), "--serial"]) == 0
+    return {"plan": small_plan.plan, "data": data, "release": release, "estimate": estimate}
+
+
+def copy(chain, kind: str, tmp_path: Path) -> Path:
+    target = tmp_path / Path(chain[kind]).name
+    shutil.copytree(chain[kind], target)
+    return target
+
+
+def edit_root_attr(store: Path, key: str, value) -> None:
+    """Change one root attr in ``zarr.json`` by hand (no re-seal: what an editor does)."""
+    meta = store / "zarr.json"
+    doc = json.loads(meta.read_text())
+    assert key in doc["attributes"], key
+    assert doc["attributes"][key] != value
+    doc["attributes"][key] = value
+    meta.write_text(json.dumps(doc))
+
+
+def chunk_files(store: Path, array: str) -> list[Path]:
+    files = sorted(p for p in (store / array / "c").rglob("*") if p.is_file())
+    assert len(files) >= 2, files
+    return files
+
+
+def flip_a_byte(path: Path) -> None:
+    raw = bytearray(path.read_bytes())
+    raw[len(raw) // 2] ^= 0x01
+    path.write_bytes(bytes(raw))
+
+
+def refused(capsys, argv: list[str], out: Path, *fragments: str) -> None:
+    code, stdout, err = run(capsys, *argv)
+    assert code == 2, (code, stdout, err)
+    assert_one_line_error(err, *fragments)
+    assert "Traceback" not in err
+    assert not out.exists(), f"{out} was written from unverified input"
+
+
+# ---------------------------------------------------------------------------- release reads data
+
+
+@pytest.mark.parametrize("tamper", ["delete", "flip"])
+def test_release_refuses_data_with_a_changed_counts_chunk(chain, tmp_path, capsys, tamper):
+    data = copy(chain, "data", tmp_path)
+    chunk = chunk_files(data, "counts")[1]
+    chunk.unlink() if tamper == "delete" else flip_a_byte(chunk)
+    out = tmp_path / "r.zarr"
+    refused(capsys, ["release", chain["plan"], "--data", str(data), "--out", str(out), "--seed", "5", "--serial"],
+            out, str(data), "changed after it was sealed")
+
+
+def test_release_refuses_data_with_an_edited_attr(chain, tmp_path, capsys):
+    data = copy(chain, "data", tmp_path)
+    edit_root_attr(data, "total_people", 1)
+    out = tmp_path / "r.zarr"
+    refused(capsys, ["release", chain["plan"], "--data", str(data), "--out", str(out), "--seed", "5", "--serial"],
+            out, str(data), "changed after it was sealed")
+
+
+def test_release_refuses_an_unsealed_data_store_of_the_old_format(chain, tmp_path, capsys):
+    data = copy(chain, "data", tmp_path)
+    edit_root_attr(data, "format_version", 1)
+    out = tmp_path / "r.zarr"
+    refused(capsys, ["release", chain["plan"], "--data", str(data), "--out", str(out), "--seed", "5", "--serial"],
+            out, str(data), "format_version 1", "distfit synth")
+
+
+# ------------------------------------------------------------------------- estimate reads release
+
+
+def test_estimate_refuses_a_release_with_a_deleted_answers_chunk(chain, tmp_path, capsys):
+    release = copy(chain, "release", tmp_path)
+    answers = [p for p in release.rglob("answers") if p.is_dir()]
+    assert answers
+    chunk_files(release, str(answers[0].relative_to(release)))[1].unlink()
+    out = tmp_path / "e.zarr"
+    refused(capsys, ["estimate", chain["plan"], str(release), "--out", str(out), "--serial"],
+            out, str(release), "changed after it was sealed")
+
+
+@pytest.mark.parametrize("key, value", [("units", 20), ("private", True)])
+def test_estimate_refuses_a_release_with_an_edited_attr(chain, tmp_path, capsys, key, value):
+    release = copy(chain, "release", tmp_path)
+    edit_root_attr(release, key, value)
+    out = tmp_path / "e.zarr"
+    refused(capsys, ["estimate", chain["plan"], str(release), "--out", str(out), "--serial"],
+            out, str(release), "changed after it was sealed")
+
+
+def test_estimate_refuses_a_release_of_the_old_format(chain, tmp_path, capsys):
+    release = copy(chain, "release", tmp_path)
+    edit_root_attr(release, "format_version", 1)
+    out = tmp_path / "e.zarr"
+    refused(capsys, ["estimate", chain["plan"], str(release), "--out", str(out), "--serial"],
+            out, str(release), "format_version 1", "distfit release")
+
+
+# ------------------------------------------------------------------ report reads all of them
+
+
+def test_report_refuses_a_release_whose_private_flag_was_flipped(chain, tmp_path, capsys):
+    release = copy(chain, "release", tmp_path)
+    edit_root_attr(release, "private", True)  # a seeded release would lose its NOT PRIVATE banner
+    out = tmp_path / "report"
+    refused(capsys, ["report", chain["plan"], str(release), "--out", str(out)], out, str(release),
+            "changed after it was sealed")
+
+
+@pytest.mark.parametrize("key, value", [("integer", True), ("method", "graphical"), ("fit", {"objective_mean": 0.0})])
+def test_report_refuses_an_estimate_with_an_edited_attr(chain, tmp_path, capsys, key, value):
+    estimate = copy(chain, "estimate", tmp_path)
+    edit_root_attr(estimate, key, value)
+    out = tmp_path / "report"
+    refused(capsys, ["report", chain["plan"], str(chain["release"]), "--estimate", str(estimate), "--out", str(out)],
+            out, str(estimate), "changed after it was sealed")
+
+
+def test_report_refuses_changed_calibration_data(chain, tmp_path, capsys):
+    data = copy(chain, "data", tmp_path)
+    chunk_files(data, "counts")[0].unlink()
+    out = tmp_path / "report"
+    refused(capsys, ["report", chain["plan"], str(chain["release"]), "--data", str(data), "--out", str(out)],
+            out, str(data), "changed after it was sealed")
+
+
+def test_report_refuses_a_plan_changed_after_it_was_sealed(chain, tmp_path, capsys):
+    plan = copy(chain, "plan", tmp_path)
+    edit_root_attr(plan, "rho", 1e-9)  # a smaller privacy claim than the plan's
+    out = tmp_path / "report"
+    refused(capsys, ["report", str(plan), "--out", str(out)], out, str(plan), "changed after it was sealed")
+
+
+def test_the_untampered_chain_reads(chain, tmp_path, capsys):
+    """The control: the same commands on the sealed stores succeed."""
+    code, _, err = run(capsys, "report", chain["plan"], str(chain["release"]), "--estimate", str(chain["estimate"]),
+                       "--data", str(chain["data"]), "--out", str(tmp_path / "report"))
+    assert code == 0, err
+    code, _, err = run(capsys, "estimate", chain["plan"], str(chain["release"]), "--out", str(tmp_path / "e.zarr"),
+                       "--serial")
+    assert code == 0, err
