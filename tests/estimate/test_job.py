@@ -6,9 +6,6 @@ import json
 import os
 import shutil
 import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -47,6 +44,7 @@ from distfit.stores.plan import read_plan
 from distfit.stores.release import read_release
 from distfit.runtime.placement import Placement
 from tests.clitools import assert_one_line_error, run
+from tests.holding import held_job, wait_held
 from tests.reference import SMALL_SPEC
 from tests.storetools import reseal
 
@@ -297,31 +295,21 @@ def test_a_detailed_workload_keeps_the_cells_in_the_queries(inputs, tmp_path, ca
 
 def test_killed_estimate_resumes_and_equals_an_uninterrupted_one(inputs, tmp_path, capsys):
     """SIGKILL the estimating process once some chunks are done (proved from the store), resume
-    with the command line, and compare bit for bit with the uninterrupted estimate."""
+    with the command line, and compare bit for bit with the uninterrupted estimate. The estimate
+    holds after its second chunk (tests.holding) and is killed there."""
     out = tmp_path / "killed.zarr"
     script = (
-        "import time\n"
         "from distfit.estimate.job import run_estimate\n"
         "from distfit.runtime.placement import Placement\n"
         f"run_estimate({inputs['plan']!r}, {inputs['release']!r}, {str(out)!r}, placement=Placement(serial=True),\n"
-        "             after_chunk=lambda chunk: time.sleep(0.4))\n")
-    process = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    done = np.zeros(0)
-    try:
-        deadline = time.time() + 120
-        while time.time() < deadline:
-            time.sleep(0.1)
-            try:
-                done = zarr.open_group(store=str(out), mode="r")["chunks/done"][...]
-            except Exception:  # noqa: BLE001 - not laid out yet
-                continue
-            if 2 <= done.sum() < done.size:
-                break
+        "             after_chunk=hold_after(2))\n")
+    with held_job(script) as process:
+        wait_held(process)
+        done = zarr.open_group(store=str(out), mode="r")["chunks/done"][...]
         os.kill(process.pid, signal.SIGKILL)
-    finally:
-        process.wait(timeout=30)
+        process.wait(timeout=60)
     assert process.returncode == -signal.SIGKILL
-    assert 2 <= done.sum() < done.size, "the estimate was not caught half-way"
+    assert done.sum() == 2 < done.size, "the estimate was not caught half-way"
     assert not _sealed(out)
     finished = np.flatnonzero(zarr.open_array(str(out / "chunks/done"), mode="r")[...]).tolist()
     before = _chunk_files(out, finished)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pickle
 import types
 
+import cvxpy as cp
 import numpy as np
 import pytest
 
@@ -27,8 +28,6 @@ from distfit.estimate.projection import (
 )
 from distfit.release.noise import block_marginal, release_chunk
 from tests.estimate.test_structure import structured_blocks
-
-cp = pytest.importorskip("cvxpy")
 
 
 def random_blocks(rng, domain, cliques, full_rank=True):

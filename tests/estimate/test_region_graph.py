@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import itertools
 
+import cvxpy as cp
+import jax  # mbi's array library (the graphical extra, part of the test extra)
+import mbi  # the graphical extra is part of the test extra: its absence fails here
 import numpy as np
-import pytest
 
 from distfit.estimate import region_graph as rg
-
-mbi = pytest.importorskip("mbi", reason="the graphical extra (mbi, jax) is not installed")
-jax = pytest.importorskip("jax")
 
 NAMES = ("a0", "a1", "a2", "a3", "a4")
 SIZES = (2, 3, 4, 2, 3)
@@ -95,7 +94,6 @@ def test_make_consistent_is_the_i_projection_onto_agreement():
     tables are Clarabel's argmin sum KL(tau || mu) over agreeing tables of the same total (to
     1e-5 of the total). (Far sparser inputs leave Clarabel "optimal_inaccurate" and above
     make_consistent's objective.)"""
-    cp = pytest.importorskip("cvxpy")
     names, sizes = NAMES[:4], SIZES[:4]
     cliques = list(itertools.combinations(names, 3))
     graph = rg.region_graph(cliques, names, sizes)

@@ -1,11 +1,25 @@
 """Controlled rounding (distfit.estimate.rounding): floor or ceiling everywhere, totals and
-parent sums kept exactly, on random inputs."""
+parent sums kept exactly, on random inputs; the rounding equal to the nearest floor/ceiling
+table found by exhaustion; the published tables of rounded cells their exact integer sums."""
 from __future__ import annotations
+
+import dataclasses
+import io
+import itertools
+import math
+from fractions import Fraction
 
 import numpy as np
 import pytest
+import yaml
 
+from distfit.estimate.measurements import measurement_model, published_estimates, workload_estimates, workload_kind
 from distfit.estimate.rounding import round_children, round_preserving_total
+from distfit.plan.job import run_plan
+from distfit.runtime.placement import Placement
+from distfit.spec.parse import load_spec
+from distfit.stores.plan import read_plan
+from tests.reference import SMALL_SPEC
 
 
 def _floor_or_ceil(counts, x):
@@ -37,16 +51,115 @@ def test_integers_stay_and_ties_go_to_the_lower_cell():
     assert np.array_equal(round_preserving_total(np.array([[-1e-12, 1.0]])), [[0, 1]])
 
 
-def test_rounded_tables_are_consistent():
-    """Tables W n of one integer n (0/1 rows) are integers and sum into each other exactly."""
-    rng = np.random.default_rng(4)
-    x = rng.exponential(2.0, (50, 2 * 3 * 4))
-    n = round_preserving_total(x).reshape(50, 2, 3, 4)
-    total = n.sum(axis=(1, 2, 3))
-    for axes in [(2, 3), (1, 3), (1, 2), (3,), (1,)]:
-        table = n.sum(axis=axes)
-        assert np.array_equal(table.reshape(50, -1).sum(axis=1), total)
-    assert np.array_equal(n.sum(axis=3).sum(axis=2), n.sum(axis=(2, 3)))
+def _nearest_floor_or_ceil(row: np.ndarray) -> np.ndarray:
+    """The controlled rounding of one row by exhaustion, in exact rationals: of every vector whose
+    cells are each floor(x) or ceil(x) and which sums to round(sum x) (halves up), the nearest to
+    x in squared distance; of several, the one raising the lower cells (the lower cell first).
+    Largest remainder must be it: raising cell c moves the squared distance by (1 - r_c)^2 - r_c^2
+    = 1 - 2 r_c, so the nearest raises the cells of largest remainder."""
+    x = [Fraction(float(v)) for v in row]
+    floor = [math.floor(v) for v in x]
+    total = math.floor(sum(x) + Fraction(1, 2))
+    can_rise = [c for c, v in enumerate(x) if v != floor[c]]
+    best = None
+    for k in range(len(can_rise) + 1):
+        for raised in itertools.combinations(can_rise, k):
+            n = list(floor)
+            for c in raised:
+                n[c] += 1
+            if sum(n) != total:
+                continue
+            key = (sum((a - b) ** 2 for a, b in zip(n, x)), [-a for a in n])  # then: lower cells up first
+            if best is None or key < best[0]:
+                best = (key, n)
+    assert best is not None, row  # the module's proof: some floor/ceil vector has the rounded total
+    return np.array(best[1], dtype=np.int64)
+
+
+def test_largest_remainder_is_the_nearest_rounding_by_exhaustion():
+    """Every row against :func:`_nearest_floor_or_ceil`: eighths (exact in binary, full of tied
+    remainders and half-integer totals, so the tie rule and the halves-up total are exercised),
+    random reals, and rows with integer cells (which never move)."""
+    rng = np.random.default_rng(11)
+    eighths = rng.integers(0, 24, (300, 6)) / 8.0
+    reals = rng.exponential(rng.choice([0.3, 3.0], (150, 1)), (150, 7)) * (rng.random((150, 7)) < 0.8)
+    whole = np.where(rng.random((50, 6)) < 0.5, rng.integers(0, 5, (50, 6)), rng.integers(0, 40, (50, 6)) / 8.0)
+    for x in (eighths, reals, whole):
+        counts = round_preserving_total(x)
+        expected = np.array([_nearest_floor_or_ceil(row) for row in x])
+        assert counts.dtype == np.int64
+        wrong = np.flatnonzero((counts != expected).any(axis=1))
+        assert wrong.size == 0, (x[wrong[:3]], counts[wrong[:3]], expected[wrong[:3]])
+
+
+#: The tables of one integer table n, one group each, in spec (workload) order: the total and
+#: SMALL_SPEC's groups, planned as SMALL_SPEC is (residual blocks of at most 12 cells, so a query
+#: is split over blocks whose rows are not integers); "detailed" adds every cell as a query (one
+#: block: the estimate writes n into those columns).
+SPLIT_SPEC = dict(SMALL_SPEC, name="split", queries=[{"name": "everyone", "total": True, "target": 1},
+                                                     *SMALL_SPEC["queries"]])
+DETAILED_SPEC = dict(SPLIT_SPEC, name="detailed", blocks={"max_cells": 36}, queries=[
+    *SPLIT_SPEC["queries"],
+    {"name": "detailed", "attributes": {"age": "identity", "sex": "identity", "edu": "identity"}, "target": 4},
+])
+
+
+def _tables(n: np.ndarray) -> np.ndarray:
+    """DETAILED_SPEC's queries of integer tables n (units x 6*2*3, row-major age, sex, edu) by
+    integer sums of n itself: the total, age <= v, age x sex, edu <= v within each sex, the cells."""
+    cube = n.reshape(-1, 6, 2, 3)
+    units = cube.shape[0]
+    return np.hstack([
+        cube.sum(axis=(1, 2, 3))[:, None],
+        cube.sum(axis=(2, 3)).cumsum(axis=1),
+        cube.sum(axis=3).reshape(units, 12),
+        cube.sum(axis=1).cumsum(axis=2).reshape(units, 6),
+        n,
+    ])
+
+
+@pytest.fixture(scope="module")
+def table_models(tmp_path_factory):
+    """The measurement models of SPLIT_SPEC's and DETAILED_SPEC's plans."""
+    models = {}
+    for spec in (SPLIT_SPEC, DETAILED_SPEC):
+        root = tmp_path_factory.mktemp(spec["name"])
+        (root / "spec.yaml").write_text(yaml.safe_dump(spec))
+        run_plan(load_spec(root / "spec.yaml"), str(root / "plan.zarr"), placement=Placement(serial=True),
+                 log=io.StringIO())
+        models[spec["name"]] = measurement_model(read_plan(str(root / "plan.zarr")))
+    return models
+
+
+def test_published_tables_of_rounded_cells_are_their_integer_sums(table_models):
+    """The module docstring's consistency: the tables a store publishes from integer cells
+    (:func:`~distfit.estimate.measurements.published_estimates` with ``integer``) are each the
+    exact integer sum of the rounded cells, so every table totals the unit's rounded total and
+    every marginal is the sum of the finer tables. Through each way the estimates are summed:
+    the dense W with the cells as queries, the dense W without them, and the blocks' own rows (a
+    domain too large for a dense W), whose coefficients are not integers (their sums are
+    integers only up to rounding: published to the integer, not truncated)."""
+    split, detailed = table_models["split"], table_models["detailed"]
+    assert detailed.cells == split.cells == 36 and detailed.num_queries == split.num_queries + 36 == 61
+    assert detailed.cell_queries == 25 and split.cell_queries is None
+    assert any(not np.array_equal(b.query_rows, np.round(b.query_rows)) for b in split.blocks)
+    rng = np.random.default_rng(5)
+    x = rng.exponential(rng.choice([0.2, 2.0, 40.0], (60, 1)), (60, 36)) * (rng.random((60, 36)) < 0.7)
+    n = round_preserving_total(x)
+    want = _tables(n)
+    assert np.array_equal(want[:, 0], np.floor(x.sum(axis=1) + 0.5))
+    blocks_only = dataclasses.replace(split, workload=None)
+    for name, way, expected in (("cells as queries", detailed, want), ("dense W", split, want[:, :-36]),
+                                ("block rows", blocks_only, want[:, :-36])):
+        kind = workload_kind(way)
+        assert kind.integral and kind.nonnegative, name
+        published = published_estimates(way, n, kind, integer=True)
+        assert published.dtype == np.int64 and np.array_equal(published, expected), name
+        sums = workload_estimates(way, n)
+        if way.workload is not None:  # 0/1 rows of integers: every partial sum exact
+            assert np.array_equal(sums, expected), name
+        else:
+            np.testing.assert_allclose(sums, expected, rtol=0, atol=1e-9, err_msg=name)
 
 
 def _children(rng, parents, cells, per_parent):

@@ -8,8 +8,10 @@ from __future__ import annotations
 import json
 import math
 
+import mpmath
 import numpy as np
 import pytest
+from dp_accounting.pld import privacy_loss_mechanism as plm
 
 from distfit.mathematics.privacy import (
     DEFAULT_DELTAS,
@@ -25,8 +27,6 @@ from distfit.mathematics.privacy import (
     rdp_to_dp_epsilon,
     zcdp_rho,
 )
-
-plm = pytest.importorskip("dp_accounting.pld.privacy_loss_mechanism")
 
 ALPHAS = [0.01, 0.05, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 25.0, 50.0]
 EPSILONS = [0.01, 0.05, 0.1, 0.3, 0.5, 1.0, 2.0, 3.0, 5.0, 8.0, 10.0, 15.0, 20.0]
@@ -75,7 +75,6 @@ def test_delta_closed_form_at_zero_and_edges():
 
 def test_delta_high_precision_tail():
     """Tiny deltas, where the two Balle-Wang terms nearly cancel, against mpmath at 50 digits."""
-    mpmath = pytest.importorskip("mpmath")
     with mpmath.workdps(50):
         for alpha, eps in [(0.01, 0.8), (0.01, 1.5), (0.1, 3.0), (1.0, 8.0), (2.0, 12.0),
                            (5.0, 20.0), (0.5, 6.0), (50.0, 80.0), (200.0, 300.0),

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import math
 
+import cvxpy as cp
 import numpy as np
 import pytest
 
@@ -85,7 +86,6 @@ def test_matrix_mechanism_2x2_theorem1():
 
 # ---------------------------------------------------------------------------- matrix mechanism
 def _cvxpy_total_error(W: np.ndarray) -> float:
-    cp = pytest.importorskip("cvxpy")
     m, d = W.shape
     X = cp.Variable((d, d), symmetric=True)
     Y = cp.Variable((m, m), symmetric=True)

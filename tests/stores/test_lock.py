@@ -2,6 +2,7 @@
 concurrent writers of one release."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import socket
@@ -17,6 +18,7 @@ from distfit.stores.data import write_synthetic
 from distfit.stores.lock import StoreLockedError, lock_path, read_holder, store_lock
 from distfit.stores.release import read_release, verify_release
 from tests.clitools import assert_one_line_error, run
+from tests.holding import held_job, let_go, wait_held
 
 
 def _write_lock(path: Path, host: str, pid: int, age: float = 0.0) -> Path:
@@ -77,71 +79,89 @@ def test_holder_on_another_host_is_stale_only_without_heartbeat(tmp_path):
         assert read_holder(lock).host == socket.gethostname()
 
 
+def _until(condition, seconds: float = 60.0) -> bool:
+    """Poll ``condition()`` until it holds (True) or ``seconds`` have passed (False): a deadline
+    for a state another thread brings about, not a guess of how long it takes."""
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.005)
+    return True
+
+
 def test_heartbeat_keeps_a_long_write_fresh(tmp_path, monkeypatch):
+    """A lock aged past STALE_SECONDS under a live writer is touched again by its heartbeat, so a
+    writer on another host would not break it."""
     monkeypatch.setattr(lock_module, "HEARTBEAT_SECONDS", 0.05)
     store = tmp_path / "x.zarr"
     with store_lock(store, "release") as lock:
         old = time.time() - 1000
         os.utime(lock, (old, old))
-        time.sleep(0.3)
-        assert time.time() - lock.stat().st_mtime < 10
+        elsewhere = dataclasses.replace(read_holder(lock), host="node-17")
+        assert lock_module.is_stale(lock, elsewhere)  # as aged: another host's writer would break it
+        assert _until(lambda: lock.stat().st_mtime > old + 500), "the heartbeat never touched the lock"
+        assert not lock_module.is_stale(lock, elsewhere)
 
 
 def test_racing_writers_one_wins(tmp_path):
     """Eight processes try to take one lock at once: exactly one gets it (and holds it until the
-    other seven have been refused, however slowly they start)."""
+    other seven have been refused, however slowly they start). The holder says so on stdout and
+    waits for a line on stdin; the refused ones say so and exit: every wait is on a pipe."""
     store = tmp_path / "x.zarr"
-    release = tmp_path / "release-now"
     script = (
-        "import os, sys, time\n"
+        "import sys\n"
         "from distfit.stores.lock import store_lock, StoreLockedError\n"
         "try:\n"
         f"    with store_lock({str(store)!r}, 'release'):\n"
-        "        deadline = time.time() + 120\n"
-        f"        while not os.path.exists({str(release)!r}) and time.time() < deadline:\n"
-        "            time.sleep(0.05)\n"
+        "        print('holding', flush=True)\n"
+        "        sys.stdin.readline()\n"
         "    print('won')\n"
         "except StoreLockedError:\n"
         "    print('refused')\n"
     )
-    processes = [subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True) for _ in range(8)]
-    deadline = time.time() + 120
-    while sum(p.poll() is not None for p in processes) < 7 and time.time() < deadline:
-        time.sleep(0.05)
-    release.touch()
-    outcomes = sorted(p.communicate(timeout=120)[0].strip() for p in processes)
-    assert outcomes == ["refused"] * 7 + ["won"]
+    processes = [subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                  text=True) for _ in range(8)]
+    try:
+        first = [p.stdout.readline().strip() for p in processes]  # the holder holds while the others try
+        assert sorted(first) == ["holding"] + ["refused"] * 7, first
+        holder = processes[first.index("holding")]
+        assert holder.communicate(input="\n", timeout=120)[0].strip() == "won"
+        assert [p.wait(timeout=120) for p in processes] == [0] * 8
+    finally:
+        for p in processes:
+            if p.poll() is None:
+                p.kill()
+                p.wait(timeout=60)
+            p.stdin.close()
+            p.stdout.close()
 
 
 def test_concurrent_releases_into_one_store(small_plan, tmp_path, capsys):
     """While one `distfit release` writes X, a second release, a second --resume and an --overwrite
     of X are each refused with one line naming the writer; the first seals X, whose checksum is
-    the one it printed."""
+    the one it printed. The first holds after its first chunk (tests.holding) until the others
+    have tried."""
     data = tmp_path / "data.zarr"
     write_synthetic(small_plan.spec, 40, data, seed=1, chunk_units=5)
     out = tmp_path / "x.zarr"
     script = (
-        "import time\n"
         "from distfit.release.job import run_release\n"
         "from distfit.runtime.placement import Placement\n"
         f"result = run_release({small_plan.plan!r}, {str(data)!r}, {str(out)!r}, seed=3,\n"
-        "                     placement=Placement(serial=True), after_chunk=lambda chunk: time.sleep(0.3))\n"
+        "                     placement=Placement(serial=True), after_chunk=hold_after(1))\n"
         "print(result.checksum)\n"
     )
-    first = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        deadline = time.time() + 60
-        while not (out.is_dir() and lock_path(out).exists()) and time.time() < deadline:
-            time.sleep(0.05)
-        assert lock_path(out).exists(), "the first release never started"
+    with held_job(script) as first:
+        wait_held(first)
+        assert lock_path(out).exists()
         for flags in ((), ("--resume",), ("--overwrite",)):
             code, _, err = run(capsys, "release", small_plan.plan, "--data", str(data), "--out", str(out),
                                "--serial", "--seed", "4", *flags)
             assert code == 2, (flags, err)
             assert_one_line_error(err, f"being written by pid {first.pid}")
-        assert first.poll() is None, "the first release finished before the others tried: the test proved nothing"
-    finally:
-        stdout, stderr = first.communicate(timeout=120)
+        assert first.poll() is None  # held: the others tried while it wrote
+        stdout, stderr = let_go(first)
     assert first.returncode == 0, stderr
     ok, stored, _ = verify_release(out)
     assert ok and stdout.strip() == stored

@@ -4,9 +4,9 @@ The end-to-end release (layout, resume, clusters) is tests/release/test_job.py; 
 are checked against zarr itself and against compute_checksum of the finished store."""
 from __future__ import annotations
 
+import os
 import shutil
 import threading
-import time
 from pathlib import Path
 
 import numpy as np
@@ -85,32 +85,49 @@ def release(small_plan, tmp_path_factory):
     return {"path": out, "checksum": result.checksum, "plan": small_plan.plan}
 
 
+class _Watched(ReleaseHasher):
+    """A ReleaseHasher that says when it asks for the rows of a chunk not reported done
+    (``asks``: set then, before it waits for them) and records every read of rows of the
+    arrays the chunks write that returned while a chunk it covers was not reported done
+    (``early``: must stay empty). ``reported`` (chunks reported done, or done at the start)
+    is the test's to keep: it adds a chunk before reporting it."""
+
+    def __init__(self, *args, reported: set[int], chunk_units: int, **kwargs) -> None:
+        self.asks, self.early, self.reported, self.units_a_chunk = threading.Event(), [], reported, chunk_units
+        super().__init__(*args, **kwargs)
+
+    def _read(self, name, arr, where):
+        covered = set()
+        if isinstance(where, slice) and name in self._written and name != "chunks/done":
+            stop = min(where.stop, arr.shape[0])
+            covered = set(range(where.start // self.units_a_chunk, (stop - 1) // self.units_a_chunk + 1))
+            if not covered <= self.reported:
+                self.asks.set()
+        out = super()._read(name, arr, where)
+        if not covered <= self.reported:
+            self.early.append((name, where.start, where.stop, sorted(covered - self.reported)))
+        return out
+
+
 def test_hasher_waits_for_chunks_and_gives_the_store_checksum(release, tmp_path):
     """Chunks reported done in any order (some done already, as on --resume): the digest is
-    compute_checksum's of the finished store; rows of chunks not yet done are never read."""
+    compute_checksum's of the finished store; rows of chunks not yet done are never read (no
+    read returns before its chunks are reported; the hasher is seen asking for them first)."""
     group = zarr.open_group(str(release["path"]), mode="r")
     assert stated_checksum(release["path"]) == release["checksum"]
     group = zarr.open_group(str(release["path"]), mode="r+")
     done = group["chunks/done"]
     done[[1, 4, 6]] = 0  # as if those chunks were still to come
-    read: list[tuple[str, int, int]] = []
-
-    class Spy(ReleaseHasher):
-        def _read(self, name, arr, where):
-            out = super()._read(name, arr, where)
-            if isinstance(where, slice) and name in self._written:
-                read.append((name, where.start, min(where.stop, arr.shape[0])))
-            return out
-
+    reported = {0, 2, 3, 5}
     try:
-        hasher = Spy(group, release["path"], 50, 8)
-        time.sleep(0.3)
-        first = list(read)
+        hasher = _Watched(group, release["path"], 50, 8, reported=reported, chunk_units=8)
+        assert hasher.asks.wait(timeout=60), "the hasher never asked for the rows of chunk 1"
         assert hasher._thread.is_alive()  # waiting for chunk 1 of the first answer array
-        assert all(stop <= 8 for _name, _start, stop in first if _name != "chunks/done"), first
         for chunk in (6, 1, 4):
+            reported.add(chunk)
             hasher.chunk_done(chunk)
         assert hasher.result(stated_attrs(dict(group.attrs), group)) == release["checksum"]
+        assert hasher.early == []
     finally:
         done[...] = 1
 
@@ -119,10 +136,11 @@ def test_cancelled_hasher_stops_and_a_failed_one_leaves_the_seal_to_hash(release
     group = zarr.open_group(str(release["path"]), mode="r+")
     group["chunks/done"][3] = 0
     try:
-        hasher = ReleaseHasher(group, release["path"], 50, 8)
-        threading.Timer(0.2, hasher.cancel).start()
-        assert hasher.result(stated_attrs(dict(group.attrs), group)) is None  # cancelled while waiting for chunk 3
-        assert not hasher._thread.is_alive()
+        hasher = _Watched(group, release["path"], 50, 8, reported={0, 1, 2, 4, 5, 6}, chunk_units=8)
+        assert hasher.asks.wait(timeout=60), "the hasher never asked for the rows of chunk 3"
+        hasher.cancel()  # while it waits for chunk 3 (or about to: it then sees the cancel)
+        assert hasher.result(stated_attrs(dict(group.attrs), group)) is None
+        assert not hasher._thread.is_alive() and hasher.early == []
     finally:
         group["chunks/done"][3] = 1
 
@@ -253,8 +271,10 @@ def test_seal_fsyncs_only_what_the_chunk_sync_did_not(release, tmp_path, monkeyp
     synced = sync.close()
     assert synced and all(Path(file).is_file() and Path(file).name != "zarr.json" for file in synced)
     rewritten = sorted(synced)[0]
-    time.sleep(0.02)
     Path(rewritten).write_bytes(Path(rewritten).read_bytes())  # the same bytes, written again
+    # as a clock tick later (in the same tick the signature may not change): its mtime moved on
+    mtime = os.stat(rewritten).st_mtime_ns
+    os.utime(rewritten, ns=(mtime, mtime + 1_000_000_000))
     fsynced: list[str] = []
     monkeypatch.setattr(files, "fsync_file", lambda file: fsynced.append(file))
     files.fsync_tree(path, synced)
@@ -270,14 +290,35 @@ def test_a_refused_check_is_the_seals_error_and_nothing_is_marked(release, tmp_p
     group = zarr.open_group(str(path), mode="r+")
     group.attrs.update({"complete": False})
 
-    def refuse():
-        time.sleep(0.1)
-        raise ValueError("the plan changed")
+    class Hasher(ReleaseHasher):
+        """Says when the seal is done with it: it took the digest, or cancelled it."""
+
+        def __init__(self, *args) -> None:
+            self.over = threading.Event()
+            super().__init__(*args)
+
+        def result(self):
+            try:
+                return super().result()
+            finally:
+                self.over.set()
+
+        def cancel(self):
+            super().cancel()
+            self.over.set()
 
     for missing in (None, 2):
         if missing is not None:
             group["chunks/done"][missing] = 0
-        hasher = ReleaseHasher(group, path, 50, 8)
+        hasher = Hasher(group, path, 50, 8)
+
+        def refuse():
+            # the check refuses last: after the digest, or after the missing chunk cancelled the
+            # hasher, so its error is still the one raised when another came first
+            if not hasher.over.wait(timeout=60):
+                raise AssertionError("the seal neither took the digest nor cancelled the hasher")
+            raise ValueError("the plan changed")
+
         with pytest.raises(ValueError, match="the plan changed"):
             release_chunks.seal_chunked(group, path, fsync=True, hasher=hasher, check=refuse)
         assert not hasher._thread.is_alive()

@@ -11,6 +11,7 @@ import shutil
 
 import numpy as np
 import pytest
+import xarray as xr
 import zarr
 
 import distfit.plan.job as job
@@ -307,7 +308,6 @@ def test_a_solved_pack_beside_a_closed_form_pack_and_a_block_group(tmp_path):
 
 
 def test_a_solved_pack_opens_in_xarray_with_its_dimension_names(plans):
-    xr = pytest.importorskip("xarray")
     packed, _, _, plan = plans["certified"]
     tree = xr.open_datatree(str(packed), engine="zarr", consolidated=False)
     solved = tree["solved"]
