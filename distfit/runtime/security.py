@@ -72,6 +72,13 @@ class Transport:
         """Whether nothing was chosen (no files, not insecure)."""
         return not self.files and not self.insecure
 
+    def flags(self) -> list[str]:
+        """The ``distfit`` command-line flags that give this transport (a launcher that runs
+        ``distfit ... --cluster`` as a command: cluster/jobqueue_run.py)."""
+        given = (("--tls-ca-file", self.ca_file), ("--tls-cert", self.cert), ("--tls-key", self.key))
+        return [part for flag, path in given if path is not None for part in (flag, path)] + (
+            ["--insecure"] if self.insecure else [])
+
 
 def scheduler_address(cluster: str) -> str | None:
     """The address ``cluster`` (a ``--cluster`` value) names: the ``address`` of a scheduler

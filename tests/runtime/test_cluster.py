@@ -36,6 +36,7 @@ from distfit.runtime.placement import Placement
 from distfit.runtime.security import Transport
 from tests.faults import assert_killed_while_in_progress, kill_a_worker_after_the_first
 from tests.reference import SMALL_SPEC
+from tests.test_cluster_files import OPENSSL_CERTIFICATE  # the batch scripts' certificate
 
 
 def _groups():
@@ -160,13 +161,6 @@ def test_unreachable_scheduler_is_a_clear_error():
             pass
 
 
-#: The batch scripts' per-job certificate (cluster/slurm/distfit-run.sbatch, cluster/pbs/distfit-run.pbs):
-#: one self-signed certificate, the cluster's CA and every member's certificate at once, as Dask's
-#: Security.temporary() makes it; tests/test_cluster_files.py checks the scripts run this command.
-OPENSSL_CERTIFICATE = ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "30",
-                       "-subj", "/CN=distfit-dask"]
-
-
 @pytest.mark.skipif(shutil.which("openssl") is None, reason="the batch scripts' certificates are made with openssl")
 def test_plan_through_a_scheduler_file(tmp_path):
     """A scheduler and two workers started from the dask command line as the batch scripts start
@@ -190,7 +184,8 @@ def test_plan_through_a_scheduler_file(tmp_path):
         for _ in range(2):
             workers.append(subprocess.Popen(
                 [sys.executable, "-m", "distributed.cli.dask_worker", "--scheduler-file", str(scheduler_file),
-                 "--nthreads", "1", "--nworkers", "1", "--no-dashboard", "--dashboard-address", "127.0.0.1:0", *tls],
+                 "--nthreads", "1", "--nworkers", "1", "--host", "127.0.0.1", "--no-dashboard",
+                 "--dashboard-address", "127.0.0.1:0", *tls],
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             ))
         domain, groups = _groups()
