@@ -8,7 +8,8 @@ small blocks); the same code connects to a running scheduler by address
 (``tls://host:8786``) or scheduler file (SLURM/PBS via dask-jobqueue, Kubernetes via the dask
 operator), over TLS unless plain TCP is allowed (:mod:`distfit.runtime.security`,
 docs/deployment.md). The local cluster listens on 127.0.0.1 only (``local_cluster``). Results
-are yielded as they complete (``as_completed``) so the driver can stream them into the plan store; lost workers are covered by task retries. A job's
+are yielded as they complete (``as_completed``) so the driver can stream them into the plan
+store; lost workers are covered by task retries. A job's
 :class:`distfit.runtime.placement.Placement` (where it runs) becomes a client through
 ``placement_client`` (a context) or ``PlacedClient`` (started on a thread when first needed:
 the chunked jobs).
