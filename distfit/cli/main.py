@@ -21,7 +21,7 @@ says what was kept and how to resume); 2 bad input (unknown workload,
 unreadable or malformed ``.npz`` or spec, conflicting budget flags, a ``ValueError`` from the
 library, a block too large for memory, a plan, release or estimate already at ``--out``, a store being
 written by another process (``StoreLockedError``, naming it), an unreachable
-scheduler, a plan that fails audit, data that does not fit the plan, bad microdata: a missing
+scheduler or one refused (plain TCP without ``--insecure``, TLS without certificates), a plan that fails audit, data that does not fit the plan, bad microdata: a missing
 column, a value outside its attribute's domain, an empty unit id, an unreadable file).
 Every error is one line ``distfit: error: <message>`` on stderr. Output files are written to a
 temporary file in the same directory and moved into place only once everything succeeded, so
@@ -55,6 +55,7 @@ from distfit.cli.workloads import WORKLOAD_HELP
 from distfit.runtime.cluster import ClusterError
 from distfit.runtime.failures import RunFailure
 from distfit.runtime.placement import Placement
+from distfit.runtime.security import Transport
 from distfit.solver.solve import ConvergenceError
 from distfit.runtime.threads import blas_limit
 
@@ -88,11 +89,18 @@ class _Parser(argparse.ArgumentParser):
 
 def add_cluster_options(parser: argparse.ArgumentParser, serial_help: str) -> None:
     """``--cluster``, ``--workers`` and ``--serial``: where a command's tasks run (DESIGN.md
-    section 3), read back as one value by :func:`placement_of`."""
+    section 3), and ``--tls-*``/``--insecure``: how a ``--cluster`` is reached; read back as
+    one value by :func:`placement_of`."""
     parser.add_argument("--cluster", metavar="ADDRESS|FILE",
                         help="scheduler address or scheduler file (default: a local multi-process cluster)")
     parser.add_argument("--workers", type=int, metavar="N", help="worker processes of the local cluster (default: cores)")
     parser.add_argument("--serial", action="store_true", help=serial_help)
+    # How --cluster is reached (distfit.runtime.security, docs/deployment.md): TLS by default.
+    parser.add_argument("--tls-ca-file", metavar="PEM", help="the --cluster's CA certificate (TLS; with --tls-cert)")
+    parser.add_argument("--tls-cert", metavar="PEM", help="distfit's TLS certificate for --cluster, signed by that CA")
+    parser.add_argument("--tls-key", metavar="PEM", help="its private key (unless in the --tls-cert file)")
+    parser.add_argument("--insecure", action="store_true",
+                        help="allow a --cluster over plain TCP: unencrypted, and whoever reaches it can run code")
 
 
 #: The metavar of each input a pipeline command names as a positional argument (:func:`add_inputs`).
@@ -113,10 +121,11 @@ def placement_of(args: argparse.Namespace) -> Placement | None:
     """The one :class:`distfit.runtime.placement.Placement` of a command's ``--cluster``,
     ``--workers`` and ``--serial`` (None for a command without them), checked as it is made
     (ValueError, one line naming the option: exit 2). ``main`` sets it as ``args.placement``
-    before the handler runs; no handler reads the three options itself."""
+    before the handler runs; no handler reads these options itself."""
     if not hasattr(args, "serial"):
         return None
-    return Placement(cluster=args.cluster, workers=args.workers, serial=args.serial)
+    transport = Transport(args.tls_ca_file, args.tls_cert, args.tls_key, insecure=args.insecure)
+    return Placement(cluster=args.cluster, workers=args.workers, serial=args.serial, transport=transport)
 
 
 def build_parser() -> argparse.ArgumentParser:

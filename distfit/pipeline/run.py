@@ -267,9 +267,7 @@ class _Cluster:
         """Where a stage runs: the run's placement, on its local cluster (started now if need be)."""
         if self.given.local and not self.started:
             count = self.given.local_workers
-            local = self.stack.enter_context(local_cluster(count))  # workers without Dask's malloc trim (WORKER_ENV)
-            print(f"distfit: local cluster with {count} worker processes; dashboard {local.dashboard_link}",
-                  file=self.log)
+            local = self.stack.enter_context(local_cluster(count, log=self.log))  # without Dask's malloc trim (WORKER_ENV)
             self.address, self.started = local.scheduler_address, True
         return self.given.at(self.address)
 

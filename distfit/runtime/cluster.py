@@ -5,9 +5,11 @@ in tasks sized by work (:class:`distfit.plan.cluster_executor.DaskExecutor`: sma
 a local multi-process cluster is started (``LocalCluster(processes=True)``, one
 single-threaded worker per process, since the solver's BLAS calls are single-threaded for
 small blocks); the same code connects to a running scheduler by address
-(``tcp://host:8786``) or scheduler file (SLURM/PBS via dask-jobqueue, Kubernetes via the dask
-operator). Results are yielded as they complete (``as_completed``) so the driver can stream
-them into the plan store; lost workers are covered by task retries. A job's
+(``tls://host:8786``) or scheduler file (SLURM/PBS via dask-jobqueue, Kubernetes via the dask
+operator), over TLS unless plain TCP is allowed (:mod:`distfit.runtime.security`,
+docs/deployment.md). The local cluster listens on 127.0.0.1 only (``local_cluster``). Results
+are yielded as they complete (``as_completed``) so the driver can stream them into the plan
+store; lost workers are covered by task retries. A job's
 :class:`distfit.runtime.placement.Placement` (where it runs) becomes a client through
 ``placement_client`` (a context) or ``PlacedClient`` (started on a thread when first needed:
 the chunked jobs).
@@ -29,8 +31,10 @@ from typing import Any, Callable, Iterable, Iterator, TextIO
 import dask
 from distributed import Client, LocalCluster, as_completed
 from distributed.diagnostics.plugin import WorkerPlugin
+from distributed.security import Security
 
 from distfit.runtime.placement import Placement
+from distfit.runtime.security import ENCRYPTED_SCHEMES, Transport, refusal, scheduler_address, scheme_of
 
 TASK_RETRIES = 3
 
@@ -43,6 +47,9 @@ TASK_RETRIES = 3
 #: worker's memory stays flat either way (one task's arrays at a time).
 WORKER_ENV: dict[str, str | None] = {"MALLOC_TRIM_THRESHOLD_": None}
 LOW_LEVEL_LOG_LENGTH = 10  # Dask's developer message logs, while dask_client is open (see there)
+#: The one interface every listener of a local cluster binds (scheduler, nannies, workers and
+#: their HTTP servers): nothing distfit starts by itself is reachable from another machine.
+LOCAL_HOST = "127.0.0.1"
 
 
 class ClusterError(RuntimeError):
@@ -51,12 +58,14 @@ class ClusterError(RuntimeError):
 
 @contextlib.contextmanager
 def dask_client(cluster: str | None = None, workers: int | None = None, timeout: float = 10.0, log: TextIO | None = None,
-                worker_env: dict[str, str | None] | None = WORKER_ENV):
+                worker_env: dict[str, str | None] | None = WORKER_ENV, transport: Transport = Transport()):
     """A ``distributed.Client``: a new local multi-process cluster, or an existing scheduler.
 
-    ``cluster`` is ``None`` (start ``LocalCluster(processes=True)`` with ``workers`` processes,
-    default: the machine's cores), a scheduler address, or the path of a scheduler file. The
-    dashboard address is printed to ``log``. ``worker_env`` (a local cluster only): environment
+    ``cluster`` is ``None`` (start ``local_cluster`` with ``workers`` processes, default: the
+    machine's cores), a scheduler address, or the path of a scheduler file, reached as
+    ``transport`` says (``connection_security``: TLS, or plain TCP only if allowed; a refusal
+    is a :class:`ClusterError`). What was started or reached is printed to ``log``.
+    ``worker_env`` (a local cluster only): environment
     variables to set (a string) or not to set (``None``) in the worker processes before they
     start (default ``WORKER_ENV``), over Dask's ``distributed.nanny.pre-spawn-environ`` (a variable already in this
     process's environment is inherited regardless: Dask lets the environment win).
@@ -73,38 +82,74 @@ def dask_client(cluster: str | None = None, workers: int | None = None, timeout:
     configured = dask.config.get("distributed.admin.low-level-log-length", None)
     length = LOW_LEVEL_LOG_LENGTH if configured is None else min(int(configured), LOW_LEVEL_LOG_LENGTH)
     with dask.config.set({"distributed.admin.low-level-log-length": length}):
-        yield from _dask_client(cluster, workers, timeout, log, worker_env)
+        yield from _dask_client(cluster, workers, timeout, log, worker_env, transport)
 
 
-def local_cluster(workers: int | None = None, worker_env: dict[str, str | None] | None = WORKER_ENV):
+def local_cluster(workers: int | None = None, worker_env: dict[str, str | None] | None = WORKER_ENV,
+                  log: TextIO | None = None):
     """``LocalCluster(processes=True)`` with ``workers`` one-thread worker processes (default:
     the machine's cores) whose environment follows ``worker_env`` (``dask_client``): the one
-    way distfit starts a local cluster. Returns the cluster (a context manager)."""
+    way distfit starts a local cluster. Returns the cluster (a context manager); says so on
+    ``log`` if given.
+
+    Every listener binds ``LOCAL_HOST`` (127.0.0.1): the scheduler, the nannies and the workers
+    (``host``: Dask gives the workers and nannies the scheduler's host) and the HTTP servers
+    Dask always runs beside the scheduler and each worker (health, metrics), which follow it.
+    Decision: no dashboard. Nothing in distfit shows it (bokeh, which draws it, is not a
+    dependency; the progress lines on stderr say how a job goes), so the scheduler's HTTP
+    server serves no dashboard pages (``dashboard=False``) and sits on a free loopback port
+    (``127.0.0.1:0``) rather than Dask's 8787, and workers start none. Plain TCP on loopback:
+    see docs/deployment.md for what that leaves open on a machine shared with other users."""
+    count = workers or os.cpu_count() or 1
     settings = {f"distributed.nanny.pre-spawn-environ.{name}": value for name, value in (worker_env or {}).items()}
     with dask.config.set(settings):  # read by each Nanny when it is created (restarts included)
-        return LocalCluster(n_workers=workers or os.cpu_count() or 1, threads_per_worker=1, processes=True,
-                            dashboard_address=":0", silence_logs=40, preload=[__name__])
+        cluster = LocalCluster(n_workers=count, threads_per_worker=1, processes=True, host=LOCAL_HOST,
+                               dashboard_address=f"{LOCAL_HOST}:0", scheduler_kwargs={"dashboard": False},
+                               worker_dashboard_address=None, silence_logs=40, preload=[__name__])
+    if log is not None:
+        print(f"distfit: local cluster with {count} worker processes on {LOCAL_HOST}", file=log)
+    return cluster
 
 
-def _dask_client(cluster, workers, timeout, log, worker_env):
+def connection_security(cluster: str, transport: Transport = Transport()) -> Security:
+    """The ``distributed.security.Security`` of a connection to the existing scheduler
+    ``cluster`` (an address or a scheduler file) made as ``transport`` says: its TLS files, else
+    Dask's configuration (``distributed.comm.tls``); encryption required unless
+    ``transport.insecure``. Raises :class:`ClusterError` (one line) where
+    :func:`distfit.runtime.security.refusal` refuses: a ``tls://`` scheduler without
+    certificates, a plain one without ``insecure``."""
+    files = ({"tls_ca_file": transport.ca_file, "tls_client_cert": transport.cert, "tls_client_key": transport.key}
+             if transport.files else {})
+    security = Security(require_encryption=not transport.insecure, **files)
+    address = scheduler_address(cluster)
+    if address is not None:  # an unreadable scheduler file: Dask says why when it is read
+        problem = refusal(cluster, address, transport.insecure,
+                          certificates=bool(security.tls_ca_file and security.tls_client_cert))
+        if problem is not None:
+            raise ClusterError(problem)
+    return security
+
+
+def _dask_client(cluster, workers, timeout, log, worker_env, transport):
     if cluster is None:
         count = workers or os.cpu_count() or 1
-        with local_cluster(count, worker_env) as local, Client(local) as client:
-            print(f"distfit: local cluster with {count} worker processes; dashboard {client.dashboard_link}", file=log)
+        with local_cluster(count, worker_env, log=log) as local, Client(local) as client:
             # WORKER_ENV leaves MALLOC_TRIM_THRESHOLD_ out, but a Dask nanny started earlier in
             # this process without it has already put it in os.environ, which workers inherit.
             _register_malloc_tuning(client, log)
             yield client
         return
+    security = connection_security(cluster, transport)
     try:
         if os.path.exists(cluster):
-            client = Client(scheduler_file=cluster, timeout=timeout)
+            client = Client(scheduler_file=cluster, timeout=timeout, security=security)
         else:
-            client = Client(cluster, timeout=timeout)
+            client = Client(cluster, timeout=timeout, security=security)
     except (OSError, TimeoutError, ValueError) as error:
         raise ClusterError(f"cluster: cannot reach the scheduler at {cluster!r}: {error}") from None
     with client:
-        print(f"distfit: connected to {cluster}; dashboard {client.dashboard_link}", file=log)
+        how = "over TLS" if scheme_of(client.scheduler.address) in ENCRYPTED_SCHEMES else "over plain TCP (--insecure)"
+        print(f"distfit: connected to {cluster} {how}; dashboard {client.dashboard_link}", file=log)
         # Workers started by someone else (dask worker, dask-jobqueue, Kubernetes) keep Dask's
         # MALLOC_TRIM_THRESHOLD_; raise their mmap threshold instead (WORKER_ENV).
         _register_malloc_tuning(client, log)
@@ -191,7 +236,8 @@ class BackgroundClient:
     client of the caller: pass it explicitly (``run_tasks`` does)."""
 
     def __init__(self, cluster: str | None = None, workers: int | None = None, timeout: float = 10.0,
-                 log: TextIO | None = None, worker_env: dict[str, str | None] | None = WORKER_ENV) -> None:
+                 log: TextIO | None = None, worker_env: dict[str, str | None] | None = WORKER_ENV,
+                 transport: Transport = Transport()) -> None:
         self._client = None
         self._error: BaseException | None = None        # from starting
         self._close_error: BaseException | None = None  # from closing
@@ -200,7 +246,8 @@ class BackgroundClient:
 
         def hold() -> None:
             try:
-                with dask_client(cluster, workers, timeout=timeout, log=log, worker_env=worker_env) as client:
+                with dask_client(cluster, workers, timeout=timeout, log=log, worker_env=worker_env,
+                                 transport=transport) as client:
                     self._client = client
                     self._ready.set()
                     self._leave.wait()
@@ -244,7 +291,7 @@ def placement_client(placement: Placement, log: TextIO | None = None) -> Iterato
     if placement.serial:
         yield None
         return
-    with dask_client(placement.cluster, placement.workers, log=log) as client:
+    with dask_client(placement.cluster, placement.workers, log=log, transport=placement.transport) as client:
         yield client
 
 
@@ -265,7 +312,8 @@ class PlacedClient:
         """Start the client (not for a serial placement), unless it is started already."""
         if not self.placement.serial and self._background is None:
             self._background = self.stack.enter_context(BackgroundClient(
-                self.placement.cluster, self.placement.workers, log=self.log, worker_env=self.worker_env))
+                self.placement.cluster, self.placement.workers, log=self.log, worker_env=self.worker_env,
+                transport=self.placement.transport))
 
     def get(self):
         """The client (None for a serial placement), started now if need be; waits for it."""

@@ -12,6 +12,9 @@ without Dask; ``Placement(cluster=ADDRESS_OR_FILE)`` connects to a running sched
 address (``tcp://host:8786``) or scheduler file (``distfit.runtime.cluster.dask_client``'s
 rule: a path that exists is a scheduler file); ``Placement()`` or ``Placement(workers=N)``
 starts a local multi-process cluster of ``N`` workers (default: the machine's cores).
+How an existing scheduler is reached is the placement's ``transport``
+(:class:`distfit.runtime.security.Transport`: TLS files, or plain TCP allowed with
+``--insecure``; the rule is checked when the connection is made, ``runtime.cluster``).
 
 Decision: ``log`` (where progress and notes are printed) and ``fsync`` (whether written files
 are forced to disk) are *not* part of a placement, nor of a second value. They do not say where
@@ -30,6 +33,8 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+from distfit.runtime.security import Transport, is_loopback
+
 __all__ = ["Placement"]
 
 
@@ -37,12 +42,14 @@ __all__ = ["Placement"]
 class Placement:
     """Where a job's tasks run (module docstring): ``cluster`` (a scheduler address or the
     path of a scheduler file; None: a local cluster), ``workers`` (the local cluster's worker
-    processes; None: the machine's cores) and ``serial`` (in the driver, without Dask; excludes
-    the other two). Made valid or not at all: ValueError naming ``--workers`` or ``--serial``."""
+    processes; None: the machine's cores), ``serial`` (in the driver, without Dask; excludes
+    the other two) and ``transport`` (how ``cluster`` is reached: TLS files or ``--insecure``;
+    only with ``cluster``). Made valid or not at all: ValueError naming the option."""
 
     cluster: str | None = None
     workers: int | None = None
     serial: bool = False
+    transport: Transport = Transport()
 
     def __post_init__(self) -> None:
         if self.cluster is not None:
@@ -51,6 +58,9 @@ class Placement:
             raise ValueError(f"--workers must be >= 1, got {self.workers}")
         if self.serial and (self.cluster is not None or self.workers is not None):
             raise ValueError("--serial excludes --cluster and --workers")
+        if self.cluster is None and not self.transport.default:
+            raise ValueError("--tls-ca-file, --tls-cert, --tls-key and --insecure are for --cluster "
+                             "(a scheduler distfit does not start)")
 
     @property
     def local(self) -> bool:
@@ -64,10 +74,15 @@ class Placement:
 
     def at(self, address: str | None) -> "Placement":
         """This placement on the scheduler at ``address`` (a local cluster a job has started, so
-        that its stages share it); itself when ``address`` is None (serial, or not started)."""
-        if address is None:
+        that its stages share it); itself when ``address`` is None (serial, or not started) or
+        its own ``cluster``. A local cluster listens on loopback only and speaks plain TCP there
+        (``runtime.cluster.local_cluster``): the job chose that, so the placement at a loopback
+        address allows it (``Transport(insecure=True)``); at any other address it keeps the
+        transport it has."""
+        if address is None or address == self.cluster:
             return self
-        return Placement(cluster=address, workers=self.workers)
+        transport = Transport(insecure=True) if is_loopback(address) else self.transport
+        return Placement(cluster=address, workers=self.workers, transport=transport)
 
     def describe(self) -> dict[str, Any]:
         """What a run manifest records of it: ``{"kind": "serial"}``, ``{"kind": "local",

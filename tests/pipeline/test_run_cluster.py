@@ -1,8 +1,9 @@
 """`distfit run` end to end on a real Dask cluster started from the dask command line.
 
 A scheduler and two workers are started as separate processes on loopback (``dask scheduler
---scheduler-file F`` and ``dask worker --scheduler-file F``, the way cluster/README.md and the
-batch scripts start them), and ``distfit run ... --cluster F`` runs as its own process, so the
+--scheduler-file F`` and ``dask worker --scheduler-file F``, over TLS with per-run certificates,
+the way cluster/README.md and the batch scripts start them), and ``distfit run ... --cluster F
+--tls-ca-file ...`` runs as its own process, so the
 whole path is exercised: the console entry point, the scheduler file, task shipping to worker
 processes, Zarr stores written by the workers and sealed by the driver.
 
@@ -100,6 +101,7 @@ class Cluster:
     scheduler_file: Path
     client: object
     logs: Path
+    tls: list  # the cluster's certificate flags (--tls-ca-file CA --tls-cert CERT --tls-key KEY)
 
     def log_tails(self) -> str:
         return "\n".join(f"--- {p.name}\n{_tail(p)}" for p in sorted(self.logs.glob("*.log")))
@@ -108,9 +110,17 @@ class Cluster:
 @contextlib.contextmanager
 def dask_cluster(tmp_path: Path, workers: int = 2):
     """A scheduler and ``workers`` single-threaded workers (each behind a nanny) on loopback,
-    found through a scheduler file; yields a :class:`Cluster` with a connected client and tears
-    every process down afterwards, whatever happened."""
+    over TLS (``Security.temporary()``'s certificate as files), found through a scheduler file;
+    yields a :class:`Cluster` with a connected client and tears every process down afterwards,
+    whatever happened."""
     from distributed import Client
+    from distributed.security import Security
+
+    security = Security.temporary()
+    pem = {"ca": security.tls_ca_file, "cert": security.tls_client_cert, "key": security.tls_client_key}
+    for name, contents in pem.items():
+        (tmp_path / f"{name}.pem").write_text(contents)
+    tls = ["--tls-ca-file", tmp_path / "ca.pem", "--tls-cert", tmp_path / "cert.pem", "--tls-key", tmp_path / "key.pem"]
 
     scheduler_file = tmp_path / "scheduler.json"
     logs = tmp_path / "cluster-logs"
@@ -128,8 +138,8 @@ def dask_cluster(tmp_path: Path, workers: int = 2):
 
     try:
         scheduler = start(_dask("scheduler") + [
-            "--scheduler-file", str(scheduler_file), "--host", "127.0.0.1", "--port", "0",
-            "--dashboard-address", ":0"], "scheduler")
+            "--scheduler-file", str(scheduler_file), "--protocol", "tls", "--host", "127.0.0.1", "--port", "0",
+            "--dashboard-address", "127.0.0.1:0", *map(str, tls)], "scheduler")
         deadline = time.monotonic() + 30
         address = None
         while address is None and time.monotonic() < deadline and scheduler.poll() is None:
@@ -140,9 +150,9 @@ def dask_cluster(tmp_path: Path, workers: int = 2):
         for i in range(workers):
             start(_dask("worker") + [
                 "--scheduler-file", str(scheduler_file), "--nworkers", "1", "--nthreads", "1",
-                "--nanny", "--no-dashboard", "--name", f"worker-{i}"], f"worker-{i}")
-        with Client(scheduler_file=str(scheduler_file), timeout=30) as client:
-            cluster = Cluster(scheduler_file, client, logs)
+                "--nanny", "--no-dashboard", "--name", f"worker-{i}", *map(str, tls)], f"worker-{i}")
+        with Client(scheduler_file=str(scheduler_file), timeout=30, security=security) as client:
+            cluster = Cluster(scheduler_file, client, logs, tls)
             try:
                 client.wait_for_workers(workers, timeout=60)
             except TimeoutError:
@@ -246,10 +256,10 @@ def test_run_through_a_scheduler_file(tmp_path):
         pids = worker_pids(client)
         assert len(pids) == 2
         result = subprocess.run(
-            _distfit("run", spec, "--out", rundir, "--cluster", cluster.scheduler_file, "--units", "9000"),
+            _distfit("run", spec, "--out", rundir, "--cluster", cluster.scheduler_file, *cluster.tls, "--units", "9000"),
             capture_output=True, text=True, timeout=180, env=ENV)
         assert result.returncode == 0, f"{result.stdout}\n{result.stderr}\n{cluster.log_tails()}"
-        assert f"connected to {cluster.scheduler_file}" in result.stderr
+        assert f"connected to {cluster.scheduler_file} over TLS" in result.stderr
         assert "local cluster" not in result.stderr
         executed = executed_keys(client)
         assert worker_pids(client) == pids  # the same two worker processes throughout
@@ -298,7 +308,7 @@ def test_seeded_release_survives_a_worker_killed_mid_release(tmp_path, small_pla
 
         def release(out: Path) -> subprocess.CompletedProcess:
             argv = _distfit("release", small_plan.plan, "--data", data, "--out", out, "--seed", SEED,
-                            "--cluster", cluster.scheduler_file)
+                            "--cluster", cluster.scheduler_file, *cluster.tls)
             return subprocess.run(argv, capture_output=True, text=True, timeout=180, env=ENV)
 
         uninterrupted = release(reference)

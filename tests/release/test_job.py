@@ -25,6 +25,7 @@ from distfit.stores.sealing import seal_checksum, stated_attrs
 from distfit.stores.release import ReleaseError, read_release, verify_release
 from distfit.mathematics.domain import Domain
 from distfit.runtime.placement import Placement
+from distfit.runtime.security import Transport
 from tests.reference import SMALL_SPEC
 from tests.storetools import reseal, stated_checksum
 
@@ -532,7 +533,8 @@ def test_worker_killed_mid_release_redraws_identical_chunks(inputs, tmp_path, ca
                 killed.append(chunk)
 
         result = run_release(inputs["plan"], str(data), str(tmp_path / "dask.zarr"), seed=5,
-                             placement=Placement(cluster=client.scheduler.address), after_chunk=kill_once)
+                             placement=Placement(cluster=client.scheduler.address, transport=Transport(insecure=True)),
+                             after_chunk=kill_once)
     assert killed and result.chunks == 60
     serial = run_release(inputs["plan"], str(data), str(tmp_path / "serial.zarr"), seed=5,
                          placement=Placement(serial=True))
@@ -542,7 +544,7 @@ def test_worker_killed_mid_release_redraws_identical_chunks(inputs, tmp_path, ca
 def test_background_client_reports_an_unreachable_scheduler():
     from distfit.runtime.cluster import BackgroundClient, ClusterError
 
-    with BackgroundClient("tcp://127.0.0.1:1", timeout=1) as background:
+    with BackgroundClient("tcp://127.0.0.1:1", timeout=1, transport=Transport(insecure=True)) as background:
         with pytest.raises(ClusterError, match="cannot reach the scheduler"):
             background.get()
         with pytest.raises(ClusterError):  # asked again: the same answer
@@ -559,7 +561,8 @@ def test_unreachable_cluster_writes_nothing(inputs, tmp_path, monkeypatch):
     monkeypatch.setattr(cluster_module, "BackgroundClient", functools.partial(BackgroundClient, timeout=1))
     out = tmp_path / "nowhere.zarr"
     with pytest.raises(ClusterError):
-        run_release(inputs["plan"], inputs["data"], out, placement=Placement(cluster="tcp://127.0.0.1:1"))
+        run_release(inputs["plan"], inputs["data"], out,
+                    placement=Placement(cluster="tcp://127.0.0.1:1", transport=Transport(insecure=True)))
     assert not out.exists() and not list(tmp_path.glob("nowhere.zarr*"))
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 import itertools
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import time
@@ -32,8 +33,10 @@ from distfit.plan.residual import residual_blocks
 from distfit.spec.parse import load_spec
 from distfit.stores.plan import read_plan
 from distfit.runtime.placement import Placement
+from distfit.runtime.security import Transport
 from tests.faults import assert_killed_while_in_progress, kill_a_worker_after_the_first
 from tests.reference import SMALL_SPEC
+from tests.test_cluster_files import OPENSSL_CERTIFICATE  # the batch scripts' certificate
 
 
 def _groups():
@@ -53,6 +56,8 @@ def _groups():
 #: is a thousand times that, and far below what a real fault would do (a block lost, doubled or
 #: solved for other targets moves alpha and the variances by far more).
 PLAN_RTOL = 1e-12
+#: How these tests reach a local cluster they started: plain TCP on loopback (runtime.security).
+LOCAL = Transport(insecure=True)
 
 
 def assert_same_numbers(got, expected, name: str) -> None:
@@ -118,7 +123,7 @@ def test_streamed_plan_on_a_cluster_equals_the_serial_plan(client, tmp_path, mon
     path = tmp_path / "spec.yaml"
     path.write_text(yaml.safe_dump(dict(SMALL_SPEC, blocks={"merge": False})))
     streamed, _ = run_plan(load_spec(path), str(tmp_path / "streamed.zarr"),
-                           placement=Placement(cluster=client.scheduler.address), stream=True)
+                           placement=Placement(cluster=client.scheduler.address, transport=LOCAL), stream=True)
     monkeypatch.setattr(plan_module, "CO_OPTIMIZE_WORK", 0.0)  # the streamed plan has no joint dual
     serial, _ = run_plan(load_spec(path), str(tmp_path / "serial.zarr"), placement=Placement(serial=True), stream=False)
     assert streamed.streamed and not serial.streamed
@@ -152,16 +157,22 @@ def test_plan_survives_a_killed_worker(client):
 
 def test_unreachable_scheduler_is_a_clear_error():
     with pytest.raises(ClusterError, match="cannot reach the scheduler"):
-        with dask_client("tcp://127.0.0.1:1", timeout=2):
+        with dask_client("tcp://127.0.0.1:1", timeout=2, transport=Transport(insecure=True)):
             pass
 
 
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="the batch scripts' certificates are made with openssl")
 def test_plan_through_a_scheduler_file(tmp_path):
-    """A scheduler and two workers started from the dask command line, found by scheduler file."""
+    """A scheduler and two workers started from the dask command line as the batch scripts start
+    them (TLS with the scripts' openssl certificate, no worker dashboards), found by scheduler file."""
     scheduler_file = tmp_path / "scheduler.json"
+    key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
+    subprocess.run(OPENSSL_CERTIFICATE + ["-keyout", str(key), "-out", str(cert)], check=True, capture_output=True)
+    tls = ["--tls-ca-file", str(cert), "--tls-cert", str(cert), "--tls-key", str(key)]
     dask = [sys.executable, "-m", "distributed.cli.dask_scheduler"]
     scheduler = subprocess.Popen(
-        dask + ["--scheduler-file", str(scheduler_file), "--host", "127.0.0.1", "--port", "0", "--dashboard-address", ":0"],
+        dask + ["--scheduler-file", str(scheduler_file), "--protocol", "tls", "--host", "127.0.0.1", "--port", "0",
+                "--dashboard-address", "127.0.0.1:0", *tls],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )
     workers = []
@@ -173,11 +184,13 @@ def test_plan_through_a_scheduler_file(tmp_path):
         for _ in range(2):
             workers.append(subprocess.Popen(
                 [sys.executable, "-m", "distributed.cli.dask_worker", "--scheduler-file", str(scheduler_file),
-                 "--nthreads", "1", "--nworkers", "1", "--no-dashboard"],
+                 "--nthreads", "1", "--nworkers", "1", "--host", "127.0.0.1", "--no-dashboard",
+                 "--dashboard-address", "127.0.0.1:0", *tls],
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             ))
         domain, groups = _groups()
-        with dask_client(str(scheduler_file)) as client:
+        with dask_client(str(scheduler_file), transport=Transport(str(cert), str(cert), str(key))) as client:
+            assert client.scheduler.address.startswith("tls://")
             client.wait_for_workers(2, timeout=30)
             plan = plan_groups(domain, groups, max_cells=0, refine_rounds=0, executor=DaskExecutor(client))
             # workers someone else started keep Dask's malloc trim setting; distfit's plugin
@@ -213,11 +226,12 @@ def test_killed_worker_plan_completes_and_passes_audit(tmp_path, stream):
     with dask_client(None, workers=2) as client:
         address = client.scheduler.address
         # one task per block (batch_seconds=0): batched, this plan's 16 small blocks are one or two tasks a round
-        reference, _ = run_plan(load_spec(path), str(tmp_path / "reference.zarr"), placement=Placement(cluster=address),
+        here = Placement(cluster=address, transport=LOCAL)
+        reference, _ = run_plan(load_spec(path), str(tmp_path / "reference.zarr"), placement=here,
                                 stream=stream,
                                 batch_seconds=0)
         with kill_a_worker_after_the_first(client, "solve-") as record:
-            plan, _ = run_plan(load_spec(path), str(tmp_path / "plan.zarr"), placement=Placement(cluster=address),
+            plan, _ = run_plan(load_spec(path), str(tmp_path / "plan.zarr"), placement=here,
                                stream=stream, batch_seconds=0)
     assert_killed_while_in_progress(record)  # solve tasks of every round: a refinement round adds its own
     report = audit_plan(str(tmp_path / "plan.zarr"))

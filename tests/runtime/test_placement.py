@@ -9,6 +9,7 @@ import pytest
 
 from distfit.cli.main import main
 from distfit.runtime.placement import Placement
+from distfit.runtime.security import Transport
 
 
 def test_the_default_is_a_local_cluster_of_the_machine_s_cores():
@@ -50,9 +51,10 @@ def test_a_scheduler_file_path_is_kept_as_text(tmp_path):
 
 def test_at_moves_a_placement_onto_a_started_scheduler():
     """A job that starts the local cluster hands its stages the placement at its address."""
-    assert Placement(workers=2).at("tcp://127.0.0.1:9") == Placement(cluster="tcp://127.0.0.1:9", workers=2)
+    assert Placement(workers=2).at("tcp://127.0.0.1:9") == Placement(cluster="tcp://127.0.0.1:9", workers=2,
+                                                                     transport=Transport(insecure=True))
     assert Placement(serial=True).at(None) == Placement(serial=True)
-    assert Placement(cluster="tcp://h:1").at("tcp://h:1") == Placement(cluster="tcp://h:1")
+    assert Placement(cluster="tls://h:1").at("tls://h:1") == Placement(cluster="tls://h:1")
     assert Placement(serial=True).describe() == {"kind": "serial"}
 
 
