@@ -213,6 +213,7 @@ def planner_bounds(plan: PlanResult) -> dict:
             "value": plan.allocation_lower_bound,
             "method": plan.lower_bound_method,
             "bounds": CHOSEN_BLOCKS_BOUNDS[plan.lower_bound_method],
+            **({"certificate": plan.bound_certificate} if plan.bound_certificate is not None else {}),
         },
         "global_lower_bound": {
             "value": float(plan.blocks[0].lower_bound) if known else None,
