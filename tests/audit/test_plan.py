@@ -418,6 +418,129 @@ def test_a_claim_edited_without_resealing_fails_the_checksum(copy_of, capsys):
     assert "audit FAILED" in out and "mismatch: checksum" in out and "mismatch: account.epsilon_delta" in out
 
 
+# ---------------------------------------------------------------------------- labels and keys (issue 28)
+
+OTHER_TEXT = "the privacy cost alpha of every mechanism whatsoever"
+#: Labels and keys edited and re-sealed (plan, edits, the claim named): only the audit's own
+#: derivation of each label, and its closed lists of keys, can catch them.
+LABEL_EDITS = {
+    "global bound's bounds text": ("merged", dict(planner__global_lower_bound__bounds=OTHER_TEXT),
+                                   "planner.global_lower_bound.bounds: stored"),
+    "global bound's method text": ("joint", dict(planner__global_lower_bound__method="the joint block dual"),
+                                   "planner.global_lower_bound.method: stored"),
+    "chosen bound said to bound every plan": ("refined", dict(planner__chosen_blocks_lower_bound__bounds=(
+        "the privacy cost alpha of every Gaussian mechanism L (B x + z) that answers the workload with every variance "
+        "at most its target times the variance scale")), "planner.chosen_blocks_lower_bound.bounds: stored"),
+    "composition": ("merged", dict(composition="parallel across blocks and units"), "composition: stored"),
+    "an invented account key": ("merged", dict(account__pure_epsilon=0.5), "account: unknown keys ['pure_epsilon']"),
+    "an invented account row key": ("merged", dict(account__rdp=lambda rows: [dict(r, note="tight") for r in rows]),
+                                    "account.rdp: expected the rows {order, epsilon}"),
+    "an invented planner key": ("merged", dict(planner__optimal=True), "planner: unknown keys ['optimal']"),
+    "an invented root key": ("merged", dict(epsilon=0.1), "attrs: unknown keys ['epsilon']"),
+    "an invented bound key": ("joint", dict(planner__chosen_blocks_lower_bound__tight=True),
+                              "planner.chosen_blocks_lower_bound: unknown keys ['tight']"),
+    "decisions not a log": ("merged", dict(planner__decisions="certified optimal"), "planner.decisions"),
+    "rounds not a count": ("refined", dict(planner__rounds=0), "planner.rounds"),
+    # the joint block dual's bound at 100 x alpha: its certificate proves what it proves
+    "chosen bound 100 x alpha": ("joint", dict(planner__chosen_blocks_lower_bound__value=lambda v: 100 * v),
+                                 "planner.chosen_blocks_lower_bound: stored"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(LABEL_EDITS))
+def test_an_edited_label_or_an_invented_key_fails_naming_it(copy_of, case):
+    name, changes, claim = LABEL_EDITS[case]
+    path = copy_of(name)
+    assert audit_plan(str(path)).ok
+    edit(path, **changes)
+    reseal(path)
+    assert_fails(path, claim)
+
+
+SOLVER_EDITS = {
+    "gap": (lambda s: dict(s, gap=0.0), "solver.gap: stored 0.0, but alpha / lower_bound - 1 = "),
+    "stage": (lambda s: dict(s, stage="exact"), "solver: unknown stage 'exact'"),
+    "joint stage": (lambda s: dict(s, stage="block-dual", gap=None), "solver.stage: 'block-dual', but the block has a "
+                                                                     "certificate of its own"),
+    "invented key": (lambda s: dict(s, optimal=True), "solver: unknown keys ['optimal']"),
+    "count": (lambda s: dict(s, dual_evaluations=-1), "solver: dual_evaluations is -1, not a count"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(SOLVER_EDITS))
+def test_an_edited_solver_record_fails_naming_it(copy_of, case):
+    change, claim = SOLVER_EDITS[case]
+    path = copy_of("merged")
+    edit(path, BLOCK, solver=change)
+    reseal(path)
+    assert_fails(path, f"{BLOCK}/{claim}")
+
+
+def test_an_invented_block_attr_fails(copy_of):
+    path = copy_of("merged")
+    edit(path, BLOCK, optimal=True)
+    reseal(path)
+    assert_fails(path, f"{BLOCK}: unknown attrs ['optimal']")
+
+
+def _set_certificate(path, change) -> None:
+    group = zarr.open_group(str(path), mode="r+")
+    planner = copy.deepcopy(dict(group.attrs)["planner"])
+    bound = planner["chosen_blocks_lower_bound"]
+    certificate = change(bound.pop("certificate"))
+    if certificate is not None:
+        bound["certificate"] = certificate
+    group.attrs["planner"] = planner
+
+
+def _moved(weights):
+    """Half of the first weight moved to the last: still a distribution, another dual point."""
+    weights = list(weights)
+    weights[0], weights[-1] = weights[0] / 2, weights[-1] + weights[0] / 2
+    return weights
+
+
+CERTIFICATE_EDITS = {
+    "allocation weights moved": ("refined", lambda c: dict(c, weights=_moved(c["weights"])),
+                                 "planner.chosen_blocks_lower_bound: stored"),
+    "allocation weights x 2": ("refined", lambda c: dict(c, weights=[2 * w for w in c["weights"]]),
+                               "planner.chosen_blocks_lower_bound.certificate.weights: not a distribution"),
+    "allocation query moved": ("refined-budget", lambda c: dict(c, queries=[q + 1 for q in c["queries"]]),
+                               "planner.chosen_blocks_lower_bound"),
+    "joint cell weights moved": ("replaced", lambda c: dict(c, cell_weights={k: _moved(u) if len(u) > 1 else u
+                                                                            for k, u in c["cell_weights"].items()}),
+                                 "planner.chosen_blocks_lower_bound: stored"),
+    "joint block left out": ("joint", lambda c: dict(c, cell_weights=dict(list(c["cell_weights"].items())[:1])),
+                             "planner.chosen_blocks_lower_bound.certificate.cell_weights: expected the cell weights"),
+    "certificate removed": ("refined", lambda c: None, "planner.chosen_blocks_lower_bound: cannot be re-certified: the "
+                                                       "plan stores no certificate"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CERTIFICATE_EDITS))
+def test_an_edited_or_missing_certificate_of_the_chosen_blocks_bound_fails(copy_of, case):
+    """The bound is evaluated at the dual point stored with it: another point proves another
+    value (or the edit breaks the point), and without one the bound cannot be re-certified."""
+    name, change, claim = CERTIFICATE_EDITS[case]
+    path = copy_of(name)
+    _set_certificate(path, change)
+    reseal(path)
+    report = assert_fails(path, claim)
+    if case == "certificate removed":
+        assert REPLAN in report.failures[0]
+
+
+def test_an_edited_pack_label_fails(packed, tmp_path):
+    path = tmp_path / "plan.zarr"
+    for attrs, claim in ((dict(solver={"method": "SM-II"}), "packs/p0/solver: stored"),
+                         (dict(optimal=True), "packs/p0: unknown attrs ['optimal']")):
+        shutil.rmtree(path, ignore_errors=True)
+        shutil.copytree(packed / "packed.zarr", path)
+        edit(path, "packs/p0", **attrs)
+        reseal(path)
+        assert_fails(path, claim)
+
+
 # ---------------------------------------------------------------------------- the issue's figure
 
 
