@@ -13,7 +13,7 @@ import numpy as np
 from distfit.audit import labels
 from distfit.audit.bounds import allocation_bound, joint_bound, not_a_distribution, range_sums
 from distfit.audit.checks import BOUND_TOLERANCE, REPLAN, Checks, closed_keys, label
-
+from distfit.stores.plan import BlockRecord
 
 
 @dataclass
@@ -29,12 +29,26 @@ class Certificate:
     alphas: list[float] = field(default_factory=list)  # scale allocation: a_S per block
     sums: list[float] = field(default_factory=list)  # scale allocation: sum_j omega_j v_jS / c_j per block
     joint: list[tuple] = field(default_factory=list)  # joint block dual: (basis, L_c, u_S, v_S) per block
-    unusable: str = ""  # why the certificate cannot prove the bound (a failure when the bound is checked)
 
     def weights_over(self, first: np.ndarray, count: np.ndarray, targets: np.ndarray | None = None) -> np.ndarray:
         """Per query range, the certificate's weight on it (over ``targets`` when given)."""
         values = self.weights if targets is None else self.weights / targets[self.queries]
         return range_sums(self.queries, values, first, count)
+
+    def add_block(self, block: BlockRecord, targets: np.ndarray, alpha: float, variances: np.ndarray) -> bool:
+        """Add a solved block's term of the dual at its recomputed ``alpha`` and ``variances``
+        (``targets``: every query's); False when the certificate holds no weights of its cells."""
+        rows = np.ones(block.query_index.size, dtype=np.int64)
+        if self.method == labels.SCALE_ALLOCATION:
+            self.alphas.append(alpha)
+            self.sums.append(float(self.weights_over(block.query_index, rows, targets) @ variances))
+            return True
+        cells = self.cell_weights.get(block.block_id)
+        if cells is None or cells.size != block.basis.shape[1]:
+            return False
+        self.joint.append((block.basis, block.recon / np.sqrt(targets[block.query_index])[:, None], cells,
+                           self.weights_over(block.query_index, rows)))
+        return True
 
 
 def read_certificate(check: Checks, bound: Any, m: int, explicit: tuple[str, ...]) -> Certificate | None:

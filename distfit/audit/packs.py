@@ -20,7 +20,6 @@ from distfit.stores.plan import Plan
 ROW_SLAB = 1 << 22  # a pack's implied rows are expanded this many at a time (memory: a few arrays of this length)
 
 
-
 @dataclass
 class QuerySums:
     """Per-query sums over every block row: variances, target shares, whether answered."""
@@ -32,6 +31,8 @@ class QuerySums:
 
 @dataclass
 class PackResult:
+    """What a pack adds to the plan's sums: its alphas' sum, its blocks' profiles, its bounds."""
+
     alpha_sum: float
     profiles: list  # (positions, profile) per block, when the domain is small enough for exact alpha
     proved: dict  # block id -> certified bound (a one-block plan only)

@@ -386,19 +386,10 @@ def _audit(plan: Plan, path: str) -> AuditReport:
                   f"{name}/lower_bound: {block.lower_bound!r} exceeds the block's alpha {block_alpha!r}")
         proved[block.block_id] = _check_block_bound(check, block, block_variances)
         _check_solver(check, name, block, block.alpha)  # the stored alpha, checked above
-        if certificate is not None:
-            rows = np.ones(block.query_index.size, dtype=np.int64)
-            if certificate.method == labels.SCALE_ALLOCATION:
-                certificate.alphas.append(block_alpha)
-                certificate.sums.append(float(certificate.weights_over(block.query_index, rows, targets) @ block_variances))
-            elif block.block_id in certificate.cell_weights and certificate.cell_weights[block.block_id].size == block.basis.shape[1]:
-                certificate.joint.append((block.basis, block.recon / np.sqrt(query_targets)[:, None],
-                                          certificate.cell_weights[block.block_id],
-                                          certificate.weights_over(block.query_index, rows)))
-            else:
-                check(False, f"planner.chosen_blocks_lower_bound.certificate.cell_weights.{block.block_id}: not "
-                             f"the weights of the block's {block.basis.shape[1]} cells")
-                certificate = None
+        if certificate is not None and not certificate.add_block(block, targets, block_alpha, block_variances):
+            check(False, f"planner.chosen_blocks_lower_bound.certificate.cell_weights.{block.block_id}: not the "
+                         f"weights of the block's {block.basis.shape[1]} cells")
+            certificate = None
         np.add.at(variances, block.query_index, block_variances)
         np.add.at(shares, block.query_index, block.targets)
         answered[block.query_index] = True
