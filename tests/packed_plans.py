@@ -91,7 +91,7 @@ def write_packed_plan(path, spec_dict: dict, *, explicit: int = 0, fsync: bool =
         alpha = float(stitched_profile(domain, profiles).max()) if exact else alpha_sum
         return writer.finish(
             spec=spec.to_dict(), schema=domain.schema(), queries_targets=targets, queries_variances=variances,
-            alpha=alpha, alpha_exact=exact, rho=alpha / 2, composition="sequential",
+            alpha=alpha, alpha_exact=exact, rho=alpha / 2, composition="sequential across blocks, parallel across units",
             extra_attrs={"account": privacy_account(alpha).to_dict(),
                          "planner": {"spec_hash": spec.spec_hash, "alpha_sum_bound": alpha_sum,
                                      "variance_scale": float(np.max(variances / targets))}})

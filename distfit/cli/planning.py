@@ -42,6 +42,4 @@ def cmd_audit(args: argparse.Namespace) -> int:
     print(f"{PROG}: audit {status}: {report.path}: {report.checks} checks, alpha {format_number(report.alpha)}")
     for failure in report.failures:
         print(f"  mismatch: {failure}")
-    for warning in report.warnings:
-        print(f"  warning: {warning}")
     return 0 if report.ok else 1

@@ -8,7 +8,7 @@ Targets couple the blocks: each block is solved once with its queries' own targe
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Sequence
 
 import numpy as np
@@ -32,6 +32,12 @@ class ScaleAllocation:
     scales: np.ndarray
     alpha_bound: float  # sum_S alpha_S / s_S of the returned (feasible) scales
     lower_bound: float  # dual value: no feasible allocation does better
+    #: The dual point that proves ``lower_bound`` (its certificate, kept with the plan so that
+    #: ``distfit audit`` evaluates the bound instead of solving the program again): the queries
+    #: of the constraint rows (sorted; a run of queries sharing one constraint is its first) and
+    #: their weights omega on the simplex, ``lower_bound = (sum_S sqrt(a_S (V_n^T omega)_S))^2``.
+    certificate_queries: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    certificate_weights: np.ndarray = field(default_factory=lambda: np.zeros(0))
 
 
 def allocate_scales(
@@ -94,7 +100,8 @@ def allocate_rows(block_alphas: np.ndarray, rows: np.ndarray, cols: np.ndarray, 
         raise ValueError("targets: every target of a query a block reaches must be > 0")
     variance_matrix = scipy.sparse.csr_matrix((values / targets[rows], (rows, cols)), shape=(targets.size, alphas.size))
     variance_matrix.eliminate_zeros()
-    normalised = variance_matrix[np.flatnonzero(np.diff(variance_matrix.indptr) > 0)]
+    constrained = np.flatnonzero(np.diff(variance_matrix.indptr) > 0)
+    normalised = variance_matrix[constrained]
     transposed = normalised.T.tocsr()
     idle = np.flatnonzero(np.diff(transposed.indptr) == 0)
     if idle.size:
@@ -115,7 +122,7 @@ def allocate_rows(block_alphas: np.ndarray, rows: np.ndarray, cols: np.ndarray, 
     scales = np.sqrt(alphas / (transposed @ np.full(num_constraints, 1.0 / num_constraints)))
     scales *= 0.5 / (normalised @ scales).max()
     weight = num_constraints / float(np.sum(alphas / scales))
-    lower, upper, best = 0.0, np.inf, scales
+    lower, upper, best, certificate = 0.0, np.inf, scales, np.zeros(0)
     for _ in range(BARRIER_MAX_CENTRES):
         for _ in range(BARRIER_MAX_NEWTON):
             slack = 1.0 - normalised @ scales
@@ -133,7 +140,10 @@ def allocate_rows(block_alphas: np.ndarray, rows: np.ndarray, cols: np.ndarray, 
                 break  # no progress at machine precision: this centre is as good as it gets
             scales = scales + length * step
         omega = 1.0 / (1.0 - normalised @ scales)  # proportional to the centre's lambda
-        lower = max(lower, float(np.sum(np.sqrt(alphas * (transposed @ (omega / omega.sum()))))) ** 2)
+        omega = omega / omega.sum()
+        bound = float(np.sum(np.sqrt(alphas * (transposed @ omega)))) ** 2
+        if bound > lower:
+            lower, certificate = bound, omega
         feasible = scales / (normalised @ scales).max()
         value = float(np.sum(alphas / feasible))
         if value < upper:
@@ -141,7 +151,8 @@ def allocate_rows(block_alphas: np.ndarray, rows: np.ndarray, cols: np.ndarray, 
         if upper <= lower * (1.0 + tolerance):
             break
         weight *= 20.0
-    return ScaleAllocation(scales=best, alpha_bound=upper, lower_bound=lower)
+    return ScaleAllocation(scales=best, alpha_bound=upper, lower_bound=lower,
+                           certificate_queries=queries[constrained], certificate_weights=certificate)
 
 
 class _LeafElimination:

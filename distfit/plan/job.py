@@ -205,8 +205,10 @@ GLOBAL_BOUNDS = ("the privacy cost alpha of every Gaussian mechanism L (B x + z)
 def planner_bounds(plan: PlanResult) -> dict:
     """The planner's lower bounds, each with what it bounds (issue 12): ``chosen_blocks_lower_bound``
     (the allocation's or the joint block dual's certificate: plans with the chosen blocks only;
-    ``PlanResult.allocation_lower_bound``) and ``global_lower_bound`` (every plan of the form; known
-    when the plan is one block, whose own dual certificate is then global, else ``None``)."""
+    ``PlanResult.allocation_lower_bound``, with the dual point that proves it as ``certificate``,
+    ``PlanResult.bound_certificate``, which ``distfit audit`` evaluates) and ``global_lower_bound``
+    (every plan of the form; known when the plan is one block, whose own dual certificate is then
+    global, else ``None``)."""
     blocks = plan.num_blocks
     known = blocks == 1 and len(plan.blocks) == 1 and plan.blocks[0].lower_bound > 0
     return {
@@ -214,6 +216,7 @@ def planner_bounds(plan: PlanResult) -> dict:
             "value": plan.allocation_lower_bound,
             "method": plan.lower_bound_method,
             "bounds": CHOSEN_BLOCKS_BOUNDS[plan.lower_bound_method],
+            **({"certificate": plan.bound_certificate} if plan.bound_certificate is not None else {}),
         },
         "global_lower_bound": {
             "value": float(plan.blocks[0].lower_bound) if known else None,

@@ -66,6 +66,7 @@ from distfit.plan.residual import BlockLayout, BlockSpec, GroupLike
 from distfit.plan.rounds import BLOCK_GAP, COARSE_SHAPING_GAPS, SHAPING_GAP, Round, refine
 from distfit.mathematics.privacy import privacy_account, privacy_profile
 from distfit.mathematics.scaling import scale_block, scaled_cost, scaled_noise
+from distfit.mathematics.bounds import certified_bound
 from distfit.solver.dual import BlockDualResult, maximize_block_dual
 from distfit.solver.solve import BlockSolution, WarmStart, solve
 from distfit.runtime.threads import blas_limit
@@ -252,6 +253,10 @@ class PlanResult:
     lower_bound_method: str = field(default=SCALE_ALLOCATION)  # or JOINT_BLOCK_DUAL: what allocation_lower_bound bounds
     closed: ClosedFormBlocks | None = field(default=None)  # closed-form blocks (not in ``blocks``)
     closed_scales: np.ndarray | None = field(default=None)  # their scales s_S (Sigma = s_S sigma_S B B^T)
+    #: The dual point that proves ``allocation_lower_bound`` (JSON: stored with the plan, re-evaluated
+    #: by ``distfit audit``; scale-free): the constraint ``queries`` and their ``weights`` on the
+    #: simplex, and for the joint block dual each block's ``cell_weights`` (block id -> weights).
+    bound_certificate: dict | None = field(default=None)
 
     @property
     def targets(self) -> np.ndarray:
@@ -538,8 +543,11 @@ def plan_blocks(
     planned = keeper.planned(best)
     closed_scales = allocation.scales[len(blocks):]
     lower_bound, sum_bound = allocation.lower_bound, allocation.alpha_bound
+    certificate = {"queries": allocation.certificate_queries.tolist(), "weights": allocation.certificate_weights.tolist()}
     if joint_dual:
         joint = _co_optimize(planned, targets)
+        joint_bound, certificate = _joint_certificate(planned, joint, targets)
+        joint = dataclasses.replace(joint, lower_bound=joint_bound)
         log.append(
             f"joint block dual: sum bound {joint.alpha_sum_bound:.6g} (certified >= {joint.lower_bound:.6g}) "
             f"after {joint.evaluations} evaluations, against {sum_bound:.6g} from per-block shapes"
@@ -551,8 +559,26 @@ def plan_blocks(
     elif skipped is not None:
         log.append(f"joint block dual skipped: {skipped}")
     variances = _with_closed(keeper.variances(planned, best), closed_rows, closed_scales, targets.size)
-    return _composed_plan(domain, keeper, planned, targets, variances, sum_bound, lower_bound,
+    plan = _composed_plan(domain, keeper, planned, targets, variances, sum_bound, lower_bound,
                           JOINT_BLOCK_DUAL if joint_dual else SCALE_ALLOCATION, log, start, rounds, closed, closed_scales)
+    return dataclasses.replace(plan, bound_certificate=certificate)
+
+
+def _joint_certificate(planned: Sequence[PlannedBlock], joint: BlockDualResult, targets: QueryRuns) -> tuple[float, dict]:
+    """The joint block dual's bound evaluated at its dual point as ``distfit audit`` evaluates it,
+    ``(sum_S sqrt(|v_S| certified_bound(B_S, L_S / sqrt(c), u_S, v_S)))^2`` (``v_S``: the query
+    weights of block S's rows; ``certified_bound`` keeps every singular value, where the
+    ascent's eigenvalues lose the small ones' digits), and that point as stored (JSON)."""
+    weights = joint.query_weights
+    total = 0.0
+    for block, cells in zip(planned, joint.cell_weights):
+        rows = weights[block.spec.query_index]
+        if rows.sum() > 0:
+            scaled_recon = block.solution.recon / np.sqrt(targets[block.spec.query_index])[:, None]
+            total += float(np.sqrt(rows.sum() * certified_bound(block.solution.basis, scaled_recon, cells, rows)))
+    queries = np.flatnonzero(weights > 0)
+    return total**2, {"queries": queries.tolist(), "weights": weights[queries].tolist(),
+                      "cell_weights": {b.spec.block_id: u.tolist() for b, u in zip(planned, joint.cell_weights)}}
 
 
 def _closed_sum(closed: ClosedFormBlocks | None, scales: np.ndarray) -> float:

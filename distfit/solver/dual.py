@@ -222,6 +222,10 @@ class BlockDualResult:
     alpha_sum_bound: float
     lower_bound: float
     evaluations: int
+    #: The dual point of ``lower_bound``: each block's cell weights (on its simplex) and the one
+    #: query weight vector v (on the simplex over the ``num_queries`` queries).
+    cell_weights: tuple[np.ndarray, ...] = ()
+    query_weights: np.ndarray | None = None
 
 
 def maximize_block_dual(
@@ -252,7 +256,7 @@ def maximize_block_dual(
     """
     sizes = [basis.shape[1] for basis in bases]
     offsets = np.concatenate([[0], np.cumsum(sizes)])
-    best: dict[str, object] = {"lower": 0.0, "upper": np.inf, "sigmas": None}
+    best: dict[str, object] = {"lower": 0.0, "upper": np.inf, "sigmas": None, "cells": (), "queries": None}
     evaluations = 0
 
     class _Converged(Exception):
@@ -290,7 +294,9 @@ def maximize_block_dual(
             sigmas.append(point.sigma / root)
             points.append(point)
         evaluations += 1
-        best["lower"] = max(best["lower"], certified**2)
+        if certified**2 > best["lower"]:
+            best["lower"], best["queries"] = certified**2, query_weights
+            best["cells"] = tuple(point.cell_weights for point in points)
         upper = profiles_max * ratio_sums.max()
         if upper < best["upper"]:
             scale = 1.0 / (ratio_sums.max() * (1.0 + 1e-12))
@@ -314,4 +320,5 @@ def maximize_block_dual(
             pass
     if best["sigmas"] is None:
         raise np.linalg.LinAlgError("the block dual could not be evaluated: some block's queries do not span its basis")
-    return BlockDualResult(best["sigmas"], float(best["upper"]), float(best["lower"]), evaluations)
+    return BlockDualResult(best["sigmas"], float(best["upper"]), float(best["lower"]), evaluations,
+                           best["cells"], best["queries"])

@@ -24,7 +24,8 @@ import zarr
 
 import distfit.audit.plan
 import distfit.stores.plan
-from distfit.audit.plan import audit_plan, block_bound_targets
+from distfit.audit.bounds import bound_targets
+from distfit.audit.plan import audit_plan
 from distfit.cli.main import main
 from distfit.plan.job import run_plan
 from distfit.plan.planner import JOINT_BLOCK_DUAL, SCALE_ALLOCATION
@@ -73,8 +74,7 @@ def plans(tmp_path_factory):
 
 
 CERTIFIED = ("merged", "budget", "joint", "refined", "refined-budget")  # plans whose blocks have certificates
-JOINT_WARNING = ("planner.chosen_blocks_lower_bound: not re-certified (its certificate (the joint dual's weights) "
-                 "is not stored, and maximising that dual again is a search, not a check); it is the planner's claim")
+REPLAN = "re-plan with this version of distfit (distfit plan)"
 
 
 @pytest.fixture
@@ -131,15 +131,16 @@ def assert_fails(path, *claims: str):
 
 
 def test_written_plans_pass(plans):
+    """Every plan the planner writes passes: every bound evaluated at its stored certificate
+    (the joint block dual's and the scale allocation's included), every label as derived."""
+    methods = set()
     for name in CERTIFIED + ("replaced",):
         report = audit_plan(str(plans / f"{name}.zarr"))
         assert report.ok, report.failures
-        # a version-2 plan with certificates: every bound evaluated, the attrs covered; but the
-        # joint block dual's bound is the planner's word
         plan = read_plan(plans / f"{name}.zarr")
-        joint = plan.attrs["planner"]["chosen_blocks_lower_bound"]["method"] == JOINT_BLOCK_DUAL
-        assert report.warnings == ((JOINT_WARNING,) if joint else ()), name
         assert report.checksum == plan.checksum
+        methods.add(plan.attrs["planner"]["chosen_blocks_lower_bound"]["method"])
+    assert methods == {JOINT_BLOCK_DUAL, SCALE_ALLOCATION}
 
 
 def test_the_test_plans_are_the_cases_the_audit_must_get_right(plans):
@@ -170,7 +171,7 @@ def test_every_block_bound_is_its_certificates_value(plans, name):
         u, v = block.cell_weights, block.query_weights
         assert u.sum() == pytest.approx(1, abs=1e-12) and v.sum() == pytest.approx(1, abs=1e-12)
         assert u.min() >= 0 and v.min() >= 0
-        t = block_bound_targets(block.variances, block.targets)
+        t = bound_targets(block.variances, block.targets)
         matrix = np.sqrt(v / t)[:, None] * (block.recon @ block.basis) * np.sqrt(u)
         assert np.linalg.norm(matrix, "nuc") ** 2 == pytest.approx(block.lower_bound, rel=1e-8)
         assert certified_bound(block.basis, block.recon / np.sqrt(t)[:, None], u, v) == pytest.approx(
@@ -250,8 +251,8 @@ def test_a_block_bound_between_the_optimum_and_alpha_is_not_certified(copy_of):
     edit(path, BLOCK, lower_bound=claimed)
     reseal(path)
     report = assert_fails(path, f"{BLOCK}/lower_bound: stored {claimed!r}, but its certificate (cell_weights, "
-                                "query_weights) proves 2.03958070111")
-    assert len(report.failures) == 1  # the global bound is the certificate's value still
+                                "query_weights) proves 2.03958070111", f"{BLOCK}/solver.gap: stored")
+    assert len(report.failures) == 2  # the gap no longer alpha / lower_bound - 1; the global bound is the certificate's still
 
 
 @pytest.mark.parametrize("factor", [1 + 1e-8, 1 - 1e-8])
@@ -264,8 +265,8 @@ def test_a_block_bound_off_its_certificate_by_1e_8_fails(copy_of, plans, name, f
     block_id = read_plan(path).block_ids[-1]
     edit(path, f"blocks/{block_id}", lower_bound=lambda b: b * factor)
     reseal(path)
-    report = assert_fails(path, f"blocks/{block_id}/lower_bound: stored")
-    assert len(report.failures) == 1
+    report = assert_fails(path, f"blocks/{block_id}/lower_bound: stored", f"blocks/{block_id}/solver.gap: stored")
+    assert len(report.failures) == 2
 
 
 def test_an_edited_weight_fails_naming_the_bound_it_no_longer_proves(copy_of):
@@ -313,19 +314,16 @@ def test_a_block_without_a_certificate_may_claim_no_bound(copy_of):
     assert_fails(path, f"blocks/{block_id}/lower_bound: stored 0.5, but the block has no certificate of its own")
 
 
-def test_a_plan_written_before_certificates_passes_with_a_warning(copy_of):
-    """Without the weight arrays (a plan written before they were kept) the bounds are not
-    re-certified: a warning names them, and the global bound riding on the block."""
+def test_a_plan_written_before_certificates_fails_saying_how_to_get_one_that_passes(copy_of):
+    """Without the weight arrays (a plan written before they were kept) the block's bound cannot
+    be re-certified: it fails, and so does the global bound riding on it."""
     path = copy_of("merged")
     for array in ("cell_weights", "query_weights"):
         shutil.rmtree(path / BLOCK / array)
     reseal(path)
-    report = audit_plan(str(path))
-    assert report.ok, report.failures
-    assert report.warnings == (
-        "lower bounds: 1 of 1 block bounds not re-certified (first: r-a.b.c): the plan was written before blocks "
-        "kept their dual certificates (cell_weights, query_weights); they are the planner's claims; so is "
-        "planner.global_lower_bound",)
+    report = assert_fails(path, f"{BLOCK}/lower_bound: cannot be re-certified: the plan stores no certificate",
+                          "planner.global_lower_bound: 2.0395", "planner.global_lower_bound.method")
+    assert REPLAN in report.failures[0]
 
 
 ARRAY_EDITS = {
@@ -382,18 +380,20 @@ def test_the_allocation_bound_of_a_refined_plan_is_resolved(copy_of):
     assert bound["method"] == SCALE_ALLOCATION
     edit(path, planner__chosen_blocks_lower_bound__value=bound["value"] * (1 + 1e-6))
     reseal(path)
-    assert_fails(path, "planner.chosen_blocks_lower_bound: stored", "the scale allocation reaches only")
+    assert_fails(path, "planner.chosen_blocks_lower_bound: stored", "but its certificate (the scale allocation's "
+                                                                    "dual point) proves")
 
 
-def test_the_joint_block_dual_bound_is_named_not_recertified(copy_of):
-    """Its certificate is not stored: the audit says so rather than search for one again."""
-    path = copy_of("joint")
+@pytest.mark.parametrize("name", ["joint", "replaced"])
+def test_the_joint_block_dual_bound_is_evaluated_at_its_certificate(copy_of, name):
+    """Its certificate (each block's cell weights, one query weight vector) is stored: raised by
+    1e-8, the bound is no longer what that point proves."""
+    path = copy_of(name)
     bound = read_plan(path).attrs["planner"]["chosen_blocks_lower_bound"]
     assert bound["method"] == JOINT_BLOCK_DUAL and "block-diagonal plan with the chosen blocks" in bound["bounds"]
-    edit(path, planner__chosen_blocks_lower_bound__value=bound["value"] * 1.01)
+    edit(path, planner__chosen_blocks_lower_bound__value=bound["value"] * (1 + 1e-8))
     reseal(path)
-    report = audit_plan(str(path))
-    assert report.ok and report.warnings == (JOINT_WARNING,)
+    assert_fails(path, "planner.chosen_blocks_lower_bound: stored", "(the joint block dual's dual point) proves")
 
 
 def test_a_global_bound_on_a_plan_of_several_blocks_fails(copy_of):
@@ -403,7 +403,8 @@ def test_a_global_bound_on_a_plan_of_several_blocks_fails(copy_of):
     assert len(plan.block_ids) == 2
     edit(path, planner__global_lower_bound__value=0.1)  # true, but nothing certifies it
     reseal(path)
-    assert_fails(path, "planner.global_lower_bound: 0.1 is stated for a plan of 2 blocks")
+    assert_fails(path, "planner.global_lower_bound: 0.1 is stated, but no certificate proves a bound on every plan "
+                       "(not known: the plan has 2 blocks")
 
 
 def test_a_claim_edited_without_resealing_fails_the_checksum(copy_of, capsys):
@@ -415,6 +416,129 @@ def test_a_claim_edited_without_resealing_fails_the_checksum(copy_of, capsys):
     assert main(["audit", str(path)]) == 1
     out = capsys.readouterr().out
     assert "audit FAILED" in out and "mismatch: checksum" in out and "mismatch: account.epsilon_delta" in out
+
+
+# ---------------------------------------------------------------------------- labels and keys (issue 28)
+
+OTHER_TEXT = "the privacy cost alpha of every mechanism whatsoever"
+#: Labels and keys edited and re-sealed (plan, edits, the claim named): only the audit's own
+#: derivation of each label, and its closed lists of keys, can catch them.
+LABEL_EDITS = {
+    "global bound's bounds text": ("merged", dict(planner__global_lower_bound__bounds=OTHER_TEXT),
+                                   "planner.global_lower_bound.bounds: stored"),
+    "global bound's method text": ("joint", dict(planner__global_lower_bound__method="the joint block dual"),
+                                   "planner.global_lower_bound.method: stored"),
+    "chosen bound said to bound every plan": ("refined", dict(planner__chosen_blocks_lower_bound__bounds=(
+        "the privacy cost alpha of every Gaussian mechanism L (B x + z) that answers the workload with every variance "
+        "at most its target times the variance scale")), "planner.chosen_blocks_lower_bound.bounds: stored"),
+    "composition": ("merged", dict(composition="parallel across blocks and units"), "composition: stored"),
+    "an invented account key": ("merged", dict(account__pure_epsilon=0.5), "account: unknown keys ['pure_epsilon']"),
+    "an invented account row key": ("merged", dict(account__rdp=lambda rows: [dict(r, note="tight") for r in rows]),
+                                    "account.rdp: expected the rows {order, epsilon}"),
+    "an invented planner key": ("merged", dict(planner__optimal=True), "planner: unknown keys ['optimal']"),
+    "an invented root key": ("merged", dict(epsilon=0.1), "attrs: unknown keys ['epsilon']"),
+    "an invented bound key": ("joint", dict(planner__chosen_blocks_lower_bound__tight=True),
+                              "planner.chosen_blocks_lower_bound: unknown keys ['tight']"),
+    "decisions not a log": ("merged", dict(planner__decisions="certified optimal"), "planner.decisions"),
+    "rounds not a count": ("refined", dict(planner__rounds=0), "planner.rounds"),
+    # the joint block dual's bound at 100 x alpha: its certificate proves what it proves
+    "chosen bound 100 x alpha": ("joint", dict(planner__chosen_blocks_lower_bound__value=lambda v: 100 * v),
+                                 "planner.chosen_blocks_lower_bound: stored"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(LABEL_EDITS))
+def test_an_edited_label_or_an_invented_key_fails_naming_it(copy_of, case):
+    name, changes, claim = LABEL_EDITS[case]
+    path = copy_of(name)
+    assert audit_plan(str(path)).ok
+    edit(path, **changes)
+    reseal(path)
+    assert_fails(path, claim)
+
+
+SOLVER_EDITS = {
+    "gap": (lambda s: dict(s, gap=0.0), "solver.gap: stored 0.0, but alpha / lower_bound - 1 = "),
+    "stage": (lambda s: dict(s, stage="exact"), "solver: unknown stage 'exact'"),
+    "joint stage": (lambda s: dict(s, stage="block-dual", gap=None), "solver.stage: 'block-dual', but the block has a "
+                                                                     "certificate of its own"),
+    "invented key": (lambda s: dict(s, optimal=True), "solver: unknown keys ['optimal']"),
+    "count": (lambda s: dict(s, dual_evaluations=-1), "solver: dual_evaluations is -1, not a count"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(SOLVER_EDITS))
+def test_an_edited_solver_record_fails_naming_it(copy_of, case):
+    change, claim = SOLVER_EDITS[case]
+    path = copy_of("merged")
+    edit(path, BLOCK, solver=change)
+    reseal(path)
+    assert_fails(path, f"{BLOCK}/{claim}")
+
+
+def test_an_invented_block_attr_fails(copy_of):
+    path = copy_of("merged")
+    edit(path, BLOCK, optimal=True)
+    reseal(path)
+    assert_fails(path, f"{BLOCK}: unknown attrs ['optimal']")
+
+
+def _set_certificate(path, change) -> None:
+    group = zarr.open_group(str(path), mode="r+")
+    planner = copy.deepcopy(dict(group.attrs)["planner"])
+    bound = planner["chosen_blocks_lower_bound"]
+    certificate = change(bound.pop("certificate"))
+    if certificate is not None:
+        bound["certificate"] = certificate
+    group.attrs["planner"] = planner
+
+
+def _moved(weights):
+    """Half of the first weight moved to the last: still a distribution, another dual point."""
+    weights = list(weights)
+    weights[0], weights[-1] = weights[0] / 2, weights[-1] + weights[0] / 2
+    return weights
+
+
+CERTIFICATE_EDITS = {
+    "allocation weights moved": ("refined", lambda c: dict(c, weights=_moved(c["weights"])),
+                                 "planner.chosen_blocks_lower_bound: stored"),
+    "allocation weights x 2": ("refined", lambda c: dict(c, weights=[2 * w for w in c["weights"]]),
+                               "planner.chosen_blocks_lower_bound.certificate.weights: not a distribution"),
+    "allocation query moved": ("refined-budget", lambda c: dict(c, queries=[q + 1 for q in c["queries"]]),
+                               "planner.chosen_blocks_lower_bound"),
+    "joint cell weights moved": ("replaced", lambda c: dict(c, cell_weights={k: _moved(u) if len(u) > 1 else u
+                                                                            for k, u in c["cell_weights"].items()}),
+                                 "planner.chosen_blocks_lower_bound: stored"),
+    "joint block left out": ("joint", lambda c: dict(c, cell_weights=dict(list(c["cell_weights"].items())[:1])),
+                             "planner.chosen_blocks_lower_bound.certificate.cell_weights: expected the cell weights"),
+    "certificate removed": ("refined", lambda c: None, "planner.chosen_blocks_lower_bound: cannot be re-certified: the "
+                                                       "plan stores no certificate"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CERTIFICATE_EDITS))
+def test_an_edited_or_missing_certificate_of_the_chosen_blocks_bound_fails(copy_of, case):
+    """The bound is evaluated at the dual point stored with it: another point proves another
+    value (or the edit breaks the point), and without one the bound cannot be re-certified."""
+    name, change, claim = CERTIFICATE_EDITS[case]
+    path = copy_of(name)
+    _set_certificate(path, change)
+    reseal(path)
+    report = assert_fails(path, claim)
+    if case == "certificate removed":
+        assert REPLAN in report.failures[0]
+
+
+def test_an_edited_pack_label_fails(packed, tmp_path):
+    path = tmp_path / "plan.zarr"
+    for attrs, claim in ((dict(solver={"method": "SM-II"}), "packs/p0/solver: stored"),
+                         (dict(optimal=True), "packs/p0: unknown attrs ['optimal']")):
+        shutil.rmtree(path, ignore_errors=True)
+        shutil.copytree(packed / "packed.zarr", path)
+        edit(path, "packs/p0", **attrs)
+        reseal(path)
+        assert_fails(path, claim)
 
 
 # ---------------------------------------------------------------------------- the issue's figure
@@ -463,32 +587,23 @@ def test_the_planner_bound_is_named_for_the_chosen_blocks(plans):
     assert plan.attrs["alpha"] / whole["value"] - 1 < 1e-4  # the certified gap
 
 
-def test_a_version_1_plan_passes_with_warnings_and_its_claims_are_still_recomputed(tmp_path, capsys):
-    """A plan written before issue 12 (format version 1: its checksum covers the arrays only)
-    passes with warnings; an edited claim re-sealed by the version-1 rule still fails."""
+def test_a_version_1_plan_fails_saying_it_cannot_be_re_certified(tmp_path, capsys):
+    """A plan written before issue 12 (format version 1: its checksum covers the arrays only, its
+    block keeps no certificate, its bound does not say what it bounds) fails, naming each claim it
+    cannot re-certify and how to get a plan that can be; an edited claim is still named."""
     with zipfile.ZipFile(Path(__file__).parents[1] / "stores" / "plan_v1.zip") as archive:
         archive.extractall(tmp_path)
     path = tmp_path / "plan.zarr"
-    assert main(["audit", str(path)]) == 0
+    assert main(["audit", str(path)]) == 1
     out = capsys.readouterr().out
-    assert "audit passed" in out and "warning: checksum: a plan of format version 1" in out
-    assert "warning: planner.allocation_lower_bound: not audited" in out
-    assert "block bounds not re-certified (first: " in out  # written before blocks kept their certificates
+    assert "audit FAILED" in out and "warning" not in out
+    assert "mismatch: format_version: 1: cannot be re-certified" in out and REPLAN in out
+    assert "mismatch: planner: unknown keys ['allocation_lower_bound']" in out
+    assert "mismatch: blocks/r-a.b.c/lower_bound: cannot be re-certified" in out
+    assert "mismatch: checksum" not in out  # its own rule still holds
     edit(path, account__epsilon_delta=_scaled_rows(0.1))
-    assert audit_plan(str(path)).ok is False
     assert reseal(path) == read_plan(path).checksum == "sha256:f00e2d65d9a11aaa3e910671bff0505b73c161558beece90cd2a8de763b36dab"
     assert_fails(path, "account.epsilon_delta: 6 epsilons differ")
-
-
-def test_an_allocation_over_the_audits_limit_is_named_in_a_warning(plans, monkeypatch):
-    """An allocation program too big to re-solve quickly (Adult's: 470 blocks) is not failed:
-    the audit says that the bound is the planner's word."""
-    monkeypatch.setattr(distfit.audit.plan, "ALLOCATION_AUDIT_WORK", 1.0)
-    report = audit_plan(str(plans / "merged.zarr"))
-    assert report.ok
-    assert report.warnings == ("planner.chosen_blocks_lower_bound: not re-certified (the allocation program of 1 "
-                               "blocks is over the audit's limit (27 > 1 flops per Newton step)); it is the "
-                               "planner's claim",)
 
 
 # --------------------------------------------------------------------------------------------
@@ -511,7 +626,7 @@ def packed(tmp_path_factory):
 def test_a_packed_plan_passes_and_agrees_with_its_blocks_written_one_group_each(packed):
     reports = {name: audit_plan(str(packed / f"{name}.zarr")) for name in ("packed", "groups", "mixed")}
     for name, report in reports.items():
-        assert report.ok and not report.warnings, (name, report.failures, report.warnings)
+        assert report.ok, (name, report.failures)
     assert read_plan(packed / "packed.zarr").explicit_block_ids == ()
     assert read_plan(packed / "groups.zarr").pack_ids == ()
     alphas = [reports[name].alpha for name in ("packed", "groups", "mixed")]
@@ -519,7 +634,7 @@ def test_a_packed_plan_passes_and_agrees_with_its_blocks_written_one_group_each(
     # every packed block's stated bound is what its materialised certificate proves (the one-group rule)
     plan = read_plan(packed / "packed.zarr")
     for block in plan.iter_blocks():
-        t = block_bound_targets(block.variances, block.targets)
+        t = bound_targets(block.variances, block.targets)
         proved = certified_bound(block.basis, block.recon / np.sqrt(t)[:, None], block.cell_weights,
                                  block.query_weights)
         assert block.lower_bound == pytest.approx(proved, rel=1e-9)
@@ -616,7 +731,7 @@ def test_queries_stored_as_runs_pass_and_an_edited_run_fails(tmp_path, monkeypat
     write_packed_plan(path, PACKED_SPEC)
     assert read_plan(path).attrs["format_version"] == 4
     report = audit_plan(str(path))
-    assert report.ok and not report.warnings, report.failures
+    assert report.ok, report.failures
     edit_array(path, f"queries/{array}", change)
     reseal(path)
     assert_fails(path, claim)

@@ -1,0 +1,97 @@
+"""What every check of ``distfit audit`` shares: the check counter, the tolerances and
+comparisons, the audit's own profile and variance formulas, the closed-key and label checks.
+
+The profile is computed by an eigendecomposition of sigma (the planner: Cholesky factors),
+``p_i = || Lambda^-1/2 Q^T b_i ||^2`` for ``Sigma = Q Lambda Q^T`` (docs/privacy.md); the
+variances are ``diag(L Sigma L^T)``.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import numpy as np
+
+from distfit.audit import labels
+from distfit.mathematics.packing import QueryRuns
+
+TOLERANCE = 1e-8  # relative: a recomputed number and the stored one agree to this
+BOUND_TOLERANCE = 1e-9  # a stored bound equals the bound its stored certificate proves, to this (relative)
+REPLAN = "re-plan with this version of distfit (distfit plan) to get a plan whose claims can be re-certified"
+
+
+class Checks:
+    """Counts checks and collects failures (each names the claim)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.failures: list[str] = []
+
+    def __call__(self, condition: bool, message: str | Callable[[], str]) -> bool:
+        self.count += 1
+        if not condition:
+            self.failures.append(message() if callable(message) else message)
+        return bool(condition)
+
+
+def profile_by_eigendecomposition(sigma: np.ndarray, basis: np.ndarray) -> np.ndarray:
+    eigenvalues, eigenvectors = np.linalg.eigh(sigma)
+    if eigenvalues.min() <= 0:
+        raise np.linalg.LinAlgError(f"sigma is not positive definite (smallest eigenvalue {eigenvalues.min():.3g})")
+    projected = (eigenvectors.T @ basis) / np.sqrt(eigenvalues)[:, None]
+    return np.einsum("ij,ij->j", projected, projected)
+
+
+def row_variances(recon: np.ndarray, sigma: np.ndarray) -> np.ndarray:
+    """``diag(L Sigma L^T)`` through one matrix product (BLAS; a three-operand einsum is not)."""
+    return np.einsum("ij,ij->i", recon @ sigma, recon)
+
+
+def close(stored, recomputed, tolerance: float = TOLERANCE) -> bool:
+    if isinstance(stored, bool) or stored is None:
+        return False
+    try:
+        stored = np.asarray(stored, dtype=float)
+    except (TypeError, ValueError):
+        return False
+    recomputed = np.asarray(recomputed, dtype=float)
+    return stored.shape == recomputed.shape and bool(np.allclose(stored, recomputed, rtol=tolerance, atol=0.0))
+
+
+def differing_queries(stored: QueryRuns, recomputed: np.ndarray) -> np.ndarray:
+    """The queries whose ``recomputed`` value is not close to the ``stored`` one (as ``close``:
+    ``np.isclose(stored, recomputed)``, relative :data:`TOLERANCE`), a stored vector read as runs
+    (:class:`distfit.mathematics.packing.QueryRuns`) so it is never expanded. The recomputed values close to
+    a run's value form an interval (``|s - r| <= TOLERANCE |r|`` for r of one sign), so a run's
+    least and greatest recomputed values decide it; only failing runs are compared query by query."""
+    starts = stored.offsets[:-1]
+    if not starts.size:
+        return np.zeros(0, dtype=np.int64)
+    low, high = np.minimum.reduceat(recomputed, starts), np.maximum.reduceat(recomputed, starts)
+    bad = np.flatnonzero(~(np.isclose(stored.values, low, rtol=TOLERANCE, atol=0.0)
+                           & np.isclose(stored.values, high, rtol=TOLERANCE, atol=0.0)))
+    lengths = stored.lengths[bad]
+    queries = np.arange(int(lengths.sum())) + np.repeat(starts[bad] - (np.cumsum(lengths) - lengths), lengths)
+    wrong = ~np.isclose(np.repeat(stored.values[bad], lengths), recomputed[queries], rtol=TOLERANCE, atol=0.0)
+    return queries[wrong]
+
+
+def at_most(value: float, bound: float, tolerance: float = TOLERANCE) -> bool:
+    """``value <= bound`` up to the relative ``tolerance``."""
+    return bool(value <= bound * (1.0 + tolerance))
+
+
+def first_true(mask: np.ndarray) -> int:
+    return int(np.flatnonzero(mask)[0])
+
+
+def closed_keys(check: Checks, name: str, value: Any, known: frozenset) -> bool:
+    """``value`` is a dict whose keys are all in the closed list ``known``."""
+    if not check(isinstance(value, dict), f"{name}: expected a dict, got {value!r}"):
+        return False
+    extra = labels.unknown(value, known)
+    return check(not extra, f"{name}: unknown keys {extra} (a plan states only {sorted(known)})")
+
+
+def label(check: Checks, name: str, stored: Any, derived: str) -> None:
+    """A text label must be the one the audit derives."""
+    check(stored == derived, f"{name}: stored {stored!r}, but the plan's arrays and spec give {derived!r}")
