@@ -2,7 +2,7 @@
 
 ``distfit.solve`` plans one block (SM-II with a dual certificate; ``distfit.solver``);
 ``distfit.read_plan`` and ``distfit.read_release`` are the public readers of the stores
-(DESIGN.md section 4). The rooms, one folder each (docs/architecture.md): ``spec`` (YAML specs),
+(docs/design.md section 4). The rooms, one folder each (docs/architecture.md): ``spec`` (YAML specs),
 ``solver`` (one block), ``plan`` (decomposition, allocation, stitching, the plan job),
 ``release`` (the noise mathematics and the release job), ``estimate`` (post-processing),
 ``data`` (synthetic and microdata input), ``stores`` (Zarr), ``mathematics`` (the shared

@@ -137,7 +137,7 @@ def test_one_domain_from_a_schema():
 
 def test_tests_are_laid_out_like_the_package():
     """tests/<folder>/test_<module>.py tests distfit/<folder>/<module>.py (a few named exceptions)."""
-    extra = {"test_layout", "test_readme", "test_cluster_files", "pipeline/test_run_cluster", "plan/test_streaming",
+    extra = {"test_layout", "test_readme", "test_docs", "test_cluster_files", "pipeline/test_run_cluster", "plan/test_streaming",
              "stores/test_xarray",  # every store opened by xarray
              "estimate/test_wide"}  # the estimate job at real width through the command line, memory capped
     orphans = []

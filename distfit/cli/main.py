@@ -88,7 +88,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def add_cluster_options(parser: argparse.ArgumentParser, serial_help: str) -> None:
-    """``--cluster``, ``--workers`` and ``--serial``: where a command's tasks run (DESIGN.md
+    """``--cluster``, ``--workers`` and ``--serial``: where a command's tasks run (docs/design.md
     section 3), and ``--tls-*``/``--insecure``: how a ``--cluster`` is reached; read back as
     one value by :func:`placement_of`."""
     parser.add_argument("--cluster", metavar="ADDRESS|FILE",

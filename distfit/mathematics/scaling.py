@@ -1,6 +1,6 @@
 """Scaling a block's noise by a factor k: the one place that says what it does to a plan.
 
-DESIGN.md section 1 (Problem 2) and section 2 (allocation): a block whose noise covariance is
+docs/design.md section 1 (Problem 2) and section 2 (allocation): a block whose noise covariance is
 multiplied by ``k > 0`` (``Sigma -> k Sigma``) has every variance ``diag(L Sigma L^T)`` multiplied
 by ``k`` and its privacy profile ``p_i = b_i^T Sigma^-1 b_i`` divided by ``k``, and with it every
 privacy cost derived from the profile: ``alpha = max_i p_i``, its certified lower bound, sums of

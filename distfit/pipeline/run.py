@@ -1,7 +1,7 @@
 """``distfit run``: the main job, spec to plan, audit, data and release in one run directory.
 
 ``distfit run [SPEC.yaml] --out RUNDIR [--data DATA] [--units N] [--cluster ADDR|FILE]
-[--workers N] [--serial]`` (DESIGN.md section 5). SPEC defaults to the embedded default
+[--workers N] [--serial]`` (docs/design.md section 5). SPEC defaults to the embedded default
 pipeline (``distfit/pipelines/default.yaml``, a copy of ``pipelines/pl94.yaml``). Stages:
 
 1. plan     -> ``RUNDIR/plan.zarr``    (:func:`distfit.plan.job.run_plan`)

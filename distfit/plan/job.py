@@ -107,7 +107,7 @@ def block_record(block: BlockSpec | BlockRef, solution: BlockSolution, targets: 
 
 
 def write_plan(spec: PipelineSpec, plan: PlanResult, out: str, overwrite: bool = False) -> str:
-    """Write an in-memory ``plan`` to a plan store at ``out`` (DESIGN.md section 4); returns the
+    """Write an in-memory ``plan`` to a plan store at ``out`` (docs/design.md section 4); returns the
     checksum. (A streamed plan is already in its writer: ``run_plan``.)"""
     if plan.streamed:
         raise ValueError("write_plan: a streamed plan is written by run_plan through its open PlanWriter")

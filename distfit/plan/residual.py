@@ -1,4 +1,4 @@
-"""Cutting a workload into blocks: residual blocks, merged under ``max_cells`` (DESIGN.md section 2).
+"""Cutting a workload into blocks: residual blocks, merged under ``max_cells`` (docs/design.md section 2).
 
 Marginal workloads use **residual blocks**. For attribute i of size n_i let ``D_i`` be the
 (n_i - 1) x n_i difference matrix (rows e_j - e_{j+1}); then ``I = (1/n_i) 1 1^T + D_i^+ D_i``.
@@ -39,7 +39,7 @@ GroupLike = tuple  # (name, {attribute: Q_i}, target scalar or per-query array)
 class BlockSpec:
     """One block: a sub-workload ``recon @ basis`` on the marginal of ``attributes``.
 
-    ``basis`` columns are the cells of that marginal, row-major in the schema's order (DESIGN.md
+    ``basis`` columns are the cells of that marginal, row-major in the schema's order (docs/design.md
     section 4); ``query_index[r]`` is the workload query that row r of ``recon`` belongs to and
     ``targets[r]`` that query's target.
     """
@@ -407,7 +407,7 @@ class ResidualWorkload:
 
 def residual_blocks(domain: Domain, groups: Sequence[GroupLike]) -> list[BlockSpec]:
     """Every residual block of a marginal workload (``ResidualWorkload``; module docstring;
-    DESIGN.md section 2), smallest subsets first."""
+    docs/design.md section 2), smallest subsets first."""
     workload = ResidualWorkload(domain, groups)
     return [workload.residual_block(subset) for subset in workload.subsets]
 

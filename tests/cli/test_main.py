@@ -16,7 +16,7 @@ import distfit
 from distfit.cli import main as cli
 from tests.clitools import assert_one_line_error, run
 
-PREFIX16_ALPHA = 2.9053  # DESIGN.md section 1 reference value
+PREFIX16_ALPHA = 2.9053  # docs/design.md section 1 reference value
 
 
 def test_version(capsys):
