@@ -66,7 +66,7 @@ from distfit.plan.residual import BlockLayout, BlockSpec, GroupLike
 from distfit.plan.rounds import BLOCK_GAP, COARSE_SHAPING_GAPS, SHAPING_GAP, Round, refine
 from distfit.mathematics.privacy import privacy_account, privacy_profile
 from distfit.mathematics.scaling import scale_block, scaled_cost, scaled_noise
-from distfit.mathematics.bounds import certified_bound
+from distfit.mathematics.bounds import JOINT_BLOCK_DUAL, SCALE_ALLOCATION, certified_bound
 from distfit.solver.dual import BlockDualResult, maximize_block_dual
 from distfit.solver.solve import BlockSolution, WarmStart, solve
 from distfit.runtime.threads import blas_limit
@@ -82,12 +82,6 @@ CO_OPTIMIZE_WORK = JOINT_DUAL_BUDGET / JOINT_DUAL_USEFUL_EVALUATIONS  # flops of
 #: (:func:`shaping_gaps`): those whose joint block dual is skipped for its work.
 COARSE_SHAPING_WORK = CO_OPTIMIZE_WORK
 STREAM_WORK = 2e9  # plans above this work are streamed through the plan store (the joint dual is skipped there too)
-#: How a plan's ``allocation_lower_bound`` was certified, i.e. what it bounds (the sum bound
-#: ``sum_S alpha_S`` of plans with the chosen blocks only): the scale allocation's dual bounds
-#: the chosen block covariances rescaled, one factor per block; the joint block dual bounds
-#: any covariances of the chosen blocks (block-diagonal plans of these blocks).
-SCALE_ALLOCATION = "scale allocation"
-JOINT_BLOCK_DUAL = "joint block dual"
 
 
 @dataclass(frozen=True, eq=False)
