@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from distfit.checks import check_integer
+from distfit.spec.limits import NAME_MAX_LENGTH
 from distfit.spec.model import SpecError
 
 __all__ = [
@@ -124,14 +125,18 @@ def check_section(value: Any, path: str, what: str, allowed: Sequence[str], requ
 
 
 def check_name(value: Any, path: str, what: str, dots: bool = False) -> str:
-    """A name of letters, digits, ``_`` and ``-`` (spec, attribute and level names); with
-    ``dots``, ``.`` too (group names: the marginals shorthand names the group of clique (a, b)
-    ``NAME.a.b``, and a spec's canonical form writes those groups out)."""
+    """A name of at most :data:`distfit.spec.limits.NAME_MAX_LENGTH` (64) letters, digits, ``_``
+    and ``-`` (spec, attribute and level names: attribute names make block ids and level names
+    directories, so they are path-safe and short); with ``dots``, ``.`` too (group names: the
+    marginals shorthand names the group of clique (a, b) ``NAME.a.b``, and a spec's canonical
+    form writes those groups out, so a generated name may be longer)."""
     if not isinstance(value, str):
         raise SpecError(path, f"expected {what} (a string), got {type_name(value)} {show(value)}")
     if not (_DOTTED_NAME_RE if dots else _NAME_RE).match(value):
         allowed = "letters, digits, '_', '-' and '.'" if dots else "letters, digits, '_' and '-'"
-        raise SpecError(path, f"{what} {value!r} may hold only {allowed}")
+        raise SpecError(path, f"{what} {show(value)} may hold only {allowed}")
+    if len(value) > NAME_MAX_LENGTH:
+        raise SpecError(path, f"{what} of {len(value)} characters {show(value)}: at most {NAME_MAX_LENGTH}")
     return value
 
 

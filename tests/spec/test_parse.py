@@ -311,7 +311,7 @@ ERROR_CASES = [
         {"name": "sex", "size": 2}]),
      "attributes[3].name: duplicated attribute 'sex'"),
     ("negative target", edit(queries=[{"name": "a", "attributes": {"age": "identity"}, "target": -1}]),
-     "queries[0].target: must be > 0, got -1"),
+     "queries[0].target: must be in [1e-06, 1e+12], got -1"),
     ("prefix on nominal", edit(queries=[
         {"name": "a", "attributes": {"age": "identity"}, "target": 1},
         {"name": "b", "attributes": {"sex": "prefix"}, "target": 1}]),
@@ -383,7 +383,7 @@ ERROR_CASES = [
     ("target not a number", edit(queries=[{"name": "a", "attributes": {"age": "identity"}, "target": "one"}]),
      "queries[0].target: expected a number, a list of numbers or {file: PATH}"),
     ("target list entry", edit(queries=[{"name": "a", "attributes": {"age": "identity"}, "target": [1, 2, 0, 1]}]),
-     "queries[0].target[2]: must be finite and > 0, got 0"),
+     "queries[0].target[2]: must be in [1e-06, 1e+12], got 0"),
     ("target list type", edit(queries=[{"name": "a", "attributes": {"age": "identity"}, "target": [1, 2, "x", 1]}]),
      "queries[0].target[2]: expected a number, got a string 'x'"),
     ("target bad extension", edit(queries=[{"name": "a", "attributes": {"age": "identity"}, "target": {"file": "t.txt"}}]),
@@ -426,8 +426,8 @@ ERROR_CASES = [
         {"name": "a", "attributes": {"age": "prefix"}, "target": {"file": "t.csv", "base": 1}}]),
      "queries[0].target: give {file: PATH} or a rule (base), not both"),
     ("rule overflows", edit(queries=[
-        {"name": "a", "attributes": {"age": "prefix"}, "target": {"base": 1e308, "width_power": 10}}]),
-     "queries[0].target: the rule gives query [1] the target inf; targets must be finite and > 0"),
+        {"name": "a", "attributes": {"age": "prefix"}, "target": {"base": 1e11, "width_power": 1000}}]),
+     "queries[0].target: the rule gives query [1] the target inf; targets must be in [1e-06, 1e+12]"),
     ("rule in a later group", edit(queries=[
         {"name": "a", "attributes": {"age": "prefix"}, "target": {"base": 1}},
         {"name": "b", "attributes": {"sex": "identity"}, "target": {"base": 1, "jitter": "big"}}]),
