@@ -6,6 +6,7 @@ descriptions (``type_name``, ``show``, ``listing``) those messages use.
 from __future__ import annotations
 
 import difflib
+import math
 import numbers
 import re
 from collections.abc import Mapping, Sequence
@@ -14,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from distfit.checks import check_integer
-from distfit.spec.limits import NAME_MAX_LENGTH
+from distfit.spec.limits import NAME_MAX_LENGTH, Range
 from distfit.spec.model import SpecError
 
 __all__ = [
@@ -30,6 +31,7 @@ __all__ = [
     "check_name",
     "check_bool",
     "check_count",
+    "check_range",
 ]
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9_-]+$")
@@ -162,3 +164,15 @@ def check_count(value: Any, path: str) -> int:
         if is_int(value):
             raise SpecError(path, f"must be >= 1, got {int(value)}") from None
         raise SpecError(path, f"expected an integer >= 1, got {type_name(value)} {show(value)}") from None
+
+
+def check_range(value: Any, path: str, allowed: Range) -> Any:
+    """A number within ``allowed`` (:mod:`distfit.spec.limits`, docs/spec.md "Ranges"), else
+    ``PATH: must be in [LOW, HIGH], got V``. Returns ``value``."""
+    try:
+        number = float(value)
+    except OverflowError:  # an integer beyond the floats
+        number = math.inf
+    if allowed.outside(np.array([number]))[0]:
+        raise SpecError(path, f"must be {allowed.text}, got {show(value)}")
+    return value

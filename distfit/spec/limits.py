@@ -13,17 +13,16 @@ Sizes and names are bounded for memory and for the file system: what the stages 
 attribute and per query clique, and the block ids (``r-`` + attribute names joined by ``.``,
 ``distfit.plan.residual.block_id_for``) that name directories in the stores.
 
-Every check raises :class:`distfit.spec.model.SpecError` naming the field (one line:
-``privacy.rho: must be in [1e-08, 1e+08], got 1e+308``).
+The checks (:func:`distfit.spec.fields.check_range` and the parser's) raise
+:class:`distfit.spec.model.SpecError` naming the field, on one line:
+``privacy.rho: must be in [1e-08, 1e+08], got 1e+308``.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
 
-from distfit.spec.model import SpecError
 
 __all__ = [
     "Range",
@@ -41,7 +40,6 @@ __all__ = [
     "QUERY_MAX_ENTRIES",
     "WORKLOAD_CELLS_LIMIT",
     "block_id_length",
-    "check_range",
 ]
 
 
@@ -101,10 +99,3 @@ def block_id_length(attributes: tuple[str, ...]) -> int:
     ``distfit.plan.residual.block_id_for``); the largest block of a query clique is its own."""
     return 2 + sum(len(name) for name in attributes) + len(attributes) - 1
 
-
-def check_range(value: float, where: str, allowed: Range) -> float:
-    """``value`` if it lies in ``allowed``, else SpecError ``WHERE: must be in [...], got V``."""
-    if allowed.outside(np.array([value]))[0]:
-        shown = f"{value:g}" if math.isfinite(value) else str(value)
-        raise SpecError(where, f"must be {allowed.text}, got {shown}")
-    return value

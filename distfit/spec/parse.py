@@ -24,6 +24,7 @@ from distfit.spec.fields import (
     check_count,
     check_mapping,
     check_name,
+    check_range,
     check_section,
     is_int,
     is_number,
@@ -40,7 +41,6 @@ from distfit.spec.limits import (
     EPSILON,
     MAX_CELLS_LIMIT,
     RHO,
-    check_range,
 )
 from distfit.spec.model import (
     DEFAULT_MAX_CELLS,
@@ -361,14 +361,13 @@ def _parse_privacy(raw: Any) -> PrivacySpec:
             raise SpecError("privacy", f"mode accuracy takes no budget (got {', '.join(fields)}); "
                                        "use mode: budget")
         return PrivacySpec("accuracy", None)
+    for key, value in fields.items():  # a number out of its range; Budget words every other problem
+        if is_number(value):
+            check_range(value, f"privacy.{key}", _BUDGET_RANGES[key])
     try:
         budget = Budget(**fields)
     except ValueError as error:
         raise _budget_error(error) from None
-    for key, allowed in _BUDGET_RANGES.items():
-        value = getattr(budget, key)
-        if value is not None:
-            check_range(value, f"privacy.{key}", allowed)
     return PrivacySpec("budget", budget)
 
 
