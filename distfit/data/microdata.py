@@ -62,7 +62,9 @@ up to that point (blank lines are skipped like pandas does).
 """
 from __future__ import annotations
 
+import codecs
 import gzip
+import io
 import math
 import os
 import re
@@ -102,8 +104,13 @@ PARQUET_SUFFIXES = (".parquet", ".pq")
 PARTS = "_parts"
 #: Largest clique marginal (cells) the tabulation accepts.
 MAX_CLIQUE_CELLS = 1 << 22
-#: Values listed in a "not a value of" message.
+#: Values listed in a "not a value of" message, and columns in a "missing column" one.
 SHOW_VALUES = 12
+SHOW_COLUMNS = 40
+#: The start of a CSV file checked before it is read in full (:func:`_sniff_csv`): at most this
+#: many bytes (1 MiB: a header of thousands of columns fits) and data rows.
+SNIFF_BYTES = 1 << 20
+SNIFF_ROWS = 1000
 #: Exceptions that mean the source itself cannot be read or parsed.
 READ_ERRORS = (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeError, OSError, EOFError,
                zlib.error, pyarrow.ArrowException)
@@ -288,7 +295,8 @@ def _count(keys: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _scan_partition(frame, index: int, job: _ScanJob) -> dict[str, Any]:
-    """Pass 1 for partition ``index``: validate, then write its ids and clique counts.
+    """Pass 1 for partition ``index``: validate (:func:`_validate`), then write its ids and
+    clique counts.
 
     Returns ``{"index", "rows", "units", "error"}``; ``error`` is None or ``{"row" (0-based in
     the partition), "column", "problem"}`` for the first bad row (and then nothing is written).
@@ -297,6 +305,32 @@ def _scan_partition(frame, index: int, job: _ScanJob) -> dict[str, Any]:
     result: dict[str, Any] = {"index": index, "rows": rows, "units": 0, "error": None}
     if rows == 0:
         return result
+    codes, units, local_ids, parent_ids, parents, first_rows, first = _validate(frame, job)
+    if first is not None:
+        result["error"] = {"row": first[0], "column": first[1], "problem": first[2]}
+        return result
+    parts = Path(job.parts_dir)
+    np.save(parts / f"p{index}.ids.npy", local_ids)
+    if job.parent_column is not None:
+        np.save(parts / f"p{index}.parents.npy", parent_ids[parents[first_rows]])
+    for i, positions in enumerate(job.cliques):
+        sizes = tuple(job.sizes[p] for p in positions)
+        cells = math.prod(sizes)
+        cell = (np.ravel_multi_index(tuple(codes[p] for p in positions), sizes).astype(np.int64)
+                if positions else np.zeros(rows, np.int64))
+        keys, counts = _count(units * cells + cell, len(local_ids) * cells)
+        np.save(parts / f"p{index}.c{i}.keys.npy", keys)
+        np.save(parts / f"p{index}.c{i}.counts.npy", counts)
+    result["units"] = int(len(local_ids))
+    return result
+
+
+def _validate(frame, job: _ScanJob) -> tuple:
+    """Every row of ``frame`` checked: ``(codes (attributes x rows), local unit per row, local
+    unit ids, parent ids, local parent per row, each unit's first row, first)``, ``first`` None
+    or ``(row, column, problem)`` of the first bad row (then the rest is not to be used)."""
+    rows = int(len(frame))
+    parent_ids = parents = first_rows = None
     first: tuple[int, str, str] | None = None
     codes = np.empty((len(job.attributes), rows), dtype=np.int64)
     for j, (attribute, column) in enumerate(zip(job.attributes, job.columns)):
@@ -330,23 +364,7 @@ def _scan_partition(frame, index: int, job: _ScanJob) -> dict[str, Any]:
                 first = (row, job.parent_column, _two_parents(
                     local_ids[units[row]], job.unit_column, parent_ids[parents[first_rows[units[row]]]],
                     parent_ids[parents[row]]))
-    if first is not None:
-        result["error"] = {"row": first[0], "column": first[1], "problem": first[2]}
-        return result
-    parts = Path(job.parts_dir)
-    np.save(parts / f"p{index}.ids.npy", local_ids)
-    if job.parent_column is not None:
-        np.save(parts / f"p{index}.parents.npy", parent_ids[parents[first_rows]])
-    for i, positions in enumerate(job.cliques):
-        sizes = tuple(job.sizes[p] for p in positions)
-        cells = math.prod(sizes)
-        cell = (np.ravel_multi_index(tuple(codes[p] for p in positions), sizes).astype(np.int64)
-                if positions else np.zeros(rows, np.int64))
-        keys, counts = _count(units * cells + cell, len(local_ids) * cells)
-        np.save(parts / f"p{index}.c{i}.keys.npy", keys)
-        np.save(parts / f"p{index}.c{i}.counts.npy", counts)
-    result["units"] = int(len(local_ids))
-    return result
+    return codes, units, local_ids, parent_ids, parents, first_rows, first
 
 
 def _two_parents(unit: Any, unit_column: str | None, one: Any, other: Any) -> str:
@@ -384,15 +402,75 @@ def _csv_line_of_record(path: str, record: int) -> int | None:
     """Physical line (1-based) of data record ``record`` (0-based) of a CSV file: the first
     non-blank line is the header; blank lines are skipped, as pandas does. Error path only."""
     opener = gzip.open if path.lower().endswith(".gz") else open
-    seen = -2  # the header is record -1
     with opener(path, "rb") as handle:
-        for number, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            seen += 1
-            if seen == record:
-                return number
+        return _line_of_record(handle, record)
+
+
+def _line_of_record(lines: Iterable[bytes], record: int) -> int | None:
+    """:func:`_csv_line_of_record` over the physical ``lines`` of a CSV file (or of its start)."""
+    seen = -2  # the header is record -1
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        seen += 1
+        if seen == record:
+            return number
     return None
+
+
+def _sniff_csv(name: str, spec, parent_column: str | None) -> None:
+    """Refuse, from its first :data:`SNIFF_BYTES` bytes alone, a CSV file that is not microdata
+    of ``spec``: binary (a NUL byte), not UTF-8, no line break, a malformed header, a missing
+    column, or a bad row among the first :data:`SNIFF_ROWS` (the message the whole pass would
+    give for it). A junk file of gigabytes is refused in a moment instead of after a pass over
+    all of it; a file whose start is good is left to the tabulation (a later bad row is found
+    there). Never refuses a valid file: a record cut at the end of the sample is dropped, and a
+    parse error the cut may have caused (an open quote) is left to the full reader."""
+    opener = gzip.open if name.lower().endswith(".gz") else open
+    try:
+        with opener(name, "rb") as handle:
+            head = handle.read(SNIFF_BYTES + 1)
+    except READ_ERRORS as error:
+        raise DataError(f"{name}: {_parser_problem(error)[1]}") from None
+    truncated = len(head) > SNIFF_BYTES
+    head = head[:SNIFF_BYTES]
+    if not head.strip():
+        return  # empty: the reader's own message
+    nul = head.find(b"\0")
+    if nul >= 0:
+        raise DataError(f"{name}: not a CSV text file (a NUL byte at byte {nul + 1}: binary data)")
+    try:  # a character the sample cuts in two is no error (final=False)
+        codecs.getincrementaldecoder("utf-8")().decode(head, final=False)
+    except UnicodeDecodeError as error:
+        raise DataError(f"{name}: cannot read: not UTF-8 text (byte {error.start + 1})") from None
+    if truncated:
+        end = head.rfind(b"\n")
+        if end < 0:
+            raise DataError(f"{name}: not a CSV file of this spec: no line break in its first {SNIFF_BYTES} bytes")
+        head = head[:end + 1]
+    text = head.decode("utf-8")
+    try:
+        frame = pd.read_csv(io.StringIO(text), dtype=str, na_filter=False, keep_default_na=False,
+                            nrows=SNIFF_ROWS)
+    except pd.errors.EmptyDataError:
+        return
+    except pd.errors.ParserError as error:
+        if truncated and '"' in text:
+            return  # perhaps a quoted field the sample cut: the full reader decides
+        local, problem = _parser_problem(error)
+        raise DataError(f"{name}: line {local}: {problem}" if local is not None else f"{name}: {problem}") from None
+    _check_columns(name, [str(c) for c in frame.columns], spec, parent_column)
+    if truncated and not len(frame):
+        raise DataError(f"{name}: not a CSV file of this spec: no complete data row in its first {SNIFF_BYTES} bytes")
+    job = _ScanJob(parts_dir="", attributes=tuple(spec.attributes), columns=tuple(a.data_column for a in spec.attributes),
+                   unit_column=spec.units.column if spec.units is not None else None,
+                   integer_ids=spec.units is None, cliques=(), sizes=tuple(spec.domain.sizes),
+                   parent_column=parent_column)
+    first = _validate(frame, job)[-1] if len(frame) else None
+    if first is not None:
+        line = _line_of_record(head.splitlines(keepends=True), first[0])
+        where = f"line {line}" if line is not None else f"data row {first[0] + 1}"
+        raise DataError(f"{name}: {where}, column {first[1]!r}: {first[2]}")
 
 
 def _parser_problem(error: BaseException) -> tuple[int | None, str]:
@@ -445,6 +523,8 @@ def _failure_message(name: str, fmt: str, results: dict[int, dict], failure: tup
 def _open_source(name: str, fmt: str, spec, blocksize: int | str, parent_column: str | None = None):
     """A lazy dask DataFrame of the needed columns, whether unit ids are integers and whether
     parent ids (``parent_column``'s) are; DataError for an unreadable source or missing columns."""
+    if fmt == "csv":
+        _sniff_csv(name, spec, parent_column)
     try:
         if fmt == "csv":
             gz = name.lower().endswith(".gz")
@@ -460,18 +540,7 @@ def _open_source(name: str, fmt: str, spec, blocksize: int | str, parent_column:
             problem = problem.replace("cannot read (", "cannot read as Parquet (", 1)
         raise DataError(f"{name}: line {local}: {problem}" if local is not None and fmt == "csv"
                         else f"{name}: {problem}") from None
-    found = [str(c) for c in ddf.columns]
-    wanted: list[tuple[str, str]] = [(a.data_column, f"attribute {a.name}") for a in spec.attributes]
-    if spec.units is not None:
-        wanted.insert(0, (spec.units.column, "the unit column"))
-    if parent_column is not None:
-        wanted.insert(1, (parent_column, "the parent unit column"))
-    missing = [f"{column!r} ({role})" for column, role in wanted if column not in found]
-    if missing:
-        raise DataError(f"{name}: missing column{'s' if len(missing) > 1 else ''} {', '.join(missing)}; "
-                        f"columns found: {', '.join(found) or 'none'}")
-    needed = list(dict.fromkeys(column for column, _ in wanted))
-    ddf = ddf[needed]
+    ddf = ddf[_check_columns(name, [str(c) for c in ddf.columns], spec, parent_column)]
 
     def integer(column: str | None) -> bool:
         if column is None:
@@ -480,6 +549,22 @@ def _open_source(name: str, fmt: str, spec, blocksize: int | str, parent_column:
         return bool(pd.api.types.is_integer_dtype(dtype) and not pd.api.types.is_bool_dtype(dtype))
 
     return ddf, integer(spec.units.column if spec.units is not None else None), integer(parent_column)
+
+
+def _check_columns(name: str, found: Sequence[str], spec, parent_column: str | None) -> list[str]:
+    """The columns the tabulation reads (unit, parent, attributes' data columns), each in
+    ``found``; DataError listing the missing ones and the columns found."""
+    wanted: list[tuple[str, str]] = [(a.data_column, f"attribute {a.name}") for a in spec.attributes]
+    if spec.units is not None:
+        wanted.insert(0, (spec.units.column, "the unit column"))
+    if parent_column is not None:
+        wanted.insert(1, (parent_column, "the parent unit column"))
+    missing = [f"{column!r} ({role})" for column, role in wanted if column not in found]
+    if missing:
+        shown = ", ".join(found[:SHOW_COLUMNS]) + (f", ... ({len(found)} columns)" if len(found) > SHOW_COLUMNS else "")
+        raise DataError(f"{name}: missing column{'s' if len(missing) > 1 else ''} {', '.join(missing)}; "
+                        f"columns found: {shown or 'none'}")
+    return list(dict.fromkeys(column for column, _ in wanted))
 
 
 # --------------------------------------------------------------------------------------------
