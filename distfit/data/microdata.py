@@ -48,6 +48,11 @@ directory is deleted before the store is sealed. On a cluster the workers read t
 write into the staging directory, so both must be on a file system they share (as for the
 release store).
 
+Before a CSV file is read in full its start is checked (:func:`_sniff_csv`: at most
+:data:`SNIFF_BYTES` bytes and :data:`SNIFF_ROWS` rows, with the row checks of pass 1,
+:mod:`distfit.data.rows`), so a file that is not microdata of the spec (binary, not UTF-8, other
+columns, junk rows) is refused in a moment, whatever its size.
+
 Bad input (each a :class:`distfit.stores.data.DataError`, exit 2 on the command line; the staging
 directory is removed, nothing is left at ``out``): a missing file, an empty file, a file that
 cannot be read or parsed (``adult.csv: line 7: malformed CSV: expected 14 fields, saw 15``), a
@@ -82,6 +87,7 @@ import pyarrow
 
 from distfit.checks import check_integer
 from distfit.runtime.cluster import Progress, compute_partitions, run_tasks
+from distfit.data.rows import RowCheck, check_rows, two_parents
 from distfit.data.synthetic import default_chunk_units
 from distfit.spec.model import PipelineSpec
 from distfit.spec.parse import load_spec
@@ -104,8 +110,7 @@ PARQUET_SUFFIXES = (".parquet", ".pq")
 PARTS = "_parts"
 #: Largest clique marginal (cells) the tabulation accepts.
 MAX_CLIQUE_CELLS = 1 << 22
-#: Values listed in a "not a value of" message, and columns in a "missing column" one.
-SHOW_VALUES = 12
+#: Columns listed in a "missing column" message.
 SHOW_COLUMNS = 40
 #: The start of a CSV file checked before it is read in full (:func:`_sniff_csv`): at most this
 #: many bytes (1 MiB: a header of thousands of columns fits) and data rows.
@@ -219,69 +224,12 @@ def query_cliques(spec: Any, cover: Iterable[Sequence[str]] = ()) -> list[tuple[
 
 
 @dataclass(frozen=True)
-class _ScanJob:
-    """What a partition task needs (small, picklable)."""
+class _ScanJob(RowCheck):
+    """What a partition task needs (small, picklable): the row checks and where the counts go."""
 
-    parts_dir: str
-    attributes: tuple[Any, ...]            # AttributeSpec, schema order
-    columns: tuple[str, ...]               # the data column of each attribute
-    unit_column: str | None
-    integer_ids: bool
-    cliques: tuple[tuple[int, ...], ...]   # attribute positions per clique
-    sizes: tuple[int, ...]
-    parent_column: str | None = None       # the coarser level's unit column (geography)
-    integer_parents: bool = False
-
-
-def _show(value: Any) -> str:
-    value = value.item() if isinstance(value, np.generic) else value
-    if isinstance(value, bytes):
-        value = value.decode("utf-8", "replace")
-    if isinstance(value, str):
-        return repr(value.strip())
-    if isinstance(value, float) and value.is_integer():
-        return str(int(value))
-    return str(value)
-
-
-def _not_in_domain(attribute: Any, value: Any) -> str:
-    bins = getattr(attribute, "bins", None)
-    if bins is not None:
-        edges = ", ".join(f"{float(e):g}" for e in bins)
-        return f"value {_show(value)} is not in the bins of {attribute.name} (edges: {edges})"
-    values = list(attribute.values)
-    shown = ", ".join(values[:SHOW_VALUES]) + (f", ... ({len(values)} values)" if len(values) > SHOW_VALUES else "")
-    return f"value {_show(value)} is not a value of {attribute.name} (values: {shown})"
-
-
-def _id_text(value: Any) -> str:
-    if isinstance(value, bytes):
-        return value.decode("utf-8", "replace").strip()
-    if isinstance(value, float):
-        return str(int(value)) if value.is_integer() else repr(value)
-    return str(value).strip()
-
-
-def _unit_codes(series, integer: bool) -> tuple[np.ndarray, np.ndarray, tuple[int, str] | None]:
-    """``(local unit of each row, sorted distinct local ids, bad)``; ``bad`` is ``(row,
-    problem)`` for the first row with a missing or empty id. Ids: int64 or UTF-8 bytes."""
-    missing = np.asarray(series.isna().to_numpy(), dtype=bool)
-    if integer:
-        if missing.any():
-            return np.zeros(0, np.int64), np.zeros(0, np.int64), (int(np.argmax(missing)), "the unit id is missing")
-        local, inverse = np.unique(series.to_numpy(dtype=np.int64), return_inverse=True)
-        return inverse.reshape(-1).astype(np.int64), local, None
-    inverse, uniques = pd.factorize(series, use_na_sentinel=True)
-    texts = [_id_text(u) for u in uniques.tolist()]
-    empty = np.array([not t for t in texts] + [False], dtype=bool)  # index -1: the NA sentinel
-    bad = (inverse < 0) | empty[inverse]
-    if bad.any():
-        row = int(np.argmax(bad))
-        return (np.zeros(0, np.int64), np.zeros(0, "S1"),
-                (row, "the unit id is missing" if inverse[row] < 0 else "the unit id is empty"))
-    encoded = np.array([t.encode("utf-8") for t in texts], dtype="S")
-    local, remap = np.unique(encoded, return_inverse=True)  # sorted; merges ids equal once stripped
-    return remap.reshape(-1)[inverse].astype(np.int64), local, None
+    parts_dir: str = ""
+    cliques: tuple[tuple[int, ...], ...] = ()   # attribute positions per clique
+    sizes: tuple[int, ...] = ()
 
 
 def _count(keys: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:
@@ -295,8 +243,8 @@ def _count(keys: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _scan_partition(frame, index: int, job: _ScanJob) -> dict[str, Any]:
-    """Pass 1 for partition ``index``: validate (:func:`_validate`), then write its ids and
-    clique counts.
+    """Pass 1 for partition ``index``: validate (:func:`distfit.data.rows.check_rows`), then
+    write its ids and clique counts.
 
     Returns ``{"index", "rows", "units", "error"}``; ``error`` is None or ``{"row" (0-based in
     the partition), "column", "problem"}`` for the first bad row (and then nothing is written).
@@ -305,14 +253,15 @@ def _scan_partition(frame, index: int, job: _ScanJob) -> dict[str, Any]:
     result: dict[str, Any] = {"index": index, "rows": rows, "units": 0, "error": None}
     if rows == 0:
         return result
-    codes, units, local_ids, parent_ids, parents, first_rows, first = _validate(frame, job)
-    if first is not None:
-        result["error"] = {"row": first[0], "column": first[1], "problem": first[2]}
+    checked = check_rows(frame, job)
+    if checked.first is not None:
+        result["error"] = {"row": checked.first[0], "column": checked.first[1], "problem": checked.first[2]}
         return result
+    codes, units, local_ids = checked.codes, checked.units, checked.local_ids
     parts = Path(job.parts_dir)
     np.save(parts / f"p{index}.ids.npy", local_ids)
     if job.parent_column is not None:
-        np.save(parts / f"p{index}.parents.npy", parent_ids[parents[first_rows]])
+        np.save(parts / f"p{index}.parents.npy", checked.parent_ids[checked.parents[checked.first_rows]])
     for i, positions in enumerate(job.cliques):
         sizes = tuple(job.sizes[p] for p in positions)
         cells = math.prod(sizes)
@@ -323,54 +272,6 @@ def _scan_partition(frame, index: int, job: _ScanJob) -> dict[str, Any]:
         np.save(parts / f"p{index}.c{i}.counts.npy", counts)
     result["units"] = int(len(local_ids))
     return result
-
-
-def _validate(frame, job: _ScanJob) -> tuple:
-    """Every row of ``frame`` checked: ``(codes (attributes x rows), local unit per row, local
-    unit ids, parent ids, local parent per row, each unit's first row, first)``, ``first`` None
-    or ``(row, column, problem)`` of the first bad row (then the rest is not to be used)."""
-    rows = int(len(frame))
-    parent_ids = parents = first_rows = None
-    first: tuple[int, str, str] | None = None
-    codes = np.empty((len(job.attributes), rows), dtype=np.int64)
-    for j, (attribute, column) in enumerate(zip(job.attributes, job.columns)):
-        inverse, uniques = pd.factorize(frame[column], use_na_sentinel=True)
-        raw = uniques.to_numpy()
-        mapped = np.append(np.asarray(attribute.encode(raw), dtype=np.int64).reshape(-1), -1)
-        coded = mapped[inverse]  # the NA sentinel -1 picks the appended -1
-        bad = np.flatnonzero(coded < 0)
-        if bad.size and (first is None or bad[0] < first[0]):
-            row = int(bad[0])
-            problem = ("the value is missing" if inverse[row] < 0
-                       else _not_in_domain(attribute, raw[inverse[row]]))
-            first = (row, column, problem)
-        codes[j] = coded
-    if job.unit_column is not None:
-        units, local_ids, bad_unit = _unit_codes(frame[job.unit_column], job.integer_ids)
-        if bad_unit is not None and (first is None or bad_unit[0] < first[0]):
-            first = (bad_unit[0], job.unit_column, bad_unit[1])
-    else:
-        units, local_ids = np.zeros(rows, np.int64), np.zeros(1, np.int64)
-    if job.parent_column is not None:
-        parents, parent_ids, bad_parent = _unit_codes(frame[job.parent_column], job.integer_parents)
-        if bad_parent is not None and (first is None or bad_parent[0] < first[0]):
-            first = (bad_parent[0], job.parent_column, bad_parent[1].replace("unit id", "parent unit id"))
-        if first is None:
-            # every unit's first row says its parent; a row saying another is bad input
-            first_rows = np.unique(units, return_index=True)[1]  # local units are 0 .. U-1
-            clash = np.flatnonzero(parents != parents[first_rows][units])
-            if clash.size:
-                row = int(clash[0])
-                first = (row, job.parent_column, _two_parents(
-                    local_ids[units[row]], job.unit_column, parent_ids[parents[first_rows[units[row]]]],
-                    parent_ids[parents[row]]))
-    return codes, units, local_ids, parent_ids, parents, first_rows, first
-
-
-def _two_parents(unit: Any, unit_column: str | None, one: Any, other: Any) -> str:
-    """The problem of a unit whose people name two parents (one line)."""
-    return (f"unit {_show(unit)} of {unit_column!r} has people in two parents, {_show(one)} and "
-            f"{_show(other)} (each unit must lie inside one unit of the coarser level)")
 
 
 def _run_scans(ddf, job: _ScanJob, client, log: TextIO) -> tuple[dict[int, dict], tuple[int, Any] | None]:
@@ -462,11 +363,10 @@ def _sniff_csv(name: str, spec, parent_column: str | None) -> None:
     _check_columns(name, [str(c) for c in frame.columns], spec, parent_column)
     if truncated and not len(frame):
         raise DataError(f"{name}: not a CSV file of this spec: no complete data row in its first {SNIFF_BYTES} bytes")
-    job = _ScanJob(parts_dir="", attributes=tuple(spec.attributes), columns=tuple(a.data_column for a in spec.attributes),
-                   unit_column=spec.units.column if spec.units is not None else None,
-                   integer_ids=spec.units is None, cliques=(), sizes=tuple(spec.domain.sizes),
-                   parent_column=parent_column)
-    first = _validate(frame, job)[-1] if len(frame) else None
+    check = RowCheck(attributes=tuple(spec.attributes), columns=tuple(a.data_column for a in spec.attributes),
+                     unit_column=spec.units.column if spec.units is not None else None,
+                     integer_ids=spec.units is None, parent_column=parent_column)
+    first = check_rows(frame, check).first if len(frame) else None
     if first is not None:
         line = _line_of_record(head.splitlines(keepends=True), first[0])
         where = f"line {line}" if line is not None else f"data row {first[0] + 1}"
@@ -608,7 +508,7 @@ def _parent_index(parts: Path, partitions: Sequence[int], ids: np.ndarray, job: 
         if clash.size:
             unit = index[clash[0]]
             raise DataError(f"{name}: column {job.parent_column!r}: "
-                            + _two_parents(ids[unit], job.unit_column, parents[unit], local[clash[0]]))
+                            + two_parents(ids[unit], job.unit_column, parents[unit], local[clash[0]]))
         parents[index] = local
         seen[index] = True
     return parents
