@@ -51,9 +51,11 @@ def scaled_cost(value: Value, k: float) -> Value:
 
 def _check_factor(k: float) -> None:
     """A scale is a finite number > 0 (a budget of ``inf`` would give k = 0 and a division by it)."""
-    if not (np.isfinite(k) and k > 0):
-        raise ValueError(f"noise scale k must be finite and > 0, got {k!r}: the plan's privacy cost and "
-                         "its budget are out of proportion")
+    factors = np.asarray(k, dtype=float)  # one scale, or one per block
+    bad = ~(np.isfinite(factors) & (factors > 0))
+    if np.any(bad):
+        raise ValueError(f"noise scale k must be finite and > 0, got {float(factors[bad].flat[0])!r}: the plan's "
+                         "privacy cost and its budget are out of proportion")
 
 
 def _checked(value: Value, result: Value, k: float) -> Value:
@@ -62,9 +64,10 @@ def _checked(value: Value, result: Value, k: float) -> Value:
     with; the spec's ranges, docs/spec.md "Ranges", keep a loaded spec far from that)."""
     lost = (np.isfinite(value) & ~np.isfinite(result)) | ((value != 0) & (result == 0))
     if np.any(lost):
-        raise ValueError(f"scaling by k = {float(k):g} leaves the floating-point range "
-                         f"({float(np.ravel(value)[np.flatnonzero(np.ravel(lost))[0]]):g} becomes "
-                         f"{float(np.ravel(result)[np.flatnonzero(np.ravel(lost))[0]]):g})")
+        where = np.flatnonzero(np.ravel(lost))[0]
+        value_, result_ = np.broadcast_arrays(value, result)
+        raise ValueError(f"scaling by k leaves the floating-point range ({float(np.ravel(value_)[where]):g} "
+                         f"becomes {float(np.ravel(result_)[where]):g})")
     return result
 
 
