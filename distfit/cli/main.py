@@ -59,6 +59,7 @@ from distfit.runtime.cluster import ClusterError
 from distfit.runtime.failures import RunFailure
 from distfit.runtime.placement import Placement
 from distfit.solver.solve import ConvergenceError
+from distfit.spec.limits import ALPHA, DELTA, EPSILON, RHO, Range
 from distfit.runtime.threads import blas_limit
 
 #: command -> (module, function) of its handler; the module is imported only when the command runs
@@ -114,6 +115,20 @@ def positive_number(text: str) -> float:
     return value
 
 
+def ranged(allowed: Range) -> Callable[[str], float]:
+    """An argparse ``type``: a number in ``allowed``, the range the same value has in a spec
+    (``distfit solve --rho``: ``privacy.rho``; docs/spec.md, "Ranges")."""
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+        if allowed.outside(np.array([value]))[0]:
+            raise argparse.ArgumentTypeError(f"must be {allowed.text}, got {text}")
+        return value
+    return parse
+
+
 def add_cluster_options(parser: argparse.ArgumentParser, serial_help: str) -> None:
     """``--cluster``, ``--workers`` and ``--serial``: where a command's tasks run (DESIGN.md
     section 3), read back as one value by :func:`placement_of`."""
@@ -165,10 +180,10 @@ def build_parser() -> argparse.ArgumentParser:
     solve_parser.add_argument("workload", metavar="WORKLOAD", help=WORKLOAD_HELP)
     solve_parser.add_argument("--basis", choices=("auto", "identity", "prefix"), default="auto",
                               help="basis B of the mechanism L (B x + z) (default: auto)")
-    solve_parser.add_argument("--rho", type=float, help="zCDP budget: alpha = 2 rho, variances scaled to fit")
-    solve_parser.add_argument("--epsilon", type=float, help="(epsilon, delta) budget, with --delta (exact)")
-    solve_parser.add_argument("--delta", type=float, help="(epsilon, delta) budget, with --epsilon")
-    solve_parser.add_argument("--alpha", type=float, help="privacy-cost budget alpha = Delta^2")
+    solve_parser.add_argument("--rho", type=ranged(RHO), help="zCDP budget: alpha = 2 rho, variances scaled to fit")
+    solve_parser.add_argument("--epsilon", type=ranged(EPSILON), help="(epsilon, delta) budget, with --delta (exact)")
+    solve_parser.add_argument("--delta", type=ranged(DELTA), help="(epsilon, delta) budget, with --epsilon")
+    solve_parser.add_argument("--alpha", type=ranged(ALPHA), help="privacy-cost budget alpha = Delta^2")
     solve_parser.add_argument("--gap-tolerance", type=positive_number, default=1e-4, metavar="G",
                               help="stop once the certified relative gap is <= G (default 1e-4); "
                                    f"a plan above max(G, {DEFAULT_MAX_GAP:g}) is an error")

@@ -161,6 +161,10 @@ def test_os_errors_end_in_one_line_and_the_release_resumes(small_plan, tmp_path,
     (["tabulate", "s.yaml", "--data", "p.csv", "--out", "OUT", "--chunk-units", "-1"], "--chunk-units", ">= 1"),
     (["solve", "prefix:8", "--gap-tolerance", "0"], "--gap-tolerance", "must be finite and > 0, got 0"),
     (["solve", "prefix:8", "--gap-tolerance", "nan"], "--gap-tolerance", "must be finite and > 0, got nan"),
+    (["solve", "prefix:8", "--rho", "1e308"], "--rho", "must be in [1e-08, 1e+08], got 1e308"),
+    (["solve", "prefix:8", "--alpha", "0"], "--alpha", "must be in [1e-08, 1e+08], got 0"),
+    (["solve", "prefix:8", "--epsilon", "1e300", "--delta", "1e-6"], "--epsilon", "must be in [0.0001, 10000]"),
+    (["solve", "prefix:8", "--epsilon", "1", "--delta", "0.9"], "--delta", "must be in [1e-100, 0.5], got 0.9"),
 ])
 def test_numeric_flags_are_checked_when_parsed(tmp_path, capsys, argv, flag, problem):
     """Each flag with a domain is refused before anything is read or written: exit 2, one line
