@@ -114,8 +114,11 @@ class ResidualWorkload:
     def __init__(self, domain: Domain, groups: Sequence[GroupLike]) -> None:
         self.domain = domain
         self._source = groups
+        # Only the attributes some group uses: an attribute of the schema no query reads is
+        # never materialised (its n x n pseudo-inverse would be the largest array of the plan).
+        used = {name for _, per_attribute, _ in groups for name in per_attribute}
         self._pseudo_inverse = {name: np.linalg.pinv(difference_matrix(n))
-                                for name, n in zip(domain.names, domain.sizes) if n > 1}
+                                for name, n in zip(domain.names, domain.sizes) if n > 1 and name in used}
         position = {name: i for i, name in enumerate(domain.names)}
         sizes = domain.sizes
         matrices: dict[tuple[int, str], tuple[np.ndarray, bool]] = {}  # (id, attribute) -> (array, identity)
