@@ -25,7 +25,7 @@ from distfit.release.job import run_release
 from distfit.report.page import write_report
 from distfit.spec.parse import load_spec
 from distfit.stores.data import read_histograms, read_marginals, write_synthetic
-from distfit.stores.plan import read_plan
+from distfit.stores.plan import read_verified_plan
 
 
 def cmd_synth(args: argparse.Namespace) -> int:
@@ -105,7 +105,7 @@ def cmd_tabulate(args: argparse.Namespace) -> int:
             raise UsageError(f"--level: no level {args.level!r} (levels: {names})") from None
     cover = []
     if args.plan is not None:
-        plan = read_plan(args.plan)
+        plan = read_verified_plan(args.plan)  # a plan read is a plan verified
         cover = [plan.block(block_id).attributes for block_id in plan.block_ids]
     with placement_client(args.placement) as client:
         path = tabulate_microdata(spec, args.data, args.out, client=client, chunk_units=args.chunk_units,
