@@ -47,6 +47,7 @@ import argparse
 import importlib
 import math
 import os
+import warnings
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -342,6 +343,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         with blas_limit():
             return handler(args)
     except KeyboardInterrupt as interrupt:
+        # whatever was cut short (an unawaited zarr coroutine, a thread's read) may warn as it is
+        # collected; after Ctrl-C the user gets one line
+        warnings.simplefilter("ignore")
         print_error(f"interrupted; {interrupt.hint if isinstance(interrupt, Interrupted) else interrupted_hint(args)}")
         return 130
     except UsageError as error:

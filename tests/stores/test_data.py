@@ -258,7 +258,7 @@ def test_cli_synth_pl94(tmp_path, capsys):
     (("--units", "0"), "--units"),
     (("--units", "-5"), "--units"),
     (("--units", "10", "--chunk-units", "0"), "--chunk-units"),
-    (("--units", "ten"), "invalid int"),
+    (("--units", "ten"), "expected an integer >= 1"),
     ((), "--units"),
 ])
 def test_cli_synth_bad_input(tmp_path, capsys, small_spec, argv, fragment):
