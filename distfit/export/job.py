@@ -19,12 +19,15 @@ anything but a sealed release or estimate, a changed store, another plan, a spec
 are not the store's.
 
 Streaming: the store is read one chunk of units at a time (its own chunking) and each table's
-rows are appended to its CSV (``pyarrow.csv.CSVWriter``) and Parquet (``pyarrow.parquet.
-ParquetWriter``, a row group per write) files, at most :data:`ROWS_PER_WRITE` rows at once: memory
-does not grow with the units. At most :data:`OPEN_TABLES` tables are written at once (two open
-files each); a spec of more groups is exported in passes over the store, each pass reading only
-its tables' columns. Text columns are dictionary-encoded (each table's query words, its name,
-the notes), so a row costs its numbers, not its words, until the CSV spells them out.
+rows are built as Arrow record batches of at most :data:`ROWS_PER_WRITE` rows: appended to its
+Parquet file (``pyarrow.parquet.ParquetWriter``, row groups of :data:`PARQUET_ROWS`), and formatted as CSV
+text on a pool of :data:`CSV_THREADS` threads (the CSV's number formatting is most of the
+export's work), appended to its CSV file in order. At most ``threads + 1`` batches are in
+flight, so memory does not grow with the units. At most :data:`OPEN_TABLES` tables are written
+at once (two open files each); a spec of more groups is exported in passes over the store, each
+pass reading only its tables' columns. Text columns are dictionary-encoded (each table's query
+words, its name, the notes), so a row costs its numbers, not its words, until the CSV spells
+them out.
 
 Atomic: everything is written into ``<DIR>.incomplete-<random>`` next to ``DIR``, fsynced, and
 renamed into place (:func:`distfit.stores.files.move_into_place`); on any error the staging
@@ -35,11 +38,13 @@ directory is deleted and ``DIR`` is as it was. An existing ``DIR`` is refused
 """
 from __future__ import annotations
 
+import collections
 import csv
 import os
 import secrets
 import shutil
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
@@ -71,16 +76,23 @@ from distfit.stores.lock import store_lock
 from distfit.stores.plan import read_verified_plan
 from distfit.stores.release import read_verified_release
 
-__all__ = ["COLUMNS", "MARKER", "OPEN_TABLES", "ROWS_PER_WRITE", "ErrorSource", "ExportResult", "run_export"]
+__all__ = ["COLUMNS", "CSV_THREADS", "MARKER", "OPEN_TABLES", "PARQUET_ROWS", "ROWS_PER_WRITE", "ErrorSource",
+           "ExportResult", "open_source", "error_source", "run_export"]
 
 PathLike = str | os.PathLike
 
 #: The file that marks a directory as an export (``--overwrite`` replaces only such a directory).
 MARKER = ".distfit-export"
-#: Most rows built and written at once (a table's rows for a run of units): memory is flat in the units.
-ROWS_PER_WRITE = 1 << 19
+#: Most rows built and formatted at once (a table's rows for a run of units): memory is flat in the units.
+ROWS_PER_WRITE = 1 << 16
+#: Rows of a Parquet row group (runs of rows gathered until there are this many; a table's last
+#: row group may have fewer).
+PARQUET_ROWS = 1 << 20
 #: Most tables written in one pass over the store (two open files each).
 OPEN_TABLES = 64
+#: Most threads formatting CSV text (the export's bottleneck: ~0.5 us of CPU a row, the float
+#: columns most of it; Parquet ~0.1). The runs in flight are this many plus one.
+CSV_THREADS = 8
 
 #: Every column of a table file: ``(name, type, unit, description)``, the data dictionary's rows.
 COLUMNS = (
@@ -203,7 +215,7 @@ def _floats(values: np.ndarray | None, rows: int) -> pa.Array:
     return pa.array(values, mask=missing) if missing.any() else pa.array(values)
 
 
-def _record(layout: TableLayout, ids: pa.Array, columns: dict, schema: pa.Schema, dictionaries: dict) -> pa.Table:
+def _record(ids: pa.Array, columns: dict, schema: pa.Schema, dictionaries: dict) -> pa.Table:
     rows = columns["estimate"].size
     published = columns["published"]
     return pa.Table.from_arrays([
@@ -218,26 +230,77 @@ def _record(layout: TableLayout, ids: pa.Array, columns: dict, schema: pa.Schema
     ], schema=schema)
 
 
+def _csv_text(table: pa.Table, header: bool = False) -> pa.Buffer:
+    """``table`` as CSV text (RFC 4180; text quoted, numbers in their shortest round-trip form,
+    nulls empty): formatted on a pool thread (pyarrow releases the GIL), appended to the file in
+    order by the driver."""
+    sink = pa.BufferOutputStream()
+    pa_csv.write_csv(table, sink, write_options=pa_csv.WriteOptions(include_header=header, quoting_style="needed",
+                                                                       batch_size=8192))
+    return sink.getvalue()
+
+
 class _TableWriter:
-    """One table's two files, appended to run by run."""
+    """One table's two files, appended to run by run: the Parquet row group written at once,
+    the CSV text formatted on the pool and written when its turn comes (:class:`_Writers`)."""
 
     def __init__(self, staging: Path, layout: TableLayout, schema: pa.Schema) -> None:
         self.layout, self.rows, self.stated = layout, 0, 0
         self.dictionaries = {"table": pa.array([layout.name]), "query": pa.array(list(layout.words)),
                              "note": pa.array(list(NOTES))}
-        self.csv = pa_csv.CSVWriter(str(staging / f"{layout.name}.csv"), schema,
-                                    write_options=pa_csv.WriteOptions(quoting_style="needed"))
-        self.parquet = pq.ParquetWriter(str(staging / f"{layout.name}.parquet"), schema, compression="zstd")
+        self.csv = open(staging / f"{layout.name}.csv", "wb")
+        self.csv.write(_csv_text(schema.empty_table(), header=True))
+        self.parquet = pq.ParquetWriter(str(staging / f"{layout.name}.parquet"), schema, compression="zstd",
+                                        use_dictionary=[name for name in schema.names if name != "estimate"])
+        self.gathered: list[pa.Table] = []
 
-    def write(self, table: pa.Table) -> None:
-        self.csv.write_table(table)
-        self.parquet.write_table(table)
-        self.rows += table.num_rows
-        self.stated += table.num_rows - table.column("se").null_count
+    def gather(self, table: pa.Table | None) -> None:
+        """Add ``table`` to the next Parquet row group, written once it has :data:`PARQUET_ROWS`
+        rows (None: the last, written now)."""
+        if table is not None:
+            self.gathered.append(table)
+        if self.gathered and (table is None or sum(t.num_rows for t in self.gathered) >= PARQUET_ROWS):
+            self.parquet.write_table(pa.concat_tables(self.gathered), row_group_size=PARQUET_ROWS)
+            self.gathered = []
 
     def close(self) -> None:
         self.csv.close()
         self.parquet.close()
+
+
+class _Writers:
+    """Every open table's writer and the CSV formatting pool: at most ``threads + 1`` runs of
+    rows in flight (memory flat), their text appended to each file in the order written."""
+
+    def __init__(self, writers: list[_TableWriter], threads: int) -> None:
+        self.writers, self.threads = writers, threads
+        self.pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="distfit-export-csv")
+        self.pending: collections.deque = collections.deque()
+
+    def write(self, writer: _TableWriter, table: pa.Table) -> None:
+        self.pending.append((writer, self.pool.submit(_csv_text, table)))
+        writer.gather(table)
+        writer.rows += table.num_rows
+        writer.stated += table.num_rows - table.column("se").null_count
+        while len(self.pending) > self.threads:
+            self._land()
+
+    def _land(self) -> None:
+        writer, text = self.pending.popleft()
+        writer.csv.write(text.result())
+
+    def finish(self) -> None:
+        while self.pending:
+            self._land()
+        for writer in self.writers:
+            writer.gather(None)
+
+    def close(self) -> None:
+        for _writer, text in self.pending:
+            text.cancel()
+        self.pool.shutdown(wait=True)
+        for writer in self.writers:
+            writer.close()
 
 
 def _passes(layouts: tuple[TableLayout, ...]) -> list[tuple[TableLayout, ...]]:
@@ -245,13 +308,15 @@ def _passes(layouts: tuple[TableLayout, ...]) -> list[tuple[TableLayout, ...]]:
 
 
 def _export_pass(staging: Path, layouts: tuple[TableLayout, ...], values: Any, store: Any,
-                 errors: ErrorSource, schema: pa.Schema, log: TextIO | None) -> list[_TableWriter]:
+                 errors: ErrorSource, schema: pa.Schema, threads: int, log: TextIO | None) -> list[_TableWriter]:
     """Write ``layouts``' files reading the store chunk by chunk (module docstring)."""
     units, chunk = int(store.attrs["units"]), int(store.attrs["chunk_units"])
     first, last = layouts[0].start, layouts[-1].stop
-    writers = [_TableWriter(staging, layout, schema) for layout in layouts]
     constant = np.int32(NOTES.index(errors.note))
+    writers = _Writers([], threads)
     try:
+        for layout in layouts:
+            writers.writers.append(_TableWriter(staging, layout, schema))
         for start in range(0, units, chunk):
             stop = min(start + chunk, units)
             block = np.asarray(values[start:stop, first:last])
@@ -259,7 +324,7 @@ def _export_pass(staging: Path, layouts: tuple[TableLayout, ...], values: Any, s
             linear, notes = None, np.full(stop - start, constant, dtype=np.int32)
             if errors.per_unit:
                 linear, notes = linear_units(store.cells[start:stop], store.converged[start:stop])
-            for writer in writers:
+            for writer in writers.writers:
                 layout = writer.layout
                 step = max(1, ROWS_PER_WRITE // max(layout.width, 1))
                 for a in range(0, stop - start, step):
@@ -267,13 +332,13 @@ def _export_pass(staging: Path, layouts: tuple[TableLayout, ...], values: Any, s
                     columns = table_rows(block[a:b, layout.start - first:layout.stop - first],
                                          None if errors.se is None else errors.se[layout.start:layout.stop],
                                          None if linear is None else linear[a:b], notes[a:b])
-                    writer.write(_record(layout, ids.slice(a, b - a), columns, schema, writer.dictionaries))
+                    writers.write(writer, _record(ids.slice(a, b - a), columns, schema, writer.dictionaries))
             if log is not None:
                 print(f"export: {stop}/{units} units, tables {layouts[0].name}..{layouts[-1].name}", file=log)
+        writers.finish()
     finally:
-        for writer in writers:
-            writer.close()
-    return writers
+        writers.close()
+    return writers.writers
 
 
 def _dictionary_text(kind: str, store: Any, plan: Any, errors: ErrorSource, tables: list[tuple[str, int]]) -> str:
@@ -315,9 +380,11 @@ def _write_dictionary_csv(path: Path) -> None:
 
 
 def run_export(source: PathLike, out: PathLike, *, plan_path: PathLike | None = None, overwrite: bool = False,
-               fsync: bool = True, log: TextIO | None = None) -> ExportResult:
+               fsync: bool = True, threads: int | None = None, log: TextIO | None = None) -> ExportResult:
     """Export the sealed release or estimate at ``source`` to the directory ``out`` (module
-    docstring); ``plan_path`` overrides the plan the store names."""
+    docstring); ``plan_path`` overrides the plan the store names; ``threads`` format the CSV
+    text (default: this process's CPUs, at most :data:`CSV_THREADS`)."""
+    threads = threads or min(CSV_THREADS, len(os.sched_getaffinity(0)))
     started = time.perf_counter()
     out_path = Path(os.fspath(out))
     if STAGING_MARKER in out_path.name:
@@ -346,7 +413,7 @@ def run_export(source: PathLike, out: PathLike, *, plan_path: PathLike | None = 
         staging.mkdir()
         try:
             writers = [w for tables in _passes(layouts)
-                       for w in _export_pass(staging, tables, values, store, errors, schema, log)]
+                       for w in _export_pass(staging, tables, values, store, errors, schema, threads, log)]
             tables = [(w.layout.name, w.rows) for w in writers]
             (staging / "README.txt").write_text(_dictionary_text(kind, store, plan, errors, tables), encoding="utf-8")
             _write_dictionary_csv(staging / "dictionary.csv")
