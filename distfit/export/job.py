@@ -395,7 +395,10 @@ def run_export(source: PathLike, out: PathLike, *, plan_path: PathLike | None = 
         _check_out(out_path)  # refuse early, before any work
     with store_lock(out_path, "export"):
         kind, store = open_source(source)
-        plan = read_verified_plan(plan_path if plan_path is not None else store.attrs["plan_path"])
+        named = plan_path if plan_path is not None else store.attrs["plan_path"]
+        if plan_path is None and not Path(named).exists():
+            raise ValueError(f"{named}: no plan store there (the plan {store.path} names); give it with --plan")
+        plan = read_verified_plan(named)
         if store.attrs.get("plan_checksum") != plan.checksum:
             raise ValueError(f"{store.path}: the {kind} was made from another plan (plan checksum "
                              f"{store.attrs.get('plan_checksum')}, {plan.path} has {plan.checksum})")

@@ -245,3 +245,16 @@ def test_a_changed_store_or_another_plan_is_refused(stores, tmp_path, capsys):
     assert code == 2
     assert_one_line_error(err, "made from another plan")
     assert not (tmp_path / "out").exists()
+
+
+def test_a_plan_no_longer_where_the_store_says_is_named_and_plan_overrides(stores, tmp_path, capsys):
+    release = tmp_path / "release.zarr"
+    shutil.copytree(stores["release"], release)
+    zarr.open_group(str(release), mode="r+").attrs["plan_path"] = str(tmp_path / "moved" / "plan.zarr")
+    reseal(release)  # as if the plan had been moved after the release
+    code, _out, err = run(capsys, "export", str(release), "--out", str(tmp_path / "out"))
+    assert code == 2
+    assert_one_line_error(err, "moved/plan.zarr", "--plan")
+    assert run(capsys, "export", str(release), "--out", str(tmp_path / "out"), "--plan", stores["plan"])[0] == 0
+    first = read_both(str(tmp_path / "out"), "age")[1]
+    pd.testing.assert_frame_equal(first, read_both(stores["release_out"], "age")[1])
