@@ -21,7 +21,7 @@ system, every thread: pyarrow's writers) are counted:
 
 Printed: seconds, rows/s and units/s, CPU seconds, peak RSS of each, and the bytes written per
 unit (CSV and Parquet apart). At PL94 every unit is 319 rows, so 1,000,000 units are 319M rows
-(about 30 GB of CSV): check the free disk first.
+(about 46 GB of CSV, 2.5 GB of Parquet): check the free disk first.
 """
 from __future__ import annotations
 
@@ -143,8 +143,8 @@ def main(argv=None) -> int:
                 print(f"{name:>8} {seconds:>8.1f} {cpu:>7.1f} {n / seconds:>9,.0f} {rows / seconds:>11,.0f} "
                       f"{memory.driver / MIB:>12.0f}")
             print(f"export / read: {e_seconds / r_seconds:.1f}x the time, {e_cpu / r_cpu:.1f}x the CPU; written "
-                  + ", ".join(f"{suffix or 'other'} {size / n:,.0f} B/unit ({size / MIB / e_seconds:,.0f} MiB/s)"
-                              for suffix, size in sorted(sizes.items())), flush=True)
+                  + ", ".join(f"{suffix} {sizes.get(suffix, 0) / n:,.0f} B/unit ({sizes.get(suffix, 0) / MIB / e_seconds:,.0f}"
+                              " MiB/s)" for suffix in (".csv", ".parquet")), flush=True)
     finally:
         if own or not args.keep_data:
             for path in (release, estimate, data, plan):

@@ -100,14 +100,14 @@ COLUMNS = (
     ("table", "text", "-", "the table: the query group of the spec (one file pair per table)"),
     ("query", "text", "-", "the query in words: each attribute's values or range, joined by ', ' "
                            "('age 18 to 64, sex female'); 'total' for the grand total"),
-    ("estimate", "float64", "persons (counts)", "the published figure: a release's raw noisy answer, or an "
-                                                "estimate's post-processed value"),
-    ("se", "float64, may be empty", "persons", "its standard error where it is exactly known (see se_note), "
-                                               "else empty"),
-    ("moe90", "float64, may be empty", "persons", f"90% margin of error = {MOE90_Z} * se (as the ACS prints it): "
-                                                  "estimate +- moe90 is a 90% interval"),
-    ("published", "int64, may be empty", "persons", "the integer value published, for an estimate made with "
-                                                    "--integer; empty otherwise"),
+    ("estimate", "float64", "count", "the published figure (a count of the data's records, e.g. persons, or a "
+                                     "weighted count for a matrix query): a release's raw noisy answer (it may "
+                                     "be negative), or an estimate's post-processed value"),
+    ("se", "float64, may be empty", "count", "its standard error where it is exactly known (see se_note), else empty"),
+    ("moe90", "float64, may be empty", "count", f"90% margin of error = {MOE90_Z} * se (as the ACS prints it): "
+                                                "estimate +- moe90 is a 90% interval"),
+    ("published", "int64, may be empty", "count", "the integer value published, for an estimate made with "
+                                                  "--integer; empty otherwise"),
     ("se_note", "text", "-", "where se comes from, or why it is empty (the codes below)"),
 )
 
@@ -384,7 +384,7 @@ def run_export(source: PathLike, out: PathLike, *, plan_path: PathLike | None = 
     """Export the sealed release or estimate at ``source`` to the directory ``out`` (module
     docstring); ``plan_path`` overrides the plan the store names; ``threads`` format the CSV
     text (default: this process's CPUs, at most :data:`CSV_THREADS`)."""
-    threads = threads or min(CSV_THREADS, len(os.sched_getaffinity(0)))
+    threads = threads or min(CSV_THREADS, os.cpu_count() or 1)
     started = time.perf_counter()
     out_path = Path(os.fspath(out))
     if STAGING_MARKER in out_path.name:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import shutil
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pandas as pd
@@ -15,7 +16,8 @@ import yaml
 import zarr
 
 from distfit.cli import main as cli
-from distfit.export.job import MARKER
+from distfit.export import job
+from distfit.export.job import MARKER, run_export
 from distfit.export.tables import MOE90_Z
 from distfit.plan.job import run_plan
 from distfit.runtime.placement import Placement
@@ -258,3 +260,31 @@ def test_a_plan_no_longer_where_the_store_says_is_named_and_plan_overrides(store
     assert run(capsys, "export", str(release), "--out", str(tmp_path / "out"), "--plan", stores["plan"])[0] == 0
     first = read_both(str(tmp_path / "out"), "age")[1]
     pd.testing.assert_frame_equal(first, read_both(stores["release_out"], "age")[1])
+
+
+def test_passes_runs_and_row_groups_do_not_change_the_files(stores, tmp_path, monkeypatch):
+    """Tables in passes of 2 (two passes over the store), runs of 50 rows formatted on 3 threads,
+    row groups of 1000 rows: the CSV is the same bytes and the Parquet the same table as the
+    export in one pass with the defaults."""
+    monkeypatch.setattr(job, "OPEN_TABLES", 2)
+    monkeypatch.setattr(job, "ROWS_PER_WRITE", 50)
+    monkeypatch.setattr(job, "PARQUET_ROWS", 1000)
+    out = tmp_path / "small-runs"
+    result = run_export(stores["estimate"], out, fsync=False, threads=3)
+    assert [name for name, _ in result.tables] == list(TABLES)
+    for table in TABLES:
+        mine, theirs = out / f"{table}.parquet", Path(stores["estimate_out"]) / f"{table}.parquet"
+        assert (out / f"{table}.csv").read_bytes() == (theirs.with_suffix(".csv")).read_bytes()
+        assert pq.read_table(mine).equals(pq.read_table(theirs))
+        assert pq.ParquetFile(mine).metadata.num_row_groups > 1
+
+
+def test_no_se_is_stated_for_nonlinear_methods_or_a_covariance_too_large(stores, monkeypatch):
+    plan, estimate = read_plan(stores["plan"]), read_estimate(stores["estimate"])
+    for method in ("graphical-exact", "graphical-region-graph", "top-down"):
+        source = job.error_source("estimate", SimpleNamespace(integer=False, method=method), plan)
+        assert (source.se, source.per_unit, source.note) == (None, False, "nonlinear-method")
+    assert job.error_source("estimate", estimate, plan).note == "linear-gls"
+    monkeypatch.setattr(job, "DENSE_CELLS", 35)  # the small plan has 36 cells
+    source = job.error_source("estimate", estimate, plan)
+    assert (source.se, source.note) == (None, "covariance-too-large")
