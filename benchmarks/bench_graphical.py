@@ -6,7 +6,7 @@ Usage::
     python benchmarks/bench_graphical.py appgm [--k 4 8 16] [--trials 2] [--sd 10] [--tol 1e-12] [--iterations 10000]
     python benchmarks/bench_graphical.py adult --plan PLAN.zarr [--data pipelines/data/adult.csv]
 
-``appgm``: APPGM's setting (papers/004, section 5.1): 8 attributes of 4 values, k random 3-way
+``appgm``: APPGM's setting (paper 004, section 5.1): 8 attributes of 4 values, k random 3-way
 marginals measured with Gaussian noise (standard deviation ``--sd``), N = 10,000 records drawn
 from a random sparse distribution. Mean L1 error per measured clique, as a fraction of N, of
 the raw measurements and of the estimates from exact inference (Private-PGM), the saturated

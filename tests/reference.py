@@ -1,6 +1,6 @@
 """Independent test-only references for the solver and estimate tests (no code from ``distfit`` is used).
 
-``cvx_optimal_alpha`` solves Problem 1 (DESIGN.md section 1) as a semidefinite program with
+``cvx_optimal_alpha`` solves Problem 1 (docs/design.md section 1) as a semidefinite program with
 cvxpy, in the variable ``X = Sigma^-1``:
 
     minimise t   subject to   b_i^T X b_i <= t          (privacy profile, one per cell)
@@ -11,7 +11,7 @@ with B an orthonormal row basis of W from numpy's SVD and L = W B^T. The problem
 its optimum is the optimal privacy cost alpha* that ``distfit.solve`` must reach.
 
 That SDP takes minutes beyond ~20 basis rows (Clarabel, 2 cores), so the 2-way marginal
-workloads of DESIGN.md section 2 are checked against ``cvx_symmetric_marginal_alpha``: the same
+workloads of docs/design.md section 2 are checked against ``cvx_symmetric_marginal_alpha``: the same
 Problem 1 reduced by the workload's symmetry to one variable per residual space (exact, see
 there; the tests confirm it equals the SDP on small workloads).
 """
@@ -178,7 +178,7 @@ def cvx_two_way_marginal_alpha(sizes: tuple[int, ...]) -> float:
 #: How close cvx_symmetric_marginal_alpha's value is to the optimum, relative: solved to a
 #: duality gap of 1e-10 with a feasibility tolerance of 1e-8, so 1e-7 leaves a margin of 10.
 #: (Measured: within 1e-9 of distfit.solve's certified interval [lower_bound, alpha] on the
-#: three 2-way workloads of DESIGN.md section 2.)
+#: three 2-way workloads of docs/design.md section 2.)
 SYMMETRIC_REFERENCE_REL = 1e-7
 
 

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from distfit.audit import labels
+from distfit.mathematics import bounds as bound_labels
 from distfit.audit.bounds import allocation_bound, joint_bound, not_a_distribution, range_sums
 from distfit.audit.checks import BOUND_TOLERANCE, REPLAN, Checks, closed_keys, label
 from distfit.stores.plan import BlockRecord
@@ -39,7 +40,7 @@ class Certificate:
         """Add a solved block's term of the dual at its recomputed ``alpha`` and ``variances``
         (``targets``: every query's); False when the certificate holds no weights of its cells."""
         rows = np.ones(block.query_index.size, dtype=np.int64)
-        if self.method == labels.SCALE_ALLOCATION:
+        if self.method == bound_labels.SCALE_ALLOCATION:
             self.alphas.append(alpha)
             self.sums.append(float(self.weights_over(block.query_index, rows, targets) @ variances))
             return True
@@ -55,14 +56,14 @@ def read_certificate(check: Checks, bound: Any, m: int, explicit: tuple[str, ...
     """The certificate stored with ``planner.chosen_blocks_lower_bound``, or None (a failure
     naming why) when it is missing or is not a dual point of the plan's program."""
     name = "planner.chosen_blocks_lower_bound"
-    if not isinstance(bound, dict) or bound.get("method") not in labels.CHOSEN_BLOCKS_BOUNDS:
+    if not isinstance(bound, dict) or bound.get("method") not in bound_labels.CHOSEN_BLOCKS_BOUNDS:
         return None  # failed where the bound is checked
     stored = bound.get("certificate")
     if stored is None:
         check(False, f"{name}: cannot be re-certified: the plan stores no certificate (the dual point of the "
                      f"{bound['method']}; a plan written before the planner kept it); {REPLAN}")
         return None
-    joint = bound["method"] == labels.JOINT_BLOCK_DUAL
+    joint = bound["method"] == bound_labels.JOINT_BLOCK_DUAL
     known = frozenset({"queries", "weights"} | ({"cell_weights"} if joint else set()))
     if not closed_keys(check, f"{name}.certificate", stored, known):
         return None
@@ -107,14 +108,14 @@ def check_chosen_bound(check: Checks, bound: Any, certificate: Certificate | Non
     if not closed_keys(check, name, bound, labels.CHOSEN_BOUND_KEYS):
         return
     method = bound.get("method")
-    if not check(method in labels.CHOSEN_BLOCKS_BOUNDS,
-                 f"{name}: unknown method {method!r} (expected one of {sorted(labels.CHOSEN_BLOCKS_BOUNDS)})"):
+    if not check(method in bound_labels.CHOSEN_BLOCKS_BOUNDS,
+                 f"{name}: unknown method {method!r} (expected one of {sorted(bound_labels.CHOSEN_BLOCKS_BOUNDS)})"):
         return
-    label(check, f"{name}.bounds", bound.get("bounds"), labels.CHOSEN_BLOCKS_BOUNDS[method])
+    label(check, f"{name}.bounds", bound.get("bounds"), bound_labels.CHOSEN_BLOCKS_BOUNDS[method])
     value = bound.get("value")
     if not check(labels.is_number(value), f"{name}.value: expected a number, got {value!r}") or certificate is None:
         return
-    if method == labels.JOINT_BLOCK_DUAL:
+    if method == bound_labels.JOINT_BLOCK_DUAL:
         if not check(not packed, f"{name}: cannot be re-certified: the joint block dual's certificate covers the "
                                  f"plan's solved blocks, not its packed (closed-form) ones; {REPLAN}"):
             return

@@ -3,8 +3,10 @@ keys of each attr, the values of its labels, and the texts of the labels it deri
 
 A plan states nothing else (docs/audit.md, "What the audit trusts"): a key outside these lists,
 or a label other than the one the audit derives from the arrays and the spec, is a failure
-naming it. The texts are the ones the planner writes (``distfit.plan.job``); the audit keeps its
-own copy, so a plan whose label was edited, or a planner that writes another one, fails.
+naming it. The texts of what each bound bounds are the contract in
+:mod:`distfit.mathematics.bounds` (``CHOSEN_BLOCKS_BOUNDS``, ``GLOBAL_BOUNDS``), which the plan job
+writes; the audit derives which one applies from the stored certificate, so a plan whose label
+was edited, or a planner that writes another method's text, fails.
 """
 from __future__ import annotations
 
@@ -33,21 +35,6 @@ SOLVED_PACK_KEYS = frozenset({"kind", "block_ids", "solvers"})
 #: Blocks compose sequentially (every person meets every block), units in parallel (disjoint people).
 COMPOSITION = "sequential across blocks, parallel across units"
 
-SCALE_ALLOCATION = "scale allocation"
-JOINT_BLOCK_DUAL = "joint block dual"
-#: What ``planner.chosen_blocks_lower_bound`` bounds, by the method whose certificate it stores.
-CHOSEN_BLOCKS_BOUNDS = {
-    SCALE_ALLOCATION: (
-        "the sum bound sum_S alpha_S of every plan with the chosen blocks whose covariances are the "
-        "chosen ones rescaled, one factor per block, that meets every target times the variance scale; "
-        "not a bound on plans with other blocks or other covariances"),
-    JOINT_BLOCK_DUAL: (
-        "the sum bound sum_S alpha_S of every block-diagonal plan with the chosen blocks (any covariance "
-        "per block) that meets every target times the variance scale; not a bound on plans with other "
-        "blocks or with noise correlated across blocks"),
-}
-GLOBAL_BOUNDS = ("the privacy cost alpha of every Gaussian mechanism L (B x + z) that answers the workload "
-                 "with every variance at most its target times the variance scale")
 
 
 def global_bound_method(blocks: int, certified: bool) -> str:

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from distfit.audit import labels
+from distfit.mathematics import bounds as bound_labels
 from distfit.audit.bounds import certified_norm
 from distfit.audit.checks import BOUND_TOLERANCE, TOLERANCE, Checks, profile_by_eigendecomposition, row_variances
 from distfit.audit.chosen import Certificate
@@ -153,7 +154,7 @@ def audit_pack(check: Checks, plan: Plan, p: int, pack: PackedBlocks, domain: Do
     check(over.size == 0, lambda: (f"{name}/lower_bound: {over.size} blocks' bounds exceed their alpha (first: "
                                    f"{ids[over[0]]})"))
 
-    if certificate is not None and certificate.method == labels.SCALE_ALLOCATION:
+    if certificate is not None and certificate.method == bound_labels.SCALE_ALLOCATION:
         # g_S: the certificate's weights over each segment's queries (over their targets), times
         # the segment's row variance, summed over the block's segments
         per_segment = certificate.weights_over(pack.segment_query, clique_cells, targets) * high

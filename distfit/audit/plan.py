@@ -77,6 +77,7 @@ from typing import Any
 import numpy as np
 
 from distfit.audit import labels
+from distfit.mathematics import bounds as bound_labels
 from distfit.audit.bounds import block_bound, not_a_distribution
 from distfit.audit.checks import (
     BOUND_TOLERANCE,
@@ -197,7 +198,7 @@ def _check_global_bound(check: Checks, plan: Plan, bound: Any, proved: dict[str,
     blocks = len(plan.block_ids)
     certified = blocks == 1 and proved.get(plan.block_ids[0]) is not None
     label(check, f"{name}.method", bound.get("method"), labels.global_bound_method(blocks, certified))
-    label(check, f"{name}.bounds", bound.get("bounds"), labels.GLOBAL_BOUNDS)
+    label(check, f"{name}.bounds", bound.get("bounds"), bound_labels.GLOBAL_BOUNDS)
     value = bound.get("value")
     if not certified:
         check(value is None, f"{name}: {value!r} is stated, but no certificate proves a bound on every plan "

@@ -13,29 +13,24 @@ from __future__ import annotations
 import argparse
 import os
 import time
+from pathlib import Path
 
-from distfit.cli.errors import UsageError
+from distfit.cli.errors import NOTHING_KEPT, Interrupted, UsageError
 from distfit.cli.summary import print_summary
 from distfit.runtime.cluster import placement_client
 from distfit.data.microdata import tabulate_microdata
 from distfit.estimate.job import run_estimate
-from distfit.pipeline.run import run_levels, run_pipeline
+from distfit.pipeline.run import LEVELS_DIR, PEOPLE_NAME, RUN_NAMES, run_levels, run_pipeline
 from distfit.release.job import run_release
 from distfit.report.page import write_report
 from distfit.spec.parse import load_spec
 from distfit.stores.data import read_histograms, read_marginals, write_synthetic
-from distfit.stores.plan import read_plan
+from distfit.stores.plan import read_verified_plan
 
 
 def cmd_synth(args: argparse.Namespace) -> int:
     """``distfit synth``: synthetic unit histograms for the spec's schema
     (``distfit.stores.data.write_synthetic``)."""
-    if args.units <= 0:
-        raise UsageError(f"--units must be >= 1, got {args.units}")
-    if args.chunk_units is not None and args.chunk_units <= 0:
-        raise UsageError(f"--chunk-units must be >= 1, got {args.chunk_units}")
-    if args.seed is not None and args.seed < 0:
-        raise UsageError(f"--seed must be >= 0, got {args.seed}")
     started = time.perf_counter()
     spec = load_spec(args.spec)
     path = write_synthetic(spec, args.units, args.out, seed=args.seed, chunk_units=args.chunk_units,
@@ -55,8 +50,6 @@ def cmd_synth(args: argparse.Namespace) -> int:
 
 def cmd_release(args: argparse.Namespace) -> int:
     """``distfit release``: plan + data -> sealed release store (``distfit.release.job.run_release``)."""
-    if args.seed is not None and args.seed < 0:
-        raise UsageError(f"--seed must be >= 0, got {args.seed}")
     if args.resume and args.overwrite:
         raise UsageError("--resume and --overwrite exclude each other")
     result = run_release(
@@ -102,8 +95,6 @@ def cmd_estimate(args: argparse.Namespace) -> int:
 def cmd_tabulate(args: argparse.Namespace) -> int:
     """``distfit tabulate``: microdata -> marginals store (``distfit.data.microdata.tabulate_microdata``),
     on a Dask cluster unless ``--serial``; ``--plan`` adds a marginal per block of that plan."""
-    if args.chunk_units is not None and args.chunk_units <= 0:
-        raise UsageError(f"--chunk-units must be >= 1, got {args.chunk_units}")
     started = time.perf_counter()
     spec = load_spec(args.spec)
     if args.level is not None:
@@ -114,7 +105,7 @@ def cmd_tabulate(args: argparse.Namespace) -> int:
             raise UsageError(f"--level: no level {args.level!r} (levels: {names})") from None
     cover = []
     if args.plan is not None:
-        plan = read_plan(args.plan)
+        plan = read_verified_plan(args.plan)  # a plan read is a plan verified
         cover = [plan.block(block_id).attributes for block_id in plan.block_ids]
     with placement_client(args.placement) as client:
         path = tabulate_microdata(spec, args.data, args.out, client=client, chunk_units=args.chunk_units,
@@ -154,9 +145,31 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def cmd_run(args: argparse.Namespace) -> int:
     """``distfit run``: the whole pipeline into one run directory (``distfit.pipeline.run.run_pipeline``,
-    or ``run_levels`` for a multi-level spec); a failed stage raises ``RunFailure`` (exit code 1)."""
-    if args.units is not None and args.units <= 0:
-        raise UsageError(f"--units must be >= 1, got {args.units}")
+    or ``run_levels`` for a multi-level spec); a failed stage raises ``RunFailure`` (exit code 1).
+    Interrupted, it says what RUNDIR keeps (:func:`kept_outputs`), or that nothing was kept."""
+    try:
+        return _run_command(args)
+    except KeyboardInterrupt:
+        kept = kept_outputs(Path(args.out))
+        if not kept:
+            raise Interrupted(NOTHING_KEPT) from None
+        raise Interrupted(f"what was finished is kept in {args.out} ({', '.join(kept)}); run the same command again "
+                          "to resume (the plan and data are reused and a release continues with its missing chunks)"
+                          ) from None
+
+
+def kept_outputs(rundir: Path) -> list[str]:
+    """The outputs of a run (``RUN_NAMES``) in ``rundir``, its synthetic people and each level's
+    outputs (``levels/NAME/plan.zarr``): what a rerun reuses. Stores appear only once complete,
+    or resumable (a release's chunks), so each one listed is kept."""
+    places = [rundir] + (sorted(p for p in (rundir / LEVELS_DIR).iterdir() if p.is_dir())
+                         if (rundir / LEVELS_DIR).is_dir() else [])
+    kept = [str(place.relative_to(rundir) / name) for place in places for name in RUN_NAMES
+            if (place / name).exists()]
+    return kept + ([PEOPLE_NAME] if (rundir / PEOPLE_NAME).exists() else [])
+
+
+def _run_command(args: argparse.Namespace) -> int:
     spec = load_spec(args.spec) if args.spec is not None else None  # None: the embedded default pipeline
     multilevel = spec is not None and spec.multilevel
     run = run_levels if multilevel else run_pipeline

@@ -12,6 +12,10 @@ import sys
 PROG = "distfit"
 
 
+#: What an interrupted command that kept nothing says.
+NOTHING_KEPT = "nothing was written (stores are moved into place only when complete); run the command again"
+
+
 class UsageError(Exception):
     """Bad input: reported as one line on stderr, exit code 2."""
 
@@ -25,3 +29,12 @@ def print_error(message: object) -> None:
     line (a multi-line library message stays one line, so scripts can grep for it)."""
     text = " ".join(str(message).split()) or "unknown error"
     print(f"{PROG}: error: {text}", file=sys.stderr)
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C, raised by a command that knows what it kept: ``hint`` says what and how to go on
+    (one line, exit code 130)."""
+
+    def __init__(self, hint: str):
+        super().__init__(hint)
+        self.hint = hint

@@ -16,8 +16,9 @@ directory with a manifest (``distfit.pipeline.run``).
 
 Exit codes: 0 success; 1 the solver could not certify its plan (``ConvergenceError``), an
 output could not be written (disk full, no permission: any ``OSError``), an audit found a
-mismatch, or a stage of ``distfit run`` failed (``RunFailure``); 130 interrupted (Ctrl-C: one line
-says what was kept and how to resume); 2 bad input (unknown workload,
+mismatch, or a stage of ``distfit run`` failed (``RunFailure``); 130 interrupted (Ctrl-C at any
+moment, start-up included: one line says what was kept, if anything, and how to resume;
+``distfit.cli.interrupts``); 2 bad input (unknown workload,
 unreadable or malformed ``.npz`` or spec, conflicting budget flags, a ``ValueError`` from the
 library, a block too large for memory, a plan, release or estimate already at ``--out``, a store being
 written by another process (``StoreLockedError``, naming it), an unreachable
@@ -44,12 +45,14 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import math
+import os
 from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from distfit import __version__
-from distfit.cli.errors import PROG, OutputError, UsageError, print_error
+from distfit.cli.errors import NOTHING_KEPT, PROG, Interrupted, OutputError, UsageError, print_error
 from distfit.cli.solve import DEFAULT_MAX_GAP
 from distfit.cli.workloads import WORKLOAD_HELP
 from distfit.runtime.cluster import ClusterError
@@ -57,6 +60,7 @@ from distfit.runtime.failures import RunFailure
 from distfit.runtime.placement import Placement
 from distfit.runtime.security import Transport
 from distfit.solver.solve import ConvergenceError
+from distfit.spec.limits import ALPHA, DELTA, EPSILON, RHO, Range
 from distfit.runtime.threads import blas_limit
 
 #: command -> (module, function) of its handler; the module is imported only when the command runs
@@ -88,8 +92,47 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(message)
 
 
+def whole_number(minimum: int) -> Callable[[str], int]:
+    """An argparse ``type``: an integer >= ``minimum`` (``--units``, ``--refine-rounds``, ...),
+    checked when the arguments are parsed, so a bad value is one line and exit 2 before any work."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text, 10)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer >= {minimum}, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be an integer >= {minimum}, got {value}")
+        return value
+    return parse
+
+
+def positive_number(text: str) -> float:
+    """An argparse ``type``: a finite number > 0 (``--gap-tolerance``)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"must be finite and > 0, got {text}")
+    return value
+
+
+def ranged(allowed: Range) -> Callable[[str], float]:
+    """An argparse ``type``: a number in ``allowed``, the range the same value has in a spec
+    (``distfit solve --rho``: ``privacy.rho``; docs/spec.md, "Ranges")."""
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+        if allowed.outside(np.array([value]))[0]:
+            raise argparse.ArgumentTypeError(f"must be {allowed.text}, got {text}")
+        return value
+    return parse
+
+
 def add_cluster_options(parser: argparse.ArgumentParser, serial_help: str) -> None:
-    """``--cluster``, ``--workers`` and ``--serial``: where a command's tasks run (DESIGN.md
+    """``--cluster``, ``--workers`` and ``--serial``: where a command's tasks run (docs/design.md
     section 3), and ``--tls-*``/``--insecure``: how a ``--cluster`` is reached; read back as
     one value by :func:`placement_of`."""
     parser.add_argument("--cluster", metavar="ADDRESS|FILE",
@@ -147,11 +190,11 @@ def build_parser() -> argparse.ArgumentParser:
     solve_parser.add_argument("workload", metavar="WORKLOAD", help=WORKLOAD_HELP)
     solve_parser.add_argument("--basis", choices=("auto", "identity", "prefix"), default="auto",
                               help="basis B of the mechanism L (B x + z) (default: auto)")
-    solve_parser.add_argument("--rho", type=float, help="zCDP budget: alpha = 2 rho, variances scaled to fit")
-    solve_parser.add_argument("--epsilon", type=float, help="(epsilon, delta) budget, with --delta (exact)")
-    solve_parser.add_argument("--delta", type=float, help="(epsilon, delta) budget, with --epsilon")
-    solve_parser.add_argument("--alpha", type=float, help="privacy-cost budget alpha = Delta^2")
-    solve_parser.add_argument("--gap-tolerance", type=float, default=1e-4, metavar="G",
+    solve_parser.add_argument("--rho", type=ranged(RHO), help="zCDP budget: alpha = 2 rho, variances scaled to fit")
+    solve_parser.add_argument("--epsilon", type=ranged(EPSILON), help="(epsilon, delta) budget, with --delta (exact)")
+    solve_parser.add_argument("--delta", type=ranged(DELTA), help="(epsilon, delta) budget, with --epsilon")
+    solve_parser.add_argument("--alpha", type=ranged(ALPHA), help="privacy-cost budget alpha = Delta^2")
+    solve_parser.add_argument("--gap-tolerance", type=positive_number, default=1e-4, metavar="G",
                               help="stop once the certified relative gap is <= G (default 1e-4); "
                                    f"a plan above max(G, {DEFAULT_MAX_GAP:g}) is an error")
     solve_parser.add_argument("--json", metavar="OUT.json", help="write the report as JSON")
@@ -167,7 +210,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_inputs(plan_parser, "spec", out="PLAN.zarr")
     add_cluster_options(plan_parser, serial_help="solve the blocks in this process, without Dask")
     plan_parser.add_argument("--overwrite", action="store_true", help="replace a plan already at --out")
-    plan_parser.add_argument("--refine-rounds", type=int, default=2, metavar="R", help="target-share refinement rounds (default 2)")
+    plan_parser.add_argument("--refine-rounds", type=whole_number(0), default=2, metavar="R", help="target-share refinement rounds (default 2)")
 
     audit_parser = commands.add_parser(
         "audit", help="recompute a plan's profiles, alpha and variances from its stored arrays; exit 1 on mismatch",
@@ -180,10 +223,10 @@ def build_parser() -> argparse.ArgumentParser:
                     "Zarr histograms store (units x cells), chunk by chunk, atomically.",
     )
     add_inputs(synth_parser, "spec")
-    synth_parser.add_argument("--units", required=True, type=int, metavar="N", help="number of units (>= 1)")
+    synth_parser.add_argument("--units", required=True, type=whole_number(1), metavar="N", help="number of units (>= 1)")
     synth_parser.add_argument("--out", required=True, metavar="DATA.zarr")
-    synth_parser.add_argument("--seed", type=int, metavar="S", help="seed (default: fresh, stored in the data)")
-    synth_parser.add_argument("--chunk-units", type=int, metavar="C",
+    synth_parser.add_argument("--seed", type=whole_number(0), metavar="S", help="seed (default: fresh, stored in the data)")
+    synth_parser.add_argument("--chunk-units", type=whole_number(1), metavar="C",
                               help="units per chunk (default: up to 4096, at most 16 MiB of counts)")
     synth_parser.add_argument("--overwrite", action="store_true", help="replace data already at --out")
 
@@ -200,7 +243,7 @@ def build_parser() -> argparse.ArgumentParser:
     release_parser.add_argument("--resume", action="store_true",
                                 help="finish an interrupted release at --out (written chunks are kept, missing ones drawn)")
     release_parser.add_argument("--overwrite", action="store_true", help="replace a release already at --out")
-    release_parser.add_argument("--seed", type=int, metavar="S",
+    release_parser.add_argument("--seed", type=whole_number(0), metavar="S",
                                 help="fixed noise seed, FOR TESTS ONLY: the release is marked not private")
     add_cluster_options(release_parser, serial_help="release the chunks in this process, without Dask")
 
@@ -235,7 +278,7 @@ def build_parser() -> argparse.ArgumentParser:
     tabulate_parser.add_argument("--out", required=True, metavar="DATA.zarr")
     tabulate_parser.add_argument("--plan", metavar="PLAN.zarr",
                                  help="also hold a marginal for every block of this plan (merged blocks)")
-    tabulate_parser.add_argument("--chunk-units", type=int, metavar="C",
+    tabulate_parser.add_argument("--chunk-units", type=whole_number(1), metavar="C",
                                  help="units per chunk (default: up to 4096, at most 16 MiB per chunk)")
     tabulate_parser.add_argument("--overwrite", action="store_true", help="replace marginals already at --out")
     tabulate_parser.add_argument("--level", metavar="NAME",
@@ -280,7 +323,7 @@ def build_parser() -> argparse.ArgumentParser:
     run_parser.add_argument("--data", metavar="DATA",
                             help="a data store, or microdata (.csv, .csv.gz, .parquet, .pq, a directory of Parquet "
                                  "files) tabulated into RUNDIR/data.zarr (default: synthesise RUNDIR/data.zarr)")
-    run_parser.add_argument("--units", type=int, metavar="N",
+    run_parser.add_argument("--units", type=whole_number(1), metavar="N",
                             help="units of synthetic data (default 10000; a rerun reuses the earlier data)")
     run_parser.add_argument("--integer", action="store_true", help="integer estimates (each unit's total kept)")
     run_parser.add_argument("--no-estimate", dest="estimate", action="store_false",
@@ -290,26 +333,28 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command line; returns the exit code (0 ok, 1 solver/output failure, 2 bad input)."""
-    parser = build_parser()
+    """Run the command line; returns the exit code (0 ok, 1 solver/output failure, 2 bad input,
+    130 interrupted: one line, whenever Ctrl-C comes, parsing included)."""
+    args = argparse.Namespace()
     try:
-        args = parser.parse_args(argv)
-    except UsageError as error:
-        print_error(error)
-        return 2
-    except SystemExit as exit_:  # --help, --version
-        return exit_.code if isinstance(exit_.code, int) else 0
-    if args.command is None:
-        print_error("a command is required: solve, plan, audit, synth, tabulate, release, estimate, report, export or run "
-                    "(see distfit --help)")
-        return 2
-    try:
+        parser = build_parser()
+        try:
+            args = parser.parse_args(argv)
+        except UsageError as error:
+            print_error(error)
+            return 2
+        except SystemExit as exit_:  # --help, --version
+            return exit_.code if isinstance(exit_.code, int) else 0
+        if args.command is None:
+            print_error("a command is required: solve, plan, audit, synth, tabulate, release, estimate, report, export "
+                        "or run (see distfit --help)")
+            return 2
         args.placement = placement_of(args)
         handler = command_handler(args.command)
         with blas_limit():
             return handler(args)
-    except KeyboardInterrupt:
-        print_error(f"interrupted; {interrupted_hint(args)}")
+    except KeyboardInterrupt as interrupt:
+        print_error(f"interrupted; {interrupt.hint if isinstance(interrupt, Interrupted) else interrupted_hint(args)}")
         return 130
     except UsageError as error:
         print_error(error)
@@ -337,19 +382,18 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def interrupted_hint(args: argparse.Namespace) -> str:
     """What an interrupted command kept and how to go on (every store is written atomically or
-    resumably, so an interrupt never leaves a half-written store in use)."""
+    resumably, so an interrupt never leaves a half-written store in use): a release or estimate
+    keeps its chunks in ``--out`` once it exists; ``distfit run`` says what it kept itself
+    (``Interrupted``, ``distfit.cli.commands.cmd_run``), so here it had not started."""
     command = getattr(args, "command", None)
-    if command == "release":
-        return (f"the chunks written so far are kept in {args.out} (incomplete, never read as a release); "
+    out = getattr(args, "out", None)
+    if command == "release" and out is not None and os.path.exists(out):
+        return (f"the chunks written so far are kept in {out} (incomplete, never read as a release); "
                 "finish it with the same command and --resume")
-    if command == "estimate":
-        return (f"the chunks estimated so far are kept in {args.out} (incomplete, never read as an estimate); "
+    if command == "estimate" and out is not None and os.path.exists(out):
+        return (f"the chunks estimated so far are kept in {out} (incomplete, never read as an estimate); "
                 "finish it with the same command and --resume")
-    if command == "run":
-        return (f"what was finished is kept in {args.out}; run the same command again to resume "
-                "(the plan and data are reused and a release continues with its missing chunks)")
-    return "nothing was written (stores are moved into place only when complete); run the command again"
-
+    return NOTHING_KEPT
 
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import warnings
 from dataclasses import asdict
@@ -71,9 +70,7 @@ def solve_report(args: argparse.Namespace) -> dict[str, Any]:
     if args.json is not None and args.save is not None and os.path.abspath(args.json) == os.path.abspath(args.save):
         raise UsageError("--json and --save name the same file")
     workload = load_workload(args.workload)
-    gap_tolerance = args.gap_tolerance
-    if not (math.isfinite(gap_tolerance) and gap_tolerance > 0):
-        raise UsageError(f"--gap-tolerance must be finite and > 0, got {gap_tolerance!r}")
+    gap_tolerance = args.gap_tolerance  # finite and > 0 (distfit.cli.main.positive_number)
     max_gap = max(DEFAULT_MAX_GAP, gap_tolerance)
     solution = solve(
         workload.matrix, workload.targets, basis=args.basis, budget=budget,

@@ -63,7 +63,7 @@ def _check_block_memory(spec: str, num_queries: int, num_cells: int) -> None:
         raise MemoryError(
             f"workload {spec!r}: a {num_queries} x {num_cells} block needs about "
             f"{needed / 2**30:.1f} GiB of dense matrices, over the limit of {limit / 2**30:.1f} GiB; "
-            "cut the workload into blocks (distfit plan, DESIGN.md section 2)"
+            "cut the workload into blocks (distfit plan, docs/design.md section 2)"
         )
 
 

@@ -48,6 +48,11 @@ directory is deleted before the store is sealed. On a cluster the workers read t
 write into the staging directory, so both must be on a file system they share (as for the
 release store).
 
+Before a CSV file is read in full its start is checked (:func:`_sniff_csv`: at most
+:data:`SNIFF_BYTES` bytes and :data:`SNIFF_ROWS` rows, with the row checks of pass 1,
+:mod:`distfit.data.rows`), so a file that is not microdata of the spec (binary, not UTF-8, other
+columns, junk rows) is refused in a moment, whatever its size.
+
 Bad input (each a :class:`distfit.stores.data.DataError`, exit 2 on the command line; the staging
 directory is removed, nothing is left at ``out``): a missing file, an empty file, a file that
 cannot be read or parsed (``adult.csv: line 7: malformed CSV: expected 14 fields, saw 15``), a
@@ -62,7 +67,9 @@ up to that point (blank lines are skipped like pandas does).
 """
 from __future__ import annotations
 
+import codecs
 import gzip
+import io
 import math
 import os
 import re
@@ -80,6 +87,7 @@ import pyarrow
 
 from distfit.checks import check_integer
 from distfit.runtime.cluster import Progress, compute_partitions, run_tasks
+from distfit.data.rows import RowCheck, check_rows, two_parents
 from distfit.data.synthetic import default_chunk_units
 from distfit.spec.model import PipelineSpec
 from distfit.spec.parse import load_spec
@@ -102,8 +110,12 @@ PARQUET_SUFFIXES = (".parquet", ".pq")
 PARTS = "_parts"
 #: Largest clique marginal (cells) the tabulation accepts.
 MAX_CLIQUE_CELLS = 1 << 22
-#: Values listed in a "not a value of" message.
-SHOW_VALUES = 12
+#: Columns listed in a "missing column" message.
+SHOW_COLUMNS = 40
+#: The start of a CSV file checked before it is read in full (:func:`_sniff_csv`): at most this
+#: many bytes (1 MiB: a header of thousands of columns fits) and data rows.
+SNIFF_BYTES = 1 << 20
+SNIFF_ROWS = 1000
 #: Exceptions that mean the source itself cannot be read or parsed.
 READ_ERRORS = (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeError, OSError, EOFError,
                zlib.error, pyarrow.ArrowException)
@@ -212,69 +224,12 @@ def query_cliques(spec: Any, cover: Iterable[Sequence[str]] = ()) -> list[tuple[
 
 
 @dataclass(frozen=True)
-class _ScanJob:
-    """What a partition task needs (small, picklable)."""
+class _ScanJob(RowCheck):
+    """What a partition task needs (small, picklable): the row checks and where the counts go."""
 
-    parts_dir: str
-    attributes: tuple[Any, ...]            # AttributeSpec, schema order
-    columns: tuple[str, ...]               # the data column of each attribute
-    unit_column: str | None
-    integer_ids: bool
-    cliques: tuple[tuple[int, ...], ...]   # attribute positions per clique
-    sizes: tuple[int, ...]
-    parent_column: str | None = None       # the coarser level's unit column (geography)
-    integer_parents: bool = False
-
-
-def _show(value: Any) -> str:
-    value = value.item() if isinstance(value, np.generic) else value
-    if isinstance(value, bytes):
-        value = value.decode("utf-8", "replace")
-    if isinstance(value, str):
-        return repr(value.strip())
-    if isinstance(value, float) and value.is_integer():
-        return str(int(value))
-    return str(value)
-
-
-def _not_in_domain(attribute: Any, value: Any) -> str:
-    bins = getattr(attribute, "bins", None)
-    if bins is not None:
-        edges = ", ".join(f"{float(e):g}" for e in bins)
-        return f"value {_show(value)} is not in the bins of {attribute.name} (edges: {edges})"
-    values = list(attribute.values)
-    shown = ", ".join(values[:SHOW_VALUES]) + (f", ... ({len(values)} values)" if len(values) > SHOW_VALUES else "")
-    return f"value {_show(value)} is not a value of {attribute.name} (values: {shown})"
-
-
-def _id_text(value: Any) -> str:
-    if isinstance(value, bytes):
-        return value.decode("utf-8", "replace").strip()
-    if isinstance(value, float):
-        return str(int(value)) if value.is_integer() else repr(value)
-    return str(value).strip()
-
-
-def _unit_codes(series, integer: bool) -> tuple[np.ndarray, np.ndarray, tuple[int, str] | None]:
-    """``(local unit of each row, sorted distinct local ids, bad)``; ``bad`` is ``(row,
-    problem)`` for the first row with a missing or empty id. Ids: int64 or UTF-8 bytes."""
-    missing = np.asarray(series.isna().to_numpy(), dtype=bool)
-    if integer:
-        if missing.any():
-            return np.zeros(0, np.int64), np.zeros(0, np.int64), (int(np.argmax(missing)), "the unit id is missing")
-        local, inverse = np.unique(series.to_numpy(dtype=np.int64), return_inverse=True)
-        return inverse.reshape(-1).astype(np.int64), local, None
-    inverse, uniques = pd.factorize(series, use_na_sentinel=True)
-    texts = [_id_text(u) for u in uniques.tolist()]
-    empty = np.array([not t for t in texts] + [False], dtype=bool)  # index -1: the NA sentinel
-    bad = (inverse < 0) | empty[inverse]
-    if bad.any():
-        row = int(np.argmax(bad))
-        return (np.zeros(0, np.int64), np.zeros(0, "S1"),
-                (row, "the unit id is missing" if inverse[row] < 0 else "the unit id is empty"))
-    encoded = np.array([t.encode("utf-8") for t in texts], dtype="S")
-    local, remap = np.unique(encoded, return_inverse=True)  # sorted; merges ids equal once stripped
-    return remap.reshape(-1)[inverse].astype(np.int64), local, None
+    parts_dir: str = ""
+    cliques: tuple[tuple[int, ...], ...] = ()   # attribute positions per clique
+    sizes: tuple[int, ...] = ()
 
 
 def _count(keys: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:
@@ -288,7 +243,8 @@ def _count(keys: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _scan_partition(frame, index: int, job: _ScanJob) -> dict[str, Any]:
-    """Pass 1 for partition ``index``: validate, then write its ids and clique counts.
+    """Pass 1 for partition ``index``: validate (:func:`distfit.data.rows.check_rows`), then
+    write its ids and clique counts.
 
     Returns ``{"index", "rows", "units", "error"}``; ``error`` is None or ``{"row" (0-based in
     the partition), "column", "problem"}`` for the first bad row (and then nothing is written).
@@ -297,46 +253,15 @@ def _scan_partition(frame, index: int, job: _ScanJob) -> dict[str, Any]:
     result: dict[str, Any] = {"index": index, "rows": rows, "units": 0, "error": None}
     if rows == 0:
         return result
-    first: tuple[int, str, str] | None = None
-    codes = np.empty((len(job.attributes), rows), dtype=np.int64)
-    for j, (attribute, column) in enumerate(zip(job.attributes, job.columns)):
-        inverse, uniques = pd.factorize(frame[column], use_na_sentinel=True)
-        raw = uniques.to_numpy()
-        mapped = np.append(np.asarray(attribute.encode(raw), dtype=np.int64).reshape(-1), -1)
-        coded = mapped[inverse]  # the NA sentinel -1 picks the appended -1
-        bad = np.flatnonzero(coded < 0)
-        if bad.size and (first is None or bad[0] < first[0]):
-            row = int(bad[0])
-            problem = ("the value is missing" if inverse[row] < 0
-                       else _not_in_domain(attribute, raw[inverse[row]]))
-            first = (row, column, problem)
-        codes[j] = coded
-    if job.unit_column is not None:
-        units, local_ids, bad_unit = _unit_codes(frame[job.unit_column], job.integer_ids)
-        if bad_unit is not None and (first is None or bad_unit[0] < first[0]):
-            first = (bad_unit[0], job.unit_column, bad_unit[1])
-    else:
-        units, local_ids = np.zeros(rows, np.int64), np.zeros(1, np.int64)
-    if job.parent_column is not None:
-        parents, parent_ids, bad_parent = _unit_codes(frame[job.parent_column], job.integer_parents)
-        if bad_parent is not None and (first is None or bad_parent[0] < first[0]):
-            first = (bad_parent[0], job.parent_column, bad_parent[1].replace("unit id", "parent unit id"))
-        if first is None:
-            # every unit's first row says its parent; a row saying another is bad input
-            first_rows = np.unique(units, return_index=True)[1]  # local units are 0 .. U-1
-            clash = np.flatnonzero(parents != parents[first_rows][units])
-            if clash.size:
-                row = int(clash[0])
-                first = (row, job.parent_column, _two_parents(
-                    local_ids[units[row]], job.unit_column, parent_ids[parents[first_rows[units[row]]]],
-                    parent_ids[parents[row]]))
-    if first is not None:
-        result["error"] = {"row": first[0], "column": first[1], "problem": first[2]}
+    checked = check_rows(frame, job)
+    if checked.first is not None:
+        result["error"] = {"row": checked.first[0], "column": checked.first[1], "problem": checked.first[2]}
         return result
+    codes, units, local_ids = checked.codes, checked.units, checked.local_ids
     parts = Path(job.parts_dir)
     np.save(parts / f"p{index}.ids.npy", local_ids)
     if job.parent_column is not None:
-        np.save(parts / f"p{index}.parents.npy", parent_ids[parents[first_rows]])
+        np.save(parts / f"p{index}.parents.npy", checked.parent_ids[checked.parents[checked.first_rows]])
     for i, positions in enumerate(job.cliques):
         sizes = tuple(job.sizes[p] for p in positions)
         cells = math.prod(sizes)
@@ -347,12 +272,6 @@ def _scan_partition(frame, index: int, job: _ScanJob) -> dict[str, Any]:
         np.save(parts / f"p{index}.c{i}.counts.npy", counts)
     result["units"] = int(len(local_ids))
     return result
-
-
-def _two_parents(unit: Any, unit_column: str | None, one: Any, other: Any) -> str:
-    """The problem of a unit whose people name two parents (one line)."""
-    return (f"unit {_show(unit)} of {unit_column!r} has people in two parents, {_show(one)} and "
-            f"{_show(other)} (each unit must lie inside one unit of the coarser level)")
 
 
 def _run_scans(ddf, job: _ScanJob, client, log: TextIO) -> tuple[dict[int, dict], tuple[int, Any] | None]:
@@ -384,15 +303,74 @@ def _csv_line_of_record(path: str, record: int) -> int | None:
     """Physical line (1-based) of data record ``record`` (0-based) of a CSV file: the first
     non-blank line is the header; blank lines are skipped, as pandas does. Error path only."""
     opener = gzip.open if path.lower().endswith(".gz") else open
-    seen = -2  # the header is record -1
     with opener(path, "rb") as handle:
-        for number, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            seen += 1
-            if seen == record:
-                return number
+        return _line_of_record(handle, record)
+
+
+def _line_of_record(lines: Iterable[bytes], record: int) -> int | None:
+    """:func:`_csv_line_of_record` over the physical ``lines`` of a CSV file (or of its start)."""
+    seen = -2  # the header is record -1
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        seen += 1
+        if seen == record:
+            return number
     return None
+
+
+def _sniff_csv(name: str, spec, parent_column: str | None) -> None:
+    """Refuse, from its first :data:`SNIFF_BYTES` bytes alone, a CSV file that is not microdata
+    of ``spec``: binary (a NUL byte), not UTF-8, no line break, a malformed header, a missing
+    column, or a bad row among the first :data:`SNIFF_ROWS` (the message the whole pass would
+    give for it). A junk file of gigabytes is refused in a moment instead of after a pass over
+    all of it; a file whose start is good is left to the tabulation (a later bad row is found
+    there). Never refuses a valid file: a record cut at the end of the sample is dropped, and a
+    parse error the cut may have caused (an open quote) is left to the full reader."""
+    opener = gzip.open if name.lower().endswith(".gz") else open
+    try:
+        with opener(name, "rb") as handle:
+            head = handle.read(SNIFF_BYTES + 1)
+    except READ_ERRORS as error:
+        raise DataError(f"{name}: {_parser_problem(error)[1]}") from None
+    truncated = len(head) > SNIFF_BYTES
+    head = head[:SNIFF_BYTES]
+    if not head.strip():
+        return  # empty: the reader's own message
+    nul = head.find(b"\0")
+    if nul >= 0:
+        raise DataError(f"{name}: not a CSV text file (a NUL byte at byte {nul + 1}: binary data)")
+    try:  # a character the sample cuts in two is no error (final=False)
+        codecs.getincrementaldecoder("utf-8")().decode(head, final=False)
+    except UnicodeDecodeError as error:
+        raise DataError(f"{name}: cannot read: not UTF-8 text (byte {error.start + 1})") from None
+    if truncated:
+        end = head.rfind(b"\n")
+        if end < 0:
+            raise DataError(f"{name}: not a CSV file of this spec: no line break in its first {SNIFF_BYTES} bytes")
+        head = head[:end + 1]
+    text = head.decode("utf-8")
+    try:
+        frame = pd.read_csv(io.StringIO(text), dtype=str, na_filter=False, keep_default_na=False,
+                            nrows=SNIFF_ROWS)
+    except pd.errors.EmptyDataError:
+        return
+    except pd.errors.ParserError as error:
+        if truncated and '"' in text:
+            return  # perhaps a quoted field the sample cut: the full reader decides
+        local, problem = _parser_problem(error)
+        raise DataError(f"{name}: line {local}: {problem}" if local is not None else f"{name}: {problem}") from None
+    _check_columns(name, [str(c) for c in frame.columns], spec, parent_column)
+    if truncated and not len(frame):
+        raise DataError(f"{name}: not a CSV file of this spec: no complete data row in its first {SNIFF_BYTES} bytes")
+    check = RowCheck(attributes=tuple(spec.attributes), columns=tuple(a.data_column for a in spec.attributes),
+                     unit_column=spec.units.column if spec.units is not None else None,
+                     integer_ids=spec.units is None, parent_column=parent_column)
+    first = check_rows(frame, check).first if len(frame) else None
+    if first is not None:
+        line = _line_of_record(head.splitlines(keepends=True), first[0])
+        where = f"line {line}" if line is not None else f"data row {first[0] + 1}"
+        raise DataError(f"{name}: {where}, column {first[1]!r}: {first[2]}")
 
 
 def _parser_problem(error: BaseException) -> tuple[int | None, str]:
@@ -445,6 +423,8 @@ def _failure_message(name: str, fmt: str, results: dict[int, dict], failure: tup
 def _open_source(name: str, fmt: str, spec, blocksize: int | str, parent_column: str | None = None):
     """A lazy dask DataFrame of the needed columns, whether unit ids are integers and whether
     parent ids (``parent_column``'s) are; DataError for an unreadable source or missing columns."""
+    if fmt == "csv":
+        _sniff_csv(name, spec, parent_column)
     try:
         if fmt == "csv":
             gz = name.lower().endswith(".gz")
@@ -460,18 +440,7 @@ def _open_source(name: str, fmt: str, spec, blocksize: int | str, parent_column:
             problem = problem.replace("cannot read (", "cannot read as Parquet (", 1)
         raise DataError(f"{name}: line {local}: {problem}" if local is not None and fmt == "csv"
                         else f"{name}: {problem}") from None
-    found = [str(c) for c in ddf.columns]
-    wanted: list[tuple[str, str]] = [(a.data_column, f"attribute {a.name}") for a in spec.attributes]
-    if spec.units is not None:
-        wanted.insert(0, (spec.units.column, "the unit column"))
-    if parent_column is not None:
-        wanted.insert(1, (parent_column, "the parent unit column"))
-    missing = [f"{column!r} ({role})" for column, role in wanted if column not in found]
-    if missing:
-        raise DataError(f"{name}: missing column{'s' if len(missing) > 1 else ''} {', '.join(missing)}; "
-                        f"columns found: {', '.join(found) or 'none'}")
-    needed = list(dict.fromkeys(column for column, _ in wanted))
-    ddf = ddf[needed]
+    ddf = ddf[_check_columns(name, [str(c) for c in ddf.columns], spec, parent_column)]
 
     def integer(column: str | None) -> bool:
         if column is None:
@@ -480,6 +449,22 @@ def _open_source(name: str, fmt: str, spec, blocksize: int | str, parent_column:
         return bool(pd.api.types.is_integer_dtype(dtype) and not pd.api.types.is_bool_dtype(dtype))
 
     return ddf, integer(spec.units.column if spec.units is not None else None), integer(parent_column)
+
+
+def _check_columns(name: str, found: Sequence[str], spec, parent_column: str | None) -> list[str]:
+    """The columns the tabulation reads (unit, parent, attributes' data columns), each in
+    ``found``; DataError listing the missing ones and the columns found."""
+    wanted: list[tuple[str, str]] = [(a.data_column, f"attribute {a.name}") for a in spec.attributes]
+    if spec.units is not None:
+        wanted.insert(0, (spec.units.column, "the unit column"))
+    if parent_column is not None:
+        wanted.insert(1, (parent_column, "the parent unit column"))
+    missing = [f"{column!r} ({role})" for column, role in wanted if column not in found]
+    if missing:
+        shown = ", ".join(found[:SHOW_COLUMNS]) + (f", ... ({len(found)} columns)" if len(found) > SHOW_COLUMNS else "")
+        raise DataError(f"{name}: missing column{'s' if len(missing) > 1 else ''} {', '.join(missing)}; "
+                        f"columns found: {shown or 'none'}")
+    return list(dict.fromkeys(column for column, _ in wanted))
 
 
 # --------------------------------------------------------------------------------------------
@@ -523,7 +508,7 @@ def _parent_index(parts: Path, partitions: Sequence[int], ids: np.ndarray, job: 
         if clash.size:
             unit = index[clash[0]]
             raise DataError(f"{name}: column {job.parent_column!r}: "
-                            + _two_parents(ids[unit], job.unit_column, parents[unit], local[clash[0]]))
+                            + two_parents(ids[unit], job.unit_column, parents[unit], local[clash[0]]))
         parents[index] = local
         seen[index] = True
     return parents

@@ -1,1 +1,1 @@
-"""Estimates from a sealed release: nonnegative, consistent, integer (post-processing, DESIGN.md section 7)."""
+"""Estimates from a sealed release: nonnegative, consistent, integer (post-processing, docs/design.md section 7)."""

@@ -1,6 +1,6 @@
 """Top-down estimates of a nested geography: nonnegative, children summing to their parent (pure numpy).
 
-DESIGN.md section 7 ("Geography: top-down"), after the TopDown algorithm of the 2020 US Census
+docs/design.md section 7 ("Geography: top-down"), after the TopDown algorithm of the 2020 US Census
 (Abowd et al., "The 2020 Census Disclosure Avoidance System TopDown Algorithm", HDSR 2022):
 levels are estimated from the coarsest down, each unit's children constrained to sum exactly
 to the parent's estimate, cell by cell.

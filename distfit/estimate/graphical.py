@@ -1,8 +1,8 @@
 """Graphical-model estimates for wide schemas: Private-PGM and APPGM through mbi (issue 15).
 
-DESIGN.md section 7. When the domain is too large to hold a data vector ``x`` (Adult: 1.6e9
+docs/design.md section 7. When the domain is too large to hold a data vector ``x`` (Adult: 1.6e9
 cells), the estimate is a graphical model whose clique marginals ``mu`` fit the measurements in
-the noise's own metric (Private-PGM, McKenna et al. 2019; APPGM, papers/004):
+the noise's own metric (Private-PGM, McKenna et al. 2019; APPGM, paper 004):
 
     ``mu_hat = argmin_{mu in P} sum_b 1/2 || G_b (M_b mu) - C_b^-1 y_b ||^2,   G_b = C_b^-1 B_b``
 

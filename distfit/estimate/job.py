@@ -1,9 +1,9 @@
 """``distfit estimate``: a plan and its sealed release in, an estimate store out (the I/O edge).
 
 ``distfit estimate PLAN.zarr RELEASE.zarr --out ESTIMATE.zarr [--integer] [--resume]
-[--overwrite] [--workers N | --cluster ADDR|FILE | --serial]`` (DESIGN.md sections 5 and 7).
+[--overwrite] [--workers N | --cluster ADDR|FILE | --serial]`` (docs/design.md sections 5 and 7).
 Post-processing: it reads the plan and the release only, never the data, so it costs no
-privacy. Per unit (DESIGN.md section 7): the measurements ``y_b = R_b a_b`` are recovered
+privacy. Per unit (docs/design.md section 7): the measurements ``y_b = R_b a_b`` are recovered
 exactly from the block answers (the projection takes the answers: its linear term
 ``B_b^T Sigma_b^-1 y_b`` in one product from them),
 the data vector is the projection ``x_hat = argmin_{x >= 0} sum_b (y_b - B_b M_b x)^T
@@ -12,7 +12,7 @@ Sigma_b^-1 (y_b - B_b M_b x)`` (:func:`distfit.estimate.projection.project_nonne
 (:func:`distfit.estimate.rounding.round_preserving_total`), and every workload query's estimate
 is ``W x_hat`` (:func:`distfit.estimate.measurements.workload_estimates`): nonnegative and
 consistent (every table a sum of one ``x_hat``'s cells). The store is
-:mod:`distfit.stores.estimate` (its layout is a contract, DESIGN.md section 4).
+:mod:`distfit.stores.estimate` (its layout is a contract, docs/design.md section 4).
 
 Where it runs: per release chunk (the release's chunking), every unit of the chunk solved
 together with array operations, a run of chunks per task as the release cuts them
@@ -100,7 +100,7 @@ PathLike = str | os.PathLike
 #: The method recorded in the store (``method`` attr) and the objective it minimises per unit.
 METHOD = "projection"
 OBJECTIVE = "sum_b (y_b - B_b M_b x)^T Sigma_b^-1 (y_b - B_b M_b x) over x >= 0, per unit"
-#: The graphical model's (DESIGN.md section 7, :mod:`distfit.estimate.graphical`), over clique marginals.
+#: The graphical model's (docs/design.md section 7, :mod:`distfit.estimate.graphical`), over clique marginals.
 GRAPHICAL_OBJECTIVE = ("sum_b (y_b - B_b M_b mu)^T Sigma_b^-1 (y_b - B_b M_b mu) over nonnegative clique marginals "
                        "mu of total N_hat: the marginal polytope (graphical-exact) or the local polytope of the "
                        "saturated region graph (graphical-region-graph), per unit")
@@ -453,11 +453,13 @@ def run_estimate(
         state, resumed = claim_out(stack, out_path, "estimate", estimate_state, resume=resume, overwrite=overwrite,
                                    log=log)
         stack.enter_context(blas_limit())
-        plan, release = _check_inputs(plan_path, release_path)
+        read_release(release_path)  # the cheap refusals (missing, unsealed, another kind) before any cluster
         client = PlacedClient(placement, stack, log)
-
         if not resumed:
-            client.get()  # workers spawn while the model is built; an unreachable cluster is refused here
+            client.start()  # the workers spawn while the inputs are verified and the model is built
+        plan, release = _check_inputs(plan_path, release_path)
+        if not resumed:
+            client.get()  # an unreachable cluster is refused here
         model = measurement_model(plan)
         store_method, problem, memory = graphical_method(model, method, integer, int(release.attrs["chunk_units"]))
         if problem is not None:

@@ -1,4 +1,4 @@
-"""The estimate stage of a multi-level run: every level's estimate, top-down (DESIGN.md section 7).
+"""The estimate stage of a multi-level run: every level's estimate, top-down (docs/design.md section 7).
 
 A multi-level spec (``levels``, :func:`distfit.pipeline.run.run_levels`) nests its levels: every unit
 of a level lies inside one unit of the level above. A level's tabulation records each unit's

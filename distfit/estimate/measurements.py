@@ -1,6 +1,6 @@
 """The measurement model of a plan: what each release block measures, recovered exactly (pure numpy).
 
-DESIGN.md sections 1 and 7. Block ``b`` of a plan releases, for every unit,
+docs/design.md sections 1 and 7. Block ``b`` of a plan releases, for every unit,
 ``a_b = L_b (B_b x_b + z_b)`` with ``x_b = M_b x`` the unit's marginal on the block's attributes
 (``M_b`` sums the full domain's cells onto the marginal's ``d_b`` cells, row-major in schema
 order), ``z_b ~ N(0, Sigma_b)``. ``L_b`` (m_b x k_b) has full column rank, so any left inverse

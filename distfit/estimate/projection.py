@@ -1,6 +1,6 @@
 """The projection mechanism's post-processing: the nonnegative data vector closest to the release.
 
-DESIGN.md section 7, papers/002. Per unit, with the recovered measurements ``y_b = B_b M_b x
+docs/design.md section 7, paper 002. Per unit, with the recovered measurements ``y_b = B_b M_b x
 + z_b`` of every block (:func:`distfit.estimate.measurements.recover_measurements`),
 
     ``x_hat = argmin_{x >= 0} sum_b (y_b - B_b M_b x)^T Sigma_b^-1 (y_b - B_b M_b x)``.

@@ -1,6 +1,6 @@
 """Convex generalised belief propagation on a saturated region graph, vectorised (APPGM, issue 15).
 
-papers/004 (McKenna et al., "Relaxed marginal consistency for differentially private query
+paper 004 (McKenna et al., "Relaxed marginal consistency for differentially private query
 answering", Algorithm 2, after Hazan and Shashua's convex GBP with counting numbers 1) and its
 implementation in mbi (``mbi.approximate_oracles.convex_generalized_belief_propagation``),
 computed here on every edge of the graph at once with numpy: all region tables live in one flat

@@ -1,6 +1,6 @@
 """Integer tables from nonnegative estimates: controlled rounding that keeps totals (pure numpy).
 
-DESIGN.md section 7 (the rounding step of the Census TopDown algorithm, done here by largest
+docs/design.md section 7 (the rounding step of the Census TopDown algorithm, done here by largest
 remainder). Both functions round a nonnegative data vector cell by cell, each cell to the
 floor or the ceiling of its value, and choose which cells go up so that a sum is kept exactly:
 

@@ -11,6 +11,27 @@ from __future__ import annotations
 
 import numpy as np
 
+#: How a plan's chosen-blocks lower bound was certified (the planner's ``lower_bound_method``,
+#: stored as the bound's ``method``): the scale allocation's dual bounds the chosen block
+#: covariances rescaled, one factor per block; the joint block dual bounds any covariances of the
+#: chosen blocks (block-diagonal plans of these blocks).
+SCALE_ALLOCATION = "scale allocation"
+JOINT_BLOCK_DUAL = "joint block dual"
+#: What each bound bounds, in words: the ``bounds`` text a plan stores beside the value (written by
+#: the plan job, checked word for word by the audit, which derives the method from the certificate).
+CHOSEN_BLOCKS_BOUNDS = {
+    SCALE_ALLOCATION: (
+        "the sum bound sum_S alpha_S of every plan with the chosen blocks whose covariances are the "
+        "chosen ones rescaled, one factor per block, that meets every target times the variance scale; "
+        "not a bound on plans with other blocks or other covariances"),
+    JOINT_BLOCK_DUAL: (
+        "the sum bound sum_S alpha_S of every block-diagonal plan with the chosen blocks (any covariance "
+        "per block) that meets every target times the variance scale; not a bound on plans with other "
+        "blocks or with noise correlated across blocks"),
+}
+GLOBAL_BOUNDS = ("the privacy cost alpha of every Gaussian mechanism L (B x + z) that answers the workload "
+                 "with every variance at most its target times the variance scale")
+
 
 def certified_bound(
     basis: np.ndarray,

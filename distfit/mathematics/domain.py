@@ -2,7 +2,7 @@
 
 A data set is a count vector ``x`` over the ``d = n_1 * ... * n_k`` cells of the domain. Cells are
 ordered row-major in the domain's attribute order (the first attribute varies slowest), exactly as
-``np.ravel_multi_index(values, domain.shape)`` (DESIGN.md section 1). Every store records its
+``np.ravel_multi_index(values, domain.shape)`` (docs/design.md section 1). Every store records its
 domain as a ``schema`` attribute; ``Domain.from_schema`` is the one way back.
 """
 from __future__ import annotations

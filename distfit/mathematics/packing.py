@@ -3,7 +3,7 @@
 A plan of all the 2-way marginals of 1,000 attributes has about 500,000 residual blocks; one
 store group per block (seven arrays each) would be millions of files, and their explicit bases,
 covariances and reconstructions gigabytes. Most of those blocks are the symmetric ones of
-DESIGN.md section 2, whose arrays all follow from the schema sizes and a few numbers per block,
+docs/design.md section 2, whose arrays all follow from the schema sizes and a few numbers per block,
 so a :class:`PackedBlocks` keeps only those numbers (the plan store writes them as one group of
 arrays per pack: :mod:`distfit.stores.plan`).
 
@@ -14,7 +14,7 @@ Block ``b`` of a pack has attributes ``S`` (schema positions, ascending) and
 * covariance ``Sigma_S = scale_b * B_S B_S^T``;
 * rows in *segments*, one per identity marginal A (a superset of S) whose queries reach the
   block: query row ``e_x`` (x a cell of A) splits into block S as ``kappa * kron_{i in S}
-  e_{x_i}^T D_i^+`` with ``kappa = prod_{i in A minus S} 1 / n_i`` (DESIGN.md section 2), so
+  e_{x_i}^T D_i^+`` with ``kappa = prod_{i in A minus S} 1 / n_i`` (docs/design.md section 2), so
   the segment's rows are ``kappa * R_S[x|S]`` for x over A's cells (row-major in schema order),
   ``R_S = kron_{i in S} D_i^+`` (d_S x k), for the queries ``q, q + 1, ..`` of the marginal.
 

@@ -1,6 +1,6 @@
 """Privacy profile and privacy accounting of the correlated Gaussian mechanism.
 
-Mechanism (DESIGN.md section 1): ``M(x) = L (B x + z)`` with ``z ~ N(0, Sigma)``.
+Mechanism (docs/design.md section 1): ``M(x) = L (B x + z)`` with ``z ~ N(0, Sigma)``.
 Neighbouring count vectors differ by one person, ``x' = x +- e_i``, so the output moves by the
 column ``b_i`` of the basis and the privacy loss is governed by its Mahalanobis length.
 """
@@ -19,7 +19,7 @@ import scipy.special
 
 
 def privacy_profile(sigma: np.ndarray, basis: np.ndarray) -> np.ndarray:
-    """Per-cell privacy profile ``p_i = b_i^T Sigma^-1 b_i`` (DESIGN.md section 1).
+    """Per-cell privacy profile ``p_i = b_i^T Sigma^-1 b_i`` (docs/design.md section 1).
 
     ``sigma`` is the (k, k) SPD noise covariance and ``basis`` the (k, d) basis B. The profile
     is invariant to the choice of basis that represents the same mechanism. Computed through
@@ -33,7 +33,7 @@ def privacy_profile(sigma: np.ndarray, basis: np.ndarray) -> np.ndarray:
 
 
 def privacy_cost(sigma: np.ndarray, basis: np.ndarray) -> float:
-    """Privacy cost ``alpha = Delta^2 = max_i p_i`` (DESIGN.md section 1)."""
+    """Privacy cost ``alpha = Delta^2 = max_i p_i`` (docs/design.md section 1)."""
     return float(privacy_profile(sigma, basis).max())
 
 
@@ -123,7 +123,7 @@ def zcdp_rho(alpha: ArrayLike) -> Union[float, np.ndarray]:
 
     The Gaussian mechanism with (Mahalanobis) sensitivity ``Delta`` is ``Delta^2 / 2``-zCDP
     (Bun & Steinke 2016, "Concentrated Differential Privacy", Proposition 1.6), and
-    ``alpha = Delta^2`` (DESIGN.md section 1).
+    ``alpha = Delta^2`` (docs/design.md section 1).
     """
     a = _check_nonneg(alpha, "alpha")
     return _out(a / 2.0, a)
@@ -227,7 +227,7 @@ def delta_for_epsilon(alpha: ArrayLike, epsilon: ArrayLike) -> Union[float, np.n
 
     ``delta(eps) = Phi(Delta/2 - eps/Delta) - e^eps * Phi(-Delta/2 - eps/Delta)`` with
     ``Delta = sqrt(alpha)`` (Balle & Wang 2018, "Improving the Gaussian Mechanism for Differential
-    Privacy: Analytical Calibration and Optimal Denoising", Theorem 8; DESIGN.md section 1).
+    Privacy: Analytical Calibration and Optimal Denoising", Theorem 8; docs/design.md section 1).
     It is the smallest delta for which the mechanism is (eps, delta)-DP; increasing in alpha,
     decreasing in epsilon. Evaluated without catastrophic cancellation (see ``_log_delta``): about
     1e-13 relative accuracy down to the smallest representable deltas. ``alpha`` (finite, >= 0)
@@ -344,7 +344,7 @@ _BUDGET_KEYS = ("rho", "epsilon", "delta", "alpha")
 class Budget:
     """A privacy budget, given exactly one way: ``rho`` (zCDP) alone, ``epsilon`` and ``delta``
     together (exact (eps, delta)-DP of the Gaussian mechanism), or ``alpha`` (the privacy cost
-    ``Delta^2``) alone. :meth:`to_alpha` converts it to the privacy cost it allows (DESIGN.md
+    ``Delta^2``) alone. :meth:`to_alpha` converts it to the privacy cost it allows (docs/design.md
     section 1, Problem 2)."""
 
     rho: float | None = None

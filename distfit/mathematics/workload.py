@@ -5,10 +5,10 @@ vector ``x`` over the ``d = n_1 * ... * n_k`` cells of the domain. Cells are ord
 the domain's attribute order (the first attribute varies slowest), exactly as
 ``np.ravel_multi_index(values, domain.shape)``.
 
-A *workload* (DESIGN.md section 1) is a query matrix ``W`` (m x d, one row per linear query, one
+A *workload* (docs/design.md section 1) is a query matrix ``W`` (m x d, one row per linear query, one
 column per cell) with a per-query variance target ``c`` (m,), each ``c_j > 0``.
 
-Query groups over the full domain (DESIGN.md section 2) are Kronecker products: a query matrix
+Query groups over the full domain (docs/design.md section 2) are Kronecker products: a query matrix
 ``Q_i`` (rows = queries, columns = the n_i values of attribute i) for every attribute named in the
 group and an all-ones row (the total) for every other attribute. ``kron_queries`` builds them.
 
@@ -218,7 +218,7 @@ def marginal_queries(domain: Domain, clique: Iterable[str]) -> np.ndarray:
 
 def validate_targets(targets: object, num_queries: int) -> np.ndarray:
     """The variance targets of ``num_queries`` queries as a float array: a scalar is broadcast,
-    every target must be finite and > 0 (DESIGN.md section 1: ``c_j > 0``). The one check of
+    every target must be finite and > 0 (docs/design.md section 1: ``c_j > 0``). The one check of
     targets outside the spec parser (which words its own errors per field)."""
     try:
         target_array = np.array(targets, dtype=float)

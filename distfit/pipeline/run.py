@@ -1,7 +1,7 @@
 """``distfit run``: the main job, spec to plan, audit, data and release in one run directory.
 
 ``distfit run [SPEC.yaml] --out RUNDIR [--data DATA] [--units N] [--cluster ADDR|FILE]
-[--workers N] [--serial]`` (DESIGN.md section 5). SPEC defaults to the embedded default
+[--workers N] [--serial]`` (docs/design.md section 5). SPEC defaults to the embedded default
 pipeline (``distfit/pipelines/default.yaml``, a copy of ``pipelines/pl94.yaml``). Stages:
 
 1. plan     -> ``RUNDIR/plan.zarr``    (:func:`distfit.plan.job.run_plan`)
@@ -71,7 +71,7 @@ from distfit.spec.parse import load_spec
 from distfit.stores.data import MARGINALS_FORMAT, open_data, read_histograms, write_synthetic
 from distfit.stores.lock import store_lock
 from distfit.stores.files import root_attrs_on_disk, utc_now
-from distfit.stores.plan import read_plan
+from distfit.stores.plan import read_plan, read_verified_plan
 from distfit.stores.release import read_verified_release
 
 MANIFEST_FORMAT = "run-manifest"
@@ -645,10 +645,12 @@ def run_levels(
                 accuracy = []
                 for name, level_spec in level_specs.items():
                     accuracy_plan = level_dirs[name] / ACCURACY_PLAN_NAME
-                    if not accuracy_plan.exists():
+                    reused = accuracy_plan.exists()
+                    if not reused:
                         print(f"distfit: level {name}: accuracy-first plan (the budget is shared after)", file=log)
                         run_plan(level_spec, str(accuracy_plan), placement=here, log=log)
-                    plan = read_plan(accuracy_plan)
+                    # a reused one is verified: its alpha shares the budget among the levels
+                    plan = (read_verified_plan if reused else read_plan)(accuracy_plan)
                     accuracy.append((name, float(plan.attrs["alpha"]), level_profiles(plan)))
                 combined = combine_levels(spec.domain, accuracy)
                 shares = budget_shares(combined.level_alphas, combined.alpha, budget.to_alpha())

@@ -1,4 +1,4 @@
-"""Scale allocation: one scale per block so that every query meets its target (DESIGN.md section 2).
+"""Scale allocation: one scale per block so that every query meets its target (docs/design.md section 2).
 
 Targets couple the blocks: each block is solved once with its queries' own targets (its shape:
 ``alpha_S`` and the variance ``v_jS`` it gives query j), then ``allocate_scales`` picks one scale
@@ -46,7 +46,7 @@ def allocate_scales(
     targets: np.ndarray,
     tolerance: float = 1e-6,
 ) -> ScaleAllocation:
-    """Solve ``min sum_S a_S / s_S  s.t.  sum_S s_S v_jS <= c_j`` (DESIGN.md section 2).
+    """Solve ``min sum_S a_S / s_S  s.t.  sum_S s_S v_jS <= c_j`` (docs/design.md section 2).
 
     ``block_queries[S] = (query_index, variances)``: the variance each query row gets from
     block S at scale 1. With the constraints normalised (``V_n = diag(1/c) V``, rows of queries

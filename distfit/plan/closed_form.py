@@ -1,4 +1,4 @@
-"""Closed-form residual blocks of identity marginals: optimal without SM-II (DESIGN.md section 2).
+"""Closed-form residual blocks of identity marginals: optimal without SM-II (docs/design.md section 2).
 
 A residual block S (basis ``B_S = kron_{i in S} D_i``, k = prod (n_i - 1) rows, d_S = prod n_i
 cells) whose rows all come from identity marginals A (every attribute of A queried by

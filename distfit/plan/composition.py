@@ -1,4 +1,4 @@
-"""How blocks' privacy and variances add up (DESIGN.md section 2).
+"""How blocks' privacy and variances add up (docs/design.md section 2).
 
 Two ways blocks combine:
 

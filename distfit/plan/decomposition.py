@@ -1,6 +1,6 @@
 """Which blocks a plan has: residual blocks, closed-form where they can be, the rest merged.
 
-DESIGN.md section 2 and ``planner`` step 1. ``decompose_lazily`` decides the blocks on
+docs/design.md section 2 and ``planner`` step 1. ``decompose_lazily`` decides the blocks on
 attribute sets and row counts alone (``residual.ResidualWorkload``, ``residual.merge_layout``)
 and keeps the closed-form blocks as arrays (``closed_form.ClosedFormBlocks``); the solved
 blocks' specs are built one at a time when needed (``Decomposition.specs``).
@@ -68,7 +68,7 @@ def decompose_lazily(domain: Domain, groups: Sequence[GroupLike], max_cells: int
     A residual block whose rows all come from identity marginals with one target each has a
     closed-form optimum (``closed_form``). Such a block is never merged when every query group
     with rows in it has only closed-form blocks: on identity marginals the residual plan is
-    already optimal (ResidualPlanner's theorem, DESIGN.md section 2), while merging fixes each
+    already optimal (ResidualPlanner's theorem, docs/design.md section 2), while merging fixes each
     lower-order residual in one merged block and loses the free share of the targets (5.6-10.2%
     above the optimum measured). Blocks of a group with any other block (ranges, prefixes,
     per-query targets) merge as before, where correlating the noise can pay (the age pyramid:

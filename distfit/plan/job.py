@@ -40,10 +40,11 @@ from distfit import __version__
 from distfit.plan.cluster_executor import DaskExecutor
 from distfit.runtime.cluster import Progress, placement_client
 from distfit.runtime.placement import Placement
+from distfit.mathematics.bounds import CHOSEN_BLOCKS_BOUNDS, GLOBAL_BOUNDS
 from distfit.mathematics.packing import PackedBlocks
 from distfit.plan.decomposition import Decomposition
 from distfit.plan.planner import (
-    BATCH_SECONDS, JOINT_BLOCK_DUAL, SCALE_ALLOCATION, BlockRef, Executor, PlannedBlock, PlanResult, decompose_lazily, plan_blocks,
+    BATCH_SECONDS, BlockRef, Executor, PlannedBlock, PlanResult, decompose_lazily, plan_blocks,
     plan_streamed, serial_executor, should_stream, write_streamed_blocks,
 )
 from distfit.plan.residual import BlockSpec
@@ -107,7 +108,7 @@ def block_record(block: BlockSpec | BlockRef, solution: BlockSolution, targets: 
 
 
 def write_plan(spec: PipelineSpec, plan: PlanResult, out: str, overwrite: bool = False) -> str:
-    """Write an in-memory ``plan`` to a plan store at ``out`` (DESIGN.md section 4); returns the
+    """Write an in-memory ``plan`` to a plan store at ``out`` (docs/design.md section 4); returns the
     checksum. (A streamed plan is already in its writer: ``run_plan``.)"""
     if plan.streamed:
         raise ValueError("write_plan: a streamed plan is written by run_plan through its open PlanWriter")
@@ -187,19 +188,6 @@ class RoundProgress:
             self.meter(done, total)
 
 
-#: What the planner's bounds bound (stored with them: ``planner_bounds``).
-CHOSEN_BLOCKS_BOUNDS = {
-    SCALE_ALLOCATION: (
-        "the sum bound sum_S alpha_S of every plan with the chosen blocks whose covariances are the "
-        "chosen ones rescaled, one factor per block, that meets every target times the variance scale; "
-        "not a bound on plans with other blocks or other covariances"),
-    JOINT_BLOCK_DUAL: (
-        "the sum bound sum_S alpha_S of every block-diagonal plan with the chosen blocks (any covariance "
-        "per block) that meets every target times the variance scale; not a bound on plans with other "
-        "blocks or with noise correlated across blocks"),
-}
-GLOBAL_BOUNDS = ("the privacy cost alpha of every Gaussian mechanism L (B x + z) that answers the workload "
-                 "with every variance at most its target times the variance scale")
 
 
 def planner_bounds(plan: PlanResult) -> dict:

@@ -1,4 +1,4 @@
-"""Multi-level runs: the same people measured at several geographic levels (DESIGN.md section 2).
+"""Multi-level runs: the same people measured at several geographic levels (docs/design.md section 2).
 
 A multi-level spec (``levels:`` in the spec, pipelines/README.md) lists levels such as nation,
 state and county, each with its own unit column and workload. Within a level, every unit is
@@ -14,7 +14,7 @@ exact when the domain is small enough to hold one float per cell
 
 Accuracy first (each level meets its own targets with its smallest alpha_l) is the default.
 With a budget ``alpha*`` for the whole run, every level's plan is scaled by the same factor
-``k = alpha / alpha*`` (Problem 2, DESIGN.md section 1: the profiles add, so the combined alpha
+``k = alpha / alpha*`` (Problem 2, docs/design.md section 1: the profiles add, so the combined alpha
 scales by exactly 1/k and every variance becomes k times its target), i.e. level ``l`` gets the
 budget ``alpha_l / k`` (:func:`budget_shares`). One common factor is the optimum for fixed
 per-level targets: it minimises the largest variance-to-target ratio ``k`` over all queries of

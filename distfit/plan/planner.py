@@ -1,6 +1,6 @@
 """Planning a marginal workload as blocks: decompose, solve each block, allocate, stitch.
 
-DESIGN.md section 2. The planner is data-free and pure: it turns query groups on a domain into
+docs/design.md section 2. The planner is data-free and pure: it turns query groups on a domain into
 block solutions and one privacy account. Where blocks are solved is the executor's business
 (``serial_executor`` here, ``distfit.plan.cluster_executor.DaskExecutor`` on a cluster): an executor takes block
 tasks and yields ``(index, BlockSolution)`` in any order, so results can stream.
@@ -11,7 +11,7 @@ tasks and yields ``(index, BlockSolution)`` in any order, so results can stream.
    single global SM-II solve). ``decompose_lazily`` decides the same blocks on attribute sets
    and row counts alone and builds each spec when it is needed (``Decomposition.specs``).
 2. Each block is solved with its share of the targets (at first, the queries' own targets).
-3. ``allocate.allocate_scales`` picks one scale per block (the convex program of DESIGN.md
+3. ``allocate.allocate_scales`` picks one scale per block (the convex program of docs/design.md
    section 2). Refinement rounds then re-solve every block with the share of each query's
    target that the allocation gave it (``c_j * s_S v_jS / sum_S' s_S' v_jS'``) and allocate
    again, until a round gains less than 0.01%; the best round is kept (``rounds.refine``: a
@@ -66,7 +66,7 @@ from distfit.plan.residual import BlockLayout, BlockSpec, GroupLike
 from distfit.plan.rounds import BLOCK_GAP, COARSE_SHAPING_GAPS, SHAPING_GAP, Round, refine
 from distfit.mathematics.privacy import privacy_account, privacy_profile
 from distfit.mathematics.scaling import scale_block, scaled_cost, scaled_noise
-from distfit.mathematics.bounds import certified_bound
+from distfit.mathematics.bounds import JOINT_BLOCK_DUAL, SCALE_ALLOCATION, certified_bound
 from distfit.solver.dual import BlockDualResult, maximize_block_dual
 from distfit.solver.solve import BlockSolution, WarmStart, solve
 from distfit.runtime.threads import blas_limit
@@ -82,12 +82,6 @@ CO_OPTIMIZE_WORK = JOINT_DUAL_BUDGET / JOINT_DUAL_USEFUL_EVALUATIONS  # flops of
 #: (:func:`shaping_gaps`): those whose joint block dual is skipped for its work.
 COARSE_SHAPING_WORK = CO_OPTIMIZE_WORK
 STREAM_WORK = 2e9  # plans above this work are streamed through the plan store (the joint dual is skipped there too)
-#: How a plan's ``allocation_lower_bound`` was certified, i.e. what it bounds (the sum bound
-#: ``sum_S alpha_S`` of plans with the chosen blocks only): the scale allocation's dual bounds
-#: the chosen block covariances rescaled, one factor per block; the joint block dual bounds
-#: any covariances of the chosen blocks (block-diagonal plans of these blocks).
-SCALE_ALLOCATION = "scale allocation"
-JOINT_BLOCK_DUAL = "joint block dual"
 
 
 @dataclass(frozen=True, eq=False)
@@ -603,7 +597,7 @@ def plan_streamed(domain: Domain, blocks: Sequence[BlockRef], targets: np.ndarra
 def _composed_plan(domain: Domain, keeper: _MemoryBlocks | _SinkBlocks, blocks: tuple, targets: QueryRuns,
                    variances: QueryRuns, sum_bound: float, lower_bound: float, lower_bound_method: str, log: list[str],
                    start: float, rounds: int, closed: ClosedFormBlocks | None, closed_scales: np.ndarray) -> PlanResult:
-    """The stitched plan of scaled blocks under sequential composition (DESIGN.md section 2):
+    """The stitched plan of scaled blocks under sequential composition (docs/design.md section 2):
     alpha is the maximum of the stitched profile ``sum_S p_S(x_S)`` on a domain of at most
     ``EXACT_DOMAIN_LIMIT`` cells (``composition.stitched_profile`` fed the solved blocks' scaled
     profiles one at a time by ``keeper.profiles``, plus the closed-form blocks' flat profiles),

@@ -1,4 +1,4 @@
-"""Cutting a workload into blocks: residual blocks, merged under ``max_cells`` (DESIGN.md section 2).
+"""Cutting a workload into blocks: residual blocks, merged under ``max_cells`` (docs/design.md section 2).
 
 Marginal workloads use **residual blocks**. For attribute i of size n_i let ``D_i`` be the
 (n_i - 1) x n_i difference matrix (rows e_j - e_{j+1}); then ``I = (1/n_i) 1 1^T + D_i^+ D_i``.
@@ -39,7 +39,7 @@ GroupLike = tuple  # (name, {attribute: Q_i}, target scalar or per-query array)
 class BlockSpec:
     """One block: a sub-workload ``recon @ basis`` on the marginal of ``attributes``.
 
-    ``basis`` columns are the cells of that marginal, row-major in the schema's order (DESIGN.md
+    ``basis`` columns are the cells of that marginal, row-major in the schema's order (docs/design.md
     section 4); ``query_index[r]`` is the workload query that row r of ``recon`` belongs to and
     ``targets[r]`` that query's target.
     """
@@ -114,8 +114,11 @@ class ResidualWorkload:
     def __init__(self, domain: Domain, groups: Sequence[GroupLike]) -> None:
         self.domain = domain
         self._source = groups
+        # Only the attributes some group uses: an attribute of the schema no query reads is
+        # never materialised (its n x n pseudo-inverse would be the largest array of the plan).
+        used = {name for _, per_attribute, _ in groups for name in per_attribute}
         self._pseudo_inverse = {name: np.linalg.pinv(difference_matrix(n))
-                                for name, n in zip(domain.names, domain.sizes) if n > 1}
+                                for name, n in zip(domain.names, domain.sizes) if n > 1 and name in used}
         position = {name: i for i, name in enumerate(domain.names)}
         sizes = domain.sizes
         matrices: dict[tuple[int, str], tuple[np.ndarray, bool]] = {}  # (id, attribute) -> (array, identity)
@@ -407,7 +410,7 @@ class ResidualWorkload:
 
 def residual_blocks(domain: Domain, groups: Sequence[GroupLike]) -> list[BlockSpec]:
     """Every residual block of a marginal workload (``ResidualWorkload``; module docstring;
-    DESIGN.md section 2), smallest subsets first."""
+    docs/design.md section 2), smallest subsets first."""
     workload = ResidualWorkload(domain, groups)
     return [workload.residual_block(subset) for subset in workload.subsets]
 

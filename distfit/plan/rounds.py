@@ -1,5 +1,5 @@
 """Refinement rounds of a plan: solve every block for its share of the targets, allocate one
-scale per block, share each query's target anew, and solve again (DESIGN.md section 2; the
+scale per block, share each query's target anew, and solve again (docs/design.md section 2; the
 planner's step 3, ``planner`` module docstring).
 
 How the rounds are scheduled is what makes a large plan fast or slow (Adult: 470 SM-II

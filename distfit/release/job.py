@@ -1,9 +1,9 @@
 """``distfit release``: a plan store and data in, a release store out (the I/O edge).
 
 ``distfit release PLAN.zarr --data DATA --out RELEASE.zarr [--resume] [--overwrite]
-[--seed S] [--workers N] [--cluster ADDR|FILE] [--serial]`` (DESIGN.md sections 3-5). The
+[--seed S] [--workers N] [--cluster ADDR|FILE] [--serial]`` (docs/design.md sections 3-5). The
 mathematics (noise streams, ``L (B x + z)``, query sums) is :mod:`distfit.release.noise`; the
-release store (its layout, **contract**, DESIGN.md section 4; writing, sealing, reading) is
+release store (its layout, **contract**, docs/design.md section 4; writing, sealing, reading) is
 :mod:`distfit.stores.release`; this module checks the inputs, runs one task per chunk of units
 (serially or on Dask through :mod:`distfit.runtime.cluster`) and seals the result.
 
@@ -41,7 +41,7 @@ Lifecycle. A new release is built *at the final path* with ``complete=False``: e
 (:func:`distfit.stores.release.read_release`) refuses it; only ``--resume`` opens it. A Dask task
 releases a run of consecutive chunks (:func:`distfit.release.tasks.task_chunks`: guided sizes,
 at most ``TASK_UNITS`` units); for each chunk it writes the answers of the blocks the store holds
-(a single-block plan's are its query answers: ``derived_blocks``, DESIGN.md section 4), the
+(a single-block plan's are its query answers: ``derived_blocks``, docs/design.md section 4), the
 query answers and the unit ids, then the chunk's ``chunks/done`` entry. Sealing (driver, after
 all chunks; :func:`distfit.stores.release.seal`) re-verifies the plan's checksum against the one
 recorded at the start (recomputing it from the plan's arrays: the one rehash of the plan after

@@ -1,6 +1,6 @@
 """The mathematics of a release: noisy block answers for one chunk of units (pure numpy).
 
-DESIGN.md sections 1, 3 and 4. For every unit (a geographic unit: one row of the data, a
+docs/design.md sections 1, 3 and 4. For every unit (a geographic unit: one row of the data, a
 count vector ``x`` over the ``d`` cells of the schema, row-major in the schema's attribute
 order) and every block ``b`` of a plan, with ``x_b`` the unit's marginal on the block's
 attributes (``d_b`` cells, row-major in schema order), the block releases
@@ -17,7 +17,7 @@ are float64, the same operations on the same operands as ever, so a seed gives t
 Workload query j's answer is the sum of its rows over the blocks (``query_index``): it has mean
 ``(W x)_j`` and variance ``plan queries/variances[j]`` (``sum_b (L_b Sigma_b L_b^T)_jj``).
 
-Noise streams (DESIGN.md section 3): block ``b`` (its position in the sorted block ids) and
+Noise streams (docs/design.md section 3): block ``b`` (its position in the sorted block ids) and
 chunk ``c`` draw from ``default_rng(SeedSequence(entropy, spawn_key=(b, c)))``, with
 ``entropy`` 128 bits of fresh OS entropy per release (:func:`fresh_entropy`). A retried task
 therefore redraws exactly the same noise, and no (block, chunk) is ever released with two
@@ -167,7 +167,7 @@ def block_marginal(counts: Any, domain: Domain, attributes: Sequence[str]) -> np
     """The block's marginal of every unit: ``counts`` (units x d) to (units x d_b), int64.
 
     Column order is row-major over ``attributes`` taken in *domain* order (the order of a
-    block's basis columns, DESIGN.md section 4), whatever order they are given in;
+    block's basis columns, docs/design.md section 4), whatever order they are given in;
     ``attributes=()`` gives the total (units x 1); all of the schema's attributes give the
     validated counts themselves (:func:`marginal_counts`). ``counts`` is validated by
     :func:`validate_counts` (ValueError naming the first bad unit row and cell); an unknown or
@@ -194,13 +194,13 @@ def fresh_entropy() -> int:
 
     It seeds every noise stream of the release (:func:`noise_stream`) and must never be stored
     in a release, logged or returned to a user: anyone holding it can subtract the noise.
-    Keep it in the driver's memory only, for retries within the run (DESIGN.md section 3).
+    Keep it in the driver's memory only, for retries within the run (docs/design.md section 3).
     """
     return secrets.randbits(ENTROPY_BITS)
 
 
 def noise_stream(entropy: int, block_index: int, chunk_index: int) -> np.random.Generator:
-    """The noise stream of block ``block_index`` and chunk ``chunk_index`` (DESIGN.md section 3).
+    """The noise stream of block ``block_index`` and chunk ``chunk_index`` (docs/design.md section 3).
 
     ``np.random.default_rng(np.random.SeedSequence(entropy, spawn_key=(block_index,
     chunk_index)))``: the same triple always gives the same stream (a retried task redraws
@@ -329,7 +329,7 @@ def noisy_block_answers(block: Any, marginal_counts: Any, rng: np.random.Generat
     :class:`distfit.stores.plan.BlockRecord` or anything alike, or a :class:`PreparedBlock`);
     ``marginal_counts`` X_b (units x d_b) the units' marginals on the block's attributes
     (:func:`block_marginal`); ``Z`` = :func:`block_noise` ``(sigma, units, rng)``. Row u is the
-    mechanism ``L (B x_u + z_u)`` of DESIGN.md section 1 (what ``blocks/<block_id>/answers``
+    mechanism ``L (B x_u + z_u)`` of docs/design.md section 1 (what ``blocks/<block_id>/answers``
     holds). ``X_b B^T`` is :func:`basis_product` (exact for integer counts and bases); the
     sum with ``Z`` is formed in ``Z``'s C-ordered buffer, so the product with ``L^T`` is the
     same BLAS call on the same operands as ever (the same bits).
@@ -392,7 +392,7 @@ def query_answers(block_answers: Sequence[tuple[Any, Any]], num_queries: int) ->
     """Each workload query's answer (units x m): the sum of its rows over the blocks.
 
     ``block_answers`` holds ``(query_index, answers)`` per block, ``answers`` (units x m_b)
-    and ``query_index`` (m_b,) naming the query of each column (DESIGN.md section 4: "each
+    and ``query_index`` (m_b,) naming the query of each column (docs/design.md section 4: "each
     workload query's answer, the sum of its block rows"); repeated indices within a block
     add up too. A query no block holds a row for gets 0. All blocks must have the same units.
 

@@ -3,7 +3,7 @@
 A pack (:class:`distfit.mathematics.packing.PackedBlocks`) holds closed-form residual blocks: block ``b``
 with attributes ``S`` (sizes ``n_1 .. n_r``) has basis ``B_S = kron_i D_i`` (``D_i`` the
 (n_i - 1) x n_i difference matrix, rows ``e_j - e_{j+1}``) and covariance ``Sigma_b = s_b B_S
-B_S^T``. For a chunk of units the release of the pack is, per unit and block (DESIGN.md
+B_S^T``. For a chunk of units the release of the pack is, per unit and block (docs/design.md
 section 1, packed layout of :mod:`distfit.stores.release`),
 
     ``y_b = B_S x_S + z_b``,   ``z_b = sqrt(s_b) C_S xi_b``,   ``xi_b ~ N(0, I_k)``,
@@ -11,7 +11,7 @@ section 1, packed layout of :mod:`distfit.stores.release`),
 with ``C_S = kron_i C_i`` and ``C_i`` the lower Cholesky factor of ``D_i D_i^T`` (the
 tridiagonal matrix with 2 on the diagonal and -1 beside it). ``C_S`` is lower triangular with a
 positive diagonal and ``C_S C_S^T = kron_i D_i D_i^T = B_S B_S^T``, so ``sqrt(s_b) C_S`` *is*
-the Cholesky factor of ``Sigma_b`` (DESIGN.md section 3's ``z = chol(Sigma) xi``) and
+the Cholesky factor of ``Sigma_b`` (docs/design.md section 3's ``z = chol(Sigma) xi``) and
 ``Cov(z_b) = Sigma_b`` exactly; a block released one group at a time
 (:func:`distfit.release.noise.noisy_block_measurements`) computes ``xi_b @ chol(Sigma_b)^T``,
 the same matrix up to rounding (1e-15 relative). Nothing forms ``B_S``, ``C_S`` or ``Sigma_b``:
@@ -25,7 +25,7 @@ so it adds ``kappa * (R_S y_b)[x|S]`` to query ``q + x`` for every cell ``x`` of
 product with ``D_i^+`` per axis, broadcast over the axes of ``A`` not in ``S``, added into the
 columns of the marginal's queries, for all segments of the same shapes at once.
 
-Noise streams (DESIGN.md section 3): pack ``p`` (its position in the plan's sorted pack ids)
+Noise streams (docs/design.md section 3): pack ``p`` (its position in the plan's sorted pack ids)
 draws every block's ``xi`` for chunk ``c`` from one stream, :func:`pack_stream` ``=
 default_rng(SeedSequence(entropy, spawn_key=(PACK_STREAM, p, c)))``, ``PACK_STREAM = 2**32 -
 1``: a three-word key, where a block's key ``(b, c)`` has two words, so no pack stream is a

@@ -1,6 +1,6 @@
 """``distfit report``: a plan store (and optionally a release store) in, one HTML page out.
 
-``distfit report PLAN.zarr [RELEASE.zarr] --out DIR`` (DESIGN.md section 5) writes
+``distfit report PLAN.zarr [RELEASE.zarr] --out DIR`` (docs/design.md section 5) writes
 ``DIR/index.html``: one self-contained file. Every plot is inline SVG (matplotlib
 ``savefig(format="svg")``, text kept as text so it stays small, sharp at any zoom and
 searchable; a scatter of more than :data:`RASTER_POINTS` points is embedded as a bitmap inside

@@ -1,7 +1,7 @@
 """The driver of a store written chunk by chunk and sealed: a release, an estimate (one way to do it).
 
 ``distfit release`` (:mod:`distfit.release.job`) and ``distfit estimate``
-(:mod:`distfit.estimate.job`) write a store the same way (DESIGN.md sections 4 and 5): one
+(:mod:`distfit.estimate.job`) write a store the same way (docs/design.md sections 4 and 5): one
 writer per store (:func:`distfit.stores.lock.store_lock`), a sealed store refused unless
 ``--overwrite``, an incomplete one unless ``--resume`` or ``--overwrite``; a new store built at
 the final path with ``complete=false``, an overwrite built aside (``<out>.incomplete-<random>``)

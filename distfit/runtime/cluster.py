@@ -1,4 +1,4 @@
-"""Where the work runs: a Dask cluster (DESIGN.md section 3).
+"""Where the work runs: a Dask cluster (docs/design.md section 3).
 
 Planning is data-free: each block solve is a pure function (``plan.solve_block``), submitted
 in tasks sized by work (:class:`distfit.plan.cluster_executor.DaskExecutor`: small blocks batched, large ones alone). By default

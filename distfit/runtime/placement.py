@@ -7,7 +7,7 @@
 are checked once, here, when the value is made (``ValueError``, one line naming the option, as
 the command line reports it): a job never sees ``workers=0`` or ``--serial`` with a cluster.
 
-The three ways (DESIGN.md section 3): ``Placement(serial=True)`` runs every task in the driver,
+The three ways (docs/design.md section 3): ``Placement(serial=True)`` runs every task in the driver,
 without Dask; ``Placement(cluster=ADDRESS_OR_FILE)`` connects to a running scheduler, by
 address (``tcp://host:8786``) or scheduler file (``distfit.runtime.cluster.dask_client``'s
 rule: a path that exists is a scheduler file); ``Placement()`` or ``Placement(workers=N)``

@@ -5,12 +5,12 @@ for a strategy matrix ``A`` (p x d) it releases ``y = A x + z`` with ``z ~ N(0, 
 answers the workload by least squares, ``W A^+ y``. Neighbouring count vectors differ by one
 person (``x' = x +- e_i``), so the output moves by column ``a_i`` of ``A`` and
 
-- privacy cost (DESIGN.md section 1, ``alpha = Delta^2``): ``alpha = max_i ||a_i||^2 / s^2``;
+- privacy cost (docs/design.md section 1, ``alpha = Delta^2``): ``alpha = max_i ||a_i||^2 / s^2``;
   at a prescribed ``alpha`` the noise scale is therefore ``s^2 = max_i ||a_i||^2 / alpha``;
 - query variances: ``var_j = s^2 * (W (A^T A)^+ W^T)_jj``, valid when the row space of ``W`` lies
   inside the row space of ``A`` (otherwise ``W x`` is not estimable and a ``ValueError`` is raised).
 
-This is exactly the correlated Gaussian mechanism of DESIGN.md section 1 with basis ``B = A``,
+This is exactly the correlated Gaussian mechanism of docs/design.md section 1 with basis ``B = A``,
 ``L = W A^+`` and ``Sigma = s^2 I``, so ``alpha`` is the same privacy cost that SM-II minimises
 (zCDP ``rho = alpha / 2``; the exact (eps, delta) curve is a function of ``alpha`` alone).
 

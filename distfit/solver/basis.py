@@ -1,6 +1,6 @@
 """Bases for a block: ``W = L B`` with B's rows independent and spanning W's row space.
 
-DESIGN.md section 1 and the paper's section 3: the mechanism ``L (B x + z)`` can be written in
+docs/design.md section 1 and the paper's section 3: the mechanism ``L (B x + z)`` can be written in
 any basis whose rows are linearly independent and span the same row space as W; the privacy
 profile does not depend on the choice. Marginal workloads are usually rank-deficient (rank W <
 number of cells), so the identity and prefix bases, whose row space is all of R^d, must be

@@ -1,6 +1,6 @@
 """The dual certificate of Problem 1: a proven lower bound on the optimal privacy cost.
 
-DESIGN.md section 1. For any weights ``u`` on the d cells and ``v`` on the m queries (each
+docs/design.md section 1. For any weights ``u`` on the d cells and ``v`` on the m queries (each
 on the simplex),
 
     alpha* >= f(u, v) = || diag(sqrt(v / c)) W diag(sqrt(u)) ||_*^2            (nuclear norm)
@@ -151,7 +151,7 @@ def maximize_dual(
     With ``g = grad_u log f = p / N`` and ``<u, p> = N``, the gradient in x is
     ``2 x (p / N - 1) / |x|^2`` (and likewise for v with h). The square-root parametrisation
     reaches the zero weights of inactive cells and queries at finite x; the softmax
-    parametrisation suggested in DESIGN.md needs them at -inf and crawls there. Measured on the
+    parametrisation suggested in docs/design.md needs them at -inf and crawls there. Measured on the
     age pyramid: 19 evaluations to a 1e-4 gap against 274 with softmax parameters.
     """
     d = basis.shape[1]

@@ -1,6 +1,6 @@
 """``distfit.solve``: one block's fitness-for-use plan with its privacy account and certificate.
 
-Problem 1 (DESIGN.md section 1, the paper's section 3): minimise the privacy cost
+Problem 1 (docs/design.md section 1, the paper's section 3): minimise the privacy cost
 ``alpha = max_i b_i^T Sigma^-1 b_i`` subject to ``diag(L Sigma L^T) <= c``. Problem 2: given a
 budget alpha*, the smallest common variance scale k with variances ``<= k c``: solve Problem 1
 and scale ``Sigma * (alpha / alpha*)``.
@@ -33,7 +33,7 @@ The certificate is kept: ``BlockSolution.cell_weights`` (u, one per cell) and
 ``query_weights`` (v, one per query row; the rows ``dominant_rows`` left out get 0) are the
 dual point of the largest bound found, and ``lower_bound`` is ``certified_bound`` at
 them: for u >= 0, v >= 0 each summing to 1,
-``alpha* >= || diag(sqrt(v / c)) L B diag(sqrt(u)) ||_*^2`` (nuclear norm; DESIGN.md section
+``alpha* >= || diag(sqrt(v / c)) L B diag(sqrt(u)) ||_*^2`` (nuclear norm; docs/design.md section
 1) for every covariance whose variances are at most c (the solve's ``targets``). Anyone holding
 (basis, recon, targets, u, v) re-evaluates the bound with one k x k SVD (``distfit audit``
 does, on every block of a plan) instead of trusting, or searching for, it.
@@ -45,7 +45,7 @@ Memory: all matrices are dense. With d cells, m queries and rank k <= min(m, d),
 about ``8 * (2 m d + d^2 + 6 k d + 3 m k + 12 k^2)`` bytes (the SVD of W, B and Sigma^-1 B and
 their temporaries, L, and the k x k covariance work arrays), i.e. it grows as O((m + d)^2).
 A block over ``memory_limit_bytes`` (default: half the machine's memory) is refused with an
-error that points to block decomposition (``distfit plan``, DESIGN.md section 2).
+error that points to block decomposition (``distfit plan``, docs/design.md section 2).
 """
 from __future__ import annotations
 
@@ -246,7 +246,7 @@ def solve(
         raise MemoryError(
             f"W: a {workload.shape[0]} x {workload.shape[1]} block needs about {needed / 2**30:.1f} GiB of dense "
             f"matrices, over the limit of {limit / 2**30:.1f} GiB; cut the workload into blocks "
-            "(distfit plan, DESIGN.md section 2) or raise memory_limit_bytes"
+            "(distfit plan, docs/design.md section 2) or raise memory_limit_bytes"
         )
 
     # OpenBLAS's threads make small factorisations far slower on shared 2-core machines (an SVD of

@@ -6,6 +6,7 @@ descriptions (``type_name``, ``show``, ``listing``) those messages use.
 from __future__ import annotations
 
 import difflib
+import math
 import numbers
 import re
 from collections.abc import Mapping, Sequence
@@ -14,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from distfit.checks import check_integer
+from distfit.spec.limits import NAME_MAX_LENGTH, Range
 from distfit.spec.model import SpecError
 
 __all__ = [
@@ -29,6 +31,7 @@ __all__ = [
     "check_name",
     "check_bool",
     "check_count",
+    "check_range",
 ]
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9_-]+$")
@@ -124,14 +127,18 @@ def check_section(value: Any, path: str, what: str, allowed: Sequence[str], requ
 
 
 def check_name(value: Any, path: str, what: str, dots: bool = False) -> str:
-    """A name of letters, digits, ``_`` and ``-`` (spec, attribute and level names); with
-    ``dots``, ``.`` too (group names: the marginals shorthand names the group of clique (a, b)
-    ``NAME.a.b``, and a spec's canonical form writes those groups out)."""
+    """A name of at most :data:`distfit.spec.limits.NAME_MAX_LENGTH` (64) letters, digits, ``_``
+    and ``-`` (spec, attribute and level names: attribute names make block ids and level names
+    directories, so they are path-safe and short); with ``dots``, ``.`` too (group names: the
+    marginals shorthand names the group of clique (a, b) ``NAME.a.b``, and a spec's canonical
+    form writes those groups out, so a generated name may be longer)."""
     if not isinstance(value, str):
         raise SpecError(path, f"expected {what} (a string), got {type_name(value)} {show(value)}")
     if not (_DOTTED_NAME_RE if dots else _NAME_RE).match(value):
         allowed = "letters, digits, '_', '-' and '.'" if dots else "letters, digits, '_' and '-'"
-        raise SpecError(path, f"{what} {value!r} may hold only {allowed}")
+        raise SpecError(path, f"{what} {show(value)} may hold only {allowed}")
+    if len(value) > NAME_MAX_LENGTH:
+        raise SpecError(path, f"{what} of {len(value)} characters {show(value)}: at most {NAME_MAX_LENGTH}")
     return value
 
 
@@ -157,3 +164,15 @@ def check_count(value: Any, path: str) -> int:
         if is_int(value):
             raise SpecError(path, f"must be >= 1, got {int(value)}") from None
         raise SpecError(path, f"expected an integer >= 1, got {type_name(value)} {show(value)}") from None
+
+
+def check_range(value: Any, path: str, allowed: Range) -> Any:
+    """A number within ``allowed`` (:mod:`distfit.spec.limits`, docs/spec.md "Ranges"), else
+    ``PATH: must be in [LOW, HIGH], got V``. Returns ``value``."""
+    try:
+        number = float(value)
+    except OverflowError:  # an integer beyond the floats
+        number = math.inf
+    if allowed.outside(np.array([number]))[0]:
+        raise SpecError(path, f"must be {allowed.text}, got {show(value)}")
+    return value

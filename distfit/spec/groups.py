@@ -32,6 +32,12 @@ from distfit.spec.fields import (
     show,
     type_name,
 )
+from distfit.spec.limits import (
+    BLOCK_ID_MAX_LENGTH,
+    USED_ATTRIBUTE_MAX_SIZE,
+    WORKLOAD_CELLS_LIMIT,
+    block_id_length,
+)
 from distfit.spec.model import AttributeQuery, AttributeSpec, QueryGroupSpec, SpecError
 from distfit.spec.queries import QueryCache, read_only
 from distfit.spec.schema import GROUP_KEYS, MARGINAL_KEYS
@@ -88,7 +94,38 @@ class GroupParser:
                     raise SpecError(f"{entry}.name", f"duplicated group name {group.name!r}{hint}")
                 origin[group.name] = f"{entry}.name"
                 groups.append(group)
+        self._check_workload_cells(groups, path)
         return tuple(groups)
+
+    def _check_workload_cells(self, groups: Sequence[QueryGroupSpec], path: str) -> None:
+        """The cells the workload works on, the sum over its distinct query cliques of their
+        marginal's cells (the planner, the tabulation and the release hold these marginals, never
+        the product of every attribute: an attribute no group uses costs nothing), at most
+        :data:`distfit.spec.limits.WORKLOAD_CELLS_LIMIT`."""
+        cliques = {group.attributes for group in groups}
+        cells = sum(math.prod(self._by_name[a].size for a in clique) for clique in cliques)
+        if cells > WORKLOAD_CELLS_LIMIT:
+            raise SpecError(path, f"the query cliques' marginals hold {cells} cells in all, more than "
+                                  f"{WORKLOAD_CELLS_LIMIT} (docs/spec.md, Ranges)")
+
+    def _check_clique(self, clique: Sequence[str], path: str, label: str = "clique") -> None:
+        """A clique a group may use, checked before any of its query matrices is made: every
+        attribute at most :data:`USED_ATTRIBUTE_MAX_SIZE` values, at most ``blocks.max_cells``
+        cells and a block id (a directory name in the stores) of at most
+        :data:`BLOCK_ID_MAX_LENGTH` characters (docs/spec.md, "Ranges")."""
+        for attribute in clique:
+            size = self._by_name[attribute].size
+            if size > USED_ATTRIBUTE_MAX_SIZE:
+                raise SpecError(path, f"attribute {attribute} has {size} values; a query group may use "
+                                      f"attributes of at most {USED_ATTRIBUTE_MAX_SIZE} (docs/spec.md, Ranges)")
+        cells = math.prod(self._by_name[a].size for a in clique)
+        if cells > self._max_cells:
+            raise SpecError(path, f"{label} of {cells} cells exceeds blocks.max_cells = {self._max_cells}")
+        length = block_id_length(tuple(clique))
+        if length > BLOCK_ID_MAX_LENGTH:
+            raise SpecError(path, f"{label} {'.'.join(clique)[:40]}...: its block id (r- and the attribute names "
+                                  f"joined by '.') would be {length} characters, more than {BLOCK_ID_MAX_LENGTH} "
+                                  "(a file name in the stores); use shorter attribute names")
 
     # -----------------------------------------------------------------------------------------
     # One group, written out
@@ -115,14 +152,12 @@ class GroupParser:
                     raise SpecError(f"{path}.attributes.{attribute_name}",
                                     f"unknown attribute {attribute_name!r} "
                                     f"(attributes: {listing(list(self._position))})")
-            for attribute_name in sorted(given, key=self._position.__getitem__):  # schema order
+            clique = sorted(given, key=self._position.__getitem__)  # schema order
+            self._check_clique(clique, f"{path}.attributes")
+            for attribute_name in clique:
                 queries.append((attribute_name, self._queries.query(
                     given[attribute_name], self._by_name[attribute_name],
                     f"{path}.attributes.{attribute_name}")))
-            cells = math.prod(self._by_name[a].size for a, _ in queries)
-            if cells > self._max_cells:
-                raise SpecError(f"{path}.attributes",
-                                f"clique of {cells} cells exceeds blocks.max_cells = {self._max_cells}")
         if "target" not in raw:
             raise SpecError(path, "missing required key 'target'")
         clique = tuple(queries)
@@ -166,6 +201,11 @@ class GroupParser:
         if count > MAX_MARGINAL_GROUPS:
             raise SpecError(f"{where}.order", f"order {order} over {len(over)} attributes makes "
                                               f"{count:,} groups, more than {MAX_MARGINAL_GROUPS:,}")
+        for attribute in over:  # each is in some clique: checked before its queries are made
+            size = self._by_name[attribute].size
+            if size > USED_ATTRIBUTE_MAX_SIZE:
+                raise SpecError(f"{where}.over", f"attribute {attribute} has {size} values; a query group may use "
+                                                 f"attributes of at most {USED_ATTRIBUTE_MAX_SIZE} (docs/spec.md, Ranges)")
         kinds = self._kinds(spec.get("kinds"), f"{where}.kinds", over)
         if "target" not in raw:
             raise SpecError(path, "missing required key 'target'")
@@ -183,6 +223,8 @@ class GroupParser:
             if cells > self._max_cells:
                 raise SpecError(where, f"clique {'.'.join(clique)} of {cells} cells exceeds "
                                        f"blocks.max_cells = {self._max_cells}")
+            if block_id_length(clique) > BLOCK_ID_MAX_LENGTH:
+                self._check_clique(clique, where)
             group = f"{name}.{'.'.join(clique)}"
             queries = tuple((attribute, kinds[attribute]) for attribute in clique)
             target, target_path = overrides.get(clique, (default, f"{path}.target"))

@@ -24,6 +24,7 @@ from distfit.spec.fields import (
     check_count,
     check_mapping,
     check_name,
+    check_range,
     check_section,
     is_int,
     is_number,
@@ -33,6 +34,14 @@ from distfit.spec.fields import (
     type_name,
 )
 from distfit.spec.groups import GroupParser
+from distfit.spec.limits import (
+    ALPHA,
+    ATTRIBUTE_MAX_SIZE,
+    DELTA,
+    EPSILON,
+    MAX_CELLS_LIMIT,
+    RHO,
+)
 from distfit.spec.model import (
     DEFAULT_MAX_CELLS,
     AttributeSpec,
@@ -216,6 +225,8 @@ def _parse_attribute(raw: Any, path: str) -> AttributeSpec:
         values = _bin_labels(bins)
     elif has_size:
         size = check_count(raw["size"], f"{path}.size")
+        if size > ATTRIBUTE_MAX_SIZE:
+            raise SpecError(f"{path}.size", f"must be at most {ATTRIBUTE_MAX_SIZE} (docs/spec.md, Ranges), got {size}")
         values = tuple(str(i) for i in range(size))
     else:
         given = raw["values"]
@@ -238,6 +249,8 @@ def _parse_attribute(raw: Any, path: str) -> AttributeSpec:
                 raise SpecError(where, f"duplicated value label {label!r}")
             seen.add(label)
             labels.append(label)
+        if len(labels) > ATTRIBUTE_MAX_SIZE:
+            raise SpecError(f"{path}.values", f"{len(labels)} values, more than {ATTRIBUTE_MAX_SIZE} (docs/spec.md, Ranges)")
         values = tuple(labels)
     if bins is not None and len(values) != len(bins) - 1:
         raise SpecError(f"{path}.values", f"{len(bins) - 1} bins need {len(bins) - 1} value labels, "
@@ -273,6 +286,8 @@ def _parse_bins(raw: Any, path: str) -> tuple[float, ...]:
         edges.append(float(edge))
     if len(edges) < 2:
         raise SpecError(path, f"needs at least 2 edges (one bin), got {len(edges)}")
+    if len(edges) - 1 > ATTRIBUTE_MAX_SIZE:
+        raise SpecError(path, f"{len(edges) - 1} bins, more than {ATTRIBUTE_MAX_SIZE} (docs/spec.md, Ranges)")
     for i in range(1, len(edges)):
         if not edges[i] > edges[i - 1]:
             raise SpecError(f"{path}[{i}]", f"edges must increase strictly, got {show(raw[i - 1])} "
@@ -346,11 +361,18 @@ def _parse_privacy(raw: Any) -> PrivacySpec:
             raise SpecError("privacy", f"mode accuracy takes no budget (got {', '.join(fields)}); "
                                        "use mode: budget")
         return PrivacySpec("accuracy", None)
+    for key, value in fields.items():  # a number out of its range; Budget words every other problem
+        if is_number(value):
+            check_range(value, f"privacy.{key}", _BUDGET_RANGES[key])
     try:
         budget = Budget(**fields)
     except ValueError as error:
         raise _budget_error(error) from None
     return PrivacySpec("budget", budget)
+
+
+#: The range of each budget field (docs/spec.md, "Ranges").
+_BUDGET_RANGES = {"rho": RHO, "epsilon": EPSILON, "delta": DELTA, "alpha": ALPHA}
 
 
 def _parse_blocks(raw: Any) -> BlockLimits:
@@ -359,6 +381,8 @@ def _parse_blocks(raw: Any) -> BlockLimits:
     raw = check_section(raw, "blocks", "a mapping (max_cells, merge)", BLOCK_KEYS)
     max_cells = (check_count(raw["max_cells"], "blocks.max_cells")
                  if raw.get("max_cells") is not None else DEFAULT_MAX_CELLS)
+    if max_cells > MAX_CELLS_LIMIT:
+        raise SpecError("blocks.max_cells", f"must be at most {MAX_CELLS_LIMIT} (docs/spec.md, Ranges), got {max_cells}")
     merge = check_bool(raw["merge"], "blocks.merge") if raw.get("merge") is not None else True
     return BlockLimits(max_cells=max_cells, merge=merge)
 

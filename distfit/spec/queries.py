@@ -11,12 +11,14 @@ share them.
 from __future__ import annotations
 
 import difflib
+import math
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
 from distfit.spec.fields import is_int, is_number, is_sequence, listing, show, type_name
+from distfit.spec.limits import MATRIX_ENTRY, QUERY_MAX_ENTRIES
 from distfit.spec.model import AttributeQuery, AttributeSpec, SpecError
 from distfit.spec.schema import MAPPING_KINDS, ORDINAL_KINDS, PLAIN_KINDS, QUERY_KINDS
 from distfit.mathematics.workload import (
@@ -81,6 +83,12 @@ def parse_query(raw: Any, attribute: AttributeSpec, path: str) -> AttributeQuery
     if kind in ORDINAL_KINDS and not attribute.ordinal:
         raise SpecError(path, f"{kind} queries need an ordinal attribute ({attribute.name} is not; "
                               "set ordinal: true on it)")
+    if kind == "all_ranges":
+        entries = attribute.size * (attribute.size + 1) // 2 * attribute.size
+        if entries > QUERY_MAX_ENTRIES:
+            raise SpecError(path, f"all_ranges of {attribute.name} ({attribute.size} values) is a matrix of "
+                                  f"{entries} entries, more than {QUERY_MAX_ENTRIES} (docs/spec.md, Ranges); "
+                                  "use {ranges: [...]} or prefix")
     if kind in PLAIN_KINDS:
         return _plain_query(kind, attribute)
     where = f"{path}.{kind}"
@@ -169,6 +177,15 @@ def _matrix(argument: Any, attribute: AttributeSpec, where: str) -> AttributeQue
     lengths = {len(row) for row in argument}
     if len(lengths) > 1:
         raise SpecError(where, f"rows have different lengths {sorted(lengths)}")
+    for r, row in enumerate(argument):
+        for c, entry in enumerate(row):
+            try:
+                size = abs(float(entry))
+            except OverflowError:  # an integer beyond the floats: custom_queries says so
+                continue
+            if size != 0 and math.isfinite(size) and MATRIX_ENTRY.outside(np.array([size]))[0]:
+                raise SpecError(f"{where}[{r}][{c}]", f"must be 0 or of absolute value {MATRIX_ENTRY.text} "
+                                                      f"(docs/spec.md, Ranges), got {show(entry)}")
     try:
         matrix = custom_queries([list(row) for row in argument])
     except ValueError as error:

@@ -3,8 +3,9 @@
 ``parse_target`` turns a group's ``target`` into one target per query (the group's row-major
 query order); the forms and the rule ``B * w_j**P * (1 + J * u_j)`` are described in the schema
 reference, ``pipelines/README.md`` ("Query groups", ``target``). ``check_targets`` is the one
-parse-time target check (every target finite and > 0); the other is ``distfit.solver.solve``'s
-(``distfit.mathematics.workload.validate_workload``).
+parse-time target check (every target in :data:`distfit.spec.limits.TARGET`, [1e-6, 1e12]:
+``docs/spec.md``, "Ranges"); the other is ``distfit.solver.solve``'s (finite and > 0,
+``distfit.mathematics.workload.validate_workload``).
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ import numpy as np
 
 from distfit.checks import check_integer
 from distfit.spec.fields import check_section, is_number, is_sequence, show, type_name
+from distfit.spec.limits import TARGET
 from distfit.spec.model import AttributeQuery, SpecError
 from distfit.spec.schema import TARGET_FILE_KEYS, TARGET_RULE_KEYS
 
@@ -26,17 +28,18 @@ __all__ = ["check_targets", "parse_target"]
 
 
 def check_targets(targets: np.ndarray, problem: Callable[[int], SpecError]) -> np.ndarray:
-    """Return ``targets`` if every one is finite and > 0, else raise ``problem(j)`` for the first
-    bad query j.
+    """Return ``targets`` if every one is in :data:`distfit.spec.limits.TARGET` ([1e-6, 1e12]:
+    finite, positive and far enough from the ends of float64 that every stage after can compute
+    with it, docs/spec.md "Ranges"), else raise ``problem(j)`` for the first bad query j.
 
     This is the one parse-time target check (house rule: targets are checked when a spec is
     parsed and in ``solve()``, nowhere else). ``problem`` words the error for the way the targets
     were written, because each form names the fault its own way and tests pin the messages:
-    ``target: must be > 0, got -1`` (a number), ``target[2]: must be finite and > 0, got 0`` (a
-    list), ``target.file: value [1] of 'neg.npy' must be ...`` (a file), ``target: the rule gives
-    query [1] the target inf; ...`` (a rule).
+    ``target: must be in [1e-06, 1e+12], got -1`` (a number), ``target[2]: must be in ..., got 0``
+    (a list), ``target.file: value [1] of 'neg.npy' must be in ...`` (a file), ``target: the rule
+    gives query [1] the target inf; ...`` (a rule).
     """
-    bad = ~np.isfinite(targets) | (targets <= 0)
+    bad = TARGET.outside(targets)
     if np.any(bad):
         raise problem(int(np.flatnonzero(bad)[0]))
     return targets
@@ -94,7 +97,7 @@ def _read_target_file(raw: Any, path: str, base_dir: Path, expected: int) -> np.
         raise SpecError(path, f"expected {expected} values (one per query), got {values.size} "
                               f"in {raw!r}")
     return check_targets(values, lambda j: SpecError(
-        path, f"value [{j}] of {raw!r} must be finite and > 0, got {_file_value(values[j])}"))
+        path, f"value [{j}] of {raw!r} must be {TARGET.text}, got {_file_value(values[j])}"))
 
 
 def _rule_number(raw: Mapping, key: str, path: str, default: float, minimum: float | None,
@@ -156,7 +159,7 @@ def _rule_targets(raw: Mapping, path: str, group: str,
             targets = targets * (1.0 + jitter * _rule_jitter(seed, group, widths.size))
     return check_targets(targets, lambda j: SpecError(
         path, f"the rule gives query [{j}] the target {float(targets[j])!r}; targets must be "
-              "finite and > 0"))
+              f"{TARGET.text}"))
 
 
 def parse_target(raw: Any, path: str, base_dir: Path, expected: int, group: str = "",
@@ -169,9 +172,7 @@ def parse_target(raw: Any, path: str, base_dir: Path, expected: int, group: str 
             value = float(raw)
         except OverflowError:  # an integer beyond the floats
             value = math.inf
-        check_targets(np.array([value]), lambda _: SpecError(
-            path, f"must be > 0, got {show(raw)}" if math.isfinite(value)
-            else f"must be finite and > 0, got {show(raw)}"))
+        check_targets(np.array([value]), lambda _: SpecError(path, f"must be {TARGET.text}, got {show(raw)}"))
         return np.full(expected, value)
     if isinstance(raw, Mapping):
         check_section(raw, path, "a target", TARGET_FILE_KEYS + TARGET_RULE_KEYS)
@@ -191,7 +192,7 @@ def parse_target(raw: Any, path: str, base_dir: Path, expected: int, group: str 
             raise SpecError(path, f"expected {expected} values (one per query), got {len(items)}")
         values = np.array([float(item) for item in items], dtype=float)
         return check_targets(values, lambda j: SpecError(
-            f"{path}[{j}]", f"must be finite and > 0, got {show(items[j])}"))
+            f"{path}[{j}]", f"must be {TARGET.text}, got {show(items[j])}"))
     raise SpecError(path, f"expected a number, a list of numbers or {{file: PATH}} (or a rule "
                           f"{{base: B, ...}}), got {type_name(raw)} {show(raw)}")
 

@@ -1,6 +1,6 @@
 """The data stores: unit histograms (``distfit synth``) and tabulated marginals (``distfit tabulate``).
 
-Both are Zarr v3 groups (DESIGN.md section 4), written atomically (:func:`staged_store`) and
+Both are Zarr v3 groups (docs/design.md section 4), written atomically (:func:`staged_store`) and
 read for a release by :func:`open_data`. The data itself is drawn by :mod:`distfit.data.synthetic`
 (histograms) or tabulated from microdata by :mod:`distfit.data.microdata` (marginals); this
 module holds their layout, writers and readers.

@@ -1,6 +1,6 @@
 """Estimate stores: the layout, its lifecycle and the reader (post-processing of a sealed release).
 
-Layout (**contract**, DESIGN.md section 4), a Zarr v3 group::
+Layout (**contract**, docs/design.md section 4), a Zarr v3 group::
 
     estimate.zarr/       attrs: distfit_format="estimate", format_version=3, plan_checksum,
                                 release_checksum, plan_path, release_path, schema
@@ -58,7 +58,7 @@ with one 1), so the store does not write it twice: ``cells/estimates`` is left o
 ``cell_columns``); :attr:`Estimate.cells` reads the data vector either way. On PL94 the store
 is 2.6 KB per unit instead of 4.6 KB, and as many fewer bytes to write, fsync and hash. A
 domain too large to hold x per unit is not estimated by projection at all (a graphical model
-instead, DESIGN.md section 7).
+instead, docs/design.md section 7).
 
 Never stored: the data, true answers or anything derived from them (the estimate reads the
 plan and the release only); the release's privacy is unchanged (post-processing).

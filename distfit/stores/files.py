@@ -97,7 +97,7 @@ def check_dims(shape: tuple[int, ...], dims: Sequence[str], where: str) -> tuple
     """``dims`` as the tuple of an array's Zarr v3 ``dimension_names``: one non-empty, distinct
     string per axis of ``shape``; ValueError naming ``where`` otherwise.
 
-    Every array of every distfit store carries them (DESIGN.md section 4): xarray takes an
+    Every array of every distfit store carries them (docs/design.md section 4): xarray takes an
     array's dimensions from this metadata (``xr.open_datatree(path, engine="zarr")``), and a
     coordinate from the array of a group (or an ancestor group) named like a dimension. They are
     metadata in ``zarr.json``, not array bytes: the checksum

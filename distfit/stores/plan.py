@@ -1,6 +1,6 @@
 """Plan stores: the layout, the block record and the reader of a plan (a Zarr v3 group).
 
-Layout (**contract**, DESIGN.md section 4)::
+Layout (**contract**, docs/design.md section 4)::
 
     plan.zarr/                 attrs: distfit_format="plan", format_version (2; 3 with packs; 4 with
                                       runs; 5 with a solved pack), spec, schema
@@ -21,7 +21,7 @@ Layout (**contract**, DESIGN.md section 4)::
                        query_weights (m_b,)    float64   u on the cells, v on the query rows
                        attrs: attributes (list of names), alpha, lower_bound, solver (dict)
 
-Packs (format version 3; DESIGN.md section 4, "Packed blocks"): closed-form residual blocks of
+Packs (format version 3; docs/design.md section 4, "Packed blocks"): closed-form residual blocks of
 identity marginals (:class:`distfit.mathematics.packing.PackedBlocks`) may be stored many at once, one group
 of ten arrays per pack, instead of one group per block::
 
@@ -97,7 +97,7 @@ solver without :data:`UNCLAIMED_SOLVER`). A plan with fewer solved blocks (or a 
 certificate arrays) keeps one group per block and its version 2, 3 or 4, byte for byte as
 before; so do streamed plans (their blocks are written one at a time as drafts).
 
-``cell_weights`` and ``query_weights`` (:data:`CERTIFICATE_ARRAYS`, an addition to DESIGN.md
+``cell_weights`` and ``query_weights`` (:data:`CERTIFICATE_ARRAYS`, an addition to docs/design.md
 section 4) are the dual point that proves the block's ``lower_bound``: each on the simplex,
 ``lower_bound = || diag(sqrt(v / t)) recon basis diag(sqrt(u)) ||_*^2``
 (:func:`distfit.mathematics.bounds.certified_bound`) at the block's target shares scaled to its
@@ -239,7 +239,7 @@ def float_array(name: str, value: Any, ndim: int) -> np.ndarray:
 
 @dataclass(frozen=True, eq=False)
 class BlockRecord:
-    """One block of a plan, as stored under ``blocks/<block_id>/`` (DESIGN.md section 4).
+    """One block of a plan, as stored under ``blocks/<block_id>/`` (docs/design.md section 4).
 
     ``basis`` (k, d_b), ``recon`` (m_b, k), ``query_index`` (m_b,) int64 (the workload query
     each row of ``recon`` belongs to), ``sigma`` (k, k), ``targets`` / ``variances`` (m_b,),

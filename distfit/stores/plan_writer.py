@@ -30,7 +30,7 @@ An in-memory plan's many solved blocks go into one solved pack instead
 (:meth:`PlanWriter.write_solved`, format version 5: 13 arrays in all, not nine per block;
 :mod:`distfit.stores.solved_pack`); streamed plans keep one group per block.
 
-A writer is not thread-safe: write from the driver only (DESIGN.md section 4); its
+A writer is not thread-safe: write from the driver only (docs/design.md section 4); its
 :meth:`PlanWriter.write_blocks` writes many blocks' files concurrently on zarr's event loop.
 """
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Release stores: the layout, writing one chunk at a time, sealing, and the reader.
 
-Layout (**contract**, DESIGN.md section 4), a Zarr v3 group::
+Layout (**contract**, docs/design.md section 4), a Zarr v3 group::
 
     release.zarr/        attrs: distfit_format="release", format_version=2, plan_checksum,
                                 plan_path, schema ({"attributes", "sizes"} of the plan), private

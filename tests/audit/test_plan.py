@@ -28,7 +28,7 @@ from distfit.audit.bounds import bound_targets
 from distfit.audit.plan import audit_plan
 from distfit.cli.main import main
 from distfit.plan.job import run_plan
-from distfit.plan.planner import JOINT_BLOCK_DUAL, SCALE_ALLOCATION
+from distfit.mathematics.bounds import JOINT_BLOCK_DUAL, SCALE_ALLOCATION
 from distfit.mathematics.bounds import certified_bound
 from distfit.spec.parse import parse_spec
 from distfit.stores.checksum import compute_checksum

@@ -92,4 +92,9 @@ def test_estimate_of_a_missing_release_or_ctrl_c(small_plan, tmp_path, capsys, m
     code, _, err = run(capsys, "estimate", small_plan.plan, str(tmp_path / "r.zarr"), "--out",
                        str(tmp_path / "e.zarr"), "--serial")
     assert code == 130
-    assert_one_line_error(err, "interrupted", "--resume")
+    assert_one_line_error(err, "interrupted; nothing was written")  # no store at --out: nothing kept
+    (tmp_path / "e.zarr").mkdir()  # an estimate begun: its chunks are kept
+    code, _, err = run(capsys, "estimate", small_plan.plan, str(tmp_path / "r.zarr"), "--out",
+                       str(tmp_path / "e.zarr"), "--serial")
+    assert code == 130
+    assert_one_line_error(err, "interrupted; the chunks estimated so far are kept in", "--resume")

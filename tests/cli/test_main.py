@@ -1,11 +1,14 @@
-"""Tests for the ``distfit`` command line's entry point (distfit.cli.main): --version, usage
-errors, ``python -m distfit.cli``."""
+"""Tests for the ``distfit`` command line's entry point (distfit.cli.main, distfit.cli.__main__):
+--version, usage errors, ``python -m distfit.cli``, flags and spec ranges refused before any work,
+Ctrl-C at any moment."""
 from __future__ import annotations
 
 import argparse
 import errno
 import json
 import os
+import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -14,9 +17,10 @@ import pytest
 
 import distfit
 from distfit.cli import main as cli
+from distfit.pipeline.run import RUN_NAMES
 from tests.clitools import assert_one_line_error, run
 
-PREFIX16_ALPHA = 2.9053  # DESIGN.md section 1 reference value
+PREFIX16_ALPHA = 2.9053  # docs/design.md section 1 reference value
 
 
 def test_version(capsys):
@@ -67,7 +71,7 @@ with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.St
     seen["plan"] = (main(["plan", {str(small_plan.spec_path)!r}, "--out", {str(tmp_path / "p.zarr")!r}, "--serial"]),
                     [m for m in heavy if m in sys.modules])
     seen["audit"] = (main(["audit", {str(tmp_path / "p.zarr")!r}]), [m for m in heavy if m in sys.modules])
-    seen["run"] = (main(["run", "--out", {str(tmp_path / "p.zarr")!r}, "--units", "0"]),
+    seen["run"] = (main(["run", {str(tmp_path / "missing.yaml")!r}, "--out", {str(tmp_path / "r")!r}, "--serial"]),
                    [m for m in heavy if m in sys.modules])
 print(json.dumps(seen))
 """
@@ -80,7 +84,7 @@ print(json.dumps(seen))
     assert seen["plan"] == [0, []]
     assert seen["audit"] == [0, []]
     code, imported = seen["run"]
-    assert code == 2 and "distfit.pipeline.run" in imported  # --units 0 is refused after the import
+    assert code == 2 and "distfit.pipeline.run" in imported  # the missing spec is refused after the import
 
 
 def test_every_command_has_its_handler():
@@ -137,3 +141,159 @@ def test_os_errors_end_in_one_line_and_the_release_resumes(small_plan, tmp_path,
                        "--serial", "--seed", "9", "--resume")
     assert code == 0, err
     assert verify_release(out)[0] and read_release(out).attrs["complete"] is True
+
+
+# ------------------------------------------------------------------ flags checked when parsed
+
+
+@pytest.mark.parametrize("argv, flag, problem", [
+    (["plan", "s.yaml", "--out", "OUT", "--refine-rounds", "-3"], "--refine-rounds", "must be an integer >= 0, got -3"),
+    (["plan", "s.yaml", "--out", "OUT", "--refine-rounds", "2.5"], "--refine-rounds", "expected an integer >= 0"),
+    (["plan", "s.yaml", "--out", "OUT", "--workers", "0"], "--workers", "must be >= 1, got 0"),
+    (["plan", "s.yaml", "--out", "OUT", "--serial", "--cluster", "tcp://127.0.0.1:1"], "--serial",
+     "excludes --cluster"),
+    (["run", "--out", "OUT", "--workers", "-1"], "--workers", "must be >= 1, got -1"),
+    (["run", "--out", "OUT", "--units", "0"], "--units", "must be an integer >= 1, got 0"),
+    (["synth", "s.yaml", "--out", "OUT", "--units", "-5"], "--units", "must be an integer >= 1, got -5"),
+    (["synth", "s.yaml", "--out", "OUT", "--units", "5", "--chunk-units", "0"], "--chunk-units", ">= 1, got 0"),
+    (["synth", "s.yaml", "--out", "OUT", "--units", "5", "--seed", "-1"], "--seed", ">= 0, got -1"),
+    (["release", "p.zarr", "--data", "d.zarr", "--out", "OUT", "--seed", "-2"], "--seed", ">= 0, got -2"),
+    (["tabulate", "s.yaml", "--data", "p.csv", "--out", "OUT", "--chunk-units", "-1"], "--chunk-units", ">= 1"),
+    (["solve", "prefix:8", "--gap-tolerance", "0"], "--gap-tolerance", "must be finite and > 0, got 0"),
+    (["solve", "prefix:8", "--gap-tolerance", "nan"], "--gap-tolerance", "must be finite and > 0, got nan"),
+    (["solve", "prefix:8", "--rho", "1e308"], "--rho", "must be in [1e-08, 1e+08], got 1e308"),
+    (["solve", "prefix:8", "--alpha", "0"], "--alpha", "must be in [1e-08, 1e+08], got 0"),
+    (["solve", "prefix:8", "--epsilon", "1e300", "--delta", "1e-6"], "--epsilon", "must be in [0.0001, 10000]"),
+    (["solve", "prefix:8", "--epsilon", "1", "--delta", "0.9"], "--delta", "must be in [1e-100, 0.5], got 0.9"),
+])
+def test_numeric_flags_are_checked_when_parsed(tmp_path, capsys, argv, flag, problem):
+    """Each flag with a domain is refused before anything is read or written: exit 2, one line
+    naming the flag, nothing at --out (the inputs need not exist)."""
+    out = tmp_path / "out"
+    inputs = {"s.yaml", "p.zarr", "d.zarr", "p.csv"}
+    code, _, err = run(capsys, *[str(out) if a == "OUT" else str(tmp_path / a) if a in inputs else a for a in argv])
+    assert code == 2
+    assert_one_line_error(err, flag, problem)
+    assert not out.exists()
+
+
+# ------------------------------------------------------------------ bad spec numbers and names, before any work
+
+
+BAD_SPECS = [  # (what, spec text, field, problem)
+    ("rho 1e308", "privacy: {rho: 1.0e308}", "privacy.rho", "must be in [1e-08, 1e+08], got 1e+308"),
+    ("huge target", "TARGET=1e300", "queries[0].target", "must be in [1e-06, 1e+12], got 1e+300"),
+    ("tiny target", "TARGET=1e-308", "queries[0].target", "must be in [1e-06, 1e+12], got 1e-308"),
+    ("epsilon", "privacy: {epsilon: 1.0e9, delta: 1.0e-6}", "privacy.epsilon", "must be in [0.0001, 10000]"),
+    ("delta", "privacy: {epsilon: 1, delta: 0.9}", "privacy.delta", "must be in [1e-100, 0.5], got 0.9"),
+    ("long attribute name", "ATTRIBUTE=" + "a" * 300, "attributes[0].name", "300 characters"),
+    ("long group name", "GROUP=" + "g" * 65, "queries[0].name", "65 characters"),
+    ("huge unused attribute", "attributes: [{name: x, size: 3}, {name: big, size: 1000000000}]",
+     "attributes[1].size", "must be at most 1048576"),
+    ("max_cells", "blocks: {max_cells: 1000000000}", "blocks.max_cells", "must be at most 1048576"),
+]
+
+
+def _bad_spec(tmp_path: Path, change: str) -> Path:
+    attribute, group, target, extra = "x", "g", "1", ""
+    if change.startswith("ATTRIBUTE="):
+        attribute = change.split("=", 1)[1]
+    elif change.startswith("GROUP="):
+        group = change.split("=", 1)[1]
+    elif change.startswith("TARGET="):
+        target = change.split("=", 1)[1]
+    else:
+        extra = change
+    attributes = f"attributes: [{{name: {attribute}, size: 3}}]"
+    if extra.startswith("attributes:"):
+        attributes, extra = extra, ""
+    path = tmp_path / "bad.yaml"
+    path.write_text(f"name: bad\n{attributes}\nqueries:\n  - name: {group}\n    attributes: {{{attribute}: identity}}\n"
+                    f"    target: {target}\n{extra}\n")
+    return path
+
+
+@pytest.mark.parametrize("command", ["plan", "run"])
+@pytest.mark.parametrize("what, change, field, problem", BAD_SPECS, ids=[case[0] for case in BAD_SPECS])
+def test_a_spec_out_of_range_is_one_line_naming_the_field_and_nothing_is_written(
+        tmp_path, capsys, command, what, change, field, problem):
+    out = tmp_path / "out"
+    code, _, err = run(capsys, command, str(_bad_spec(tmp_path, change)), "--out", str(out), "--serial")
+    assert code == 2
+    assert_one_line_error(err, f"distfit: error: {field}: ", problem)
+    assert not out.exists()
+
+
+# ------------------------------------------------------------------ Ctrl-C: one line, exit 130, at any moment
+
+_IMPORT_TIME = re.compile(r"import time:\s*(?:self \[us\] \| cumulative \| imported package|\d+ \|\s*\d+ \|[ \t]*\S+)")
+
+
+def _interrupt_at(tmp_path: Path, argv: list, marker: str, occurrence: int = 1) -> tuple[int, list[str], str]:
+    """Run ``python -X importtime -m distfit.cli ARGV`` in a session of its own, wait until its
+    stderr shows ``marker`` (a regular expression; the ``occurrence``-th line matching it: import
+    times mark the start-up, the command's own lines the later stages), then send SIGINT to the
+    whole process group, as a terminal does. Returns the exit code, the stderr lines that came
+    after the marker (import-time records removed: every process of the group writes them) and
+    the whole stderr."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[2]) + os.pathsep + env.get("PYTHONPATH", "")
+    process = subprocess.Popen([sys.executable, "-X", "importtime", "-m", "distfit.cli", *map(str, argv)],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env,
+                               cwd=tmp_path, start_new_session=True)
+    seen, before = 0, []
+    try:
+        for line in process.stderr:
+            before.append(line)
+            seen += bool(re.search(marker, line))
+            if seen == occurrence:
+                os.killpg(process.pid, signal.SIGINT)
+                break
+        assert seen == occurrence, f"never saw {marker!r} x{occurrence}: {''.join(before)[-3000:]}"
+        rest = process.stderr.read()
+        process.wait(timeout=120)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+    after = [line.strip() for line in _IMPORT_TIME.sub("", rest).splitlines() if line.strip()]
+    return process.returncode, after, "".join(before) + rest
+
+
+def _assert_interrupted(code: int, after: list[str], everything: str, hint: str) -> str:
+    """Exit 130, no traceback nor warning anywhere, and the command's one interrupt line last: the
+    only line after the interrupt (a progress line already on its way when the signal came may
+    precede it, never follow it)."""
+    assert code == 130, everything[-3000:]
+    for noise in ("Traceback", "KeyboardInterrupt", "Warning", "Exception"):
+        assert noise not in everything, everything[-3000:]
+    interrupts = [line for line in after if line.startswith("distfit: error:")]
+    assert len(interrupts) == 1 and after[-1] == interrupts[0], after
+    assert interrupts[0].startswith(f"distfit: error: interrupted{hint}"), interrupts[0]
+    assert all(line.startswith(("distfit: ", "plan: ", "release: ")) for line in after), after
+    return interrupts[0]
+
+
+@pytest.mark.parametrize("marker, occurrence, hint", [
+    (r"\|\s+numpy$", 1, " while starting; nothing was written"),  # importing the command
+    (r"\|\s+distfit\.pipeline\.run$", 1, "; nothing was written"),  # the run's modules loaded: the spec, the cluster
+    (r"\|\s+distributed\.worker$", 2, "; nothing was written"),  # a worker process of the local cluster starting
+], ids=["imports", "spec-load", "cluster-start"])
+def test_ctrl_c_during_start_up_is_one_line_and_exit_130(tmp_path, marker, occurrence, hint):
+    rundir = tmp_path / "run"
+    code, after, everything = _interrupt_at(tmp_path, ["run", "--out", rundir, "--units", 200, "--workers", 2],
+                                            marker, occurrence)
+    _assert_interrupted(code, after, everything, hint)
+    assert not rundir.exists() or not [p for p in rundir.iterdir() if not p.name.endswith(".lock")]
+
+
+def test_ctrl_c_once_stores_are_finished_says_what_is_kept(tmp_path):
+    """Interrupted in its release stage (the driver connects to the cluster for each stage), a
+    run says it keeps what RUNDIR holds, by name."""
+    rundir = tmp_path / "run"
+    code, after, everything = _interrupt_at(tmp_path, ["run", "--out", rundir, "--units", 20000, "--workers", 2],
+                                            r"^distfit: connected to", 2)
+    line = _assert_interrupted(code, after, everything, "; what was finished is kept in")
+    kept = [name for name in RUN_NAMES if (rundir / name).exists()]
+    assert {"plan.zarr", "data.zarr"} <= set(kept)
+    assert f" ({', '.join(kept)}); run the same command again" in line

@@ -12,7 +12,7 @@ import distfit
 from distfit.cli import solve as solve_command
 from tests.clitools import assert_one_line_error, run
 
-PREFIX16_ALPHA = 2.9053  # DESIGN.md section 1 reference value
+PREFIX16_ALPHA = 2.9053  # docs/design.md section 1 reference value
 
 
 def test_solve_prefix16_json_and_save(tmp_path, capsys):
@@ -93,7 +93,7 @@ def test_solve_npz_workload_and_basis(tmp_path, capsys):
     report = json.loads(out_json.read_text())
     assert report["workload"]["source"] == "npz"
     assert report["basis"]["kind"] == "identity"
-    assert report["alpha"] == pytest.approx(4 / (3 * 2.0), rel=2e-3)  # DESIGN.md: 4 / (3 g)
+    assert report["alpha"] == pytest.approx(4 / (3 * 2.0), rel=2e-3)  # docs/design.md: 4 / (3 g)
 
 
 def _write_npz(path: Path, **arrays) -> Path:

@@ -13,6 +13,7 @@ import zarr
 from tests.clitools import assert_one_line_error, run
 from tests.storetools import reseal
 from distfit.stores.data import DataError, open_data, read_marginals, staged_store
+from distfit.data import microdata
 from distfit.data.microdata import microdata_format, query_cliques, tabulate_microdata
 from distfit.plan.job import run_plan
 from distfit.stores.release import read_release, verify_release
@@ -565,7 +566,7 @@ def test_integer_parent_ids(inputs, tmp_path):
     np.testing.assert_array_equal(data.parent_ids[...], np.asarray(data.unit_ids[...]) // 20)
 
 
-def test_a_unit_in_two_parents_is_refused(inputs, tmp_path):
+def test_a_unit_in_two_parents_is_refused(inputs, tmp_path, monkeypatch):
     spec = load_spec(inputs["spec"])
     people = inputs["people"].assign(region=[REGION[str(b).strip()] for b in inputs["people"]["block"]])
     rows = np.flatnonzero([str(b).strip() == "b2" for b in people["block"]])
@@ -581,6 +582,8 @@ def test_a_unit_in_two_parents_is_refused(inputs, tmp_path):
     assert (f"one.csv: line {rows[1] + 2}, column 'region': unit 'b2' of 'block' has people in two parents, "
             f"'{REGION['b2']}' and 'elsewhere'") in message
     # across partitions: b2's people first, then everybody else, then b2's again with another parent
+    # (after the rows the reader checks first: microdata.SNIFF_ROWS)
+    monkeypatch.setattr(microdata, "SNIFF_ROWS", 10)
     b2 = people.iloc[rows]
     many = pd.concat([b2, people.drop(index=people.index[rows]), b2.assign(region="late")])
     source = tmp_path / "many.csv"
@@ -597,3 +600,88 @@ def test_a_unit_in_two_parents_is_refused(inputs, tmp_path):
     with pytest.raises(DataError, match=r"missing column 'state' \(the parent unit column\)"):
         tabulate_microdata(spec, inputs["csv"], tmp_path / "d.zarr", fsync=False, parent_column="state")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["gap.csv", "many.csv", "one.csv"]
+
+
+# ------------------------------------------------------------------ junk refused from the file's start
+
+JUNK_MB = 32
+JUNK = {  # kind -> (the file's bytes, a fragment of the one error line)
+    "binary": (lambda n: os.urandom(n), "not a CSV text file (a NUL byte at byte"),
+    "no line break": (lambda n: b"x" * n, f"no line break in its first {microdata.SNIFF_BYTES} bytes"),
+    "not UTF-8": (lambda n: b"x\n" + bytes(range(0x80, 0x100)) * (n // 128), "cannot read: not UTF-8 text (byte 3)"),
+    "other columns": (lambda n: b"foo,bar\n" + b"1,2\n" * (n // 4), "missing column 'x' (attribute x); columns found: foo, bar"),
+    "junk rows": (lambda n: b"x\n" + b"zzzz\n" * (n // 5), "line 2, column 'x': value 'zzzz' is not a value of x"),
+    "one long row": (lambda n: b"x\n" + b"a" * n, f"no complete data row in its first {microdata.SNIFF_BYTES} bytes"),
+}
+
+
+@pytest.fixture()
+def counted_reads(monkeypatch):
+    """Bytes the microdata reader reads through ``open`` (the start of a CSV file), and a dask
+    ``read_csv`` that fails the test: a refusal must come before the file is read in full."""
+    read: list[int] = []
+
+    class Counted:
+        def __init__(self, handle):
+            self._handle = handle
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self._handle.close()
+
+        def read(self, size=-1):
+            data = self._handle.read(size)
+            read.append(len(data))
+            return data
+
+        def __iter__(self):
+            for line in self._handle:
+                read.append(len(line))
+                yield line
+
+    monkeypatch.setattr(microdata, "open", lambda path, mode="r": Counted(open(path, mode)), raising=False)
+
+    def whole_file(*args, **kwargs):
+        raise AssertionError("the whole file was opened for reading")
+
+    monkeypatch.setattr(microdata.dd, "read_csv", whole_file)
+    return read
+
+
+@pytest.mark.parametrize("kind", list(JUNK))
+def test_a_csv_that_is_not_microdata_of_the_spec_is_refused_from_its_start(tmp_path, capsys, counted_reads, kind):
+    """A junk file of 32 MB (a stand-in for gigabytes) is refused from its first SNIFF_BYTES
+    bytes: exit 2, one line naming the file and the problem, nothing at --out, at most
+    SNIFF_BYTES + 1 bytes read and the whole-file reader never started."""
+    spec = tmp_path / "spec.yaml"
+    spec.write_text("name: sx\nattributes:\n  - {name: x, values: [a, b, c]}\n"
+                    "queries:\n  - {name: g, attributes: {x: identity}, target: 1}\n")
+    make, fragment = JUNK[kind]
+    source = tmp_path / "junk.csv"
+    source.write_bytes(make(JUNK_MB << 20))
+    assert source.stat().st_size > 30 * microdata.SNIFF_BYTES
+    out = tmp_path / "d.zarr"
+    code, _, err = run(capsys, "tabulate", str(spec), "--data", str(source), "--out", str(out), "--serial")
+    assert code == 2
+    assert_one_line_error(err, f"{source}: ", fragment)
+    assert not out.exists()
+    assert 0 < sum(counted_reads) <= microdata.SNIFF_BYTES + 1
+
+
+def test_a_csv_whose_start_is_good_is_read_in_full(tmp_path, monkeypatch):
+    """The check of the start refuses nothing valid: a bad row after the first SNIFF_ROWS rows is
+    found by the whole pass, at its line; a good file is tabulated."""
+    spec = tmp_path / "spec.yaml"
+    spec.write_text("name: sx\nattributes:\n  - {name: x, values: [a, b, c]}\n"
+                    "queries:\n  - {name: g, attributes: {x: identity}, target: 1}\n")
+    rows = ["a", "b", "c"] * (microdata.SNIFF_ROWS // 3 + 10)
+    good = tmp_path / "good.csv"
+    good.write_text("x\n" + "\n".join(rows) + "\n")
+    marginals = read_marginals(tabulate_microdata(load_spec(spec), good, tmp_path / "good.zarr", fsync=False))
+    assert marginals.block_counts(("x",), 0, marginals.units).sum() == len(rows)
+    bad = tmp_path / "bad.csv"
+    bad.write_text("x\n" + "\n".join(rows + ["zzzz"] + rows) + "\n")
+    with pytest.raises(DataError, match=rf"bad.csv: line {len(rows) + 2}, column 'x': value 'zzzz'"):
+        tabulate_microdata(load_spec(spec), bad, tmp_path / "bad.zarr", fsync=False)

@@ -1,4 +1,4 @@
-"""Tests for the privacy accounting in distfit.mathematics.privacy (DESIGN.md section 1).
+"""Tests for the privacy accounting in distfit.mathematics.privacy (docs/design.md section 1).
 
 Exact (epsilon, delta) values are checked against Google's dp-accounting, an independent
 implementation of the analytic Gaussian mechanism (Balle & Wang 2018).

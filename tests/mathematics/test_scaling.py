@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 import distfit
 from distfit.plan.planner import PlannedBlock
@@ -36,3 +37,21 @@ def test_a_scaled_profile_has_the_scaled_alpha():
         assert planned.variances.tobytes() == scaled.variances.tobytes()
         assert planned.profile.tobytes() == scaled.profile.tobytes()
         assert (planned.alpha, planned.lower_bound) == (scaled.alpha, scaled.lower_bound)
+
+
+def test_a_scale_not_finite_and_positive_or_leaving_the_floats_is_refused():
+    """A budget of rho = 1e308 made k = alpha / inf = 0 and a ZeroDivisionError traceback: k must
+    be finite and > 0, and a finite value must not become inf or a nonzero one 0."""
+    for k in (0.0, -1.0, np.inf, np.nan, np.array([1.0, 0.0])):
+        with pytest.raises(ValueError, match="noise scale k must be finite and > 0"):
+            scaled_cost(np.ones(2), k)
+        with pytest.raises(ValueError, match="noise scale k must be finite and > 0"):
+            scaled_noise(1.0, k)
+    with pytest.raises(ValueError, match=r"leaves the floating-point range \(1e\+300 becomes inf\)"):
+        scaled_noise(np.array([1.0, 1e300]), 1e10)
+    with pytest.raises(ValueError, match=r"leaves the floating-point range \(1 becomes inf\)"):
+        scaled_cost(1.0, 1e-320)
+    with pytest.raises(ValueError, match=r"\(1e-300 becomes 0\)"):
+        scaled_noise(np.array([1e-300]), 1e-30)
+    assert scaled_cost(np.inf, 2.0) == np.inf  # an unknown (infinite) bound stays unknown
+    assert scaled_noise(np.array([0.0, 2.0]), np.array([3.0, 0.5])).tolist() == [0.0, 1.0]

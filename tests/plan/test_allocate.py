@@ -1,4 +1,4 @@
-"""Scale allocation: one scale per block under every query's target (DESIGN.md section 2)."""
+"""Scale allocation: one scale per block under every query's target (docs/design.md section 2)."""
 from __future__ import annotations
 
 import itertools
@@ -16,7 +16,7 @@ from tests.reference import SYMMETRIC_REFERENCE_REL, cvx_two_way_marginal_alpha
 
 @pytest.mark.parametrize("sizes, count", [((3,) * 5, 16), ((2,) * 7, 29), ((4,) * 4, 11)])
 def test_two_way_marginals_reach_the_convex_optimum(sizes, count):
-    """DESIGN.md section 2: on all 2-way marginals (unit targets) the residual blocks with
+    """docs/design.md section 2: on all 2-way marginals (unit targets) the residual blocks with
     allocated scales reach the optimum over all Gaussian mechanisms, computed here by an
     independent convex program (``cvx_two_way_marginal_alpha``, tests/reference.py): no lower
     than it (up to its accuracy, 1e-7) and above it by at most the block solves' gap

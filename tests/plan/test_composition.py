@@ -1,4 +1,4 @@
-"""Sequential composition of block profiles over the full domain (DESIGN.md section 2)."""
+"""Sequential composition of block profiles over the full domain (docs/design.md section 2)."""
 from __future__ import annotations
 
 import numpy as np

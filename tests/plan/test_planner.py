@@ -1,4 +1,4 @@
-"""The planner: decompose, solve, allocate, stitch (DESIGN.md section 2)."""
+"""The planner: decompose, solve, allocate, stitch (docs/design.md section 2)."""
 from __future__ import annotations
 
 import itertools
@@ -16,7 +16,7 @@ from distfit.mathematics.workload import prefix_queries, workload_from_groups
 
 
 def test_two_way_marginals_plan_reaches_the_convex_optimum():
-    """DESIGN.md section 2: five 3-valued attributes, all 2-way marginals, unit targets: the
+    """docs/design.md section 2: five 3-valued attributes, all 2-way marginals, unit targets: the
     plan's alpha is the optimum of an independent convex program on the same workload
     (``cvx_two_way_marginal_alpha``), to within its accuracy (1e-7) below and the block solves'
     gap tolerance (1e-4) above."""
@@ -133,7 +133,7 @@ def test_joint_block_dual_stops_at_its_evaluation_budget():
 def test_symmetric_blocks_take_the_closed_form():
     """A block fed by one identity marginal with one target is symmetric: the uniform dual
     weights are optimal, so its first dual evaluation certifies it and Sigma_S is proportional to
-    B_S B_S^T (the closed form of DESIGN.md section 2). Lower-order blocks collect rows from
+    B_S B_S^T (the closed form of docs/design.md section 2). Lower-order blocks collect rows from
     marginals of different sizes (different kappa) and are not symmetric."""
     from distfit.plan.residual import residual_blocks
     from distfit.plan.planner import BlockTask, solve_block

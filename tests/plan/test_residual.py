@@ -1,4 +1,4 @@
-"""Residual blocks, merging under max_cells and exact cuts (DESIGN.md section 2)."""
+"""Residual blocks, merging under max_cells and exact cuts (docs/design.md section 2)."""
 from __future__ import annotations
 
 import itertools

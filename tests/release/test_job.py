@@ -81,7 +81,7 @@ def _marginal(plan, counts, attributes):
 
 def _block_noise(plan, counts, release):
     """{block_id: z_b (units x k_b)}: each block's noise, recovered from its stored answers
-    ``y_b = (X_b B_b^T + z_b) L_b^T`` (DESIGN.md section 4) as the least-squares ``z_b`` of
+    ``y_b = (X_b B_b^T + z_b) L_b^T`` (docs/design.md section 4) as the least-squares ``z_b`` of
     ``y_b - X_b B_b^T L_b^T = z_b L_b^T`` (L_b has full column rank: exact). Checks that nothing
     outside the range of L_b is added (the residual is rounding) and that the blocks' noiseless
     rows sum to the spec's W x."""

@@ -105,7 +105,7 @@ def test_fresh_entropy_is_128_bits_and_fresh():
 
 
 def test_block_noise_has_covariance_sigma():
-    sigma = 3.0 * np.array([[1.0, 0.5], [0.5, 1.0]])  # the optimal 2x2 Sigma of DESIGN.md section 1
+    sigma = 3.0 * np.array([[1.0, 0.5], [0.5, 1.0]])  # the optimal 2x2 Sigma of docs/design.md section 1
     z = rel.block_noise(sigma, 40_000, rel.noise_stream(7, 0, 0))
     assert z.shape == (40_000, 2)
     np.testing.assert_allclose(z.mean(axis=0), 0.0, atol=5 * np.sqrt(3.0 / 40_000))

@@ -18,7 +18,7 @@ from distfit.solver.baselines import (
 )
 from distfit.mathematics.privacy import privacy_cost, privacy_profile
 
-# prefix workload (c = 1) optimal privacy costs, DESIGN.md section 1 / paper table 2
+# prefix workload (c = 1) optimal privacy costs, docs/design.md section 1 / paper table 2
 PREFIX_ALPHA = {2: 4.0 / 3.0, 4: 1.7586, 8: 2.2816, 16: 2.9053, 64: 4.458}
 
 

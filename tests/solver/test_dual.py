@@ -1,4 +1,4 @@
-"""Tests for the dual certificate (distfit.solver.dual, DESIGN.md section 1).
+"""Tests for the dual certificate (distfit.solver.dual, docs/design.md section 1).
 
 For weights u (cells) and v (queries) on the simplex,
 ``f(u, v) = || diag(sqrt(v / c)) W diag(sqrt(u)) ||_*^2 <= alpha*``; the recovered plan

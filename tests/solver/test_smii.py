@@ -1,4 +1,4 @@
-"""Tests for SM-II, the soft-max Newton-CG optimiser (distfit.solver.smii, DESIGN.md section 1).
+"""Tests for SM-II, the soft-max Newton-CG optimiser (distfit.solver.smii, docs/design.md section 1).
 
 The optimum is checked against the independent SDP of ``tests/reference.py``; the plan's cost
 (scaled to the targets) is recomputed here with numpy; the Hessian-vector product against

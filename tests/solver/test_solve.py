@@ -1,8 +1,8 @@
-"""Tests for ``distfit.solve`` (DESIGN.md sections 1-2): Problem 1 and Problem 2 on one block.
+"""Tests for ``distfit.solve`` (docs/design.md sections 1-2): Problem 1 and Problem 2 on one block.
 
 Optimal privacy costs are checked against published values (the paper's Table 2, the 2x2
 closed form) and against independent convex programs solved by cvxpy (``tests/reference.py``:
-the SDP of Problem 1, and its symmetry reduction for DESIGN.md's 2-way marginal workloads),
+the SDP of Problem 1, and its symmetry reduction for docs/design.md's 2-way marginal workloads),
 which share no code with the library.
 """
 from __future__ import annotations
@@ -262,7 +262,7 @@ def test_two_way_marginals_are_reduced():
 
 @pytest.mark.parametrize("sizes", [(3,) * 5, (2,) * 7, (4,) * 4], ids=["five-3", "seven-2", "four-4"])
 def test_two_way_marginals_reach_the_convex_optimum(sizes):
-    """DESIGN.md section 2: all 2-way marginals, unit targets. The optimum comes from an
+    """docs/design.md section 2: all 2-way marginals, unit targets. The optimum comes from an
     independent convex program on the same workload (``cvx_two_way_marginal_alpha``: Problem 1
     reduced by the workload's symmetry, ``tests/reference.py``). The solve's certified interval
     [lower_bound, alpha] must hold it, up to the reference's own accuracy

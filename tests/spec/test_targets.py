@@ -11,6 +11,7 @@ import yaml
 
 from distfit.spec.model import SpecError
 from distfit.spec.parse import load_spec, parse_spec
+from distfit.spec.limits import TARGET
 from distfit.spec.targets import check_targets
 
 from tests.spec.helpers import edit, spec_error, write
@@ -96,7 +97,7 @@ def test_target_file_errors(tmp_path):
     np.save(tmp_path / "matrix.npy", np.ones((2, 2)))
     cases = {
         "short.csv": "queries[0].target.file: expected 4 values (one per query), got 3 in 'short.csv'",
-        "neg.npy": "queries[0].target.file: value [1] of 'neg.npy' must be finite and > 0, got -1",
+        "neg.npy": "queries[0].target.file: value [1] of 'neg.npy' must be in [1e-06, 1e+12], got -1",
         "header.csv": "queries[0].target.file: 'header.csv' line 1: 'target' is not a number",
         "matrix.npy": "queries[0].target.file: 'matrix.npy' must hold a 1-D array",
     }
@@ -113,20 +114,22 @@ def _problem(j: int) -> SpecError:
     return SpecError("t", f"bad query {j}")
 
 
-def test_check_targets_refuses_the_first_target_not_finite_and_positive():
-    good = np.array([1.0, 0.5, 1e300])
+def test_check_targets_refuses_the_first_target_outside_its_range():
+    good = np.array([1.0, 0.5, TARGET.low, TARGET.high])
     assert check_targets(good, _problem) is good
-    for bad, first in (([1, 0, -1], 1), ([np.inf, 1], 0), ([1, np.nan], 1), ([1, 2, -np.inf], 2)):
+    below, above = np.nextafter(TARGET.low, 0), np.nextafter(TARGET.high, np.inf)
+    for bad, first in (([1, 0, -1], 1), ([np.inf, 1], 0), ([1, np.nan], 1), ([1, 2, -np.inf], 2),
+                       ([1, below], 1), ([above, 1], 0), ([1, 1e300], 1), ([1e-308], 0)):
         with pytest.raises(SpecError, match=rf"^t: bad query {first}$"):
             check_targets(np.array(bad, dtype=float), _problem)
 
 
 @pytest.mark.parametrize("target, message", [
-    (float("inf"), "queries[0].target: must be finite and > 0, got inf"),
-    (0, "queries[0].target: must be > 0, got 0"),
-    ([1, 2, 3, float("nan")], "queries[0].target[3]: must be finite and > 0, got nan"),
-    ({"base": 1e300, "width_power": 1000}, "queries[0].target: the rule gives query [1] the target inf; "
-                                           "targets must be finite and > 0"),
+    (float("inf"), "queries[0].target: must be in [1e-06, 1e+12], got inf"),
+    (0, "queries[0].target: must be in [1e-06, 1e+12], got 0"),
+    ([1, 2, 3, float("nan")], "queries[0].target[3]: must be in [1e-06, 1e+12], got nan"),
+    ({"base": 1e11, "width_power": 1000}, "queries[0].target: the rule gives query [1] the target inf; "
+                                          "targets must be in [1e-06, 1e+12]"),
 ])
 def test_each_way_of_writing_targets_names_its_bad_target(tmp_path, target, message):
     text = edit(queries=[{"name": "a", "attributes": {"age": "prefix"}, "target": target}])

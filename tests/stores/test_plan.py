@@ -1,4 +1,4 @@
-"""Plan stores (DESIGN.md section 4): layout, round trip, checksum, atomic writes, refusals."""
+"""Plan stores (docs/design.md section 4): layout, round trip, checksum, atomic writes, refusals."""
 from __future__ import annotations
 
 import json

@@ -1,0 +1,135 @@
+"""The cost of verifying inputs (issue 28): a release and an estimate with and without the
+whole-store checksum pass their driver makes over the store they read.
+
+Usage::
+
+    python benchmarks/bench_verify.py [--units 1000000] [--workers 2] [--repeat 2] [--workdir DIR]
+
+Plans ``pipelines/pl94.yaml`` (serial) and synthesises N unit histograms once (``write_synthetic``:
+the data store is sealed as it is written). Then, ``--repeat`` times, alternating, each in a fresh
+spawned process on its own local cluster of W workers:
+
+* **release, verified**: ``run_release(plan, data, out)`` as ``distfit release`` runs it: the
+  data store's checksum recomputed by the driver (``open_data(verify=True)``) while the workers
+  spawn, before the release store is laid out;
+* **release, not verified**: the same with ``data_checksum=`` the data's stored checksum (what
+  ``distfit run`` passes for data it has just written): no hash of the data;
+* **estimate, verified / not verified**: ``run_estimate(plan, release, out)``; not verified is
+  the same with the release read by ``read_release`` instead of ``read_verified_release`` (a
+  benchmark-only swap, the only way to skip it).
+
+Printed per pair: wall seconds and CPU-seconds (the process and its reaped children: the
+workers), the ratio verified / not verified of the bests, and the load average before each run;
+and, apart, the verification pass alone (wall, CPU) on a warm page cache. Stores are deleted
+after each run.
+"""
+from __future__ import annotations
+
+import argparse
+import io
+import multiprocessing
+import os
+import resource
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from distfit.estimate import job as estimate_job  # noqa: E402
+from distfit.estimate.job import run_estimate  # noqa: E402
+from distfit.plan.job import run_plan  # noqa: E402
+from distfit.release.job import run_release  # noqa: E402
+from distfit.runtime.placement import Placement  # noqa: E402
+from distfit.spec.parse import load_spec  # noqa: E402
+from distfit.stores.data import open_data, write_synthetic  # noqa: E402
+from distfit.stores.release import read_release, read_verified_release  # noqa: E402
+
+
+def _cpu() -> float:
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+def _job(kind: str, verified: bool, paths: dict, workers: int, queue) -> None:
+    """One run in this (spawned) process: put (wall, cpu) on ``queue``."""
+    placement = Placement(workers=workers)
+    log = io.StringIO()
+    start_wall, start_cpu = time.perf_counter(), _cpu()
+    if kind == "release":
+        checksum = None if verified else open_data(paths["data"]).attrs["checksum"]
+        run_release(paths["plan"], paths["data"], paths["out"], placement=placement, log=log, data_checksum=checksum)
+    else:
+        if not verified:
+            estimate_job.read_verified_release = read_release
+        run_estimate(paths["plan"], paths["release"], paths["out"], placement=placement, log=log)
+    queue.put((time.perf_counter() - start_wall, _cpu() - start_cpu))
+
+
+def _pass(kind: str, paths: dict, queue) -> None:
+    start_wall, start_cpu = time.perf_counter(), _cpu()
+    if kind == "release":
+        open_data(paths["data"], verify=True)
+    else:
+        read_verified_release(paths["release"])
+    queue.put((time.perf_counter() - start_wall, _cpu() - start_cpu))
+
+
+def _spawned(target, *args) -> tuple[float, float]:
+    context = multiprocessing.get_context("spawn")
+    queue = context.Queue()
+    process = context.Process(target=target, args=(*args, queue))
+    process.start()
+    result = queue.get()
+    process.join()
+    if process.exitcode != 0:
+        raise SystemExit(f"{target.__name__}{args[:2]} failed with exit code {process.exitcode}")
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--units", type=int, default=1_000_000)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--repeat", type=int, default=2)
+    parser.add_argument("--workdir", type=Path, default=None)
+    args = parser.parse_args()
+    work = args.workdir or Path(tempfile.mkdtemp(prefix="bench-verify-"))
+    work.mkdir(parents=True, exist_ok=True)
+    spec = load_spec(ROOT / "pipelines" / "pl94.yaml")
+    plan, data, release = work / "plan.zarr", work / f"data-{args.units}.zarr", work / "release.zarr"
+    if not plan.exists():
+        run_plan(spec, str(plan), placement=Placement(serial=True), log=io.StringIO())
+    if not data.exists():
+        started = time.perf_counter()
+        write_synthetic(spec, args.units, data, seed=1, fsync=False)
+        print(f"synth {args.units:,} units (sealed as written): {time.perf_counter() - started:.1f} s")
+    paths = {"plan": str(plan), "data": str(data), "release": str(release), "out": str(work / "out.zarr")}
+    if not release.exists():
+        _spawned(_job, "release", True, dict(paths, out=str(release)), args.workers)
+    print(f"PL94, {args.units:,} units, {args.workers} workers, best of {args.repeat}")
+    for kind in ("release", "estimate"):
+        runs: dict[bool, list[tuple[float, float]]] = {True: [], False: []}
+        for _ in range(args.repeat):
+            for verified in (True, False):
+                load = os.getloadavg()[0]
+                wall, cpu = _spawned(_job, kind, verified, paths, args.workers)
+                shutil.rmtree(paths["out"], ignore_errors=True)
+                runs[verified].append((wall, cpu))
+                print(f"  {kind:8s} {'verified' if verified else 'not verified':12s} wall {wall:7.2f} s  "
+                      f"CPU {cpu:7.2f} s  (load {load:.1f})")
+        best = {v: (min(w for w, _ in r), min(c for _, c in r)) for v, r in runs.items()}
+        alone = _spawned(_pass, kind, paths)
+        print(f"{kind}: verified / not verified = {best[True][0] / best[False][0]:.3f} wall, "
+              f"{best[True][1] / best[False][1]:.3f} CPU (bests {best[True][0]:.2f} / {best[False][0]:.2f} s, "
+              f"{best[True][1]:.2f} / {best[False][1]:.2f} CPU-s); the pass alone {alone[0]:.2f} s, "
+              f"{alone[1]:.2f} CPU-s")
+    if args.workdir is None:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
