@@ -12,7 +12,7 @@ is exact). In short, one row per unit and query of a query group (a *table*):
   * a raw answer of a release (``raw-answer``): the released answer of query ``j`` is its true
     answer plus Gaussian noise of variance ``v_j``, the plan's ``queries/variances`` (the sum of
     query ``j``'s rows of ``L_b (B_b x_b + z_b)``, ``z_b ~ N(0, Sigma_b)``,
-    :mod:`distfit.estimate.measurements`), so ``se_j = sqrt(v_j)`` (:func:`raw_standard_errors`);
+    docs/design.md section 1), so ``se_j = sqrt(v_j)`` (:func:`raw_standard_errors`);
   * an estimate of the projection for a unit whose nonnegativity constraint is inactive
     (``linear-gls``: every cell of its ``x_hat`` positive and its solve converged): the KKT
     conditions with no active cell are ``H x_hat = g``, so ``W x_hat = W H^+ g``, the
