@@ -76,6 +76,7 @@ HANDLERS = {
     "tabulate": ("distfit.cli.commands", "cmd_tabulate"),
     "report": ("distfit.cli.commands", "cmd_report"),
     "run": ("distfit.cli.commands", "cmd_run"),
+    "export": ("distfit.cli.exporting", "cmd_export"),
 }
 
 
@@ -301,6 +302,17 @@ def build_parser() -> argparse.ArgumentParser:
                                help="an estimate of the release (distfit estimate): adds raw against estimated "
                                     "answers (with --data, the error of each against the truth)")
 
+    export_parser = commands.add_parser(
+        "export", help="CSV and Parquet tables of a release or estimate, with standard errors and 90% margins of error",
+        description="Write DIR/<table>.csv and DIR/<table>.parquet for every query group (one row per unit and "
+                    "query: the query in words, the figure, se and moe90 where exactly known, the integer value) "
+                    "and the data dictionary DIR/README.txt, dictionary.csv; every store verified first; atomic.",
+    )
+    export_parser.add_argument("store", metavar="RELEASE_OR_ESTIMATE.zarr")
+    export_parser.add_argument("--out", required=True, metavar="DIR")
+    export_parser.add_argument("--plan", metavar="PLAN.zarr", help="the plan (default: the one the store names)")
+    export_parser.add_argument("--overwrite", action="store_true", help="replace an earlier export at --out")
+
     run_parser = commands.add_parser(
         "run", help="the main job: plan + audit + (synthetic) data + release into RUNDIR, with a manifest",
         description="Plan the spec (default: the embedded PL94 pipeline), audit the plan, synthesise data "
@@ -335,8 +347,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         except SystemExit as exit_:  # --help, --version
             return exit_.code if isinstance(exit_.code, int) else 0
         if args.command is None:
-            print_error("a command is required: solve, plan, audit, synth, tabulate, release, estimate, report or run "
-                        "(see distfit --help)")
+            print_error("a command is required: solve, plan, audit, synth, tabulate, release, estimate, report, export "
+                        "or run (see distfit --help)")
             return 2
         args.placement = placement_of(args)
         handler = command_handler(args.command)

@@ -365,6 +365,7 @@ class Estimate(SealedStore):
     integer = root_attr("integer", bool)
     method = root_attr("method", str)
     estimates = store_array("queries/estimates", "``queries/estimates`` (units x m).")
+    converged = store_array("solve/converged", "``solve/converged`` (units,): 1 where the unit's solve met its tolerance.")
 
     @property
     def cells(self):
