@@ -71,6 +71,7 @@ HANDLERS = {
     "tabulate": ("distfit.cli.commands", "cmd_tabulate"),
     "report": ("distfit.cli.commands", "cmd_report"),
     "run": ("distfit.cli.commands", "cmd_run"),
+    "mask": ("distfit.cli.mask", "cmd_mask"),
 }
 
 
@@ -257,6 +258,27 @@ def build_parser() -> argparse.ArgumentParser:
                                help="an estimate of the release (distfit estimate): adds raw against estimated "
                                     "answers (with --data, the error of each against the truth)")
 
+    mask_parser = commands.add_parser(
+        "mask", help="masked pseudo-data: a CSV's numeric columns scaled, noised and masked (paper 003)",
+        description="Scale the chosen columns to [-1, 1] with public bounds, add Gaussian noise calibrated to "
+                    "(epsilon, delta) and mask each block of rows by a Haar orthogonal matrix (one Dask task per "
+                    "run of blocks); resumable, sealed with a checksum (docs/mask.md).",
+    )
+    mask_parser.add_argument("data", metavar="DATA.csv", help="a CSV (or .csv.gz) file with a header line")
+    mask_parser.add_argument("--columns", required=True, metavar="A,B", help="the numeric columns to release")
+    mask_parser.add_argument("--bounds", metavar="A=LO:HI,B=LO:HI", help="public bounds of every column")
+    mask_parser.add_argument("--bounds-from-data", action="store_true",
+                             help="use each column's range in the data: LEAKS it (the store is marked not private)")
+    mask_parser.add_argument("--epsilon", required=True, type=float, help="(epsilon, delta) budget, with --delta")
+    mask_parser.add_argument("--delta", required=True, type=float, help="(epsilon, delta) budget, with --epsilon")
+    mask_parser.add_argument("--out", required=True, metavar="MASKED.zarr")
+    mask_parser.add_argument("--block-rows", type=int, metavar="N", help="rows per orthogonal block (> columns)")
+    mask_parser.add_argument("--resume", action="store_true", help="finish an interrupted mask at --out")
+    mask_parser.add_argument("--overwrite", action="store_true", help="replace a mask store already at --out")
+    mask_parser.add_argument("--seed", type=int, metavar="S",
+                             help="fixed seed, FOR TESTS ONLY: the store is marked not private")
+    add_cluster_options(mask_parser, serial_help="mask the blocks in this process, without Dask")
+
     run_parser = commands.add_parser(
         "run", help="the main job: plan + audit + (synthetic) data + release into RUNDIR, with a manifest",
         description="Plan the spec (default: the embedded PL94 pipeline), audit the plan, synthesise data "
@@ -332,6 +354,9 @@ def interrupted_hint(args: argparse.Namespace) -> str:
                 "finish it with the same command and --resume")
     if command == "estimate":
         return (f"the chunks estimated so far are kept in {args.out} (incomplete, never read as an estimate); "
+                "finish it with the same command and --resume")
+    if command == "mask":
+        return (f"the blocks written so far are kept in {args.out} (incomplete, never read as a mask store); "
                 "finish it with the same command and --resume")
     if command == "run":
         return (f"what was finished is kept in {args.out}; run the same command again to resume "
