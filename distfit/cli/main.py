@@ -12,7 +12,9 @@ sealed, resumable release store (``distfit.release.job``); ``distfit estimate`` 
 release into nonnegative, consistent (optionally integer) estimates of every query, a sealed,
 resumable estimate store that never reads the data (``distfit.estimate.job``); ``distfit report`` writes plots and an
 HTML page for a plan and optionally a release (``distfit.report.page``); ``distfit run`` does plan, audit, data, release, estimate and report into one run
-directory with a manifest (``distfit.pipeline.run``).
+directory with a manifest (``distfit.pipeline.run``). ``distfit mask`` releases a CSV's numeric columns as
+masked pseudo-data, a sealed, resumable mask store (``distfit.mask.job``, handler ``distfit.cli.mask``;
+docs/mask.md).
 
 Exit codes: 0 success; 1 the solver could not certify its plan (``ConvergenceError``), an
 output could not be written (disk full, no permission: any ``OSError``), an audit found a
@@ -310,7 +312,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as exit_:  # --help, --version
         return exit_.code if isinstance(exit_.code, int) else 0
     if args.command is None:
-        print_error("a command is required: solve, plan, audit, synth, tabulate, release, estimate, report or run "
+        print_error("a command is required: solve, plan, audit, synth, tabulate, release, estimate, report, run or mask "
                     "(see distfit --help)")
         return 2
     try:
