@@ -12,7 +12,9 @@ sealed, resumable release store (``distfit.release.job``); ``distfit estimate`` 
 release into nonnegative, consistent (optionally integer) estimates of every query, a sealed,
 resumable estimate store that never reads the data (``distfit.estimate.job``); ``distfit report`` writes plots and an
 HTML page for a plan and optionally a release (``distfit.report.page``); ``distfit run`` does plan, audit, data, release, estimate and report into one run
-directory with a manifest (``distfit.pipeline.run``).
+directory with a manifest (``distfit.pipeline.run``). ``distfit mask`` releases a CSV's numeric columns as
+masked pseudo-data, a sealed, resumable mask store (``distfit.mask.job``, handler ``distfit.cli.mask``;
+docs/mask.md).
 
 Exit codes: 0 success; 1 the solver could not certify its plan (``ConvergenceError``), an
 output could not be written (disk full, no permission: any ``OSError``), an audit found a
@@ -77,6 +79,7 @@ HANDLERS = {
     "report": ("distfit.cli.commands", "cmd_report"),
     "run": ("distfit.cli.commands", "cmd_run"),
     "export": ("distfit.cli.exporting", "cmd_export"),
+    "mask": ("distfit.cli.mask", "cmd_mask"),
 }
 
 
@@ -313,6 +316,27 @@ def build_parser() -> argparse.ArgumentParser:
     export_parser.add_argument("--plan", metavar="PLAN.zarr", help="the plan (default: the one the store names)")
     export_parser.add_argument("--overwrite", action="store_true", help="replace an earlier export at --out")
 
+    mask_parser = commands.add_parser(
+        "mask", help="masked pseudo-data: a CSV's numeric columns scaled, noised and masked (paper 003)",
+        description="Scale the chosen columns to [-1, 1] with public bounds, add Gaussian noise calibrated to "
+                    "(epsilon, delta) and mask each block of rows by a Haar orthogonal matrix (one Dask task per "
+                    "run of blocks); resumable, sealed with a checksum (docs/mask.md).",
+    )
+    mask_parser.add_argument("data", metavar="DATA.csv", help="a CSV (or .csv.gz) file with a header line")
+    mask_parser.add_argument("--columns", required=True, metavar="A,B", help="the numeric columns to release")
+    mask_parser.add_argument("--bounds", metavar="A=LO:HI,B=LO:HI", help="public bounds of every column")
+    mask_parser.add_argument("--bounds-from-data", action="store_true",
+                             help="use each column's range in the data: LEAKS it (the store is marked not private)")
+    mask_parser.add_argument("--epsilon", required=True, type=float, help="(epsilon, delta) budget, with --delta")
+    mask_parser.add_argument("--delta", required=True, type=float, help="(epsilon, delta) budget, with --epsilon")
+    mask_parser.add_argument("--out", required=True, metavar="MASKED.zarr")
+    mask_parser.add_argument("--block-rows", type=int, metavar="N", help="rows per orthogonal block (> columns)")
+    mask_parser.add_argument("--resume", action="store_true", help="finish an interrupted mask at --out")
+    mask_parser.add_argument("--overwrite", action="store_true", help="replace a mask store already at --out")
+    mask_parser.add_argument("--seed", type=int, metavar="S",
+                             help="fixed seed, FOR TESTS ONLY: the store is marked not private")
+    add_cluster_options(mask_parser, serial_help="mask the blocks in this process, without Dask")
+
     run_parser = commands.add_parser(
         "run", help="the main job: plan + audit + (synthetic) data + release into RUNDIR, with a manifest",
         description="Plan the spec (default: the embedded PL94 pipeline), audit the plan, synthesise data "
@@ -347,8 +371,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         except SystemExit as exit_:  # --help, --version
             return exit_.code if isinstance(exit_.code, int) else 0
         if args.command is None:
-            print_error("a command is required: solve, plan, audit, synth, tabulate, release, estimate, report, export "
-                        "or run (see distfit --help)")
+            print_error("a command is required: solve, plan, audit, synth, tabulate, release, estimate, report, export, "
+                        "mask or run (see distfit --help)")
             return 2
         args.placement = placement_of(args)
         handler = command_handler(args.command)
@@ -396,6 +420,9 @@ def interrupted_hint(args: argparse.Namespace) -> str:
                 "finish it with the same command and --resume")
     if command == "estimate" and out is not None and os.path.exists(out):
         return (f"the chunks estimated so far are kept in {out} (incomplete, never read as an estimate); "
+                "finish it with the same command and --resume")
+    if command == "mask" and out is not None and os.path.exists(out):
+        return (f"the blocks written so far are kept in {out} (incomplete, never read as a mask store); "
                 "finish it with the same command and --resume")
     return NOTHING_KEPT
 
