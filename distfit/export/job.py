@@ -71,7 +71,7 @@ from distfit.export.tables import (
 )
 from distfit.spec.parse import parse_spec
 from distfit.stores.estimate import read_verified_estimate
-from distfit.stores.files import STAGING_MARKER, fsync_tree, move_into_place, root_attrs_on_disk, utc_now
+from distfit.stores.files import STAGING_MARKER, check_marked_dir, fsync_tree, move_into_place, root_attrs_on_disk, utc_now
 from distfit.stores.lock import store_lock
 from distfit.stores.plan import read_verified_plan
 from distfit.stores.release import read_verified_release
@@ -146,14 +146,8 @@ class ExportResult:
 
 
 def _check_out(path: Path) -> None:
-    """Raise unless ``path`` may be replaced by an export: an earlier export or an empty directory."""
-    if path.is_symlink() or not path.is_dir():
-        raise FileExistsError(f"{path}: exists and is not a directory; refusing to replace it")
-    if (path / MARKER).is_file():
-        return
-    if any(path.iterdir()):
-        raise FileExistsError(f"{path}: a non-empty directory that is not a distfit export (no {MARKER} file); "
-                              "refusing to replace it")
+    """Raise unless ``path`` may be replaced by an export (:func:`distfit.stores.files.check_marked_dir`)."""
+    check_marked_dir(path, MARKER, "export")
 
 
 def open_source(path: PathLike) -> tuple[str, Any]:

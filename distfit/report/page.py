@@ -71,7 +71,7 @@ from distfit.spec.parse import parse_spec
 from distfit.stores.data import open_data
 from distfit.stores.estimate import read_estimate, read_verified_estimate
 from distfit.stores.lock import store_lock
-from distfit.stores.files import STAGING_MARKER, move_into_place
+from distfit.stores.files import STAGING_MARKER, check_marked_dir, move_into_place
 from distfit.stores.plan import read_plan, read_verified_plan
 from distfit.stores.release import read_release, read_verified_release
 
@@ -120,15 +120,8 @@ def _pyplot():
 
 
 def _check_out(path: Path) -> None:
-    """Raise unless ``path`` may be replaced by a report (module docstring)."""
-    if path.is_symlink() or not path.is_dir():
-        raise FileExistsError(f"{path}: exists and is not a directory; refusing to replace it")
-    if (path / MARKER).is_file():
-        return
-    if any(path.iterdir()):
-        raise FileExistsError(
-            f"{path}: a non-empty directory that is not a distfit report (no {MARKER} file); "
-            "refusing to replace it")
+    """Raise unless ``path`` may be replaced by a report (:func:`distfit.stores.files.check_marked_dir`)."""
+    check_marked_dir(path, MARKER, "report")
 
 
 def _fmt(x: Any, digits: int = 6) -> str:

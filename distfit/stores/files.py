@@ -271,6 +271,20 @@ def move_into_place(staging: Path, final: Path, check_target: Callable[[Path], N
             fsync_dir(final.parent)
 
 
+def check_marked_dir(path: Path, marker: str, kind: str) -> None:
+    """Raise FileExistsError unless the directory at ``path`` may be replaced by a ``kind``
+    (``"report"``, ``"export"``): one holding ``marker`` (an earlier one, which wrote that file)
+    or an empty one. Anything else - a file, a symlink, a directory of someone else's files - is
+    refused, so an output directory never replaces what distfit did not write."""
+    if path.is_symlink() or not path.is_dir():
+        raise FileExistsError(f"{path}: exists and is not a directory; refusing to replace it")
+    if (path / marker).is_file():
+        return
+    if any(path.iterdir()):
+        raise FileExistsError(f"{path}: a non-empty directory that is not a distfit {kind} (no {marker} file); "
+                              "refusing to replace it")
+
+
 def check_format(path: Path, attrs: Mapping, expected: str, supported_version: int, error: type[Exception],
                  oldest: int = 1, rewrite: str = "") -> None:
     """Refuse a store whose ``distfit_format`` is not ``expected`` or whose ``format_version`` is
