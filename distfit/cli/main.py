@@ -153,6 +153,22 @@ def add_cluster_options(parser: argparse.ArgumentParser, serial_help: str) -> No
 
 #: The metavar of each input a pipeline command names as a positional argument (:func:`add_inputs`).
 INPUT_METAVARS = {"spec": "SPEC.yaml", "plan": "PLAN.zarr", "release": "RELEASE.zarr"}
+#: What each input is (its ``--help`` line).
+INPUT_HELP = {
+    "spec": "the pipeline spec, a YAML file (docs/spec.md)",
+    "plan": "a plan store written by distfit plan (verified before it is used)",
+    "release": "a sealed release store written by distfit release (verified before it is used)",
+}
+#: What each command's ``--out`` is, by its metavar (its ``--help`` line).
+OUTPUT_HELP = {
+    "PLAN.zarr": "the plan store to write (atomically: complete or not at all)",
+    "ESTIMATE.zarr": "the estimate store to write (chunk by chunk, resumable, sealed when complete)",
+    "DATA.zarr": "the data store to write (atomically, sealed with a checksum)",
+    "RELEASE.zarr": "the release store to write (chunk by chunk, resumable, sealed when complete)",
+    "DIR": "the directory to write (an empty or missing one, or an earlier one of this command)",
+    "RUNDIR": "the run directory: missing, empty or an earlier run of the same spec (resumed)",
+    "MASKED.zarr": "the mask store to write (block by block, resumable, sealed when complete)",
+}
 
 
 def add_inputs(parser: argparse.ArgumentParser, *inputs: str, out: str | None = None, **last: Any) -> None:
@@ -160,9 +176,10 @@ def add_inputs(parser: argparse.ArgumentParser, *inputs: str, out: str | None = 
     (``last``: more keywords of the last one, as ``nargs="?"``), then, given its metavar
     ``out``, the required ``--out`` it writes: the arguments every pipeline command starts with."""
     for name in inputs:
-        parser.add_argument(name, metavar=INPUT_METAVARS[name], **(last if name == inputs[-1] else {}))
+        parser.add_argument(name, metavar=INPUT_METAVARS[name],
+                            **{"help": INPUT_HELP[name], **(last if name == inputs[-1] else {})})
     if out is not None:
-        parser.add_argument("--out", required=True, metavar=out)
+        parser.add_argument("--out", required=True, metavar=out, help=OUTPUT_HELP[out])
 
 
 def placement_of(args: argparse.Namespace) -> Placement | None:
@@ -228,7 +245,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_inputs(synth_parser, "spec")
     synth_parser.add_argument("--units", required=True, type=whole_number(1), metavar="N", help="number of units (>= 1)")
-    synth_parser.add_argument("--out", required=True, metavar="DATA.zarr")
+    synth_parser.add_argument("--out", required=True, metavar="DATA.zarr", help=OUTPUT_HELP["DATA.zarr"])
     synth_parser.add_argument("--seed", type=whole_number(0), metavar="S", help="seed (default: fresh, stored in the data)")
     synth_parser.add_argument("--chunk-units", type=whole_number(1), metavar="C",
                               help="units per chunk (default: up to 4096, at most 16 MiB of counts)")
@@ -243,7 +260,7 @@ def build_parser() -> argparse.ArgumentParser:
     release_parser.add_argument("--data", required=True, metavar="DATA",
                                 help="a data store (distfit synth or distfit tabulate), or microdata: .csv, .csv.gz, "
                                      ".parquet, .pq or a directory of Parquet files (tabulated into RELEASE.zarr.data.zarr)")
-    release_parser.add_argument("--out", required=True, metavar="RELEASE.zarr")
+    release_parser.add_argument("--out", required=True, metavar="RELEASE.zarr", help=OUTPUT_HELP["RELEASE.zarr"])
     release_parser.add_argument("--resume", action="store_true",
                                 help="finish an interrupted release at --out (written chunks are kept, missing ones drawn)")
     release_parser.add_argument("--overwrite", action="store_true", help="replace a release already at --out")
@@ -279,7 +296,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_inputs(tabulate_parser, "spec")
     tabulate_parser.add_argument("--data", required=True, metavar="PEOPLE",
                                  help="microdata: .csv, .csv.gz, .parquet, .pq or a directory of Parquet files")
-    tabulate_parser.add_argument("--out", required=True, metavar="DATA.zarr")
+    tabulate_parser.add_argument("--out", required=True, metavar="DATA.zarr", help=OUTPUT_HELP["DATA.zarr"])
     tabulate_parser.add_argument("--plan", metavar="PLAN.zarr",
                                  help="also hold a marginal for every block of this plan (merged blocks)")
     tabulate_parser.add_argument("--chunk-units", type=whole_number(1), metavar="C",
@@ -311,8 +328,9 @@ def build_parser() -> argparse.ArgumentParser:
                     "query: the query in words, the figure, se and moe90 where exactly known, the integer value) "
                     "and the data dictionary DIR/README.txt, dictionary.csv; every store verified first; atomic.",
     )
-    export_parser.add_argument("store", metavar="RELEASE_OR_ESTIMATE.zarr")
-    export_parser.add_argument("--out", required=True, metavar="DIR")
+    export_parser.add_argument("store", metavar="RELEASE_OR_ESTIMATE.zarr",
+                               help="a sealed release or estimate store (verified before it is read)")
+    export_parser.add_argument("--out", required=True, metavar="DIR", help=OUTPUT_HELP["DIR"])
     export_parser.add_argument("--plan", metavar="PLAN.zarr", help="the plan (default: the one the store names)")
     export_parser.add_argument("--overwrite", action="store_true", help="replace an earlier export at --out")
 
@@ -329,7 +347,7 @@ def build_parser() -> argparse.ArgumentParser:
                              help="use each column's range in the data: LEAKS it (the store is marked not private)")
     mask_parser.add_argument("--epsilon", required=True, type=float, help="(epsilon, delta) budget, with --delta")
     mask_parser.add_argument("--delta", required=True, type=float, help="(epsilon, delta) budget, with --epsilon")
-    mask_parser.add_argument("--out", required=True, metavar="MASKED.zarr")
+    mask_parser.add_argument("--out", required=True, metavar="MASKED.zarr", help=OUTPUT_HELP["MASKED.zarr"])
     mask_parser.add_argument("--block-rows", type=int, metavar="N", help="rows per orthogonal block (> columns)")
     mask_parser.add_argument("--resume", action="store_true", help="finish an interrupted mask at --out")
     mask_parser.add_argument("--overwrite", action="store_true", help="replace a mask store already at --out")

@@ -29,6 +29,17 @@ def test_version(capsys):
     assert out.strip() == f"distfit {distfit.__version__}"
 
 
+def test_every_argument_of_every_command_has_help_text():
+    """Issue 30, point 6: ``distfit COMMAND --help`` explains every argument (positional and
+    option) of every command."""
+    parser = cli.build_parser()
+    (commands,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    assert {"plan", "release", "estimate", "report", "run", "export", "mask"} <= set(commands.choices)
+    bare = [(name, action.option_strings or action.dest) for name, sub in commands.choices.items()
+            for action in sub._actions if not isinstance(action, argparse._HelpAction) and not (action.help or "").strip()]
+    assert bare == []
+
+
 def test_usage_errors_are_one_line(capsys):
     for argv in (["solve"], ["solve", "prefix:8", "--bogus"], ["solve", "prefix:8", "--basis", "nope"], []):
         code, _, err = run(capsys, *argv)
