@@ -2,6 +2,9 @@
 from __future__ import annotations
 
 import io
+import os
+import shutil
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -13,6 +16,15 @@ from distfit.spec.model import PipelineSpec
 from distfit.spec.parse import load_spec
 from distfit.runtime.placement import Placement
 from tests.reference import SMALL_SPEC
+
+
+def pytest_configure(config) -> None:
+    """The tests run with a home directory of their own (this process and every subprocess it
+    starts): the ledger of private releases (distfit.stores.ledger, under ~/.local/share) then
+    holds only the tests' releases, and never the runner's."""
+    home = tempfile.mkdtemp(prefix="distfit-tests-home-")
+    config.add_cleanup(lambda: shutil.rmtree(home, ignore_errors=True))
+    os.environ["HOME"] = home
 
 
 @dataclass(frozen=True)

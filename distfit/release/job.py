@@ -118,6 +118,7 @@ from distfit.release.tasks import (
 from distfit.spec.parse import parse_spec
 from distfit.stores.data import open_data
 from distfit.stores.plan import read_plan
+from distfit.stores.ledger import private_releases_of, record_release
 from distfit.stores.release import (
     check_replaceable,
     create_release,
@@ -293,6 +294,8 @@ def run_release(
         data.check_blocks([block.attributes for block in blocks.values()])
         data.check_unit_ids()
         n_chunks = -(-data.units // data.chunk_units)
+        if private and not resumed:
+            _say_budget_spent_again(data, data_path, float(plan.attrs["rho"]), log)
 
         staging: Path | None = None
         if resumed:
@@ -330,12 +333,27 @@ def run_release(
             checksum = write.seal(lambda hasher, synced: seal(root, target, plan_path=plan_path, plan_checksum=plan_checksum,
                                                               fsync=fsync, hasher=hasher, synced=synced),
                                   out_path, check_replaceable)
+            if private:  # the machine's ledger of what this data has cost (stores.ledger)
+                record_release({"data_checksum": data.attrs.get("checksum"), "data": os.path.abspath(data_path),
+                                "release": os.path.abspath(out_path), "release_checksum": checksum,
+                                "plan_checksum": plan_checksum, "rho": float(plan.attrs["rho"])})
     return ReleaseResult(
         path=str(out_path), units=data.units, queries=len(plan.queries_targets), blocks=len(blocks),
         chunks=n_chunks, chunks_drawn=len(pending), units_drawn=write.done_units,
         seconds=time.perf_counter() - started, checksum=checksum, plan_checksum=plan_checksum,
         private=private, resumed=resumed, data=str(data_path), tabulated=tabulated,
     )
+
+
+def _say_budget_spent_again(data, data_path: str, rho: float, log: TextIO) -> None:
+    """One line when this machine's ledger knows earlier private releases of the same data: this
+    one spends the budget again, and zCDP adds (docs/privacy.md, "Releasing the same data again")."""
+    earlier = private_releases_of(str(data.attrs.get("checksum")))
+    if earlier:
+        total = sum(float(entry.get("rho", 0.0)) for entry in earlier) + rho
+        print(f"distfit: {data_path} was released {len(earlier)} time(s) before on this machine; this release "
+              f"spends the privacy budget again: rho {rho:.6g} more, {total:.6g} in all for this data "
+              "(zCDP adds up)", file=log)
 
 
 def tabulated_data_path(out: PathLike) -> Path:
