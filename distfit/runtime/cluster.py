@@ -148,8 +148,11 @@ def _dask_client(cluster, workers, timeout, log, worker_env, transport):
     except (OSError, TimeoutError, ValueError) as error:
         raise ClusterError(f"cluster: cannot reach the scheduler at {cluster!r}: {error}") from None
     with client:
-        how = "over TLS" if scheme_of(client.scheduler.address) in ENCRYPTED_SCHEMES else "over plain TCP (--insecure)"
-        print(f"distfit: connected to {cluster} {how}; dashboard {client.dashboard_link}", file=log)
+        if transport.own:  # the job's own local cluster: on loopback, no dashboard (local_cluster)
+            print(f"distfit: connected to this job's local cluster at {cluster}", file=log)
+        else:
+            how = "over TLS" if scheme_of(client.scheduler.address) in ENCRYPTED_SCHEMES else "over plain TCP (--insecure)"
+            print(f"distfit: connected to {cluster} {how}; dashboard {client.dashboard_link}", file=log)
         # Workers started by someone else (dask worker, dask-jobqueue, Kubernetes) keep Dask's
         # MALLOC_TRIM_THRESHOLD_; raise their mmap threshold instead (WORKER_ENV).
         _register_malloc_tuning(client, log)

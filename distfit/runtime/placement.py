@@ -81,7 +81,7 @@ class Placement:
         transport it has."""
         if address is None or address == self.cluster:
             return self
-        transport = Transport(insecure=True) if is_loopback(address) else self.transport
+        transport = Transport(insecure=True, own=True) if is_loopback(address) else self.transport
         return Placement(cluster=address, workers=self.workers, transport=transport)
 
     def describe(self) -> dict[str, Any]:

@@ -47,6 +47,7 @@ class Transport:
     cert: str | None = None
     key: str | None = None
     insecure: bool = False
+    own: bool = False  # the job's own local cluster (Placement.at): loopback, plain TCP, no dashboard
 
     def __post_init__(self) -> None:
         for name in ("ca_file", "cert", "key"):

@@ -52,7 +52,7 @@ def test_a_scheduler_file_path_is_kept_as_text(tmp_path):
 def test_at_moves_a_placement_onto_a_started_scheduler():
     """A job that starts the local cluster hands its stages the placement at its address."""
     assert Placement(workers=2).at("tcp://127.0.0.1:9") == Placement(cluster="tcp://127.0.0.1:9", workers=2,
-                                                                     transport=Transport(insecure=True))
+                                                                     transport=Transport(insecure=True, own=True))
     assert Placement(serial=True).at(None) == Placement(serial=True)
     assert Placement(cluster="tls://h:1").at("tls://h:1") == Placement(cluster="tls://h:1")
     assert Placement(serial=True).describe() == {"kind": "serial"}

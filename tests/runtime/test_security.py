@@ -225,7 +225,7 @@ def test_tls_options_are_for_a_cluster(tmp_path, capsys):
 def test_a_job_s_own_local_cluster_is_reached_over_loopback_tcp():
     """Placement.at: the stages of a job reach the local cluster it started (plain TCP on
     loopback, its own choice); any other address keeps the user's transport."""
-    assert Placement(workers=2).at("tcp://[::1]:9").transport == Transport(insecure=True)
+    assert Placement(workers=2).at("tcp://[::1]:9").transport == Transport(insecure=True, own=True)
     assert Placement(workers=2).at("tcp://10.0.0.5:9").transport == Transport()
     given = Placement(cluster="tcp://h:1", transport=Transport(insecure=True))
     assert given.at("tcp://h:1") is given
