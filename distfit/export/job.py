@@ -57,8 +57,8 @@ import pyarrow.parquet as pq
 from distfit import __version__
 from distfit.estimate.measurements import measurement_model
 from distfit.estimate.projection import DENSE_CELLS, PINV_CUTOFF, normal_equations
+from distfit.mathematics.margins import MOE90_Z
 from distfit.export.tables import (
-    MOE90_Z,
     NOTE_TEXT,
     NOTES,
     TableLayout,

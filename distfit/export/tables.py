@@ -35,10 +35,10 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from distfit.mathematics.margins import MOE90_Z
 from distfit.spec.model import AttributeQuery, AttributeSpec, PipelineSpec
 
 __all__ = [
-    "MOE90_Z",
     "NOTES",
     "NOTE_TEXT",
     "TableLayout",
@@ -52,9 +52,6 @@ __all__ = [
     "table_rows",
 ]
 
-#: The multiplier of the 90% margin of error: the ACS's 1.645 (z_0.95 = 1.6448536... rounded as
-#: the ACS rounds it; docs/export.md).
-MOE90_Z = 1.645
 
 #: The ``se_note`` codes, in the order of their dictionary indices (docs/export.md, "se_note").
 NOTES = ("raw-answer", "linear-gls", "nonnegativity-active", "not-converged", "integer-rounded",

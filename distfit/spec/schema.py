@@ -22,6 +22,7 @@ __all__ = [
     "UNIT_KEYS",
     "TARGET_FILE_KEYS",
     "TARGET_RULE_KEYS",
+    "TARGET_MARGIN_KEYS",
 ]
 
 #: Query kinds a group may use on one attribute.
@@ -54,5 +55,7 @@ BLOCK_KEYS = ("max_cells", "merge")
 UNIT_KEYS = ("column",)
 #: Keys of a target read from a file, ``{file: PATH}`` ...
 TARGET_FILE_KEYS = ("file",)
-#: ... and of a target rule, ``{base: B, width_power: P, jitter: J, seed: S}``.
+#: ... and of a target rule, ``{base: B, width_power: P, jitter: J, seed: S}`` ...
 TARGET_RULE_KEYS = ("base", "width_power", "jitter", "seed")
+#: ... and of a target in users' terms: ``{moe: M}`` (90% margin of error) or ``{cv: C, at: N}``.
+TARGET_MARGIN_KEYS = ("moe", "cv", "at")

@@ -19,10 +19,11 @@ from typing import Any
 import numpy as np
 
 from distfit.checks import check_integer
+from distfit.mathematics.margins import MOE90_Z, variance_of_cv, variance_of_moe
 from distfit.spec.fields import check_section, is_number, is_sequence, show, type_name
 from distfit.spec.limits import TARGET
 from distfit.spec.model import AttributeQuery, SpecError
-from distfit.spec.schema import TARGET_FILE_KEYS, TARGET_RULE_KEYS
+from distfit.spec.schema import TARGET_FILE_KEYS, TARGET_MARGIN_KEYS, TARGET_RULE_KEYS
 
 __all__ = ["check_targets", "parse_target"]
 
@@ -162,6 +163,34 @@ def _rule_targets(raw: Mapping, path: str, group: str,
               f"{TARGET.text}"))
 
 
+def _positive(raw: Mapping, key: str, path: str) -> float:
+    value = raw.get(key)
+    if not is_number(value) or not (math.isfinite(float(value)) and float(value) > 0):
+        raise SpecError(f"{path}.{key}", f"expected a finite number > 0, got {show(value)}")
+    return float(value)
+
+
+def _margin_target(raw: Mapping, path: str) -> float:
+    """The variance of a target stated as a margin of error or a CV (docs/spec.md, "Targets from
+    margins of error"): ``{moe: M}`` is ``(M / 1.645)**2`` (the 90% margin of error, as the ACS
+    prints it: :mod:`distfit.mathematics.margins`), ``{cv: C, at: N}`` is ``(C * N)**2`` (a
+    coefficient of variation C for a count of N). One form, nothing else beside it."""
+    if "moe" in raw:
+        others = sorted(set(raw) - {"moe"})
+        if others:
+            raise SpecError(path, f"{{moe: M}} stands alone, not with {', '.join(others)}")
+        variance, shown = variance_of_moe(_positive(raw, "moe", path)), f"moe {raw['moe']} (at 90%, z = {MOE90_Z})"
+    else:
+        others = sorted(set(raw) - {"cv", "at"})
+        if others or "cv" not in raw or "at" not in raw:
+            raise SpecError(path, "a coefficient of variation is {cv: C, at: N} (both, nothing else)")
+        variance, shown = variance_of_cv(_positive(raw, "cv", path), _positive(raw, "at", path)), \
+            f"cv {raw['cv']} at {raw['at']}"
+    check_targets(np.array([variance]), lambda _: SpecError(
+        path, f"{shown} is the variance {variance:.6g}, which must be {TARGET.text}"))
+    return variance
+
+
 def parse_target(raw: Any, path: str, base_dir: Path, expected: int, group: str = "",
                  queries: Sequence[tuple[str, AttributeQuery]] = ()) -> np.ndarray:
     """The ``expected`` targets of group ``group`` (its per-attribute ``queries``, schema order)
@@ -175,7 +204,9 @@ def parse_target(raw: Any, path: str, base_dir: Path, expected: int, group: str 
         check_targets(np.array([value]), lambda _: SpecError(path, f"must be {TARGET.text}, got {show(raw)}"))
         return np.full(expected, value)
     if isinstance(raw, Mapping):
-        check_section(raw, path, "a target", TARGET_FILE_KEYS + TARGET_RULE_KEYS)
+        check_section(raw, path, "a target", TARGET_FILE_KEYS + TARGET_RULE_KEYS + TARGET_MARGIN_KEYS)
+        if any(key in raw for key in TARGET_MARGIN_KEYS):
+            return np.full(expected, _margin_target(raw, path))
         if "file" in raw:
             rule_keys = [key for key in TARGET_RULE_KEYS if key in raw]
             if rule_keys:
@@ -194,5 +225,5 @@ def parse_target(raw: Any, path: str, base_dir: Path, expected: int, group: str 
         return check_targets(values, lambda j: SpecError(
             f"{path}[{j}]", f"must be {TARGET.text}, got {show(items[j])}"))
     raise SpecError(path, f"expected a number, a list of numbers or {{file: PATH}} (or a rule "
-                          f"{{base: B, ...}}), got {type_name(raw)} {show(raw)}")
+                          f"{{base: B, ...}}, or {{moe: M}} or {{cv: C, at: N}}), got {type_name(raw)} {show(raw)}")
 

@@ -18,7 +18,7 @@ import zarr
 from distfit.cli import main as cli
 from distfit.export import job
 from distfit.export.job import MARKER, run_export
-from distfit.export.tables import MOE90_Z
+from distfit.mathematics.margins import MOE90_Z
 from distfit.plan.job import run_plan
 from distfit.runtime.placement import Placement
 from distfit.spec.parse import load_spec

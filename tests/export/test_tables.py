@@ -4,8 +4,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from distfit.mathematics.margins import MOE90_Z
 from distfit.export.tables import (
-    MOE90_Z,
     NOTES,
     gls_standard_errors,
     linear_units,

@@ -33,7 +33,7 @@ ACCEPTED = {
     "units": schema.UNIT_KEYS,
     "privacy": schema.PRIVACY_KEYS,
     "blocks": schema.BLOCK_KEYS,
-    "target": schema.TARGET_FILE_KEYS + schema.TARGET_RULE_KEYS,
+    "target": schema.TARGET_FILE_KEYS + schema.TARGET_RULE_KEYS + schema.TARGET_MARGIN_KEYS,
 }
 
 
@@ -62,7 +62,7 @@ def _examples() -> tuple[dict, dict]:
 
 def _inline_targets() -> list[dict]:
     """The target mappings written inline in the text: ``{file: PATH}`` and the rule."""
-    spans = re.findall(r"``([^`]*\{(?:file|base):[^`]*)``", REFERENCE)
+    spans = re.findall(r"``([^`]*\{(?:file|base|moe|cv):[^`]*)``", REFERENCE)
     mappings = [yaml.safe_load(span[span.index("{"):]) for span in spans]
     assert mappings, "the reference shows no {file: PATH} or target rule"
     return mappings

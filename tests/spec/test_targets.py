@@ -134,3 +134,47 @@ def test_check_targets_refuses_the_first_target_outside_its_range():
 def test_each_way_of_writing_targets_names_its_bad_target(tmp_path, target, message):
     text = edit(queries=[{"name": "a", "attributes": {"age": "prefix"}, "target": target}])
     assert spec_error(tmp_path, text) == message
+
+
+# ------------------------------------------------------------------ margins of error and CVs
+
+
+def test_margin_of_error_and_cv_targets_are_the_variances_they_state(tmp_path):
+    """{moe: M} is (M / 1.645)^2 (the ACS's 90% factor) and {cv: C, at: N} is (C N)^2; a plan of
+    such a group then states answers whose 90% margin of error is at most M."""
+    path = write(tmp_path, """\
+        name: margins
+        attributes:
+          - {name: age, size: 4, ordinal: true}
+          - {name: sex, values: [male, female]}
+        queries:
+          - {name: a, attributes: {age: identity}, target: {moe: 50}}
+          - {name: s, attributes: {sex: identity}, target: {cv: 0.05, at: 1000}}
+        """)
+    spec = load_spec(path)
+    np.testing.assert_allclose(spec.group("a").targets, np.full(4, (50 / 1.645) ** 2), rtol=1e-15)
+    np.testing.assert_allclose(spec.group("s").targets, [2500.0, 2500.0], rtol=1e-15)
+    # as the worked example in docs/spec.md says: within +-50 at 90% is the variance 923.9
+    assert round(float(spec.group("a").targets[0]), 1) == 923.9
+    # the same spec written with the variances is the same spec
+    inline = parse_spec({**yaml.safe_load(path.read_text()), "queries": [
+        {"name": "a", "attributes": {"age": "identity"}, "target": float((50 / 1.645) ** 2)},
+        {"name": "s", "attributes": {"sex": "identity"}, "target": 2500.0}]})
+    assert inline.spec_hash == spec.spec_hash
+
+
+@pytest.mark.parametrize("target, field, message", [
+    ({"moe": 0}, "queries[0].target.moe", "expected a finite number > 0, got 0"),
+    ({"moe": "x"}, "queries[0].target.moe", "expected a finite number > 0"),
+    ({"moe": 5, "cv": 0.1}, "queries[0].target", "{moe: M} stands alone, not with cv"),
+    ({"cv": 0.1}, "queries[0].target", "{cv: C, at: N} (both, nothing else)"),
+    ({"cv": 0.1, "at": 10, "base": 1}, "queries[0].target", "{cv: C, at: N} (both, nothing else)"),
+    ({"cv": -0.1, "at": 10}, "queries[0].target.cv", "expected a finite number > 0"),
+    ({"moe": 1e-9}, "queries[0].target", "must be in"),
+])
+def test_margin_targets_refuse_what_they_cannot_mean(tmp_path, target, field, message):
+    mapping = {"name": "bad", "attributes": [{"name": "sex", "values": ["m", "f"]}],
+               "queries": [{"name": "s", "attributes": {"sex": "identity"}, "target": target}]}
+    with pytest.raises(SpecError) as error:
+        parse_spec(mapping)
+    assert str(error.value).startswith(field) and message in str(error.value), str(error.value)
