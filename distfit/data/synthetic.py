@@ -75,6 +75,8 @@ __all__ = [
     "synthesize_histograms",
     "synthesize_people",
     "synthetic_geography",
+    "geography_counts",
+    "describe_geography",
     "unit_columns",
 ]
 
@@ -291,6 +293,21 @@ def synthetic_geography(columns: Sequence[str], start: int, stop: int,
         level_index = index // fanout ** depth
         out[column] = np.char.add(f"{column}-", np.char.zfill(level_index.astype(str), 6))
     return {column: out[column] for column in columns}
+
+
+def geography_counts(columns: Sequence[str], units: int, fanout: int = GEOGRAPHY_FANOUT) -> dict[str, int]:
+    """How many units each level of :func:`synthetic_geography` has for ``units`` finest units:
+    ``ceil(units / fanout**depth)``, coarsest first."""
+    return {column: -(-units // fanout ** depth) for depth, column in reversed(list(enumerate(reversed(columns))))}
+
+
+def describe_geography(columns: Sequence[str], units: int, fanout: int = GEOGRAPHY_FANOUT) -> str:
+    """One sentence saying what synthetic geography ``units`` finest units get (printed by the
+    commands that make one, so nobody wonders where 200 states came from)."""
+    counts = geography_counts(columns, units, fanout)
+    shown = ", ".join(f"{count:,} {column}" for column, count in counts.items())
+    return (f"a synthetic geography ({shown}): every {fanout} units of a level lie in one unit of the level "
+            "above, ids COLUMN-000000 in order; it is made up, as the data is")
 
 
 def synthesize_people(spec: Any, units: int, seed: int) -> Iterator[dict[str, np.ndarray]]:

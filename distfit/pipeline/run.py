@@ -57,6 +57,7 @@ from distfit.audit.plan import audit_plan
 from distfit.runtime.cluster import dask_client, local_cluster, placement_client
 from distfit.data.microdata import check_source, ensure_tabulated, microdata_format, tabulation_mismatch
 from distfit.data.people import write_synthetic_people
+from distfit.data.synthetic import describe_geography, unit_columns
 from distfit.estimate.job import estimate_in_run, manifest_entry
 from distfit.estimate.levels import estimate_levels, parent_columns
 from distfit.runtime.failures import RunFailure
@@ -631,7 +632,8 @@ def run_levels(
             t = time.perf_counter()
             people_units = units or DEFAULT_UNITS
             if data is None and not people.exists():
-                print(f"distfit: synthesising people for {people_units} units at {people}", file=log)
+                print(f"distfit: synthesising people for {people_units} units at {people}, with "
+                      f"{describe_geography(unit_columns(spec), people_units)}", file=log)
                 write_synthetic_people(spec, people_units, people, seed=data_seed(spec_hash), fsync=fsync)
             elif data is None:
                 people_units = ((earlier or {}).get("people") or {}).get("units", people_units)

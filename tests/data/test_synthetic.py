@@ -16,6 +16,8 @@ from distfit.data.synthetic import (
     synthesize_histograms,
     synthesize_people,
     synthetic_geography,
+    describe_geography,
+    geography_counts,
     unit_columns,
 )
 from distfit.mathematics.domain import Domain
@@ -166,3 +168,17 @@ def test_geography_is_nested():
     assert list(ids) == ["state", "county", "block"]
     assert ids["block"][0] == "block-000095" and ids["county"][0] == "county-000009"
     assert ids["state"][0] == "state-000000" and ids["county"][-1] == "county-000010"
+
+
+@pytest.mark.parametrize("units", [1, 10, 1899, 2000, 20001])
+def test_the_stated_geography_is_the_one_made(units):
+    """What the run prints about its synthetic geography (describe_geography) counts the units
+    synthetic_geography really gives each level."""
+    columns = ["state", "county", "block"]
+    made = synthetic_geography(columns, 0, units)
+    counts = geography_counts(columns, units)
+    assert counts == {column: len(np.unique(made[column])) for column in columns}
+    assert list(counts) == columns
+    said = describe_geography(columns, units)
+    assert all(f"{count:,} {column}" in said for column, count in counts.items())
+
