@@ -105,7 +105,8 @@ variances, ``t = targets * max(variances / targets)``: no covariance of the bloc
 variances are at most t has a smaller alpha. A block without a certificate of its own (one the
 planner's joint block dual re-optimised) has NaN weights and ``lower_bound`` 0. Plans written
 before the certificate was kept have neither array: they are read (``BlockRecord``'s weights
-are then None) and ``distfit audit`` warns that their block bounds are not re-certified.
+are then None) and ``distfit audit`` fails them: their block bounds cannot be re-certified
+(docs/audit.md; re-plan with this distfit).
 
 Plans are written atomically by :class:`distfit.stores.plan_writer.PlanWriter` (built in a
 ``<path>.incomplete-<random>`` staging directory, renamed into place once complete).
@@ -120,8 +121,8 @@ itself, ``complete``, ``created`` and ``distfit_version``, the planner's record 
 ``seconds`` and ``distfit_version``, and every block's attrs but the solver's ``seconds``;
 what is left out is provenance, which would make two writes of one plan hash differently).
 A plan of ``format_version`` 1 (written before issue 12) has the version-1 checksum,
-the arrays only: it is still read and verified by that rule, and ``distfit audit`` says that its
-attrs are not covered (:func:`checksum_covers_attrs`). Either way the checksum only detects
+the arrays only: it is still read and verified by that rule, and ``distfit audit`` fails it, its
+attrs not being covered (:func:`checksum_covers_attrs`; re-plan with this distfit). Either way the checksum only detects
 changes: ``distfit audit`` recomputes every claim it can from the arrays and the stored spec.
 :func:`verify_checksum` recomputes it; :func:`read_plan` does not (that reads every array).
 
