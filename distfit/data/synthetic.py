@@ -298,7 +298,8 @@ def synthetic_geography(columns: Sequence[str], start: int, stop: int,
 def geography_counts(columns: Sequence[str], units: int, fanout: int = GEOGRAPHY_FANOUT) -> dict[str, int]:
     """How many units each level of :func:`synthetic_geography` has for ``units`` finest units:
     ``ceil(units / fanout**depth)``, coarsest first."""
-    return {column: -(-units // fanout ** depth) for depth, column in reversed(list(enumerate(reversed(columns))))}
+    finest = len(columns) - 1
+    return {column: -(-units // fanout ** (finest - level)) for level, column in enumerate(columns)}
 
 
 def describe_geography(columns: Sequence[str], units: int, fanout: int = GEOGRAPHY_FANOUT) -> str:

@@ -14,15 +14,13 @@ error") and by ``distfit export``'s ``moe90`` column alike.
 """
 from __future__ import annotations
 
-import numpy as np
-
 #: The multiplier of the 90% margin of error (the ACS's 1.645).
 MOE90_Z = 1.645
 
 
-def variance_of_moe(moe: float | np.ndarray) -> float | np.ndarray:
+def variance_of_moe(moe: float) -> float:
     """The variance whose 90% margin of error is ``moe``: ``(moe / MOE90_Z)**2``."""
-    return (np.asarray(moe, dtype=float) / MOE90_Z) ** 2 if np.ndim(moe) else (float(moe) / MOE90_Z) ** 2
+    return (float(moe) / MOE90_Z) ** 2
 
 
 def variance_of_cv(cv: float, at: float) -> float:
@@ -30,9 +28,4 @@ def variance_of_cv(cv: float, at: float) -> float:
     return (float(cv) * float(at)) ** 2
 
 
-def moe90(variance: float | np.ndarray) -> float | np.ndarray:
-    """The 90% margin of error of an answer of variance ``variance``: ``MOE90_Z * sqrt(variance)``."""
-    return MOE90_Z * np.sqrt(variance)
-
-
-__all__ = ["MOE90_Z", "moe90", "variance_of_cv", "variance_of_moe"]
+__all__ = ["MOE90_Z", "variance_of_cv", "variance_of_moe"]

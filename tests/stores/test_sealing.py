@@ -71,30 +71,31 @@ def refused(capsys, argv: list[str], out: Path, *fragments: str) -> None:
 # ---------------------------------------------------------------------------- release reads data
 
 
+def release_argv(chain, data: Path, out: Path) -> list[str]:
+    return ["release", chain["plan"], "--data", str(data), "--out", str(out), "--seed", "5", "--serial"]
+
+
 @pytest.mark.parametrize("tamper", ["delete", "flip"])
 def test_release_refuses_data_with_a_changed_counts_chunk(chain, tmp_path, capsys, tamper):
     data = copy(chain, "data", tmp_path)
     chunk = chunk_files(data, "counts")[1]
     chunk.unlink() if tamper == "delete" else flip_a_byte(chunk)
     out = tmp_path / "r.zarr"
-    refused(capsys, ["release", chain["plan"], "--data", str(data), "--out", str(out), "--seed", "5", "--serial"],
-            out, str(data), "changed after it was sealed")
+    refused(capsys, release_argv(chain, data, out), out, str(data), "changed after it was sealed")
 
 
 def test_release_refuses_data_with_an_edited_attr(chain, tmp_path, capsys):
     data = copy(chain, "data", tmp_path)
     edit_root_attr(data, "total_people", 1)
     out = tmp_path / "r.zarr"
-    refused(capsys, ["release", chain["plan"], "--data", str(data), "--out", str(out), "--seed", "5", "--serial"],
-            out, str(data), "changed after it was sealed")
+    refused(capsys, release_argv(chain, data, out), out, str(data), "changed after it was sealed")
 
 
 def test_release_refuses_an_unsealed_data_store_of_the_old_format(chain, tmp_path, capsys):
     data = copy(chain, "data", tmp_path)
     edit_root_attr(data, "format_version", 1)
     out = tmp_path / "r.zarr"
-    refused(capsys, ["release", chain["plan"], "--data", str(data), "--out", str(out), "--seed", "5", "--serial"],
-            out, str(data), "format_version 1", "distfit synth")
+    refused(capsys, release_argv(chain, data, out), out, str(data), "format_version 1", "distfit synth")
 
 
 # ------------------------------------------------------------------------- estimate reads release
