@@ -13,7 +13,7 @@ import numpy as np
 from distfit.audit import labels
 from distfit.mathematics import bounds as bound_labels
 from distfit.audit.bounds import allocation_bound, joint_bound, not_a_distribution, range_sums
-from distfit.audit.checks import BOUND_TOLERANCE, REPLAN, Checks, closed_keys, label
+from distfit.audit.checks import REPLAN, Checks, closed_keys, label
 from distfit.stores.plan import BlockRecord
 
 
@@ -101,9 +101,10 @@ def read_certificate(check: Checks, bound: Any, m: int, explicit: tuple[str, ...
 
 
 def check_chosen_bound(check: Checks, bound: Any, certificate: Certificate | None, scale: float,
-                        packed: bool) -> None:
+                        packed: bool, tolerance: float) -> None:
     """``planner.chosen_blocks_lower_bound``: its keys and labels, and its value evaluated at its
-    certificate over every block, at the targets times the variance scale ``scale``."""
+    certificate over every block, at the targets times the variance scale ``scale``, to
+    ``tolerance`` (relative: :func:`distfit.audit.checks.bound_tolerance`)."""
     name = "planner.chosen_blocks_lower_bound"
     if not closed_keys(check, name, bound, labels.CHOSEN_BOUND_KEYS):
         return
@@ -122,5 +123,5 @@ def check_chosen_bound(check: Checks, bound: Any, certificate: Certificate | Non
         proved = joint_bound(certificate.joint) / scale  # N_S^2 scales as 1 / k when every target does
     else:
         proved = allocation_bound(np.asarray(certificate.alphas), np.asarray(certificate.sums) / scale)
-    check(abs(float(value) - proved) <= BOUND_TOLERANCE * proved,
+    check(abs(float(value) - proved) <= tolerance * proved,
           f"{name}: stored {value!r}, but its certificate (the {method}'s dual point) proves {proved!r}")

@@ -52,7 +52,9 @@ be (docs/audit.md, "What the audit trusts").
 * **lower bounds**, evaluated at their stored certificates, never searched for
   (:mod:`distfit.audit.bounds`): every block's ``lower_bound`` at its ``cell_weights`` u and
   ``query_weights`` v (each a distribution), which must prove it to a relative
-  :data:`BOUND_TOLERANCE` at the block's target shares scaled to its variances; a block with NaN
+  :data:`BOUND_TOLERANCE` at the block's target shares scaled to its variances, widened by what
+  the plan's stored and the audit's recomputed variances differ by (an ill-conditioned sigma's)
+  (:func:`distfit.audit.checks.bound_tolerance`: nothing on the shipped plans); a block with NaN
   weights (the joint block dual's: no certificate of its own) claims no bound. A block bound
   without stored weights (a plan written before blocks kept them) fails: it cannot be
   re-certified. ``planner.global_lower_bound`` is its block's certified bound on a one-block
@@ -61,7 +63,7 @@ be (docs/audit.md, "What the audit trusts").
   ``(sum_S sqrt(alpha_S g_S))^2`` with ``g_S = sum_j omega_j v_jS / (k c_j)`` is evaluated over
   every block (packed ones by their segments), or the joint block dual's (also each block's
   ``cell_weights``), at which ``(sum_S sqrt(|v_S|) N_S)^2`` is, at the targets times the
-  variance scale; the stored value must equal it to :data:`BOUND_TOLERANCE`. Without a
+  variance scale; the stored value must equal it to :data:`BOUND_TOLERANCE`, widened alike. Without a
   certificate (a plan written before they were kept) the bound fails, as does a joint block dual
   bound on a plan with packed blocks (its certificate covers the solved blocks only).
 
@@ -85,6 +87,7 @@ from distfit.audit.checks import (
     TOLERANCE,
     Checks,
     at_most,
+    bound_tolerance,
     close,
     closed_keys,
     differing_queries,
@@ -133,7 +136,8 @@ class AuditReport:
 # lower bounds of blocks: evaluated at their stored certificates
 
 
-def _check_block_bound(check: Checks, block: BlockRecord, variances: np.ndarray) -> float | None:
+def _check_block_bound(check: Checks, block: BlockRecord, variances: np.ndarray,
+                       tolerance: float) -> float | None:
     """Check a block's ``lower_bound`` against its stored certificate (module docstring);
     returns the bound the certificate proves, None when it proves none (no certificate of its
     own, NaN weights: then the block may claim none) or the weights are not a distribution."""
@@ -156,7 +160,7 @@ def _check_block_bound(check: Checks, block: BlockRecord, variances: np.ndarray)
     if not valid or not np.all(block.targets > 0):  # bad target shares are failed elsewhere
         return None
     bound = block_bound(block.basis, block.recon, variances, block.targets, block.cell_weights, block.query_weights)
-    check(abs(block.lower_bound - bound) <= BOUND_TOLERANCE * bound,
+    check(abs(block.lower_bound - bound) <= tolerance * bound,
           f"{name}/lower_bound: stored {block.lower_bound!r}, but its certificate (cell_weights, query_weights) "
           f"proves {bound!r} on the block's problem")
     return bound
@@ -188,7 +192,8 @@ def _check_solver(check: Checks, name: str, block: BlockRecord, alpha: float) ->
         check(False, f"{name}/solver.gap: stored {solver['gap']!r}, but the block proves no lower bound")
 
 
-def _check_global_bound(check: Checks, plan: Plan, bound: Any, proved: dict[str, float | None]) -> None:
+def _check_global_bound(check: Checks, plan: Plan, bound: Any, proved: dict[str, float | None],
+                        tolerances: dict[str, float]) -> None:
     """``planner.global_lower_bound``: its keys, its ``method`` and ``bounds`` texts as the plan
     gives them, and its value: the one block's certified bound on a one-block plan whose (solved)
     block proves one of its own, else null."""
@@ -205,7 +210,8 @@ def _check_global_bound(check: Checks, plan: Plan, bound: Any, proved: dict[str,
                              f"({labels.global_bound_method(blocks, certified)})")
         return
     expected = proved[plan.block_ids[0]]
-    check(labels.is_number(value) and abs(float(value) - expected) <= BOUND_TOLERANCE * expected,
+    tolerance = tolerances[plan.block_ids[0]]
+    check(labels.is_number(value) and abs(float(value) - expected) <= tolerance * expected,
           f"{name}: stored {value!r}, but the plan's one block's certificate proves {expected!r}")
 
 
@@ -346,6 +352,8 @@ def _audit(plan: Plan, path: str) -> AuditReport:
     shares = np.zeros(m)
     block_profiles = []  # (positions, profile) per block, for the stitched profile of a small domain
     proved: dict[str, float | None] = {}  # block id -> the bound its certificate proves
+    tolerances: dict[str, float] = {}  # block id -> how closely rounding lets the audit pin its bound
+    differences_sum = np.zeros(m)  # |stored - recomputed| variances, summed over each query's blocks
     alpha_sum = 0.0
     profiles_complete = True
     flat = True  # every block's recomputed profile is flat: alpha is exact at any domain size
@@ -385,13 +393,17 @@ def _audit(plan: Plan, path: str) -> AuditReport:
         if block.lower_bound > 0:
             check(at_most(block.lower_bound, block_alpha),
                   f"{name}/lower_bound: {block.lower_bound!r} exceeds the block's alpha {block_alpha!r}")
-        proved[block.block_id] = _check_block_bound(check, block, block_variances)
+        differences = (np.abs(block.variances - block_variances) if block.variances.shape == block_variances.shape
+                       else np.zeros_like(block_variances))  # a shape that differs has failed above
+        tolerances[block.block_id] = bound_tolerance(block_variances, differences, block.targets)
+        proved[block.block_id] = _check_block_bound(check, block, block_variances, tolerances[block.block_id])
         _check_solver(check, name, block, block.alpha)  # the stored alpha, checked above
         if certificate is not None and not certificate.add_block(block, targets, block_alpha, block_variances):
             check(False, f"planner.chosen_blocks_lower_bound.certificate.cell_weights.{block.block_id}: not the "
                          f"weights of the block's {block.basis.shape[1]} cells")
             certificate = None
         np.add.at(variances, block.query_index, block_variances)
+        np.add.at(differences_sum, block.query_index, differences)
         np.add.at(shares, block.query_index, block.targets)
         answered[block.query_index] = True
         block_profiles.append((tuple(position[a] for a in attributes if a in position), profile))
@@ -451,7 +463,8 @@ def _audit(plan: Plan, path: str) -> AuditReport:
 
     # Lower bounds (module docstring): evaluated at their certificates.
     if "global_lower_bound" in planner:
-        _check_global_bound(check, plan, planner["global_lower_bound"], proved)
+        _check_global_bound(check, plan, planner["global_lower_bound"], proved, tolerances)
     if chosen is not None and np.isfinite(scale) and scale > 0:
-        check_chosen_bound(check, chosen, certificate, scale, bool(plan.pack_ids))
+        check_chosen_bound(check, chosen, certificate, scale, bool(plan.pack_ids),
+                           bound_tolerance(variances, differences_sum, targets))
     return AuditReport(path, check.count, tuple(check.failures), alpha, recomputed_sum)

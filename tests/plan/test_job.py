@@ -50,6 +50,27 @@ def test_pl94_plan_audits_and_matches_the_global_solve(tmp_path):
     assert read_plan(out).attrs["alpha"] == pytest.approx(solve(workload.matrix, workload.targets).alpha, rel=1e-3)
 
 
+def test_targets_thousands_apart_in_one_block_plan_and_audit(tmp_path):
+    """The age pyramid with its prefixes at target 10^3.5 beside the policy counts at 1: one
+    residual block whose targets are 3,162 apart. A warm start's query weights left G singular
+    there (the plan failed: "the dual could not be evaluated"); the start now takes more of the
+    uniform weights (``START_UNIFORM_SHARES``), and the audit pins the bounds to what the
+    ill-conditioned sigma's variances allow. The plan must audit and match one global solve."""
+    from distfit import solve
+    from distfit.mathematics.workload import age_pyramid_workload
+
+    text = (PIPELINES / "age_pyramid.yaml").read_text()
+    spec = tmp_path / "wide_targets.yaml"
+    spec.write_text(text.replace("10,", "3162.2776601683795,").replace("10]", "3162.2776601683795]"))
+    out = str(tmp_path / "plan.zarr")
+    assert main(["plan", str(spec), "--out", out, "--serial"]) == 0
+    assert main(["audit", out]) == 0
+    workload = age_pyramid_workload(1.0, 10**3.5)
+    plan = read_plan(out)
+    assert np.array_equal(plan.queries_targets, workload.targets)
+    assert plan.attrs["alpha"] == pytest.approx(solve(workload.matrix, workload.targets).alpha, rel=1e-3)
+
+
 def test_audit_catches_a_tampered_sigma(tmp_path, capsys):
     out = str(tmp_path / "plan.zarr")
     assert main(["plan", _write_spec(tmp_path, SMALL_SPEC), "--out", out, "--serial"]) == 0
