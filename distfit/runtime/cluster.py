@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import ctypes.util
+import logging
 import os
 import signal
 import sys
@@ -99,13 +100,16 @@ def local_cluster(workers: int | None = None, worker_env: dict[str, str | None] 
     dependency; the progress lines on stderr say how a job goes), so the scheduler's HTTP
     server serves no dashboard pages (``dashboard=False``) and sits on a free loopback port
     (``127.0.0.1:0``) rather than Dask's 8787, and workers start none. Plain TCP on loopback:
-    see docs/deployment.md for what that leaves open on a machine shared with other users."""
+    see docs/deployment.md for what that leaves open on a machine shared with other users.
+    Dask's own logs are silenced below CRITICAL: a task that fails would otherwise print its
+    worker's "Compute Failed" record with the Python traceback; the driver reports the error
+    in its one line instead."""
     count = workers or os.cpu_count() or 1
     settings = {f"distributed.nanny.pre-spawn-environ.{name}": value for name, value in (worker_env or {}).items()}
     with dask.config.set(settings):  # read by each Nanny when it is created (restarts included)
         cluster = LocalCluster(n_workers=count, threads_per_worker=1, processes=True, host=LOCAL_HOST,
                                dashboard_address=f"{LOCAL_HOST}:0", scheduler_kwargs={"dashboard": False},
-                               worker_dashboard_address=None, silence_logs=40, preload=[__name__])
+                               worker_dashboard_address=None, silence_logs=logging.CRITICAL, preload=[__name__])
     if log is not None:
         print(f"distfit: local cluster with {count} worker processes on {LOCAL_HOST}", file=log)
     return cluster

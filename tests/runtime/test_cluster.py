@@ -275,3 +275,29 @@ def test_on_every_worker_makes_the_value_on_each_worker(client):
         futures = on_every_worker(client, os.getpid, name="pid")
         assert len(futures) == len(client.nthreads()) == 2
         assert len(set(client.gather(futures))) == 2
+
+
+FAILING_TASK = """
+import sys
+from distributed import Client
+from distfit.runtime.cluster import local_cluster
+
+def fails():
+    raise ValueError("the task failed on purpose")
+
+with local_cluster(workers=1) as cluster, Client(cluster) as client:
+    try:
+        client.submit(fails).result()
+    except ValueError as error:
+        print(f"driver saw: {error}")
+"""
+
+
+def test_a_failing_task_prints_no_worker_traceback():
+    """A task that raises on a local cluster's worker reaches the driver as its exception; the
+    worker process prints nothing of it (Dask logs "Compute Failed" with the traceback at
+    ERROR, which the local cluster silences): the user sees the driver's one line alone."""
+    done = subprocess.run([sys.executable, "-c", FAILING_TASK], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "driver saw: the task failed on purpose" in done.stdout
+    assert "Traceback" not in done.stderr and "Compute Failed" not in done.stderr, done.stderr
