@@ -118,7 +118,7 @@ from distfit.release.tasks import (
 from distfit.spec.parse import parse_spec
 from distfit.stores.data import open_data
 from distfit.stores.plan import read_plan
-from distfit.stores.ledger import private_releases_of, record_release
+from distfit.stores.ledger import ledger_path, private_releases_of, record_release
 from distfit.stores.release import (
     check_replaceable,
     create_release,
@@ -334,9 +334,13 @@ def run_release(
                                                               fsync=fsync, hasher=hasher, synced=synced),
                                   out_path, check_replaceable)
             if private:  # the machine's ledger of what this data has cost (stores.ledger)
-                record_release({"data_checksum": data.attrs.get("checksum"), "data": os.path.abspath(data_path),
-                                "release": os.path.abspath(out_path), "release_checksum": checksum,
-                                "plan_checksum": plan_checksum, "rho": float(plan.attrs["rho"])})
+                try:
+                    record_release({"data_checksum": data.attrs.get("checksum"), "data": os.path.abspath(data_path),
+                                    "release": os.path.abspath(out_path), "release_checksum": checksum,
+                                    "plan_checksum": plan_checksum, "rho": float(plan.attrs["rho"])})
+                except OSError as error:  # the release is sealed and stands; the ledger only warns
+                    print(f"distfit: warning: this release is not recorded in the ledger {ledger_path()} "
+                          f"({error.strerror or error}); a later release of this data will not know of it", file=log)
     return ReleaseResult(
         path=str(out_path), units=data.units, queries=len(plan.queries_targets), blocks=len(blocks),
         chunks=n_chunks, chunks_drawn=len(pending), units_drawn=write.done_units,
@@ -348,7 +352,12 @@ def run_release(
 def _say_budget_spent_again(data, data_path: str, rho: float, log: TextIO) -> None:
     """One line when this machine's ledger knows earlier private releases of the same data: this
     one spends the budget again, and zCDP adds (docs/privacy.md, "Releasing the same data again")."""
-    earlier = private_releases_of(str(data.attrs.get("checksum")))
+    try:
+        earlier = private_releases_of(str(data.attrs.get("checksum")))
+    except OSError as error:  # the ledger is a warning, never a reason not to release
+        print(f"distfit: warning: the ledger {ledger_path()} cannot be read ({error.strerror or error}); "
+              "earlier releases of this data on this machine are not known", file=log)
+        return
     if earlier:
         total = sum(float(entry.get("rho", 0.0)) for entry in earlier) + rho
         print(f"distfit: {data_path} was released {len(earlier)} time(s) before on this machine; this release "

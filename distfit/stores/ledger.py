@@ -11,7 +11,9 @@ data again"). The ledger knows only what ran on this machine under this user; it
 not an enforcement, and never part of any store or release.
 
 Lines are appended with one ``write`` of an ``O_APPEND`` file (whole lines, atomic on a local
-filesystem); an unreadable line is skipped.
+filesystem); an unreadable line is skipped. A ledger that cannot be read or written (no
+permission, a read-only home) raises OSError here; the release job turns that into one warning
+line and releases all the same: the ledger warns, it never stops a release.
 """
 from __future__ import annotations
 

@@ -12,6 +12,7 @@ from distfit.runtime.placement import Placement
 from distfit.stores.data import write_synthetic
 from distfit.stores.ledger import ledger_path, private_releases_of, record_release
 from distfit.stores.plan import read_plan
+from distfit.stores.release import read_release
 
 
 @pytest.fixture
@@ -49,3 +50,19 @@ def test_unreadable_lines_are_skipped_and_entries_append(own_home):
     record_release({"data_checksum": "sha256:a", "rho": 0.25})
     assert [e["rho"] for e in private_releases_of("sha256:a")] == [0.5, 0.25]
     assert oct(ledger_path().stat().st_mode & 0o777) == "0o600"
+
+
+def test_a_ledger_that_cannot_be_read_or_written_warns_and_the_release_stands(small_plan, tmp_path, own_home):
+    """The ledger is a warning: a ledger path that can be neither read nor appended to (here a
+    folder stands where the file should be: refused even to root, unlike a file mode) gives one
+    warning line before the noise and one after the seal, and the release is sealed."""
+    data = tmp_path / "data.zarr"
+    write_synthetic(small_plan.spec, 12, data, seed=2, chunk_units=4, fsync=False)
+    ledger_path().mkdir(parents=True)
+    log = io.StringIO()
+    result = run_release(small_plan.plan, data, tmp_path / "a.zarr", placement=Placement(serial=True), log=log,
+                         fsync=False)
+    warnings = [line for line in log.getvalue().splitlines() if line.startswith("distfit: warning: ")]
+    assert len(warnings) == 2, log.getvalue()
+    assert "cannot be read" in warnings[0] and "not recorded" in warnings[1]
+    assert result.checksum.startswith("sha256:") and read_release(tmp_path / "a.zarr").attrs["complete"]
