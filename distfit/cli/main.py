@@ -323,7 +323,7 @@ def build_parser() -> argparse.ArgumentParser:
                                     "answers (with --data, the error of each against the truth)")
 
     export_parser = commands.add_parser(
-        "export", help="CSV and Parquet tables of a release or estimate, with standard errors and 90% margins of error",
+        "export", help="CSV and Parquet tables of a release or estimate, with standard errors and 90%% margins of error",
         description="Write DIR/<table>.csv and DIR/<table>.parquet for every query group (one row per unit and "
                     "query: the query in words, the figure, se and moe90 where exactly known, the integer value) "
                     "and the data dictionary DIR/README.txt, dictionary.csv; every store verified first; atomic.",

@@ -40,6 +40,16 @@ def test_every_argument_of_every_command_has_help_text():
     assert bare == []
 
 
+def test_help_of_distfit_and_of_every_command_prints(capsys):
+    """``distfit --help`` and ``distfit COMMAND --help`` print and exit 0 (a help text with a
+    bare ``%`` once broke the top-level help: argparse formats help texts with ``%``)."""
+    parser = cli.build_parser()
+    (commands,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    for argv in (["--help"], *([name, "--help"] for name in commands.choices)):
+        code, out, err = run(capsys, *argv)
+        assert code == 0 and out.startswith("usage: distfit") and err == "", (argv, err)
+
+
 def test_usage_errors_are_one_line(capsys):
     for argv in (["solve"], ["solve", "prefix:8", "--bogus"], ["solve", "prefix:8", "--basis", "nope"], []):
         code, _, err = run(capsys, *argv)
