@@ -41,7 +41,8 @@ from distfit.solver import dual as certificate
 from distfit.solver import smii
 from distfit.solver.baselines import compare_baselines, gaussian_mechanism
 from distfit.solver.basis import represent
-from distfit.solver.solve import ConvergenceError, solve
+from distfit.solver.convergence import ConvergenceError
+from distfit.solver.solve import solve
 
 from distfit.runtime.threads import blas_threads
 

@@ -18,7 +18,8 @@ __version__ = "0.1.0"
 
 if TYPE_CHECKING:  # the public names, for readers and type checkers; at run time see __getattr__
     from distfit.mathematics.privacy import Budget, PrivacyAccount, privacy_account, privacy_cost, privacy_profile
-    from distfit.solver.solve import BlockSolution, ConvergenceError, SolverStats, solve
+    from distfit.solver.convergence import ConvergenceError
+    from distfit.solver.solve import BlockSolution, SolverStats, solve
     from distfit.stores.plan import read_plan
     from distfit.stores.release import read_release
 
@@ -33,7 +34,7 @@ _PUBLIC = {
     "privacy_cost": "distfit.mathematics.privacy",
     "privacy_profile": "distfit.mathematics.privacy",
     "BlockSolution": "distfit.solver.solve",
-    "ConvergenceError": "distfit.solver.solve",
+    "ConvergenceError": "distfit.solver.convergence",
     "SolverStats": "distfit.solver.solve",
     "solve": "distfit.solver.solve",
     "read_plan": "distfit.stores.plan",

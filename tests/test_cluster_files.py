@@ -249,7 +249,8 @@ def test_jobqueue_run_s_certificate_gets_the_driver_into_its_tls_cluster(tmp_pat
     real TLS cluster made with that certificate, which a client without it cannot."""
     from distributed import LocalCluster
 
-    from distfit.runtime.cluster import ClusterError, dask_client
+    from distfit.runtime.cluster import dask_client
+    from distfit.runtime.failures import ClusterError
     from distfit.runtime.security import Transport
 
     jobqueue_run = _jobqueue_run()

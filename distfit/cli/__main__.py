@@ -5,9 +5,11 @@ to every process of its foreground process group: the driver and, while a local 
 starts or runs, its worker processes. Three things make that one line (Python alone printed up
 to 170 lines and three tracebacks when Ctrl-C came during start-up):
 
-- :func:`entry` imports the command (``distfit.cli.main``, seconds of numpy, scipy and Dask)
-  inside its ``try``, the one late import of the command, on purpose: a Ctrl-C while it loads is
-  caught like any other (``import distfit`` itself is light: its public names load on first use).
+- :func:`entry` imports the command line (``distfit.cli.main``: the parser, tens of
+  milliseconds, no numpy) inside its ``try``, the one late import of the command, on purpose: a
+  Ctrl-C while it loads is caught like any other (``import distfit`` itself is light: its public
+  names load on first use). The command's handler, and with it numpy, scipy, zarr and Dask for
+  up to seconds, is imported inside ``distfit.cli.main.main``, which catches a Ctrl-C there.
   Once the command has returned, SIGINT is ignored, so a second Ctrl-C while the process
   ends adds nothing; after an interrupt the process leaves at once (``os._exit``): the
   interrupt has already unwound through every store and cluster the command opened, and the

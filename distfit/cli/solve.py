@@ -21,15 +21,12 @@ import numpy as np
 
 from distfit import __version__
 from distfit.cli.errors import UsageError
+from distfit.cli.main import DEFAULT_MAX_GAP
 from distfit.cli.outputs import check_output_path, write_outputs
 from distfit.cli.workloads import load_workload
 from distfit.mathematics.privacy import Budget
 from distfit.solver.baselines import compare_baselines
 from distfit.solver.solve import solve
-
-#: ``distfit.solve`` refuses a plan whose certified gap is above this (its ``max_gap``); a
-#: looser ``--gap-tolerance`` raises it to match.
-DEFAULT_MAX_GAP = 1e-3
 
 
 def budget_from_args(args: argparse.Namespace) -> Budget | None:

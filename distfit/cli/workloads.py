@@ -1,6 +1,6 @@
 """``distfit solve``'s WORKLOAD argument: a built-in workload name or a ``.npz`` file.
 
-Built-in names (``WORKLOAD_HELP``): ``pl94``, ``pl94-uniform``, ``age-pyramid``, ``prefix:N``,
+Built-in names (``distfit.cli.main.WORKLOAD_HELP``): ``pl94``, ``pl94-uniform``, ``age-pyramid``, ``prefix:N``,
 ``ranges:D:M:SEED[:random]`` and ``marginals:AxBxC``, built by ``distfit.mathematics.workload``; a
 ``.npz`` archive holds arrays ``W`` (m x d) and ``targets`` (m,). A built-in block whose dense
 matrices would not fit in memory (``distfit.solver.solve.estimated_memory`` against
@@ -27,14 +27,6 @@ from distfit.mathematics.workload import (
     prefix_workload,
     random_range_workload,
 )
-
-WORKLOAD_HELP = (
-    "a built-in workload: pl94 (PL94-171 style, targets 1/2/4), pl94-uniform (all targets 1), "
-    "age-pyramid, prefix:N, ranges:D:M:SEED[:random] (M random ranges on D cells; targets 1, or "
-    "uniform(1, 10) with :random), marginals:3x3x3 (all 2-way marginals of attributes of these "
-    "sizes, targets 1); or a path to a .npz file with arrays W (m x d) and targets (m,)"
-)
-
 
 @dataclass(frozen=True)
 class LoadedWorkload:
@@ -155,7 +147,7 @@ def _load_npz(path: str) -> LoadedWorkload:
 
 
 def load_workload(spec: str) -> LoadedWorkload:
-    """Resolve WORKLOAD: a built-in name (see ``WORKLOAD_HELP``) or a path to a ``.npz`` file.
+    """Resolve WORKLOAD: a built-in name (see ``distfit.cli.main.WORKLOAD_HELP``) or a path to a ``.npz`` file.
 
     Built-in names win over files of the same name; anything ending in ``.npz`` or naming an
     existing file is read as a ``.npz`` archive. Raises ``UsageError`` for anything else.

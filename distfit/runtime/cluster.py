@@ -34,6 +34,7 @@ from distributed import Client, LocalCluster, as_completed
 from distributed.diagnostics.plugin import WorkerPlugin
 from distributed.security import Security
 
+from distfit.runtime.failures import ClusterError
 from distfit.runtime.placement import Placement
 from distfit.runtime.security import ENCRYPTED_SCHEMES, Transport, refusal, scheduler_address, scheme_of
 
@@ -51,10 +52,6 @@ LOW_LEVEL_LOG_LENGTH = 10  # Dask's developer message logs, while dask_client is
 #: The one interface every listener of a local cluster binds (scheduler, nannies, workers and
 #: their HTTP servers): nothing distfit starts by itself is reachable from another machine.
 LOCAL_HOST = "127.0.0.1"
-
-
-class ClusterError(RuntimeError):
-    """The cluster named on the command line cannot be reached."""
 
 
 @contextlib.contextmanager

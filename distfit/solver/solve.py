@@ -58,6 +58,7 @@ import numpy as np
 
 from distfit.solver import dual, smii
 from distfit.solver.basis import represent
+from distfit.solver.convergence import ConvergenceError
 from distfit.solver.linalg import dominant_rows
 from distfit.mathematics.bounds import certified_bound
 from distfit.mathematics.privacy import Budget, PrivacyAccount, privacy_account, privacy_profile
@@ -82,10 +83,6 @@ WARM_DUAL_ITERATIONS = 5
 #: (the nuclear norm, where singular values cross) can end on a failed line search short of the
 #: gap, and a new start goes on from there.
 DUAL_RESTARTS = 3
-
-
-class ConvergenceError(RuntimeError):
-    """The solver could not certify its plan within the requested optimality gap."""
 
 
 @dataclass(frozen=True)

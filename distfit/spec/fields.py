@@ -173,6 +173,6 @@ def check_range(value: Any, path: str, allowed: Range) -> Any:
         number = float(value)
     except OverflowError:  # an integer beyond the floats
         number = math.inf
-    if allowed.outside(np.array([number]))[0]:
+    if allowed.excludes(number):
         raise SpecError(path, f"must be {allowed.text}, got {show(value)}")
     return value

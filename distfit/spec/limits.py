@@ -20,8 +20,10 @@ The checks (:func:`distfit.spec.fields.check_range` and the parser's) raise
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import numpy as np
+if TYPE_CHECKING:  # no numpy at run time: distfit --help imports this module (docs/architecture.md)
+    import numpy as np
 
 
 __all__ = [
@@ -57,10 +59,13 @@ class Range:
         return f"in [{self.low:g}, {self.high:g}{')' if self.open_high else ']'}"
 
     def outside(self, values: np.ndarray) -> np.ndarray:
-        """Mask of the ``values`` outside the range (NaN included)."""
-        values = np.asarray(values, dtype=float)
+        """Mask of the float array ``values`` outside the range (NaN included)."""
         above = values >= self.high if self.open_high else values > self.high
-        return ~(values >= self.low) | above
+        return (values < self.low) | (values != values) | above  # NaN != NaN
+
+    def excludes(self, value: float) -> bool:
+        """Whether the number ``value`` is outside the range (NaN included)."""
+        return bool(self.outside(float(value)))
 
 
 #: A query's variance target (people^2): sd from 0.001 to 10^6 people.

@@ -183,7 +183,7 @@ def _matrix(argument: Any, attribute: AttributeSpec, where: str) -> AttributeQue
                 size = abs(float(entry))
             except OverflowError:  # an integer beyond the floats: custom_queries says so
                 continue
-            if size != 0 and math.isfinite(size) and MATRIX_ENTRY.outside(np.array([size]))[0]:
+            if size != 0 and math.isfinite(size) and MATRIX_ENTRY.excludes(size):
                 raise SpecError(f"{where}[{r}][{c}]", f"must be 0 or of absolute value {MATRIX_ENTRY.text} "
                                                       f"(docs/spec.md, Ranges), got {show(entry)}")
     try:

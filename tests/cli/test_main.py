@@ -73,6 +73,42 @@ def test_module_entry_point_subprocess(tmp_path):
     assert_one_line_error(bad.stderr, "unknown workload")
 
 
+#: Packages a command imports only when it does what needs them (issue 31, point 1): numbers,
+#: a cluster, a store.
+NUMERIC = ("numpy", "scipy")
+CLUSTER = ("dask", "distributed")
+STORES = ("zarr",)
+
+
+def imported_packages(argv: list[str]) -> tuple[int, set[str]]:
+    """Exit code and the top-level packages ``python -X importtime -m distfit.cli ARGV``
+    imported (its import-time records on stderr name every module, as it is imported)."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[2]) + os.pathsep + env.get("PYTHONPATH", "")
+    done = subprocess.run([sys.executable, "-X", "importtime", "-m", "distfit.cli", *argv],
+                          capture_output=True, text=True, env=env, timeout=300)
+    records = re.findall(r"^import time:\s*\d+ \|\s*\d+ \|\s*(\S+)", done.stderr, flags=re.MULTILINE)
+    return done.returncode, {name.split(".")[0] for name in records}
+
+
+@pytest.mark.parametrize("argv, never", [
+    (["--version"], NUMERIC + CLUSTER + STORES),
+    (["--help"], NUMERIC + CLUSTER + STORES),
+    (["plan", "--help"], NUMERIC + CLUSTER + STORES),
+    (["solve", "prefix:8"], CLUSTER + STORES),
+    (["audit", "PLAN"], CLUSTER),
+], ids=["version", "help", "plan-help", "solve", "audit"])
+def test_a_command_imports_only_what_it_uses(small_plan, argv, never):
+    """``--help`` and ``--version`` answer without numpy, scipy, Dask or zarr (start-up well under
+    a second; ``benchmarks/bench_startup.py`` times it); ``solve`` opens no store and starts no
+    cluster; ``audit`` reads a store and starts no cluster. Checked on the module list
+    ``python -X importtime`` prints, not by timing."""
+    code, packages = imported_packages([small_plan.plan if word == "PLAN" else word for word in argv])
+    assert code == 0
+    assert "distfit" in packages  # the records were read
+    assert sorted(packages & set(never)) == []
+
+
 #: what planning and auditing never need (distfit.cli.main's docstring: the dispatch table)
 HEAVY = ("dask.dataframe", "pandas", "pyarrow", "matplotlib", "numba", "jax", "distfit.pipeline.run",
          "distfit.cli.commands")
@@ -297,7 +333,7 @@ def _assert_interrupted(code: int, after: list[str], everything: str, hint: str)
 
 
 @pytest.mark.parametrize("marker, occurrence, hint", [
-    (r"\|\s+numpy$", 1, " while starting; nothing was written"),  # importing the command
+    (r"\|\s+numpy$", 1, "; nothing was written"),  # importing the command's handler (numpy first)
     (r"\|\s+distfit\.pipeline\.run$", 1, "; nothing was written"),  # the run's modules loaded: the spec, the cluster
     (r"\|\s+distributed\.worker$", 2, "; nothing was written"),  # a worker process of the local cluster starting
 ], ids=["imports", "spec-load", "cluster-start"])

@@ -542,7 +542,8 @@ def test_worker_killed_mid_release_redraws_identical_chunks(inputs, tmp_path, ca
 
 
 def test_background_client_reports_an_unreachable_scheduler():
-    from distfit.runtime.cluster import BackgroundClient, ClusterError
+    from distfit.runtime.cluster import BackgroundClient
+    from distfit.runtime.failures import ClusterError
 
     with BackgroundClient("tcp://127.0.0.1:1", timeout=1, transport=Transport(insecure=True)) as background:
         with pytest.raises(ClusterError, match="cannot reach the scheduler"):
@@ -555,7 +556,8 @@ def test_unreachable_cluster_writes_nothing(inputs, tmp_path, monkeypatch):
     import functools
 
     import distfit.runtime.cluster as cluster_module
-    from distfit.runtime.cluster import BackgroundClient, ClusterError
+    from distfit.runtime.cluster import BackgroundClient
+    from distfit.runtime.failures import ClusterError
 
     # the release's client (PlacedClient) starts a BackgroundClient of runtime.cluster
     monkeypatch.setattr(cluster_module, "BackgroundClient", functools.partial(BackgroundClient, timeout=1))

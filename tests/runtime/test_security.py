@@ -20,7 +20,8 @@ from distributed.security import Security
 
 from distfit.cli.main import main
 from distfit.plan.job import run_plan
-from distfit.runtime.cluster import ClusterError, connection_security, dask_client
+from distfit.runtime.cluster import connection_security, dask_client
+from distfit.runtime.failures import ClusterError
 from distfit.runtime.placement import Placement
 from distfit.runtime.security import Transport, is_loopback, refusal, scheduler_address
 from distfit.spec.parse import load_spec

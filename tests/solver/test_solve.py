@@ -18,7 +18,8 @@ from distfit.mathematics import privacy, workload as wl
 from distfit.mathematics.bounds import certified_bound
 from distfit.solver.linalg import dominant_rows
 from distfit.solver import solve as solve_module
-from distfit.solver.solve import BlockSolution, ConvergenceError, WarmStart, solve
+from distfit.solver.convergence import ConvergenceError
+from distfit.solver.solve import BlockSolution, WarmStart, solve
 
 from tests.reference import (
     SYMMETRIC_REFERENCE_REL,
