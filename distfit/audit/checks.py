@@ -46,24 +46,30 @@ def row_variances(recon: np.ndarray, sigma: np.ndarray) -> np.ndarray:
     return np.einsum("ij,ij->i", recon @ sigma, recon)
 
 
-def bound_tolerance(variances: np.ndarray, differences: np.ndarray, targets: np.ndarray) -> float:
-    """How closely (relative) the audit can pin a bound evaluated at targets scaled by the
-    variance scale ``s = max_j v_j / t_j``: :data:`BOUND_TOLERANCE`, plus twice the relative move
-    of ``s`` that the ``differences`` between the plan's stored variances and the audit's
-    recomputed ones permit (a bound is ``N^2 ~ 1 / s``).
+def variance_disagreement(stored: np.ndarray, recomputed: np.ndarray) -> float:
+    """The largest relative difference ``|s_j - r_j| / r_j`` between a block's stored variances
+    and the audit's recomputed ones (0 when their shapes differ: that has failed elsewhere)."""
+    if stored.shape != recomputed.shape or not recomputed.size:
+        return 0.0
+    with np.errstate(divide="ignore", invalid="ignore"):
+        relative = np.abs(stored - recomputed) / recomputed
+    return float(np.max(relative)) if np.all(np.isfinite(relative)) else 0.0
+
+
+def bound_tolerance(disagreement: float) -> float:
+    """How closely (relative) the audit can pin a bound evaluated at targets scaled by a
+    variance scale ``s = max_j v_j / t_j``: :data:`BOUND_TOLERANCE`, plus twice the relative
+    ``disagreement`` of the variances it is evaluated at (:func:`variance_disagreement`; the
+    largest over the blocks for a sum over them): ``s`` moves by at most that, and a bound is
+    ``N^2 ~ 1 / s``.
 
     The variances themselves are checked to :data:`TOLERANCE`; a bound evaluated at them can be
-    pinned no closer than they are. On a well-conditioned sigma the two computations agree to
-    about 1e-15 and the tolerance stays :data:`BOUND_TOLERANCE`; on an ill-conditioned one (a
-    prefix block whose targets are 3,000 apart: sigma's condition number 1e9) they differ by
-    1e-8 and so may the bounds (docs/audit.md, "Lower bounds").
+    pinned no closer than they are. On a well-conditioned sigma the planner's and the audit's
+    variances agree to about 1e-15 and the tolerance stays :data:`BOUND_TOLERANCE`; on an
+    ill-conditioned one (a prefix block whose targets are 3,000 apart: sigma's condition number
+    1e9) they differ by 1e-8, and so may the bounds (docs/audit.md, "What the audit checks").
     """
-    if not variances.size:
-        return BOUND_TOLERANCE
-    scale = float(np.max(variances / targets))
-    if not (scale > 0 and np.all(np.isfinite(differences))):
-        return BOUND_TOLERANCE
-    return BOUND_TOLERANCE + 2.0 * float(np.max(differences / targets)) / scale
+    return BOUND_TOLERANCE + 2.0 * disagreement
 
 
 def close(stored, recomputed, tolerance: float = TOLERANCE) -> bool:
