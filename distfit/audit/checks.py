@@ -12,7 +12,6 @@ from typing import Any, Callable
 import numpy as np
 
 from distfit.audit import labels
-from distfit.mathematics.packing import QueryRuns
 
 TOLERANCE = 1e-8  # relative: a recomputed number and the stored one agree to this
 BOUND_TOLERANCE = 1e-9  # a stored bound equals the bound its stored certificate proves, to this (relative)
@@ -81,24 +80,6 @@ def close(stored, recomputed, tolerance: float = TOLERANCE) -> bool:
         return False
     recomputed = np.asarray(recomputed, dtype=float)
     return stored.shape == recomputed.shape and bool(np.allclose(stored, recomputed, rtol=tolerance, atol=0.0))
-
-
-def differing_queries(stored: QueryRuns, recomputed: np.ndarray) -> np.ndarray:
-    """The queries whose ``recomputed`` value is not close to the ``stored`` one (as ``close``:
-    ``np.isclose(stored, recomputed)``, relative :data:`TOLERANCE`), a stored vector read as runs
-    (:class:`distfit.mathematics.packing.QueryRuns`) so it is never expanded. The recomputed values close to
-    a run's value form an interval (``|s - r| <= TOLERANCE |r|`` for r of one sign), so a run's
-    least and greatest recomputed values decide it; only failing runs are compared query by query."""
-    starts = stored.offsets[:-1]
-    if not starts.size:
-        return np.zeros(0, dtype=np.int64)
-    low, high = np.minimum.reduceat(recomputed, starts), np.maximum.reduceat(recomputed, starts)
-    bad = np.flatnonzero(~(np.isclose(stored.values, low, rtol=TOLERANCE, atol=0.0)
-                           & np.isclose(stored.values, high, rtol=TOLERANCE, atol=0.0)))
-    lengths = stored.lengths[bad]
-    queries = np.arange(int(lengths.sum())) + np.repeat(starts[bad] - (np.cumsum(lengths) - lengths), lengths)
-    wrong = ~np.isclose(np.repeat(stored.values[bad], lengths), recomputed[queries], rtol=TOLERANCE, atol=0.0)
-    return queries[wrong]
 
 
 def at_most(value: float, bound: float, tolerance: float = TOLERANCE) -> bool:

@@ -15,20 +15,9 @@ from distfit.audit.checks import BOUND_TOLERANCE, TOLERANCE, Checks, profile_by_
 from distfit.audit.chosen import Certificate
 from distfit.audit.composition import EXACT_DOMAIN_LIMIT, is_flat
 from distfit.mathematics.domain import Domain
-from distfit.mathematics.packing import PackedBlocks, block_cells, residual_basis
+from distfit.audit.query_steps import QueryRows, range_minima
+from distfit.mathematics.packing import PackedBlocks, QueryRuns, block_cells, residual_basis
 from distfit.stores.plan import Plan
-
-ROW_SLAB = 1 << 22  # a pack's implied rows are expanded this many at a time (memory: a few arrays of this length)
-
-
-@dataclass
-class QuerySums:
-    """Per-query sums over every block row: variances, target shares, whether answered."""
-
-    variances: np.ndarray
-    shares: np.ndarray
-    answered: np.ndarray
-
 
 @dataclass
 class PackResult:
@@ -62,13 +51,13 @@ def signature_forms(signatures: np.ndarray) -> dict[str, np.ndarray]:
     return out
 
 
-def audit_pack(check: Checks, plan: Plan, p: int, pack: PackedBlocks, domain: Domain, targets: np.ndarray,
-                sums: QuerySums, certificate: Certificate | None) -> PackResult | None:
+def audit_pack(check: Checks, plan: Plan, p: int, pack: PackedBlocks, domain: Domain, targets: QueryRuns,
+                rows: QueryRows, certificate: Certificate | None) -> PackResult | None:
     """Every claim of a pack's blocks (module docstring), recomputed by numpy over all its blocks
     and segments at once: per attribute-size signature one eigendecomposition and one SVD
-    (:func:`signature_forms`), then per block and per segment only scalars, and the implied rows
-    expanded :data:`ROW_SLAB` at a time into the per-query sums. None when the pack cannot be
-    audited further (a failure was recorded)."""
+    (:func:`signature_forms`), then per block and per segment only scalars; the implied rows go
+    to ``rows`` as ranges of queries (never expanded). ``targets``: every query's, as runs. None
+    when the pack cannot be audited further (a failure was recorded)."""
     name = f"packs/{plan.pack_ids[p]}"
     ids = plan.packed_block_ids(p)
     sizes = np.asarray(domain.sizes, dtype=np.int64)
@@ -109,28 +98,12 @@ def audit_pack(check: Checks, plan: Plan, p: int, pack: PackedBlocks, domain: Do
                                     f"diag(L Sigma L^T) (first: segment {wrong[0]} of {ids[owner[wrong[0]]]}: stored "
                                     f"{float(pack.segment_variance[wrong[0]])!r}, recomputed {float(high[wrong[0]])!r})"))
 
-    # The implied rows, a slab of segments at a time in order of their first query (so a slab's
-    # queries span a narrow range and its sums are accumulated there, not over all m queries):
-    # per-query sums and each segment's smallest query target.
+    # The implied rows: each segment gives every query of its marginal, the range
+    # [segment_query, segment_query + cells), its row variance and share (summed per query with
+    # the other blocks' rows by audit.query_steps); and its smallest query target.
     share = pack.segment_target
-    smallest_target = np.empty(pack.segments)
-    by_query = np.argsort(pack.segment_query, kind="stable")
-    ends = np.cumsum(clique_cells[by_query])
-    start = 0
-    while start < pack.segments:
-        stop = max(start + 1, int(np.searchsorted(ends, (ends[start - 1] if start else 0) + ROW_SLAB, side="right")))
-        segments = by_query[start:min(stop, pack.segments)]
-        rows = clique_cells[segments]
-        first_row = np.cumsum(rows) - rows
-        query = np.repeat(pack.segment_query[segments] - first_row, rows) + np.arange(int(rows.sum()))
-        low_query = int(query.min())
-        local = query - low_query
-        span = slice(low_query, int(query.max()) + 1)
-        sums.variances[span] += np.bincount(local, np.repeat(high[segments], rows))
-        sums.shares[span] += np.bincount(local, np.repeat(share[segments], rows))
-        sums.answered[query] = True
-        smallest_target[segments] = np.minimum.reduceat(targets[query], first_row)
-        start = stop
+    rows.add_ranges(pack.segment_query, pack.segment_query + clique_cells, high, share)
+    smallest_target = range_minima(targets, pack.segment_query, pack.segment_query + clique_cells)
     bad = np.flatnonzero(~((share > 0) & (share <= smallest_target * (1.0 + TOLERANCE))))
     check(bad.size == 0, lambda: (f"{name}/segment_target: {bad.size} segments' target shares are not in (0, their "
                                   f"queries' target] (first: segment {bad[0]} of {ids[owner[bad[0]]]}: share "

@@ -90,7 +90,6 @@ from distfit.audit.checks import (
     bound_tolerance,
     close,
     closed_keys,
-    differing_queries,
     first_true,
     label,
     profile_by_eigendecomposition,
@@ -99,7 +98,8 @@ from distfit.audit.checks import (
 )
 from distfit.audit.chosen import check_chosen_bound, read_certificate
 from distfit.audit.composition import EXACT_DOMAIN_LIMIT, is_flat, stitched_maximum
-from distfit.audit.packs import QuerySums, audit_pack
+from distfit.audit.packs import audit_pack
+from distfit.audit.query_steps import QueryRows, spec_target_runs
 from distfit.audit.privacy import account, budget_alpha
 from distfit.mathematics.domain import Domain
 from distfit.spec.model import PipelineSpec
@@ -328,29 +328,29 @@ def _audit(plan: Plan, path: str) -> AuditReport:
         check(False, f"schema: not a schema ({error})")
         return AuditReport(path, check.count, tuple(check.failures), float("nan"), recomputed_sum)
     stored_targets = plan.target_runs
-    targets = None
+    targets = None  # every query's target, as runs (never a vector of the queries: audit.query_steps)
     if spec is not None:
-        spec_targets = spec.targets
+        spec_targets = spec_target_runs(spec)
         if check(stored_targets.size == spec_targets.size,
                  f"queries/targets: {stored_targets.size} targets, but the stored spec has {spec_targets.size} queries"):
-            differ = differing_queries(stored_targets, spec_targets)
-            check(not differ.size, lambda: (
-                f"queries/targets: {differ.size} differ from the stored spec's targets (first: query "
-                f"{int(differ[0])}: stored {float(stored_targets[differ[:1]][0])!r}, "
-                f"spec {float(spec_targets[differ[0]])!r})"))
+            steps = QueryRows(spec_targets.size).steps(stored_targets, spec_targets)
+            stored_on, spec_on = steps.steps.of_runs(stored_targets), steps.steps.of_runs(spec_targets)
+            differ = ~np.isclose(stored_on, spec_on, rtol=TOLERANCE, atol=0.0)
+            check(not differ.any(), lambda: (
+                f"queries/targets: {steps.steps.queries(differ)} differ from the stored spec's targets (first: query "
+                f"{steps.steps.first_query(differ)}: stored {float(stored_on[differ][0])!r}, "
+                f"spec {float(spec_on[differ][0])!r})"))
             targets = spec_targets  # what the claims below are about: the spec's targets
     if targets is None:
-        targets = stored_targets.expand()
+        targets = stored_targets
     m = targets.size
-    if not check(np.all(targets > 0), "queries/targets: every target must be > 0"):
+    if not check(np.all(targets.values > 0), "queries/targets: every target must be > 0"):
         return AuditReport(path, check.count, tuple(check.failures), float("nan"), recomputed_sum)
 
     chosen = planner.get("chosen_blocks_lower_bound")
     certificate = read_certificate(check, chosen, m, plan.explicit_block_ids) if chosen is not None else None
     position = {name: i for i, name in enumerate(domain.names)}
-    variances = np.zeros(m)
-    answered = np.zeros(m, dtype=bool)
-    shares = np.zeros(m)
+    rows = QueryRows(m)  # every block row's query, variance and share (audit.query_steps)
     block_profiles = []  # (positions, profile) per block, for the stitched profile of a small domain
     proved: dict[str, float | None] = {}  # block id -> the bound its certificate proves
     tolerances: dict[str, float] = {}  # block id -> how closely rounding lets the audit pin its bound
@@ -403,16 +403,13 @@ def _audit(plan: Plan, path: str) -> AuditReport:
             check(False, f"planner.chosen_blocks_lower_bound.certificate.cell_weights.{block.block_id}: not the "
                          f"weights of the block's {block.basis.shape[1]} cells")
             certificate = None
-        np.add.at(variances, block.query_index, block_variances)
-        np.add.at(shares, block.query_index, block.targets)
-        answered[block.query_index] = True
+        rows.add_block(block.query_index, block_variances, block.targets)
         block_profiles.append((tuple(position[a] for a in attributes if a in position), profile))
         flat = flat and is_flat(profile, TOLERANCE)
         alpha_sum += block_alpha
 
-    sums = QuerySums(variances, shares, answered)
     for p, pack in enumerate(plan.packs()):
-        result = audit_pack(check, plan, p, pack, domain, targets, sums, certificate)
+        result = audit_pack(check, plan, p, pack, domain, targets, rows, certificate)
         if result is None:
             profiles_complete = False
             continue
@@ -422,25 +419,29 @@ def _audit(plan: Plan, path: str) -> AuditReport:
         proved.update(result.proved)
 
     stored_variances = plan.variance_runs
-    check(stored_variances.size == m and not differing_queries(stored_variances, variances).size,
+    sums = rows.steps(targets, *([stored_variances] if stored_variances.size == m else []))
+    steps, variances, shares, answered = sums.steps, sums.variances, sums.shares, sums.answered
+    step_targets = steps.of_runs(targets)
+    check(stored_variances.size == m
+          and np.isclose(steps.of_runs(stored_variances), variances, rtol=TOLERANCE, atol=0.0).all(),
           "queries/variances: differ from the sum of the block rows")
-    check(answered.all(), lambda: f"queries: {int((~answered).sum())} queries have no row in any block (first: "
-                                  f"query {first_true(~answered)})")
-    short = answered & (shares < targets * (1.0 - TOLERANCE))
+    check(answered.all(), lambda: f"queries: {steps.queries(~answered)} queries have no row in any block (first: "
+                                  f"query {steps.first_query(~answered)})")
+    short = answered & (shares < step_targets * (1.0 - TOLERANCE))
     check(not short.any(), lambda: (
-        f"blocks/*/targets: the target shares of {int(short.sum())} queries add up to less than their target (first: "
-        f"query {first_true(short)}: {shares[first_true(short)]!r} < {targets[first_true(short)]!r})"))
+        f"blocks/*/targets: the target shares of {steps.queries(short)} queries add up to less than their target "
+        f"(first: query {steps.first_query(short)}: {shares[short][0]!r} < {step_targets[short][0]!r})"))
 
     # The variance scale k: the largest variance/target, what every variance is promised within.
-    scale = float(np.max(variances / targets)) if m else 1.0
+    scale = float(np.max(variances / step_targets)) if m else 1.0
     if "variance_scale" in planner:
         check(close(planner["variance_scale"], scale),
               f"planner.variance_scale: stored {planner['variance_scale']!r}, but the largest variance/target is {scale!r}")
     budget = spec.privacy.budget if spec is not None else None
     promised = float(planner.get("variance_scale", 1.0)) if budget is not None or spec is None else 1.0
-    over = np.flatnonzero(variances > promised * targets * (1.0 + TOLERANCE))
-    check(over.size == 0, f"queries/variances: {over.size} queries exceed {promised:g} x their targets "
-                          f"(first: query {over[:1].tolist()})")
+    over = variances > promised * step_targets * (1.0 + TOLERANCE)
+    check(not over.any(), lambda: f"queries/variances: {steps.queries(over)} queries exceed {promised:g} x their "
+                                  f"targets (first: query {[steps.first_query(over)]})")
 
     # Small domains are exact (evaluated cell by cell); above the limit alpha_exact may be
     # claimed only when every profile is flat (a flat plan labelled a bound understates nothing).
