@@ -36,6 +36,20 @@ def write(tmp_path: Path, text: str, name: str = "spec.yaml") -> Path:
     return path
 
 
+#: The schema of the spec tests that are about queries and targets: age (4 values, ordinal) x sex.
+AGE_SEX = """\
+attributes:
+  - {name: age, size: 4, ordinal: true}
+  - {name: sex, values: [male, female]}
+"""
+
+
+def write_age_sex(tmp_path: Path, name: str, queries: str) -> Path:
+    """Write the spec ``name`` on the :data:`AGE_SEX` schema whose ``queries`` list is
+    ``queries`` (YAML list items, dedented) to ``tmp_path/spec.yaml``."""
+    return write(tmp_path, f"name: {name}\n{AGE_SEX}queries:\n" + textwrap.indent(textwrap.dedent(queries), "  "))
+
+
 def pairs_text(attributes: int, values: int, shorthand: bool) -> str:
     """The spec of every 2-way marginal of ``attributes`` attributes of ``values`` values as YAML:
     one identity group per pair (``pairs.<a>.<b>``, target 1), or with ``shorthand`` the one group
