@@ -16,7 +16,7 @@ from distfit.solver.basis import represent
 from distfit.mathematics.bounds import certified_bound
 from distfit.solver.dual import DualPoint, evaluate_dual, maximize_dual, plan_cost
 
-from tests.reference import cvx_optimal_alpha, orthonormal_row_basis
+from tests.reference import orthonormal_row_basis
 
 
 def _cases():
@@ -37,11 +37,6 @@ def _cases():
 
 CASES = _cases()
 IDS = [c[0] for c in CASES]
-
-
-@pytest.fixture(scope="module")
-def cvx_alphas():
-    return {name: cvx_optimal_alpha(W, c) for name, W, c in CASES}
 
 
 def _scaled(W, targets, kind="svd"):

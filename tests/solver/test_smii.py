@@ -17,8 +17,6 @@ from distfit.solver.smii import (
 )
 from distfit.solver.solve import solve
 
-from tests.reference import cvx_optimal_alpha
-
 
 def _cases():
     cases = []
@@ -36,11 +34,6 @@ def _cases():
 
 CASES = _cases()
 IDS = [c[0] for c in CASES]
-
-
-@pytest.fixture(scope="module")
-def cvx_alphas():
-    return {name: cvx_optimal_alpha(W, c) for name, W, c, _ in CASES}
 
 
 def _problem(W, targets, kind):
