@@ -18,7 +18,7 @@ time <= release time, memory flat); the default is smaller for a quick run. Plan
   release chunk: recover the measurements, project every unit onto x >= 0, W x; the seal).
 
 Each run is a fresh spawned process whose peak RSS (driver, and the largest worker process) is
-sampled every 50 ms (:class:`benchmarks.bench_release.PeakRSS`). Printed per N: both times,
+sampled every 50 ms (:class:`benchmarks.common.PeakRSS`). Printed per N: both times,
 units/s, the ratio estimate / release (goal <= 1), peak RSS of each, bytes written per unit,
 the estimate's fit (iterations, unconverged units), the load average before each run, and the
 CPU seconds each run used (the driver and its worker processes, user + system: on a shared,
@@ -37,11 +37,9 @@ from __future__ import annotations
 
 import argparse
 import io
-import os
 import resource
 import shutil
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -49,7 +47,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.bench_release import MIB, load, measured, spread, store_bytes  # noqa: E402
+from benchmarks.common import MIB, load, measured, parse_options, planned_workdir, spread, store_bytes, synthesised  # noqa: E402
 from distfit.estimate.job import chunk_answers, run_estimate  # noqa: E402
 from distfit.estimate.measurements import (  # noqa: E402
     measurement_model,
@@ -57,10 +55,7 @@ from distfit.estimate.measurements import (  # noqa: E402
     workload_kind,
 )
 from distfit.estimate.projection import project_nonnegative  # noqa: E402
-from distfit.plan.job import run_plan  # noqa: E402
 from distfit.release.job import run_release  # noqa: E402
-from distfit.spec.parse import load_spec  # noqa: E402
-from distfit.stores.data import write_synthetic  # noqa: E402
 from distfit.stores.estimate import read_estimate  # noqa: E402
 from distfit.stores.plan import read_plan  # noqa: E402
 from distfit.stores.release import read_release  # noqa: E402
@@ -118,42 +113,14 @@ def pieces(plan_path: str, release_path: str, repeat: int = 3) -> dict[str, floa
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--units", type=int, nargs="+", default=[20_000])
-    parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--repeat", type=int, default=1)
     parser.add_argument("--integer", action="store_true", help="integer estimates")
-    parser.add_argument("--workdir", default=None, help="default: a new temporary directory (deleted)")
-    parser.add_argument("--keep-data", action="store_true", help="keep (and reuse) the data stores in --workdir")
-    parser.add_argument("--spec", default=str(ROOT / "pipelines" / "pl94.yaml"))
-    args = parser.parse_args(argv)
-    if args.repeat < 1:
-        parser.error("--repeat must be >= 1")
-    if args.keep_data and args.workdir is None:
-        parser.error("--keep-data needs --workdir")
-
-    own = args.workdir is None
-    workdir = Path(args.workdir or tempfile.mkdtemp(prefix="bench-estimate-"))
-    workdir.mkdir(parents=True, exist_ok=True)
-    plan_path = str(workdir / "plan.zarr")
-    shutil.rmtree(plan_path, ignore_errors=True)
-    start = time.perf_counter()
-    run_plan(load_spec(args.spec), plan_path, placement=Placement(serial=True), log=io.StringIO())
-    plan = read_plan(plan_path)
-    shapes = [plan.block(b).recon.shape[0:1] + plan.block(b).basis.shape for b in plan.block_ids]
-    print(f"plan {Path(args.spec).name}: {len(shapes)} block(s) (m_b, k, d_b) {shapes}, "
-          f"{len(plan.queries_targets)} queries, planned in {time.perf_counter() - start:.1f} s; "
-          f"{os.cpu_count()} CPUs; workdir {workdir}", flush=True)
-
+    args = parse_options(parser, argv, units=[20_000], repeat=1)
     rows = []
-    try:
+    with planned_workdir(args, "bench-estimate-") as workdir:
+        plan_path = workdir.plan_path
         for n in args.units:
-            data_path = str(workdir / f"data-{n}.zarr")
-            rel, est = str(workdir / f"release-{n}.zarr"), str(workdir / f"estimate-{n}.zarr")
-            if not (args.keep_data and Path(data_path).exists()):
-                shutil.rmtree(data_path, ignore_errors=True)
-                start = time.perf_counter()
-                write_synthetic(args.spec, n, data_path, seed=n)
-                print(f"N={n}: synthesised in {time.perf_counter() - start:.1f} s", flush=True)
+            rel, est = str(workdir.path / f"release-{n}.zarr"), str(workdir.path / f"estimate-{n}.zarr")
+            data_path = synthesised(args, workdir.path, n)
             runs = []
             for rep in range(args.repeat):
                 for p in (rel, est):
@@ -179,9 +146,6 @@ def main(argv=None) -> int:
             if not args.keep_data:
                 shutil.rmtree(data_path)
             rows.append((n, runs))
-    finally:
-        if own:
-            shutil.rmtree(workdir, ignore_errors=True)
 
     print()
     print(f"best (min-max) of {args.repeat} run(s) each; both on {args.workers} worker processes"

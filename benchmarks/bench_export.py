@@ -40,7 +40,7 @@ sys.path.insert(0, str(ROOT))
 
 import numpy as np  # noqa: E402
 
-from benchmarks.bench_release import MIB, load, measured  # noqa: E402
+from benchmarks.common import MIB, load, measured  # noqa: E402
 from distfit.estimate.job import run_estimate  # noqa: E402
 from distfit.export.job import run_export  # noqa: E402
 from distfit.plan.job import run_plan  # noqa: E402

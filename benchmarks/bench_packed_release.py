@@ -42,14 +42,7 @@ from distfit.release.noise import load_blocks, marginal_counts, prepare_block, p
 from distfit.release.tasks import PlanView  # noqa: E402
 from distfit.mathematics.domain import Domain  # noqa: E402
 from distfit.stores.plan import read_plan  # noqa: E402
-from tests.packed_plans import marginals_spec, write_packed_plan  # noqa: E402
-
-
-def attributes_for(blocks: int) -> int:
-    a = 2
-    while 1 + a + a * (a - 1) // 2 < blocks:
-        a += 1
-    return a
+from tests.packed_plans import attributes_for, marginals_spec, write_packed_plan  # noqa: E402
 
 
 def tabulate(sizes: list[int], units: int, people: int, seed: int) -> dict[frozenset, np.ndarray]:

@@ -40,14 +40,7 @@ from distfit.mathematics.privacy import privacy_account  # noqa: E402
 from distfit.spec.parse import parse_spec  # noqa: E402
 from distfit.stores.plan import BlockRecord, read_plan  # noqa: E402
 from distfit.stores.plan_writer import PlanWriter  # noqa: E402
-from tests.packed_plans import marginals_spec, packed_plan_parts  # noqa: E402
-
-
-def attributes_for(blocks: int) -> int:
-    a = 2
-    while 1 + a + a * (a - 1) // 2 < blocks:
-        a += 1
-    return a
+from tests.packed_plans import attributes_for, marginals_spec, packed_plan_parts  # noqa: E402
 
 
 def tree_size(path: Path) -> tuple[int, int]:

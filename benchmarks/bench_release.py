@@ -34,12 +34,8 @@ from __future__ import annotations
 
 import argparse
 import io
-import multiprocessing
-import os
 import shutil
 import sys
-import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -47,62 +43,17 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import numpy as np  # noqa: E402
-import psutil  # noqa: E402
 import scipy.linalg  # noqa: E402
 import zarr  # noqa: E402
 
-from distfit.plan.job import run_plan  # noqa: E402
+from benchmarks.common import MIB, load, measured, parse_options, planned_workdir, spread, store_bytes, synthesised  # noqa: E402
 from distfit.release.job import run_release  # noqa: E402
-from distfit.spec.parse import load_spec  # noqa: E402
-from distfit.stores.data import read_histograms, write_synthetic  # noqa: E402
+from distfit.stores.data import read_histograms  # noqa: E402
 from distfit.stores.plan import read_plan  # noqa: E402
-from distfit.runtime.placement import Placement
+from distfit.runtime.placement import Placement  # noqa: E402
 
-MIB = 2.0**20
 LOOP_CHUNK = 10_000
 EXTRAPOLATE_TO = 8_000_000
-
-
-class PeakRSS:
-    """Sample RSS of process ``pid`` and of its descendants until stopped (peak per process)."""
-
-    def __init__(self, pid: int, interval: float = 0.05):
-        self.pid = pid
-        self.interval = interval
-        self.driver = 0
-        self.children: dict[int, int] = {}
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, daemon=True)
-
-    def _loop(self) -> None:
-        try:
-            me = psutil.Process(self.pid)
-        except psutil.Error:
-            return
-        while not self._stop.is_set():
-            try:
-                self.driver = max(self.driver, me.memory_info().rss)
-                for child in me.children(recursive=True):
-                    try:
-                        rss = child.memory_info().rss
-                    except psutil.Error:
-                        continue
-                    self.children[child.pid] = max(self.children.get(child.pid, 0), rss)
-            except psutil.Error:
-                pass
-            self._stop.wait(self.interval)
-
-    def __enter__(self) -> "PeakRSS":
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join()
-
-    @property
-    def worker(self) -> int:
-        return max(self.children.values(), default=0)
 
 
 def minimal_loop(plan_path: str, data_path: str, out: str, seed: int) -> float:
@@ -133,78 +84,17 @@ def _distfit(plan_path: str, data_path: str, out: str, workers: int) -> float:
     return run_release(plan_path, data_path, out, placement=Placement(workers=workers), log=io.StringIO()).seconds
 
 
-def _child(connection, function, args) -> None:
-    connection.send(function(*args))
-
-
-def measured(function, *args) -> tuple[float, PeakRSS]:
-    """``function(*args)`` (seconds) run in a fresh process (spawned, not a daemon: a release
-    starts its own cluster; its RSS is its own, not what earlier runs left in this one),
-    sampled by :class:`PeakRSS`."""
-    context = multiprocessing.get_context("spawn")
-    receive, send = context.Pipe(duplex=False)
-    child = context.Process(target=_child, args=(send, function, args))
-    child.start()
-    with PeakRSS(child.pid) as memory:
-        seconds = receive.recv()
-        child.join()
-    if child.exitcode != 0:
-        raise SystemExit(f"{function.__name__} failed (exit {child.exitcode})")
-    return seconds, memory
-
-
-def store_bytes(path: str) -> int:
-    return sum(f.stat().st_size for f in Path(path).rglob("*") if f.is_file())
-
-
-def load() -> str:
-    return "/".join(f"{x:.1f}" for x in os.getloadavg())
-
-
-def spread(values: list[float], fmt: str) -> str:
-    best = format(min(values), fmt)
-    return best if len(values) == 1 else f"{best} ({format(min(values), fmt)}-{format(max(values), fmt)})"
-
-
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--units", type=int, nargs="+", default=[100_000, 1_000_000])
-    parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--repeat", type=int, default=3, help="runs of each per N, alternating (default 3)")
-    parser.add_argument("--workdir", default=None, help="default: a new temporary directory (deleted)")
-    parser.add_argument("--keep-data", action="store_true", help="keep (and reuse) the data stores in --workdir")
-    parser.add_argument("--spec", default=str(ROOT / "pipelines" / "pl94.yaml"))
-    args = parser.parse_args(argv)
-    if args.repeat < 1:
-        parser.error("--repeat must be >= 1")
-    if args.keep_data and args.workdir is None:
-        parser.error("--keep-data needs --workdir")
-
-    own = args.workdir is None
-    workdir = Path(args.workdir or tempfile.mkdtemp(prefix="bench-release-"))
-    workdir.mkdir(parents=True, exist_ok=True)
-    plan_path = str(workdir / "plan.zarr")
-    shutil.rmtree(plan_path, ignore_errors=True)
-    start = time.perf_counter()
-    run_plan(load_spec(args.spec), plan_path, placement=Placement(serial=True), log=io.StringIO())
-    plan = read_plan(plan_path)
-    shapes = [plan.block(b).recon.shape[0:1] + plan.block(b).basis.shape for b in plan.block_ids]
-    print(f"plan {Path(args.spec).name}: {len(shapes)} block(s) (m_b, k, d_b) {shapes}, "
-          f"{len(plan.queries_targets)} queries, planned in {time.perf_counter() - start:.1f} s; "
-          f"{os.cpu_count()} CPUs; workdir {workdir}", flush=True)
-
+    args = parse_options(parser, argv, units=[100_000, 1_000_000], repeat=3)
     rows = []
-    try:
+    with planned_workdir(args, "bench-release-") as workdir:
+        plan_path = workdir.plan_path
         for n in args.units:
-            data_path = str(workdir / f"data-{n}.zarr")
-            out, loop_out = str(workdir / f"release-{n}.zarr"), str(workdir / f"loop-{n}.zarr")
+            out, loop_out = str(workdir.path / f"release-{n}.zarr"), str(workdir.path / f"loop-{n}.zarr")
             for p in (out, loop_out):
                 shutil.rmtree(p, ignore_errors=True)
-            if not (args.keep_data and Path(data_path).exists()):
-                shutil.rmtree(data_path, ignore_errors=True)
-                start = time.perf_counter()
-                write_synthetic(args.spec, n, data_path, seed=n)
-                print(f"N={n}: synthesised in {time.perf_counter() - start:.1f} s", flush=True)
+            data_path = synthesised(args, workdir.path, n)
             runs = []
             for rep in range(args.repeat):
                 before_d = load()
@@ -224,9 +114,6 @@ def main(argv=None) -> int:
             if not args.keep_data:
                 shutil.rmtree(data_path)
             rows.append((n, runs))
-    finally:
-        if own:
-            shutil.rmtree(workdir, ignore_errors=True)
 
     print()
     print(f"best (min-max) of {args.repeat} run(s) each, alternating; distfit on {args.workers} worker processes")

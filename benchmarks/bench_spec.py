@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import itertools
 import os
 import sys
 import tempfile
@@ -41,20 +40,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from distfit.spec.parse import load_spec  # noqa: E402
-
-
-def spec_text(attributes: int, values: int, shorthand: bool) -> str:
-    """The spec of every 2-way marginal of ``attributes`` attributes of ``values`` values."""
-    names = [f"a{i:04d}" for i in range(attributes)]
-    lines = ["name: scale", "attributes:"]
-    lines += [f"  - {{name: {name}, size: {values}}}" for name in names]
-    lines.append("queries:")
-    if shorthand:
-        lines.append("  - {name: pairs, marginals: {order: 2}, target: 1}")
-    else:
-        lines += [f"  - {{name: pairs.{a}.{b}, attributes: {{{a}: identity, {b}: identity}}, target: 1}}"
-                  for a, b in itertools.combinations(names, 2)]
-    return "\n".join(lines) + "\n"
+from tests.spec.helpers import pairs_text  # noqa: E402
 
 
 def timed(function, *args):
@@ -102,8 +88,8 @@ def main() -> int:
         groups = n * (n - 1) // 2
         written = directory / f"pairs_{n}.yaml"
         short = directory / f"pairs_{n}_shorthand.yaml"
-        written.write_text(spec_text(n, args.values, False), encoding="utf-8")
-        short.write_text(spec_text(n, args.values, True), encoding="utf-8")
+        written.write_text(pairs_text(n, args.values, False), encoding="utf-8")
+        short.write_text(pairs_text(n, args.values, True), encoding="utf-8")
         safe = None
         if groups <= args.python_yaml_max_groups:
             _, safe, _ = timed(read_python, written)

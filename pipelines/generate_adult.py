@@ -31,6 +31,9 @@ from pathlib import Path
 
 import yaml
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # generated.py, when loaded by path
+from generated import write_or_check  # noqa: E402
+
 OUTPUT = Path(__file__).resolve().parent / "adult.yaml"
 TARGET_RULE = {"base": 100, "width_power": 0.5, "jitter": 0.5}
 
@@ -132,16 +135,7 @@ def render() -> str:
 
 
 def main(argv: list[str]) -> int:
-    text = render()
-    if "--check" in argv:
-        current = OUTPUT.read_text() if OUTPUT.exists() else ""
-        if current != text:
-            print(f"{OUTPUT} is out of date; run python {Path(__file__).name}", file=sys.stderr)
-            return 1
-        return 0
-    OUTPUT.write_text(text)
-    print(f"wrote {OUTPUT} ({len(build()['queries'])} query groups)")
-    return 0
+    return write_or_check(OUTPUT, render(), argv, Path(__file__).name, f"{len(build()['queries'])} query groups")
 
 
 if __name__ == "__main__":

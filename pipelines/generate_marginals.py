@@ -21,6 +21,9 @@ import re
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # generated.py, when loaded by path
+from generated import write_or_check  # noqa: E402
+
 OUTPUT = Path(__file__).resolve().parent / "marginals.yaml"
 WIDTH_POWER = 0.25
 JITTER = 1
@@ -238,17 +241,8 @@ def render() -> str:
 
 
 def main(argv: list[str]) -> int:
-    text = render()
-    if "--check" in argv:
-        current = OUTPUT.read_text() if OUTPUT.exists() else ""
-        if current != text:
-            print(f"{OUTPUT} is out of date; run python {Path(__file__).name}", file=sys.stderr)
-            return 1
-        return 0
-    OUTPUT.write_text(text)
-    print(f"wrote {OUTPUT} ({len(ATTRIBUTES)} attributes, "
-          f"{len(ATTRIBUTES) * (len(ATTRIBUTES) - 1) // 2} groups)")
-    return 0
+    return write_or_check(OUTPUT, render(), argv, Path(__file__).name,
+                          f"{len(ATTRIBUTES)} attributes, {len(ATTRIBUTES) * (len(ATTRIBUTES) - 1) // 2} groups")
 
 
 if __name__ == "__main__":

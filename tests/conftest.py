@@ -12,10 +12,12 @@ import pytest
 import yaml
 
 from distfit.plan.job import run_plan
+from distfit.release.job import run_release
 from distfit.spec.model import PipelineSpec
 from distfit.spec.parse import load_spec
 from distfit.runtime.placement import Placement
-from tests.reference import SMALL_SPEC
+from distfit.stores.data import write_synthetic
+from tests.reference import SMALL_CHUNK, SMALL_SPEC, SMALL_UNITS
 
 
 def pytest_configure(config) -> None:
@@ -47,3 +49,31 @@ def small_plan(tmp_path_factory) -> SmallPlan:
     plan = root / "plan.zarr"
     run_plan(spec, str(plan), placement=Placement(serial=True), log=io.StringIO())
     return SmallPlan(root, spec_path, spec, str(plan))
+
+
+@pytest.fixture(scope="session")
+def small_data(small_plan, tmp_path_factory) -> str:
+    """The path of ``SMALL_UNITS`` synthetic units of the small plan's spec in chunks of
+    ``SMALL_CHUNK`` (seed 1), for the session (read-only: copy it to change it)."""
+    data = tmp_path_factory.mktemp("small-data") / "data.zarr"
+    write_synthetic(small_plan.spec, SMALL_UNITS, data, seed=1, chunk_units=SMALL_CHUNK, fsync=False)
+    return str(data)
+
+
+@dataclass(frozen=True)
+class SmallRelease:
+    """The small plan's release of ``small_data`` at ``path`` (serial, a test seed: not
+    private) and its ``checksum``."""
+
+    plan: str
+    data: str
+    path: str
+    checksum: str
+
+
+@pytest.fixture(scope="session")
+def small_release(small_plan, small_data, tmp_path_factory) -> SmallRelease:
+    """One sealed multi-block release for the session (read-only: copy it to change it)."""
+    path = tmp_path_factory.mktemp("small-release") / "release.zarr"
+    result = run_release(small_plan.plan, small_data, path, seed=24680, placement=Placement(serial=True), fsync=False)
+    return SmallRelease(small_plan.plan, small_data, str(path), result.checksum)

@@ -32,6 +32,16 @@ def marginals_spec(sizes, order: int = 2, targets=None, name: str = "packed") ->
     }
 
 
+def attributes_for(blocks: int) -> int:
+    """The fewest attributes ``a >= 2`` whose 2-way :func:`marginals_spec` has at least ``blocks``
+    residual blocks: ``1 + a + C(a, 2)`` (the total, one per attribute, one per pair): the
+    size of a plan in the store and packed-release benchmarks."""
+    a = 2
+    while 1 + a + a * (a - 1) // 2 < blocks:
+        a += 1
+    return a
+
+
 def select(pack: PackedBlocks, keep: np.ndarray) -> PackedBlocks:
     """The blocks ``keep`` (positions, ascending) of ``pack`` as a pack of their own."""
     counts = np.diff(pack.segment_offsets)[keep]

@@ -223,6 +223,11 @@ SMALL_SPEC = {
 }
 
 
+#: The small data of the ``small_data`` fixture (tests/conftest.py): units, and units per chunk
+#: (7 chunks, the last one short).
+SMALL_UNITS, SMALL_CHUNK = 50, 8
+
+
 def shared_disagreement(marginals) -> float:
     """The largest gap of two cliques' tables (``{clique: table}``, axes in clique order) on their
     shared attributes: 0 for the marginals of one distribution."""

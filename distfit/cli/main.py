@@ -158,6 +158,17 @@ def add_cluster_options(parser: argparse.ArgumentParser, serial_help: str) -> No
                         help="allow a --cluster over plain TCP: unencrypted, and whoever reaches it can run code")
 
 
+def add_resumable_options(parser: argparse.ArgumentParser, store: str, kept: str, serial_help: str) -> None:
+    """``--resume`` and ``--overwrite`` (which exclude each other:
+    :func:`distfit.runtime.chunked_job.check_out`), then :func:`add_cluster_options`: the last
+    options of a command that writes a ``store`` chunk by chunk (release, estimate, mask);
+    ``kept``: what a resume keeps."""
+    article = "an" if store[:1] in "aeiou" else "a"
+    parser.add_argument("--resume", action="store_true", help=f"finish an interrupted {store} at --out ({kept})")
+    parser.add_argument("--overwrite", action="store_true", help=f"replace {article} {store} already at --out")
+    add_cluster_options(parser, serial_help=serial_help)
+
+
 #: The metavar of each input a pipeline command names as a positional argument (:func:`add_inputs`).
 INPUT_METAVARS = {"spec": "SPEC.yaml", "plan": "PLAN.zarr", "release": "RELEASE.zarr"}
 #: What each input is (its ``--help`` line).
@@ -268,12 +279,10 @@ def build_parser() -> argparse.ArgumentParser:
                                 help="a data store (distfit synth or distfit tabulate), or microdata: .csv, .csv.gz, "
                                      ".parquet, .pq or a directory of Parquet files (tabulated into RELEASE.zarr.data.zarr)")
     release_parser.add_argument("--out", required=True, metavar="RELEASE.zarr", help=OUTPUT_HELP["RELEASE.zarr"])
-    release_parser.add_argument("--resume", action="store_true",
-                                help="finish an interrupted release at --out (written chunks are kept, missing ones drawn)")
-    release_parser.add_argument("--overwrite", action="store_true", help="replace a release already at --out")
     release_parser.add_argument("--seed", type=whole_number(0), metavar="S",
                                 help="fixed noise seed, FOR TESTS ONLY: the release is marked not private")
-    add_cluster_options(release_parser, serial_help="release the chunks in this process, without Dask")
+    add_resumable_options(release_parser, "release", kept="written chunks are kept, missing ones drawn",
+                          serial_help="release the chunks in this process, without Dask")
 
     estimate_parser = commands.add_parser(
         "estimate", help="nonnegative, consistent estimates from a sealed release (post-processing, no privacy cost)",
@@ -289,10 +298,8 @@ def build_parser() -> argparse.ArgumentParser:
                                  choices=("auto", "projection", "graphical", "graphical-exact", "graphical-region-graph"),
                                  help="auto (default): the projection up to 2^22 cells, a graphical model "
                                       "(clique marginals; needs the graphical extra) above")
-    estimate_parser.add_argument("--resume", action="store_true",
-                                 help="finish an interrupted estimate at --out (estimated chunks are kept)")
-    estimate_parser.add_argument("--overwrite", action="store_true", help="replace an estimate already at --out")
-    add_cluster_options(estimate_parser, serial_help="estimate the chunks in this process, without Dask")
+    add_resumable_options(estimate_parser, "estimate", kept="estimated chunks are kept",
+                          serial_help="estimate the chunks in this process, without Dask")
 
     tabulate_parser = commands.add_parser(
         "tabulate", help="tabulate person-level microdata (CSV, Parquet) into per-unit marginal counts",
@@ -356,11 +363,10 @@ def build_parser() -> argparse.ArgumentParser:
     mask_parser.add_argument("--delta", required=True, type=float, help="(epsilon, delta) budget, with --epsilon")
     mask_parser.add_argument("--out", required=True, metavar="MASKED.zarr", help=OUTPUT_HELP["MASKED.zarr"])
     mask_parser.add_argument("--block-rows", type=int, metavar="N", help="rows per orthogonal block (> columns)")
-    mask_parser.add_argument("--resume", action="store_true", help="finish an interrupted mask at --out")
-    mask_parser.add_argument("--overwrite", action="store_true", help="replace a mask store already at --out")
     mask_parser.add_argument("--seed", type=int, metavar="S",
                              help="fixed seed, FOR TESTS ONLY: the store is marked not private")
-    add_cluster_options(mask_parser, serial_help="mask the blocks in this process, without Dask")
+    add_resumable_options(mask_parser, "mask store", kept="written blocks are kept, missing ones drawn",
+                          serial_help="mask the blocks in this process, without Dask")
 
     run_parser = commands.add_parser(
         "run", help="the main job: plan + audit + (synthetic) data + release into RUNDIR, with a manifest",

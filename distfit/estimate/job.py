@@ -57,7 +57,7 @@ from typing import Any, Callable, Iterable, Iterator, TextIO
 
 import numpy as np
 
-from distfit.runtime.chunked_job import ChunkedWrite, check_out, claim_out, new_target
+from distfit.runtime.chunked_job import ChunkedWrite, check_out, claim_out, resume_or_create
 from distfit.runtime.cluster import PlacedClient, Progress, on_every_worker, run_tasks
 from distfit.runtime.placement import Placement
 from distfit.estimate import graphical
@@ -91,7 +91,7 @@ from distfit.stores.estimate import (
 from distfit.stores.files import root_attrs_on_disk
 from distfit.stores.plan import read_plan, verify_checksum
 from distfit.release.tasks import task_chunks
-from distfit.stores.release import DerivedAnswers, pending_chunks, read_release, read_verified_release
+from distfit.stores.release import DerivedAnswers, read_release, read_verified_release
 from distfit.stores.release_chunks import ChunkWriter, aligned_empty, read_rows
 from distfit.runtime.threads import blas_limit
 
@@ -471,24 +471,17 @@ def run_estimate(
         cell_columns = model.cell_queries if problem is None and (workload.integral or not integer) else None
         units, chunk_units = int(release.attrs["units"]), int(release.attrs["chunk_units"])
         n_chunks = -(-units // chunk_units)
-        staging: Path | None = None
-        if resumed:
-            root = open_resumable(out_path, plan_checksum=plan.checksum, release_checksum=release.checksum,
-                                  integer=integer, method=store_method)
-            target = out_path
-            pending = pending_chunks(root)
-            print(f"distfit: resuming {out_path}: {n_chunks - len(pending)} of {n_chunks} chunks already "
-                  f"estimated (kept), {len(pending)} to go", file=log)
-        else:
-            target, staging = new_target(out_path, state, "estimate", resume=resume, log=log)
-            root = create_estimate(target, plan=plan, plan_path=plan_path, release=release, method=store_method,
-                                   objective=OBJECTIVE if problem is None else GRAPHICAL_OBJECTIVE,
-                                   integer=integer, cells=model.cells,
-                                   query_dtype=np.int64 if integer and workload.integral else np.float64,
-                                   cell_labels=_cell_labels(plan, model) if problem is None else None,
-                                   cliques=None if problem is None else problem.cliques,
-                                   cell_columns=cell_columns)
-            pending = list(range(n_chunks))
+        root, target, staging, pending = resume_or_create(
+            out_path, state, "estimate", n_chunks, resumed=resumed, resume=resume,
+            reopen=lambda path: open_resumable(path, plan_checksum=plan.checksum, release_checksum=release.checksum,
+                                               integer=integer, method=store_method),
+            create=lambda path: create_estimate(
+                path, plan=plan, plan_path=plan_path, release=release, method=store_method,
+                objective=OBJECTIVE if problem is None else GRAPHICAL_OBJECTIVE, integer=integer, cells=model.cells,
+                query_dtype=np.int64 if integer and workload.integral else np.float64,
+                cell_labels=_cell_labels(plan, model) if problem is None else None,
+                cliques=None if problem is None else problem.cliques, cell_columns=cell_columns),
+            kept="chunks already estimated (kept)", rest="to go", log=log)
 
         job = EstimateJob(estimate_path=str(target), release_path=os.path.abspath(release.path),
                           release_checksum=release.checksum, units=units, chunk_units=chunk_units,

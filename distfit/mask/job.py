@@ -50,7 +50,7 @@ from distfit.mask.source import check_header, read_columns
 from distfit.mask.tasks import MaskJob, mask_block_task, mask_blocks_task
 from distfit.release.noise import fresh_entropy
 from distfit.release.tasks import task_chunks
-from distfit.runtime.chunked_job import ChunkedWrite, check_out, claim_out, new_target
+from distfit.runtime.chunked_job import ChunkedWrite, check_out, claim_out, resume_or_create
 from distfit.runtime.cluster import PlacedClient, run_tasks
 from distfit.runtime.placement import Placement
 from distfit.stores.mask import (
@@ -61,7 +61,6 @@ from distfit.stores.mask import (
     mask_state,
     open_input,
     open_resumable,
-    pending_chunks,
     seal,
 )
 from distfit.stores.release_chunks import ChunkWriter
@@ -202,19 +201,14 @@ def run_mask(
                  "account": account.to_dict(), "private": private, "columns": names, "rows": rows,
                  "chunk_units": int(sizes[0]), "n_chunks": len(sizes),
                  "source": {"path": os.path.abspath(data), "modified": os.stat(data).st_mtime_ns}}
-        staging: Path | None = None
-        if resumed:
-            root = open_resumable(out_path, attrs)
-            target = out_path
-            pending = pending_chunks(root)
-            print(f"distfit: resuming {out_path}: {len(sizes) - len(pending)} of {len(sizes)} blocks already "
-                  f"written (kept as they are), {len(pending)} to draw "
-                  f"{'from the test seed' if seed is not None else 'with fresh entropy'}", file=log)
-        else:
+        if not resumed:
             client.get()  # an unreachable cluster is refused before anything is written
-            target, staging = new_target(out_path, state, "mask", resume=resume, log=log)
-            root = create_mask(target, columns=names, centre=centre, scale=scale, sizes=sizes, attrs=attrs)
-            pending = list(range(len(sizes)))
+        root, target, staging, pending = resume_or_create(
+            out_path, state, "mask", len(sizes), resumed=resumed, resume=resume,
+            reopen=lambda path: open_resumable(path, attrs),
+            create=lambda path: create_mask(path, columns=names, centre=centre, scale=scale, sizes=sizes, attrs=attrs),
+            kept="blocks already written (kept as they are)",
+            rest=f"to draw {'from the test seed' if seed is not None else 'with fresh entropy'}", log=log)
 
         with ChunkedWrite(root, target, units=rows, chunk_units=int(sizes[0]), pending=pending, stage="mask",
                           log=log, fsync=fsync, staging=staging, arrays=CHUNK_ARRAYS, after_chunk=after_chunk) as write:

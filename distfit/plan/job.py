@@ -302,9 +302,11 @@ def _run_plan(spec: PipelineSpec, out: str, *, placement: Placement, overwrite: 
     for line in decisions:
         print(f"distfit: {line}", file=log)
     budget = spec.privacy.budget
+    # only closed-form blocks: nothing to solve, so no cluster is started for them
+    where = placement if decomposition.layouts else Placement(serial=True)
     if not (should_stream(decomposition.layouts) if stream is None else stream):
         blocks = list(decomposition.specs())
-        with _executor(placement if decomposition.layouts else Placement(serial=True), log, batch_seconds) as executor:
+        with _executor(where, log, batch_seconds) as executor:
             plan = plan_blocks(spec.domain, blocks, decomposition.workload.target_runs(), executor, refine_rounds, decisions, RoundProgress("plan", log),
                                closed=decomposition.closed)
         if budget is not None:
@@ -317,7 +319,7 @@ def _run_plan(spec: PipelineSpec, out: str, *, placement: Placement, overwrite: 
         for block in decomposition.specs():
             refs.append(sink.save_spec(block))
             del block  # before the next one is built
-        with _executor(placement if decomposition.layouts else Placement(serial=True), log, batch_seconds) as executor:
+        with _executor(where, log, batch_seconds) as executor:
             plan = plan_streamed(spec.domain, refs, decomposition.workload.target_runs(), sink, executor, refine_rounds, decisions, RoundProgress("plan", log),
                                  closed=decomposition.closed)
         if budget is not None:

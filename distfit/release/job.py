@@ -102,7 +102,7 @@ from typing import Any, Callable, Iterable, Iterator, TextIO
 import numpy as np
 
 from distfit.audit.plan import AuditReport, audit_plan
-from distfit.runtime.chunked_job import ChunkedWrite, check_out, claim_out, new_target
+from distfit.runtime.chunked_job import ChunkedWrite, check_out, claim_out, resume_or_create
 from distfit.runtime.cluster import TASK_RETRIES, PlacedClient, run_tasks
 from distfit.runtime.placement import Placement
 from distfit.data.microdata import ensure_tabulated, microdata_format
@@ -123,7 +123,6 @@ from distfit.stores.release import (
     check_replaceable,
     create_release,
     open_resumable,
-    pending_chunks,
     release_state,
     seal,
 )
@@ -297,20 +296,15 @@ def run_release(
         if private and not resumed:
             _say_budget_spent_again(data, data_path, float(plan.attrs["rho"]), log)
 
-        staging: Path | None = None
-        if resumed:
-            root = open_resumable(out_path, plan=plan, data=data, private=private, blocks=blocks)
-            target = out_path
-            pending = pending_chunks(root)
-            print(f"distfit: resuming {out_path}: {n_chunks - len(pending)} of {n_chunks} chunks already "
-                  f"written (kept as they are), {len(pending)} to draw "
-                  f"{'with fresh entropy' if private else 'from the test seed'}", file=log)
-        else:
+        if not resumed:
             client.get()  # an unreachable cluster is refused before anything is written
-            target, staging = new_target(out_path, state, "release", resume=resume, log=log)
-            root = create_release(target, plan=plan, plan_path=plan_path, data=data, blocks=blocks,
-                                  private=private, labels=_query_labels(plan))
-            pending = list(range(n_chunks))
+        root, target, staging, pending = resume_or_create(
+            out_path, state, "release", n_chunks, resumed=resumed, resume=resume,
+            reopen=lambda path: open_resumable(path, plan=plan, data=data, private=private, blocks=blocks),
+            create=lambda path: create_release(path, plan=plan, plan_path=plan_path, data=data, blocks=blocks,
+                                               private=private, labels=_query_labels(plan)),
+            kept="chunks already written (kept as they are)",
+            rest=f"to draw {'with fresh entropy' if private else 'from the test seed'}", log=log)
 
         with ChunkedWrite(root, target, units=data.units, chunk_units=data.chunk_units, pending=pending,
                           stage="release", log=log, fsync=fsync, staging=staging, after_chunk=after_chunk) as write:

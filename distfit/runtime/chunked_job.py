@@ -12,7 +12,9 @@ the seal finds the files on disk and the digest computed; on any failure the pro
 ended, the threads stopped and a staging directory deleted, an in-place store left incomplete
 (resumable). This module is that driver side: :func:`check_out`, :func:`claim_out`,
 :func:`new_target` and :class:`ChunkedWrite`; what a chunk computes, how a store is laid out,
-resumed and sealed stay with each job and its store module.
+resumed and sealed stay with each job and its store module. :func:`resume_or_create` is the
+one choice between the two: the incomplete store reopened with its chunks not yet done, or a new
+store laid out at :func:`new_target`'s path with all of them.
 """
 from __future__ import annotations
 
@@ -20,14 +22,15 @@ import contextlib
 import secrets
 import shutil
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping, Sequence, TextIO
+from typing import Any, Callable, Iterable, Mapping, NamedTuple, Sequence, TextIO
 
 from distfit.runtime.cluster import Progress
 from distfit.stores.files import STAGING_MARKER, is_staging, leftovers, move_into_place
 from distfit.stores.lock import store_lock
+from distfit.stores.release import pending_chunks
 from distfit.stores.release_chunks import ChunkSync, ReleaseHasher
 
-__all__ = ["ChunkedWrite", "check_out", "claim_out", "new_target"]
+__all__ = ["ChunkedWrite", "Layout", "check_out", "claim_out", "new_target", "resume_or_create"]
 
 
 def _article(kind: str) -> str:
@@ -76,6 +79,36 @@ def new_target(out_path: Path, state: str, kind: str, *, resume: bool, log: Text
         return out_path, None
     staging = out_path.with_name(f"{out_path.name}{STAGING_MARKER}{secrets.token_hex(6)}")
     return staging, staging
+
+
+class Layout(NamedTuple):
+    """The store a chunked write fills: its zarr group ``root`` at ``target``, the ``staging``
+    directory to move into place once sealed (None: ``target`` is the final path) and the
+    ``pending`` chunks, in order."""
+
+    root: Any
+    target: Path
+    staging: Path | None
+    pending: list[int]
+
+
+def resume_or_create(out_path: Path, state: str, kind: str, n_chunks: int, *, resumed: bool, resume: bool,
+                     reopen: Callable[[Path], Any], create: Callable[[Path], Any], kept: str, rest: str,
+                     log: TextIO) -> Layout:
+    """The store of a chunked write of ``n_chunks`` chunks (``state``, ``resumed``: from
+    :func:`claim_out`). Resumed: ``reopen(out_path)`` (the store module's ``open_resumable``,
+    which checks the store was started from the same inputs), its chunks not marked done, and
+    the line ``distfit: resuming OUT: D of N <kept>, P <rest>`` on ``log`` (``kept``, ``rest``:
+    the job's words, e.g. "chunks already written (kept as they are)", "to draw with fresh
+    entropy"). Otherwise ``create(target)`` at :func:`new_target`'s target, every chunk pending."""
+    if resumed:
+        root = reopen(out_path)
+        pending = pending_chunks(root)
+        print(f"distfit: resuming {out_path}: {n_chunks - len(pending)} of {n_chunks} {kept}, {len(pending)} {rest}",
+              file=log)
+        return Layout(root, out_path, None, pending)
+    target, staging = new_target(out_path, state, kind, resume=resume, log=log)
+    return Layout(create(target), target, staging, list(range(n_chunks)))
 
 
 class ChunkedWrite:

@@ -8,7 +8,10 @@ import pytest
 
 import distfit
 from tests.reference import SYMMETRIC_REFERENCE_REL, cvx_two_way_marginal_alpha, mixed_marginal_workload
-from distfit.plan.planner import plan_groups
+from distfit.plan.planner import JOINT_DUAL_MIN_EVALUATIONS, joint_dual_evaluations, plan_groups
+from distfit.plan.residual import group_targets, residual_blocks
+from distfit.solver.basis import represent
+from distfit.solver.dual import maximize_block_dual
 from distfit.mathematics.domain import Domain
 from distfit.mathematics.workload import prefix_queries, workload_from_groups
 
@@ -76,11 +79,10 @@ def _block_diagonal_sdp(bases, recons, query_indices, targets):
     return problem.value
 
 
-def test_joint_block_dual_matches_a_convex_solver():
-    from distfit.solver.basis import represent
-    from distfit.plan.residual import group_targets, residual_blocks
-    from distfit.solver.dual import maximize_block_dual
-
+def _joint_dual_problem():
+    """The joint block dual's input for two groups on a 3 x 3 domain (a by prefix; a by
+    identity x b by prefix; random targets in [1, 3)): ``(targets, blocks, representations,
+    bases, recons scaled by the targets, query indices)`` of its residual blocks."""
     domain = Domain(("a", "b"), (3, 3))
     rng = np.random.default_rng(2)
     groups = [
@@ -90,9 +92,12 @@ def test_joint_block_dual_matches_a_convex_solver():
     targets = group_targets(domain, groups)
     blocks = residual_blocks(domain, groups)
     reps = [represent(b.workload, b.basis) for b in blocks]
-    bases = [r.basis for r in reps]
     recons = [r.recon / np.sqrt(targets[b.query_index])[:, None] for r, b in zip(reps, blocks)]
-    indices = [b.query_index for b in blocks]
+    return targets, blocks, reps, [r.basis for r in reps], recons, [b.query_index for b in blocks]
+
+
+def test_joint_block_dual_matches_a_convex_solver():
+    targets, blocks, reps, bases, recons, indices = _joint_dual_problem()
     joint = maximize_block_dual(bases, recons, indices, targets.size, target_gap=1e-6)
     reference = _block_diagonal_sdp(bases, [r.recon for r in reps], indices, targets)
     assert joint.lower_bound <= reference * (1 + 1e-5)
@@ -105,23 +110,8 @@ def test_joint_block_dual_matches_a_convex_solver():
 
 
 def test_joint_block_dual_stops_at_its_evaluation_budget():
-    from distfit.solver.basis import represent
-    from distfit.plan.residual import group_targets, residual_blocks
-    from distfit.solver.dual import maximize_block_dual
-    from distfit.plan.planner import JOINT_DUAL_MIN_EVALUATIONS, joint_dual_evaluations
-
-    domain = Domain(("a", "b"), (3, 3))
-    rng = np.random.default_rng(2)
-    groups = [
-        ("a", {"a": prefix_queries(3)}, rng.uniform(1, 3, 3)),
-        ("ab", {"a": np.eye(3), "b": prefix_queries(3)}, rng.uniform(1, 3, 9)),
-    ]
-    targets = group_targets(domain, groups)
-    blocks = residual_blocks(domain, groups)
-    reps = [represent(b.workload, b.basis) for b in blocks]
-    recons = [r.recon / np.sqrt(targets[b.query_index])[:, None] for r, b in zip(reps, blocks)]
-    capped = maximize_block_dual([r.basis for r in reps], recons, [b.query_index for b in blocks], targets.size,
-                                 target_gap=1e-9, max_evaluations=3)
+    targets, _, _, bases, recons, indices = _joint_dual_problem()
+    capped = maximize_block_dual(bases, recons, indices, targets.size, target_gap=1e-9, max_evaluations=3)
     assert capped.evaluations == 3
     assert capped.sigmas is not None and capped.lower_bound <= capped.alpha_sum_bound
     # small plans keep the whole iteration budget; big ones get budget / work evaluations
@@ -135,7 +125,6 @@ def test_symmetric_blocks_take_the_closed_form():
     weights are optimal, so its first dual evaluation certifies it and Sigma_S is proportional to
     B_S B_S^T (the closed form of docs/design.md section 2). Lower-order blocks collect rows from
     marginals of different sizes (different kappa) and are not symmetric."""
-    from distfit.plan.residual import residual_blocks
     from distfit.plan.planner import BlockTask, solve_block
 
     domain = Domain(tuple(f"a{i}" for i in range(4)), (3, 4, 2, 3))
@@ -155,7 +144,6 @@ def test_symmetric_blocks_take_the_closed_form():
 def test_blocks_are_solved_largest_first():
     """Longest-processing-time order: the executor gets the most work first; results are still
     assigned by index, so the plan is the one a block-order loop gives."""
-    from distfit.plan.residual import group_targets, residual_blocks
     from distfit.plan.planner import block_work, plan_blocks, serial_executor, solve_order
     from tests.reference import mixed_marginal_workload
 

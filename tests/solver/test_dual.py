@@ -16,7 +16,7 @@ from distfit.solver.basis import represent
 from distfit.mathematics.bounds import certified_bound
 from distfit.solver.dual import DualPoint, evaluate_dual, maximize_dual, plan_cost
 
-from tests.reference import cvx_optimal_alpha, orthonormal_row_basis
+from tests.reference import orthonormal_row_basis
 
 
 def _cases():
@@ -37,11 +37,6 @@ def _cases():
 
 CASES = _cases()
 IDS = [c[0] for c in CASES]
-
-
-@pytest.fixture(scope="module")
-def cvx_alphas():
-    return {name: cvx_optimal_alpha(W, c) for name, W, c in CASES}
 
 
 def _scaled(W, targets, kind="svd"):
@@ -66,31 +61,44 @@ def _random_simplex(rng, n, spread=1.0):
     return w / w.sum()
 
 
+def _random_weights(W, targets, rng, trials, step):
+    """In each basis (svd, identity, auto), ``trials`` random dual points: ``(basis,
+    scaled_recon, u, v)`` with u (cells) and v (queries) on the simplex, more skewed each trial
+    (``spread = 1 + step * trial``)."""
+    for kind in ("svd", "identity", "auto"):
+        basis, scaled_recon = _scaled(W, targets, kind)
+        for trial in range(trials):
+            u = _random_simplex(rng, W.shape[1], spread=1 + step * trial)
+            v = _random_simplex(rng, W.shape[0], spread=1 + step * trial)
+            yield basis, scaled_recon, u, v
+
+
+def _dual_at_random_weights(W, targets, seed):
+    """The dual in the svd basis at one random point (u, v) drawn from ``default_rng(seed)``:
+    ``(basis, scaled_recon, u, v, evaluate_dual's DualPoint)``."""
+    basis, scaled_recon = _scaled(W, targets)
+    rng = np.random.default_rng(seed)
+    u, v = _random_simplex(rng, W.shape[1]), _random_simplex(rng, W.shape[0])
+    return basis, scaled_recon, u, v, evaluate_dual(basis, scaled_recon, u, v)
+
+
 @pytest.mark.parametrize("name,W,targets", CASES, ids=IDS)
 def test_weak_duality_random_weights(name, W, targets, cvx_alphas):
     alpha_star = cvx_alphas[name]
-    rng = np.random.default_rng(17)
-    for kind in ("svd", "identity", "auto"):
-        basis, scaled_recon = _scaled(W, targets, kind)
-        for trial in range(6):
-            u = _random_simplex(rng, W.shape[1], spread=1 + 2 * trial)
-            v = _random_simplex(rng, W.shape[0], spread=1 + 2 * trial)
-            point = evaluate_dual(basis, scaled_recon, u, v)
-            assert isinstance(point, DualPoint)
-            # the bound is the nuclear norm formula, whatever the basis
-            assert point.bound == pytest.approx(_nuclear_bound(W, targets, u, v), rel=1e-9)
-            assert point.bound <= alpha_star * (1.0 + 1e-6)
-            # the recovered plan is feasible after scaling: it cannot beat the optimum
-            assert point.primal_alpha >= alpha_star * (1.0 - 1e-6)
-            assert point.primal_alpha >= point.bound * (1.0 - 1e-12)
+    for basis, scaled_recon, u, v in _random_weights(W, targets, np.random.default_rng(17), trials=6, step=2):
+        point = evaluate_dual(basis, scaled_recon, u, v)
+        assert isinstance(point, DualPoint)
+        # the bound is the nuclear norm formula, whatever the basis
+        assert point.bound == pytest.approx(_nuclear_bound(W, targets, u, v), rel=1e-9)
+        assert point.bound <= alpha_star * (1.0 + 1e-6)
+        # the recovered plan is feasible after scaling: it cannot beat the optimum
+        assert point.primal_alpha >= alpha_star * (1.0 - 1e-6)
+        assert point.primal_alpha >= point.bound * (1.0 - 1e-12)
 
 
 @pytest.mark.parametrize("name,W,targets", CASES, ids=IDS)
 def test_weights_are_normalised(name, W, targets):
-    basis, scaled_recon = _scaled(W, targets)
-    rng = np.random.default_rng(5)
-    u, v = _random_simplex(rng, W.shape[1]), _random_simplex(rng, W.shape[0])
-    point = evaluate_dual(basis, scaled_recon, u, v)
+    basis, scaled_recon, u, v, point = _dual_at_random_weights(W, targets, seed=5)
     scaled = evaluate_dual(basis, scaled_recon, 7.0 * u, 0.01 * v)
     assert scaled.bound == pytest.approx(point.bound, rel=1e-12)
     np.testing.assert_allclose(scaled.cell_weights, u, rtol=1e-12)
@@ -126,10 +134,7 @@ def test_recovered_plan_solves_riccati_and_traces(name, W, targets):
 @pytest.mark.parametrize("name,W,targets", CASES, ids=IDS)
 def test_gradient_identities(name, W, targets):
     """dN/du_i = p_i / 2 and dN/dv_j = h_j / 2 against central differences of the nuclear norm."""
-    basis, scaled_recon = _scaled(W, targets)
-    rng = np.random.default_rng(31)
-    u, v = _random_simplex(rng, W.shape[1]), _random_simplex(rng, W.shape[0])
-    point = evaluate_dual(basis, scaled_recon, u, v)
+    basis, scaled_recon, u, v, point = _dual_at_random_weights(W, targets, seed=31)
 
     def N(uu, vv):
         return np.sqrt(_nuclear_bound(W, targets, uu, vv))
@@ -221,20 +226,16 @@ def test_certified_bound_is_the_definition(name, W, targets, cvx_alphas):
     in any basis: the nuclear norm of ``diag(sqrt(v / c)) W diag(sqrt(u))`` by a full SVD of W,
     to 1e-11, never above it by more than rounding, and never above the optimum."""
     rng = np.random.default_rng(23)
-    for kind in ("svd", "identity", "auto"):
-        basis, scaled_recon = _scaled(W, targets, kind)
-        for trial in range(4):
-            u = _random_simplex(rng, W.shape[1], spread=1 + 3 * trial)
-            v = _random_simplex(rng, W.shape[0], spread=1 + 3 * trial)
-            u[rng.random(u.size) < 0.3] = 0.0
-            v[rng.random(v.size) < 0.3] = 0.0
-            if not u.any() or not v.any():
-                continue
-            exact = _nuclear_bound(W, targets, u / u.sum(), v / v.sum())
-            bound = certified_bound(basis, scaled_recon, u, v)  # normalises, as evaluate_dual does
-            assert bound == pytest.approx(exact, rel=1e-11)
-            assert bound <= exact * (1 + 1e-14)
-            assert bound <= cvx_alphas[name] * (1.0 + 1e-6)
+    for basis, scaled_recon, u, v in _random_weights(W, targets, rng, trials=4, step=3):
+        u[rng.random(u.size) < 0.3] = 0.0
+        v[rng.random(v.size) < 0.3] = 0.0
+        if not u.any() or not v.any():
+            continue
+        exact = _nuclear_bound(W, targets, u / u.sum(), v / v.sum())
+        bound = certified_bound(basis, scaled_recon, u, v)  # normalises, as evaluate_dual does
+        assert bound == pytest.approx(exact, rel=1e-11)
+        assert bound <= exact * (1 + 1e-14)
+        assert bound <= cvx_alphas[name] * (1.0 + 1e-6)
 
 
 def test_certified_bound_keeps_small_singular_values():

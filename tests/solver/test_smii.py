@@ -17,8 +17,6 @@ from distfit.solver.smii import (
 )
 from distfit.solver.solve import solve
 
-from tests.reference import cvx_optimal_alpha
-
 
 def _cases():
     cases = []
@@ -36,11 +34,6 @@ def _cases():
 
 CASES = _cases()
 IDS = [c[0] for c in CASES]
-
-
-@pytest.fixture(scope="module")
-def cvx_alphas():
-    return {name: cvx_optimal_alpha(W, c) for name, W, c, _ in CASES}
 
 
 def _problem(W, targets, kind):
@@ -148,19 +141,30 @@ def _random_spd(k, rng):
     return M @ M.T / k + 0.5 * np.eye(k)
 
 
+def _random_point(W, targets, kind, t, seed):
+    """A case's scaled problem at a random point: ``(basis, scaled_recon, sigma, state, rng)``,
+    ``sigma`` a random SPD matrix drawn from ``default_rng(seed)``, ``state`` F_t there, ``rng``
+    left to draw the directions of the checks."""
+    basis, scaled_recon = _problem(W, targets, kind)
+    rng = np.random.default_rng(seed)
+    sigma = _random_spd(basis.shape[0], rng)
+    return basis, scaled_recon, sigma, SoftmaxState(sigma, basis, scaled_recon, t, t), rng
+
+
+#: The derivative checks run on the first case and the two reduced ones (rank-deficient, wide).
+derivative_cases = pytest.mark.parametrize("name,W,targets,kind", CASES[:1] + CASES[3:], ids=IDS[:1] + IDS[3:])
+
+
 def _random_symmetric(k, rng):
     S = rng.standard_normal((k, k))
     return 0.5 * (S + S.T)
 
 
-@pytest.mark.parametrize("name,W,targets,kind", CASES[:1] + CASES[3:], ids=IDS[:1] + IDS[3:])
+@derivative_cases
 @pytest.mark.parametrize("t", [0.7, 6.0])
 def test_gradient_matches_finite_differences(name, W, targets, kind, t):
-    basis, scaled_recon = _problem(W, targets, kind)
+    basis, scaled_recon, sigma, state, rng = _random_point(W, targets, kind, t, seed=1)
     k = basis.shape[0]
-    rng = np.random.default_rng(1)
-    sigma = _random_spd(k, rng)
-    state = SoftmaxState(sigma, basis, scaled_recon, t, t)
     gradient = objective_gradient(state, basis, scaled_recon)
     np.testing.assert_allclose(gradient, gradient.T, atol=1e-14 * np.abs(gradient).max())
     h = 1e-6
@@ -171,14 +175,11 @@ def test_gradient_matches_finite_differences(name, W, targets, kind, t):
         assert np.vdot(gradient, S) == pytest.approx((plus - minus) / (2 * h), rel=1e-6, abs=1e-9)
 
 
-@pytest.mark.parametrize("name,W,targets,kind", CASES[:1] + CASES[3:], ids=IDS[:1] + IDS[3:])
+@derivative_cases
 @pytest.mark.parametrize("t", [0.7, 6.0])
 def test_hessian_vector_product_matches_finite_differences(name, W, targets, kind, t):
-    basis, scaled_recon = _problem(W, targets, kind)
+    basis, scaled_recon, sigma, state, rng = _random_point(W, targets, kind, t, seed=2)
     k = basis.shape[0]
-    rng = np.random.default_rng(2)
-    sigma = _random_spd(k, rng)
-    state = SoftmaxState(sigma, basis, scaled_recon, t, t)
     hessian = hessian_operator(state, basis, scaled_recon, t)
     h = 1e-5
     for _ in range(3):
@@ -193,14 +194,12 @@ def test_hessian_vector_product_matches_finite_differences(name, W, targets, kin
         assert np.vdot(S, product) >= -1e-10 * np.abs(product).max()
 
 
-@pytest.mark.parametrize("name,W,targets,kind", CASES[:1] + CASES[3:], ids=IDS[:1] + IDS[3:])
+@derivative_cases
 def test_single_precision_hessian_products_are_float32_rounding_of_the_exact_ones(name, W, targets, kind):
     # Newton-CG runs its products in float32 while its forcing term is loose: they must be the
     # float64 products up to float32 rounding (and exactly symmetric), not another operator.
-    basis, scaled_recon = _problem(W, targets, kind)
+    basis, scaled_recon, _, state, rng = _random_point(W, targets, kind, 4.0, seed=6)
     k = basis.shape[0]
-    rng = np.random.default_rng(6)
-    state = SoftmaxState(_random_spd(k, rng), basis, scaled_recon, 4.0, 4.0)
     exact, _ = whitened_hessian_operator(state, scaled_recon, 4.0)
     single, _ = whitened_hessian_operator(state, scaled_recon, 4.0, single=True)
     for _ in range(3):
@@ -212,15 +211,12 @@ def test_single_precision_hessian_products_are_float32_rounding_of_the_exact_one
         assert not np.array_equal(product, exact(S))  # the float32 path really ran
 
 
-@pytest.mark.parametrize("name,W,targets,kind", CASES[:1] + CASES[3:], ids=IDS[:1] + IDS[3:])
+@derivative_cases
 def test_whitened_hessian_is_the_preconditioned_hessian(name, W, targets, kind):
     # H~[S~] = U H[U^T S~ U] U^T with Sigma = U^T U, so plain CG on H~ is preconditioned CG on H.
-    basis, scaled_recon = _problem(W, targets, kind)
-    k = basis.shape[0]
-    rng = np.random.default_rng(5)
-    sigma = _random_spd(k, rng)
     t = 3.0
-    state = SoftmaxState(sigma, basis, scaled_recon, t, t)
+    basis, scaled_recon, sigma, state, rng = _random_point(W, targets, kind, t, seed=5)
+    k = basis.shape[0]
     whitened, upper = whitened_hessian_operator(state, scaled_recon, t)
     np.testing.assert_allclose(upper.T @ upper, sigma, rtol=1e-12, atol=1e-12 * np.abs(sigma).max())
     hessian = hessian_operator(state, basis, scaled_recon, t)

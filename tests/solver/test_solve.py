@@ -78,12 +78,6 @@ CASES = _cases()
 CASE_IDS = [c[0] for c in CASES]
 
 
-@pytest.fixture(scope="module")
-def cvx_alphas():
-    """cvx optimum of every case, computed once per module."""
-    return {name: cvx_optimal_alpha(W, c) for name, W, c in CASES}
-
-
 def _assert_cholesky(sigma):
     assert np.allclose(sigma, sigma.T, rtol=0, atol=1e-12 * np.abs(sigma).max())
     np.linalg.cholesky(sigma)  # raises LinAlgError unless positive definite

@@ -1,7 +1,9 @@
 """Shared helpers of the spec tests: the pipelines folder, a small base spec, and ways to write a
-spec, edit the base spec and read the one-line error of a bad spec."""
+spec, edit the base spec, read the one-line error of a bad spec and make a spec of every 2-way
+marginal at any size."""
 from __future__ import annotations
 
+import itertools
 import textwrap
 from pathlib import Path
 
@@ -32,6 +34,35 @@ def write(tmp_path: Path, text: str, name: str = "spec.yaml") -> Path:
     path = tmp_path / name
     path.write_text(textwrap.dedent(text))
     return path
+
+
+#: The schema of the spec tests that are about queries and targets: age (4 values, ordinal) x sex.
+AGE_SEX = """\
+attributes:
+  - {name: age, size: 4, ordinal: true}
+  - {name: sex, values: [male, female]}
+"""
+
+
+def write_age_sex(tmp_path: Path, name: str, queries: str) -> Path:
+    """Write the spec ``name`` on the :data:`AGE_SEX` schema whose ``queries`` list is
+    ``queries`` (YAML list items, dedented) to ``tmp_path/spec.yaml``."""
+    return write(tmp_path, f"name: {name}\n{AGE_SEX}queries:\n" + textwrap.indent(textwrap.dedent(queries), "  "))
+
+
+def pairs_text(attributes: int, values: int, shorthand: bool) -> str:
+    """The spec of every 2-way marginal of ``attributes`` attributes of ``values`` values as YAML:
+    one identity group per pair (``pairs.<a>.<b>``, target 1), or with ``shorthand`` the one group
+    ``{name: pairs, marginals: {order: 2}, target: 1}`` that expands to them (the spec tests'
+    and ``benchmarks/bench_spec.py``'s specs at scale)."""
+    names = [f"a{i:04d}" for i in range(attributes)]
+    lines = ["name: scale", "attributes:"] + [f"  - {{name: {name}, size: {values}}}" for name in names] + ["queries:"]
+    if shorthand:
+        lines.append("  - {name: pairs, marginals: {order: 2}, target: 1}")
+    else:
+        lines += [f"  - {{name: pairs.{a}.{b}, attributes: {{{a}: identity, {b}: identity}}, target: 1}}"
+                  for a, b in itertools.combinations(names, 2)]
+    return "\n".join(lines) + "\n"
 
 
 def base_mapping() -> dict:

@@ -16,7 +16,7 @@ from distfit.spec.groups import MAX_MARGINAL_GROUPS
 from distfit.spec.model import SpecError
 from distfit.spec.parse import load_spec, parse_spec
 
-from tests.spec.helpers import write
+from tests.spec.helpers import pairs_text, write
 
 ATTRIBUTES = [
     {"name": "age", "size": 5, "ordinal": True},
@@ -252,25 +252,13 @@ def bytecodes(function) -> int:
     return count
 
 
-def pairs_text(attributes: int, shorthand: bool) -> str:
-    """Every 2-way marginal of ``attributes`` attributes of 3 values, as YAML."""
-    names = [f"a{i:03d}" for i in range(attributes)]
-    lines = ["name: scale", "attributes:"] + [f"  - {{name: {n}, size: 3}}" for n in names] + ["queries:"]
-    if shorthand:
-        lines.append("  - {name: p, marginals: {order: 2}, target: 1}")
-    else:
-        lines += [f"  - {{name: p.{a}.{b}, attributes: {{{a}: identity, {b}: identity}}, target: 1}}"
-                  for a, b in itertools.combinations(names, 2)]
-    return "\n".join(lines) + "\n"
-
-
 @pytest.mark.parametrize("shorthand", [False, True], ids=["written", "shorthand"])
 def test_loading_hashing_and_planning_input_are_linear_in_the_spec_size(tmp_path, shorthand):
     """10 -> 32 attributes: 45 -> 496 groups (11x), and the spec (attributes + groups) 9.6x.
     The work per group must stay flat. The quadratic steps this replaced (each group compared
     with every earlier one; each group scanning every attribute; ``spec.group`` scanning every
     group) made ``parse`` 27.7x and ``plan`` 50.6x the work here (counted on the code before)."""
-    small, large = (write(tmp_path, pairs_text(n, shorthand), f"s{n}.yaml") for n in (10, 32))
+    small, large = (write(tmp_path, pairs_text(n, 3, shorthand), f"s{n}.yaml") for n in (10, 32))
     size_ratio = (32 + 496) / (10 + 45)
     for step in ("load", "parse", "hash", "plan"):
         work = []

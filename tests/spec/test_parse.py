@@ -16,7 +16,7 @@ from distfit.spec.model import AttributeSpec, BlockLimits, PipelineSpec, Privacy
 from distfit.spec.parse import load_spec, parse_spec
 from distfit.mathematics.workload import age_pyramid_workload, pl94_workload, workload_from_groups
 
-from tests.spec.helpers import BASE, PIPELINES, base_mapping, edit, reading_spec, spec_error, write
+from tests.spec.helpers import BASE, PIPELINES, base_mapping, edit, reading_spec, spec_error, write, write_age_sex
 
 
 def rows_and_targets(workload) -> list[tuple[tuple[float, ...], float]]:
@@ -191,30 +191,25 @@ def test_new_specs_round_trip_through_to_dict(marginals):
 
 
 def test_query_kinds_labels_and_matrices(tmp_path):
-    path = write(tmp_path, """\
-        name: kinds
-        attributes:
-          - {name: age, size: 4, ordinal: true}
-          - {name: sex, values: [male, female]}
-        queries:
-          - name: pre
-            attributes: {age: prefix, sex: total}
-            target: 1
-          - name: rng
-            attributes: {age: {ranges: [[1, 2], ['0', 3]]}}
-            target: [1, 2]
-          - name: all
-            attributes: {age: all_ranges}
-            target: 1
-          - name: sel
-            attributes: {sex: {select: [female, 0]}, age: identity}
-            target: 3
-          - name: mat
-            attributes: {sex: {matrix: [[1, -1]]}}
-            target: 1
-          - name: everyone
-            total: true
-            target: 5
+    path = write_age_sex(tmp_path, "kinds", """\
+        - name: pre
+          attributes: {age: prefix, sex: total}
+          target: 1
+        - name: rng
+          attributes: {age: {ranges: [[1, 2], ['0', 3]]}}
+          target: [1, 2]
+        - name: all
+          attributes: {age: all_ranges}
+          target: 1
+        - name: sel
+          attributes: {sex: {select: [female, 0]}, age: identity}
+          target: 3
+        - name: mat
+          attributes: {sex: {matrix: [[1, -1]]}}
+          target: 1
+        - name: everyone
+          total: true
+          target: 5
         """)
     spec = load_spec(path)
     pre = spec.group("pre")

@@ -14,7 +14,7 @@ from distfit.spec.parse import load_spec, parse_spec
 from distfit.spec.limits import TARGET
 from distfit.spec.targets import check_targets
 
-from tests.spec.helpers import edit, spec_error, write
+from tests.spec.helpers import edit, spec_error, write, write_age_sex
 
 
 # ------------------------------------------------------------------ target files
@@ -26,14 +26,9 @@ def test_target_files_relative_to_spec(tmp_path):
     (sub / "data").mkdir()
     (sub / "data" / "age.csv").write_text("# targets\n1, 2\n3\n4,\n")
     np.save(sub / "data" / "sex.npy", np.array([[5.0], [6.0]]))
-    path = write(sub, """\
-        name: files
-        attributes:
-          - {name: age, size: 4, ordinal: true}
-          - {name: sex, values: [male, female]}
-        queries:
-          - {name: a, attributes: {age: identity}, target: {file: data/age.csv}}
-          - {name: s, attributes: {sex: identity}, target: {file: data/sex.npy}}
+    path = write_age_sex(sub, "files", """\
+        - {name: a, attributes: {age: identity}, target: {file: data/age.csv}}
+        - {name: s, attributes: {sex: identity}, target: {file: data/sex.npy}}
         """)
     spec = load_spec(path)
     np.testing.assert_array_equal(spec.group("a").targets, [1, 2, 3, 4])
@@ -54,18 +49,13 @@ def _rule_u(seed: int, group: str, j: int) -> float:
 
 
 def test_target_rule(tmp_path):
-    path = write(tmp_path, """\
-        name: rule
-        attributes:
-          - {name: age, size: 4, ordinal: true}
-          - {name: sex, values: [male, female]}
-        queries:
-          - {name: flat, attributes: {age: identity}, target: {base: 2}}
-          - {name: wide, attributes: {age: prefix, sex: identity}, target: {base: 1.5, width_power: 0.5}}
-          - name: age-sex
-            attributes: {age: {ranges: [[0, 3], [1, 2]]}, sex: total}
-            target: {base: 3, width_power: 0.25, jitter: 1, seed: 7}
-          - {name: all, total: true, target: {base: 4, jitter: 0.5}}
+    path = write_age_sex(tmp_path, "rule", """\
+        - {name: flat, attributes: {age: identity}, target: {base: 2}}
+        - {name: wide, attributes: {age: prefix, sex: identity}, target: {base: 1.5, width_power: 0.5}}
+        - name: age-sex
+          attributes: {age: {ranges: [[0, 3], [1, 2]]}, sex: total}
+          target: {base: 3, width_power: 0.25, jitter: 1, seed: 7}
+        - {name: all, total: true, target: {base: 4, jitter: 0.5}}
         """)
     spec = load_spec(path)
     np.testing.assert_array_equal(spec.group("flat").targets, [2, 2, 2, 2])
@@ -142,14 +132,9 @@ def test_each_way_of_writing_targets_names_its_bad_target(tmp_path, target, mess
 def test_margin_of_error_and_cv_targets_are_the_variances_they_state(tmp_path):
     """{moe: M} is (M / 1.645)^2 (the ACS's 90% factor) and {cv: C, at: N} is (C N)^2; a plan of
     such a group then states answers whose 90% margin of error is at most M."""
-    path = write(tmp_path, """\
-        name: margins
-        attributes:
-          - {name: age, size: 4, ordinal: true}
-          - {name: sex, values: [male, female]}
-        queries:
-          - {name: a, attributes: {age: identity}, target: {moe: 50}}
-          - {name: s, attributes: {sex: identity}, target: {cv: 0.05, at: 1000}}
+    path = write_age_sex(tmp_path, "margins", """\
+        - {name: a, attributes: {age: identity}, target: {moe: 50}}
+        - {name: s, attributes: {sex: identity}, target: {cv: 0.05, at: 1000}}
         """)
     spec = load_spec(path)
     np.testing.assert_allclose(spec.group("a").targets, np.full(4, (50 / 1.645) ** 2), rtol=1e-15)

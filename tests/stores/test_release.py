@@ -10,13 +10,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import yaml
 import zarr
 
 import distfit.stores.release_chunks as release_chunks
-from distfit.plan.job import run_plan
 from distfit.release.job import run_release
-from distfit.spec.parse import load_spec, parse_spec
+from distfit.spec.parse import parse_spec
 from distfit.stores.plan import read_plan
 from distfit.stores.checksum import compute_checksum
 from distfit.stores.data import write_synthetic
@@ -32,23 +30,15 @@ from distfit.stores.release_chunks import ChunkSync
 from distfit.stores.sealing import stated_attrs
 from distfit.runtime.placement import Placement
 from tests.packed_plans import marginals_spec, reference_release, write_packed_plan
-from tests.reference import SMALL_SPEC
+from tests.reference import SMALL_CHUNK as CHUNK, SMALL_UNITS as UNITS
 from tests.storetools import reseal
 
-UNITS, CHUNK = 50, 8  # 7 chunks, the last one short
 SEED = 987654321
 
 
 @pytest.fixture(scope="module")
-def inputs(tmp_path_factory):
-    root = tmp_path_factory.mktemp("release-store-inputs")
-    spec_path = root / "spec.yaml"
-    spec_path.write_text(yaml.safe_dump(SMALL_SPEC))
-    plan = root / "plan.zarr"
-    run_plan(load_spec(spec_path), str(plan), placement=Placement(serial=True))
-    data = root / "data.zarr"
-    write_synthetic(load_spec(spec_path), UNITS, data, seed=1, chunk_units=CHUNK)
-    return {"plan": str(plan), "data": str(data)}
+def inputs(small_plan, small_data):
+    return {"plan": small_plan.plan, "data": small_data}
 
 
 def test_chunk_sync_names_every_chunk_file_of_the_store(inputs, tmp_path):

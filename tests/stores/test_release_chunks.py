@@ -14,12 +14,9 @@ import pytest
 import zarr
 
 import distfit.stores.release_chunks as release_chunks
-from distfit.release.job import run_release
 from distfit.stores.checksum import compute_checksum
-from distfit.stores.data import write_synthetic
 from distfit.stores.release import seal
 from distfit.stores.release_chunks import ChunkWriter, ReleaseHasher, raw_chunks, read_rows
-from distfit.runtime.placement import Placement
 from distfit.stores.sealing import stated_attrs
 from tests.storetools import stated_checksum
 
@@ -75,14 +72,9 @@ def test_raw_chunk_files_are_the_files_zarr_writes(tmp_path, compressors):
 
 
 @pytest.fixture(scope="module")
-def release(small_plan, tmp_path_factory):
+def release(small_release):
     """A sealed multi-block release with string-free ids (7 chunks of 8 units, the last short)."""
-    root = tmp_path_factory.mktemp("hasher")
-    data = root / "data.zarr"
-    write_synthetic(small_plan.spec, 50, data, seed=1, chunk_units=8)
-    out = root / "r.zarr"
-    result = run_release(small_plan.plan, data, out, seed=3, placement=Placement(serial=True), fsync=False)
-    return {"path": out, "checksum": result.checksum, "plan": small_plan.plan}
+    return {"path": Path(small_release.path), "checksum": small_release.checksum, "plan": small_release.plan}
 
 
 class _Watched(ReleaseHasher):
