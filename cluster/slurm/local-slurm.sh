@@ -11,7 +11,8 @@
 # (datadir, socket, a free loopback port, a password made here), slurmdbd, slurmctld and slurmd
 # on free loopback ports, and DIR/slurm.conf, which clients find through SLURM_CONF=DIR/slurm.conf
 # (`start` prints that line). The node is this machine with its real CPUs and memory (`slurmd -C`),
-# SelectType=select/cons_tres with cores and memory as consumable resources, one partition `local`.
+# SelectType=select/cons_tres with cores and memory as consumable resources, one partition `local`
+# (each core shared by up to two jobs: OverSubscribe=FORCE:2).
 #
 # Decision (accounting): `sacct` reads the accounting database only (slurmdbd); jobcomp/filetxt
 # writes a file sacct cannot read, and accounting_storage/filetxt is gone from Slurm 22.05. The
@@ -20,7 +21,6 @@
 set -euo pipefail
 
 PACKAGES=(slurm-wlm slurmdbd slurm-client munge mariadb-server)
-DAEMONS=(slurmd slurmctld slurmdbd mariadbd munged)   # stopped in this order
 
 die() { echo "local-slurm: $*" >&2; exit 1; }
 
@@ -160,7 +160,9 @@ SlurmctldTimeout=30
 SlurmdTimeout=30
 InactiveLimit=0
 NodeName=$host NodeAddr=127.0.0.1 $cpus_line State=UNKNOWN
-PartitionName=local Nodes=$host Default=YES MaxTime=INFINITE State=UP
+# two jobs may share a core: the tests keep a job waiting (idle) for its time limit while
+# others run; a job still gets no more cores than the node has
+PartitionName=local Nodes=$host Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE:2
 EOF
     chmod 0644 "$dir/slurm.conf"
     export SLURM_CONF="$dir/slurm.conf"
@@ -178,17 +180,28 @@ EOF
 }
 
 stop() {
-    local dir=$1 name pidfile pid
-    for name in "${DAEMONS[@]}"; do
+    local dir=$1
+    # the SLURM daemons together (slurmd ends its jobs' steps first), then the database, then munge
+    stop_daemons "$dir" slurmd slurmctld slurmdbd
+    stop_daemons "$dir" mariadbd
+    stop_daemons "$dir" munged
+    # job processes slurmd started and left behind (a job step killed with its daemon)
+    pkill_session_leftovers "$dir"
+}
+
+# SIGTERM to each named daemon of DIR, 30 s for all of them to end, then SIGKILL.
+stop_daemons() {
+    local dir=$1 name pidfile pid pids=()
+    shift
+    for name in "$@"; do
         pidfile="$dir/run/$name.pid"
         [[ -s "$pidfile" ]] || continue
         pid=$(cat "$pidfile")
-        kill "$pid" 2>/dev/null || continue
-        # each daemon gets 30 s to stop (slurmd ends its jobs' steps first), then SIGKILL
+        kill "$pid" 2>/dev/null && pids+=("$pid")
+    done
+    for pid in "${pids[@]}"; do
         wait_for 30 bash -c "! kill -0 $pid" || kill -9 "$pid" 2>/dev/null || true
     done
-    # job processes slurmd started and left behind (a job step killed with its daemon)
-    pkill_session_leftovers "$dir"
 }
 
 # Job processes that outlived slurmd: their environment has a SLURM_JOB_ID and names this
