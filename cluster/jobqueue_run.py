@@ -36,7 +36,6 @@ asks otherwise (``scheduler-options``' ``dashboard_address``, a ``--dashboard`` 
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import shlex
 import subprocess
