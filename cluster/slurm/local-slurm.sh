@@ -57,11 +57,19 @@ install() {
     command -v apt-get >/dev/null || die "the packages $missing are missing and there is no apt-get to install them"
     echo "local-slurm: installing $missing" >&2
     apt-get update -qq >/dev/null
-    # policy-rc.d (containers) or the package scripts may start or refuse to start the packages'
-    # own services; these daemons are not used (start runs its own), so the install must not
-    # depend on them
+    # The packages' own services (the system's munged, MariaDB on port 3306, slurmctld, slurmd)
+    # must not start: `start` runs daemons of its own, and nothing may be left running. Debian's
+    # way: a policy-rc.d that refuses every start, for the time of the install (unless the
+    # machine has one already, as containers do).
+    local policy=/usr/sbin/policy-rc.d made_policy=0
+    if [[ ! -e $policy ]]; then
+        printf '#!/bin/sh\nexit 101\n' >"$policy" && chmod 0755 "$policy" && made_policy=1
+    fi
+    local status=0
     # shellcheck disable=SC2086
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $missing >/dev/null
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $missing >/dev/null || status=$?
+    [[ $made_policy -eq 1 ]] && rm -f "$policy"
+    [[ $status -eq 0 ]] || die "apt-get install $missing failed (exit code $status)"
     missing=$(missing_packages)
     [[ -z "$missing" ]] || die "apt-get did not install $missing"
 }

@@ -15,10 +15,15 @@ a run outside SLURM of the same spec, data and seed.
 * Worker jobs that never start: one line after ``--wait-timeout``, exit code 3, no hang.
 
 Job states come from ``sacct`` (the accounting database). Without SLURM the tests fail, saying
-how to get it, unless ``DISTFIT_SKIP_SLURM=1`` opts out (README, "Tests"). With
+how to get it, unless ``DISTFIT_SKIP_SLURM=1`` opts out (README, "Set-up"). With
 ``DISTFIT_SLURM_CONF`` naming a running cluster's slurm.conf (cluster/slurm/local-test.sh) they
-use that cluster; otherwise they start one for the session and stop it afterwards, whatever
+use that cluster; otherwise they start one for the module and stop it afterwards, whatever
 happened.
+
+Time: a job's time limit is checked about every 30 s, so the out-of-time job needs a minute and
+a half; it is submitted first and waits, idle, beside the other tests (the partition lets two
+jobs share a core), and its ``--resume`` successor starts by itself when it ends. About 2.5
+minutes on 2 quiet cores, daemons included.
 """
 from __future__ import annotations
 
@@ -108,10 +113,11 @@ class Slurm:
             time.sleep(0.5)
 
 
-@pytest.fixture(scope="session")
-def slurm(tmp_path_factory):
+@pytest.fixture(scope="module")
+def slurm():
     """The SLURM of the tests: the running one named by DISTFIT_SLURM_CONF, else one started
-    now with cluster/slurm/local-slurm.sh and stopped at the end of the session."""
+    now with cluster/slurm/local-slurm.sh and stopped after this module's tests, whatever
+    happened."""
     if os.environ.get(SKIP_VARIABLE) == "1":
         pytest.skip(f"{SKIP_VARIABLE}=1: the SLURM tests are opted out")
     env = dict(os.environ, PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""),
