@@ -212,6 +212,19 @@ def listening(pid: int) -> set[tuple[str, int]]:
     return found
 
 
+def cmdline(pid: int) -> list[bytes]:
+    """The argv of process ``pid`` (empty once it is gone)."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return []
+
+
+def processes_naming(word: str) -> list[int]:
+    """The processes with ``word`` among their arguments."""
+    return [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit() and word.encode() in cmdline(int(p.name))]
+
+
 @dataclass(frozen=True)
 class OutOfTime:
     """The batch release job of :func:`out_of_time`, caught mid-release."""
@@ -223,6 +236,8 @@ class OutOfTime:
     chunks: int
     done_at_cancel: int
     tls_modes: dict
+    scheduler_sockets: set  # (address, port) the job's scheduler listened on
+    scheduler_log: str  # what it had logged by then
     reference: Path
 
 
@@ -249,9 +264,12 @@ def out_of_time(slurm, tmp_path_factory, small_plan) -> OutOfTime:
         done = chunks_done(release)
     tls = rundir / f".tls-{job}"
     modes = {p.name: p.stat().st_mode & 0o777 for p in [tls, *tls.iterdir()]} if tls.is_dir() else {}
+    schedulers = [pid for pid in processes_naming(str(rundir / "scheduler.json")) if b"scheduler" in cmdline(pid)[:3]]
+    sockets = listening(schedulers[0]) if len(schedulers) == 1 else set()
+    log = (rundir / "scheduler.log").read_text()
     slurm.command("scancel", f"{job}.0")
     resumed = slurm.sbatch(rundir, command + " --resume", "--cpus-per-task=2", f"--dependency=afterany:{job}")
-    return OutOfTime(job, resumed, rundir, release, chunks, int(done.sum()), modes, reference)
+    return OutOfTime(job, resumed, rundir, release, chunks, int(done.sum()), modes, sockets, log, reference)
 
 
 def test_batch_script_plans_and_releases_like_a_local_cluster(slurm, tmp_path):
@@ -373,8 +391,9 @@ def test_job_out_of_time_then_resumed_equals_an_uninterrupted_release(slurm, out
     ran out of time (sacct: TIMEOUT, the step CANCELLED) and left the chunks written so far; the
     second, ``--resume``, found the release unsealed with those chunks, kept them, drew the rest
     and sealed a release equal, bit for bit, to an uninterrupted one. While the first job ran
-    its certificate sat beside the scheduler file, readable by the user only; it is gone after
-    the job."""
+    its certificate sat beside the scheduler file, readable by the user only (it is gone after
+    the job), and its scheduler listened over TLS on every interface, its dashboard on loopback
+    only."""
     job, resumed, rundir, chunks = out_of_time.job, out_of_time.resumed, out_of_time.rundir, out_of_time.chunks
     assert 0 < out_of_time.done_at_cancel < chunks, f"not caught mid-release: {out_of_time.done_at_cancel} of {chunks}"
     states = slurm.wait_final(job, resumed, timeout=240)
@@ -389,4 +408,11 @@ def test_job_out_of_time_then_resumed_equals_an_uninterrupted_release(slurm, out
     tls = rundir / f".tls-{job}"
     assert out_of_time.tls_modes == {tls.name: 0o700, "cert.pem": 0o600, "key.pem": 0o600}, out_of_time.tls_modes
     assert not tls.exists() and not (rundir / f".tls-{resumed}").exists()
+    # the job's scheduler (`dask scheduler` in the batch step): TLS on every interface, its
+    # dashboard (8787, or a free port when another job's scheduler holds it) on loopback only
+    sockets, log = out_of_time.scheduler_sockets, out_of_time.scheduler_log
+    port = int(re.search(r"Scheduler at: +tls://[^:]+:(\d+)", log).group(1))
+    dashboard = int(re.search(r"dashboard at: +http://[^:]+:(\d+)/", log).group(1))
+    assert {address for address, p in sockets if p == port} & {"0.0.0.0", "::"}, (port, sockets)
+    assert {address for address, p in sockets if p == dashboard} == {"127.0.0.1"}, (dashboard, sockets)
     assert_same_release(out_of_time.release, out_of_time.reference)
