@@ -14,6 +14,13 @@ then runs the pipeline against it, either in-process (``distfit.pipeline.run.run
 
 The run directory must be on a filesystem every worker job can write.
 
+``--command "release PLAN --data D --out R --resume"`` runs that distfit command (split like a
+shell would, ``--cluster`` and the TLS flags added) on the cluster instead of the pipeline.
+
+Workers that never start (jobs the batch system refuses, or that stay pending) end the script
+after ``--wait-timeout`` seconds (default 600) with one line naming the jobs and exit code 3;
+cluster/slurm/local-test.sh and tests/cluster/test_slurm.py run all of this on a real SLURM.
+
 Network (docs/deployment.md): the cluster speaks TLS with mutual authentication. By default its
 certificate is made for this run (Dask's ``Security.temporary()``, which needs ``cryptography``):
 the worker jobs read it from ``RUNDIR/.dask-tls`` (readable by you only; dask-jobqueue's
@@ -30,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -43,6 +51,8 @@ MISSING_CRYPTOGRAPHY = (
     "jobqueue_run.py: the run's TLS certificate is made with `cryptography`, which is not installed: "
     "`pip install cryptography`, or give --tls-ca-file, --tls-cert and --tls-key (or --insecure)"
 )
+#: Exit code when no worker joined within --wait-timeout (the jobs never started).
+EXIT_NO_WORKERS = 3
 #: Where the scheduler's dashboard listens unless the dask-jobqueue config says otherwise.
 DASHBOARD_ADDRESS = "127.0.0.1:8787"
 #: What every worker gets unless the config's worker-extra-args names a dashboard option: no
@@ -65,6 +75,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--jobs", type=int, default=2, metavar="J", help="worker batch jobs to request (default 2)")
     parser.add_argument("--wait-workers", type=int, default=1, metavar="W",
                         help="wait until this many workers have joined before running (default 1)")
+    parser.add_argument("--wait-timeout", type=float, default=600, metavar="SECONDS",
+                        help="give up (exit 3) when fewer than --wait-workers joined after this long (default 600)")
+    parser.add_argument("--command", metavar="'DISTFIT ARGS'",
+                        help="run this distfit command on the cluster instead of the pipeline, e.g. "
+                             "'release PLAN.zarr --data DATA.zarr --out RELEASE.zarr --resume'")
     parser.add_argument("--subprocess", action="store_true",
                         help="shell out to `distfit run --cluster FILE` instead of calling run_pipeline")
     parser.add_argument("--tls-ca-file", metavar="PEM", help="the cluster's CA certificate (default: one made for this run)")
@@ -75,6 +90,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.jobs < 1:
         parser.error(f"--jobs must be >= 1, got {args.jobs}")
+    if not args.wait_timeout > 0:
+        parser.error(f"--wait-timeout must be > 0 seconds, got {args.wait_timeout}")
+    if args.command is not None and (args.spec or args.data):
+        parser.error("--command names its own inputs: leave out SPEC.yaml and --data")
     given = [args.tls_ca_file, args.tls_cert, args.tls_key]
     if any(given) and not all(given):
         parser.error("--tls-ca-file, --tls-cert and --tls-key go together")
@@ -161,6 +180,32 @@ def load_config(path: str | None) -> None:
         dask.config.update(dask.config.config, yaml.safe_load(handle), priority="new")
 
 
+def job_states(cluster, system: str) -> str:
+    """``JOBID STATE REASON`` of each worker job the cluster submitted, as the batch system
+    tells it (``squeue``; ``qstat`` on PBS); "none submitted" when it refused every submission."""
+    ids = [job.job_id for job in cluster.workers.values() if getattr(job, "job_id", None)]
+    if not ids:
+        return "none submitted (the batch system refused them; its message is above)"
+    command = ["squeue", "-h", "-o", "%i %T %r", "-j", ",".join(ids)] if system == "slurm" else ["qstat", *ids]
+    try:
+        out = subprocess.run(command, capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        out = ""
+    return "; ".join(line.strip() for line in out.splitlines() if line.strip()) or ", ".join(ids)
+
+
+def wait_for_workers(client, cluster, args: argparse.Namespace) -> None:
+    """Wait until ``--wait-workers`` workers joined; after ``--wait-timeout`` seconds one line
+    naming the jobs and their states, exit code 3 (:data:`EXIT_NO_WORKERS`), not a hang."""
+    try:
+        client.wait_for_workers(args.wait_workers, timeout=args.wait_timeout)
+    except TimeoutError:
+        joined = len(client.scheduler_info(n_workers=-1)["workers"])
+        print(f"jobqueue_run.py: error: {joined} of {args.wait_workers} workers joined within "
+              f"{args.wait_timeout:g} s (--wait-timeout); worker jobs: {job_states(cluster, args.system)}", file=sys.stderr)
+        raise SystemExit(EXIT_NO_WORKERS) from None
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     cluster_cls = load_jobqueue(args.system)
@@ -177,15 +222,16 @@ def main(argv: list[str] | None = None) -> int:
         cluster.scale(jobs=args.jobs)
         client.write_scheduler_file(sched_file)
         print(f"jobqueue_run: scheduler file {sched_file}; dashboard {client.dashboard_link}", file=sys.stderr)
-        client.wait_for_workers(args.wait_workers)
-        transport = driver_transport(security, private)
         try:
-            if args.subprocess:
-                command = ["distfit", "run"] + ([args.spec] if args.spec else [])
-                command += ["--out", args.out, "--cluster", sched_file, *transport.flags()]
-                if args.data:
-                    command += ["--data", args.data]
-                return subprocess.call(command)
+            wait_for_workers(client, cluster, args)
+            transport = driver_transport(security, private)
+            if args.subprocess or args.command is not None:
+                if args.command is not None:
+                    command = ["distfit", *shlex.split(args.command)]
+                else:
+                    command = ["distfit", "run"] + ([args.spec] if args.spec else []) + ["--out", args.out]
+                    command += ["--data", args.data] if args.data else []
+                return subprocess.call(command + ["--cluster", sched_file, *transport.flags()])
             from distfit.pipeline.run import run_pipeline
             from distfit.runtime.placement import Placement
 

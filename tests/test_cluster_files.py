@@ -101,6 +101,14 @@ def test_batch_script_syntax(path):
     assert result.returncode == 0, result.stderr
 
 
+@pytest.mark.skipif(shutil.which("bash") is None, reason="bash not available")
+@pytest.mark.parametrize("name", ["local-slurm.sh", "local-test.sh"])
+def test_local_slurm_scripts_syntax(name):
+    """The one-node SLURM's scripts parse (tests/cluster/test_slurm.py runs them)."""
+    result = subprocess.run(["bash", "-n", str(CLUSTER / "slurm" / name)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+
+
 @pytest.mark.parametrize("path", SCRIPTS, ids=lambda p: p.name)
 def test_batch_script_wiring(path):
     text = path.read_text()

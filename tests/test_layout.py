@@ -143,7 +143,8 @@ def test_tests_are_laid_out_like_the_package():
     """tests/<folder>/test_<module>.py tests distfit/<folder>/<module>.py (a few named exceptions)."""
     extra = {"test_layout", "test_readme", "test_docs", "test_cluster_files", "pipeline/test_run_cluster", "plan/test_streaming",
              "stores/test_xarray",  # every store opened by xarray
-             "estimate/test_wide"}  # the estimate job at real width through the command line, memory capped
+             "estimate/test_wide",  # the estimate job at real width through the command line, memory capped
+             "cluster/test_slurm"}  # cluster/slurm and cluster/jobqueue_run.py on a real SLURM
     orphans = []
     for test in sorted((ROOT / "tests").rglob("test_*.py")):
         rel = test.relative_to(ROOT / "tests").with_suffix("").as_posix()
