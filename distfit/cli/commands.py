@@ -207,5 +207,6 @@ def _run_command(args: argparse.Namespace) -> int:
         ("release checksum", result.release_checksum),
         ("seconds", f"{result.timings.get('total', 0.0):.1f}"),
         ("report", os.path.join(result.report, "index.html")),
+        ("validation", f"{os.path.join(result.report, 'validation.html')}  (CONFIDENTIAL: against the data)"),
     ])
     return 0
