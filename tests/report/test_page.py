@@ -19,6 +19,7 @@ import distfit.report.page as report_module
 from benchmarks.render_report import find_chromium, ink, references, render_page, scroll_width
 from tests.clitools import assert_one_line_error, run
 from tests.reference import SMALL_SPEC
+from distfit.audit.plan import audit_plan
 from distfit.export.tables import table_layouts
 from distfit.mathematics.margins import MOE90_Z
 from distfit.plan.job import run_plan
@@ -207,6 +208,9 @@ def test_what_was_released_and_its_accuracy_in_persons(inputs, full_report):
         lo, hi = f"±{1.645 * se.min():.4g}", f"±{1.645 * se.max():.4g}"
         assert row[4] == (lo if lo == hi else f"{lo} to {hi}") and row[5] == "yes"  # accuracy-first: met
     assert MOE90_Z == 1.645
+    # the stored spec keeps the stated targets (the page's source) and the plan still passes the audit
+    assert [q["target"] for q in plan.attrs["spec"]["queries"][1:]] == [{"moe": 3.29}, {"cv": 0.1, "at": math.sqrt(200)}]
+    assert audit_plan(inputs["plan"]).ok
 
 
 def test_answers_with_their_margins_of_error(inputs, full_report):
