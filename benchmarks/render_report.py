@@ -20,6 +20,10 @@ the page's size and the checks:
   matplotlib's first colour (C0, the plots' bars, lines and points), which proves the inline
   plots were drawn.
 
+:func:`scroll_width` lays a page out in a window of a given width and returns the document's
+scroll width (the window's width when nothing is wider): the test that both report pages fit
+1,280 px uses it.
+
 Exit status 0 when the screenshot was written and every check passed, 1 otherwise (including
 no Chromium installed: ``apt-get install -y --no-install-recommends chromium``).
 """
