@@ -20,6 +20,10 @@ the page's size and the checks:
   matplotlib's first colour (C0, the plots' bars, lines and points), which proves the inline
   plots were drawn.
 
+:func:`scroll_width` lays a page out in a window of a given width and returns the document's
+scroll width (the window's width when nothing is wider): the test that both report pages fit
+1,280 px uses it.
+
 Exit status 0 when the screenshot was written and every check passed, 1 otherwise (including
 no Chromium installed: ``apt-get install -y --no-install-recommends chromium``).
 """
@@ -123,6 +127,37 @@ def references(page_text: str) -> list[str]:
             continue
         outside.append(ref)
     return outside
+
+
+#: Written into a copy of a page (never the page itself, which has no scripts): at the end of the
+#: body, when everything above it is laid out, the document's scroll width as an attribute that
+#: ``--dump-dom`` then prints.
+_MEASURE = ('<script>document.body.setAttribute("data-scroll-width", '
+            'String(document.documentElement.scrollWidth));</script></body>')
+_MEASURED = re.compile(r'data-scroll-width="(\d+)"')
+
+
+def scroll_width(chromium: str, page: Path, width: int = 1280, height: int = 900, timeout: float = 120.0) -> int:
+    """The scroll width in CSS pixels of ``page`` (a local HTML file) laid out in a ``width`` px
+    window by headless Chromium: the window's width when nothing is wider (no horizontal
+    scrolling), more when something is. A copy of the page with a measuring script
+    (:data:`_MEASURE`) is loaded from a temporary directory and its DOM dumped (``--dump-dom``).
+    ValueError when the dump carries no measurement (Chromium failed; its log's end is quoted)."""
+    text = page.read_text(encoding="utf-8")
+    if "</body>" not in text:
+        raise ValueError(f"{page}: no </body> to measure at")
+    with tempfile.TemporaryDirectory(prefix="render-report-width-") as tmp:
+        copy = Path(tmp) / page.name
+        copy.write_text(text.replace("</body>", _MEASURE, 1), encoding="utf-8")
+        cmd = [chromium, *[f for f in FLAGS if not f.startswith(("--enable-logging", "--v="))],
+               f"--user-data-dir={Path(tmp) / 'profile'}", f"--window-size={width},{height}", "--dump-dom",
+               copy.as_uri()]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    found = _MEASURED.search(proc.stdout or "")
+    if found is None:
+        raise ValueError(f"{page}: Chromium gave no measurement (exit {proc.returncode}): "
+                         + "\n".join((proc.stderr or "").strip().splitlines()[-5:]))
+    return int(found.group(1))
 
 
 def ink(shot: Path) -> tuple[float, float]:

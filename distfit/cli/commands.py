@@ -125,8 +125,8 @@ def cmd_tabulate(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    """``distfit report``: plots and HTML page of a plan and optionally a release
-    (``distfit.report.page.write_report``)."""
+    """``distfit report``: the publishable page of a plan and optionally a release, and with
+    ``--data`` the confidential validation page (``distfit.report.page.write_report``)."""
     result = write_report(args.plan, args.out, release_path=args.release, data_path=args.data,
                           estimate_path=args.estimate)
     rows = [("plots", f"{len(result.plots)}  ({', '.join(result.plots)})")]
@@ -139,6 +139,8 @@ def cmd_report(args: argparse.Namespace) -> int:
         rows.append(("baselines", f"max variance/target: {shown}"))
     else:
         rows.append(("baselines", result.baseline_note))
+    if result.validation is not None:
+        rows.append(("validation", f"{result.validation}  (CONFIDENTIAL: against the data; do not publish)"))
     print_summary(f"report {result.path}/index.html", rows)
     return 0
 
@@ -205,5 +207,6 @@ def _run_command(args: argparse.Namespace) -> int:
         ("release checksum", result.release_checksum),
         ("seconds", f"{result.timings.get('total', 0.0):.1f}"),
         ("report", os.path.join(result.report, "index.html")),
+        ("validation", f"{os.path.join(result.report, 'validation.html')}  (CONFIDENTIAL: against the data)"),
     ])
     return 0

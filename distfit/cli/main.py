@@ -321,17 +321,21 @@ def build_parser() -> argparse.ArgumentParser:
     add_cluster_options(tabulate_parser, serial_help="tabulate in this process, without a cluster")
 
     report_parser = commands.add_parser(
-        "report", help="plots + HTML report of a plan (and optionally a release)",
-        description="Write DIR/index.html, one self-contained page (plots inline as SVG): the privacy curve "
-                    "and account, alpha per block, variance/target (with baselines for small workloads), "
-                    "solver statistics and, with a release, each query's 95% interval and the first "
-                    "answers. Written atomically; DIR may be missing, "
+        "report", help="HTML report of a plan (and optionally a release): a publishable page, and with --data "
+                       "a confidential validation page",
+        description="Write DIR/index.html, a self-contained page that may be published (plots inline as SVG): "
+                    "what was released (tables, units), the privacy guarantee in plain words, each table's "
+                    "accuracy in persons with 90% margins of error and its target as the spec states it, "
+                    "the first answers and the plan's technical record (account, blocks, solver statistics, "
+                    "variance/target with baselines for small workloads). With --data also "
+                    "DIR/validation.html, CONFIDENTIAL: the release against the true data. Written "
+                    "atomically; DIR may be missing, "
                     "empty or an earlier report (replaced); any other non-empty DIR is refused.",
     )
     add_inputs(report_parser, "plan", "release", out="DIR", nargs="?", default=None)
     report_parser.add_argument("--data", metavar="DATA.zarr",
-                               help="the release's data store: adds the calibration section (actual error of "
-                                    "each answer against its promised sd; CONFIDENTIAL, for validation only)")
+                               help="the release's data store: also writes DIR/validation.html (CONFIDENTIAL: the "
+                                    "actual error of each answer against its promised sd; index.html is unchanged)")
     report_parser.add_argument("--estimate", metavar="ESTIMATE.zarr",
                                help="an estimate of the release (distfit estimate): adds raw against estimated "
                                     "answers (with --data, the error of each against the truth)")

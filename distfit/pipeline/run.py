@@ -495,7 +495,9 @@ def run_pipeline(
 def _report_entry(report: Any) -> dict[str, Any]:
     """The manifest's ``report`` entry of a written report (``distfit.report.page.ReportResult``)."""
     return {"path": os.path.abspath(report.path), "index": os.path.abspath(os.path.join(report.path, "index.html")),
-            "plots": list(report.plots), "calibration": report.calibration}
+            "plots": list(report.plots), "calibration": report.calibration,
+            "validation": report.validation and os.path.abspath(report.validation),
+            "validation_plots": list(report.validation_plots)}
 
 
 def report_level(result: RunResult, estimate: Any | None) -> RunResult:

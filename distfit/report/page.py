@@ -1,44 +1,59 @@
-"""``distfit report``: a plan store (and optionally a release store) in, one HTML page out.
+"""``distfit report``: a plan store (and optionally a release store) in, one publishable HTML page out,
+and with the data a second, confidential one.
 
-``distfit report PLAN.zarr [RELEASE.zarr] --out DIR`` (docs/design.md section 5) writes
-``DIR/index.html``: one self-contained file. Every plot is inline SVG (matplotlib
-``savefig(format="svg")``, text kept as text so it stays small, sharp at any zoom and
-searchable; a scatter of more than :data:`RASTER_POINTS` points is embedded as a bitmap inside
-its SVG), the style sheet is inline, and the page has no scripts, no links to other files and
-no network URLs: mailed or uploaded alone it shows everything. The figures (``id`` of each
-``<figure>``, listed in :attr:`ReportResult.plots` and the run manifest):
+``distfit report PLAN.zarr [RELEASE.zarr] --out DIR [--data DATA.zarr] [--estimate ESTIMATE.zarr]``
+(docs/design.md section 5, docs/report.md) writes two self-contained files:
+
+* ``DIR/index.html`` (:data:`PAGE`), **publishable**: derived from the plan, the release and its
+  estimate only, never from the data (with or without ``--data`` it is the same file, byte for
+  byte). In order: what was released (the tables, which are the spec's query groups, how many
+  units and figures), the privacy guarantee in plain words (rho-zCDP and the exact (epsilon,
+  delta) of the plan's account, docs/privacy.md), the accuracy of every table in persons (the
+  standard error ``sqrt(v_j)`` and the 90% margin of error ``MOE90_Z sqrt(v_j)`` of its
+  figures, :mod:`distfit.mathematics.margins`, with the table's target in the terms the spec
+  stated it: ``MOE ±M at 90%``, ``CV C at N`` or the variance), the first units' answers with
+  their margins, the estimates, then the plan's technical record (account, planner decisions,
+  lower bounds, blocks, solver statistics, variance/target and the baselines);
+* ``DIR/validation.html`` (:data:`VALIDATION`), **CONFIDENTIAL**, written only with ``--data``:
+  the calibration of the released answers against the true answers computed from the data, and
+  with an estimate the error of raw and estimated answers against the truth. A report written
+  without ``--data`` has no such file (an earlier one in ``DIR`` is replaced with the directory).
+
+Both pages have inline SVG plots (:mod:`distfit.report.plots`: matplotlib ``savefig(format="svg")``, text kept as text; a
+scatter of more than :data:`distfit.report.plots.RASTER_POINTS` points is embedded as a bitmap inside its SVG), an
+inline style sheet, no scripts, no links to other files and no network URLs: mailed or uploaded
+alone each shows everything. Both fit a window 1,280 px wide without horizontal scrolling (table
+cells wrap, figures scale down to the page). The figures (``id`` of each ``<figure>``):
+
+``index.html`` (listed in :attr:`ReportResult.plots`):
 
 * ``privacy_curve``   epsilon(delta) of the plan, delta from 1e-12 to 1e-2 (log x axis),
   exact (:func:`distfit.mathematics.privacy.epsilon_for_delta` at the plan's alpha);
+* ``moe_by_table``    each figure's 90% margin of error in persons, one row per table in the
+  spec's order (labelled with the table's name; at most :data:`distfit.report.plots.TABLE_ROWS` tables, the table
+  beside it lists every one), with the margin its target allows;
 * ``block_alpha``     each block's privacy cost alpha (horizontal bars, largest first, at most
-  :data:`BLOCK_BARS`), with its certified lower bound where that is finite;
+  :data:`distfit.report.plots.BLOCK_BARS`), with its certified lower bound where that is finite;
 * ``variance_ratio``  histogram of variance/target over all queries, with a line at 1 (SM-II
   meets every accuracy target at exactly 1 when the spec gives no privacy budget) and, when the
   spec's workload is small (domain of at most :data:`BASELINE_MAX_CELLS` cells), the baselines'
-  max ratios at the plan's alpha (:func:`distfit.solver.baselines.compare_baselines`);
-* ``interval_width``  with a release: each query's 95% interval half-width ``1.96 sqrt(variance)``.
-  The noise of a query has the same variance for every unit, so the half-width is one number
-  per query; the first units' answers to the first queries are a table, under a row with each
-  query's half-width, rather than error bars, which on the scale of the answers (hundreds) would be
-  invisible;
-* ``calibration``     with a release and its data (``--data``, :func:`distfit.stores.data.open_data`):
-  query by query, the actual error of each released answer against its promised standard
-  deviation (log-log scatter with the 1.96 sd line) and the histogram of the standardised
-  errors ``z = (answer - true) / sd`` against N(0, 1); the page gives the share within 1.96 sd
-  (95% expected) and within 1 sd (68.3%). The true answers are computed from the data's block
-  marginals (:func:`distfit.release.noise.true_block_answers`) for at most
-  :data:`CALIBRATION_ANSWERS` answers (the first units; the page says how many of how many).
-  This section is derived from the confidential data: the page says so, and such a report is
-  for the data owner's validation, not for publication;
-* ``estimate_error``  with an estimate store (``estimate_path``, :mod:`distfit.stores.estimate`)
-  and the data: per query, the root mean squared error of the raw answers and of the estimates
-  against the true answers (the same first units as the calibration; points below the diagonal:
-  the estimate is closer to the truth). Without the data the estimate section still compares
-  raw and estimated answers (how many raw answers were negative; the first units' answers side
-  by side) and gives the fit of the projection.
+  max ratios at the plan's alpha (:func:`distfit.solver.baselines.compare_baselines`).
 
-The page also holds the privacy account (alpha, rho, the epsilon/delta table), the planner's
-decisions and a table of per-block solver statistics and certificate gaps.
+``validation.html`` (:attr:`ReportResult.validation_plots`):
+
+* ``calibration``     query by query, the actual error of each released answer against its
+  promised standard deviation (log-log scatter with the 1.96 sd line) and the histogram of the
+  standardised errors ``z = (answer - true) / sd`` against N(0, 1); the page gives the share
+  within 1.96 sd (95% expected) and within 1 sd (68.3%). The true answers are computed from the
+  data's block marginals (:func:`distfit.report.packs.true_query_answers`) for at most
+  :data:`CALIBRATION_ANSWERS` answers (the first units; the page says how many of how many);
+* ``estimate_error``  with an estimate store (``estimate_path``, :mod:`distfit.stores.estimate`):
+  per query, the root mean squared error of the raw answers and of the estimates against the
+  true answers (the calibration's units; below the diagonal the estimate is closer).
+
+A table's figures are its query group's queries, labelled in words as ``distfit export`` labels
+them (:func:`distfit.export.tables.table_layouts`); a plan whose stored spec does not parse is
+reported as one table of every query.
 
 Writing is atomic: the report is built in a staging directory next to ``DIR``
 (``<DIR>.incomplete-<random>``) and renamed into place (:func:`distfit.stores.files.move_into_place`).
@@ -51,10 +66,8 @@ Bad inputs (no plan store, not a plan, not a sealed release, a release of anothe
 from __future__ import annotations
 
 import html
-import io
 import math
 import os
-import re
 import secrets
 import shutil
 from dataclasses import dataclass
@@ -63,10 +76,14 @@ from typing import Any
 
 import numpy as np
 
-from distfit.mathematics.privacy import epsilon_for_delta
+from distfit.export.tables import TableLayout, table_layouts
+from distfit.mathematics.margins import MOE90_Z
 from distfit.release.noise import calibration
 from distfit.report.packs import block_rows, true_query_answers
+from distfit.report.plots import (plot_block_alpha, plot_calibration, plot_estimate_error, plot_moe_by_table,
+                                  plot_privacy_curve, plot_variance_ratio, pyplot)
 from distfit.solver.baselines import compare_baselines
+from distfit.spec.model import PipelineSpec, QueryGroupSpec
 from distfit.spec.parse import parse_spec
 from distfit.stores.data import open_data
 from distfit.stores.estimate import read_estimate, read_verified_estimate
@@ -77,46 +94,30 @@ from distfit.stores.release import read_release, read_verified_release
 
 MARKER = ".distfit-report"
 PAGE = "index.html"
+#: The confidential page, written only with the data (module docstring).
+VALIDATION = "validation.html"
 BASELINE_MAX_CELLS = 5000
-CURVE_DELTAS = np.logspace(-12, -2, 41)
 ANSWER_QUERIES = 4   # the answer table: the first few queries
 ANSWER_UNITS = 20    # ... of the first units
-BLOCK_BARS = 40      # most blocks drawn in the alpha-per-block plot (the table lists every block)
-Z95 = 1.959963984540054
 #: Most (unit, query) answers the calibration compares with the truth (the first units).
 CALIBRATION_ANSWERS = 2_000_000
-#: Most points drawn in the calibration scatter (an even subsample beyond).
-CALIBRATION_POINTS = 20_000
-#: A scatter with more points than this is drawn as a bitmap inside its SVG: one vector marker
-#: per point would make the page megabytes (20,000 points: about 3 MB as vectors, 0.2 MB as a bitmap).
-RASTER_POINTS = 2000
-#: Resolution of those bitmaps (the rest of each figure is vector).
-RASTER_DPI = 150
-#: An id, or a reference to one, in matplotlib's SVG: ``id="``, ``href="#`` and ``url(#``.
-_SVG_ID = re.compile(r'(\bid="|href="#|url\(#)')
-_SVG_METADATA = re.compile(r"\s*<metadata>.*?</metadata>", re.S)
 
-__all__ = ["BASELINE_MAX_CELLS", "MARKER", "PAGE", "ReportResult", "write_report"]
+__all__ = ["BASELINE_MAX_CELLS", "MARKER", "PAGE", "VALIDATION", "ReportResult", "write_report"]
 
 
 @dataclass(frozen=True)
 class ReportResult:
-    """Where the report went, the ids of its figures (each a ``<figure id=...>`` of the page),
-    the baselines' max variance/target (or None and why not) and the calibration summary."""
+    """Where the report went, the ids of the figures of ``index.html`` (each a ``<figure
+    id=...>`` of the page), the baselines' max variance/target (or None and why not), the
+    calibration summary, and the confidential page's path and figures (None and ``()`` without
+    the data)."""
     path: str
     plots: tuple[str, ...] = ()
     baselines: dict[str, float] | None = None
     baseline_note: str = ""
     calibration: dict | None = None
-
-
-def _pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg", force=True)
-    import matplotlib.pyplot as plt
-
-    return plt
+    validation: str | None = None
+    validation_plots: tuple[str, ...] = ()
 
 
 def _check_out(path: Path) -> None:
@@ -139,132 +140,6 @@ def _fmt(x: Any, digits: int = 6) -> str:
 
 def _e(x: Any) -> str:
     return html.escape(_fmt(x))
-
-
-# --------------------------------------------------------------------------------------------
-# plots: each returns inline SVG markup
-
-
-def _svg(plt, fig, name: str, description: str) -> str:
-    """``fig`` as SVG markup to inline in the page (the figure is closed).
-
-    Text stays text (``svg.fonttype: none``: a few kB instead of glyph outlines, with a generic
-    sans-serif fallback in its font list). Every id (and every reference to one) is prefixed with
-    the figure's name, so the ids of a page are unique, and hashed with the figure's name as the
-    salt instead of a random one, so the same figure gives the same markup. The XML prologue (not
-    allowed inside HTML) and the metadata block are dropped."""
-    buf = io.StringIO()
-    with plt.rc_context({"svg.fonttype": "none", "svg.hashsalt": f"distfit-report-{name}"}):
-        fig.savefig(buf, format="svg", dpi=RASTER_DPI)
-    plt.close(fig)
-    text = buf.getvalue()
-    svg = _SVG_METADATA.sub("", text[text.index("<svg"):])  # its RDF block: a date, "made by matplotlib"
-    # matplotlib names its groups axes_1, legend_1, patch_1, ... in every figure: prefix every id,
-    # and every reference to one, with the figure's name, so that the ids of a page stay unique
-    svg = _SVG_ID.sub(lambda m: f'{m.group(1)}{name}-', svg)
-    return svg.replace("<svg ", f'<svg role="img" aria-label="{html.escape(description)}" ', 1)
-
-
-def _outside_legend(fig, ncols: int = 2) -> None:
-    """One legend for the figure, outside the axes (below them), so it never covers data."""
-    fig.legend(loc="outside lower center", ncols=ncols, fontsize=8, frameon=False)
-
-
-def _plot_privacy_curve(plt, alpha: float) -> str:
-    eps = [epsilon_for_delta(alpha, float(d)) for d in CURVE_DELTAS]
-    fig, ax = plt.subplots(figsize=(6.4, 4.0), layout="constrained")
-    ax.plot(CURVE_DELTAS, eps, marker=".", color="C0")
-    ax.set_xscale("log")
-    ax.set_xlabel("delta")
-    ax.set_ylabel("epsilon")
-    ax.set_title(f"Privacy curve epsilon(delta), alpha = {alpha:.4g}")
-    ax.grid(True, which="both", alpha=0.3)
-    return _svg(plt, fig, "privacy_curve", "privacy curve epsilon(delta)")
-
-
-def _plot_block_alpha(plt, blocks: list[dict]) -> str:
-    """The blocks' alphas, largest first, as horizontal bars (block ids readable on the y axis):
-    all of them up to :data:`BLOCK_BARS`, else the largest BLOCK_BARS (the title says how many
-    are shown; the table lists every block)."""
-    order = sorted(blocks, key=lambda b: b["alpha"], reverse=True)[:BLOCK_BARS]
-    y = np.arange(len(order))
-    fig, ax = plt.subplots(figsize=(7.5, 1.9 + 0.2 * len(order)), layout="constrained")
-    ax.barh(y, [b["alpha"] for b in order], height=0.6, color="C0", label="block alpha")
-    lb = [(i, b["lower_bound"]) for i, b in enumerate(order) if math.isfinite(b["lower_bound"])]
-    if lb:
-        ax.scatter([v for _, v in lb], [i for i, _ in lb], color="C3", marker="|", s=250, linewidths=2,
-                   zorder=3, label="certified lower bound")
-    ax.set_yticks(y, labels=[b["id"] for b in order], fontsize=8)
-    ax.set_ylim(len(order) - 0.5, -0.5)  # largest on top
-    ax.set_xlabel("alpha (privacy cost of the block)")
-    ax.grid(True, axis="x", alpha=0.3)
-    shown = f"the {len(order)} largest of {len(blocks)} blocks" if len(order) < len(blocks) else "every block"
-    ax.set_title(f"Privacy cost per block ({shown})", fontsize=10)
-    _outside_legend(fig)
-    return _svg(plt, fig, "block_alpha", "privacy cost alpha per block")
-
-
-def _plot_variance_ratio(plt, ratios: np.ndarray, baselines: dict[str, float] | None) -> str:
-    fig, ax = plt.subplots(figsize=(7.5, 4.2), layout="constrained")
-    finite = ratios[np.isfinite(ratios)]
-    hi = max([1.0, float(finite.max(initial=1.0))] + list((baselines or {}).values())) * 1.05
-    lo = min(1.0, float(finite.min(initial=1.0))) * 0.95
-    bins = 40 if not baselines else np.linspace(lo, hi, 60)  # bars stay visible next to the baselines
-    ax.hist(finite, bins=bins, color="C0", alpha=0.8, label="SM-II (this plan): its queries")
-    ax.axvline(1.0, color="k", linestyle="--", label="target (ratio 1)")
-    for i, (name, r) in enumerate(sorted((baselines or {}).items())):
-        ax.axvline(r, color=f"C{i + 1}", linestyle="-", label=f"{name}: max {r:.3g}")
-    if baselines and max(baselines.values()) > 20 * max(1.0, float(finite.max(initial=1.0))):
-        ax.set_xscale("log")
-    ax.set_xlabel("variance / target")
-    ax.set_ylabel("queries")
-    ax.set_title("Variance relative to target", fontsize=10)
-    _outside_legend(fig, ncols=3)
-    return _svg(plt, fig, "variance_ratio", "histogram of variance/target")
-
-
-def _plot_interval_width(plt, variances: np.ndarray) -> str:
-    """Each query's 95% interval half-width 1.96 sqrt(variance), against the query's index."""
-    half = Z95 * np.sqrt(np.maximum(np.asarray(variances, dtype=float), 0.0))
-    fig, ax = plt.subplots(figsize=(7.5, 3.6), layout="constrained")
-    ax.scatter(np.arange(half.size), half, s=8, color="C0", rasterized=half.size > RASTER_POINTS)
-    ax.set_ylim(0, float(half.max(initial=1.0)) * 1.1 or 1.0)
-    ax.set_xlabel("query (its index in the release)")
-    ax.set_ylabel("half-width (units of the answer)")
-    ax.set_title("95% interval: answer ± 1.96 standard deviations; the half-width per query", fontsize=10)
-    ax.grid(True, alpha=0.3)
-    return _svg(plt, fig, "interval_width", "95% interval half-width per query")
-
-
-def _plot_calibration(plt, z: np.ndarray, sd: np.ndarray) -> str:
-    """Left: |actual error| against the promised sd per answer (log-log) with the 1.96 sd line;
-    right: histogram of the standardised errors with the N(0, 1) density."""
-    error = np.abs(z) * sd
-    step = max(1, error.size // CALIBRATION_POINTS)
-    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4.2), layout="constrained")
-    shown_sd, shown_error = sd[::step], np.maximum(error[::step], 1e-12)
-    left.scatter(shown_sd, shown_error, s=3, alpha=0.3, color="C0", label="released answers",
-                 rasterized=shown_sd.size > RASTER_POINTS)
-    grid = np.geomspace(max(float(sd.min()), 1e-12), float(sd.max()) * 1.05, 50)
-    left.plot(grid, Z95 * grid, color="C3", label="1.96 x promised sd")
-    left.set_xscale("log")
-    left.set_yscale("log")
-    left.set_xlabel("promised standard deviation")
-    left.set_ylabel("|released - true|")
-    drawn = f", {shown_sd.size:,} drawn" if step > 1 else ""
-    left.set_title(f"actual error against the promise ({error.size:,} answers{drawn})", fontsize=9)
-    left.grid(True, which="both", alpha=0.2)
-    bins = np.linspace(-5, 5, 81)
-    right.hist(np.clip(z, -5, 5), bins=bins, density=True, color="C0", alpha=0.7,
-               label="standardised error z = (released - true) / sd")
-    x = np.linspace(-5, 5, 400)
-    right.plot(x, np.exp(-x * x / 2) / math.sqrt(2 * math.pi), color="k", label="N(0, 1) density")
-    for edge in (-Z95, Z95):
-        right.axvline(edge, color="grey", linestyle="--", linewidth=1)
-    right.set_xlabel("standardised error z (dashed: ±1.96)")
-    right.set_title(f"{np.mean(np.abs(z) <= Z95):.1%} within ±1.96 sd (95% expected)", fontsize=9)
-    _outside_legend(fig, ncols=4)
-    return _svg(plt, fig, "calibration", "actual error against promised standard deviation")
 
 
 def _calibration(plan, release, data_path, verified: bool) -> tuple[dict, np.ndarray, np.ndarray, np.ndarray]:
@@ -291,22 +166,6 @@ def _calibration(plan, release, data_path, verified: bool) -> tuple[dict, np.nda
     return result, z.ravel(), sd, true
 
 
-def _plot_estimate_error(plt, raw: np.ndarray, estimated: np.ndarray) -> str:
-    """Per query: RMSE of the estimates against RMSE of the raw answers, with the diagonal."""
-    fig, ax = plt.subplots(figsize=(6.4, 4.6), layout="constrained")
-    ax.scatter(raw, estimated, s=10, color="C0", label="a query", rasterized=raw.size > RASTER_POINTS)
-    top = float(max(raw.max(initial=1.0), estimated.max(initial=1.0))) * 1.05
-    ax.plot([0, top], [0, top], color="k", linestyle="--", label="equal error")
-    ax.set_xlim(0, top)
-    ax.set_ylim(0, top)
-    ax.set_xlabel("RMSE of the raw answers")
-    ax.set_ylabel("RMSE of the estimates")
-    ax.set_title("Error against the truth, per query (below the line: the estimate is closer)", fontsize=9)
-    ax.grid(True, alpha=0.3)
-    _outside_legend(fig)
-    return _svg(plt, fig, "estimate_error", "root mean squared error of estimates against raw answers, per query")
-
-
 def _estimate_summary(release, estimate, true: np.ndarray | None) -> dict:
     """Raw against estimated answers for the first units (the calibration's, with ``true``;
     else up to :data:`CALIBRATION_ANSWERS` answers): negative shares, and with ``true`` each
@@ -329,16 +188,69 @@ def _estimate_summary(release, estimate, true: np.ndarray | None) -> dict:
 
 
 # --------------------------------------------------------------------------------------------
-# baselines
+# the tables (query groups) and the baselines
 
 
-def _baselines(plan) -> tuple[dict[str, float] | None, str]:
-    """Max variance/target of each baseline at the plan's alpha, or None and why not."""
-
+def _stored_spec(plan) -> tuple[PipelineSpec | None, str]:
+    """The plan's stored spec parsed (its groups are the release's tables), or None and why not."""
     try:
-        spec = parse_spec(plan.attrs["spec"])
+        return parse_spec(plan.attrs["spec"]), ""
     except (KeyError, ValueError) as exc:
-        return None, f"baselines skipped: the plan's spec could not be parsed ({exc})"
+        return None, f"the plan's spec could not be parsed ({exc})"
+
+
+def _layouts(spec: PipelineSpec | None, m: int) -> tuple[TableLayout, ...]:
+    """The tables: the spec's query groups in order (:func:`distfit.export.tables.table_layouts`),
+    or one table of every query when the stored spec does not parse or is not the plan's."""
+    if spec is not None and not spec.multilevel and spec.num_queries == m:
+        return table_layouts(spec, m)
+    return (TableLayout("all queries", 0, m, tuple(f"query {j}" for j in range(m))),)
+
+
+def _target_words(group: QueryGroupSpec | None, targets: np.ndarray) -> str:
+    """A table's target in the terms the spec stated it: ``MOE ±M at 90%``, ``CV C at N``, else
+    the variance (and its standard deviation) of its figures."""
+    stated = group.stated if group is not None else None
+    if stated and "moe" in stated:
+        return f"MOE ±{_fmt(stated['moe'])} at 90%"
+    if stated and "cv" in stated:
+        return f"CV {_fmt(stated['cv'])} at {_fmt(stated['at'])}"
+    lo, hi = float(targets.min()), float(targets.max())
+    if lo == hi:
+        return f"variance {lo:.4g} (sd {math.sqrt(lo):.4g})"
+    return f"variance {lo:.4g} to {hi:.4g} by figure (sd {math.sqrt(lo):.4g} to {math.sqrt(hi):.4g})"
+
+
+def _span(lo: float, hi: float, sign: str = "") -> str:
+    """``lo`` to ``hi`` in persons, one number when they agree to the digits shown."""
+    a, b = f"{sign}{lo:.4g}", f"{sign}{hi:.4g}"
+    return a if a == b else f"{a} to {b}"
+
+
+def _accuracy_rows(layouts: tuple[TableLayout, ...], spec: PipelineSpec | None, variances: np.ndarray,
+                   targets: np.ndarray) -> list[list[Any]]:
+    """One row per table: its name, figures per unit, its target as stated, the standard errors
+    ``sqrt(v_j)`` and 90% margins of error ``MOE90_Z sqrt(v_j)`` of its figures (the smallest to
+    the largest, persons), and whether every figure meets its target (``v_j <= t_j``)."""
+    starts = np.array([t.start for t in layouts], dtype=np.int64)
+    v = np.maximum(np.asarray(variances, dtype=float), 0.0)
+    t = np.asarray(targets, dtype=float)
+    low, high = np.sqrt(np.minimum.reduceat(v, starts)), np.sqrt(np.maximum.reduceat(v, starts))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        worst = np.maximum.reduceat(v / t, starts)
+    groups = {g.name: g for g in spec.groups} if spec is not None and not spec.multilevel else {}
+    rows = []
+    for i, table in enumerate(layouts):
+        met = "yes" if worst[i] <= 1 + 1e-9 else f"no: variance up to {worst[i]:.3g} x the target"
+        rows.append([table.name, table.width, _target_words(groups.get(table.name), t[table.start:table.stop]),
+                     _span(low[i], high[i]), _span(MOE90_Z * low[i], MOE90_Z * high[i], "±"), met])
+    return rows
+
+
+def _baselines(spec: PipelineSpec | None, why: str, plan) -> tuple[dict[str, float] | None, str]:
+    """Max variance/target of each baseline at the plan's alpha, or None and why not."""
+    if spec is None:
+        return None, f"baselines skipped: {why}"
     cells = spec.domain.size
     if cells > BASELINE_MAX_CELLS:
         return None, (f"baselines skipped: the domain has {cells} cells, more than "
@@ -357,38 +269,46 @@ def _baselines(plan) -> tuple[dict[str, float] | None, str]:
 
 
 # --------------------------------------------------------------------------------------------
-# the page
+# the pages
 
 
+#: Fits 1,280 px: the body at most 1,100 px wide, table cells wrap anywhere (a checksum, a long
+#: label) rather than widen their table past the page, figures scale down to it.
 _CSS = """
-body { font-family: sans-serif; margin: 2em; max-width: 1100px; color: #222; }
-table { border-collapse: collapse; margin: 0.5em 0 1.5em 0; font-size: 0.9em; }
-th, td { border: 1px solid #bbb; padding: 3px 8px; text-align: right; }
+body { font-family: sans-serif; margin: 0 auto; padding: 1em 2em; max-width: 1100px; color: #222; }
+table { border-collapse: collapse; margin: 0.5em 0 1.5em 0; font-size: 0.9em; max-width: 100%; }
+th, td { border: 1px solid #bbb; padding: 3px 8px; text-align: right; overflow-wrap: anywhere; }
 th { background: #eee; } td.l, th.l { text-align: left; }
-.wide { overflow-x: auto; max-width: 100%; }
-figure { margin: 0.5em 0 1.5em 0; }
+figure { margin: 0.5em 0 1.5em 0; max-width: 100%; }
 figure svg { display: block; max-width: 100%; height: auto; border: 1px solid #ddd; }
 figcaption, .note { color: #555; font-size: 0.9em; } .warn { color: #a00; font-weight: bold; }
+.confidential { color: #a00; border: 3px solid #a00; padding: 0.5em 1em; font-weight: bold; }
 """
 
 
 def _table(header: list[str] | None, rows: list[list[Any]], left: int = 1) -> str:
-    """An HTML table (wrapped to scroll sideways when wider than the page); ``header`` None for
-    a table of name/value rows without a header row; the first ``left`` columns left-aligned."""
-    out = ['<div class="wide"><table>']
+    """An HTML table; ``header`` None for a table of name/value rows without a header row; the
+    first ``left`` columns left-aligned."""
+    out = ["<table>"]
     if header is not None:
         out.append("<tr>" + "".join(f'<th class="{"l" if i < left else ""}">{html.escape(h)}</th>'
                                     for i, h in enumerate(header)) + "</tr>")
     for row in rows:
         out.append("<tr>" + "".join(
             f'<td class="{"l" if i < left else ""}">{_e(v)}</td>' for i, v in enumerate(row)) + "</tr>")
-    out.append("</table></div>")
+    out.append("</table>")
     return "\n".join(out)
 
 
 def _figure(figures: dict[str, str], name: str, caption: str = "") -> str:
     caption = f"<figcaption>{html.escape(caption)}</figcaption>" if caption else ""
     return f'<figure id="{name}">\n{figures[name]}{caption}</figure>'
+
+
+def _head(title: str) -> list[str]:
+    return ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
+            '<meta name="viewport" content="width=device-width, initial-scale=1">',
+            f"<title>{html.escape(title)}</title>", f"<style>{_CSS}</style></head><body>"]
 
 
 def _bound_rows(planner: dict) -> list[list[Any]]:
@@ -411,31 +331,36 @@ def _bound_rows(planner: dict) -> list[list[Any]]:
     return rows
 
 
-def _answer_rows(release) -> tuple[list[str], list[list[Any]]]:
-    """The first units' answers to the first queries, below one row with each query's 95%
-    interval half-width (1.96 sd: the same for every unit)."""
+def _column_labels(layouts: tuple[TableLayout, ...], count: int) -> list[str]:
+    """``table: words`` of the first ``count`` figures (the spec's first tables)."""
+    out = []
+    for table in layouts:
+        out += [f"{table.name}: {words}" for words in table.words[:count - len(out)]]
+        if len(out) >= count:
+            break
+    return out
+
+
+def _answer_rows(release, layouts: tuple[TableLayout, ...]) -> tuple[list[str], list[list[Any]]]:
+    """The first units' answers to the first figures, below one row with each figure's 90% margin
+    of error ``MOE90_Z sqrt(v_j)`` (the same for every unit)."""
     n_units = min(ANSWER_UNITS, int(release.answers.shape[0]))
     n_q = min(ANSWER_QUERIES, int(release.answers.shape[1]))
     answers = np.asarray(release.answers[:n_units, :n_q], dtype=float)
-    half = Z95 * np.sqrt(np.maximum(np.asarray(release.variances[:n_q], dtype=float), 0.0))
-    labels = release.labels or [f"query {j}" for j in range(release.answers.shape[1])]
+    moe = MOE90_Z * np.sqrt(np.maximum(np.asarray(release.variances[:n_q], dtype=float), 0.0))
     units = [_fmt(u) for u in np.asarray(release.unit_ids[:n_units])]
-    rows = [["95% interval"] + [f"answer ± {h:.4g}" for h in half]]
+    rows = [["90% margin of error"] + [f"± {h:.4g}" for h in moe]]
     rows += [[u] + list(answers[i]) for i, u in enumerate(units)]
-    # a zero-width space after each ":" of a label (group:cell) lets the long headers wrap there
-    return ["unit"] + [str(labels[j]).replace(":", ":\u200b") for j in range(n_q)], rows
+    return ["unit"] + _column_labels(layouts, n_q), rows
 
 
-def _estimate_rows(release, estimate) -> tuple[list[str], list[list[Any]]]:
-    """The first units' raw and estimated answers to the first queries, side by side."""
+def _estimate_rows(release, estimate, layouts: tuple[TableLayout, ...]) -> tuple[list[str], list[list[Any]]]:
+    """The first units' raw and estimated answers to the first figures, side by side."""
     n_units = min(ANSWER_UNITS, int(release.answers.shape[0]))
     n_q = min(ANSWER_QUERIES, int(release.answers.shape[1]))
     raw = np.asarray(release.answers[:n_units, :n_q], dtype=float)
     est = np.asarray(estimate.estimates[:n_units, :n_q])
-    labels = release.labels or [f"query {j}" for j in range(release.answers.shape[1])]
-    # a zero-width space after each ":" of a label lets the long headers wrap there (as _answer_rows)
-    header = ["unit"] + [str(labels[j]).replace(":", ":\u200b") + f" {kind}"
-                         for j in range(n_q) for kind in ("raw", "estimate")]
+    header = ["unit"] + [f"{label} {kind}" for label in _column_labels(layouts, n_q) for kind in ("raw", "estimate")]
     units = [_fmt(u) for u in np.asarray(release.unit_ids[:n_units])]
     return header, [[u] + [v for j in range(n_q) for v in (raw[i, j], est[i, j])] for i, u in enumerate(units)]
 
@@ -448,12 +373,14 @@ def _geography(geography: dict) -> str:
     return f"level {level}: every unit's table sums exactly, cell by cell, to its parent's in level {above}"
 
 
-def _estimate_section(release, estimate, summary: dict, figures: dict[str, str]) -> list[str]:
+def _estimate_section(release, estimate, summary: dict, layouts: tuple[TableLayout, ...]) -> list[str]:
+    """The estimates on the publishable page: what they are, the projection's fit, how many raw
+    answers and estimates are below 0, the first units' of each (nothing from the data)."""
     a = estimate.attrs
     fit = a.get("fit") or {}
-    header, rows = _estimate_rows(release, estimate)
+    header, rows = _estimate_rows(release, estimate, layouts)
     units = summary["units"]
-    parts = [
+    return [
         "<h2>Estimates: nonnegative and consistent</h2>",
         "<p class='note'>Post-processing of the release (no privacy cost; the data is not read): per unit the "
         "nonnegative data vector closest to the release in the noise's metric "
@@ -473,57 +400,90 @@ def _estimate_section(release, estimate, summary: dict, figures: dict[str, str])
         f"<h3>The first {len(rows)} units' raw and estimated answers</h3>",
         _table(header, rows, left=1),
     ]
-    if "rmse_raw" in summary:
-        parts += [
-            '<p class="warn">CONFIDENTIAL: the error of each against the true answers, computed from the data '
-            "(for the data owner's validation; do not publish).</p>",
-            _table(["error against the truth", "raw answers", "estimates"], [
-                ["root mean squared error", summary["rmse_raw"], summary["rmse_estimate"]],
-                ["mean absolute error", summary["mae_raw"], summary["mae_estimate"]],
-            ]),
-            f"<p class='note'>{summary['queries_improved']:.1%} of the queries have an estimate error at most "
-            f"their raw error (RMSE over the first {units:,} units).</p>",
-            _figure(figures, "estimate_error"),
-        ]
+
+
+def _privacy_words(a: dict, private: bool | None) -> list[str]:
+    """The guarantee in plain words: the (epsilon, delta) reading of the plan's account and its
+    zCDP rho (docs/privacy.md); NOT PRIVATE for a release drawn with a fixed seed."""
+    rows = (a.get("account") or {}).get("epsilon_delta", [])
+    pairs = [f"ε = {float(r['epsilon']):.4g} at δ = {float(r['delta']):.0e}" for r in (rows[:1] + rows[-1:])]
+    parts = [
+        "<p>Every figure has random noise added to it, so the release is differentially private: whether "
+        "any one person's record is in the data or not changes the probability of any outcome of the whole "
+        "release (every table, every unit) by at most a factor of e<sup>ε</sup>, except with a probability "
+        f"of at most δ; {' and '.join(html.escape(p) for p in pairs) or 'no (ε, δ) pairs recorded'} "
+        "(every pair: the table below; smaller is more private). The guarantee is "
+        f"ρ-zero-concentrated differential privacy with ρ = {_e(a.get('rho'))}, of which the (ε, δ) "
+        "are the exact reading for the Gaussian noise used. A person belongs to one unit; every table of "
+        "the release is counted in the one guarantee. Releasing the same data again spends it again.</p>"]
+    if private is False:
+        parts.append('<p class="warn">NOT PRIVATE: this release was drawn with a fixed seed (tests only); '
+                     "the guarantee above holds only for a release drawn with fresh entropy.</p>")
     return parts
 
 
-def _page(plan, release, blocks, ratios, baselines, baseline_note, figures: dict[str, str],
-          calibrated: dict | None = None, estimated: tuple | None = None) -> str:
+def _page(plan, release, spec, layouts, blocks, ratios, baselines, baseline_note, figures: dict[str, str],
+          estimated: tuple | None = None) -> str:
+    """``index.html``: publishable (module docstring); nothing on it is derived from the data."""
     a = plan.attrs
     account = a.get("account") or {}
     planner = a.get("planner") or {}
-    spec = a.get("spec") or {}
     m = len(plan.queries_targets)
-    parts = [
-        "<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
-        '<meta name="viewport" content="width=device-width, initial-scale=1">',
-        f"<title>distfit report: {html.escape(str(spec.get('name', 'plan')))}</title>",
-        f"<style>{_CSS}</style></head><body>",
-        f"<h1>distfit report: {html.escape(str(spec.get('name', 'plan')))}</h1>",
-        _table(None, [
-            ["plan", os.path.basename(plan.path.rstrip("/"))],
-            ["plan checksum", a.get("checksum")],
-            ["created", a.get("created")],
-            ["distfit version", a.get("distfit_version")],
-            ["schema", " x ".join(f"{n}[{s}]" for n, s in zip(a["schema"]["attributes"], a["schema"]["sizes"]))],
-            ["queries", m],
-            ["blocks", len(blocks)],
-            ["release", os.path.basename(release.path.rstrip("/")) if release is not None else None],
-        ], left=2),
-        '<p class="note">This page is one file: its plots are inline, it needs no other file and no network.</p>',
-        "<h2>Privacy account</h2>",
+    name = str((a.get("spec") or {}).get("name", "plan"))
+    units = int(release.attrs.get("units", release.answers.shape[0])) if release is not None else None
+    shown = ", ".join(t.name for t in layouts[:12]) + (f", ... ({len(layouts) - 12} more)" if len(layouts) > 12 else "")
+    summary = [["tables", f"{len(layouts):,}: {shown}"], ["figures per unit", f"{m:,}"]]
+    if release is not None:
+        summary += [["units", f"{units:,}"], ["figures released", f"{units * m:,}"],
+                    ["release", os.path.basename(release.path.rstrip("/"))], ["release checksum", release.checksum]]
+    else:
+        summary.append(["release", "none given: the plan's privacy and accuracy, before any release"])
+    if estimated is not None:
+        summary.append(["estimates", "nonnegative, consistent estimates of every figure (post-processing, "
+                                     "no further privacy cost)"])
+    summary += [["plan", os.path.basename(plan.path.rstrip("/"))], ["plan checksum", a.get("checksum")],
+                ["created", a.get("created")], ["distfit version", a.get("distfit_version")]]
+    parts = _head(f"{name}: what was released") + [
+        f"<h1>{html.escape(name)}: what was released</h1>",
+        _table(None, summary, left=2),
+        '<p class="note">This page may be published: it is derived from the plan and the release only, never '
+        "from the data. It is one file: its plots are inline, it needs no other file and no network.</p>",
+        "<h2>Privacy guarantee</h2>",
+        *_privacy_words(a, None if release is None else release.private),
+        _table(["delta", "epsilon"], [[r["delta"], r["epsilon"]] for r in account.get("epsilon_delta", [])], left=0),
+        _figure(figures, "privacy_curve"),
+        "<h2>Accuracy of each table, in persons</h2>",
+        "<p class='note'>Each figure is its true count plus Gaussian noise of a known standard error (the same for "
+        f"every unit); figure ± its 90% margin of error ({MOE90_Z} standard errors) is a 90% interval, as the "
+        "American Community Survey publishes it. The target is each table's as the spec states it.</p>",
+        _table(["table", "figures per unit", "target", "standard error", "90% margin of error", "target met"],
+               _accuracy_rows(layouts, spec, plan.queries_variances, plan.queries_targets), left=3),
+        _figure(figures, "moe_by_table", "Dot: a figure's 90% margin of error; red tick: the margin its target "
+                "allows. Tables in the spec's order."),
+    ]
+    if release is not None:
+        header, answer_rows = _answer_rows(release, layouts)
+        parts += [
+            "<h2>The released figures</h2>",
+            f"<p class='note'>{units:,} units x {m:,} figures, in the files of <code>distfit export</code>. The first "
+            "units' answers to the first figures, under each figure's 90% margin of error:</p>",
+            _table(header, answer_rows, left=1),
+        ]
+    if estimated is not None:
+        parts += _estimate_section(release, *estimated, layouts)
+    parts += [
+        "<h2>Technical record of the plan</h2>",
+        "<h3>Privacy account</h3>",
         _table(["quantity", "value"], [
             ["alpha (privacy cost)", a.get("alpha")],
             ["alpha exact", a.get("alpha_exact")],
             ["rho (zCDP)", a.get("rho")],
             ["composition", a.get("composition")],
+            ["schema", " x ".join(f"{n}[{s}]" for n, s in zip(a["schema"]["attributes"], a["schema"]["sizes"]))],
+            ["queries", m],
+            ["blocks", len(blocks)],
         ]),
-        "<h3>(epsilon, delta)</h3>",
-        _table(["delta", "epsilon"],
-               [[r["delta"], r["epsilon"]] for r in account.get("epsilon_delta", [])], left=0),
-        _figure(figures, "privacy_curve"),
-        "<h2>Planner decisions</h2>",
+        "<h3>Planner decisions</h3>",
         "<ul>" + "".join(f"<li>{html.escape(str(d))}</li>" for d in planner.get("decisions", [])) + "</ul>",
         _table(["quantity", "value"], [[k, planner.get(k)] for k in (
             "alpha_sum_bound", "rounds", "variance_scale", "seconds", "spec_hash")
@@ -533,7 +493,7 @@ def _page(plan, release, blocks, ratios, baselines, baseline_note, figures: dict
         "blocks only, not for every plan; <code>distfit audit</code> re-certifies every bound by running its "
         "dual again and warns about any it did not.</p>",
         _table(["lower bound", "value", "how certified", "what it bounds"], _bound_rows(planner), left=4),
-        "<h2>Blocks</h2>",
+        "<h3>Blocks</h3>",
         _figure(figures, "block_alpha", "Bar: the block's privacy cost alpha; red tick: its certified lower "
                 "bound (the block's dual certificate), where it has one."),
     ]
@@ -550,7 +510,7 @@ def _page(plan, release, blocks, ratios, baselines, baseline_note, figures: dict
         "by the solver (- for a block re-optimised jointly, without a certificate of its own).</p>",
         _table(["block", "attributes", "queries x rows x cells", "alpha", "lower bound",
                 "certificate gap", "solver gap"] + stat_keys, rows, left=3),
-        "<h2>Accuracy: variance / target</h2>",
+        "<h3>Variance / target</h3>",
         _table(["quantity", "value"], [
             ["max variance/target", float(np.max(ratios)) if ratios.size else None],
             ["min variance/target", float(np.min(ratios)) if ratios.size else None],
@@ -562,42 +522,48 @@ def _page(plan, release, blocks, ratios, baselines, baseline_note, figures: dict
         parts.append(_table(["mechanism", "max variance/target"],
                             [["SM-II (this plan)", float(np.max(ratios))]]
                             + [[k, v] for k, v in sorted(baselines.items())]))
-    if release is not None:
-        parts.append("<h2>Release: noisy answers</h2>")
-        if not release.private:
-            parts.append('<p class="warn">NOT PRIVATE: this release was drawn with a fixed seed (tests only).</p>')
-        header, answer_rows = _answer_rows(release)
+    parts.append("</body></html>")
+    return "\n".join(parts) + "\n"
+
+
+def _validation_page(plan, release, calibrated: dict, figures: dict[str, str], compared: dict | None) -> str:
+    """``validation.html``: CONFIDENTIAL (module docstring): the release, and its estimate, against
+    the true answers computed from the data."""
+    name = str((plan.attrs.get("spec") or {}).get("name", "plan"))
+    m = len(plan.queries_targets)
+    units, of_units = calibrated["units"], calibrated["of_units"]
+    scope = f"all {units:,}" if units == of_units else f"the first {units:,} of {of_units:,}"
+    parts = _head(f"CONFIDENTIAL: {name}: validation against the data") + [
+        f"<h1>CONFIDENTIAL: {html.escape(name)}: validation against the data</h1>",
+        '<p class="confidential">CONFIDENTIAL: this page compares the released answers with the true answers '
+        "computed from the data. It is for the data owner's validation; do not publish or mail it. The "
+        f"publishable report is {PAGE}.</p>",
+        _table(None, [["plan", os.path.basename(plan.path.rstrip("/"))], ["plan checksum", plan.checksum],
+                      ["release", os.path.basename(release.path.rstrip("/"))],
+                      ["release checksum", release.checksum]], left=2),
+        "<h2>Calibration: actual error against the promise</h2>",
+        _table(["quantity", "value"], [
+            ["answers compared", f"{calibrated['count']:,} ({scope} units x {m:,} queries)"],
+            ["within 1.96 sd (95% expected)", f"{calibrated['within_1.96sd']:.2%}"],
+            ["within 1 sd (68.3% expected)", f"{calibrated['within_1sd']:.2%}"],
+            ["mean standardised error (0 expected)", calibrated["mean_z"]],
+            ["sd of standardised errors (1 expected)", calibrated["sd_z"]],
+        ]),
+        f'<p class="note">At most {CALIBRATION_ANSWERS:,} answers are compared (the first units), '
+        "so that a large release is checked in seconds.</p>",
+        _figure(figures, "calibration"),
+    ]
+    if compared is not None:
         parts += [
-            f"<p class='note'>{int(release.attrs.get('units', release.answers.shape[0])):,} units x "
-            f"{release.answers.shape[1]:,} queries. 95% interval: answer ± 1.96 standard deviations of "
-            "the query's noise. The noise of a query has the same variance for every unit, so the interval's "
-            "half-width is one number per query (the plot); drawn as error bars on the scale of the answers "
-            "the intervals would be too small to see, so the first units' answers are a table.</p>",
-            _figure(figures, "interval_width"),
-            f"<h3>The first {len(answer_rows) - 1} units' answers to the first {len(header) - 1} queries</h3>",
-            _table(header, answer_rows, left=1),
-        ]
-    if calibrated is not None:
-        units, of_units = calibrated["units"], calibrated["of_units"]
-        scope = f"all {units:,}" if units == of_units else f"the first {units:,} of {of_units:,}"
-        parts += [
-            "<h2>Calibration: actual error against the promise</h2>",
-            '<p class="warn">CONFIDENTIAL: this section compares the released answers with the true '
-            "answers computed from the data. It is for the data owner's validation; do not publish "
-            "a report that has it.</p>",
-            _table(["quantity", "value"], [
-                ["answers compared", f"{calibrated['count']:,} ({scope} units x {m:,} queries)"],
-                ["within 1.96 sd (95% expected)", f"{calibrated['within_1.96sd']:.2%}"],
-                ["within 1 sd (68.3% expected)", f"{calibrated['within_1sd']:.2%}"],
-                ["mean standardised error (0 expected)", calibrated["mean_z"]],
-                ["sd of standardised errors (1 expected)", calibrated["sd_z"]],
+            "<h2>Estimates: error against the truth</h2>",
+            _table(["error against the truth", "raw answers", "estimates"], [
+                ["root mean squared error", compared["rmse_raw"], compared["rmse_estimate"]],
+                ["mean absolute error", compared["mae_raw"], compared["mae_estimate"]],
             ]),
-            f'<p class="note">At most {CALIBRATION_ANSWERS:,} answers are compared (the first units), '
-            "so that a large release is checked in seconds.</p>",
-            _figure(figures, "calibration"),
+            f"<p class='note'>{compared['queries_improved']:.1%} of the queries have an estimate error at most "
+            f"their raw error (RMSE over the first {compared['units']:,} units).</p>",
+            _figure(figures, "estimate_error"),
         ]
-    if estimated is not None:
-        parts += _estimate_section(release, *estimated, figures)
     parts.append("</body></html>")
     return "\n".join(parts) + "\n"
 
@@ -610,9 +576,9 @@ def write_report(plan_path: str | os.PathLike, out: str | os.PathLike,
                  release_path: str | os.PathLike | None = None,
                  data_path: str | os.PathLike | None = None,
                  estimate_path: str | os.PathLike | None = None, *, verified: bool = False) -> ReportResult:
-    """Write the report of the plan (and release) to ``out`` (module docstring). With
-    ``data_path`` (the release's data store) the report adds the calibration section; with
-    ``estimate_path`` (an estimate of the release) the estimate section. Every store is
+    """Write the report of the plan (and release) to ``out`` (module docstring): ``index.html``,
+    and with ``data_path`` (the release's data store) the confidential ``validation.html``; with
+    ``estimate_path`` (an estimate of the release) the estimate's sections. Every store is
     verified against its checksum first (one line naming the store that changed), unless
     ``verified``: the caller wrote or verified each of them just before (``distfit run``)."""
     out_path = Path(os.fspath(out))
@@ -638,7 +604,9 @@ def _write_report(plan_path: str | os.PathLike, out_path: Path, release_path: st
     blocks = block_rows(plan)  # packed blocks from their packs' arrays (distfit.report.packs)
     with np.errstate(divide="ignore", invalid="ignore"):
         ratios = np.asarray(plan.queries_variances / plan.queries_targets, dtype=float)
-    baselines, note = _baselines(plan)
+    spec, why = _stored_spec(plan)
+    layouts = _layouts(spec, len(plan.queries_targets))
+    baselines, note = _baselines(spec, why, plan)
     if data_path is not None and release is None:
         raise ValueError("--data: the calibration compares a release with its data; give the release too")
     calibrated = _calibration(plan, release, data_path, verified) if data_path is not None else None
@@ -649,29 +617,36 @@ def _write_report(plan_path: str | os.PathLike, out_path: Path, release_path: st
                          f"{'given' if release is None else release.path} (release checksum "
                          f"{estimate.attrs.get('release_checksum')}); give the release it was made from")
 
-    plt = _pyplot()
-    figures = {"privacy_curve": _plot_privacy_curve(plt, float(plan.attrs["alpha"])),
-               "block_alpha": _plot_block_alpha(plt, blocks),
-               "variance_ratio": _plot_variance_ratio(plt, ratios, baselines)}
-    if release is not None:
-        figures["interval_width"] = _plot_interval_width(plt, release.variances)
-    summary = true = estimated = None
+    plt = pyplot()
+    figures = {"privacy_curve": plot_privacy_curve(plt, float(plan.attrs["alpha"])),
+               "moe_by_table": plot_moe_by_table(plt, layouts, np.asarray(plan.queries_variances),
+                                                  np.asarray(plan.queries_targets)),
+               "block_alpha": plot_block_alpha(plt, blocks),
+               "variance_ratio": plot_variance_ratio(plt, ratios, baselines)}
+    hidden: dict[str, str] = {}  # the confidential page's figures
+    summary = true = estimated = validation = None
     if calibrated is not None:
         summary, z, sd, true = calibrated
-        figures["calibration"] = _plot_calibration(plt, z, sd)
+        hidden["calibration"] = plot_calibration(plt, z, sd)
+    compared = None
     if estimate is not None:
-        compared = _estimate_summary(release, estimate, true)
+        # the publishable page's part is computed without the truth, so it is the same with or without --data
+        estimated = (estimate, _estimate_summary(release, estimate, None))
         if true is not None:
-            figures["estimate_error"] = _plot_estimate_error(plt, compared["query_rmse_raw"],
-                                                             compared["query_rmse_estimate"])
-        estimated = (estimate, compared)
-    page = _page(plan, release, blocks, ratios, baselines, note, figures, summary, estimated)
+            compared = _estimate_summary(release, estimate, true)
+            hidden["estimate_error"] = plot_estimate_error(plt, compared["query_rmse_raw"],
+                                                            compared["query_rmse_estimate"])
+    page = _page(plan, release, spec, layouts, blocks, ratios, baselines, note, figures, estimated)
+    if summary is not None:
+        validation = _validation_page(plan, release, summary, hidden, compared)
 
     out_path.parent.mkdir(parents=True, exist_ok=True)
     staging = out_path.with_name(f"{out_path.name}{STAGING_MARKER}{secrets.token_hex(6)}")
     staging.mkdir()
     try:
         (staging / PAGE).write_text(page, encoding="utf-8")
+        if validation is not None:
+            (staging / VALIDATION).write_text(validation, encoding="utf-8")
         (staging / MARKER).write_text("distfit report directory; `distfit report` may replace it\n",
                                       encoding="utf-8")
         move_into_place(staging, out_path, _check_out)
@@ -679,4 +654,5 @@ def _write_report(plan_path: str | os.PathLike, out_path: Path, release_path: st
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return ReportResult(path=str(out_path), plots=tuple(figures), baselines=baselines, baseline_note=note,
-                        calibration=summary)
+                        calibration=summary, validation=str(out_path / VALIDATION) if validation is not None else None,
+                        validation_plots=tuple(hidden))

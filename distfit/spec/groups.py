@@ -41,7 +41,7 @@ from distfit.spec.limits import (
 from distfit.spec.model import AttributeQuery, AttributeSpec, QueryGroupSpec, SpecError
 from distfit.spec.queries import QueryCache, read_only
 from distfit.spec.schema import GROUP_KEYS, MARGINAL_KEYS
-from distfit.spec.targets import parse_target
+from distfit.spec.targets import parse_target, stated_target
 
 __all__ = ["GroupParser", "MAX_MARGINAL_GROUPS"]
 
@@ -162,7 +162,8 @@ class GroupParser:
             raise SpecError(path, "missing required key 'target'")
         clique = tuple(queries)
         return QueryGroupSpec(name=name, queries=clique,
-                              targets=self._targets(raw["target"], f"{path}.target", name, clique))
+                              targets=self._targets(raw["target"], f"{path}.target", name, clique),
+                              stated=stated_target(raw["target"]))
 
     def _targets(self, raw: Any, path: str, group: str, queries: Queries) -> np.ndarray:
         """The group's read-only targets; one shared array per (number, query count)."""
@@ -232,7 +233,7 @@ class GroupParser:
                 targets = self._targets(target, target_path, group, queries)
             except SpecError as error:  # say which of the generated groups
                 raise SpecError(error.field, f"{error.problem} (group {group})") from None
-            groups.append(QueryGroupSpec(name=group, queries=queries, targets=targets))
+            groups.append(QueryGroupSpec(name=group, queries=queries, targets=targets, stated=stated_target(target)))
         return groups
 
     def _over(self, raw: Any, path: str) -> tuple[str, ...]:

@@ -236,11 +236,14 @@ class AttributeQuery:
 class QueryGroupSpec:
     """A query group: its ``name``, the per-attribute queries ``((attribute, AttributeQuery),
     ...)`` in schema order (empty for the grand total) and one variance target per query
-    (``targets``, read-only, in the group's row-major query order)."""
+    (``targets``, read-only, in the group's row-major query order); ``stated`` the target as
+    the spec wrote it when that was a margin of error or a CV (``{"moe": M}`` or ``{"cv": C,
+    "at": N}``, :func:`distfit.spec.targets.stated_target`), else None."""
 
     name: str
     queries: tuple[tuple[str, AttributeQuery], ...]
     targets: np.ndarray
+    stated: dict[str, float] | None = None
 
     @property
     def attributes(self) -> tuple[str, ...]:
@@ -266,15 +269,21 @@ class QueryGroupSpec:
         return tuple(",".join(parts) for parts in itertools.product(
             *(query.labels for _, query in self.queries)))
 
-    def to_dict(self, memo: dict[int, Any] | None = None) -> dict[str, Any]:
+    def to_dict(self, memo: dict[int, Any] | None = None, stated: bool = True) -> dict[str, Any]:
         """The group in canonical form. ``memo`` (``{id(targets): canonical target}``) lets the
         groups of one spec that share a target array (equal number targets,
-        :mod:`distfit.spec.groups`) write it once; valid while those arrays are alive."""
+        :mod:`distfit.spec.groups`) write it once; valid while those arrays are alive. A target
+        the spec stated as a margin of error or a CV keeps that form (``stated``; it parses back
+        to the same variances), so a plan's stored spec says it in the user's terms; with
+        ``stated=False`` (the spec hash) it is the variance, like any other."""
         out: dict[str, Any] = {"name": self.name}
         if self.queries:
             out["attributes"] = {attribute: query.to_canonical() for attribute, query in self.queries}
         else:
             out["total"] = True
+        if stated and self.stated is not None:
+            out["target"] = dict(self.stated)
+            return out
         key = id(self.targets)
         if memo is not None and key in memo:
             out["target"] = memo[key]
@@ -334,10 +343,10 @@ class LevelSpec:
     units: UnitsSpec | None
     groups: tuple[QueryGroupSpec, ...]
 
-    def to_dict(self, memo: dict[int, Any] | None = None) -> dict[str, Any]:
-        """The level in canonical form (``memo``: :meth:`QueryGroupSpec.to_dict`)."""
+    def to_dict(self, memo: dict[int, Any] | None = None, stated: bool = True) -> dict[str, Any]:
+        """The level in canonical form (``memo``, ``stated``: :meth:`QueryGroupSpec.to_dict`)."""
         return {"name": self.name, "units": None if self.units is None else self.units.to_dict(),
-                "queries": [group.to_dict(memo) for group in self.groups]}
+                "queries": [group.to_dict(memo, stated) for group in self.groups]}
 
 
 @dataclass(frozen=True, eq=False)
@@ -443,13 +452,14 @@ class PipelineSpec:
         matrix = np.vstack([kron_queries(domain, group.matrices) for group in self.groups])
         return Workload(matrix, self.targets, self.query_labels, domain)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self, stated: bool = True) -> dict[str, Any]:
         """The canonical, JSON-serialisable form (pipelines/README.md, "Canonical form and
-        hash"); a valid spec itself."""
+        hash"); a valid spec itself. Targets stated as margins of error or CVs keep that form
+        unless ``stated`` is False (:meth:`QueryGroupSpec.to_dict`)."""
         with collector_paused():
-            return self._canonical()
+            return self._canonical(stated)
 
-    def _canonical(self) -> dict[str, Any]:
+    def _canonical(self, stated: bool) -> dict[str, Any]:
         memo: dict[int, Any] = {}
         out: dict[str, Any] = {
             "name": self.name,
@@ -457,18 +467,20 @@ class PipelineSpec:
             "attributes": [attribute.to_dict() for attribute in self.attributes],
         }
         if self.levels:
-            out["levels"] = [level.to_dict(memo) for level in self.levels]
+            out["levels"] = [level.to_dict(memo, stated) for level in self.levels]
         else:
             out["units"] = None if self.units is None else self.units.to_dict()
-            out["queries"] = [group.to_dict(memo) for group in self.groups]
+            out["queries"] = [group.to_dict(memo, stated) for group in self.groups]
         out["privacy"] = self.privacy.to_dict()
         out["blocks"] = self.blocks.to_dict()
         return out
 
     @functools.cached_property
     def spec_hash(self) -> str:
-        """SHA-256 (hex) of the canonical JSON of :meth:`to_dict` without ``description``."""
-        content = self.to_dict()
+        """SHA-256 (hex) of the canonical JSON of :meth:`to_dict` without ``description``, every
+        target as its variances (``stated=False``): a spec that states ``{moe: 50}`` and one
+        that writes its variance are the same spec."""
+        content = self.to_dict(stated=False)
         del content["description"]
         with collector_paused():
             text = json.dumps(content, sort_keys=True, separators=(",", ":"), ensure_ascii=False,

@@ -25,7 +25,7 @@ from distfit.spec.limits import TARGET
 from distfit.spec.model import AttributeQuery, SpecError
 from distfit.spec.schema import TARGET_FILE_KEYS, TARGET_MARGIN_KEYS, TARGET_RULE_KEYS
 
-__all__ = ["check_targets", "parse_target"]
+__all__ = ["check_targets", "parse_target", "stated_target"]
 
 
 def check_targets(targets: np.ndarray, problem: Callable[[int], SpecError]) -> np.ndarray:
@@ -189,6 +189,17 @@ def _margin_target(raw: Mapping, path: str) -> float:
     check_targets(np.array([variance]), lambda _: SpecError(
         path, f"{shown} is the variance {variance:.6g}, which must be {TARGET.text}"))
     return variance
+
+
+def stated_target(raw: Any) -> dict[str, float] | None:
+    """A target written in users' terms, as the spec's canonical form keeps it: ``{"moe": M}``
+    or ``{"cv": C, "at": N}`` (floats) for a ``target`` that :func:`parse_target` accepted in
+    one of those forms, else None (a number, a list, a file or a rule: the variances are the
+    terms). The report states each group's target in these terms (docs/spec.md, "Targets from
+    margins of error")."""
+    if not isinstance(raw, Mapping) or not any(key in raw for key in TARGET_MARGIN_KEYS):
+        return None
+    return {key: float(raw[key]) for key in TARGET_MARGIN_KEYS if key in raw}
 
 
 def parse_target(raw: Any, path: str, base_dir: Path, expected: int, group: str = "",

@@ -103,11 +103,13 @@ def test_each_levels_report_shows_its_top_down_estimate(serial_run):
         assert "Estimates: nonnegative and consistent" in page and "top-down" in page
         assert ("the coarsest of nation, state, county" in page) is (name == "nation")
         assert ("sums exactly, cell by cell, to its parent" in page) is (name != "nation")
-        assert "error against the truth" in page and "estimate_error" in page
+        truth = (directory / "report" / "validation.html").read_text()  # the confidential page
+        assert "error against the truth" in truth and "estimate_error" in truth
+        assert "error against the truth" not in page and "estimate_error" not in page
         level = json.loads((directory / "manifest.json").read_text())
         assert level["stages"]["estimate"] == "done" and level["stages"]["report"] == "done"
         assert level["estimate"]["checksum"] == estimate.checksum and level["estimate"]["method"] == "top-down"
-        assert "estimate_error" in level["report"]["plots"]
+        assert "estimate_error" in level["report"]["validation_plots"]
         assert serial_run.levels[name].estimate_checksum == estimate.checksum
 
 

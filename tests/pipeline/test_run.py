@@ -84,9 +84,13 @@ def _check_outputs(rundir, spec_path) -> dict:
     assert manifest["cluster"] == {"kind": "serial"}
     index = Path(manifest["report"]["index"])
     assert index.is_file() and "alpha" in index.read_text()
-    # the plots are inline in the one page: each named figure is there, and no other file is
+    # the plots are inline in the pages: each named figure is in its page; with the data (a run
+    # always has it) the confidential validation page is next to index.html, and no other file is
     assert manifest["report"]["plots"] and all(f'<figure id="{p}">' in index.read_text() for p in manifest["report"]["plots"])
-    assert sorted(p.name for p in index.parent.iterdir()) == sorted([index.name, ".distfit-report"])
+    validation = Path(manifest["report"]["validation"])
+    assert validation == index.parent / "validation.html" and "CONFIDENTIAL" not in index.read_text()
+    assert all(f'<figure id="{p}">' in validation.read_text() for p in manifest["report"]["validation_plots"])
+    assert sorted(p.name for p in index.parent.iterdir()) == sorted([index.name, validation.name, ".distfit-report"])
     assert not list(rundir.glob(".manifest.json.*"))  # no temporary left behind
     return manifest
 

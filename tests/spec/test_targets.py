@@ -146,6 +146,15 @@ def test_margin_of_error_and_cv_targets_are_the_variances_they_state(tmp_path):
         {"name": "a", "attributes": {"age": "identity"}, "target": float((50 / 1.645) ** 2)},
         {"name": "s", "attributes": {"sex": "identity"}, "target": 2500.0}]})
     assert inline.spec_hash == spec.spec_hash
+    # the canonical form (what a plan stores) keeps the user's terms and parses back to the same
+    # targets; the variances' spec states none
+    canonical = spec.to_dict()
+    assert [g["target"] for g in canonical["queries"]] == [{"moe": 50.0}, {"cv": 0.05, "at": 1000.0}]
+    again = parse_spec(canonical)
+    assert again.group("a").stated == {"moe": 50.0} and again.group("s").stated == {"cv": 0.05, "at": 1000.0}
+    np.testing.assert_array_equal(again.targets, spec.targets)
+    assert again.spec_hash == spec.spec_hash and again.to_dict() == canonical
+    assert inline.group("a").stated is None and inline.to_dict()["queries"][0]["target"] == spec.group("a").targets[0]
 
 
 @pytest.mark.parametrize("target, field, message", [

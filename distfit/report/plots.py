@@ -1,0 +1,202 @@
+"""The report's figures (:mod:`distfit.report.page`): matplotlib figures as inline SVG markup.
+
+Each ``plot_*`` function takes the numbers it draws (numpy arrays, no store) and returns the
+``<svg>`` markup of one figure (:func:`svg`): text kept as text (``svg.fonttype: none``), ids
+prefixed with the figure's name and hashed with it (the same figure gives the same markup), a
+scatter of more than :data:`RASTER_POINTS` points embedded as a bitmap. What each figure shows
+and why: the module docstring of :mod:`distfit.report.page` and docs/report.md.
+"""
+from __future__ import annotations
+
+import html
+import io
+import math
+import re
+
+import numpy as np
+
+from distfit.export.tables import TableLayout
+from distfit.mathematics.margins import MOE90_Z
+from distfit.mathematics.privacy import epsilon_for_delta
+
+CURVE_DELTAS = np.logspace(-12, -2, 41)
+BLOCK_BARS = 40      # most blocks drawn in the alpha-per-block plot (the table lists every block)
+TABLE_ROWS = 40      # most tables drawn in the margin-of-error plot (the accuracy table lists every one)
+Z95 = 1.959963984540054
+#: Most points drawn in the calibration scatter (an even subsample beyond).
+CALIBRATION_POINTS = 20_000
+#: A scatter with more points than this is drawn as a bitmap inside its SVG: one vector marker
+#: per point would make the page megabytes (20,000 points: about 3 MB as vectors, 0.2 MB as a bitmap).
+RASTER_POINTS = 2000
+#: Resolution of those bitmaps (the rest of each figure is vector).
+RASTER_DPI = 150
+#: An id, or a reference to one, in matplotlib's SVG: ``id="``, ``href="#`` and ``url(#``.
+_SVG_ID = re.compile(r'(\bid="|href="#|url\(#)')
+_SVG_METADATA = re.compile(r"\s*<metadata>.*?</metadata>", re.S)
+
+__all__ = ["BLOCK_BARS", "CALIBRATION_POINTS", "CURVE_DELTAS", "RASTER_DPI", "RASTER_POINTS", "TABLE_ROWS", "Z95",
+           "outside_legend", "plot_block_alpha", "plot_calibration", "plot_estimate_error", "plot_moe_by_table",
+           "plot_privacy_curve", "plot_variance_ratio", "pyplot", "svg"]
+
+
+def pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+# --------------------------------------------------------------------------------------------
+# plots: each returns inline SVG markup
+
+
+def svg(plt, fig, name: str, description: str) -> str:
+    """``fig`` as SVG markup to inline in the page (the figure is closed).
+
+    Text stays text (``svg.fonttype: none``: a few kB instead of glyph outlines, with a generic
+    sans-serif fallback in its font list). Every id (and every reference to one) is prefixed with
+    the figure's name, so the ids of a page are unique, and hashed with the figure's name as the
+    salt instead of a random one, so the same figure gives the same markup. The XML prologue (not
+    allowed inside HTML) and the metadata block are dropped."""
+    buf = io.StringIO()
+    with plt.rc_context({"svg.fonttype": "none", "svg.hashsalt": f"distfit-report-{name}"}):
+        fig.savefig(buf, format="svg", dpi=RASTER_DPI)
+    plt.close(fig)
+    text = buf.getvalue()
+    svg = _SVG_METADATA.sub("", text[text.index("<svg"):])  # its RDF block: a date, "made by matplotlib"
+    # matplotlib names its groups axes_1, legend_1, patch_1, ... in every figure: prefix every id,
+    # and every reference to one, with the figure's name, so that the ids of a page stay unique
+    svg = _SVG_ID.sub(lambda m: f'{m.group(1)}{name}-', svg)
+    return svg.replace("<svg ", f'<svg role="img" aria-label="{html.escape(description)}" ', 1)
+
+
+def outside_legend(fig, ncols: int = 2) -> None:
+    """One legend for the figure, outside the axes (below them), so it never covers data."""
+    fig.legend(loc="outside lower center", ncols=ncols, fontsize=8, frameon=False)
+
+
+def plot_privacy_curve(plt, alpha: float) -> str:
+    eps = [epsilon_for_delta(alpha, float(d)) for d in CURVE_DELTAS]
+    fig, ax = plt.subplots(figsize=(6.4, 4.0), layout="constrained")
+    ax.plot(CURVE_DELTAS, eps, marker=".", color="C0")
+    ax.set_xscale("log")
+    ax.set_xlabel("delta")
+    ax.set_ylabel("epsilon")
+    ax.set_title(f"Privacy curve epsilon(delta), alpha = {alpha:.4g}")
+    ax.grid(True, which="both", alpha=0.3)
+    return svg(plt, fig, "privacy_curve", "privacy curve epsilon(delta)")
+
+
+def plot_block_alpha(plt, blocks: list[dict]) -> str:
+    """The blocks' alphas, largest first, as horizontal bars (block ids readable on the y axis):
+    all of them up to :data:`BLOCK_BARS`, else the largest BLOCK_BARS (the title says how many
+    are shown; the table lists every block)."""
+    order = sorted(blocks, key=lambda b: b["alpha"], reverse=True)[:BLOCK_BARS]
+    y = np.arange(len(order))
+    fig, ax = plt.subplots(figsize=(7.5, 1.9 + 0.2 * len(order)), layout="constrained")
+    ax.barh(y, [b["alpha"] for b in order], height=0.6, color="C0", label="block alpha")
+    lb = [(i, b["lower_bound"]) for i, b in enumerate(order) if math.isfinite(b["lower_bound"])]
+    if lb:
+        ax.scatter([v for _, v in lb], [i for i, _ in lb], color="C3", marker="|", s=250, linewidths=2,
+                   zorder=3, label="certified lower bound")
+    ax.set_yticks(y, labels=[b["id"] for b in order], fontsize=8)
+    ax.set_ylim(len(order) - 0.5, -0.5)  # largest on top
+    ax.set_xlabel("alpha (privacy cost of the block)")
+    ax.grid(True, axis="x", alpha=0.3)
+    shown = f"the {len(order)} largest of {len(blocks)} blocks" if len(order) < len(blocks) else "every block"
+    ax.set_title(f"Privacy cost per block ({shown})", fontsize=10)
+    outside_legend(fig)
+    return svg(plt, fig, "block_alpha", "privacy cost alpha per block")
+
+
+def plot_variance_ratio(plt, ratios: np.ndarray, baselines: dict[str, float] | None) -> str:
+    fig, ax = plt.subplots(figsize=(7.5, 4.2), layout="constrained")
+    finite = ratios[np.isfinite(ratios)]
+    hi = max([1.0, float(finite.max(initial=1.0))] + list((baselines or {}).values())) * 1.05
+    lo = min(1.0, float(finite.min(initial=1.0))) * 0.95
+    bins = 40 if not baselines else np.linspace(lo, hi, 60)  # bars stay visible next to the baselines
+    ax.hist(finite, bins=bins, color="C0", alpha=0.8, label="SM-II (this plan): its queries")
+    ax.axvline(1.0, color="k", linestyle="--", label="target (ratio 1)")
+    for i, (name, r) in enumerate(sorted((baselines or {}).items())):
+        ax.axvline(r, color=f"C{i + 1}", linestyle="-", label=f"{name}: max {r:.3g}")
+    if baselines and max(baselines.values()) > 20 * max(1.0, float(finite.max(initial=1.0))):
+        ax.set_xscale("log")
+    ax.set_xlabel("variance / target")
+    ax.set_ylabel("queries")
+    ax.set_title("Variance relative to target", fontsize=10)
+    outside_legend(fig, ncols=3)
+    return svg(plt, fig, "variance_ratio", "histogram of variance/target")
+
+
+def plot_moe_by_table(plt, layouts: tuple[TableLayout, ...], variances: np.ndarray, targets: np.ndarray) -> str:
+    """Each figure's 90% margin of error ``MOE90_Z sqrt(v_j)`` (persons), one row per table in the
+    spec's order (the first :data:`TABLE_ROWS`), with the margin each target allows
+    ``MOE90_Z sqrt(t_j)`` as a tick: a figure left of its tick is more accurate than asked."""
+    shown = layouts[:TABLE_ROWS]
+    stop = shown[-1].stop
+    rows = np.repeat(np.arange(len(shown)), [t.width for t in shown])
+    moe = MOE90_Z * np.sqrt(np.maximum(np.asarray(variances[:stop], dtype=float), 0.0))
+    allowed = MOE90_Z * np.sqrt(np.maximum(np.asarray(targets[:stop], dtype=float), 0.0))
+    fig, ax = plt.subplots(figsize=(7.5, 1.9 + 0.25 * len(shown)), layout="constrained")
+    ax.scatter(allowed, rows, marker="|", s=220, linewidths=1.5, color="C3", label="margin the target allows",
+               rasterized=allowed.size > RASTER_POINTS)
+    ax.scatter(moe, rows, s=12, color="C0", label="a figure of the table", zorder=3,
+               rasterized=moe.size > RASTER_POINTS)
+    ax.set_yticks(np.arange(len(shown)), labels=[t.name for t in shown], fontsize=8)
+    ax.set_ylim(len(shown) - 0.5, -0.5)  # the spec's first table on top
+    ax.set_xlim(0, float(max(moe.max(initial=0.0), allowed.max(initial=0.0))) * 1.08 or 1.0)
+    ax.set_xlabel("90% margin of error (persons): figure ± this is a 90% interval")
+    ax.grid(True, axis="x", alpha=0.3)
+    which = f"the first {len(shown)} of {len(layouts)} tables" if len(shown) < len(layouts) else "every table"
+    ax.set_title(f"Margin of error of each figure, by table ({which})", fontsize=10)
+    outside_legend(fig)
+    return svg(plt, fig, "moe_by_table", "90% margin of error of each figure, by table")
+
+
+def plot_calibration(plt, z: np.ndarray, sd: np.ndarray) -> str:
+    """Left: |actual error| against the promised sd per answer (log-log) with the 1.96 sd line;
+    right: histogram of the standardised errors with the N(0, 1) density."""
+    error = np.abs(z) * sd
+    step = max(1, error.size // CALIBRATION_POINTS)
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4.2), layout="constrained")
+    shown_sd, shown_error = sd[::step], np.maximum(error[::step], 1e-12)
+    left.scatter(shown_sd, shown_error, s=3, alpha=0.3, color="C0", label="released answers",
+                 rasterized=shown_sd.size > RASTER_POINTS)
+    grid = np.geomspace(max(float(sd.min()), 1e-12), float(sd.max()) * 1.05, 50)
+    left.plot(grid, Z95 * grid, color="C3", label="1.96 x promised sd")
+    left.set_xscale("log")
+    left.set_yscale("log")
+    left.set_xlabel("promised standard deviation")
+    left.set_ylabel("|released - true|")
+    drawn = f", {shown_sd.size:,} drawn" if step > 1 else ""
+    left.set_title(f"actual error against the promise ({error.size:,} answers{drawn})", fontsize=9)
+    left.grid(True, which="both", alpha=0.2)
+    bins = np.linspace(-5, 5, 81)
+    right.hist(np.clip(z, -5, 5), bins=bins, density=True, color="C0", alpha=0.7,
+               label="standardised error z = (released - true) / sd")
+    x = np.linspace(-5, 5, 400)
+    right.plot(x, np.exp(-x * x / 2) / math.sqrt(2 * math.pi), color="k", label="N(0, 1) density")
+    for edge in (-Z95, Z95):
+        right.axvline(edge, color="grey", linestyle="--", linewidth=1)
+    right.set_xlabel("standardised error z (dashed: ±1.96)")
+    right.set_title(f"{np.mean(np.abs(z) <= Z95):.1%} within ±1.96 sd (95% expected)", fontsize=9)
+    outside_legend(fig, ncols=4)
+    return svg(plt, fig, "calibration", "actual error against promised standard deviation")
+
+
+def plot_estimate_error(plt, raw: np.ndarray, estimated: np.ndarray) -> str:
+    """Per query: RMSE of the estimates against RMSE of the raw answers, with the diagonal."""
+    fig, ax = plt.subplots(figsize=(6.4, 4.6), layout="constrained")
+    ax.scatter(raw, estimated, s=10, color="C0", label="a query", rasterized=raw.size > RASTER_POINTS)
+    top = float(max(raw.max(initial=1.0), estimated.max(initial=1.0))) * 1.05
+    ax.plot([0, top], [0, top], color="k", linestyle="--", label="equal error")
+    ax.set_xlim(0, top)
+    ax.set_ylim(0, top)
+    ax.set_xlabel("RMSE of the raw answers")
+    ax.set_ylabel("RMSE of the estimates")
+    ax.set_title("Error against the truth, per query (below the line: the estimate is closer)", fontsize=9)
+    ax.grid(True, alpha=0.3)
+    outside_legend(fig)
+    return svg(plt, fig, "estimate_error", "root mean squared error of estimates against raw answers, per query")
