@@ -66,29 +66,40 @@ published linear function of a unit's table.
 
 What is estimable, and what is returned. ``a^T x_u`` is estimable when some linear function of
 the measurements has expectation ``a^T x_u`` for every leaf table; then ``a^T x_u`` (this
-``x_u``) is its BLUE and ``a^T P_u a`` its variance. Every measured query of a unit, ``a`` in
-the row space of ``W_l`` (``range J_l``), is estimable, and so is every ``a`` in ``range I_u``
-(identified by the unit's subtree); beyond that a parent's measurement can identify more (a
-single child is its parent). Where the measurements leave a direction of the leaves' tables
-undetermined the estimate there is not unbiased and is fixed by the rules above: the root's
-minimum-norm ``m = I^+ (...)``, a subtree's ``m_c`` zero in ``null I_c``, the least-squares
-split of the unidentified remainder; they keep every table consistent, and ``P_u`` is still the
-exact covariance of what is returned (no bias counted). A level that measures part of the
-table above the finest level costs nothing (``I`` stays regular when the leaves measure
-everything); the finest level measuring part leaves its units unidentified in the rest.
+``x_u``) is its BLUE and ``a^T P_u a`` its variance. The estimable ``a`` are exactly the range of
+the information of all the measurements on ``x_u``, ``F_u = I_u + O_u``, returned: ``O_c``, the
+information from outside ``c``'s subtree, comes down the tree as ``O_root = 0``,
+
+    ``O_c = A_p : K_{-c} = A_p (A_p + K_{-c})^+ K_{-c}``,  ``A_p = J_p + O_p``
+
+(the parallel sum of Anderson and Duffin, 1969: ``x_c = x_p - sum_{siblings} x_c'``; ``K_{-c}``
+is ``K_p`` of the siblings alone, from ``S_p - I_c^+`` and ``N_p - Pi_N(I_c)``), and ``O_c =
+A_p`` for an only child (it is its parent). For estimable ``a``, ``a^T P_u a = a^T F_u^+ a``.
+Every measured query of a unit (``a`` in the row space of ``W_l``, ``range J_l``) is estimable,
+and so is every ``a`` in ``range I_u``. Where the measurements leave a direction of the leaves'
+tables undetermined, the estimate there is not unbiased and is fixed by the rules above (the
+root's minimum-norm ``m = I^+ (...)``, a subtree's ``m_c`` zero in ``null I_c``, the
+least-squares split of the unidentified remainder); they keep every table consistent, and
+``P_u`` is still the exact covariance of what is returned (no bias counted: publish such a
+function only with a note, or not at all). A level that measures part of the table above the
+finest level costs nothing (``I`` stays regular when the leaves measure everything); the
+finest level measuring part leaves its units unidentified in the rest, except where a parent
+has one child.
 
 Cost and memory. Per unit a few ``d x d`` eigendecompositions and products: ``O(units d^3)``
 time, linear in the units; loops run over the levels only (within a level every operation is
 batched over its units: children summed by parent with a sparse 0/1 matrix). Memory: the
 upward pass keeps, for every level at once (the downward pass needs them), ``I``, ``I^+``,
-``Pi_N(I)`` and for parents ``S``, ``N^+``, ``K``: six ``units x d x d`` float64 arrays per
-level (48 d^2 bytes a unit: 3 KiB at d = 8, 2.4 MB at the census's 224 cells), the returned
-covariances a seventh, and a few temporaries of a level's size in the passes.
+``Pi_N(I)`` and for parents ``S``, ``K`` (and ``N``, ``N^+`` where some child is blind): five to
+seven ``units x d x d`` float64 arrays per level, the returned ``P`` and ``F`` two more (about 72
+d^2 bytes a unit: 4.5 KiB at d = 8, 3.6 MB at the census's 224 cells), and a few temporaries of
+a level's size in the passes.
 Eigendecompositions run once per distinct matrix (:func:`_shared_pinv`: all leaves of a level
 share one), and where no child is blind in any direction the parallel sum is ``S^+`` (no null
 space products). Measured (one BLAS thread, the shared 2-core machine, session of issue 29;
-levels of 1, 50, 3,000 and 100,000 random units, the third measuring part of the table): 1.6 s
-at d = 8, 40 s at d = 32 (there memory-bound: 0.8 GB per ``units x d x d`` array).
+levels of 1, 50, 3,000 and 100,000 random units, the third measuring part of the table): 3.9 s
+at d = 8, 63 s at d = 32 (there memory-bound: 0.8 GB per ``units x d x d`` array); the
+information ``F`` (the outside pass) is about half of it (1.6 s and 40 s without).
 
 Decision for scale (issue 29 point 5, not done here): chunk by subtree. A subtree hands upward
 only its root's ``(I, I^+, Pi_N(I), m)`` and needs from above only its parent's ``(x, P, K, S,
@@ -116,20 +127,24 @@ class HierarchyEstimate:
     """Per level (coarsest first): ``x`` (units x d) the estimates, every unit with children
     their sum; ``covariance`` (units x d x d) ``P_u = Cov x_u`` (``var(a^T x_u) = a^T P_u a``);
     ``subtree_information`` (units x d x d) ``I_u``, whose range holds the functions of ``x_u``
-    its subtree alone identifies (module docstring)."""
+    its subtree alone identifies; ``information`` (units x d x d) ``F_u``, the information of
+    all the measurements on ``x_u``: ``a^T x_u`` is estimable exactly when ``a`` is in the
+    range of ``F_u``, and then ``a^T P_u a = a^T F_u^+ a`` (module docstring)."""
 
     x: tuple[np.ndarray, ...]
     covariance: tuple[np.ndarray, ...]
     subtree_information: tuple[np.ndarray, ...]
+    information: tuple[np.ndarray, ...]
 
 
-def psd_pinv(a: np.ndarray, rtol: float = PINV_RTOL) -> tuple[np.ndarray, np.ndarray]:
+def psd_pinv(a: np.ndarray, rtol: float = PINV_RTOL, floor: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
     """``(A^+, Pi_N(A))`` of a stack of symmetric PSD matrices ``a`` (..., d, d): the
     pseudo-inverse and the projector onto the null space, eigenvalues at most ``rtol`` times
-    the largest of their matrix (or all, for a zero matrix) counted as 0."""
+    the largest of their matrix, or than ``rtol * floor`` (the scale of a sum of projectors,
+    whose differences leave rounding, not rank), counted as 0 (all, for a zero matrix)."""
     a = 0.5 * (a + np.swapaxes(a, -1, -2))
     values, vectors = np.linalg.eigh(a)
-    top = np.max(np.abs(values), axis=-1, keepdims=True)
+    top = np.maximum(np.max(np.abs(values), axis=-1, keepdims=True), floor)
     kept = values > rtol * top
     inverse = np.where(kept, 1.0 / np.where(kept, values, 1.0), 0.0)
     transposed = np.swapaxes(vectors, -1, -2)
@@ -138,7 +153,7 @@ def psd_pinv(a: np.ndarray, rtol: float = PINV_RTOL) -> tuple[np.ndarray, np.nda
     return pinv, null
 
 
-def _shared_pinv(a: np.ndarray, rtol: float) -> tuple[np.ndarray, np.ndarray]:
+def _shared_pinv(a: np.ndarray, rtol: float, floor: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
     """:func:`psd_pinv` of a stack ``a`` (units x d x d), each distinct matrix decomposed once:
     units whose subtrees have the same shape have bitwise equal matrices (the same sums of the
     same products; every leaf of a level has ``I = J_l``), and an eigendecomposition costs far
@@ -152,9 +167,9 @@ def _shared_pinv(a: np.ndarray, rtol: float) -> tuple[np.ndarray, np.ndarray]:
         _, first, index = np.unique(keys, return_index=True, return_inverse=True)
         index = index.reshape(-1)
         if first.size <= n // 2 and np.array_equal(flat, flat[first][index]):
-            pinv, null = psd_pinv(a[first], rtol)
+            pinv, null = psd_pinv(a[first], rtol, floor)
             return pinv[index], null[index]
-    return psd_pinv(a, rtol)
+    return psd_pinv(a, rtol, floor)
 
 
 def _sym(a: np.ndarray) -> np.ndarray:
@@ -195,8 +210,8 @@ class _Grouping:
         return np.asarray(self.matrix @ flat).reshape((self.matrix.shape[0],) + values.shape[1:])
 
 
-def _check(information: Sequence[np.ndarray], linear: Sequence[np.ndarray],
-           parent_of: Sequence[np.ndarray | None]) -> tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray | None]]:
+def _check(information: Sequence[np.ndarray], linear: Sequence[np.ndarray], parent_of: Sequence[np.ndarray | None]
+           ) -> tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray | None]]:
     """Arrays as float64 / int64, shapes checked; ValueError naming the level and the problem."""
     if not linear or len(information) != len(linear) or len(parent_of) != len(linear):
         raise ValueError("information, linear and parent_of: one entry per level, at least one level")
@@ -249,13 +264,15 @@ def estimate_hierarchy(information: Sequence[np.ndarray], linear: Sequence[np.nd
     # upward: every unit's (I, I^+, Pi_N(I), m); every parent's (S, N^+, K, M)
     inside, inside_pinv, inside_null, means = [None] * levels, [None] * levels, [None] * levels, [None] * levels
     s_sum, n_pinv, k_par, m_sum = [None] * levels, [None] * levels, [None] * levels, [None] * levels
+    n_sum = [None] * levels
     for level in range(levels - 1, -1, -1):
         if level + 1 < levels:
             group = groupings[level + 1]
             s = _sym(group.sum(inside_pinv[level + 1]))
             if inside_null[level + 1].any():
                 blind = group.sum(inside_null[level + 1])
-                n_pinv[level], _ = _shared_pinv(blind, rtol)
+                n_pinv[level], _ = _shared_pinv(blind, rtol, 1.0)
+                n_sum[level] = blind
                 within = eye - _mm(n_pinv[level], blind)  # Pi_R = I - N^+ N
                 k, _ = _shared_pinv(_sym(_mm(_mm(within, s), within)), rtol)
             else:  # every child's subtree identifies its table: R = R^d, K = S^+ (N^+ None: no blind split)
@@ -272,6 +289,7 @@ def estimate_hierarchy(information: Sequence[np.ndarray], linear: Sequence[np.nd
 
     # downward: estimates and covariances, coarsest first
     xs, covs = [means[0]], [_sym(inside_pinv[0])]
+    outside = [np.zeros_like(inside[0])]
     for level in range(1, levels):
         up, group = parents[level], groupings[level]
         p = level - 1
@@ -287,4 +305,29 @@ def estimate_hierarchy(information: Sequence[np.ndarray], linear: Sequence[np.nd
                                                                          np.swapaxes(gain, -1, -2))
         xs.append(x)
         covs.append(_sym(cov))
-    return HierarchyEstimate(x=tuple(xs), covariance=tuple(covs), subtree_information=tuple(inside))
+        outside.append(_outside(js[p] + outside[p], level, up, s_sum[p], n_sum[p], inside_pinv[level],
+                                inside_null[level], rtol))
+    final = tuple(i + o for i, o in zip(inside, outside))
+    return HierarchyEstimate(x=tuple(xs), covariance=tuple(covs), subtree_information=tuple(inside),
+                             information=final)
+
+
+def _outside(above: np.ndarray, level: int, up: np.ndarray, s: np.ndarray, n: np.ndarray | None,
+             own_pinv: np.ndarray, own_null: np.ndarray, rtol: float) -> np.ndarray:
+    """``O_c`` (children x d x d), the information on each child's table from outside its
+    subtree (module docstring): ``A_p : K_{-c}`` with ``A_p = J_p + O_p`` (``above``, per
+    parent) and ``K_{-c}`` the parallel sum of its siblings' ``I`` (from ``S_p - I_c^+`` and
+    ``N_p - Pi_N(I_c)``); ``A_p`` itself for an only child."""
+    a = above[up]
+    s_rest = _sym(s[up] - own_pinv)
+    if n is not None:
+        n_rest = n[up] - own_null
+        rest_pinv, _ = _shared_pinv(n_rest, rtol, 1.0)
+        within = np.eye(a.shape[-1]) - _mm(rest_pinv, n_rest)
+        s_rest = _sym(_mm(_mm(within, s_rest), within))
+    k_rest, _ = _shared_pinv(s_rest, rtol)
+    total_pinv, _ = _shared_pinv(a + k_rest, rtol)
+    out = _sym(_mm(_mm(a, total_pinv), k_rest))
+    only = np.bincount(up, minlength=above.shape[0])[up] == 1
+    out[only] = a[only]
+    return out

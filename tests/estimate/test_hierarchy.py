@@ -137,6 +137,12 @@ def test_equals_dense_gls_on_estimable_functions(case, seed):
             assert np.allclose(w - (w @ basis) @ basis.T, 0.0, atol=1e-8)
             inside = result.subtree_information[level][u]
             assert np.allclose(inside - basis @ (basis.T @ inside), 0.0, atol=1e-8 * np.abs(inside).max())
+            # the information F_u spans exactly the estimable functions, and gives their variances
+            final = result.information[level][u]
+            f_pinv, f_null = psd_pinv(final)
+            np.testing.assert_allclose(np.eye(D) - f_null, basis @ basis.T, atol=1e-7)
+            np.testing.assert_allclose(basis.T @ f_pinv @ basis, basis.T @ cov @ basis, rtol=1e-8,
+                                       atol=1e-8 * float(np.abs(cov).max()))
             got, got_cov = result.x[level][u] @ basis, basis.T @ result.covariance[level][u] @ basis
             np.testing.assert_allclose(got, est @ basis, rtol=1e-9, atol=1e-9 * scale)
             np.testing.assert_allclose(got_cov, basis.T @ cov @ basis, rtol=1e-9,
@@ -183,7 +189,7 @@ def test_covariance_is_that_of_the_returned_estimate(case):
                                    atol=1e-9 * float(np.abs(expected).max()))
 
 
-def test_single_child_is_its_parent_and_measured_queries_are_estimated():
+def test_single_child_is_its_parent():
     """A parent with one child: the child's estimate is the parent's, in every cell (also the
     cells the leaves do not measure)."""
     parents, sizes, maps, leaves, truth, design, ys = _problem(PARTIAL_LEAVES["fanouts"], PARTIAL_LEAVES["rows"], 5)
