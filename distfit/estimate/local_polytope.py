@@ -38,7 +38,8 @@ checked every :data:`CHECK_EVERY` iterations: no cell of the tables ``A u`` belo
 ``-NEGATIVITY`` of its noise standard deviation and the objective changed by at most
 :data:`TOLERANCE` (relative) since the last check; a unit that meets it is frozen. The
 published tables are ``max(A u, 0)`` (cells above ``-NEGATIVITY`` noise standard deviations
-set to 0: the cliques then agree to that much).
+set to 0), then I-projected onto agreement by the caller
+(:func:`distfit.estimate.graphical.estimate_units`).
 """
 from __future__ import annotations
 
@@ -126,7 +127,7 @@ class LocalPolytope:
     + 1]]`` in ``model.blocks`` order; ``constraint`` ``A`` (sum_C |C| x sum_b k_b, rows of unit
     norm), ``scale`` the rows' norms before scaling (a cell's noise standard deviation):
     ``mu = scale * (A u)``; ``metric`` ``Q^T Q`` (``Q`` itself is not kept), ``rho`` and
-    ``factor`` the LU factors of ``Q^T Q + rho A^T A``.
+    ``factor`` the solve with ``Q^T Q + rho A^T A`` (:class:`SchurFactor`).
     """
 
     cliques: tuple[tuple[str, ...], ...]
