@@ -295,7 +295,8 @@ def build_parser() -> argparse.ArgumentParser:
     estimate_parser.add_argument("--integer", action="store_true",
                                  help="integer estimates: each unit's cells rounded, its total kept")
     estimate_parser.add_argument("--method", default="auto",
-                                 choices=("auto", "projection", "graphical", "graphical-exact", "graphical-region-graph"),
+                                 choices=("auto", "projection", "graphical", "graphical-exact", "graphical-local",
+                                          "graphical-region-graph"),
                                  help="auto (default): the projection up to 2^22 cells, a graphical model "
                                       "(clique marginals; needs the graphical extra) above")
     add_resumable_options(estimate_parser, "estimate", kept="estimated chunks are kept",

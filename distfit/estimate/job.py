@@ -103,13 +103,15 @@ OBJECTIVE = "sum_b (y_b - B_b M_b x)^T Sigma_b^-1 (y_b - B_b M_b x) over x >= 0,
 #: The graphical model's (docs/design.md section 7, :mod:`distfit.estimate.graphical`), over clique marginals.
 GRAPHICAL_OBJECTIVE = ("sum_b (y_b - B_b M_b mu)^T Sigma_b^-1 (y_b - B_b M_b mu) over nonnegative clique marginals "
                        "mu of total N_hat: the marginal polytope (graphical-exact) or the local polytope of the "
-                       "saturated region graph (graphical-region-graph), per unit")
+                       "saturated region graph (graphical-region-graph); or ||Q (u - w)||^2, the published queries' "
+                       "squared error from the raw release, over nonnegative agreeing clique tables of a residual "
+                       "plan (graphical-local); per unit")
 #: What ``--method auto`` (``distfit run``) may record: a function of the plan, so any of them is
 #: the same choice for the same plan.
 AUTO_METHODS = (METHOD, "graphical-exact", "graphical-region-graph")
 #: The ``--method`` choices: auto takes the projection up to graphical.PROJECTION_MAX_CELLS cells;
-#: graphical lets graphical.graphical_problem choose exact or region-graph inference.
-METHODS = ("auto", "projection", "graphical", "graphical-exact", "graphical-region-graph")
+#: graphical lets graphical.graphical_problem choose exact inference, the local polytope or the region graph.
+METHODS = ("auto", "projection", "graphical", "graphical-exact", "graphical-local", "graphical-region-graph")
 
 __all__ = ["EstimateJob", "EstimateResult", "ReleaseRows", "chunk_answers", "estimate_chunk", "estimate_chunk_task",
            "estimate_chunks_task", "estimate_in_run",
@@ -150,7 +152,7 @@ class EstimateJob:
     chunk_units: int
     integer: bool
     workload: WorkloadKind
-    method: str = METHOD  # or "graphical-exact" / "graphical-region-graph" (graphical_method)
+    method: str = METHOD  # or "graphical-exact" / "graphical-local" / "graphical-region-graph" (graphical_method)
     tables: str | None = "cells/estimates"  # the per-unit table written (stores.estimate.chunk_arrays)
 
 
@@ -361,9 +363,10 @@ def estimate_chunk_task(job: EstimateJob, model: MeasurementModel, chunk: int,
         if job.method == METHOD:
             queries, cells, fit = estimate_chunk(model, answers, integer=job.integer, workload=job.workload)
         else:
-            # a graphical chunk runs for up to minutes (Adult: 3,000 steps, ~45 s): its steps, rate
-            # and ETA (an upper bound: it may converge sooner) on the process's stderr
-            steps = Progress(f"estimate units {start}-{stop - 1}: mirror descent", unit="steps")
+            # a graphical chunk runs for up to a minute (Adult: ~500 ADMM iterations, ~15 s): its
+            # steps, rate and ETA (an upper bound: it may converge sooner) on the process's stderr
+            solver = "ADMM" if job.method == "graphical-local" else "mirror descent"
+            steps = Progress(f"estimate units {start}-{stop - 1}: {solver}", unit="steps")
             queries, cells, fit = estimate_chunk_graphical(_problem_for(model, job.method), answers,
                                                            workload=job.workload, progress=steps)
             if fit.iterations:

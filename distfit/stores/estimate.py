@@ -28,7 +28,7 @@ Layout (**contract**, docs/design.md section 4), a Zarr v3 group::
                                          queries/estimates that are x_hat, cell by cell
       cells/cell         (cells,)        coordinate: cell labels ``age[0-17],sex[female]``
       marginals/estimates (units, sum_c |c|) instead of cells/ when the method is a graphical model
-                         (``graphical-exact``, ``graphical-region-graph``: the domain is too
+                         (``graphical-exact``, ``graphical-local``, ``graphical-region-graph``: the domain is too
                          large for x): every clique's nonnegative marginal, row-major, the
                          cliques' tables side by side; group attrs cliques ([[attribute, ...]])
                          and offsets (each clique's first column)

@@ -26,11 +26,12 @@ from tests.clitools import assert_one_line_error, run
 from tests.reference import shared_disagreement
 
 
-def plan_model(tmp_path_factory, name, attributes, orders):
-    """The measurement model of a real residual plan: every k-way identity marginal, k in orders."""
+def plan_model(tmp_path_factory, name, attributes, orders, target=1.0):
+    """The measurement model of a real residual plan: every k-way identity marginal, k in orders,
+    each query's variance target ``target``."""
     root = tmp_path_factory.mktemp(name)
     spec = {"name": name, "attributes": [{"name": a, "size": n} for a, n in attributes],
-            "queries": [{"name": f"m{k}", "marginals": {"order": k}, "target": 1.0} for k in orders]}
+            "queries": [{"name": f"m{k}", "marginals": {"order": k}, "target": target} for k in orders]}
     (root / "spec.yaml").write_text(yaml.safe_dump(spec))
     run_plan(load_spec(root / "spec.yaml"), str(root / "plan.zarr"), placement=Placement(serial=True),
              log=io.StringIO())
