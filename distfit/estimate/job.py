@@ -91,7 +91,7 @@ from distfit.stores.estimate import (
 from distfit.stores.files import root_attrs_on_disk
 from distfit.stores.plan import read_plan, verify_checksum
 from distfit.release.tasks import task_chunks
-from distfit.stores.release import DerivedAnswers, pending_chunks, read_release, read_verified_release
+from distfit.stores.release import DerivedAnswers, pending_chunks, read_release, read_sealed_release
 from distfit.stores.release_chunks import ChunkWriter, aligned_empty, read_rows
 from distfit.runtime.threads import blas_limit
 
@@ -175,6 +175,7 @@ class ReleaseRows:
         self._path = Path(release.path)
         self._queries = None
         self._unit_ids = release.unit_ids
+        self._digests = release.digests  # each chunk read checked against its digest (read_sealed_release)
         # (block id, where its answers come from: "queries" all the query answers, "columns" some
         # of them (the index), "packed" a packed block's answers (computed whole by the release
         # reader), "stored" its own answers array)
@@ -195,8 +196,7 @@ class ReleaseRows:
         chunk files, derived blocks (:class:`distfit.stores.release.DerivedAnswers`) taken as
         columns of the query answers, read once (the query answers themselves, not copied, for a
         block whose rows are every query in order: PL94's)."""
-        rows = slice(start, stop)
-        queries = None if self._queries is None else read_rows(self._path, "queries/answers", self._queries, rows)
+        queries = None if self._queries is None else self._read("queries/answers", self._queries, start, stop)
         out = {}
         for block_id, kind, source in self._sources:
             if kind == "queries":
@@ -206,12 +206,21 @@ class ReleaseRows:
             elif kind == "packed":
                 out[block_id] = source[start:stop]
             else:
-                out[block_id] = read_rows(self._path, f"blocks/{block_id}/answers", source, rows)
+                out[block_id] = self._read(f"blocks/{block_id}/answers", source, start, stop)
         return out
 
     def unit_ids(self, start: int, stop: int) -> np.ndarray:
         """The unit ids of rows ``start:stop``."""
-        return np.asarray(read_rows(self._path, "unit_ids", self._unit_ids, slice(start, stop)))
+        return np.asarray(self._read("unit_ids", self._unit_ids, start, stop))
+
+    def _read(self, name: str, arr: Any, start: int, stop: int) -> np.ndarray:
+        """Rows ``start:stop`` of ``name`` as raw chunk files, checked against the chunk's digest
+        before they are used (:meth:`distfit.stores.sealing.ChunkDigests.read`) when the release
+        was opened with them."""
+        read = lambda a, b: read_rows(self._path, name, arr, slice(a, b))  # noqa: E731
+        if self._digests is None:
+            return read(start, stop)
+        return self._digests.read(name, read, start, stop, int(arr.shape[0]))
 
     def read(self, start: int, stop: int) -> tuple[dict[str, np.ndarray], np.ndarray]:
         """``(answers, unit_ids)`` of rows ``start:stop``."""
@@ -316,12 +325,10 @@ def estimate_chunk_graphical(problem, answers: dict[str, np.ndarray], *, workloa
 
 
 def _open_release(job: EstimateJob):
-    """The release of ``job``, refused if its checksum is no longer the one the estimate started from."""
-    release = read_release(job.release_path)
-    if release.checksum != job.release_checksum:
-        raise ValueError(f"{job.release_path}: the release changed during the estimate (checksum "
-                         f"{release.checksum}, {job.release_checksum} at the start)")
-    return release
+    """The release of ``job`` (its root checked again, :meth:`distfit.stores.sealing.SealedKind.read_sealed`),
+    refused if its checksum is no longer the one the estimate started from; each chunk a task
+    reads is then checked against its digest (:class:`ReleaseRows`)."""
+    return read_sealed_release(job.release_path, job.release_checksum)
 
 
 #: The release reader of the last job a worker ran: ``[job, model, ReleaseRows]``.
@@ -411,8 +418,9 @@ def _cell_labels(plan, model: MeasurementModel) -> np.ndarray | None:
 
 def _check_inputs(plan_path: str, release_path: str):
     """The sealed release and the plan it was made from (module docstring), or ValueError."""
-    # ReleaseError (ValueError): missing, unsealed, not a release, or changed since it was sealed
-    release = read_verified_release(release_path)
+    # ReleaseError (ValueError): missing, unsealed, not a release, or its root (attrs, small arrays,
+    # chunk digests) changed since it was sealed; each chunk is checked by the task that reads it
+    release = read_sealed_release(release_path)
     ok, stored, recomputed = verify_checksum(plan_path)  # StoreError (ValueError): not a plan
     if not ok:
         raise ValueError(f"{plan_path}: the plan's arrays do not match its checksum ({recomputed}, stored "
