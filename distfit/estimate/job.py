@@ -152,6 +152,7 @@ class EstimateJob:
     workload: WorkloadKind
     method: str = METHOD  # or "graphical-exact" / "graphical-region-graph" (graphical_method)
     tables: str | None = "cells/estimates"  # the per-unit table written (stores.estimate.chunk_arrays)
+    check_chunks: bool = True  # each release chunk read checked against its digest (run_estimate's release_checksum)
 
 
 # --------------------------------------------------------------------------------------------
@@ -328,6 +329,12 @@ def _open_release(job: EstimateJob):
     """The release of ``job`` (its root checked again, :meth:`distfit.stores.sealing.SealedKind.read_sealed`),
     refused if its checksum is no longer the one the estimate started from; each chunk a task
     reads is then checked against its digest (:class:`ReleaseRows`)."""
+    if not job.check_chunks:  # a release the caller has just written (run_estimate's release_checksum)
+        release = read_release(job.release_path)
+        if release.checksum != job.release_checksum:
+            raise ValueError(f"{job.release_path}: the release changed during the estimate (checksum "
+                             f"{release.checksum}, {job.release_checksum} at the start)")
+        return release
     return read_sealed_release(job.release_path, job.release_checksum)
 
 
@@ -416,11 +423,15 @@ def _cell_labels(plan, model: MeasurementModel) -> np.ndarray | None:
     return cell_labels(model.attributes, values)
 
 
-def _check_inputs(plan_path: str, release_path: str):
-    """The sealed release and the plan it was made from (module docstring), or ValueError."""
+def _check_inputs(plan_path: str, release_path: str, release_checksum: str | None = None):
+    """The sealed release and the plan it was made from (module docstring), or ValueError;
+    ``release_checksum``: the release's, its caller having just written it (not hashed again)."""
     # ReleaseError (ValueError): missing, unsealed, not a release, or its root (attrs, small arrays,
     # chunk digests) changed since it was sealed; each chunk is checked by the task that reads it
-    release = read_sealed_release(release_path)
+    release = read_sealed_release(release_path) if release_checksum is None else read_release(release_path)
+    if release_checksum is not None and release.checksum != release_checksum:
+        raise ValueError(f"{release_path}: the release changed since it was written (checksum {release.checksum}, "
+                         f"written with {release_checksum})")
     ok, stored, recomputed = verify_checksum(plan_path)  # StoreError (ValueError): not a plan
     if not ok:
         raise ValueError(f"{plan_path}: the plan's arrays do not match its checksum ({recomputed}, stored "
@@ -444,11 +455,15 @@ def run_estimate(
     log: TextIO | None = None,
     fsync: bool = True,
     after_chunk: Callable[[int], None] | None = None,
+    release_checksum: str | None = None,
 ) -> EstimateResult:
     """Estimate every unit of the sealed release at ``release_path`` (made through the plan at
     ``plan_path``) into ``out`` (module docstring). ``placement``: where the chunk tasks run
     (:class:`distfit.runtime.placement.Placement`; default a local cluster). ``after_chunk(chunk)``
-    is called in the driver after each chunk is written (a test hook). Errors: ValueError (bad input),
+    is called in the driver after each chunk is written (a test hook). ``release_checksum``: the
+    release's checksum when the caller has just written it (a benchmark's baseline); it is then
+    not hashed again, only checked to still state it, as ``run_release``'s ``data_checksum``;
+    otherwise its root is verified here and each chunk by the task that reads it. Errors: ValueError (bad input),
     FileExistsError (something at ``out`` that may not be replaced, or a second writer),
     cluster.ClusterError."""
     started = time.perf_counter()
@@ -465,7 +480,7 @@ def run_estimate(
         client = PlacedClient(placement, stack, log)
         if not resumed:
             client.start()  # the workers spawn while the inputs are verified and the model is built
-        plan, release = _check_inputs(plan_path, release_path)
+        plan, release = _check_inputs(plan_path, release_path, release_checksum)
         if not resumed:
             client.get()  # an unreachable cluster is refused here
         model = measurement_model(plan)
@@ -500,7 +515,8 @@ def run_estimate(
 
         job = EstimateJob(estimate_path=str(target), release_path=os.path.abspath(release.path),
                           release_checksum=release.checksum, units=units, chunk_units=chunk_units,
-                          integer=integer, workload=workload, method=store_method, tables=stored_tables(root))
+                          integer=integer, workload=workload, method=store_method, tables=stored_tables(root),
+                          check_chunks=release_checksum is None)
         print(f"distfit: estimate by {store_method}: working memory about {memory / 2**20:,.1f} MiB a task "
               f"(limit {graphical.MEMORY_LIMIT_BYTES / 2**30:.0f} GiB)", file=log)
         parts: dict[int, tuple] = {}  # each chunk's share of the fit attr, as the tasks report it

@@ -9,7 +9,7 @@ Histograms store (**contract** for ``distfit release --data``, :func:`write_synt
 --------------------------------------------------------------------------------------
 N units (e.g. census blocks), each a histogram over the cells of the spec's domain (row-major
 in the schema order, as in :class:`distfit.mathematics.domain.Domain`). A Zarr v3 group ``DATA.zarr`` with
-attrs ``distfit_format="histograms"``, ``format_version=2``, ``schema`` ({"attributes": [names],
+attrs ``distfit_format="histograms"``, ``format_version=3``, ``schema`` ({"attributes": [names],
 "sizes": [ints]}), ``spec_hash`` (of the spec it was made for; None from a bare domain),
 ``units``, ``cells``, ``seed``, ``chunk_units``, ``total_people``, ``model`` (the parameters),
 ``generator`` (``"distfit.data/1"``), ``created``, ``distfit_version`` and, written last,
@@ -27,7 +27,7 @@ seed, the domain, ``chunk_units`` and the model (:mod:`distfit.data.synthetic`).
 Marginals store (**contract**, written by :func:`distfit.data.microdata.tabulate_microdata`)
 -------------------------------------------------------------------------------------------
 Per-unit counts of person-level microdata: a Zarr v3 group with attrs
-``distfit_format="marginals"``, ``format_version=2``, ``schema``, ``spec_hash``, ``units``,
+``distfit_format="marginals"``, ``format_version=3``, ``schema``, ``spec_hash``, ``units``,
 ``chunk_units``, ``cliques`` (list of attribute-name lists in schema order: the maximal query
 cliques of the spec's groups, plus any attribute sets the tabulation was asked to cover, e.g. a
 plan's blocks; a set inside another is dropped), ``source`` ({"path", "format": "csv"|"parquet",
@@ -70,10 +70,16 @@ replaced, once the new one is complete); an exception deletes the staging direct
 
 Reading for a release (:func:`open_data`)
 -----------------------------------------
-A command that takes a data store as input opens it once with ``verify=True`` (its driver,
-before anything is written or any noise drawn): the checksum is recomputed and a store changed
-since it was sealed (a deleted or altered counts chunk, an edited attr) is refused in one line.
-A store of format 1 (no checksum) is refused with the command that writes it anew.
+Both stores have per-chunk digests (``chunks/digests``, :func:`distfit.stores.sealing.lay_out_digests`:
+a SHA-256 per chunk of every array chunked by units but ``parent_ids``, :func:`digested_names`,
+computed at the seal), and the checksum covers the attrs, the other arrays and those digests. A
+command that takes a data store as input opens it with ``verify=True`` (its driver, before
+anything is written or any noise drawn; each task again, with the checksum its driver checked):
+the root checksum is recomputed (an edited attr is refused in one line), and every chunk the
+reader reads (``block_counts``, ``ids``, ``iter_chunks``, ``check_unit_ids``) is hashed and
+checked against its digest before it is used (a deleted or altered chunk is refused in one line,
+:class:`distfit.stores.sealing.ChangedChunk`). A store of format 1-2 (no checksum, or no
+digests) is refused with the command that writes it anew.
 ``distfit release --data`` takes either store format: :class:`HistogramsData` (full-domain
 counts) or :class:`MarginalsData`. Both give ``units``, ``chunk_units``, ``domain``, ``unit_ids``
 (a lazy zarr array: index it per chunk) and ``block_counts(attributes, start, stop)``: the

@@ -2,7 +2,7 @@
 
 Layout (**contract**, docs/design.md section 4), a Zarr v3 group::
 
-    release.zarr/        attrs: distfit_format="release", format_version=2, plan_checksum,
+    release.zarr/        attrs: distfit_format="release", format_version=3, plan_checksum,
                                 plan_path, schema ({"attributes", "sizes"} of the plan), private
                                 (False with --seed), created, distfit_version, units,
                                 chunk_units, n_chunks, data ({"path", "created"} of the data
@@ -28,6 +28,9 @@ Layout (**contract**, docs/design.md section 4), a Zarr v3 group::
                                               :mod:`distfit.stores.data`), written at lay-out
       chunks/done                (n_chunks,)  uint8, one zarr chunk per release chunk: 1 once
                                               every array of that chunk is written
+      chunks/digests             (n_chunks, arrays, 32) uint8: a SHA-256 per chunk of every array
+                                              the chunks write (attr ``arrays``), written by the
+                                              chunk before its done marker
       unit                       (units,)     coordinate: the unit ids again (same dtype)
       queries/query              (m,)         coordinate: the query labels (strings), when
                                               ``labels`` is not None
@@ -77,8 +80,12 @@ array of the store and every attr it states (:func:`distfit.stores.sealing.state
 but the checksum, ``complete`` and the two timestamps; the same format as the plan's; codecs are
 not hashed), written when the release is sealed. A release of format 1 (arrays only: its
 ``private`` flag and ``units`` were outside the checksum) is refused by every reader with the
-command that writes it anew. A command that takes a release as input reads it with
-:func:`read_verified_release` (the checksum recomputed once, before anything is written).
+command that writes it anew, and so is one of format 2 (no per-chunk digests). The checksum
+(version 3) covers the chunk digests instead of the arrays they stand for
+(:mod:`distfit.stores.sealing`). A command that reads a release chunk by chunk (``estimate``)
+reads it with :func:`read_sealed_release` (the root recomputed before anything is written, each
+chunk checked by the task that reads it); one that reads it whole with
+:func:`read_verified_release` (the root and every chunk, first).
 
 Never stored: the counts, true marginals or true answers, the entropy, the ``--seed`` (a seeded
 release records only ``private=False``), and no attr derived from the data beyond ``units``.

@@ -154,7 +154,7 @@ def test_end_to_end_serial_layout_and_contents(inputs, tmp_path, capsys, monkeyp
     rel = read_release(out)
     plan = read_plan(inputs["plan"])
     a = rel.attrs
-    assert a["distfit_format"] == "release" and a["format_version"] == 2
+    assert a["distfit_format"] == "release" and a["format_version"] == 3
     assert a["complete"] is True and a["private"] is True
     assert a["plan_checksum"] == plan.checksum
     assert a["units"] == UNITS and a["chunk_units"] == CHUNK and a["n_chunks"] == 7
