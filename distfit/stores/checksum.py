@@ -25,11 +25,11 @@ rule: :func:`distfit.stores.plan.plan_claims` for plans,
 **Version 3** (a store with per-chunk digests, :data:`DIGESTS`: data stores of format 3,
 releases of 3): as version 2 with the domain line ``b"distfit-plan-checksum-v3\\n"``, but the
 arrays its digests cover (the ``arrays`` attr of :data:`DIGESTS`, itself a stated attr) are left
-out of the array part: the digests array stands for them (each entry a SHA-256 of one chunk's
+out of the array part: the digests array stands for them (each entry a BLAKE3 of one chunk's
 rows, :func:`chunk_digest`), so the root checksum is cheap to recompute (the attrs, the small
 arrays and the digests) and each chunk is checked by whoever reads it.
 
-Chunk digest (**contract**, :func:`chunk_digest`): SHA-256 of the header
+Chunk digest (**contract**, :func:`chunk_digest`): BLAKE3 (32 bytes) of the header
 ``f"{path}\\n{dtype}\\n{start}:{stop}\\n{trailing shape}\\n"`` (``dtype`` as above, the trailing
 shape the sizes after the first joined by commas) and then the rows ``start:stop`` of the array
 in C order, little-endian, as decoded (not as compressed: the digest does not depend on the
@@ -50,6 +50,7 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import blake3
 import numpy as np
 import zarr
 
@@ -180,14 +181,16 @@ def digested_arrays(digests: "zarr.Array | None") -> frozenset[str]:
 
 
 def chunk_digest(name: str, start: int, values: Any) -> bytes:
-    """The 32-byte SHA-256 digest of rows ``start:start + len(values)`` of the array ``name``
+    """The 32-byte BLAKE3 digest of rows ``start:start + len(values)`` of the array ``name``
     holding ``values`` (format: the module docstring). A numeric array is hashed from its own
-    buffer (no copy when it is C-contiguous and little-endian, as read); SHA-256 because it was
-    the fastest cryptographic hash measured here (SHA-NI: 1.2-1.6 GB/s against BLAKE2b's 0.45;
-    benchmarks/README.md, session 13)."""
+    buffer (no copy when it is C-contiguous and little-endian, as read), on the calling thread
+    (a task's). BLAKE3, a cryptographic hash (as SHA-256, 256-bit), because every chunk a task
+    reads is hashed: here it ran at 4-5 GB/s on one thread against SHA-256's 1.2-1.6 (SHA-NI)
+    and BLAKE2b's 0.45, and with SHA-256 the check cost a 1M-unit release more than the 5 % it
+    may (benchmarks/README.md, session 13)."""
     values = np.asarray(values)
     stop = start + int(values.shape[0])
-    h = hashlib.sha256()
+    h = blake3.blake3(max_threads=1)
     if values.dtype.kind in "TUO":
         if values.ndim != 1:
             raise ValueError(f"{name}: string arrays must be 1-d for the checksum, got shape {values.shape}")

@@ -71,7 +71,7 @@ replaced, once the new one is complete); an exception deletes the staging direct
 Reading for a release (:func:`open_data`)
 -----------------------------------------
 Both stores have per-chunk digests (``chunks/digests``, :func:`distfit.stores.sealing.lay_out_digests`:
-a SHA-256 per chunk of every array chunked by units but ``parent_ids``, :func:`digested_names`,
+a BLAKE3 digest per chunk of every array chunked by units but ``parent_ids``, :func:`digested_names`,
 computed at the seal), and the checksum covers the attrs, the other arrays and those digests. A
 command that takes a data store as input opens it with ``verify=True`` (its driver, before
 anything is written or any noise drawn; each task again, with the checksum its driver checked):

@@ -28,7 +28,7 @@ Layout (**contract**, docs/design.md section 4), a Zarr v3 group::
                                               :mod:`distfit.stores.data`), written at lay-out
       chunks/done                (n_chunks,)  uint8, one zarr chunk per release chunk: 1 once
                                               every array of that chunk is written
-      chunks/digests             (n_chunks, arrays, 32) uint8: a SHA-256 per chunk of every array
+      chunks/digests             (n_chunks, arrays, 32) uint8: a BLAKE3 digest per chunk of every array
                                               the chunks write (attr ``arrays``), written by the
                                               chunk before its done marker
       unit                       (units,)     coordinate: the unit ids again (same dtype)

@@ -208,7 +208,7 @@ class ChangedChunk(ValueError):
 @dataclasses.dataclass(frozen=True, eq=False)
 class ChunkDigests:
     """The per-chunk digests of a sealed store as its root checksum covered them
-    (:func:`check_root`): ``table[c, i]`` the SHA-256 of chunk ``c`` (rows ``c * chunk_units``
+    (:func:`check_root`): ``table[c, i]`` the BLAKE3 digest of chunk ``c`` (rows ``c * chunk_units``
     on) of array ``names[i]`` (:func:`distfit.stores.checksum.chunk_digest`). Picklable: a
     task carries it. ``store`` and ``kind`` name the store in a refusal (:class:`ChangedChunk`)."""
 
@@ -320,14 +320,15 @@ def lay_out_digests(root: zarr.Group, names: Sequence[str], *, units: int, chunk
     """Lay out :data:`distfit.stores.checksum.DIGESTS` of a store whose arrays ``names`` are
     chunked by ``chunk_units`` units: (chunks, len(names), 32) uint8, one zarr chunk per chunk
     of units (written with the chunk's rows, before its done marker), uncompressed, attrs
-    ``arrays`` (the names, sorted) and ``chunk_units``. A chunk never written reads as zeros,
+    ``arrays`` (the names, sorted), ``chunk_units`` and ``hash`` (``"blake3"``: the digest,
+    :func:`distfit.stores.checksum.chunk_digest`). A chunk never written reads as zeros,
     which no digest is: a deleted digest is a changed store."""
     names = sorted(names)
     arr = root.require_group("chunks").create_array(
         "digests", shape=(-(-units // chunk_units), len(names), 32), dtype=np.uint8,
         chunks=(1, len(names), 32), fill_value=0, compressors=None,
         dimension_names=DIGEST_DIMS, config={"write_empty_chunks": True})
-    arr.attrs.update({"arrays": names, "chunk_units": int(chunk_units)})
+    arr.attrs.update({"arrays": names, "chunk_units": int(chunk_units), "hash": "blake3"})
 
 
 def write_digests(root: zarr.Group) -> None:
