@@ -70,16 +70,12 @@ replaced, once the new one is complete); an exception deletes the staging direct
 
 Reading for a release (:func:`open_data`)
 -----------------------------------------
-Both stores have per-chunk digests (``chunks/digests``, :func:`distfit.stores.sealing.lay_out_digests`:
-a BLAKE3 digest per chunk of every array chunked by units but ``parent_ids``, :func:`digested_names`,
-computed at the seal), and the checksum covers the attrs, the other arrays and those digests. A
-command that takes a data store as input opens it with ``verify=True`` (its driver, before
-anything is written or any noise drawn; each task again, with the checksum its driver checked):
-the root checksum is recomputed (an edited attr is refused in one line), and every chunk the
-reader reads (``block_counts``, ``ids``, ``iter_chunks``, ``check_unit_ids``) is hashed and
-checked against its digest before it is used (a deleted or altered chunk is refused in one line,
-:class:`distfit.stores.sealing.ChangedChunk`). A store of format 1-2 (no checksum, or no
-digests) is refused with the command that writes it anew.
+Both stores have a digest per chunk of each array chunked by units but ``parent_ids``
+(:func:`digested_names`, written at the seal; the checksum covers the digests, not those arrays:
+:mod:`distfit.stores.sealing`). Opened with ``verify=True`` (a driver, before anything is
+written or any noise drawn; each task again, with the checksum its driver checked), the root is
+recomputed and every chunk read (``block_counts``, ``ids``, ``iter_chunks``, ``check_unit_ids``)
+checked against its digest before it is used. Formats 1-2 are refused (the command that writes anew).
 ``distfit release --data`` takes either store format: :class:`HistogramsData` (full-domain
 counts) or :class:`MarginalsData`. Both give ``units``, ``chunk_units``, ``domain``, ``unit_ids``
 (a lazy zarr array: index it per chunk) and ``block_counts(attributes, start, stop)``: the
@@ -132,16 +128,8 @@ from distfit.stores.files import (
     write_array,
 )
 from distfit.stores.checksum import DIGESTS
-from distfit.stores.sealing import (
-    DIGEST_DIMS,
-    ChunkDigests,
-    check_root,
-    lay_out_digests,
-    open_sealed,
-    seal_checksum,
-    stated_attrs,
-    write_digests,
-)
+from distfit.stores.sealing import (DIGEST_DIMS, ChunkDigests, check_root, lay_out_digests, open_sealed,
+                                    seal_checksum, stated_attrs, write_digests)
 
 FORMAT = "histograms"
 MARGINALS_FORMAT = "marginals"
@@ -247,10 +235,8 @@ def _staged_write(path: Path, fmt: str, overwrite: bool, fsync: bool):
 
 
 def digested_names(group: zarr.Group) -> list[str]:
-    """The arrays of a data store that get a digest per chunk (:func:`distfit.stores.sealing.lay_out_digests`):
-    every array of ``units`` rows chunked by ``chunk_units`` (the counts or marginals, the unit
-    ids and their twin ``unit``), but ``parent_ids``, geography a release copies whole (covered by
-    the root checksum, as every other array)."""
+    """The arrays of a data store with a digest per chunk (:func:`distfit.stores.sealing.lay_out_digests`):
+    those of ``units`` rows chunked by ``chunk_units``, but ``parent_ids`` (a release copies it whole)."""
     units, chunk_units = int(group.attrs["units"]), int(group.attrs["chunk_units"])
     return sorted(name for name, arr in group.members(max_depth=None)
                   if isinstance(arr, zarr.Array) and name != PARENT_IDS and arr.ndim >= 1
@@ -482,9 +468,8 @@ class UnitStoreView:
         return int(self.unit_ids.shape[0])
 
     def rows(self, name: str, arr: Any, start: int, stop: int) -> np.ndarray:
-        """Rows ``start:stop`` of the array ``name`` (``arr``), checked against the store's
-        per-chunk digests when it was opened with them (:meth:`distfit.stores.sealing.ChunkDigests.read`:
-        the whole chunks holding the rows are read and hashed first), else read as they are."""
+        """Rows ``start:stop`` of the array ``name`` (``arr``), checked against the store's digests
+        when opened with them (:meth:`distfit.stores.sealing.ChunkDigests.read`)."""
         if self.digests is None:
             return np.asarray(arr[start:stop])
         return self.digests.read(name, lambda a, b: arr[a:b], start, stop, int(arr.shape[0]))
@@ -629,11 +614,9 @@ class MarginalsData(UnitStoreView):
 
 def _open_store(path: PathLike, fmt: str, verify: bool, checksum: str | None
                 ) -> tuple[Path, dict, Domain, Any, ChunkDigests | None]:
-    """Every refusal check shared by the data readers (:func:`distfit.stores.sealing.open_sealed`:
-    a format older than :data:`FORMAT_VERSION` is refused with the command that writes it
-    anew), the root checksum recomputed when ``verify`` (:func:`distfit.stores.sealing.check_root`;
-    ``checksum``: the one the store must state); returns ``(path, attrs, domain, group,
-    digests)``, the digests each chunk read is then checked against (None unless ``verify``)."""
+    """The data readers' refusals (:func:`distfit.stores.sealing.open_sealed`), the root checked when
+    ``verify`` (:func:`distfit.stores.sealing.check_root`, ``checksum``: the one it must state);
+    ``(path, attrs, domain, group, digests)``, digests None unless ``verify``."""
     p, group, attrs = open_sealed(path, fmt, FORMAT_VERSION, DataError, oldest=FORMAT_VERSION,
                                   rewrite=WRITERS[fmt],
                                   unfinished="the data is not marked complete (an unfinished or damaged write)")
@@ -722,10 +705,8 @@ def read_marginals(path: PathLike, verify: bool = False, checksum: str | None = 
 
 def open_data(path: PathLike, verify: bool = False, checksum: str | None = None) -> HistogramsData | MarginalsData:
     """Open a complete data store of either format (module docstring) for a release, or raise
-    :class:`DataError` naming the path and why; ``verify``: its root checksum recomputed first
-    and every chunk then read (``block_counts``, ``ids``, ``iter_chunks``) checked against its
-    digest as it is read (what a command's driver does before it writes anything or draws any
-    noise, and each of its tasks again, ``checksum`` the one its driver checked)."""
+    :class:`DataError` naming the path and why; ``verify``: its root checked first and every
+    chunk then checked as it is read (module docstring; ``checksum``: the one its driver checked)."""
     p = Path(os.fspath(path))
     if not p.exists() and not is_staging(p):
         left = leftovers(p)
