@@ -1,5 +1,6 @@
 """The cost of verifying inputs (issue 28): a release and an estimate with and without the
-whole-store checksum pass their driver makes over the store they read.
+verification of the store they read (its root by the driver, each chunk by the task that
+reads it, against the store's per-chunk digests).
 
 Usage::
 
@@ -10,22 +11,25 @@ the data store is sealed as it is written). Then, ``--repeat`` times, alternatin
 spawned process on its own local cluster of W workers:
 
 * **release, verified**: ``run_release(plan, data, out)`` as ``distfit release`` runs it: the
-  data store's checksum recomputed by the driver (``open_data(verify=True)``) while the workers
-  spawn, before the release store is laid out;
+  data store's root checksum recomputed by the driver (``open_data(verify=True)``) before the
+  release store is laid out, and each chunk of counts and ids checked against its digest by the
+  task that reads it;
 * **release, not verified**: the same with ``data_checksum=`` the data's stored checksum (what
   ``distfit run`` passes for data it has just written): no hash of the data;
 * **estimate, verified / not verified**: ``run_estimate(plan, release, out)``; not verified is
-  the same with the release read by ``read_release`` instead of ``read_verified_release`` (a
-  benchmark-only swap, the only way to skip it).
+  the same with ``release_checksum=`` the release's stored checksum: no hash of the release.
 
 Printed per pair: wall seconds and CPU-seconds (the process and its reaped children: the
 workers), the ratio verified / not verified of the bests, and the load average before each run;
-and, apart, the verification pass alone (wall, CPU) on a warm page cache. Stores are deleted
+and, apart, the CPU-seconds of hashing alone the chunks the tasks read (BLAKE3, as the stores
+do, and SHA-256 for comparison), and the whole verification alone (wall, CPU: the root and every chunk, what
+``read_verified`` does for a reader that reads a store whole) on a warm page cache. Stores are deleted
 after each run.
 """
 from __future__ import annotations
 
 import argparse
+import hashlib
 import io
 import multiprocessing
 import os
@@ -39,12 +43,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from distfit.estimate import job as estimate_job  # noqa: E402
 from distfit.estimate.job import run_estimate  # noqa: E402
 from distfit.plan.job import run_plan  # noqa: E402
 from distfit.release.job import run_release  # noqa: E402
 from distfit.runtime.placement import Placement  # noqa: E402
 from distfit.spec.parse import load_spec  # noqa: E402
+import numpy as np  # noqa: E402
+
+from distfit.stores.checksum import chunk_digest  # noqa: E402
 from distfit.stores.data import open_data, write_synthetic  # noqa: E402
 from distfit.stores.release import read_release, read_verified_release  # noqa: E402
 
@@ -63,19 +69,47 @@ def _job(kind: str, verified: bool, paths: dict, workers: int, queue) -> None:
         checksum = None if verified else open_data(paths["data"]).attrs["checksum"]
         run_release(paths["plan"], paths["data"], paths["out"], placement=placement, log=log, data_checksum=checksum)
     else:
-        if not verified:
-            estimate_job.read_verified_release = read_release
-        run_estimate(paths["plan"], paths["release"], paths["out"], placement=placement, log=log)
+        checksum = None if verified else read_release(paths["release"]).checksum
+        run_estimate(paths["plan"], paths["release"], paths["out"], placement=placement, log=log,
+                     release_checksum=checksum)
     queue.put((time.perf_counter() - start_wall, _cpu() - start_cpu))
 
 
 def _pass(kind: str, paths: dict, queue) -> None:
     start_wall, start_cpu = time.perf_counter(), _cpu()
     if kind == "release":
-        open_data(paths["data"], verify=True)
+        data = open_data(paths["data"], verify=True)
+        for _start, _counts in data.iter_chunks():  # every chunk checked as read
+            pass
+        data.check_unit_ids()
     else:
         read_verified_release(paths["release"])
     queue.put((time.perf_counter() - start_wall, _cpu() - start_cpu))
+
+
+def _hashing(kind: str, paths: dict, queue) -> None:
+    """CPU-seconds of hashing alone the chunks a job's tasks read and check (the data's counts
+    and ids; the release's query answers and ids), each chunk read first (not timed), by BLAKE3
+    (``chunk_digest``, what the stores use) and by SHA-256 over the same header and bytes."""
+    if kind == "release":
+        store = open_data(paths["data"])
+        arrays = {"counts": store.counts, "unit_ids": store.unit_ids}
+        step = store.chunk_units
+    else:
+        store = read_release(paths["release"])
+        arrays = {"queries/answers": store.answers, "unit_ids": store.unit_ids}
+        step = int(store.attrs["chunk_units"])
+    spent = {"blake3": 0.0, "sha256": 0.0}
+    for name, arr in arrays.items():
+        for start in range(0, int(arr.shape[0]), step):
+            values = np.ascontiguousarray(arr[start:start + step])
+            began = time.process_time()
+            chunk_digest(name, start, values)
+            spent["blake3"] += time.process_time() - began
+            began = time.process_time()
+            hashlib.sha256(f"{name}\n{start}\n".encode()).update(memoryview(values).cast("B"))
+            spent["sha256"] += time.process_time() - began
+    queue.put((spent["blake3"], spent["sha256"]))
 
 
 def _spawned(target, *args) -> tuple[float, float]:
@@ -123,10 +157,13 @@ def main() -> None:
                       f"CPU {cpu:7.2f} s  (load {load:.1f})")
         best = {v: (min(w for w, _ in r), min(c for _, c in r)) for v, r in runs.items()}
         alone = _spawned(_pass, kind, paths)
+        hashing = _spawned(_hashing, kind, paths)
         print(f"{kind}: verified / not verified = {best[True][0] / best[False][0]:.3f} wall, "
               f"{best[True][1] / best[False][1]:.3f} CPU (bests {best[True][0]:.2f} / {best[False][0]:.2f} s, "
-              f"{best[True][1]:.2f} / {best[False][1]:.2f} CPU-s); the pass alone {alone[0]:.2f} s, "
-              f"{alone[1]:.2f} CPU-s")
+              f"{best[True][1]:.2f} / {best[False][1]:.2f} CPU-s); the whole verification alone {alone[0]:.2f} s, "
+              f"{alone[1]:.2f} CPU-s; hashing the chunks the tasks read {hashing[0]:.2f} CPU-s by BLAKE3 "
+              f"({hashing[0] / best[False][1]:.1%} of the unverified job's CPU), {hashing[1]:.2f} by SHA-256 "
+              f"({hashing[1] / best[False][1]:.1%})")
     if args.workdir is None:
         shutil.rmtree(work, ignore_errors=True)
 

@@ -91,7 +91,7 @@ from distfit.stores.estimate import (
 from distfit.stores.files import root_attrs_on_disk
 from distfit.stores.plan import read_plan, verify_checksum
 from distfit.release.tasks import task_chunks
-from distfit.stores.release import DerivedAnswers, read_release, read_verified_release
+from distfit.stores.release import DerivedAnswers, read_release, read_sealed_release
 from distfit.stores.release_chunks import ChunkWriter, aligned_empty, read_rows
 from distfit.runtime.threads import blas_limit
 
@@ -154,6 +154,7 @@ class EstimateJob:
     workload: WorkloadKind
     method: str = METHOD  # or "graphical-exact" / "graphical-local" / "graphical-region-graph" (graphical_method)
     tables: str | None = "cells/estimates"  # the per-unit table written (stores.estimate.chunk_arrays)
+    check_chunks: bool = True  # each release chunk read checked against its digest (run_estimate's release_checksum)
 
 
 # --------------------------------------------------------------------------------------------
@@ -177,6 +178,7 @@ class ReleaseRows:
         self._path = Path(release.path)
         self._queries = None
         self._unit_ids = release.unit_ids
+        self._digests = release.digests  # each chunk read checked against its digest (read_sealed_release)
         # (block id, where its answers come from: "queries" all the query answers, "columns" some
         # of them (the index), "packed" a packed block's answers (computed whole by the release
         # reader), "stored" its own answers array)
@@ -197,8 +199,7 @@ class ReleaseRows:
         chunk files, derived blocks (:class:`distfit.stores.release.DerivedAnswers`) taken as
         columns of the query answers, read once (the query answers themselves, not copied, for a
         block whose rows are every query in order: PL94's)."""
-        rows = slice(start, stop)
-        queries = None if self._queries is None else read_rows(self._path, "queries/answers", self._queries, rows)
+        queries = None if self._queries is None else self._read("queries/answers", self._queries, start, stop)
         out = {}
         for block_id, kind, source in self._sources:
             if kind == "queries":
@@ -208,12 +209,21 @@ class ReleaseRows:
             elif kind == "packed":
                 out[block_id] = source[start:stop]
             else:
-                out[block_id] = read_rows(self._path, f"blocks/{block_id}/answers", source, rows)
+                out[block_id] = self._read(f"blocks/{block_id}/answers", source, start, stop)
         return out
 
     def unit_ids(self, start: int, stop: int) -> np.ndarray:
         """The unit ids of rows ``start:stop``."""
-        return np.asarray(read_rows(self._path, "unit_ids", self._unit_ids, slice(start, stop)))
+        return np.asarray(self._read("unit_ids", self._unit_ids, start, stop))
+
+    def _read(self, name: str, arr: Any, start: int, stop: int) -> np.ndarray:
+        """Rows ``start:stop`` of ``name`` as raw chunk files, checked against the chunk's digest
+        before they are used (:meth:`distfit.stores.sealing.ChunkDigests.read`) when the release
+        was opened with them."""
+        read = lambda a, b: read_rows(self._path, name, arr, slice(a, b))  # noqa: E731
+        if self._digests is None:
+            return read(start, stop)
+        return self._digests.read(name, read, start, stop, int(arr.shape[0]))
 
     def read(self, start: int, stop: int) -> tuple[dict[str, np.ndarray], np.ndarray]:
         """``(answers, unit_ids)`` of rows ``start:stop``."""
@@ -318,12 +328,16 @@ def estimate_chunk_graphical(problem, answers: dict[str, np.ndarray], *, workloa
 
 
 def _open_release(job: EstimateJob):
-    """The release of ``job``, refused if its checksum is no longer the one the estimate started from."""
-    release = read_release(job.release_path)
-    if release.checksum != job.release_checksum:
-        raise ValueError(f"{job.release_path}: the release changed during the estimate (checksum "
-                         f"{release.checksum}, {job.release_checksum} at the start)")
-    return release
+    """The release of ``job`` (its root checked again, :meth:`distfit.stores.sealing.SealedKind.read_sealed`),
+    refused if its checksum is no longer the one the estimate started from; each chunk a task
+    reads is then checked against its digest (:class:`ReleaseRows`)."""
+    if not job.check_chunks:  # a release the caller has just written (run_estimate's release_checksum)
+        release = read_release(job.release_path)
+        if release.checksum != job.release_checksum:
+            raise ValueError(f"{job.release_path}: the release changed during the estimate (checksum "
+                             f"{release.checksum}, {job.release_checksum} at the start)")
+        return release
+    return read_sealed_release(job.release_path, job.release_checksum)
 
 
 #: The release reader of the last job a worker ran: ``[job, model, ReleaseRows]``.
@@ -412,10 +426,15 @@ def _cell_labels(plan, model: MeasurementModel) -> np.ndarray | None:
     return cell_labels(model.attributes, values)
 
 
-def _check_inputs(plan_path: str, release_path: str):
-    """The sealed release and the plan it was made from (module docstring), or ValueError."""
-    # ReleaseError (ValueError): missing, unsealed, not a release, or changed since it was sealed
-    release = read_verified_release(release_path)
+def _check_inputs(plan_path: str, release_path: str, release_checksum: str | None = None):
+    """The sealed release and the plan it was made from (module docstring), or ValueError;
+    ``release_checksum``: the release's, its caller having just written it (not hashed again)."""
+    # ReleaseError (ValueError): missing, unsealed, not a release, or its root (attrs, small arrays,
+    # chunk digests) changed since it was sealed; each chunk is checked by the task that reads it
+    release = read_sealed_release(release_path) if release_checksum is None else read_release(release_path)
+    if release_checksum is not None and release.checksum != release_checksum:
+        raise ValueError(f"{release_path}: the release changed since it was written (checksum {release.checksum}, "
+                         f"written with {release_checksum})")
     ok, stored, recomputed = verify_checksum(plan_path)  # StoreError (ValueError): not a plan
     if not ok:
         raise ValueError(f"{plan_path}: the plan's arrays do not match its checksum ({recomputed}, stored "
@@ -439,11 +458,15 @@ def run_estimate(
     log: TextIO | None = None,
     fsync: bool = True,
     after_chunk: Callable[[int], None] | None = None,
+    release_checksum: str | None = None,
 ) -> EstimateResult:
     """Estimate every unit of the sealed release at ``release_path`` (made through the plan at
     ``plan_path``) into ``out`` (module docstring). ``placement``: where the chunk tasks run
     (:class:`distfit.runtime.placement.Placement`; default a local cluster). ``after_chunk(chunk)``
-    is called in the driver after each chunk is written (a test hook). Errors: ValueError (bad input),
+    is called in the driver after each chunk is written (a test hook). ``release_checksum``: the
+    release's checksum when the caller has just written it (a benchmark's baseline); it is then
+    not hashed again, only checked to still state it, as ``run_release``'s ``data_checksum``;
+    otherwise its root is verified here and each chunk by the task that reads it. Errors: ValueError (bad input),
     FileExistsError (something at ``out`` that may not be replaced, or a second writer),
     cluster.ClusterError."""
     started = time.perf_counter()
@@ -460,7 +483,7 @@ def run_estimate(
         client = PlacedClient(placement, stack, log)
         if not resumed:
             client.start()  # the workers spawn while the inputs are verified and the model is built
-        plan, release = _check_inputs(plan_path, release_path)
+        plan, release = _check_inputs(plan_path, release_path, release_checksum)
         if not resumed:
             client.get()  # an unreachable cluster is refused here
         model = measurement_model(plan)
@@ -488,7 +511,8 @@ def run_estimate(
 
         job = EstimateJob(estimate_path=str(target), release_path=os.path.abspath(release.path),
                           release_checksum=release.checksum, units=units, chunk_units=chunk_units,
-                          integer=integer, workload=workload, method=store_method, tables=stored_tables(root))
+                          integer=integer, workload=workload, method=store_method, tables=stored_tables(root),
+                          check_chunks=release_checksum is None)
         print(f"distfit: estimate by {store_method}: working memory about {memory / 2**20:,.1f} MiB a task "
               f"(limit {graphical.MEMORY_LIMIT_BYTES / 2**30:.0f} GiB)", file=log)
         parts: dict[int, tuple] = {}  # each chunk's share of the fit attr, as the tasks report it

@@ -110,6 +110,7 @@ from distfit.release.noise import fresh_entropy, load_blocks, prepare_blocks
 from distfit.release.tasks import (
     ChunkJob,
     PlanView,
+    open_job_data,
     plan_blocks_task,
     release_chunk_task,
     release_chunks_task,
@@ -164,7 +165,7 @@ class ReleaseResult:
 
 
 def _run_serial(job: ChunkJob, blocks, pending: Iterable[int]) -> Iterator[tuple[int, int]]:
-    data = open_data(job.data_path)
+    data = open_job_data(job)
     with ChunkWriter(job.release_path) as writer:
         for chunk in pending:
             units = release_chunk_task(job, blocks, chunk, data=data, writer=writer)
@@ -277,8 +278,9 @@ def run_release(
         if microdata_format(data_path) is not None:
             data_path, tabulated = _tabulate_for_release(
                 plan, data_path, out_path, blocks, client=client.get, replace=not resumed, log=log, fsync=fsync)
-        # verified once here, before the store is laid out or any noise drawn (data this release
-        # tabulated, or its caller wrote, was sealed a moment ago by this process: not read twice)
+        # its root verified here, before the store is laid out or any noise drawn, and each chunk
+        # by the task that reads it (data this release tabulated, or its caller wrote, was sealed
+        # a moment ago by this process: not hashed again)
         fresh = tabulated == "tabulated" or data_checksum is not None
         data = open_data(data_path, verify=not fresh)
         if data_checksum is not None and data.attrs.get("checksum") != data_checksum:
@@ -315,6 +317,7 @@ def run_release(
                 units=data.units, chunk_units=data.chunk_units, stored=stored_blocks(root),
                 entropy=int(seed) if seed is not None else fresh_entropy(),
                 packs=tuple(zip(plan.pack_ids, map(plan.packed_block_ids, range(len(plan.pack_ids))))),
+                data_checksum=None if fresh else data.attrs.get("checksum"),  # each chunk checked as read
             )
             if not pending:
                 pass

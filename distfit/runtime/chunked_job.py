@@ -29,6 +29,7 @@ from distfit.stores.files import STAGING_MARKER, is_staging, leftovers, move_int
 from distfit.stores.lock import store_lock
 from distfit.stores.release import pending_chunks
 from distfit.stores.release_chunks import ChunkSync, ReleaseHasher
+from distfit.stores.sealing import ChangedChunk
 
 __all__ = ["ChunkedWrite", "Layout", "check_out", "claim_out", "new_target", "resume_or_create"]
 
@@ -114,7 +115,10 @@ def resume_or_create(out_path: Path, state: str, kind: str, n_chunks: int, *, re
 class ChunkedWrite:
     """The driver's side of writing the ``pending`` chunks of the store ``root`` (its zarr group) at ``target``
     (module docstring); a context manager whose exit on an error (an interruption included)
-    ends the progress line, cancels the fsync and checksum threads and deletes ``staging``.
+    ends the progress line, cancels the fsync and checksum threads and deletes ``staging``, and,
+    when a task found an input chunk changed since it was sealed
+    (:class:`distfit.stores.sealing.ChangedChunk`), the new store too (unless it holds chunks
+    written before this session: a resumed store stays incomplete).
 
     ``arrays``: the arrays the chunks write (None: a release's, as ``ChunkSync`` and
     ``ReleaseHasher`` default); ``stage``: the progress line's label; ``after_chunk(chunk)``:
@@ -125,6 +129,9 @@ class ChunkedWrite:
                  stage: str, log: TextIO, fsync: bool, staging: Path | None,
                  arrays: Sequence[str] | None = None, after_chunk: Callable[[int], None] | None = None) -> None:
         self.root, self.target, self.staging = root, target, staging
+        # nothing of the store was written before this session (a new store, or a resumed one
+        # with every chunk to go): a failure on a changed input leaves nothing behind (__exit__)
+        self._from_scratch = len(pending) == -(-units // chunk_units)
         self.total = sum(min(chunk_units, units - c * chunk_units) for c in pending)
         self.done_units = 0
         self.log = log
@@ -148,6 +155,10 @@ class ChunkedWrite:
             self._hasher.cancel()
         if self.staging is not None:
             shutil.rmtree(self.staging, ignore_errors=True)
+        elif kind is not None and issubclass(kind, ChangedChunk) and self._from_scratch:
+            # an input chunk changed since it was sealed (a task's check): the chunks drawn before
+            # it are not kept for --resume; nothing is left at all (docs/privacy.md)
+            shutil.rmtree(self.target, ignore_errors=True)
 
     def consume(self, results: Iterable[tuple[int, int]]) -> None:
         """Take ``(chunk, units)`` results as the tasks report them: fsync and hash the chunk,

@@ -9,7 +9,7 @@ Histograms store (**contract** for ``distfit release --data``, :func:`write_synt
 --------------------------------------------------------------------------------------
 N units (e.g. census blocks), each a histogram over the cells of the spec's domain (row-major
 in the schema order, as in :class:`distfit.mathematics.domain.Domain`). A Zarr v3 group ``DATA.zarr`` with
-attrs ``distfit_format="histograms"``, ``format_version=2``, ``schema`` ({"attributes": [names],
+attrs ``distfit_format="histograms"``, ``format_version=3``, ``schema`` ({"attributes": [names],
 "sizes": [ints]}), ``spec_hash`` (of the spec it was made for; None from a bare domain),
 ``units``, ``cells``, ``seed``, ``chunk_units``, ``total_people``, ``model`` (the parameters),
 ``generator`` (``"distfit.data/1"``), ``created``, ``distfit_version`` and, written last,
@@ -27,7 +27,7 @@ seed, the domain, ``chunk_units`` and the model (:mod:`distfit.data.synthetic`).
 Marginals store (**contract**, written by :func:`distfit.data.microdata.tabulate_microdata`)
 -------------------------------------------------------------------------------------------
 Per-unit counts of person-level microdata: a Zarr v3 group with attrs
-``distfit_format="marginals"``, ``format_version=2``, ``schema``, ``spec_hash``, ``units``,
+``distfit_format="marginals"``, ``format_version=3``, ``schema``, ``spec_hash``, ``units``,
 ``chunk_units``, ``cliques`` (list of attribute-name lists in schema order: the maximal query
 cliques of the spec's groups, plus any attribute sets the tabulation was asked to cover, e.g. a
 plan's blocks; a set inside another is dropped), ``source`` ({"path", "format": "csv"|"parquet",
@@ -70,10 +70,12 @@ replaced, once the new one is complete); an exception deletes the staging direct
 
 Reading for a release (:func:`open_data`)
 -----------------------------------------
-A command that takes a data store as input opens it once with ``verify=True`` (its driver,
-before anything is written or any noise drawn): the checksum is recomputed and a store changed
-since it was sealed (a deleted or altered counts chunk, an edited attr) is refused in one line.
-A store of format 1 (no checksum) is refused with the command that writes it anew.
+Both stores have a digest per chunk of each array chunked by units but ``parent_ids``
+(:func:`digested_names`, written at the seal; the checksum covers the digests, not those arrays:
+:mod:`distfit.stores.sealing`). Opened with ``verify=True`` (a driver, before anything is
+written or any noise drawn; each task again, with the checksum its driver checked), the root is
+recomputed and every chunk read (``block_counts``, ``ids``, ``iter_chunks``, ``check_unit_ids``)
+checked against its digest before it is used. Formats 1-2 are refused (the command that writes anew).
 ``distfit release --data`` takes either store format: :class:`HistogramsData` (full-domain
 counts) or :class:`MarginalsData`. Both give ``units``, ``chunk_units``, ``domain``, ``unit_ids``
 (a lazy zarr array: index it per chunk) and ``block_counts(attributes, start, stop)``: the
@@ -125,14 +127,18 @@ from distfit.stores.files import (
     utc_now,
     write_array,
 )
-from distfit.stores.sealing import check_verified, open_sealed, seal_checksum, stated_attrs
+from distfit.stores.checksum import DIGESTS
+from distfit.stores.sealing import (DIGEST_DIMS, ChunkDigests, check_root, lay_out_digests, open_sealed,
+                                    seal_checksum, stated_attrs, write_digests)
 
 FORMAT = "histograms"
 MARGINALS_FORMAT = "marginals"
-#: 2: sealed (``checksum`` over every array and stated attr, :func:`distfit.stores.sealing.stated_attrs`,
-#: and ``sealed``, the seal's time); a data store of format 1 had no checksum and is refused
-#: with the command that writes it anew (:data:`WRITERS`).
-FORMAT_VERSION = 2
+#: 3: per-chunk digests (``chunks/digests``: every array chunked by units but the geography's
+#: ``parent_ids``, :func:`digested_names`) and the checksum over the attrs, the other arrays and
+#: those digests (checksum version 3, :mod:`distfit.stores.checksum`), so a release checks each
+#: chunk as it reads it; 2: the checksum over every array and stated attr; 1: no checksum. A
+#: data store older than 3 is refused with the command that writes it anew (:data:`WRITERS`).
+FORMAT_VERSION = 3
 #: The command that writes each data format (named when an old store is refused).
 WRITERS = {FORMAT: "distfit synth", MARGINALS_FORMAT: "distfit tabulate"}
 #: Zarr v3 ``dimension_names`` of a histograms store's arrays (module docstring).
@@ -141,6 +147,7 @@ HISTOGRAMS_DIMS: dict[str, tuple[str, ...]] = {
     "unit_ids": ("unit",),
     "unit": ("unit",),
     "cell": ("cell",),
+    DIGESTS: DIGEST_DIMS,
 }
 
 PathLike = str | os.PathLike
@@ -214,6 +221,9 @@ def _staged_write(path: Path, fmt: str, overwrite: bool, fsync: bool):
         group.attrs.update({"distfit_format": fmt, "format_version": FORMAT_VERSION, "complete": False})
         yield staging, group
         sealed = zarr.open_group(store=str(staging), mode="r+", zarr_format=3)
+        lay_out_digests(sealed, digested_names(sealed), units=int(sealed.attrs["units"]),
+                        chunk_units=int(sealed.attrs["chunk_units"]))
+        write_digests(sealed)  # the chunks read back once, as the checksum of every seal did
         checksum = seal_checksum(sealed, sealed.attrs, stated_attrs)
         sealed.attrs.update({"checksum": checksum, "sealed": utc_now(), "complete": True})
         if fsync:
@@ -222,6 +232,15 @@ def _staged_write(path: Path, fmt: str, overwrite: bool, fsync: bool):
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
+
+
+def digested_names(group: zarr.Group) -> list[str]:
+    """The arrays of a data store with a digest per chunk (:func:`distfit.stores.sealing.lay_out_digests`):
+    those of ``units`` rows chunked by ``chunk_units``, but ``parent_ids`` (a release copies it whole)."""
+    units, chunk_units = int(group.attrs["units"]), int(group.attrs["chunk_units"])
+    return sorted(name for name, arr in group.members(max_depth=None)
+                  if isinstance(arr, zarr.Array) and name != PARENT_IDS and arr.ndim >= 1
+                  and int(arr.shape[0]) == units and int(arr.chunks[0]) == chunk_units)
 
 
 def write_synthetic(spec, units: int, out: PathLike, seed: int | None = None,
@@ -393,17 +412,17 @@ def _show_id(value: Any) -> str:
     return repr(value) if isinstance(value, str) else str(value)
 
 
-def _check_unit_ids(path: str, ids: Any, step: int) -> None:
-    """DataError naming ``path`` and the id if ``ids`` (a 1-d lazy array) holds a duplicate.
+def _check_unit_ids(path: str, read: Any, n: int, step: int) -> None:
+    """DataError naming ``path`` and the id if the ``n`` ids ``read(a, b)`` gives (ids ``a`` to
+    ``b - 1``) hold a duplicate.
 
     Read ``step`` ids at a time keeping only the previous chunk's last id: while the ids are
     non-decreasing a duplicate is two equal neighbours (constant memory); ids out of order are
     checked with one ``np.unique`` over all of them instead.
     """
-    n = int(ids.shape[0])
     previous = None
     for start in range(0, n, max(1, int(step))):
-        part = np.asarray(ids[start:start + step])
+        part = np.asarray(read(start, min(n, start + step)))
         if previous is not None:
             part = np.concatenate([previous, part])
         if part.size > 1:
@@ -416,7 +435,7 @@ def _check_unit_ids(path: str, ids: Any, step: int) -> None:
         previous = part[-1:]
     else:
         return
-    uniques, counts = np.unique(np.asarray(ids[...]), return_counts=True)
+    uniques, counts = np.unique(np.asarray(read(0, n)), return_counts=True)
     if np.any(counts > 1):
         raise DataError(f"{path}: unit id {_show_id(uniques[np.argmax(counts > 1)])} appears more than "
                         "once in unit_ids (every unit must be distinct)")
@@ -442,10 +461,22 @@ class UnitStoreView:
     attrs: dict
     unit_ids: Any
     parent_ids: Any = None
+    digests: ChunkDigests | None = None
 
     @property
     def units(self) -> int:
         return int(self.unit_ids.shape[0])
+
+    def rows(self, name: str, arr: Any, start: int, stop: int) -> np.ndarray:
+        """Rows ``start:stop`` of the array ``name`` (``arr``), checked against the store's digests
+        when opened with them (:meth:`distfit.stores.sealing.ChunkDigests.read`)."""
+        if self.digests is None:
+            return np.asarray(arr[start:stop])
+        return self.digests.read(name, lambda a, b: arr[a:b], start, stop, int(arr.shape[0]))
+
+    def ids(self, start: int, stop: int) -> np.ndarray:
+        """The unit ids of units ``start .. stop - 1`` (checked: :meth:`rows`)."""
+        return self.rows("unit_ids", self.unit_ids, start, stop)
 
     @property
     def parent_column(self) -> str | None:
@@ -457,7 +488,7 @@ class UnitStoreView:
 
     def check_unit_ids(self) -> None:
         """DataError if a unit id appears twice (module docstring)."""
-        _check_unit_ids(self.path, self.unit_ids, self.chunk_units)
+        _check_unit_ids(self.path, self.ids, self.units, self.chunk_units)
 
 
 @dataclass(frozen=True, eq=False)
@@ -469,6 +500,7 @@ class HistogramsData(UnitStoreView):
     attrs: dict
     counts: Any = field(repr=False)
     unit_ids: Any = field(repr=False)
+    digests: ChunkDigests | None = field(default=None, repr=False)
     _cache: dict = field(default_factory=dict, repr=False)
 
     format = FORMAT
@@ -485,7 +517,7 @@ class HistogramsData(UnitStoreView):
         """``(start, counts)`` per stored chunk, one at a time."""
         step = self.chunk_units
         for start in range(0, self.units, step):
-            yield start, np.asarray(self.counts[start:start + step])
+            yield start, self.rows("counts", self.counts, start, min(self.units, start + step))
 
     def check_blocks(self, attribute_sets: Sequence[Sequence[str]]) -> None:
         """Every block's marginal can be had from full counts (unknown names: ValueError)."""
@@ -503,7 +535,7 @@ class HistogramsData(UnitStoreView):
         """
         domain = self.domain
         counts = _cached(self._cache, ("counts",), start, stop,
-                         lambda: validate_counts(self.counts[start:stop], domain))
+                         lambda: validate_counts(self.rows("counts", self.counts, start, stop), domain))
         return marginal_counts(counts, domain, attributes)
 
 
@@ -518,6 +550,7 @@ class MarginalsData(UnitStoreView):
     marginals: tuple[Any, ...] = field(repr=False)
     unit_ids: Any = field(repr=False)
     parent_ids: Any = field(default=None, repr=False)
+    digests: ChunkDigests | None = field(default=None, repr=False)
     _cache: dict = field(default_factory=dict, repr=False)
     _index: dict = field(default_factory=dict, repr=False)  # frozenset(clique) -> index (clique_for)
 
@@ -566,7 +599,8 @@ class MarginalsData(UnitStoreView):
 
         def read() -> np.ndarray:
             try:
-                return validate_marginal(self.marginals[index][start:stop], self.domain, clique)
+                return validate_marginal(self.rows(f"marginals/{index}", self.marginals[index], start, stop),
+                                         self.domain, clique)
             except ValueError as error:
                 raise ValueError(f"marginals/{index} {list(clique)}: {error}") from None
 
@@ -578,22 +612,21 @@ class MarginalsData(UnitStoreView):
         return marginal_counts(counts, sub, attributes)
 
 
-def _open_store(path: PathLike, fmt: str, verify: bool) -> tuple[Path, dict, Domain, Any]:
-    """Every refusal check shared by the data readers (:func:`distfit.stores.sealing.open_sealed`:
-    a format older than :data:`FORMAT_VERSION` has no checksum and is refused with the command
-    that writes it anew), the checksum recomputed when ``verify``; returns ``(path, attrs,
-    domain, group)``."""
+def _open_store(path: PathLike, fmt: str, verify: bool, checksum: str | None
+                ) -> tuple[Path, dict, Domain, Any, ChunkDigests | None]:
+    """The data readers' refusals (:func:`distfit.stores.sealing.open_sealed`), the root checked when
+    ``verify`` (:func:`distfit.stores.sealing.check_root`, ``checksum``: the one it must state);
+    ``(path, attrs, domain, group, digests)``, digests None unless ``verify``."""
     p, group, attrs = open_sealed(path, fmt, FORMAT_VERSION, DataError, oldest=FORMAT_VERSION,
                                   rewrite=WRITERS[fmt],
                                   unfinished="the data is not marked complete (an unfinished or damaged write)")
-    if verify:
-        check_verified(p, f"{fmt} store", group, attrs, stated_attrs, DataError)
+    digests = check_root(p, f"{fmt} store", group, attrs, stated_attrs, DataError, checksum) if verify else None
     schema = attrs.get("schema")
     try:
         domain = Domain.from_schema(schema)
     except (TypeError, KeyError, ValueError) as exc:
         raise DataError(f"{p}: invalid schema {schema!r} ({exc})") from None
-    return p, attrs, domain, group
+    return p, attrs, domain, group, digests
 
 
 def _array(p: Path, group: Any, name: str) -> Any:
@@ -606,13 +639,14 @@ def _array(p: Path, group: Any, name: str) -> Any:
     return node
 
 
-def read_histograms(path: PathLike, verify: bool = False) -> HistogramsData:
+def read_histograms(path: PathLike, verify: bool = False, checksum: str | None = None) -> HistogramsData:
     """Open a complete histograms store, or raise :class:`DataError` (a ValueError) naming the
     path and why: missing, staging directory, not a Zarr v3 group, another format, a
     ``format_version`` newer or older than :data:`FORMAT_VERSION`, not marked complete, no
-    checksum, missing or misshapen arrays; with ``verify``, contents that no longer hash to
-    the checksum it was sealed with."""
-    p, attrs, domain, group = _open_store(path, FORMAT, verify)
+    checksum, missing or misshapen arrays; with ``verify``, a root (attrs, small arrays, chunk
+    digests) that no longer hashes to the checksum it was sealed with (or, given ``checksum``,
+    states another), and then every chunk read checked against its digest as it is read."""
+    p, attrs, domain, group, digests = _open_store(path, FORMAT, verify, checksum)
     counts, ids = _array(p, group, "counts"), _array(p, group, "unit_ids")
     if counts.ndim != 2 or counts.shape[1] != domain.size:
         raise DataError(f"{p}: counts has shape {counts.shape}, expected (units, {domain.size})")
@@ -622,13 +656,13 @@ def read_histograms(path: PathLike, verify: bool = False) -> HistogramsData:
         raise DataError(f"{p}: unit_ids has shape {ids.shape}, expected ({counts.shape[0]},)")
     if attrs.get("units", counts.shape[0]) != counts.shape[0]:
         raise DataError(f"{p}: attrs say {attrs.get('units')} units, counts has {counts.shape[0]}")
-    return HistogramsData(path=str(p), attrs=attrs, counts=counts, unit_ids=ids)
+    return HistogramsData(path=str(p), attrs=attrs, counts=counts, unit_ids=ids, digests=digests)
 
 
-def read_marginals(path: PathLike, verify: bool = False) -> MarginalsData:
+def read_marginals(path: PathLike, verify: bool = False, checksum: str | None = None) -> MarginalsData:
     """Open a complete marginals store (module docstring), or raise :class:`DataError` naming
     the path and why (as :func:`read_histograms`, plus bad ``cliques`` or ``chunk_units``)."""
-    p, attrs, domain, group = _open_store(path, MARGINALS_FORMAT, verify)
+    p, attrs, domain, group, digests = _open_store(path, MARGINALS_FORMAT, verify, checksum)
     cliques = attrs.get("cliques")
     try:
         cliques = tuple(tuple(str(name) for name in clique) for clique in cliques)
@@ -666,13 +700,13 @@ def read_marginals(path: PathLike, verify: bool = False) -> MarginalsData:
         if not isinstance(attrs.get("parent_column"), str):
             raise DataError(f"{p}: {PARENT_IDS} without a parent_column attr naming their column")
     return MarginalsData(path=str(p), attrs=attrs, cliques=cliques, marginals=tuple(arrays), unit_ids=ids,
-                         parent_ids=parents)
+                         parent_ids=parents, digests=digests)
 
 
-def open_data(path: PathLike, verify: bool = False) -> HistogramsData | MarginalsData:
+def open_data(path: PathLike, verify: bool = False, checksum: str | None = None) -> HistogramsData | MarginalsData:
     """Open a complete data store of either format (module docstring) for a release, or raise
-    :class:`DataError` naming the path and why; ``verify``: recompute its checksum first (what
-    a command's driver does once, before it writes anything or draws any noise)."""
+    :class:`DataError` naming the path and why; ``verify``: its root checked first and every
+    chunk then checked as it is read (module docstring; ``checksum``: the one its driver checked)."""
     p = Path(os.fspath(path))
     if not p.exists() and not is_staging(p):
         left = leftovers(p)
@@ -681,5 +715,5 @@ def open_data(path: PathLike, verify: bool = False) -> HistogramsData | Marginal
                         "distfit tabulate, or microdata: .csv, .csv.gz, .parquet, .pq)")
     attrs = root_attrs_on_disk(p) if p.is_dir() else None
     if attrs is not None and attrs.get("distfit_format") == MARGINALS_FORMAT:
-        return read_marginals(p, verify)
-    return read_histograms(p, verify)
+        return read_marginals(p, verify, checksum)
+    return read_histograms(p, verify, checksum)

@@ -2,7 +2,7 @@
 
 Layout (**contract**, docs/design.md section 4), a Zarr v3 group::
 
-    release.zarr/        attrs: distfit_format="release", format_version=2, plan_checksum,
+    release.zarr/        attrs: distfit_format="release", format_version=3, plan_checksum,
                                 plan_path, schema ({"attributes", "sizes"} of the plan), private
                                 (False with --seed), created, distfit_version, units,
                                 chunk_units, n_chunks, data ({"path", "created"} of the data
@@ -28,6 +28,9 @@ Layout (**contract**, docs/design.md section 4), a Zarr v3 group::
                                               :mod:`distfit.stores.data`), written at lay-out
       chunks/done                (n_chunks,)  uint8, one zarr chunk per release chunk: 1 once
                                               every array of that chunk is written
+      chunks/digests             (n_chunks, arrays, 32) uint8: a BLAKE3 digest per chunk of every array
+                                              the chunks write (attr ``arrays``), written by the
+                                              chunk before its done marker
       unit                       (units,)     coordinate: the unit ids again (same dtype)
       queries/query              (m,)         coordinate: the query labels (strings), when
                                               ``labels`` is not None
@@ -77,8 +80,12 @@ array of the store and every attr it states (:func:`distfit.stores.sealing.state
 but the checksum, ``complete`` and the two timestamps; the same format as the plan's; codecs are
 not hashed), written when the release is sealed. A release of format 1 (arrays only: its
 ``private`` flag and ``units`` were outside the checksum) is refused by every reader with the
-command that writes it anew. A command that takes a release as input reads it with
-:func:`read_verified_release` (the checksum recomputed once, before anything is written).
+command that writes it anew, and so is one of format 2 (no per-chunk digests). The checksum
+(version 3) covers the chunk digests instead of the arrays they stand for
+(:mod:`distfit.stores.sealing`). A command that reads a release chunk by chunk (``estimate``)
+reads it with :func:`read_sealed_release` (the root recomputed before anything is written, each
+chunk checked by the task that reads it); one that reads it whole with
+:func:`read_verified_release` (the root and every chunk, first).
 
 Never stored: the counts, true marginals or true answers, the entropy, the ``--seed`` (a seeded
 release records only ``private=False``), and no attr derived from the data beyond ``units``.
@@ -107,13 +114,26 @@ from distfit.release.noise import block_positions, derived_blocks
 from distfit.release.packed import pack_offsets, pack_query_rows
 from distfit.stores.files import chunk_shape, jsonable, utc_now, write_array
 from distfit.stores.plan import read_plan, verify_checksum
-from distfit.stores.release_chunks import ReleaseHasher, seal_chunked
-from distfit.stores.sealing import UNIT_DIMS, SealedKind, SealedStore, lay_out_units, root_attr, store_array
+from distfit.stores.release_chunks import ReleaseHasher, chunk_arrays, seal_chunked
+from distfit.stores.checksum import DIGESTS
+from distfit.stores.sealing import (
+    DIGEST_DIMS,
+    UNIT_DIMS,
+    SealedKind,
+    SealedStore,
+    lay_out_digests,
+    lay_out_units,
+    root_attr,
+    store_array,
+)
 
 FORMAT = "release"
-#: 2: the checksum covers every stated attr (:func:`distfit.stores.sealing.stated_attrs`); a
-#: release of format 1 (arrays only) is refused with the command that writes it anew.
-FORMAT_VERSION = 2
+#: 3: per-chunk digests (``chunks/digests``, :func:`distfit.stores.sealing.lay_out_digests`) of
+#: the arrays the chunks write, and the checksum over the attrs, the small arrays and those
+#: digests (checksum version 3); 2: the checksum over every array and stated attr
+#: (:func:`distfit.stores.sealing.stated_attrs`); 1: the arrays only. A release older than 3 is
+#: refused with the command that writes it anew: its chunks cannot be checked as they are read.
+FORMAT_VERSION = 3
 
 #: Compressors of the answer arrays: none (raw little-endian float64). Noisy answers do not
 #: compress: zarr's default zstd saved 3 % of the bytes of a PL94 release, for ~0.08 s of encoding
@@ -137,6 +157,7 @@ DIMS: dict[str, tuple[str, ...]] = {
     "queries/variances": ("query",),
     "queries/query": ("query",),
     **UNIT_DIMS,
+    DIGESTS: DIGEST_DIMS,
 }
 
 
@@ -223,6 +244,10 @@ def _lay_out(root: zarr.Group, *, plan, plan_path: str, data, blocks, private: b
     parents = getattr(data, "parent_ids", None)
     lay_out_units(root, units=units, chunk_units=chunk_units, ids_dtype=ids_dtype, parents=parents,
                   parent_column=data.parent_column if parents is not None else None)
+    # a digest per chunk of every array the chunks write (ChunkWriter.write_arrays hashes each
+    # chunk's rows as it writes them): what an estimate checks each chunk it reads against
+    lay_out_digests(root, [name for name in chunk_arrays(root) if name != "chunks/done"], units=units,
+                    chunk_units=chunk_units)
     root.attrs.update(jsonable({
         "distfit_format": FORMAT,
         "format_version": FORMAT_VERSION,
@@ -369,7 +394,14 @@ class Release(SealedStore):
             if block_id in ids:
                 offsets = np.asarray(self._group[f"packs/{pack_id}/offsets"][...])
                 i = ids.index(block_id)
-                measured = np.asarray(self._group[f"packs/{pack_id}/measurements"][:, offsets[i]:offsets[i + 1]])
+                name = f"packs/{pack_id}/measurements"
+                measurements = self._group[name]
+                if self.digests is not None:  # read whole, so every chunk checked (read_sealed)
+                    whole = self.digests.read(name, lambda a, b: measurements[a:b], 0, int(measurements.shape[0]),
+                                              int(measurements.shape[0]))
+                    measured = whole[:, offsets[i]:offsets[i + 1]]
+                else:
+                    measured = np.asarray(measurements[:, offsets[i]:offsets[i + 1]])
                 return measured @ plan.block(block_id).recon.T
         raise KeyError(f"{self.path}: no block {block_id!r}")
 
@@ -412,6 +444,7 @@ class DerivedAnswers:
 #: ``check_replaceable(path)`` (FileExistsError unless a release store).
 RELEASE = SealedKind(FORMAT, FORMAT_VERSION, ReleaseError, Release, oldest=FORMAT_VERSION)
 read_release, read_verified_release, verify_release = RELEASE.read, RELEASE.read_verified, RELEASE.verify
+read_sealed_release = RELEASE.read_sealed
 release_state, check_replaceable = RELEASE.state, RELEASE.check_replaceable
 
 
@@ -432,6 +465,7 @@ __all__ = [
     "pending_chunks",
     "plan_change",
     "read_release",
+    "read_sealed_release",
     "read_verified_release",
     "release_state",
     "seal",

@@ -30,7 +30,7 @@ import numpy as np
 import zarr
 from zarr.codecs import BytesCodec
 
-from distfit.stores.checksum import compute_checksum
+from distfit.stores.checksum import DIGESTS, chunk_digest, compute_checksum, digested_arrays
 from distfit.stores.files import fsync_dir, fsync_file, fsync_tree, jsonable, utc_now
 from distfit.stores.sealing import seal_checksum, stated_attrs
 
@@ -204,13 +204,27 @@ class ChunkWriter:
         (the release's :meth:`write`, the estimate's chunks: :mod:`distfit.stores.estimate`)."""
         jobs = [(name, start, r) for name, r in rows.items()]
         jobs.append(("chunks/done", chunk, np.ones(1, dtype=np.uint8)))  # last: the chunk is complete
-        previous, self._in_flight = self._in_flight, self._pool.submit(self._write_all, jobs)
+        previous, self._in_flight = self._in_flight, self._pool.submit(self._write_all, chunk, jobs)
         if previous is not None:
             previous.result()
 
-    def _write_all(self, jobs: list[tuple[str, int, np.ndarray]]) -> None:
+    def _write_all(self, chunk: int, jobs: list[tuple[str, int, np.ndarray]]) -> None:
+        digested = self._digested()
+        table = np.zeros((1, len(digested), 32), dtype=np.uint8) if digested else None
         for name, start, rows in jobs:
+            if table is not None and name in digested:  # hashed from the very buffer written
+                table[0, digested.index(name)] = np.frombuffer(chunk_digest(name, start, rows), dtype=np.uint8)
+            if name == "chunks/done" and table is not None:  # the chunk's digests, then its done marker
+                # (an array the chunk did not write keeps a zero digest, which no rows hash to)
+                self.write_rows(DIGESTS, chunk, table)
             self.write_rows(name, start, rows)
+
+    def _digested(self) -> list[str]:
+        """The arrays whose chunk digests the store holds (:data:`DIGESTS`), in its order, or []."""
+        if "_digested" not in self._arrays:
+            arr = self._root[DIGESTS] if DIGESTS in self._root else None
+            self._arrays["_digested"] = list(arr.attrs["arrays"]) if arr is not None else []
+        return self._arrays["_digested"]
 
     def flush(self) -> None:
         """Wait until every queued write is done; raise the first error."""
@@ -307,9 +321,11 @@ def read_rows(root: Path, name: str, arr: zarr.Array, where: slice) -> np.ndarra
 
 def chunk_arrays(root: zarr.Group) -> list[str]:
     """The arrays the chunks write (:func:`write_chunk`), sorted: the stored blocks' answers,
-    the packs' measurements, ``chunks/done``, ``queries/answers``, ``unit`` (when laid out) and ``unit_ids``."""
+    the packs' measurements, ``chunks/done``, ``queries/answers``, ``unit`` (when laid out),
+    ``unit_ids`` and ``chunks/digests`` (when laid out)."""
     names = [f"blocks/{b}/answers" for b in stored_blocks(root)] + [
-        "queries/answers", "unit_ids", *(["unit"] if "unit" in root else []), "chunks/done"]
+        "queries/answers", "unit_ids", *(["unit"] if "unit" in root else []), "chunks/done",
+        *([DIGESTS] if DIGESTS in root else [])]
     if "packs" in root:  # a packed plan's release: each pack's measurements
         names += [f"packs/{p}/measurements" for p in root["packs"].group_keys()]
     return sorted(names)
@@ -348,14 +364,14 @@ class ChunkSync:
         start = chunk * self._chunk_units
         stop = min(start + self._chunk_units, self._units)
         for name, metadata, chunks, shape in self._arrays:
-            if name == "chunks/done":
+            if name in ("chunks/done", DIGESTS):  # one zarr chunk per chunk of units
                 rows = range(chunk, chunk + 1)
             else:
                 rows = range(start // chunks[0], -(-stop // chunks[0]))
             cols = range(-(-shape[1] // chunks[1])) if len(shape) == 2 else [None]
             for i in rows:
                 for j in cols:
-                    key = metadata.encode_chunk_key((i,) if j is None else (i, j))
+                    key = metadata.encode_chunk_key((i,) + (0,) * (len(shape) - 1) if j is None else (i, j))
                     yield self._path / name / key
 
     def _sync(self, chunk: int) -> None:
@@ -403,7 +419,8 @@ class ReleaseHasher:
         # the arrays after the first in hash order, read ahead as their chunks land (PREFETCH_BYTES)
         self._prefetch: dict[str, zarr.Array] = {}
         budget = PREFETCH_BYTES
-        for name in sorted(self._written - {"chunks/done"})[1:]:
+        digested = digested_arrays(root[DIGESTS] if DIGESTS in root else None)  # hashed as digests, not read
+        for name in sorted(self._written - {"chunks/done"} - digested)[1:]:
             arr = root[name]
             size = int(np.prod(arr.shape)) * np.dtype(arr.dtype).itemsize
             if size > budget or not raw_chunks(arr) or int(arr.chunks[0]) != chunk_units:
@@ -433,8 +450,9 @@ class ReleaseHasher:
         if name == "chunks/done":
             return np.ones(arr.shape, dtype=arr.dtype)  # as sealed (seal checks it)
         if name in self._written and isinstance(where, slice):
-            first = where.start // self._chunk_units
-            last = (min(where.stop, arr.shape[0]) - 1) // self._chunk_units
+            per_chunk = 1 if name == DIGESTS else self._chunk_units  # the digests: a row per chunk
+            first = where.start // per_chunk
+            last = (min(where.stop, arr.shape[0]) - 1) // per_chunk
             with self._condition:
                 self._condition.wait_for(lambda: self._cancelled or self._done[first:last + 1].all())
                 if self._cancelled:

@@ -25,11 +25,25 @@ of 1: written when their attrs were outside the checksum, or, for data, with no 
 is refused with the command that writes it anew: what a checksum does not cover cannot be
 trusted, so it is never read as if it were.
 
-Reading and verifying: a command that reads a store it did not write verifies it first
-(:meth:`SealedKind.read_verified`, :func:`distfit.stores.data.open_data` with ``verify=True``):
-the whole checksum is recomputed once, by the driver, before anything is written or any noise
-drawn, and a mismatch is one line naming the store. The tasks that then read the store's chunks
-trust that verification (the window between the two is a documented limit, docs/stores.md).
+Per-chunk digests (data stores of format 3, releases of 3; :data:`distfit.stores.checksum.DIGESTS`):
+the arrays chunked by unit have a digest per chunk of units (:func:`lay_out_digests`, written as
+the chunks are: :func:`distfit.stores.release_chunks.ChunkWriter.write_arrays`, or at the seal of
+a data store: :func:`write_digests`), and the root checksum covers the attrs, the small arrays
+and the digests instead of those arrays (checksum version 3). So verifying a store is two parts:
+
+- the root (:func:`check_root`: cheap, the attrs, the small arrays and the digest table), which
+  yields the store's :class:`ChunkDigests`, the table as it was hashed;
+- each chunk, checked by whoever reads it against that table (:meth:`ChunkDigests.read`: the
+  rows read are hashed, exactly the bytes used, and compared before they are used).
+
+Reading and verifying: a command that reads a store it did not write verifies it as it reads.
+A reader that reads chunk by chunk (a release reading its data store, an estimate its release:
+:meth:`SealedKind.read_sealed`, :func:`distfit.stores.data.open_data` with ``verify=True``) has
+the root checked by its driver before anything is written or any noise drawn, and each task
+reopens the store (the root checked again, and its checksum the one the driver checked) and
+checks every chunk it reads: no second pass over the data. A reader that reads a store whole
+(a report, an export: :meth:`SealedKind.read_verified`) checks the root and every chunk first
+(:func:`check_verified`). Either way a mismatch is one line naming the store and what differs.
 """
 from __future__ import annotations
 
@@ -43,7 +57,7 @@ from typing import Any
 import numpy as np
 import zarr
 
-from distfit.stores.checksum import Reader, compute_checksum
+from distfit.stores.checksum import DIGESTS, Reader, chunk_digest, compute_checksum
 from distfit.stores.files import (
     PARENT_IDS,
     check_format,
@@ -54,13 +68,19 @@ from distfit.stores.files import (
 )
 
 __all__ = [
+    "ChangedChunk",
+    "ChunkDigests",
     "ClaimRule",
     "SealedKind",
     "SealedStore",
+    "DIGEST_DIMS",
     "UNIT_DIMS",
     "UNSEALED_ATTRS",
     "arrays_only",
+    "check_root",
     "check_verified",
+    "lay_out_digests",
+    "write_digests",
     "stated_attrs",
     "lay_out_units",
     "root_attr",
@@ -80,6 +100,9 @@ UNIT_DIMS: dict[str, tuple[str, ...]] = {
     PARENT_IDS: ("unit",),
     "chunks/done": ("chunk",),
 }
+
+#: Dimension names of :data:`distfit.stores.checksum.DIGESTS` (:func:`lay_out_digests`).
+DIGEST_DIMS = ("chunk", "digested", "digest_byte")
 
 #: A store kind's rule: from its root attrs and group, the attrs its checksum covers (the
 #: version-2 digest), or None for the arrays only (version 1).
@@ -141,10 +164,20 @@ def open_sealed(path: str | os.PathLike, kind: str, version: int, error: type[Ex
 def verify_opened(group: zarr.Group, attrs: Mapping[str, Any], claims: ClaimRule = arrays_only
                   ) -> tuple[bool, str, str]:
     """``(ok, stored, recomputed)``: the checksum of an opened sealed store (:func:`open_sealed`)
-    recomputed under its rule and compared with the one its attrs state."""
+    recomputed under its rule and compared with the one its attrs state, and, for a store with
+    per-chunk digests whose root holds, every chunk checked against its digest (``recomputed``
+    then says which chunk differs, if one does)."""
     stored = str(attrs["checksum"])
     recomputed = seal_checksum(group, attrs, claims)
-    return stored == recomputed, stored, recomputed
+    if recomputed != stored or DIGESTS not in group:
+        return stored == recomputed, stored, recomputed
+    try:
+        digests = check_root("", "store", group, attrs, claims, ValueError)
+        if digests is not None:
+            digests.check_all(group)
+    except ValueError as failure:  # recomputed: which chunk differs
+        return False, stored, str(failure).split("was changed after it was sealed: ")[-1]
+    return True, stored, recomputed
 
 
 def verify_sealed(path: str | os.PathLike, kind: str, version: int, error: type[Exception],
@@ -154,24 +187,163 @@ def verify_sealed(path: str | os.PathLike, kind: str, version: int, error: type[
     return verify_opened(group, attrs, claims)
 
 
-def check_verified(path: str | os.PathLike, kind: str, group: zarr.Group, attrs: Mapping[str, Any],
-                   claims: ClaimRule, error: type[Exception]) -> None:
-    """Recompute the checksum of the opened sealed store at ``path`` (:func:`verify_opened`) and
-    raise ``error`` in one line naming the store when it differs from the one it states: it was
-    changed after it was sealed (an array, a chunk deleted, an attr edited) or a chunk no longer
-    decodes (a flipped byte in a compressed chunk); an OSError (no permission, a disk error)
-    passes as it is."""
+def _changed(path: str | os.PathLike, kind: str, what: str) -> str:
+    """The one line of every refusal of a store changed after it was sealed."""
+    return f"{os.fspath(path)}: the {kind} was changed after it was sealed: {what}; it cannot be trusted"
+
+
+def _unreadable(failure: Exception) -> str:
+    first = str(failure).splitlines()[0] if str(failure) else ""
+    return f"a chunk no longer reads ({type(failure).__name__}: {first})"
+
+
+class ChangedChunk(ValueError):
+    """A chunk read from a sealed store no longer hashes to the digest the store was sealed
+    with, or no longer decodes: the store was changed after it was sealed. The one-line message
+    names the store, the array and the units. Raised by the task that read the chunk, before it
+    uses the rows; a job whose new output store holds nothing from before deletes it
+    (:class:`distfit.runtime.chunked_job.ChunkedWrite`)."""
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class ChunkDigests:
+    """The per-chunk digests of a sealed store as its root checksum covered them
+    (:func:`check_root`): ``table[c, i]`` the BLAKE3 digest of chunk ``c`` (rows ``c * chunk_units``
+    on) of array ``names[i]`` (:func:`distfit.stores.checksum.chunk_digest`). Picklable: a
+    task carries it. ``store`` and ``kind`` name the store in a refusal (:class:`ChangedChunk`)."""
+
+    store: str
+    kind: str
+    names: tuple[str, ...]
+    chunk_units: int
+    table: np.ndarray = dataclasses.field(repr=False)
+
+    def check(self, name: str, start: int, values: Any) -> None:
+        """Raise :class:`ChangedChunk` unless ``values``, the rows ``start:start + len(values)``
+        of array ``name`` (whole chunks: ``start`` on a chunk boundary, the rows to a chunk's end
+        or the array's), hash to the digests the store was sealed with."""
+        index = self.names.index(name)
+        n = int(np.shape(values)[0])
+        if start % self.chunk_units:
+            raise ValueError(f"{name}: rows from {start} are not whole chunks of {self.chunk_units}")
+        for offset in range(0, max(n, 1), self.chunk_units):
+            chunk = (start + offset) // self.chunk_units
+            rows = values[offset:offset + self.chunk_units]
+            if chunk >= self.table.shape[0] or chunk_digest(name, start + offset, rows) != self.table[chunk, index].tobytes():
+                raise ChangedChunk(_changed(self.store, self.kind, (
+                    f"{name} units {start + offset}..{start + offset + int(np.shape(rows)[0]) - 1} (chunk {chunk}) "
+                    "do not hash to the digest they were sealed with")))
+
+    def read(self, name: str, read: Callable[[int, int], Any], start: int, stop: int, units: int) -> np.ndarray:
+        """Rows ``start:stop`` of array ``name`` (of ``units`` rows), checked: ``read(a, b)``
+        reads the whole chunks that hold them (rows ``a:b``), which are hashed and compared
+        (:meth:`check`) before the rows asked for are returned (a view, no copy). A chunk that
+        no longer decodes is refused the same way."""
+        first = (start // self.chunk_units) * self.chunk_units
+        last = min(units, -(-stop // self.chunk_units) * self.chunk_units)
+        try:
+            values = np.asarray(read(first, last))
+        except OSError:
+            raise
+        except Exception as failure:  # noqa: BLE001 - a chunk that no longer decodes (codec errors vary)
+            raise ChangedChunk(_changed(self.store, self.kind, f"{name}: {_unreadable(failure)}")) from None
+        self.check(name, first, values)
+        return values[start - first:stop - first]
+
+    def check_all(self, group: zarr.Group) -> None:
+        """Read and check every chunk of every digested array of ``group`` (the whole-store pass
+        of a reader that reads the store whole: :func:`check_verified`)."""
+        for name in self.names:
+            try:
+                arr = group[name]
+            except KeyError:
+                raise ChangedChunk(_changed(self.store, self.kind, f"{name} is missing")) from None
+            units = int(arr.shape[0])
+            for start in range(0, units, self.chunk_units):
+                self.read(name, lambda a, b: arr[a:b], start, min(units, start + self.chunk_units), units)
+
+
+def check_root(path: str | os.PathLike, kind: str, group: zarr.Group, attrs: Mapping[str, Any],
+               claims: ClaimRule, error: type[Exception], checksum: str | None = None) -> ChunkDigests | None:
+    """Recompute the root checksum of the opened sealed store at ``path`` (:func:`seal_checksum`:
+    for a store with per-chunk digests the attrs, the small arrays and the digest table, not the
+    digested arrays) and raise ``error`` in one line naming the store when it differs from the
+    one it states (an attr edited, a small array or a digest changed or deleted), or, with
+    ``checksum``, when the store states another (a task reopening what its driver checked).
+    Returns the store's :class:`ChunkDigests` as they were hashed (no second read), or None for
+    a store without (its checksum covers every array: nothing is left to check). An OSError (no
+    permission, a disk error) passes as it is."""
+    stored = str(attrs["checksum"])
+    if checksum is not None and stored != checksum:
+        raise error(_changed(path, kind, f"it states the checksum {stored[:19]}..., not the {checksum[:19]}... "
+                                         "it had when this command started"))
+    kept: list[np.ndarray] = []
+
+    def read(name: str, arr: zarr.Array, where: Any) -> Any:
+        values = arr[where]
+        if name == DIGESTS:
+            kept.append(np.asarray(values))
+        return values
+
     try:
-        ok, stored, recomputed = verify_opened(group, attrs, claims)
+        recomputed = seal_checksum(group, attrs, claims, read=read)
     except OSError:
         raise
     except Exception as failure:  # noqa: BLE001 - a chunk that no longer decodes (codec errors vary)
-        raise error(f"{os.fspath(path)}: the {kind} was changed after it was sealed: a chunk no longer "
-                    f"reads ({type(failure).__name__}: {str(failure).splitlines()[0] if str(failure) else ''}); "
-                    "it cannot be trusted") from None
-    if not ok:
-        raise error(f"{os.fspath(path)}: the {kind} was changed after it was sealed: its contents hash to "
-                    f"{recomputed[:19]}..., not to the {stored[:19]}... it was sealed with; it cannot be trusted")
+        raise error(_changed(path, kind, _unreadable(failure))) from None
+    if recomputed != stored:
+        raise error(_changed(path, kind, f"its contents hash to {recomputed[:19]}..., not to the {stored[:19]}... "
+                                         "it was sealed with"))
+    if DIGESTS not in group:
+        return None
+    digests = group[DIGESTS]
+    table = np.concatenate(kept) if kept else np.zeros((0, len(digests.attrs["arrays"]), 32), dtype=np.uint8)
+    return ChunkDigests(store=os.fspath(path), kind=kind, names=tuple(str(n) for n in digests.attrs["arrays"]),
+                        chunk_units=int(digests.attrs["chunk_units"]), table=table)
+
+
+def check_verified(path: str | os.PathLike, kind: str, group: zarr.Group, attrs: Mapping[str, Any],
+                   claims: ClaimRule, error: type[Exception]) -> ChunkDigests | None:
+    """The whole verification of the opened sealed store at ``path``: the root
+    (:func:`check_root`), then every chunk of every digested array
+    (:meth:`ChunkDigests.check_all`); ``error`` in one line naming the store and what differs:
+    it was changed after it was sealed (an array, a chunk deleted, an attr edited) or a chunk
+    no longer decodes (a flipped byte in a compressed chunk). What a reader that reads the
+    store whole does first; returns the digests (:func:`check_root`)."""
+    digests = check_root(path, kind, group, attrs, claims, error)
+    if digests is not None:
+        digests.check_all(group)
+    return digests
+
+
+def lay_out_digests(root: zarr.Group, names: Sequence[str], *, units: int, chunk_units: int) -> None:
+    """Lay out :data:`distfit.stores.checksum.DIGESTS` of a store whose arrays ``names`` are
+    chunked by ``chunk_units`` units: (chunks, len(names), 32) uint8, one zarr chunk per chunk
+    of units (written with the chunk's rows, before its done marker), uncompressed, attrs
+    ``arrays`` (the names, sorted), ``chunk_units`` and ``hash`` (``"blake3"``: the digest,
+    :func:`distfit.stores.checksum.chunk_digest`). A chunk never written reads as zeros,
+    which no digest is: a deleted digest is a changed store."""
+    names = sorted(names)
+    arr = root.require_group("chunks").create_array(
+        "digests", shape=(-(-units // chunk_units), len(names), 32), dtype=np.uint8,
+        chunks=(1, len(names), 32), fill_value=0, compressors=None,
+        dimension_names=DIGEST_DIMS, config={"write_empty_chunks": True})
+    arr.attrs.update({"arrays": names, "chunk_units": int(chunk_units), "hash": "blake3"})
+
+
+def write_digests(root: zarr.Group) -> None:
+    """Compute and write every digest of the store ``root`` laid out with
+    :func:`lay_out_digests` from the arrays as they are stored (a data store's seal, which
+    reads its chunks back once as every seal did; a test resealing a store it edited)."""
+    digests = root[DIGESTS]
+    names = list(digests.attrs["arrays"])
+    chunk_units = int(digests.attrs["chunk_units"])
+    table = np.zeros(digests.shape, dtype=np.uint8)
+    for i, name in enumerate(names):
+        arr = root[name]
+        for c, start in enumerate(range(0, int(arr.shape[0]), chunk_units)):
+            table[c, i] = np.frombuffer(chunk_digest(name, start, arr[start:start + chunk_units]), dtype=np.uint8)
+    digests[...] = table
 
 
 def root_attr(name: str, kind: Callable[[Any], Any]) -> property:
@@ -196,6 +368,9 @@ class SealedStore:
     path: str
     attrs: dict
     _group: Any = dataclasses.field(repr=False)
+    #: The per-chunk digests each chunk read is checked against (:meth:`SealedKind.read_sealed`),
+    #: or None (read unchecked, or verified whole first).
+    digests: ChunkDigests | None = dataclasses.field(default=None, repr=False)
 
     @property
     def checksum(self) -> str:
@@ -246,11 +421,21 @@ class SealedKind:
         return self.reader(path=str(p), attrs=attrs, _group=group)
 
     def read_verified(self, path: str | os.PathLike) -> SealedStore:
-        """:meth:`read`, then the whole checksum recomputed (:func:`check_verified`): what every
-        command that takes this store as input calls once, before it writes anything."""
+        """:meth:`read`, then the whole store verified (:func:`check_verified`: the root and
+        every chunk): what a command that reads this store whole calls once, before it writes
+        anything."""
         p, group, attrs = self.open(path)
         check_verified(p, self.name, group, attrs, self.claims, self.error)
         return self.reader(path=str(p), attrs=attrs, _group=group)
+
+    def read_sealed(self, path: str | os.PathLike, checksum: str | None = None) -> SealedStore:
+        """:meth:`read`, then the root verified (:func:`check_root`; ``checksum``: the one the
+        store must state, a task reopening what its driver checked); the reader's ``digests``
+        check each chunk as it is read: what a command that reads this store chunk by chunk
+        calls (its driver, then each task)."""
+        p, group, attrs = self.open(path)
+        digests = check_root(p, self.name, group, attrs, self.claims, self.error, checksum)
+        return self.reader(path=str(p), attrs=attrs, _group=group, digests=digests)
 
     def verify(self, path: str | os.PathLike) -> tuple[bool, str, str]:
         """``(ok, stored, recomputed)`` checksum of the sealed store at ``path`` under ``claims``."""

@@ -129,7 +129,7 @@ def test_csv_tabulation_equals_a_groupby_count(inputs, tmp_path):
     assert path == out and sorted(p.name for p in tmp_path.iterdir()) == ["data.zarr"]
     data = _check_against_groupby(out, inputs["people"])
     a = data.attrs
-    assert a["distfit_format"] == "marginals" and a["format_version"] == 2 and a["complete"] is True
+    assert a["distfit_format"] == "marginals" and a["format_version"] == 3 and a["complete"] is True
     assert a["schema"] == {"attributes": ["sex", "age", "edu"], "sizes": [2, 3, 3]}
     assert a["spec_hash"] == load_spec(inputs["spec"]).spec_hash
     assert a["cliques"] == [list(c) for c in CLIQUES]

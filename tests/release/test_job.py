@@ -16,6 +16,7 @@ from scipy.stats import chi2
 from tests.clitools import assert_one_line_error, run
 from tests.holding import held_job, wait_held
 from distfit.release import job as releasing
+from distfit.release import tasks as release_tasks
 from distfit.stores.data import read_histograms, write_synthetic
 from distfit.plan.job import run_plan
 from distfit.release.job import run_release
@@ -154,7 +155,7 @@ def test_end_to_end_serial_layout_and_contents(inputs, tmp_path, capsys, monkeyp
     rel = read_release(out)
     plan = read_plan(inputs["plan"])
     a = rel.attrs
-    assert a["distfit_format"] == "release" and a["format_version"] == 2
+    assert a["distfit_format"] == "release" and a["format_version"] == 3
     assert a["complete"] is True and a["private"] is True
     assert a["plan_checksum"] == plan.checksum
     assert a["units"] == UNITS and a["chunk_units"] == CHUNK and a["n_chunks"] == 7
@@ -162,7 +163,7 @@ def test_end_to_end_serial_layout_and_contents(inputs, tmp_path, capsys, monkeyp
     assert verify_release(out)[0]
     arrays = _arrays(out)
     expected = {f"blocks/{b}/{name}" for b in plan.block_ids for name in ("answers", "block_query")} | {
-        "queries/answers", "queries/variances", "queries/query", "unit_ids", "unit", "chunks/done"}
+        "queries/answers", "queries/variances", "queries/query", "unit_ids", "unit", "chunks/done", "chunks/digests"}
     assert set(arrays) == expected  # no counts, marginals or true answers anywhere
     # the xarray coordinates: the unit ids again, the query labels, each block row's query label
     np.testing.assert_array_equal(arrays["unit"], arrays["unit_ids"])
@@ -670,14 +671,16 @@ def test_release_audits_once_or_takes_the_callers_audit(inputs, tmp_path, monkey
 
     report = audit_plan(inputs["plan"])
     hashed = _count_checksums(monkeypatch)
+    monkeypatch.setattr(release_tasks, "_DATA", [])  # no data root checked by an earlier test's tasks
     run_release(inputs["plan"], inputs["data"], tmp_path / "a.zarr", seed=SEED, placement=Placement(serial=True),
                 fsync=False)
-    # audit, seal (plan), the release, and the data verified once before anything is laid out
-    assert sorted(hashed) == ["a.zarr", "data.zarr", "plan.zarr", "plan.zarr"]
+    # audit, seal (plan), the release, and the data's root: by the driver before anything is laid
+    # out, and once by the tasks of this (serial: the only) worker process (release.tasks.open_job_data)
+    assert sorted(hashed) == ["a.zarr", "data.zarr", "data.zarr", "plan.zarr", "plan.zarr"]
     hashed.clear()
     given = run_release(inputs["plan"], inputs["data"], tmp_path / "b.zarr", seed=SEED,
                         placement=Placement(serial=True), fsync=False, audit=report)
-    assert sorted(hashed) == ["b.zarr", "data.zarr", "plan.zarr"]  # the seal, the data
+    assert sorted(hashed) == ["b.zarr", "data.zarr", "plan.zarr"]  # the seal, the data (its tasks' check kept)
     assert given.checksum == read_release(tmp_path / "a.zarr").checksum
     stale = dataclasses.replace(report, checksum="sha256:" + "0" * 64)
     with pytest.raises(ValueError, match="the plan changed since its audit"):

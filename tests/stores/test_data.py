@@ -55,7 +55,7 @@ def test_store_layout_shape_dtype_chunks(tmp_path, small_spec):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["data.zarr", "small.yaml"]  # no leftovers
     h = read_histograms(out)
     a = h.attrs
-    assert a["distfit_format"] == "histograms" and a["format_version"] == 2 and a["complete"] is True
+    assert a["distfit_format"] == "histograms" and a["format_version"] == 3 and a["complete"] is True
     assert a["schema"] == {"attributes": ["age", "sex", "race", "tenure"], "sizes": [3, 2, 5, 4]}
     assert a["spec_hash"] == spec.spec_hash
     assert (a["units"], a["cells"], a["seed"], a["chunk_units"]) == (250, 120, 7, 64)

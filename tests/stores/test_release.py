@@ -56,7 +56,7 @@ def test_chunk_sync_names_every_chunk_file_of_the_store(inputs, tmp_path):
         sync.close()
     assert all(named) and not any(a & b for i, a in enumerate(named) for b in named[i + 1:])
     arrays = [f"blocks/{b}/answers" for b in root["blocks"].group_keys()] + [
-        "queries/answers", "unit_ids", "unit", "chunks/done"]  # what the chunks write
+        "queries/answers", "unit_ids", "unit", "chunks/done", "chunks/digests"]  # what the chunks write
     written = {p for name in arrays for p in (out / name).rglob("*") if p.is_file() and p.name != "zarr.json"}
     assert set().union(*named) == written
 

@@ -14,7 +14,7 @@ import pytest
 import zarr
 
 import distfit.stores.release_chunks as release_chunks
-from distfit.stores.checksum import compute_checksum
+from distfit.stores.checksum import DIGESTS, compute_checksum
 from distfit.stores.release import seal
 from distfit.stores.release_chunks import ChunkWriter, ReleaseHasher, raw_chunks, read_rows
 from distfit.stores.sealing import stated_attrs
@@ -92,7 +92,8 @@ class _Watched(ReleaseHasher):
         covered = set()
         if isinstance(where, slice) and name in self._written and name != "chunks/done":
             stop = min(where.stop, arr.shape[0])
-            covered = set(range(where.start // self.units_a_chunk, (stop - 1) // self.units_a_chunk + 1))
+            per_row = 1 if name == DIGESTS else self.units_a_chunk  # the digests: a row per chunk
+            covered = set(range(where.start // per_row, (stop - 1) // per_row + 1))
             if not covered <= self.reported:
                 self.asks.set()
         out = super()._read(name, arr, where)
@@ -114,7 +115,7 @@ def test_hasher_waits_for_chunks_and_gives_the_store_checksum(release, tmp_path)
     try:
         hasher = _Watched(group, release["path"], 50, 8, reported=reported, chunk_units=8)
         assert hasher.asks.wait(timeout=60), "the hasher never asked for the rows of chunk 1"
-        assert hasher._thread.is_alive()  # waiting for chunk 1 of the first answer array
+        assert hasher._thread.is_alive()  # waiting for chunk 1's digests
         for chunk in (6, 1, 4):
             reported.add(chunk)
             hasher.chunk_done(chunk)
@@ -214,107 +215,28 @@ def test_queued_writes_are_ordered_and_a_failure_leaves_its_chunk_not_done(relea
     assert group["chunks/done"][...].tolist() == [1, 1, 0, 1, 0, 0, 0]
 
 
-def test_hasher_reads_the_later_arrays_ahead_and_gives_the_same_digest(release, monkeypatch):
-    """The arrays hashed after the first one the chunks write are read as their chunks are
-    reported (PREFETCH_BYTES) and hashed from memory: the digest is the finished store's, and
-    no slab of them is read from the files after the last chunk; with no budget they are read
-    then, to the same digest."""
+def test_hasher_hashes_the_digests_not_the_digested_arrays(release):
+    """A release has per-chunk digests (chunks/digests): the arrays they cover are hashed by the
+    chunks as they are written, so the hasher reads none of them (none is read ahead either) and
+    its digest, over the digests, is the finished store's."""
     group = zarr.open_group(str(release["path"]), mode="r+")
     done = group["chunks/done"]
-    served: dict[str, list[bool]] = {}
+    read: list[str] = []
 
     class Spy(ReleaseHasher):
-        def _take(self, name, first, fetches):
-            kept = super()._take(name, first, fetches)
-            served.setdefault(name, []).append(kept is not None)
-            return kept
+        def _read(self, name, arr, where):
+            read.append(name)
+            return super()._read(name, arr, where)
 
     try:
-        for budget in (release_chunks.PREFETCH_BYTES, 0):
-            monkeypatch.setattr(release_chunks, "PREFETCH_BYTES", budget)
-            served.clear()
-            done[...] = 0  # every chunk reported in this session, in any order
-            hasher = Spy(group, release["path"], 50, 8)
-            later = list(hasher._prefetch)
-            for chunk in (3, 0, 6, 1, 5, 2, 4):
-                hasher.chunk_done(chunk)
-            assert hasher.result(stated_attrs(dict(group.attrs), group)) == release["checksum"]
-            if budget:
-                written = sorted(hasher._written - {"chunks/done"})
-                assert later == written[1:] and "unit_ids" in later
-                assert all(all(served[name]) for name in later) and set(later) <= set(served)
-            else:
-                assert later == [] and not any(any(flags) for flags in served.values())
-            assert not hasher._kept
+        done[...] = 0  # every chunk reported in this session, in any order
+        hasher = Spy(group, release["path"], 50, 8)
+        assert hasher._prefetch == {}
+        for chunk in (3, 0, 6, 1, 5, 2, 4):
+            hasher.chunk_done(chunk)
+        assert hasher.result(stated_attrs(dict(group.attrs), group)) == release["checksum"]
+        digested = set(group[DIGESTS].attrs["arrays"])
+        assert {"queries/answers", "unit_ids"} <= digested and DIGESTS in read
+        assert not digested & set(read)
     finally:
         done[...] = 1
-
-
-def test_seal_fsyncs_only_what_the_chunk_sync_did_not(release, tmp_path, monkeypatch):
-    """ChunkSync records each file it fsyncs; the seal's fsync_tree skips those not written
-    since and fsyncs the rest (the metadata, a chunk file rewritten after its fsync)."""
-    import distfit.stores.files as files
-    path = tmp_path / "r.zarr"
-    shutil.copytree(release["path"], path)
-    group = zarr.open_group(str(path), mode="r+")
-    sync = release_chunks.ChunkSync(group, path, 50, 8)
-    for chunk in range(7):
-        sync(chunk)
-    synced = sync.close()
-    assert synced and all(Path(file).is_file() and Path(file).name != "zarr.json" for file in synced)
-    rewritten = sorted(synced)[0]
-    Path(rewritten).write_bytes(Path(rewritten).read_bytes())  # the same bytes, written again
-    # as a clock tick later (in the same tick the signature may not change): its mtime moved on
-    mtime = os.stat(rewritten).st_mtime_ns
-    os.utime(rewritten, ns=(mtime, mtime + 1_000_000_000))
-    fsynced: list[str] = []
-    monkeypatch.setattr(files, "fsync_file", lambda file: fsynced.append(file))
-    files.fsync_tree(path, synced)
-    every = {str(f) for f in path.rglob("*") if f.is_file()}
-    assert set(fsynced) == (every - set(synced)) | {rewritten}
-
-
-def test_a_refused_check_is_the_seals_error_and_nothing_is_marked(release, tmp_path):
-    """seal_chunked runs the caller's check beside the digest and the fsync: its error is the
-    one raised (even where a chunk is also missing), the hasher cancelled, complete not set."""
-    path = tmp_path / "r.zarr"
-    shutil.copytree(release["path"], path)
-    group = zarr.open_group(str(path), mode="r+")
-    group.attrs.update({"complete": False})
-
-    class Hasher(ReleaseHasher):
-        """Says when the seal is done with it: it took the digest, or cancelled it."""
-
-        def __init__(self, *args) -> None:
-            self.over = threading.Event()
-            super().__init__(*args)
-
-        def result(self):
-            try:
-                return super().result()
-            finally:
-                self.over.set()
-
-        def cancel(self):
-            super().cancel()
-            self.over.set()
-
-    for missing in (None, 2):
-        if missing is not None:
-            group["chunks/done"][missing] = 0
-        hasher = Hasher(group, path, 50, 8)
-
-        def refuse():
-            # the check refuses last: after the digest, or after the missing chunk cancelled the
-            # hasher, so its error is still the one raised when another came first
-            if not hasher.over.wait(timeout=60):
-                raise AssertionError("the seal neither took the digest nor cancelled the hasher")
-            raise ValueError("the plan changed")
-
-        with pytest.raises(ValueError, match="the plan changed"):
-            release_chunks.seal_chunked(group, path, fsync=True, hasher=hasher, check=refuse)
-        assert not hasher._thread.is_alive()
-        assert zarr.open_group(str(path), mode="r").attrs["complete"] is False
-    group["chunks/done"][2] = 1
-    assert release_chunks.seal_chunked(group, path, fsync=True, check=lambda: None) == release["checksum"]
-    assert zarr.open_group(str(path), mode="r").attrs["complete"] is True

@@ -15,7 +15,11 @@ from pathlib import Path
 import pytest
 
 from distfit.cli import main as cli
+from distfit.estimate.job import run_estimate
+from distfit.release.job import run_release
+from distfit.runtime.placement import Placement
 from distfit.stores.data import write_synthetic
+from distfit.stores.sealing import ChangedChunk
 from tests.clitools import assert_one_line_error, run
 
 
@@ -61,9 +65,16 @@ def flip_a_byte(path: Path) -> None:
 
 
 def refused(capsys, argv: list[str], out: Path, *fragments: str) -> None:
+    """Exit 2, one error line naming the store, nothing at ``out``. A chunk is checked by the task
+    that reads it, so a refusal may come once the work has started: the command's notes
+    (``distfit: estimate by ...``) and the progress line of the chunks drawn before it may come
+    first (never a traceback); the one error line comes last."""
     code, stdout, err = run(capsys, *argv)
     assert code == 2, (code, stdout, err)
-    assert_one_line_error(err, *fragments)
+    lines = [line for line in err.splitlines() if line.strip()]
+    before = [line for line in lines[:-1] if "units/s" not in line]
+    assert all(line.startswith("distfit: ") and not line.startswith("distfit: error") for line in before), err
+    assert_one_line_error(lines[-1], *fragments)
     assert "Traceback" not in err
     assert not out.exists(), f"{out} was written from unverified input"
 
@@ -91,11 +102,57 @@ def test_release_refuses_data_with_an_edited_attr(chain, tmp_path, capsys):
     refused(capsys, release_argv(chain, data, out), out, str(data), "changed after it was sealed")
 
 
-def test_release_refuses_an_unsealed_data_store_of_the_old_format(chain, tmp_path, capsys):
+@pytest.mark.parametrize("version", [1, 2])
+def test_release_refuses_a_data_store_of_an_old_format(chain, tmp_path, capsys, version):
+    """1: no checksum; 2: no per-chunk digests (its chunks cannot be checked as they are read)."""
     data = copy(chain, "data", tmp_path)
-    edit_root_attr(data, "format_version", 1)
+    edit_root_attr(data, "format_version", version)
     out = tmp_path / "r.zarr"
-    refused(capsys, release_argv(chain, data, out), out, str(data), "format_version 1", "distfit synth")
+    refused(capsys, release_argv(chain, data, out), out, str(data), f"format_version {version}", "distfit synth")
+
+
+def test_release_refuses_data_whose_chunk_digests_were_edited(chain, tmp_path, capsys):
+    """A forger who rewrites a chunk and its digest changes the digest table, which the root
+    checksum covers: refused by the driver, before anything is laid out."""
+    data = copy(chain, "data", tmp_path)
+    flip_a_byte(chunk_files(data, "chunks/digests")[1])
+    out = tmp_path / "r.zarr"
+    refused(capsys, release_argv(chain, data, out), out, str(data), "changed after it was sealed", "contents hash to")
+
+
+def test_a_data_chunk_changed_after_the_driver_checked_is_caught_by_its_task(chain, tmp_path):
+    """The window the whole-store pass left open: the driver checks the root, then (while the
+    release runs) a later chunk is altered; the task that reads it refuses it before it is used,
+    nothing is sealed and the new release is deleted with what was drawn into it."""
+    data = copy(chain, "data", tmp_path)
+    out = tmp_path / "r.zarr"
+    target = chunk_files(data, "counts")[3]
+
+    def tamper(chunk: int) -> None:
+        if chunk == 0:
+            flip_a_byte(target)
+
+    with pytest.raises(ChangedChunk, match=r"data\.zarr: the histograms store was changed after it was sealed: "
+                                           r"counts"):  # units 30..39 no longer hash, or no longer decode
+        run_release(chain["plan"], data, out, seed=5, placement=Placement(serial=True), after_chunk=tamper)
+    assert not out.exists()
+
+
+def test_a_release_chunk_changed_after_the_driver_checked_is_caught_by_its_task(chain, tmp_path):
+    release = copy(chain, "release", tmp_path)
+    out = tmp_path / "e.zarr"
+    answers = sorted(str(p.relative_to(release)) for p in release.rglob("answers") if p.is_dir())
+    read = next(name for name in answers if name.startswith("blocks/"))  # what this plan's estimate reads
+    target = chunk_files(release, read)[2]
+
+    def tamper(chunk: int) -> None:
+        if chunk == 0:
+            target.unlink()  # read as the fill value: not what was sealed
+
+    with pytest.raises(ChangedChunk, match=r"release\.zarr: the release was changed after it was sealed: "
+                                           rf"{read} units 20\.\.29 \(chunk 2\)"):
+        run_estimate(chain["plan"], release, out, placement=Placement(serial=True), after_chunk=tamper)
+    assert not out.exists()
 
 
 # ------------------------------------------------------------------------- estimate reads release
@@ -120,12 +177,13 @@ def test_estimate_refuses_a_release_with_an_edited_attr(chain, tmp_path, capsys,
             out, str(release), "changed after it was sealed")
 
 
-def test_estimate_refuses_a_release_of_the_old_format(chain, tmp_path, capsys):
+@pytest.mark.parametrize("version", [1, 2])
+def test_estimate_refuses_a_release_of_an_old_format(chain, tmp_path, capsys, version):
     release = copy(chain, "release", tmp_path)
-    edit_root_attr(release, "format_version", 1)
+    edit_root_attr(release, "format_version", version)
     out = tmp_path / "e.zarr"
     refused(capsys, ["estimate", chain["plan"], str(release), "--out", str(out), "--serial"],
-            out, str(release), "format_version 1", "distfit release")
+            out, str(release), f"format_version {version}", "distfit release")
 
 
 # ------------------------------------------------------------------ report reads all of them
