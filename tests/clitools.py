@@ -1,6 +1,8 @@
 """Helpers shared by the command-line tests."""
 from __future__ import annotations
 
+import signal
+
 from distfit.cli import main as cli
 
 
@@ -18,3 +20,13 @@ def assert_one_line_error(err: str, *fragments: str) -> None:
     assert lines[0].startswith("distfit: error: "), err
     for fragment in fragments:
         assert fragment in lines[0], (fragment, err)
+
+
+def interruptible() -> None:
+    """``preexec_fn`` of a command a test interrupts with Ctrl-C: SIGINT back to its default
+    action. A process started with SIGINT ignored keeps it ignored, and its children inherit
+    that (a shell ignores SIGINT for a command it runs in the background without job control;
+    Python then installs no KeyboardInterrupt handler); a terminal's foreground command has the
+    default, which is what these tests are about."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+

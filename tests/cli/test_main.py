@@ -18,7 +18,7 @@ import pytest
 import distfit
 from distfit.cli import main as cli
 from distfit.pipeline.run import RUN_NAMES
-from tests.clitools import assert_one_line_error, run
+from tests.clitools import assert_one_line_error, interruptible, run
 
 PREFIX16_ALPHA = 2.9053  # docs/design.md section 1 reference value
 
@@ -297,7 +297,7 @@ def _interrupt_at(tmp_path: Path, argv: list, marker: str, occurrence: int = 1) 
     env["PYTHONPATH"] = str(Path(__file__).resolve().parents[2]) + os.pathsep + env.get("PYTHONPATH", "")
     process = subprocess.Popen([sys.executable, "-X", "importtime", "-m", "distfit.cli", *map(str, argv)],
                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env,
-                               cwd=tmp_path, start_new_session=True)
+                               cwd=tmp_path, start_new_session=True, preexec_fn=interruptible)
     seen, before = 0, []
     try:
         for line in process.stderr:

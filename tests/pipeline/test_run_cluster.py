@@ -40,6 +40,7 @@ from distfit.stores.estimate import read_estimate
 from distfit.stores.release import ReleaseError, read_release, verify_release
 from distfit.stores.plan import read_plan
 from distfit.runtime.placement import Placement
+from tests.clitools import interruptible
 from tests.faults import assert_killed_while_in_progress, kill_a_worker_after_the_first
 from tests.reference import SMALL_SPEC
 
@@ -397,7 +398,7 @@ def test_ctrl_c_during_a_local_cluster_run_is_one_line_then_resumes(tmp_path):
     out = tmp_path / "run"
     argv = _distfit("run", "--out", out, "--units", 200_000, "--workers", 2)
     process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV,
-                               start_new_session=True)
+                               start_new_session=True, preexec_fn=interruptible)
     done = np.zeros(0)
     try:
         deadline = time.time() + 240
