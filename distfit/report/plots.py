@@ -35,7 +35,7 @@ _SVG_ID = re.compile(r'(\bid="|href="#|url\(#)')
 _SVG_METADATA = re.compile(r"\s*<metadata>.*?</metadata>", re.S)
 
 __all__ = ["BLOCK_BARS", "CALIBRATION_POINTS", "CURVE_DELTAS", "RASTER_DPI", "RASTER_POINTS", "TABLE_ROWS", "Z95",
-           "outside_legend", "plot_block_alpha", "plot_calibration", "plot_estimate_error", "plot_moe_by_table",
+           "label_rows", "outside_legend", "plot_block_alpha", "plot_calibration", "plot_estimate_error", "plot_moe_by_table",
            "plot_privacy_curve", "plot_variance_ratio", "pyplot", "svg"]
 
 
@@ -101,14 +101,21 @@ def plot_block_alpha(plt, blocks: list[dict]) -> str:
     if lb:
         ax.scatter([v for _, v in lb], [i for i, _ in lb], color="C3", marker="|", s=250, linewidths=2,
                    zorder=3, label="certified lower bound")
-    ax.set_yticks(y, labels=[b["id"] for b in order], fontsize=8)
-    ax.set_ylim(len(order) - 0.5, -0.5)  # largest on top
-    ax.set_xlabel("alpha (privacy cost of the block)")
-    ax.grid(True, axis="x", alpha=0.3)
     shown = f"the {len(order)} largest of {len(blocks)} blocks" if len(order) < len(blocks) else "every block"
-    ax.set_title(f"Privacy cost per block ({shown})", fontsize=10)
+    label_rows(ax, [b["id"] for b in order], "alpha (privacy cost of the block)",  # largest on top
+               f"Privacy cost per block ({shown})")
     outside_legend(fig)
     return svg(plt, fig, "block_alpha", "privacy cost alpha per block")
+
+
+def label_rows(ax, labels: list[str], xlabel: str, title: str) -> None:
+    """The finish of a plot with one row per item: the items' names down the side, the first on
+    top, the x axis labelled and gridded, the title."""
+    ax.set_yticks(np.arange(len(labels)), labels=labels, fontsize=8)
+    ax.set_ylim(len(labels) - 0.5, -0.5)
+    ax.set_xlabel(xlabel)
+    ax.grid(True, axis="x", alpha=0.3)
+    ax.set_title(title, fontsize=10)
 
 
 def plot_variance_ratio(plt, ratios: np.ndarray, baselines: dict[str, float] | None) -> str:
@@ -144,13 +151,10 @@ def plot_moe_by_table(plt, layouts: tuple[TableLayout, ...], variances: np.ndarr
                rasterized=allowed.size > RASTER_POINTS)
     ax.scatter(moe, rows, s=12, color="C0", label="a figure of the table", zorder=3,
                rasterized=moe.size > RASTER_POINTS)
-    ax.set_yticks(np.arange(len(shown)), labels=[t.name for t in shown], fontsize=8)
-    ax.set_ylim(len(shown) - 0.5, -0.5)  # the spec's first table on top
     ax.set_xlim(0, float(max(moe.max(initial=0.0), allowed.max(initial=0.0))) * 1.08 or 1.0)
-    ax.set_xlabel("90% margin of error (persons): figure ± this is a 90% interval")
-    ax.grid(True, axis="x", alpha=0.3)
     which = f"the first {len(shown)} of {len(layouts)} tables" if len(shown) < len(layouts) else "every table"
-    ax.set_title(f"Margin of error of each figure, by table ({which})", fontsize=10)
+    label_rows(ax, [t.name for t in shown], "90% margin of error (persons): figure ± this is a 90% interval",
+               f"Margin of error of each figure, by table ({which})")  # the spec's first table on top
     outside_legend(fig)
     return svg(plt, fig, "moe_by_table", "90% margin of error of each figure, by table")
 
