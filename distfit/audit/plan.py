@@ -333,12 +333,12 @@ def _audit(plan: Plan, path: str) -> AuditReport:
         spec_targets = spec_target_runs(spec)
         if check(stored_targets.size == spec_targets.size,
                  f"queries/targets: {stored_targets.size} targets, but the stored spec has {spec_targets.size} queries"):
-            steps = QueryRows(spec_targets.size).steps(stored_targets, spec_targets)
-            stored_on, spec_on = steps.steps.of_runs(stored_targets), steps.steps.of_runs(spec_targets)
+            target_steps = QueryRows(spec_targets.size).steps(stored_targets, spec_targets).steps
+            stored_on, spec_on = target_steps.of_runs(stored_targets), target_steps.of_runs(spec_targets)
             differ = ~np.isclose(stored_on, spec_on, rtol=TOLERANCE, atol=0.0)
             check(not differ.any(), lambda: (
-                f"queries/targets: {steps.steps.queries(differ)} differ from the stored spec's targets (first: query "
-                f"{steps.steps.first_query(differ)}: stored {float(stored_on[differ][0])!r}, "
+                f"queries/targets: {target_steps.queries(differ)} differ from the stored spec's targets (first: query "
+                f"{target_steps.first_query(differ)}: stored {float(stored_on[differ][0])!r}, "
                 f"spec {float(spec_on[differ][0])!r})"))
             targets = spec_targets  # what the claims below are about: the spec's targets
     if targets is None:

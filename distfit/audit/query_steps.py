@@ -122,8 +122,8 @@ class QueryRows:
 
     def steps(self, *runs: QueryRuns) -> QuerySteps:
         """The steps of these rows and of ``runs`` (targets, stored variances), and the sums on them."""
-        point_query, point_variance, point_share = _joined(self.points, 3)
-        first, stop, range_variance, range_share = _joined(self.ranges, 4)
+        point_query, point_variance, point_share = _joined(self.points, (np.int64, float, float))
+        first, stop, range_variance, range_share = _joined(self.ranges, (np.int64, np.int64, float, float))
         breaks = np.unique(np.concatenate([
             np.array([0, self.m], dtype=np.int64), point_query, point_query + 1, first, stop,
             *(run.offsets for run in runs)]))
@@ -139,10 +139,10 @@ class QueryRows:
         return QuerySteps(steps, variances, shares, answered)
 
 
-def _joined(parts: list, width: int) -> tuple[np.ndarray, ...]:
-    if not parts:
-        return tuple(np.zeros(0, dtype=np.int64 if i < (1 if width == 3 else 2) else float) for i in range(width))
-    return tuple(np.concatenate([part[i] for part in parts]) for i in range(width))
+def _joined(parts: list, dtypes: tuple) -> tuple[np.ndarray, ...]:
+    """The parts' columns, each concatenated (empty of its dtype when there are no parts)."""
+    return tuple(np.concatenate([part[i] for part in parts]) if parts else np.zeros(0, dtype=dtype)
+                 for i, dtype in enumerate(dtypes))
 
 
 def _add_ranges(steps: Steps, first: np.ndarray, stop: np.ndarray, variance: np.ndarray, share: np.ndarray,
