@@ -1,12 +1,11 @@
-"""The pipeline commands: ``distfit synth``, ``release``, ``estimate``, ``tabulate``, ``report``
-and ``run``.
+"""The pipeline commands: ``distfit synth``, ``release``, ``tabulate``, ``report`` and ``run``.
 
 Each handler checks the flags the library cannot check (``UsageError``, exit code 2), calls one
 library function where ``args.placement`` says (``--cluster``, ``--workers`` and ``--serial``,
 read and checked once by ``distfit.cli.main.placement_of``) and prints a short summary; all the
 work (and every other error) is the library's. ``distfit solve`` is ``distfit.cli.solve``;
-``distfit plan`` and ``distfit audit`` are ``distfit.cli.planning`` (they need none of these
-commands' heavy dependencies).
+``distfit plan`` and ``distfit audit`` are ``distfit.cli.planning`` and ``distfit estimate`` is
+``distfit.cli.estimating`` (they need none of these commands' heavy dependencies).
 """
 from __future__ import annotations
 
@@ -19,7 +18,6 @@ from distfit.cli.errors import NOTHING_KEPT, Interrupted, UsageError
 from distfit.cli.summary import print_summary
 from distfit.runtime.cluster import placement_client
 from distfit.data.microdata import tabulate_microdata
-from distfit.estimate.job import run_estimate
 from distfit.pipeline.run import LEVELS_DIR, PEOPLE_NAME, RUN_NAMES, run_levels, run_pipeline
 from distfit.release.job import run_release
 from distfit.report.page import write_report
@@ -66,29 +64,6 @@ def cmd_release(args: argparse.Namespace) -> int:
         ("plan checksum", result.plan_checksum),
         ("checksum", f"{result.checksum}  (sealed)"),
     ] + ([] if result.private else [("NOT PRIVATE", "released with a fixed --seed (tests only)")]))
-    return 0
-
-
-def cmd_estimate(args: argparse.Namespace) -> int:
-    """``distfit estimate``: plan + sealed release -> sealed estimate store
-    (``distfit.estimate.job.run_estimate``)."""
-    if args.resume and args.overwrite:
-        raise UsageError("--resume and --overwrite exclude each other")
-    result = run_estimate(args.plan, args.release, args.out, integer=args.integer, resume=args.resume,
-                          overwrite=args.overwrite, method=args.method, placement=args.placement)
-    rate = result.units_done_now / result.seconds if result.seconds > 0 else float("nan")
-    fit = result.fit
-    print_summary(f"estimate {result.path}", [
-        ("units", f"{result.units}  ({result.chunks} chunks, {result.chunks_done_now} estimated now"
-                  f"{', resumed' if result.resumed else ''})"),
-        ("queries", f"{result.queries}  (cells {result.cells})"),
-        ("method", f"{result.method}, {'integer' if result.integer else 'real'} estimates, nonnegative and consistent"),
-        ("fit", f"objective mean {fit['objective_mean']:.6g}, at most {fit['iterations_max']} iterations, "
-                f"{fit['unconverged_units']} units unconverged"),
-        ("seconds", f"{result.seconds:.1f}  ({rate:.1f} units/s)"),
-        ("release checksum", result.release_checksum),
-        ("checksum", f"{result.checksum}  (sealed)"),
-    ])
     return 0
 
 

@@ -32,8 +32,9 @@ no partial output file is ever left behind.
 
 This module parses the arguments, dispatches to the command's handler and maps errors to exit
 codes; the handlers are ``distfit.cli.solve`` (``distfit solve``, with ``distfit.cli.workloads``
-and ``distfit.cli.outputs``), ``distfit.cli.planning`` (``distfit plan``), ``distfit.cli.auditing`` (``distfit audit``)
-and ``distfit.cli.commands`` (the other pipeline commands). ``HANDLERS`` names each command's
+and ``distfit.cli.outputs``), ``distfit.cli.planning`` (``distfit plan``), ``distfit.cli.auditing`` (``distfit audit``),
+``distfit.cli.estimating`` (``distfit estimate``) and ``distfit.cli.commands`` (the other pipeline
+commands). ``HANDLERS`` names each command's
 handler by module and function, and only the command that runs has its module imported
 (``importlib.import_module``): the commands' dependencies differ a lot (microdata reading pulls
 dask.dataframe, pandas and pyarrow; the estimate stage numba; the report matplotlib; ``distfit
@@ -81,7 +82,7 @@ HANDLERS = {
     "audit": ("distfit.cli.auditing", "cmd_audit"),
     "synth": ("distfit.cli.commands", "cmd_synth"),
     "release": ("distfit.cli.commands", "cmd_release"),
-    "estimate": ("distfit.cli.commands", "cmd_estimate"),
+    "estimate": ("distfit.cli.estimating", "cmd_estimate"),
     "tabulate": ("distfit.cli.commands", "cmd_tabulate"),
     "report": ("distfit.cli.commands", "cmd_report"),
     "run": ("distfit.cli.commands", "cmd_run"),

@@ -37,20 +37,20 @@ marginals. ``P`` is
 - the local polytope in the published queries' metric (``method = "local"``, issue 26): for a
   residual plan (every clique spanned exactly by the blocks within it), the raw release projected
   onto nonnegative, agreeing clique tables minimising the published queries' squared distance
-  from the raw answers (not the loss above), by ADMM with one sparse LU per plan
+  from the raw answers (not the loss above), by ADMM with one block-elimination factor per plan
   (:mod:`distfit.estimate.local_polytope`; docs/design.md section 7): its squared error on the
   published queries is never above the raw release's. The last cells below 0 (at most 0.05 of
   their noise standard deviation) are published as 0 and the tables I-projected onto agreement
   (:func:`distfit.estimate.region_graph.make_consistent`), as the region graph's. The total is
   the estimate's own (free in the projection).
 
-The rule (:func:`graphical_problem`): exact when the junction tree of the measured cliques holds
-at most :data:`EXACT_MAX_CELLS` cells (message passing then costs milliseconds per step), else
-the region graph; the local polytope only when asked for (``--method graphical-local``; Adult:
-364 cliques, 42,301 cells, ~16-35 CPU-s), not yet by default: under the 4 GiB address-space cap
-that tests/estimate/test_wide.py holds Adult's default estimate to, the command's imports leave
-it too little (a thread cannot start). A model whose estimated working memory exceeds ``memory_limit`` is refused
-with one line naming its largest clique.
+The rule (:func:`graphical_problem`): the local polytope for a residual plan whose projection
+fits ``memory_limit`` (Adult: 364 cliques, 42,301 cells, ~35 CPU-s; the one method whose error on
+the published queries is never above the raw release's, and it needs neither mbi nor jax); else
+exact when the junction tree of the measured cliques holds at most :data:`EXACT_MAX_CELLS` cells
+(message passing then costs milliseconds per step), else the region graph. A model whose
+estimated working memory exceeds ``memory_limit`` is refused with one line naming its largest
+clique.
 
 The total ``N`` is fixed (mbi's models have a known total): its minimum-variance unbiased
 estimate from the blocks that measure it, ``N_hat = sum_b w_b c_b^T y_b / sum_b w_b`` with
@@ -61,8 +61,9 @@ Every workload query's estimate is read off the clique marginals: block ``b``'s 
 ``L_b B_b`` act on its marginal ``M_b mu`` and are summed by ``query_index``, as
 :func:`distfit.estimate.measurements.workload_estimates` does on a data vector.
 
-mbi and jax are an optional dependency (``pip install 'distfit[graphical]'``): they are imported
-on first use, so narrow schemas never pay jax's import.
+mbi and jax are an optional dependency (``pip install 'distfit[graphical]'``) of exact inference
+and the region graph: they are imported on first use, so narrow schemas and the local polytope
+never pay jax's import.
 """
 from __future__ import annotations
 
@@ -207,7 +208,8 @@ class GraphicalProblem:
 
     ``cliques``: the maximal attribute sets of the plan's blocks (schema order; every workload
     query is a function of their marginals); ``method``; ``junction_cells`` (cells of the
-    junction tree of the cliques) and its ``largest_clique``; ``memory_bytes`` the working
+    junction tree of the cliques; None for method "local", which builds none) and the
+    ``largest_clique`` (of the junction tree; of the cliques for "local"); ``memory_bytes`` the working
     memory estimate; ``parent`` block_id -> the clique its marginal is read from; ``lipschitz``
     the gradient's Lipschitz constant of the whitened loss; ``total_weights`` block_id -> ``c_b /
     var_b`` for the blocks that measure the total, ``total_information`` ``sum_b 1 / var_b``.
@@ -216,7 +218,7 @@ class GraphicalProblem:
     model: MeasurementModel
     cliques: tuple[tuple[str, ...], ...]
     method: str
-    junction_cells: int
+    junction_cells: int | None
     largest_clique: tuple[str, ...]
     memory_bytes: int
     parent: Mapping[str, tuple[str, ...]]
@@ -260,51 +262,55 @@ def graphical_problem(model: MeasurementModel, *, method: str = "auto",
                       memory_limit: int = MEMORY_LIMIT_BYTES) -> GraphicalProblem:
     """The graphical model of ``model`` and the method that estimates it (module docstring).
 
-    ``method``: "auto" (exact when the junction tree holds at most :data:`EXACT_MAX_CELLS`
-    cells, else the region graph), "exact", "local" (the local polytope in the published
-    queries' metric, a residual plan only: :mod:`distfit.estimate.local_polytope`) or
-    "region-graph". :class:`ModelTooLarge` (one
-    line) when the chosen model needs more than ``memory_limit`` bytes; ValueError when no block
-    measures the total; :class:`GraphicalUnavailable` without mbi.
+    ``method``: "auto" ("local" for a residual plan whose local polytope fits ``memory_limit``,
+    else exact when the junction tree holds at most :data:`EXACT_MAX_CELLS` cells, else the
+    region graph), "exact", "local" (the local polytope in the published queries' metric, a
+    residual plan only: :mod:`distfit.estimate.local_polytope`) or "region-graph".
+    :class:`ModelTooLarge` (one line) when the chosen model needs more than ``memory_limit``
+    bytes; ValueError when no block measures the total; :class:`GraphicalUnavailable` without
+    mbi (exact and region graph only).
     """
     if method not in ("auto", "exact", "local", "region-graph"):
         raise ValueError(f"method: {method!r}, expected 'auto', 'exact', 'local' or 'region-graph'")
-    ns = _mbi()
     size_of = dict(zip(model.attributes, model.sizes))
     order = {a: i for i, a in enumerate(model.attributes)}
     cliques = _maximal([b.attributes for b in model.blocks if b.attributes])
     cliques.sort(key=lambda c: tuple(order[a] for a in c))
-    domain = ns.mbi.Domain(model.attributes, model.sizes)
-    if cliques:
-        tree, _ = ns.junction_tree.make_junction_tree(domain, cliques)
-        tree_cliques = [tuple(sorted(c, key=order.__getitem__)) for c in ns.junction_tree.maximal_cliques(tree)]
-    else:
-        tree_cliques = [()]
-    junction_cells = sum(_cells(c, size_of) for c in tree_cliques)
-    largest_tree = max(tree_cliques, key=lambda c: _cells(c, size_of))
-    if method == "auto":
-        # not yet "local" above the exact limit, although it is the more accurate (issue 26): the
-        # command's imports leave it too little of a 4 GiB address-space cap on Adult (threads
-        # cannot start), which tests/estimate/test_wide.py holds every default method to
-        method = "exact" if junction_cells <= EXACT_MAX_CELLS else "region-graph"
-    if method == "local" and not local_polytope.is_residual(model, cliques):
+    residual = bool(cliques) and local_polytope.is_residual(model, cliques)
+    if method == "local" and not residual:
         raise ValueError("method 'local': the blocks within some clique do not span it exactly (not a residual "
                          "plan); use 'region-graph'")
-    graph = None
-    if method == "exact":
-        largest, cells = largest_tree, junction_cells
-    elif method == "local":
-        # the region graph only for the final I-projection onto agreement (make_consistent)
-        graph = region_graph.region_graph(cliques, model.attributes, model.sizes)
+    local_memory = _local_memory(model, cliques) if residual and method in ("auto", "local") else None
+    if method == "auto" and local_memory is not None and local_memory[0] <= memory_limit:
+        method = "local"
+    if method == "local":
+        # numpy and scipy only: neither mbi nor jax is imported (jax's import and backend take
+        # ~0.3 GiB of address space, its threads their arenas), so the default estimate of a
+        # wide residual plan needs no graphical extra and fits Adult under a 4 GiB RLIMIT_AS
+        memory, graph = local_memory
         largest = max(cliques, key=lambda c: _cells(c, size_of))
-        cells = local_polytope.local_polytope_bytes(model, cliques) // (8 * TABLE_COPIES) + graph.cells
+        junction_cells, solver = None, SimpleNamespace(graph=graph)
     else:
-        graph = region_graph.region_graph(cliques, model.attributes, model.sizes)
-        largest = max(cliques, key=lambda c: _cells(c, size_of)) if cliques else ()
-        # every region's table and two messages per edge (child-sized), plus the
-        # (edge, parent cell) gathers of a sweep, held in a few copies each
-        cells = graph.cells + 2 * graph.messages + graph.parent_cell.size
-    memory = 8 * TABLE_COPIES * cells
+        ns = _mbi()
+        domain = ns.mbi.Domain(model.attributes, model.sizes)
+        if cliques:
+            tree, _ = ns.junction_tree.make_junction_tree(domain, cliques)
+            tree_cliques = [tuple(sorted(c, key=order.__getitem__)) for c in ns.junction_tree.maximal_cliques(tree)]
+        else:
+            tree_cliques = [()]
+        junction_cells = sum(_cells(c, size_of) for c in tree_cliques)
+        if method == "auto":
+            method = "exact" if junction_cells <= EXACT_MAX_CELLS else "region-graph"
+        graph = None
+        if method == "exact":
+            largest, cells = max(tree_cliques, key=lambda c: _cells(c, size_of)), junction_cells
+        else:
+            graph = region_graph.region_graph(cliques, model.attributes, model.sizes)
+            largest = max(cliques, key=lambda c: _cells(c, size_of)) if cliques else ()
+            # every region's table and two messages per edge (child-sized), plus the
+            # (edge, parent cell) gathers of a sweep, held in a few copies each
+            cells = graph.cells + 2 * graph.messages + graph.parent_cell.size
+        memory = 8 * TABLE_COPIES * cells
     if memory > memory_limit:
         raise ModelTooLarge(
             f"graphical model too large for memory: the {method} model's largest clique "
@@ -327,15 +333,19 @@ def graphical_problem(model: MeasurementModel, *, method: str = "auto",
         norm = np.linalg.norm(block.whitened_basis, 2) ** 2
         per_clique[c] = per_clique.get(c, 0.0) + norm * _cells(c, size_of) / block.cells
     lipschitz = max(per_clique.values(), default=1.0)
-    if method == "local":
-        # numpy and scipy only: jax's backend (threads, arenas) is never started, which keeps
-        # Adult's estimate under a 4 GiB address-space cap
-        solver = SimpleNamespace(graph=graph)
-    else:
+    if method != "local":
         solver = _solver(ns, model, domain, cliques, parent, method, graph)
     return GraphicalProblem(model=model, cliques=tuple(cliques), method=method, junction_cells=junction_cells,
                             largest_clique=largest, memory_bytes=memory, parent=parent, lipschitz=lipschitz,
                             total_weights=weights, total_information=information, solver=solver)
+
+
+def _local_memory(model: MeasurementModel, cliques: list[tuple[str, ...]]) -> tuple[int, region_graph.RegionGraph]:
+    """The local polytope's working memory (:func:`distfit.estimate.local_polytope.local_polytope_bytes`
+    and :data:`TABLE_COPIES` of the region graph's tables, which the final I-projection onto
+    agreement works on) and that region graph."""
+    graph = region_graph.region_graph(cliques, model.attributes, model.sizes)
+    return local_polytope.local_polytope_bytes(model, cliques) + 8 * TABLE_COPIES * graph.cells, graph
 
 
 def _solver(ns: SimpleNamespace, model: MeasurementModel, domain, cliques, parent, method,

@@ -93,6 +93,7 @@ from distfit.stores.plan import read_plan, verify_checksum
 from distfit.release.tasks import task_chunks
 from distfit.stores.release import DerivedAnswers, read_release, read_sealed_release
 from distfit.stores.release_chunks import ChunkWriter, aligned_empty, read_rows
+from distfit.runtime.memory import address_space_left
 from distfit.runtime.threads import blas_limit
 
 PathLike = str | os.PathLike
@@ -108,14 +109,15 @@ GRAPHICAL_OBJECTIVE = ("sum_b (y_b - B_b M_b mu)^T Sigma_b^-1 (y_b - B_b M_b mu)
                        "plan (graphical-local); per unit")
 #: What ``--method auto`` (``distfit run``) may record: a function of the plan, so any of them is
 #: the same choice for the same plan.
-AUTO_METHODS = (METHOD, "graphical-exact", "graphical-region-graph")
-#: The ``--method`` choices: auto takes the projection up to graphical.PROJECTION_MAX_CELLS cells;
-#: graphical lets graphical.graphical_problem choose exact inference, the local polytope or the region graph.
+AUTO_METHODS = (METHOD, "graphical-exact", "graphical-local", "graphical-region-graph")
+#: The ``--method`` choices: auto takes the projection up to graphical.PROJECTION_MAX_CELLS cells,
+#: a graphical model above; graphical lets graphical.graphical_problem choose the local polytope
+#: (a residual plan), exact inference or the region graph.
 METHODS = ("auto", "projection", "graphical", "graphical-exact", "graphical-local", "graphical-region-graph")
 
 __all__ = ["EstimateJob", "EstimateResult", "ReleaseRows", "chunk_answers", "estimate_chunk", "estimate_chunk_task",
            "estimate_chunks_task", "estimate_in_run",
-           "manifest_entry", "model_task", "run_estimate"]
+           "manifest_entry", "memory_limit", "model_task", "run_estimate"]
 
 
 @dataclass(frozen=True)
@@ -305,6 +307,17 @@ def graphical_method(model: MeasurementModel, method: str, integer: bool, chunk_
     return f"graphical-{problem.method}", problem, problem.memory_bytes
 
 
+def memory_limit() -> int:
+    """The working memory a method may take (:func:`graphical_method`'s ``memory_limit``):
+    :data:`distfit.estimate.graphical.MEMORY_LIMIT_BYTES`, or less when this process runs under
+    an address-space cap (RLIMIT_AS) with less left
+    (:func:`distfit.runtime.memory.address_space_left`): a method that would not fit is refused
+    in one line before it starts rather than failing part way. A Dask worker inherits the
+    driver's cap and imports about as much, so the driver's margin stands for the workers'."""
+    left = address_space_left()
+    return graphical.MEMORY_LIMIT_BYTES if left is None else min(graphical.MEMORY_LIMIT_BYTES, left)
+
+
 #: The graphical problem of the last model a worker saw (model, problem): built once per worker.
 _PROBLEM: list = []
 
@@ -487,7 +500,9 @@ def run_estimate(
         if not resumed:
             client.get()  # an unreachable cluster is refused here
         model = measurement_model(plan)
-        store_method, problem, memory = graphical_method(model, method, integer, int(release.attrs["chunk_units"]))
+        limit = memory_limit()
+        store_method, problem, memory = graphical_method(model, method, integer, int(release.attrs["chunk_units"]),
+                                                         memory_limit=limit)
         if problem is not None:
             _PROBLEM[:] = [model, problem]  # the serial path reuses the driver's
         else:
@@ -514,7 +529,7 @@ def run_estimate(
                           integer=integer, workload=workload, method=store_method, tables=stored_tables(root),
                           check_chunks=release_checksum is None)
         print(f"distfit: estimate by {store_method}: working memory about {memory / 2**20:,.1f} MiB a task "
-              f"(limit {graphical.MEMORY_LIMIT_BYTES / 2**30:.0f} GiB)", file=log)
+              f"(limit {limit / 2**30:.1f} GiB)", file=log)
         parts: dict[int, tuple] = {}  # each chunk's share of the fit attr, as the tasks report it
 
         def recorded(results: Iterable[tuple[int, int, tuple]]) -> Iterator[tuple[int, int]]:

@@ -61,7 +61,7 @@ def test_exact_model_equals_the_projection_with_the_same_total(five):
     the projection argmin_{x >= 0, 1^T x = N} sum_b ||C_b^-1 (y_b - B_b M_b x)||^2 (Clarabel), to
     1e-3 of the total (measured 1e-4: mirror descent's tail where cells are zero)."""
     _, y = one_unit(five, 300, seed=1)
-    problem = graphical.graphical_problem(five)
+    problem = graphical.graphical_problem(five, method="exact")
     assert problem.method == "exact" and problem.junction_cells == five.cells
     est = graphical.estimate_graphical(problem, y)
     g = np.vstack([b.whitened_basis @ five.marginal(np.eye(five.cells), b).T for b in five.blocks])
@@ -191,9 +191,13 @@ def test_region_graph_starts_at_the_raw_answers(four):
 
 
 def test_method_rule_and_refusal(five):
-    """Auto picks exact for a small junction tree; a model over the memory limit is refused with
-    one line naming its largest clique and the memory it needs."""
-    assert graphical.graphical_problem(five, method="auto").method == "exact"
+    """Auto picks the local polytope for a residual plan, and exact inference for its small
+    junction tree when the local polytope would exceed the memory limit; a model over the limit
+    is refused with one line naming its largest clique and the memory it needs."""
+    local = graphical.graphical_problem(five, method="auto")
+    assert local.method == "local" and local.junction_cells is None
+    exact = graphical.graphical_problem(five, memory_limit=local.memory_bytes - 1)
+    assert exact.method == "exact" and exact.memory_bytes < local.memory_bytes
     with pytest.raises(graphical.ModelTooLarge) as info:
         graphical.graphical_problem(five, memory_limit=1 << 16)
     message = str(info.value)
@@ -276,7 +280,7 @@ def test_distfit_estimate_through_a_graphical_model(tmp_path, capsys, method):
     assert_one_line_error(err, "--integer", "graphical")
     code, out, err = run(capsys, "estimate", *args, "--out", str(tmp_path / "est.zarr"), "--method", method, "--serial")
     assert code == 0, err
-    expected = "graphical-region-graph" if method == "graphical-region-graph" else "graphical-exact"
+    expected = "graphical-region-graph" if method == "graphical-region-graph" else "graphical-local"
     assert expected in out
     assert verify_estimate(tmp_path / "est.zarr")[0]
     est = read_estimate(tmp_path / "est.zarr")

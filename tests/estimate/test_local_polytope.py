@@ -136,10 +136,14 @@ def test_a_unit_does_not_depend_on_its_chunk_and_progress_is_reported(four):
     assert all(t == local_polytope.ITERATIONS for _, t in calls)
 
 
-def test_local_is_taken_when_asked_and_residual_plans_are_recognised(four):
-    """'local' is a method of its own (auto keeps exact inference and the region graph); a plan
-    is residual when every clique is spanned exactly by the blocks within it."""
-    assert graphical.graphical_problem(four).method == "exact"
+def test_local_is_the_default_of_a_residual_plan_and_residual_plans_are_recognised(four):
+    """Auto takes 'local' for a residual plan (tests/estimate/test_wide.py runs it on Adult with
+    mbi and jax unimportable); a plan is residual when every clique is spanned exactly by the
+    blocks within it; a local polytope over the memory limit is refused in one line."""
+    assert graphical.graphical_problem(four).method == "local"
     assert graphical.graphical_problem(four, method="local").method == "local"
+    with pytest.raises(graphical.ModelTooLarge) as info:
+        graphical.graphical_problem(four, method="local", memory_limit=1 << 10)
+    assert "\n" not in str(info.value) and "the local model's largest clique (c0, c1) has 9 cells" in str(info.value)
     assert local_polytope.is_residual(four, [("c0", "c1")])
     assert not local_polytope.is_residual(four, [("c0", "c1", "c2")])  # no 3-way block: 19 rows for 27 cells

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import io
 import itertools
+import re
 import resource
 import subprocess
 import sys
@@ -41,9 +42,17 @@ def cap_memory() -> None:
     resource.setrlimit(resource.RLIMIT_AS, (MEMORY_CAP, MEMORY_CAP))
 
 
-def distfit(*argv: str, cwd: Path, capped: bool = False) -> subprocess.CompletedProcess:
-    """``distfit ARGV`` in a child process (RLIMIT_AS 4 GiB with ``capped``)."""
-    return subprocess.run([sys.executable, "-m", "distfit.cli", *argv], cwd=cwd, capture_output=True, text=True,
+#: A ``python -c`` program that runs ``distfit`` with mbi and jax unimportable (the graphical extra absent).
+WITHOUT_EXTRA = ("import sys; sys.modules['mbi'] = None; sys.modules['jax'] = None\n"
+                 "from distfit.cli.main import main\n"
+                 "raise SystemExit(main(sys.argv[1:]))")
+
+
+def distfit(*argv: str, cwd: Path, capped: bool = False, extra: bool = True) -> subprocess.CompletedProcess:
+    """``distfit ARGV`` in a child process (RLIMIT_AS 4 GiB with ``capped``; without the
+    graphical extra unless ``extra``)."""
+    command = ["-m", "distfit.cli"] if extra else ["-c", WITHOUT_EXTRA]
+    return subprocess.run([sys.executable, *command, *argv], cwd=cwd, capture_output=True, text=True,
                           preexec_fn=cap_memory if capped else None, timeout=900)
 
 
@@ -67,7 +76,7 @@ def check_graphical_store(path: Path, expected_method: str) -> dict:
 def test_sixteen_attributes_of_four_values_through_the_cli_under_4_gib(tmp_path):
     """16 attributes of 4 values, all 120 2-way marginals (4.3e9 cells): plan, release of 300
     people (microdata), then ``distfit estimate`` on a real local Dask cluster under a 4 GiB
-    address-space cap. Auto picks the region graph and states its memory first; every
+    address-space cap. Auto picks the local polytope and states its memory first; every
     2-way marginals' estimates are closer to the truth in total (L1) than the raw release."""
     attributes = [f"a{i}" for i in range(16)]
     spec = {"name": "wide16", "attributes": [{"name": a, "size": 4} for a in attributes],
@@ -85,8 +94,8 @@ def test_sixteen_attributes_of_four_values_through_the_cli_under_4_gib(tmp_path)
                    capped=True)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "cells 4294967296" in done.stdout
-    assert "distfit: estimate by graphical-region-graph: working memory about" in done.stderr
-    unit = check_graphical_store(tmp_path / "est.zarr", "graphical-region-graph")
+    assert "distfit: estimate by graphical-local: working memory about" in done.stderr
+    unit = check_graphical_store(tmp_path / "est.zarr", "graphical-local")
     assert len(unit) == 120
     # accuracy against the truth: the queries are the 120 pairs' 4 x 4 tables, pairs in
     # combination order, cells row-major (their labels say so)
@@ -115,15 +124,20 @@ def adult_run(tmp_path_factory):
 
 def test_adult_estimate_through_the_cli_under_4_gib(adult_run):
     """The README's Adult example (14 attributes, 1.63e9 cells, 42,301 queries): ``distfit
-    estimate`` with the default method finishes under a 4 GiB cap, by the region graph, and
+    estimate`` with the default method finishes under a 4 GiB cap without the graphical extra,
+    by the local polytope (its memory stated first, against the limit the cap leaves), and
     seals a verified store of consistent, nonnegative clique marginals of the 32,561 people."""
     done = distfit("estimate", "plan.zarr", "release.zarr", "--out", "est.zarr", "--serial", cwd=adult_run,
-                   capped=True)
+                   capped=True, extra=False)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "cells 1632960000" in done.stdout and "queries        42301" in done.stdout
-    assert "distfit: estimate by graphical-region-graph: working memory about" in done.stderr
-    assert "estimate units 0-0: mirror descent: 50/3000 steps" in done.stderr  # progress per batch of steps
-    unit = check_graphical_store(adult_run / "est.zarr", "graphical-region-graph")
+    stated = re.search(r"distfit: estimate by graphical-local: working memory about ([\d,.]+) MiB a task "
+                       r"\(limit ([\d.]+) GiB\)", done.stderr)
+    assert stated, done.stderr[-3000:]
+    assert float(stated[1].replace(",", "")) < 1024 * float(stated[2]) < 4096  # the cap's remainder, not 8 GiB
+    assert "estimate units 0-0: ADMM: 25/1000 steps" in done.stderr  # progress per batch of iterations
+    assert "0 units unconverged" in done.stdout
+    unit = check_graphical_store(adult_run / "est.zarr", "graphical-local")
     total = next(iter(unit.values())).sum()
     assert abs(total - 32561) < 0.01 * 32561  # the total is estimated from the release: near the truth
 
@@ -161,15 +175,15 @@ def switch_models(tmp_path_factory):
 def test_auto_switch_on_each_side(switch_models):
     """Auto: the projection at PROJECTION_MAX_CELLS cells with a chunk that fits the memory
     limit (its memory stated: 10 float64 copies of the chunk's cells, the estimates), a
-    graphical model one attribute value past it, and a graphical model at the limit when the
-    chunk would need more memory than the limit. ``--method projection`` is refused where it
+    graphical model one attribute value past it (the local polytope: a residual plan), and a
+    graphical model at the limit when the chunk would need more memory than the limit. ``--method projection`` is refused where it
     would not fit, in one line."""
     at, above = switch_models["at"], switch_models["above"]
     method, problem, memory = graphical_method(at, "auto", False, 2)
     assert (method, problem) == ("projection", None)
     assert memory == 8 * (10 * 2 * at.cells + 2 * at.num_queries)
     method, problem, memory = graphical_method(above, "auto", False, 2)
-    assert method == "graphical-exact" and problem.memory_bytes == memory < graphical.MEMORY_LIMIT_BYTES
+    assert method == "graphical-local" and problem.memory_bytes == memory < graphical.MEMORY_LIMIT_BYTES
     method, _, _ = graphical_method(at, "auto", False, 1000)  # 1000 units x 4M cells: 312 GiB
     assert method.startswith("graphical-")
     with pytest.raises(ValueError) as info:
@@ -179,14 +193,28 @@ def test_auto_switch_on_each_side(switch_models):
         graphical_method(above, "auto", True, 2)
 
 
+def test_the_memory_limit_is_what_an_address_space_cap_leaves():
+    """Without a cap the methods' memory limit is MEMORY_LIMIT_BYTES; under RLIMIT_AS it is the
+    cap less what the process has mapped (VmSize), so that a method which would not fit is
+    refused in one line before it starts: 256 MiB above the current size leaves about 256 MiB."""
+    script = ("import resource\n"
+              "from distfit.estimate.job import memory_limit\n"
+              "free = memory_limit()\n"
+              "size = int(open('/proc/self/statm').read().split()[0]) * resource.getpagesize()\n"
+              "resource.setrlimit(resource.RLIMIT_AS, (size + (256 << 20), resource.RLIM_INFINITY))\n"
+              "print(free, memory_limit())")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    free, capped = map(int, done.stdout.split())
+    assert free == graphical.MEMORY_LIMIT_BYTES
+    assert 200 << 20 < capped <= 256 << 20
+
+
 def test_without_the_graphical_extra_the_estimate_says_so_in_one_line(tmp_path, adult_run):
-    """With mbi and jax unimportable, a wide estimate exits 2 with one line saying how to
-    install the extra, and writes nothing."""
-    script = ("import sys; sys.modules['mbi'] = None; sys.modules['jax'] = None\n"
-              "from distfit.cli.main import main\n"
-              f"raise SystemExit(main(['estimate', 'plan.zarr', 'release.zarr', '--out', {str(tmp_path / 'e.zarr')!r}, "
-              "'--serial']))")
-    result = subprocess.run([sys.executable, "-c", script], cwd=adult_run, capture_output=True, text=True, timeout=300)
+    """With mbi and jax unimportable, a wide estimate by the region graph (which needs them)
+    exits 2 with one line saying how to install the extra, and writes nothing."""
+    result = distfit("estimate", "plan.zarr", "release.zarr", "--out", str(tmp_path / "e.zarr"), "--method",
+                     "graphical-region-graph", "--serial", cwd=adult_run, extra=False)
     assert result.returncode == 2
     assert_one_line_error(result.stderr, "pip install 'distfit[graphical]'")
     assert not list(tmp_path.glob("e.zarr*"))
