@@ -109,6 +109,17 @@ def test_a_command_imports_only_what_it_uses(small_plan, argv, never):
     assert sorted(packages & set(never)) == []
 
 
+def test_estimate_imports_neither_the_microdata_readers_nor_the_graphical_extra(small_plan, tmp_path):
+    """``distfit estimate`` (of a missing release: refused once its handler is imported) imports
+    the estimate stage but not pandas or pyarrow (dask.dataframe starts pyarrow's memory pool,
+    which reserves 1 GiB of address space: ``distfit.cli.estimating``), nor jax or mbi."""
+    code, packages = imported_packages(["estimate", small_plan.plan, str(tmp_path / "none.zarr"), "--out",
+                                        str(tmp_path / "e.zarr"), "--serial"])
+    assert code == 2
+    assert "numba" in packages  # the estimate stage (distfit.estimate.query_sums) was imported
+    assert sorted(packages & {"pandas", "pyarrow", "jax", "mbi"}) == []
+
+
 #: what planning and auditing never need (distfit.cli.main's docstring: the dispatch table)
 HEAVY = ("dask.dataframe", "pandas", "pyarrow", "matplotlib", "numba", "jax", "distfit.pipeline.run",
          "distfit.cli.commands")
