@@ -393,9 +393,10 @@ def estimate_chunk_task(job: EstimateJob, model: MeasurementModel, chunk: int,
             # a graphical chunk runs for up to a minute (Adult: ~500 ADMM iterations, ~15 s): its
             # steps, rate and ETA (an upper bound: it may converge sooner) on the process's stderr
             solver = "ADMM" if job.method == "graphical-local" else "mirror descent"
+            problem = _problem_for(model, job.method)
+            _ = problem.local  # the local polytope built (once) before the clock starts: the rate is the steps'
             steps = Progress(f"estimate units {start}-{stop - 1}: {solver}", unit="steps")
-            queries, cells, fit = estimate_chunk_graphical(_problem_for(model, job.method), answers,
-                                                           workload=job.workload, progress=steps)
+            queries, cells, fit = estimate_chunk_graphical(problem, answers, workload=job.workload, progress=steps)
             if fit.iterations:
                 steps(fit.iterations, fit.iterations)  # the line ends: the steps it took
     arrays = chunk_rows(queries, cells, fit.objective, fit.iterations, fit.converged, unit_ids, tables=job.tables)
