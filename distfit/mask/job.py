@@ -19,6 +19,8 @@ outcome); a bad value (text, empty, NaN, infinite) is refused there, before the 
 out, and nothing is left at ``--out``. With ``--bounds-from-data`` the bounds are the columns'
 range, computed in the same pass; a warning says that they leak and the store is marked not
 private. Clipped values (outside ``--bounds``) are counted per column for the summary only.
+The account (:func:`distfit.mask.account.mask_account`) is computed once the rows are counted:
+for one column its sigma depends on the block sizes (setting B, docs/privacy.md).
 
 Randomness: fresh OS entropy per session (:func:`distfit.release.noise.fresh_entropy`), in memory
 only and shipped with the tasks; block ``i`` draws from ``block_stream(entropy, i)``. ``--seed``
@@ -43,7 +45,7 @@ from typing import TextIO
 
 import numpy as np
 
-from distfit.mask.account import mask_account
+from distfit.mask.account import check_budget, mask_account
 from distfit.mask.haar import block_sizes, default_block_rows
 from distfit.mask.scaling import INTERCEPT, check_columns, check_scaling, clip_counts, scaling_from_range
 from distfit.mask.source import check_header, read_columns
@@ -181,7 +183,7 @@ def run_mask(
         raise ValueError("--bounds and --bounds-from-data exclude each other")
     scaling = None if bounds_from_data else check_scaling(columns, bounds or {})
     p = len(columns)
-    account = mask_account(epsilon, delta, p)
+    check_budget(epsilon, delta)
     block_rows = _check_block_rows(block_rows, p)
     check_header(data, columns)
     private = seed is None and not bounds_from_data
@@ -195,6 +197,7 @@ def run_mask(
         stack.callback(shutil.rmtree, input_path, ignore_errors=True)  # the data: never left behind
         rows, scaling, clipped = _stage(data, columns, input_path, scaling, log)
         sizes = block_sizes(rows, p, block_rows)
+        account = mask_account(epsilon, delta, p, sizes)  # p = 1: setting B's, set by the block sizes
         names = [*columns, INTERCEPT]
         centre, scale = np.append(scaling.centre, 0.0), np.append(scaling.scale, 1.0)
         attrs = {"bounds": scaling.bounds(), "bounds_from_data": bool(bounds_from_data), "sigma": account.sigma,
