@@ -252,7 +252,8 @@ def build_parser() -> argparse.ArgumentParser:
     plan_parser.add_argument("--refine-rounds", type=whole_number(0), default=2, metavar="R", help="target-share refinement rounds (default 2)")
 
     audit_parser = commands.add_parser(
-        "audit", help="recompute a plan's profiles, alpha and variances from its stored arrays; exit 1 on mismatch",
+        "audit", help="recompute a plan's profiles, alpha and variances from its stored arrays (or a mask store's "
+                  "privacy account); exit 1 on mismatch",
     )
     add_inputs(audit_parser, "plan")
 

@@ -43,6 +43,9 @@ def test_one_column_prints_the_sigma_of_both_settings(capsys, csv, tmp_path):
     line = next(row for row in out.splitlines() if "sigma" in row)
     assert f"{account['sigma']:.6g} used" in line and f"A, noise alone: {account['sigma_gaussian']:.6g}" in line
     assert f"B, with the mask: {account['sigma_masked']:.6g}" in line and account["sigma_masked"] < account["sigma_gaussian"]
+    code, out, err = run(capsys, "audit", str(tmp_path / "m.zarr"))  # distfit audit recomputes the account
+    assert code == 0, out + err
+    assert "audit passed" in out and "sigma" in out and "mismatch" not in out
 
 
 @pytest.mark.parametrize("change,fragments", [
