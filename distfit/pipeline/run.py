@@ -19,6 +19,7 @@ pipeline (``distfit/pipelines/default.yaml``, a copy of ``pipelines/pl94.yaml``)
 4b. estimate -> ``RUNDIR/estimate.zarr`` (:func:`distfit.estimate.job.run_estimate`, on by default:
              nonnegative, consistent estimates of every query from the sealed release; reads no
              data, costs no privacy; ``integer=True`` rounds them; ``estimate=False`` skips it)
+4c. mask    -> ``RUNDIR/mask.zarr``    with a ``mask`` section: masked pseudo-data (:mod:`distfit.pipeline.masking`)
 5. manifest -> ``RUNDIR/manifest.json`` written atomically (temporary file + ``os.replace``):
    spec path and hash, plan and release checksums, privacy account (from the plan attrs),
    per-stage timings and status, package versions, the cluster used (``{"kind": "serial"}``,
@@ -60,6 +61,7 @@ from distfit.data.people import write_synthetic_people
 from distfit.data.synthetic import describe_geography, unit_columns
 from distfit.estimate.job import estimate_in_run, manifest_entry
 from distfit.estimate.levels import estimate_levels, parent_columns
+from distfit.pipeline.masking import check_mask_data, mask_stage
 from distfit.runtime.failures import RunFailure
 from distfit.runtime.placement import Placement
 from distfit.plan.job import level_profiles, planned_decomposition, run_plan, scale_plan_to_budget
@@ -81,11 +83,10 @@ DEFAULT_UNITS = 10_000
 PACKAGES = ("distfit", "numpy", "scipy", "dask", "distributed", "zarr")
 
 PLAN_NAME, DATA_NAME, RELEASE_NAME, MANIFEST_NAME = "plan.zarr", "data.zarr", "release.zarr", "manifest.json"
-ESTIMATE_NAME = "estimate.zarr"
-REPORT_NAME = "report"
+ESTIMATE_NAME, MASK_NAME, REPORT_NAME = "estimate.zarr", "mask.zarr", "report"
 #: What a run writes in RUNDIR (``check_rundir``); a level's directory also holds its spec record
 #: and, under a budget, its accuracy-first plan.
-RUN_NAMES = (PLAN_NAME, DATA_NAME, RELEASE_NAME, ESTIMATE_NAME, MANIFEST_NAME, REPORT_NAME, "spec.yaml",
+RUN_NAMES = (PLAN_NAME, DATA_NAME, RELEASE_NAME, ESTIMATE_NAME, MASK_NAME, MANIFEST_NAME, REPORT_NAME, "spec.yaml",
              "accuracy-plan.zarr")
 
 __all__ = ["LevelsRunResult", "RunDirError", "RunFailure", "RunResult", "default_spec_path", "report_level", "run_levels",
@@ -331,6 +332,7 @@ def run_pipeline(
             if units is not None:
                 raise ValueError(f"--units is for synthetic data; --data {source} is microdata (its units are "
                                  "the values of the spec's unit column)")
+        check_mask_data(spec.mask, source)  # a mask section needs a CSV with its columns
         _inspect(rundir, spec_hash, synthesise, units, spec=spec, source=source, parent_column=parent_column)
 
         plan_path, release_path, estimate_path = rundir / PLAN_NAME, rundir / RELEASE_NAME, rundir / ESTIMATE_NAME
@@ -381,11 +383,11 @@ def run_pipeline(
 
             # 2. audit
             t = time.perf_counter()
-            report = audit_plan(str(plan_path))
+            audited = audit_plan(str(plan_path))  # not ``report``: that is the parameter (write the report)
             timings["audit"] = time.perf_counter() - t
-            if not report.ok:
-                raise RunFailure(f"{plan_path}: the plan fails audit ({len(report.failures)} failures): "
-                                 + "; ".join(report.failures[:3]))
+            if not audited.ok:
+                raise RunFailure(f"{plan_path}: the plan fails audit ({len(audited.failures)} failures): "
+                                 + "; ".join(audited.failures[:3]))
             stages["audit"] = "passed"
 
             # 3. data
@@ -426,7 +428,7 @@ def run_pipeline(
                 result = run_release(
                     str(plan_path), str(data_path), str(release_path), resume=resume,
                     placement=where.placement(), log=log, fsync=fsync,
-                    after_chunk=after_chunk, audit=report,  # audited above: not audited (hashed) again
+                    after_chunk=after_chunk, audit=audited,  # audited above: not audited (hashed) again
                     data_checksum=data_store.attrs.get("checksum") if written else None,
                 )
                 release_checksum = result.checksum
@@ -441,6 +443,7 @@ def run_pipeline(
                     str(plan_path), str(release_path), str(estimate_path), integer=integer,
                     placement=where.placement, log=log, fsync=fsync)
                 timings["estimate"] = time.perf_counter() - t
+            masked = mask_stage(spec.mask, source, rundir / MASK_NAME, where.placement, log, fsync, stages, timings)
             cluster_used = where.describe()
 
         # 5. report (rebuilt on every run: it is cheap and replaces only an earlier distfit report)
@@ -468,7 +471,7 @@ def run_pipeline(
                      "source": ({key: (data_store.attrs.get("source") or {}).get(key)
                                  for key in ("path", "format", "size", "mtime")} if source is not None else None)},
             "release": {"path": os.path.abspath(release_path), "checksum": release_checksum},
-            "estimate": estimated,
+            "estimate": estimated, "mask": masked,  # the mask: its own (epsilon, delta), on top of the plan's
             "privacy": {
                 "alpha": plan_attrs.get("alpha"),
                 "rho": plan_attrs.get("rho"),
