@@ -26,17 +26,16 @@ the least: a larger one would waste accuracy, a smaller one break the budget).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import numpy as np
 import scipy.integrate
 import scipy.special
 
-from distfit.audit.checks import TOLERANCE, Checks, at_most, close
+from distfit.audit.checks import TOLERANCE, AuditReport, Checks, at_most, close
 from distfit.audit.privacy import budget_alpha, log_delta
 from distfit.stores.mask import Masked, read_mask, verify_mask
 
-__all__ = ["MaskAuditReport", "audit_mask", "log_chi_ratio", "masked_delta"]
+__all__ = ["audit_mask", "log_chi_ratio", "masked_delta"]
 
 #: Setting B's recomputed delta and the stored one agree to this (relative).
 MASKED_TOLERANCE = 1e-6
@@ -45,21 +44,6 @@ ACCOUNT_KEYS = frozenset({"epsilon", "delta", "p", "sensitivity", "sigma_gaussia
                           "delta_achieved", "block_rows", "calibration", "masking_gain", "neighbours",
                           "mechanism"})
 _ANGLE_NODES, _ANGLE_WEIGHTS = np.polynomial.legendre.leggauss(160)
-
-
-@dataclass(frozen=True)
-class MaskAuditReport:
-    """What the audit of a mask store checked and what failed; ``sigma`` the noise it claims."""
-
-    path: str
-    checks: int
-    failures: tuple[str, ...]
-    sigma: float
-    checksum: str
-
-    @property
-    def ok(self) -> bool:
-        return not self.failures
 
 
 def _log_sphere_mean(k: int, c: float) -> float:
@@ -167,7 +151,7 @@ def _check_account(check: Checks, store: Masked) -> float:
     return float(sigma)
 
 
-def audit_mask(path: str) -> MaskAuditReport:
+def audit_mask(path: str) -> AuditReport:
     """Audit the mask store at ``path`` (module docstring): its checksum and its account.
     Raises :class:`distfit.stores.mask.MaskError` if it is not a readable, sealed mask store."""
     store = read_mask(path)
@@ -175,4 +159,4 @@ def audit_mask(path: str) -> MaskAuditReport:
     ok, stored, recomputed = verify_mask(path)
     check(ok, f"checksum: stored {stored}, but the store hashes to {recomputed}")
     sigma = _check_account(check, store)
-    return MaskAuditReport(str(path), check.count, tuple(check.failures), sigma, recomputed)
+    return AuditReport(str(path), check.count, tuple(check.failures), "sigma", sigma, recomputed)

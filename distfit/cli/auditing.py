@@ -21,14 +21,10 @@ from distfit.stores.files import root_attrs_on_disk
 def cmd_audit(args: argparse.Namespace) -> int:
     """``distfit audit``: recompute a plan store's account (``distfit.audit.plan.audit_plan``); exit 1
     on a mismatch. A mask store's account is audited by ``distfit.audit.mask.audit_mask``."""
-    if (root_attrs_on_disk(Path(args.plan)) or {}).get("distfit_format") == "mask":
-        report = audit_mask(args.plan)
-        cost = f"sigma {format_number(report.sigma)}"
-    else:
-        report = audit_plan(args.plan)
-        cost = f"alpha {format_number(report.alpha)}"
+    is_mask = (root_attrs_on_disk(Path(args.plan)) or {}).get("distfit_format") == "mask"
+    report = audit_mask(args.plan) if is_mask else audit_plan(args.plan)
     status = "passed" if report.ok else "FAILED"
-    print(f"{PROG}: audit {status}: {report.path}: {report.checks} checks, {cost}")
+    print(f"{PROG}: audit {status}: {report.path}: {report.checks} checks, {report.claim} {format_number(report.value)}")
     for failure in report.failures:
         print(f"  mismatch: {failure}")
     return 0 if report.ok else 1

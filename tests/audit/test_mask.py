@@ -53,7 +53,7 @@ def test_a_true_account_passes(csv, tmp_path, columns):
     result = _mask(csv, tmp_path / "m.zarr", columns)
     report = audit_mask(result.path)
     assert report.ok, report.failures
-    assert report.checks >= 10 and report.sigma == result.sigma and report.checksum == result.checksum
+    assert report.checks >= 10 and report.claim == "sigma" and report.value == result.sigma and report.checksum == result.checksum
 
 
 def test_a_sigma_a_little_too_small_fails(csv, tmp_path, monkeypatch):
@@ -93,4 +93,4 @@ def test_an_account_edited_after_the_seal_fails_its_checksum(csv, tmp_path):
     report = audit_mask(str(path))
     assert any(f.startswith("checksum:") for f in report.failures)
     assert any("setting B: sigma" in f for f in report.failures)  # at epsilon 2 the least sigma is smaller
-    assert math.isfinite(report.sigma)
+    assert math.isfinite(report.value)
