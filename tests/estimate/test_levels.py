@@ -19,6 +19,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
+from distfit.estimate import levels
 from distfit.estimate.levels import estimate_levels, parent_columns
 from distfit.estimate.measurements import measurement_model, recover_measurements, workload_estimates
 from distfit.estimate.projection import normal_equations
@@ -200,3 +201,12 @@ def test_export_gives_each_levels_se_and_moe90(serial_run, tmp_path):
             assert set(frame["se_note"]) == {"linear-hierarchy"}
             start += width
         assert start == estimates.shape[1]
+
+
+def test_too_many_cells_are_refused_before_anything_is_planned(tmp_path, monkeypatch):
+    monkeypatch.setattr(levels, "DENSE_CELLS", 200)  # census.yaml has 224 cells
+    with pytest.raises(ValueError, match=r"^census: 224 cells; a multi-level estimate holds cells x cells matrices, "
+                                         r"at most 200 cells"):
+        run_levels(CENSUS, tmp_path / "run", units=24, placement=Placement(serial=True), fsync=False,
+                   log=io.StringIO())
+    assert not (tmp_path / "run" / "levels").exists()
