@@ -86,6 +86,22 @@ finest level costs nothing (``I`` stays regular when the leaves measure everythi
 finest level measuring part leaves its units unidentified in the rest, except where a parent
 has one child.
 
+Splitting what nothing identifies (``split="total"``). The second term of ``G_c`` splits the
+unidentified remainder ``(I - S_p K_p) r`` equally among children blind to it; any other split
+of it (with the same sum) is another minimiser of the whole objective, because the objective
+is flat along it, so every estimable function keeps its BLUE and ``a^T P_u a`` its variance.
+Where a parent's children are all blind in the same directions (one projector ``Pi``: the
+census's counties, which measure part of the table, and its states), ``"total"`` splits it in
+proportion to weights ``w_c``, the children's estimated totals (``1^T x_c`` of the equal split,
+at least 0; ``x_c`` += ``(n_p w_c / sum w - 1) Pi (I - S_p K_p) r / n_p``): a small unit gets
+a small share of the parent's unmeasured detail (e.g. the nation's age x race interaction)
+instead of ``1/n_p`` of it, which keeps its cells near the range of counts (measured at 20,000
+counties: the state cells' equal split reaches -62 where the totals are a few hundred). No
+estimable function moves: with one ``Pi`` for all siblings, the estimable ``a`` of a child
+lie in ``range I_c + range O_c``, both orthogonal to ``range Pi`` (``range O_c`` lies in
+``R_p = null N_p = range(Pi)^perp``). The split is then not linear in the measurements, and
+``P_u`` is the covariance of the returned estimate along the estimable functions only.
+
 Classes of units. Every matrix above depends on the tree's shape and the levels' ``J``, never
 on the measurements: ``I_u``, ``K_u``, ``S_u``, ``N_u`` are the same for two units whose
 subtrees have the same shape (the same ``J`` and the same multiset of children's classes,
@@ -133,6 +149,11 @@ PINV_RTOL = 1e-9
 #: looping over the classes when there are more than this many classes.
 CLASS_LOOP = 64
 GATHER_BYTES = 1 << 26
+#: ``split="total"``: each child's weight is its estimated total (at least 0) plus this times
+#: (1 + the largest), so that children whose totals are all 0 split equally.
+TOTAL_FLOOR = 1e-9
+#: Two null projectors this close (entrywise) are the same subspace's (rounding of the eigh).
+SAME_NULL_ATOL = 1e-8
 
 
 @dataclass(frozen=True, eq=False)
@@ -334,13 +355,20 @@ def _check(information: Sequence[np.ndarray], linear: Sequence[np.ndarray], pare
 
 
 def estimate_hierarchy(information: Sequence[np.ndarray], linear: Sequence[np.ndarray],
-                       parent_of: Sequence[np.ndarray | None], *, rtol: float = PINV_RTOL) -> HierarchyEstimate:
+                       parent_of: Sequence[np.ndarray | None], *, rtol: float = PINV_RTOL,
+                       split: str = "equal") -> HierarchyEstimate:
     """The GLS (BLUE) estimates of every unit of every level and their exact covariances
     (module docstring), coarsest level first. ``information[l]``: ``J_l`` (d x d, one for the
     level, or units x d x d); ``linear[l]``: ``h_u`` (units x d), e.g. the ``(H, g)`` of
     :func:`distfit.estimate.projection.normal_equations` of the level's plan and measurements;
     ``parent_of[l]``: each unit's parent, a row of level ``l - 1`` (None for level 0, whose
-    units are the roots). ``rtol``: :func:`psd_pinv`'s. ValueError on inconsistent shapes."""
+    units are the roots). ``rtol``: :func:`psd_pinv`'s. ``split``: how the part of a parent's
+    table no child's subtree identifies is split among its children, ``"equal"`` (the linear
+    least-squares rule) or ``"total"`` (in proportion to the children's estimated totals, where
+    they are all blind in the same directions: module docstring, "Splitting what nothing
+    identifies"). ValueError on inconsistent shapes or another ``split``."""
+    if split not in ("equal", "total"):
+        raise ValueError(f"split: 'equal' or 'total', got {split!r}")
     js, hs, parents = _check(information, linear, parent_of)
     levels = len(hs)
     d = hs[0].shape[1]
@@ -353,6 +381,7 @@ def estimate_hierarchy(information: Sequence[np.ndarray], linear: Sequence[np.nd
     up, j_of, fanout = [None] * levels, [None] * levels, [None] * levels
     inside, inside_pinv, inside_null = [None] * levels, [None] * levels, [None] * levels
     s_sum, k_par, n_sum, n_pinv = [None] * levels, [None] * levels, [None] * levels, [None] * levels
+    same_blind = [None] * levels  # per parent class: its children are all blind in the same directions
     means, m_sum = [None] * levels, [None] * levels
     for level in range(levels - 1, -1, -1):
         distinct, index = own[level]
@@ -365,6 +394,7 @@ def estimate_hierarchy(information: Sequence[np.ndarray], linear: Sequence[np.nd
             if inside_null[level + 1].any():
                 blind = _class_sum(counts, inside_null[level + 1])
                 n_pinv[level], _ = psd_pinv(blind, rtol, 1.0)
+                same_blind[level] = _same_null(counts, inside_null[level + 1])
                 n_sum[level] = blind
                 within = eye - _mm(n_pinv[level], blind)  # Pi_R = I - N^+ N
                 k, _ = psd_pinv(_sym(_mm(_mm(within, s), within)), rtol)
@@ -398,7 +428,15 @@ def estimate_hierarchy(information: Sequence[np.ndarray], linear: Sequence[np.nd
         gain = _mm(own_pinv, k)
         if n_pinv[p] is not None:
             gain += _mm(_mm(own_null, n_pinv[p][kp]), eye - _mm(s, k))
-        x = means[level] + classwise(gain, kind, xs[p][below] - m_sum[p][below])
+        remainder = xs[p][below] - m_sum[p][below]
+        x = means[level] + classwise(gain, kind, remainder)
+        if split == "total" and n_pinv[p] is not None:
+            blind_gain = _mm(_mm(own_null, n_pinv[p][kp]), eye - _mm(s, k))
+            weight = np.maximum(x.sum(axis=1), 0.0)
+            weight += TOTAL_FLOOR * (1.0 + weight.max(initial=0.0))  # all zero: equal parts
+            factor = group.fanout[below] * weight / group.sum(weight)[below]
+            factor = np.where(same_blind[p][kp][kind], factor, 1.0)
+            x += (factor - 1.0)[:, None] * classwise(blind_gain, kind, remainder)
         # the rounding of sum_c G_c = I goes to each parent's last child
         x[group.last] += xs[p][group.parents] - group.sum(x)[group.parents]
         shared = _mm(gain, own_pinv)
@@ -414,6 +452,18 @@ def estimate_hierarchy(information: Sequence[np.ndarray], linear: Sequence[np.nd
     return HierarchyEstimate(x=tuple(xs), unit_class=tuple(kinds), covariance=tuple(covs),
                              subtree_information=tuple(inside[level][up_of[level]] for level in range(levels)),
                              information=final)
+
+
+def _same_null(counts: scipy.sparse.csr_array, null: np.ndarray) -> np.ndarray:
+    """Per parent class (a row of ``counts``): whether every child class it has (the row's
+    nonzero columns) has the same null projector ``null`` (to :data:`SAME_NULL_ATOL`)."""
+    coo = counts.tocoo()
+    first = np.full(counts.shape[0], -1, dtype=np.int64)
+    np.maximum.at(first, coo.row, coo.col)  # any one child class of each parent class
+    differ = np.abs(null[coo.col] - null[first[coo.row]]).max(axis=(1, 2), initial=0.0) > SAME_NULL_ATOL
+    out = np.ones(counts.shape[0], dtype=bool)
+    out[coo.row[differ]] = False
+    return out
 
 
 def _outside(above: np.ndarray, s: np.ndarray, n: np.ndarray | None, own_pinv: np.ndarray, own_null: np.ndarray,

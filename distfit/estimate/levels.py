@@ -269,7 +269,7 @@ def estimate_levels(spec: Any, level_dirs: Mapping[str, os.PathLike | str], *, i
         units = sum(h.shape[0] for h in linears)
         print(f"distfit: estimate levels {', '.join(names)} ({units:,} units): best linear unbiased over the "
               f"geography{', then integer tables' if integer else ''}", file=log)
-        result = estimate_hierarchy(hessians, linears, parent_of)
+        result = estimate_hierarchy(hessians, linears, parent_of, split="total")
         xs = integer_tables(result.x, parent_of) if integer else result.x
         variances = [None if integer or models[name].workload is None
                      else query_variances(models[name].workload, result.covariance[i], result.unit_class[i])

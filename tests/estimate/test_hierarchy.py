@@ -121,11 +121,13 @@ IDENTIFIED = (FULL_LEAVES, RAGGED, FIVE_LEVELS)
 
 
 @pytest.mark.parametrize("case", CASES, ids=IDS)
-@pytest.mark.parametrize("seed", [0, 1])
-def test_equals_dense_gls_on_estimable_functions(case, seed):
+@pytest.mark.parametrize("seed, split", [(0, "equal"), (1, "equal"), (2, "total")])
+def test_equals_dense_gls_on_estimable_functions(case, seed, split):
+    """Also with the unidentified remainder split by the children's totals: every estimable
+    function keeps its BLUE and variance (module docstring)."""
     parents, sizes, maps, leaves, truth, design, ys = _problem(case["fanouts"], case["rows"], seed)
     js, hs = _normal(design, ys)
-    result = estimate_hierarchy(js, hs, parents)
+    result = estimate_hierarchy(js, hs, parents, split=split)
     dense = _dense(design, ys, maps, leaves)
     identified = any(case is c for c in IDENTIFIED)
     for level, units in enumerate(dense):
@@ -153,10 +155,11 @@ def test_equals_dense_gls_on_estimable_functions(case, seed):
 
 
 @pytest.mark.parametrize("case", CASES, ids=IDS)
-def test_children_sum_to_parent(case):
+@pytest.mark.parametrize("split", ["equal", "total"])
+def test_children_sum_to_parent(case, split):
     parents, sizes, maps, leaves, truth, design, ys = _problem(case["fanouts"], case["rows"], 3)
     js, hs = _normal(design, ys)
-    result = estimate_hierarchy(js, hs, parents)
+    result = estimate_hierarchy(js, hs, parents, split=split)
     for level in range(1, len(sizes)):
         sums = np.zeros_like(result.x[level - 1])
         np.add.at(sums, parents[level], result.x[level])
@@ -323,3 +326,33 @@ def test_classes_of_a_census_shaped_tree_and_the_gathered_products(monkeypatch):
     gathered = estimate_hierarchy(js, hs, parents)
     for level in range(3):
         np.testing.assert_allclose(gathered.x[level], result.x[level], rtol=1e-12, atol=1e-12 * np.abs(truth[0]).max())
+
+
+def test_the_unidentified_remainder_split_by_the_childrens_totals():
+    """Leaves measuring part of the table (all blind in the same directions): with
+    ``split="total"`` each leaf's part in the blind directions (``Pi x_c``) is its parent's
+    remainder times its share of the siblings' totals, where the equal split gives every
+    sibling the same part; the measured functions do not move."""
+    rng = np.random.default_rng(13)
+    fanouts = [[3], [4, 2, 3]]
+    parents = _tree(fanouts, rng)
+    sizes = [1, 3, 9]
+    maps, leaves = _leaf_map(parents, sizes)
+    truth = [a @ (rng.poisson(3.0, (leaves, D)) * (5 + 4 * np.arange(leaves))[:, None]).astype(float) for a in maps]
+    design = _design([D + 2, D, 3], rng)
+    ys = [truth[l] @ w.T + rng.multivariate_normal(np.zeros(w.shape[0]), s, size=sizes[l])
+          for l, (w, s) in enumerate(design)]
+    js, hs = _normal(design, ys)
+    equal, total = estimate_hierarchy(js, hs, parents), estimate_hierarchy(js, hs, parents, split="total")
+    _, blind = psd_pinv(js[2])
+    for parent in range(3):
+        children = np.flatnonzero(parents[2] == parent)
+        weight = np.maximum(equal.x[2][children].sum(axis=1), 0.0)  # the estimated totals (at least 0)
+        share = weight / weight.sum()
+        assert np.ptp(share) > 0.05  # units of different sizes
+        parts = total.x[2][children] @ blind
+        np.testing.assert_allclose(parts, share[:, None] * parts.sum(axis=0), rtol=1e-8, atol=1e-8 * np.abs(parts).max())
+        np.testing.assert_allclose(equal.x[2][children] @ blind, np.tile(parts.mean(axis=0), (children.size, 1)),
+                                   rtol=1e-8, atol=1e-8 * np.abs(parts).max())
+    w = design[2][0]
+    np.testing.assert_allclose(total.x[2] @ w.T, equal.x[2] @ w.T, rtol=1e-9, atol=1e-9 * np.abs(truth[2]).max())
