@@ -60,7 +60,7 @@ from distfit.data.microdata import check_source, ensure_tabulated, microdata_for
 from distfit.data.people import write_synthetic_people
 from distfit.data.synthetic import describe_geography, unit_columns
 from distfit.estimate.job import estimate_in_run, manifest_entry
-from distfit.estimate.levels import estimate_levels, parent_columns
+from distfit.estimate.levels import check_levels, estimate_levels, parent_columns
 from distfit.pipeline.masking import check_mask_data, mask_stage
 from distfit.runtime.failures import RunFailure
 from distfit.runtime.placement import Placement
@@ -312,7 +312,7 @@ def run_pipeline(
     this run, not reused. ``parent_column`` (``run_levels``): microdata is tabulated with each
     unit's parent id from that column (the coarser level's unit column). ``estimate``: run the
     estimate stage (``integer``: integer estimates; :func:`distfit.estimate.job.estimate_in_run`).
-    ``report=False`` (``run_levels``): written later, with the top-down estimate (:func:`report_level`).
+    ``report=False`` (``run_levels``): written later, with the levels' estimate (:func:`report_level`).
 
     Errors: SpecError / ValueError / RunDirError / FileExistsError (bad input, exit 2),
     RunFailure (the plan fails its audit, exit 1), ClusterError.
@@ -504,7 +504,7 @@ def _report_entry(report: Any) -> dict[str, Any]:
 
 
 def report_level(result: RunResult, estimate: Any | None) -> RunResult:
-    """Write the report of a level run with ``report=False`` with the section of its top-down
+    """Write the report of a level run with ``report=False`` with the section of its
     ``estimate`` (a :class:`distfit.estimate.levels.LevelEstimate`, or None) and complete the
     level's manifest (``report``, ``estimate``, their stages and timing); the result, completed."""
     t = time.perf_counter()
@@ -584,9 +584,10 @@ def run_levels(
     share (:func:`distfit.plan.job.scale_plan_to_budget`); its ``spec.yaml`` records the share
     as the level's ``privacy.alpha``. A rerun reuses and resumes level by level like
     :func:`run_pipeline`; a RUNDIR of another spec is refused (RunDirError). Then (``estimate``)
-    every level's ``estimate.zarr``, top-down: children sum to their parent, exactly as integers
-    with ``integer`` (:func:`distfit.estimate.levels.estimate_levels`; each level's tabulation
-    records its units' parents, ``parent_column``).
+    every level's ``estimate.zarr``, the best linear unbiased estimate over the geography with
+    each estimate's variance: children sum to their parent, to float rounding, and exactly as
+    nonnegative integers with ``integer`` (:func:`distfit.estimate.levels.estimate_levels`; each
+    level's tabulation records its units' parents, ``parent_column``).
     """
     with store_lock(out, "run directory"):  # one run per RUNDIR at a time (stores/lock.py)
         started = time.perf_counter()
@@ -596,6 +597,8 @@ def run_levels(
             raise ValueError(f"{spec_path}: not a multi-level spec (no levels); use run_pipeline")
         if units is not None and (isinstance(units, bool) or units < 1):
             raise ValueError(f"--units must be >= 1, got {units}")
+        if estimate:
+            check_levels(spec)  # before anything is planned or released
         spec_hash = spec.spec_hash
         rundir = Path(os.fspath(out))
         if rundir.exists() and rundir.is_dir() and any(
@@ -688,10 +691,10 @@ def run_levels(
                     plan_written=scaled_now.get(name), parent_column=parents[name], estimate=False, report=False)
                 timings[f"level {name}"] = time.perf_counter() - t
 
-        t = time.perf_counter()  # top-down: every level's children sum to their parent (integer: exactly)
+        t = time.perf_counter()  # over the geography: every level's children sum to their parent (integer: exactly)
         estimates = estimate_levels(spec, level_dirs, integer=integer, log=log, fsync=fsync) if estimate else {}
         timings["estimate"] = time.perf_counter() - t
-        # each level's report, with its top-down estimate (estimated once, above; timed in the level's manifest)
+        # each level's report, with its estimate (estimated once, above; timed in the level's manifest)
         results = {name: report_level(result, estimates.get(name)) for name, result in results.items()}
         plans = {name: read_plan(result.plan) for name, result in results.items()}
         account = combine_levels(spec.domain, [(name, float(plan.attrs["alpha"]), level_profiles(plan))

@@ -276,7 +276,7 @@ def test_passes_runs_and_row_groups_do_not_change_the_files(stores, tmp_path, mo
 def test_no_se_is_stated_for_nonlinear_methods_or_a_covariance_too_large(stores, monkeypatch):
     plan, estimate = read_plan(stores["plan"]), read_estimate(stores["estimate"])
     for method in ("graphical-exact", "graphical-region-graph", "top-down"):
-        source = job.error_source("estimate", SimpleNamespace(integer=False, method=method), plan)
+        source = job.error_source("estimate", SimpleNamespace(integer=False, method=method, variances=None), plan)
         assert (source.se, source.per_unit, source.note) == (None, False, "nonlinear-method")
     assert job.error_source("estimate", estimate, plan).note == "linear-gls"
     monkeypatch.setattr(job, "DENSE_CELLS", 35)  # the small plan has 36 cells
