@@ -483,7 +483,7 @@ def run_pipeline(
             "timings_seconds": timings,
             "versions": package_versions(),
             "cluster": cluster_used,
-            "report": _report_entry(written) if written is not None else None,
+            "report": written.manifest_entry() if written is not None else None,
         }
         write_json_atomic(manifest_path, manifest)
         return RunResult(
@@ -495,14 +495,6 @@ def run_pipeline(
         )
 
 
-def _report_entry(report: Any) -> dict[str, Any]:
-    """The manifest's ``report`` entry of a written report (``distfit.report.page.ReportResult``)."""
-    return {"path": os.path.abspath(report.path), "index": os.path.abspath(os.path.join(report.path, "index.html")),
-            "plots": list(report.plots), "calibration": report.calibration,
-            "validation": report.validation and os.path.abspath(report.validation),
-            "validation_plots": list(report.validation_plots)}
-
-
 def report_level(result: RunResult, estimate: Any | None) -> RunResult:
     """Write the report of a level run with ``report=False`` with the section of its
     ``estimate`` (a :class:`distfit.estimate.levels.LevelEstimate`, or None) and complete the
@@ -511,7 +503,7 @@ def report_level(result: RunResult, estimate: Any | None) -> RunResult:
     written = write_report(result.plan, result.report, result.release, result.data,
                            estimate_path=estimate and estimate.path, verified=True)  # by the level's run
     stages = dict(result.stages, estimate=estimate.status if estimate else "skipped", report="done")
-    manifest = dict(result.manifest_data, stages=stages, report=_report_entry(written),
+    manifest = dict(result.manifest_data, stages=stages, report=written.manifest_entry(),
                     estimate=manifest_entry(estimate.path, estimate.checksum) if estimate else None,
                     timings_seconds=dict(result.timings, report=time.perf_counter() - t))
     write_json_atomic(Path(result.manifest), manifest)

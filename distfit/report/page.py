@@ -119,6 +119,13 @@ class ReportResult:
     validation: str | None = None
     validation_plots: tuple[str, ...] = ()
 
+    def manifest_entry(self) -> dict[str, Any]:
+        """What a run's manifest records of this report (``report``): absolute paths, the figures."""
+        return {"path": os.path.abspath(self.path), "index": os.path.abspath(os.path.join(self.path, PAGE)),
+                "plots": list(self.plots), "calibration": self.calibration,
+                "validation": self.validation and os.path.abspath(self.validation),
+                "validation_plots": list(self.validation_plots)}
+
 
 def _check_out(path: Path) -> None:
     """Raise unless ``path`` may be replaced by a report (:func:`distfit.stores.files.check_marked_dir`)."""
