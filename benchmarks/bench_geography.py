@@ -1,27 +1,32 @@
-"""Top-down estimates of a multi-level run: negative answers and errors before and after, per level.
+"""A multi-level run's estimates against the truth, per level: raw, top-down and the hierarchy's BLUE side by side.
 
 Usage::
 
-    python benchmarks/bench_geography.py [--spec pipelines/census.yaml] [--units 1000] [--out DIR]
-                                         [--integer] [--workers N | --serial]
+    python benchmarks/bench_geography.py [--spec pipelines/census.yaml] [--units 1000] [--run DIR]
+                                         [--no-top-down] [--workers N | --serial]
 
-Runs ``distfit run`` on the multi-level spec (synthetic people, so the truth is known: each
-level's tabulated data store holds the true marginals; the benchmark reads them, the run's
-stores never do), then prints, per level, next to each other:
+Reads a multi-level run (``--run DIR``: the RUNDIR of ``distfit run SPEC --out DIR --units N``
+on synthetic people; else runs one into a temporary directory), whose levels' data stores hold
+the true marginals (the benchmark reads them; the estimates never do), and estimates every
+level again from the same releases, in this process, one BLAS thread:
 
-* ``neg raw``: the share of negative raw answers (``queries/answers`` of the release);
-* ``neg top``: the share of negative top-down estimates (``queries/estimates``; 0 by
-  construction: below -1e-9, as a query summed over residual blocks may come out at -1e-13
-  where it is 0) and ``neg ind``: the reference's (below; 0 too);
-* ``rmse raw``, ``rmse top``, ``rmse ind``: the root mean squared error against the true answers
-  ``W x`` of the raw answers, the top-down estimates and the reference, and ``top/raw`` their ratio;
-* ``gap top``, ``gap ind``: the largest ``|sum of the children's answer - the parent's answer|``
-  over the level's queries and units (0 up to rounding for top-down, exactly 0 with
-  ``--integer``; the reference's children do not add up);
+* ``raw``: the release's answers;
+* ``top``: the top-down estimate that multi-level runs wrote before issue 29
+  (:func:`distfit.estimate.geography.estimate_top_down`: nonnegative, each level's children
+  solved to sum to their parent's estimate; ``--no-top-down`` skips it, ~500 CPU-s at 20,000
+  counties, and takes the run's stored estimates instead when it wrote top-down ones: a run
+  of distfit before issue 29);
+* ``blue``: the best linear unbiased estimate over the geography
+  (:func:`distfit.estimate.hierarchy.estimate_hierarchy`, what ``distfit run`` now writes;
+  checked equal to the run's stores when they hold it) and ``int``: its integer tables
+  (:func:`distfit.estimate.geography.integer_tables`).
 
-then the seconds of the top-down estimate stage (all levels) next to the reference's.
-Reference: every level projected on its own (``project_nonnegative``: nonnegative, consistent
-within a unit, but each level's children free of their parent), the single-level estimate.
+Per level it prints the RMSE of every published query against the truth (``rmse``), the mean
+absolute error of the units' totals (``mae tot``, where the level publishes a total), the share
+of ``blue`` estimates below 0, how many ``blue`` estimates lie within their 90% margin of error
+(``cover90``: ``|blue - truth| <= 1.645 se``, se from the hierarchy's exact variances; 0.90
+expected) and the largest gap between a parent's table and the sum of its children's (``gap``).
+Then the CPU and wall seconds of each estimate (the passes only, no reading or writing).
 """
 from __future__ import annotations
 
@@ -37,15 +42,18 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from distfit.estimate.geography import GeographyLevel, estimate_top_down, integer_tables  # noqa: E402
+from distfit.estimate.hierarchy import estimate_hierarchy, query_variances  # noqa: E402
 from distfit.estimate.measurements import measurement_model, recover_measurements, workload_estimates  # noqa: E402
-from distfit.estimate.projection import project_nonnegative  # noqa: E402
+from distfit.estimate.projection import normal_equations  # noqa: E402
 from distfit.pipeline.run import run_levels  # noqa: E402
+from distfit.runtime.placement import Placement  # noqa: E402
+from distfit.runtime.threads import blas_limit  # noqa: E402
 from distfit.spec.parse import load_spec  # noqa: E402
 from distfit.stores.data import open_data  # noqa: E402
 from distfit.stores.estimate import read_estimate  # noqa: E402
 from distfit.stores.plan import read_plan  # noqa: E402
 from distfit.stores.release import read_release  # noqa: E402
-from distfit.runtime.placement import Placement
 
 
 def true_answers(model, data) -> np.ndarray:
@@ -64,66 +72,98 @@ def parent_rows(release, above_ids) -> np.ndarray:
     return np.array([position[p] for p in np.asarray(release.parent_ids[...]).tolist()], dtype=np.int64)
 
 
-def sum_gap(children: np.ndarray, rows: np.ndarray, parent: np.ndarray) -> float:
-    """Largest gap between the children's sums and their parent (the same queries' columns)."""
-    if not children.shape[1]:
-        return float("nan")
-    sums = np.zeros((parent.shape[0], children.shape[1]))
-    np.add.at(sums, rows, children)
-    return float(np.abs(sums - parent).max())
+def timed(function):
+    cpu, wall = time.process_time(), time.perf_counter()
+    out = function()
+    return out, time.process_time() - cpu, time.perf_counter() - wall
+
+
+def rmse(a: np.ndarray, b: np.ndarray) -> float:
+    return float(np.sqrt(np.mean((np.asarray(a, dtype=float) - b) ** 2)))
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--spec", default=str(ROOT / "pipelines" / "census.yaml"))
     parser.add_argument("--units", type=int, default=1000)
-    parser.add_argument("--out", default=None, help="run directory (default: a temporary one)")
-    parser.add_argument("--integer", action="store_true")
+    parser.add_argument("--run", default=None, help="an existing RUNDIR of the spec (default: run one)")
+    parser.add_argument("--no-top-down", action="store_true")
     parser.add_argument("--workers", type=int, default=None)
     parser.add_argument("--serial", action="store_true")
     args = parser.parse_args(argv)
     spec = load_spec(args.spec)
     with tempfile.TemporaryDirectory(prefix="bench-geography-") as scratch:
-        out = Path(args.out) if args.out else Path(scratch) / "run"
-        started = time.perf_counter()
-        run = run_levels(spec, out, units=args.units, placement=Placement(workers=args.workers, serial=args.serial),
-                         fsync=False,
-                         integer=args.integer, log=io.StringIO())
-        print(f"spec {spec.name}: {args.units} finest units, run in {time.perf_counter() - started:.1f} s "
-              f"({'integer' if args.integer else 'real'} estimates)")
-        print(f"{'level':<8} {'units':>6} {'queries':>7} {'neg raw':>8} {'neg top':>8} {'neg ind':>8} "
-              f"{'rmse raw':>9} {'rmse top':>9} {'rmse ind':>9} {'top/raw':>8} {'gap top':>9} {'gap ind':>9}")
-        reference_seconds = 0.0
-        above = None
-        for level in spec.levels:
-            directory = out / "levels" / level.name
+        out = Path(args.run) if args.run else Path(scratch) / "run"
+        if not args.run:
+            run_levels(spec, out, units=args.units, placement=Placement(workers=args.workers, serial=args.serial),
+                       fsync=False, log=io.StringIO())
+        names = [level.name for level in spec.levels]
+        models, releases, truths, raws, levels, parents, hs, gs = [], [], [], [], [], [], [], []
+        above_ids = None
+        for name in names:
+            directory = out / "levels" / name
             plan, release = read_plan(directory / "plan.zarr"), read_release(directory / "release.zarr")
-            estimate = read_estimate(directory / "estimate.zarr")
             model = measurement_model(plan)
-            truth = true_answers(model, open_data(directory / "data.zarr"))
-            raw = np.asarray(release.answers[...])
-            top = np.asarray(estimate.estimates[...], dtype=np.float64)
-            t = time.perf_counter()
             answers = {b.block_id: np.asarray(release.block_answers(b.block_id)[...]) for b in model.blocks}
-            independent = workload_estimates(model, project_nonnegative(model, recover_measurements(model, answers)).x)
-            reference_seconds += time.perf_counter() - t
-            labels = list(release.labels or [])
-            gap_top = gap_ind = float("nan")
-            if above is not None:
-                above_labels, above_ids, above_top, above_ind = above
-                shared = [j for j, label in enumerate(labels) if label in above_labels]
-                rows = parent_rows(release, above_ids)
-                parent_columns = [above_labels.index(labels[j]) for j in shared]
-                gap_top = sum_gap(top[:, shared], rows, above_top[:, parent_columns])
-                gap_ind = sum_gap(independent[:, shared], rows, above_ind[:, parent_columns])
-            rmse = [float(np.sqrt(np.mean((a - truth) ** 2))) for a in (raw, top, independent)]
-            print(f"{level.name:<8} {raw.shape[0]:>6} {raw.shape[1]:>7} {np.mean(raw < 0):>8.4f} "
-                  f"{np.mean(top < -1e-9):>8.4f} {np.mean(independent < -1e-9):>8.4f} {rmse[0]:>9.3f} {rmse[1]:>9.3f} {rmse[2]:>9.3f} "
-                  f"{rmse[1] / rmse[0]:>8.3f} {gap_top:>9.2e} {gap_ind:>9.2e}", flush=True)
-            above = (labels, np.asarray(release.unit_ids[...]), top, independent)
-        print(f"estimate seconds: top-down (all levels, coupled) {run.timings['estimate']:.2f} s, "
-              f"reference (each level alone) {reference_seconds:.2f} s, "
-              f"ratio {run.timings['estimate'] / max(reference_seconds, 1e-9):.2f}")
+            measured = recover_measurements(model, answers)
+            hessian, linear = normal_equations(model, measured)
+            whitened = np.concatenate([measured[b.block_id] @ b.whitener.T for b in model.blocks], axis=1)
+            rows = None if above_ids is None else parent_rows(release, above_ids)
+            models.append(model)
+            releases.append(release)
+            truths.append(true_answers(model, open_data(directory / "data.zarr")))
+            raws.append(np.asarray(release.answers[...]))
+            levels.append(GeographyLevel(hessian, linear, None if rows is None or release.parent_ids is None else rows,
+                                         whitened))
+            parents.append(rows)
+            hs.append(hessian)
+            gs.append(linear)
+            above_ids = np.asarray(release.unit_ids[...])
+        units = [g.shape[0] for g in gs]
+        print(f"spec {spec.name}: levels {', '.join(f'{n} {u:,}' for n, u in zip(names, units))} units "
+              f"({out}); one BLAS thread")
+        with blas_limit():
+            blue, blue_cpu, blue_wall = timed(lambda: estimate_hierarchy(hs, gs, parents, split="total"))
+            counts, int_cpu, int_wall = timed(lambda: integer_tables(blue.x, parents))
+            top = None
+            if not args.no_top_down:
+                top, top_cpu, top_wall = timed(lambda: estimate_top_down(levels))
+        header = (f"{'level':<8} {'units':>7} {'rmse raw':>9} {'rmse top':>9} {'rmse blue':>9} {'rmse int':>9} "
+                  f"{'mae tot raw':>11} {'top':>6} {'blue':>6} {'int':>6} {'neg blue':>8} {'cover90':>7} "
+                  f"{'gap blue':>9} {'gap int':>7}")
+        print(header)
+        for i, name in enumerate(names):
+            model, truth, raw = models[i], truths[i], raws[i]
+            estimates = {"blue": workload_estimates(model, blue.x[i]),
+                         "int": workload_estimates(model, counts[i].astype(np.float64))}
+            stored = read_estimate(out / "levels" / name / "estimate.zarr")
+            if top is not None:
+                estimates["top"] = workload_estimates(model, top.x[i])
+            elif stored.method == "top-down" and not stored.integer:  # the run's own, from this release
+                estimates["top"] = np.asarray(stored.estimates[...], dtype=np.float64)
+            variances = query_variances(model.workload, blue.covariance[i], blue.unit_class[i])
+            cover = float(np.mean(np.abs(estimates["blue"] - truth) <= 1.645 * np.sqrt(variances)))
+            if stored.method == "hierarchy-gls" and not stored.integer:  # the run wrote this very estimate
+                scale = float(np.abs(estimates["blue"]).max(initial=1.0))
+                assert np.allclose(np.asarray(stored.estimates[...]), estimates["blue"], rtol=0.0, atol=1e-12 * scale)
+            total = np.flatnonzero((model.workload == 1.0).all(axis=1))
+            mae = {key: (float(np.mean(np.abs(value[:, total[0]] - truth[:, total[0]]))) if total.size else float("nan"))
+                   for key, value in [("raw", raw), *estimates.items()]}
+            gaps = {"blue": float("nan"), "int": float("nan")}
+            if i:
+                for key, tables, above in (("blue", blue.x[i], blue.x[i - 1]), ("int", counts[i], counts[i - 1])):
+                    sums = np.zeros_like(above)
+                    np.add.at(sums, parents[i], tables)
+                    gaps[key] = float(np.abs(sums - above)[np.unique(parents[i])].max())
+            top_rmse = rmse(estimates["top"], truth) if "top" in estimates else float("nan")
+            top_mae = mae.get("top", float("nan"))
+            print(f"{name:<8} {units[i]:>7,} {rmse(raw, truth):>9.3f} {top_rmse:>9.3f} "
+                  f"{rmse(estimates['blue'], truth):>9.3f} {rmse(estimates['int'], truth):>9.3f} "
+                  f"{mae['raw']:>11.3f} {top_mae:>6.3f} {mae['blue']:>6.3f} {mae['int']:>6.3f} "
+                  f"{np.mean(estimates['blue'] < 0):>8.4f} {cover:>7.4f} {gaps['blue']:>9.1e} {gaps['int']:>7.0f}",
+                  flush=True)
+        print(f"estimate (passes only, CPU / wall s): blue {blue_cpu:.2f} / {blue_wall:.2f}, its integer tables "
+              f"{int_cpu:.2f} / {int_wall:.2f}" + ("" if top is None else f", top-down {top_cpu:.2f} / {top_wall:.2f}"))
     return 0
 
 

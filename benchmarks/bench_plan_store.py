@@ -93,7 +93,7 @@ def measure(path: Path, spec, pack, targets, variances, packed: bool) -> dict:
     report = audit_plan(str(path))
     out["audit s"] = time.perf_counter() - started
     assert report.ok, report.failures[:3]
-    out["alpha"] = report.alpha
+    out["alpha"] = report.value
     return out
 
 

@@ -42,7 +42,7 @@ from distfit.solver import smii
 from distfit.solver.baselines import compare_baselines, gaussian_mechanism
 from distfit.solver.basis import represent
 from distfit.solver.convergence import ConvergenceError
-from distfit.solver.solve import solve
+from distfit.solver.solve import BlockSolution, SolverStats, solve
 
 from distfit.runtime.threads import blas_threads
 
@@ -135,15 +135,28 @@ def get_case(name: str) -> Case:
 
 @dataclass
 class DistfitRun:
+    """One ``distfit.solve`` run: its wall seconds and either its solution or the error it failed with."""
+
     seconds: float
-    dual_evaluations: int = 0
-    newton: int = 0
-    cg: int = 0
-    alpha: float = float("nan")
-    lower_bound: float = float("nan")
-    gap: float = float("nan")
-    stage: str = ""
+    solution: BlockSolution | None = None
     error: str = ""
+
+    @property
+    def stats(self) -> SolverStats:
+        """The solver's statistics (all zero, stage empty, for a failed run)."""
+        return self.solution.stats if self.solution is not None else SolverStats(0, 0, 0, float("nan"), self.seconds, "")
+
+    @property
+    def alpha(self) -> float:
+        return self.solution.alpha if self.solution is not None else float("nan")
+
+    @property
+    def lower_bound(self) -> float:
+        return self.solution.lower_bound if self.solution is not None else float("nan")
+
+    @property
+    def gap(self) -> float:
+        return self.solution.gap if self.solution is not None else float("nan")
 
 
 @dataclass
@@ -162,17 +175,7 @@ def run_distfit(W: np.ndarray, c: np.ndarray, basis: str, method: str) -> Distfi
         solution = solve(W, c, basis=basis, method=method)
     except ConvergenceError as error:
         return DistfitRun(time.perf_counter() - start, error=str(error))
-    s = solution.stats
-    return DistfitRun(
-        seconds=s.seconds,
-        dual_evaluations=s.dual_evaluations,
-        newton=s.newton_iterations,
-        cg=s.cg_iterations,
-        alpha=solution.alpha,
-        lower_bound=solution.lower_bound,
-        gap=solution.gap,
-        stage=s.stage,
-    )
+    return DistfitRun(solution.stats.seconds, solution)
 
 
 def run_paper_smii(W: np.ndarray, c: np.ndarray, basis: str, seconds_cap: float) -> PaperRun:
@@ -307,9 +310,9 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for name, (case, W, c, rank, auto, _, _) in results.items():
         rows.append([
-            name, f"{W.shape[0]}x{W.shape[1]}", str(rank), fmt_seconds(auto.seconds), str(auto.dual_evaluations),
-            str(auto.newton), str(auto.cg), f"{auto.alpha:.6f}", f"{auto.lower_bound:.6f}", fmt_pct(auto.gap),
-            auto.stage or "FAILED",
+            name, f"{W.shape[0]}x{W.shape[1]}", str(rank), fmt_seconds(auto.seconds), str(auto.stats.dual_evaluations),
+            str(auto.stats.newton_iterations), str(auto.stats.cg_iterations), f"{auto.alpha:.6f}", f"{auto.lower_bound:.6f}", fmt_pct(auto.gap),
+            auto.stats.stage or "FAILED",
         ])
     print_table(["workload", "m x d", "rank", "seconds", "dual ev", "Newton", "CG", "alpha", "lower bound", "gap %", "stage"], rows)
     print()
@@ -322,7 +325,7 @@ def main(argv: list[str] | None = None) -> int:
     for name, (case, W, c, rank, auto, smii_path, paper) in results.items():
         row = [name, fmt_seconds(auto.seconds)]
         if smii_path is not None:
-            row += [fmt_seconds(smii_path.seconds), str(smii_path.newton), str(smii_path.cg),
+            row += [fmt_seconds(smii_path.seconds), str(smii_path.stats.newton_iterations), str(smii_path.stats.cg_iterations),
                     fmt_pct(smii_path.gap) if not smii_path.error else "FAILED"]
         else:
             row += ["-"] * 4

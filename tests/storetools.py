@@ -1,12 +1,44 @@
 """Helpers shared by tests that build or edit stores by hand."""
 from __future__ import annotations
 
+import io
 import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
+import yaml
 import zarr
 
+from distfit.plan.job import run_plan
+from distfit.runtime.placement import Placement
+from distfit.spec.model import PipelineSpec
+from distfit.spec.parse import load_spec
 from distfit.stores.checksum import DIGESTS
 from distfit.stores.sealing import lay_out_digests, seal_checksum, stated_attrs, write_digests
+
+
+@dataclass(frozen=True)
+class PlannedSpec:
+    """A spec mapping written to ``spec_path`` as YAML, loaded (``spec``) and planned serially
+    into ``plan``, all under ``root``."""
+
+    root: Path
+    spec_path: Path
+    spec: PipelineSpec
+    plan: str
+
+
+def planned(root: Path, mapping: dict[str, Any], spec_name: str = "spec.yaml",
+            plan_name: str = "plan.zarr") -> PlannedSpec:
+    """Write ``mapping`` to ``root/spec_name`` as YAML, load it and plan it (serially, quietly)
+    into ``root/plan_name``: the way a user makes a plan, in one call."""
+    spec_path = root / spec_name
+    spec_path.write_text(yaml.safe_dump(mapping))
+    spec = load_spec(spec_path)
+    plan = root / plan_name
+    run_plan(spec, str(plan), placement=Placement(serial=True), log=io.StringIO())
+    return PlannedSpec(root, spec_path, spec, str(plan))
 
 
 def stated_checksum(path: str | os.PathLike) -> str:

@@ -115,6 +115,10 @@ def test_batch_script_wiring(path):
     header = "#SBATCH" if path.suffix == ".sbatch" else "#PBS"
     assert header in text
     assert 'dask scheduler --protocol tls "${tls_args[@]}" --scheduler-file "$SCHED_FILE"' in text
+    # two jobs sharing a node: SCHEDULER_PORT=0 lets the second take a free port, and a
+    # scheduler that fails to start ends the wait at once instead of after two minutes
+    assert '--port "${SCHEDULER_PORT:-8786}"' in text and "SCHEDULER_PORT  the scheduler's port" in text
+    assert 'kill -0 "${pids[0]}" 2>/dev/null || break' in text
     assert "dask worker" in text and "--nthreads 1" in text
     assert 'SCHED_FILE="$RUNDIR/scheduler.json"' in text
     assert "distfit run" in text and '--cluster "$SCHED_FILE"' in text

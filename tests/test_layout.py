@@ -29,7 +29,7 @@ PURE = (
     "solver/*", "spec/model", "spec/targets", "spec/groups", "spec/queries", "spec/fields", "spec/schema", "plan/residual", "plan/allocate", "plan/composition",
     "plan/planner", "plan/levels", "release/noise", "data/synthetic", "estimate/geography",
     "estimate/measurements", "estimate/projection", "estimate/rounding",
-    "mask/scaling", "mask/haar", "mask/account", "mask/ols",
+    "mask/scaling", "mask/haar", "mask/account", "mask/orbit", "mask/ols",
 )
 #: Imports that may sit inside a function: optional dependencies, and what must run first.
 LAZY_ALLOWED = {

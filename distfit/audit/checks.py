@@ -1,5 +1,7 @@
 """What every check of ``distfit audit`` shares: the check counter, the tolerances and
-comparisons, the audit's own profile and variance formulas, the closed-key and label checks.
+comparisons, the audit's own profile and variance formulas, the closed-key and label checks,
+and what every audit returns (:class:`AuditReport`: a plan's, ``distfit.audit.plan``, and a
+mask store's, ``distfit.audit.mask``).
 
 The profile is computed by an eigendecomposition of sigma (the planner: Cholesky factors),
 ``p_i = || Lambda^-1/2 Q^T b_i ||^2`` for ``Sigma = Q Lambda Q^T`` (docs/privacy.md); the
@@ -7,11 +9,32 @@ variances are ``diag(L Sigma L^T)``.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
 
 from distfit.audit import labels
+
+@dataclass(frozen=True)
+class AuditReport:
+    """What the audit of the store at ``path`` checked (``checks``) and what failed
+    (``failures``; ``ok`` when none); the store's headline privacy claim as the audit
+    recomputed it, by name (``claim``: a plan's ``"alpha"``, a mask store's ``"sigma"``; NaN
+    when the store is too broken to recompute it) and ``value``; ``checksum``: what the
+    store hashes to (its stored checksum when ``ok``)."""
+
+    path: str
+    checks: int
+    failures: tuple[str, ...]
+    claim: str
+    value: float
+    checksum: str
+
+    @property
+    def ok(self) -> bool:
+        return not self.failures
+
 
 TOLERANCE = 1e-8  # relative: a recomputed number and the stored one agree to this
 BOUND_TOLERANCE = 1e-9  # a stored bound equals the bound its stored certificate proves, to this (relative)

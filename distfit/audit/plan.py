@@ -73,7 +73,6 @@ plan, not for how it was found.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -82,6 +81,7 @@ from distfit.audit import labels
 from distfit.mathematics import bounds as bound_labels
 from distfit.audit.bounds import block_bound, not_a_distribution
 from distfit.audit.checks import (
+    AuditReport,
     BOUND_TOLERANCE,
     REPLAN,
     TOLERANCE,
@@ -116,21 +116,6 @@ from distfit.stores.plan import (
 )
 from distfit.stores.sealing import open_sealed
 from distfit.runtime.threads import blas_limit
-
-
-@dataclass(frozen=True)
-class AuditReport:
-    """What the audit checked and what failed; ``ok`` is True when nothing failed."""
-
-    path: str
-    checks: int
-    failures: tuple[str, ...]
-    alpha: float
-    checksum: str  # what the plan hashes to (== its stored checksum when ``ok``)
-
-    @property
-    def ok(self) -> bool:
-        return not self.failures
 
 
 # --------------------------------------------------------------------------------------------
@@ -326,7 +311,7 @@ def _audit(plan: Plan, path: str) -> AuditReport:
         domain = spec.domain if spec is not None else Domain.from_schema(attrs["schema"])
     except (KeyError, TypeError, ValueError) as error:
         check(False, f"schema: not a schema ({error})")
-        return AuditReport(path, check.count, tuple(check.failures), float("nan"), recomputed_sum)
+        return AuditReport(path, check.count, tuple(check.failures), "alpha", float("nan"), recomputed_sum)
     stored_targets = plan.target_runs
     targets = None  # every query's target, as runs (never a vector of the queries: audit.query_steps)
     if spec is not None:
@@ -345,7 +330,7 @@ def _audit(plan: Plan, path: str) -> AuditReport:
         targets = stored_targets
     m = targets.size
     if not check(np.all(targets.values > 0), "queries/targets: every target must be > 0"):
-        return AuditReport(path, check.count, tuple(check.failures), float("nan"), recomputed_sum)
+        return AuditReport(path, check.count, tuple(check.failures), "alpha", float("nan"), recomputed_sum)
 
     chosen = planner.get("chosen_blocks_lower_bound")
     certificate = read_certificate(check, chosen, m, plan.explicit_block_ids) if chosen is not None else None
@@ -468,4 +453,4 @@ def _audit(plan: Plan, path: str) -> AuditReport:
     if chosen is not None and np.isfinite(scale) and scale > 0:
         check_chosen_bound(check, chosen, certificate, scale, bool(plan.pack_ids),
                            bound_tolerance(disagreement))
-    return AuditReport(path, check.count, tuple(check.failures), alpha, recomputed_sum)
+    return AuditReport(path, check.count, tuple(check.failures), "alpha", alpha, recomputed_sum)

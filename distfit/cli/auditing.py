@@ -2,23 +2,29 @@
 
 A module of its own, apart from ``distfit plan`` (``distfit.cli.planning``), because the audit
 reads a plan store and recomputes its claims with the audit's own code: it starts no cluster,
-so it imports no Dask (checked by ``tests/cli/test_main.py`` on ``python -X importtime``).
+so it imports no Dask (checked by ``tests/cli/test_main.py`` on ``python -X importtime``). Given
+a mask store (``distfit mask``) it recomputes that store's privacy account instead
+(``distfit.audit.mask.audit_mask``).
 """
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
+from distfit.audit.mask import audit_mask
 from distfit.audit.plan import audit_plan
 from distfit.cli.errors import PROG
 from distfit.cli.solve import format_number
+from distfit.stores.files import root_attrs_on_disk
 
 
 def cmd_audit(args: argparse.Namespace) -> int:
     """``distfit audit``: recompute a plan store's account (``distfit.audit.plan.audit_plan``); exit 1
-    on a mismatch."""
-    report = audit_plan(args.plan)
+    on a mismatch. A mask store's account is audited by ``distfit.audit.mask.audit_mask``."""
+    is_mask = (root_attrs_on_disk(Path(args.plan)) or {}).get("distfit_format") == "mask"
+    report = audit_mask(args.plan) if is_mask else audit_plan(args.plan)
     status = "passed" if report.ok else "FAILED"
-    print(f"{PROG}: audit {status}: {report.path}: {report.checks} checks, alpha {format_number(report.alpha)}")
+    print(f"{PROG}: audit {status}: {report.path}: {report.checks} checks, {report.claim} {format_number(report.value)}")
     for failure in report.failures:
         print(f"  mismatch: {failure}")
     return 0 if report.ok else 1

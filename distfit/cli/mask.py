@@ -60,7 +60,7 @@ def cmd_mask(args: argparse.Namespace) -> int:
         seed=args.seed, resume=args.resume, overwrite=args.overwrite, placement=args.placement,
     )
     rate = result.rows_drawn / result.seconds if result.seconds > 0 else float("nan")
-    masked = "not claimed (docs/privacy.md)" if result.sigma_masked is None else f"{result.sigma_masked:.6g}"
+    masked = "not claimed for p > 1 (docs/privacy.md)" if result.sigma_masked is None else f"{result.sigma_masked:.6g}"
     clipped = ", ".join(f"{c} {n}" for c, n in result.clipped.items() if n) or "none"
     print_summary(f"mask {result.path}", [
         ("rows", f"{result.rows} x {len(result.columns)} columns + (intercept)  ({result.blocks} blocks of "

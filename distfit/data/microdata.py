@@ -516,6 +516,11 @@ def _parent_index(parts: Path, partitions: Sequence[int], ids: np.ndarray, job: 
 
 @dataclass(frozen=True)
 class _MergeJob:
+    """What every pass-2 task of one tabulation shares (:func:`_merge_chunk`): the staging
+    ``store`` and the ``parts_dir`` of pass 1's partitions, each marginal's ``cells``, the
+    ``units`` in ``chunk_units`` chunks, whether ids (``integer_ids``) and parents
+    (``parents``, ``integer_parents``) are integers or present."""
+
     store: str
     parts_dir: str
     cells: tuple[int, ...]

@@ -62,6 +62,7 @@ __all__ = [
     "WeightedInformation",
     "descendant_terms",
     "estimate_top_down",
+    "integer_tables",
     "project_siblings",
     "sibling_start",
 ]
@@ -333,3 +334,38 @@ def estimate_top_down(levels: Sequence[GeographyLevel], *, integer: bool = False
                           else round_children(x, parent_of, counts[i - 1]))
     return TopDownResult(x=tuple(xs), counts=tuple(counts) if integer else None, objective=tuple(objectives),
                          residual=tuple(residuals), iterations=tuple(iterations), converged=tuple(converged))
+
+
+def integer_tables(xs: Sequence[np.ndarray], parent_of: Sequence[np.ndarray | None]) -> tuple[np.ndarray, ...]:
+    """Nonnegative integer tables (int64, per level, coarsest first) from real-valued ones
+    ``xs`` (units x cells per level, e.g. the hierarchy's best linear unbiased estimates,
+    :func:`distfit.estimate.hierarchy.estimate_hierarchy`, which may be below 0), every unit's
+    children summing exactly to it, cell by cell. ``parent_of[l]``: each unit's parent row in
+    level ``l - 1`` (None for level 0).
+
+    Level 0, unit by unit: the Euclidean projection onto ``{n >= 0, sum_c n_c = max(sum_c
+    x_c, 0)}`` (the simplex projection of :func:`project_siblings`, the unit's cells as the
+    siblings: its total kept), rounded by :func:`distfit.estimate.rounding.round_preserving_total`.
+    Every finer level: the children's tables projected onto ``{n >= 0, children summing to
+    their parent's integer counts}`` (:func:`project_siblings`, in the Euclidean metric, one
+    projection, no iterations), rounded by :func:`distfit.estimate.rounding.round_children`.
+    The same constraints as :func:`estimate_top_down`'s ``integer``, applied to given tables
+    instead of solved for in the noise's metric (the issue 29 decision: the least the
+    hierarchy's estimate needs to be published as counts; the error it adds is measured in
+    benchmarks/README.md)."""
+    if not xs or len(xs) != len(parent_of):
+        raise ValueError("xs and parent_of: one entry per level, at least one level")
+    root = np.asarray(xs[0], dtype=np.float64)
+    totals = np.maximum(root.sum(axis=1), 0.0)
+    cells = root.shape[1]
+    shifted = project_siblings(root.T, np.zeros(cells, dtype=np.int64), totals[None, :]).T
+    counts = [round_preserving_total(shifted)]
+    for level in range(1, len(xs)):
+        up = parent_of[level]
+        if up is None:
+            raise ValueError(f"level {level}: parent_of must be given below the coarsest level")
+        present, up = np.unique(np.asarray(up, dtype=np.int64), return_inverse=True)  # childless units: nothing to split
+        up, above = up.reshape(-1), counts[-1][present]
+        counts.append(round_children(project_siblings(np.asarray(xs[level], dtype=np.float64), up,
+                                                      above.astype(np.float64)), up, above))
+    return tuple(counts)

@@ -86,27 +86,52 @@ finest level costs nothing (``I`` stays regular when the leaves measure everythi
 finest level measuring part leaves its units unidentified in the rest, except where a parent
 has one child.
 
-Cost and memory. Per unit a few ``d x d`` eigendecompositions and products: ``O(units d^3)``
-time, linear in the units; loops run over the levels only (within a level every operation is
-batched over its units: children summed by parent with a sparse 0/1 matrix). Memory: the
-upward pass keeps, for every level at once (the downward pass needs them), ``I``, ``I^+``,
-``Pi_N(I)`` and for parents ``S``, ``K`` (and ``N``, ``N^+`` where some child is blind): five to
-seven ``units x d x d`` float64 arrays per level, the returned ``P`` and ``F`` two more (about 72
-d^2 bytes a unit: 4.5 KiB at d = 8, 3.6 MB at the census's 224 cells), and a few temporaries of
-a level's size in the passes.
-Eigendecompositions run once per distinct matrix (:func:`_shared_pinv`: all leaves of a level
-share one), and where no child is blind in any direction the parallel sum is ``S^+`` (no null
-space products). Measured (one BLAS thread, the shared 2-core machine, session of issue 29;
-levels of 1, 50, 3,000 and 100,000 random units, the third measuring part of the table): 3.9 s
-at d = 8, 63 s at d = 32 (there memory-bound: 0.8 GB per ``units x d x d`` array); the
-information ``F`` (the outside pass) is about half of it (1.6 s and 40 s without).
+Splitting what nothing identifies (``split="total"``). The second term of ``G_c`` splits the
+unidentified remainder ``(I - S_p K_p) r`` equally among children blind to it; any other split
+of it (with the same sum) is another minimiser of the whole objective, because the objective
+is flat along it, so every estimable function keeps its BLUE and ``a^T P_u a`` its variance.
+Where a parent's children are all blind in the same directions (one projector ``Pi``: the
+census's counties, which measure part of the table, and its states), ``"total"`` splits it in
+proportion to weights ``w_c``, the children's estimated totals (``1^T x_c`` of the equal split,
+at least 0; ``x_c`` += ``(n_p w_c / sum w - 1) Pi (I - S_p K_p) r / n_p``): a small unit gets
+a small share of the parent's unmeasured detail (e.g. the nation's age x race interaction)
+instead of ``1/n_p`` of it, which keeps its cells near the range of counts (measured at 20,000
+counties: the state cells' equal split reaches -62 where the totals are a few hundred). No
+estimable function moves: with one ``Pi`` for all siblings, the estimable ``a`` of a child
+lie in ``range I_c + range O_c``, both orthogonal to ``range Pi`` (``range O_c`` lies in
+``R_p = null N_p = range(Pi)^perp``). The split is then not linear in the measurements, and
+``P_u`` is the covariance of the returned estimate along the estimable functions only.
+
+Classes of units. Every matrix above depends on the tree's shape and the levels' ``J``, never
+on the measurements: ``I_u``, ``K_u``, ``S_u``, ``N_u`` are the same for two units whose
+subtrees have the same shape (the same ``J`` and the same multiset of children's classes,
+found finest level first), and ``G_c``, ``P_c``, ``O_c`` are the same for two units of the same
+subtree class whose parents are of the same (downward) class. So the passes compute every
+matrix once per *class* (batched over the classes of a level) and apply it to the vectors of
+all the units of that class at once (:func:`classwise`). Upward class of a unit: its ``J``
+(distinct matrices, found by a random projection and checked exactly), its fanout and a
+64-bit sum of random keys of its children's classes (wrapping integer sums: order-free and
+exact), checked child by child against the class's first unit (a collision would split the
+class, never merge two). Downward class of a unit: the pair (its parent's downward class, its
+upward class); a root's is its upward class. The result gives each unit its downward class
+(``unit_class``) and the matrices per class.
+
+Cost and memory. Per class a few ``d x d`` eigendecompositions and products, ``O(classes
+d^3)``; per unit a few ``d x d`` matrix-vector products, ``O(units d^2)``: linear in the units.
+On a census-shaped tree the classes are few (nation > 51 states > counties: the leaves one
+class, a state one per distinct fanout, a county one per its state's class) and the units'
+products dominate (pipelines/census.yaml, 224 cells, 20,000 counties: benchmarks/README.md).
+Memory: per level a few ``units x d`` arrays (``h``, ``m``, ``M``, ``x``) and ``classes x d
+x d`` matrices (``I``, ``I^+``, ``Pi_N(I)``, ``S``, ``K``, ``N``, ``N^+``; ``P``, ``I``, ``F``
+returned per downward class). Deep irregular trees have more classes (every distinct path of
+shapes), up to one per unit; then the cost is ``O(units d^3)`` and the memory ``units d^2``
+floats per matrix kind, as without classes.
 
 Decision for scale (issue 29 point 5, not done here): chunk by subtree. A subtree hands upward
-only its root's ``(I, I^+, Pi_N(I), m)`` and needs from above only its parent's ``(x, P, K, S,
-N^+, M)``, so the units below a cut level are independent tasks (upward pass, arrays kept or
-spilled, downward pass once the levels above the cut are done), the driver holding only those
-levels. Units whose subtrees have the same shape share ``I``, ``K``, ``S`` (every leaf has ``I =
-J_L``): keying them by shape is the next saving at 224 cells.
+only its root's class matrices and ``m``, and needs from above only its parent's ``(x, P, K,
+S, N^+, M)``, so the units below a cut level are independent tasks (upward pass, arrays kept
+or spilled, downward pass once the levels above the cut are done), the driver holding only
+those levels.
 """
 from __future__ import annotations
 
@@ -116,25 +141,42 @@ from dataclasses import dataclass
 import numpy as np
 import scipy.sparse
 
-__all__ = ["HierarchyEstimate", "PINV_RTOL", "estimate_hierarchy", "psd_pinv"]
+__all__ = ["HierarchyEstimate", "PINV_RTOL", "classwise", "estimate_hierarchy", "psd_pinv", "query_variances"]
 
 #: Eigenvalues of a PSD matrix at most this times its largest count as 0 (:func:`psd_pinv`).
 PINV_RTOL = 1e-9
+#: :func:`classwise` gathers a matrix per unit (in runs of at most this many bytes) instead of
+#: looping over the classes when there are more than this many classes.
+CLASS_LOOP = 64
+GATHER_BYTES = 1 << 26
+#: ``split="total"``: each child's weight is its estimated total (at least 0) plus this times
+#: (1 + the largest), so that children whose totals are all 0 split equally.
+TOTAL_FLOOR = 1e-9
+#: Two null projectors this close (entrywise) are the same subspace's (rounding of the eigh).
+SAME_NULL_ATOL = 1e-8
 
 
 @dataclass(frozen=True, eq=False)
 class HierarchyEstimate:
     """Per level (coarsest first): ``x`` (units x d) the estimates, every unit with children
-    their sum; ``covariance`` (units x d x d) ``P_u = Cov x_u`` (``var(a^T x_u) = a^T P_u a``);
-    ``subtree_information`` (units x d x d) ``I_u``, whose range holds the functions of ``x_u``
-    its subtree alone identifies; ``information`` (units x d x d) ``F_u``, the information of
-    all the measurements on ``x_u``: ``a^T x_u`` is estimable exactly when ``a`` is in the
-    range of ``F_u``, and then ``a^T P_u a = a^T F_u^+ a`` (module docstring)."""
+    their sum; ``unit_class`` (units,) each unit's class (module docstring: units of one class
+    share every matrix below); per class: ``covariance`` (classes x d x d) ``P = Cov x_u``
+    (``var(a^T x_u) = a^T P a``), ``subtree_information`` (classes x d x d) ``I_u``, whose
+    range holds the functions of ``x_u`` its subtree alone identifies, ``information``
+    (classes x d x d) ``F_u``, the information of all the measurements on ``x_u``: ``a^T x_u``
+    is estimable exactly when ``a`` is in the range of ``F_u``, and then ``a^T P a = a^T F_u^+
+    a``. :meth:`unit` gives a per-class array's matrices of some units."""
 
     x: tuple[np.ndarray, ...]
+    unit_class: tuple[np.ndarray, ...]
     covariance: tuple[np.ndarray, ...]
     subtree_information: tuple[np.ndarray, ...]
     information: tuple[np.ndarray, ...]
+
+    def unit(self, name: str, level: int, units: np.ndarray | slice | int = slice(None)) -> np.ndarray:
+        """The matrices of ``units`` of ``level`` in the per-class array ``name``
+        (``"covariance"``, ``"subtree_information"`` or ``"information"``)."""
+        return getattr(self, name)[level][self.unit_class[level][units]]
 
 
 def psd_pinv(a: np.ndarray, rtol: float = PINV_RTOL, floor: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
@@ -153,23 +195,37 @@ def psd_pinv(a: np.ndarray, rtol: float = PINV_RTOL, floor: float = 0.0) -> tupl
     return pinv, null
 
 
-def _shared_pinv(a: np.ndarray, rtol: float, floor: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
-    """:func:`psd_pinv` of a stack ``a`` (units x d x d), each distinct matrix decomposed once:
-    units whose subtrees have the same shape have bitwise equal matrices (the same sums of the
-    same products; every leaf of a level has ``I = J_l``), and an eigendecomposition costs far
-    more than finding the duplicates (measured at d = 32: 175 us a matrix). Duplicates are
-    found by a random projection of each matrix (1-d keys: ``np.unique`` of whole rows sorts
-    byte strings, slower than the eigendecompositions it saves) and then checked exactly."""
-    n = a.shape[0]
-    flat = np.ascontiguousarray(a).reshape(n, -1)
-    if n > 1:
-        keys = flat @ np.random.default_rng(0).standard_normal(flat.shape[1])
-        _, first, index = np.unique(keys, return_index=True, return_inverse=True)
-        index = index.reshape(-1)
-        if first.size <= n // 2 and np.array_equal(flat, flat[first][index]):
-            pinv, null = psd_pinv(a[first], rtol, floor)
-            return pinv[index], null[index]
-    return psd_pinv(a, rtol, floor)
+def classwise(matrices: np.ndarray, unit_class: np.ndarray, v: np.ndarray) -> np.ndarray:
+    """``out[u] = matrices[unit_class[u]] @ v[u]`` (``matrices`` classes x d x d, ``v`` units
+    x d): one matrix product per class over all its units (a loop over the classes, each of
+    which already cost an eigendecomposition), or, with more than :data:`CLASS_LOOP` classes,
+    the units' matrices gathered in runs of :data:`GATHER_BYTES` (no loop over units)."""
+    classes, d = matrices.shape[0], v.shape[1]
+    if classes == 1:
+        return v @ matrices[0].T
+    out = np.empty_like(v, dtype=np.float64)
+    if classes > CLASS_LOOP:
+        step = max(1, GATHER_BYTES // max(8 * d * d, 1))
+        for start in range(0, v.shape[0], step):
+            rows = slice(start, start + step)
+            out[rows] = _mv(matrices[unit_class[rows]], v[rows])
+        return out
+    order = np.argsort(unit_class, kind="stable")
+    bounds = np.searchsorted(unit_class[order], np.arange(classes + 1))
+    for k in range(classes):
+        rows = order[bounds[k]:bounds[k + 1]]
+        if rows.size:
+            out[rows] = v[rows] @ matrices[k].T
+    return out
+
+
+def query_variances(workload: np.ndarray, covariance: np.ndarray, unit_class: np.ndarray) -> np.ndarray:
+    """``var(w_q^T x_u) = w_q^T P_u w_q`` (units x m) of every query (row of ``workload``, m x
+    d) of every unit, from the per-class covariances (classes x d x d) and each unit's class."""
+    w = np.asarray(workload, dtype=np.float64)
+    per_class = np.einsum("kqd,qd->kq", np.matmul(w[None], covariance), w) if covariance.shape[0] else \
+        np.zeros((0, w.shape[0]))
+    return np.maximum(per_class, 0.0)[unit_class]
 
 
 def _sym(a: np.ndarray) -> np.ndarray:
@@ -188,12 +244,13 @@ def _mv(a: np.ndarray, v: np.ndarray) -> np.ndarray:
 class _Grouping:
     """A level's children grouped by parent: ``matrix`` the 0/1 sparse matrix (parents x
     children) summing children into their parent (a sparse product: 10x faster than
-    ``np.add.reduceat`` over ``d x d`` rows), ``parents`` the parents with children and ``last``
-    each one's last child (a row of the level)."""
+    ``np.add.reduceat`` over rows), ``parents`` the parents with children, ``last`` each one's
+    last child (a row of the level) and ``fanout`` (parents,) every parent's number of children."""
 
     matrix: scipy.sparse.csr_array
     parents: np.ndarray
     last: np.ndarray
+    fanout: np.ndarray
 
     @classmethod
     def of(cls, parent_of: np.ndarray, parents: int) -> "_Grouping":
@@ -202,12 +259,62 @@ class _Grouping:
         order = np.argsort(parent_of, kind="stable")
         grouped = parent_of[order]
         ends = np.flatnonzero(np.r_[grouped[1:] != grouped[:-1], True]) if n else np.zeros(0, dtype=np.int64)
-        return cls(matrix, grouped[ends], order[ends])
+        return cls(matrix, grouped[ends], order[ends], np.bincount(parent_of, minlength=parents))
 
     def sum(self, values: np.ndarray) -> np.ndarray:
         """``sum_{c: parent_of[c] = p} values[c]`` for every parent ``p`` (0 for a childless one)."""
         flat = values.reshape(values.shape[0], -1)
         return np.asarray(self.matrix @ flat).reshape((self.matrix.shape[0],) + values.shape[1:])
+
+
+def _matrix_classes(j: np.ndarray, units: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(distinct, index)``: the distinct matrices of ``j`` (one d x d for the level, or units
+    x d x d) and each unit's, found by a random projection of each matrix and checked exactly
+    (else every unit its own)."""
+    if j.ndim == 2:
+        return j[None], np.zeros(units, dtype=np.int64)
+    flat = np.ascontiguousarray(j).reshape(units, -1)
+    keys = flat @ np.random.default_rng(0).standard_normal(flat.shape[1])
+    _, first, index = np.unique(keys, return_index=True, return_inverse=True)
+    index = index.reshape(-1)
+    if np.array_equal(flat, flat[first][index]):
+        return j[first], index.astype(np.int64)
+    return j, np.arange(units, dtype=np.int64)
+
+
+def _subtree_classes(own: np.ndarray, parent_of: np.ndarray, child_class: np.ndarray, parents: int,
+                     child_classes: int) -> tuple[np.ndarray, np.ndarray, scipy.sparse.csr_array]:
+    """The upward classes of a level's units (module docstring, "Classes of units"):
+    ``(unit_class (parents,), first (classes,) a unit of each class, counts (classes x
+    child_classes, sparse) how many children of each class a unit of the class has)``, from
+    the units' own matrix classes ``own``, their children's ``parent_of`` and classes."""
+    fanout = np.bincount(parent_of, minlength=parents)
+    weights = np.random.default_rng(1).integers(0, np.iinfo(np.int64).max, child_classes, dtype=np.int64)
+    digest = np.zeros(parents, dtype=np.uint64)
+    np.add.at(digest, parent_of, weights.astype(np.uint64)[child_class])  # wraps: exact and order-free
+    keys = np.stack([own.astype(np.uint64), fanout.astype(np.uint64), digest], axis=1)
+    _, first, unit_class = np.unique(keys, axis=0, return_index=True, return_inverse=True)
+    unit_class = unit_class.reshape(-1)
+    # exact check: each unit's children's classes, sorted, equal its class's first unit's
+    order = np.lexsort((child_class, parent_of))
+    grouped, classes_sorted = parent_of[order], child_class[order]
+    start = np.concatenate([[0], np.cumsum(fanout)[:-1]])
+    position = np.arange(order.size) - start[grouped]
+    twin = start[first[unit_class[grouped]]] + position
+    if not np.array_equal(classes_sorted, classes_sorted[twin]):
+        unit_class, first = np.arange(parents), np.arange(parents)
+    representative = np.zeros(parents, dtype=bool)
+    representative[first] = True
+    taken = representative[parent_of]
+    counts = scipy.sparse.csr_array((np.ones(int(taken.sum())), (unit_class[parent_of[taken]], child_class[taken])),
+                                    shape=(first.size, child_classes))
+    return unit_class.astype(np.int64), first.astype(np.int64), counts
+
+
+def _class_sum(counts: scipy.sparse.csr_array, matrices: np.ndarray) -> np.ndarray:
+    """``sum_j counts[k, j] matrices[j]`` for every class ``k``."""
+    flat = matrices.reshape(matrices.shape[0], -1)
+    return np.asarray(counts @ flat).reshape((counts.shape[0],) + matrices.shape[1:])
 
 
 def _check(information: Sequence[np.ndarray], linear: Sequence[np.ndarray], parent_of: Sequence[np.ndarray | None]
@@ -242,92 +349,137 @@ def _check(information: Sequence[np.ndarray], linear: Sequence[np.ndarray], pare
             if up.size and (up.min() < 0 or up.max() >= above):
                 raise ValueError(f"level {level}: parent_of outside 0..{above - 1}")
             parents.append(up.astype(np.int64))
-        js.append(np.broadcast_to(_sym(j), (h.shape[0], d, d)))
+        js.append(_sym(j))
         hs.append(h)
     return js, hs, parents
 
 
 def estimate_hierarchy(information: Sequence[np.ndarray], linear: Sequence[np.ndarray],
-                       parent_of: Sequence[np.ndarray | None], *, rtol: float = PINV_RTOL) -> HierarchyEstimate:
+                       parent_of: Sequence[np.ndarray | None], *, rtol: float = PINV_RTOL,
+                       split: str = "equal") -> HierarchyEstimate:
     """The GLS (BLUE) estimates of every unit of every level and their exact covariances
     (module docstring), coarsest level first. ``information[l]``: ``J_l`` (d x d, one for the
     level, or units x d x d); ``linear[l]``: ``h_u`` (units x d), e.g. the ``(H, g)`` of
     :func:`distfit.estimate.projection.normal_equations` of the level's plan and measurements;
     ``parent_of[l]``: each unit's parent, a row of level ``l - 1`` (None for level 0, whose
-    units are the roots). ``rtol``: :func:`psd_pinv`'s. ValueError on inconsistent shapes."""
+    units are the roots). ``rtol``: :func:`psd_pinv`'s. ``split``: how the part of a parent's
+    table no child's subtree identifies is split among its children, ``"equal"`` (the linear
+    least-squares rule) or ``"total"`` (in proportion to the children's estimated totals, where
+    they are all blind in the same directions: module docstring, "Splitting what nothing
+    identifies"). ValueError on inconsistent shapes or another ``split``."""
+    if split not in ("equal", "total"):
+        raise ValueError(f"split: 'equal' or 'total', got {split!r}")
     js, hs, parents = _check(information, linear, parent_of)
     levels = len(hs)
     d = hs[0].shape[1]
     eye = np.eye(d)
     groupings = [None] + [_Grouping.of(up, hs[level].shape[0]) for level, up in enumerate(parents[1:])]
+    own = [_matrix_classes(j, h.shape[0]) for j, h in zip(js, hs)]  # (distinct J, each unit's)
 
-    # upward: every unit's (I, I^+, Pi_N(I), m); every parent's (S, N^+, K, M)
-    inside, inside_pinv, inside_null, means = [None] * levels, [None] * levels, [None] * levels, [None] * levels
-    s_sum, n_pinv, k_par, m_sum = [None] * levels, [None] * levels, [None] * levels, [None] * levels
-    n_sum = [None] * levels
+    # upward, per class: (J, I, I^+, Pi_N(I)) and for parents (S, K, N, N^+), the fanout;
+    # per unit: the class, m and M
+    up, j_of, fanout = [None] * levels, [None] * levels, [None] * levels
+    inside, inside_pinv, inside_null = [None] * levels, [None] * levels, [None] * levels
+    s_sum, k_par, n_sum, n_pinv = [None] * levels, [None] * levels, [None] * levels, [None] * levels
+    same_blind = [None] * levels  # per parent class: its children are all blind in the same directions
+    means, m_sum = [None] * levels, [None] * levels
     for level in range(levels - 1, -1, -1):
+        distinct, index = own[level]
         if level + 1 < levels:
             group = groupings[level + 1]
-            s = _sym(group.sum(inside_pinv[level + 1]))
+            up[level], first, counts = _subtree_classes(index, parents[level + 1], up[level + 1], hs[level].shape[0],
+                                                        inside[level + 1].shape[0])
+            fanout[level] = group.fanout[first]
+            s = _sym(_class_sum(counts, inside_pinv[level + 1]))
             if inside_null[level + 1].any():
-                blind = group.sum(inside_null[level + 1])
-                n_pinv[level], _ = _shared_pinv(blind, rtol, 1.0)
+                blind = _class_sum(counts, inside_null[level + 1])
+                n_pinv[level], _ = psd_pinv(blind, rtol, 1.0)
+                same_blind[level] = _same_null(counts, inside_null[level + 1])
                 n_sum[level] = blind
                 within = eye - _mm(n_pinv[level], blind)  # Pi_R = I - N^+ N
-                k, _ = _shared_pinv(_sym(_mm(_mm(within, s), within)), rtol)
+                k, _ = psd_pinv(_sym(_mm(_mm(within, s), within)), rtol)
             else:  # every child's subtree identifies its table: R = R^d, K = S^+ (N^+ None: no blind split)
-                k, _ = _shared_pinv(s, rtol)
-            m_sum[level] = group.sum(means[level + 1])
+                k, _ = psd_pinv(s, rtol)
             s_sum[level], k_par[level] = s, _sym(k)
-            info = js[level] + k_par[level]
-            eta = hs[level] + _mv(k_par[level], m_sum[level])
+            j_of[level] = distinct[index[first]]
+            m_sum[level] = group.sum(means[level + 1])
+            eta = hs[level] + classwise(k_par[level], up[level], m_sum[level])
         else:
-            info, eta = np.array(js[level]), hs[level]
-        inside[level] = info
-        inside_pinv[level], inside_null[level] = _shared_pinv(info, rtol)
-        means[level] = _mv(inside_pinv[level], eta)
+            up[level], j_of[level], eta = index, distinct, hs[level]
+            fanout[level] = np.zeros(distinct.shape[0], dtype=np.int64)
+        inside[level] = j_of[level] + (k_par[level] if k_par[level] is not None else 0.0)
+        inside_pinv[level], inside_null[level] = psd_pinv(inside[level], rtol)
+        means[level] = classwise(inside_pinv[level], up[level], eta)
 
-    # downward: estimates and covariances, coarsest first
-    xs, covs = [means[0]], [_sym(inside_pinv[0])]
-    outside = [np.zeros_like(inside[0])]
+    # downward, per downward class (parent's downward class, own upward class): G, P, O;
+    # per unit: the estimate
+    xs, kinds = [means[0]], [up[0]]
+    up_of = [np.arange(inside[0].shape[0])]  # each downward class's upward class
+    covs, outside = [_sym(inside_pinv[0])], [np.zeros_like(inside[0])]
     for level in range(1, levels):
-        up, group = parents[level], groupings[level]
-        p = level - 1
-        s, k = s_sum[p][up], k_par[p][up]
-        gain = _mm(inside_pinv[level], k)
+        p, below, group = level - 1, parents[level], groupings[level]
+        pairs = np.stack([kinds[p][below], up[level]], axis=1)
+        distinct_pairs, kind = np.unique(pairs, axis=0, return_inverse=True)
+        kind = kind.reshape(-1)
+        a, b = distinct_pairs[:, 0], distinct_pairs[:, 1]
+        kp = up_of[p][a]
+        s, k = s_sum[p][kp], k_par[p][kp]
+        own_pinv, own_null = inside_pinv[level][b], inside_null[level][b]
+        gain = _mm(own_pinv, k)
         if n_pinv[p] is not None:
-            gain += _mm(_mm(inside_null[level], n_pinv[p][up]), eye - _mm(s, k))
-        x = means[level] + _mv(gain, xs[p][up] - m_sum[p][up])
+            gain += _mm(_mm(own_null, n_pinv[p][kp]), eye - _mm(s, k))
+        remainder = xs[p][below] - m_sum[p][below]
+        x = means[level] + classwise(gain, kind, remainder)
+        if split == "total" and n_pinv[p] is not None:
+            blind_gain = _mm(_mm(own_null, n_pinv[p][kp]), eye - _mm(s, k))
+            weight = np.maximum(x.sum(axis=1), 0.0)
+            weight += TOTAL_FLOOR * (1.0 + weight.max(initial=0.0))  # all zero: equal parts
+            factor = group.fanout[below] * weight / group.sum(weight)[below]
+            factor = np.where(same_blind[p][kp][kind], factor, 1.0)
+            x += (factor - 1.0)[:, None] * classwise(blind_gain, kind, remainder)
         # the rounding of sum_c G_c = I goes to each parent's last child
         x[group.last] += xs[p][group.parents] - group.sum(x)[group.parents]
-        own = _mm(gain, inside_pinv[level])
-        cov = inside_pinv[level] - own - np.swapaxes(own, -1, -2) + _mm(_mm(gain, s + covs[p][up]),
-                                                                         np.swapaxes(gain, -1, -2))
+        shared = _mm(gain, own_pinv)
+        cov = own_pinv - shared - np.swapaxes(shared, -1, -2) + _mm(_mm(gain, s + covs[p][a]),
+                                                                     np.swapaxes(gain, -1, -2))
         xs.append(x)
+        kinds.append(kind)
+        up_of.append(b)
         covs.append(_sym(cov))
-        outside.append(_outside(js[p] + outside[p], level, up, s_sum[p], n_sum[p], inside_pinv[level],
-                                inside_null[level], rtol))
-    final = tuple(i + o for i, o in zip(inside, outside))
-    return HierarchyEstimate(x=tuple(xs), covariance=tuple(covs), subtree_information=tuple(inside),
+        outside.append(_outside(j_of[p][kp] + outside[p][a], s, None if n_sum[p] is None else n_sum[p][kp],
+                                own_pinv, own_null, fanout[p][kp] == 1, rtol))
+    final = tuple(inside[level][up_of[level]] + outside[level] for level in range(levels))
+    return HierarchyEstimate(x=tuple(xs), unit_class=tuple(kinds), covariance=tuple(covs),
+                             subtree_information=tuple(inside[level][up_of[level]] for level in range(levels)),
                              information=final)
 
 
-def _outside(above: np.ndarray, level: int, up: np.ndarray, s: np.ndarray, n: np.ndarray | None,
-             own_pinv: np.ndarray, own_null: np.ndarray, rtol: float) -> np.ndarray:
-    """``O_c`` (children x d x d), the information on each child's table from outside its
-    subtree (module docstring): ``A_p : K_{-c}`` with ``A_p = J_p + O_p`` (``above``, per
-    parent) and ``K_{-c}`` the parallel sum of its siblings' ``I`` (from ``S_p - I_c^+`` and
-    ``N_p - Pi_N(I_c)``); ``A_p`` itself for an only child."""
-    a = above[up]
-    s_rest = _sym(s[up] - own_pinv)
+def _same_null(counts: scipy.sparse.csr_array, null: np.ndarray) -> np.ndarray:
+    """Per parent class (a row of ``counts``): whether every child class it has (the row's
+    nonzero columns) has the same null projector ``null`` (to :data:`SAME_NULL_ATOL`)."""
+    coo = counts.tocoo()
+    first = np.full(counts.shape[0], -1, dtype=np.int64)
+    np.maximum.at(first, coo.row, coo.col)  # any one child class of each parent class
+    differ = np.abs(null[coo.col] - null[first[coo.row]]).max(axis=(1, 2), initial=0.0) > SAME_NULL_ATOL
+    out = np.ones(counts.shape[0], dtype=bool)
+    out[coo.row[differ]] = False
+    return out
+
+
+def _outside(above: np.ndarray, s: np.ndarray, n: np.ndarray | None, own_pinv: np.ndarray, own_null: np.ndarray,
+             only: np.ndarray, rtol: float) -> np.ndarray:
+    """``O_c`` (downward classes x d x d), the information on a child's table from outside its
+    subtree (module docstring): ``A_p : K_{-c}`` with ``A_p = J_p + O_p`` (``above``) and
+    ``K_{-c}`` the parallel sum of its siblings' ``I`` (from ``S_p - I_c^+`` and ``N_p -
+    Pi_N(I_c)``); ``A_p`` itself for an only child (``only``)."""
+    s_rest = _sym(s - own_pinv)
     if n is not None:
-        n_rest = n[up] - own_null
-        rest_pinv, _ = _shared_pinv(n_rest, rtol, 1.0)
-        within = np.eye(a.shape[-1]) - _mm(rest_pinv, n_rest)
+        n_rest = n - own_null
+        rest_pinv, _ = psd_pinv(n_rest, rtol, 1.0)
+        within = np.eye(above.shape[-1]) - _mm(rest_pinv, n_rest)
         s_rest = _sym(_mm(_mm(within, s_rest), within))
-    k_rest, _ = _shared_pinv(s_rest, rtol)
-    total_pinv, _ = _shared_pinv(a + k_rest, rtol)
-    out = _sym(_mm(_mm(a, total_pinv), k_rest))
-    only = np.bincount(up, minlength=above.shape[0])[up] == 1
-    out[only] = a[only]
+    k_rest, _ = psd_pinv(s_rest, rtol)
+    total_pinv, _ = psd_pinv(above + k_rest, rtol)
+    out = _sym(_mm(_mm(above, total_pinv), k_rest))
+    out[only] = above[only]
     return out

@@ -1,4 +1,4 @@
-"""The estimate stage of a multi-level run: every level's estimate, top-down (docs/design.md section 7).
+"""The estimate stage of a multi-level run: the best linear unbiased estimate over the geography (docs/design.md section 7).
 
 A multi-level spec (``levels``, :func:`distfit.pipeline.run.run_levels`) nests its levels: every unit
 of a level lies inside one unit of the level above. A level's tabulation records each unit's
@@ -9,20 +9,38 @@ above it as the parent of all its units.
 :func:`estimate_levels` reads every level's plan and sealed release (never the data: this is
 post-processing, free in privacy), recovers each unit's measurements
 (:func:`distfit.estimate.measurements.recover_measurements`), forms each level's normal
-equations (:func:`distfit.estimate.projection.normal_equations`) and estimates the levels
-top-down (:func:`distfit.estimate.geography.estimate_top_down`): nonnegative tables, every
-unit's children summing exactly to it, cell by cell (with ``integer``: integer counts, exactly).
+equations (:func:`distfit.estimate.projection.normal_equations`: ``J_l = H``, ``h_u = g_u``)
+and estimates every unit of every level at once by generalised least squares over the tree
+(:func:`distfit.estimate.hierarchy.estimate_hierarchy`: an upward and a downward pass, every
+matrix once per class of same-shaped subtrees): each published query's best linear unbiased
+estimate, in every level's own noise metric, and its exact variance (stored as
+``queries/variances``, given by ``distfit export`` as ``se`` and ``moe90``).
+
+Consistency, and how exact. Real-valued (the default): every unit's table is the sum of its
+children's up to float rounding (the hierarchy puts each parent's rounding residual on its last
+child, so ``|sum of the children - the parent| <= a few ulps of the tables``); the estimates are
+unbiased, so where the release is noisy around 0 some are below 0 (they are not clipped:
+clipping would bias them and void the variances). With ``integer``: nonnegative integer tables
+from those estimates (:func:`distfit.estimate.geography.integer_tables`: each level projected
+onto nonnegative tables summing to the parent's counts, then rounded keeping those sums), every
+unit's children summing exactly (bitwise, int64) to it, cell by cell; the integers are not
+linear in the release, so no variances are stored with them.
+
 Each level's estimate is then written, coarsest first, to ``levels/<level>/estimate.zarr`` in
-the estimate store's layout (:mod:`distfit.stores.estimate`, method ``"top-down"``), built
+the estimate store's layout (:mod:`distfit.stores.estimate`, method :data:`METHOD`), built
 aside and moved into place once sealed; its ``geography`` attr records the level, its parent
 level and the parent's estimate (path and checksum), so a level's estimate names the exact
-estimate its units sum to. A rerun reuses the estimates when every level's store is sealed
-from the level's current release with the same options and its recorded parent checksum is
-the parent's; otherwise every level is estimated and written again (the levels are coupled).
+estimate its units sum to. ``solve/objective`` holds each unit's own weighted squared residual
+``||C_b^-1 (y_b - B_b M_b x)||^2`` summed over its blocks; ``solve/iterations`` 0 and
+``solve/converged`` 1 (the passes are direct). A rerun reuses the estimates when every
+level's store is sealed from the level's current release with the same method and options
+and its recorded parent checksum is the parent's; otherwise every level is estimated and
+written again (the levels are coupled).
 
-Where it runs: in the driver, one level at a time (the children of a level are one coupled
-problem); memory holds every unit's measurements and table of the level being solved
-(units x cells floats per level).
+Where it runs: in the driver (the passes take about a CPU-second at 20,000 counties and 224
+cells: benchmarks/README.md); memory holds every level's measurements and tables (a few units x
+cells floats per level) and the hierarchy's class matrices. It needs the dense information
+(at most :data:`distfit.estimate.projection.DENSE_CELLS` cells: :func:`check_levels`).
 """
 from __future__ import annotations
 
@@ -38,9 +56,16 @@ from typing import Any, TextIO
 
 import numpy as np
 
-from distfit.estimate.geography import GeographyLevel, estimate_top_down
-from distfit.estimate.measurements import measurement_model, published_estimates, recover_measurements, workload_kind
-from distfit.estimate.projection import normal_equations
+from distfit.estimate.geography import integer_tables
+from distfit.estimate.hierarchy import estimate_hierarchy, query_variances
+from distfit.estimate.measurements import (
+    measurement_model,
+    published_estimates,
+    recover_measurements,
+    workload_estimates,
+    workload_kind,
+)
+from distfit.estimate.projection import DENSE_CELLS, normal_equations
 from distfit.stores.data import cell_labels, value_labels
 from distfit.stores.estimate import (
     check_replaceable,
@@ -57,15 +82,16 @@ from distfit.stores.release import read_verified_release
 from distfit.stores.release_chunks import ChunkWriter
 from distfit.runtime.threads import blas_limit
 
-__all__ = ["ESTIMATE_NAME", "METHOD", "OBJECTIVE", "LevelEstimate", "estimate_levels", "parent_columns"]
+__all__ = ["ESTIMATE_NAME", "METHOD", "OBJECTIVE", "LevelEstimate", "check_levels", "estimate_levels", "parent_columns"]
 
 ESTIMATE_NAME = "estimate.zarr"
-#: The ``method`` attr of a level's estimate store, and the objective its units minimise.
-METHOD = "top-down"
-OBJECTIVE = ("per level, coarsest first, per unit: sum over its own blocks and, per finer level, over the sums of "
-             "its n descendants' measurements (covariance n Sigma_b) of (y_b - B_b M_b x)^T Sigma_b^-1 "
-             "(y_b - B_b M_b x), over x >= 0 with the children of each parent summing to the parent's estimate "
-             "cell by cell")
+#: The ``method`` attr of a level's estimate store, and the objective its estimates minimise.
+METHOD = "hierarchy-gls"
+OBJECTIVE = ("over every unit u of every level l at once: sum_u sum_b (y_bu - B_b M_b x_u)^T Sigma_b^-1 "
+             "(y_bu - B_b M_b x_u), every unit's table x_u the sum of its children's (generalised least squares "
+             "over the geography tree: each query's best linear unbiased estimate); with integer, then "
+             "nonnegative integer tables, each level projected onto those summing to its parents' counts "
+             "and rounded keeping the sums")
 
 
 def parent_columns(spec: Any) -> dict[str, str | None]:
@@ -124,7 +150,7 @@ def _parent_rows(name: str, release, above_name: str, above_ids: np.ndarray, col
 
 
 def _reusable(paths: Mapping[str, Path], releases: Mapping[str, Any], integer: bool) -> dict[str, Any] | None:
-    """The sealed estimates of every level when all were made top-down from the current
+    """The sealed estimates of every level when all were made by :data:`METHOD` from the current
     releases with these options, each naming its parent's checksum; else None."""
     found: dict[str, Any] = {}
     above = None
@@ -141,13 +167,25 @@ def _reusable(paths: Mapping[str, Path], releases: Mapping[str, Any], integer: b
     return found
 
 
+def check_levels(spec: Any) -> None:
+    """Raise ValueError (one line naming the spec's cells) unless the levels of ``spec`` can be
+    estimated: the hierarchy holds cells x cells matrices (at most :data:`DENSE_CELLS` cells).
+    Called before a run plans or releases anything."""
+    cells = int(np.prod(spec.domain.shape, dtype=np.int64))
+    if cells > DENSE_CELLS:
+        raise ValueError(f"{spec.name}: {cells} cells; a multi-level estimate holds cells x cells matrices, "
+                         f"at most {DENSE_CELLS} cells (fewer attribute values, or run without the estimate)")
+
+
 def _write_level(path: Path, *, spec, plan, plan_path: Path, release, model, x: np.ndarray, integer: bool,
-                 residual: np.ndarray, iterations: int, converged: np.ndarray, geography: dict, fsync: bool) -> str:
+                 objective: np.ndarray, variances: np.ndarray | None, geography: dict, fsync: bool) -> str:
     """One level's estimate store (module docstring), built aside and moved into place; returns
     its checksum."""
     workload = workload_kind(model)
     integral = integer and workload.integral
-    queries = published_estimates(model, x, workload, integer=integer)
+    queries = (published_estimates(model, x, workload, integer=True) if integer
+               else workload_estimates(model, x))  # unbiased: nothing clipped
+    converged = np.ones(x.shape[0], dtype=np.uint8)
     with store_lock(path, "estimate"):
         estimate_state(path)  # anything but an estimate store at path is refused
         staging = path.with_name(f"{path.name}{STAGING_MARKER}{secrets.token_hex(6)}")
@@ -155,15 +193,17 @@ def _write_level(path: Path, *, spec, plan, plan_path: Path, release, model, x: 
             root = create_estimate(staging, plan=plan, plan_path=str(plan_path), release=release, method=METHOD,
                                    objective=OBJECTIVE, integer=integer, cells=model.cells,
                                    query_dtype=np.int64 if integral else np.float64,
-                                   cell_labels=cell_labels(model.attributes, value_labels(spec)))
+                                   cell_labels=cell_labels(model.attributes, value_labels(spec)),
+                                   variances=variances is not None)
             root.attrs["geography"] = geography
             units, chunk_units = int(release.attrs["units"]), int(release.attrs["chunk_units"])
             ids = np.asarray(release.unit_ids[...])
             with ChunkWriter(str(staging)) as writer:
                 for chunk, start in enumerate(range(0, units, chunk_units)):
                     rows = slice(start, min(start + chunk_units, units))
-                    writer.write_arrays(chunk, start, chunk_rows(queries[rows], x[rows], residual[rows], iterations,
-                                                                 converged[rows], ids[rows]))
+                    writer.write_arrays(chunk, start, chunk_rows(
+                        queries[rows], x[rows], objective[rows], 0, converged[rows], ids[rows],
+                        variances=None if variances is None else variances[rows]))
             checksum = seal(root, staging, plan_path=str(plan_path), plan_checksum=plan.checksum,
                             release_path=release.path, release_checksum=release.checksum, fsync=fsync)
             move_into_place(staging, path, check_replaceable, fsync=fsync)
@@ -173,15 +213,23 @@ def _write_level(path: Path, *, spec, plan, plan_path: Path, release, model, x: 
     return checksum
 
 
+def _residuals(hessian: np.ndarray, linear: np.ndarray, norms: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """Each unit's own weighted squared residual ``||C^-1 (y - B M x)||^2 = x^T H x - 2 g^T x +
+    ||C^-1 y||^2`` (summed over its blocks; at least 0: the expansion cancels)."""
+    x = np.asarray(x, dtype=np.float64)
+    return np.maximum(np.einsum("ij,ij->i", x @ hessian, x) - 2.0 * np.einsum("ij,ij->i", linear, x) + norms, 0.0)
+
+
 def estimate_levels(spec: Any, level_dirs: Mapping[str, os.PathLike | str], *, integer: bool = False,
-                    log: TextIO | None = None, fsync: bool = True, tol: float = 1e-9,
-                    max_iter: int = 20000) -> dict[str, LevelEstimate]:
-    """Estimate every level of the multi-level ``spec`` top-down (module docstring) from the
-    plans and sealed releases in ``level_dirs`` (``{level: directory}`` holding ``plan.zarr``
-    and ``release.zarr``, spec order) into each directory's ``estimate.zarr``. Returns the
-    level estimates by name. Errors: ValueError (a release of another plan, missing or
-    inconsistent parent ids), FileExistsError (something else at an estimate path)."""
+                    log: TextIO | None = None, fsync: bool = True) -> dict[str, LevelEstimate]:
+    """Estimate every level of the multi-level ``spec`` (module docstring) from the plans and
+    sealed releases in ``level_dirs`` (``{level: directory}`` holding ``plan.zarr`` and
+    ``release.zarr``, spec order) into each directory's ``estimate.zarr``. Returns the level
+    estimates by name. Errors: ValueError (a release of another plan, missing or inconsistent
+    parent ids, too many cells: :func:`check_levels`), FileExistsError (something else at an
+    estimate path)."""
     log = log or sys.stderr
+    check_levels(spec)
     names = [level.name for level in spec.levels]
     dirs = {name: Path(os.fspath(level_dirs[name])) for name in names}
     paths = {name: dirs[name] / ESTIMATE_NAME for name in names}
@@ -195,12 +243,12 @@ def estimate_levels(spec: Any, level_dirs: Mapping[str, os.PathLike | str], *, i
     parents = {name: (names[i - 1] if i else None) for i, name in enumerate(names)}
     reused = _reusable(paths, releases, integer)
     if reused is not None:
-        print(f"distfit: reusing the top-down estimates of levels {', '.join(names)}", file=log)
+        print(f"distfit: reusing the estimates of levels {', '.join(names)}", file=log)
         return {name: LevelEstimate(name, str(paths[name]), e.checksum, int(e.attrs["units"]), "reused", parents[name])
                 for name, e in reused.items()}
 
     started = time.perf_counter()
-    levels, models = [], {}
+    models, hessians, linears, norms, parent_of = {}, [], [], [], []
     with blas_limit():
         for i, name in enumerate(names):
             release = releases[name]
@@ -208,32 +256,36 @@ def estimate_levels(spec: Any, level_dirs: Mapping[str, os.PathLike | str], *, i
             answers = {block.block_id: np.asarray(release.block_answers(block.block_id)[...]) for block in model.blocks}
             measured = recover_measurements(model, answers)
             hessian, linear = normal_equations(model, measured)
-            whitened = np.concatenate([measured[b.block_id] @ b.whitener.T for b in model.blocks], axis=1)
-            parent_of = None
+            hessians.append(np.asarray(hessian))
+            linears.append(linear)
+            norms.append(sum(np.einsum("ij,ij->i", w, w) for w in (measured[b.block_id] @ b.whitener.T
+                                                                  for b in model.blocks)))
+            rows = None
             if i:
                 above = names[i - 1]
-                parent_of = _parent_rows(name, release, above, _keys(releases[above].unit_ids), columns[name])
-            levels.append(GeographyLevel(hessian, linear, parent_of, whitened))
-
-        def progress(i: int) -> None:
-            print(f"distfit: estimate level {names[i]} ({levels[i].units} units, "
-                  f"{'nonnegative' if i == 0 else f'summing to level {names[i - 1]}'})", file=log)
-
-        result = estimate_top_down(levels, integer=integer, tol=tol, max_iter=max_iter, on_level=progress)
+                rows = _parent_rows(name, release, above, _keys(releases[above].unit_ids), columns[name])
+                rows = np.zeros(linear.shape[0], dtype=np.int64) if rows is None else rows
+            parent_of.append(rows)
+        units = sum(h.shape[0] for h in linears)
+        print(f"distfit: estimate levels {', '.join(names)} ({units:,} units): best linear unbiased over the "
+              f"geography{', then integer tables' if integer else ''}", file=log)
+        result = estimate_hierarchy(hessians, linears, parent_of, split="total")
+        xs = integer_tables(result.x, parent_of) if integer else result.x
+        variances = [None if integer or models[name].workload is None
+                     else query_variances(models[name].workload, result.covariance[i], result.unit_class[i])
+                     for i, name in enumerate(names)]
+        objectives = [_residuals(h, g, n, x) for h, g, n, x in zip(hessians, linears, norms, xs)]
+    seconds = time.perf_counter() - started
     out: dict[str, LevelEstimate] = {}
     for i, name in enumerate(names):
         above = parents[name]
         geography = {"level": name, "levels": names, "parent_level": above, "parent_column": columns[name],
                      "parent_estimate": None if above is None else {"path": out[above].path,
                                                                     "checksum": out[above].checksum}}
-        x = result.counts[i] if integer else result.x[i]
         checksum = _write_level(paths[name], spec=spec, plan=plans[name], plan_path=dirs[name] / "plan.zarr",
-                                release=releases[name], model=models[name], x=x, integer=integer,
-                                residual=result.residual[i], iterations=result.iterations[i],
-                                converged=result.converged[i], geography=geography, fsync=fsync)
-        out[name] = LevelEstimate(name, str(paths[name]), checksum, levels[i].units, "done", above)
-        if not result.converged[i].all():
-            print(f"distfit: note: level {name}: the solve stopped at {result.iterations[i]} iterations before its "
-                  "tolerance (solve/converged)", file=log)
-    print(f"distfit: top-down estimates of {len(names)} levels in {time.perf_counter() - started:.2f} s", file=log)
+                                release=releases[name], model=models[name], x=xs[i], integer=integer,
+                                objective=objectives[i], variances=variances[i], geography=geography, fsync=fsync)
+        out[name] = LevelEstimate(name, str(paths[name]), checksum, int(linears[i].shape[0]), "done", above)
+    print(f"distfit: estimates of {len(names)} levels in {time.perf_counter() - started:.2f} s "
+          f"({seconds:.2f} s to estimate, the rest to write and seal)", file=log)
     return out

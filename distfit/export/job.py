@@ -117,12 +117,14 @@ class ErrorSource:
     """Where a store's standard errors come from: ``se`` (m,) of the linear figures (None:
     none), ``per_unit`` (the units' notes and which of them state ``se`` come from each unit's
     solve: :func:`distfit.export.tables.linear_units`), else every unit has ``note`` (a
-    :data:`distfit.export.tables.NOTES` code); ``rule`` says it in one sentence."""
+    :data:`distfit.export.tables.NOTES` code); ``stored``: each unit's ``se`` is the square root
+    of the store's ``queries/variances`` (read with the estimates); ``rule`` says it in one sentence."""
 
     se: np.ndarray | None
     per_unit: bool
     note: str
     rule: str
+    stored: bool = False
 
 
 @dataclass(frozen=True)
@@ -174,6 +176,10 @@ def error_source(kind: str, store: Any, plan: Any) -> ErrorSource:
                            "se = sqrt(the plan's variance of each query's noisy answer), exact for every row")
     if store.integer:
         return ErrorSource(None, False, "integer-rounded", "integer estimates: rounding is not linear, no se stated")
+    if store.variances is not None:
+        return ErrorSource(None, False, "linear-hierarchy",
+                           "se = sqrt(the estimate's stored variance, queries/variances): the exact variance of "
+                           "each query's best linear unbiased estimate over the geography, unit by unit", stored=True)
     if store.method != "projection":
         return ErrorSource(None, False, "nonlinear-method",
                            f"method {store.method}: not a linear function of the release, no se stated")
@@ -314,6 +320,7 @@ def _export_pass(staging: Path, layouts: tuple[TableLayout, ...], values: Any, s
         for start in range(0, units, chunk):
             stop = min(start + chunk, units)
             block = np.asarray(values[start:stop, first:last])
+            stored = np.sqrt(np.asarray(store.variances[start:stop, first:last])) if errors.stored else None
             ids = _arrow_ids(store.unit_ids[start:stop], schema)
             linear, notes = None, np.full(stop - start, constant, dtype=np.int32)
             if errors.per_unit:
@@ -324,7 +331,8 @@ def _export_pass(staging: Path, layouts: tuple[TableLayout, ...], values: Any, s
                 for a in range(0, stop - start, step):
                     b = min(a + step, stop - start)
                     columns = table_rows(block[a:b, layout.start - first:layout.stop - first],
-                                         None if errors.se is None else errors.se[layout.start:layout.stop],
+                                         stored[a:b, layout.start - first:layout.stop - first] if stored is not None
+                                         else None if errors.se is None else errors.se[layout.start:layout.stop],
                                          None if linear is None else linear[a:b], notes[a:b])
                     writers.write(writer, _record(ids.slice(a, b - a), columns, schema, writer.dictionaries))
             if log is not None:
@@ -356,7 +364,7 @@ def _dictionary_text(kind: str, store: Any, plan: Any, errors: ErrorSource, tabl
     lines += ["", f"Standard errors here: {errors.rule}.",
               "The noise of every released answer is Gaussian with a variance the plan states, the same for every "
               "unit; a figure that is a linear function of the release (a raw answer; a projection estimate whose "
-              "nonnegativity constraint is inactive) is Gaussian around its true value with the stated se. No se "
+              "nonnegativity constraint is inactive; a multi-level run's real-valued estimate) is Gaussian around its true value with the stated se. No se "
               "is stated where the figure is not linear in the release; se_note says why.", "",
               "se_note codes:"]
     lines += [f"  {code}: {NOTE_TEXT[code]}" for code in NOTES]

@@ -18,6 +18,10 @@ is exact). In short, one row per unit and query of a query group (a *table*):
     conditions with no active cell are ``H x_hat = g``, so ``W x_hat = W H^+ g``, the
     generalised least-squares estimate, linear in the answers with ``Var(g) = H`` and so
     ``Var(W x_hat) = W H^+ W^T`` (:func:`gls_standard_errors`; docs/export.md, "Standard errors");
+  * a multi-level run's real-valued estimate (``linear-hierarchy``): the best linear unbiased
+    estimate over the geography, linear in the release with the exact covariance ``P_u`` of
+    each unit's table (:mod:`distfit.estimate.hierarchy`), so ``se = sqrt(w_q^T P_u w_q)``, per
+    unit and query, stored with the estimate (``queries/variances``) and read from it;
   * anything else is not a linear function of the release, and no standard error is stated:
     a unit with an active constraint (``nonnegativity-active``), an unconverged solve
     (``not-converged``), integer tables (``integer-rounded``), a graphical model or top-down
@@ -55,7 +59,7 @@ __all__ = [
 
 #: The ``se_note`` codes, in the order of their dictionary indices (docs/export.md, "se_note").
 NOTES = ("raw-answer", "linear-gls", "nonnegativity-active", "not-converged", "integer-rounded",
-         "nonlinear-method", "covariance-too-large")
+         "nonlinear-method", "covariance-too-large", "linear-hierarchy")
 
 #: What each ``se_note`` code says (the data dictionary's words).
 NOTE_TEXT = {
@@ -69,6 +73,9 @@ NOTE_TEXT = {
     "integer-rounded": "integer estimates (--integer): rounding is not linear; no se stated",
     "nonlinear-method": "the estimate's method (a graphical model, or top-down geography) is not linear; no se stated",
     "covariance-too-large": "the workload is too large for the dense covariance W H^+ W^T; no se stated",
+    "linear-hierarchy": "the best linear unbiased estimate over the geography (generalised least squares over "
+                        "every level of a multi-level run): se = sqrt(w^T P w), P the exact covariance of the "
+                        "unit's table, stored with the estimate; exact",
 }
 
 
@@ -197,8 +204,9 @@ def table_rows(values: np.ndarray, se: np.ndarray | None, linear: np.ndarray | N
     :attr:`TableLayout.words`), ``estimate`` (float64), ``se`` and ``moe90`` (float64, NaN where
     empty; None when no row states one), ``published`` (int64, or None: ``values`` not integer),
     ``note_index`` (int32, into :data:`NOTES`). ``values`` (units x the table's width), ``se``
-    (its width,) the standard errors of the linear figures (None: none), ``linear`` (units,)
-    bool which units state them (None: all), ``notes`` (units,) each unit's note index."""
+    (its width,) the standard errors of the linear figures, the same for every unit, or (units
+    x its width) each unit's (None: none), ``linear`` (units,) bool which units state them
+    (None: all), ``notes`` (units,) each unit's note index."""
     units, width = values.shape
     estimate = values.astype(np.float64, copy=False).reshape(-1)
     errors = None

@@ -65,19 +65,22 @@ def default_block_rows(p: int) -> int:
 
 
 def block_sizes(rows: int, p: int, block_rows: int) -> np.ndarray:
-    """The rows of each block for ``rows`` rows of ``p`` data columns: blocks of ``b`` rows and
-    a last one of ``rows mod b`` (when not zero), where ``b`` is ``block_rows`` raised by the
-    least amount that leaves the last block more than ``p`` rows (paper 003's condition
-    ``n_i > p``); one block when ``rows <= block_rows``. Every block but the last has the same
-    size, so each is one zarr chunk of the store. ValueError for ``block_rows <= p`` or
-    ``rows <= p``."""
+    """The rows of each block for ``rows`` rows of ``p`` data columns: as even as one zarr
+    chunk per block allows. With ``k = ceil(rows / block_rows)`` blocks, every block but the
+    last has ``b = ceil(rows / k) <= block_rows`` rows and the last the rest, ``rows - (k - 1) b``
+    (more than ``b - k``); when that leaves it ``p`` rows or fewer (only for ``rows`` near
+    ``block_rows^2``), ``b`` is raised by the least amount that leaves the last block, ``rows mod
+    b``, more than ``p`` rows (paper 003's condition ``n_i > p``). Even blocks matter: the
+    account of one column is set by the smallest block (:mod:`distfit.mask.orbit`). One block
+    when ``rows <= block_rows``. ValueError for ``block_rows <= p`` or ``rows <= p``."""
     if block_rows <= p:
         raise ValueError(f"--block-rows must be > p = {p} (the number of columns), got {block_rows}")
     if rows <= p:
         raise ValueError(f"the data has {rows} rows; a masked release needs more rows than columns ({p})")
     if rows <= block_rows:
         return np.array([rows], dtype=np.int64)
-    b = int(block_rows)
+    count = -(-rows // block_rows)
+    b = -(-rows // count)
     while 0 < rows % b <= p:
         b += 1
     sizes = [b] * (rows // b) + ([rows % b] if rows % b else [])

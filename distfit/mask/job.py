@@ -19,6 +19,8 @@ outcome); a bad value (text, empty, NaN, infinite) is refused there, before the 
 out, and nothing is left at ``--out``. With ``--bounds-from-data`` the bounds are the columns'
 range, computed in the same pass; a warning says that they leak and the store is marked not
 private. Clipped values (outside ``--bounds``) are counted per column for the summary only.
+The account (:func:`distfit.mask.account.mask_account`) is computed once the rows are counted:
+for one column its sigma depends on the block sizes (setting B, docs/privacy.md).
 
 Randomness: fresh OS entropy per session (:func:`distfit.release.noise.fresh_entropy`), in memory
 only and shipped with the tasks; block ``i`` draws from ``block_stream(entropy, i)``. ``--seed``
@@ -43,15 +45,17 @@ from typing import TextIO
 
 import numpy as np
 
-from distfit.mask.account import mask_account
+from distfit.audit.mask import audit_mask
+from distfit.mask.account import check_budget, mask_account
 from distfit.mask.haar import block_sizes, default_block_rows
 from distfit.mask.scaling import INTERCEPT, check_columns, check_scaling, clip_counts, scaling_from_range
-from distfit.mask.source import check_header, read_columns
+from distfit.mask.source import SUFFIXES, check_header, read_columns
 from distfit.mask.tasks import MaskJob, mask_block_task, mask_blocks_task
 from distfit.release.noise import fresh_entropy
 from distfit.release.tasks import task_chunks
 from distfit.runtime.chunked_job import ChunkedWrite, check_out, claim_out, resume_or_create
 from distfit.runtime.cluster import PlacedClient, run_tasks
+from distfit.runtime.failures import RunFailure
 from distfit.runtime.placement import Placement
 from distfit.stores.mask import (
     CHUNK_ARRAYS,
@@ -61,11 +65,13 @@ from distfit.stores.mask import (
     mask_state,
     open_input,
     open_resumable,
+    read_mask,
+    read_verified_mask,
     seal,
 )
 from distfit.stores.release_chunks import ChunkWriter
 
-__all__ = ["MaskResult", "run_mask"]
+__all__ = ["MaskResult", "check_run_data", "mask_in_run", "run_mask"]
 
 #: Rows read from the CSV at a time (and the input store's chunk rows).
 READ_ROWS = 1 << 17
@@ -181,7 +187,7 @@ def run_mask(
         raise ValueError("--bounds and --bounds-from-data exclude each other")
     scaling = None if bounds_from_data else check_scaling(columns, bounds or {})
     p = len(columns)
-    account = mask_account(epsilon, delta, p)
+    check_budget(epsilon, delta)
     block_rows = _check_block_rows(block_rows, p)
     check_header(data, columns)
     private = seed is None and not bounds_from_data
@@ -195,6 +201,7 @@ def run_mask(
         stack.callback(shutil.rmtree, input_path, ignore_errors=True)  # the data: never left behind
         rows, scaling, clipped = _stage(data, columns, input_path, scaling, log)
         sizes = block_sizes(rows, p, block_rows)
+        account = mask_account(epsilon, delta, p, sizes)  # p = 1: setting B's, set by the block sizes
         names = [*columns, INTERCEPT]
         centre, scale = np.append(scaling.centre, 0.0), np.append(scaling.scale, 1.0)
         attrs = {"bounds": scaling.bounds(), "bounds_from_data": bool(bounds_from_data), "sigma": account.sigma,
@@ -230,3 +237,65 @@ def run_mask(
         sigma_masked=account.sigma_masked, account=account.to_dict(), private=private, resumed=resumed,
         clipped=clipped, bounds_from_data=bool(bounds_from_data),
     )
+
+
+# --------------------------------------------------------------------------------------------
+# the mask stage of distfit run (a spec's mask section)
+
+
+def check_run_data(data: str | os.PathLike | None, columns: Sequence[str]) -> None:
+    """Refuse (ValueError naming ``mask``), before a run does any work, a spec's mask section
+    without a CSV to mask (``--data``) or a column missing from it."""
+    if data is None or not os.fspath(data).lower().endswith(SUFFIXES):
+        given = "no --data" if data is None else f"--data {os.fspath(data)}"
+        raise ValueError(f"mask: the spec's mask section masks columns of the run's microdata: give --data a "
+                         f".csv or .csv.gz file ({given})")
+    check_header(data, columns)
+
+
+def _sealed_differs(path: Path, data: str, columns: Sequence[str], bounds: Mapping[str, tuple[float, float]],
+                    epsilon: float, delta: float, block_rows: int | None) -> str | None:
+    """What the sealed mask store at ``path`` was made with that this run would not make it
+    with (None: the same data, columns, bounds, budget and blocks)."""
+    store = read_verified_mask(path)
+    attrs, p = store.attrs, len(columns)
+    made = {"columns": attrs.get("columns"), "bounds": attrs.get("bounds"),
+            "budget": [store.account.get("epsilon"), store.account.get("delta")],
+            "source": attrs.get("source"), "blocks": attrs.get("chunk_units")}
+    wanted = {"columns": [*columns, INTERCEPT], "bounds": check_scaling(columns, bounds).bounds(),
+              "budget": [float(epsilon), float(delta)],
+              "source": {"path": os.path.abspath(data), "modified": os.stat(data).st_mtime_ns},
+              "blocks": int(block_sizes(store.rows, p, _check_block_rows(block_rows, p))[0])}
+    differ = [key for key in wanted if made[key] != wanted[key]]
+    return ", ".join(differ) if differ else None
+
+
+def mask_in_run(data: str | os.PathLike, out: str | os.PathLike, *, columns: Sequence[str],
+                bounds: Mapping[str, tuple[float, float]], epsilon: float, delta: float, block_rows: int | None,
+                placement: Callable[[], Placement], log: TextIO, fsync: bool = True) -> tuple[dict, str]:
+    """The mask stage of ``distfit run`` (pipelines/README.md, "Masked pseudo-data"): a sealed
+    store at ``out`` made from the same data and settings is reused (verified), an incomplete one
+    resumed, anything else written by :func:`run_mask`; then the store is audited
+    (:func:`distfit.audit.mask.audit_mask`; a failure is a :class:`RunFailure`). ``placement`` is
+    called only when there are blocks to draw. Returns the manifest's ``mask`` entry and the
+    stage's status (``done``, ``resumed`` or ``reused``). ValueError: a sealed store of other
+    data or settings."""
+    data, out_path = os.fspath(data), Path(os.fspath(out))
+    if mask_state(out_path) == "sealed":
+        differs = _sealed_differs(out_path, data, columns, bounds, epsilon, delta, block_rows)
+        if differs:
+            raise ValueError(f"{out_path}: a sealed mask store made with other {differs}; use another --out")
+        status = "reused"
+        print(f"distfit: the mask store at {out_path} is sealed; no new noise drawn", file=log)
+    else:
+        result = run_mask(data, out_path, columns=columns, bounds=bounds, epsilon=epsilon, delta=delta,
+                          block_rows=block_rows, resume=mask_state(out_path) == "incomplete", placement=placement(),
+                          log=log, fsync=fsync)
+        status = "resumed" if result.resumed else "done"
+    report = audit_mask(str(out_path))
+    if not report.ok:
+        raise RunFailure(f"{out_path}: the mask store fails audit ({len(report.failures)} failures): "
+                         + "; ".join(report.failures[:3]))
+    store = read_mask(out_path)  # hashed by the audit: its checksum is report.checksum
+    return {"path": os.path.abspath(out_path), "checksum": report.checksum, "sigma": store.sigma,
+            "private": store.private, "account": store.account}, status

@@ -19,6 +19,7 @@ pipeline (``distfit/pipelines/default.yaml``, a copy of ``pipelines/pl94.yaml``)
 4b. estimate -> ``RUNDIR/estimate.zarr`` (:func:`distfit.estimate.job.run_estimate`, on by default:
              nonnegative, consistent estimates of every query from the sealed release; reads no
              data, costs no privacy; ``integer=True`` rounds them; ``estimate=False`` skips it)
+4c. mask    -> ``RUNDIR/mask.zarr``    with a ``mask`` section: masked pseudo-data (:mod:`distfit.pipeline.masking`)
 5. manifest -> ``RUNDIR/manifest.json`` written atomically (temporary file + ``os.replace``):
    spec path and hash, plan and release checksums, privacy account (from the plan attrs),
    per-stage timings and status, package versions, the cluster used (``{"kind": "serial"}``,
@@ -59,7 +60,8 @@ from distfit.data.microdata import check_source, ensure_tabulated, microdata_for
 from distfit.data.people import write_synthetic_people
 from distfit.data.synthetic import describe_geography, unit_columns
 from distfit.estimate.job import estimate_in_run, manifest_entry
-from distfit.estimate.levels import estimate_levels, parent_columns
+from distfit.estimate.levels import check_levels, estimate_levels, parent_columns
+from distfit.pipeline.masking import check_mask_data, mask_stage
 from distfit.runtime.failures import RunFailure
 from distfit.runtime.placement import Placement
 from distfit.plan.job import level_profiles, planned_decomposition, run_plan, scale_plan_to_budget
@@ -81,11 +83,10 @@ DEFAULT_UNITS = 10_000
 PACKAGES = ("distfit", "numpy", "scipy", "dask", "distributed", "zarr")
 
 PLAN_NAME, DATA_NAME, RELEASE_NAME, MANIFEST_NAME = "plan.zarr", "data.zarr", "release.zarr", "manifest.json"
-ESTIMATE_NAME = "estimate.zarr"
-REPORT_NAME = "report"
+ESTIMATE_NAME, MASK_NAME, REPORT_NAME = "estimate.zarr", "mask.zarr", "report"
 #: What a run writes in RUNDIR (``check_rundir``); a level's directory also holds its spec record
 #: and, under a budget, its accuracy-first plan.
-RUN_NAMES = (PLAN_NAME, DATA_NAME, RELEASE_NAME, ESTIMATE_NAME, MANIFEST_NAME, REPORT_NAME, "spec.yaml",
+RUN_NAMES = (PLAN_NAME, DATA_NAME, RELEASE_NAME, ESTIMATE_NAME, MASK_NAME, MANIFEST_NAME, REPORT_NAME, "spec.yaml",
              "accuracy-plan.zarr")
 
 __all__ = ["LevelsRunResult", "RunDirError", "RunFailure", "RunResult", "default_spec_path", "report_level", "run_levels",
@@ -311,7 +312,7 @@ def run_pipeline(
     this run, not reused. ``parent_column`` (``run_levels``): microdata is tabulated with each
     unit's parent id from that column (the coarser level's unit column). ``estimate``: run the
     estimate stage (``integer``: integer estimates; :func:`distfit.estimate.job.estimate_in_run`).
-    ``report=False`` (``run_levels``): written later, with the top-down estimate (:func:`report_level`).
+    ``report=False`` (``run_levels``): written later, with the levels' estimate (:func:`report_level`).
 
     Errors: SpecError / ValueError / RunDirError / FileExistsError (bad input, exit 2),
     RunFailure (the plan fails its audit, exit 1), ClusterError.
@@ -331,6 +332,7 @@ def run_pipeline(
             if units is not None:
                 raise ValueError(f"--units is for synthetic data; --data {source} is microdata (its units are "
                                  "the values of the spec's unit column)")
+        check_mask_data(spec.mask, source)  # a mask section needs a CSV with its columns
         _inspect(rundir, spec_hash, synthesise, units, spec=spec, source=source, parent_column=parent_column)
 
         plan_path, release_path, estimate_path = rundir / PLAN_NAME, rundir / RELEASE_NAME, rundir / ESTIMATE_NAME
@@ -381,11 +383,11 @@ def run_pipeline(
 
             # 2. audit
             t = time.perf_counter()
-            report = audit_plan(str(plan_path))
+            audited = audit_plan(str(plan_path))  # not ``report``: that is the parameter (write the report)
             timings["audit"] = time.perf_counter() - t
-            if not report.ok:
-                raise RunFailure(f"{plan_path}: the plan fails audit ({len(report.failures)} failures): "
-                                 + "; ".join(report.failures[:3]))
+            if not audited.ok:
+                raise RunFailure(f"{plan_path}: the plan fails audit ({len(audited.failures)} failures): "
+                                 + "; ".join(audited.failures[:3]))
             stages["audit"] = "passed"
 
             # 3. data
@@ -426,7 +428,7 @@ def run_pipeline(
                 result = run_release(
                     str(plan_path), str(data_path), str(release_path), resume=resume,
                     placement=where.placement(), log=log, fsync=fsync,
-                    after_chunk=after_chunk, audit=report,  # audited above: not audited (hashed) again
+                    after_chunk=after_chunk, audit=audited,  # audited above: not audited (hashed) again
                     data_checksum=data_store.attrs.get("checksum") if written else None,
                 )
                 release_checksum = result.checksum
@@ -441,6 +443,7 @@ def run_pipeline(
                     str(plan_path), str(release_path), str(estimate_path), integer=integer,
                     placement=where.placement, log=log, fsync=fsync)
                 timings["estimate"] = time.perf_counter() - t
+            masked = mask_stage(spec.mask, source, rundir / MASK_NAME, where.placement, log, fsync, stages, timings)
             cluster_used = where.describe()
 
         # 5. report (rebuilt on every run: it is cheap and replaces only an earlier distfit report)
@@ -468,7 +471,7 @@ def run_pipeline(
                      "source": ({key: (data_store.attrs.get("source") or {}).get(key)
                                  for key in ("path", "format", "size", "mtime")} if source is not None else None)},
             "release": {"path": os.path.abspath(release_path), "checksum": release_checksum},
-            "estimate": estimated,
+            "estimate": estimated, "mask": masked,  # the mask: its own (epsilon, delta), on top of the plan's
             "privacy": {
                 "alpha": plan_attrs.get("alpha"),
                 "rho": plan_attrs.get("rho"),
@@ -480,7 +483,7 @@ def run_pipeline(
             "timings_seconds": timings,
             "versions": package_versions(),
             "cluster": cluster_used,
-            "report": _report_entry(written) if written is not None else None,
+            "report": written.manifest_entry() if written is not None else None,
         }
         write_json_atomic(manifest_path, manifest)
         return RunResult(
@@ -492,23 +495,15 @@ def run_pipeline(
         )
 
 
-def _report_entry(report: Any) -> dict[str, Any]:
-    """The manifest's ``report`` entry of a written report (``distfit.report.page.ReportResult``)."""
-    return {"path": os.path.abspath(report.path), "index": os.path.abspath(os.path.join(report.path, "index.html")),
-            "plots": list(report.plots), "calibration": report.calibration,
-            "validation": report.validation and os.path.abspath(report.validation),
-            "validation_plots": list(report.validation_plots)}
-
-
 def report_level(result: RunResult, estimate: Any | None) -> RunResult:
-    """Write the report of a level run with ``report=False`` with the section of its top-down
+    """Write the report of a level run with ``report=False`` with the section of its
     ``estimate`` (a :class:`distfit.estimate.levels.LevelEstimate`, or None) and complete the
     level's manifest (``report``, ``estimate``, their stages and timing); the result, completed."""
     t = time.perf_counter()
     written = write_report(result.plan, result.report, result.release, result.data,
                            estimate_path=estimate and estimate.path, verified=True)  # by the level's run
     stages = dict(result.stages, estimate=estimate.status if estimate else "skipped", report="done")
-    manifest = dict(result.manifest_data, stages=stages, report=_report_entry(written),
+    manifest = dict(result.manifest_data, stages=stages, report=written.manifest_entry(),
                     estimate=manifest_entry(estimate.path, estimate.checksum) if estimate else None,
                     timings_seconds=dict(result.timings, report=time.perf_counter() - t))
     write_json_atomic(Path(result.manifest), manifest)
@@ -581,9 +576,10 @@ def run_levels(
     share (:func:`distfit.plan.job.scale_plan_to_budget`); its ``spec.yaml`` records the share
     as the level's ``privacy.alpha``. A rerun reuses and resumes level by level like
     :func:`run_pipeline`; a RUNDIR of another spec is refused (RunDirError). Then (``estimate``)
-    every level's ``estimate.zarr``, top-down: children sum to their parent, exactly as integers
-    with ``integer`` (:func:`distfit.estimate.levels.estimate_levels`; each level's tabulation
-    records its units' parents, ``parent_column``).
+    every level's ``estimate.zarr``, the best linear unbiased estimate over the geography with
+    each estimate's variance: children sum to their parent, to float rounding, and exactly as
+    nonnegative integers with ``integer`` (:func:`distfit.estimate.levels.estimate_levels`; each
+    level's tabulation records its units' parents, ``parent_column``).
     """
     with store_lock(out, "run directory"):  # one run per RUNDIR at a time (stores/lock.py)
         started = time.perf_counter()
@@ -593,6 +589,8 @@ def run_levels(
             raise ValueError(f"{spec_path}: not a multi-level spec (no levels); use run_pipeline")
         if units is not None and (isinstance(units, bool) or units < 1):
             raise ValueError(f"--units must be >= 1, got {units}")
+        if estimate:
+            check_levels(spec)  # before anything is planned or released
         spec_hash = spec.spec_hash
         rundir = Path(os.fspath(out))
         if rundir.exists() and rundir.is_dir() and any(
@@ -685,10 +683,10 @@ def run_levels(
                     plan_written=scaled_now.get(name), parent_column=parents[name], estimate=False, report=False)
                 timings[f"level {name}"] = time.perf_counter() - t
 
-        t = time.perf_counter()  # top-down: every level's children sum to their parent (integer: exactly)
+        t = time.perf_counter()  # over the geography: every level's children sum to their parent (integer: exactly)
         estimates = estimate_levels(spec, level_dirs, integer=integer, log=log, fsync=fsync) if estimate else {}
         timings["estimate"] = time.perf_counter() - t
-        # each level's report, with its top-down estimate (estimated once, above; timed in the level's manifest)
+        # each level's report, with its estimate (estimated once, above; timed in the level's manifest)
         results = {name: report_level(result, estimates.get(name)) for name, result in results.items()}
         plans = {name: read_plan(result.plan) for name, result in results.items()}
         account = combine_levels(spec.domain, [(name, float(plan.attrs["alpha"]), level_profiles(plan))

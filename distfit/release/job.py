@@ -101,7 +101,8 @@ from typing import Any, Callable, Iterable, Iterator, TextIO
 
 import numpy as np
 
-from distfit.audit.plan import AuditReport, audit_plan
+from distfit.audit.checks import AuditReport
+from distfit.audit.plan import audit_plan
 from distfit.runtime.chunked_job import ChunkedWrite, check_out, claim_out, resume_or_create
 from distfit.runtime.cluster import TASK_RETRIES, PlacedClient, run_tasks
 from distfit.runtime.placement import Placement

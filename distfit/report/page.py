@@ -119,6 +119,13 @@ class ReportResult:
     validation: str | None = None
     validation_plots: tuple[str, ...] = ()
 
+    def manifest_entry(self) -> dict[str, Any]:
+        """What a run's manifest records of this report (``report``): absolute paths, the figures."""
+        return {"path": os.path.abspath(self.path), "index": os.path.abspath(os.path.join(self.path, PAGE)),
+                "plots": list(self.plots), "calibration": self.calibration,
+                "validation": self.validation and os.path.abspath(self.validation),
+                "validation_plots": list(self.validation_plots)}
+
 
 def _check_out(path: Path) -> None:
     """Raise unless ``path`` may be replaced by a report (:func:`distfit.stores.files.check_marked_dir`)."""
@@ -366,11 +373,24 @@ def _estimate_rows(release, estimate, layouts: tuple[TableLayout, ...]) -> tuple
 
 
 def _geography(geography: dict) -> str:
-    """A top-down estimate's place in its geography (the estimate store's ``geography`` attr)."""
+    """A level's estimate's place in its geography (the estimate store's ``geography`` attr)."""
     level, above = geography.get("level"), geography.get("parent_level")
     if above is None:
-        return f"level {level}, the coarsest of {', '.join(geography.get('levels') or [])}: the top of the top-down estimate"
+        return f"level {level}, the coarsest of {', '.join(geography.get('levels') or [])}: the root of the geography"
     return f"level {level}: every unit's table sums exactly, cell by cell, to its parent's in level {above}"
+
+
+#: The estimate section's heading and what it says the estimates are, by the store's method
+#: (a multi-level run's ``hierarchy-gls``, :mod:`distfit.estimate.levels`; every other method).
+_HIERARCHY_WORDS = ("Estimates: best linear unbiased, consistent across the geography",
+                    "every level's units estimated together by generalised least squares over the geography "
+                    "(every unit's table the sum of its children's), each query's best linear unbiased estimate; "
+                    "real-valued estimates may be below 0 where the release is noisy around 0, integer ones "
+                    "are nonnegative counts that add up exactly")
+_PROJECTION_WORDS = ("Estimates: nonnegative and consistent",
+                     "per unit the nonnegative data vector closest to the release in the noise's metric, and every "
+                     "query's estimate computed from it, so that the estimates never go below 0 and every table "
+                     "adds up")
 
 
 def _estimate_section(release, estimate, summary: dict, layouts: tuple[TableLayout, ...]) -> list[str]:
@@ -380,12 +400,11 @@ def _estimate_section(release, estimate, summary: dict, layouts: tuple[TableLayo
     fit = a.get("fit") or {}
     header, rows = _estimate_rows(release, estimate, layouts)
     units = summary["units"]
+    heading, words = _HIERARCHY_WORDS if a.get("method") == "hierarchy-gls" else _PROJECTION_WORDS
     return [
-        "<h2>Estimates: nonnegative and consistent</h2>",
-        "<p class='note'>Post-processing of the release (no privacy cost; the data is not read): per unit the "
-        "nonnegative data vector closest to the release in the noise's metric "
-        f"({html.escape(str(a.get('objective')))}), and every query's estimate computed from it, so that the "
-        "estimates never go below 0 and every table adds up.</p>",
+        f"<h2>{heading}</h2>",
+        f"<p class='note'>Post-processing of the release (no privacy cost; the data is not read): {words} "
+        f"({html.escape(str(a.get('objective')))}).</p>",
         _table(["quantity", "value"], [
             ["estimate", os.path.basename(estimate.path.rstrip("/"))],
             ["method", a.get("method")],

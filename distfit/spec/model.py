@@ -36,6 +36,7 @@ __all__ = [
     "PrivacySpec",
     "BlockLimits",
     "LevelSpec",
+    "MaskSpec",
     "PipelineSpec",
     "DEFAULT_MAX_CELLS",
     "WORKLOAD_MAX_CELLS",
@@ -349,6 +350,33 @@ class LevelSpec:
                 "queries": [group.to_dict(memo, stated) for group in self.groups]}
 
 
+@dataclass(frozen=True)
+class MaskSpec:
+    """The spec's ``mask`` section: ``distfit run`` also releases these numeric columns of its
+    microdata (``--data``, a CSV) as masked pseudo-data (docs/mask.md), with public ``bounds``
+    (``(lo, hi)`` per column, in order) and its own (``epsilon``, ``delta``) budget;
+    ``block_rows`` None: the default."""
+
+    columns: tuple[str, ...]
+    bounds: tuple[tuple[float, float], ...]
+    epsilon: float
+    delta: float
+    block_rows: int | None = None
+
+    def arguments(self) -> dict[str, Any]:
+        """The keyword arguments of ``distfit.mask.job.run_mask`` this section gives."""
+        return {"columns": list(self.columns), "bounds": dict(zip(self.columns, self.bounds)),
+                "epsilon": self.epsilon, "delta": self.delta, "block_rows": self.block_rows}
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"columns": list(self.columns),
+                               "bounds": {c: list(b) for c, b in zip(self.columns, self.bounds)},
+                               "epsilon": self.epsilon, "delta": self.delta}
+        if self.block_rows is not None:
+            out["block_rows"] = self.block_rows
+        return out
+
+
 @dataclass(frozen=True, eq=False)
 class PipelineSpec:
     """A validated pipeline spec (pipelines/README.md). Compare specs by :attr:`spec_hash`.
@@ -366,6 +394,7 @@ class PipelineSpec:
     blocks: BlockLimits
     source_path: str | None = None
     levels: tuple[LevelSpec, ...] = ()
+    mask: MaskSpec | None = None
 
     @property
     def multilevel(self) -> bool:
@@ -473,6 +502,8 @@ class PipelineSpec:
             out["queries"] = [group.to_dict(memo, stated) for group in self.groups]
         out["privacy"] = self.privacy.to_dict()
         out["blocks"] = self.blocks.to_dict()
+        if self.mask is not None:  # absent from specs without one: their hashes are unchanged
+            out["mask"] = self.mask.to_dict()
         return out
 
     @functools.cached_property

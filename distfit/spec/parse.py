@@ -47,6 +47,7 @@ from distfit.spec.model import (
     AttributeSpec,
     BlockLimits,
     LevelSpec,
+    MaskSpec,
     PipelineSpec,
     PrivacySpec,
     QueryGroupSpec,
@@ -59,6 +60,7 @@ from distfit.spec.schema import (
     BLOCK_KEYS,
     BUDGET_KEYS,
     LEVEL_KEYS,
+    MASK_KEYS,
     PRIVACY_KEYS,
     TOP_KEYS,
     UNIT_KEYS,
@@ -387,6 +389,58 @@ def _parse_blocks(raw: Any) -> BlockLimits:
     return BlockLimits(max_cells=max_cells, merge=merge)
 
 
+#: The name of the constant column a masked release appends (``distfit.mask.scaling.INTERCEPT``).
+_INTERCEPT = "(intercept)"
+
+
+def _parse_mask(raw: Any) -> MaskSpec | None:
+    """The ``mask`` section (pipelines/README.md, "Masked pseudo-data"); every problem a
+    SpecError naming the field (``mask.bounds.age``)."""
+    if raw is None:
+        return None
+    raw = check_section(raw, "mask", "a mapping (columns, bounds, epsilon, delta, block_rows)", MASK_KEYS,
+                        required=("columns", "bounds", "epsilon", "delta"))
+    given = raw["columns"]
+    if not is_sequence(given) or len(given) == 0:
+        raise SpecError("mask.columns", f"expected a non-empty list of numeric data columns, got {type_name(given)}")
+    columns: list[str] = []
+    for i, column in enumerate(given):
+        where = f"mask.columns[{i}]"
+        if not isinstance(column, str) or not column.strip() or _CONTROL_RE.search(column):
+            raise SpecError(where, f"expected a data column name, got {type_name(column)} {show(column)}")
+        if column == _INTERCEPT:
+            raise SpecError(where, f"{_INTERCEPT!r} is the name of the constant column the release adds")
+        if column in columns:
+            raise SpecError(where, f"column {column!r} is named twice")
+        columns.append(column)
+    bounds = check_mapping(raw["bounds"], "mask.bounds", "a mapping {column: [LO, HI]}")
+    extra = [key for key in bounds if key not in columns]
+    if extra:
+        raise SpecError(f"mask.bounds.{extra[0]}", f"not one of mask.columns ({listing(columns)})")
+    pairs = []
+    for column in columns:
+        where = f"mask.bounds.{column}"
+        if column not in bounds:
+            raise SpecError("mask.bounds", f"no bounds for column {column!r} (public bounds [LO, HI] of every column)")
+        pair = bounds[column]
+        if not (is_sequence(pair) and len(pair) == 2 and all(is_number(v) and math.isfinite(float(v)) for v in pair)):
+            raise SpecError(where, f"expected [LO, HI], two finite numbers, got {type_name(pair)} {show(pair)}")
+        if not float(pair[0]) < float(pair[1]):
+            raise SpecError(where, f"LO must be < HI, got {show(pair)}")
+        pairs.append((float(pair[0]), float(pair[1])))
+    for key, allowed in (("epsilon", EPSILON), ("delta", DELTA)):
+        if not is_number(raw[key]):
+            raise SpecError(f"mask.{key}", f"expected a number, got {type_name(raw[key])} {show(raw[key])}")
+        check_range(raw[key], f"mask.{key}", allowed)
+    block_rows = None
+    if raw.get("block_rows") is not None:
+        block_rows = check_count(raw["block_rows"], "mask.block_rows")
+        if block_rows <= len(columns):
+            raise SpecError("mask.block_rows", f"must be > {len(columns)} (the number of columns), got {block_rows}")
+    return MaskSpec(columns=tuple(columns), bounds=tuple(pairs), epsilon=float(raw["epsilon"]),
+                    delta=float(raw["delta"]), block_rows=block_rows)
+
+
 def _parse_units(raw: Any, path: str = "units") -> UnitsSpec | None:
     if raw is None:
         return None
@@ -443,6 +497,9 @@ def _parse_spec(mapping: Any, base: Path, source_path: str | None) -> PipelineSp
     units = _parse_units(raw.get("units"))
     privacy = _parse_privacy(raw.get("privacy"))
     blocks = _parse_blocks(raw.get("blocks"))
+    mask = _parse_mask(raw.get("mask"))
+    if mask is not None and "levels" in raw:
+        raise SpecError("mask", "a spec with levels takes no mask section (run distfit mask on the data instead)")
 
     parser = GroupParser(attributes, blocks.max_cells, base)
     levels: list[LevelSpec] = []
@@ -477,4 +534,5 @@ def _parse_spec(mapping: Any, base: Path, source_path: str | None) -> PipelineSp
         blocks=blocks,
         source_path=source_path,
         levels=tuple(levels),
+        mask=mask,
     )

@@ -19,6 +19,7 @@ __all__ = [
     "PRIVACY_KEYS",
     "BUDGET_KEYS",
     "BLOCK_KEYS",
+    "MASK_KEYS",
     "UNIT_KEYS",
     "TARGET_FILE_KEYS",
     "TARGET_RULE_KEYS",
@@ -36,7 +37,7 @@ PLAIN_KINDS = ("identity", "total", "prefix", "all_ranges")
 MAPPING_KINDS = ("ranges", "select", "matrix")
 
 #: Keys of the spec's top-level mapping.
-TOP_KEYS = ("name", "description", "attributes", "units", "queries", "levels", "privacy", "blocks")
+TOP_KEYS = ("name", "description", "attributes", "units", "queries", "levels", "privacy", "blocks", "mask")
 #: Keys of one item of ``levels``.
 LEVEL_KEYS = ("name", "units", "queries")
 #: Keys of one item of ``attributes``.
@@ -51,6 +52,8 @@ PRIVACY_KEYS = ("mode", "rho", "epsilon", "delta", "alpha")
 BUDGET_KEYS = ("rho", "epsilon", "delta", "alpha")
 #: Keys of ``blocks``.
 BLOCK_KEYS = ("max_cells", "merge")
+#: Keys of ``mask`` (masked pseudo-data of numeric columns, docs/mask.md).
+MASK_KEYS = ("columns", "bounds", "epsilon", "delta", "block_rows")
 #: Keys of ``units`` (top level or a level's).
 UNIT_KEYS = ("column",)
 #: Keys of a target read from a file, ``{file: PATH}`` ...

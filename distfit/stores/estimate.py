@@ -19,6 +19,11 @@ Layout (**contract**, docs/design.md section 4), a Zarr v3 group::
                          group attrs: labels (m strings GROUP:LABEL, or None), groups
                          ({group: [start, stop]}: each query group's columns, spec order)
       queries/query      (m,)            coordinate: the query labels (absent when labels is None)
+      queries/variances  (units, m)      float64, only where the estimate is linear in the release
+                                         with an exactly known covariance (a multi-level run's
+                                         real-valued estimate, method ``hierarchy-gls``:
+                                         :mod:`distfit.estimate.levels`): each query estimate's
+                                         exact variance, ``w_q^T P_u w_q``
       cells/estimates    (units, cells)  float64 (int64 with integer): the data vector estimate
                                          x_hat of every unit (the detailed table every query
                                          estimate is a sum of); cells row-major in schema order.
@@ -115,6 +120,7 @@ FIT_DTYPES = {"solve/objective": np.float64, "solve/iterations": np.int32, "solv
 DIMS: dict[str, tuple[str, ...]] = {
     "queries/estimates": ("unit", "query"),
     "queries/query": ("query",),
+    "queries/variances": ("unit", "query"),
     "cells/estimates": ("unit", "cell"),
     "cells/cell": ("cell",),
     "marginals/estimates": ("unit", "marginal_cell"),
@@ -127,12 +133,14 @@ class EstimateError(ValueError):
     """A path that is not a readable, complete (sealed) estimate store; the message says why."""
 
 
-def chunk_arrays(tables: str | None = "cells/estimates") -> list[str]:
+def chunk_arrays(tables: str | None = "cells/estimates", variances: bool = False) -> list[str]:
     """The arrays every chunk writes, sorted (``chunks/done`` included, written last);
     ``tables``: ``cells/estimates`` (the projection), ``marginals/estimates`` (a graphical model)
-    or None (the projection of a workload that holds every cell: ``in_queries``)."""
+    or None (the projection of a workload that holds every cell: ``in_queries``); ``variances``:
+    ``queries/variances`` too."""
     tables_ = [] if tables is None else [tables]
-    return sorted(["queries/estimates", *tables_, *FIT_DTYPES, "unit_ids", "unit", "chunks/done"])
+    extra = ["queries/variances"] if variances else []
+    return sorted(["queries/estimates", *tables_, *extra, *FIT_DTYPES, "unit_ids", "unit", "chunks/done"])
 
 
 def stored_tables(root: zarr.Group) -> str | None:
@@ -158,7 +166,8 @@ def query_groups(labels: Sequence[str] | None) -> dict[str, list[int]] | None:
 
 def create_estimate(path: Path, *, plan, plan_path: str, release, method: str, objective: str, integer: bool,
                     cells: int, query_dtype: Any, cell_labels: np.ndarray | None,
-                    cliques: Sequence[Sequence[str]] | None = None, cell_columns: int | None = None) -> zarr.Group:
+                    cliques: Sequence[Sequence[str]] | None = None, cell_columns: int | None = None,
+                    variances: bool = False) -> zarr.Group:
     """Lay out an empty, incomplete estimate store at ``path`` (driver only) and return its root
     group, open for writing. ``release``: the sealed release (:func:`distfit.stores.release.read_release`)
     whose units, chunking, unit ids dtype and labels the store follows. ``cliques`` (a graphical
@@ -167,15 +176,16 @@ def create_estimate(path: Path, *, plan, plan_path: str, release, method: str, o
     instead of ``cells/estimates``. ``cell_columns`` (``start``: the queries ``start ..
     start + cells - 1`` are the cells, :func:`distfit.estimate.measurements.cell_query_columns`):
     no ``cells/estimates``, the ``cells`` group's attr ``in_queries`` ``[start, start + cells]``
-    instead (module docstring). On any error nothing is left at ``path``
+    instead (module docstring). ``variances``: lay out ``queries/variances`` (units x m float64)
+    for the chunks to fill. On any error nothing is left at ``path``
     (:meth:`distfit.stores.sealing.SealedKind.create`)."""
     return ESTIMATE.create(path, _lay_out, plan=plan, plan_path=plan_path, release=release, method=method,
                            objective=objective, integer=integer, cells=cells, query_dtype=query_dtype,
-                           cell_labels=cell_labels, cliques=cliques, cell_columns=cell_columns)
+                           cell_labels=cell_labels, cliques=cliques, cell_columns=cell_columns, variances=variances)
 
 
 def _lay_out(root: zarr.Group, *, plan, plan_path, release, method, objective, integer, cells, query_dtype,
-             cell_labels, cliques=None, cell_columns=None) -> None:
+             cell_labels, cliques=None, cell_columns=None, variances=False) -> None:
     attrs = release.attrs
     units, chunk_units = int(attrs["units"]), int(attrs["chunk_units"])
     n_chunks = -(-units // chunk_units)
@@ -185,6 +195,9 @@ def _lay_out(root: zarr.Group, *, plan, plan_path, release, method, objective, i
     queries = root.create_group("queries")
     queries.create_array("estimates", shape=(units, m), dtype=query_dtype, chunks=answer_chunks(chunk_units, m),
                          compressors=ANSWER_COMPRESSORS, dimension_names=DIMS["queries/estimates"], config=config)
+    if variances:
+        queries.create_array("variances", shape=(units, m), dtype=np.float64, chunks=answer_chunks(chunk_units, m),
+                             compressors=ANSWER_COMPRESSORS, dimension_names=DIMS["queries/variances"], config=config)
     if labels is not None:
         write_array(queries, "query", np.array(list(labels), dtype=object), dims=DIMS["queries/query"])
     queries.attrs.update(jsonable({"labels": labels, "groups": query_groups(labels)}))
@@ -365,6 +378,13 @@ class Estimate(SealedStore):
     integer = root_attr("integer", bool)
     method = root_attr("method", str)
     estimates = store_array("queries/estimates", "``queries/estimates`` (units x m).")
+
+    @property
+    def variances(self):
+        """``queries/variances`` (units x m): each query estimate's exact variance, or None
+        where the store has none (module docstring)."""
+        queries = self._group["queries"]
+        return queries["variances"] if "variances" in queries else None
     converged = store_array("solve/converged", "``solve/converged`` (units,): 1 where the unit's solve met its tolerance.")
 
     @property
@@ -414,15 +434,17 @@ estimate_state, check_replaceable = ESTIMATE.state, ESTIMATE.check_replaceable
 
 def chunk_rows(estimates: np.ndarray, cells: np.ndarray, objective: np.ndarray, iterations: Any,
                converged: np.ndarray, unit_ids: np.ndarray,
-               tables: str | None = "cells/estimates") -> Mapping[str, np.ndarray]:
+               tables: str | None = "cells/estimates", variances: np.ndarray | None = None) -> Mapping[str, np.ndarray]:
     """One chunk's rows by array name, for ``ChunkWriter.write_arrays`` (every array of
     :func:`chunk_arrays` but ``chunks/done``, which the writer marks last); ``cells`` goes to
     ``tables`` (``marginals/estimates`` for a graphical model's clique marginals; None: not
-    written, the cells are columns of ``estimates``)."""
+    written, the cells are columns of ``estimates``); ``variances`` (given: the store has
+    ``queries/variances``)."""
     n = len(unit_ids)
     tables_ = {} if tables is None else {tables: cells}
     return {
         "queries/estimates": estimates,
+        **({} if variances is None else {"queries/variances": variances}),
         **tables_,
         "solve/objective": np.asarray(objective, dtype=np.float64).reshape(n),
         "solve/iterations": np.broadcast_to(np.asarray(iterations, dtype=np.int32), (n,)),

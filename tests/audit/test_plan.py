@@ -629,7 +629,7 @@ def test_a_packed_plan_passes_and_agrees_with_its_blocks_written_one_group_each(
         assert report.ok, (name, report.failures)
     assert read_plan(packed / "packed.zarr").explicit_block_ids == ()
     assert read_plan(packed / "groups.zarr").pack_ids == ()
-    alphas = [reports[name].alpha for name in ("packed", "groups", "mixed")]
+    alphas = [reports[name].value for name in ("packed", "groups", "mixed")]
     assert alphas == pytest.approx([alphas[0]] * 3, rel=1e-12)
     # every packed block's stated bound is what its materialised certificate proves (the one-group rule)
     plan = read_plan(packed / "packed.zarr")
@@ -765,7 +765,7 @@ def test_closed_form_plans_of_large_domains_pass_the_audit_with_alpha_exact(tmp_
     assert plan.attrs["alpha"] == pytest.approx(reference, rel=1e-6)
     report = audit_plan(str(plan_path))
     assert report.ok, report.failures
-    assert report.alpha == pytest.approx(plan.attrs["alpha"], rel=1e-12)
+    assert report.value == pytest.approx(plan.attrs["alpha"], rel=1e-12)
     assert main(["audit", str(plan_path)]) == 0
 
 

@@ -26,12 +26,26 @@ def test_mask_writes_a_sealed_store_and_says_what_it_did(capsys, csv, tmp_path):
     assert code == 0, err
     assert "sigma" in out and "not claimed" in out and "NOT PRIVATE" in out and "(sealed)" in out
     store = read_verified_mask(tmp_path / "m.zarr")
-    assert store.rows == 200 and store.block_rows.tolist() == [60, 60, 60, 20]  # the last block: 20 > p rows
+    assert store.rows == 200 and store.block_rows.tolist() == [50] * 4  # ceil(200 / 60) = 4 even blocks
     fit = regression(tmp_path / "m.zarr", y="b", x=["a"])
     assert fit.names == ("(intercept)", "a") and (fit.standard_errors > 0).all()
     code, _out, err = run(capsys, *base(csv, tmp_path, "--seed", "3"))
     assert code == 2
     assert_one_line_error(err, "already holds a sealed mask", "--overwrite")
+
+
+def test_one_column_prints_the_sigma_of_both_settings(capsys, csv, tmp_path):
+    argv = base(csv, tmp_path, "--seed", "3")
+    argv[argv.index("--columns") + 1], argv[argv.index("--bounds") + 1] = "a", "a=0:50"
+    code, out, err = run(capsys, *argv)
+    assert code == 0, err
+    account = read_verified_mask(tmp_path / "m.zarr").account
+    line = next(row for row in out.splitlines() if "sigma" in row)
+    assert f"{account['sigma']:.6g} used" in line and f"A, noise alone: {account['sigma_gaussian']:.6g}" in line
+    assert f"B, with the mask: {account['sigma_masked']:.6g}" in line and account["sigma_masked"] < account["sigma_gaussian"]
+    code, out, err = run(capsys, "audit", str(tmp_path / "m.zarr"))  # distfit audit recomputes the account
+    assert code == 0, out + err
+    assert "audit passed" in out and "sigma" in out and "mismatch" not in out
 
 
 @pytest.mark.parametrize("change,fragments", [

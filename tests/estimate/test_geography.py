@@ -5,7 +5,7 @@ import cvxpy as cp
 import numpy as np
 import pytest
 
-from distfit.estimate.geography import GeographyLevel, estimate_top_down, project_siblings
+from distfit.estimate.geography import GeographyLevel, estimate_top_down, integer_tables, project_siblings
 
 CELLS = 6
 
@@ -195,3 +195,32 @@ def test_bad_geography_is_refused():
         estimate_top_down([root, GeographyLevel(levels[1].hessian, levels[1].linear, np.array([0, 1, 2, 0]))])
     with pytest.raises(ValueError, match="level 1: no parent_of, and level 0 has 2 units"):
         estimate_top_down([root, GeographyLevel(levels[1].hessian, levels[1].linear, None)])
+
+
+def test_integer_tables_from_estimates_below_zero():
+    """Real-valued tables that sum to their parents but go below 0 (unbiased estimates near 0):
+    nonnegative integers, each unit's children summing exactly to it cell by cell, the root's
+    total its rounded total, every count within a few units of the real value it comes from; a
+    unit without children (the second state) keeps its counts. Against an independent check of
+    level 1's projection: cvxpy's Euclidean projection onto the same set."""
+    rng = np.random.default_rng(7)
+    cells = 6
+    parents = [None, np.array([0, 0, 0]), np.array([0, 2, 0, 2, 2, 0])]
+    leaves = rng.normal(1.0, 2.0, (6, cells))
+    states = np.zeros((3, cells))
+    np.add.at(states, parents[2], leaves)
+    states[1] = rng.normal(2.0, 1.0, cells)  # childless
+    xs = [states.sum(axis=0, keepdims=True), states, leaves]
+    assert min(x.min() for x in xs) < 0
+    counts = integer_tables(xs, parents)
+    assert all(c.dtype == np.int64 and c.min() >= 0 for c in counts)
+    assert counts[0].sum() == np.floor(max(xs[0].sum(), 0.0) + 0.5)
+    for level in (1, 2):
+        sums = np.zeros_like(counts[level - 1])
+        np.add.at(sums, parents[level], counts[level])
+        present = np.unique(parents[level])
+        np.testing.assert_array_equal(sums[present], counts[level - 1][present])  # exactly
+    # level 1 is the projection of the states onto n >= 0 summing to the nation's counts, rounded
+    v = cp.Variable((3, cells))
+    cp.Problem(cp.Minimize(cp.sum_squares(v - states)), [v >= 0, cp.sum(v, axis=0) == counts[0][0]]).solve()
+    assert np.abs(counts[1] - v.value).max() < 1.0 + 1e-6

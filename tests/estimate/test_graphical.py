@@ -10,13 +10,10 @@ import cvxpy as cp
 import mbi  # noqa: F401 - the graphical extra is part of the test extra: its absence fails here
 import numpy as np
 import pytest
-import yaml
 
 from distfit.estimate import graphical
 from distfit.estimate.measurements import measurement_model, recover_measurements
-from distfit.plan.job import run_plan
 from distfit.release.job import run_release
-from distfit.spec.parse import load_spec
 from distfit.stores.data import write_synthetic
 from distfit.stores.estimate import read_estimate, verify_estimate
 from distfit.stores.plan import read_plan
@@ -24,18 +21,15 @@ from distfit.stores.release import read_release
 from distfit.runtime.placement import Placement
 from tests.clitools import assert_one_line_error, run
 from tests.reference import shared_disagreement
+from tests.storetools import planned
 
 
 def plan_model(tmp_path_factory, name, attributes, orders, target=1.0):
     """The measurement model of a real residual plan: every k-way identity marginal, k in orders,
     each query's variance target ``target``."""
-    root = tmp_path_factory.mktemp(name)
     spec = {"name": name, "attributes": [{"name": a, "size": n} for a, n in attributes],
             "queries": [{"name": f"m{k}", "marginals": {"order": k}, "target": target} for k in orders]}
-    (root / "spec.yaml").write_text(yaml.safe_dump(spec))
-    run_plan(load_spec(root / "spec.yaml"), str(root / "plan.zarr"), placement=Placement(serial=True),
-             log=io.StringIO())
-    return measurement_model(read_plan(str(root / "plan.zarr")))
+    return measurement_model(read_plan(planned(tmp_path_factory.mktemp(name), spec).plan))
 
 
 def one_unit(model, total, seed, concentration=0.2):
@@ -267,9 +261,7 @@ def test_distfit_estimate_through_a_graphical_model(tmp_path, capsys, method):
     --integer is refused with one line and nothing written."""
     spec = {"name": "wide", "attributes": [{"name": f"b{i}", "size": 3} for i in range(4)],
             "queries": [{"name": "m3", "marginals": {"order": 3}, "target": 1.0}]}
-    (tmp_path / "spec.yaml").write_text(yaml.safe_dump(spec))
-    loaded = load_spec(tmp_path / "spec.yaml")
-    run_plan(loaded, str(tmp_path / "plan.zarr"), placement=Placement(serial=True), log=io.StringIO())
+    loaded = planned(tmp_path, spec).spec
     write_synthetic(loaded, 5, tmp_path / "data.zarr", seed=3, chunk_units=2, fsync=False)
     run_release(tmp_path / "plan.zarr", tmp_path / "data.zarr", tmp_path / "release.zarr", seed=11,
                 placement=Placement(serial=True), fsync=False, log=io.StringIO())

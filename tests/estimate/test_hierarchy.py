@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 import scipy.linalg
 
+from distfit.estimate import hierarchy
 from distfit.estimate.hierarchy import estimate_hierarchy, psd_pinv
 
 D = 6
@@ -120,11 +121,13 @@ IDENTIFIED = (FULL_LEAVES, RAGGED, FIVE_LEVELS)
 
 
 @pytest.mark.parametrize("case", CASES, ids=IDS)
-@pytest.mark.parametrize("seed", [0, 1])
-def test_equals_dense_gls_on_estimable_functions(case, seed):
+@pytest.mark.parametrize("seed, split", [(0, "equal"), (1, "equal"), (2, "total")])
+def test_equals_dense_gls_on_estimable_functions(case, seed, split):
+    """Also with the unidentified remainder split by the children's totals: every estimable
+    function keeps its BLUE and variance (module docstring)."""
     parents, sizes, maps, leaves, truth, design, ys = _problem(case["fanouts"], case["rows"], seed)
     js, hs = _normal(design, ys)
-    result = estimate_hierarchy(js, hs, parents)
+    result = estimate_hierarchy(js, hs, parents, split=split)
     dense = _dense(design, ys, maps, leaves)
     identified = any(case is c for c in IDENTIFIED)
     for level, units in enumerate(dense):
@@ -135,15 +138,15 @@ def test_equals_dense_gls_on_estimable_functions(case, seed):
             w = design[level][0]
             # every measured query of a unit is estimable, and every function its subtree identifies
             assert np.allclose(w - (w @ basis) @ basis.T, 0.0, atol=1e-8)
-            inside = result.subtree_information[level][u]
+            inside = result.unit("subtree_information", level, u)
             assert np.allclose(inside - basis @ (basis.T @ inside), 0.0, atol=1e-8 * np.abs(inside).max())
             # the information F_u spans exactly the estimable functions, and gives their variances
-            final = result.information[level][u]
+            final = result.unit("information", level, u)
             f_pinv, f_null = psd_pinv(final)
             np.testing.assert_allclose(np.eye(D) - f_null, basis @ basis.T, atol=1e-7)
             np.testing.assert_allclose(basis.T @ f_pinv @ basis, basis.T @ cov @ basis, rtol=1e-8,
                                        atol=1e-8 * float(np.abs(cov).max()))
-            got, got_cov = result.x[level][u] @ basis, basis.T @ result.covariance[level][u] @ basis
+            got, got_cov = result.x[level][u] @ basis, basis.T @ result.unit("covariance", level, u) @ basis
             np.testing.assert_allclose(got, est @ basis, rtol=1e-9, atol=1e-9 * scale)
             np.testing.assert_allclose(got_cov, basis.T @ cov @ basis, rtol=1e-9,
                                        atol=1e-9 * float(np.abs(cov).max()))
@@ -152,10 +155,11 @@ def test_equals_dense_gls_on_estimable_functions(case, seed):
 
 
 @pytest.mark.parametrize("case", CASES, ids=IDS)
-def test_children_sum_to_parent(case):
+@pytest.mark.parametrize("split", ["equal", "total"])
+def test_children_sum_to_parent(case, split):
     parents, sizes, maps, leaves, truth, design, ys = _problem(case["fanouts"], case["rows"], 3)
     js, hs = _normal(design, ys)
-    result = estimate_hierarchy(js, hs, parents)
+    result = estimate_hierarchy(js, hs, parents, split=split)
     for level in range(1, len(sizes)):
         sums = np.zeros_like(result.x[level - 1])
         np.add.at(sums, parents[level], result.x[level])
@@ -185,7 +189,7 @@ def test_covariance_is_that_of_the_returned_estimate(case):
     result = estimate_hierarchy(js, _normal(design, ys)[1], parents)
     for level in range(len(sizes)):
         expected = np.einsum("uic,cd,ujd->uij", maps_t[level], sigma, maps_t[level])
-        np.testing.assert_allclose(result.covariance[level], expected, rtol=1e-9,
+        np.testing.assert_allclose(result.unit("covariance", level), expected, rtol=1e-9,
                                    atol=1e-9 * float(np.abs(expected).max()))
 
 
@@ -231,7 +235,7 @@ def test_monte_carlo_variances_and_coverage():
     for level, u, a in functions:
         rows = np.arange(draws) * sizes0[level] + u
         error = (result.x[level][rows] - truth[level][rows]) @ a
-        stated = np.einsum("i,rij,j->r", a, result.covariance[level][rows], a)
+        stated = np.einsum("i,rij,j->r", a, result.unit("covariance", level, rows), a)
         assert np.allclose(stated, stated[0], rtol=1e-9)  # the same tree, the same variance
         assert abs(error.var() / stated[0] - 1.0) < 0.10, (level, u, error.var(), stated[0])
         assert abs(error.mean()) < 4.0 * np.sqrt(stated[0] / draws)
@@ -258,3 +262,97 @@ def test_bad_input_names_the_level(bad, message):
     args.update(bad)
     with pytest.raises(ValueError, match=message):
         estimate_hierarchy(**args)
+
+
+def test_units_measured_differently_are_classes_of_their_own():
+    """A level whose units have different ``J`` (here every other county measured with a
+    second, noisier design): the classes follow ``J``, and the estimates and covariances are
+    still the dense GLS's."""
+    rng = np.random.default_rng(11)
+    fanouts = [[3], [2, 3, 1]]
+    parents = _tree(fanouts, rng)
+    sizes = [1, 3, 6]
+    maps, leaves = _leaf_map(parents, sizes)
+    truth = rng.poisson(4.0, (leaves, D)).astype(np.float64)
+    base = _design([D + 1, 3, D], rng)
+    other = (base[2][0], 4.0 * base[2][1])
+    designs = [[base[0]], [base[1]] * 3, [base[2] if u % 2 else other for u in range(6)]]
+    ys = [np.stack([w @ (maps[level][u] @ truth) + rng.multivariate_normal(np.zeros(w.shape[0]), s)
+                    for u, (w, s) in enumerate(designs[level])]) for level in range(3)]
+    js = [np.stack([w.T @ np.linalg.solve(s, w) for w, s in units]) for units in designs]
+    hs = [np.stack([np.linalg.solve(s, w).T @ y for (w, s), y in zip(units, y_level)])
+          for units, y_level in zip(designs, ys)]
+    result = estimate_hierarchy(js, hs, parents)
+    assert np.unique(result.unit_class[2]).size > np.unique(estimate_hierarchy(
+        [j[0] for j in js], hs, parents).unit_class[2]).size  # J splits the counties' classes
+    # the dense GLS of the stacked system, unit by unit
+    xs = [w @ np.kron(maps[level][u][None, :], np.eye(D)) for level in range(3) for u, (w, _) in enumerate(designs[level])]
+    sigma = scipy.linalg.block_diag(*[s for level in range(3) for _, s in designs[level]])
+    x, y = np.vstack(xs), np.concatenate([row for level in range(3) for row in ys[level]])
+    f = x.T @ np.linalg.solve(sigma, x)
+    assert np.linalg.matrix_rank(f) == f.shape[0]  # every direction identified: compare every cell
+    f_inv = np.linalg.inv(f)
+    beta = f_inv @ (x.T @ np.linalg.solve(sigma, y))
+    for level in range(3):
+        for u in range(sizes[level]):
+            au = np.kron(maps[level][u][None, :], np.eye(D))
+            np.testing.assert_allclose(result.x[level][u], au @ beta, rtol=1e-9, atol=1e-9 * np.abs(beta).max())
+            np.testing.assert_allclose(result.unit("covariance", level, u), au @ f_inv @ au.T, rtol=1e-9,
+                                       atol=1e-9 * np.abs(f_inv).max())
+
+
+def test_classes_of_a_census_shaped_tree_and_the_gathered_products(monkeypatch):
+    """Nation > states > counties: the counties are one subtree class, a state's class is its
+    fanout and a county's (downward) class its state's; with the classes' matrices gathered
+    per unit (many classes) instead of one product per class, the same estimates."""
+    rng = np.random.default_rng(12)
+    fanouts = [[7], [3, 1, 3, 2, 3, 1, 5]]
+    parents = _tree(fanouts, rng)
+    sizes = [1, 7, 18]
+    maps, leaves = _leaf_map(parents, sizes)
+    truth = [a @ rng.poisson(3.0, (leaves, D)).astype(np.float64) for a in maps]
+    design = _design([D + 2, D, 3], rng)
+    ys = [truth[l] @ w.T + rng.multivariate_normal(np.zeros(w.shape[0]), s, size=sizes[l])
+          for l, (w, s) in enumerate(design)]
+    js, hs = _normal(design, ys)
+    result = estimate_hierarchy(js, hs, parents)
+    states = np.bincount(parents[2], minlength=7)
+    assert result.unit_class[0].tolist() == [0]
+    _, state_class = np.unique(states, return_inverse=True)
+    assert result.covariance[1].shape[0] == np.unique(states).size == 4
+    assert np.array_equal(result.unit_class[1], state_class.reshape(-1))
+    assert np.array_equal(result.unit_class[2], result.unit_class[1][parents[2]])
+    monkeypatch.setattr(hierarchy, "CLASS_LOOP", 0)
+    gathered = estimate_hierarchy(js, hs, parents)
+    for level in range(3):
+        np.testing.assert_allclose(gathered.x[level], result.x[level], rtol=1e-12, atol=1e-12 * np.abs(truth[0]).max())
+
+
+def test_the_unidentified_remainder_split_by_the_childrens_totals():
+    """Leaves measuring part of the table (all blind in the same directions): with
+    ``split="total"`` each leaf's part in the blind directions (``Pi x_c``) is its parent's
+    remainder times its share of the siblings' totals, where the equal split gives every
+    sibling the same part; the measured functions do not move."""
+    rng = np.random.default_rng(13)
+    fanouts = [[3], [4, 2, 3]]
+    parents = _tree(fanouts, rng)
+    sizes = [1, 3, 9]
+    maps, leaves = _leaf_map(parents, sizes)
+    truth = [a @ (rng.poisson(3.0, (leaves, D)) * (5 + 4 * np.arange(leaves))[:, None]).astype(float) for a in maps]
+    design = _design([D + 2, D, 3], rng)
+    ys = [truth[l] @ w.T + rng.multivariate_normal(np.zeros(w.shape[0]), s, size=sizes[l])
+          for l, (w, s) in enumerate(design)]
+    js, hs = _normal(design, ys)
+    equal, total = estimate_hierarchy(js, hs, parents), estimate_hierarchy(js, hs, parents, split="total")
+    _, blind = psd_pinv(js[2])
+    for parent in range(3):
+        children = np.flatnonzero(parents[2] == parent)
+        weight = np.maximum(equal.x[2][children].sum(axis=1), 0.0)  # the estimated totals (at least 0)
+        share = weight / weight.sum()
+        assert np.ptp(share) > 0.05  # units of different sizes
+        parts = total.x[2][children] @ blind
+        np.testing.assert_allclose(parts, share[:, None] * parts.sum(axis=0), rtol=1e-8, atol=1e-8 * np.abs(parts).max())
+        np.testing.assert_allclose(equal.x[2][children] @ blind, np.tile(parts.mean(axis=0), (children.size, 1)),
+                                   rtol=1e-8, atol=1e-8 * np.abs(parts).max())
+    w = design[2][0]
+    np.testing.assert_allclose(total.x[2] @ w.T, equal.x[2] @ w.T, rtol=1e-9, atol=1e-9 * np.abs(truth[2]).max())

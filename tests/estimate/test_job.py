@@ -10,7 +10,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import yaml
 import zarr
 
 import distfit.estimate.job as job_module
@@ -26,10 +25,8 @@ from distfit.estimate.measurements import (
     workload_estimates,
     workload_kind,
 )
-from distfit.plan.job import run_plan
 from distfit.release.job import run_release
 from distfit.release.noise import block_marginal
-from distfit.spec.parse import load_spec
 from distfit.stores.data import read_histograms
 from distfit.stores.estimate import (
     EstimateError,
@@ -47,6 +44,7 @@ from tests.clitools import assert_one_line_error, run
 from tests.holding import held_job, wait_held
 from tests.reference import SMALL_CHUNK as CHUNK, SMALL_SPEC, SMALL_UNITS as UNITS
 from tests.storetools import reseal
+from tests.storetools import planned
 
 SEED = 24680
 
@@ -58,9 +56,7 @@ def inputs(tmp_path_factory, small_plan, small_release):
     # another spec's plan and a release of it (same schema)
     other = dict(SMALL_SPEC, queries=[dict(SMALL_SPEC["queries"][0], target=[2, 2, 2, 3, 3, 3])]
                  + SMALL_SPEC["queries"][1:])
-    (root / "other.yaml").write_text(yaml.safe_dump(other))
-    other_plan = root / "other.zarr"
-    run_plan(load_spec(root / "other.yaml"), str(other_plan), placement=Placement(serial=True))
+    other_plan = planned(root, other, "other.yaml", "other.zarr").plan
     other_release = root / "other-release.zarr"
     run_release(other_plan, data, other_release, seed=SEED, placement=Placement(serial=True), fsync=False)
     reference = root / "estimate.zarr"
@@ -258,9 +254,8 @@ def test_a_detailed_workload_keeps_the_cells_in_the_queries(inputs, tmp_path, ca
     spec = dict(SMALL_SPEC, queries=SMALL_SPEC["queries"] + [
         {"name": "detailed", "attributes": {"age": "identity", "sex": "identity", "edu": "identity"}, "target": 4}],
                 blocks={"max_cells": 36})
-    (tmp_path / "detailed.yaml").write_text(yaml.safe_dump(spec))
-    plan, release, out = tmp_path / "plan.zarr", tmp_path / "release.zarr", tmp_path / "e.zarr"
-    run_plan(load_spec(tmp_path / "detailed.yaml"), str(plan), placement=Placement(serial=True))
+    plan = planned(tmp_path, spec, "detailed.yaml").plan
+    release, out = tmp_path / "release.zarr", tmp_path / "e.zarr"
     run_release(plan, inputs["data"], release, seed=SEED, placement=Placement(serial=True), fsync=False)
     run_estimate(plan, release, out, placement=Placement(serial=True), fsync=False)
     est = read_estimate(out)

@@ -1,9 +1,12 @@
-"""A multi-level run's estimates, top-down (distfit.estimate.levels): pipelines/census.yaml end to end.
+"""A multi-level run's estimates over the geography (distfit.estimate.levels): pipelines/census.yaml end to end.
 
-Nation, state and county on a few synthetic units: every level's estimate store holds
-nonnegative tables whose children sum to their parent's (exactly, as integers, with
-``integer``), and query estimates that are those tables' workload sums. Serial, and once on a
-local Dask cluster (the tabulation of parent ids and the release run on its workers).
+Nation, state and county on a few synthetic units: every level's estimate store holds tables
+whose children sum to their parent's (to float rounding; exactly, as nonnegative integers, with
+``integer``), query estimates that are those tables' workload sums and, real-valued, the
+generalised least-squares optimum of all the levels' measurements together (its gradient,
+recomputed from the releases, vanishes) with each query's variance, never above the raw
+answer's. Serial, and once on a local Dask cluster (the tabulation of parent ids and the
+release run on its workers).
 """
 from __future__ import annotations
 
@@ -13,10 +16,15 @@ import shutil
 from pathlib import Path
 
 import numpy as np
+import pyarrow.parquet as pq
 import pytest
 
+from distfit.estimate import levels
 from distfit.estimate.levels import estimate_levels, parent_columns
-from distfit.estimate.measurements import measurement_model, workload_estimates
+from distfit.estimate.measurements import measurement_model, recover_measurements, workload_estimates
+from distfit.estimate.projection import normal_equations
+from distfit.export.job import run_export
+from distfit.mathematics.margins import MOE90_Z
 from distfit.pipeline.run import run_levels
 from distfit.spec.parse import load_spec
 from distfit.stores.estimate import read_estimate, verify_estimate
@@ -42,23 +50,50 @@ def _tables(run, name):
     return estimate, release, read_plan(directory / "plan.zarr")
 
 
-def _check_top_down(run, *, integer: bool) -> None:
+def _gradient(run) -> tuple[np.ndarray, float]:
+    """The gradient of the GLS objective of every level's measurements (from the releases) at
+    the stored tables, with respect to each county's table (the leaves, the free parameters):
+    ``sum over the county and its ancestors u of (H_l x_u - g_u)``, per county (units x cells),
+    and the scale of its terms."""
+    terms, rows, scale = [], [], 0.0
+    for name in LEVELS:
+        estimate, release, plan = _tables(run, name)
+        model = measurement_model(plan)
+        answers = {b.block_id: np.asarray(release.block_answers(b.block_id)[...]) for b in model.blocks}
+        hessian, linear = normal_equations(model, recover_measurements(model, answers))
+        terms.append(np.asarray(estimate.cells[...], dtype=float) @ hessian - linear)
+        scale = max(scale, float(np.abs(linear).max()))
+        if release.parent_ids is None:
+            rows.append(np.zeros(linear.shape[0], dtype=np.int64))
+        else:
+            ids = np.asarray(_tables(run, LEVELS[LEVELS.index(name) - 1])[1].unit_ids[...]).tolist()
+            rows.append(np.array([ids.index(p) for p in np.asarray(release.parent_ids[...]).tolist()]))
+    state = terms[1] + terms[0][rows[1]]
+    return terms[2] + state[rows[2]], scale
+
+
+def _check_levels(run, *, integer: bool) -> None:
     above = None
     for name in LEVELS:
         estimate, release, plan = _tables(run, name)
         cells = np.asarray(estimate.cells[...])
-        assert estimate.method == "top-down" and estimate.integer is integer
+        assert estimate.method == "hierarchy-gls" and estimate.integer is integer
         assert verify_estimate(estimate.path)[0]
-        assert cells.min() >= 0 and (cells.dtype == np.int64) is integer
+        assert (cells.dtype == np.int64) is integer
         assert estimate.attrs["fit"]["unconverged_units"] == 0
+        if integer:
+            assert cells.min() >= 0 and estimate.variances is None
+        else:  # each query's variance: the best linear unbiased estimate's, at most the raw answer's
+            variances = np.asarray(estimate.variances[...])
+            assert variances.shape == estimate.estimates.shape and variances.min() > 0
+            assert np.all(variances <= np.asarray(plan.queries_variances)[None, :] * (1 + 1e-9))
+            assert np.any(variances < 0.9 * np.asarray(plan.queries_variances)[None, :])
         assert list(np.asarray(estimate.unit_ids[...])) == list(np.asarray(release.unit_ids[...]))
         # the geography is the release's, copied whole and covered by the estimate's checksum
         assert (estimate.parent_ids is None) is (release.parent_ids is None)
         if release.parent_ids is not None:
             assert np.asarray(estimate.parent_ids[...]).tolist() == np.asarray(release.parent_ids[...]).tolist()
             assert estimate.parent_column == release.parent_column
-        # published estimates are never negative (no -1e-13 from summing over residual blocks)
-        assert np.asarray(estimate.estimates[...]).min() >= 0
         # every query estimate is the workload sum of the unit's table (consistent)
         np.testing.assert_allclose(np.asarray(estimate.estimates[...], dtype=float),
                                    workload_estimates(measurement_model(plan), cells), rtol=1e-9, atol=1e-9)
@@ -78,29 +113,32 @@ def _check_top_down(run, *, integer: bool) -> None:
             np.add.at(sums, rows, cells)
             if integer:
                 np.testing.assert_array_equal(sums, parent_cells)  # exactly, cell by cell
-            else:
-                np.testing.assert_allclose(sums, parent_cells, rtol=1e-9, atol=1e-7)
+            else:  # to float rounding: a few ulps of the tables
+                assert np.abs(sums - parent_cells).max() <= 16 * np.finfo(float).eps * np.abs(cells).max(initial=1.0)
         above = (estimate, cells, np.asarray(estimate.unit_ids[...]).tolist())
 
 
 def test_children_sum_to_their_parent_at_every_level(serial_run):
-    _check_top_down(serial_run, integer=False)
+    _check_levels(serial_run, integer=False)
     raw = np.asarray(_tables(serial_run, "county")[1].answers[...])
-    assert (raw < 0).any()  # a few people per county: the raw answers had negatives to remove
+    assert (raw < 0).any()  # a few people per county: the raw answers are noisy around 0
+    # the stored tables are the GLS optimum of all the levels' measurements: the gradient vanishes
+    gradient, scale = _gradient(serial_run)
+    assert np.abs(gradient).max() <= 1e-8 * scale
     manifest = serial_run.estimates
     assert [manifest[name].status for name in LEVELS] == ["done"] * 3
 
 
-def test_each_levels_report_shows_its_top_down_estimate(serial_run):
+def test_each_levels_report_shows_its_estimate(serial_run):
     """The levels are released without the single-level projection and reported once their
-    top-down estimates exist: each report has the estimate section (raw against estimated
+    estimates exist: each report has the estimate section (raw against estimated
     answers, the geography, the error of each against the synthetic people's truth) and each
     level's manifest records the estimate and the report."""
     for name in LEVELS:
         directory = Path(serial_run.rundir) / "levels" / name
         estimate = read_estimate(directory / "estimate.zarr")
         page = (directory / "report" / "index.html").read_text()
-        assert "Estimates: nonnegative and consistent" in page and "top-down" in page
+        assert "Estimates: best linear unbiased, consistent across the geography" in page and "hierarchy-gls" in page
         assert ("the coarsest of nation, state, county" in page) is (name == "nation")
         assert ("sums exactly, cell by cell, to its parent" in page) is (name != "nation")
         truth = (directory / "report" / "validation.html").read_text()  # the confidential page
@@ -108,7 +146,7 @@ def test_each_levels_report_shows_its_top_down_estimate(serial_run):
         assert "error against the truth" not in page and "estimate_error" not in page
         level = json.loads((directory / "manifest.json").read_text())
         assert level["stages"]["estimate"] == "done" and level["stages"]["report"] == "done"
-        assert level["estimate"]["checksum"] == estimate.checksum and level["estimate"]["method"] == "top-down"
+        assert level["estimate"]["checksum"] == estimate.checksum and level["estimate"]["method"] == "hierarchy-gls"
         assert "estimate_error" in level["report"]["validation_plots"]
         assert serial_run.levels[name].estimate_checksum == estimate.checksum
 
@@ -135,7 +173,40 @@ def test_integer_estimates_on_a_local_cluster(serial_run, tmp_path):
             shutil.copytree(Path(serial_run.rundir) / "levels" / name / store, out / "levels" / name / store)
     run = run_levels(CENSUS, out, units=16, placement=Placement(workers=2), fsync=False, integer=True,
                      log=io.StringIO())
-    _check_top_down(run, integer=True)
+    _check_levels(run, integer=True)
     nation = np.asarray(_tables(run, "nation")[0].cells[...])
     county = np.asarray(_tables(run, "county")[0].cells[...])
     np.testing.assert_array_equal(county.sum(axis=0), nation[0])
+    exported = run_export(_tables(run, "county")[0].path, tmp_path / "export", fsync=False, threads=1)
+    assert exported.stated == 0 and "integer estimates" in exported.rule  # rounding is not linear: no se
+
+
+def test_export_gives_each_levels_se_and_moe90(serial_run, tmp_path):
+    """``distfit export`` of a level's real-valued estimate: every row's se is the square root
+    of the stored variance of its unit and query (the hierarchy's exact one), moe90 1.645 se,
+    note ``linear-hierarchy``; the figures are the store's."""
+    for name in ("state", "county"):
+        estimate, _, plan = _tables(serial_run, name)
+        result = run_export(estimate.path, tmp_path / name, fsync=False, threads=1)
+        assert result.stated == result.rows > 0
+        variances, estimates = np.asarray(estimate.variances[...]), np.asarray(estimate.estimates[...])
+        start = 0
+        for table, rows in result.tables:
+            frame = pq.read_table(tmp_path / name / f"{table}.parquet").to_pydict()
+            width = rows // estimates.shape[0]
+            np.testing.assert_array_equal(np.asarray(frame["estimate"]), estimates[:, start:start + width].ravel())
+            np.testing.assert_allclose(np.asarray(frame["se"]), np.sqrt(variances[:, start:start + width]).ravel(),
+                                       rtol=1e-15)
+            np.testing.assert_allclose(np.asarray(frame["moe90"]), MOE90_Z * np.asarray(frame["se"]), rtol=1e-15)
+            assert set(frame["se_note"]) == {"linear-hierarchy"}
+            start += width
+        assert start == estimates.shape[1]
+
+
+def test_too_many_cells_are_refused_before_anything_is_planned(tmp_path, monkeypatch):
+    monkeypatch.setattr(levels, "DENSE_CELLS", 200)  # census.yaml has 224 cells
+    with pytest.raises(ValueError, match=r"^census: 224 cells; a multi-level estimate holds cells x cells matrices, "
+                                         r"at most 200 cells"):
+        run_levels(CENSUS, tmp_path / "run", units=24, placement=Placement(serial=True), fsync=False,
+                   log=io.StringIO())
+    assert not (tmp_path / "run" / "levels").exists()

@@ -4,22 +4,18 @@ table found by exhaustion; the published tables of rounded cells their exact int
 from __future__ import annotations
 
 import dataclasses
-import io
 import itertools
 import math
 from fractions import Fraction
 
 import numpy as np
 import pytest
-import yaml
 
 from distfit.estimate.measurements import measurement_model, published_estimates, workload_estimates, workload_kind
 from distfit.estimate.rounding import round_children, round_preserving_total
-from distfit.plan.job import run_plan
-from distfit.runtime.placement import Placement
-from distfit.spec.parse import load_spec
 from distfit.stores.plan import read_plan
 from tests.reference import SMALL_SPEC
+from tests.storetools import planned
 
 
 def _floor_or_ceil(counts, x):
@@ -123,11 +119,8 @@ def table_models(tmp_path_factory):
     """The measurement models of SPLIT_SPEC's and DETAILED_SPEC's plans."""
     models = {}
     for spec in (SPLIT_SPEC, DETAILED_SPEC):
-        root = tmp_path_factory.mktemp(spec["name"])
-        (root / "spec.yaml").write_text(yaml.safe_dump(spec))
-        run_plan(load_spec(root / "spec.yaml"), str(root / "plan.zarr"), placement=Placement(serial=True),
-                 log=io.StringIO())
-        models[spec["name"]] = measurement_model(read_plan(str(root / "plan.zarr")))
+        plan = planned(tmp_path_factory.mktemp(spec["name"]), spec).plan
+        models[spec["name"]] = measurement_model(read_plan(plan))
     return models
 
 

@@ -9,7 +9,6 @@ extra's absence is one line, exit 2.
 """
 from __future__ import annotations
 
-import io
 import itertools
 import re
 import resource
@@ -24,14 +23,12 @@ import yaml
 from distfit.estimate import graphical
 from distfit.estimate.job import graphical_method
 from distfit.estimate.measurements import measurement_model
-from distfit.plan.job import run_plan
-from distfit.spec.parse import load_spec
 from distfit.stores.estimate import read_estimate, verify_estimate
 from distfit.stores.plan import read_plan
 from distfit.stores.release import read_release
-from distfit.runtime.placement import Placement
 from tests.clitools import assert_one_line_error
 from tests.reference import shared_disagreement
+from tests.storetools import planned
 
 MEMORY_CAP = 4 << 30
 ADULT_CSV = Path(__file__).resolve().parents[2] / "pipelines" / "data" / "adult.csv"
@@ -159,14 +156,10 @@ def switch_models(tmp_path_factory):
     and of twice that (the last attribute of 8 values): the two sides of the auto switch."""
     models = {}
     for name, last in (("at", 4), ("above", 8)):
-        root = tmp_path_factory.mktemp(f"switch-{name}")
         spec = {"name": f"switch-{name}",
                 "attributes": [{"name": f"a{i}", "size": 4} for i in range(10)] + [{"name": "a10", "size": last}],
                 "queries": [{"name": "ones", "marginals": {"order": 1}, "target": 1.0}]}
-        (root / "spec.yaml").write_text(yaml.safe_dump(spec))
-        run_plan(load_spec(root / "spec.yaml"), str(root / "plan.zarr"), placement=Placement(serial=True),
-                 log=io.StringIO())
-        models[name] = measurement_model(read_plan(str(root / "plan.zarr")))
+        models[name] = measurement_model(read_plan(planned(tmp_path_factory.mktemp(f"switch-{name}"), spec).plan))
     assert models["at"].cells == graphical.PROJECTION_MAX_CELLS
     assert models["above"].cells == 2 * graphical.PROJECTION_MAX_CELLS
     return models

@@ -2,7 +2,6 @@
 with pandas and pyarrow, the standard errors checked by Monte Carlo over identical units."""
 from __future__ import annotations
 
-import io
 import shutil
 from pathlib import Path
 from types import SimpleNamespace
@@ -12,22 +11,19 @@ import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 import scipy.stats
-import yaml
 import zarr
 
 from distfit.cli import main as cli
 from distfit.export import job
 from distfit.export.job import MARKER, run_export
 from distfit.mathematics.margins import MOE90_Z
-from distfit.plan.job import run_plan
-from distfit.runtime.placement import Placement
-from distfit.spec.parse import load_spec
 from distfit.stores.data import write_synthetic
 from distfit.stores.estimate import read_estimate
 from distfit.stores.plan import read_plan
 from distfit.stores.release import read_release
 from tests.clitools import assert_one_line_error, run
 from tests.storetools import reseal
+from tests.storetools import planned
 
 #: Units with the same large counts (their noise independent: a Monte Carlo sample of the
 #: release per query), then units of sparse synthetic counts (nonnegativity active).
@@ -238,11 +234,9 @@ def test_a_changed_store_or_another_plan_is_refused(stores, tmp_path, capsys):
     assert code == 2
     assert_one_line_error(err, str(plan), "changed after it was sealed")
 
-    spec = tmp_path / "other.yaml"
-    spec.write_text(yaml.safe_dump({"name": "other", "attributes": [{"name": "a", "size": 2}],
-                                    "queries": [{"name": "a", "attributes": {"a": "identity"}, "target": 1}]}))
-    other = tmp_path / "other.zarr"
-    run_plan(load_spec(spec), str(other), placement=Placement(serial=True), log=io.StringIO())
+    other = planned(tmp_path, {"name": "other", "attributes": [{"name": "a", "size": 2}],
+                               "queries": [{"name": "a", "attributes": {"a": "identity"}, "target": 1}]},
+                    "other.yaml", "other.zarr").plan
     code, _out, err = run(capsys, "export", stores["release"], "--out", str(tmp_path / "out"), "--plan", str(other))
     assert code == 2
     assert_one_line_error(err, "made from another plan")
@@ -282,7 +276,7 @@ def test_passes_runs_and_row_groups_do_not_change_the_files(stores, tmp_path, mo
 def test_no_se_is_stated_for_nonlinear_methods_or_a_covariance_too_large(stores, monkeypatch):
     plan, estimate = read_plan(stores["plan"]), read_estimate(stores["estimate"])
     for method in ("graphical-exact", "graphical-region-graph", "top-down"):
-        source = job.error_source("estimate", SimpleNamespace(integer=False, method=method), plan)
+        source = job.error_source("estimate", SimpleNamespace(integer=False, method=method, variances=None), plan)
         assert (source.se, source.per_unit, source.note) == (None, False, "nonlinear-method")
     assert job.error_source("estimate", estimate, plan).note == "linear-gls"
     monkeypatch.setattr(job, "DENSE_CELLS", 35)  # the small plan has 36 cells

@@ -7,7 +7,7 @@ import math
 import pytest
 from dp_accounting.pld import privacy_loss_mechanism as plm
 
-from distfit.mask.account import gaussian_sigma, l2_sensitivity, mask_account
+from distfit.mask.account import check_budget, gaussian_sigma, l2_sensitivity, mask_account
 
 
 @pytest.mark.parametrize("epsilon,delta,p", [(1.0, 1e-6, 1), (0.5, 1e-5, 3), (2.0, 1e-8, 10), (0.1, 1e-3, 20)])
@@ -25,12 +25,22 @@ def test_setting_a_sigma_meets_delta_exactly_per_dp_accounting(epsilon, delta, p
 
 
 def test_the_account_states_what_it_claims():
-    account = mask_account(1.0, 1e-6, 4)
+    account = mask_account(1.0, 1e-6, 4, [100, 100, 98])
     assert account.sigma == account.sigma_gaussian and account.sigma_masked is None
     assert account.delta_achieved <= 1e-6 and account.delta_achieved == pytest.approx(1e-6, rel=1e-9)
-    assert account.sensitivity == 4.0
+    assert account.sensitivity == 4.0 and account.block_rows == (98, 100)
     assert "replace-one" in account.neighbours and "not claimed" in account.masking_gain
-    assert mask_account(1.0, 1e-6, 16).sigma == pytest.approx(2 * account.sigma)  # sigma grows as sqrt(p)
+    assert mask_account(1.0, 1e-6, 16, [100]).sigma == pytest.approx(2 * account.sigma)  # sigma grows as sqrt(p)
+
+
+def test_one_column_uses_setting_b_below_setting_a():
+    """p = 1: the least sigma of setting B for the smallest block (distfit.mask.orbit), far below
+    setting A's at a thousand rows per block, and the delta it achieves is the budget's."""
+    account = mask_account(1.0, 1e-6, 1, [1000, 1000, 999])
+    assert account.sigma == account.sigma_masked < account.sigma_gaussian / 10
+    assert account.delta_achieved <= 1e-6 and account.delta_achieved == pytest.approx(1e-6, rel=1e-6)
+    assert "claimed for p = 1" in account.masking_gain and "setting B" in account.calibration
+    assert account.to_dict()["block_rows"] == (999, 1000)
 
 
 @pytest.mark.parametrize("epsilon,delta,message", [(0.0, 1e-6, "--epsilon"), (-1.0, 1e-6, "--epsilon"),
@@ -38,4 +48,6 @@ def test_the_account_states_what_it_claims():
                                                    (1.0, 1.0, "--delta"), (1.0, 2.0, "--delta")])
 def test_out_of_range_budgets_are_refused(epsilon, delta, message):
     with pytest.raises(ValueError, match=message):
-        mask_account(epsilon, delta, 2)
+        mask_account(epsilon, delta, 2, [10])
+    with pytest.raises(ValueError, match=message):
+        check_budget(epsilon, delta)

@@ -17,13 +17,23 @@ from distfit.mask.haar import (
 
 
 @pytest.mark.parametrize("rows,p,block_rows", [(10, 3, 4), (100, 3, 10), (103, 3, 10), (101, 3, 10),
-                                               (1_000_003, 10, 65536), (50, 2, 100), (7, 6, 7)])
+                                               (1_000_003, 10, 65536), (50, 2, 100), (7, 6, 7), (65_540, 1, 65536)])
 def test_block_sizes_cover_the_rows_with_blocks_of_more_than_p_rows(rows, p, block_rows):
     sizes = block_sizes(rows, p, block_rows)
     assert sizes.sum() == rows
     assert (sizes > p).all()
     assert (sizes[:-1] == sizes[0]).all()  # one zarr chunk per block
-    assert sizes[0] >= min(rows, block_rows)
+    count = -(-rows // block_rows)
+    assert sizes[0] >= -(-rows // count)  # never below the even split into as few blocks as block_rows allows
+
+
+@pytest.mark.parametrize("rows,block_rows", [(65_540, 65536), (1_000_003, 65536), (100_000, 65536), (999, 100)])
+def test_block_sizes_are_even_so_that_the_smallest_block_is_large(rows, block_rows):
+    """The last block is not a remainder of a few rows (it would set the account of one column,
+    distfit.mask.orbit): at most the number of blocks short of the others, none over block_rows."""
+    sizes = block_sizes(rows, 1, block_rows)
+    assert sizes.max() <= block_rows and sizes.max() - sizes.min() < len(sizes)
+    assert len(sizes) == -(-rows // block_rows)
 
 
 def test_block_sizes_refuse_too_few_rows():

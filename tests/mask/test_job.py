@@ -10,6 +10,7 @@ import pytest
 
 from distfit.mask.haar import block_stream, masking_matrix
 from distfit.mask.job import run_mask
+from distfit.mask.orbit import masked_delta
 from distfit.mask.scaling import scale_rows
 from distfit.runtime.placement import Placement
 from distfit.stores.mask import read_verified_mask
@@ -41,7 +42,7 @@ def test_each_block_is_an_orthogonal_mask_of_the_noisy_data(tmp_path, data):
     store = read_verified_mask(result.path)
     assert not store.private and result.clipped == {"a": int(((table[:, 0] < 0) | (table[:, 0] > 100)).sum()), "b": int((abs(table[:, 1]) > 1).sum())}
     assert store.columns == ["a", "b", "(intercept)"] and store.masked.shape == (230, 3)
-    assert store.block_rows.tolist() == [50, 50, 50, 50, 30]
+    assert store.block_rows.tolist() == [46] * 5  # 230 rows in ceil(230 / 50) = 5 even blocks
     scaled = scale_rows(table, store.centre[:2], store.scale[:2])
     start = 0
     for block, (size, y) in enumerate(zip(store.block_rows, store.blocks())):
@@ -56,6 +57,17 @@ def test_each_block_is_an_orthogonal_mask_of_the_noisy_data(tmp_path, data):
         assert np.abs(a.T @ a - np.eye(size)).max() < 1e-12
         np.testing.assert_allclose(y, a @ m, rtol=0, atol=1e-12)
         start += size
+
+
+def test_one_column_is_noised_by_setting_b_for_its_blocks(tmp_path, data):
+    path, _ = data
+    result = mask(path, tmp_path / "m.zarr", columns=["b"], bounds={"b": BOUNDS["b"]}, block_rows=100)
+    store = read_verified_mask(result.path)
+    assert store.block_rows.tolist() == [77, 77, 76]
+    account = store.account
+    assert account["block_rows"] == [76, 77] and account["sigma_masked"] == store.sigma == result.sigma
+    assert store.sigma < account["sigma_gaussian"] / 3
+    assert masked_delta(1.0, store.sigma, [76, 77]) <= 1e-6 < masked_delta(1.0, store.sigma * (1 - 1e-6), [76, 77])
 
 
 class Interrupted(Exception):

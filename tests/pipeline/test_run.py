@@ -373,3 +373,35 @@ def test_microdata_out_of_domain_is_refused_before_planning(capsys, specs, tmp_p
     assert _manifest(rundir)["stages"]["data"] == "tabulated"
     assert "reusing the data tabulated" not in err
     assert read_release(rundir / "release.zarr").answers.shape[0] == 1
+
+
+def test_a_mask_section_masks_the_microdata_after_the_release(capsys, tmp_path):
+    """A spec's ``mask`` section: refused without a CSV before anything is written; with one, the
+    run writes RUNDIR/mask.zarr (one column: setting B's sigma), audits it, records it in the
+    manifest, and a rerun reuses it."""
+    spec_path = tmp_path / "spec.yaml"
+    mask = {"columns": ["income"], "bounds": {"income": [0, 100]}, "epsilon": 1, "delta": 1e-6, "block_rows": 20}
+    spec_path.write_text(yaml.safe_dump(dict(SPEC, mask=mask)))
+    rundir = tmp_path / "run"
+    code, _, err = run(capsys, "run", str(spec_path), "--out", str(rundir), "--units", "20", "--serial")
+    assert code == 2 and not rundir.exists()
+    assert_one_line_error(err, "mask:", "give --data a .csv or .csv.gz file (no --data)")
+    rng = np.random.default_rng(4)
+    people = pd.DataFrame({"age": rng.integers(0, 6, 45), "sex": rng.choice(["f", "m"], 45),
+                           "edu": rng.integers(0, 3, 45), "income": rng.uniform(0, 120, 45).round(2)})
+    csv = tmp_path / "people.csv"
+    people.to_csv(csv, index=False)
+    options = {"data": csv, "placement": Placement(serial=True), "log": io.StringIO(), "estimate": False,
+               "report": False}
+    result = pipeline.run_pipeline(spec_path, rundir, **options)
+    manifest = _manifest(rundir)
+    assert result.stages["mask"] == "done" and manifest["mask"]["path"] == str((rundir / "mask.zarr").resolve())
+    account = manifest["mask"]["account"]
+    assert account["block_rows"] == [15] and account["sigma"] == account["sigma_masked"] < account["sigma_gaussian"]
+    assert manifest["mask"]["private"] is True and manifest["release"]["checksum"] == result.release_checksum
+    again = pipeline.run_pipeline(spec_path, rundir, **options)
+    assert again.stages["mask"] == "reused" and _manifest(rundir)["mask"]["checksum"] == manifest["mask"]["checksum"]
+    moved = dict(mask, bounds={"income": [0, 200]})
+    spec_path.write_text(yaml.safe_dump(dict(SPEC, mask=moved)))
+    with pytest.raises(ValueError, match="holds the run of another spec"):  # the mask section is in the spec hash
+        pipeline.run_pipeline(spec_path, rundir, **options)

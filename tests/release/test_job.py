@@ -29,6 +29,7 @@ from distfit.runtime.placement import Placement
 from distfit.runtime.security import Transport
 from tests.reference import SMALL_SPEC
 from tests.storetools import reseal, stated_checksum
+from tests.storetools import planned
 
 SPEC = SMALL_SPEC
 UNITS, CHUNK = 50, 8          # 7 chunks, the last one short
@@ -41,11 +42,8 @@ def inputs(tmp_path_factory, small_plan):
     data = root / "data.zarr"
     write_synthetic(small_plan.spec, UNITS, data, seed=1, chunk_units=CHUNK)
     other = dict(SPEC, queries=[dict(SPEC["queries"][0], target=[2, 2, 2, 3, 3, 3])] + SPEC["queries"][1:])
-    other_spec = root / "other.yaml"
-    other_spec.write_text(yaml.safe_dump(other))
-    other_plan = root / "other.zarr"
-    run_plan(load_spec(other_spec), str(other_plan), placement=Placement(serial=True))
-    return {"plan": small_plan.plan, "data": str(data), "other_plan": str(other_plan), "root": root,
+    other_plan = planned(root, other, "other.yaml", "other.zarr").plan
+    return {"plan": small_plan.plan, "data": str(data), "other_plan": other_plan, "root": root,
             "spec": small_plan.spec}
 
 

@@ -4,7 +4,6 @@ data, a confidential ``validation.html``, each one self-contained HTML file with
 measured at 1,280 px), the pages' content, refusals."""
 from __future__ import annotations
 
-import io
 import math
 import re
 import shutil
@@ -13,17 +12,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import yaml
 
 import distfit.report.page as report_module
 from benchmarks.render_report import find_chromium, ink, references, render_page, scroll_width
 from tests.clitools import assert_one_line_error, run
 from tests.reference import SMALL_SPEC
+from tests.storetools import planned
 from distfit.audit.plan import audit_plan
 from distfit.export.tables import table_layouts
 from distfit.mathematics.margins import MOE90_Z
-from distfit.plan.job import run_plan
-from distfit.spec.parse import load_spec
 from distfit.stores.data import write_synthetic
 from distfit.estimate.job import run_estimate
 from distfit.release.job import run_release
@@ -50,11 +47,8 @@ STATED_SPEC = {**SMALL_SPEC, "queries": [
 @pytest.fixture(scope="module")
 def inputs(tmp_path_factory):
     root = tmp_path_factory.mktemp("report-inputs")
-    spec_path = root / "spec.yaml"
-    spec_path.write_text(yaml.safe_dump(STATED_SPEC))
-    spec = load_spec(spec_path)
-    plan = root / "plan.zarr"
-    run_plan(spec, str(plan), placement=Placement(serial=True), log=io.StringIO())
+    stated = planned(root, STATED_SPEC)
+    spec, plan = stated.spec, stated.plan
     data = root / "data.zarr"
     write_synthetic(spec, 30, data, seed=1, chunk_units=10)
     release = root / "release.zarr"

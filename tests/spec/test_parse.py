@@ -181,6 +181,19 @@ def test_mix_spec_loads():
     assert spec.group("age_policy").labels[0] == "age[18-19..85_plus]"
 
 
+def test_the_mask_section_is_parsed_kept_and_hashed():
+    plain = parse_spec(base_mapping())
+    spec = parse_spec({**base_mapping(), "mask": {**MASK, "block_rows": 1000}})
+    assert plain.mask is None and "mask" not in plain.to_dict()
+    assert spec.mask.arguments() == {"columns": ["age", "hours"], "bounds": {"age": (17.0, 90.0), "hours": (1.0, 99.0)},
+                                     "epsilon": 1.0, "delta": 1e-6, "block_rows": 1000}
+    assert parse_spec(json.loads(json.dumps(spec.to_dict()))).spec_hash == spec.spec_hash != plain.spec_hash
+    levels = base_mapping()
+    levels["levels"] = [{"name": "all", "queries": levels.pop("queries")}]
+    with pytest.raises(SpecError, match="^mask: a spec with levels takes no mask section"):
+        parse_spec({**levels, "mask": MASK})
+
+
 def test_new_specs_round_trip_through_to_dict(marginals):
     for spec in (marginals, load_spec(PIPELINES / "mix.yaml")):
         data = json.loads(json.dumps(spec.to_dict()))
@@ -295,6 +308,9 @@ def test_libyaml_and_python_readers_agree(tmp_path, monkeypatch, text):
 
 
 # ------------------------------------------------------------------ errors
+
+#: A valid ``mask`` section (masked pseudo-data of two numeric columns, docs/mask.md).
+MASK = {"columns": ["age", "hours"], "bounds": {"age": [17, 90], "hours": [1, 99]}, "epsilon": 1, "delta": 1e-6}
 
 
 ERROR_CASES = [
@@ -430,6 +446,21 @@ ERROR_CASES = [
         {"name": "a", "attributes": {"age": "prefix"}, "target": {"base": 1}},
         {"name": "b", "attributes": {"sex": "identity"}, "target": {"base": 1, "jitter": "big"}}]),
      "queries[1].target.jitter: expected a number, got a string 'big'"),
+    ("mask bounds reversed", edit(mask={**MASK, "bounds": {"age": [90, 17], "hours": [1, 99]}}),
+     "mask.bounds.age: LO must be < HI, got [90, 17]"),
+    ("mask bounds not a pair", edit(mask={**MASK, "bounds": {"age": "17:90", "hours": [1, 99]}}),
+     "mask.bounds.age: expected [LO, HI], two finite numbers, got a string '17:90'"),
+    ("mask bounds of another column", edit(mask={**MASK, "bounds": {**MASK["bounds"], "wage": [0, 1]}}),
+     "mask.bounds.wage: not one of mask.columns (age, hours)"),
+    ("mask bounds missing", edit(mask={**MASK, "bounds": {"age": [17, 90]}}),
+     "mask.bounds: no bounds for column 'hours'"),
+    ("mask column twice", edit(mask={**MASK, "columns": ["age", "age"]}),
+     "mask.columns[1]: column 'age' is named twice"),
+    ("mask epsilon", edit(mask={**MASK, "epsilon": 0}), "mask.epsilon: must be in [0.0001, 10000], got 0"),
+    ("mask delta", edit(mask={**MASK, "delta": "small"}), "mask.delta: expected a number, got a string 'small'"),
+    ("mask block rows", edit(mask={**MASK, "block_rows": 2}),
+     "mask.block_rows: must be > 2 (the number of columns), got 2"),
+    ("mask unknown key", edit(mask={**MASK, "rows": 5}), "mask: unknown key 'rows'"),
 ]
 
 

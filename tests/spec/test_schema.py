@@ -33,6 +33,7 @@ ACCEPTED = {
     "units": schema.UNIT_KEYS,
     "privacy": schema.PRIVACY_KEYS,
     "blocks": schema.BLOCK_KEYS,
+    "mask": schema.MASK_KEYS,
     "target": schema.TARGET_FILE_KEYS + schema.TARGET_RULE_KEYS + schema.TARGET_MARGIN_KEYS,
 }
 
@@ -82,6 +83,7 @@ def _documented_keys() -> dict[str, set[str]]:
         "units": set().union(*(u.keys() for u in units)),
         "privacy": set(example["privacy"]),
         "blocks": set(example["blocks"]),
+        "mask": set(example.get("mask", {})),
         "target": set().union(*(m.keys() for m in _inline_targets())),
     }
 
@@ -149,7 +151,7 @@ def _with_unknown_key(section: str) -> tuple[dict, str]:
     if section == "units":
         mapping["units"] = {"column": "u", "zzzz": 1}
         return mapping, "units"
-    if section in ("privacy", "blocks"):
+    if section in ("privacy", "blocks", "mask"):
         mapping[section] = {"zzzz": 1}
         return mapping, section
     group["target"] = {"zzzz": 1}
