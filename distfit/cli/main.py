@@ -32,7 +32,8 @@ no partial output file is ever left behind.
 
 This module parses the arguments, dispatches to the command's handler and maps errors to exit
 codes; the handlers are ``distfit.cli.solve`` (``distfit solve``, with ``distfit.cli.workloads``
-and ``distfit.cli.outputs``), ``distfit.cli.planning`` (``distfit plan``), ``distfit.cli.auditing`` (``distfit audit``)
+and ``distfit.cli.outputs``), ``distfit.cli.planning`` (``distfit plan``), ``distfit.cli.auditing`` (``distfit audit``),
+``distfit.cli.releasing`` (``distfit release``), ``distfit.cli.estimating`` (``distfit estimate``)
 and ``distfit.cli.commands`` (the other pipeline commands). ``HANDLERS`` names each command's
 handler by module and function, and only the command that runs has its module imported
 (``importlib.import_module``): the commands' dependencies differ a lot (microdata reading pulls
@@ -41,7 +42,8 @@ run`` all of them), and importing every handler up front would make ``distfit pl
 audit`` on a small spec spend most of their time importing what they never use. This is a
 dispatch table, not a lazy import: every module still imports its own dependencies at its top.
 The exceptions mapped to exit codes below come from light modules (``distfit.runtime.failures``,
-``distfit.solver.solve``, ``distfit.runtime.cluster``, ``distfit.cli.errors``).
+``distfit.solver.solve``, ``distfit.cli.errors``); Dask is imported only when a cluster is used
+(``distfit.runtime.placement``: the boundary to Dask).
 """
 from __future__ import annotations
 
@@ -80,8 +82,8 @@ HANDLERS = {
     "plan": ("distfit.cli.planning", "cmd_plan"),
     "audit": ("distfit.cli.auditing", "cmd_audit"),
     "synth": ("distfit.cli.commands", "cmd_synth"),
-    "release": ("distfit.cli.commands", "cmd_release"),
-    "estimate": ("distfit.cli.commands", "cmd_estimate"),
+    "release": ("distfit.cli.releasing", "cmd_release"),
+    "estimate": ("distfit.cli.estimating", "cmd_estimate"),
     "tabulate": ("distfit.cli.commands", "cmd_tabulate"),
     "report": ("distfit.cli.commands", "cmd_report"),
     "run": ("distfit.cli.commands", "cmd_run"),

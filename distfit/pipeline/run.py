@@ -54,14 +54,13 @@ import yaml
 
 from distfit import __version__
 from distfit.audit.plan import audit_plan
-from distfit.runtime.cluster import dask_client, local_cluster, placement_client
 from distfit.data.microdata import check_source, ensure_tabulated, microdata_format, tabulation_mismatch
 from distfit.data.people import write_synthetic_people
 from distfit.data.synthetic import describe_geography, unit_columns
 from distfit.estimate.job import estimate_in_run, manifest_entry
 from distfit.estimate.levels import estimate_levels, parent_columns
 from distfit.runtime.failures import RunFailure
-from distfit.runtime.placement import Placement
+from distfit.runtime.placement import Placement, dask_runtime, placement_client
 from distfit.plan.job import level_profiles, planned_decomposition, run_plan, scale_plan_to_budget
 from distfit.plan.levels import budget_shares, combine_levels
 from distfit.mathematics.privacy import Budget
@@ -268,7 +267,7 @@ class _Cluster:
         """Where a stage runs: the run's placement, on its local cluster (started now if need be)."""
         if self.given.local and not self.started:
             count = self.given.local_workers
-            local = self.stack.enter_context(local_cluster(count, log=self.log))  # without Dask's malloc trim (WORKER_ENV)
+            local = self.stack.enter_context(dask_runtime().local_cluster(count, log=self.log))  # without Dask's malloc trim (WORKER_ENV)
             self.address, self.started = local.scheduler_address, True
         return self.given.at(self.address)
 
@@ -627,7 +626,7 @@ def run_levels(
         with contextlib.ExitStack() as stack:
             here = placement  # every level's stages on one cluster: a local one started now
             if placement.local:
-                client = stack.enter_context(dask_client(None, placement.workers, log=log))
+                client = stack.enter_context(dask_runtime().dask_client(None, placement.workers, log=log))
                 here = placement.at(client.scheduler.address)
             cluster_used = placement.describe()
 

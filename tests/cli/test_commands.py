@@ -7,7 +7,7 @@ import shutil
 import pytest
 import zarr
 
-from distfit.cli import commands
+from distfit.cli import commands, estimating
 from distfit.release.job import run_release
 from distfit.stores.data import write_synthetic
 from distfit.stores.plan import read_plan
@@ -88,7 +88,7 @@ def test_estimate_of_a_missing_release_or_ctrl_c(small_plan, tmp_path, capsys, m
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(commands, "run_estimate", interrupted)
+    monkeypatch.setattr(estimating, "run_estimate", interrupted)
     code, _, err = run(capsys, "estimate", small_plan.plan, str(tmp_path / "r.zarr"), "--out",
                        str(tmp_path / "e.zarr"), "--serial")
     assert code == 130
