@@ -1,11 +1,12 @@
-"""The pipeline commands: ``distfit synth``, ``release``, ``tabulate``, ``report`` and ``run``.
+"""The pipeline commands: ``distfit synth``, ``tabulate``, ``report`` and ``run``.
 
 Each handler checks the flags the library cannot check (``UsageError``, exit code 2), calls one
 library function where ``args.placement`` says (``--cluster``, ``--workers`` and ``--serial``,
 read and checked once by ``distfit.cli.main.placement_of``) and prints a short summary; all the
 work (and every other error) is the library's. ``distfit solve`` is ``distfit.cli.solve``;
-``distfit plan`` and ``distfit audit`` are ``distfit.cli.planning`` and ``distfit estimate`` is
-``distfit.cli.estimating`` (they need none of these commands' heavy dependencies).
+``distfit plan`` and ``distfit audit`` are ``distfit.cli.planning`` and ``distfit.cli.auditing``,
+``distfit release`` and ``distfit estimate`` ``distfit.cli.releasing`` and ``distfit.cli.estimating``
+(they need none of these commands' heavy dependencies: ``distfit.cli.main``'s dispatch table).
 """
 from __future__ import annotations
 
@@ -16,10 +17,9 @@ from pathlib import Path
 
 from distfit.cli.errors import NOTHING_KEPT, Interrupted, UsageError
 from distfit.cli.summary import print_summary
-from distfit.runtime.cluster import placement_client
+from distfit.runtime.placement import placement_client
 from distfit.data.microdata import tabulate_microdata
 from distfit.pipeline.run import LEVELS_DIR, PEOPLE_NAME, RUN_NAMES, run_levels, run_pipeline
-from distfit.release.job import run_release
 from distfit.report.page import write_report
 from distfit.spec.parse import load_spec
 from distfit.stores.data import read_histograms, read_marginals, write_synthetic
@@ -43,27 +43,6 @@ def cmd_synth(args: argparse.Namespace) -> int:
         ("seed", f"{attrs['seed']}  (synthetic data, not private)"),
         ("seconds", f"{seconds:.1f}"),
     ])
-    return 0
-
-
-def cmd_release(args: argparse.Namespace) -> int:
-    """``distfit release``: plan + data -> sealed release store (``distfit.release.job.run_release``)."""
-    if args.resume and args.overwrite:
-        raise UsageError("--resume and --overwrite exclude each other")
-    result = run_release(
-        args.plan, args.data, args.out, resume=args.resume, overwrite=args.overwrite, seed=args.seed,
-        placement=args.placement,
-    )
-    rate = result.units_drawn / result.seconds if result.seconds > 0 else float("nan")
-    tabulated = [] if result.tabulated is None else [("data", f"{result.data}  (microdata {args.data}, {result.tabulated})")]
-    print_summary(f"release {result.path}", tabulated + [
-        ("units", f"{result.units}  ({result.chunks} chunks, {result.chunks_drawn} drawn now"
-                  f"{', resumed' if result.resumed else ''})"),
-        ("queries", f"{result.queries}  ({result.blocks} blocks)"),
-        ("seconds", f"{result.seconds:.1f}  ({rate:.1f} units/s)"),
-        ("plan checksum", result.plan_checksum),
-        ("checksum", f"{result.checksum}  (sealed)"),
-    ] + ([] if result.private else [("NOT PRIVATE", "released with a fixed --seed (tests only)")]))
     return 0
 
 
@@ -176,9 +155,6 @@ def _run_command(args: argparse.Namespace) -> int:
     if result.estimate is not None:
         integer = result.manifest_data["estimate"]["integer"]
         rows.append(("estimate", f"{result.estimate}  ({stages.get('estimate')}, {'integer' if integer else 'real'})"))
-    if result.manifest_data.get("mask") is not None:
-        masked = result.manifest_data["mask"]
-        rows.append(("mask", f"{masked['path']}  ({stages.get('mask')}, audit passed, sigma {masked['sigma']:.6g})"))
     print_summary(f"run {result.rundir}", rows + [
         ("manifest", result.manifest),
         ("plan checksum", result.plan_checksum),

@@ -1,10 +1,15 @@
-"""``distfit estimate``: a plan and its sealed release in, an estimate store out.
+"""The estimate command: ``distfit estimate``.
 
-A module of its own (``distfit.cli.main.HANDLERS``) so that the command imports none of the
-microdata commands' dependencies: importing dask.dataframe starts pyarrow's mimalloc pool, which
-reserves 1 GiB of address space at once, a quarter of the 4 GiB RLIMIT_AS that Adult's estimate
-runs under in tests/estimate/test_wide.py (benchmarks/README.md, issue 26). For the same cap the
-command's threads share two malloc arenas (:func:`distfit.runtime.memory.limit_malloc_arenas`).
+The handler calls one library function where ``args.placement`` says and prints a short
+summary; all the work (and every error) is the library's. It sits apart from the other pipeline
+commands (``distfit.cli.commands``) so that ``distfit estimate`` imports only the estimate job
+and the stores it reads: not the microdata reader (dask.dataframe, pandas, pyarrow), the report
+(matplotlib) or ``distfit.pipeline.run``, and no Dask unless a cluster is used
+(``distfit.runtime.placement``). Memory matters here: importing dask.dataframe starts pyarrow's
+mimalloc pool, which reserves 1 GiB of address space at once, a quarter of the 4 GiB RLIMIT_AS
+that Adult's estimate runs under in tests/estimate/test_wide.py (benchmarks/README.md, issue 26);
+for the same cap the command's threads share two malloc arenas
+(:func:`distfit.runtime.memory.limit_malloc_arenas`).
 """
 from __future__ import annotations
 

@@ -80,13 +80,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Sequence, TextIO
 
-import dask.dataframe as dd
 import numpy as np
 import pandas as pd
 import pyarrow
 
 from distfit.checks import check_integer
-from distfit.runtime.cluster import Progress, compute_partitions, run_tasks
+from distfit.runtime.placement import dask_dataframe, dask_runtime
+from distfit.runtime.progress import Progress
 from distfit.data.rows import RowCheck, check_rows, two_parents
 from distfit.data.synthetic import default_chunk_units
 from distfit.spec.model import PipelineSpec
@@ -288,7 +288,7 @@ def _run_scans(ddf, job: _ScanJob, client, log: TextIO) -> tuple[dict[int, dict]
         if len(parts) > 1:
             shown(done, len(parts))
 
-    results, failure = compute_partitions(client, _scan_partition, parts, (job,), errors=READ_ERRORS,
+    results, failure = dask_runtime().compute_partitions(client, _scan_partition, parts, (job,), errors=READ_ERRORS,
                                           failure=lambda result: result["error"], on_done=progress)
     if failure is not None and len(parts) > 1 and 0 < done < len(parts):
         print(file=log)
@@ -428,10 +428,10 @@ def _open_source(name: str, fmt: str, spec, blocksize: int | str, parent_column:
     try:
         if fmt == "csv":
             gz = name.lower().endswith(".gz")
-            ddf = dd.read_csv(name, dtype=str, na_filter=False, keep_default_na=False, encoding="utf-8",
-                              blocksize=None if gz else blocksize, compression="gzip" if gz else None)
+            ddf = dask_dataframe().read_csv(name, dtype=str, na_filter=False, keep_default_na=False, encoding="utf-8",
+                                            blocksize=None if gz else blocksize, compression="gzip" if gz else None)
         else:
-            ddf = dd.read_parquet(name, blocksize=blocksize)
+            ddf = dask_dataframe().read_parquet(name, blocksize=blocksize)
     except READ_ERRORS as error:
         if isinstance(error, pd.errors.EmptyDataError):
             raise DataError(f"{name}: empty file (no header, no rows)") from None
@@ -642,7 +642,7 @@ def tabulate_microdata(spec: Any, source: PathLike, out: PathLike, *, client=Non
             for _label, args in calls:
                 _merge_chunk(*args)
         else:
-            for _label, _units in run_tasks(client, _merge_chunk, calls, "tabulate-chunk"):
+            for _label, _units in dask_runtime().run_tasks(client, _merge_chunk, calls, "tabulate-chunk"):
                 pass
         shutil.rmtree(parts)
         write_marginals_attrs(group, domain=domain, spec_hash=spec.spec_hash, units=units,

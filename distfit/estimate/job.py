@@ -58,8 +58,8 @@ from typing import Any, Callable, Iterable, Iterator, TextIO
 import numpy as np
 
 from distfit.runtime.chunked_job import ChunkedWrite, check_out, claim_out, resume_or_create
-from distfit.runtime.cluster import PlacedClient, Progress, on_every_worker, run_tasks
-from distfit.runtime.placement import Placement
+from distfit.runtime.placement import PlacedClient, Placement, dask_runtime
+from distfit.runtime.progress import Progress
 from distfit.estimate import graphical
 from distfit.estimate.measurements import (
     MeasurementModel,
@@ -576,11 +576,11 @@ def _run_dask(client, job: EstimateJob, model: MeasurementModel,
     """One impure task per run of chunks (:func:`distfit.release.tasks.task_chunks`: a task's
     fixed cost paid per ~32k units, not per chunk; unique keys, retries, run in submission
     order), each depending on one of the model tasks, in turn (module docstring)."""
-    models = on_every_worker(client, model_task, model, name="estimate-model")
+    models = dask_runtime().on_every_worker(client, model_task, model, name="estimate-model")
     threads = max(1, sum(client.nthreads().values()))
     calls = ((str(chunks[0]), (job, models[i % len(models)], chunks))
              for i, chunks in enumerate(task_chunks(list(pending), job.chunk_units, threads)))
-    for _label, done in run_tasks(client, estimate_chunks_task, calls, "estimate-chunks"):
+    for _label, done in dask_runtime().run_tasks(client, estimate_chunks_task, calls, "estimate-chunks"):
         yield from done
 
 

@@ -55,7 +55,6 @@ import yaml
 
 from distfit import __version__
 from distfit.audit.plan import audit_plan
-from distfit.runtime.cluster import dask_client, local_cluster, placement_client
 from distfit.data.microdata import check_source, ensure_tabulated, microdata_format, tabulation_mismatch
 from distfit.data.people import write_synthetic_people
 from distfit.data.synthetic import describe_geography, unit_columns
@@ -63,7 +62,7 @@ from distfit.estimate.job import estimate_in_run, manifest_entry
 from distfit.estimate.levels import check_levels, estimate_levels, parent_columns
 from distfit.pipeline.masking import check_mask_data, mask_stage
 from distfit.runtime.failures import RunFailure
-from distfit.runtime.placement import Placement
+from distfit.runtime.placement import Placement, dask_runtime, placement_client
 from distfit.plan.job import level_profiles, planned_decomposition, run_plan, scale_plan_to_budget
 from distfit.plan.levels import budget_shares, combine_levels
 from distfit.mathematics.privacy import Budget
@@ -269,7 +268,7 @@ class _Cluster:
         """Where a stage runs: the run's placement, on its local cluster (started now if need be)."""
         if self.given.local and not self.started:
             count = self.given.local_workers
-            local = self.stack.enter_context(local_cluster(count, log=self.log))  # without Dask's malloc trim (WORKER_ENV)
+            local = self.stack.enter_context(dask_runtime().local_cluster(count, log=self.log))  # without Dask's malloc trim (WORKER_ENV)
             self.address, self.started = local.scheduler_address, True
         return self.given.at(self.address)
 
@@ -625,7 +624,7 @@ def run_levels(
         with contextlib.ExitStack() as stack:
             here = placement  # every level's stages on one cluster: a local one started now
             if placement.local:
-                client = stack.enter_context(dask_client(None, placement.workers, log=log))
+                client = stack.enter_context(dask_runtime().dask_client(None, placement.workers, log=log))
                 here = placement.at(client.scheduler.address)
             cluster_used = placement.describe()
 

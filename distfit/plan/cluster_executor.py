@@ -2,14 +2,15 @@
 
 The planner takes any :data:`distfit.plan.planner.Executor`; this one hands the block tasks to
 a cluster through :func:`distfit.runtime.cluster.run_tasks` (the runtime knows how to run
-tasks, not what a block is).
+tasks, not what a block is), reached through ``distfit.runtime.placement.dask_runtime``: only
+made with a client, so a serial plan never imports Dask.
 """
 from __future__ import annotations
 
 from typing import Iterable, Iterator
 
 from distfit.plan.planner import BlockTask, batched, solve_blocks
-from distfit.runtime.cluster import run_tasks, worker_threads
+from distfit.runtime.placement import dask_runtime
 from distfit.solver.solve import BlockSolution
 
 IN_FLIGHT_PER_THREAD = 4  # block tasks submitted ahead per worker thread (DaskExecutor)
@@ -41,7 +42,7 @@ class DaskExecutor:
     def _limit(self) -> int:
         if self.max_in_flight is not None:
             return self.max_in_flight
-        threads = worker_threads(self.client)
+        threads = dask_runtime().worker_threads(self.client)
         return max(MIN_IN_FLIGHT, IN_FLIGHT_PER_THREAD * threads)
 
     def __call__(self, tasks: Iterable[BlockTask]) -> Iterator[tuple[int, BlockSolution]]:
@@ -51,5 +52,5 @@ class DaskExecutor:
                 yield label, (batch,)
 
         limit = None if self.max_in_flight == 0 else self._limit
-        for _, results in run_tasks(self.client, solve_blocks, calls(), "solve", limit):
+        for _, results in dask_runtime().run_tasks(self.client, solve_blocks, calls(), "solve", limit):
             yield from results

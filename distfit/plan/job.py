@@ -38,8 +38,8 @@ import numpy as np
 
 from distfit import __version__
 from distfit.plan.cluster_executor import DaskExecutor
-from distfit.runtime.cluster import Progress, placement_client
-from distfit.runtime.placement import Placement
+from distfit.runtime.placement import Placement, placement_client
+from distfit.runtime.progress import Progress
 from distfit.mathematics.bounds import CHOSEN_BLOCKS_BOUNDS, GLOBAL_BOUNDS
 from distfit.mathematics.packing import PackedBlocks
 from distfit.plan.decomposition import Decomposition

@@ -104,8 +104,7 @@ import numpy as np
 from distfit.audit.checks import AuditReport
 from distfit.audit.plan import audit_plan
 from distfit.runtime.chunked_job import ChunkedWrite, check_out, claim_out, resume_or_create
-from distfit.runtime.cluster import TASK_RETRIES, PlacedClient, run_tasks
-from distfit.runtime.placement import Placement
+from distfit.runtime.placement import PlacedClient, Placement, dask_runtime
 from distfit.data.microdata import ensure_tabulated, microdata_format
 from distfit.release.noise import fresh_entropy, load_blocks, prepare_blocks
 from distfit.release.tasks import (
@@ -183,11 +182,11 @@ def _run_dask(client, job: ChunkJob, plan_path: str, plan_checksum: str,
     re-checked against the plan's checksum)."""
     blocks_future = client.submit(plan_blocks_task, os.path.abspath(plan_path), plan_checksum,
                                   key=f"release-blocks-{secrets.token_hex(6)}", pure=False,
-                                  retries=TASK_RETRIES)
+                                  retries=dask_runtime().TASK_RETRIES)
     threads = max(1, sum(client.nthreads().values()))
     calls = ((str(chunks[0]), (job, blocks_future, chunks))
              for chunks in task_chunks(list(pending), job.chunk_units, threads))
-    for _label, done in run_tasks(client, release_chunks_task, calls, "release-chunks"):
+    for _label, done in dask_runtime().run_tasks(client, release_chunks_task, calls, "release-chunks"):
         yield from done
 
 

@@ -24,7 +24,7 @@ import shutil
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, NamedTuple, Sequence, TextIO
 
-from distfit.runtime.cluster import Progress
+from distfit.runtime.progress import Progress
 from distfit.stores.files import STAGING_MARKER, is_staging, leftovers, move_into_place
 from distfit.stores.lock import store_lock
 from distfit.stores.release import pending_chunks

@@ -11,8 +11,13 @@ docs/deployment.md). The local cluster listens on 127.0.0.1 only (``local_cluste
 are yielded as they complete (``as_completed``) so the driver can stream them into the plan
 store; lost workers are covered by task retries. A job's
 :class:`distfit.runtime.placement.Placement` (where it runs) becomes a client through
-``placement_client`` (a context) or ``PlacedClient`` (started on a thread when first needed:
-the chunked jobs).
+``distfit.runtime.placement.placement_client`` (a context) or ``PlacedClient`` (started on a
+thread when first needed: the chunked jobs).
+
+This is the module that imports Dask. Nothing outside the runtime imports it: the jobs reach
+it through :func:`distfit.runtime.placement.dask_runtime` only when they have a cluster, so a
+serial job never imports Dask (``distfit.runtime.placement``'s docstring). ``PlacedClient`` is
+also importable from here for ``distfit.mask.job``, which still imports this module at its top.
 """
 from __future__ import annotations
 
@@ -24,7 +29,6 @@ import os
 import signal
 import sys
 import threading
-import time
 import uuid
 import warnings
 from typing import Any, Callable, Iterable, Iterator, TextIO
@@ -35,7 +39,7 @@ from distributed.diagnostics.plugin import WorkerPlugin
 from distributed.security import Security
 
 from distfit.runtime.failures import ClusterError
-from distfit.runtime.placement import Placement
+from distfit.runtime.placement import PlacedClient  # noqa: F401 - distfit.mask.job imports it from here
 from distfit.runtime.security import ENCRYPTED_SCHEMES, Transport, refusal, scheduler_address, scheme_of
 
 TASK_RETRIES = 3
@@ -286,73 +290,6 @@ class BackgroundClient:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-
-@contextlib.contextmanager
-def placement_client(placement: Placement, log: TextIO | None = None) -> Iterator[Any]:
-    """The Dask client of ``placement`` (:func:`dask_client` of its cluster and workers) while
-    the context is open, or None for a serial placement (the caller then works in-process)."""
-    if placement.serial:
-        yield None
-        return
-    with dask_client(placement.cluster, placement.workers, log=log, transport=placement.transport) as client:
-        yield client
-
-
-class PlacedClient:
-    """The Dask client of a chunked job's ``placement``, started on first need on a thread of its
-    own (:class:`BackgroundClient`, ``worker_env``) and held open until ``stack`` closes; None
-    for a serial placement. ``start()`` only starts it (the workers spawn while the driver goes
-    on), ``get()`` waits for it (raising what starting raised, e.g. :class:`ClusterError`),
-    ``close(wait=False)`` shuts it down while the driver seals. One way for the release and the
-    estimate jobs to start their cluster only when they have chunks to compute."""
-
-    def __init__(self, placement: Placement, stack: contextlib.ExitStack, log: TextIO | None = None,
-                 worker_env: dict[str, str | None] | None = WORKER_ENV) -> None:
-        self.placement, self.stack, self.log, self.worker_env = placement, stack, log, worker_env
-        self._background: BackgroundClient | None = None
-
-    def start(self) -> None:
-        """Start the client (not for a serial placement), unless it is started already."""
-        if not self.placement.serial and self._background is None:
-            self._background = self.stack.enter_context(BackgroundClient(
-                self.placement.cluster, self.placement.workers, log=self.log, worker_env=self.worker_env,
-                transport=self.placement.transport))
-
-    def get(self):
-        """The client (None for a serial placement), started now if need be; waits for it."""
-        if self.placement.serial:
-            return None
-        self.start()
-        return self._background.get()
-
-    def close(self, wait: bool = True) -> None:
-        """Shut the client down if it was started (``wait=False``: only ask, see :class:`BackgroundClient`)."""
-        if self._background is not None:
-            self._background.close(wait=wait)
-
-
-class Progress:
-    """One status line: items done (``unit``: blocks, units, ...), rate and ETA (written to a
-    terminal or a log)."""
-
-    def __init__(self, label: str, stream: TextIO | None = None, unit: str = "blocks"):
-        self.label = label
-        self.unit = unit
-        self.stream = stream or sys.stderr
-        self.start = time.perf_counter()
-        self.last = 0.0
-
-    def __call__(self, done: int, total: int) -> None:
-        now = time.perf_counter()
-        if done < total and now - self.last < 0.5:
-            return
-        self.last = now
-        elapsed = now - self.start
-        rate = done / elapsed if elapsed > 0 else 0.0
-        eta = (total - done) / rate if rate > 0 else float("nan")
-        end = "\n" if done == total else "\r"
-        print(f"{self.label}: {done}/{total} {self.unit}, {rate:.1f} {self.unit}/s, ETA {eta:.0f} s   ", end=end, file=self.stream, flush=True)
 
 
 def run_tasks(

@@ -26,16 +26,33 @@ one concern over two values. So they stay plain keywords, each with the one defa
 everywhere (``log=None``: stderr; ``fsync=True``).
 
 This module is light (no Dask): the command line imports it for every command.
+
+The boundary to Dask
+--------------------
+Decision (issue 31: every command imports only what it uses): this module is where a job's
+placement becomes Dask, and the only place in the package where Dask is imported inside a
+function. :func:`dask_runtime` imports :mod:`distfit.runtime.cluster` (dask, distributed: about
+a second) when first called, and :func:`dask_dataframe` imports ``dask.dataframe`` (with
+pandas and pyarrow) when microdata is first read. The jobs reach the cluster only through them,
+and only on the paths that have a cluster: :func:`placement_client` and :class:`PlacedClient`
+start or reach one unless the placement is serial (None then, without importing Dask), and a
+job's Dask path calls ``dask_runtime().run_tasks(client, ...)`` with the client it was given.
+So ``distfit plan --serial``, ``release --serial`` and ``estimate --serial`` import no Dask
+(``tests/cli/test_main.py`` checks the module list ``python -X importtime`` prints). Everything
+else still imports at the top of its module (the house rule), ``distfit.runtime.cluster``
+included; ``tests/test_layout.py`` allows these two imports here and nowhere else.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass
-from typing import Any
+from types import ModuleType
+from typing import Any, Iterator, TextIO
 
 from distfit.runtime.security import Transport, is_loopback
 
-__all__ = ["Placement"]
+__all__ = ["PlacedClient", "Placement", "dask_dataframe", "dask_runtime", "placement_client"]
 
 
 @dataclass(frozen=True)
@@ -94,3 +111,64 @@ class Placement:
         if self.cluster is not None:
             return {"kind": "external", "address": self.cluster}
         return {"kind": "local", "workers": self.local_workers}
+
+
+def dask_runtime() -> ModuleType:
+    """:mod:`distfit.runtime.cluster`, the runtime's Dask side, imported on first call (module
+    docstring: the boundary to Dask). Call it where a cluster is used, never at import time."""
+    from distfit.runtime import cluster  # the boundary to Dask (module docstring)
+
+    return cluster
+
+
+def dask_dataframe() -> ModuleType:
+    """``dask.dataframe``, imported on first call: the partitioned reading of microdata
+    (:mod:`distfit.data.microdata`), also in a serial job (module docstring)."""
+    import dask.dataframe  # the boundary to Dask (module docstring)
+
+    return dask.dataframe
+
+
+@contextlib.contextmanager
+def placement_client(placement: Placement, log: TextIO | None = None) -> Iterator[Any]:
+    """The Dask client of ``placement`` (``distfit.runtime.cluster.dask_client`` of its cluster
+    and workers) while the context is open, or None for a serial placement (the caller then
+    works in-process, and Dask is not imported)."""
+    if placement.serial:
+        yield None
+        return
+    with dask_runtime().dask_client(placement.cluster, placement.workers, log=log,
+                                    transport=placement.transport) as client:
+        yield client
+
+
+class PlacedClient:
+    """The Dask client of a chunked job's ``placement``, started on first need on a thread of its
+    own (``distfit.runtime.cluster.BackgroundClient``, with its default ``WORKER_ENV``) and held
+    open until ``stack`` closes; None for a serial placement (Dask is then never imported).
+    ``start()`` only starts it (the workers spawn while the driver goes on), ``get()`` waits for
+    it (raising what starting raised, e.g. ``ClusterError``), ``close(wait=False)`` shuts it down
+    while the driver seals. One way for the chunked jobs (release, estimate, mask) to start
+    their cluster only when they have chunks to compute."""
+
+    def __init__(self, placement: Placement, stack: contextlib.ExitStack, log: TextIO | None = None) -> None:
+        self.placement, self.stack, self.log = placement, stack, log
+        self._background: Any = None
+
+    def start(self) -> None:
+        """Start the client (not for a serial placement), unless it is started already."""
+        if not self.placement.serial and self._background is None:
+            self._background = self.stack.enter_context(dask_runtime().BackgroundClient(
+                self.placement.cluster, self.placement.workers, log=self.log, transport=self.placement.transport))
+
+    def get(self):
+        """The client (None for a serial placement), started now if need be; waits for it."""
+        if self.placement.serial:
+            return None
+        self.start()
+        return self._background.get()
+
+    def close(self, wait: bool = True) -> None:
+        """Shut the client down if it was started (``wait=False``: only ask, see ``BackgroundClient``)."""
+        if self._background is not None:
+            self._background.close(wait=wait)

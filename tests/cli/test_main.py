@@ -97,16 +97,23 @@ def imported_packages(argv: list[str]) -> tuple[int, set[str]]:
     (["plan", "--help"], NUMERIC + CLUSTER + STORES),
     (["solve", "prefix:8"], CLUSTER + STORES),
     (["audit", "PLAN"], CLUSTER),
-], ids=["version", "help", "plan-help", "solve", "audit"])
-def test_a_command_imports_only_what_it_uses(small_plan, argv, never):
+    (["plan", "SPEC", "--out", "OUT", "--serial"], CLUSTER),
+    (["release", "PLAN", "--data", "DATA", "--out", "OUT", "--seed", "7", "--serial"], CLUSTER),
+], ids=["version", "help", "plan-help", "solve", "audit", "plan-serial", "release-serial"])
+def test_a_command_imports_only_what_it_uses(small_plan, small_data, tmp_path, argv, never):
     """``--help`` and ``--version`` answer without numpy, scipy, Dask or zarr (start-up well under
     a second; ``benchmarks/bench_startup.py`` times it); ``solve`` opens no store and starts no
-    cluster; ``audit`` reads a store and starts no cluster. Checked on the module list
-    ``python -X importtime`` prints, not by timing."""
-    code, packages = imported_packages([small_plan.plan if word == "PLAN" else word for word in argv])
+    cluster; ``audit`` reads a store and starts no cluster; a serial ``plan`` and ``release``
+    write their store without importing Dask (the jobs reach it only through the runtime's
+    boundary, ``distfit.runtime.placement``). Checked on the module list ``python -X
+    importtime`` prints, not by timing."""
+    out = tmp_path / "out.zarr"
+    paths = {"PLAN": small_plan.plan, "SPEC": str(small_plan.spec_path), "DATA": small_data, "OUT": str(out)}
+    code, packages = imported_packages([paths.get(word, word) for word in argv])
     assert code == 0
     assert "distfit" in packages  # the records were read
     assert sorted(packages & set(never)) == []
+    assert ("OUT" in argv) == out.is_dir()  # the store was written
 
 
 def test_estimate_imports_neither_the_microdata_readers_nor_the_graphical_extra(small_plan, tmp_path):

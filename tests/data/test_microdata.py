@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import os
 
+import dask.dataframe
 import numpy as np
 import pandas as pd
 import pytest
@@ -646,7 +647,7 @@ def counted_reads(monkeypatch):
     def whole_file(*args, **kwargs):
         raise AssertionError("the whole file was opened for reading")
 
-    monkeypatch.setattr(microdata.dd, "read_csv", whole_file)
+    monkeypatch.setattr(dask.dataframe, "read_csv", whole_file)  # what runtime.placement.dask_dataframe() returns
     return read
 
 

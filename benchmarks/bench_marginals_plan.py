@@ -1,0 +1,83 @@
+"""The default plan of ``pipelines/marginals.yaml`` as a user runs it (issue 31, point 2): wall
+seconds, CPU-seconds (the command and every process it started: the local cluster's workers) and
+alpha, beside a reference in the same run.
+
+Usage::
+
+    python benchmarks/bench_marginals_plan.py [--spec pipelines/marginals.yaml] [--workers 2]
+                                              [--reference-root DIR] [--reference-alpha A]
+
+Each plan is ``python -m distfit.cli plan SPEC --out TMP --overwrite`` in a fresh process (its
+imports, decomposition, cluster start, rounds, store and shutdown included), this tree's
+distfit, and with ``--reference-root DIR`` (an unpacked older tree, e.g. ``git archive
+REF | tar -x -C DIR``) the same command on that tree's distfit, one after the other. The
+reference alpha is that run's, else ``--reference-alpha`` (default: 121.975, the plan at
+fd1402d, benchmarks/README.md). Goals: wall <= 60 s on 2 cores, alpha <= the reference's.
+The machine is shared: compare CPU-seconds, and the load average printed before and after.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+GOAL_SECONDS = 60.0
+#: alpha of ``distfit plan pipelines/marginals.yaml`` at fd1402d (benchmarks/README.md)
+REFERENCE_ALPHA = 121.975
+
+
+def load() -> str:
+    return "load average " + " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def plan_once(root: Path, spec: str, workers: int, out: Path) -> tuple[float, float, float]:
+    """(wall s, CPU-s of the command and its children, alpha) of one ``distfit plan`` on ``root``'s distfit."""
+    env = dict(os.environ, PYTHONPATH=str(root))
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    wall = time.perf_counter()
+    done = subprocess.run([sys.executable, "-m", "distfit.cli", "plan", spec, "--out", str(out), "--overwrite",
+                           "--workers", str(workers)], env=env, capture_output=True, text=True)
+    wall = time.perf_counter() - wall
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if done.returncode != 0:
+        raise SystemExit(f"{root}: distfit plan failed ({done.returncode}): {done.stderr.strip()[-500:]}")
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    alpha = subprocess.run([sys.executable, "-c", "import sys; from distfit.stores.plan import read_plan; "
+                            "print(repr(read_plan(sys.argv[1]).attrs['alpha']))", str(out)],
+                           env=env, capture_output=True, text=True, check=True).stdout.strip()
+    return wall, cpu, float(alpha)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--spec", default=str(ROOT / "pipelines" / "marginals.yaml"))
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--reference-root", default=None, help="also plan with this source tree's distfit")
+    parser.add_argument("--reference-alpha", type=float, default=REFERENCE_ALPHA)
+    args = parser.parse_args(argv)
+    runs = [("this tree", ROOT)] + ([("reference", Path(args.reference_root))] if args.reference_root else [])
+    results = {}
+    with tempfile.TemporaryDirectory(prefix="bench-marginals-plan-") as tmp:
+        for name, root in runs:
+            print(f"{name}: planning {args.spec} on {args.workers} workers ({load()})", flush=True)
+            results[name] = plan_once(root, args.spec, args.workers, Path(tmp) / f"{len(results)}.zarr")
+            wall, cpu, alpha = results[name]
+            print(f"{name:10s} wall {wall:7.1f} s  CPU {cpu:7.1f} s  alpha {alpha:.6f}  ({load()})", flush=True)
+    reference_alpha = results["reference"][2] if "reference" in results else args.reference_alpha
+    wall, cpu, alpha = results["this tree"]
+    print(f"wall {wall:.1f} s against the goal of {GOAL_SECONDS:.0f} s: {'met' if wall <= GOAL_SECONDS else 'NOT met'}")
+    print(f"alpha {alpha:.6f} against the reference's {reference_alpha:.6f} ({alpha / reference_alpha - 1:+.2e}): "
+          f"{'not worse' if alpha <= reference_alpha * (1 + 1e-6) else 'WORSE'}")
+    if "reference" in results:
+        print(f"this tree / reference: wall {wall / results['reference'][0]:.3f}, CPU {cpu / results['reference'][1]:.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

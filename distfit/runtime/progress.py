@@ -1,0 +1,34 @@
+"""The one progress line of every stage: items done, rate and ETA, on a terminal or in a log.
+
+Light (no Dask): the serial paths of the jobs print it too (``distfit.runtime.placement``'s
+docstring: the jobs reach Dask only when a cluster is used)."""
+from __future__ import annotations
+
+import sys
+import time
+from typing import TextIO
+
+__all__ = ["Progress"]
+
+
+class Progress:
+    """One status line: items done (``unit``: blocks, units, ...), rate and ETA (written to a
+    terminal or a log)."""
+
+    def __init__(self, label: str, stream: TextIO | None = None, unit: str = "blocks"):
+        self.label = label
+        self.unit = unit
+        self.stream = stream or sys.stderr
+        self.start = time.perf_counter()
+        self.last = 0.0
+
+    def __call__(self, done: int, total: int) -> None:
+        now = time.perf_counter()
+        if done < total and now - self.last < 0.5:
+            return
+        self.last = now
+        elapsed = now - self.start
+        rate = done / elapsed if elapsed > 0 else 0.0
+        eta = (total - done) / rate if rate > 0 else float("nan")
+        end = "\n" if done == total else "\r"
+        print(f"{self.label}: {done}/{total} {self.unit}, {rate:.1f} {self.unit}/s, ETA {eta:.0f} s   ", end=end, file=self.stream, flush=True)
