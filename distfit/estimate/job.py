@@ -353,18 +353,24 @@ def _open_release(job: EstimateJob):
     return read_sealed_release(job.release_path, job.release_checksum)
 
 
-#: The release reader of the last job a worker ran: ``[job, model, ReleaseRows]``.
+#: The release reader of the last job a worker ran: ``[job, block ids, ReleaseRows]``.
 _ROWS: list = []
 
 
 def _release_rows(job: EstimateJob, model: MeasurementModel) -> ReleaseRows:
-    """The job's :class:`ReleaseRows`, opened (and the release checked, :func:`_open_release`)
-    by the first of its tasks on this worker and kept for the others: opening looks up the
-    release's arrays, 6 ms of zarr a task, 50 tasks at 1M PL94 units. An equal job (the same
-    paths, release checksum and options) reads the same release; the seal checks it is still
-    the one the estimate started from."""
-    if not _ROWS or _ROWS[0] != job or _ROWS[1] is not model:
-        _ROWS[:] = [job, model, ReleaseRows(_open_release(job), model)]
+    """The job's :class:`ReleaseRows`, opened (and the release's root checked,
+    :func:`_open_release`) by the first of its tasks on this worker and kept for the others:
+    opening looks up the release's arrays (6 ms of zarr a task, 50 tasks at 1M PL94 units) and
+    checks the root (0.1-0.2 CPU-s at 1M: the digest table and the done markers, one zarr chunk
+    per chunk of units). An equal job (the same paths, release checksum and options) reads the
+    same release; the seal checks it is still the one the estimate started from. Kept by the
+    model's block ids, all a reader depends on, not by the model object: a worker holds two
+    equal models, its own and the other worker's copy, whose tasks it also runs
+    (:func:`_run_dask`), and keyed by the object every other task reopened and re-checked the
+    release (1M PL94 units: 2.5 CPU-s, 12 % of the estimate; benchmarks/README.md, session 14)."""
+    blocks = tuple(block.block_id for block in model.blocks)
+    if not _ROWS or _ROWS[0] != job or _ROWS[1] != blocks:
+        _ROWS[:] = [job, blocks, ReleaseRows(_open_release(job), model)]
     return _ROWS[2]
 
 

@@ -128,6 +128,7 @@ from distfit.stores.files import (
     write_array,
 )
 from distfit.stores.checksum import DIGESTS
+from distfit.stores.release_chunks import raw_reader
 from distfit.stores.sealing import (DIGEST_DIMS, ChunkDigests, check_root, lay_out_digests, open_sealed,
                                     seal_checksum, stated_attrs, write_digests)
 
@@ -617,10 +618,10 @@ def _open_store(path: PathLike, fmt: str, verify: bool, checksum: str | None
     """The data readers' refusals (:func:`distfit.stores.sealing.open_sealed`), the root checked when
     ``verify`` (:func:`distfit.stores.sealing.check_root`, ``checksum``: the one it must state);
     ``(path, attrs, domain, group, digests)``, digests None unless ``verify``."""
-    p, group, attrs = open_sealed(path, fmt, FORMAT_VERSION, DataError, oldest=FORMAT_VERSION,
-                                  rewrite=WRITERS[fmt],
+    p, group, attrs = open_sealed(path, fmt, FORMAT_VERSION, DataError, oldest=FORMAT_VERSION, rewrite=WRITERS[fmt],
                                   unfinished="the data is not marked complete (an unfinished or damaged write)")
-    digests = check_root(p, f"{fmt} store", group, attrs, stated_attrs, DataError, checksum) if verify else None
+    digests = (check_root(p, f"{fmt} store", group, attrs, stated_attrs, DataError, checksum, read=raw_reader(p))
+               if verify else None)
     schema = attrs.get("schema")
     try:
         domain = Domain.from_schema(schema)

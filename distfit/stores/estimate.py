@@ -103,7 +103,7 @@ import zarr
 from distfit import __version__
 from distfit.stores.files import jsonable, root_attrs_on_disk, utc_now, write_array
 from distfit.stores.release import ANSWER_COMPRESSORS, answer_chunks, plan_change
-from distfit.stores.release_chunks import ReleaseHasher, seal_chunked
+from distfit.stores.release_chunks import ReleaseHasher, raw_reader, seal_chunked
 from distfit.stores.sealing import UNIT_DIMS, SealedKind, SealedStore, lay_out_units, root_attr, store_array
 
 FORMAT = "estimate"
@@ -427,7 +427,7 @@ class Estimate(SealedStore):
 #: checksum), ``verify_estimate(path)`` (``(ok, stored, recomputed)`` checksum),
 #: ``estimate_state(path)`` (``"absent"``, ``"sealed"`` or ``"incomplete"``; FileExistsError for
 #: anything else) and ``check_replaceable(path)`` (FileExistsError unless an estimate store).
-ESTIMATE = SealedKind(FORMAT, FORMAT_VERSION, EstimateError, Estimate, oldest=FORMAT_VERSION)
+ESTIMATE = SealedKind(FORMAT, FORMAT_VERSION, EstimateError, Estimate, oldest=FORMAT_VERSION, slabs=raw_reader)
 read_estimate, read_verified_estimate, verify_estimate = ESTIMATE.read, ESTIMATE.read_verified, ESTIMATE.verify
 estimate_state, check_replaceable = ESTIMATE.state, ESTIMATE.check_replaceable
 

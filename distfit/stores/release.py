@@ -114,7 +114,7 @@ from distfit.release.noise import block_positions, derived_blocks
 from distfit.release.packed import pack_offsets, pack_query_rows
 from distfit.stores.files import chunk_shape, jsonable, utc_now, write_array
 from distfit.stores.plan import read_plan, verify_checksum
-from distfit.stores.release_chunks import ReleaseHasher, chunk_arrays, seal_chunked
+from distfit.stores.release_chunks import ReleaseHasher, chunk_arrays, raw_reader, seal_chunked
 from distfit.stores.checksum import DIGESTS
 from distfit.stores.sealing import (
     DIGEST_DIMS,
@@ -442,7 +442,7 @@ class DerivedAnswers:
 #: ``verify_release(path)`` (``(ok, stored, recomputed)`` checksum), ``release_state(path)``
 #: (``"absent"``, ``"sealed"`` or ``"incomplete"``; FileExistsError for anything else) and
 #: ``check_replaceable(path)`` (FileExistsError unless a release store).
-RELEASE = SealedKind(FORMAT, FORMAT_VERSION, ReleaseError, Release, oldest=FORMAT_VERSION)
+RELEASE = SealedKind(FORMAT, FORMAT_VERSION, ReleaseError, Release, oldest=FORMAT_VERSION, slabs=raw_reader)
 read_release, read_verified_release, verify_release = RELEASE.read, RELEASE.read_verified, RELEASE.verify
 read_sealed_release = RELEASE.read_sealed
 release_state, check_replaceable = RELEASE.state, RELEASE.check_replaceable

@@ -250,21 +250,24 @@ class ChunkDigests:
         self.check(name, first, values)
         return values[start - first:stop - first]
 
-    def check_all(self, group: zarr.Group) -> None:
+    def check_all(self, group: zarr.Group, read: Reader | None = None) -> None:
         """Read and check every chunk of every digested array of ``group`` (the whole-store pass
-        of a reader that reads the store whole: :func:`check_verified`)."""
+        of a reader that reads the store whole: :func:`check_verified`; ``read``: how, as
+        :func:`check_root`'s)."""
         for name in self.names:
             try:
                 arr = group[name]
             except KeyError:
                 raise ChangedChunk(_changed(self.store, self.kind, f"{name} is missing")) from None
             units = int(arr.shape[0])
+            rows = (lambda a, b: arr[a:b]) if read is None else (lambda a, b: read(name, arr, slice(a, b)))
             for start in range(0, units, self.chunk_units):
-                self.read(name, lambda a, b: arr[a:b], start, min(units, start + self.chunk_units), units)
+                self.read(name, rows, start, min(units, start + self.chunk_units), units)
 
 
 def check_root(path: str | os.PathLike, kind: str, group: zarr.Group, attrs: Mapping[str, Any],
-               claims: ClaimRule, error: type[Exception], checksum: str | None = None) -> ChunkDigests | None:
+               claims: ClaimRule, error: type[Exception], checksum: str | None = None, *,
+               read: Reader | None = None) -> ChunkDigests | None:
     """Recompute the root checksum of the opened sealed store at ``path`` (:func:`seal_checksum`:
     for a store with per-chunk digests the attrs, the small arrays and the digest table, not the
     digested arrays) and raise ``error`` in one line naming the store when it differs from the
@@ -272,21 +275,23 @@ def check_root(path: str | os.PathLike, kind: str, group: zarr.Group, attrs: Map
     ``checksum``, when the store states another (a task reopening what its driver checked).
     Returns the store's :class:`ChunkDigests` as they were hashed (no second read), or None for
     a store without (its checksum covers every array: nothing is left to check). An OSError (no
-    permission, a disk error) passes as it is."""
+    permission, a disk error) passes as it is. ``read``: how the arrays are read (a
+    :data:`distfit.stores.checksum.Reader`; default through zarr), e.g. a store's raw chunk
+    files (:func:`distfit.stores.release_chunks.raw_reader`); the checksum never depends on it."""
     stored = str(attrs["checksum"])
     if checksum is not None and stored != checksum:
         raise error(_changed(path, kind, f"it states the checksum {stored[:19]}..., not the {checksum[:19]}... "
                                          "it had when this command started"))
     kept: list[np.ndarray] = []
 
-    def read(name: str, arr: zarr.Array, where: Any) -> Any:
-        values = arr[where]
+    def kept_read(name: str, arr: zarr.Array, where: Any) -> Any:
+        values = arr[where] if read is None else read(name, arr, where)
         if name == DIGESTS:
             kept.append(np.asarray(values))
         return values
 
     try:
-        recomputed = seal_checksum(group, attrs, claims, read=read)
+        recomputed = seal_checksum(group, attrs, claims, read=kept_read)
     except OSError:
         raise
     except Exception as failure:  # noqa: BLE001 - a chunk that no longer decodes (codec errors vary)
@@ -303,16 +308,17 @@ def check_root(path: str | os.PathLike, kind: str, group: zarr.Group, attrs: Map
 
 
 def check_verified(path: str | os.PathLike, kind: str, group: zarr.Group, attrs: Mapping[str, Any],
-                   claims: ClaimRule, error: type[Exception]) -> ChunkDigests | None:
+                   claims: ClaimRule, error: type[Exception], *, read: Reader | None = None) -> ChunkDigests | None:
     """The whole verification of the opened sealed store at ``path``: the root
     (:func:`check_root`), then every chunk of every digested array
     (:meth:`ChunkDigests.check_all`); ``error`` in one line naming the store and what differs:
     it was changed after it was sealed (an array, a chunk deleted, an attr edited) or a chunk
     no longer decodes (a flipped byte in a compressed chunk). What a reader that reads the
-    store whole does first; returns the digests (:func:`check_root`)."""
-    digests = check_root(path, kind, group, attrs, claims, error)
+    store whole does first; returns the digests (:func:`check_root`). ``read``: how the arrays
+    are read (:func:`check_root`)."""
+    digests = check_root(path, kind, group, attrs, claims, error, read=read)
     if digests is not None:
-        digests.check_all(group)
+        digests.check_all(group, read)
     return digests
 
 
@@ -407,6 +413,9 @@ class SealedKind:
     reader: type[SealedStore]
     claims: ClaimRule = stated_attrs
     oldest: int = 1  # the oldest format version read (older ones: not covered enough to trust)
+    #: How a root check reads a store of this kind at a path (:func:`check_root`'s ``read``;
+    #: None: through zarr).
+    slabs: Callable[[Path], Reader] | None = None
 
     def open(self, path: str | os.PathLike) -> tuple[Path, zarr.Group, dict]:
         """:func:`open_sealed` for this kind."""
@@ -425,7 +434,8 @@ class SealedKind:
         every chunk): what a command that reads this store whole calls once, before it writes
         anything."""
         p, group, attrs = self.open(path)
-        check_verified(p, self.name, group, attrs, self.claims, self.error)
+        check_verified(p, self.name, group, attrs, self.claims, self.error,
+                       read=None if self.slabs is None else self.slabs(p))
         return self.reader(path=str(p), attrs=attrs, _group=group)
 
     def read_sealed(self, path: str | os.PathLike, checksum: str | None = None) -> SealedStore:
@@ -434,7 +444,8 @@ class SealedKind:
         check each chunk as it is read: what a command that reads this store chunk by chunk
         calls (its driver, then each task)."""
         p, group, attrs = self.open(path)
-        digests = check_root(p, self.name, group, attrs, self.claims, self.error, checksum)
+        digests = check_root(p, self.name, group, attrs, self.claims, self.error, checksum,
+                             read=None if self.slabs is None else self.slabs(p))
         return self.reader(path=str(p), attrs=attrs, _group=group, digests=digests)
 
     def verify(self, path: str | os.PathLike) -> tuple[bool, str, str]:

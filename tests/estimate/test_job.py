@@ -4,6 +4,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import pickle
 import shutil
 import signal
 from pathlib import Path
@@ -445,7 +446,9 @@ def test_published_estimates_clamp_rounding_below_zero_only(small_plan):
 
 def test_a_workers_tasks_of_one_job_open_the_release_once(inputs, tmp_path, monkeypatch):
     """Chunk tasks of one job on a worker share one release reader (opened and checked by the
-    first); a task of another job opens its own. What they write is the serial estimate's."""
+    first), whichever of the equal models they were given (a worker holds its own and a copy of
+    the other worker's); a task of another job opens its own. What they write is the serial
+    estimate's."""
     plan, release = read_plan(inputs["plan"]), read_release(inputs["release"])
     model = measurement_model(plan)
     opened = []
@@ -464,7 +467,7 @@ def test_a_workers_tasks_of_one_job_open_the_release_once(inputs, tmp_path, monk
             tables=stored_tables(root)))
     first, second = jobs
     job_module.estimate_chunks_task(first, model, (0, 1))
-    job_module.estimate_chunks_task(first, model, (2,))
+    job_module.estimate_chunks_task(first, pickle.loads(pickle.dumps(model)), (2,))  # the other worker's model
     assert opened == [first]
     job_module.estimate_chunks_task(second, model, (0,))
     assert opened == [first, second]

@@ -168,6 +168,25 @@ def test_estimate_refuses_a_release_with_a_deleted_answers_chunk(chain, tmp_path
             out, str(release), "changed after it was sealed")
 
 
+@pytest.mark.parametrize("array, tamper", [("chunks/digests", "flip"), ("chunks/digests", "truncate"),
+                                           ("chunks/done", "delete")])
+def test_estimate_refuses_a_release_whose_root_chunk_files_were_changed(chain, tmp_path, capsys, array, tamper):
+    """The root check reads the digest table and the done markers as raw chunk files
+    (stores.release_chunks.raw_reader): a flipped byte, a short file (read through zarr, which
+    cannot decode it) and a missing file (read as the fill value) are all refused."""
+    release = copy(chain, "release", tmp_path)
+    target = chunk_files(release, array)[1]
+    if tamper == "flip":
+        flip_a_byte(target)
+    elif tamper == "truncate":
+        target.write_bytes(target.read_bytes()[:-1])
+    else:
+        target.unlink()
+    out = tmp_path / "e.zarr"
+    refused(capsys, ["estimate", chain["plan"], str(release), "--out", str(out), "--serial"],
+            out, str(release), "changed after it was sealed")
+
+
 @pytest.mark.parametrize("key, value", [("units", 20), ("private", True)])
 def test_estimate_refuses_a_release_with_an_edited_attr(chain, tmp_path, capsys, key, value):
     release = copy(chain, "release", tmp_path)
