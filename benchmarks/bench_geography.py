@@ -136,7 +136,8 @@ def main(argv=None) -> int:
             if args.top_integer:
                 top_int, top_int_cpu, top_int_wall = timed(lambda: estimate_top_down(levels, integer=True))
         header = (f"{'level':<8} {'units':>7} {'rmse raw':>9} {'rmse top':>9} {'rmse blue':>9} {'rmse int':>9} "
-                  f"{'rmse top int':>12} {'mae tot raw':>11} {'top':>6} {'blue':>6} {'int':>6} {'top int':>7} {'neg blue':>8} {'cover90':>7} "
+                  f"{'rmse top int':>12} {'mae tot raw':>11} {'top':>6} {'blue':>6} {'int':>6} {'top int':>7} "
+                  f"{'neg blue':>8} {'cover90':>7} "
                   f"{'gap blue':>9} {'gap int':>7}")
         print(header)
         for i, name in enumerate(names):
