@@ -41,7 +41,10 @@ level measures follows the parent's.
 Integer counts (``integer=True``): the root units are rounded with
 :func:`distfit.estimate.rounding.round_preserving_total`, every finer level is solved against
 its parents' *integer* counts and rounded with :func:`distfit.estimate.rounding.round_children`,
-so integer children sum exactly to their parent, cell by cell, at every level.
+so integer children sum exactly to their parent, cell by cell, at every level. With ``centre``
+(:func:`integer_top_down`, what a multi-level run's ``--integer`` uses) the same solves stay
+close to given tables (the hierarchy's best linear unbiased estimates) instead of the
+measurements, in the same metric ``H_u``.
 """
 from __future__ import annotations
 
