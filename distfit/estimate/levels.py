@@ -151,8 +151,9 @@ def _parent_rows(name: str, release, above_name: str, above_ids: np.ndarray, col
 
 
 def _reusable(paths: Mapping[str, Path], releases: Mapping[str, Any], integer: bool) -> dict[str, Any] | None:
-    """The sealed estimates of every level when all were made by :data:`METHOD` from the current
-    releases with these options, each naming its parent's checksum; else None."""
+    """The sealed estimates of every level when all were made by :data:`METHOD` (and
+    :data:`OBJECTIVE`) from the current releases with these options, each naming its parent's
+    checksum; else None."""
     found: dict[str, Any] = {}
     above = None
     for name, path in paths.items():
@@ -161,6 +162,7 @@ def _reusable(paths: Mapping[str, Path], releases: Mapping[str, Any], integer: b
         estimate = read_verified_estimate(path)  # reused only if still as sealed
         recorded = (estimate.attrs.get("geography") or {}).get("parent_estimate") or {}
         if (estimate.attrs.get("release_checksum") != releases[name].checksum or estimate.method != METHOD
+                or estimate.attrs.get("objective") != OBJECTIVE  # e.g. integer tables made another way
                 or estimate.integer != bool(integer)
                 or recorded.get("checksum") != (found[above].checksum if above is not None else None)):
             return None
