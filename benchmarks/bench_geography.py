@@ -3,7 +3,7 @@
 Usage::
 
     python benchmarks/bench_geography.py [--spec pipelines/census.yaml] [--units 1000] [--run DIR]
-                                         [--no-top-down] [--workers N | --serial]
+                                         [--no-top-down] [--top-integer] [--workers N | --serial]
 
 Reads a multi-level run (``--run DIR``: the RUNDIR of ``distfit run SPEC --out DIR --units N``
 on synthetic people; else runs one into a temporary directory), whose levels' data stores hold
@@ -18,8 +18,12 @@ level again from the same releases, in this process, one BLAS thread:
   of distfit before issue 29);
 * ``blue``: the best linear unbiased estimate over the geography
   (:func:`distfit.estimate.hierarchy.estimate_hierarchy`, what ``distfit run`` now writes;
-  checked equal to the run's stores when they hold it) and ``int``: its integer tables
-  (:func:`distfit.estimate.geography.integer_tables`).
+  checked equal to the run's stores when they hold it) and ``int``: its integer tables, what
+  ``distfit run --integer`` writes (:func:`distfit.estimate.geography.integer_top_down`: top-down
+  in the noise's metric, close to the BLUE, against the parents' integer counts);
+* ``top int`` (``--top-integer``, ~500 CPU-s at 20,000 counties): the integer tables that
+  ``--integer`` wrote before issue 29 (``estimate_top_down(..., integer=True)``: top-down
+  against the parents' integer counts, close to the release).
 
 Per level it prints the RMSE of every published query against the truth (``rmse``), the mean
 absolute error of the units' totals (``mae tot``, where the level publishes a total), the share
@@ -42,7 +46,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from distfit.estimate.geography import GeographyLevel, estimate_top_down, integer_tables  # noqa: E402
+from distfit.estimate.geography import GeographyLevel, estimate_top_down, integer_top_down  # noqa: E402
 from distfit.estimate.hierarchy import estimate_hierarchy, query_variances  # noqa: E402
 from distfit.estimate.measurements import measurement_model, recover_measurements, workload_estimates  # noqa: E402
 from distfit.estimate.projection import normal_equations  # noqa: E402
@@ -88,6 +92,7 @@ def main(argv=None) -> int:
     parser.add_argument("--units", type=int, default=1000)
     parser.add_argument("--run", default=None, help="an existing RUNDIR of the spec (default: run one)")
     parser.add_argument("--no-top-down", action="store_true")
+    parser.add_argument("--top-integer", action="store_true", help="also the integer tables of before issue 29")
     parser.add_argument("--workers", type=int, default=None)
     parser.add_argument("--serial", action="store_true")
     args = parser.parse_args(argv)
@@ -124,12 +129,15 @@ def main(argv=None) -> int:
               f"({out}); one BLAS thread")
         with blas_limit():
             blue, blue_cpu, blue_wall = timed(lambda: estimate_hierarchy(hs, gs, parents, split="total"))
-            counts, int_cpu, int_wall = timed(lambda: integer_tables(blue.x, parents))
-            top = None
+            counts, int_cpu, int_wall = timed(lambda: integer_top_down(levels, blue.x))
+            top = top_int = None
             if not args.no_top_down:
                 top, top_cpu, top_wall = timed(lambda: estimate_top_down(levels))
+            if args.top_integer:
+                top_int, top_int_cpu, top_int_wall = timed(lambda: estimate_top_down(levels, integer=True))
         header = (f"{'level':<8} {'units':>7} {'rmse raw':>9} {'rmse top':>9} {'rmse blue':>9} {'rmse int':>9} "
-                  f"{'mae tot raw':>11} {'top':>6} {'blue':>6} {'int':>6} {'neg blue':>8} {'cover90':>7} "
+                  f"{'rmse top int':>12} {'mae tot raw':>11} {'top':>6} {'blue':>6} {'int':>6} {'top int':>7} "
+                  f"{'neg blue':>8} {'cover90':>7} "
                   f"{'gap blue':>9} {'gap int':>7}")
         print(header)
         for i, name in enumerate(names):
@@ -139,6 +147,8 @@ def main(argv=None) -> int:
             stored = read_estimate(out / "levels" / name / "estimate.zarr")
             if top is not None:
                 estimates["top"] = workload_estimates(model, top.x[i])
+            if top_int is not None:
+                estimates["top int"] = workload_estimates(model, top_int.counts[i].astype(np.float64))
             elif stored.method == "top-down" and not stored.integer:  # the run's own, from this release
                 estimates["top"] = np.asarray(stored.estimates[...], dtype=np.float64)
             variances = query_variances(model.workload, blue.covariance[i], blue.unit_class[i])
@@ -157,13 +167,16 @@ def main(argv=None) -> int:
                     gaps[key] = float(np.abs(sums - above)[np.unique(parents[i])].max())
             top_rmse = rmse(estimates["top"], truth) if "top" in estimates else float("nan")
             top_mae = mae.get("top", float("nan"))
+            top_int_rmse = rmse(estimates["top int"], truth) if "top int" in estimates else float("nan")
             print(f"{name:<8} {units[i]:>7,} {rmse(raw, truth):>9.3f} {top_rmse:>9.3f} "
-                  f"{rmse(estimates['blue'], truth):>9.3f} {rmse(estimates['int'], truth):>9.3f} "
+                  f"{rmse(estimates['blue'], truth):>9.3f} {rmse(estimates['int'], truth):>9.3f} {top_int_rmse:>12.3f} "
                   f"{mae['raw']:>11.3f} {top_mae:>6.3f} {mae['blue']:>6.3f} {mae['int']:>6.3f} "
+                  f"{mae.get('top int', float('nan')):>7.3f} "
                   f"{np.mean(estimates['blue'] < 0):>8.4f} {cover:>7.4f} {gaps['blue']:>9.1e} {gaps['int']:>7.0f}",
                   flush=True)
         print(f"estimate (passes only, CPU / wall s): blue {blue_cpu:.2f} / {blue_wall:.2f}, its integer tables "
-              f"{int_cpu:.2f} / {int_wall:.2f}" + ("" if top is None else f", top-down {top_cpu:.2f} / {top_wall:.2f}"))
+              f"{int_cpu:.2f} / {int_wall:.2f}" + ("" if top is None else f", top-down {top_cpu:.2f} / {top_wall:.2f}")
+              + ("" if top_int is None else f", top-down integer {top_int_cpu:.2f} / {top_int_wall:.2f}"))
     return 0
 
 

@@ -41,7 +41,10 @@ level measures follows the parent's.
 Integer counts (``integer=True``): the root units are rounded with
 :func:`distfit.estimate.rounding.round_preserving_total`, every finer level is solved against
 its parents' *integer* counts and rounded with :func:`distfit.estimate.rounding.round_children`,
-so integer children sum exactly to their parent, cell by cell, at every level.
+so integer children sum exactly to their parent, cell by cell, at every level. With ``centre``
+(:func:`integer_top_down`, what a multi-level run's ``--integer`` uses) the same solves stay
+close to given tables (the hierarchy's best linear unbiased estimates) instead of the
+measurements, in the same metric ``H_u``.
 """
 from __future__ import annotations
 
@@ -62,7 +65,7 @@ __all__ = [
     "WeightedInformation",
     "descendant_terms",
     "estimate_top_down",
-    "integer_tables",
+    "integer_top_down",
     "project_siblings",
     "sibling_start",
 ]
@@ -292,18 +295,27 @@ def _nonnegative(v: np.ndarray) -> np.ndarray:
 
 
 def estimate_top_down(levels: Sequence[GeographyLevel], *, integer: bool = False, tol: float = 1e-9,
-                      max_iter: int = 20000, on_level: Callable[[int], None] | None = None) -> TopDownResult:
+                      max_iter: int = 20000, on_level: Callable[[int], None] | None = None,
+                      centre: Sequence[np.ndarray] | None = None) -> TopDownResult:
     """Every level's estimates, coarsest first (module docstring): the root level by
     nonnegative GLS, each finer level by GLS with its children summing to their parent's
     estimate (``integer``: to the parent's integer counts, then rounded so they sum exactly).
     ``tol``/``max_iter``: :func:`distfit.estimate.projection.minimise_quadratic`'s.
-    ``on_level(i)`` is called as level ``i`` starts (progress)."""
+    ``on_level(i)`` is called as level ``i`` starts (progress).
+
+    ``centre`` (per level, units x cells; e.g. the hierarchy's best linear unbiased estimates):
+    tables to stay close to instead of the measurements, in the same metric: unit ``u``
+    minimises ``0.5 (x - c_u)^T H_u (x - c_u)`` (linear term ``g_u = H_u c_u``) under the same
+    constraints, each level's solve starting from ``c`` projected onto them
+    (:func:`integer_top_down`)."""
     if not levels:
         raise ValueError("levels: at least one level")
     cells = int(np.asarray(levels[0].linear).shape[1])
     for i, level in enumerate(levels):
         if np.asarray(level.linear).ndim != 2 or np.asarray(level.linear).shape[1] != cells:
             raise ValueError(f"level {i}: linear must be (units, {cells}), got {np.asarray(level.linear).shape}")
+        if centre is not None and np.shape(centre[i]) != np.shape(level.linear):
+            raise ValueError(f"level {i}: centre must be {np.shape(level.linear)}, got {np.shape(centre[i])}")
     parents = _check_parents(levels)
     terms = descendant_terms(levels)
     xs, counts, objectives, residuals, iterations, converged = [], [], [], [], [], []
@@ -312,15 +324,22 @@ def estimate_top_down(levels: Sequence[GeographyLevel], *, integer: bool = False
             on_level(i)
         weights, linear, constant = terms[i]
         hessian = WeightedInformation([lv.hessian for lv in levels[i:]], weights)
+        if centre is not None:
+            point = np.asarray(centre[i], dtype=np.float64)
+            linear = hessian(point)
+            constant = np.einsum("ij,ij->i", linear, point)  # ||c_u||^2 in H_u: the residual's 0 at c
         parent_of = parents[i]
         if parent_of is None:
             project = _nonnegative
-            start = _nonnegative(linear @ np.linalg.pinv(level.hessian, hermitian=True)
-                                 if isinstance(level.hessian, np.ndarray) else linear / hessian.lipschitz)
+            start = (point if centre is not None
+                     else linear @ np.linalg.pinv(level.hessian, hermitian=True)
+                     if isinstance(level.hessian, np.ndarray) else linear / hessian.lipschitz)
+            start = _nonnegative(start)
         else:
             above = counts[i - 1].astype(np.float64) if integer else xs[i - 1]
             project = SiblingProjection(parent_of, above)
-            start = sibling_start(above, parent_of, _estimated_totals(level.hessian, level.linear))
+            start = (project(point) if centre is not None
+                     else sibling_start(above, parent_of, _estimated_totals(level.hessian, level.linear)))
         result = minimise_quadratic(hessian, linear, project, start, tol=tol, max_iter=max_iter,
                                     lipschitz=hessian.lipschitz, coupled=True)
         x = result.x
@@ -331,41 +350,33 @@ def estimate_top_down(levels: Sequence[GeographyLevel], *, integer: bool = False
         converged.append(result.converged)
         if integer:
             counts.append(round_preserving_total(x) if parent_of is None
-                          else round_children(x, parent_of, counts[i - 1]))
+                          else _round_level(x, parent_of, counts[i - 1]))
     return TopDownResult(x=tuple(xs), counts=tuple(counts) if integer else None, objective=tuple(objectives),
                          residual=tuple(residuals), iterations=tuple(iterations), converged=tuple(converged))
 
 
-def integer_tables(xs: Sequence[np.ndarray], parent_of: Sequence[np.ndarray | None]) -> tuple[np.ndarray, ...]:
-    """Nonnegative integer tables (int64, per level, coarsest first) from real-valued ones
-    ``xs`` (units x cells per level, e.g. the hierarchy's best linear unbiased estimates,
-    :func:`distfit.estimate.hierarchy.estimate_hierarchy`, which may be below 0), every unit's
-    children summing exactly to it, cell by cell. ``parent_of[l]``: each unit's parent row in
-    level ``l - 1`` (None for level 0).
+def _round_level(x: np.ndarray, parent_of: np.ndarray, above: np.ndarray) -> np.ndarray:
+    """:func:`distfit.estimate.rounding.round_children` of a level's children ``x`` (summing to
+    their parents' integer counts ``above`` up to rounding), parents without children left out
+    (they have nothing to split)."""
+    present, up = np.unique(np.asarray(parent_of, dtype=np.int64), return_inverse=True)
+    return round_children(x, up.reshape(-1), above[present])
 
-    Level 0, unit by unit: the Euclidean projection onto ``{n >= 0, sum_c n_c = max(sum_c
-    x_c, 0)}`` (the simplex projection of :func:`project_siblings`, the unit's cells as the
-    siblings: its total kept), rounded by :func:`distfit.estimate.rounding.round_preserving_total`.
-    Every finer level: the children's tables projected onto ``{n >= 0, children summing to
-    their parent's integer counts}`` (:func:`project_siblings`, in the Euclidean metric, one
-    projection, no iterations), rounded by :func:`distfit.estimate.rounding.round_children`.
-    The same constraints as :func:`estimate_top_down`'s ``integer``, applied to given tables
-    instead of solved for in the noise's metric (the issue 29 decision: the least the
-    hierarchy's estimate needs to be published as counts; the error it adds is measured in
-    benchmarks/README.md)."""
-    if not xs or len(xs) != len(parent_of):
-        raise ValueError("xs and parent_of: one entry per level, at least one level")
-    root = np.asarray(xs[0], dtype=np.float64)
-    totals = np.maximum(root.sum(axis=1), 0.0)
-    cells = root.shape[1]
-    shifted = project_siblings(root.T, np.zeros(cells, dtype=np.int64), totals[None, :]).T
-    counts = [round_preserving_total(shifted)]
-    for level in range(1, len(xs)):
-        up = parent_of[level]
-        if up is None:
-            raise ValueError(f"level {level}: parent_of must be given below the coarsest level")
-        present, up = np.unique(np.asarray(up, dtype=np.int64), return_inverse=True)  # childless units: nothing to split
-        up, above = up.reshape(-1), counts[-1][present]
-        counts.append(round_children(project_siblings(np.asarray(xs[level], dtype=np.float64), up,
-                                                      above.astype(np.float64)), up, above))
-    return tuple(counts)
+
+def integer_top_down(levels: Sequence[GeographyLevel], centre: Sequence[np.ndarray], *, tol: float = 1e-6,
+                     max_iter: int = 20000) -> tuple[np.ndarray, ...]:
+    """Nonnegative integer tables (int64, per level, coarsest first) close to real-valued ones
+    ``centre`` (e.g. the hierarchy's best linear unbiased estimates, which may be below 0), every
+    unit's children summing exactly to it, cell by cell: :func:`estimate_top_down` with
+    ``integer`` and ``centre``. Level by level, coarsest first, each unit's table minimises
+    ``(n - c_u)^T H_u (n - c_u)`` over ``n >= 0`` with the children of a parent summing to the
+    parent's integer counts, then is rounded keeping those sums
+    (:func:`distfit.estimate.rounding.round_children`; the root by
+    :func:`distfit.estimate.rounding.round_preserving_total`). ``H_u`` is the information of
+    the unit's own and its descendants' measurements (module docstring), the metric of the
+    release's noise: a deviation along a direction the queries measure precisely costs much,
+    one along a direction nothing measures costs nothing (docs/design.md section 7, "Integer
+    tables"). ``levels``: each level's ``hessian`` and ``parent_of`` (their ``linear`` only
+    gives the shape); ``tol``/``max_iter``: the solver's (a few units' worth of precision is
+    enough before rounding)."""
+    return estimate_top_down(levels, integer=True, tol=tol, max_iter=max_iter, centre=centre).counts

@@ -21,8 +21,9 @@ children's up to float rounding (the hierarchy puts each parent's rounding resid
 child, so ``|sum of the children - the parent| <= a few ulps of the tables``); the estimates are
 unbiased, so where the release is noisy around 0 some are below 0 (they are not clipped:
 clipping would bias them and void the variances). With ``integer``: nonnegative integer tables
-from those estimates (:func:`distfit.estimate.geography.integer_tables`: each level projected
-onto nonnegative tables summing to the parent's counts, then rounded keeping those sums), every
+from those estimates (:func:`distfit.estimate.geography.integer_top_down`: level by level,
+coarsest first, the nonnegative tables nearest the estimates in the metric of the release's
+noise, children summing to their parent's integer counts, then rounded keeping those sums), every
 unit's children summing exactly (bitwise, int64) to it, cell by cell; the integers are not
 linear in the release, so no variances are stored with them.
 
@@ -56,7 +57,7 @@ from typing import Any, TextIO
 
 import numpy as np
 
-from distfit.estimate.geography import integer_tables
+from distfit.estimate.geography import GeographyLevel, integer_top_down
 from distfit.estimate.hierarchy import estimate_hierarchy, query_variances
 from distfit.estimate.measurements import (
     measurement_model,
@@ -90,8 +91,8 @@ METHOD = "hierarchy-gls"
 OBJECTIVE = ("over every unit u of every level l at once: sum_u sum_b (y_bu - B_b M_b x_u)^T Sigma_b^-1 "
              "(y_bu - B_b M_b x_u), every unit's table x_u the sum of its children's (generalised least squares "
              "over the geography tree: each query's best linear unbiased estimate); with integer, then "
-             "nonnegative integer tables, each level projected onto those summing to its parents' counts "
-             "and rounded keeping the sums")
+             "nonnegative integer tables, each level's nearest to it in the metric of its own and its descendants' "
+             "measurements, summing to its parents' counts, rounded keeping the sums")
 
 
 def parent_columns(spec: Any) -> dict[str, str | None]:
@@ -150,8 +151,9 @@ def _parent_rows(name: str, release, above_name: str, above_ids: np.ndarray, col
 
 
 def _reusable(paths: Mapping[str, Path], releases: Mapping[str, Any], integer: bool) -> dict[str, Any] | None:
-    """The sealed estimates of every level when all were made by :data:`METHOD` from the current
-    releases with these options, each naming its parent's checksum; else None."""
+    """The sealed estimates of every level when all were made by :data:`METHOD` (and
+    :data:`OBJECTIVE`) from the current releases with these options, each naming its parent's
+    checksum; else None."""
     found: dict[str, Any] = {}
     above = None
     for name, path in paths.items():
@@ -160,6 +162,7 @@ def _reusable(paths: Mapping[str, Path], releases: Mapping[str, Any], integer: b
         estimate = read_verified_estimate(path)  # reused only if still as sealed
         recorded = (estimate.attrs.get("geography") or {}).get("parent_estimate") or {}
         if (estimate.attrs.get("release_checksum") != releases[name].checksum or estimate.method != METHOD
+                or estimate.attrs.get("objective") != OBJECTIVE  # e.g. integer tables made another way
                 or estimate.integer != bool(integer)
                 or recorded.get("checksum") != (found[above].checksum if above is not None else None)):
             return None
@@ -270,7 +273,8 @@ def estimate_levels(spec: Any, level_dirs: Mapping[str, os.PathLike | str], *, i
         print(f"distfit: estimate levels {', '.join(names)} ({units:,} units): best linear unbiased over the "
               f"geography{', then integer tables' if integer else ''}", file=log)
         result = estimate_hierarchy(hessians, linears, parent_of, split="total")
-        xs = integer_tables(result.x, parent_of) if integer else result.x
+        xs = (integer_top_down([GeographyLevel(h, g, up) for h, g, up in zip(hessians, linears, parent_of)], result.x)
+              if integer else result.x)
         variances = [None if integer or models[name].workload is None
                      else query_variances(models[name].workload, result.covariance[i], result.unit_class[i])
                      for i, name in enumerate(names)]
