@@ -5,7 +5,7 @@ MASKED.zarr [--block-rows N] [--resume] [--overwrite] [--seed S] [--workers N] [
 ADDR|FILE] [--serial]`` (docs/mask.md). The mathematics is :mod:`distfit.mask.scaling`,
 :mod:`distfit.mask.haar` and :mod:`distfit.mask.account`; the store :mod:`distfit.stores.mask`;
 the worker's side :mod:`distfit.mask.tasks`. This module checks the inputs, stages the data,
-runs one task per run of blocks (serially or on Dask through :mod:`distfit.runtime.cluster`)
+runs one task per run of blocks (serially or on Dask through :mod:`distfit.runtime.placement`)
 and seals the result, as :mod:`distfit.release.job` does for a release
 (:mod:`distfit.runtime.chunked_job`: one writer per store, ``--resume``, ``--overwrite`` built
 aside and moved into place).
@@ -54,7 +54,7 @@ from distfit.mask.tasks import MaskJob, mask_block_task, mask_blocks_task
 from distfit.release.noise import fresh_entropy
 from distfit.release.tasks import task_chunks
 from distfit.runtime.chunked_job import ChunkedWrite, check_out, claim_out, resume_or_create
-from distfit.runtime.cluster import PlacedClient, run_tasks
+from distfit.runtime.placement import PlacedClient, dask_runtime
 from distfit.runtime.failures import RunFailure
 from distfit.runtime.placement import Placement
 from distfit.stores.mask import (
@@ -127,7 +127,7 @@ def _run_serial(job: MaskJob, pending: Iterable[int]) -> Iterator[tuple[int, int
 def _run_dask(client, job: MaskJob, pending: list[int]) -> Iterator[tuple[int, int]]:
     threads = max(1, sum(client.nthreads().values()))
     calls = ((str(blocks[0]), (job, blocks)) for blocks in task_chunks(list(pending), job.chunk_units, threads))
-    for _label, done in run_tasks(client, mask_blocks_task, calls, "mask-blocks"):
+    for _label, done in dask_runtime().run_tasks(client, mask_blocks_task, calls, "mask-blocks"):
         yield from done
 
 

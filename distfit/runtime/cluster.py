@@ -39,7 +39,6 @@ from distributed.diagnostics.plugin import WorkerPlugin
 from distributed.security import Security
 
 from distfit.runtime.failures import ClusterError
-from distfit.runtime.placement import PlacedClient  # noqa: F401 - distfit.mask.job imports it from here
 from distfit.runtime.security import ENCRYPTED_SCHEMES, Transport, refusal, scheduler_address, scheme_of
 
 TASK_RETRIES = 3
