@@ -60,18 +60,6 @@ def _independent_rows(rows: np.ndarray, count: int) -> np.ndarray:
     return rows[np.sort(pivots[:count])]
 
 
-def _coefficients(basis: np.ndarray, workload: np.ndarray) -> np.ndarray:
-    """L (m, k) with ``L B = W`` in the least-squares sense, for B (k, d) of independent rows:
-    with the economic QR ``B^T = Q R``, ``L = W Q R^-T`` (docs/design.md section 1: W = L B).
-
-    The same solution ``np.linalg.lstsq(B^T, W^T)`` gives (B has full row rank), in BLAS-3
-    products and one triangular solve: LAPACK's gelsd, which lstsq calls, is slow with many
-    right-hand sides (a block holding the total on marginals.yaml: W 27,898 x 400, 9.8 CPU-s
-    against 0.6 here, in every round's solve of it; benchmarks/README.md, issue 31)."""
-    q, r = scipy.linalg.qr(basis.T, mode="economic", check_finite=False)
-    return scipy.linalg.solve_triangular(r, q.T @ workload.T, check_finite=False).T
-
-
 def _prefix_matrix(d: int) -> np.ndarray:
     """U with U[i, j] = 1 for i <= j: column j of U counts the cells 0..j (the paper's prefix basis)."""
     return np.triu(np.ones((d, d)))
@@ -120,7 +108,7 @@ def represent(matrix: np.ndarray, basis: str | np.ndarray = "auto") -> Represent
     if reduced:
         projected = (candidate @ row_space.T) @ row_space
         candidate = _independent_rows(projected, rank)
-    recon = _coefficients(candidate, workload)
+    recon = np.linalg.lstsq(candidate.T, workload.T, rcond=None)[0].T
     error = np.linalg.norm(recon @ candidate - workload)
     if error > 1e-8 * max(np.linalg.norm(workload), 1.0):
         raise ValueError(f"basis: W = L B cannot be represented in this basis (residual {error:.3g})")

@@ -145,17 +145,6 @@ def test_custom_basis_used_as_given():
     np.testing.assert_allclose(rep.recon, W @ np.linalg.inv(B), atol=1e-10)
 
 
-def test_many_rows_on_a_basis_of_fewer_rows_than_cells_match_least_squares():
-    """A tall workload (a block holding the total has a row for every query) on a custom basis
-    of k < d rows: L is the least-squares solution numpy's lstsq gives, to rounding."""
-    rng = np.random.default_rng(7)
-    basis = rng.standard_normal((6, 10))
-    W = rng.standard_normal((500, 6)) @ basis
-    rep = represent(W, basis)
-    assert rep.kind == "custom" and not rep.reduced
-    np.testing.assert_allclose(rep.recon, np.linalg.lstsq(basis.T, W.T, rcond=None)[0].T, rtol=0, atol=1e-10)
-
-
 @pytest.mark.parametrize("basis,match", [
     ("fourier", "basis: unknown basis"),
     (np.ones(9), "basis: expected a 2-D array"),
