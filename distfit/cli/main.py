@@ -171,6 +171,13 @@ def add_resumable_options(parser: argparse.ArgumentParser, store: str, kept: str
     add_cluster_options(parser, serial_help=serial_help)
 
 
+def add_test_seed(parser: argparse.ArgumentParser, store: str) -> None:
+    """``--seed S``: a fixed noise seed (a whole number) in place of fresh entropy, for tests
+    only: the ``store`` it writes is marked not private (release, mask)."""
+    parser.add_argument("--seed", type=whole_number(0), metavar="S",
+                        help=f"fixed noise seed, FOR TESTS ONLY: the {store} is marked not private")
+
+
 #: The metavar of each input a pipeline command names as a positional argument (:func:`add_inputs`).
 INPUT_METAVARS = {"spec": "SPEC.yaml", "plan": "PLAN.zarr", "release": "RELEASE.zarr"}
 #: What each input is (its ``--help`` line).
@@ -213,6 +220,78 @@ def placement_of(args: argparse.Namespace) -> Placement | None:
     return Placement(cluster=args.cluster, workers=args.workers, serial=args.serial, transport=transport)
 
 
+#: Every command, in the order ``--help`` lists them: its one-line ``help`` and its ``description``
+#: (``distfit COMMAND --help``); :func:`build_parser` adds one subparser for each.
+COMMANDS: dict[str, dict[str, str]] = {
+    "solve": {
+        "help": "plan one block: optimal noise covariance, certificate and privacy account",
+        "description": "Solve one block (distfit.solve) and report its privacy cost alpha, the certified "
+                       "lower bound and gap, the exact privacy account and the solver statistics.",
+    },
+    "plan": {
+        "help": "plan a pipeline spec: blocks on a Dask cluster, stitched account, Zarr plan store",
+        "description": "Decompose the spec's workload into blocks, solve them on a Dask cluster and write the plan store.",
+    },
+    "audit": {
+        "help": "recompute a plan's profiles, alpha and variances from its stored arrays (or a mask store's "
+                "privacy account); exit 1 on mismatch",
+    },
+    "synth": {
+        "help": "write synthetic unit histograms with the spec's schema (not private data)",
+        "description": "Synthesise N units (skewed populations and categories, correlated attributes) as a "
+                       "Zarr histograms store (units x cells), chunk by chunk, atomically.",
+    },
+    "release": {
+        "help": "release noisy answers for every unit: plan + data -> sealed Zarr release store",
+        "description": "Per block and chunk of units draw z = chol(Sigma) xi and write L (B x + z) and each "
+                       "query's answer to a release store (one Dask task per chunk); resumable, sealed with a checksum.",
+    },
+    "estimate": {
+        "help": "nonnegative, consistent estimates from a sealed release (post-processing, no privacy cost)",
+        "description": "Per unit, project the release onto nonnegative data vectors in the noise's metric and "
+                       "write every workload query's estimate (and the data vector) to an estimate store (one Dask "
+                       "task per release chunk); reads the plan and the release only, never the data; resumable, "
+                       "sealed with a checksum.",
+    },
+    "tabulate": {
+        "help": "tabulate person-level microdata (CSV, Parquet) into per-unit marginal counts",
+        "description": "Read microdata (one row per person: the spec's attribute columns and unit column) in "
+                       "partitions and write, per unit, the counts of each maximal query clique as a Zarr "
+                       "marginals store (atomically); bad rows are reported by line.",
+    },
+    "report": {
+        "help": "HTML report of a plan (and optionally a release): a publishable page, and with --data "
+                "a confidential validation page",
+        "description": "Write DIR/index.html, a self-contained page that may be published (plots inline as SVG): "
+                       "what was released (tables, units), the privacy guarantee in plain words, each table's "
+                       "accuracy in persons with 90% margins of error and its target as the spec states it, "
+                       "the first answers and the plan's technical record (account, blocks, solver statistics, "
+                       "variance/target with baselines for small workloads). With --data also "
+                       "DIR/validation.html, CONFIDENTIAL: the release against the true data. Written "
+                       "atomically; DIR may be missing, "
+                       "empty or an earlier report (replaced); any other non-empty DIR is refused.",
+    },
+    "export": {
+        "help": "CSV and Parquet tables of a release or estimate, with standard errors and 90%% margins of error",
+        "description": "Write DIR/<table>.csv and DIR/<table>.parquet for every query group (one row per unit and "
+                       "query: the query in words, the figure, se and moe90 where exactly known, the integer value) "
+                       "and the data dictionary DIR/README.txt, dictionary.csv; every store verified first; atomic.",
+    },
+    "mask": {
+        "help": "masked pseudo-data: a CSV's numeric columns scaled, noised and masked (paper 003)",
+        "description": "Scale the chosen columns to [-1, 1] with public bounds, add Gaussian noise calibrated to "
+                       "(epsilon, delta) and mask each block of rows by a Haar orthogonal matrix (one Dask task per "
+                       "run of blocks); resumable, sealed with a checksum (docs/mask.md).",
+    },
+    "run": {
+        "help": "the main job: plan + audit + (synthetic) data + release into RUNDIR, with a manifest",
+        "description": "Plan the spec (default: the embedded PL94 pipeline), audit the plan, synthesise data "
+                       "unless --data is given, release, and write RUNDIR/manifest.json. A rerun into the same "
+                       "RUNDIR reuses the plan and data, resumes a partial release and skips a sealed one.",
+    },
+}
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``distfit`` argument parser: one subcommand per command (``args.command``; its
     handler is ``HANDLERS[args.command]``)."""
@@ -222,12 +301,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
-    solve_parser = commands.add_parser(
-        "solve",
-        help="plan one block: optimal noise covariance, certificate and privacy account",
-        description="Solve one block (distfit.solve) and report its privacy cost alpha, the certified "
-                    "lower bound and gap, the exact privacy account and the solver statistics.",
-    )
+    parsers = {name: commands.add_parser(name, **texts) for name, texts in COMMANDS.items()}
+    solve_parser = parsers["solve"]
     solve_parser.add_argument("workload", metavar="WORKLOAD", help=WORKLOAD_HELP)
     solve_parser.add_argument("--basis", choices=("auto", "identity", "prefix"), default="auto",
                               help="basis B of the mechanism L (B x + z) (default: auto)")
@@ -244,25 +319,16 @@ def build_parser() -> argparse.ArgumentParser:
     solve_parser.add_argument("--baselines", action="store_true",
                               help="also run the Gaussian, hierarchical and matrix mechanisms at the same alpha")
 
-    plan_parser = commands.add_parser(
-        "plan", help="plan a pipeline spec: blocks on a Dask cluster, stitched account, Zarr plan store",
-        description="Decompose the spec's workload into blocks, solve them on a Dask cluster and write the plan store.",
-    )
+    plan_parser = parsers["plan"]
     add_inputs(plan_parser, "spec", out="PLAN.zarr")
     add_cluster_options(plan_parser, serial_help="solve the blocks in this process, without Dask")
     plan_parser.add_argument("--overwrite", action="store_true", help="replace a plan already at --out")
     plan_parser.add_argument("--refine-rounds", type=whole_number(0), default=2, metavar="R", help="target-share refinement rounds (default 2)")
 
-    audit_parser = commands.add_parser(
-        "audit", help="recompute a plan's profiles, alpha and variances from its stored arrays; exit 1 on mismatch",
-    )
+    audit_parser = parsers["audit"]
     add_inputs(audit_parser, "plan")
 
-    synth_parser = commands.add_parser(
-        "synth", help="write synthetic unit histograms with the spec's schema (not private data)",
-        description="Synthesise N units (skewed populations and categories, correlated attributes) as a "
-                    "Zarr histograms store (units x cells), chunk by chunk, atomically.",
-    )
+    synth_parser = parsers["synth"]
     add_inputs(synth_parser, "spec")
     synth_parser.add_argument("--units", required=True, type=whole_number(1), metavar="N", help="number of units (>= 1)")
     synth_parser.add_argument("--out", required=True, metavar="DATA.zarr", help=OUTPUT_HELP["DATA.zarr"])
@@ -271,28 +337,17 @@ def build_parser() -> argparse.ArgumentParser:
                               help="units per chunk (default: up to 4096, at most 16 MiB of counts)")
     synth_parser.add_argument("--overwrite", action="store_true", help="replace data already at --out")
 
-    release_parser = commands.add_parser(
-        "release", help="release noisy answers for every unit: plan + data -> sealed Zarr release store",
-        description="Per block and chunk of units draw z = chol(Sigma) xi and write L (B x + z) and each "
-                    "query's answer to a release store (one Dask task per chunk); resumable, sealed with a checksum.",
-    )
+    release_parser = parsers["release"]
     add_inputs(release_parser, "plan")
     release_parser.add_argument("--data", required=True, metavar="DATA",
                                 help="a data store (distfit synth or distfit tabulate), or microdata: .csv, .csv.gz, "
                                      ".parquet, .pq or a directory of Parquet files (tabulated into RELEASE.zarr.data.zarr)")
     release_parser.add_argument("--out", required=True, metavar="RELEASE.zarr", help=OUTPUT_HELP["RELEASE.zarr"])
-    release_parser.add_argument("--seed", type=whole_number(0), metavar="S",
-                                help="fixed noise seed, FOR TESTS ONLY: the release is marked not private")
+    add_test_seed(release_parser, "release")
     add_resumable_options(release_parser, "release", kept="written chunks are kept, missing ones drawn",
                           serial_help="release the chunks in this process, without Dask")
 
-    estimate_parser = commands.add_parser(
-        "estimate", help="nonnegative, consistent estimates from a sealed release (post-processing, no privacy cost)",
-        description="Per unit, project the release onto nonnegative data vectors in the noise's metric and "
-                    "write every workload query's estimate (and the data vector) to an estimate store (one Dask "
-                    "task per release chunk); reads the plan and the release only, never the data; resumable, "
-                    "sealed with a checksum.",
-    )
+    estimate_parser = parsers["estimate"]
     add_inputs(estimate_parser, "plan", "release", out="ESTIMATE.zarr")
     estimate_parser.add_argument("--integer", action="store_true",
                                  help="integer estimates: each unit's cells rounded, its total kept")
@@ -304,12 +359,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_resumable_options(estimate_parser, "estimate", kept="estimated chunks are kept",
                           serial_help="estimate the chunks in this process, without Dask")
 
-    tabulate_parser = commands.add_parser(
-        "tabulate", help="tabulate person-level microdata (CSV, Parquet) into per-unit marginal counts",
-        description="Read microdata (one row per person: the spec's attribute columns and unit column) in "
-                    "partitions and write, per unit, the counts of each maximal query clique as a Zarr "
-                    "marginals store (atomically); bad rows are reported by line.",
-    )
+    tabulate_parser = parsers["tabulate"]
     add_inputs(tabulate_parser, "spec")
     tabulate_parser.add_argument("--data", required=True, metavar="PEOPLE",
                                  help="microdata: .csv, .csv.gz, .parquet, .pq or a directory of Parquet files")
@@ -323,18 +373,7 @@ def build_parser() -> argparse.ArgumentParser:
                                  help="for a multi-level spec: the level to tabulate (its unit column and tables)")
     add_cluster_options(tabulate_parser, serial_help="tabulate in this process, without a cluster")
 
-    report_parser = commands.add_parser(
-        "report", help="HTML report of a plan (and optionally a release): a publishable page, and with --data "
-                       "a confidential validation page",
-        description="Write DIR/index.html, a self-contained page that may be published (plots inline as SVG): "
-                    "what was released (tables, units), the privacy guarantee in plain words, each table's "
-                    "accuracy in persons with 90% margins of error and its target as the spec states it, "
-                    "the first answers and the plan's technical record (account, blocks, solver statistics, "
-                    "variance/target with baselines for small workloads). With --data also "
-                    "DIR/validation.html, CONFIDENTIAL: the release against the true data. Written "
-                    "atomically; DIR may be missing, "
-                    "empty or an earlier report (replaced); any other non-empty DIR is refused.",
-    )
+    report_parser = parsers["report"]
     add_inputs(report_parser, "plan", "release", out="DIR", nargs="?", default=None)
     report_parser.add_argument("--data", metavar="DATA.zarr",
                                help="the release's data store: also writes DIR/validation.html (CONFIDENTIAL: the "
@@ -343,24 +382,14 @@ def build_parser() -> argparse.ArgumentParser:
                                help="an estimate of the release (distfit estimate): adds raw against estimated "
                                     "answers (with --data, the error of each against the truth)")
 
-    export_parser = commands.add_parser(
-        "export", help="CSV and Parquet tables of a release or estimate, with standard errors and 90%% margins of error",
-        description="Write DIR/<table>.csv and DIR/<table>.parquet for every query group (one row per unit and "
-                    "query: the query in words, the figure, se and moe90 where exactly known, the integer value) "
-                    "and the data dictionary DIR/README.txt, dictionary.csv; every store verified first; atomic.",
-    )
+    export_parser = parsers["export"]
     export_parser.add_argument("store", metavar="RELEASE_OR_ESTIMATE.zarr",
                                help="a sealed release or estimate store (verified before it is read)")
     export_parser.add_argument("--out", required=True, metavar="DIR", help=OUTPUT_HELP["DIR"])
     export_parser.add_argument("--plan", metavar="PLAN.zarr", help="the plan (default: the one the store names)")
     export_parser.add_argument("--overwrite", action="store_true", help="replace an earlier export at --out")
 
-    mask_parser = commands.add_parser(
-        "mask", help="masked pseudo-data: a CSV's numeric columns scaled, noised and masked (paper 003)",
-        description="Scale the chosen columns to [-1, 1] with public bounds, add Gaussian noise calibrated to "
-                    "(epsilon, delta) and mask each block of rows by a Haar orthogonal matrix (one Dask task per "
-                    "run of blocks); resumable, sealed with a checksum (docs/mask.md).",
-    )
+    mask_parser = parsers["mask"]
     mask_parser.add_argument("data", metavar="DATA.csv", help="a CSV (or .csv.gz) file with a header line")
     mask_parser.add_argument("--columns", required=True, metavar="A,B", help="the numeric columns to release")
     mask_parser.add_argument("--bounds", metavar="A=LO:HI,B=LO:HI", help="public bounds of every column")
@@ -370,17 +399,11 @@ def build_parser() -> argparse.ArgumentParser:
     mask_parser.add_argument("--delta", required=True, type=float, help="(epsilon, delta) budget, with --epsilon")
     mask_parser.add_argument("--out", required=True, metavar="MASKED.zarr", help=OUTPUT_HELP["MASKED.zarr"])
     mask_parser.add_argument("--block-rows", type=int, metavar="N", help="rows per orthogonal block (> columns)")
-    mask_parser.add_argument("--seed", type=int, metavar="S",
-                             help="fixed seed, FOR TESTS ONLY: the store is marked not private")
+    add_test_seed(mask_parser, "mask store")
     add_resumable_options(mask_parser, "mask store", kept="written blocks are kept, missing ones drawn",
                           serial_help="mask the blocks in this process, without Dask")
 
-    run_parser = commands.add_parser(
-        "run", help="the main job: plan + audit + (synthetic) data + release into RUNDIR, with a manifest",
-        description="Plan the spec (default: the embedded PL94 pipeline), audit the plan, synthesise data "
-                    "unless --data is given, release, and write RUNDIR/manifest.json. A rerun into the same "
-                    "RUNDIR reuses the plan and data, resumes a partial release and skips a sealed one.",
-    )
+    run_parser = parsers["run"]
     add_inputs(run_parser, "spec", out="RUNDIR", nargs="?", default=None,
                help="pipeline spec (default: the embedded default pipeline, PL94)")
     run_parser.add_argument("--data", metavar="DATA",
@@ -409,8 +432,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         except SystemExit as exit_:  # --help, --version
             return exit_.code if isinstance(exit_.code, int) else 0
         if args.command is None:
-            print_error("a command is required: solve, plan, audit, synth, tabulate, release, estimate, report, export, "
-                        "mask or run (see distfit --help)")
+            *others, last = COMMANDS
+            print_error(f"a command is required: {', '.join(others)} or {last} (see distfit --help)")
             return 2
         args.placement = placement_of(args)
         handler = command_handler(args.command)
