@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 
-from distfit.cli.errors import UsageError
 from distfit.cli.summary import print_summary
 from distfit.estimate.job import run_estimate
 from distfit.runtime.memory import limit_malloc_arenas
@@ -24,8 +23,6 @@ from distfit.runtime.memory import limit_malloc_arenas
 def cmd_estimate(args: argparse.Namespace) -> int:
     """``distfit estimate``: plan + sealed release -> sealed estimate store
     (``distfit.estimate.job.run_estimate``)."""
-    if args.resume and args.overwrite:
-        raise UsageError("--resume and --overwrite exclude each other")
     limit_malloc_arenas()  # before the store's and the cluster's threads start (distfit.runtime.memory)
     result = run_estimate(args.plan, args.release, args.out, integer=args.integer, resume=args.resume,
                           overwrite=args.overwrite, method=args.method, placement=args.placement)

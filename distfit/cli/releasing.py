@@ -11,15 +11,12 @@ from __future__ import annotations
 
 import argparse
 
-from distfit.cli.errors import UsageError
 from distfit.cli.summary import print_summary
 from distfit.release.job import run_release
 
 
 def cmd_release(args: argparse.Namespace) -> int:
     """``distfit release``: plan + data -> sealed release store (``distfit.release.job.run_release``)."""
-    if args.resume and args.overwrite:
-        raise UsageError("--resume and --overwrite exclude each other")
     result = run_release(
         args.plan, args.data, args.out, resume=args.resume, overwrite=args.overwrite, seed=args.seed,
         placement=args.placement,
