@@ -155,6 +155,9 @@ def _run_command(args: argparse.Namespace) -> int:
     if result.estimate is not None:
         integer = result.manifest_data["estimate"]["integer"]
         rows.append(("estimate", f"{result.estimate}  ({stages.get('estimate')}, {'integer' if integer else 'real'})"))
+    if result.manifest_data.get("mask") is not None:
+        masked = result.manifest_data["mask"]
+        rows.append(("mask", f"{masked['path']}  ({stages.get('mask')}, audit passed, sigma {masked['sigma']:.6g})"))
     print_summary(f"run {result.rundir}", rows + [
         ("manifest", result.manifest),
         ("plan checksum", result.plan_checksum),
