@@ -426,12 +426,13 @@ def estimate_hierarchy(information: Sequence[np.ndarray], linear: Sequence[np.nd
         s, k = s_sum[p][kp], k_par[p][kp]
         own_pinv, own_null = inside_pinv[level][b], inside_null[level][b]
         gain = _mm(own_pinv, k)
-        if n_pinv[p] is not None:
-            gain += _mm(_mm(own_null, n_pinv[p][kp]), eye - _mm(s, k))
+        # the part of the parent's table no child measures, handed down through the null spaces
+        blind_gain = None if n_pinv[p] is None else _mm(_mm(own_null, n_pinv[p][kp]), eye - _mm(s, k))
+        if blind_gain is not None:
+            gain += blind_gain
         remainder = xs[p][below] - m_sum[p][below]
         x = means[level] + classwise(gain, kind, remainder)
-        if split == "total" and n_pinv[p] is not None:
-            blind_gain = _mm(_mm(own_null, n_pinv[p][kp]), eye - _mm(s, k))
+        if split == "total" and blind_gain is not None:
             weight = np.maximum(x.sum(axis=1), 0.0)
             weight += TOTAL_FLOOR * (1.0 + weight.max(initial=0.0))  # all zero: equal parts
             factor = group.fanout[below] * weight / group.sum(weight)[below]

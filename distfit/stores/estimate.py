@@ -133,14 +133,12 @@ class EstimateError(ValueError):
     """A path that is not a readable, complete (sealed) estimate store; the message says why."""
 
 
-def chunk_arrays(tables: str | None = "cells/estimates", variances: bool = False) -> list[str]:
+def chunk_arrays(tables: str | None = "cells/estimates") -> list[str]:
     """The arrays every chunk writes, sorted (``chunks/done`` included, written last);
     ``tables``: ``cells/estimates`` (the projection), ``marginals/estimates`` (a graphical model)
-    or None (the projection of a workload that holds every cell: ``in_queries``); ``variances``:
-    ``queries/variances`` too."""
+    or None (the projection of a workload that holds every cell: ``in_queries``)."""
     tables_ = [] if tables is None else [tables]
-    extra = ["queries/variances"] if variances else []
-    return sorted(["queries/estimates", *tables_, *extra, *FIT_DTYPES, "unit_ids", "unit", "chunks/done"])
+    return sorted(["queries/estimates", *tables_, *FIT_DTYPES, "unit_ids", "unit", "chunks/done"])
 
 
 def stored_tables(root: zarr.Group) -> str | None:
