@@ -45,8 +45,6 @@ def parse_bounds(text: str | None) -> dict[str, tuple[float, float]]:
 
 def cmd_mask(args: argparse.Namespace) -> int:
     """``distfit mask``: CSV -> sealed mask store (``distfit.mask.job.run_mask``)."""
-    if args.resume and args.overwrite:
-        raise UsageError("--resume and --overwrite exclude each other")
     if args.bounds is None and not args.bounds_from_data:
         raise UsageError("--bounds is required (public bounds NAME=LO:HI for every column; or --bounds-from-data, "
                          "which leaks them)")

@@ -49,7 +49,6 @@ from distfit.mathematics.privacy import delta_for_epsilon
 
 __all__ = [
     "block_delta",
-    "chi_log_ratio",
     "gaussian_hockey_stick",
     "hockey_stick",
     "log_hyp0f1",
@@ -98,14 +97,6 @@ def log_hyp0f1(a: float, z: np.ndarray) -> np.ndarray:
         result[lo:lo + step] = largest + np.log(np.exp(terms - largest[:, None]).sum(axis=1))
     out[live] = result
     return out
-
-
-def chi_log_ratio(k: int, lam_p: float, lam_q: float, r: np.ndarray) -> np.ndarray:
-    """``log p(r^2) / q(r^2)`` for ``p = chi'^2_k(lam_p)``, ``q = chi'^2_k(lam_q)``: ``(lam_q -
-    lam_p) / 2 + log 0F1(; k/2; lam_p r^2 / 4) - log 0F1(; k/2; lam_q r^2 / 4)``."""
-    t = np.asarray(r, dtype=np.float64) ** 2
-    a = k / 2.0
-    return (lam_q - lam_p) / 2.0 + log_hyp0f1(a, lam_p * t / 4.0) - log_hyp0f1(a, lam_q * t / 4.0)
 
 
 def gaussian_hockey_stick(mu: float, s: np.ndarray) -> np.ndarray:
