@@ -19,7 +19,7 @@ together with array operations, a run of chunks per task as the release cuts the
 (:func:`estimate_chunks_task`, :func:`distfit.release.tasks.task_chunks`); serially in the
 driver (``--serial``) or on Dask through :mod:`distfit.runtime.cluster` (a local multi-process
 cluster by default, started on a thread while the driver checks its inputs:
-:class:`distfit.runtime.cluster.PlacedClient`). The measurement model is built and prepared in the
+:class:`distfit.runtime.placement.PlacedClient`). The measurement model is built and prepared in the
 driver meanwhile (:func:`distfit.estimate.projection.prepare_projection`: ``H``, its structure)
 and handed to every worker as the argument of a task of its own (:func:`model_task`,
 :func:`distfit.runtime.cluster.on_every_worker`: each worker unpickles its copy at once, none waits
@@ -318,13 +318,18 @@ def memory_limit() -> int:
     return graphical.MEMORY_LIMIT_BYTES if left is None else min(graphical.MEMORY_LIMIT_BYTES, left)
 
 
-#: The graphical problem of the last model a worker saw (model, problem): built once per worker.
+#: The graphical problem of the last model a worker saw (its key, problem): built once per worker.
 _PROBLEM: list = []
 
 
 def _problem_for(model: MeasurementModel, method: str):
-    if not _PROBLEM or _PROBLEM[0] is not model:
-        _PROBLEM[:] = [model, graphical.graphical_problem(model, method=method.removeprefix("graphical-"))]
+    """The graphical problem of ``model`` by ``method``, kept by the model's block ids and the
+    method as :func:`_release_rows` keeps its reader (a worker holds two equal models; keyed by
+    the object, it rebuilt the problem, the local polytope's factor included, whenever they
+    alternated)."""
+    key = (tuple(block.block_id for block in model.blocks), method)
+    if not _PROBLEM or _PROBLEM[0] != key:
+        _PROBLEM[:] = [key, graphical.graphical_problem(model, method=method.removeprefix("graphical-"))]
     return _PROBLEM[1]
 
 

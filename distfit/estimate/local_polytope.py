@@ -251,9 +251,9 @@ def solve(problem: LocalPolytope, white: np.ndarray, *, iterations: int = ITERAT
     done = 0
     while done < iterations and active.any():
         cols = np.flatnonzero(active)
-        uu, zz, ll = u[:, cols], z[:, cols], lam[:, cols]
+        uu, zz, ll, target_cols = u[:, cols], z[:, cols], lam[:, cols], target[:, cols]
         for _ in range(CHECK_EVERY):
-            uu = problem.factor.solve(target[:, cols] + rho * (a.T @ (zz - ll)))
+            uu = problem.factor.solve(target_cols + rho * (a.T @ (zz - ll)))
             au = a @ uu
             relaxed = ALPHA * au + (1.0 - ALPHA) * zz
             zz = np.maximum(relaxed + ll, 0.0)
@@ -263,7 +263,7 @@ def solve(problem: LocalPolytope, white: np.ndarray, *, iterations: int = ITERAT
         residual = uu - white[:, cols]
         value = 0.5 * np.einsum("ij,ij->j", residual, problem.metric @ residual)
         settled = (np.abs(previous[cols] - value) <= tolerance * np.maximum(value, 1.0)) & \
-                  ((a @ uu).min(axis=0) >= -negativity)
+                  (au.min(axis=0) >= -negativity)  # au = a @ uu of the last step
         previous[cols] = value
         active[cols[settled]] = False
         if progress is not None:

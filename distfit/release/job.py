@@ -50,7 +50,7 @@ the audit, so that a plan altered during the release is caught), takes the store
 plan changed mid-run, an interruption) leaves the store incomplete and unsealed.
 
 Where the time goes (``benchmarks/bench_release.py``, ``benchmarks/README.md``): the Dask client
-is started on a thread as the release starts (:class:`distfit.runtime.cluster.PlacedClient`: a local
+is started on a thread as the release starts (:class:`distfit.runtime.placement.PlacedClient`: a local
 cluster's worker processes spawn and import while the driver audits the plan and checks the data;
 a ``--resume`` starts it only if chunks are missing) and shut down while the driver seals. A
 worker prepares the plan's blocks once (``prepare_blocks``: Cholesky factors, the float32 basis

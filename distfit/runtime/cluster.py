@@ -16,8 +16,7 @@ thread when first needed: the chunked jobs).
 
 This is the module that imports Dask. Nothing outside the runtime imports it: the jobs reach
 it through :func:`distfit.runtime.placement.dask_runtime` only when they have a cluster, so a
-serial job never imports Dask (``distfit.runtime.placement``'s docstring). ``PlacedClient`` is
-also importable from here for ``distfit.mask.job``, which still imports this module at its top.
+serial job never imports Dask (``distfit.runtime.placement``'s docstring).
 """
 from __future__ import annotations
 
