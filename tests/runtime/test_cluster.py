@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import itertools
 import os
-import platform
 import shutil
 import subprocess
 import sys
@@ -24,7 +23,6 @@ from distfit.runtime.cluster import (
     dask_client,
     local_cluster,
     on_every_worker,
-    raise_mmap_threshold,
 )
 from distfit.mathematics.domain import Domain
 from distfit.plan.job import run_plan
@@ -194,7 +192,7 @@ def test_plan_through_a_scheduler_file(tmp_path):
             client.wait_for_workers(2, timeout=30)
             plan = plan_groups(domain, groups, max_cells=0, refine_rounds=0, executor=DaskExecutor(client))
             # workers someone else started keep Dask's malloc trim setting; distfit's plugin
-            # raises their mmap threshold (runtime.WORKER_ENV, runtime.raise_mmap_threshold)
+            # raises their mmap threshold (runtime.WORKER_ENV, runtime.memory.raise_mmap_threshold)
             registered = client.run(lambda dask_worker: "distfit-malloc-tuning" in dask_worker.plugins)
             assert len(registered) == 2 and all(registered.values())
         reference = plan_groups(domain, groups, max_cells=0, refine_rounds=0)
@@ -247,12 +245,6 @@ def test_local_workers_start_without_dask_malloc_trim(client):
     raises the threshold anyway (a nanny started earlier in the process may have set it)."""
     registered = client.run(lambda dask_worker: "distfit-malloc-tuning" in dask_worker.plugins)
     assert len(registered) == 2 and all(registered.values())
-
-
-def test_raise_mmap_threshold_works_on_glibc():
-    if platform.libc_ver()[0] != "glibc":
-        pytest.skip("mallopt is glibc's")
-    assert raise_mmap_threshold() is True
 
 
 def test_local_cluster_workers_follow_worker_env(monkeypatch):
