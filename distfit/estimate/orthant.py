@@ -65,8 +65,12 @@ first free set 3.1k, the steps 15k (Cholesky of ``S`` to ``x`` 4.8k, gradient 1.
 set 2.3k, pattern updates 6.4k), the refinement 6.4k (its ``E x`` 3.5k), ``x`` written 1.0k. From ``g``, against session 8's
 kernel in the same process (alternating, CPU time, best of 6): 11.3 against 13.5 us a unit
 (session 8 measured 12.4-14.0; session 7's scalar kernel 16.7-19.8, the numpy version before
-it 31-36). The kernels compile once per structure shape (7 s) into numba's on-disk cache
-(0.2-0.5 s to load in a new process).
+it 31-36). The entry points have one signature each, the sizes ``s`` and ``k`` run-time
+arguments (docs/compiled.md): compiled once for every structure into numba's on-disk cache
+(``python -m distfit.estimate.warm``; 0.2-0.5 s to load in a new process); the passes over the
+groups keep one version a group size (:func:`_blocks`, :func:`_next`), the same floating-point
+operations in the same order as the kernels specialised on ``(s, k)`` before (bit for bit on PL94
+and four synthetic structures).
 """
 from __future__ import annotations
 
