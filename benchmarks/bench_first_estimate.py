@@ -4,12 +4,12 @@ costs <= 2x the release).
 
 Usage::
 
-    python benchmarks/bench_first_estimate.py [--units 3000] [--workers 0] [--spec pipelines/pl94.yaml]
+    python benchmarks/bench_first_estimate.py [--units 3000] [--workers 2] [--spec pipelines/pl94.yaml]
                                               [--workdir DIR] [--keep-data]
 
 Plans the spec (serial, in this process) and synthesises ``--units`` units (both untimed), then
 runs each of these as the command a user types, in a fresh process (``python -m distfit.cli``;
-``--workers 0``: ``--serial``, else a local cluster of that many workers):
+``--workers W``: a local cluster of W workers, default 2; ``--workers 0``: ``--serial``):
 
 * **release**: ``distfit release`` of the units;
 * **estimate, empty cache**: ``distfit estimate`` of that release with ``NUMBA_CACHE_DIR`` a new
