@@ -282,6 +282,8 @@ def _run_scans(ddf, job: _ScanJob, client, log: TextIO) -> tuple[dict[int, dict]
     parts = ddf.to_delayed()
     shown = Progress("tabulate", log, unit="partitions")
     done = 0
+    if len(parts) == 1:  # no progress line for one partition: say what the wait is
+        print("distfit: tabulate: reading the data in one partition", file=log, flush=True)
 
     def progress() -> None:  # a line for more than one partition; ended if a failure cuts it short
         nonlocal done
@@ -609,7 +611,8 @@ def tabulate_microdata(spec: Any, source: PathLike, out: PathLike, *, client=Non
         values = value_labels(spec)
         create_marginals(group, cells, units, chunk_units, job.integer_ids,
                          labels=[cell_labels(clique, values) for clique in cliques],
-                         integer_parents=None if parent_column is None else integer_parents)
+                         integer_parents=None if parent_column is None else integer_parents,
+                         progress=Progress("tabulate layout", log, unit="marginals"))
         np.save(parts / "ids.npy", ids)
         del ids
         merge = _MergeJob(store=str(staging), parts_dir=str(parts), cells=cells, units=units,

@@ -63,6 +63,7 @@ from distfit.estimate.levels import check_levels, estimate_levels, parent_column
 from distfit.pipeline.masking import check_mask_data, mask_stage
 from distfit.runtime.failures import RunFailure
 from distfit.runtime.placement import Placement, dask_runtime, placement_client
+from distfit.runtime.progress import Progress
 from distfit.plan.job import level_profiles, planned_decomposition, run_plan, scale_plan_to_budget
 from distfit.plan.levels import budget_shares, combine_levels
 from distfit.mathematics.privacy import Budget
@@ -369,7 +370,7 @@ def run_pipeline(
 
             # 2. audit
             t = time.perf_counter()
-            audited = audit_plan(str(plan_path))  # not ``report``: that is the parameter (write the report)
+            audited = audit_plan(str(plan_path), log=log)  # not ``report``: that is the parameter (write the report)
             timings["audit"] = time.perf_counter() - t
             if not audited.ok:
                 raise RunFailure(f"{plan_path}: the plan fails audit ({len(audited.failures)} failures): "
@@ -436,8 +437,8 @@ def run_pipeline(
         t, written = time.perf_counter(), None
         if report:
             written = write_report(str(plan_path), str(report_path), str(release_path), str(data_path),
-                                   estimate_path=str(estimate_path) if estimate else None,
-                                   verified=True)  # each store written or verified by this run above
+                                   estimate_path=str(estimate_path) if estimate else None, verified=True,
+                                   progress=Progress("report", log, unit="figures"))  # verified: by this run, above
             timings["report"] = time.perf_counter() - t
         stages["report"] = "done" if report else "deferred"
 
@@ -668,10 +669,9 @@ def run_levels(
                     for name, level_spec in level_specs.items():
                         if not (level_dirs[name] / PLAN_NAME).exists():
                             level_dirs[name].mkdir(parents=True, exist_ok=True)
-                            ensure_tabulated(level_spec, people, level_dirs[name] / DATA_NAME, client=client,
+                            ensure_tabulated(level_spec, people, level_dirs[name] / DATA_NAME, client=client, log=log,
                                              cover=planned_decomposition(level_spec).block_attributes(), fsync=fsync,
-                                             parent_column=parents[name], log=log,
-                                             geography=None if units_of is None else units_of.of(name))
+                                             parent_column=parents[name], geography=units_of and units_of.of(name))
             for name, level_spec in level_specs.items():
                 t = time.perf_counter()
                 print(f"distfit: level {name} ({level_spec.num_queries} queries, units "

@@ -14,6 +14,7 @@ import yaml
 import zarr
 from distributed import Client
 
+import distfit.plan.cluster_executor as executor_module
 import distfit.plan.planner as plan_module
 from distfit.plan.cluster_executor import DaskExecutor
 from distfit.audit.plan import audit_plan
@@ -115,6 +116,27 @@ def test_dask_executor_takes_tasks_lazily(client):
         seen.append(index)
         assert len(pulled) - len(seen) <= 2
     assert sorted(seen) == list(range(len(blocks))) == pulled
+
+
+def test_dask_executor_asks_the_thread_count_once_a_refresh(monkeypatch):
+    """The in-flight limit is asked before every submission; the scheduler is asked for the
+    cluster's threads at most once every THREADS_REFRESH_SECONDS, and a grown cluster is seen
+    once the count is asked again."""
+    class Scheduler:  # what DaskExecutor reads of a client: nthreads(), one round trip each
+        def __init__(self) -> None:
+            self.asked, self.workers = 0, {"w0": 1, "w1": 1}
+
+        def nthreads(self) -> dict:
+            self.asked += 1
+            return dict(self.workers)
+
+    fake = Scheduler()
+    executor = DaskExecutor(fake)
+    limits = {executor._limit() for _ in range(100)}
+    assert fake.asked == 1 and limits == {max(executor_module.MIN_IN_FLIGHT, 2 * executor_module.IN_FLIGHT_PER_THREAD)}
+    fake.workers.update({f"w{i}": 1 for i in range(2, 6)})
+    monkeypatch.setattr(executor_module, "THREADS_REFRESH_SECONDS", 0.0)
+    assert executor._limit() == 6 * executor_module.IN_FLIGHT_PER_THREAD and fake.asked == 2
 
 
 def test_streamed_plan_on_a_cluster_equals_the_serial_plan(client, tmp_path, monkeypatch):
