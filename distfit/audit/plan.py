@@ -115,7 +115,7 @@ from distfit.stores.plan import (
     verify_checksum,
 )
 from distfit.stores.sealing import open_sealed
-from distfit.runtime.progress import Progress
+from distfit.runtime.progress import LONG_STAGE_SECONDS, Progress
 from distfit.runtime.threads import blas_limit
 
 
@@ -293,7 +293,7 @@ def audit_plan(path: str, *, log: TextIO | None = None) -> AuditReport:
     470 blocks take 3-6 CPU-s)."""
     plan = read_plan(path)
     with blas_limit():  # small dense factorisations: threads only slow them down (distfit.runtime.threads)
-        return _audit(plan, str(path), Progress("audit", log) if log is not None else None)
+        return _audit(plan, str(path), Progress("audit", log, after=LONG_STAGE_SECONDS) if log is not None else None)
 
 
 def _audit(plan: Plan, path: str, shown: Progress | None = None) -> AuditReport:

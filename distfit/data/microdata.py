@@ -22,8 +22,8 @@ Reading (never the whole file in memory)
   row. Unit ids are the unit column's values: an integer column gives int64 ids, anything else
   text ids stripped of surrounding blanks (UTF-8; an integral float is written without ``.0``).
   With no unit column every person is in one unit, id 0. A unit without people has no row in
-  the microdata, so it is not in the tabulation and not released (a unit-histogram store can
-  hold empty units, if they must be published). With ``parent_column`` (a level of a multi-level
+  the microdata, so it is tabulated only when a geography lists it (``geography``,
+  docs/geography.md: then with zero counts). With ``parent_column`` (a level of a multi-level
   run) each unit's parent id is read and stored too; two parents for one unit is bad input.
 
 Two passes, one Dask task per partition or per chunk of units (on the given
@@ -74,6 +74,7 @@ import math
 import os
 import shutil
 import sys
+import threading
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -85,7 +86,7 @@ import pyarrow
 
 from distfit.checks import check_integer
 from distfit.runtime.placement import dask_dataframe, dask_runtime
-from distfit.runtime.progress import Progress
+from distfit.runtime.progress import LONG_STAGE_SECONDS, Progress
 from distfit.data.geography import LevelUnits
 from distfit.data.rows import RowCheck, check_rows, two_parents
 from distfit.data.source_errors import failure_message, line_of_record, parser_problem
@@ -282,8 +283,12 @@ def _run_scans(ddf, job: _ScanJob, client, log: TextIO) -> tuple[dict[int, dict]
     parts = ddf.to_delayed()
     shown = Progress("tabulate", log, unit="partitions")
     done = 0
-    if len(parts) == 1:  # no progress line for one partition: say what the wait is
-        print("distfit: tabulate: reading the data in one partition", file=log, flush=True)
+    # one partition has no progress line: say what the wait is, if it is long
+    notice = threading.Timer(LONG_STAGE_SECONDS, print, ("distfit: tabulate: reading the data in one partition",),
+                             {"file": log, "flush": True}) if len(parts) == 1 else None
+    if notice is not None:
+        notice.daemon = True
+        notice.start()
 
     def progress() -> None:  # a line for more than one partition; ended if a failure cuts it short
         nonlocal done
@@ -291,8 +296,12 @@ def _run_scans(ddf, job: _ScanJob, client, log: TextIO) -> tuple[dict[int, dict]
         if len(parts) > 1:
             shown(done, len(parts))
 
-    results, failure = dask_runtime().compute_partitions(client, _scan_partition, parts, (job,), errors=READ_ERRORS,
-                                          failure=lambda result: result["error"], on_done=progress)
+    try:
+        results, failure = dask_runtime().compute_partitions(client, _scan_partition, parts, (job,), errors=READ_ERRORS,
+                                                             failure=lambda result: result["error"], on_done=progress)
+    finally:
+        if notice is not None:
+            notice.cancel()
     if failure is not None and len(parts) > 1 and 0 < done < len(parts):
         print(file=log)
     return results, failure
@@ -612,7 +621,7 @@ def tabulate_microdata(spec: Any, source: PathLike, out: PathLike, *, client=Non
         create_marginals(group, cells, units, chunk_units, job.integer_ids,
                          labels=[cell_labels(clique, values) for clique in cliques],
                          integer_parents=None if parent_column is None else integer_parents,
-                         progress=Progress("tabulate layout", log, unit="marginals"))
+                         progress=Progress("tabulate layout", log, unit="marginals", after=LONG_STAGE_SECONDS))
         np.save(parts / "ids.npy", ids)
         del ids
         merge = _MergeJob(store=str(staging), parts_dir=str(parts), cells=cells, units=units,

@@ -63,7 +63,7 @@ from distfit.estimate.levels import check_levels, estimate_levels, parent_column
 from distfit.pipeline.masking import check_mask_data, mask_stage
 from distfit.runtime.failures import RunFailure
 from distfit.runtime.placement import Placement, dask_runtime, placement_client
-from distfit.runtime.progress import Progress
+from distfit.runtime.progress import LONG_STAGE_SECONDS, Progress
 from distfit.plan.job import level_profiles, planned_decomposition, run_plan, scale_plan_to_budget
 from distfit.plan.levels import budget_shares, combine_levels
 from distfit.mathematics.privacy import Budget
@@ -438,7 +438,7 @@ def run_pipeline(
         if report:
             written = write_report(str(plan_path), str(report_path), str(release_path), str(data_path),
                                    estimate_path=str(estimate_path) if estimate else None, verified=True,
-                                   progress=Progress("report", log, unit="figures"))  # verified: by this run, above
+                                   progress=Progress("report", log, unit="figures", after=LONG_STAGE_SECONDS))  # verified: by this run, above
             timings["report"] = time.perf_counter() - t
         stages["report"] = "done" if report else "deferred"
 

@@ -105,7 +105,7 @@ from distfit.audit.checks import AuditReport
 from distfit.audit.plan import audit_plan
 from distfit.runtime.chunked_job import ChunkedWrite, check_out, claim_out, resume_or_create
 from distfit.runtime.placement import PlacedClient, Placement, dask_runtime
-from distfit.runtime.progress import Progress
+from distfit.runtime.progress import LONG_STAGE_SECONDS, Progress
 from distfit.data.microdata import ensure_tabulated, microdata_format
 from distfit.release.noise import fresh_entropy, load_blocks, prepare_blocks
 from distfit.release.tasks import (
@@ -306,7 +306,7 @@ def run_release(
             reopen=lambda path: open_resumable(path, plan=plan, data=data, private=private, blocks=blocks),
             create=lambda path: create_release(path, plan=plan, plan_path=plan_path, data=data, blocks=blocks,
                                                private=private, labels=_query_labels(plan),
-                                               progress=Progress("release layout", log)),
+                                               progress=Progress("release layout", log, after=LONG_STAGE_SECONDS)),
             kept="chunks already written (kept as they are)",
             rest=f"to draw {'with fresh entropy' if private else 'from the test seed'}", log=log)
 

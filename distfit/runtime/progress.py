@@ -8,23 +8,30 @@ import sys
 import time
 from typing import TextIO
 
-__all__ = ["Progress"]
+__all__ = ["LONG_STAGE_SECONDS", "Progress"]
+
+#: A stage that may take longer than this shows a progress line; one that ends sooner shows none
+#: (``Progress(after=LONG_STAGE_SECONDS)``, for the stages that are short on most inputs).
+LONG_STAGE_SECONDS = 2.0
 
 
 class Progress:
     """One status line: items done (``unit``: blocks, units, ...), rate and ETA (written to a
-    terminal or a log)."""
+    terminal or a log). ``after``: nothing is printed, the last line included, until that many
+    seconds have passed since the start (a stage that ends sooner needs no progress line: the
+    audit of a small plan inside every release, the layout of a small store)."""
 
-    def __init__(self, label: str, stream: TextIO | None = None, unit: str = "blocks"):
+    def __init__(self, label: str, stream: TextIO | None = None, unit: str = "blocks", after: float = 0.0):
         self.label = label
         self.unit = unit
         self.stream = stream or sys.stderr
         self.start = time.perf_counter()
         self.last = 0.0
+        self.after = after
 
     def __call__(self, done: int, total: int) -> None:
         now = time.perf_counter()
-        if done < total and now - self.last < 0.5:
+        if (done < total and now - self.last < 0.5) or now - self.start < self.after:
             return
         self.last = now
         elapsed = now - self.start

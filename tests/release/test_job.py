@@ -636,9 +636,9 @@ def test_a_run_audits_and_hashes_the_plan_once(tmp_path, monkeypatch):
 
     audits = []
 
-    def counting_audit(path):
+    def counting_audit(path, **options):
         audits.append(path)
-        return audit_plan(path)
+        return audit_plan(path, **options)
 
     monkeypatch.setattr(distfit.pipeline.run, "audit_plan", counting_audit)
     monkeypatch.setattr(releasing, "audit_plan", counting_audit)
