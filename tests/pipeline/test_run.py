@@ -399,8 +399,15 @@ def test_a_mask_section_masks_the_microdata_after_the_release(capsys, tmp_path):
     account = manifest["mask"]["account"]
     assert account["block_rows"] == [15] and account["sigma"] == account["sigma_masked"] < account["sigma_gaussian"]
     assert manifest["mask"]["private"] is True and manifest["release"]["checksum"] == result.release_checksum
-    again = pipeline.run_pipeline(spec_path, rundir, **options)
-    assert again.stages["mask"] == "reused" and _manifest(rundir)["mask"]["checksum"] == manifest["mask"]["checksum"]
+    # the rerun through the command line: its summary's mask row names the store, reused and audited
+    code, out, err = run(capsys, "run", str(spec_path), "--out", str(rundir), "--data", str(csv), "--serial",
+                         "--no-estimate")
+    assert code == 0, err
+    again = _manifest(rundir)
+    assert again["stages"]["mask"] == "reused" and again["mask"]["checksum"] == manifest["mask"]["checksum"]
+    row = next(line for line in out.splitlines() if line.split()[:1] == ["mask"])
+    assert row.split() == ["mask", again["mask"]["path"], "(reused,", "audit", "passed,", "sigma",
+                           f"{account['sigma']:.6g})"]
     moved = dict(mask, bounds={"income": [0, 200]})
     spec_path.write_text(yaml.safe_dump(dict(SPEC, mask=moved)))
     with pytest.raises(ValueError, match="holds the run of another spec"):  # the mask section is in the spec hash
