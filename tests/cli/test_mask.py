@@ -79,6 +79,23 @@ def test_bad_input_is_one_line_exit_2_and_nothing_written(capsys, csv, tmp_path,
     assert sorted(p.name for p in tmp_path.iterdir()) == ["d.csv"]
 
 
+@pytest.mark.parametrize("body,fragments", [
+    ("1,2\n" * 5 + "3,inf\n", ["line 7, column 'b': value inf is not finite"]),
+    ("1,2\n3,4\n", ["the data has 2 rows; a masked release needs more rows than columns (2)"]),
+])
+def test_infinite_values_and_too_few_rows_are_refused_after_the_read_with_nothing_left(capsys, tmp_path, body,
+                                                                                         fragments):
+    """Found only once the file is read (staged next to --out): still one line, exit 2, and
+    neither --out nor the staged data left behind."""
+    path = tmp_path / "d.csv"
+    path.write_text("a,b\n" + body)
+    code, out, err = run(capsys, "mask", str(path), "--columns", "a,b", "--bounds", "a=0:5,b=0:5", "--epsilon",
+                         "1", "--delta", "1e-6", "--out", str(tmp_path / "m.zarr"), "--serial")
+    assert code == 2 and out == ""
+    assert_one_line_error(err, *fragments)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["d.csv"]
+
+
 def test_missing_values_and_missing_bounds(capsys, tmp_path):
     path = tmp_path / "d.csv"
     path.write_text("a,b\n" + "1,2\n" * 10 + "1,NaN\n")
