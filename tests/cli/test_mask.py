@@ -13,6 +13,7 @@ from distfit.mask import regression
 from distfit.mask.job import run_mask
 from distfit.runtime.placement import Placement
 from distfit.stores.mask import read_verified_mask
+from tests.cli.test_main import imported_packages
 from tests.clitools import assert_one_line_error, run
 
 
@@ -199,3 +200,12 @@ def test_regress_refuses_bad_input_in_one_line(capsys, sealed, tmp_path, argv, f
     assert code == 2 and out == ""
     assert_one_line_error(err, *fragments)
     assert [sorted(p.relative_to(place) for p in place.rglob("*")) for place in places] == before  # nothing written
+
+
+def test_regress_imports_neither_pandas_nor_dask(sealed):
+    """``distfit regress`` reads one store: its module (distfit.cli.regressing) keeps the CSV
+    reader and the cluster of ``distfit mask`` out (checked on ``python -X importtime``)."""
+    _csv, store = sealed
+    code, packages = imported_packages(["regress", str(store), "--y", "a"])
+    assert code == 0 and "distfit" in packages
+    assert sorted(packages & {"pandas", "pyarrow", "dask", "distributed"}) == []
