@@ -14,7 +14,8 @@ For each N, writes a synthetic CSV of N rows and P uniform numeric columns once
 * **mask, W workers**: the same on a local cluster of W worker processes;
 * **read the CSV**: pandas reading the same columns chunk by chunk (the driver's one pass);
 * **bare numpy loop**: the arithmetic alone on the data already in memory, block by block over
-  the same blocks (``distfit.mask.haar.block_sizes``): scale and clip, draw the noise, the
+  the same blocks (``distfit.mask.haar.block_sizes``), one BLAS thread as in the command's
+  tasks (``distfit.runtime.threads.blas_limit``): scale and clip, draw the noise, the
   Gaussian matrix and the permutation, two thin QRs and the product
   (``distfit.mask.haar.mask_block``'s arithmetic written out), no store, no checks.
 
@@ -55,6 +56,7 @@ from benchmarks.common import MIB, load, measured, store_bytes  # noqa: E402
 from distfit.mask.haar import block_sizes, default_block_rows  # noqa: E402
 from distfit.mask.job import run_mask  # noqa: E402
 from distfit.runtime.placement import Placement  # noqa: E402
+from distfit.runtime.threads import blas_limit  # noqa: E402
 
 
 def write_csv(path: Path, rows: int, columns: int) -> None:
@@ -127,14 +129,15 @@ def bare_case(csv: str, _out: str, columns: int, _workers) -> dict:
         centre, scale, sigma = 50.0, 50.0, 10.0
         rng = np.random.default_rng(1)
         total, start = 0.0, 0
-        for b in block_sizes(len(data), columns, default_block_rows(columns)).tolist():
-            x = np.clip((data[start:start + b] - centre) / scale, -1, 1)
-            m = np.column_stack([x + sigma * rng.standard_normal(x.shape), np.ones(b)])
-            q, r = np.linalg.qr(rng.standard_normal((b, columns + 1)))
-            q *= np.where(np.diagonal(r) < 0, -1.0, 1.0)
-            y = (q @ np.linalg.qr(m, mode="r"))[rng.permutation(b)]
-            total += y[0, 0]
-            start += b
+        with blas_limit():  # one BLAS thread, as every task of the command runs
+            for b in block_sizes(len(data), columns, default_block_rows(columns)).tolist():
+                x = np.clip((data[start:start + b] - centre) / scale, -1, 1)
+                m = np.column_stack([x + sigma * rng.standard_normal(x.shape), np.ones(b)])
+                q, r = np.linalg.qr(rng.standard_normal((b, columns + 1)))
+                q *= np.where(np.diagonal(r) < 0, -1.0, 1.0)
+                y = (q @ np.linalg.qr(m, mode="r"))[rng.permutation(b)]
+                total += y[0, 0]
+                start += b
         return time.perf_counter() - started
     return _timed(work)
 

@@ -7,8 +7,9 @@ does (the checksum recomputed, every chunk: ``distfit.stores.mask.read_verified_
 with an intercept and prints the coefficients and standard errors in the data's units, with
 ``n``, sigma and which correction was made. It writes nothing. A module of its own, apart from
 ``distfit mask`` (``distfit.cli.mask``), so that it imports neither pandas nor Dask: it reads one
-store. Every refusal (an unknown column, ``--y`` among ``--x``, a path that is not a sealed mask
-store, a store changed after its seal) is the library's ``ValueError``: one line, exit 2.
+store. Every refusal is one line and exit 2: an empty name in ``--x`` here (``UsageError``), the
+rest by the library (``ValueError``): an unknown column, ``--y`` among ``--x``, a regressor named
+twice, a path that is not a sealed mask store, a store changed after its seal.
 """
 from __future__ import annotations
 
