@@ -20,7 +20,7 @@ For each N, writes a synthetic CSV of N rows and P uniform numeric columns once
   (``distfit.mask.haar.mask_block``'s arithmetic written out), no store, no checks.
 
 Printed per case: wall seconds and CPU-seconds (user + system of the process and of its reaped
-children: a local cluster's workers), the peak resident memory of the driver (``ru_maxrss``
+children: a local cluster's workers; with workers, the driver's share apart), the peak resident memory of the driver (``ru_maxrss``
 of the process: exact) and of each worker process (sampled every 50 ms by
 :class:`benchmarks.common.PeakRSS`: the W largest of its descendants), and the arithmetic rate
 (:func:`mask_flops` over the wall seconds). Per N: the CSV's bytes, the store's bytes, the
@@ -87,7 +87,7 @@ def mask_flops(rows: int, p: int) -> tuple[float, int]:
 def _usage() -> dict[str, float]:
     own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
     return {"cpu": own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime,
-            "driver": own.ru_maxrss * 1024.0, "child": children.ru_maxrss * 1024.0}
+            "own": own.ru_utime + own.ru_stime, "driver": own.ru_maxrss * 1024.0, "child": children.ru_maxrss * 1024.0}
 
 
 def _timed(work) -> dict[str, float]:
@@ -95,8 +95,8 @@ def _timed(work) -> dict[str, float]:
     before, started = _usage(), time.perf_counter()
     inner = work()
     after = _usage()
-    return {"wall": time.perf_counter() - started, "cpu": after["cpu"] - before["cpu"], "driver": after["driver"],
-            "child": after["child"], "inner": inner}
+    return {"wall": time.perf_counter() - started, "cpu": after["cpu"] - before["cpu"], "own": after["own"] - before["own"],
+            "driver": after["driver"], "child": after["child"], "inner": inner}
 
 
 def run_mask_case(csv: str, out: str, columns: int, workers: int | None) -> dict:
@@ -176,6 +176,8 @@ def main(argv: list[str] | None = None) -> int:
                 extra = f"  (arithmetic alone {result['inner']:.1f} s: {flops / 1e9 / result['inner']:.2f} Gflop/s)"
             elif case is run_mask_case and workers is None:
                 extra = f"  (store {result['inner'] / MIB:.0f} MiB)"
+            elif case is run_mask_case:
+                extra = f"  (CPU-s: driver {result['own']:.1f}, workers {result['cpu'] - result['own']:.1f})"
             print(f"  {label:<24}{result['wall']:>8.1f}{result['cpu']:>8.1f}{result['driver'] / MIB:>12.0f}  "
                   f"{shown:<14}{rate:>8}  {before}{extra}", flush=True)
             shutil.rmtree(out, ignore_errors=True)
