@@ -14,7 +14,8 @@ resumable estimate store that never reads the data (``distfit.estimate.job``); `
 HTML page for a plan and optionally a release (``distfit.report.page``); ``distfit run`` does plan, audit, data, release, estimate and report into one run
 directory with a manifest (``distfit.pipeline.run``). ``distfit mask`` releases a CSV's numeric columns as
 masked pseudo-data, a sealed, resumable mask store (``distfit.mask.job``, handler ``distfit.cli.mask``;
-docs/mask.md).
+docs/mask.md); ``distfit regress`` fits least squares on a mask store's columns, corrected for
+its noise (``distfit.mask.regression``, handler ``distfit.cli.regressing``).
 
 Exit codes: 0 success; 1 the solver could not certify its plan (``ConvergenceError``), an
 output could not be written (disk full, no permission: any ``OSError``), an audit found a
@@ -25,7 +26,8 @@ unreadable or malformed ``.npz`` or spec, conflicting budget flags, a ``ValueErr
 library, a block too large for memory, a plan, release or estimate already at ``--out``, a store being
 written by another process (``StoreLockedError``, naming it), an unreachable
 scheduler or one refused (plain TCP without ``--insecure``, TLS without certificates), a plan that fails audit, data that does not fit the plan, bad microdata: a missing
-column, a value outside its attribute's domain, an empty unit id, an unreadable file).
+column, a value outside its attribute's domain, an empty unit id, an unreadable file; for ``distfit regress``, a path that is not a sealed mask store or
+one changed after its seal, an unknown column, the response among the regressors).
 Every error is one line ``distfit: error: <message>`` on stderr. Output files are written to a
 temporary file in the same directory and moved into place only once everything succeeded, so
 no partial output file is ever left behind.
@@ -89,6 +91,7 @@ HANDLERS = {
     "run": ("distfit.cli.commands", "cmd_run"),
     "export": ("distfit.cli.exporting", "cmd_export"),
     "mask": ("distfit.cli.mask", "cmd_mask"),
+    "regress": ("distfit.cli.regressing", "cmd_regress"),
 }
 
 
@@ -283,6 +286,12 @@ COMMANDS: dict[str, dict[str, str]] = {
                        "(epsilon, delta) and mask each block of rows by a Haar orthogonal matrix (one Dask task per "
                        "run of blocks); resumable, sealed with a checksum (docs/mask.md).",
     },
+    "regress": {
+        "help": "least squares from a mask store, corrected for its noise: coefficients and standard errors",
+        "description": "Verify the mask store, then regress --y on --x (default: every other column) with an "
+                       "intercept from its Gram matrix, corrected for the release's noise (errors in variables; "
+                       "--naive: uncorrected), and print each coefficient with its standard error (docs/mask.md).",
+    },
     "run": {
         "help": "the main job: plan + audit + (synthetic) data + release into RUNDIR, with a manifest",
         "description": "Plan the spec (default: the embedded PL94 pipeline), audit the plan, synthesise data "
@@ -402,6 +411,15 @@ def build_parser() -> argparse.ArgumentParser:
     add_test_seed(mask_parser, "mask store")
     add_resumable_options(mask_parser, "mask store", kept="written blocks are kept, missing ones drawn",
                           serial_help="mask the blocks in this process, without Dask")
+
+    regress_parser = parsers["regress"]
+    regress_parser.add_argument("store", metavar="MASKED.zarr",
+                                help="a sealed mask store written by distfit mask (verified before it is read)")
+    regress_parser.add_argument("--y", required=True, metavar="COL", help="the response: a column of the store")
+    regress_parser.add_argument("--x", metavar="A,B",
+                                help="the regressors (default: every other column of the store; '' for none: the mean)")
+    regress_parser.add_argument("--naive", action="store_true",
+                                help="no correction: the OLS of the masked rows (biased towards zero), for comparison")
 
     run_parser = parsers["run"]
     add_inputs(run_parser, "spec", out="RUNDIR", nargs="?", default=None,

@@ -8,15 +8,11 @@ import argparse
 import math
 
 from distfit.cli.errors import UsageError
+from distfit.cli.regressing import parse_columns
 from distfit.cli.summary import print_summary
 from distfit.mask.job import run_mask
 
-__all__ = ["cmd_mask", "parse_bounds", "parse_columns"]
-
-
-def parse_columns(text: str) -> list[str]:
-    """``a,b,c`` -> ``["a", "b", "c"]`` (blanks around names dropped)."""
-    return [name.strip() for name in text.split(",")]
+__all__ = ["cmd_mask", "parse_bounds"]
 
 
 def parse_bounds(text: str | None) -> dict[str, tuple[float, float]]:

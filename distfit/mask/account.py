@@ -33,7 +33,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
-from distfit.mask.orbit import masked_delta, masked_sigma
+from distfit.mask.orbit import masked_sigma
 from distfit.mathematics.privacy import alpha_for_budget, delta_for_epsilon
 
 __all__ = ["MaskAccount", "check_budget", "gaussian_sigma", "l2_sensitivity", "mask_account"]
@@ -103,9 +103,8 @@ def mask_account(epsilon: float, delta: float, p: int, sizes: Sequence[int]) -> 
     sigma_a = gaussian_sigma(epsilon, delta, p)
     distinct = tuple(sorted({int(b) for b in sizes}))
     if p == 1:
-        sigma_b = masked_sigma(epsilon, delta, distinct, sigma_a)
+        sigma_b, achieved = masked_sigma(epsilon, delta, distinct, sigma_a)  # sigma_b <= sigma_a
         sigma = min(sigma_a, sigma_b)
-        achieved = masked_delta(epsilon, sigma, distinct)
         calibration, gain = CALIBRATION_B, GAIN_CLAIMED
     else:
         sigma_b, sigma = None, sigma_a

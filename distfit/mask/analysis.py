@@ -22,14 +22,18 @@ def gram(store: Masked) -> np.ndarray:
     return total
 
 
-def regression(store_path: str | os.PathLike, y: str, x: Sequence[str], *, corrected: bool = True) -> Regression:
-    """The least-squares regression of column ``y`` on the columns ``x`` with an intercept,
+def regression(store_path: str | os.PathLike, y: str, x: Sequence[str] | None = None, *,
+               corrected: bool = True) -> Regression:
+    """The least-squares regression of column ``y`` on the columns ``x`` (None: every other data
+    column; ``[]``: none, the intercept alone: ``y``'s mean) with an intercept,
     from the mask store at ``store_path`` (verified first: its checksum recomputed), corrected
     for the release's noise (:func:`distfit.mask.ols.corrected_ols`: coefficients and standard
     errors in the data's units). ``corrected=False``: the naive OLS of the masked rows (biased
     towards zero), for comparison. ValueError (a :class:`distfit.stores.mask.MaskError` for the
     store) saying what is wrong."""
     store = read_verified_mask(store_path)
+    if x is None:
+        x = [c for c in store.columns if c not in (y, INTERCEPT)]
     x = [x] if isinstance(x, str) else list(x)
     return corrected_ols(gram(store), store.rows, store.sigma, store.columns, store.centre, store.scale, y, x,
                          constant=INTERCEPT, corrected=corrected)

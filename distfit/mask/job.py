@@ -59,6 +59,7 @@ from distfit.runtime.failures import RunFailure
 from distfit.runtime.placement import Placement
 from distfit.stores.mask import (
     CHUNK_ARRAYS,
+    Masked,
     check_replaceable,
     create_input,
     create_mask,
@@ -66,7 +67,6 @@ from distfit.stores.mask import (
     open_input,
     open_resumable,
     read_mask,
-    read_verified_mask,
     seal,
 )
 from distfit.stores.release_chunks import ChunkWriter
@@ -253,11 +253,11 @@ def check_run_data(data: str | os.PathLike | None, columns: Sequence[str]) -> No
     check_header(data, columns)
 
 
-def _sealed_differs(path: Path, data: str, columns: Sequence[str], bounds: Mapping[str, tuple[float, float]],
+def _sealed_differs(store: Masked, data: str, columns: Sequence[str], bounds: Mapping[str, tuple[float, float]],
                     epsilon: float, delta: float, block_rows: int | None) -> str | None:
-    """What the sealed mask store at ``path`` was made with that this run would not make it
-    with (None: the same data, columns, bounds, budget and blocks)."""
-    store = read_verified_mask(path)
+    """What the sealed mask ``store`` was made with that this run would not make it with (None:
+    the same data, columns, bounds, budget and blocks); its stated attrs, not yet verified (the
+    audit that follows recomputes its checksum)."""
     attrs, p = store.attrs, len(columns)
     made = {"columns": attrs.get("columns"), "bounds": attrs.get("bounds"),
             "budget": [store.account.get("epsilon"), store.account.get("delta")],
@@ -281,21 +281,24 @@ def mask_in_run(data: str | os.PathLike, out: str | os.PathLike, *, columns: Seq
     stage's status (``done``, ``resumed`` or ``reused``). ValueError: a sealed store of other
     data or settings."""
     data, out_path = os.fspath(data), Path(os.fspath(out))
-    if mask_state(out_path) == "sealed":
-        differs = _sealed_differs(out_path, data, columns, bounds, epsilon, delta, block_rows)
+    state = mask_state(out_path)
+    if state == "sealed":
+        differs = _sealed_differs(read_mask(out_path), data, columns, bounds, epsilon, delta, block_rows)
         if differs:
             raise ValueError(f"{out_path}: a sealed mask store made with other {differs}; use another --out")
         status = "reused"
         print(f"distfit: the mask store at {out_path} is sealed; no new noise drawn", file=log)
     else:
         result = run_mask(data, out_path, columns=columns, bounds=bounds, epsilon=epsilon, delta=delta,
-                          block_rows=block_rows, resume=mask_state(out_path) == "incomplete", placement=placement(),
+                          block_rows=block_rows, resume=state == "incomplete", placement=placement(),
                           log=log, fsync=fsync)
         status = "resumed" if result.resumed else "done"
+    # the one hash of the store: the audit recomputes its checksum (a reused store changed after
+    # its seal fails here) and its account
     report = audit_mask(str(out_path))
     if not report.ok:
         raise RunFailure(f"{out_path}: the mask store fails audit ({len(report.failures)} failures): "
                          + "; ".join(report.failures[:3]))
-    store = read_mask(out_path)  # hashed by the audit: its checksum is report.checksum
+    store = read_mask(out_path)  # its attrs only: hashed by the audit, whose checksum is report.checksum
     return {"path": os.path.abspath(out_path), "checksum": report.checksum, "sigma": store.sigma,
             "private": store.private, "account": store.account}, status

@@ -63,13 +63,15 @@ def corrected_ols(gram: np.ndarray, n: int, sigma: float, columns: Sequence[str]
     ``constant``), ``n`` rows, noise ``sigma`` and the columns' ``centre`` and ``scale``.
     ValueError naming an unknown column, ``y`` among ``x``, a repeated ``x``, or too few rows."""
     columns = list(columns)
-    for name in [y, *x]:
+    for role, name in [("y", y), *(("x", c) for c in x)]:
         if name not in columns or name == constant:
-            raise ValueError(f"regression: no data column {name!r} (columns: {', '.join(c for c in columns if c != constant)})")
+            raise ValueError(f"regression: {role}: no data column {name!r} "
+                             f"(columns: {', '.join(c for c in columns if c != constant)})")
     if y in x:
-        raise ValueError(f"regression: {y!r} is both the response and a regressor")
+        raise ValueError(f"regression: {y!r} is both the response (y) and a regressor (x)")
     if len(set(x)) != len(x):
-        raise ValueError("regression: a regressor is named twice")
+        repeated = next(c for c in x if x.count(c) > 1)
+        raise ValueError(f"regression: x: the regressor {repeated!r} is named twice")
     k = len(x) + 1
     if n <= k:
         raise ValueError(f"regression: {n} rows for {k} coefficients")

@@ -154,23 +154,31 @@ def masked_delta(epsilon: float, sigma: float, sizes: Sequence[int]) -> float:
     return max(block_delta(epsilon, sigma, int(b)) for b in sorted({int(s) for s in sizes}))
 
 
-def masked_sigma(epsilon: float, delta: float, sizes: Sequence[int], upper: float) -> float:
-    """The least sigma (to about 1e-10 relative) for which the masked release of one column in
-    blocks of ``sizes`` rows is (``epsilon``, ``delta``)-DP, found below ``upper`` (setting A's
-    sigma, always enough: the mask is post-processing). :func:`masked_delta` decreases in sigma
-    (both moves of :func:`neighbour_moves` shrink), so the root of ``log masked_delta = log
-    (delta (1 - MARGIN))`` in ``log sigma`` is unique; Brent's method, then nudged up until the
-    computed delta is within the aim."""
+def masked_sigma(epsilon: float, delta: float, sizes: Sequence[int], upper: float) -> tuple[float, float]:
+    """``(sigma, delta_achieved)``: the least sigma (to about 1e-10 relative) for which the masked
+    release of one column in blocks of ``sizes`` rows is (``epsilon``, ``delta``)-DP, found below
+    ``upper`` (setting A's sigma, always enough: the mask is post-processing), and
+    :func:`masked_delta` at that sigma (the last evaluation of the search, returned so that the
+    account need not repeat it). :func:`masked_delta` decreases in sigma (both moves of
+    :func:`neighbour_moves` shrink), so the root of ``log masked_delta = log (delta (1 -
+    MARGIN))`` in ``log sigma`` is unique; Brent's method, then nudged up until the computed delta
+    is within the aim."""
     aim = delta * (1.0 - MARGIN)
     target = math.log(aim)
+    deltas: dict[float, float] = {}  # sigma -> masked_delta: the search's evaluations
+
+    def delta_at(sigma: float) -> float:
+        if sigma not in deltas:
+            deltas[sigma] = masked_delta(epsilon, sigma, sizes)
+        return deltas[sigma]
 
     def excess(log_sigma: float) -> float:
-        value = masked_delta(epsilon, math.exp(log_sigma), sizes)
+        value = delta_at(math.exp(log_sigma))
         return (math.log(value) if value > 0 else -1e300) - target
 
+    if delta_at(upper) > aim:  # cannot happen in exact arithmetic; never claim more than setting A
+        return float(upper), delta_at(upper)
     high = math.log(upper)
-    if excess(high) > 0:  # cannot happen in exact arithmetic; never claim more than setting A
-        return float(upper)
     low = high - math.log(2.0)
     for _ in range(200):
         if excess(low) > 0:
@@ -178,6 +186,8 @@ def masked_sigma(epsilon: float, delta: float, sizes: Sequence[int], upper: floa
         high, low = low, low - math.log(2.0)
     root = scipy.optimize.brentq(excess, low, high, xtol=1e-12, rtol=1e-12)
     sigma = math.exp(root)
-    while masked_delta(epsilon, sigma, sizes) > aim:
+    while delta_at(sigma) > aim:
         sigma *= 1.0 + 1e-10
-    return float(min(sigma, upper))
+    if sigma > upper:
+        return float(upper), delta_at(upper)
+    return float(sigma), delta_at(sigma)

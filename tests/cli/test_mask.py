@@ -2,10 +2,18 @@
 bad input one line ``distfit: error: ...``, exit 2, nothing written."""
 from __future__ import annotations
 
+import io
+import json
+import shutil
+
+import numpy as np
 import pytest
 
 from distfit.mask import regression
+from distfit.mask.job import run_mask
+from distfit.runtime.placement import Placement
 from distfit.stores.mask import read_verified_mask
+from tests.cli.test_main import imported_packages
 from tests.clitools import assert_one_line_error, run
 
 
@@ -72,6 +80,23 @@ def test_bad_input_is_one_line_exit_2_and_nothing_written(capsys, csv, tmp_path,
     assert sorted(p.name for p in tmp_path.iterdir()) == ["d.csv"]
 
 
+@pytest.mark.parametrize("body,fragments", [
+    ("1,2\n" * 5 + "3,inf\n", ["line 7, column 'b': value inf is not finite"]),
+    ("1,2\n3,4\n", ["the data has 2 rows; a masked release needs more rows than columns (2)"]),
+])
+def test_infinite_values_and_too_few_rows_are_refused_after_the_read_with_nothing_left(capsys, tmp_path, body,
+                                                                                         fragments):
+    """Found only once the file is read (staged next to --out): still one line, exit 2, and
+    neither --out nor the staged data left behind."""
+    path = tmp_path / "d.csv"
+    path.write_text("a,b\n" + body)
+    code, out, err = run(capsys, "mask", str(path), "--columns", "a,b", "--bounds", "a=0:5,b=0:5", "--epsilon",
+                         "1", "--delta", "1e-6", "--out", str(tmp_path / "m.zarr"), "--serial")
+    assert code == 2 and out == ""
+    assert_one_line_error(err, *fragments)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["d.csv"]
+
+
 def test_missing_values_and_missing_bounds(capsys, tmp_path):
     path = tmp_path / "d.csv"
     path.write_text("a,b\n" + "1,2\n" * 10 + "1,NaN\n")
@@ -84,3 +109,103 @@ def test_missing_values_and_missing_bounds(capsys, tmp_path):
     assert code == 2
     assert_one_line_error(err, "--bounds is required")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["d.csv"]
+
+
+def _naive_reference(store, y, x):
+    """The naive OLS of ``y`` on ``x`` from the masked rows by numpy's least squares (scaled
+    units, mapped back to the data's), and its classical standard errors: an independent
+    reference for ``distfit regress --naive``."""
+    rows, columns = np.asarray(store.masked[...]), store.columns
+    design = rows[:, [columns.index("(intercept)")] + [columns.index(c) for c in x]]
+    target = rows[:, columns.index(y)]
+    b, rss, *_ = np.linalg.lstsq(design, target, rcond=None)
+    cov = rss[0] / (len(target) - design.shape[1]) * np.linalg.inv(design.T @ design)
+    iy, ix = columns.index(y), [columns.index(c) for c in x]
+    t = np.zeros((len(b), len(b)))  # scaled -> data units: beta = t b + (m_y, 0, ...)
+    t[0, 0] = store.scale[iy]
+    t[0, 1:] = -store.scale[iy] * store.centre[ix] / store.scale[ix]
+    t[range(1, len(b)), range(1, len(b))] = store.scale[iy] / store.scale[ix]
+    beta = t @ b
+    beta[0] += store.centre[iy]
+    return beta, np.sqrt(np.diag(t @ cov @ t.T))
+
+
+def _table(out):
+    """``{term: (coefficient, standard error)}`` from ``distfit regress``'s table."""
+    lines = out.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.split()[:1] == ["term"])
+    return {parts[0]: (float(parts[1]), float(parts[2])) for parts in (line.split() for line in lines[start + 1:])}
+
+
+def test_regress_prints_the_fit_of_a_verified_store(capsys, sealed):
+    _csv, store_path = sealed
+    store = read_verified_mask(store_path)
+    code, out, err = run(capsys, "regress", str(store_path), "--y", "b", "--naive")  # --x: every other column
+    assert code == 0 and err == "", err
+    assert "b on a" in out and f"n {store.rows}" in out and f"{store.sigma:.6g}" in out and "--naive" in out
+    beta, se = _naive_reference(store, "b", ["a"])
+    table = _table(out)
+    assert list(table) == ["(intercept)", "a"]
+    np.testing.assert_allclose([table["(intercept)"][0], table["a"][0]], beta, rtol=1e-5)
+    np.testing.assert_allclose([table["(intercept)"][1], table["a"][1]], se, rtol=1e-5)
+    code, out, err = run(capsys, "regress", str(store_path), "--y", "a", "--x", "b")
+    assert code == 0, err
+    fit = regression(store_path, y="a", x=["b"])
+    assert "errors in variables" in out and "b" in out
+    assert _table(out) == {n: (float(f"{c:.6g}"), float(f"{s:.6g}")) for n, (c, s) in fit.as_dict().items()}
+    code, out, err = run(capsys, "regress", str(store_path), "--y", "a", "--x", "")  # the mean alone
+    assert code == 0 and list(_table(out)) == ["(intercept)"] and "a on the intercept alone" in out
+
+
+@pytest.fixture(scope="module")
+def sealed(tmp_path_factory):
+    """A CSV of columns a and b and a sealed mask store of them (seeded)."""
+    place = tmp_path_factory.mktemp("regress")
+    csv = place / "d.csv"
+    csv.write_text("a,b\n" + "".join(f"{i % 50},{(i * 7) % 13 - 6}\n" for i in range(200)))
+    run_mask(csv, place / "m.zarr", columns=["a", "b"], bounds={"a": (0, 50), "b": (-6, 6)}, epsilon=1.0,
+             delta=1e-6, block_rows=60, seed=3, placement=Placement(serial=True), log=io.StringIO())
+    return csv, place / "m.zarr"
+
+
+def _tampered(path):
+    meta = path / "zarr.json"
+    doc = json.loads(meta.read_text())
+    doc["attributes"]["sigma"] = 0.0  # a store claiming less noise than it has
+    meta.write_text(json.dumps(doc))
+
+
+@pytest.mark.parametrize("argv,fragments", [
+    (["--y", "zz"], ["regression: y: no data column 'zz' (columns: a, b)"]),
+    (["--y", "a", "--x", "b,zz"], ["regression: x: no data column 'zz'"]),
+    (["--y", "a", "--x", "(intercept)"], ["regression: x: no data column '(intercept)'"]),
+    (["--y", "a", "--x", "a,b"], ["'a' is both the response (y) and a regressor (x)"]),
+    (["--y", "a", "--x", "b,b"], ["x: the regressor 'b' is named twice"]),
+    (["--y", "a", "--x", "b,,"], ["--x: an empty column name"]),
+    (["--x", "b"], ["--y"]),
+    (["--y", "a", "STORE=csv"], ["d.csv", "mask store"]),
+    (["--y", "a", "STORE=missing"], ["no such mask store"]),
+    (["--y", "a", "STORE=tampered"], ["changed after it was sealed"]),
+])
+def test_regress_refuses_bad_input_in_one_line(capsys, sealed, tmp_path, argv, fragments):
+    csv, store = sealed
+    if "STORE=tampered" in argv:
+        store = shutil.copytree(store, tmp_path / "tampered.zarr")
+        _tampered(store)
+    target = {"STORE=csv": csv, "STORE=missing": tmp_path / "none.zarr", "STORE=tampered": store}
+    path = next((target[a] for a in argv if a in target), store)
+    places = (tmp_path, csv.parent)
+    before = [sorted(p.relative_to(place) for p in place.rglob("*")) for place in places]
+    code, out, err = run(capsys, "regress", str(path), *(a for a in argv if a not in target))
+    assert code == 2 and out == ""
+    assert_one_line_error(err, *fragments)
+    assert [sorted(p.relative_to(place) for p in place.rglob("*")) for place in places] == before  # nothing written
+
+
+def test_regress_imports_neither_pandas_nor_dask(sealed):
+    """``distfit regress`` reads one store: its module (distfit.cli.regressing) keeps the CSV
+    reader and the cluster of ``distfit mask`` out (checked on ``python -X importtime``)."""
+    _csv, store = sealed
+    code, packages = imported_packages(["regress", str(store), "--y", "a"])
+    assert code == 0 and "distfit" in packages
+    assert sorted(packages & {"pandas", "pyarrow", "dask", "distributed"}) == []

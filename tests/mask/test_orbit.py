@@ -144,7 +144,8 @@ def test_setting_b_never_needs_more_noise_than_setting_a(epsilon, delta):
     previous = sigma_a
     for rows in (2, 30, 3000):
         assert masked_delta(epsilon, sigma_a, [rows]) <= delta
-        sigma_b = masked_sigma(epsilon, delta, [rows], sigma_a)
+        sigma_b, achieved = masked_sigma(epsilon, delta, [rows], sigma_a)
+        assert achieved == masked_delta(epsilon, sigma_b, [rows])  # the delta of the sigma returned
         assert sigma_a / math.sqrt(rows) * (1 - 1e-9) <= sigma_b < previous  # the column sum alone caps the gain
         assert masked_delta(epsilon, sigma_b, [rows]) <= delta < masked_delta(epsilon, sigma_b * (1 - 1e-6), [rows])
         previous = sigma_b

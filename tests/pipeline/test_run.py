@@ -1,6 +1,7 @@
 """`distfit run`: plan + audit + data + release into one run directory, with a manifest."""
 from __future__ import annotations
 
+import functools
 import io
 import json
 import shutil
@@ -14,6 +15,7 @@ import zarr
 
 from tests.clitools import assert_one_line_error, run
 from distfit.audit.plan import audit_plan
+import distfit.cli.commands as commands
 import distfit.estimate.job as estimating
 import distfit.pipeline.run as pipeline
 from distfit.stores.data import read_histograms, write_synthetic
@@ -381,7 +383,7 @@ def test_microdata_out_of_domain_is_refused_before_planning(capsys, specs, tmp_p
     assert read_release(rundir / "release.zarr").answers.shape[0] == 1
 
 
-def test_a_mask_section_masks_the_microdata_after_the_release(capsys, tmp_path):
+def test_a_mask_section_masks_the_microdata_after_the_release(capsys, monkeypatch, tmp_path):
     """A spec's ``mask`` section: refused without a CSV before anything is written; with one, the
     run writes RUNDIR/mask.zarr (one column: setting B's sigma), audits it, records it in the
     manifest, and a rerun reuses it."""
@@ -405,8 +407,17 @@ def test_a_mask_section_masks_the_microdata_after_the_release(capsys, tmp_path):
     account = manifest["mask"]["account"]
     assert account["block_rows"] == [15] and account["sigma"] == account["sigma_masked"] < account["sigma_gaussian"]
     assert manifest["mask"]["private"] is True and manifest["release"]["checksum"] == result.release_checksum
-    again = pipeline.run_pipeline(spec_path, rundir, **options)
-    assert again.stages["mask"] == "reused" and _manifest(rundir)["mask"]["checksum"] == manifest["mask"]["checksum"]
+    # the rerun through the command line: its summary's mask row names the store, reused and audited
+    # (without the report, which this test is not about and which costs seconds)
+    monkeypatch.setattr(commands, "run_pipeline", functools.partial(pipeline.run_pipeline, report=False))
+    code, out, err = run(capsys, "run", str(spec_path), "--out", str(rundir), "--data", str(csv), "--serial",
+                         "--no-estimate")
+    assert code == 0, err
+    again = _manifest(rundir)
+    assert again["stages"]["mask"] == "reused" and again["mask"]["checksum"] == manifest["mask"]["checksum"]
+    row = next(line for line in out.splitlines() if line.split()[:1] == ["mask"])
+    assert row.split() == ["mask", again["mask"]["path"], "(reused,", "audit", "passed,", "sigma",
+                           f"{account['sigma']:.6g})"]
     moved = dict(mask, bounds={"income": [0, 200]})
     spec_path.write_text(yaml.safe_dump(dict(SPEC, mask=moved)))
     with pytest.raises(ValueError, match="holds the run of another spec"):  # the mask section is in the spec hash
