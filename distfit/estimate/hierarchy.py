@@ -372,8 +372,9 @@ def estimate_hierarchy(information: Sequence[np.ndarray], linear: Sequence[np.nd
     level, or units x d x d); ``linear[l]``: ``h_u`` (units x d), e.g. the ``(H, g)`` of
     :func:`distfit.estimate.projection.normal_equations` of the level's plan and measurements;
     ``parent_of[l]``: each unit's parent, a row of level ``l - 1`` (None for level 0, whose
-    units are the roots, and under a level of one unit: :func:`check_parent_of`). ``rtol``: :func:`psd_pinv`'s. ``split``: how the part of a parent's
-    table no child's subtree identifies is split among its children, ``"equal"`` (the linear
+    units are the roots, and under a level of one unit: :func:`check_parent_of`). ``rtol``:
+    :func:`psd_pinv`'s. ``split``: how the part of a parent's table no child's subtree
+    identifies is split among its children, ``"equal"`` (the linear
     least-squares rule) or ``"total"`` (in proportion to the children's estimated totals, where
     they are all blind in the same directions: module docstring, "Splitting what nothing
     identifies"). ValueError on inconsistent shapes or another ``split``."""

@@ -23,9 +23,12 @@ unbiased, so where the release is noisy around 0 some are below 0 (they are not 
 clipping would bias them and void the variances). With ``integer``: nonnegative integer tables
 from those estimates (:func:`distfit.estimate.geography.integer_top_down`: level by level,
 coarsest first, the nonnegative tables nearest the estimates in the metric of the release's
-noise, children summing to their parent's integer counts, then rounded keeping those sums), every
-unit's children summing exactly (bitwise, int64) to it, cell by cell; the integers are not
-linear in the release, so no variances are stored with them.
+noise, children summing to their parent's integer counts, then a controlled rounding:
+:func:`distfit.estimate.rounding.round_controlled`, keeping those sums exactly and every unit's
+total, and its sums over the laminar family of its level's queries that
+:func:`distfit.estimate.rounding.laminar_family` picks, within 1), every unit's children summing
+exactly (bitwise, int64) to it, cell by cell; the integers are not linear in the release, so no
+variances are stored with them.
 
 Each level's estimate is then written, coarsest first, to ``levels/<level>/estimate.zarr`` in
 the estimate store's layout (:mod:`distfit.stores.estimate`, method :data:`METHOD`), built

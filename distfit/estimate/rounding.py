@@ -1,12 +1,15 @@
-"""Integer tables from nonnegative estimates: controlled rounding that keeps totals (pure numpy).
+"""Integer tables from nonnegative estimates: controlled rounding that keeps totals (pure numpy and scipy).
 
 docs/design.md section 7 (the rounding step of the Census TopDown algorithm, done here by largest
-remainder). Both functions round a nonnegative data vector cell by cell, each cell to the
+remainder and by a network flow). The functions round a nonnegative data vector cell by cell, each cell to the
 floor or the ceiling of its value, and choose which cells go up so that a sum is kept exactly:
 
 * :func:`round_preserving_total`: each unit's total, ``sum_c n_uc = round(sum_c x_uc)``;
 * :func:`round_children`: for every parent and every cell, the children's counts sum to the
-  parent's (integer) count in that cell.
+  parent's (integer) count in that cell;
+* :func:`round_controlled`: both at once, and more: the children's cells sum to the parent's
+  counts exactly while every child's total and its sums over a laminar family of sets of cells
+  stay within 1 of its real-valued ones (below, "Controlled rounding").
 
 Largest remainder. With ``f = floor(x)`` and the remainders ``r = x - f`` (``0 <= r < 1``), a
 group of entries whose integer sum must be ``N`` needs ``D = N - sum f`` of its entries raised
@@ -32,6 +35,64 @@ cell by cell, so every table of the children sums to the parent's table.
 
 Vectorised: one stable ``argsort`` / ``lexsort`` over all entries; no loop over units, parents
 or cells.
+
+Controlled rounding (:func:`round_controlled`; Cox, "A constructive procedure for unbiased
+controlled rounding", JASA 82, 1987, here as a network flow). :func:`round_children` rounds each
+cell among its siblings alone, so a child's total over ``d`` cells gathers ``d`` independent
+rounding errors (at 224 cells, ~3 on a total: benchmarks/README.md). Instead, let the children
+of one parent be a table ``x`` (children x cells), ``r = x - floor(x)``, and a *laminar family*
+``F`` of sets of cells (any two disjoint or nested; :func:`laminar_family` picks one from a
+level's queries), with the set of every cell added as its root. A 0/1 table ``b`` (``b = 0``
+where ``r = 0``) gives the integers ``n = floor(x) + b``; we ask that
+
+* every column (a cell of the parent) sums to the parent's count: ``sum_i b_ic = C_c``, the
+  parent's count less the children's floors;
+* every child's sum over each set ``S`` of ``F`` (the total included) is ``floor(sigma)`` or
+  ``ceil(sigma)``, ``sigma = sum_{c in S} r_ic``; so within 1 of ``x``'s.
+
+These are the flows of a network: a source per parent; under it each child's tree of sets
+(source -> the child's total -> its sets, each set under the smallest set containing it; arc
+bounds ``[floor sigma, ceil sigma]``); an arc of capacity 1 from the smallest set holding cell
+``c`` to the parent's column node ``c`` for every fractional entry; each column node to a sink
+with bounds ``[C_c, C_c]``. Its constraint matrix is a network matrix (two laminar families,
+the children's sets and the columns), totally unimodular, so it has an integral feasible flow
+whenever it has a fractional one (Hoffman's circulation theorem); and ``r`` is one (its column
+sums are ``C_c`` exactly when the children sum to the parent, its set sums ``sigma``
+themselves). So the rounding always exists: a 2-D controlled rounding of each parent's table
+that keeps the columns and every child's total and set sums within 1, at once.
+
+Which one. The children's totals are first rounded among siblings by largest remainder (as
+:func:`round_children` with one cell, so they sum to the parent's total; what the nearest
+rounding of each total would be, kept where the sum allows) and pinned there; where the cells
+forbid that (e.g. two children with half a unit each in a cell holding one unit, and two with
+half a unit in another cell: the tie puts both units in the first cell) the component is solved
+again with each total only ``floor`` or ``ceil``. Without a parent (the root level) every row is
+its own component with one node for all its cells and the total pinned to ``round(sum x)``
+(halves up, as :func:`round_preserving_total`): always feasible, since the flows of a tree
+projected onto its total form an interval with integer ends around ``sum r``. The cells start
+from :func:`round_children` (:func:`round_preserving_total` at the root), nearest cell by cell
+under the exact column sums, and the flow is a *correction* of that start: an arc raises an
+entry at its floor, a reverse arc lowers one at its ceiling, the set arcs carry the change of
+the set sums (bounds ``[floor sigma - start's sum, ceil sigma - start's sum]``) and the columns
+must not change. Lower bounds are taken out as usual (flow ``= low + f``, ``0 <= f <= high -
+low``, each node's forced surplus fed from a super-source and its deficit drained to a
+super-sink), one ``scipy.sparse.csgraph.maximum_flow`` (Dinic) runs every parent at once, and a
+component is feasible exactly when its super-source arcs are saturated (components meet only at
+the super-source and -sink, so the maximum flow saturates every feasible one). Dinic's
+augmenting paths are shortest paths, so the correction moves few entries; where a flow of ``k``
+units runs between one set node and one column node (several entries: the root's one column
+node) the ``k`` entries of largest remainder are raised (smallest, lowered). Deterministic: no
+randomness; the flow's choice depends only on the input.
+
+Float rounding. A sum within :data:`NEAR_INTEGER` of an integer ``k`` gets the bounds ``[k - 1,
+k + 1]`` (so within 1 of ``x``'s up to that tolerance), which keeps ``r`` strictly inside every
+bound after the small change that makes its column sums exact (the children's sum to the parent
+up to float rounding, far below :data:`NEAR_INTEGER`). A component still infeasible (inputs that
+break that) keeps the start: the columns exact, the totals unconstrained.
+
+Cost: one maximum flow over ``O(units x sets + parents x cells)`` nodes and an arc per
+fractional entry; at 20,000 counties x 224 cells (4.5M entries) a few CPU-s
+(benchmarks/README.md, "Issue 29 point 4: `--integer` by controlled rounding").
 """
 from __future__ import annotations
 
