@@ -3,7 +3,7 @@
 Usage::
 
     python benchmarks/bench_geography.py [--spec pipelines/census.yaml] [--units 1000] [--run DIR]
-                                         [--no-top-down] [--no-old-integer] [--top-integer]
+                                         [--no-top-down] [--no-old-integer] [--top-integer] [--tol T]
                                          [--workers N | --serial]
 
 Reads a multi-level run (``--run DIR``: the RUNDIR of ``distfit run SPEC --out DIR --units N``
@@ -105,6 +105,7 @@ def main(argv=None) -> int:
     parser.add_argument("--run", default=None, help="an existing RUNDIR of the spec (default: run one)")
     parser.add_argument("--no-top-down", action="store_true")
     parser.add_argument("--top-integer", action="store_true", help="also the integer tables of before issue 29")
+    parser.add_argument("--tol", type=float, default=1e-6, help="the top-down step's tolerance (integer_top_down's)")
     parser.add_argument("--no-old-integer", action="store_true",
                         help="skip the integer tables rounded cell by cell (before issue 29 point 4)")
     parser.add_argument("--workers", type=int, default=None)
@@ -145,11 +146,11 @@ def main(argv=None) -> int:
         seconds = {}
         with blas_limit():
             blue, *seconds["blue"] = timed(lambda: estimate_hierarchy(hs, gs, parents, split="total"))
-            new, *seconds["int"] = timed(lambda: estimate_top_down(levels, integer=True, tol=1e-6, centre=blue.x,
+            new, *seconds["int"] = timed(lambda: estimate_top_down(levels, integer=True, tol=args.tol, centre=blue.x,
                                                                      families=families))
             old = top = top_int = None
             if not args.no_old_integer:
-                old, *seconds["old int"] = timed(lambda: estimate_top_down(levels, integer=True, tol=1e-6,
+                old, *seconds["old int"] = timed(lambda: estimate_top_down(levels, integer=True, tol=args.tol,
                                                                              centre=blue.x, rounding="cells"))
             if not args.no_top_down:
                 top, *seconds["top"] = timed(lambda: estimate_top_down(levels))
