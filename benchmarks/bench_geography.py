@@ -1,9 +1,10 @@
-"""A multi-level run's estimates against the truth, per level: raw, top-down and the hierarchy's BLUE side by side.
+"""A multi-level run's estimates against the truth, per level: raw, top-down, the hierarchy's BLUE and its integer tables side by side.
 
 Usage::
 
     python benchmarks/bench_geography.py [--spec pipelines/census.yaml] [--units 1000] [--run DIR]
-                                         [--no-top-down] [--top-integer] [--workers N | --serial]
+                                         [--no-top-down] [--no-old-integer] [--top-integer] [--tol T]
+                                         [--workers N | --serial]
 
 Reads a multi-level run (``--run DIR``: the RUNDIR of ``distfit run SPEC --out DIR --units N``
 on synthetic people; else runs one into a temporary directory), whose levels' data stores hold
@@ -18,24 +19,34 @@ level again from the same releases, in this process, one BLAS thread:
   of distfit before issue 29);
 * ``blue``: the best linear unbiased estimate over the geography
   (:func:`distfit.estimate.hierarchy.estimate_hierarchy`, what ``distfit run`` now writes;
-  checked equal to the run's stores when they hold it) and ``int``: its integer tables, what
-  ``distfit run --integer`` writes (:func:`distfit.estimate.geography.integer_top_down`: top-down
-  in the noise's metric, close to the BLUE, against the parents' integer counts);
+  checked equal to the run's stores when they hold it);
+* ``step`` and ``int``: what ``distfit run --integer`` writes
+  (:func:`distfit.estimate.geography.integer_top_down`), ``step`` the real-valued tables of its
+  nonnegative top-down step (in the noise's metric, close to the BLUE, against the parents'
+  integer counts) and ``int`` their controlled rounding
+  (:func:`distfit.estimate.rounding.round_controlled`: each unit's total and the sums over the
+  laminar family of its level's queries within 1);
+* ``old step`` and ``old int`` (``--no-old-integer`` skips them): the same top-down step with the
+  rounding of before issue 29 point 4, each cell among its siblings alone
+  (``rounding="cells"``);
 * ``top int`` (``--top-integer``, ~500 CPU-s at 20,000 counties): the integer tables that
-  ``--integer`` wrote before issue 29 (``estimate_top_down(..., integer=True)``: top-down
-  against the parents' integer counts, close to the release).
+  ``--integer`` wrote before issue 29 (``estimate_top_down(..., integer=True, rounding="cells")``:
+  top-down against the parents' integer counts, close to the release).
 
-Per level it prints the RMSE of every published query against the truth (``rmse``), the mean
-absolute error of the units' totals (``mae tot``, where the level publishes a total), the share
-of ``blue`` estimates below 0, how many ``blue`` estimates lie within their 90% margin of error
+Per level it prints the RMSE of every published query against the truth, the share of ``blue``
+estimates below 0, how many ``blue`` estimates lie within their 90% margin of error
 (``cover90``: ``|blue - truth| <= 1.645 se``, se from the hierarchy's exact variances; 0.90
-expected) and the largest gap between a parent's table and the sum of its children's (``gap``).
-Then the CPU and wall seconds of each estimate (the passes only, no reading or writing).
+expected) and the largest gap between a parent's table and the sum of its children's (``gap``);
+then the mean absolute error of the units' totals (where the level publishes a total), the
+ratios ``int / blue`` and ``old int / blue`` (issue 29's goal: at most 1.1) and the mean change
+of the unit totals the integer step makes (``|int - blue|``). Then the CPU and wall seconds of
+each estimate (the passes only, no reading or writing) and the load average.
 """
 from __future__ import annotations
 
 import argparse
 import io
+import os
 import sys
 import tempfile
 import time
@@ -46,10 +57,11 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from distfit.estimate.geography import GeographyLevel, estimate_top_down, integer_top_down  # noqa: E402
+from distfit.estimate.geography import GeographyLevel, estimate_top_down  # noqa: E402
 from distfit.estimate.hierarchy import estimate_hierarchy, query_variances  # noqa: E402
 from distfit.estimate.measurements import measurement_model, recover_measurements, workload_estimates  # noqa: E402
 from distfit.estimate.projection import normal_equations  # noqa: E402
+from distfit.estimate.rounding import laminar_family  # noqa: E402
 from distfit.pipeline.run import run_levels  # noqa: E402
 from distfit.runtime.placement import Placement  # noqa: E402
 from distfit.runtime.threads import blas_limit  # noqa: E402
@@ -93,6 +105,9 @@ def main(argv=None) -> int:
     parser.add_argument("--run", default=None, help="an existing RUNDIR of the spec (default: run one)")
     parser.add_argument("--no-top-down", action="store_true")
     parser.add_argument("--top-integer", action="store_true", help="also the integer tables of before issue 29")
+    parser.add_argument("--tol", type=float, default=1e-6, help="the top-down step's tolerance (integer_top_down's)")
+    parser.add_argument("--no-old-integer", action="store_true",
+                        help="skip the integer tables rounded cell by cell (before issue 29 point 4)")
     parser.add_argument("--workers", type=int, default=None)
     parser.add_argument("--serial", action="store_true")
     args = parser.parse_args(argv)
@@ -125,32 +140,38 @@ def main(argv=None) -> int:
             gs.append(linear)
             above_ids = np.asarray(release.unit_ids[...])
         units = [g.shape[0] for g in gs]
+        families = [laminar_family(model.workload) for model in models]
         print(f"spec {spec.name}: levels {', '.join(f'{n} {u:,}' for n, u in zip(names, units))} units "
-              f"({out}); one BLAS thread")
+              f"({out}); one BLAS thread; load average {' '.join(f'{v:.1f}' for v in os.getloadavg())}")
+        seconds = {}
         with blas_limit():
-            blue, blue_cpu, blue_wall = timed(lambda: estimate_hierarchy(hs, gs, parents, split="total"))
-            counts, int_cpu, int_wall = timed(lambda: integer_top_down(levels, blue.x))
-            top = top_int = None
+            blue, *seconds["blue"] = timed(lambda: estimate_hierarchy(hs, gs, parents, split="total"))
+            new, *seconds["int"] = timed(lambda: estimate_top_down(levels, integer=True, tol=args.tol, centre=blue.x,
+                                                                     families=families))
+            old = top = top_int = None
+            if not args.no_old_integer:
+                old, *seconds["old int"] = timed(lambda: estimate_top_down(levels, integer=True, tol=args.tol,
+                                                                             centre=blue.x, rounding="cells"))
             if not args.no_top_down:
-                top, top_cpu, top_wall = timed(lambda: estimate_top_down(levels))
+                top, *seconds["top"] = timed(lambda: estimate_top_down(levels))
             if args.top_integer:
-                top_int, top_int_cpu, top_int_wall = timed(lambda: estimate_top_down(levels, integer=True))
-        header = (f"{'level':<8} {'units':>7} {'rmse raw':>9} {'rmse top':>9} {'rmse blue':>9} {'rmse int':>9} "
-                  f"{'rmse top int':>12} {'mae tot raw':>11} {'top':>6} {'blue':>6} {'int':>6} {'top int':>7} "
-                  f"{'neg blue':>8} {'cover90':>7} "
-                  f"{'gap blue':>9} {'gap int':>7}")
-        print(header)
+                top_int, *seconds["top int"] = timed(lambda: estimate_top_down(levels, integer=True, rounding="cells"))
+        rows = []
         for i, name in enumerate(names):
-            model, truth, raw = models[i], truths[i], raws[i]
-            estimates = {"blue": workload_estimates(model, blue.x[i]),
-                         "int": workload_estimates(model, counts[i].astype(np.float64))}
+            model, truth = models[i], truths[i]
+            estimates = {"raw": raws[i], "blue": workload_estimates(model, blue.x[i]),
+                         "step": workload_estimates(model, new.x[i]),
+                         "int": workload_estimates(model, new.counts[i].astype(np.float64))}
+            if old is not None:
+                estimates["old step"] = workload_estimates(model, old.x[i])
+                estimates["old int"] = workload_estimates(model, old.counts[i].astype(np.float64))
             stored = read_estimate(out / "levels" / name / "estimate.zarr")
             if top is not None:
                 estimates["top"] = workload_estimates(model, top.x[i])
-            if top_int is not None:
-                estimates["top int"] = workload_estimates(model, top_int.counts[i].astype(np.float64))
             elif stored.method == "top-down" and not stored.integer:  # the run's own, from this release
                 estimates["top"] = np.asarray(stored.estimates[...], dtype=np.float64)
+            if top_int is not None:
+                estimates["top int"] = workload_estimates(model, top_int.counts[i].astype(np.float64))
             variances = query_variances(model.workload, blue.covariance[i], blue.unit_class[i])
             cover = float(np.mean(np.abs(estimates["blue"] - truth) <= 1.645 * np.sqrt(variances)))
             if stored.method == "hierarchy-gls" and not stored.integer:  # the run wrote this very estimate
@@ -158,25 +179,37 @@ def main(argv=None) -> int:
                 assert np.allclose(np.asarray(stored.estimates[...]), estimates["blue"], rtol=0.0, atol=1e-12 * scale)
             total = np.flatnonzero((model.workload == 1.0).all(axis=1))
             mae = {key: (float(np.mean(np.abs(value[:, total[0]] - truth[:, total[0]]))) if total.size else float("nan"))
-                   for key, value in [("raw", raw), *estimates.items()]}
+                   for key, value in estimates.items()}
+            # what the integer step adds to the real-valued estimate, per unit total (not against the truth)
+            moved = {key: float(np.mean(np.abs(new_or_old.counts[i].sum(axis=1) - blue.x[i].sum(axis=1))))
+                     for key, new_or_old in (("int", new), ("old int", old)) if new_or_old is not None}
             gaps = {"blue": float("nan"), "int": float("nan")}
             if i:
-                for key, tables, above in (("blue", blue.x[i], blue.x[i - 1]), ("int", counts[i], counts[i - 1])):
+                for key, tables, above in (("blue", blue.x[i], blue.x[i - 1]), ("int", new.counts[i], new.counts[i - 1])):
                     sums = np.zeros_like(above)
                     np.add.at(sums, parents[i], tables)
                     gaps[key] = float(np.abs(sums - above)[np.unique(parents[i])].max())
-            top_rmse = rmse(estimates["top"], truth) if "top" in estimates else float("nan")
-            top_mae = mae.get("top", float("nan"))
-            top_int_rmse = rmse(estimates["top int"], truth) if "top int" in estimates else float("nan")
-            print(f"{name:<8} {units[i]:>7,} {rmse(raw, truth):>9.3f} {top_rmse:>9.3f} "
-                  f"{rmse(estimates['blue'], truth):>9.3f} {rmse(estimates['int'], truth):>9.3f} {top_int_rmse:>12.3f} "
-                  f"{mae['raw']:>11.3f} {top_mae:>6.3f} {mae['blue']:>6.3f} {mae['int']:>6.3f} "
-                  f"{mae.get('top int', float('nan')):>7.3f} "
-                  f"{np.mean(estimates['blue'] < 0):>8.4f} {cover:>7.4f} {gaps['blue']:>9.1e} {gaps['int']:>7.0f}",
-                  flush=True)
-        print(f"estimate (passes only, CPU / wall s): blue {blue_cpu:.2f} / {blue_wall:.2f}, its integer tables "
-              f"{int_cpu:.2f} / {int_wall:.2f}" + ("" if top is None else f", top-down {top_cpu:.2f} / {top_wall:.2f}")
-              + ("" if top_int is None else f", top-down integer {top_int_cpu:.2f} / {top_int_wall:.2f}"))
+            rows.append((name, units[i], {key: rmse(value, truth) for key, value in estimates.items()}, mae, moved,
+                         float(np.mean(estimates["blue"] < 0)), cover, gaps))
+        columns = [key for key in ("raw", "top", "blue", "step", "int", "old step", "old int", "top int")
+                   if key in rows[0][2]]
+        print("RMSE per published query against the truth")
+        print(f"{'level':<8} {'units':>7} " + " ".join(f"{key:>9}" for key in columns)
+              + f" {'blue < 0':>8} {'cover90':>7} {'gap blue':>9} {'gap int':>7}")
+        for name, count, errors, _mae, _moved, negative, cover, gaps in rows:
+            print(f"{name:<8} {count:>7,} " + " ".join(f"{errors[key]:>9.3f}" for key in columns)
+                  + f" {negative:>8.4f} {cover:>7.4f} {gaps['blue']:>9.1e} {gaps['int']:>7.0f}")
+        print("mean absolute error of the unit totals against the truth (int / blue: the goal is <= 1.1); "
+              "|int - blue|: the integer step's own change of the totals")
+        print(f"{'level':<8} {'units':>7} " + " ".join(f"{key:>9}" for key in columns)
+              + f" {'int/blue':>8} {'old/blue':>8} {'|int-blue|':>10} {'|old-blue|':>10}")
+        for name, count, _errors, mae, moved, *_rest in rows:
+            print(f"{name:<8} {count:>7,} " + " ".join(f"{mae[key]:>9.3f}" for key in columns)
+                  + f" {mae['int'] / mae['blue']:>8.3f} {mae.get('old int', np.nan) / mae['blue']:>8.3f}"
+                  + f" {moved['int']:>10.3f} {moved.get('old int', np.nan):>10.3f}")
+        print("estimate (passes only, CPU / wall s): " + ", ".join(
+            f"{key} {cpu:.2f} / {wall:.2f}" for key, (cpu, wall) in seconds.items())
+            + f"; load average {' '.join(f'{v:.1f}' for v in os.getloadavg())}", flush=True)
     return 0
 
 

@@ -38,13 +38,26 @@ Where ``H_u`` is singular the minimiser is not unique; the solver starts from th
 table split by the children's estimated totals (:func:`sibling_start`), so a cell detail no
 level measures follows the parent's.
 
-Integer counts (``integer=True``): the root units are rounded with
-:func:`distfit.estimate.rounding.round_preserving_total`, every finer level is solved against
-its parents' *integer* counts and rounded with :func:`distfit.estimate.rounding.round_children`,
-so integer children sum exactly to their parent, cell by cell, at every level. With ``centre``
-(:func:`integer_top_down`, what a multi-level run's ``--integer`` uses) the same solves stay
-close to given tables (the hierarchy's best linear unbiased estimates) instead of the
-measurements, in the same metric ``H_u``.
+Integer counts (``integer=True``): every finer level is solved against its parents' *integer*
+counts and every level's solution rounded by :func:`distfit.estimate.rounding.round_controlled`
+(the root's totals to the nearest integer, children summing exactly to their parent, cell by
+cell, at every level, and every unit's total, and its sums over the sets of a laminar family of
+its level's queries, within 1 of the solved table's: a controlled rounding, one maximum flow per
+level). ``rounding="cells"`` is the rounding of before (each cell among its siblings alone,
+:func:`distfit.estimate.rounding.round_children`; the root by
+:func:`distfit.estimate.rounding.round_preserving_total`), whose unit totals gather one
+rounding error per cell (2-4x the real-valued estimate's error at 224 cells), kept only to
+measure against (benchmarks/bench_geography.py). With ``centre`` (:func:`integer_top_down`, what
+a multi-level run's ``--integer`` uses) the same solves stay close to given tables (the
+hierarchy's best linear unbiased estimates) instead of the measurements, in the same metric
+``H_u``.
+
+Where the integer tables' error comes from (measured at 2,000 and 20,000 units on
+pipelines/census.yaml: benchmarks/README.md, "Issue 29 point 4: `--integer` by controlled
+rounding"): the top-down step changes the BLUE's unit totals little (its metric ``H_u`` weighs
+the precisely measured totals heavily), and its nonnegativity lowers the RMSE near 0; the
+rounding cell by cell was what cost, and the controlled rounding moves a unit's total by less
+than 1 (0.23-0.26 on average).
 """
 from __future__ import annotations
 
@@ -53,17 +66,19 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import scipy.sparse
 
+from distfit.estimate.hierarchy import Grouping, check_parent_of
 from distfit.estimate.projection import minimise_quadratic, quadratic_objective
-from distfit.estimate.rounding import round_children, round_preserving_total
+from distfit.estimate.rounding import round_children, round_controlled, round_preserving_total
 
 __all__ = [
     "GeographyLevel",
+    "ROUNDINGS",
     "SiblingProjection",
     "TopDownResult",
     "WeightedInformation",
     "descendant_terms",
+    "descendant_weights",
     "estimate_top_down",
     "integer_top_down",
     "project_siblings",
@@ -149,32 +164,10 @@ class WeightedInformation:
         return self._lipschitz
 
 
-def _grouping(parent_of: np.ndarray, parents: int) -> scipy.sparse.csr_array:
-    """The 0/1 matrix (parents x children) summing children into their parent."""
-    n = parent_of.size
-    return scipy.sparse.csr_array((np.ones(n), (parent_of, np.arange(n))), shape=(parents, n))
-
-
 def _check_parents(levels: Sequence[GeographyLevel]) -> list[np.ndarray | None]:
-    out: list[np.ndarray | None] = []
-    for i, level in enumerate(levels):
-        if level.parent_of is None:
-            if i > 0 and levels[i - 1].units == 1:  # under one population: all its children
-                out.append(np.zeros(level.units, dtype=np.int64))
-            elif i > 0:
-                raise ValueError(f"level {i}: no parent_of, and level {i - 1} has {levels[i - 1].units} units")
-            else:
-                out.append(None)
-            continue
-        parent_of = np.asarray(level.parent_of)
-        if i == 0:
-            raise ValueError("level 0: the root level has no parents (parent_of must be None)")
-        if parent_of.shape != (level.units,) or not np.issubdtype(parent_of.dtype, np.integer):
-            raise ValueError(f"level {i}: parent_of must be {level.units} integers, got shape {parent_of.shape}")
-        if parent_of.size and (parent_of.min() < 0 or parent_of.max() >= levels[i - 1].units):
-            raise ValueError(f"level {i}: parent_of outside 0..{levels[i - 1].units - 1}")
-        out.append(parent_of.astype(np.int64))
-    return out
+    """Every level's parent rows (:func:`distfit.estimate.hierarchy.check_parent_of`)."""
+    return [check_parent_of(level.parent_of, i, level.units, levels[i - 1].units if i else 0)
+            for i, level in enumerate(levels)]
 
 
 def _squared_norms(whitened: np.ndarray | None, units: int) -> np.ndarray:
@@ -183,36 +176,47 @@ def _squared_norms(whitened: np.ndarray | None, units: int) -> np.ndarray:
     return np.einsum("ij,ij->i", whitened, whitened)
 
 
-def descendant_terms(levels: Sequence[GeographyLevel]) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
-    """Per level ``l``: ``(weights, linear, constant)`` of its units' objective (module
-    docstring): ``weights`` (units, K - l) the coefficient of ``H_l, H_l+1, ...`` (1 for
-    ``H_l``, ``1 / n_ul'`` for a finer level where the unit has ``n_ul' > 0`` descendants, else
-    0), ``linear`` (units x cells) ``g_u`` and ``constant`` (units,) ``sum_l' w_ul' ||sum of the
-    descendants' whitened measurements||^2`` (0 for levels without ``whitened``). Sums over
-    descendants are sparse products, level by level (no loop over units)."""
+def _sum_up(groupings: Sequence[Grouping | None], i: int, j: int, values: np.ndarray) -> np.ndarray:
+    """The sums of level ``j``'s ``values`` (units x ...) over the descendants of level ``i``'s
+    units (``j >= i``), carried up level by level (sparse products, no loop over units)."""
+    for k in range(j, i, -1):
+        values = groupings[k].sum(values)
+    return values
+
+
+def _groupings(levels: Sequence[GeographyLevel]) -> list[Grouping | None]:
     parents = _check_parents(levels)
+    return [None] + [Grouping.of(parents[i], levels[i - 1].units) for i in range(1, len(levels))]
+
+
+def descendant_weights(levels: Sequence[GeographyLevel]) -> list[np.ndarray]:
+    """Per level ``l``: ``weights`` (units, K - l), the coefficient of ``H_l, H_l+1, ...`` in
+    its units' ``H_u`` (module docstring): 1 for ``H_l``, ``1 / n_ul'`` for a finer level where
+    the unit has ``n_ul' > 0`` descendants, else 0."""
+    groupings = _groupings(levels)
     out = []
     for i, level in enumerate(levels):
-        counts = [np.ones(level.units)]
-        sums = [np.asarray(level.linear, dtype=np.float64)]
-        norms = [_squared_norms(level.whitened, level.units)]
-        # descendants at level j > i: their counts, summed g and whitened measurements, carried up from j to i
-        for j in range(i + 1, len(levels)):
-            n = np.ones(levels[j].units)
-            g = np.asarray(levels[j].linear, dtype=np.float64)
+        counts = np.stack([_sum_up(groupings, i, j, np.ones(levels[j].units)) for j in range(i, len(levels))], axis=1)
+        out.append(np.where(counts > 0, 1.0 / np.where(counts > 0, counts, 1.0), 0.0))
+    return out
+
+
+def descendant_terms(levels: Sequence[GeographyLevel]) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """Per level ``l``: ``(weights, linear, constant)`` of its units' objective (module
+    docstring): ``weights`` those of :func:`descendant_weights`, ``linear`` (units x cells)
+    ``g_u`` and ``constant`` (units,) ``sum_l' w_ul' ||sum of the descendants' whitened
+    measurements||^2`` (0 for levels without ``whitened``)."""
+    groupings = _groupings(levels)
+    out = []
+    for i, (level, weights) in enumerate(zip(levels, descendant_weights(levels))):
+        linear = np.zeros(np.shape(level.linear))
+        constant = np.zeros(level.units)
+        for j in range(i, len(levels)):
+            w = weights[:, j - i]
+            linear += w[:, None] * _sum_up(groupings, i, j, np.asarray(levels[j].linear, dtype=np.float64))
             white = levels[j].whitened
-            for k in range(j, i, -1):
-                grouping = _grouping(parents[k], levels[k - 1].units)
-                n, g = grouping @ n, grouping @ g
-                white = None if white is None else grouping @ white
-            counts.append(n)
-            sums.append(g)
-            norms.append(_squared_norms(white, level.units))
-        safe = [np.where(n > 0, n, 1.0) for n in counts]
-        weights = np.stack([np.where(n > 0, 1.0 / s, 0.0) for n, s in zip(counts, safe)], axis=1)
-        linear = sum(w[:, None] * g for w, g in zip(weights.T, sums))
-        constant = sum(w * c for w, c in zip(weights.T, norms))
-        out.append((weights, np.asarray(linear), np.asarray(constant)))
+            constant += w * _squared_norms(None if white is None else _sum_up(groupings, i, j, white), level.units)
+        out.append((weights, linear, constant))
     return out
 
 
@@ -294,9 +298,15 @@ def _nonnegative(v: np.ndarray) -> np.ndarray:
     return np.maximum(v, 0.0)
 
 
+#: How :func:`estimate_top_down` rounds a level's tables (module docstring, "Integer counts").
+ROUNDINGS = ("controlled", "cells")
+
+
 def estimate_top_down(levels: Sequence[GeographyLevel], *, integer: bool = False, tol: float = 1e-9,
                       max_iter: int = 20000, on_level: Callable[[int], None] | None = None,
-                      centre: Sequence[np.ndarray] | None = None) -> TopDownResult:
+                      centre: Sequence[np.ndarray] | None = None,
+                      families: Sequence[np.ndarray | None] | None = None,
+                      rounding: str = "controlled") -> TopDownResult:
     """Every level's estimates, coarsest first (module docstring): the root level by
     nonnegative GLS, each finer level by GLS with its children summing to their parent's
     estimate (``integer``: to the parent's integer counts, then rounded so they sum exactly).
@@ -307,17 +317,28 @@ def estimate_top_down(levels: Sequence[GeographyLevel], *, integer: bool = False
     tables to stay close to instead of the measurements, in the same metric: unit ``u``
     minimises ``0.5 (x - c_u)^T H_u (x - c_u)`` (linear term ``g_u = H_u c_u``) under the same
     constraints, each level's solve starting from ``c`` projected onto them
-    (:func:`integer_top_down`)."""
+    (:func:`integer_top_down`).
+
+    ``rounding`` (with ``integer``): ``"controlled"``
+    (:func:`distfit.estimate.rounding.round_controlled`: every unit's total, and its sums over
+    each set of its level's ``families[i]`` (sets x cells, laminar; None: the total only), within
+    1 of the solved table's) or ``"cells"`` (each cell rounded among its siblings alone, the
+    rounding before issue 29 point 4, kept to measure against: benchmarks/bench_geography.py)."""
     if not levels:
         raise ValueError("levels: at least one level")
+    if rounding not in ROUNDINGS:
+        raise ValueError(f"rounding: one of {', '.join(ROUNDINGS)}, got {rounding!r}")
     cells = int(np.asarray(levels[0].linear).shape[1])
     for i, level in enumerate(levels):
         if np.asarray(level.linear).ndim != 2 or np.asarray(level.linear).shape[1] != cells:
             raise ValueError(f"level {i}: linear must be (units, {cells}), got {np.asarray(level.linear).shape}")
         if centre is not None and np.shape(centre[i]) != np.shape(level.linear):
             raise ValueError(f"level {i}: centre must be {np.shape(level.linear)}, got {np.shape(centre[i])}")
+    if families is not None and len(families) != len(levels):
+        raise ValueError(f"families: one per level ({len(levels)}), got {len(families)}")
     parents = _check_parents(levels)
-    terms = descendant_terms(levels)
+    # centred, the objective's linear term and constant come from the centre, not the measurements
+    terms = descendant_terms(levels) if centre is None else [(w, None, None) for w in descendant_weights(levels)]
     xs, counts, objectives, residuals, iterations, converged = [], [], [], [], [], []
     for i, level in enumerate(levels):
         if on_level is not None:
@@ -349,34 +370,42 @@ def estimate_top_down(levels: Sequence[GeographyLevel], *, integer: bool = False
         iterations.append(int(result.iterations))
         converged.append(result.converged)
         if integer:
-            counts.append(round_preserving_total(x) if parent_of is None
-                          else _round_level(x, parent_of, counts[i - 1]))
+            family = None if families is None else families[i]
+            counts.append(_round_level(x, parent_of, counts[i - 1] if i else None, family, rounding))
     return TopDownResult(x=tuple(xs), counts=tuple(counts) if integer else None, objective=tuple(objectives),
                          residual=tuple(residuals), iterations=tuple(iterations), converged=tuple(converged))
 
 
-def _round_level(x: np.ndarray, parent_of: np.ndarray, above: np.ndarray) -> np.ndarray:
-    """:func:`distfit.estimate.rounding.round_children` of a level's children ``x`` (summing to
-    their parents' integer counts ``above`` up to rounding), parents without children left out
-    (they have nothing to split)."""
+def _round_level(x: np.ndarray, parent_of: np.ndarray | None, above: np.ndarray | None, family: np.ndarray | None,
+                 rounding: str) -> np.ndarray:
+    """A level's integer counts (``estimate_top_down``'s ``rounding``): the roots' keeping their
+    totals, the children of each parent (summing to its integer counts ``above`` up to
+    rounding) summing to them exactly; parents without children left out (nothing to split)."""
+    if parent_of is None:
+        return round_controlled(x, family) if rounding == "controlled" else round_preserving_total(x)
     present, up = np.unique(np.asarray(parent_of, dtype=np.int64), return_inverse=True)
+    if rounding == "controlled":
+        return round_controlled(x, family, up.reshape(-1), above[present])
     return round_children(x, up.reshape(-1), above[present])
 
 
-def integer_top_down(levels: Sequence[GeographyLevel], centre: Sequence[np.ndarray], *, tol: float = 1e-6,
+def integer_top_down(levels: Sequence[GeographyLevel], centre: Sequence[np.ndarray], *,
+                     families: Sequence[np.ndarray | None] | None = None, tol: float = 1e-6,
                      max_iter: int = 20000) -> tuple[np.ndarray, ...]:
     """Nonnegative integer tables (int64, per level, coarsest first) close to real-valued ones
     ``centre`` (e.g. the hierarchy's best linear unbiased estimates, which may be below 0), every
     unit's children summing exactly to it, cell by cell: :func:`estimate_top_down` with
     ``integer`` and ``centre``. Level by level, coarsest first, each unit's table minimises
     ``(n - c_u)^T H_u (n - c_u)`` over ``n >= 0`` with the children of a parent summing to the
-    parent's integer counts, then is rounded keeping those sums
-    (:func:`distfit.estimate.rounding.round_children`; the root by
-    :func:`distfit.estimate.rounding.round_preserving_total`). ``H_u`` is the information of
+    parent's integer counts, then is rounded keeping those sums and, within 1, every unit's
+    total and its sums over the sets of ``families[l]`` (e.g.
+    :func:`distfit.estimate.rounding.laminar_family` of the level's queries):
+    :func:`distfit.estimate.rounding.round_controlled`. ``H_u`` is the information of
     the unit's own and its descendants' measurements (module docstring), the metric of the
     release's noise: a deviation along a direction the queries measure precisely costs much,
     one along a direction nothing measures costs nothing (docs/design.md section 7, "Integer
     tables"). ``levels``: each level's ``hessian`` and ``parent_of`` (their ``linear`` only
     gives the shape); ``tol``/``max_iter``: the solver's (a few units' worth of precision is
     enough before rounding)."""
-    return estimate_top_down(levels, integer=True, tol=tol, max_iter=max_iter, centre=centre).counts
+    return estimate_top_down(levels, integer=True, tol=tol, max_iter=max_iter, centre=centre,
+                             families=families).counts

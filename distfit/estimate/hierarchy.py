@@ -141,7 +141,8 @@ from dataclasses import dataclass
 import numpy as np
 import scipy.sparse
 
-__all__ = ["HierarchyEstimate", "PINV_RTOL", "classwise", "estimate_hierarchy", "psd_pinv", "query_variances"]
+__all__ = ["Grouping", "HierarchyEstimate", "PINV_RTOL", "check_parent_of", "classwise", "estimate_hierarchy", "psd_pinv",
+           "query_variances"]
 
 #: Eigenvalues of a PSD matrix at most this times its largest count as 0 (:func:`psd_pinv`).
 PINV_RTOL = 1e-9
@@ -241,8 +242,8 @@ def _mv(a: np.ndarray, v: np.ndarray) -> np.ndarray:
 
 
 @dataclass(frozen=True, eq=False)
-class _Grouping:
-    """A level's children grouped by parent: ``matrix`` the 0/1 sparse matrix (parents x
+class Grouping:
+    """A level's children grouped by parent (here and in :mod:`distfit.estimate.geography`): ``matrix`` the 0/1 sparse matrix (parents x
     children) summing children into their parent (a sparse product: 10x faster than
     ``np.add.reduceat`` over rows), ``parents`` the parents with children, ``last`` each one's
     last child (a row of the level) and ``fanout`` (parents,) every parent's number of children."""
@@ -253,7 +254,7 @@ class _Grouping:
     fanout: np.ndarray
 
     @classmethod
-    def of(cls, parent_of: np.ndarray, parents: int) -> "_Grouping":
+    def of(cls, parent_of: np.ndarray, parents: int) -> "Grouping":
         n = parent_of.size
         matrix = scipy.sparse.csr_array((np.ones(n), (parent_of, np.arange(n))), shape=(parents, n))
         order = np.argsort(parent_of, kind="stable")
@@ -317,6 +318,26 @@ def _class_sum(counts: scipy.sparse.csr_array, matrices: np.ndarray) -> np.ndarr
     return np.asarray(counts @ flat).reshape((counts.shape[0],) + matrices.shape[1:])
 
 
+def check_parent_of(parent_of: np.ndarray | None, level: int, units: int, above: int) -> np.ndarray | None:
+    """Level ``level``'s parent rows as int64 (units,), each a row of the level above (``above``
+    units): None for level 0 (the roots; anything else refused); None under a level of one unit
+    means that unit is every unit's parent (zeros). ValueError naming the level and the problem."""
+    if level == 0:
+        if parent_of is not None:
+            raise ValueError("level 0: the coarsest level has no parents (parent_of must be None)")
+        return None
+    if parent_of is None:
+        if above != 1:
+            raise ValueError(f"level {level}: no parent_of, and level {level - 1} has {above} units")
+        return np.zeros(units, dtype=np.int64)
+    up = np.asarray(parent_of)
+    if up.shape != (units,) or not np.issubdtype(up.dtype, np.integer):
+        raise ValueError(f"level {level}: parent_of must be {units} integers, got shape {up.shape}")
+    if up.size and (up.min() < 0 or up.max() >= above):
+        raise ValueError(f"level {level}: parent_of outside 0..{above - 1}")
+    return up.astype(np.int64)
+
+
 def _check(information: Sequence[np.ndarray], linear: Sequence[np.ndarray], parent_of: Sequence[np.ndarray | None]
            ) -> tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray | None]]:
     """Arrays as float64 / int64, shapes checked; ValueError naming the level and the problem."""
@@ -337,18 +358,7 @@ def _check(information: Sequence[np.ndarray], linear: Sequence[np.ndarray], pare
                              f"got shape {j.shape}")
         if not np.all(np.isfinite(j)) or not np.all(np.isfinite(h)):
             raise ValueError(f"level {level}: information and linear must be finite")
-        if level == 0:
-            if up is not None:
-                raise ValueError("level 0: the coarsest level has no parents (parent_of must be None)")
-            parents.append(None)
-        else:
-            up = np.asarray(up)
-            above = hs[-1].shape[0]
-            if up.shape != (h.shape[0],) or not np.issubdtype(up.dtype, np.integer):
-                raise ValueError(f"level {level}: parent_of must be {h.shape[0]} integers, got shape {up.shape}")
-            if up.size and (up.min() < 0 or up.max() >= above):
-                raise ValueError(f"level {level}: parent_of outside 0..{above - 1}")
-            parents.append(up.astype(np.int64))
+        parents.append(check_parent_of(up, level, h.shape[0], hs[-1].shape[0] if hs else 0))
         js.append(_sym(j))
         hs.append(h)
     return js, hs, parents
@@ -362,8 +372,9 @@ def estimate_hierarchy(information: Sequence[np.ndarray], linear: Sequence[np.nd
     level, or units x d x d); ``linear[l]``: ``h_u`` (units x d), e.g. the ``(H, g)`` of
     :func:`distfit.estimate.projection.normal_equations` of the level's plan and measurements;
     ``parent_of[l]``: each unit's parent, a row of level ``l - 1`` (None for level 0, whose
-    units are the roots). ``rtol``: :func:`psd_pinv`'s. ``split``: how the part of a parent's
-    table no child's subtree identifies is split among its children, ``"equal"`` (the linear
+    units are the roots, and under a level of one unit: :func:`check_parent_of`). ``rtol``:
+    :func:`psd_pinv`'s. ``split``: how the part of a parent's table no child's subtree
+    identifies is split among its children, ``"equal"`` (the linear
     least-squares rule) or ``"total"`` (in proportion to the children's estimated totals, where
     they are all blind in the same directions: module docstring, "Splitting what nothing
     identifies"). ValueError on inconsistent shapes or another ``split``."""
@@ -373,7 +384,7 @@ def estimate_hierarchy(information: Sequence[np.ndarray], linear: Sequence[np.nd
     levels = len(hs)
     d = hs[0].shape[1]
     eye = np.eye(d)
-    groupings = [None] + [_Grouping.of(up, hs[level].shape[0]) for level, up in enumerate(parents[1:])]
+    groupings = [None] + [Grouping.of(up, hs[level].shape[0]) for level, up in enumerate(parents[1:])]
     own = [_matrix_classes(j, h.shape[0]) for j, h in zip(js, hs)]  # (distinct J, each unit's)
 
     # upward, per class: (J, I, I^+, Pi_N(I)) and for parents (S, K, N, N^+), the fanout;

@@ -23,9 +23,12 @@ unbiased, so where the release is noisy around 0 some are below 0 (they are not 
 clipping would bias them and void the variances). With ``integer``: nonnegative integer tables
 from those estimates (:func:`distfit.estimate.geography.integer_top_down`: level by level,
 coarsest first, the nonnegative tables nearest the estimates in the metric of the release's
-noise, children summing to their parent's integer counts, then rounded keeping those sums), every
-unit's children summing exactly (bitwise, int64) to it, cell by cell; the integers are not
-linear in the release, so no variances are stored with them.
+noise, children summing to their parent's integer counts, then a controlled rounding:
+:func:`distfit.estimate.rounding.round_controlled`, keeping those sums exactly and every unit's
+total, and its sums over the laminar family of its level's queries that
+:func:`distfit.estimate.rounding.laminar_family` picks, within 1), every unit's children summing
+exactly (bitwise, int64) to it, cell by cell; the integers are not linear in the release, so no
+variances are stored with them.
 
 Each level's estimate is then written, coarsest first, to ``levels/<level>/estimate.zarr`` in
 the estimate store's layout (:mod:`distfit.stores.estimate`, method :data:`METHOD`), built
@@ -66,7 +69,8 @@ from distfit.estimate.measurements import (
     workload_estimates,
     workload_kind,
 )
-from distfit.estimate.projection import DENSE_CELLS, normal_equations
+from distfit.estimate.projection import DENSE_CELLS, normal_equations, quadratic_objective
+from distfit.estimate.rounding import laminar_family
 from distfit.stores.data import cell_labels, value_labels
 from distfit.stores.estimate import (
     check_replaceable,
@@ -92,7 +96,8 @@ OBJECTIVE = ("over every unit u of every level l at once: sum_u sum_b (y_bu - B_
              "(y_bu - B_b M_b x_u), every unit's table x_u the sum of its children's (generalised least squares "
              "over the geography tree: each query's best linear unbiased estimate); with integer, then "
              "nonnegative integer tables, each level's nearest to it in the metric of its own and its descendants' "
-             "measurements, summing to its parents' counts, rounded keeping the sums")
+             "measurements, summing to its parents' counts, rounded keeping the sums exactly and each unit's total "
+             "and laminar query sums within 1 (controlled rounding)")
 
 
 def parent_columns(spec: Any) -> dict[str, str | None]:
@@ -219,8 +224,7 @@ def _write_level(path: Path, *, spec, plan, plan_path: Path, release, model, x: 
 def _residuals(hessian: np.ndarray, linear: np.ndarray, norms: np.ndarray, x: np.ndarray) -> np.ndarray:
     """Each unit's own weighted squared residual ``||C^-1 (y - B M x)||^2 = x^T H x - 2 g^T x +
     ||C^-1 y||^2`` (summed over its blocks; at least 0: the expansion cancels)."""
-    x = np.asarray(x, dtype=np.float64)
-    return np.maximum(np.einsum("ij,ij->i", x @ hessian, x) - 2.0 * np.einsum("ij,ij->i", linear, x) + norms, 0.0)
+    return np.maximum(2.0 * quadratic_objective(hessian, linear, np.asarray(x, dtype=np.float64)) + norms, 0.0)
 
 
 def estimate_levels(spec: Any, level_dirs: Mapping[str, os.PathLike | str], *, integer: bool = False,
@@ -273,7 +277,8 @@ def estimate_levels(spec: Any, level_dirs: Mapping[str, os.PathLike | str], *, i
         print(f"distfit: estimate levels {', '.join(names)} ({units:,} units): best linear unbiased over the "
               f"geography{', then integer tables' if integer else ''}", file=log)
         result = estimate_hierarchy(hessians, linears, parent_of, split="total")
-        xs = (integer_top_down([GeographyLevel(h, g, up) for h, g, up in zip(hessians, linears, parent_of)], result.x)
+        xs = (integer_top_down([GeographyLevel(h, g, up) for h, g, up in zip(hessians, linears, parent_of)], result.x,
+                               families=[laminar_family(models[name].workload) for name in names])
               if integer else result.x)
         variances = [None if integer or models[name].workload is None
                      else query_variances(models[name].workload, result.covariance[i], result.unit_class[i])

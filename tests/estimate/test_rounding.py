@@ -1,6 +1,8 @@
 """Controlled rounding (distfit.estimate.rounding): floor or ceiling everywhere, totals and
 parent sums kept exactly, on random inputs; the rounding equal to the nearest floor/ceiling
-table found by exhaustion; the published tables of rounded cells their exact integer sums."""
+table found by exhaustion; the published tables of rounded cells their exact integer sums;
+round_controlled's parents kept exactly and unit totals and a laminar family's sums within 1,
+against exhaustion on tiny tables."""
 from __future__ import annotations
 
 import dataclasses
@@ -12,7 +14,7 @@ import numpy as np
 import pytest
 
 from distfit.estimate.measurements import measurement_model, published_estimates, workload_estimates, workload_kind
-from distfit.estimate.rounding import round_children, round_preserving_total
+from distfit.estimate.rounding import laminar_family, round_children, round_controlled, round_preserving_total
 from distfit.stores.plan import read_plan
 from tests.reference import SMALL_SPEC
 from tests.storetools import planned
@@ -195,3 +197,131 @@ def test_bad_input_is_refused_naming_the_field():
         round_children(x, np.array([0, 3]), np.array([[1, 3]]))
     with pytest.raises(ValueError, match="parent_counts: shape"):
         round_children(x, np.array([0, 0]), np.array([1, 3]))
+
+
+# --------------------------------------------------------------------------------------------
+# controlled rounding: totals and a laminar family of sums within 1, parents' cells exact
+
+
+def _sums_within_one(counts, x, family):
+    """Every row's total and sum over each set of ``family`` strictly within 1 of ``x``'s."""
+    sets = np.vstack([np.ones((1, x.shape[1]), dtype=bool), family]).astype(float)
+    return np.abs(counts @ sets.T - x @ sets.T).max(initial=0.0) < 1.0
+
+
+CHAIN = np.array([[1, 1, 1, 1, 1, 0, 0, 0, 0],   # a laminar family of 9 cells: a chain, a disjoint set
+                  [1, 1, 1, 0, 0, 0, 0, 0, 0],
+                  [1, 0, 0, 0, 0, 0, 0, 0, 0],
+                  [0, 0, 0, 0, 0, 1, 1, 1, 0]], dtype=bool)[[0, 1, 3]]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_controlled_children_keep_parents_exactly_and_their_sums_within_one(seed):
+    rng = np.random.default_rng(seed)
+    x, parent_of, parent_counts = _children(rng, parents=40, cells=9, per_parent=rng.integers(2, 12))
+    counts = round_controlled(x, CHAIN, parent_of, parent_counts)
+    assert counts.dtype == np.int64 and counts.min() >= 0 and _floor_or_ceil(counts, x)
+    sums = np.zeros_like(parent_counts)
+    np.add.at(sums, parent_of, counts)
+    assert np.array_equal(sums, parent_counts)
+    assert _sums_within_one(counts, x, CHAIN)
+    assert np.array_equal(round_controlled(x, CHAIN, parent_of, parent_counts), counts)  # deterministic
+    # against the rounding of each cell among its siblings alone: the totals are close
+    old = round_children(x, parent_of, parent_counts)
+    total_error = np.abs(counts.sum(axis=1) - x.sum(axis=1)).mean()
+    assert total_error < np.abs(old.sum(axis=1) - x.sum(axis=1)).mean()
+    assert total_error < 0.4  # the largest-remainder rounding of the totals, where the cells allow it
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_controlled_roots_round_their_totals_to_nearest(seed):
+    rng = np.random.default_rng(seed)
+    x = rng.exponential(2.0, (300, 9)) * (rng.random((300, 9)) < 0.8)
+    counts = round_controlled(x, CHAIN)
+    assert _floor_or_ceil(counts, x) and _sums_within_one(counts, x, CHAIN)
+    assert np.array_equal(counts.sum(axis=1), round_preserving_total(x).sum(axis=1))  # round(sum x), halves up
+
+
+def _feasible_by_exhaustion(x, parent_of, parent_counts, family):
+    """Every floor/ceiling table of ``x`` (one parent's children, rows x cells), by exhaustion:
+    the choices whose cells sum to ``parent_counts``; each row's totals; and whether each row's
+    sums over ``family`` are within 1 of ``x``'s."""
+    floor = np.floor(x)
+    free = np.flatnonzero(x.ravel() > floor.ravel())
+    choices = np.array(list(itertools.product([0, 1], repeat=free.size)), dtype=np.int64).reshape(-1, free.size)
+    tables = np.repeat(floor.ravel()[None].astype(np.int64), choices.shape[0], axis=0)
+    tables[:, free] += choices
+    tables = tables.reshape(-1, *x.shape)
+    sums = np.zeros((choices.shape[0], parent_counts.shape[0], x.shape[1]), dtype=np.int64)
+    for row, parent in enumerate(parent_of):
+        sums[:, parent] += tables[:, row]
+    exact = np.all(sums == parent_counts, axis=(1, 2))
+    sets = np.vstack([np.ones((1, x.shape[1]), dtype=bool), family]).astype(float)
+    within = np.all(np.abs(tables @ sets.T - x @ sets.T) < 1.0, axis=(1, 2))
+    return tables, exact, within
+
+
+@pytest.mark.parametrize("seed", [200, 203, 206, 208])
+def test_controlled_rounding_against_exhaustion(seed):
+    """Tiny tables (2 parents of 2 children, 4 cells, a family of 2 nested sets), every
+    floor/ceiling table enumerated: one keeping the parents' cells and every child's total and
+    family sums within 1 exists (Cox's theorem, as a network flow: the module docstring), the
+    rounding is one (seed 208: rounding each cell among its siblings alone is not); and where
+    one also gives every child the largest-remainder rounding of its total among its siblings,
+    the rounding gives it too."""
+    rng = np.random.default_rng(seed)
+    family = np.array([[1, 1, 1, 0], [1, 1, 0, 0]], dtype=bool)
+    parent_of = np.array([0, 0, 1, 1])
+    parent_counts = rng.integers(0, 5, (2, 4))
+    shares = rng.exponential(1.0, (parent_of.size, 4)) + 1e-3
+    sums = np.zeros((2, 4))
+    np.add.at(sums, parent_of, shares)
+    x = shares / sums[parent_of] * parent_counts[parent_of]
+    tables, exact, within = _feasible_by_exhaustion(x, parent_of, parent_counts, family)
+    assert np.any(exact & within)
+    counts = round_controlled(x, family, parent_of, parent_counts)
+    assert np.any(np.all(tables == counts, axis=(1, 2)) & exact & within)
+    cell_by_cell = np.all(tables == round_children(x, parent_of, parent_counts), axis=(1, 2))
+    assert bool(np.any(cell_by_cell & within)) is (seed != 208)
+    floor_total = np.floor(x).sum(axis=1)
+    demand = parent_counts.sum(axis=1) - np.bincount(parent_of, weights=floor_total, minlength=2)
+    pinned = floor_total + round_children((x.sum(axis=1) - floor_total)[:, None], parent_of,
+                                          np.rint(demand)[:, None].astype(np.int64))[:, 0]
+    if np.any(exact & within & np.all(tables.sum(axis=2) == pinned, axis=1)):
+        assert np.array_equal(counts.sum(axis=1), pinned)
+
+
+def test_controlled_totals_fall_back_when_the_cells_forbid_the_nearest():
+    """Two cells, four children of one parent each holding half a unit in one cell: the
+    largest-remainder rounding of the totals (ties: the lower rows, [1, 1, 0, 0]) puts both
+    units in cell 0, which holds only one, so each total is floor or ceil instead (by
+    exhaustion: exactly the tables with one raised child per cell)."""
+    x = np.array([[0.5, 0.0], [0.5, 0.0], [0.0, 0.5], [0.0, 0.5]])
+    parent_of, parent_counts = np.zeros(4, dtype=np.int64), np.array([[1, 1]])
+    counts = round_controlled(x, None, parent_of, parent_counts)
+    tables, exact, _within = _feasible_by_exhaustion(x, parent_of, parent_counts, np.zeros((0, 2), dtype=bool))
+    assert exact.sum() == 4 and np.any(np.all(tables[exact] == counts, axis=(1, 2)))
+
+
+def test_laminar_family_of_a_workload():
+    """The largest sets first; a set crossing a kept one, a repeat, a single cell and the total
+    are left out; only 0/1 rows count."""
+    workload = np.array([[1, 1, 1, 1, 1, 1],      # the total
+                         [1, 1, 1, 0, 0, 0],      # kept (largest)
+                         [0, 0, 1, 1, 0, 0],      # crosses the one above
+                         [1, 1, 0, 0, 0, 0],      # nested: kept
+                         [0, 0, 0, 1, 1, 0],      # disjoint from the kept ones: kept
+                         [1, 1, 0, 0, 0, 0],      # a repeat
+                         [0, 0, 0, 0, 0, 1],      # one cell
+                         [2, 2, 0, 0, 0, 0]])     # not a 0/1 row
+    family = laminar_family(workload)
+    assert family.tolist() == [[True, True, True, False, False, False], [True, True, False, False, False, False],
+                               [False, False, False, True, True, False]]
+    assert laminar_family(None).shape == (0, 0)
+
+
+def test_controlled_rounding_refuses_a_crossing_family():
+    with pytest.raises(ValueError, match="family: sets 0 and 1 cross"):
+        round_controlled(np.full((2, 3), 0.5), np.array([[1, 1, 0], [0, 1, 1]]))
+    with pytest.raises(ValueError, match="family: a set appears twice"):
+        round_controlled(np.full((2, 3), 0.5), np.array([[1, 1, 0], [1, 1, 0]]))
