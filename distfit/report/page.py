@@ -86,11 +86,11 @@ from distfit.solver.baselines import compare_baselines
 from distfit.spec.model import PipelineSpec, QueryGroupSpec
 from distfit.spec.parse import parse_spec
 from distfit.stores.data import open_data
-from distfit.stores.estimate import read_estimate, read_verified_estimate
+from distfit.stores.estimate import read_sealed_estimate
 from distfit.stores.lock import store_lock
 from distfit.stores.files import STAGING_MARKER, check_marked_dir, move_into_place
 from distfit.stores.plan import read_plan, read_verified_plan
-from distfit.stores.release import read_release, read_verified_release
+from distfit.stores.release import read_sealed_release
 
 MARKER = ".distfit-report"
 PAGE = "index.html"
@@ -598,8 +598,12 @@ def write_report(plan_path: str | os.PathLike, out: str | os.PathLike,
     """Write the report of the plan (and release) to ``out`` (module docstring): ``index.html``,
     and with ``data_path`` (the release's data store) the confidential ``validation.html``; with
     ``estimate_path`` (an estimate of the release) the estimate's sections. Every store is
-    verified against its checksum first (one line naming the store that changed), unless
-    ``verified``: the caller wrote or verified each of them just before (``distfit run``)."""
+    verified against its checksum before anything is written (one line naming the store that
+    changed): the plan whole, first, and the data's root, unless ``verified`` (the caller wrote
+    or verified them just before: ``distfit run``); the release and the estimate always as they
+    are read (:meth:`distfit.stores.sealing.SealedKind.read_sealed`: the root first, then each
+    chunk of the units the report shows hashed as it is read; the chunks it does not read it
+    neither reads nor vouches for)."""
     out_path = Path(os.fspath(out))
     if STAGING_MARKER in out_path.name:
         raise ValueError(f"{out_path}: a report path may not contain {STAGING_MARKER!r}")
@@ -612,10 +616,10 @@ def _write_report(plan_path: str | os.PathLike, out_path: Path, release_path: st
                   verified: bool) -> ReportResult:
     if out_path.exists() or out_path.is_symlink():
         _check_out(out_path)  # refuse early, before any work
-    # every input verified against its checksum once, before anything is written
+    # every input verified against its checksum, before anything is written: the plan whole, the
+    # release and the estimate as they are read (their roots now, each chunk when it is read)
     plan = (read_plan if verified else read_verified_plan)(plan_path)
-    read_release_store = read_release if verified else read_verified_release
-    release = read_release_store(release_path) if release_path is not None else None
+    release = read_sealed_release(release_path) if release_path is not None else None
     if release is not None and release.attrs.get("plan_checksum") != plan.checksum:
         raise ValueError(f"{release.path}: the release was made from another plan "
                          f"(plan checksum {release.attrs.get('plan_checksum')}, not {plan.checksum})")
@@ -629,8 +633,7 @@ def _write_report(plan_path: str | os.PathLike, out_path: Path, release_path: st
     if data_path is not None and release is None:
         raise ValueError("--data: the calibration compares a release with its data; give the release too")
     calibrated = _calibration(plan, release, data_path, verified) if data_path is not None else None
-    read_estimate_store = read_estimate if verified else read_verified_estimate
-    estimate = read_estimate_store(estimate_path) if estimate_path is not None else None
+    estimate = read_sealed_estimate(estimate_path) if estimate_path is not None else None
     if estimate is not None and (release is None or estimate.attrs.get("release_checksum") != release.checksum):
         raise ValueError(f"{estimate.path}: the estimate is not of the release "
                          f"{'given' if release is None else release.path} (release checksum "
