@@ -629,7 +629,6 @@ def _write_report(plan_path: str | os.PathLike, out_path: Path, release_path: st
         ratios = np.asarray(plan.queries_variances / plan.queries_targets, dtype=float)
     spec, why = _stored_spec(plan)
     layouts = _layouts(spec, len(plan.queries_targets))
-    baselines, note = _baselines(spec, why, plan)
     if data_path is not None and release is None:
         raise ValueError("--data: the calibration compares a release with its data; give the release too")
     calibrated = _calibration(plan, release, data_path, verified) if data_path is not None else None
@@ -638,6 +637,10 @@ def _write_report(plan_path: str | os.PathLike, out_path: Path, release_path: st
         raise ValueError(f"{estimate.path}: the estimate is not of the release "
                          f"{'given' if release is None else release.path} (release checksum "
                          f"{estimate.attrs.get('release_checksum')}); give the release it was made from")
+    # the publishable page's part is computed without the truth, so it is the same with or without
+    # --data; read (and each chunk checked) before any figure is drawn
+    estimated = (estimate, _estimate_summary(release, estimate, None)) if estimate is not None else None
+    baselines, note = _baselines(spec, why, plan)
 
     plt = pyplot()
     figures = {"privacy_curve": plot_privacy_curve(plt, float(plan.attrs["alpha"])),
@@ -646,18 +649,14 @@ def _write_report(plan_path: str | os.PathLike, out_path: Path, release_path: st
                "block_alpha": plot_block_alpha(plt, blocks),
                "variance_ratio": plot_variance_ratio(plt, ratios, baselines)}
     hidden: dict[str, str] = {}  # the confidential page's figures
-    summary = true = estimated = validation = None
+    summary = true = validation = None
     if calibrated is not None:
         summary, z, sd, true = calibrated
         hidden["calibration"] = plot_calibration(plt, z, sd)
     compared = None
-    if estimate is not None:
-        # the publishable page's part is computed without the truth, so it is the same with or without --data
-        estimated = (estimate, _estimate_summary(release, estimate, None))
-        if true is not None:
-            compared = _estimate_summary(release, estimate, true)
-            hidden["estimate_error"] = plot_estimate_error(plt, compared["query_rmse_raw"],
-                                                            compared["query_rmse_estimate"])
+    if estimate is not None and true is not None:
+        compared = _estimate_summary(release, estimate, true)
+        hidden["estimate_error"] = plot_estimate_error(plt, compared["query_rmse_raw"], compared["query_rmse_estimate"])
     page = _page(plan, release, spec, layouts, blocks, ratios, baselines, note, figures, estimated)
     if summary is not None:
         validation = _validation_page(plan, release, summary, hidden, compared)
