@@ -29,8 +29,10 @@ do, and SHA-256 for comparison), and the whole verification alone (wall, CPU: th
 after each run.
 
 **Readers** (``--part readers``; the release and its estimate, made once, kept in the workdir):
-``distfit export`` of the release, of the estimate, and ``distfit report`` of both (``verified=True``:
-the plan not hashed, the same in every mode), each in a fresh spawned process, in three modes of
+reading what the export reads and nothing else (``read release``, ``read estimate``: the figures
+and the unit ids, chunk by chunk), ``distfit export`` of the release, of the estimate, and
+``distfit report`` of both (``verified=True``: the plan not hashed, the same in every mode;
+``--readers`` chooses among them), each in a fresh spawned process, in three modes of
 opening the release and the estimate (the rest of the command unchanged):
 
 * **unchecked**: ``read`` (no verification at all: the floor);
@@ -145,15 +147,23 @@ def _reader(command: str, mode: str, paths: dict, queue) -> None:
         for module in (export_job, page):  # the commands' one way of opening each kind
             setattr(module, f"read_sealed_{kind}", opener)
     start_wall, start_cpu = time.perf_counter(), _cpu()
-    if command == "report":
+    if command.startswith("read "):  # what the export reads, chunk by chunk, and nothing else
+        kind = command.split()[1]
+        store = getattr(export_job, f"read_sealed_{kind}")(paths[kind])
+        values = store.answers if kind == "release" else store.estimates
+        units, chunk = int(store.attrs["units"]), int(store.attrs["chunk_units"])
+        for a in range(0, units, chunk):
+            np.asarray(values[a:a + chunk])
+            np.asarray(store.unit_ids[a:a + chunk])
+    elif command == "report":
         write_report(paths["plan"], paths["out"], paths["release"], estimate_path=paths["estimate"], verified=True)
     else:
         run_export(paths[command.split()[1]], paths["out"], fsync=False)
     queue.put((time.perf_counter() - start_wall, _cpu() - start_cpu))
 
 
-def _readers(paths: dict, repeat: int) -> None:
-    for command in ("export release", "export estimate", "report"):
+def _readers(paths: dict, repeat: int, commands: list[str]) -> None:
+    for command in commands:
         runs: dict[str, list[tuple[float, float]]] = {mode: [] for mode in READER_MODES}
         for r in range(repeat):
             for mode in (READER_MODES if r % 2 == 0 else READER_MODES[::-1]):
@@ -188,6 +198,8 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=2)
     parser.add_argument("--workdir", type=Path, default=None)
     parser.add_argument("--part", choices=("all", "jobs", "readers"), default="all")
+    parser.add_argument("--readers", default="read release,read estimate,export release,export estimate,report",
+                        help="the readers' commands (comma-separated)")
     args = parser.parse_args()
     work = args.workdir or Path(tempfile.mkdtemp(prefix="bench-verify-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -207,7 +219,8 @@ def main() -> None:
         estimate = work / "estimate.zarr"
         if not estimate.exists():
             _spawned(_job, "estimate", True, dict(paths, out=str(estimate)), args.workers)
-        _readers(dict(paths, estimate=str(estimate), out=str(work / "readers-out")), args.repeat)
+        _readers(dict(paths, estimate=str(estimate), out=str(work / "readers-out")), args.repeat,
+                 args.readers.split(","))
     for kind in (("release", "estimate") if args.part in ("all", "jobs") else ()):
         runs: dict[bool, list[tuple[float, float]]] = {True: [], False: []}
         for repeat in range(args.repeat):
