@@ -23,7 +23,9 @@ session). Then, ``--repeat`` times, alternating:
   threads (all cores). Its Cholesky factor is computed once.
 
 Printed per N: the best and the spread (min-max) of each, units/s at the best, the ratio
-distfit / loop of the bests (and the range of the per-pair ratios), peak memory (sampled RSS,
+distfit / loop of the bests (and the range of the per-pair ratios), the CPU-seconds (user +
+system) of each run's process and its reaped workers and their ratio (issue 31's measure: it
+holds on a shared machine where wall times do not), peak memory (sampled RSS,
 every 50 ms: the driver, the largest worker process, and the loop), bytes written per unit
 (the files of each store), and the load average (``os.getloadavg``) before each run. Each run
 is a fresh spawned process, so its peak RSS is its own. With
@@ -46,7 +48,7 @@ import numpy as np  # noqa: E402
 import scipy.linalg  # noqa: E402
 import zarr  # noqa: E402
 
-from benchmarks.common import MIB, load, measured, parse_options, planned_workdir, spread, store_bytes, synthesised  # noqa: E402
+from benchmarks.common import MIB, cpu_seconds, load, measured, parse_options, planned_workdir, spread, store_bytes, synthesised  # noqa: E402
 from distfit.release.job import run_release  # noqa: E402
 from distfit.stores.data import read_histograms  # noqa: E402
 from distfit.stores.plan import read_plan  # noqa: E402
@@ -80,8 +82,16 @@ def minimal_loop(plan_path: str, data_path: str, out: str, seed: int) -> float:
     return time.perf_counter() - start
 
 
-def _distfit(plan_path: str, data_path: str, out: str, workers: int) -> float:
-    return run_release(plan_path, data_path, out, placement=Placement(workers=workers), log=io.StringIO()).seconds
+def _distfit(plan_path: str, data_path: str, out: str, workers: int) -> tuple[float, float]:
+    cpu = cpu_seconds()
+    seconds = run_release(plan_path, data_path, out, placement=Placement(workers=workers), log=io.StringIO()).seconds
+    return seconds, cpu_seconds() - cpu
+
+
+def _loop(plan_path: str, data_path: str, out: str, seed: int) -> tuple[float, float]:
+    cpu = cpu_seconds()
+    seconds = minimal_loop(plan_path, data_path, out, seed)
+    return seconds, cpu_seconds() - cpu
 
 
 def main(argv=None) -> int:
@@ -98,17 +108,18 @@ def main(argv=None) -> int:
             runs = []
             for rep in range(args.repeat):
                 before_d = load()
-                seconds, mem_d = measured(_distfit, plan_path, data_path, out, args.workers)
+                (seconds, cpu), mem_d = measured(_distfit, plan_path, data_path, out, args.workers)
                 out_bytes = store_bytes(out)
                 shutil.rmtree(out)
                 before_l = load()
-                loop, mem_l = measured(minimal_loop, plan_path, data_path, loop_out, 12345 + rep)
+                (loop, loop_cpu), mem_l = measured(_loop, plan_path, data_path, loop_out, 12345 + rep)
                 loop_bytes = store_bytes(loop_out)
                 shutil.rmtree(loop_out)
-                runs.append(dict(distfit=seconds, loop=loop, drv=mem_d.driver / MIB, wrk=mem_d.worker / MIB,
+                runs.append(dict(distfit=seconds, loop=loop, cpu=cpu, loop_cpu=loop_cpu, drv=mem_d.driver / MIB, wrk=mem_d.worker / MIB,
                                  loop_mib=mem_l.driver / MIB, bytes=out_bytes / n, loop_bytes=loop_bytes / n))
-                print(f"N={n} run {rep + 1}/{args.repeat}: distfit {seconds:.2f} s (load {before_d}), "
-                      f"loop {loop:.2f} s (load {before_l}), ratio {seconds / loop:.2f}; peak RSS driver "
+                print(f"N={n} run {rep + 1}/{args.repeat}: distfit {seconds:.2f} s, {cpu:.2f} CPU-s (load {before_d}), "
+                      f"loop {loop:.2f} s, {loop_cpu:.2f} CPU-s (load {before_l}), ratio {seconds / loop:.2f}, "
+                      f"CPU ratio {cpu / loop_cpu:.2f}; peak RSS driver "
                       f"{mem_d.driver / MIB:.0f} MiB, worker {mem_d.worker / MIB:.0f} MiB, loop "
                       f"{mem_l.driver / MIB:.0f} MiB", flush=True)
             if not args.keep_data:
@@ -118,17 +129,20 @@ def main(argv=None) -> int:
     print()
     print(f"best (min-max) of {args.repeat} run(s) each, alternating; distfit on {args.workers} worker processes")
     print(f"{'units':>9} {'distfit s':>17} {'units/s':>8} {'loop s':>17} {'units/s':>8} {'ratio':>5} "
-          f"{'(pairs)':>11} {'drv MiB':>7} {'wrk MiB':>7} {'loop MiB':>8} {'B/unit':>7} {'loop B/unit':>11}")
+          f"{'(pairs)':>11} {'CPU-s':>7} {'loop CPU':>8} {'CPU ratio':>9} {'drv MiB':>7} {'wrk MiB':>7} {'loop MiB':>8} {'B/unit':>7} {'loop B/unit':>11}")
     for n, runs in rows:
         d = [r["distfit"] for r in runs]
         lp = [r["loop"] for r in runs]
         pairs = [r["distfit"] / r["loop"] for r in runs]
+        c, lc = [r["cpu"] for r in runs], [r["loop_cpu"] for r in runs]
         print(f"{n:>9} {spread(d, '.2f'):>17} {n / min(d):>8.0f} {spread(lp, '.2f'):>17} {n / min(lp):>8.0f} "
-              f"{min(d) / min(lp):>5.2f} {min(pairs):>5.2f}-{max(pairs):<5.2f} {max(r['drv'] for r in runs):>7.0f} "
+              f"{min(d) / min(lp):>5.2f} {min(pairs):>5.2f}-{max(pairs):<5.2f} {min(c):>7.2f} {min(lc):>8.2f} "
+              f"{min(c) / min(lc):>9.2f} {max(r['drv'] for r in runs):>7.0f} "
               f"{max(r['wrk'] for r in runs):>7.0f} {max(r['loop_mib'] for r in runs):>8.0f} "
               f"{runs[0]['bytes']:>7.0f} {runs[0]['loop_bytes']:>11.0f}")
     print("ratio = best distfit / best loop (goal <= 0.7 at 1M); (pairs) = range of distfit / loop within each run; "
-          "MiB = sampled peak RSS (driver, largest worker, loop); B/unit = bytes of the store's files per unit")
+          "CPU-s = user + system seconds of the process and its workers (best of the runs; goal: CPU ratio <= 1.2, "
+          "issue 31); MiB = sampled peak RSS (driver, largest worker, loop); B/unit = bytes of the store's files per unit")
     if len(rows) >= 2:
         (n1, r1), (n2, r2) = rows[-2], rows[-1]
         t1, t2 = min(r["distfit"] for r in r1), min(r["distfit"] for r in r2)
@@ -136,6 +150,13 @@ def main(argv=None) -> int:
         fixed = t2 - per_unit * n2
         print(f"distfit = {fixed:.2f} s + {per_unit * 1e6:.2f} s per 1M units (line through N={n1}, {n2}); "
               f"{EXTRAPOLATE_TO:,} units extrapolated: {fixed + per_unit * EXTRAPOLATE_TO:.0f} s (goal <= 90 s)")
+        slopes = {}
+        for key in ("cpu", "loop_cpu"):
+            c1, c2 = min(r[key] for r in r1), min(r[key] for r in r2)
+            slopes[key] = ((c2 - c1) / (n2 - n1), c2 - (c2 - c1) / (n2 - n1) * n2)
+        (d_unit, d_fixed), (l_unit, l_fixed) = slopes["cpu"], slopes["loop_cpu"]
+        print(f"CPU-s: distfit {d_fixed:.2f} + {d_unit * 1e6:.2f} per 1M units, loop {l_fixed:.2f} + "
+              f"{l_unit * 1e6:.2f} per 1M units: CPU per unit {d_unit / l_unit:.2f}x the loop's (goal <= 1.2, issue 31)")
     return 0
 
 

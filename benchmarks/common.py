@@ -1,6 +1,7 @@
 """What the store benchmarks share (``bench_release.py``, ``bench_estimate.py``,
 ``bench_export.py``): timing a run in a fresh process with its peak memory (:func:`measured`,
-:class:`PeakRSS`), the size of a store on disk, the load average, a best-and-spread figure, and
+:class:`PeakRSS`), the size of a store on disk, the CPU-seconds of a process and its waited-for children
+(:func:`cpu_seconds`), the load average, a best-and-spread figure, and
 the set-up of a benchmark over synthetic units: its ``--workdir``/``--keep-data``/``--spec``
 options (:func:`parse_options`), the spec planned once into the workdir
 (:func:`planned_workdir`) and the data of N units synthesised there (:func:`synthesised`)."""
@@ -11,6 +12,7 @@ import contextlib
 import io
 import multiprocessing
 import os
+import resource
 import shutil
 import tempfile
 import threading
@@ -91,6 +93,13 @@ def measured(function, *args) -> tuple[float, PeakRSS]:
     if child.exitcode != 0:
         raise SystemExit(f"{function.__name__} failed (exit {child.exitcode})")
     return seconds, memory
+
+
+def cpu_seconds() -> float:
+    """User + system CPU seconds of this process and of its waited-for descendants (a local
+    cluster's worker processes, once it has shut them down and reaped them)."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
 def store_bytes(path: str) -> int:

@@ -14,7 +14,7 @@ from pathlib import Path
 from distfit.audit.mask import audit_mask
 from distfit.audit.plan import audit_plan
 from distfit.cli.errors import PROG
-from distfit.cli.solve import format_number
+from distfit.cli.summary import format_number
 from distfit.stores.files import root_attrs_on_disk
 
 

@@ -128,9 +128,12 @@ def kept_outputs(rundir: Path) -> list[str]:
 def _run_command(args: argparse.Namespace) -> int:
     spec = load_spec(args.spec) if args.spec is not None else None  # None: the embedded default pipeline
     multilevel = spec is not None and spec.multilevel
+    if args.geography is not None and not multilevel:
+        raise UsageError("--geography: lists the units of a multi-level spec's levels; this spec has no levels")
+    extra = {"geography": args.geography} if multilevel else {}
     run = run_levels if multilevel else run_pipeline
     result = run(spec, args.out, data=args.data, units=args.units, placement=args.placement, estimate=args.estimate,
-                 integer=args.integer)
+                 integer=args.integer, **extra)
     if multilevel:
         account = result.account
         rows = [("spec hash", result.spec_hash), ("people", result.people)]

@@ -411,6 +411,9 @@ def build_parser() -> argparse.ArgumentParser:
                                  "files) tabulated into RUNDIR/data.zarr (default: synthesise RUNDIR/data.zarr)")
     run_parser.add_argument("--units", type=whole_number(1), metavar="N",
                             help="units of synthetic data (default 10000; a rerun reuses the earlier data)")
+    run_parser.add_argument("--geography", metavar="FILE",
+                            help="with --data, for a multi-level spec: every unit of every level with its parent, "
+                                 "empty units included (CSV: level,unit,parent; docs/geography.md)")
     run_parser.add_argument("--integer", action="store_true", help="integer estimates (each unit's total kept)")
     run_parser.add_argument("--no-estimate", dest="estimate", action="store_false",
                             help="skip the estimate stage (RUNDIR/estimate.zarr)")

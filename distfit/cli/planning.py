@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import argparse
 
-from distfit.cli.solve import format_number
-from distfit.cli.summary import print_summary
+from distfit.cli.summary import format_number, print_summary
 from distfit.plan.job import run_plan
 from distfit.spec.parse import load_spec
 

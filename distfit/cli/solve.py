@@ -23,6 +23,7 @@ from distfit import __version__
 from distfit.cli.errors import UsageError
 from distfit.cli.main import DEFAULT_MAX_GAP
 from distfit.cli.outputs import check_output_path, write_outputs
+from distfit.cli.summary import format_number
 from distfit.cli.workloads import load_workload
 from distfit.mathematics.privacy import Budget
 from distfit.solver.baselines import compare_baselines
@@ -122,11 +123,6 @@ def solve_report(args: argparse.Namespace) -> dict[str, Any]:
         outputs.append(("--save", args.save, lambda handle: np.savez(handle, **arrays)))
     write_outputs(outputs)
     return report
-
-
-def format_number(value: float) -> str:
-    """A number in a command's summary: 6 significant digits."""
-    return f"{value:.6g}"
 
 
 def format_solve_report(report: dict[str, Any]) -> str:

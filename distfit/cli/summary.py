@@ -12,10 +12,15 @@ from typing import Any
 
 from distfit.cli.errors import PROG
 
-__all__ = ["LABEL_WIDTH", "print_summary", "summary_lines"]
+__all__ = ["LABEL_WIDTH", "format_number", "print_summary", "summary_lines"]
 
 #: Labels up to this many characters are padded to it (``units``, ``plan checksum``).
 LABEL_WIDTH = 14
+
+
+def format_number(value: float) -> str:
+    """A number in a command's summary: 6 significant digits."""
+    return f"{value:.6g}"
 
 
 def summary_lines(title: str, rows: Iterable[tuple[str, Any]]) -> list[str]:

@@ -72,7 +72,6 @@ import gzip
 import io
 import math
 import os
-import re
 import shutil
 import sys
 import zlib
@@ -87,7 +86,9 @@ import pyarrow
 from distfit.checks import check_integer
 from distfit.runtime.placement import dask_dataframe, dask_runtime
 from distfit.runtime.progress import Progress
+from distfit.data.geography import LevelUnits
 from distfit.data.rows import RowCheck, check_rows, two_parents
+from distfit.data.source_errors import failure_message, line_of_record, parser_problem
 from distfit.data.synthetic import default_chunk_units
 from distfit.spec.model import PipelineSpec
 from distfit.spec.parse import load_spec
@@ -281,6 +282,8 @@ def _run_scans(ddf, job: _ScanJob, client, log: TextIO) -> tuple[dict[int, dict]
     parts = ddf.to_delayed()
     shown = Progress("tabulate", log, unit="partitions")
     done = 0
+    if len(parts) == 1:  # no progress line for one partition: say what the wait is
+        print("distfit: tabulate: reading the data in one partition", file=log, flush=True)
 
     def progress() -> None:  # a line for more than one partition; ended if a failure cuts it short
         nonlocal done
@@ -296,27 +299,7 @@ def _run_scans(ddf, job: _ScanJob, client, log: TextIO) -> tuple[dict[int, dict]
 
 
 # --------------------------------------------------------------------------------------------
-# errors: where in the file
-
-
-def _csv_line_of_record(path: str, record: int) -> int | None:
-    """Physical line (1-based) of data record ``record`` (0-based) of a CSV file: the first
-    non-blank line is the header; blank lines are skipped, as pandas does. Error path only."""
-    opener = gzip.open if path.lower().endswith(".gz") else open
-    with opener(path, "rb") as handle:
-        return _line_of_record(handle, record)
-
-
-def _line_of_record(lines: Iterable[bytes], record: int) -> int | None:
-    """:func:`_csv_line_of_record` over the physical ``lines`` of a CSV file (or of its start)."""
-    seen = -2  # the header is record -1
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        seen += 1
-        if seen == record:
-            return number
-    return None
+# the start of a CSV file
 
 
 def _sniff_csv(name: str, spec, parent_column: str | None) -> None:
@@ -332,7 +315,7 @@ def _sniff_csv(name: str, spec, parent_column: str | None) -> None:
         with opener(name, "rb") as handle:
             head = handle.read(SNIFF_BYTES + 1)
     except READ_ERRORS as error:
-        raise DataError(f"{name}: {_parser_problem(error)[1]}") from None
+        raise DataError(f"{name}: {parser_problem(error)[1]}") from None
     truncated = len(head) > SNIFF_BYTES
     head = head[:SNIFF_BYTES]
     if not head.strip():
@@ -358,7 +341,7 @@ def _sniff_csv(name: str, spec, parent_column: str | None) -> None:
     except pd.errors.ParserError as error:
         if truncated and '"' in text:
             return  # perhaps a quoted field the sample cut: the full reader decides
-        local, problem = _parser_problem(error)
+        local, problem = parser_problem(error)
         raise DataError(f"{name}: line {local}: {problem}" if local is not None else f"{name}: {problem}") from None
     _check_columns(name, [str(c) for c in frame.columns], spec, parent_column)
     if truncated and not len(frame):
@@ -368,52 +351,9 @@ def _sniff_csv(name: str, spec, parent_column: str | None) -> None:
                      integer_ids=spec.units is None, parent_column=parent_column)
     first = check_rows(frame, check).first if len(frame) else None
     if first is not None:
-        line = _line_of_record(head.splitlines(keepends=True), first[0])
+        line = line_of_record(head.splitlines(keepends=True), first[0])
         where = f"line {line}" if line is not None else f"data row {first[0] + 1}"
         raise DataError(f"{name}: {where}, column {first[1]!r}: {first[2]}")
-
-
-def _parser_problem(error: BaseException) -> tuple[int | None, str]:
-    """``(local line or None, problem)`` from a pandas/pyarrow read error."""
-    text = " ".join(str(error).split())
-    text = text.split("Original Message: ", 1)[-1]
-    match = re.search(r"Expected (\d+) fields in line (\d+), saw (\d+)", text)
-    if match:
-        return int(match.group(2)), f"malformed CSV: expected {match.group(1)} fields, saw {match.group(3)}"
-    match = re.search(r"\bline (\d+)", text)
-    if match:
-        return int(match.group(1)), f"malformed CSV: {text}"
-    if isinstance(error, UnicodeError):
-        return None, "cannot read: not UTF-8 text"
-    return None, f"cannot read ({type(error).__name__}: {text})"
-
-
-def _failure_message(name: str, fmt: str, results: dict[int, dict], failure: tuple[int, Any]) -> str:
-    """The one-line DataError message of the first failure (module docstring)."""
-    k, payload = failure
-    before = sum(results[j]["rows"] for j in range(k))
-    if isinstance(payload, dict):
-        record = before + payload["row"]
-        if fmt == "csv":
-            line = _csv_line_of_record(name, record)
-            where = f"line {line}" if line is not None else f"data row {record + 1}"
-        else:
-            where = f"row {record + 1}"
-        return f"{name}: {where}, column {payload['column']!r}: {payload['problem']}"
-    local, problem = _parser_problem(payload)
-    if fmt == "csv" and local is not None:
-        if k == 0:
-            return f"{name}: line {local}: {problem}"
-        start = _csv_line_of_record(name, before)  # the partition's first record; its header is line 1
-        if start is not None:
-            return f"{name}: line {start + local - 2}: {problem}"
-    if fmt == "csv" and k > 0:
-        start = _csv_line_of_record(name, before)
-        if start is not None:
-            return f"{name}: {problem} (in the part from line {start})"
-    if fmt == "parquet" and k > 0:
-        return f"{name}: {problem} (in the part from row {before + 1})"
-    return f"{name}: {problem}"
 
 
 # --------------------------------------------------------------------------------------------
@@ -435,7 +375,7 @@ def _open_source(name: str, fmt: str, spec, blocksize: int | str, parent_column:
     except READ_ERRORS as error:
         if isinstance(error, pd.errors.EmptyDataError):
             raise DataError(f"{name}: empty file (no header, no rows)") from None
-        local, problem = _parser_problem(error)
+        local, problem = parser_problem(error)
         if fmt == "parquet":
             problem = problem.replace("cannot read (", "cannot read as Parquet (", 1)
         raise DataError(f"{name}: line {local}: {problem}" if local is not None and fmt == "csv"
@@ -471,37 +411,66 @@ def _check_columns(name: str, found: Sequence[str], spec, parent_column: str | N
 # pass 2: one task per chunk of units
 
 
-def _unit_index(parts: Path, results: dict[int, dict], integer: bool) -> tuple[np.ndarray, list[tuple[int, int, int]]]:
+def _unit_index(parts: Path, results: dict[int, dict], integer: bool,
+                universe: np.ndarray | None = None) -> tuple[np.ndarray, list[tuple[int, int, int]]]:
     """The sorted global unit ids, and ``(partition, first, last global unit)`` per partition
-    with people (each partition's local-to-global map saved as ``p<k>.units.npy``)."""
+    with people (each partition's local-to-global map saved as ``p<k>.units.npy``). With
+    ``universe`` (a geography's units, sorted, in the ids' dtype) the global ids are those, and
+    a unit with people that it does not list is refused (:class:`_NotListed`)."""
     empty = np.zeros(0, np.int64 if integer else "S1")
     ids, pending, pending_size = empty, [], 0
     with_people = [k for k in sorted(results) if results[k]["units"]]
-    for k in with_people:
-        local = np.load(parts / f"p{k}.ids.npy")
-        pending.append(local)
-        pending_size += local.size
-        if pending_size > 2 * ids.size + (1 << 20):
-            ids, pending, pending_size = np.unique(np.concatenate([ids] + pending)), [], 0
-    if pending:
-        ids = np.unique(np.concatenate([ids] + pending))
+    if universe is not None:
+        ids = universe
+    else:
+        for k in with_people:
+            local = np.load(parts / f"p{k}.ids.npy")
+            pending.append(local)
+            pending_size += local.size
+            if pending_size > 2 * ids.size + (1 << 20):
+                ids, pending, pending_size = np.unique(np.concatenate([ids] + pending)), [], 0
+        if pending:
+            ids = np.unique(np.concatenate([ids] + pending))
     ranges = []
     for k in with_people:
         local = np.load(parts / f"p{k}.ids.npy")
         index = np.searchsorted(ids, local).astype(np.int64)
+        if universe is not None:
+            missing = np.flatnonzero((index >= ids.size) | (ids[np.minimum(index, ids.size - 1)] != local))
+            if missing.size:
+                raise _NotListed(local[missing[0]])
         np.save(parts / f"p{k}.units.npy", index)
         ranges.append((k, int(index[0]), int(index[-1])))
     return ids, ranges
 
 
-def _parent_index(parts: Path, partitions: Sequence[int], ids: np.ndarray, job: _ScanJob, name: str) -> np.ndarray:
+class _NotListed(Exception):
+    """A unit with people that the geography does not list (its id)."""
+
+    def __init__(self, unit: Any) -> None:
+        super().__init__(unit)
+        self.unit = unit
+
+
+def _parent_index(parts: Path, partitions: Sequence[int], ids: np.ndarray, job: _ScanJob, name: str,
+                  listed: np.ndarray | None = None, geography_file: str | None = None) -> np.ndarray:
     """Each global unit's parent id (the partitions' ``p<k>.parents.npy`` by ``p<k>.units.npy``);
-    DataError naming the unit, the parent column and both parents when two partitions disagree."""
-    parents = np.zeros(ids.size, np.int64 if job.integer_parents else "S1")
+    DataError naming the unit, the parent column and both parents when two partitions disagree.
+    With ``listed`` (the geography's parents) those are the parents, and a unit whose people
+    name another is a DataError naming the unit, both parents and ``geography_file``."""
+    parents = np.zeros(ids.size, np.int64 if job.integer_parents else "S1") if listed is None else listed
     seen = np.zeros(ids.size, dtype=bool)
     for k in partitions:
         index = np.load(parts / f"p{k}.units.npy")
         local = np.load(parts / f"p{k}.parents.npy")
+        if listed is not None:
+            clash = np.flatnonzero(listed[index] != local)
+            if clash.size:
+                unit = index[clash[0]]
+                raise DataError(f"{name}: column {job.parent_column!r}: unit {_shown(ids[unit])} of "
+                                f"{job.unit_column!r} has people in {_shown(local[clash[0]])}, but "
+                                f"{geography_file} puts it in {_shown(listed[unit])}")
+            continue
         if local.dtype.itemsize > parents.dtype.itemsize:
             parents = parents.astype(local.dtype)
         clash = np.flatnonzero(seen[index] & (parents[index] != local))
@@ -512,6 +481,11 @@ def _parent_index(parts: Path, partitions: Sequence[int], ids: np.ndarray, job: 
         parents[index] = local
         seen[index] = True
     return parents
+
+
+def _shown(value: Any) -> str:
+    value = value.item() if isinstance(value, np.generic) else value
+    return repr(value.decode("utf-8", "replace")) if isinstance(value, bytes) else repr(value)
 
 
 @dataclass(frozen=True)
@@ -571,7 +545,8 @@ def _merge_chunk(job: _MergeJob, chunk: int, partitions: tuple[int, ...]) -> int
 def tabulate_microdata(spec: Any, source: PathLike, out: PathLike, *, client=None,
                        chunk_units: int | None = None, overwrite: bool = False, fsync: bool = True,
                        cover: Iterable[Sequence[str]] = (), blocksize: int | str = BLOCKSIZE,
-                       parent_column: str | None = None, log: TextIO | None = None) -> Path:
+                       parent_column: str | None = None, geography: LevelUnits | None = None,
+                       log: TextIO | None = None) -> Path:
     """Tabulate the microdata at ``source`` for ``spec`` into a marginals store at ``out``.
 
     ``spec``: a :class:`distfit.spec.model.PipelineSpec` or a spec path. ``client``: a
@@ -582,7 +557,10 @@ def tabulate_microdata(spec: Any, source: PathLike, out: PathLike, *, client=Non
     ``parent_column``: the unit column of the coarser level the units lie in (a level of a
     multi-level run): each unit's parent id is stored as ``parent_ids`` (:mod:`distfit.stores.data`),
     and a unit whose people name two parents is a DataError naming the unit, the column and
-    both parents. Returns the path written. Raises DataError (bad input: module docstring),
+    both parents. ``geography``: the level's units (:class:`distfit.data.geography.LevelUnits`):
+    every one is a unit of the store, empty ones included (zero counts), with the parent it
+    gives; a unit with people it does not list, or whose people name another parent, is a
+    DataError naming the unit. Returns the path written. Raises DataError (bad input: module docstring),
     FileExistsError (something at ``out`` that may not be replaced), ValueError (bad arguments).
     """
     log = log or sys.stderr
@@ -615,19 +593,26 @@ def tabulate_microdata(spec: Any, source: PathLike, out: PathLike, *, client=Non
                        sizes=tuple(domain.sizes), parent_column=parent_column, integer_parents=integer_parents)
         results, failure = _run_scans(ddf, job, client, log)
         if failure is not None:
-            raise DataError(_failure_message(name, fmt, results, failure))
+            raise DataError(failure_message(name, fmt, results, failure))
         rows = sum(r["rows"] for r in results.values())
         if rows == 0:
             raise DataError(f"{name}: no data rows (a header only)" if fmt == "csv" else f"{name}: no data rows")
-        ids, ranges = _unit_index(parts, results, job.integer_ids)
+        universe, listed = (None, None) if geography is None else geography.typed(job.integer_ids, integer_parents)
+        try:
+            ids, ranges = _unit_index(parts, results, job.integer_ids, universe)
+        except _NotListed as missing:
+            raise DataError(f"{name}: unit {_shown(missing.unit)} of column {job.unit_column!r} has people but is "
+                            f"not a unit of level {geography.level!r} in {geography.named}") from None
         if parent_column is not None:
-            np.save(parts / "parents.npy", _parent_index(parts, [k for k, _, _ in ranges], ids, job, name))
+            np.save(parts / "parents.npy", _parent_index(parts, [k for k, _, _ in ranges], ids, job, name,
+                                                         listed, None if geography is None else geography.named))
         units = int(ids.size)
         chunk_units = chunk_units or default_chunk_units(max(cells), units)
         values = value_labels(spec)
         create_marginals(group, cells, units, chunk_units, job.integer_ids,
                          labels=[cell_labels(clique, values) for clique in cliques],
-                         integer_parents=None if parent_column is None else integer_parents)
+                         integer_parents=None if parent_column is None else integer_parents,
+                         progress=Progress("tabulate layout", log, unit="marginals"))
         np.save(parts / "ids.npy", ids)
         del ids
         merge = _MergeJob(store=str(staging), parts_dir=str(parts), cells=cells, units=units,
@@ -646,17 +631,20 @@ def tabulate_microdata(spec: Any, source: PathLike, out: PathLike, *, client=Non
                 pass
         shutil.rmtree(parts)
         write_marginals_attrs(group, domain=domain, spec_hash=spec.spec_hash, units=units,
-                              chunk_units=chunk_units, cliques=cliques, source={**info, "rows": rows},
+                              chunk_units=chunk_units, cliques=cliques,
+                              source={**info, "rows": rows, **({} if geography is None else {"geography": geography.record()})},
                               total_people=rows, parent_column=parent_column)
     return Path(os.fspath(out))
 
 
 def tabulation_mismatch(store: PathLike, spec: Any, source: PathLike,
-                        cover: Iterable[Sequence[str]] = (), parent_column: str | None = None) -> str | None:
+                        cover: Iterable[Sequence[str]] = (), parent_column: str | None = None,
+                        geography: LevelUnits | None = None) -> str | None:
     """None when the marginals store at ``store`` was tabulated for ``spec`` (same spec hash)
     from ``source`` as it is now (same absolute path, format, size and mtime), with the parent
-    ids of ``parent_column`` (or none, for None), and holds a clique for every set in
-    ``cover``; otherwise why not (one phrase)."""
+    ids of ``parent_column`` (or none, for None) and the units of ``geography`` (the same
+    record, or none), and holds a clique for every set in ``cover``; otherwise why not (one
+    phrase)."""
     spec = as_pipeline_spec(spec)
     try:
         data = read_marginals(store)
@@ -670,6 +658,10 @@ def tabulation_mismatch(store: PathLike, spec: Any, source: PathLike,
             return f"the source's {key} differs ({recorded.get(key)!r} recorded, {now[key]!r} now)"
     if data.parent_column != parent_column:
         return f"parent ids of column {data.parent_column!r} stored, {parent_column!r} wanted"
+    wanted = None if geography is None else geography.record()
+    if recorded.get("geography") != wanted:
+        return (f"the units of geography {(recorded.get('geography') or {}).get('digest')} recorded, "
+                f"{None if wanted is None else wanted['digest']} wanted")
     for attributes in cover:
         try:
             data.clique_for(attributes)
@@ -681,9 +673,9 @@ def tabulation_mismatch(store: PathLike, spec: Any, source: PathLike,
 def ensure_tabulated(spec: Any, source: PathLike, out: PathLike, *, cover: Iterable[Sequence[str]] = (),
                      client=None, replace: bool = False, fsync: bool = True,
                      blocksize: int | str = BLOCKSIZE, parent_column: str | None = None,
-                     log: TextIO | None = None) -> tuple[Path, str]:
+                     geography: LevelUnits | None = None, log: TextIO | None = None) -> tuple[Path, str]:
     """Reuse the marginals store at ``out`` if it matches (:func:`tabulation_mismatch`, with
-    ``parent_column``), else tabulate ``source`` into it (:func:`tabulate_microdata`). Returns
+    ``parent_column`` and ``geography``), else tabulate ``source`` into it (:func:`tabulate_microdata`). Returns
     ``(path, "reused" | "tabulated")``. A store that does not match is replaced only with
     ``replace`` (and only if it is a marginals store); otherwise DataError."""
     log = log or sys.stderr
@@ -691,7 +683,7 @@ def ensure_tabulated(spec: Any, source: PathLike, out: PathLike, *, cover: Itera
     path = Path(os.fspath(out))
     replacing = False
     if path.exists() or path.is_symlink():
-        reason = tabulation_mismatch(path, spec, source, cover, parent_column)
+        reason = tabulation_mismatch(path, spec, source, cover, parent_column, geography)
         if reason is None:
             print(f"distfit: reusing the data tabulated at {path} (same source and spec)", file=log)
             return path, "reused"
@@ -701,5 +693,5 @@ def ensure_tabulated(spec: Any, source: PathLike, out: PathLike, *, cover: Itera
         print(f"distfit: tabulating again into {path} ({reason})", file=log)
         replacing = True
     tabulate_microdata(spec, source, path, client=client, overwrite=replacing, fsync=fsync, cover=cover,
-                       blocksize=blocksize, parent_column=parent_column, log=log)
+                       blocksize=blocksize, parent_column=parent_column, geography=geography, log=log)
     return path, "tabulated"

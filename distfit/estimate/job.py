@@ -71,6 +71,7 @@ from distfit.estimate.measurements import (
 )
 from distfit.estimate.projection import prepare_projection, project_nonnegative, projection_memory_bytes
 from distfit.estimate.rounding import round_preserving_total
+from distfit.estimate.warm import warm_estimate
 from distfit.spec.parse import parse_spec
 from distfit.stores.data import cell_labels, value_labels
 from distfit.stores.estimate import (
@@ -509,6 +510,8 @@ def run_estimate(
             _PROBLEM[:] = [model, problem]  # the serial path reuses the driver's
         else:
             prepare_projection(model)  # here, while the workers start: they receive it ready
+            if not placement.serial:  # compiled here once (or loaded): the workers load it from numba's cache
+                warm_estimate()
         workload = workload_kind(model)
         # the data vector is written once: as query columns where the workload holds every cell
         cell_columns = model.cell_queries if problem is None and (workload.integral or not integer) else None

@@ -65,17 +65,21 @@ first free set 3.1k, the steps 15k (Cholesky of ``S`` to ``x`` 4.8k, gradient 1.
 set 2.3k, pattern updates 6.4k), the refinement 6.4k (its ``E x`` 3.5k), ``x`` written 1.0k. From ``g``, against session 8's
 kernel in the same process (alternating, CPU time, best of 6): 11.3 against 13.5 us a unit
 (session 8 measured 12.4-14.0; session 7's scalar kernel 16.7-19.8, the numpy version before
-it 31-36). The kernels compile once per structure shape (7 s) into numba's on-disk cache
-(0.2-0.5 s to load in a new process).
+it 31-36). The entry points have one signature each, the sizes ``s`` and ``k`` run-time
+arguments (docs/compiled.md): compiled once for every structure into numba's on-disk cache
+(``python -m distfit.estimate.warm``; 0.2-0.5 s to load in a new process); the passes over the
+groups keep one version a group size (:func:`_blocks`, :func:`_next`), the same floating-point
+operations in the same order as the kernels specialised on ``(s, k)`` before (bit for bit on PL94
+and four synthetic structures).
 """
 from __future__ import annotations
 
 import numpy as np
 
-from distfit.estimate.compiled import jit
-from distfit.estimate.structure import BlockLowRank
+from distfit.estimate.compiled import jit, kernel
+from distfit.estimate.structure import MAX_GROUP_CELLS, BlockLowRank
 
-__all__ = ["DROP", "START", "SWAPS", "solve_free", "solve_orthant"]
+__all__ = ["DROP", "KERNELS", "START", "SWAPS", "solve_free", "solve_orthant"]
 
 #: The first free set: cells whose unconstrained estimate ``g H^-1`` exceeds this many of its
 #: standard deviations ``sqrt(diag H^-1)`` (measured on PL94 with DROP: 5.1 steps a unit at
@@ -92,10 +96,9 @@ SWAPS = 8
 
 
 @jit
-def _cholesky(packed, lower, kz):
+def _cholesky(packed, lower, k):
     """Lower Cholesky factor of ``S = I + P``, ``P`` given by its packed lower triangle (entry
     ``(a, b)``, ``b <= a``, at ``a (a + 1) / 2 + b``), the diagonal stored inverted."""
-    k = len(kz)
     for j in range(k):
         p = 1.0 + packed[j * (j + 1) // 2 + j]
         for m in range(j):
@@ -109,9 +112,8 @@ def _cholesky(packed, lower, kz):
 
 
 @jit
-def _cholesky_solve(lower, t, kz):
+def _cholesky_solve(lower, t, k):
     """``t <- S^-1 t`` from :func:`_cholesky`'s factor (forward, then back substitution)."""
-    k = len(kz)
     for i in range(k):
         v = t[i]
         for m in range(i):
@@ -125,19 +127,21 @@ def _cholesky_solve(lower, t, kz):
 
 
 @jit
-def _couple(vt, t, c, kz):
-    """``c = V t`` on every cell (the sum over the rank unrolled: one store a cell)."""
+def _couple(vt, t, c, k):
+    """``c = V t`` on every cell: each cell's sum ``((0 + t_0 v_0) + t_1 v_1) + ...`` in the
+    rank's order, term ``b`` added to every cell in one vectorised pass."""
     for cell in range(c.size):
-        v = 0.0
-        for b in range(len(kz)):
-            v += t[b] * vt[b, cell]
-        c[cell] = v
+        c[cell] = 0.0
+    for b in range(k):
+        tb = t[b]
+        for cell in range(c.size):
+            c[cell] += tb * vt[b, cell]
 
 
 @jit(fastmath=("reassoc", "contract"))
-def _dots(vt, z, t, kz):
+def _dots(vt, z, t, k):
     """``t = V^T z``, each sum reassociated into vectorised partial sums (rounding only)."""
-    for b in range(len(kz)):
+    for b in range(k):
         v = 0.0
         for cell in range(z.size):
             v += vt[b, cell] * z[cell]
@@ -153,19 +157,42 @@ def _dot(a, b):
     return v
 
 
+def _blocks_of(s):
+    """:func:`_blocks` for groups of ``s`` cells, ``s`` a compile-time constant (the loop over a
+    group's cells unrolls; the groups' loop vectorises with the sums in registers)."""
+    @jit(fastmath=("contract",))
+    def blocks(table, base, shift, rhs, sign, out, groups):
+        for i in range(s):
+            for r in range(groups):
+                v = 0.0
+                for j in range(s):
+                    v += table[i * s + j, r] * rhs[j * groups + r]
+                out[i * groups + r] = (base[i * groups + r] - shift[i * groups + r]) + sign * v
+    return blocks
+
+
+_BLOCKS_1, _BLOCKS_2, _BLOCKS_3, _BLOCKS_4, _BLOCKS_5, _BLOCKS_6 = (_blocks_of(s) for s in range(1, MAX_GROUP_CELLS + 1))
+
+
 @jit(fastmath=("contract",))
-def _blocks(table, base, shift, rhs, sign, out, groups, sz):
+def _blocks(table, base, shift, rhs, sign, out, groups, s):
     """``out = (base - shift) + sign T rhs`` group by group, with group ``r``'s s x s matrix
     ``T_r`` held in column ``r`` of ``table`` (``table[i * s + j, r]``): every loop runs over
-    the groups, vectorised, with fused multiply-adds (``out`` must be none of the inputs: an
-    overlap check would fall back to the scalar loop)."""
-    s = len(sz)
-    for i in range(s):
-        for r in range(groups):
-            v = 0.0
-            for j in range(s):
-                v += table[i * s + j, r] * rhs[j * groups + r]
-            out[i * groups + r] = (base[i * groups + r] - shift[i * groups + r]) + sign * v
+    the groups, vectorised, with fused multiply-adds, each cell's sum ``(0 + T_i0 rhs_0) +
+    T_i1 rhs_1 + ...`` in ``j``'s order (``out`` must be none of the inputs: an overlap check
+    would fall back to the scalar loop). One version a group size."""
+    if s == 4:
+        _BLOCKS_4(table, base, shift, rhs, sign, out, groups)
+    elif s == 1:
+        _BLOCKS_1(table, base, shift, rhs, sign, out, groups)
+    elif s == 2:
+        _BLOCKS_2(table, base, shift, rhs, sign, out, groups)
+    elif s == 3:
+        _BLOCKS_3(table, base, shift, rhs, sign, out, groups)
+    elif s == 5:
+        _BLOCKS_5(table, base, shift, rhs, sign, out, groups)
+    else:
+        _BLOCKS_6(table, base, shift, rhs, sign, out, groups)
 
 
 @jit
@@ -185,16 +212,15 @@ def _absmax(x):
 
 
 @jit
-def _load(current, inverses, q, r, sz):
+def _load(current, inverses, q, r, s):
     """Column ``r`` of ``current`` <- row ``q`` of ``inverses`` (group ``r``'s new pattern)."""
-    for e in range(len(sz) * len(sz)):
+    for e in range(s * s):
         current[e, r] = inverses[q, e]
 
 
 @jit
-def _apply(table, q, rhs, r, groups, out, sz):
+def _apply(table, q, rhs, r, groups, out, s):
     """``out_r = table[q] rhs_r`` on group ``r``'s cells (one tabulated s x s matrix)."""
-    s = len(sz)
     for i in range(s):
         v = 0.0
         for j in range(s):
@@ -213,19 +239,42 @@ def _capacitance(pattern, offsets, capacitance, packed):
             packed[e] += capacitance[q, e]
 
 
+def _next_of(s):
+    """:func:`_next`'s patterns for groups of ``s`` cells, ``s`` a compile-time constant (the
+    loop over a group's cells unrolls, the groups' loop vectorises)."""
+    @jit
+    def next_patterns(pattern, new, x, gradient, spread, floor, threshold, groups):
+        for r in range(groups):
+            bits = 0
+            for i in range(s):
+                cell = i * groups + r
+                fixed = 1 - ((pattern[r] >> i) & 1)
+                bits |= (np.int64(x[cell] > floor * spread[cell])
+                         | (fixed & np.int64(gradient[cell] < -threshold))) << i
+            new[r] = bits
+    return next_patterns
+
+
+_NEXT_1, _NEXT_2, _NEXT_3, _NEXT_4, _NEXT_5, _NEXT_6 = (_next_of(s) for s in range(1, MAX_GROUP_CELLS + 1))
+
+
 @jit
-def _next(pattern, new, x, gradient, spread, floor, threshold, groups, sz):
+def _next(pattern, new, x, gradient, spread, floor, threshold, groups, s):
     """The next free set's patterns (cells of ``F`` with ``x`` above ``floor`` of their spread
     stay, cells of ``A`` with a multiplier below ``-threshold`` join), branch-free over the
-    cells; how many groups changed."""
-    s = len(sz)
-    for r in range(groups):
-        bits = 0
-        for i in range(s):
-            cell = i * groups + r
-            fixed = 1 - ((pattern[r] >> i) & 1)
-            bits |= (np.int64(x[cell] > floor * spread[cell]) | (fixed & np.int64(gradient[cell] < -threshold))) << i
-        new[r] = bits
+    cells, by the version for groups of ``s`` cells; how many groups changed."""
+    if s == 4:
+        _NEXT_4(pattern, new, x, gradient, spread, floor, threshold, groups)
+    elif s == 1:
+        _NEXT_1(pattern, new, x, gradient, spread, floor, threshold, groups)
+    elif s == 2:
+        _NEXT_2(pattern, new, x, gradient, spread, floor, threshold, groups)
+    elif s == 3:
+        _NEXT_3(pattern, new, x, gradient, spread, floor, threshold, groups)
+    elif s == 5:
+        _NEXT_5(pattern, new, x, gradient, spread, floor, threshold, groups)
+    else:
+        _NEXT_6(pattern, new, x, gradient, spread, floor, threshold, groups)
     changed = 0
     for r in range(groups):
         changed += np.int64(new[r] != pattern[r])
@@ -233,10 +282,9 @@ def _next(pattern, new, x, gradient, spread, floor, threshold, groups, sz):
 
 
 @jit
-def _swap(r, old, new, offsets, inverses, capacitance, factor, gu, z, current, acc, tacc, groups, sz, kz):
+def _swap(r, old, new, offsets, inverses, capacitance, factor, gu, z, current, acc, tacc, groups, s, k):
     """Group ``r`` goes from pattern ``old`` to ``new``: ``S`` and ``t = V^T z`` updated by its
     terms, its inverse loaded and ``z_r = D_p^-1 g_r`` recomputed."""
-    s, k = len(sz), len(kz)
     q0, q1 = offsets[r] + old, offsets[r] + new
     for e in range(acc.size):
         acc[e] += capacitance[q1, e] - capacitance[q0, e]
@@ -244,8 +292,8 @@ def _swap(r, old, new, offsets, inverses, capacitance, factor, gu, z, current, a
         cell = i * groups + r
         for b in range(k):
             tacc[b] -= z[cell] * factor[cell, b]
-    _load(current, inverses, q1, r, sz)
-    _apply(inverses, q1, gu, r, groups, z, sz)
+    _load(current, inverses, q1, r, s)
+    _apply(inverses, q1, gu, r, groups, z, s)
     for i in range(s):
         cell = i * groups + r
         for b in range(k):
@@ -253,16 +301,16 @@ def _swap(r, old, new, offsets, inverses, capacitance, factor, gu, z, current, a
 
 
 @jit
-def _reload(pattern, new, offsets, inverses, capacitance, vt, gu, z, current, zero, acc, tacc, groups, sz, kz):
+def _reload(pattern, new, offsets, inverses, capacitance, vt, gu, z, current, zero, acc, tacc, groups, s, k):
     """Every group takes its ``new`` pattern: inverses loaded where it changed, then ``z =
     D_FF^-1 g``, ``t = V^T z`` and ``S`` recomputed in full (cheaper than :func:`_swap` once
     more than :data:`SWAPS` groups change)."""
     for r in range(groups):
         if new[r] != pattern[r]:
             pattern[r] = new[r]
-            _load(current, inverses, offsets[r] + pattern[r], r, sz)
-    _blocks(current, zero, zero, gu, 1.0, z, groups, sz)
-    _dots(vt, z, tacc, kz)
+            _load(current, inverses, offsets[r] + pattern[r], r, s)
+    _blocks(current, zero, zero, gu, 1.0, z, groups, s)
+    _dots(vt, z, tacc, k)
     _capacitance(pattern, offsets, capacitance, acc)
 
 
@@ -312,11 +360,14 @@ def _defect_rows(defect, x, deviation, residual):
             residual[i] += _row_dot(defect, i, deviation)
 
 
-@jit
+@kernel("int64(float64[:, :], boolean, int64[::1], float64[:, ::1], float64[:, ::1], float64[:, ::1], "
+        "float64[:, ::1], int64[::1], float64[:, ::1], float64[:, ::1], float32[:, ::1], float64[::1], float64[::1], "
+        "float64, int64, float64, float64[::1], int64, float64[:, :], float64[:, ::1], boolean[::1], float64[:, :], "
+        "int64, int64)")
 def _orthant(g, given, place, inverses, capacitance, blocks_t, full_t, offsets, factor, vt, defect, rowmax, spread,
-             tol_scale, max_steps, start, drop, swaps, x_out, gradient_out, converged, values, sz, kz):
-    """The active-set method of the module docstring on every row of ``g``;
-    ``sz``, ``kz``: tuples of length s and k (compile-time sizes: the small loops unroll).
+             tol_scale, max_steps, start, drop, swaps, x_out, gradient_out, converged, values, s, k):
+    """The active-set method of the module docstring on every row of ``g``; ``s``, ``k``: the
+    cells of a group and the rank (run-time sizes: one compilation serves every structure).
     Group ``r``'s s x s matrices are held in column ``r`` of ``blocks_t`` (``D_r``), ``full_t``
     (``D_r^-1``) and a working table of the current patterns' inverses, so that every pass
     over the cells is vectorised over the groups. Writes ``x``, the gradient, whether each row
@@ -332,7 +383,6 @@ def _orthant(g, given, place, inverses, capacitance, blocks_t, full_t, offsets, 
     n, real = g.shape
     cells = spread.size  # the positions, padding included
     keep = gradient_out.shape[0] > 0
-    s, k = len(sz), len(kz)
     groups = cells // s
     full = (1 << s) - 1
     pattern = np.empty(groups, np.int64)
@@ -351,7 +401,7 @@ def _orthant(g, given, place, inverses, capacitance, blocks_t, full_t, offsets, 
     resolved = np.zeros(cells, np.bool_)
     new[:] = full
     _capacitance(new, offsets, capacitance, acc)
-    _cholesky(acc, lower_full, kz)
+    _cholesky(acc, lower_full, k)
     pattern[:] = 0
     current[:, :] = 0.0  # the empty pattern's inverses
     most = 0
@@ -361,59 +411,59 @@ def _orthant(g, given, place, inverses, capacitance, blocks_t, full_t, offsets, 
         if given:  # g' = (D + V V^T) x_u: H x_u but for E x_u
             for cell in range(real):  # in the rows' order: they stream in, the scattered writes hit the cache
                 unconstrained[place[cell]] = g[u, cell]
-            _dots(vt, unconstrained, t, kz)
-            _couple(vt, t, c, kz)
-            _blocks(blocks_t, c, zero, unconstrained, 1.0, gu, groups, sz)
+            _dots(vt, unconstrained, t, k)
+            _couple(vt, t, c, k)
+            _blocks(blocks_t, c, zero, unconstrained, 1.0, gu, groups, s)
         else:  # the first solve: x_u = H^-1 g (every cell free)
             for cell in range(real):
                 gu[place[cell]] = g[u, cell]
-            _blocks(full_t, zero, zero, gu, 1.0, z, groups, sz)
-            _dots(vt, z, t, kz)
-            _cholesky_solve(lower_full, t, kz)
-            _couple(vt, t, c, kz)
-            _blocks(full_t, z, zero, c, -1.0, unconstrained, groups, sz)
+            _blocks(full_t, zero, zero, gu, 1.0, z, groups, s)
+            _dots(vt, z, t, k)
+            _cholesky_solve(lower_full, t, k)
+            _couple(vt, t, c, k)
+            _blocks(full_t, z, zero, c, -1.0, unconstrained, groups, s)
         # the first free set: x_u above START of its spread
         x[:] = unconstrained
+        new[:] = 0
+        for i in range(s):
+            for r in range(groups):
+                new[r] |= np.int64(x[i * groups + r] > start * spread[i * groups + r]) << i
         for r in range(groups):
-            bits = 0
-            for i in range(s):
-                cell = i * groups + r
-                bits |= np.int64(x[cell] > start * spread[cell]) << i
-            if bits != pattern[r]:  # the table holds the previous row's patterns
-                pattern[r] = bits
-                _load(current, inverses, offsets[r] + bits, r, sz)
-        _blocks(current, zero, zero, gu, 1.0, z, groups, sz)
-        _dots(vt, z, tacc, kz)
+            if new[r] != pattern[r]:  # the table holds the previous row's patterns
+                pattern[r] = new[r]
+                _load(current, inverses, offsets[r] + pattern[r], r, s)
+        _blocks(current, zero, zero, gu, 1.0, z, groups, s)
+        _dots(vt, z, tacc, k)
         _capacitance(pattern, offsets, capacitance, acc)
         steps = 0
         done = False
         while steps < max_steps:
             steps += 1
-            _cholesky(acc, lower, kz)
+            _cholesky(acc, lower, k)
             t[:] = tacc
-            _cholesky_solve(lower, t, kz)
-            _couple(vt, t, c, kz)
-            _blocks(current, z, zero, c, -1.0, x, groups, sz)  # x_F = D_FF^-1 (g_F - c_F)
-            _blocks(blocks_t, c, gu, x, 1.0, gradient, groups, sz)  # c - g + D x
+            _cholesky_solve(lower, t, k)
+            _couple(vt, t, c, k)
+            _blocks(current, z, zero, c, -1.0, x, groups, s)  # x_F = D_FF^-1 (g_F - c_F)
+            _blocks(blocks_t, c, gu, x, 1.0, gradient, groups, s)  # c - g + D x
             floor = drop[steps - 1] if steps <= drop.size else 0.0
-            changed = _next(pattern, new, x, gradient, spread, floor, tol_scale * _absmax(x), groups, sz)
+            changed = _next(pattern, new, x, gradient, spread, floor, tol_scale * _absmax(x), groups, s)
             if changed > swaps:
                 _reload(pattern, new, offsets, inverses, capacitance, vt, gu, z, current, zero, acc, tacc,
-                        groups, sz, kz)
+                        groups, s, k)
             elif changed:
                 for r in range(groups):
                     if new[r] != pattern[r]:
                         _swap(r, pattern[r], new[r], offsets, inverses, capacitance, factor, gu, z, current, acc,
-                              tacc, groups, sz, kz)
+                              tacc, groups, s, k)
                         pattern[r] = new[r]
             if changed:
                 continue
             # settled: one refinement step, then the KKT check. H x - g = (D x + V V^T x - g) + E x
             # (exact g), = (D + V V^T)(x - x_u) + E (x - x_u) (g' from x_u): the structured part in
             # float64, E's in float32, on the free cells' rows (the fixed cells' below)
-            _dots(vt, x, t, kz)
-            _couple(vt, t, c, kz)
-            _blocks(blocks_t, c, gu, x, 1.0, residual, groups, sz)
+            _dots(vt, x, t, k)
+            _couple(vt, t, c, k)
+            _blocks(blocks_t, c, gu, x, 1.0, residual, groups, s)
             norm = 0.0
             if exact:
                 _defect(defect, x, residual, rows, small)
@@ -422,14 +472,14 @@ def _orthant(g, given, place, inverses, capacitance, blocks_t, full_t, offsets, 
                     deviation[cell] = np.float32(x[cell] - unconstrained[cell])
                     norm += abs(x[cell] - unconstrained[cell])
                 _defect_rows(defect, x, deviation, residual)
-            _blocks(current, zero, zero, residual, 1.0, z2, groups, sz)
-            _dots(vt, z2, t, kz)
-            _cholesky_solve(lower, t, kz)
-            _couple(vt, t, c, kz)
-            _blocks(current, z2, zero, c, -1.0, d, groups, sz)  # the correction d
+            _blocks(current, zero, zero, residual, 1.0, z2, groups, s)
+            _dots(vt, z2, t, k)
+            _cholesky_solve(lower, t, k)
+            _couple(vt, t, c, k)
+            _blocks(current, z2, zero, c, -1.0, d, groups, s)  # the correction d
             for cell in range(cells):
                 x[cell] -= d[cell]
-            _blocks(blocks_t, residual, c, d, -1.0, gradient, groups, sz)  # residual - H d = residual - c - D d
+            _blocks(blocks_t, residual, c, d, -1.0, gradient, groups, s)  # residual - H d = residual - c - D d
             threshold = tol_scale * _absmax(x)
             if not exact:  # a fixed cell's multiplier lacks (E (x - x_u))_i, at most rowmax_i |x - x_u|_1:
                 for cell in range(cells):  # formed where that leaves its side of -threshold open
@@ -438,7 +488,7 @@ def _orthant(g, given, place, inverses, capacitance, blocks_t, full_t, offsets, 
                             gradient[cell] + rowmax[cell] * norm:
                         gradient[cell] += _row_dot(defect, cell, deviation)
                         resolved[cell] = True
-            if not _next(pattern, new, x, gradient, spread, 0.0, threshold, groups, sz):
+            if not _next(pattern, new, x, gradient, spread, 0.0, threshold, groups, s):
                 done = True
                 break
             if not exact:  # the steps go on with g itself: g' + E x_u
@@ -448,7 +498,7 @@ def _orthant(g, given, place, inverses, capacitance, blocks_t, full_t, offsets, 
                     gu[cell] += _row_dot(defect, cell, start32)
                 exact = True
             _reload(pattern, new, offsets, inverses, capacitance, vt, gu, z, current, zero, acc, tacc, groups,
-                    sz, kz)
+                    s, k)
         converged[u] = done
         most = max(most, steps)
         for cell in range(real):  # written in the output's order, gathered from the cache
@@ -468,17 +518,11 @@ def _orthant(g, given, place, inverses, capacitance, blocks_t, full_t, offsets, 
     return most
 
 
-def _sizes(structure: BlockLowRank) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """Tuples of length s and k: numba compiles the kernels for these lengths (the loops over a
-    group's cells and the coupling's rank unroll), once per shape of structure."""
-    return (0,) * structure.group_cells, (0,) * structure.rank
-
-
-@jit
-def _free_solve(g, free, inverses, capacitance, offsets, vt, x_out, sz, kz):
+@kernel("void(float64[:, ::1], boolean[:, ::1], float64[:, ::1], float64[:, ::1], int64[::1], float64[:, ::1], "
+        "float64[:, ::1], int64, int64)")
+def _free_solve(g, free, inverses, capacitance, offsets, vt, x_out, s, k):
     """:func:`solve_free` on every row (the structure's order, padding included)."""
     n, cells = g.shape
-    s, k = len(sz), len(kz)
     groups = cells // s
     pattern = np.empty(groups, np.int64)
     acc, lower = np.empty(capacitance.shape[1]), np.empty((k, k))
@@ -489,12 +533,12 @@ def _free_solve(g, free, inverses, capacitance, offsets, vt, x_out, sz, kz):
             for i in range(s):
                 bits |= np.int64(free[u, i * groups + r]) << i
             pattern[r] = bits
-            _apply(inverses, offsets[r] + bits, g[u], r, groups, z, sz)
+            _apply(inverses, offsets[r] + bits, g[u], r, groups, z, s)
         _capacitance(pattern, offsets, capacitance, acc)
-        _cholesky(acc, lower, kz)
-        _dots(vt, z, t, kz)
-        _cholesky_solve(lower, t, kz)
-        _couple(vt, t, c, kz)
+        _cholesky(acc, lower, k)
+        _dots(vt, z, t, k)
+        _cholesky_solve(lower, t, k)
+        _couple(vt, t, c, k)
         for r in range(groups):
             q = offsets[r] + pattern[r]
             for i in range(s):
@@ -502,6 +546,10 @@ def _free_solve(g, free, inverses, capacitance, offsets, vt, x_out, sz, kz):
                 for j in range(s):
                     v -= inverses[q, i * s + j] * c[j * groups + r]
                 x_out[u, i * groups + r] = v
+
+
+#: The entry points, for :func:`distfit.estimate.compiled.warm` (``python -m distfit.estimate.warm``).
+KERNELS = (_orthant, _free_solve)
 
 
 def solve_free(structure: BlockLowRank, g: np.ndarray, free: np.ndarray, dtype=np.float64) -> np.ndarray:
@@ -515,7 +563,7 @@ def solve_free(structure: BlockLowRank, g: np.ndarray, free: np.ndarray, dtype=n
     free_padded[:, place] = free
     x = np.empty_like(padded)
     _free_solve(padded, free_padded, structure.inverses, structure.capacitance,
-                structure.offsets, structure.factor_t, x, *_sizes(structure))
+                structure.offsets, structure.factor_t, x, structure.group_cells, structure.rank)
     return x[:, place].astype(dtype, copy=False)
 
 
@@ -562,6 +610,6 @@ def solve_orthant(structure: BlockLowRank, g: np.ndarray | None, *, tol: float, 
         values = np.empty((g.shape[0], 2))
     steps = _orthant(g, unconstrained is not None, structure.place, structure.inverses, structure.capacitance, structure.blocks_t, structure.full_t,
                      structure.offsets, structure.factor, structure.factor_t, structure.defect, structure.defect_rowmax, structure.spread,
-                     tol * structure.lipschitz, max_steps, START, np.array(DROP, dtype=np.float64), SWAPS,
-                     x, gradients, converged, values, *_sizes(structure))
+                     float(tol * structure.lipschitz), int(max_steps), START, np.array(DROP, dtype=np.float64), SWAPS,
+                     x, gradients, converged, values, structure.group_cells, structure.rank)
     return x, gradients if gradient else None, converged, int(steps)

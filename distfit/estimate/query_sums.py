@@ -20,9 +20,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from distfit.estimate.compiled import jit
+from distfit.estimate.compiled import kernel
 
-__all__ = ["MAX_DENSITY", "QuerySums", "add_query_sums", "query_sums"]
+__all__ = ["KERNELS", "MAX_DENSITY", "QuerySums", "add_query_sums", "query_sums"]
 
 #: Rows with more than this share of nonzero entries are left to a dense product (BLAS does a
 #: multiply-add in a fraction of a cycle; the compiled pass about one a nonzero).
@@ -50,7 +50,7 @@ def query_sums(workload: np.ndarray, rows: np.ndarray) -> QuerySums | None:
         return None
     cells, owners = np.nonzero(part.T)  # by cell, then row: each cell's rows in order
     starts = np.searchsorted(cells, np.arange(part.shape[1] + 1)).astype(np.int64)
-    return QuerySums(columns=rows, starts=starts, owners=owners.astype(np.int64),
+    return QuerySums(columns=np.ascontiguousarray(rows), starts=starts, owners=owners.astype(np.int64),
                      coefficients=np.ascontiguousarray(part.T[cells, owners]))
 
 
@@ -63,7 +63,7 @@ def add_query_sums(sums: QuerySums, x: np.ndarray, out: np.ndarray) -> None:
     _sums(x, sums.starts, sums.owners, sums.coefficients, sums.columns, out)
 
 
-@jit
+@kernel("void(float64[:, :], int64[::1], int64[::1], float64[::1], int64[::1], float64[:, :])")
 def _sums(x, starts, owners, coefficients, columns, out):
     # Four units at a time: each cell's nonzeros update four units' totals per load of their
     # row and column (the totals of a query are a chain of dependent additions; four chains
@@ -94,3 +94,7 @@ def _sums(x, starts, owners, coefficients, columns, out):
                 totals[owners[k], 0] += coefficients[k] * value
         for r in range(rows):
             out[unit, columns[r]] = totals[r, 0]
+
+
+#: The entry point, for :func:`distfit.estimate.compiled.warm` (``python -m distfit.estimate.warm``).
+KERNELS = (_sums,)

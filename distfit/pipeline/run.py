@@ -44,7 +44,6 @@ import dataclasses
 import json
 import os
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
 from importlib import metadata, resources
@@ -55,6 +54,7 @@ import yaml
 
 from distfit import __version__
 from distfit.audit.plan import audit_plan
+from distfit.data.geography import LevelUnits, read_geography, synthetic_geography_file
 from distfit.data.microdata import check_source, ensure_tabulated, microdata_format, tabulation_mismatch
 from distfit.data.people import write_synthetic_people
 from distfit.data.synthetic import describe_geography, unit_columns
@@ -63,6 +63,7 @@ from distfit.estimate.levels import check_levels, estimate_levels, parent_column
 from distfit.pipeline.masking import check_mask_data, mask_stage
 from distfit.runtime.failures import RunFailure
 from distfit.runtime.placement import Placement, dask_runtime, placement_client
+from distfit.runtime.progress import Progress
 from distfit.plan.job import level_profiles, planned_decomposition, run_plan, scale_plan_to_budget
 from distfit.plan.levels import budget_shares, combine_levels
 from distfit.mathematics.privacy import Budget
@@ -72,7 +73,7 @@ from distfit.spec.model import PipelineSpec, PrivacySpec
 from distfit.spec.parse import load_spec
 from distfit.stores.data import MARGINALS_FORMAT, open_data, read_histograms, write_synthetic
 from distfit.stores.lock import store_lock
-from distfit.stores.files import root_attrs_on_disk, utc_now
+from distfit.stores.files import root_attrs_on_disk, utc_now, write_text_atomic
 from distfit.stores.plan import read_plan, read_verified_plan
 from distfit.stores.release import read_sealed_release
 
@@ -153,23 +154,6 @@ def package_versions() -> dict[str, str | None]:
     return versions
 
 
-def write_json_atomic(path: Path, content: dict) -> None:
-    """Write ``content`` as JSON to a temporary file next to ``path``, fsync, ``os.replace``."""
-    text = json.dumps(content, indent=2, sort_keys=False) + "\n"
-    fd, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=str(path.parent))
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.chmod(temporary, 0o644)
-        os.replace(temporary, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(temporary)
-        raise
-
-
 # --------------------------------------------------------------------------------------------
 # what is already in RUNDIR
 
@@ -210,7 +194,8 @@ def check_rundir(rundir: Path, names: tuple[str, ...]) -> None:
 
 
 def _inspect(rundir: Path, spec_hash: str, synthesise: bool, units: int | None,
-             spec: Any = None, source: str | None = None, parent_column: str | None = None) -> None:
+             spec: Any = None, source: str | None = None, parent_column: str | None = None,
+             geography: LevelUnits | None = None) -> None:
     """Refuse a RUNDIR that is not a run directory (:func:`check_rundir`) or holds another
     spec's run (or data tabulated from another ``source`` for microdata); touches nothing."""
     check_rundir(rundir, RUN_NAMES)
@@ -230,7 +215,7 @@ def _inspect(rundir: Path, spec_hash: str, synthesise: bool, units: int | None,
                 f"{spec_hash}); use another --out")
     data_path = rundir / DATA_NAME
     if source is not None and (data_path.exists() or data_path.is_symlink()):
-        reason = tabulation_mismatch(data_path, spec, source, parent_column=parent_column)
+        reason = tabulation_mismatch(data_path, spec, source, parent_column=parent_column, geography=geography)
         if reason is not None:
             raise RunDirError(f"{data_path}: holds data from an earlier run that does not match --data "
                               f"{source} ({reason}); use another --out")
@@ -298,6 +283,7 @@ def run_pipeline(
     after_chunk: Callable[[int], None] | None = None,
     plan_written: str | None = None,
     parent_column: str | None = None,
+    geography: LevelUnits | None = None,
     estimate: bool = True,
     integer: bool = False,
     report: bool = True,
@@ -309,7 +295,8 @@ def run_pipeline(
     if a stage has work). ``plan_written``: the caller has just written RUNDIR/plan.zarr, and
     how (``run_levels``: a level's plan scaled to its budget share); it is reported as done by
     this run, not reused. ``parent_column`` (``run_levels``): microdata is tabulated with each
-    unit's parent id from that column (the coarser level's unit column). ``estimate``: run the
+    unit's parent id from that column (the coarser level's unit column); ``geography``: the
+    level's units, empty ones included (:mod:`distfit.data.geography`). ``estimate``: run the
     estimate stage (``integer``: integer estimates; :func:`distfit.estimate.job.estimate_in_run`).
     ``report=False`` (``run_levels``): written later, with the levels' estimate (:func:`report_level`).
 
@@ -332,7 +319,8 @@ def run_pipeline(
                 raise ValueError(f"--units is for synthetic data; --data {source} is microdata (its units are "
                                  "the values of the spec's unit column)")
         check_mask_data(spec.mask, source)  # a mask section needs a CSV with its columns
-        _inspect(rundir, spec_hash, synthesise, units, spec=spec, source=source, parent_column=parent_column)
+        _inspect(rundir, spec_hash, synthesise, units, spec=spec, source=source, parent_column=parent_column,
+                 geography=geography)
 
         plan_path, release_path, estimate_path = rundir / PLAN_NAME, rundir / RELEASE_NAME, rundir / ESTIMATE_NAME
         data_path = rundir / DATA_NAME if synthesise or source is not None else Path(os.fspath(data))
@@ -353,7 +341,7 @@ def run_pipeline(
             def tabulate(cover: list[tuple[str, ...]]) -> str:
                 with placement_client(where.placement(), log) as client:
                     return ensure_tabulated(spec, source, data_path, cover=cover, client=client, fsync=fsync,
-                                            parent_column=parent_column, log=log)[1]
+                                            parent_column=parent_column, geography=geography, log=log)[1]
 
             # 0. microdata first when there is no plan yet: a value outside its attribute's domain
             # is refused before any planning (the decomposition, and so the marginals the blocks
@@ -382,7 +370,7 @@ def run_pipeline(
 
             # 2. audit
             t = time.perf_counter()
-            audited = audit_plan(str(plan_path))  # not ``report``: that is the parameter (write the report)
+            audited = audit_plan(str(plan_path), log=log)  # not ``report``: that is the parameter (write the report)
             timings["audit"] = time.perf_counter() - t
             if not audited.ok:
                 raise RunFailure(f"{plan_path}: the plan fails audit ({len(audited.failures)} failures): "
@@ -450,8 +438,8 @@ def run_pipeline(
         t, written = time.perf_counter(), None
         if report:
             written = write_report(str(plan_path), str(report_path), str(release_path), str(data_path),
-                                   estimate_path=str(estimate_path) if estimate else None,
-                                   verified=True)  # each store written or verified by this run above
+                                   estimate_path=str(estimate_path) if estimate else None, verified=True,
+                                   progress=Progress("report", log, unit="figures"))  # verified: by this run, above
             timings["report"] = time.perf_counter() - t
         stages["report"] = "done" if report else "deferred"
 
@@ -485,7 +473,7 @@ def run_pipeline(
             "cluster": cluster_used,
             "report": written.manifest_entry() if written is not None else None,
         }
-        write_json_atomic(manifest_path, manifest)
+        write_text_atomic(manifest_path, json.dumps(manifest, indent=2) + "\n")
         return RunResult(
             rundir=str(rundir), plan=str(plan_path), data=str(data_path), release=str(release_path),
             report=str(report_path),
@@ -506,7 +494,7 @@ def report_level(result: RunResult, estimate: Any | None) -> RunResult:
     manifest = dict(result.manifest_data, stages=stages, report=written.manifest_entry(),
                     estimate=manifest_entry(estimate.path, estimate.checksum) if estimate else None,
                     timings_seconds=dict(result.timings, report=time.perf_counter() - t))
-    write_json_atomic(Path(result.manifest), manifest)
+    write_text_atomic(result.manifest, json.dumps(manifest, indent=2) + "\n")
     return dataclasses.replace(result, stages=stages, manifest_data=manifest, estimate=estimate and estimate.path,
                                estimate_checksum=estimate and estimate.checksum)
 
@@ -514,10 +502,10 @@ def report_level(result: RunResult, estimate: Any | None) -> RunResult:
 # --------------------------------------------------------------------------------------------
 # multi-level runs
 
-LEVELS_DIR, PEOPLE_NAME = "levels", "people"
+LEVELS_DIR, PEOPLE_NAME, GEOGRAPHY_NAME = "levels", "people", "geography.csv"
 ACCURACY_PLAN_NAME, LEVEL_SPEC_NAME = "accuracy-plan.zarr", "spec.yaml"
 #: What a multi-level run writes in RUNDIR (``check_rundir``).
-LEVELS_RUN_NAMES = (LEVELS_DIR, PEOPLE_NAME, MANIFEST_NAME)
+LEVELS_RUN_NAMES = (LEVELS_DIR, PEOPLE_NAME, GEOGRAPHY_NAME, MANIFEST_NAME)
 
 
 @dataclass(frozen=True)
@@ -542,9 +530,7 @@ def _write_spec(path: Path, spec: PipelineSpec) -> None:
     if path.exists() and path.read_text(encoding="utf-8") == text:
         return
     path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(f".{path.name}.tmp")
-    temporary.write_text(text, encoding="utf-8")
-    os.replace(temporary, path)
+    write_text_atomic(path, text, fsync=False)
 
 
 def run_levels(
@@ -554,6 +540,7 @@ def run_levels(
     placement: Placement = Placement(),
     data: str | os.PathLike | None = None,
     units: int | None = None,
+    geography: str | os.PathLike | None = None,
     estimate: bool = True,
     integer: bool = False,
     log: TextIO | None = None,
@@ -567,7 +554,8 @@ def run_levels(
     Layout: ``RUNDIR/people/`` (synthetic microdata, a directory of Parquet files, when no
     ``--data``: ``--units`` finest-level units, default 10000, nested geography,
     :func:`distfit.data.people.write_synthetic_people`, seeded from the spec hash),
-    ``RUNDIR/levels/<level>/`` (a complete single-level run of the level's spec, recorded in
+    ``RUNDIR/geography.csv`` (every synthetic unit, empty ones too; with ``data``, ``geography``
+    lists the units: docs/geography.md), ``RUNDIR/levels/<level>/`` (a complete single-level run of the level's spec, recorded in
     ``spec.yaml``: plan, data tabulated for the level's unit column, release, report, manifest;
     see :func:`run_pipeline`) and ``RUNDIR/manifest.json`` (the levels, their checksums and the
     combined privacy account). With a budget every level is first planned accuracy-first
@@ -611,7 +599,12 @@ def run_levels(
             for level in spec.levels:  # every level's columns, before any work
                 check_source(spec.level_spec(level.name), data)
             people = Path(os.fspath(data))
+            units_of = read_geography(geography, spec) if geography is not None else None
         else:
+            if geography is not None:
+                raise ValueError(f"--geography {os.fspath(geography)}: is for --data (synthetic people come with "
+                                 f"their own geography, RUNDIR/{GEOGRAPHY_NAME})")
+            units_of = None
             people = rundir / PEOPLE_NAME
             recorded = ((earlier or {}).get("people") or {}).get("units")
             if people.exists() and units is not None and recorded is not None and recorded != units:
@@ -638,6 +631,8 @@ def run_levels(
             elif data is None:
                 people_units = ((earlier or {}).get("people") or {}).get("units", people_units)
                 print(f"distfit: reusing the people at {people}", file=log)
+            if data is None:  # every synthesised unit is published, the empty ones too
+                units_of = synthetic_geography_file(spec, people_units, rundir / GEOGRAPHY_NAME, fsync=fsync)
             timings["people"] = time.perf_counter() - t
 
             level_specs = {level.name: spec.level_spec(level.name) for level in spec.levels}
@@ -670,6 +665,14 @@ def run_levels(
 
             results: dict[str, RunResult] = {}
             parents = parent_columns(spec)
+            if data is not None:  # every level's units checked (and tabulated) before any level is released
+                with placement_client(here, log) as client:
+                    for name, level_spec in level_specs.items():
+                        if not (level_dirs[name] / PLAN_NAME).exists():
+                            level_dirs[name].mkdir(parents=True, exist_ok=True)
+                            ensure_tabulated(level_spec, people, level_dirs[name] / DATA_NAME, client=client, log=log,
+                                             cover=planned_decomposition(level_spec).block_attributes(), fsync=fsync,
+                                             parent_column=parents[name], geography=units_of and units_of.of(name))
             for name, level_spec in level_specs.items():
                 t = time.perf_counter()
                 print(f"distfit: level {name} ({level_spec.num_queries} queries, units "
@@ -680,7 +683,8 @@ def run_levels(
                 results[name] = run_pipeline(
                     dataclasses.replace(level_spec, source_path=os.path.abspath(record)), level_dirs[name],
                     data=str(people), placement=here, log=log, fsync=fsync,
-                    plan_written=scaled_now.get(name), parent_column=parents[name], estimate=False, report=False)
+                    plan_written=scaled_now.get(name), parent_column=parents[name],
+                    geography=None if units_of is None else units_of.of(name), estimate=False, report=False)
                 timings[f"level {name}"] = time.perf_counter() - t
 
         t = time.perf_counter()  # over the geography: every level's children sum to their parent (integer: exactly)
@@ -699,6 +703,8 @@ def run_levels(
             "spec": _recorded_spec(spec, spec_path),
             "people": {"path": os.path.abspath(people), "synthetic": data is None,
                        "units": people_units if data is None else None},
+            "geography": None if units_of is None else {"path": units_of.path, "digest": units_of.digest,
+                                                        "units": {u.level: int(u.ids.size) for u in units_of.levels}},
             "levels": {name: {"dir": os.path.abspath(level_dirs[name]), "manifest": result.manifest,
                               "alpha": plans[name].attrs.get("alpha"), "plan_checksum": result.plan_checksum,
                               "release_checksum": result.release_checksum,
@@ -710,6 +716,6 @@ def run_levels(
             "versions": package_versions(),
             "cluster": cluster_used,
         }
-        write_json_atomic(manifest_path, manifest)
+        write_text_atomic(manifest_path, json.dumps(manifest, indent=2) + "\n")
         return LevelsRunResult(rundir=str(rundir), spec_hash=spec_hash, people=str(people), levels=results,
                                account=account, manifest=str(manifest_path), timings=timings, estimates=estimates)

@@ -7,6 +7,7 @@ made with a client, so a serial plan never imports Dask.
 """
 from __future__ import annotations
 
+import time
 from typing import Iterable, Iterator
 
 from distfit.plan.planner import BlockTask, batched, solve_blocks
@@ -15,6 +16,11 @@ from distfit.solver.solve import BlockSolution
 
 IN_FLIGHT_PER_THREAD = 4  # block tasks submitted ahead per worker thread (DaskExecutor)
 MIN_IN_FLIGHT = 8
+#: How long the cluster's thread count is trusted before it is asked again: each ask is a round
+#: trip to the scheduler (``client.nthreads()``), and the limit is asked before every submission
+#: (Adult's plan: 636 asks, 11 s of the driver's wall under load 8-10, where a second's delay in
+#: seeing a new worker costs nothing).
+THREADS_REFRESH_SECONDS = 1.0
 
 
 class DaskExecutor:
@@ -32,18 +38,22 @@ class DaskExecutor:
     moment, at least ``MIN_IN_FLIGHT``, so a growing cluster gets more): a streamed plan reads
     each block's spec from the store only when its task is submitted, and with a local cluster
     the scheduler (in the driver's process) holds only those tasks' specs. ``max_in_flight=0``
-    submits every task at once."""
+    submits every task at once. The thread count is asked of the scheduler at most once every
+    ``THREADS_REFRESH_SECONDS``."""
 
     def __init__(self, client, max_in_flight: int | None = None, batch_seconds: float = 0.0) -> None:
         self.client = client
         self.max_in_flight = max_in_flight
         self.batch_seconds = batch_seconds
+        self._threads: tuple[float, int] | None = None  # (when asked, worker threads then)
 
     def _limit(self) -> int:
         if self.max_in_flight is not None:
             return self.max_in_flight
-        threads = dask_runtime().worker_threads(self.client)
-        return max(MIN_IN_FLIGHT, IN_FLIGHT_PER_THREAD * threads)
+        now = time.monotonic()
+        if self._threads is None or now - self._threads[0] >= THREADS_REFRESH_SECONDS:
+            self._threads = (now, dask_runtime().worker_threads(self.client))
+        return max(MIN_IN_FLIGHT, IN_FLIGHT_PER_THREAD * self._threads[1])
 
     def __call__(self, tasks: Iterable[BlockTask]) -> Iterator[tuple[int, BlockSolution]]:
         def calls() -> Iterator[tuple[str, tuple]]:

@@ -105,6 +105,7 @@ from distfit.audit.checks import AuditReport
 from distfit.audit.plan import audit_plan
 from distfit.runtime.chunked_job import ChunkedWrite, check_out, claim_out, resume_or_create
 from distfit.runtime.placement import PlacedClient, Placement, dask_runtime
+from distfit.runtime.progress import Progress
 from distfit.data.microdata import ensure_tabulated, microdata_format
 from distfit.release.noise import fresh_entropy, load_blocks, prepare_blocks
 from distfit.release.tasks import (
@@ -254,7 +255,7 @@ def run_release(
         client = PlacedClient(placement, stack, log)  # started below (a resume: when chunks are missing)
 
         if audit is None:
-            audit = audit_plan(plan_path)
+            audit = audit_plan(plan_path, log=log)
         elif os.path.abspath(audit.path) != os.path.abspath(plan_path):
             raise ValueError(f"audit: a report of {audit.path}, not of the plan {plan_path}")
         if not audit.ok:
@@ -304,7 +305,8 @@ def run_release(
             out_path, state, "release", n_chunks, resumed=resumed, resume=resume,
             reopen=lambda path: open_resumable(path, plan=plan, data=data, private=private, blocks=blocks),
             create=lambda path: create_release(path, plan=plan, plan_path=plan_path, data=data, blocks=blocks,
-                                               private=private, labels=_query_labels(plan)),
+                                               private=private, labels=_query_labels(plan),
+                                               progress=Progress("release layout", log)),
             kept="chunks already written (kept as they are)",
             rest=f"to draw {'with fresh entropy' if private else 'from the test seed'}", log=log)
 

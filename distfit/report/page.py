@@ -72,7 +72,7 @@ import secrets
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -594,7 +594,8 @@ def _validation_page(plan, release, calibrated: dict, figures: dict[str, str], c
 def write_report(plan_path: str | os.PathLike, out: str | os.PathLike,
                  release_path: str | os.PathLike | None = None,
                  data_path: str | os.PathLike | None = None,
-                 estimate_path: str | os.PathLike | None = None, *, verified: bool = False) -> ReportResult:
+                 estimate_path: str | os.PathLike | None = None, *, verified: bool = False,
+                 progress: Callable[[int, int], None] | None = None) -> ReportResult:
     """Write the report of the plan (and release) to ``out`` (module docstring): ``index.html``,
     and with ``data_path`` (the release's data store) the confidential ``validation.html``; with
     ``estimate_path`` (an estimate of the release) the estimate's sections. Every store is
@@ -603,17 +604,19 @@ def write_report(plan_path: str | os.PathLike, out: str | os.PathLike,
     or verified them just before: ``distfit run``); the release and the estimate always as they
     are read (:meth:`distfit.stores.sealing.SealedKind.read_sealed`: the root first, then each
     chunk of the units the report shows hashed as it is read; the chunks it does not read it
-    neither reads nor vouches for)."""
+    neither reads nor vouches for). ``progress(done, total)`` is called as the figures are drawn
+    (matplotlib: 1-2 s each on a loaded 2-core machine, the report's main cost; ``distfit run``
+    shows it as a progress line)."""
     out_path = Path(os.fspath(out))
     if STAGING_MARKER in out_path.name:
         raise ValueError(f"{out_path}: a report path may not contain {STAGING_MARKER!r}")
     with store_lock(out_path, "report"):  # one writer per report directory (stores/lock.py)
-        return _write_report(plan_path, out_path, release_path, data_path, estimate_path, verified)
+        return _write_report(plan_path, out_path, release_path, data_path, estimate_path, verified, progress)
 
 
 def _write_report(plan_path: str | os.PathLike, out_path: Path, release_path: str | os.PathLike | None,
                   data_path: str | os.PathLike | None, estimate_path: str | os.PathLike | None,
-                  verified: bool) -> ReportResult:
+                  verified: bool, progress: Callable[[int, int], None] | None = None) -> ReportResult:
     if out_path.exists() or out_path.is_symlink():
         _check_out(out_path)  # refuse early, before any work
     # every input verified against its checksum, before anything is written: the plan whole, the
@@ -643,20 +646,31 @@ def _write_report(plan_path: str | os.PathLike, out_path: Path, release_path: st
     baselines, note = _baselines(spec, why, plan)
 
     plt = pyplot()
-    figures = {"privacy_curve": plot_privacy_curve(plt, float(plan.attrs["alpha"])),
-               "moe_by_table": plot_moe_by_table(plt, layouts, np.asarray(plan.queries_variances),
-                                                  np.asarray(plan.queries_targets)),
-               "block_alpha": plot_block_alpha(plt, blocks),
-               "variance_ratio": plot_variance_ratio(plt, ratios, baselines)}
+    total = 4 + (calibrated is not None) + (calibrated is not None and estimate is not None)
+    drawn = 0
+
+    def draw(figure: str) -> str:
+        nonlocal drawn
+        drawn += 1
+        if progress is not None:
+            progress(drawn, total)
+        return figure
+
+    figures = {"privacy_curve": draw(plot_privacy_curve(plt, float(plan.attrs["alpha"]))),
+               "moe_by_table": draw(plot_moe_by_table(plt, layouts, np.asarray(plan.queries_variances),
+                                                       np.asarray(plan.queries_targets))),
+               "block_alpha": draw(plot_block_alpha(plt, blocks)),
+               "variance_ratio": draw(plot_variance_ratio(plt, ratios, baselines))}
     hidden: dict[str, str] = {}  # the confidential page's figures
     summary = true = validation = None
     if calibrated is not None:
         summary, z, sd, true = calibrated
-        hidden["calibration"] = plot_calibration(plt, z, sd)
+        hidden["calibration"] = draw(plot_calibration(plt, z, sd))
     compared = None
     if estimate is not None and true is not None:
         compared = _estimate_summary(release, estimate, true)
-        hidden["estimate_error"] = plot_estimate_error(plt, compared["query_rmse_raw"], compared["query_rmse_estimate"])
+        hidden["estimate_error"] = draw(plot_estimate_error(plt, compared["query_rmse_raw"],
+                                                             compared["query_rmse_estimate"]))
     page = _page(plan, release, spec, layouts, blocks, ratios, baselines, note, figures, estimated)
     if summary is not None:
         validation = _validation_page(plan, release, summary, hidden, compared)

@@ -21,8 +21,6 @@ serial job never imports Dask (``distfit.runtime.placement``'s docstring).
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import ctypes.util
 import logging
 import os
 import signal
@@ -38,6 +36,7 @@ from distributed.diagnostics.plugin import WorkerPlugin
 from distributed.security import Security
 
 from distfit.runtime.failures import ClusterError
+from distfit.runtime.memory import raise_mmap_threshold
 from distfit.runtime.security import ENCRYPTED_SCHEMES, Transport, refusal, scheduler_address, scheme_of
 
 TASK_RETRIES = 3
@@ -171,34 +170,6 @@ def _register_malloc_tuning(client, log: TextIO) -> None:
     except Exception as error:  # noqa: BLE001 - see the docstring
         print(f"distfit: malloc tuning not registered on every worker ({type(error).__name__}: {error}); "
               "continuing", file=log)
-
-
-#: glibc's largest mmap threshold on 64-bit (DEFAULT_MMAP_THRESHOLD_MAX): arrays up to this size
-#: are served from the heap and reused rather than mapped and page-faulted afresh.
-MMAP_THRESHOLD_BYTES = 32 << 20
-#: glibc's trim threshold, set with the mmap threshold: setting either stops glibc adjusting
-#: both, and the trim threshold stayed at 128 KiB, so the freed top of the heap went back to
-#: the OS after every task and the next task's arrays were page-faulted afresh (a release's
-#: chunk tasks, 100k PL94 units: 166k minor faults, 97k untouched, 19k with this). Freed memory
-#: up to this size stays in the worker for reuse.
-TRIM_THRESHOLD_BYTES = 4 * MMAP_THRESHOLD_BYTES
-_M_MMAP_THRESHOLD = -3  # mallopt parameter numbers (malloc.h)
-_M_TRIM_THRESHOLD = -1
-
-
-def raise_mmap_threshold(threshold: int = MMAP_THRESHOLD_BYTES) -> bool:
-    """Set glibc's mmap threshold in this process (``mallopt(M_MMAP_THRESHOLD, threshold)``)
-    and its trim threshold to ``TRIM_THRESHOLD_BYTES`` (at least ``threshold``); False where
-    that is not possible (not glibc). A worker with Dask's MALLOC_TRIM_THRESHOLD_ has its
-    threshold pinned at 128 KiB (see ``WORKER_ENV``); raising it recovers most of the speed of
-    an untouched worker (three marginals.yaml block solves: 23 s pinned, 17.6 s raised, 15.3 s
-    untouched)."""
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        return bool(libc.mallopt(_M_MMAP_THRESHOLD, int(threshold))) and bool(
-            libc.mallopt(_M_TRIM_THRESHOLD, max(int(threshold), TRIM_THRESHOLD_BYTES)))
-    except (OSError, AttributeError):
-        return False
 
 
 class MallocTuning(WorkerPlugin):

@@ -57,7 +57,7 @@ from typing import Any
 import numpy as np
 
 from distfit.solver import dual, smii
-from distfit.solver.basis import represent
+from distfit.solver.basis import Representation, represent
 from distfit.solver.convergence import ConvergenceError
 from distfit.solver.linalg import dominant_rows
 from distfit.mathematics.bounds import certified_bound
@@ -166,11 +166,19 @@ class WarmStart:
     ``query_weights`` its dual certificate (one weight per cell and per query row). The dual
     stage starts from those weights instead of uniform ones and SM-II from the cheaper of
     ``sigma`` and the dual's recovered plan at the new targets. A start changes the path, not
-    the problem: the result is certified against the new targets as any cold solve is."""
+    the problem: the result is certified against the new targets as any cold solve is.
+
+    ``representation``: the earlier solve's ``W = recon @ basis`` (its ``basis``, ``recon``,
+    ``basis_kind``, ``basis_reduced``), which depends on the block's workload and basis only, not
+    on the targets: a solve given it does not represent the block again (the SVD and least
+    squares of ``solver.basis.represent``: 9% of a serial Adult plan's CPU when every round
+    repeated it). The same arrays as a cold solve would compute, so the same plan bit for bit.
+    None (the streamed plan's drafts keep no recon): represented again."""
 
     sigma: np.ndarray
     cell_weights: np.ndarray
     query_weights: np.ndarray
+    representation: Representation | None = None
 
     @classmethod
     def of(cls, solution: BlockSolution) -> WarmStart | None:
@@ -179,7 +187,8 @@ class WarmStart:
         u, v = np.asarray(solution.cell_weights, float), np.asarray(solution.query_weights, float)
         if not (np.all(np.isfinite(u)) and np.all(np.isfinite(v)) and u.sum() > 0 and v.sum() > 0):
             return None
-        return cls(np.asarray(solution.sigma, float), u, v)
+        return cls(np.asarray(solution.sigma, float), u, v,
+                   Representation(solution.basis, solution.recon, solution.basis_kind, solution.basis_reduced))
 
 
 def default_memory_limit() -> int:
@@ -250,7 +259,7 @@ def solve(
     # a 252 x 126 matrix: 3 s with 2 threads, 0.01 s with 1), and distfit parallelises over
     # blocks with processes instead; DISTFIT_BLAS_THREADS overrides.
     with blas_limit():
-        representation = represent(workload, basis)
+        representation = _given_representation(warm_start, workload.shape) or represent(workload, basis)
         try:
             return _solve_represented(
                 representation, target_array, parsed_budget, method, gap_tolerance, max_gap, dual_iterations, time_limit,
@@ -265,6 +274,14 @@ def solve(
         return _solve_represented(
             representation, target_array, parsed_budget, method, gap_tolerance, max_gap, dual_iterations, time_limit, start,
         )
+
+
+def _given_representation(warm_start: WarmStart | None, shape: tuple[int, int]) -> Representation | None:
+    """The warm start's representation of the block (``WarmStart``), if it has one of a workload of this shape."""
+    given = None if warm_start is None else warm_start.representation
+    if given is None or given.recon.shape[0] != shape[0] or given.basis.shape[1] != shape[1]:
+        return None
+    return given
 
 
 def _warm_weights(warm_start: WarmStart | None, rows: np.ndarray, num_cells: int, num_queries: int):

@@ -103,7 +103,7 @@ import shutil
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import zarr
@@ -331,24 +331,24 @@ def cell_labels(attributes: Sequence[str], values: Mapping[str, Sequence[str]]) 
     return labels
 
 
-def create_marginals(group: zarr.Group, widths: Sequence[int], units: int, chunk_units: int,
-                     integer_ids: bool, *, labels: Sequence[np.ndarray] | None = None,
-                     integer_parents: bool | None = None) -> None:
-    """Create the empty arrays of a marginals store in the staging ``group`` of
-    :func:`staged_store`: ``marginals/<i>`` (units, widths[i]) int64, ``unit_ids`` and its
-    coordinate twin ``unit`` (int64, or strings unless ``integer_ids``), all chunked by
-    ``chunk_units`` units, and, given ``labels`` (the :func:`cell_labels` of each clique),
-    the coordinates ``marginals/cell_<i>`` (module docstring). ``integer_parents`` not None:
-    also ``parent_ids`` (int64 if True, else strings), each unit's parent."""
+def create_marginals(group: zarr.Group, widths: Sequence[int], units: int, chunk_units: int, integer_ids: bool, *,
+                     labels: Sequence[np.ndarray] | None = None, integer_parents: bool | None = None,
+                     progress: Callable[[int, int], None] | None = None) -> None:
+    """Create the empty arrays of a marginals store in the staging ``group`` of :func:`staged_store`:
+    ``marginals/<i>`` (units, widths[i]) int64, ``unit_ids`` and its coordinate twin ``unit`` (int64, or
+    strings unless ``integer_ids``), chunked by ``chunk_units`` units, and, given ``labels`` (the
+    :func:`cell_labels` of each clique), the coordinates ``marginals/cell_<i>`` (module docstring);
+    ``integer_parents``: ``parent_ids`` too (int64 if True, else strings); ``progress(i, n)`` per clique."""
     if labels is not None and [len(x) for x in labels] != [int(w) for w in widths]:
         raise ValueError(f"labels: {[len(x) for x in labels]} cell labels per clique, widths are {list(widths)}")
-    config = {"write_empty_chunks": True}
-    marginals = group.create_group("marginals")
+    config, marginals = {"write_empty_chunks": True}, group.create_group("marginals")
     for i, width in enumerate(widths):
-        marginals.create_array(str(i), shape=(units, width), dtype=np.int64,
-                               chunks=(chunk_units, width), dimension_names=marginal_dims(i), config=config)
+        marginals.create_array(str(i), shape=(units, width), dtype=np.int64, chunks=(chunk_units, width),
+                               dimension_names=marginal_dims(i), config=config)
         if labels is not None:
             write_array(marginals, f"cell_{i}", np.asarray(labels[i], dtype=object), dims=marginal_dims(i)[1:])
+        if progress is not None:
+            progress(i + 1, len(widths))
     for name in ("unit_ids", "unit"):  # both filled by MarginalsWriter.write_unit_ids
         group.create_array(name, shape=(units,), dtype=np.int64 if integer_ids else str,
                            chunks=(chunk_units,), dimension_names=("unit",), config=config)

@@ -19,6 +19,7 @@ import math
 import os
 import secrets
 import shutil
+import tempfile
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -237,6 +238,30 @@ def fsync_dir(path: Path) -> None:
         pass
     finally:
         os.close(fd)
+
+
+def write_text_atomic(path: str | os.PathLike, text: str, *, fsync: bool = True) -> None:
+    """Write ``text`` (UTF-8) to a temporary file next to ``path``, fsync it (``fsync``) and
+    ``os.replace`` it onto ``path``: a reader sees the old file or the new one, never a part.
+    The file gets mode 0644 (a temporary file's 0600 would hide a run's record from its group)."""
+    path = Path(os.fspath(path))
+    fd, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=str(path.parent))
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.flush()
+            if fsync:
+                os.fsync(handle.fileno())
+        os.chmod(temporary, 0o644)
+        os.replace(temporary, path)
+    except BaseException:
+        try:
+            os.unlink(temporary)
+        except OSError:
+            pass
+        raise
+    if fsync:
+        fsync_dir(path.parent)
 
 
 def utc_now() -> str:

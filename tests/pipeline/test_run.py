@@ -322,8 +322,14 @@ def test_multilevel_run_end_to_end(tmp_path, capsys):
     assert manifest["privacy"]["alpha"] == pytest.approx(3.0, rel=1e-9) and manifest["privacy"]["alpha_exact"]
     people = pd.read_parquet(rundir / "people")
     assert people.groupby("county")["state"].nunique().max() == 1  # counties nest in states
-    units = {"nation": 1, "state": people["state"].nunique(), "county": people["county"].nunique()}
-    assert units["county"] == 23 and units["state"] == 3
+    # every synthesised unit is listed in RUNDIR/geography.csv and released, with people or not
+    geography = pd.read_csv(rundir / "geography.csv", dtype=str, keep_default_na=False)
+    units = {"nation": 1, **geography.groupby("level").size().to_dict()}
+    assert units == {"nation": 1, "state": 3, "county": 23}
+    counties = geography[geography["level"] == "county"]
+    assert set(people["county"]) <= set(counties["unit"])
+    assert dict(zip(counties["unit"], counties["parent"])) == {**dict(zip(counties["unit"], counties["parent"])),
+                                                               **dict(zip(people["county"], people["state"]))}
     alphas = 0.0
     for name, level in manifest["levels"].items():
         level_dir = rundir / "levels" / name
@@ -405,3 +411,46 @@ def test_a_mask_section_masks_the_microdata_after_the_release(capsys, tmp_path):
     spec_path.write_text(yaml.safe_dump(dict(SPEC, mask=moved)))
     with pytest.raises(ValueError, match="holds the run of another spec"):  # the mask section is in the spec hash
         pipeline.run_pipeline(spec_path, rundir, **options)
+
+
+def test_multilevel_run_on_microdata_publishes_every_unit_of_the_geography(tmp_path, capsys):
+    """With --geography, every listed unit is released and estimated: a county nobody lives in
+    (c2) and a state without counties (s3) included; the integer tables still add up. A unit
+    with people that the file does not list is refused in one line before any level is released, and
+    --geography on a spec without levels is a usage error."""
+    spec = {"name": "geo", "attributes": [{"name": "sex", "values": ["f", "m"]}], "levels": [
+        {"name": "nation", "queries": [{"name": "sex", "attributes": {"sex": "identity"}, "target": 1}]},
+        {"name": "state", "units": {"column": "state"},
+         "queries": [{"name": "sex", "attributes": {"sex": "identity"}, "target": 1}]},
+        {"name": "county", "units": {"column": "county"},
+         "queries": [{"name": "sex", "attributes": {"sex": "identity"}, "target": 1}]}]}
+    (tmp_path / "geo.yaml").write_text(yaml.safe_dump(spec))
+    geography = tmp_path / "geography.csv"
+    geography.write_text("level,unit,parent\nstate,s1,\nstate,s2,\nstate,s3,\ncounty,c1,s1\ncounty,c2,s1\ncounty,c3,s2\n")
+    people = tmp_path / "people.csv"
+    pd.DataFrame([("s1", "c1", "f"), ("s1", "c1", "m"), ("s2", "c3", "m")] * 5,
+                 columns=["state", "county", "sex"]).to_csv(people, index=False)
+    rundir = tmp_path / "run"
+    code, _, err = run(capsys, "run", str(tmp_path / "geo.yaml"), "--out", str(rundir), "--data", str(people),
+                       "--geography", str(geography), "--serial", "--integer")
+    assert code == 0, err
+    cells = {}
+    for name, ids in (("nation", [0]), ("state", ["s1", "s2", "s3"]), ("county", ["c1", "c2", "c3"])):
+        release = read_release(rundir / "levels" / name / "release.zarr")
+        assert list(release.unit_ids[...]) == ids
+        cells[name] = np.asarray(read_estimate(rundir / "levels" / name / "estimate.zarr").cells[...])
+    assert cells["county"].shape == (3, 2) and cells["county"].min() >= 0  # c2, where nobody lives, published
+    assert np.array_equal(cells["state"][0], cells["county"][0] + cells["county"][1])  # s1 = c1 + c2
+    assert np.array_equal(cells["state"][1], cells["county"][2])                       # s2 = c3
+    assert np.array_equal(cells["nation"][0], cells["state"].sum(axis=0))
+    manifest = json.loads((rundir / "manifest.json").read_text())
+    assert manifest["geography"]["units"] == {"state": 3, "county": 3}
+
+    geography.write_text("level,unit,parent\nstate,s1,\nstate,s2,\ncounty,c1,s1\n")
+    code, _, err = run(capsys, "run", str(tmp_path / "geo.yaml"), "--out", str(tmp_path / "other"), "--data",
+                       str(people), "--geography", str(geography), "--serial")
+    assert code == 2
+    assert_one_line_error(err, "unit 'c3' of column 'county' has people but is not a unit of level 'county'")
+    assert not list((tmp_path / "other").rglob("release.zarr"))  # every level's units checked before any release
+    code, _, err = run(capsys, "run", "--out", str(tmp_path / "single"), "--geography", str(geography), "--serial")
+    assert code == 2 and "--geography" in err

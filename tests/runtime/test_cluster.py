@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import itertools
 import os
-import platform
 import shutil
 import subprocess
 import sys
@@ -15,6 +14,7 @@ import yaml
 import zarr
 from distributed import Client
 
+import distfit.plan.cluster_executor as executor_module
 import distfit.plan.planner as plan_module
 from distfit.plan.cluster_executor import DaskExecutor
 from distfit.audit.plan import audit_plan
@@ -24,7 +24,6 @@ from distfit.runtime.cluster import (
     dask_client,
     local_cluster,
     on_every_worker,
-    raise_mmap_threshold,
 )
 from distfit.mathematics.domain import Domain
 from distfit.plan.job import run_plan
@@ -119,6 +118,27 @@ def test_dask_executor_takes_tasks_lazily(client):
     assert sorted(seen) == list(range(len(blocks))) == pulled
 
 
+def test_dask_executor_asks_the_thread_count_once_a_refresh(monkeypatch):
+    """The in-flight limit is asked before every submission; the scheduler is asked for the
+    cluster's threads at most once every THREADS_REFRESH_SECONDS, and a grown cluster is seen
+    once the count is asked again."""
+    class Scheduler:  # what DaskExecutor reads of a client: nthreads(), one round trip each
+        def __init__(self) -> None:
+            self.asked, self.workers = 0, {"w0": 1, "w1": 1}
+
+        def nthreads(self) -> dict:
+            self.asked += 1
+            return dict(self.workers)
+
+    fake = Scheduler()
+    executor = DaskExecutor(fake)
+    limits = {executor._limit() for _ in range(100)}
+    assert fake.asked == 1 and limits == {max(executor_module.MIN_IN_FLIGHT, 2 * executor_module.IN_FLIGHT_PER_THREAD)}
+    fake.workers.update({f"w{i}": 1 for i in range(2, 6)})
+    monkeypatch.setattr(executor_module, "THREADS_REFRESH_SECONDS", 0.0)
+    assert executor._limit() == 6 * executor_module.IN_FLIGHT_PER_THREAD and fake.asked == 2
+
+
 def test_streamed_plan_on_a_cluster_equals_the_serial_plan(client, tmp_path, monkeypatch):
     path = tmp_path / "spec.yaml"
     path.write_text(yaml.safe_dump(dict(SMALL_SPEC, blocks={"merge": False})))
@@ -194,7 +214,7 @@ def test_plan_through_a_scheduler_file(tmp_path):
             client.wait_for_workers(2, timeout=30)
             plan = plan_groups(domain, groups, max_cells=0, refine_rounds=0, executor=DaskExecutor(client))
             # workers someone else started keep Dask's malloc trim setting; distfit's plugin
-            # raises their mmap threshold (runtime.WORKER_ENV, runtime.raise_mmap_threshold)
+            # raises their mmap threshold (runtime.WORKER_ENV, runtime.memory.raise_mmap_threshold)
             registered = client.run(lambda dask_worker: "distfit-malloc-tuning" in dask_worker.plugins)
             assert len(registered) == 2 and all(registered.values())
         reference = plan_groups(domain, groups, max_cells=0, refine_rounds=0)
@@ -247,12 +267,6 @@ def test_local_workers_start_without_dask_malloc_trim(client):
     raises the threshold anyway (a nanny started earlier in the process may have set it)."""
     registered = client.run(lambda dask_worker: "distfit-malloc-tuning" in dask_worker.plugins)
     assert len(registered) == 2 and all(registered.values())
-
-
-def test_raise_mmap_threshold_works_on_glibc():
-    if platform.libc_ver()[0] != "glibc":
-        pytest.skip("mallopt is glibc's")
-    assert raise_mmap_threshold() is True
 
 
 def test_local_cluster_workers_follow_worker_env(monkeypatch):

@@ -528,6 +528,26 @@ def test_warm_start_of_a_block_without_certificate_is_none():
     assert solve(W, targets, warm_start=other).gap <= 1e-4
 
 
+def test_a_warm_start_reuses_the_representation_bit_for_bit(monkeypatch):
+    """A round's warm start carries the block's representation (it depends on W and the basis,
+    not on the targets): the solve does not represent the block again and returns the plan the
+    solve that recomputes it returns, bit for bit."""
+    W, first = _prefix_block(6)
+    shares = first * np.random.default_rng(16).uniform(0.3, 1.0, first.size)
+    start = WarmStart.of(solve(W, first, basis="prefix"))
+    recomputed = solve(W, shares, basis="prefix", warm_start=dataclasses.replace(start, representation=None))
+    real, calls = solve_module.represent, []
+    monkeypatch.setattr(solve_module, "represent", lambda *args: calls.append(args) or real(*args))
+    reused = solve(W, shares, basis="prefix", warm_start=start)
+    assert calls == []
+    for name in ("sigma", "basis", "recon", "variances", "profile", "cell_weights", "query_weights"):
+        np.testing.assert_array_equal(getattr(reused, name), getattr(recomputed, name), err_msg=name)
+    assert (reused.alpha, reused.lower_bound) == (recomputed.alpha, recomputed.lower_bound)
+    # a representation of another block's shape is not used
+    solve(W[:, :-1], shares, basis="prefix", warm_start=start)
+    assert len(calls) == 1
+
+
 def test_a_dual_ascent_that_stops_short_is_restarted(monkeypatch):
     """L-BFGS on the nonsmooth dual can end short of the gap (a failed line search): with the
     polishing stage cut to 2 iterations from uniform weights (from SM-II's own weights two
