@@ -406,8 +406,7 @@ def run_pipeline(
                 if recorded.get("created") != data_store.attrs.get("created"):
                     raise RunDirError(f"{release_path}: a sealed release of other data than {data_path}; "
                                       "use another --out")
-                # reused: its root checked now, each chunk by whoever reads it (the estimate, the report)
-                release_checksum = read_sealed_release(release_path).checksum
+                release_checksum = read_sealed_release(release_path).checksum  # reused: root now, chunks as read
                 stages["release"] = "reused"
                 print(f"distfit: the release at {release_path} is sealed; no new noise drawn", file=log)
             else:
