@@ -14,8 +14,9 @@ system, every thread: pyarrow's writers) are counted:
 * **read**: the reference: the same arrays the export reads, chunk by chunk in the store's own
   chunking (the answers or estimates, the unit ids; an estimate's cells and ``solve/converged``
   too), nothing else;
-* **verify**: the store's and the plan's checksums recomputed (:func:`read_verified_release` /
-  :func:`read_verified_estimate`, :func:`read_verified_plan`): what the export does first;
+* **verify**: the store's and the plan's checksums recomputed alone (:func:`verify_release` /
+  :func:`verify_estimate`: the root and every chunk; :func:`read_verified_plan`): what the export
+  verifies, the plan first and the store chunk by chunk as it reads it;
 * **export**: ``run_export(store, DIR)``, from the sealed store to the renamed directory (verify,
   stream every table to CSV and Parquet, the data dictionary, fsync, rename).
 
@@ -48,9 +49,9 @@ from distfit.release.job import run_release  # noqa: E402
 from distfit.runtime.placement import Placement  # noqa: E402
 from distfit.spec.parse import load_spec  # noqa: E402
 from distfit.stores.data import write_synthetic  # noqa: E402
-from distfit.stores.estimate import read_estimate, read_verified_estimate  # noqa: E402
+from distfit.stores.estimate import read_estimate, verify_estimate  # noqa: E402
 from distfit.stores.plan import read_verified_plan  # noqa: E402
-from distfit.stores.release import read_release, read_verified_release  # noqa: E402
+from distfit.stores.release import read_release, verify_release  # noqa: E402
 
 
 def _cpu() -> float:
@@ -78,8 +79,9 @@ def read_reference(path: str, estimate: bool) -> tuple[float, float]:
 def verify(path: str, estimate: bool) -> tuple[float, float]:
     """``(seconds, CPU seconds)`` of the export's verification of the store and its plan."""
     cpu, start = _cpu(), time.perf_counter()
-    store = (read_verified_estimate if estimate else read_verified_release)(path)
-    read_verified_plan(store.attrs["plan_path"])
+    ok, _stored, recomputed = (verify_estimate if estimate else verify_release)(path)
+    assert ok, recomputed
+    read_verified_plan((read_estimate if estimate else read_release)(path).attrs["plan_path"])
     return time.perf_counter() - start, _cpu() - cpu
 
 

@@ -5,6 +5,7 @@ reads it, against the store's per-chunk digests).
 Usage::
 
     python benchmarks/bench_verify.py [--units 1000000] [--workers 2] [--repeat 2] [--workdir DIR]
+                                      [--part all|jobs|readers]
 
 Plans ``pipelines/pl94.yaml`` (serial) and synthesises N unit histograms once (``write_synthetic``:
 the data store is sealed as it is written). Then, ``--repeat`` times, alternating (the verified
@@ -24,8 +25,24 @@ Printed per pair: wall seconds and CPU-seconds (the process and its reaped child
 workers), the ratio verified / not verified of the bests, and the load average before each run;
 and, apart, the CPU-seconds of hashing alone the chunks the tasks read (BLAKE3, as the stores
 do, and SHA-256 for comparison), and the whole verification alone (wall, CPU: the root and every chunk, what
-``read_verified`` does for a reader that reads a store whole) on a warm page cache. Stores are deleted
+``verify_release`` does: what a reader that read a store whole did first) on a warm page cache. Stores are deleted
 after each run.
+
+**Readers** (``--part readers``; the release and its estimate, made once, kept in the workdir):
+reading what the export reads and nothing else (``read release``, ``read estimate``: the figures
+and the unit ids, chunk by chunk), ``distfit export`` of the release, of the estimate, and
+``distfit report`` of both (``verified=True``: the plan not hashed, the same in every mode;
+``--readers`` chooses among them), each in a fresh spawned process, in three modes of
+opening the release and the estimate (the rest of the command unchanged):
+
+* **unchecked**: ``read`` (no verification at all: the floor);
+* **whole first**: ``read_verified`` (the root and every chunk hashed in a pass of its own, then
+  the store read again unchecked: what export, report and the levels did before);
+* **as read**: ``read_sealed`` (the root, then each chunk hashed as it is read, in the same read:
+  what they do now).
+
+Printed: wall and CPU-seconds of each (best of ``--repeat``, the modes alternated), the load
+average before each run, and each mode's CPU over the unchecked one's.
 """
 from __future__ import annotations
 
@@ -53,7 +70,8 @@ import numpy as np  # noqa: E402
 
 from distfit.stores.checksum import chunk_digest  # noqa: E402
 from distfit.stores.data import open_data, write_synthetic  # noqa: E402
-from distfit.stores.release import read_release, read_verified_release  # noqa: E402
+from distfit.stores.estimate import ESTIMATE  # noqa: E402
+from distfit.stores.release import RELEASE, read_release, verify_release  # noqa: E402
 
 
 def _cpu() -> float:
@@ -84,7 +102,7 @@ def _pass(kind: str, paths: dict, queue) -> None:
             pass
         data.check_unit_ids()
     else:
-        read_verified_release(paths["release"])
+        assert verify_release(paths["release"])[0]
     queue.put((time.perf_counter() - start_wall, _cpu() - start_cpu))
 
 
@@ -113,6 +131,54 @@ def _hashing(kind: str, paths: dict, queue) -> None:
     queue.put((spent["blake3"], spent["sha256"]))
 
 
+#: How the readers' modes open a release or an estimate (module docstring, "Readers").
+READER_MODES = ("unchecked", "whole first", "as read")
+
+
+def _reader(command: str, mode: str, paths: dict, queue) -> None:
+    """One reader run in this (spawned) process, the release and the estimate opened the
+    ``mode``'s way: put (wall, cpu) on ``queue``."""
+    from distfit.export import job as export_job
+    from distfit.export.job import run_export
+    from distfit.report import page
+    from distfit.report.page import write_report
+    for kind, store in (("release", RELEASE), ("estimate", ESTIMATE)):
+        opener = {"unchecked": store.read, "whole first": store.read_verified, "as read": store.read_sealed}[mode]
+        for module in (export_job, page):  # the commands' one way of opening each kind
+            setattr(module, f"read_sealed_{kind}", opener)
+    start_wall, start_cpu = time.perf_counter(), _cpu()
+    if command.startswith("read "):  # what the export reads, chunk by chunk, and nothing else
+        kind = command.split()[1]
+        store = getattr(export_job, f"read_sealed_{kind}")(paths[kind])
+        values = store.answers if kind == "release" else store.estimates
+        units, chunk = int(store.attrs["units"]), int(store.attrs["chunk_units"])
+        for a in range(0, units, chunk):
+            np.asarray(values[a:a + chunk])
+            np.asarray(store.unit_ids[a:a + chunk])
+    elif command == "report":
+        write_report(paths["plan"], paths["out"], paths["release"], estimate_path=paths["estimate"], verified=True)
+    else:
+        run_export(paths[command.split()[1]], paths["out"], fsync=False)
+    queue.put((time.perf_counter() - start_wall, _cpu() - start_cpu))
+
+
+def _readers(paths: dict, repeat: int, commands: list[str]) -> None:
+    for command in commands:
+        runs: dict[str, list[tuple[float, float]]] = {mode: [] for mode in READER_MODES}
+        for r in range(repeat):
+            for mode in (READER_MODES if r % 2 == 0 else READER_MODES[::-1]):
+                load = os.getloadavg()[0]
+                wall, cpu = _spawned(_reader, command, mode, paths)
+                shutil.rmtree(paths["out"], ignore_errors=True)
+                runs[mode].append((wall, cpu))
+                print(f"  {command:16s} {mode:12s} wall {wall:7.2f} s  CPU {cpu:7.2f} s  (load {load:.1f})")
+        best = {mode: (min(w for w, _ in r), min(c for _, c in r)) for mode, r in runs.items()}
+        floor = best["unchecked"][1]
+        print(f"{command}: best CPU-s " + ", ".join(
+            f"{mode} {cpu:.2f} ({cpu / floor - 1:+.1%})" for mode, (_wall, cpu) in best.items())
+              + "; best wall s " + ", ".join(f"{mode} {wall:.2f}" for mode, (wall, _cpu) in best.items()))
+
+
 def _spawned(target, *args) -> tuple[float, float]:
     context = multiprocessing.get_context("spawn")
     queue = context.Queue()
@@ -131,6 +197,9 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--repeat", type=int, default=2)
     parser.add_argument("--workdir", type=Path, default=None)
+    parser.add_argument("--part", choices=("all", "jobs", "readers"), default="all")
+    parser.add_argument("--readers", default="read release,read estimate,export release,export estimate,report",
+                        help="the readers' commands (comma-separated)")
     args = parser.parse_args()
     work = args.workdir or Path(tempfile.mkdtemp(prefix="bench-verify-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -146,7 +215,13 @@ def main() -> None:
     if not release.exists():
         _spawned(_job, "release", True, dict(paths, out=str(release)), args.workers)
     print(f"PL94, {args.units:,} units, {args.workers} workers, best of {args.repeat}")
-    for kind in ("release", "estimate"):
+    if args.part in ("all", "readers"):
+        estimate = work / "estimate.zarr"
+        if not estimate.exists():
+            _spawned(_job, "estimate", True, dict(paths, out=str(estimate)), args.workers)
+        _readers(dict(paths, estimate=str(estimate), out=str(work / "readers-out")), args.repeat,
+                 args.readers.split(","))
+    for kind in (("release", "estimate") if args.part in ("all", "jobs") else ()):
         runs: dict[bool, list[tuple[float, float]]] = {True: [], False: []}
         for repeat in range(args.repeat):
             # alternated (verified first, then not verified first): whatever the run before leaves

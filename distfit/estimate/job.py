@@ -25,7 +25,7 @@ and handed to every worker as the argument of a task of its own (:func:`model_ta
 :func:`distfit.runtime.cluster.on_every_worker`: each worker unpickles its copy at once, none waits
 for another's; a result lost with its worker is made again from the task, unlike scattered
 data); the chunk tasks depend on them in turn. A task reads its chunks'
-answers from the release as raw chunk files (:func:`distfit.stores.release_chunks.read_rows`)
+answers from the release as raw chunk files (:meth:`distfit.stores.sealing.SealedStore.rows_of`)
 and writes each chunk's arrays and, last, its done marker (``ChunkWriter.write_arrays``: on a
 writer thread while the next chunk is computed); the driver
 fsyncs and hashes each chunk as it lands (``ChunkSync``, ``ReleaseHasher``), so the seal finds
@@ -85,7 +85,7 @@ from distfit.stores.estimate import (
     estimate_state,
     open_resumable,
     read_estimate,
-    read_verified_estimate,
+    read_sealed_estimate,
     seal,
     stored_tables,
 )
@@ -93,7 +93,7 @@ from distfit.stores.files import root_attrs_on_disk
 from distfit.stores.plan import read_plan, verify_checksum
 from distfit.release.tasks import task_chunks
 from distfit.stores.release import DerivedAnswers, read_release, read_sealed_release
-from distfit.stores.release_chunks import ChunkWriter, aligned_empty, read_rows
+from distfit.stores.release_chunks import ChunkWriter, aligned_empty
 from distfit.runtime.memory import address_space_left
 from distfit.runtime.threads import blas_limit
 
@@ -174,14 +174,13 @@ def model_task(model: MeasurementModel) -> MeasurementModel:
 class ReleaseRows:
     """A sealed release's rows as chunk tasks read them: every block's answers and the unit ids.
     The arrays and derived views are looked up once (each zarr group lookup costs about a
-    millisecond: ten a chunk were 2 us a unit), the rows read as raw chunk files
-    (:func:`distfit.stores.release_chunks.read_rows`)."""
+    millisecond: ten a chunk were 2 us a unit), the rows read as raw chunk files and, for a
+    release opened with its digests, each chunk checked before it is used
+    (:meth:`distfit.stores.sealing.SealedStore.rows_of`)."""
 
     def __init__(self, release, model: MeasurementModel) -> None:
-        self._path = Path(release.path)
+        self._release = release
         self._queries = None
-        self._unit_ids = release.unit_ids
-        self._digests = release.digests  # each chunk read checked against its digest (read_sealed_release)
         # (block id, where its answers come from: "queries" all the query answers, "columns" some
         # of them (the index), "packed" a packed block's answers (computed whole by the release
         # reader), "stored" its own answers array)
@@ -202,7 +201,7 @@ class ReleaseRows:
         chunk files, derived blocks (:class:`distfit.stores.release.DerivedAnswers`) taken as
         columns of the query answers, read once (the query answers themselves, not copied, for a
         block whose rows are every query in order: PL94's)."""
-        queries = None if self._queries is None else self._read("queries/answers", self._queries, start, stop)
+        queries = None if self._queries is None else self._release.rows_of("queries/answers", start, stop)
         out = {}
         for block_id, kind, source in self._sources:
             if kind == "queries":
@@ -212,21 +211,12 @@ class ReleaseRows:
             elif kind == "packed":
                 out[block_id] = source[start:stop]
             else:
-                out[block_id] = self._read(f"blocks/{block_id}/answers", source, start, stop)
+                out[block_id] = self._release.rows_of(f"blocks/{block_id}/answers", start, stop)
         return out
 
     def unit_ids(self, start: int, stop: int) -> np.ndarray:
         """The unit ids of rows ``start:stop``."""
-        return np.asarray(self._read("unit_ids", self._unit_ids, start, stop))
-
-    def _read(self, name: str, arr: Any, start: int, stop: int) -> np.ndarray:
-        """Rows ``start:stop`` of ``name`` as raw chunk files, checked against the chunk's digest
-        before they are used (:meth:`distfit.stores.sealing.ChunkDigests.read`) when the release
-        was opened with them."""
-        read = lambda a, b: read_rows(self._path, name, arr, slice(a, b))  # noqa: E731
-        if self._digests is None:
-            return read(start, stop)
-        return self._digests.read(name, read, start, stop, int(arr.shape[0]))
+        return np.asarray(self._release.rows_of("unit_ids", start, stop))
 
     def read(self, start: int, stop: int) -> tuple[dict[str, np.ndarray], np.ndarray]:
         """``(answers, unit_ids)`` of rows ``start:stop``."""
@@ -622,7 +612,7 @@ def estimate_in_run(plan_path: PathLike, release_path: PathLike, out: PathLike, 
                                                                           release.attrs.get("plan_checksum"),
                                                                           bool(integer), True)
     if same and attrs.get("complete") is True:
-        reused = read_verified_estimate(out_path)  # reused only while it still holds what it was sealed with
+        reused = read_sealed_estimate(out_path)  # reused only while its root hashes as sealed (chunks: as read)
         print(f"distfit: the estimate at {out_path} is sealed and of this release; reused", file=log)
         return manifest_entry(out_path, reused.checksum), "reused"
     if attrs is not None and not same:

@@ -41,6 +41,14 @@ level's store is sealed from the level's current release with the same method an
 and its recorded parent checksum is the parent's; otherwise every level is estimated and
 written again (the levels are coupled).
 
+Verification: every level's plan is verified whole (:func:`distfit.stores.plan.read_verified_plan`)
+and its release as it is read (:func:`distfit.stores.release.read_sealed_release`: the root before
+anything is computed, then every chunk of the block answers and unit ids hashed as the estimate
+reads it, before it is used; a changed chunk is refused in one line naming the release, the array
+and the units before any level's estimate is written). Estimates reused by a rerun have their
+roots checked (what they state, their digests); their chunks are checked by whoever reads them
+(the report, the export).
+
 Where it runs: in the driver (the passes take about a CPU-second at 20,000 counties and 224
 cells: benchmarks/README.md); memory holds every level's measurements and tables (a few units x
 cells floats per level) and the hierarchy's class matrices. It needs the dense information
@@ -77,13 +85,13 @@ from distfit.stores.estimate import (
     chunk_rows,
     create_estimate,
     estimate_state,
-    read_verified_estimate,
+    read_sealed_estimate,
     seal,
 )
 from distfit.stores.files import STAGING_MARKER, move_into_place
 from distfit.stores.lock import store_lock
 from distfit.stores.plan import read_verified_plan
-from distfit.stores.release import read_verified_release
+from distfit.stores.release import read_sealed_release
 from distfit.stores.release_chunks import ChunkWriter
 from distfit.runtime.threads import blas_limit
 
@@ -164,7 +172,7 @@ def _reusable(paths: Mapping[str, Path], releases: Mapping[str, Any], integer: b
     for name, path in paths.items():
         if estimate_state(path) != "sealed":
             return None
-        estimate = read_verified_estimate(path)  # reused only if still as sealed
+        estimate = read_sealed_estimate(path)  # reused only if its root still hashes as sealed (chunks: as read)
         recorded = (estimate.attrs.get("geography") or {}).get("parent_estimate") or {}
         if (estimate.attrs.get("release_checksum") != releases[name].checksum or estimate.method != METHOD
                 or estimate.attrs.get("objective") != OBJECTIVE  # e.g. integer tables made another way
@@ -244,7 +252,8 @@ def estimate_levels(spec: Any, level_dirs: Mapping[str, os.PathLike | str], *, i
     plans, releases = {}, {}
     for name in names:
         plans[name] = read_verified_plan(dirs[name] / "plan.zarr")
-        releases[name] = read_verified_release(dirs[name] / "release.zarr")
+        # the root checked now, each chunk as the estimate reads it (one read, no separate pass)
+        releases[name] = read_sealed_release(dirs[name] / "release.zarr")
         if releases[name].attrs.get("plan_checksum") != plans[name].checksum:
             raise ValueError(f"{releases[name].path}: was released from another plan than {dirs[name] / 'plan.zarr'}")
     parents = {name: (names[i - 1] if i else None) for i, name in enumerate(names)}

@@ -9,14 +9,17 @@ comes from: :mod:`distfit.export.tables`), and the data dictionary: ``DIR/README
 sources and their checksums, the privacy guarantee the plan states, every column, every
 ``se_note``, the tables and their rows) and ``DIR/dictionary.csv`` (one row per column).
 
-Inputs, each verified before anything is written (the whole checksum recomputed:
-:func:`distfit.stores.release.read_verified_release`,
-:func:`distfit.stores.estimate.read_verified_estimate`,
-:func:`distfit.stores.plan.read_verified_plan`): the store, and the plan it names (its
-``plan_path`` attr, or ``plan_path`` given: ``--plan``), which must be the plan it was made
-from (its ``plan_checksum``). Refused with ValueError (exit 2, one line): a missing path,
-anything but a sealed release or estimate, a changed store, another plan, a spec whose queries
-are not the store's.
+Inputs, each verified: the plan it names (its ``plan_path`` attr, or ``plan_path`` given:
+``--plan``), its whole checksum recomputed before anything is written
+(:func:`distfit.stores.plan.read_verified_plan`), which must be the plan the store was made
+from (its ``plan_checksum``); the store as it is read (:func:`distfit.stores.release.read_sealed_release`,
+:func:`distfit.stores.estimate.read_sealed_estimate`: its root, every attr, small array and
+chunk digest, checked first; then every chunk hashed as it is read and compared with its digest
+before its rows are used, one read of each chunk, no separate pass). Refused with ValueError
+(exit 2, one line): a missing path, anything but a sealed release or estimate, a changed store
+(a changed chunk: :class:`distfit.stores.sealing.ChangedChunk`, naming the store, the array and
+the units, found when the export reaches it: the staging directory is deleted, ``DIR`` is as it
+was), another plan, a spec whose queries are not the store's.
 
 Streaming: the store is read one chunk of units at a time (its own chunking) and each table's
 rows are built as Arrow record batches of at most :data:`ROWS_PER_WRITE` rows: appended to its
@@ -70,11 +73,11 @@ from distfit.export.tables import (
     table_rows,
 )
 from distfit.spec.parse import parse_spec
-from distfit.stores.estimate import read_verified_estimate
+from distfit.stores.estimate import read_sealed_estimate
 from distfit.stores.files import STAGING_MARKER, check_marked_dir, fsync_tree, move_into_place, root_attrs_on_disk, utc_now
 from distfit.stores.lock import store_lock
 from distfit.stores.plan import read_verified_plan
-from distfit.stores.release import read_verified_release
+from distfit.stores.release import read_sealed_release
 
 __all__ = ["COLUMNS", "CSV_THREADS", "MARKER", "OPEN_TABLES", "PARQUET_ROWS", "ROWS_PER_WRITE", "ErrorSource",
            "ExportResult", "open_source", "error_source", "run_export"]
@@ -153,17 +156,18 @@ def _check_out(path: Path) -> None:
 
 
 def open_source(path: PathLike) -> tuple[str, Any]:
-    """``(kind, store)``: the sealed release or estimate at ``path``, verified (its whole
-    checksum recomputed); ValueError in one line for anything else."""
+    """``(kind, store)``: the sealed release or estimate at ``path``, its root verified and each
+    chunk checked as it is read (:meth:`distfit.stores.sealing.SealedKind.read_sealed`);
+    ValueError in one line for anything else."""
     p = Path(os.fspath(path))
     if not p.exists():
         raise ValueError(f"{p}: no such store")
     attrs = root_attrs_on_disk(p) if p.is_dir() else None
     kind = (attrs or {}).get("distfit_format")
     if kind == "release":
-        return kind, read_verified_release(p)
+        return kind, read_sealed_release(p)
     if kind == "estimate":
-        return kind, read_verified_estimate(p)
+        return kind, read_sealed_estimate(p)
     found = f"a {kind} store" if isinstance(kind, str) else "not a distfit store"
     raise ValueError(f"{p}: not a release or estimate store ({found}); export takes what distfit release or "
                      "distfit estimate wrote")
@@ -313,6 +317,10 @@ def _export_pass(staging: Path, layouts: tuple[TableLayout, ...], values: Any, s
     units, chunk = int(store.attrs["units"]), int(store.attrs["chunk_units"])
     first, last = layouts[0].start, layouts[-1].stop
     constant = np.int32(NOTES.index(errors.note))
+    # each array looked up once (a lookup is a zarr group open); every chunk of them is checked as read
+    variances = store.variances if errors.stored else None
+    cells, converged = (store.cells, store.converged) if errors.per_unit else (None, None)
+    unit_ids = store.unit_ids
     writers = _Writers([], threads)
     try:
         for layout in layouts:
@@ -320,11 +328,11 @@ def _export_pass(staging: Path, layouts: tuple[TableLayout, ...], values: Any, s
         for start in range(0, units, chunk):
             stop = min(start + chunk, units)
             block = np.asarray(values[start:stop, first:last])
-            stored = np.sqrt(np.asarray(store.variances[start:stop, first:last])) if errors.stored else None
-            ids = _arrow_ids(store.unit_ids[start:stop], schema)
+            stored = np.sqrt(np.asarray(variances[start:stop, first:last])) if variances is not None else None
+            ids = _arrow_ids(unit_ids[start:stop], schema)
             linear, notes = None, np.full(stop - start, constant, dtype=np.int32)
             if errors.per_unit:
-                linear, notes = linear_units(store.cells[start:stop], store.converged[start:stop])
+                linear, notes = linear_units(cells[start:stop], converged[start:stop])
             for writer in writers.writers:
                 layout = writer.layout
                 step = max(1, ROWS_PER_WRITE // max(layout.width, 1))
@@ -346,7 +354,8 @@ def _export_pass(staging: Path, layouts: tuple[TableLayout, ...], values: Any, s
 def _dictionary_text(kind: str, store: Any, plan: Any, errors: ErrorSource, tables: list[tuple[str, int]]) -> str:
     """DIR/README.txt: the data dictionary (module docstring)."""
     lines = [f"distfit export of a {kind} ({utc_now()}, distfit {__version__})", "",
-             "Sources (each verified against its checksum before export):",
+             "Sources (each verified against its checksum: the plan before export, the store chunk by chunk as it "
+             "was read):",
              f"  {kind}: {os.path.abspath(store.path)}", f"    checksum {store.checksum}",
              f"  plan: {os.path.abspath(plan.path)}", f"    checksum {plan.checksum}"]
     if kind == "estimate":

@@ -75,7 +75,7 @@ from distfit.stores.data import MARGINALS_FORMAT, open_data, read_histograms, wr
 from distfit.stores.lock import store_lock
 from distfit.stores.files import root_attrs_on_disk, utc_now, write_text_atomic
 from distfit.stores.plan import read_plan, read_verified_plan
-from distfit.stores.release import read_verified_release
+from distfit.stores.release import read_sealed_release
 
 MANIFEST_FORMAT = "run-manifest"
 MANIFEST_VERSION = 1
@@ -406,7 +406,7 @@ def run_pipeline(
                 if recorded.get("created") != data_store.attrs.get("created"):
                     raise RunDirError(f"{release_path}: a sealed release of other data than {data_path}; "
                                       "use another --out")
-                release_checksum = read_verified_release(release_path).checksum  # reused: verified
+                release_checksum = read_sealed_release(release_path).checksum  # reused: root now, chunks as read
                 stages["release"] = "reused"
                 print(f"distfit: the release at {release_path} is sealed; no new noise drawn", file=log)
             else:

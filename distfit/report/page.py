@@ -86,11 +86,11 @@ from distfit.solver.baselines import compare_baselines
 from distfit.spec.model import PipelineSpec, QueryGroupSpec
 from distfit.spec.parse import parse_spec
 from distfit.stores.data import open_data
-from distfit.stores.estimate import read_estimate, read_verified_estimate
+from distfit.stores.estimate import read_sealed_estimate
 from distfit.stores.lock import store_lock
 from distfit.stores.files import STAGING_MARKER, check_marked_dir, move_into_place
 from distfit.stores.plan import read_plan, read_verified_plan
-from distfit.stores.release import read_release, read_verified_release
+from distfit.stores.release import read_sealed_release
 
 MARKER = ".distfit-report"
 PAGE = "index.html"
@@ -599,10 +599,14 @@ def write_report(plan_path: str | os.PathLike, out: str | os.PathLike,
     """Write the report of the plan (and release) to ``out`` (module docstring): ``index.html``,
     and with ``data_path`` (the release's data store) the confidential ``validation.html``; with
     ``estimate_path`` (an estimate of the release) the estimate's sections. Every store is
-    verified against its checksum first (one line naming the store that changed), unless
-    ``verified``: the caller wrote or verified each of them just before (``distfit run``).
-    ``progress(done, total)`` is called as the figures are drawn (matplotlib: 1-2 s each on a
-    loaded 2-core machine, the report's main cost; ``distfit run`` shows it as a progress line)."""
+    verified against its checksum before anything is written (one line naming the store that
+    changed): the plan whole, first, and the data's root, unless ``verified`` (the caller wrote
+    or verified them just before: ``distfit run``); the release and the estimate always as they
+    are read (:meth:`distfit.stores.sealing.SealedKind.read_sealed`: the root first, then each
+    chunk of the units the report shows hashed as it is read; the chunks it does not read it
+    neither reads nor vouches for). ``progress(done, total)`` is called as the figures are drawn
+    (matplotlib: 1-2 s each on a loaded 2-core machine, the report's main cost; ``distfit run``
+    shows it as a progress line)."""
     out_path = Path(os.fspath(out))
     if STAGING_MARKER in out_path.name:
         raise ValueError(f"{out_path}: a report path may not contain {STAGING_MARKER!r}")
@@ -615,10 +619,10 @@ def _write_report(plan_path: str | os.PathLike, out_path: Path, release_path: st
                   verified: bool, progress: Callable[[int, int], None] | None = None) -> ReportResult:
     if out_path.exists() or out_path.is_symlink():
         _check_out(out_path)  # refuse early, before any work
-    # every input verified against its checksum once, before anything is written
+    # every input verified against its checksum, before anything is written: the plan whole, the
+    # release and the estimate as they are read (their roots now, each chunk when it is read)
     plan = (read_plan if verified else read_verified_plan)(plan_path)
-    read_release_store = read_release if verified else read_verified_release
-    release = read_release_store(release_path) if release_path is not None else None
+    release = read_sealed_release(release_path) if release_path is not None else None
     if release is not None and release.attrs.get("plan_checksum") != plan.checksum:
         raise ValueError(f"{release.path}: the release was made from another plan "
                          f"(plan checksum {release.attrs.get('plan_checksum')}, not {plan.checksum})")
@@ -628,16 +632,18 @@ def _write_report(plan_path: str | os.PathLike, out_path: Path, release_path: st
         ratios = np.asarray(plan.queries_variances / plan.queries_targets, dtype=float)
     spec, why = _stored_spec(plan)
     layouts = _layouts(spec, len(plan.queries_targets))
-    baselines, note = _baselines(spec, why, plan)
     if data_path is not None and release is None:
         raise ValueError("--data: the calibration compares a release with its data; give the release too")
     calibrated = _calibration(plan, release, data_path, verified) if data_path is not None else None
-    read_estimate_store = read_estimate if verified else read_verified_estimate
-    estimate = read_estimate_store(estimate_path) if estimate_path is not None else None
+    estimate = read_sealed_estimate(estimate_path) if estimate_path is not None else None
     if estimate is not None and (release is None or estimate.attrs.get("release_checksum") != release.checksum):
         raise ValueError(f"{estimate.path}: the estimate is not of the release "
                          f"{'given' if release is None else release.path} (release checksum "
                          f"{estimate.attrs.get('release_checksum')}); give the release it was made from")
+    # the publishable page's part is computed without the truth, so it is the same with or without
+    # --data; read (and each chunk checked) before any figure is drawn
+    estimated = (estimate, _estimate_summary(release, estimate, None)) if estimate is not None else None
+    baselines, note = _baselines(spec, why, plan)
 
     plt = pyplot()
     total = 4 + (calibrated is not None) + (calibrated is not None and estimate is not None)
@@ -656,18 +662,15 @@ def _write_report(plan_path: str | os.PathLike, out_path: Path, release_path: st
                "block_alpha": draw(plot_block_alpha(plt, blocks)),
                "variance_ratio": draw(plot_variance_ratio(plt, ratios, baselines))}
     hidden: dict[str, str] = {}  # the confidential page's figures
-    summary = true = estimated = validation = None
+    summary = true = validation = None
     if calibrated is not None:
         summary, z, sd, true = calibrated
         hidden["calibration"] = draw(plot_calibration(plt, z, sd))
     compared = None
-    if estimate is not None:
-        # the publishable page's part is computed without the truth, so it is the same with or without --data
-        estimated = (estimate, _estimate_summary(release, estimate, None))
-        if true is not None:
-            compared = _estimate_summary(release, estimate, true)
-            hidden["estimate_error"] = draw(plot_estimate_error(plt, compared["query_rmse_raw"],
-                                                                 compared["query_rmse_estimate"]))
+    if estimate is not None and true is not None:
+        compared = _estimate_summary(release, estimate, true)
+        hidden["estimate_error"] = draw(plot_estimate_error(plt, compared["query_rmse_raw"],
+                                                             compared["query_rmse_estimate"]))
     page = _page(plan, release, spec, layouts, blocks, ratios, baselines, note, figures, estimated)
     if summary is not None:
         validation = _validation_page(plan, release, summary, hidden, compared)

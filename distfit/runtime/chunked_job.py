@@ -27,8 +27,7 @@ from typing import Any, Callable, Iterable, Mapping, NamedTuple, Sequence, TextI
 from distfit.runtime.progress import Progress
 from distfit.stores.files import STAGING_MARKER, is_staging, leftovers, move_into_place
 from distfit.stores.lock import store_lock
-from distfit.stores.release import pending_chunks
-from distfit.stores.release_chunks import ChunkSync, ReleaseHasher
+from distfit.stores.release_chunks import ChunkSync, ReleaseHasher, pending_chunks
 from distfit.stores.sealing import ChangedChunk
 
 __all__ = ["ChunkedWrite", "Layout", "check_out", "claim_out", "new_target", "resume_or_create"]

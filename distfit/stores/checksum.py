@@ -22,7 +22,7 @@ arrays as above, then ``f"attrs\\n{n}\\n"`` and the ``n`` bytes of :func:`canoni
 rule: :func:`distfit.stores.plan.plan_claims` for plans,
 :func:`distfit.stores.sealing.stated_attrs` for the rest). Array metadata (chunking, codecs, Zarr v3
 ``dimension_names``) is never hashed: only what the data and the claims are.
-**Version 3** (a store with per-chunk digests, :data:`DIGESTS`: data stores of format 3,
+**Version 3** (a store with per-chunk digests, :data:`DIGESTS`: data stores of format 3, estimates of 4,
 releases of 3): as version 2 with the domain line ``b"distfit-plan-checksum-v3\\n"``, but the
 arrays its digests cover (the ``arrays`` attr of :data:`DIGESTS`, itself a stated attr) are left
 out of the array part: the digests array stands for them (each entry a BLAKE3 of one chunk's

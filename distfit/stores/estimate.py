@@ -2,7 +2,7 @@
 
 Layout (**contract**, docs/design.md section 4), a Zarr v3 group::
 
-    estimate.zarr/       attrs: distfit_format="estimate", format_version=3, plan_checksum,
+    estimate.zarr/       attrs: distfit_format="estimate", format_version=4, plan_checksum,
                                 release_checksum, plan_path, release_path, schema
                                 ({"attributes", "sizes"} of the plan), method, objective (the
                                 formula minimised), integer (bool), units, chunk_units, n_chunks,
@@ -48,6 +48,9 @@ Layout (**contract**, docs/design.md section 4), a Zarr v3 group::
                                          checksum like every array)
       chunks/done        (n_chunks,)     uint8, one zarr chunk per release chunk: 1 once every
                                          array of that chunk is written
+      chunks/digests     (n_chunks, arrays, 32) uint8: a BLAKE3 digest per chunk of every array
+                                         the chunks write (attr ``arrays``), written by the chunk
+                                         before its done marker (format 4)
 
 Dimension names (:data:`DIMS`): ``unit``, ``query``, ``cell``, ``chunk``; xarray opens the
 store whole (``xr.open_datatree(path, engine="zarr")``), ``unit`` at the root labelling every
@@ -82,11 +85,14 @@ Lifecycle, as a release's (:mod:`distfit.stores.release`; the orchestration is
 arrays and, last, its ``chunks/done`` entry (:meth:`distfit.stores.release_chunks.ChunkWriter.write_arrays`);
 the driver fsyncs and hashes chunks as they land (``ChunkSync``, ``ReleaseHasher`` over
 :func:`chunk_arrays`); :func:`seal` checks the plan and release are unchanged, then writes the
-checksum (:func:`distfit.stores.checksum.compute_checksum` over the arrays and every stated
-attr, :func:`distfit.stores.sealing.stated_attrs`, like a release's: ``method``, ``integer``,
-``fit`` and the rest; format 3, older estimates are refused) and ``complete=True``. A command
-that takes an estimate as input (the report, the levels) reads it with
-:func:`read_verified_estimate`. :func:`open_resumable` reopens an incomplete store made from the same plan,
+checksum (:func:`distfit.stores.checksum.compute_checksum` over every stated attr,
+:func:`distfit.stores.sealing.stated_attrs`, like a release's: ``method``, ``integer``, ``fit``
+and the rest, the small arrays and the per-chunk digests standing for the arrays they cover:
+format 4; estimates of 1-2 are refused) and ``complete=True``. Every command
+that reads an estimate (the report, the export) reads it with :func:`read_sealed_estimate`: the
+root checked before anything is written, each chunk checked as it is read (the reader's arrays
+are :class:`distfit.stores.sealing.CheckedArray`); one of format 3 (no digests) is verified
+whole by that root check, first. :func:`open_resumable` reopens an incomplete store made from the same plan,
 release and options.
 """
 from __future__ import annotations
@@ -103,15 +109,32 @@ import zarr
 from distfit import __version__
 from distfit.stores.files import jsonable, root_attrs_on_disk, utc_now, write_array
 from distfit.stores.release import ANSWER_COMPRESSORS, answer_chunks, plan_change
+from distfit.stores.checksum import DIGESTS
 from distfit.stores.release_chunks import ReleaseHasher, raw_reader, seal_chunked
-from distfit.stores.sealing import UNIT_DIMS, SealedKind, SealedStore, lay_out_units, root_attr, store_array
+from distfit.stores.sealing import (
+    DIGEST_DIMS,
+    UNIT_DIMS,
+    SealedKind,
+    SealedStore,
+    lay_out_digests,
+    lay_out_units,
+    root_attr,
+    store_array,
+)
 
 FORMAT = "estimate"
 #: 2: the per-unit fit arrays are ``solve/*`` (``fit/*`` in 1; module docstring, "Hash order").
 #: 3: the checksum covers every stated attr (:func:`distfit.stores.sealing.stated_attrs`:
-#: ``method``, ``integer``, ``fit``, ...); older estimates are refused with the command that
-#: writes them anew.
-FORMAT_VERSION = 3
+#: ``method``, ``integer``, ``fit``, ...). 4: per-chunk digests (``chunks/digests``, as a
+#: release's: :func:`distfit.stores.sealing.lay_out_digests`) of every array the chunks write,
+#: and the checksum over the attrs, the small arrays and those digests (checksum version 3), so
+#: each chunk is checked as it is read. Estimates of 1-2 are refused with the command that
+#: writes them anew (:data:`OLDEST_VERSION`).
+FORMAT_VERSION = 4
+#: The oldest format read: 3, whose checksum covers every array and stated attr but which has
+#: no per-chunk digests, is read and verified whole first, as it always was (its root check
+#: hashes every array: :meth:`distfit.stores.sealing.SealedKind.read_sealed`); 1-2 are refused.
+OLDEST_VERSION = 3
 
 #: What each chunk writes, besides ``chunks/done`` (:func:`chunk_arrays`), with its dtype when fixed.
 FIT_DTYPES = {"solve/objective": np.float64, "solve/iterations": np.int32, "solve/converged": np.uint8}
@@ -126,6 +149,7 @@ DIMS: dict[str, tuple[str, ...]] = {
     "marginals/estimates": ("unit", "marginal_cell"),
     **{name: ("unit",) for name in FIT_DTYPES},  # the per-unit fit arrays, solve/*
     **UNIT_DIMS,
+    DIGESTS: DIGEST_DIMS,
 }
 
 
@@ -134,11 +158,13 @@ class EstimateError(ValueError):
 
 
 def chunk_arrays(tables: str | None = "cells/estimates") -> list[str]:
-    """The arrays every chunk writes, sorted (``chunks/done`` included, written last);
-    ``tables``: ``cells/estimates`` (the projection), ``marginals/estimates`` (a graphical model)
-    or None (the projection of a workload that holds every cell: ``in_queries``)."""
+    """The arrays every chunk writes, sorted (``chunks/done`` included, written last, and the
+    chunk's digests, ``chunks/digests``, just before it); ``tables``: ``cells/estimates`` (the
+    projection), ``marginals/estimates`` (a graphical model) or None (the projection of a
+    workload that holds every cell: ``in_queries``). ``queries/variances``, written by the chunks
+    of a multi-level run's estimate only (:mod:`distfit.estimate.levels`), is not listed."""
     tables_ = [] if tables is None else [tables]
-    return sorted(["queries/estimates", *tables_, *FIT_DTYPES, "unit_ids", "unit", "chunks/done"])
+    return sorted(["queries/estimates", *tables_, *FIT_DTYPES, "unit_ids", "unit", "chunks/done", DIGESTS])
 
 
 def stored_tables(root: zarr.Group) -> str | None:
@@ -225,6 +251,11 @@ def _lay_out(root: zarr.Group, *, plan, plan_path, release, method, objective, i
     # the parent ids (geography, not data) copied whole from the release
     lay_out_units(root, units=units, chunk_units=chunk_units, ids_dtype=ids_dtype, parents=release.parent_ids,
                   parent_column=release.parent_column)
+    # a digest per chunk of every array the chunks write (ChunkWriter.write_arrays hashes each
+    # chunk's rows as it writes them): what a reader checks each chunk it reads against
+    digested = [name for name in chunk_arrays(stored_tables(root)) if name not in ("chunks/done", DIGESTS)]
+    lay_out_digests(root, digested + (["queries/variances"] if variances else []), units=units,
+                    chunk_units=chunk_units)
     root.attrs.update(jsonable({
         "distfit_format": FORMAT,
         "format_version": FORMAT_VERSION,
@@ -381,8 +412,8 @@ class Estimate(SealedStore):
     def variances(self):
         """``queries/variances`` (units x m): each query estimate's exact variance, or None
         where the store has none (module docstring)."""
-        queries = self._group["queries"]
-        return queries["variances"] if "variances" in queries else None
+        return self.array("queries/variances") if "variances" in self._group["queries"] else None
+
     converged = store_array("solve/converged", "``solve/converged`` (units,): 1 where the unit's solve met its tolerance.")
 
     @property
@@ -392,9 +423,9 @@ class Estimate(SealedStore):
         (:class:`QueryColumns`)."""
         group = self._group["cells"]
         if "estimates" in group:
-            return group["estimates"]
+            return self.array("cells/estimates")
         start, stop = group.attrs["in_queries"]
-        return QueryColumns(self._group["queries/estimates"], int(start), int(stop))
+        return QueryColumns(self.estimates, int(start), int(stop))
 
     @property
     def marginals(self) -> dict[tuple[str, ...], np.ndarray] | None:
@@ -403,30 +434,29 @@ class Estimate(SealedStore):
         if "marginals" not in self._group:
             return None
         group = self._group["marginals"]
-        table, offsets = np.asarray(group["estimates"][...]), group.attrs["offsets"]
+        table, offsets = np.asarray(self.array("marginals/estimates")[...]), group.attrs["offsets"]
         size = dict(zip(self.attrs["schema"]["attributes"], self.attrs["schema"]["sizes"]))
         return {tuple(c): table[:, offsets[i]:offsets[i + 1]].reshape((-1, *[size[a] for a in c]))
                 for i, c in enumerate(group.attrs["cliques"])}
 
-    @property
-    def objective(self):
-        """``solve/objective`` (units,) (``fit/objective`` in a format 1 store)."""
-        return self._group["solve/objective" if "solve" in self._group else "fit/objective"]
+    objective = store_array("solve/objective", "``solve/objective`` (units,): each unit's minimised objective.")
 
     @property
     def groups(self) -> dict[str, list[int]] | None:
         return self._group["queries"].attrs.get("groups")
 
 
-#: The estimate as a kind of sealed store (:class:`distfit.stores.sealing.SealedKind`): the
-#: checksum covers the arrays only, like a release's. Its methods are the module's entry points:
+#: The estimate as a kind of sealed store (:class:`distfit.stores.sealing.SealedKind`), read as
+#: raw chunk files like a release. Its methods are the module's entry points:
 #: ``read_estimate(path)`` (an :class:`Estimate`, or :class:`EstimateError` saying why the store
 #: is refused: missing, staging directory, not an estimate, newer format, incomplete, no
-#: checksum), ``verify_estimate(path)`` (``(ok, stored, recomputed)`` checksum),
+#: checksum), ``read_sealed_estimate(path)`` (the same, its root checked and each chunk checked
+#: as it is read: what every command that reads an estimate calls),
+#: ``verify_estimate(path)`` (``(ok, stored, recomputed)`` checksum),
 #: ``estimate_state(path)`` (``"absent"``, ``"sealed"`` or ``"incomplete"``; FileExistsError for
 #: anything else) and ``check_replaceable(path)`` (FileExistsError unless an estimate store).
-ESTIMATE = SealedKind(FORMAT, FORMAT_VERSION, EstimateError, Estimate, oldest=FORMAT_VERSION, slabs=raw_reader)
-read_estimate, read_verified_estimate, verify_estimate = ESTIMATE.read, ESTIMATE.read_verified, ESTIMATE.verify
+ESTIMATE = SealedKind(FORMAT, FORMAT_VERSION, EstimateError, Estimate, oldest=OLDEST_VERSION, slabs=raw_reader)
+read_estimate, read_sealed_estimate, verify_estimate = ESTIMATE.read, ESTIMATE.read_sealed, ESTIMATE.verify
 estimate_state, check_replaceable = ESTIMATE.state, ESTIMATE.check_replaceable
 
 
@@ -456,6 +486,7 @@ __all__ = [
     "DIMS",
     "ESTIMATE",
     "FORMAT_VERSION",
+    "OLDEST_VERSION",
     "Estimate",
     "EstimateError",
     "QueryColumns",
@@ -471,7 +502,7 @@ __all__ = [
     "open_resumable",
     "query_groups",
     "read_estimate",
-    "read_verified_estimate",
+    "read_sealed_estimate",
     "seal",
     "stored_tables",
     "verify_estimate",

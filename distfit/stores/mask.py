@@ -52,8 +52,7 @@ import zarr
 
 from distfit import __version__
 from distfit.stores.files import jsonable, utc_now, write_array
-from distfit.stores.release import pending_chunks
-from distfit.stores.release_chunks import ReleaseHasher, seal_chunked
+from distfit.stores.release_chunks import ReleaseHasher, pending_chunks, seal_chunked
 from distfit.stores.sealing import UNIT_DIMS, SealedKind, SealedStore, root_attr, store_array
 
 __all__ = [

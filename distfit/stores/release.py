@@ -82,10 +82,12 @@ not hashed), written when the release is sealed. A release of format 1 (arrays o
 ``private`` flag and ``units`` were outside the checksum) is refused by every reader with the
 command that writes it anew, and so is one of format 2 (no per-chunk digests). The checksum
 (version 3) covers the chunk digests instead of the arrays they stand for
-(:mod:`distfit.stores.sealing`). A command that reads a release chunk by chunk (``estimate``)
-reads it with :func:`read_sealed_release` (the root recomputed before anything is written, each
-chunk checked by the task that reads it); one that reads it whole with
-:func:`read_verified_release` (the root and every chunk, first).
+(:mod:`distfit.stores.sealing`). Every command that reads a release reads it with
+:func:`read_sealed_release`: the root recomputed before anything is written, then every chunk
+it reads checked as it reads it (the reader's arrays are
+:class:`distfit.stores.sealing.CheckedArray`; a task of ``estimate`` reads its rows with
+:meth:`~distfit.stores.sealing.SealedStore.rows_of`), whether it reads a few units (``report``)
+or all of them (``export``, the levels of a multi-level run): no separate pass.
 
 Never stored: the counts, true marginals or true answers, the entropy, the ``--seed`` (a seeded
 release records only ``private=False``), and no attr derived from the data beyond ``units``.
@@ -97,8 +99,9 @@ driver fsyncs and hashes the chunks reported done (:mod:`distfit.stores.release_
 ``write_chunk``, ``ChunkSync``, ``ReleaseHasher``); :func:`seal` checks the plan is unchanged
 and every chunk done, then writes the checksum and ``complete=True``.
 :func:`open_resumable` reopens an incomplete store for ``--resume`` after checking it belongs
-to the same plan and data; :func:`release_state` says what is at a path. :func:`read_release`,
-:func:`read_verified_release` and :func:`verify_release` read a sealed store.
+to the same plan and data; :func:`release_state` says what is at a path. :func:`read_release`
+(unchecked), :func:`read_sealed_release` (checked as read) and :func:`verify_release` (the whole
+checksum) read a sealed store.
 """
 from __future__ import annotations
 
@@ -284,11 +287,6 @@ def packed_columns(plan, blocks: Mapping[str, Any]) -> dict[str, tuple[tuple[str
     return out
 
 
-def pending_chunks(root: zarr.Group) -> list[int]:
-    """The chunks not yet marked done in ``chunks/done``, in order."""
-    return np.flatnonzero(np.asarray(root["chunks/done"][...]) == 0).tolist()
-
-
 def open_resumable(path: Path, *, plan, data, private: bool, blocks: Mapping[str, Any]) -> zarr.Group:
     """Open an incomplete release for ``--resume`` after checking it belongs to these inputs
     (the plan's checksum, seeded or not, the data's schema, units, chunking and ``created``,
@@ -383,10 +381,10 @@ class Release(SealedStore):
             return self._packed_answers(block_id)
         group = self._group[f"blocks/{block_id}"]
         if "answers" in group:
-            return group["answers"]
+            return self.array(f"blocks/{block_id}/answers")
         if group.attrs.get("answers_in") != DERIVED_FROM or "query_index" not in group:
             raise ReleaseError(f"{self.path}: block {block_id} has neither answers nor a query_index")
-        return DerivedAnswers(self._group[DERIVED_FROM], np.asarray(group["query_index"][...], dtype=np.int64))
+        return DerivedAnswers(self.array(DERIVED_FROM), np.asarray(group["query_index"][...], dtype=np.int64))
 
 
     def _packed_answers(self, block_id: str) -> np.ndarray:
@@ -401,15 +399,8 @@ class Release(SealedStore):
             if block_id in ids:
                 offsets = np.asarray(self._group[f"packs/{pack_id}/offsets"][...])
                 i = ids.index(block_id)
-                name = f"packs/{pack_id}/measurements"
-                measurements = self._group[name]
-                if self.digests is not None:  # read whole, so every chunk checked (read_sealed)
-                    whole = self.digests.read(name, lambda a, b: measurements[a:b], 0, int(measurements.shape[0]),
-                                              int(measurements.shape[0]))
-                    measured = whole[:, offsets[i]:offsets[i + 1]]
-                else:
-                    measured = np.asarray(measurements[:, offsets[i]:offsets[i + 1]])
-                return measured @ plan.block(block_id).recon.T
+                measurements = self.array(f"packs/{pack_id}/measurements")  # read whole: every chunk checked
+                return np.asarray(measurements[:, offsets[i]:offsets[i + 1]]) @ plan.block(block_id).recon.T
         raise KeyError(f"{self.path}: no block {block_id!r}")
 
 
@@ -442,16 +433,16 @@ class DerivedAnswers:
         return self.shape[0]
 
 
-#: The release as a kind of sealed store (:class:`distfit.stores.sealing.SealedKind`): the
-#: checksum covers the arrays only (format 1). Its methods are the module's entry points:
+#: The release as a kind of sealed store (:class:`distfit.stores.sealing.SealedKind`), read as
+#: raw chunk files. Its methods are the module's entry points:
 #: ``read_release(path)`` (a :class:`Release`, or :class:`ReleaseError` saying why the store is
 #: refused: missing, staging directory, not a release, newer format, incomplete, no checksum),
+#: ``read_sealed_release(path)`` (the same, its root checked and each chunk checked as read),
 #: ``verify_release(path)`` (``(ok, stored, recomputed)`` checksum), ``release_state(path)``
 #: (``"absent"``, ``"sealed"`` or ``"incomplete"``; FileExistsError for anything else) and
 #: ``check_replaceable(path)`` (FileExistsError unless a release store).
 RELEASE = SealedKind(FORMAT, FORMAT_VERSION, ReleaseError, Release, oldest=FORMAT_VERSION, slabs=raw_reader)
-read_release, read_verified_release, verify_release = RELEASE.read, RELEASE.read_verified, RELEASE.verify
-read_sealed_release = RELEASE.read_sealed
+read_release, read_sealed_release, verify_release = RELEASE.read, RELEASE.read_sealed, RELEASE.verify
 release_state, check_replaceable = RELEASE.state, RELEASE.check_replaceable
 
 
@@ -469,11 +460,9 @@ __all__ = [
     "create_release",
     "open_resumable",
     "packed_columns",
-    "pending_chunks",
     "plan_change",
     "read_release",
     "read_sealed_release",
-    "read_verified_release",
     "release_state",
     "seal",
     "verify_release",

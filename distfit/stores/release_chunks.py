@@ -341,6 +341,12 @@ def chunk_arrays(root: zarr.Group) -> list[str]:
     return sorted(names)
 
 
+def pending_chunks(root: zarr.Group) -> list[int]:
+    """The chunks of a store written chunk by chunk not yet marked done in ``chunks/done``, in
+    order (what ``--resume`` computes)."""
+    return np.flatnonzero(np.asarray(root["chunks/done"][...]) == 0).tolist()
+
+
 def stored_blocks(root: zarr.Group) -> tuple[str, ...]:
     """The blocks whose ``answers`` array the store holds (all but the derived ones; all of them
     in a release laid out before derived blocks), sorted."""
@@ -589,6 +595,7 @@ __all__ = [
     "SEAL_READ_THREADS",
     "aligned_empty",
     "chunk_arrays",
+    "pending_chunks",
     "raw_chunks",
     "raw_reader",
     "read_file",

@@ -25,25 +25,37 @@ of 1: written when their attrs were outside the checksum, or, for data, with no 
 is refused with the command that writes it anew: what a checksum does not cover cannot be
 trusted, so it is never read as if it were.
 
-Per-chunk digests (data stores of format 3, releases of 3; :data:`distfit.stores.checksum.DIGESTS`):
-the arrays chunked by unit have a digest per chunk of units (:func:`lay_out_digests`, written as
-the chunks are: :func:`distfit.stores.release_chunks.ChunkWriter.write_arrays`, or at the seal of
-a data store: :func:`write_digests`), and the root checksum covers the attrs, the small arrays
-and the digests instead of those arrays (checksum version 3). So verifying a store is two parts:
+Per-chunk digests (data stores of format 3, releases of 3, estimates of 4;
+:data:`distfit.stores.checksum.DIGESTS`): the arrays chunked by unit have a digest per chunk of
+units (:func:`lay_out_digests`, written as the chunks are:
+:func:`distfit.stores.release_chunks.ChunkWriter.write_arrays`, one implementation for releases
+and estimates, or at the seal of a data store: :func:`write_digests`), and the root checksum
+covers the attrs, the small arrays and the digests instead of those arrays (checksum version 3).
+So verifying a store is two parts:
 
 - the root (:func:`check_root`: cheap, the attrs, the small arrays and the digest table), which
   yields the store's :class:`ChunkDigests`, the table as it was hashed;
 - each chunk, checked by whoever reads it against that table (:meth:`ChunkDigests.read`: the
   rows read are hashed, exactly the bytes used, and compared before they are used).
 
-Reading and verifying: a command that reads a store it did not write verifies it as it reads.
-A reader that reads chunk by chunk (a release reading its data store, an estimate its release:
-:meth:`SealedKind.read_sealed`, :func:`distfit.stores.data.open_data` with ``verify=True``) has
-the root checked by its driver before anything is written or any noise drawn, and each task
-reopens the store (the root checked again, and its checksum the one the driver checked) and
-checks every chunk it reads: no second pass over the data. A reader that reads a store whole
-(a report, an export: :meth:`SealedKind.read_verified`) checks the root and every chunk first
-(:func:`check_verified`). Either way a mismatch is one line naming the store and what differs.
+Reading and verifying: a command that reads a store it did not write verifies it as it reads,
+in one read. It opens the store with :meth:`SealedKind.read_sealed` (or, for data,
+:func:`distfit.stores.data.open_data` with ``verify=True``): the root is checked before anything
+is written or any noise drawn, and every array the digests cover is a :class:`CheckedArray`
+(:meth:`SealedStore.array`; rows by name: :meth:`SealedStore.rows_of`), whose reads read the
+whole chunks holding the rows asked for and check them before returning them. So a reader that
+reads chunk by chunk in tasks (a release reading its data store, an estimate its release: each
+task reopens the store, the root checked again and its checksum the one the driver checked), one
+that streams the whole store in the driver (an export, the levels of a multi-level run) and one
+that reads a few units (a report) all check exactly what they read, when they read it: no second
+pass over the data. A store whose checksum covers every array (no digests: an estimate of
+format 3) has every array hashed by that root check: verified whole, first, as before. The one
+whole-store pass left, :func:`check_verified` (:meth:`SealedKind.read_verified`), is for stores
+without digests that are read whole (plans, masks). Either way a mismatch is one line naming the
+store and what differs (a chunk: the array and the units, :class:`ChangedChunk`).
+
+How a kind's stores are read (through zarr, or as raw chunk files) is chosen in one place,
+:meth:`SealedKind.reader_at`, for its root check, its whole verification and its reader's rows.
 """
 from __future__ import annotations
 
@@ -69,6 +81,7 @@ from distfit.stores.files import (
 
 __all__ = [
     "ChangedChunk",
+    "CheckedArray",
     "ChunkDigests",
     "ClaimRule",
     "SealedKind",
@@ -89,6 +102,7 @@ __all__ = [
     "seal_checksum",
     "verify_opened",
     "verify_sealed",
+    "zarr_reader",
 ]
 
 #: Dimension names (Zarr v3 ``dimension_names``) of the per-unit arrays every store built chunk
@@ -161,30 +175,33 @@ def open_sealed(path: str | os.PathLike, kind: str, version: int, error: type[Ex
     return p, group, attrs
 
 
-def verify_opened(group: zarr.Group, attrs: Mapping[str, Any], claims: ClaimRule = arrays_only
-                  ) -> tuple[bool, str, str]:
+def verify_opened(group: zarr.Group, attrs: Mapping[str, Any], claims: ClaimRule = arrays_only,
+                  read: Reader | None = None) -> tuple[bool, str, str]:
     """``(ok, stored, recomputed)``: the checksum of an opened sealed store (:func:`open_sealed`)
     recomputed under its rule and compared with the one its attrs state, and, for a store with
     per-chunk digests whose root holds, every chunk checked against its digest (``recomputed``
-    then says which chunk differs, if one does)."""
+    then says which chunk differs, if one does). ``read``: how the arrays are read
+    (:func:`check_root`'s)."""
     stored = str(attrs["checksum"])
-    recomputed = seal_checksum(group, attrs, claims)
+    recomputed = seal_checksum(group, attrs, claims, read=read)
     if recomputed != stored or DIGESTS not in group:
         return stored == recomputed, stored, recomputed
     try:
-        digests = check_root("", "store", group, attrs, claims, ValueError)
+        digests = check_root("", "store", group, attrs, claims, ValueError, read=read)
         if digests is not None:
-            digests.check_all(group)
+            digests.check_all(group, read)
     except ValueError as failure:  # recomputed: which chunk differs
         return False, stored, str(failure).split("was changed after it was sealed: ")[-1]
     return True, stored, recomputed
 
 
 def verify_sealed(path: str | os.PathLike, kind: str, version: int, error: type[Exception],
-                  claims: ClaimRule = arrays_only, *, oldest: int = 1, rewrite: str = "") -> tuple[bool, str, str]:
-    """:func:`open_sealed` (its refusals), then :func:`verify_opened` under ``claims``."""
+                  claims: ClaimRule = arrays_only, *, oldest: int = 1, rewrite: str = "",
+                  read: Reader | None = None) -> tuple[bool, str, str]:
+    """:func:`open_sealed` (its refusals), then :func:`verify_opened` under ``claims`` (``read``:
+    how the arrays are read)."""
     _p, group, attrs = open_sealed(path, kind, version, error, oldest=oldest, rewrite=rewrite)
-    return verify_opened(group, attrs, claims)
+    return verify_opened(group, attrs, claims, read)
 
 
 def _changed(path: str | os.PathLike, kind: str, what: str) -> str:
@@ -238,7 +255,9 @@ class ChunkDigests:
         """Rows ``start:stop`` of array ``name`` (of ``units`` rows), checked: ``read(a, b)``
         reads the whole chunks that hold them (rows ``a:b``), which are hashed and compared
         (:meth:`check`) before the rows asked for are returned (a view, no copy). A chunk that
-        no longer decodes is refused the same way."""
+        no longer decodes is refused the same way. No rows (``stop <= start``): nothing read."""
+        if stop <= start:
+            return np.asarray(read(start, start))
         first = (start // self.chunk_units) * self.chunk_units
         last = min(units, -(-stop // self.chunk_units) * self.chunk_units)
         try:
@@ -359,9 +378,16 @@ def root_attr(name: str, kind: Callable[[Any], Any]) -> property:
 
 
 def store_array(path: str, doc: str) -> property:
-    """A sealed store reader's property (:class:`SealedStore`): the lazy zarr array at ``path``
-    (``doc``: what it holds)."""
-    return property(lambda store: store._group[path], doc=doc)
+    """A sealed store reader's property (:class:`SealedStore`): the lazy array at ``path``
+    (``doc``: what it holds), checked as it is read where the store has its digests
+    (:meth:`SealedStore.array`)."""
+    return property(lambda store: store.array(path), doc=doc)
+
+
+def zarr_reader(_name: str, arr: zarr.Array, where: Any) -> Any:
+    """The :data:`distfit.stores.checksum.Reader` of a store kind without one of its own:
+    ``arr[where]`` through zarr."""
+    return arr[where]
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -369,14 +395,24 @@ class SealedStore:
     """What every sealed store built chunk by chunk (a release, an estimate) gives its reader:
     its path, root attrs, checksum, query labels and lazy arrays by unit (``unit_ids``, and
     ``parent_ids`` where the units have geography). Opened by :func:`open_sealed`; a kind's
-    reader adds its own attrs and arrays (:func:`root_attr`, :func:`store_array`)."""
+    reader adds its own attrs and arrays (:func:`root_attr`, :func:`store_array`).
+
+    Opened with its digests (:meth:`SealedKind.read_sealed`: the root checked), every array they
+    cover is a :class:`CheckedArray` (:meth:`array`): whatever rows a caller reads are read as
+    whole chunks, hashed and compared with their digests before they are returned, so a command
+    that reads such a store, a few rows or all of it, verifies it as it reads, in one read
+    (:meth:`rows_of`). ``read_slab`` is how rows are read (the kind's :attr:`SealedKind.slabs`:
+    :meth:`SealedKind.reader_at`, the one place it is chosen)."""
 
     path: str
     attrs: dict
     _group: Any = dataclasses.field(repr=False)
     #: The per-chunk digests each chunk read is checked against (:meth:`SealedKind.read_sealed`),
-    #: or None (read unchecked, or verified whole first).
+    #: or None (read unchecked, or a store whose checksum covers every array, verified whole
+    #: when its root was checked).
     digests: ChunkDigests | None = dataclasses.field(default=None, repr=False)
+    read_slab: Reader = dataclasses.field(default=zarr_reader, repr=False)
+    _arrays: dict = dataclasses.field(default_factory=dict, repr=False)  # looked up once (~1 ms of zarr each)
 
     @property
     def checksum(self) -> str:
@@ -398,6 +434,72 @@ class SealedStore:
         """The data column the parent ids were read from (None without parent ids)."""
         return self.attrs.get("parent_column") if PARENT_IDS in self._group else None
 
+    def _zarr(self, name: str) -> zarr.Array:
+        if name not in self._arrays:
+            self._arrays[name] = self._group[name]
+        return self._arrays[name]
+
+    def array(self, name: str) -> "zarr.Array | CheckedArray":
+        """The lazy array ``name``: a :class:`CheckedArray` where the store's digests cover it,
+        else the zarr array (read unchecked, or covered by the root checksum: small arrays, the
+        geography's ``parent_ids``)."""
+        arr = self._zarr(name)
+        if self.digests is None or name not in self.digests.names:
+            return arr
+        return CheckedArray(self, name, arr)
+
+    def rows_of(self, name: str, start: int, stop: int) -> np.ndarray:
+        """Rows ``start:stop`` of the array ``name``, read by :attr:`read_slab` and, where the
+        store's digests cover it, read as whole chunks and checked before they are returned
+        (:meth:`ChunkDigests.read`: the bytes hashed are the bytes returned; a changed chunk is
+        :class:`ChangedChunk`, one line naming the store, the array and the units)."""
+        arr = self._zarr(name)
+
+        def read(a: int, b: int) -> Any:
+            return self.read_slab(name, arr, slice(a, b))
+
+        if self.digests is None or name not in self.digests.names:
+            return np.asarray(read(start, stop))
+        return self.digests.read(name, read, start, stop, int(arr.shape[0]))
+
+
+class CheckedArray:
+    """An array of a sealed store opened with its digests (:meth:`SealedStore.array`), read
+    like the zarr array (``shape``, ``dtype``, ``ndim``, ``len``, numpy-style ``[rows]`` /
+    ``[rows, columns]`` indexing, ``np.asarray``): the rows asked for are read as the whole
+    chunks holding them and checked (:meth:`SealedStore.rows_of`) before the index is applied."""
+
+    def __init__(self, store: SealedStore, name: str, arr: zarr.Array) -> None:
+        self._store, self.name = store, name
+        self.shape = tuple(int(n) for n in arr.shape)
+        self.dtype = np.dtype(arr.dtype)
+        self.ndim = len(self.shape)
+        self.chunks = tuple(int(c) for c in arr.chunks)
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def __getitem__(self, key: Any) -> np.ndarray:
+        key = key if isinstance(key, tuple) else (key,)
+        rows, rest = (key[0], key[1:]) if key else (slice(None), ())
+        n = self.shape[0]
+        if rows is Ellipsis:  # every row, the key applied as given
+            return self._store.rows_of(self.name, 0, n)[key]
+        if isinstance(rows, slice) and rows.step in (None, 1):
+            start, stop, _ = rows.indices(n)
+            stop = max(start, stop)
+            return self._store.rows_of(self.name, start, stop)[(slice(None),) + rest]
+        index = np.arange(n)[rows]  # an integer, a stepped slice, an index or mask array
+        if index.size == 0:
+            return np.asarray(self._store._zarr(self.name)[key])  # nothing read, nothing to check
+        low, high = int(index.min()), int(index.max()) + 1
+        values = self._store.rows_of(self.name, low, high)
+        return values[(int(index) - low if index.ndim == 0 else index - low,) + rest]
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        out = self[...]
+        return out if dtype is None else out.astype(dtype, copy=False)
+
 
 @dataclasses.dataclass(frozen=True)
 class SealedKind:
@@ -413,9 +515,15 @@ class SealedKind:
     reader: type[SealedStore]
     claims: ClaimRule = stated_attrs
     oldest: int = 1  # the oldest format version read (older ones: not covered enough to trust)
-    #: How a root check reads a store of this kind at a path (:func:`check_root`'s ``read``;
-    #: None: through zarr).
+    #: How a store of this kind at a path is read (a :data:`distfit.stores.checksum.Reader`,
+    #: e.g. its raw chunk files: :func:`distfit.stores.release_chunks.raw_reader`; None: through
+    #: zarr): by its root check, its whole verification and its reader's rows (:meth:`reader`).
     slabs: Callable[[Path], Reader] | None = None
+
+    def reader_at(self, path: Path) -> Reader:
+        """How the store at ``path`` is read (:attr:`slabs`): the one choice, for every check
+        and every read of this kind."""
+        return zarr_reader if self.slabs is None else self.slabs(path)
 
     def open(self, path: str | os.PathLike) -> tuple[Path, zarr.Group, dict]:
         """:func:`open_sealed` for this kind."""
@@ -425,33 +533,37 @@ class SealedKind:
     def read(self, path: str | os.PathLike) -> SealedStore:
         """The sealed store at ``path`` opened for reading, or ``error`` saying why it is refused
         (missing, staging directory, another kind, a format too new or too old, incomplete, no
-        checksum). Its checksum is not recomputed: :meth:`read_verified` does that."""
+        checksum). Nothing is checked: :meth:`read_sealed` checks as it reads."""
         p, group, attrs = self.open(path)
-        return self.reader(path=str(p), attrs=attrs, _group=group)
+        return self.reader(path=str(p), attrs=attrs, _group=group, read_slab=self.reader_at(p))
 
     def read_verified(self, path: str | os.PathLike) -> SealedStore:
         """:meth:`read`, then the whole store verified (:func:`check_verified`: the root and
-        every chunk): what a command that reads this store whole calls once, before it writes
-        anything."""
+        every chunk) before anything is read: for a store that is not read through its digests
+        (one without: a mask store)."""
         p, group, attrs = self.open(path)
-        check_verified(p, self.name, group, attrs, self.claims, self.error,
-                       read=None if self.slabs is None else self.slabs(p))
-        return self.reader(path=str(p), attrs=attrs, _group=group)
+        read = self.reader_at(p)
+        check_verified(p, self.name, group, attrs, self.claims, self.error, read=read)
+        return self.reader(path=str(p), attrs=attrs, _group=group, read_slab=read)
 
     def read_sealed(self, path: str | os.PathLike, checksum: str | None = None) -> SealedStore:
         """:meth:`read`, then the root verified (:func:`check_root`; ``checksum``: the one the
-        store must state, a task reopening what its driver checked); the reader's ``digests``
-        check each chunk as it is read: what a command that reads this store chunk by chunk
-        calls (its driver, then each task)."""
+        store must state, a task reopening what its driver checked); each chunk is then checked
+        as it is read (the reader's ``digests``, :meth:`SealedStore.array`, :meth:`SealedStore.rows_of`).
+        What every command that reads a store of this kind calls, before it writes anything. A
+        store of an older format whose checksum covers every array (no digests) has them all
+        hashed by the root check: verified whole, first, as it always was."""
         p, group, attrs = self.open(path)
-        digests = check_root(p, self.name, group, attrs, self.claims, self.error, checksum,
-                             read=None if self.slabs is None else self.slabs(p))
-        return self.reader(path=str(p), attrs=attrs, _group=group, digests=digests)
+        read = self.reader_at(p)
+        digests = check_root(p, self.name, group, attrs, self.claims, self.error, checksum, read=read)
+        return self.reader(path=str(p), attrs=attrs, _group=group, digests=digests, read_slab=read)
 
     def verify(self, path: str | os.PathLike) -> tuple[bool, str, str]:
-        """``(ok, stored, recomputed)`` checksum of the sealed store at ``path`` under ``claims``."""
-        return verify_sealed(path, self.name, self.version, self.error, self.claims, oldest=self.oldest,
-                             rewrite=f"distfit {self.name}")
+        """``(ok, stored, recomputed)`` checksum of the sealed store at ``path`` under ``claims``:
+        the root and every chunk."""
+        p = Path(os.fspath(path))
+        return verify_sealed(p, self.name, self.version, self.error, self.claims, oldest=self.oldest,
+                             rewrite=f"distfit {self.name}", read=self.reader_at(p))
 
     def state(self, path: Path) -> str:
         """``"absent"``, ``"sealed"`` or ``"incomplete"`` at ``path``; FileExistsError for anything

@@ -166,6 +166,38 @@ def test_a_rerun_reuses_the_estimates_and_a_release_without_parents_is_refused(s
         estimate_levels(load_spec(CENSUS), {name: copy / name for name in LEVELS}, log=io.StringIO())
 
 
+@pytest.mark.parametrize("tamper", ["delete", "flip", "attr"])
+def test_a_changed_release_is_refused_before_any_level_is_written(serial_run, tmp_path, tamper):
+    """The levels read every release whole and check each chunk as they read it (no separate
+    pass): a deleted or altered answers chunk, or an edited attr, of the county's release is
+    refused in one line naming the release (and the chunk), before any estimate is written."""
+    copy = tmp_path / "levels"
+    shutil.copytree(Path(serial_run.rundir) / "levels", copy,
+                    ignore=lambda _dir, names: [n for n in names if n in ("estimate.zarr", "data.zarr", "report")])
+    release = copy / "county" / "release.zarr"
+    if tamper == "attr":
+        meta = release / "zarr.json"
+        doc = json.loads(meta.read_text())
+        doc["attributes"]["private"] = not doc["attributes"]["private"]
+        meta.write_text(json.dumps(doc))
+        what = "its contents hash to"
+    else:
+        chunk = release / "queries" / "answers" / "c" / "0" / "0"  # what the levels read of a derived block
+        if tamper == "delete":
+            chunk.unlink()
+        else:
+            raw = bytearray(chunk.read_bytes())
+            raw[len(raw) // 2] ^= 0x01
+            chunk.write_bytes(bytes(raw))
+        what = "queries/answers units 0..22 (chunk 0) do not hash to the digest they were sealed with"
+    with pytest.raises(ValueError) as refused:
+        estimate_levels(load_spec(CENSUS), {name: copy / name for name in LEVELS}, fsync=False, log=io.StringIO())
+    message = str(refused.value)
+    assert "\n" not in message and message.startswith(f"{release}: the release was changed after it was sealed: ")
+    assert what in message, message
+    assert [p for p in copy.rglob("estimate.zarr*")] == []
+
+
 def test_integer_estimates_on_a_local_cluster(serial_run, tmp_path):
     out = tmp_path / "run"
     for name in LEVELS:  # the plans are the serial run's (planning is not what is tested here)

@@ -630,7 +630,9 @@ def test_a_run_audits_and_hashes_the_plan_once(tmp_path, monkeypatch):
     """distfit run: the plan is hashed by its writer, once by the audit (the release is given the
     audit's report: no second audit) and once more by the seal (it re-verifies the plan against
     the audited checksum: documented, it catches a plan altered during the release); the
-    release store once, by the seal."""
+    release store once, by the seal, and its root (attrs, small arrays, chunk digests: not the
+    answers, which the digests stand for) once more by the run's report, which checks each
+    chunk it reads against those digests."""
     import distfit.pipeline.run
     from distfit.audit.plan import audit_plan
 
@@ -654,8 +656,11 @@ def test_a_run_audits_and_hashes_the_plan_once(tmp_path, monkeypatch):
     staged = [name.split(".incomplete-")[0] for name in hashed if ".incomplete-" in name]
     assert hashed[0].startswith("plan.zarr.incomplete-") and staged == ["plan.zarr", "data.zarr"]
     # audit, seal (plan), and the release once: hashed while its chunks are written
-    # (stores.release_chunks.ReleaseHasher), so its place among the plan's hashes depends on timing
-    assert sorted(name for name in hashed if ".incomplete-" not in name) == ["plan.zarr", "plan.zarr", "release.zarr"]
+    # (stores.release_chunks.ReleaseHasher), so its place among the plan's hashes depends on timing;
+    # then its root by the report (stores.sealing.SealedKind.read_sealed)
+    assert sorted(name for name in hashed if ".incomplete-" not in name) == [
+        "plan.zarr", "plan.zarr", "release.zarr", "release.zarr"]
+    assert hashed[-1] == "release.zarr"
     assert result.stages["audit"] == "passed" and result.stages["release"] == "done"
 
 

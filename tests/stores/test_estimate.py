@@ -39,6 +39,7 @@ ESTIMATE_DIMS = {
     "cells/estimates": ("unit", "cell"), "cells/cell": ("cell",),
     "solve/objective": ("unit",), "solve/iterations": ("unit",), "solve/converged": ("unit",),
     "unit_ids": ("unit",), "unit": ("unit",), "chunks/done": ("chunk",),
+    "chunks/digests": ("chunk", "digested", "digest_byte"),
 }
 
 

@@ -5,22 +5,33 @@ One sealed chain per module (a small real plan, a 40-unit data store in 4 chunks
 release, an estimate); each test copies the store it tampers with, so the chain stays sealed.
 The tampers are the ones an adversary tried: a deleted chunk, a flipped byte in a chunk, an
 attr edited in ``zarr.json`` (``units``, ``private``, ``integer``, ``method``, ``fit``), a store
-of an older format."""
+of an older format. Read by each command that reads them: ``release`` (the data), ``estimate``
+(the release), ``export`` (a release or an estimate), ``report`` (all of them); the levels of a
+multi-level run: tests/estimate/test_levels.py."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
 import pytest
 
+import numpy as np
+import zarr
+
 from distfit.cli import main as cli
 from distfit.estimate.job import run_estimate
+from distfit.export.job import run_export
 from distfit.release.job import run_release
 from distfit.runtime.placement import Placement
+from distfit.stores import sealing
 from distfit.stores.data import write_synthetic
-from distfit.stores.sealing import ChangedChunk
+from distfit.stores.estimate import read_estimate, read_sealed_estimate
+from distfit.stores.release import read_sealed_release
+from distfit.stores.sealing import ChangedChunk, CheckedArray
 from tests.clitools import assert_one_line_error, run
+from tests.storetools import reseal
 
 
 @pytest.fixture(scope="module")
@@ -67,12 +78,12 @@ def flip_a_byte(path: Path) -> None:
 def refused(capsys, argv: list[str], out: Path, *fragments: str) -> None:
     """Exit 2, one error line naming the store, nothing at ``out``. A chunk is checked by the task
     that reads it, so a refusal may come once the work has started: the command's notes
-    (``distfit: estimate by ...``) and the progress line of the chunks drawn before it may come
+    (``distfit: estimate by ...``) and the progress lines (the audit's, the chunks drawn before it) may come
     first (never a traceback); the one error line comes last."""
     code, stdout, err = run(capsys, *argv)
     assert code == 2, (code, stdout, err)
     lines = [line for line in err.splitlines() if line.strip()]
-    before = [line for line in lines[:-1] if "units/s" not in line]
+    before = [line for line in lines[:-1] if not re.search(r"/s, ETA ", line)]  # progress lines (units, blocks)
     assert all(line.startswith("distfit: ") and not line.startswith("distfit: error") for line in before), err
     assert_one_line_error(lines[-1], *fragments)
     assert "Traceback" not in err
@@ -248,3 +259,124 @@ def test_the_untampered_chain_reads(chain, tmp_path, capsys):
     code, _, err = run(capsys, "estimate", chain["plan"], str(chain["release"]), "--out", str(tmp_path / "e.zarr"),
                        "--serial")
     assert code == 0, err
+
+
+# ----------------------------------------------- export and report read a store as they write
+
+
+def answers_array(kind: str) -> str:
+    """The array of figures ``export`` streams from a store of ``kind``."""
+    return "queries/answers" if kind == "release" else "queries/estimates"
+
+
+def tamper_chunk(store: Path, array: str, tamper: str, index: int = 2) -> None:
+    """Delete, or flip a byte of, the chunk file ``index`` of ``array`` (chunk 2: units 20..29)."""
+    target = chunk_files(store, array)[index]
+    target.unlink() if tamper == "delete" else flip_a_byte(target)
+
+
+def no_staging(out: Path) -> None:
+    """Nothing left beside ``out`` by the command (its staging directory deleted)."""
+    assert [p.name for p in out.parent.iterdir() if p.name.startswith(out.name)] == []
+
+
+@pytest.mark.parametrize("kind", ["release", "estimate"])
+@pytest.mark.parametrize("tamper", ["delete", "flip"])
+def test_export_refuses_a_chunk_changed_after_it_was_sealed(chain, tmp_path, capsys, kind, tamper):
+    """The export streams the store to its tables and checks each chunk as it reads it: chunk 2
+    is found after chunks 0-1 were written to the staging directory, which is deleted."""
+    store = copy(chain, kind, tmp_path)
+    array = answers_array(kind)
+    tamper_chunk(store, array, tamper)
+    out = tmp_path / "tables"
+    refused(capsys, ["export", str(store), "--out", str(out)], out, str(store), "changed after it was sealed",
+            f"{array} units 20..29 (chunk 2)")
+    no_staging(out)
+
+
+@pytest.mark.parametrize("kind, key, value", [("release", "units", 20), ("release", "private", True),
+                                              ("estimate", "method", "graphical"), ("estimate", "integer", True)])
+def test_export_refuses_a_store_with_an_edited_attr(chain, tmp_path, capsys, kind, key, value):
+    store = copy(chain, kind, tmp_path)
+    edit_root_attr(store, key, value)
+    out = tmp_path / "tables"
+    refused(capsys, ["export", str(store), "--out", str(out)], out, str(store), "changed after it was sealed",
+            "contents hash to")
+    no_staging(out)
+
+
+@pytest.mark.parametrize("kind", ["release", "estimate"])
+@pytest.mark.parametrize("tamper", ["delete", "flip"])
+def test_report_refuses_a_chunk_changed_after_it_was_sealed(chain, tmp_path, capsys, kind, tamper):
+    """The report reads the first units of the release and the estimate (all 40 here), each
+    chunk checked as it is read."""
+    store = copy(chain, kind, tmp_path)
+    array = answers_array(kind)
+    tamper_chunk(store, array, tamper, index=0)
+    release = store if kind == "release" else chain["release"]
+    estimate = store if kind == "estimate" else chain["estimate"]
+    out = tmp_path / "report"
+    refused(capsys, ["report", chain["plan"], str(release), "--estimate", str(estimate), "--out", str(out)],
+            out, str(store), "changed after it was sealed", f"{array} units 0..9 (chunk 0)")
+    no_staging(out)
+
+
+def test_each_chunk_is_hashed_once_as_it_is_read(chain, tmp_path, monkeypatch):
+    """No separate pass: the export of a release hashes each chunk of the answers and of the unit
+    ids it reads exactly once (the hash of the bytes it then uses), and nothing else."""
+    hashed: list[tuple[str, int]] = []
+    original = sealing.chunk_digest
+
+    def counting(name, start, values):
+        hashed.append((name, start))
+        return original(name, start, values)
+
+    monkeypatch.setattr(sealing, "chunk_digest", counting)
+    run_export(chain["release"], tmp_path / "tables", fsync=False)
+    starts = [0, 10, 20, 30]
+    assert sorted(hashed) == sorted([("queries/answers", s) for s in starts] + [("unit_ids", s) for s in starts]
+                                    + [("unit_ids", 0)])  # the first id once more: the table schema's type
+
+
+def test_checked_arrays_index_as_the_zarr_arrays(chain):
+    """A store opened with its digests gives CheckedArrays that read exactly what zarr does, for
+    every kind of index its readers use."""
+    store = read_sealed_release(chain["release"])
+    for name in ("queries/answers", "unit_ids"):
+        checked, plain = store.array(name), zarr.open_group(str(chain["release"]), mode="r")[name]
+        assert isinstance(checked, CheckedArray) and checked.shape == plain.shape and checked.dtype == plain.dtype
+        keys = [Ellipsis, slice(None), slice(3, 27), slice(-5, None), slice(8, 8), slice(30, 10), 0, 17, -1,
+                slice(1, 39, 7), np.array([3, 31, 12]), (slice(5, 25), 0) if plain.ndim == 2 else slice(0, 40)]
+        if plain.ndim == 2:
+            keys += [(slice(None), slice(1, 3)), (12, slice(None)), (Ellipsis, 2)]
+        for key in keys:
+            np.testing.assert_array_equal(checked[key], plain[key], err_msg=repr(key))
+        np.testing.assert_array_equal(np.asarray(checked), plain[...])
+    assert store.parent_ids is None or not isinstance(store.parent_ids, CheckedArray)  # covered by the root
+
+
+# ------------------------------------------------------------- estimates of the previous format
+
+
+def previous_format(chain, tmp_path: Path) -> Path:
+    """The chain's estimate as format 3 wrote it: no per-chunk digests, its checksum over every
+    array and stated attr (checksum version 2)."""
+    store = copy(chain, "estimate", tmp_path)
+    group = zarr.open_group(str(store), mode="r+")
+    del group["chunks/digests"]
+    group.attrs["format_version"] = 3
+    reseal(store)
+    return store
+
+
+def test_an_estimate_of_the_previous_format_is_read_and_verified_whole(chain, tmp_path, capsys):
+    store = previous_format(chain, tmp_path)
+    estimate = read_sealed_estimate(store)
+    assert estimate.digests is None and not isinstance(estimate.estimates, CheckedArray)
+    np.testing.assert_array_equal(estimate.estimates[...], read_estimate(chain["estimate"]).estimates[...])
+    code, _, err = run(capsys, "export", str(store), "--out", str(tmp_path / "tables"))
+    assert code == 0, err
+    tamper_chunk(store, "queries/estimates", "flip")  # found by the whole check, before anything is written
+    out = tmp_path / "again"
+    refused(capsys, ["export", str(store), "--out", str(out)], out, str(store), "changed after it was sealed",
+            "contents hash to")
