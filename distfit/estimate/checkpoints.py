@@ -12,11 +12,15 @@ written. ``distfit estimate --resume`` then continues a chunk killed mid-fit fro
 checkpoint, to the bits an uninterrupted run gives (the solver's iterations read nothing else).
 
 Cadence, by the clock rather than by iterations: a batch costs from milliseconds (a small
-plan) to ~0.1 s (Adult), so a fixed count would write far too often on one and rarely on the
-other. Every :data:`CHECKPOINT_SECONDS` = 10 s, a kill loses at most ~10 s of a fit (a
-quarter of Adult's), and the cost stays far below 1 %: a checkpoint of Adult's one unit is
-~0.9 MB (22,490 + 2 x 42,301 float64), written, hashed and fsynced in ~20-50 ms, i.e. 0.2-0.5 %
-at one per 10 s (benchmarks/README.md, issue 26). A fit shorter than that writes none.
+plan) to ~0.1 s (Adult, under load), so a fixed count would write far too often on one and
+rarely on the other. Every :data:`CHECKPOINT_SECONDS` = 5 s, a kill loses at most ~5 s of a
+fit, and the cost stays near 1 % at most: a checkpoint of Adult's one unit is ~0.9 MB (22,490 +
+2 x 42,301 float64), written, hashed and fsynced in ~40 CPU-ms (~0.1 s wall), plus the
+fingerprint of the fit's inputs once (~30 CPU-ms; benchmarks/README.md, issue 26). Adult's
+ADMM runs ~6-10 s, so it gets one or two; 10 s would often give it none. The state after the
+last iteration is offered too (by the same rule): a kill during the post-processing (the
+I-projection onto agreement, ~6 s on Adult) then resumes with the fit done. A fit shorter
+than the cadence writes none.
 
 A checkpoint that fails verification (:class:`distfit.stores.checkpoint.CheckpointError`:
 unreadable, or its contents do not hash to its checksum) or that was saved from other inputs
@@ -42,7 +46,7 @@ from distfit.stores.checksum import fingerprint
 __all__ = ["CHECKPOINT_SECONDS", "ChunkCheckpoints"]
 
 #: Seconds of fitting between two checkpoints (module docstring); read when a chunk's fit starts.
-CHECKPOINT_SECONDS = 10.0
+CHECKPOINT_SECONDS = 5.0
 _STATE = ("u", "z", "lam", "previous", "active")
 
 

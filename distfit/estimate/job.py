@@ -41,7 +41,7 @@ Lifecycle as a release's: built at the final path with ``complete=false``; ``--r
 continues an incomplete estimate of the same plan, release and options, computing only the
 chunks not marked done (the estimate is deterministic, so a resumed store equals an
 uninterrupted one bit for bit); a chunk fitted by the local polytope (``graphical-local``: one
-long fit, Adult's ~30-60 s) saves its ADMM state every ~10 s and a resumed chunk continues from
+long fit, Adult's ~30-60 s) saves its ADMM state every ~5 s and a resumed chunk continues from
 its last checkpoint instead of from the beginning, to the same bits
 (:mod:`distfit.estimate.checkpoints`; kept beside the store, a chunk's removed once its rows are
 written, all of them before the seal; an ``--overwrite``, built aside and never resumed, keeps

@@ -272,8 +272,9 @@ class StateInputs:
 class Checkpoints(Protocol):
     """Where :func:`solve` finds and saves its state (:class:`AdmmState`). ``load(inputs)`` is
     called once, first: the state saved from the same ``inputs`` (:class:`StateInputs`), or
-    None to start from the beginning. ``save(state)`` is called after every check that leaves
-    work to do, with the solver's live arrays: it must copy or write them before it returns
+    None to start from the beginning. ``save(state)`` is called after every check (the last
+    one's state, every unit frozen or the iterations spent, resumes to the result at once), with
+    the solver's live arrays: it must copy or write them before it returns
     (they change in place with the next iteration), and may skip any call (its cadence is its
     own)."""
 
@@ -348,7 +349,7 @@ def solve(problem: LocalPolytope, white: np.ndarray, *, iterations: int = ITERAT
         active[cols[settled]] = False
         if progress is not None:
             progress(done, iterations)
-        if checkpoints is not None and done < iterations and active.any():
+        if checkpoints is not None:  # the last state too: a kill in the post-processing keeps the fit
             checkpoints.save(AdmmState(done=done, u=u, z=z, lam=lam, previous=previous, active=active))
     return u, done, ~active
 

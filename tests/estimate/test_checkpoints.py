@@ -57,8 +57,9 @@ def test_admm_resumed_from_any_saved_state_ends_bit_for_bit_where_it_would_have(
     kept = Kept()
     u, done, converged = local_polytope.solve(problem.local, white, checkpoints=kept, **rule)
     assert converged.all()
-    assert [s.done for s in kept.saved] == list(range(local_polytope.CHECK_EVERY, done, local_polytope.CHECK_EVERY))
-    assert len(kept.saved) >= 3 and kept.saved[0].active.all() and kept.saved[-1].active.sum() == 1
+    assert [s.done for s in kept.saved] == list(range(local_polytope.CHECK_EVERY, done + 1, local_polytope.CHECK_EVERY))
+    assert len(kept.saved) >= 4 and kept.saved[0].active.all() and kept.saved[-2].active.sum() == 1
+    assert not kept.saved[-1].active.any()  # the last state: resumed, the fit is over at once
     for state in kept.saved:
         again = local_polytope.solve(problem.local, white, checkpoints=Kept(state), **rule)
         assert again[0].tobytes() == u.tobytes() and again[1] == done and (again[2] == converged).all()
