@@ -504,7 +504,8 @@ def run_estimate(
 ) -> EstimateResult:
     """Estimate every unit of the sealed release at ``release_path`` (made through the plan at
     ``plan_path``) into ``out`` (module docstring). ``placement``: where the chunk tasks run
-    (:class:`distfit.runtime.placement.Placement`; default a local cluster). ``after_chunk(chunk)``
+    (:class:`distfit.runtime.placement.Placement`; default a local cluster, or this process
+    when the release is one chunk of units: one task, which no cluster can share). ``after_chunk(chunk)``
     is called in the driver after each chunk is written (a test hook). ``release_checksum``: the
     release's checksum when the caller has just written it (a benchmark's baseline); it is then
     not hashed again, only checked to still state it, as ``run_release``'s ``data_checksum``;
@@ -521,7 +522,13 @@ def run_estimate(
         state, resumed = claim_out(stack, out_path, "estimate", estimate_state, resume=resume, overwrite=overwrite,
                                    log=log)
         stack.enter_context(blas_limit())
-        read_release(release_path)  # the cheap refusals (missing, unsealed, another kind) before any cluster
+        attrs = read_release(release_path).attrs  # the cheap refusals (missing, unsealed, another kind) before any cluster
+        if placement == Placement() and int(attrs["units"]) <= int(attrs["chunk_units"]):
+            # one chunk is one task: a local cluster could not share it, only add its start-up and
+            # the model's copy to a worker (Adult's one unit: 106 s wall, 45 CPU-s against 29 in
+            # the driver; benchmarks/README.md, issue 26)
+            print("distfit: one chunk of units: estimated in this process, without a cluster", file=log)
+            placement = Placement(serial=True)
         client = PlacedClient(placement, stack, log)
         if not resumed:
             client.start()  # the workers spawn while the inputs are verified and the model is built

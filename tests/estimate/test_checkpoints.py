@@ -158,7 +158,8 @@ def test_an_estimate_killed_mid_fit_resumes_from_its_checkpoint_to_the_same_bits
     its first checkpoint; the fault is real (the process died of the signal, the checkpoint is
     there and verifies, at 25 iterations, holding only the ADMM state; the store is
     incomplete); ``--resume`` continues the fit from that checkpoint (it says so) and seals the
-    same store, bit for bit, as an uninterrupted run; no checkpoint is left behind."""
+    same store, bit for bit, as an uninterrupted run (by the default placement: one chunk, no
+    cluster started); no checkpoint is left behind."""
     attributes = [f"a{i}" for i in range(8)]
     spec = {"name": "wide8", "attributes": [{"name": a, "size": 8} for a in attributes],
             "queries": [{"name": "pairs", "marginals": {"order": 2}, "target": 25.0}]}
@@ -171,9 +172,11 @@ def test_an_estimate_killed_mid_fit_resumes_from_its_checkpoint_to_the_same_bits
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
         assert main(["release", plan, "--data", str(tmp_path / "people.csv"), "--out", str(release), "--seed", "5",
                      "--serial"]) == 0
-    whole = run_estimate(plan, release, tmp_path / "whole.zarr", placement=Placement(serial=True), fsync=False,
-                         log=io.StringIO())
+    log = io.StringIO()  # the default placement: one chunk of units is estimated without a cluster
+    whole = run_estimate(plan, release, tmp_path / "whole.zarr", placement=Placement(), fsync=False, log=log)
     assert whole.method == "graphical-local" and whole.cells == 8 ** 8 and whole.fit["iterations_max"] > 25
+    assert "distfit: one chunk of units: estimated in this process, without a cluster\n" in log.getvalue()
+    assert "cluster with" not in log.getvalue()
 
     out = tmp_path / "est.zarr"
     killed = subprocess.run([sys.executable, "-c", KILLED_AFTER_A_CHECKPOINT, "estimate", plan, str(release),
