@@ -55,8 +55,9 @@ class ChunkCheckpoints:
     ``label`` names the chunk in the lines written on ``log`` (default stderr); ``seconds``:
     the cadence (default :data:`CHECKPOINT_SECONDS`); ``fsync``: as the store's;
     ``on_resume(iterations)``: called when a checkpoint is loaded (the progress line's
-    :meth:`distfit.runtime.progress.Progress.resumed`). ``resumed_at`` is the iterations a loaded checkpoint had done (0: none loaded), ``written``
-    how many checkpoints this session wrote."""
+    :meth:`distfit.runtime.progress.Progress.resumed`). ``resumed_at``: the iterations a loaded
+    checkpoint had done (0: none loaded); ``written``: how many checkpoints this session wrote;
+    ``key``: the fit's (:meth:`load`)."""
 
     def __init__(self, store: str | os.PathLike, chunk: int, label: str, *, log: TextIO | None = None,
                  seconds: float | None = None, fsync: bool = True,

@@ -211,8 +211,9 @@ class GraphicalProblem:
     junction tree of the cliques; None for method "local", which builds none) and the
     ``largest_clique`` (of the junction tree; of the cliques for "local"); ``memory_bytes`` the working
     memory estimate; ``parent`` block_id -> the clique its marginal is read from; ``lipschitz``
-    the gradient's Lipschitz constant of the whitened loss (None for "local", which has no step to size); ``total_weights`` block_id -> ``c_b /
-    var_b`` for the blocks that measure the total, ``total_information`` ``sum_b 1 / var_b``.
+    the gradient's Lipschitz constant of the whitened loss (None for "local", which has no step
+    to size); ``total_weights`` block_id -> ``c_b / var_b`` for the blocks that measure the
+    total, ``total_information`` ``sum_b 1 / var_b``.
     """
 
     model: MeasurementModel

@@ -522,7 +522,8 @@ def run_estimate(
         state, resumed = claim_out(stack, out_path, "estimate", estimate_state, resume=resume, overwrite=overwrite,
                                    log=log)
         stack.enter_context(blas_limit())
-        attrs = read_release(release_path).attrs  # the cheap refusals (missing, unsealed, another kind) before any cluster
+        # the cheap refusals (missing, unsealed, another kind) before any cluster
+        attrs = read_release(release_path).attrs
         if placement == Placement() and int(attrs["units"]) <= int(attrs["chunk_units"]):
             # one chunk is one task: a local cluster could not share it, only add its start-up and
             # the model's copy to a worker (Adult's one unit: 106 s wall, 45 CPU-s against 29 in

@@ -97,7 +97,7 @@ def write_checkpoint(store: str | os.PathLike, chunk: int, step: int, arrays: Ma
     docstring), then delete the chunk's older checkpoints. Returns its path."""
     where = checkpoints_dir(store)
     if not where.is_dir():
-        where.mkdir()
+        where.mkdir(exist_ok=True)  # exist_ok: another run of the chunk, at the same moment
         if fsync:
             fsync_dir(where.parent)
     final = where / f"chunk-{chunk:06d}-step-{step:09d}"
@@ -113,9 +113,14 @@ def write_checkpoint(store: str | os.PathLike, chunk: int, step: int, arrays: Ma
         group.attrs["checksum"] = compute_checksum(group, attrs=stated, threads=1)
         if fsync:
             fsync_tree(temporary)
-        if final.exists():  # the same step written again (a retried task): the same bytes
-            shutil.rmtree(final)
-        os.rename(temporary, final)
+        try:
+            os.rename(temporary, final)
+        except OSError:
+            if not final.is_dir():
+                raise
+            # the same step written by another run of this chunk (a task retried while the first
+            # still ran): the fit is deterministic, so it holds these bits; ours is dropped
+            shutil.rmtree(temporary, ignore_errors=True)
         if fsync:
             fsync_dir(where)
     except BaseException:
