@@ -211,8 +211,9 @@ class GraphicalProblem:
     junction tree of the cliques; None for method "local", which builds none) and the
     ``largest_clique`` (of the junction tree; of the cliques for "local"); ``memory_bytes`` the working
     memory estimate; ``parent`` block_id -> the clique its marginal is read from; ``lipschitz``
-    the gradient's Lipschitz constant of the whitened loss; ``total_weights`` block_id -> ``c_b /
-    var_b`` for the blocks that measure the total, ``total_information`` ``sum_b 1 / var_b``.
+    the gradient's Lipschitz constant of the whitened loss (None for "local", which has no step
+    to size); ``total_weights`` block_id -> ``c_b / var_b`` for the blocks that measure the
+    total, ``total_information`` ``sum_b 1 / var_b``.
     """
 
     model: MeasurementModel
@@ -222,7 +223,7 @@ class GraphicalProblem:
     largest_clique: tuple[str, ...]
     memory_bytes: int
     parent: Mapping[str, tuple[str, ...]]
-    lipschitz: float
+    lipschitz: float | None
     total_weights: Mapping[str, np.ndarray]
     total_information: float
     solver: Any  # the jitted pieces (mbi domain, loss function, step): built once, reused per unit
@@ -305,7 +306,9 @@ def graphical_problem(model: MeasurementModel, *, method: str = "auto",
         if method == "exact":
             largest, cells = max(tree_cliques, key=lambda c: _cells(c, size_of)), junction_cells
         else:
-            graph = region_graph.region_graph(cliques, model.attributes, model.sizes)
+            # the local polytope's, when auto refused it for its memory: the same graph
+            graph = local_memory[1] if local_memory is not None else \
+                region_graph.region_graph(cliques, model.attributes, model.sizes)
             largest = max(cliques, key=lambda c: _cells(c, size_of)) if cliques else ()
             # every region's table and two messages per edge (child-sized), plus the
             # (edge, parent cell) gathers of a sweep, held in a few copies each
@@ -323,8 +326,19 @@ def graphical_problem(model: MeasurementModel, *, method: str = "auto",
     for block in model.blocks:
         containing = [c for c in cliques if set(block.attributes) <= set(c)] or [()]
         parent[block.block_id] = min(containing, key=lambda c: _cells(c, size_of))
-    # The loss's Hessian is block diagonal by clique (each block reads one clique's table):
-    # L <= max_C sum_{b -> C} ||G_b||_2^2 |C| / |S_b|, exact for identity queries (mbi's bound).
+    lipschitz = None if method == "local" else _lipschitz(model, parent, size_of)
+    if method != "local":
+        solver = _solver(ns, model, domain, cliques, parent, method, graph)
+    return GraphicalProblem(model=model, cliques=tuple(cliques), method=method, junction_cells=junction_cells,
+                            largest_clique=largest, memory_bytes=memory, parent=parent, lipschitz=lipschitz,
+                            total_weights=weights, total_information=information, solver=solver)
+
+
+def _lipschitz(model: MeasurementModel, parent: Mapping[str, tuple[str, ...]], size_of: Mapping[str, int]) -> float:
+    """The whitened loss's gradient Lipschitz constant (mirror descent's first step; the local
+    polytope has none to take). The loss's Hessian is block diagonal by clique (each block reads
+    one clique's table): ``L <= max_C sum_{b -> C} ||G_b||_2^2 |C| / |S_b|``, exact for identity
+    queries (mbi's bound)."""
     per_clique: dict[tuple[str, ...], float] = {}
     for block in model.blocks:
         if not block.attributes:
@@ -332,12 +346,7 @@ def graphical_problem(model: MeasurementModel, *, method: str = "auto",
         c = parent[block.block_id]
         norm = np.linalg.norm(block.whitened_basis, 2) ** 2
         per_clique[c] = per_clique.get(c, 0.0) + norm * _cells(c, size_of) / block.cells
-    lipschitz = max(per_clique.values(), default=1.0)
-    if method != "local":
-        solver = _solver(ns, model, domain, cliques, parent, method, graph)
-    return GraphicalProblem(model=model, cliques=tuple(cliques), method=method, junction_cells=junction_cells,
-                            largest_clique=largest, memory_bytes=memory, parent=parent, lipschitz=lipschitz,
-                            total_weights=weights, total_information=information, solver=solver)
+    return max(per_clique.values(), default=1.0)
 
 
 def _local_memory(model: MeasurementModel, cliques: list[tuple[str, ...]]) -> tuple[int, region_graph.RegionGraph]:
@@ -589,16 +598,20 @@ def _region_graph(problem: GraphicalProblem, target: np.ndarray, total: np.ndarr
 
 def estimate_units(problem: GraphicalProblem, measurements: Mapping[str, np.ndarray], *,
                    iterations: int | None = None, tol: float = TOLERANCE,
-                   progress: Callable[[int, int], None] | None = None) -> GraphicalChunk:
+                   progress: Callable[[int, int], None] | None = None,
+                   checkpoints: local_polytope.Checkpoints | None = None) -> GraphicalChunk:
     """The estimates of ``n`` units from their recovered measurements ``{block_id: (n, k_b)}``:
     the region graph propagates every unit at once (one mirror descent per unit, with its own
     step sizes); exact inference runs :func:`estimate_graphical` unit by unit. ``progress(steps,
     iterations)``: called after every batch of :data:`CHECK_EVERY` mirror descent steps of the
-    region graph (the exact path reports nothing: its steps take milliseconds)."""
+    region graph, of :data:`distfit.estimate.local_polytope.CHECK_EVERY` ADMM iterations of the
+    local polytope (the exact path reports nothing: its steps take milliseconds).
+    ``checkpoints``: where the local polytope's ADMM saves its state and resumes from it
+    (:func:`distfit.estimate.local_polytope.solve`; the other methods keep none)."""
     model = problem.model
     n = next(iter(measurements.values())).shape[0] if measurements else 0
     if problem.method == "local" and problem.cliques:
-        units, converged = _local_units(problem, measurements, iterations, progress)
+        units, converged = _local_units(problem, measurements, iterations, progress, checkpoints)
     elif problem.method == "exact" or not problem.cliques:
         iterations = ITERATIONS if iterations is None else iterations
         units = [estimate_graphical(problem, {b: v[u] for b, v in measurements.items()}, iterations=iterations, tol=tol)
@@ -606,16 +619,13 @@ def estimate_units(problem: GraphicalProblem, measurements: Mapping[str, np.ndar
         converged = np.array([e.iterations < iterations for e in units], dtype=bool)
     else:
         iterations = ITERATIONS if iterations is None else iterations
-        ys = [_check(problem, {b: v[u] for b, v in measurements.items()}) for u in range(n)]
-        white = [{b.block_id: b.whitener @ y[b.block_id] for b in model.blocks} for y in ys]
+        ys, white = _whitened(problem, measurements)
         total = np.array([max(sum(float(w @ y[b]) for b, w in problem.total_weights.items())
                               / problem.total_information, 1.0) for y in ys])
         target = np.stack([np.concatenate([w[b] for b in problem.solver.measured]) for w in white], axis=1)
         mu, steps, converged = _region_graph(problem, target, total, iterations, tol, _warm_start(problem, white),
                                              progress)
-        graph = problem.solver.graph
-        units = [_finish(problem, {graph.regions[i]: np.maximum(graph.table(mu[:, [u]], i)[0], 0.0)
-                                   for i in graph.clique_index}, white[u], float(total[u]), steps) for u in range(n)]
+        units = _region_units(problem, mu, white, total, steps)
     flat = np.zeros((n, sum(t.size for t in units[0].marginals.values()))) if units else np.zeros((0, 0))
     for u, e in enumerate(units):
         flat[u] = np.concatenate([e.marginals[c].reshape(-1) for c in problem.cliques]) if problem.cliques else []
@@ -625,33 +635,48 @@ def estimate_units(problem: GraphicalProblem, measurements: Mapping[str, np.ndar
                           inconsistency=np.array([e.inconsistency for e in units]))
 
 
+def _whitened(problem: GraphicalProblem,
+              measurements: Mapping[str, np.ndarray]) -> tuple[list[dict[str, np.ndarray]], list[dict[str, np.ndarray]]]:
+    """Per unit of ``measurements`` ``{block_id: (n, k_b)}``: its checked measurements ``y_b``
+    and their whitened ``C_b^-1 y_b``, each ``{block_id: (k_b,)}``."""
+    n = next(iter(measurements.values())).shape[0]
+    ys = [_check(problem, {b: v[u] for b, v in measurements.items()}) for u in range(n)]
+    return ys, [{b.block_id: b.whitener @ y[b.block_id] for b in problem.model.blocks} for y in ys]
+
+
+def _region_units(problem: GraphicalProblem, mu: np.ndarray, white: list[Mapping[str, np.ndarray]],
+                  total: np.ndarray, steps: int) -> list[GraphicalEstimate]:
+    """Each unit's estimate from the region graph's flat tables ``mu`` (cells, n), its cliques'
+    tables with the cells below 0 (rounding) set to 0 (:func:`_finish`)."""
+    graph = problem.solver.graph
+    return [_finish(problem, {graph.regions[i]: np.maximum(graph.table(mu[:, [u]], i)[0], 0.0)
+                              for i in graph.clique_index}, white[u], float(total[u]), steps)
+            for u in range(mu.shape[1])]
+
+
 def _local_units(problem: GraphicalProblem, measurements: Mapping[str, np.ndarray], iterations: int | None,
-                 progress: Callable[[int, int], None] | None = None) -> tuple[list[GraphicalEstimate], np.ndarray]:
+                 progress: Callable[[int, int], None] | None = None,
+                 checkpoints: local_polytope.Checkpoints | None = None) -> tuple[list[GraphicalEstimate], np.ndarray]:
     """The units of ``measurements`` ``{block_id: (n, k_b)}`` projected onto the local polytope
     in the published queries' metric (:mod:`distfit.estimate.local_polytope`), every unit at
     once; the total is the estimate's own (free in that projection)."""
-    model = problem.model
-    n = next(iter(measurements.values())).shape[0]
-    ys = [_check(problem, {b: v[u] for b, v in measurements.items()}) for u in range(n)]
-    white = [{b.block_id: b.whitener @ y[b.block_id] for b in model.blocks} for y in ys]
-    stacked = np.stack([np.concatenate([w[b.block_id] for b in model.blocks]) for w in white], axis=1)
+    _, white = _whitened(problem, measurements)
+    stacked = np.stack([np.concatenate([w[b.block_id] for b in problem.model.blocks]) for w in white], axis=1)
     u, steps, converged = local_polytope.solve(
-        problem.local, stacked, progress=progress,
+        problem.local, stacked, progress=progress, checkpoints=checkpoints,
         iterations=local_polytope.ITERATIONS if iterations is None else iterations)
     flat = local_polytope.tables(problem.local, u)
     # ADMM leaves cells down to -NEGATIVITY noise sd, published as 0: the I-projection onto
     # agreement (as the region graph's, CONSISTENCY of the total) makes the cliques agree again
     graph = problem.solver.graph
-    mu = np.zeros((graph.cells, n))
+    mu = np.zeros((graph.cells, len(white)))
     number = {r: i for i, r in enumerate(graph.regions)}
     for i, c in enumerate(problem.local.cliques):
         r = number[c]
         mu[graph.region_start[r]:graph.region_start[r + 1]] = flat[problem.local.clique_start[i]:problem.local.clique_start[i + 1]]
     total = flat[problem.local.clique_start[0]:problem.local.clique_start[1]].sum(axis=0)
-    mu = region_graph.make_consistent(graph, mu, CONSISTENCY * total)
-    units = [_finish(problem, {graph.regions[i]: np.maximum(graph.table(mu[:, [k]], i)[0], 0.0)
-                               for i in graph.clique_index}, white[k], float(total[k]), steps) for k in range(n)]
-    return units, converged
+    return _region_units(problem, region_graph.make_consistent(graph, mu, CONSISTENCY * total), white, total,
+                         steps), converged
 
 
 def _project(table: np.ndarray, clique: tuple[str, ...], attributes: tuple[str, ...]) -> np.ndarray:

@@ -40,7 +40,12 @@ or ``--overwrite``, anything else at ``--out``, a second writer (``store_lock``)
 Lifecycle as a release's: built at the final path with ``complete=false``; ``--resume``
 continues an incomplete estimate of the same plan, release and options, computing only the
 chunks not marked done (the estimate is deterministic, so a resumed store equals an
-uninterrupted one bit for bit); ``--overwrite`` builds aside and moves into place once sealed.
+uninterrupted one bit for bit); a chunk fitted by the local polytope (``graphical-local``: one
+long fit, Adult's ~30-60 s) saves its ADMM state every ~5 s and a resumed chunk continues from
+its last checkpoint instead of from the beginning, to the same bits
+(:mod:`distfit.estimate.checkpoints`; kept beside the store, a chunk's removed once its rows are
+written, all of them before the seal; an ``--overwrite``, built aside and never resumed, keeps
+none); ``--overwrite`` builds aside and moves into place once sealed.
 Sealing re-verifies the plan's checksum and that the release still holds the checksum it was
 started from.
 """
@@ -61,6 +66,7 @@ from distfit.runtime.chunked_job import ChunkedWrite, check_out, claim_out, resu
 from distfit.runtime.placement import PlacedClient, Placement, dask_runtime
 from distfit.runtime.progress import Progress
 from distfit.estimate import graphical
+from distfit.estimate.checkpoints import ChunkCheckpoints
 from distfit.estimate.measurements import (
     MeasurementModel,
     WorkloadKind,
@@ -89,6 +95,7 @@ from distfit.stores.estimate import (
     seal,
     stored_tables,
 )
+from distfit.stores.checkpoint import remove_checkpoints
 from distfit.stores.files import root_attrs_on_disk
 from distfit.stores.plan import read_plan, verify_checksum
 from distfit.release.tasks import task_chunks
@@ -158,6 +165,8 @@ class EstimateJob:
     method: str = METHOD  # or "graphical-exact" / "graphical-local" / "graphical-region-graph" (graphical_method)
     tables: str | None = "cells/estimates"  # the per-unit table written (stores.estimate.chunk_arrays)
     check_chunks: bool = True  # each release chunk read checked against its digest (run_estimate's release_checksum)
+    fsync: bool = True  # the fit's checkpoints fsynced as the store's files are (run_estimate's fsync)
+    checkpoints: bool = True  # the local polytope's fits checkpointed: a store built in place (resumable)
 
 
 # --------------------------------------------------------------------------------------------
@@ -325,13 +334,16 @@ def _problem_for(model: MeasurementModel, method: str):
 
 
 def estimate_chunk_graphical(problem, answers: dict[str, np.ndarray], *, workload: WorkloadKind,
-                             progress: Callable[[int, int], None] | None = None) -> tuple[np.ndarray, np.ndarray, Any]:
-    """One chunk through a graphical model (pure but for jax inside mbi and ``progress``):
-    ``(queries (n, m), marginals (n, sum_c |c|), fit)``
+                             progress: Callable[[int, int], None] | None = None,
+                             checkpoints: ChunkCheckpoints | None = None) -> tuple[np.ndarray, np.ndarray, Any]:
+    """One chunk through a graphical model (pure but for jax inside mbi, ``progress`` and
+    ``checkpoints``): ``(queries (n, m), marginals (n, sum_c |c|), fit)``
     (:func:`distfit.estimate.graphical.estimate_units`, ``progress(steps, at most)`` after every
-    batch of mirror descent steps); a nonnegative workload's estimates are sums of nonnegative
-    marginals, rounding below 0 set to 0."""
-    fit = graphical.estimate_units(problem, recover_measurements(problem.model, answers), progress=progress)
+    batch of mirror descent steps or ADMM iterations; ``checkpoints``: the local polytope's
+    saved state, :mod:`distfit.estimate.checkpoints`); a nonnegative workload's estimates are
+    sums of nonnegative marginals, rounding below 0 set to 0."""
+    fit = graphical.estimate_units(problem, recover_measurements(problem.model, answers), progress=progress,
+                                   checkpoints=checkpoints)
     queries = np.maximum(fit.estimates, 0.0) if workload.nonnegative else fit.estimates
     return queries, fit.marginals, fit
 
@@ -394,11 +406,16 @@ def estimate_chunk_task(job: EstimateJob, model: MeasurementModel, chunk: int,
         else:
             # a graphical chunk runs for up to a minute (Adult: ~500 ADMM iterations, ~15 s): its
             # steps, rate and ETA (an upper bound: it may converge sooner) on the process's stderr
-            solver = "ADMM" if job.method == "graphical-local" else "mirror descent"
+            local = job.method == "graphical-local"
             problem = _problem_for(model, job.method)
             _ = problem.local  # the local polytope built (once) before the clock starts: the rate is the steps'
-            steps = Progress(f"estimate units {start}-{stop - 1}: {solver}", unit="steps")
-            queries, cells, fit = estimate_chunk_graphical(problem, answers, workload=job.workload, progress=steps)
+            label = f"estimate units {start}-{stop - 1}"
+            steps = Progress(f"{label}: {'ADMM' if local else 'mirror descent'}", unit="steps")
+            # the ADMM state saved now and then, and a killed fit resumed from it (estimate.checkpoints)
+            checkpoints = ChunkCheckpoints(job.estimate_path, chunk, label, fsync=job.fsync,
+                                           on_resume=steps.resumed) if local and job.checkpoints else None
+            queries, cells, fit = estimate_chunk_graphical(problem, answers, workload=job.workload, progress=steps,
+                                                           checkpoints=checkpoints)
             if fit.iterations:
                 steps(fit.iterations, fit.iterations)  # the line ends: the steps it took
     arrays = chunk_rows(queries, cells, fit.objective, fit.iterations, fit.converged, unit_ids, tables=job.tables)
@@ -478,7 +495,8 @@ def run_estimate(
 ) -> EstimateResult:
     """Estimate every unit of the sealed release at ``release_path`` (made through the plan at
     ``plan_path``) into ``out`` (module docstring). ``placement``: where the chunk tasks run
-    (:class:`distfit.runtime.placement.Placement`; default a local cluster). ``after_chunk(chunk)``
+    (:class:`distfit.runtime.placement.Placement`; default a local cluster, or this process
+    when the release is one chunk of units: one task, which no cluster can share). ``after_chunk(chunk)``
     is called in the driver after each chunk is written (a test hook). ``release_checksum``: the
     release's checksum when the caller has just written it (a benchmark's baseline); it is then
     not hashed again, only checked to still state it, as ``run_release``'s ``data_checksum``;
@@ -495,7 +513,14 @@ def run_estimate(
         state, resumed = claim_out(stack, out_path, "estimate", estimate_state, resume=resume, overwrite=overwrite,
                                    log=log)
         stack.enter_context(blas_limit())
-        read_release(release_path)  # the cheap refusals (missing, unsealed, another kind) before any cluster
+        # the cheap refusals (missing, unsealed, another kind) before any cluster
+        attrs = read_release(release_path).attrs
+        if placement == Placement() and int(attrs["units"]) <= int(attrs["chunk_units"]):
+            # one chunk is one task: a local cluster could not share it, only add its start-up and
+            # the model's copy to a worker (Adult's one unit: 106 s wall, 45 CPU-s against 29 in
+            # the driver; benchmarks/README.md, issue 26)
+            print("distfit: one chunk of units: estimated in this process, without a cluster", file=log)
+            placement = Placement(serial=True)
         client = PlacedClient(placement, stack, log)
         if not resumed:
             client.start()  # the workers spawn while the inputs are verified and the model is built
@@ -528,11 +553,13 @@ def run_estimate(
                 cell_labels=_cell_labels(plan, model) if problem is None else None,
                 cliques=None if problem is None else problem.cliques, cell_columns=cell_columns),
             kept="chunks already estimated (kept)", rest="to go", log=log)
+        if not resumed:
+            remove_checkpoints(out_path)  # of a store deleted or replaced: never continued into this one
 
         job = EstimateJob(estimate_path=str(target), release_path=os.path.abspath(release.path),
                           release_checksum=release.checksum, units=units, chunk_units=chunk_units,
                           integer=integer, workload=workload, method=store_method, tables=stored_tables(root),
-                          check_chunks=release_checksum is None)
+                          check_chunks=release_checksum is None, fsync=fsync, checkpoints=staging is None)
         print(f"distfit: estimate by {store_method}: working memory about {memory / 2**20:,.1f} MiB a task "
               f"(limit {limit / 2**30:.1f} GiB)", file=log)
         parts: dict[int, tuple] = {}  # each chunk's share of the fit attr, as the tasks report it
@@ -540,6 +567,7 @@ def run_estimate(
         def recorded(results: Iterable[tuple[int, int, tuple]]) -> Iterator[tuple[int, int]]:
             for chunk, count, part in results:
                 parts[chunk] = part
+                remove_checkpoints(target, chunk)  # its rows are written: its fit's checkpoint is done with
                 yield chunk, count
 
         with ChunkedWrite(root, target, units=units, chunk_units=chunk_units, pending=pending, stage="estimate",

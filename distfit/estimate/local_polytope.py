@@ -40,12 +40,20 @@ checked every :data:`CHECK_EVERY` iterations: no cell of the tables ``A u`` belo
 published tables are ``max(A u, 0)`` (cells above ``-NEGATIVITY`` noise standard deviations
 set to 0), then I-projected onto agreement by the caller
 (:func:`distfit.estimate.graphical.estimate_units`).
+
+Resumable (issue 26): the iterations between two checks read nothing but :class:`AdmmState`
+(``u``, ``z``, ``lam``, each unit's last objective and whether it is still active, the
+iterations done; ``rho`` and ``alpha`` are fixed and the factor a function of the plan), so a
+fit started again from a state saved after a check (``checkpoints``, :class:`Checkpoints`)
+runs the very same floating-point operations as one never interrupted, and ends bit for bit
+where it would have. A state is continued only from the same :func:`state_inputs`: everything
+else the iterations depend on.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Any, Callable, Mapping, Protocol, Sequence
 
 import numpy as np
 import scipy.linalg
@@ -53,8 +61,8 @@ import scipy.sparse as sp
 
 from distfit.estimate.measurements import MeasurementModel
 
-__all__ = ["CHECK_EVERY", "ITERATIONS", "LocalPolytope", "NEGATIVITY", "TOLERANCE", "is_residual", "local_polytope",
-           "local_polytope_bytes", "solve", "tables"]
+__all__ = ["AdmmState", "CHECK_EVERY", "Checkpoints", "ITERATIONS", "LocalPolytope", "NEGATIVITY", "TOLERANCE",
+           "StateInputs", "is_residual", "local_polytope", "local_polytope_bytes", "solve", "state_inputs", "tables"]
 
 #: ADMM iterations at most, and the period of the convergence check and of ``progress``.
 ITERATIONS = 1000
@@ -112,7 +120,10 @@ class SchurFactor:
         """``H^-1 r`` for ``r`` (coordinates, n)."""
         x = self.top_inverse @ r[self.top]
         out = np.empty_like(r)
-        low = scipy.linalg.cho_solve(self.schur, r[self.low] - self.low_top @ x)
+        # finite by construction (the factor of a finite plan, ADMM's iterates of finite
+        # measurements): the check read the whole 1,439^2 factor every call, ~1 ms of Adult's ~19
+        # CPU-ms an iteration
+        low = scipy.linalg.cho_solve(self.schur, r[self.low] - self.low_top @ x, check_finite=False)
         out[self.low] = low
         out[self.top] = x - self.top_inverse @ (self.top_low @ low)
         return out
@@ -231,24 +242,94 @@ def local_polytope(model: MeasurementModel, cliques: Sequence[tuple[str, ...]]) 
                          constraint=a, scale=scale, metric=metric, rho=rho, factor=factor)
 
 
+@dataclass(frozen=True, eq=False)
+class AdmmState:
+    """Everything the next batch of :func:`solve`'s iterations reads, after ``done`` iterations:
+    ``u`` (sum_b k_b, n) the primal coordinates, ``z`` (sum_C |C|, n) the nonnegative split
+    variable and ``lam`` (sum_C |C|, n) the scaled dual, ``previous`` (n,) each unit's objective
+    at the last check (``inf`` before the first), ``active`` (n,) the units not yet frozen.
+    Nothing adapts besides: ``rho`` and :data:`ALPHA` are fixed, the factor a function of the
+    plan. All of it is a function of the release (the whitened measurements), never of the
+    data."""
+
+    done: int
+    u: np.ndarray
+    z: np.ndarray
+    lam: np.ndarray
+    previous: np.ndarray
+    active: np.ndarray
+
+
+@dataclass(frozen=True, eq=False)
+class StateInputs:
+    """What the iterations depend on besides :class:`AdmmState` (:func:`state_inputs`):
+    ``claims`` the scalars (JSON), ``arrays`` the arrays, by name."""
+
+    claims: Mapping[str, Any]
+    arrays: Mapping[str, np.ndarray]
+
+
+class Checkpoints(Protocol):
+    """Where :func:`solve` finds and saves its state (:class:`AdmmState`). ``load(inputs)`` is
+    called once, first: the state saved from the same ``inputs`` (:class:`StateInputs`), or
+    None to start from the beginning. ``save(state)`` is called after every check (the last
+    one's state, every unit frozen or the iterations spent, resumes to the result at once), with
+    the solver's live arrays: it must copy or write them before it returns
+    (they change in place with the next iteration), and may skip any call (its cadence is its
+    own)."""
+
+    def load(self, inputs: StateInputs) -> AdmmState | None: ...
+
+    def save(self, state: AdmmState) -> None: ...
+
+
+def state_inputs(problem: LocalPolytope, white: np.ndarray, iterations: int, negativity: float,
+                 tolerance: float) -> StateInputs:
+    """What a saved :class:`AdmmState` must have been computed from to be continued: the
+    whitened measurements ``white``, the constraint ``A`` and the metric ``Q^T Q`` (their
+    nonzeros and structure), ``rho``, :data:`ALPHA`, :data:`CHECK_EVERY` and the stopping rule
+    (``iterations``, ``negativity``, ``tolerance``). A state saved from other inputs is of
+    other measurements, another plan or another solver."""
+    arrays = {"white": np.asarray(white, dtype=np.float64)}
+    for name, matrix in (("constraint", problem.constraint), ("metric", problem.metric)):
+        arrays.update({f"{name}/data": matrix.data, f"{name}/indices": matrix.indices, f"{name}/indptr": matrix.indptr})
+    claims = {"solver": "local-polytope-admm", "rho": float(problem.rho), "alpha": ALPHA, "check_every": CHECK_EVERY,
+              "iterations": int(iterations), "negativity": float(negativity), "tolerance": float(tolerance),
+              "shapes": {"white": list(white.shape), "constraint": list(problem.constraint.shape),
+                         "metric": list(problem.metric.shape)}}
+    return StateInputs(claims=claims, arrays=arrays)
+
+
 def solve(problem: LocalPolytope, white: np.ndarray, *, iterations: int = ITERATIONS,
           negativity: float = NEGATIVITY, tolerance: float = TOLERANCE,
-          progress: Callable[[int, int], None] | None = None) -> tuple[np.ndarray, int, np.ndarray]:
+          progress: Callable[[int, int], None] | None = None,
+          checkpoints: Checkpoints | None = None) -> tuple[np.ndarray, int, np.ndarray]:
     """``(u, iterations, converged)`` for ``white`` (sum_b k_b, n), every unit's whitened
     measurements in ``problem.offsets`` order: ADMM (module docstring), every unit at once,
     each frozen once it meets the stopping rule (``negativity``, ``tolerance``: the module's
     :data:`NEGATIVITY` and :data:`TOLERANCE` by default). ``progress(iterations, at most)`` after
-    every :data:`CHECK_EVERY` iterations."""
+    every :data:`CHECK_EVERY` iterations. ``checkpoints`` (:class:`Checkpoints`): the fit starts
+    from the state it holds (continued bit for bit as the run that saved it would have) and
+    offers it the state after every check (:func:`state_inputs` say which fits may continue it)."""
     a, rho = problem.constraint, problem.rho
     white = np.asarray(white, dtype=np.float64)
     target = problem.metric @ white
     n = white.shape[1]
-    u = white.copy()
-    z = np.maximum(a @ u, 0.0)
-    lam = np.zeros_like(z)
-    active = np.ones(n, dtype=bool)
-    previous = np.full(n, np.inf)
-    done = 0
+    state = None if checkpoints is None else checkpoints.load(
+        state_inputs(problem, white, iterations, negativity, tolerance))
+    if state is None:
+        u = white.copy()
+        z = np.maximum(a @ u, 0.0)
+        lam = np.zeros_like(z)
+        active = np.ones(n, dtype=bool)
+        previous = np.full(n, np.inf)
+        done = 0
+    else:
+        u, z, lam, previous = (np.array(x, dtype=np.float64) for x in (state.u, state.z, state.lam, state.previous))
+        active, done = np.array(state.active, dtype=bool), int(state.done)
+        if u.shape != white.shape or z.shape != (a.shape[0], n) or lam.shape != z.shape or \
+                previous.shape != (n,) or active.shape != (n,):
+            raise ValueError("checkpoints: a saved ADMM state of other shapes than the problem's")
     while done < iterations and active.any():
         cols = np.flatnonzero(active)
         uu, zz, ll, target_cols = u[:, cols], z[:, cols], lam[:, cols], target[:, cols]
@@ -268,6 +349,8 @@ def solve(problem: LocalPolytope, white: np.ndarray, *, iterations: int = ITERAT
         active[cols[settled]] = False
         if progress is not None:
             progress(done, iterations)
+        if checkpoints is not None:  # the last state too: a kill in the post-processing keeps the fit
+            checkpoints.save(AdmmState(done=done, u=u, z=z, lam=lam, previous=previous, active=active))
     return u, done, ~active
 
 

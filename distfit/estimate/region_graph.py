@@ -223,8 +223,10 @@ def _slices(graph: RegionGraph, clique: int, region: int) -> tuple[np.ndarray, n
 
 
 @functools.lru_cache(maxsize=4)
-def _agreement(graph: RegionGraph) -> tuple[sp.csr_matrix, np.ndarray, np.ndarray, np.ndarray]:
-    """``(D, cells, first, destination)``, built once per graph. ``D`` (constraints x cells,
+def _agreement(graph: RegionGraph) -> tuple[sp.csr_matrix, sp.csr_matrix, np.ndarray, np.ndarray, np.ndarray]:
+    """``(D, D^T, cells, first, destination)``, built once per graph (``D^T`` its own CSR
+    matrix: the conjugate gradients' products with it cost half those with the view ``D.T``,
+    to the same bits). ``D`` (constraints x cells,
     sparse): for every region ``r`` that is not a clique and every clique ``C`` containing it but
     the first, ``C0``, the rows ``M_{C,r} mu_C - M_{C0,r} mu_C0`` (zero exactly when the cliques
     agree), then one row per clique, its total (the last ``len(graph.clique_index)`` rows); ``D``
@@ -247,7 +249,7 @@ def _agreement(graph: RegionGraph) -> tuple[sp.csr_matrix, np.ndarray, np.ndarra
                 vals.append(np.full(cells.size, sign))
             count += size
     if not rows:
-        return sp.csr_matrix((0, graph.cells)), *(np.zeros(0, np.int64),) * 3
+        return sp.csr_matrix((0, graph.cells)), sp.csr_matrix((graph.cells, 0)), *(np.zeros(0, np.int64),) * 3
     for c in cliques:  # and every clique's total (redundant where the cliques are connected)
         rows.append(np.full(graph.region_start[c + 1] - graph.region_start[c], count))
         cols.append(np.arange(graph.region_start[c], graph.region_start[c + 1]))
@@ -256,7 +258,7 @@ def _agreement(graph: RegionGraph) -> tuple[sp.csr_matrix, np.ndarray, np.ndarra
     d = sp.csr_matrix((np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))), shape=(count, graph.cells))
     cells = np.concatenate([c for c, _ in fill])
     child = np.concatenate([o + c for o, (_, c) in zip(np.cumsum([0] + [int(c.max()) + 1 for _, c in fill]), fill)])
-    return d, cells, np.flatnonzero(np.diff(child, prepend=-1)), np.concatenate(destination)
+    return d, d.T.tocsr(), cells, np.flatnonzero(np.diff(child, prepend=-1)), np.concatenate(destination)
 
 
 def _batched_cg(apply, rhs: np.ndarray, diagonal: np.ndarray, steps: int, rtol: float) -> np.ndarray:
@@ -297,7 +299,7 @@ def make_consistent(graph: RegionGraph, mu: np.ndarray, tol: np.ndarray) -> np.n
     ~1e-40 (sparse units): near the boundary, agreement needs mass moved around a cycle of cliques
     through cells of ~1 record, a badly conditioned direction that Newton's step takes at once.
     """
-    d, cells, first, destination = _agreement(graph)
+    d, dt, cells, first, destination = _agreement(graph)
     mu = np.array(mu, dtype=np.float64)
     if d.shape[0] == 0:
         return mu
@@ -312,7 +314,7 @@ def make_consistent(graph: RegionGraph, mu: np.ndarray, tol: np.ndarray) -> np.n
         if (worst <= tol).all():
             break
         diagonal = np.maximum(squared @ tau, 1e-300)
-        direction = d.T @ _batched_cg(lambda v: d @ (tau * (d.T @ v)), -gap, diagonal, CG_STEPS, 1e-6)
+        direction = dt @ _batched_cg(lambda v: d @ (tau * (dt @ v)), -gap, diagonal, CG_STEPS, 1e-6)
         step = np.where(worst > tol, 1.0, 0.0)
         for _ in range(30):
             with np.errstate(over="ignore", invalid="ignore"):  # an overflowing trial is not better: halved

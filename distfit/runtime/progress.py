@@ -28,6 +28,13 @@ class Progress:
         self.start = time.perf_counter()
         self.last = 0.0
         self.after = after
+        self.before = 0
+
+    def resumed(self, done: int) -> None:
+        """``done`` items were done before this session (a fit resumed from its checkpoint):
+        the rate and the ETA count only the items done from now on."""
+        self.before = int(done)
+        self.start = time.perf_counter()
 
     def __call__(self, done: int, total: int) -> None:
         now = time.perf_counter()
@@ -35,7 +42,7 @@ class Progress:
             return
         self.last = now
         elapsed = now - self.start
-        rate = done / elapsed if elapsed > 0 else 0.0
+        rate = (done - self.before) / elapsed if elapsed > 0 else 0.0
         eta = (total - done) / rate if rate > 0 else float("nan")
         end = "\n" if done == total else "\r"
         print(f"{self.label}: {done}/{total} {self.unit}, {rate:.1f} {self.unit}/s, ETA {eta:.0f} s   ", end=end, file=self.stream, flush=True)

@@ -207,6 +207,20 @@ def chunk_digest(name: str, start: int, values: Any) -> bytes:
     return h.digest()
 
 
+def fingerprint(claims: Mapping[str, Any], arrays: Mapping[str, Any]) -> str:
+    """``"blake3:<hex>"`` over the domain line ``b"distfit-fingerprint-v1\\n"``,
+    :func:`canonical_json` of ``claims`` and the :func:`chunk_digest` of each of ``arrays``
+    (name -> array, all its rows), in sorted order of name: what a computation's inputs hash to
+    (the key of a fit's checkpoint, :mod:`distfit.stores.checkpoint`). Not a store's checksum."""
+    h = blake3.blake3(max_threads=1)
+    h.update(b"distfit-fingerprint-v1\n")
+    claims_json = canonical_json(dict(claims))
+    h.update(f"{len(claims_json)}\n".encode("utf-8") + claims_json)
+    for name in sorted(arrays):
+        h.update(chunk_digest(name, 0, np.atleast_1d(np.asarray(arrays[name]))))
+    return "blake3:" + h.hexdigest()
+
+
 def _hash_strings(h, name: str, arr: zarr.Array, reader: Reader) -> None:
     """Feed a 1-d string array to the checksum: the header ``f"{name}\\nstring\\n{n}\\n"``, then
     per slab of rows the UTF-8 byte length of every element (little-endian uint64) followed by
@@ -224,4 +238,4 @@ def _hash_strings(h, name: str, arr: zarr.Array, reader: Reader) -> None:
 
 
 __all__ = ["CHECKSUM_PREFIX", "DIGESTS", "READ_BYTES", "READ_THREADS", "Reader", "canonical_json", "chunk_digest",
-           "compute_checksum", "digested_arrays"]
+           "compute_checksum", "digested_arrays", "fingerprint"]

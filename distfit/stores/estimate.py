@@ -107,6 +107,7 @@ import numpy as np
 import zarr
 
 from distfit import __version__
+from distfit.stores.checkpoint import remove_checkpoints
 from distfit.stores.files import jsonable, root_attrs_on_disk, utc_now, write_array
 from distfit.stores.release import ANSWER_COMPRESSORS, answer_chunks, plan_change
 from distfit.stores.checksum import DIGESTS
@@ -346,7 +347,11 @@ def seal(root: zarr.Group, path: Path, *, plan_path: str, plan_checksum: str, re
     check runs while :func:`distfit.stores.release_chunks.seal_chunked` checks the chunks,
     takes the digest and fsyncs (``synced``: the files fsynced as they landed), which then
     writes the ``fit`` summary (given, as :func:`combine_fits` of the chunks' parts, or read
-    from the store: 0.7 s at the seal of 1M units). Returns the estimate's checksum."""
+    from the store: 0.7 s at the seal of 1M units). The fits' checkpoints
+    (:mod:`distfit.stores.checkpoint`) are deleted first: never sealed, never hashed. Returns the
+    estimate's checksum."""
+    remove_checkpoints(path)  # a sealed estimate holds no fit's checkpoint (distfit.stores.checkpoint)
+
     def check() -> None:
         changed = plan_change(plan_path, plan_checksum, "estimate")
         release_attrs = root_attrs_on_disk(Path(release_path)) or {}
