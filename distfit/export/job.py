@@ -100,6 +100,10 @@ CSV_THREADS = 8
 #: Every column of a table file: ``(name, type, unit, description)``, the data dictionary's rows.
 COLUMNS = (
     ("unit", "integer or text", "-", "the unit's id (the data's unit column; the release's unit_ids)"),
+    ("level", "text", "-", "the unit's geographic level: a multi-level run's level for its estimates, else the "
+                           "unit column the ids come from; empty for one population (no unit column)"),
+    ("parent", "text, may be empty", "-", "the id of the unit of the next coarser level the unit lies in (the "
+                                          "store's parent_ids); empty where the store records none"),
     ("table", "text", "-", "the table: the query group of the spec (one file pair per table)"),
     ("query", "text", "-", "the query in words: each attribute's values or range, joined by ', ' "
                            "('age 18 to 64, sex female'); 'total' for the grand total"),
@@ -201,8 +205,9 @@ def error_source(kind: str, store: Any, plan: Any) -> ErrorSource:
 def _schema(ids: np.ndarray) -> pa.Schema:
     unit = pa.int64() if ids.dtype.kind in "iub" else pa.float64() if ids.dtype.kind == "f" else pa.string()
     text = pa.dictionary(pa.int32(), pa.string())
-    return pa.schema([("unit", unit), ("table", text), ("query", text), ("estimate", pa.float64()),
-                      ("se", pa.float64()), ("moe90", pa.float64()), ("published", pa.int64()), ("se_note", text)])
+    return pa.schema([("unit", unit), ("level", text), ("parent", pa.string()), ("table", text), ("query", text),
+                      ("estimate", pa.float64()), ("se", pa.float64()), ("moe90", pa.float64()),
+                      ("published", pa.int64()), ("se_note", text)])
 
 
 def _arrow_ids(ids: np.ndarray, schema: pa.Schema) -> pa.Array:
@@ -212,6 +217,23 @@ def _arrow_ids(ids: np.ndarray, schema: pa.Schema) -> pa.Array:
     return pa.array(ids, type=schema.field("unit").type)
 
 
+def _arrow_parents(parents: np.ndarray | None, units: int) -> pa.Array:
+    """The units' parent ids as text (an integer id written as its digits); nulls without any."""
+    if parents is None:
+        return pa.nulls(units, pa.string())
+    return pa.array([str(i) for i in np.asarray(parents).tolist()], type=pa.string())
+
+
+def level_of(kind: str, store: Any, spec: Any) -> str:
+    """The geographic level a store's units belong to (the ``level`` column): a multi-level run's
+    level for its estimates (their ``geography`` attr), else the spec's unit column, else ""
+    (one population: the column is then empty, null in Parquet)."""
+    geography = store.attrs.get("geography") if kind == "estimate" else None
+    if isinstance(geography, dict) and isinstance(geography.get("level"), str):
+        return geography["level"]
+    return spec.units.column if spec.units is not None else ""
+
+
 def _floats(values: np.ndarray | None, rows: int) -> pa.Array:
     if values is None:
         return pa.nulls(rows, pa.float64())
@@ -219,11 +241,16 @@ def _floats(values: np.ndarray | None, rows: int) -> pa.Array:
     return pa.array(values, mask=missing) if missing.any() else pa.array(values)
 
 
-def _record(ids: pa.Array, columns: dict, schema: pa.Schema, dictionaries: dict) -> pa.Table:
+def _record(ids: pa.Array, parents: pa.Array, columns: dict, schema: pa.Schema, dictionaries: dict) -> pa.Table:
     rows = columns["estimate"].size
     published = columns["published"]
+    units = pa.array(columns["unit_index"])
+    level = dictionaries["level"][0].as_py()
     return pa.Table.from_arrays([
-        ids.take(pa.array(columns["unit_index"])),
+        ids.take(units),
+        pa.DictionaryArray.from_arrays(pa.array(np.zeros(rows, dtype=np.int32), mask=np.full(rows, not level)),
+                                       dictionaries["level"]),
+        parents.take(units),
         pa.DictionaryArray.from_arrays(pa.array(np.zeros(rows, dtype=np.int32)), dictionaries["table"]),
         pa.DictionaryArray.from_arrays(pa.array(columns["query_index"]), dictionaries["query"]),
         pa.array(columns["estimate"]),
@@ -248,9 +275,10 @@ class _TableWriter:
     """One table's two files, appended to run by run: the Parquet row group written at once,
     the CSV text formatted on the pool and written when its turn comes (:class:`_Writers`)."""
 
-    def __init__(self, staging: Path, layout: TableLayout, schema: pa.Schema) -> None:
+    def __init__(self, staging: Path, layout: TableLayout, schema: pa.Schema, level: str) -> None:
         self.layout, self.rows, self.stated = layout, 0, 0
-        self.dictionaries = {"table": pa.array([layout.name]), "query": pa.array(list(layout.words)),
+        self.dictionaries = {"level": pa.array([level]), "table": pa.array([layout.name]),
+                             "query": pa.array(list(layout.words)),
                              "note": pa.array(list(NOTES))}
         self.csv = open(staging / f"{layout.name}.csv", "wb")
         self.csv.write(_csv_text(schema.empty_table(), header=True))
@@ -311,8 +339,8 @@ def _passes(layouts: tuple[TableLayout, ...]) -> list[tuple[TableLayout, ...]]:
     return [layouts[i:i + OPEN_TABLES] for i in range(0, len(layouts), OPEN_TABLES)]
 
 
-def _export_pass(staging: Path, layouts: tuple[TableLayout, ...], values: Any, store: Any,
-                 errors: ErrorSource, schema: pa.Schema, threads: int, log: TextIO | None) -> list[_TableWriter]:
+def _export_pass(staging: Path, layouts: tuple[TableLayout, ...], values: Any, store: Any, errors: ErrorSource,
+                 schema: pa.Schema, level: str, threads: int, log: TextIO | None) -> list[_TableWriter]:
     """Write ``layouts``' files reading the store chunk by chunk (module docstring)."""
     units, chunk = int(store.attrs["units"]), int(store.attrs["chunk_units"])
     first, last = layouts[0].start, layouts[-1].stop
@@ -320,16 +348,17 @@ def _export_pass(staging: Path, layouts: tuple[TableLayout, ...], values: Any, s
     # each array looked up once (a lookup is a zarr group open); every chunk of them is checked as read
     variances = store.variances if errors.stored else None
     cells, converged = (store.cells, store.converged) if errors.per_unit else (None, None)
-    unit_ids = store.unit_ids
+    unit_ids, parent_ids = store.unit_ids, store.parent_ids
     writers = _Writers([], threads)
     try:
         for layout in layouts:
-            writers.writers.append(_TableWriter(staging, layout, schema))
+            writers.writers.append(_TableWriter(staging, layout, schema, level))
         for start in range(0, units, chunk):
             stop = min(start + chunk, units)
             block = np.asarray(values[start:stop, first:last])
             stored = np.sqrt(np.asarray(variances[start:stop, first:last])) if variances is not None else None
             ids = _arrow_ids(unit_ids[start:stop], schema)
+            parents = _arrow_parents(None if parent_ids is None else parent_ids[start:stop], stop - start)
             linear, notes = None, np.full(stop - start, constant, dtype=np.int32)
             if errors.per_unit:
                 linear, notes = linear_units(cells[start:stop], converged[start:stop])
@@ -342,7 +371,8 @@ def _export_pass(staging: Path, layouts: tuple[TableLayout, ...], values: Any, s
                                          stored[a:b, layout.start - first:layout.stop - first] if stored is not None
                                          else None if errors.se is None else errors.se[layout.start:layout.stop],
                                          None if linear is None else linear[a:b], notes[a:b])
-                    writers.write(writer, _record(ids.slice(a, b - a), columns, schema, writer.dictionaries))
+                    writers.write(writer, _record(ids.slice(a, b - a), parents.slice(a, b - a), columns, schema,
+                                                  writer.dictionaries))
             if log is not None:
                 print(f"export: {stop}/{units} units, tables {layouts[0].name}..{layouts[-1].name}", file=log)
         writers.finish()
@@ -421,13 +451,14 @@ def run_export(source: PathLike, out: PathLike, *, plan_path: PathLike | None = 
         layouts = table_layouts(spec, int(values.shape[1]), store.labels)
         errors = error_source(kind, store, plan)
         schema = _schema(np.asarray(store.unit_ids[:1]))
+        level = level_of(kind, store, spec)
 
         out_path.parent.mkdir(parents=True, exist_ok=True)
         staging = out_path.with_name(f"{out_path.name}{STAGING_MARKER}{secrets.token_hex(6)}")
         staging.mkdir()
         try:
             writers = [w for tables in _passes(layouts)
-                       for w in _export_pass(staging, tables, values, store, errors, schema, threads, log)]
+                       for w in _export_pass(staging, tables, values, store, errors, schema, level, threads, log)]
             tables = [(w.layout.name, w.rows) for w in writers]
             (staging / "README.txt").write_text(_dictionary_text(kind, store, plan, errors, tables), encoding="utf-8")
             _write_dictionary_csv(staging / "dictionary.csv")

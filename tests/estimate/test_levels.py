@@ -217,7 +217,8 @@ def test_integer_estimates_on_a_local_cluster(serial_run, tmp_path):
 def test_export_gives_each_levels_se_and_moe90(serial_run, tmp_path):
     """``distfit export`` of a level's real-valued estimate: every row's se is the square root
     of the stored variance of its unit and query (the hierarchy's exact one), moe90 1.645 se,
-    note ``linear-hierarchy``; the figures are the store's."""
+    note ``linear-hierarchy``; the figures are the store's; ``level`` and ``parent`` say where
+    each unit lies."""
     for name in ("state", "county"):
         estimate, _, plan = _tables(serial_run, name)
         result = run_export(estimate.path, tmp_path / name, fsync=False, threads=1)
@@ -232,6 +233,13 @@ def test_export_gives_each_levels_se_and_moe90(serial_run, tmp_path):
                                        rtol=1e-15)
             np.testing.assert_allclose(np.asarray(frame["moe90"]), MOE90_Z * np.asarray(frame["se"]), rtol=1e-15)
             assert set(frame["se_note"]) == {"linear-hierarchy"}
+            # each row names its level and its unit's parent (the estimate's parent_ids: state -> none above it
+            # with a unit column, county -> its state)
+            assert set(frame["level"]) == {name}
+            parents = ([None] * estimates.shape[0] if estimate.parent_ids is None
+                       else [str(p) for p in np.asarray(estimate.parent_ids[...]).tolist()])
+            assert frame["parent"] == list(np.repeat(np.array(parents, dtype=object), width))
+            assert name != "county" or None not in parents
             start += width
         assert start == estimates.shape[1]
 

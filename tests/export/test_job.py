@@ -75,6 +75,8 @@ def read_both(directory: str, table: str) -> tuple[pd.DataFrame, pd.DataFrame]:
     for frame in (from_csv, from_parquet):
         for column in ("unit", "table", "query", "se_note"):
             frame[column] = frame[column].astype(str)
+        for column in ("level", "parent"):  # empty (null) for a store of one level without parents
+            frame[column] = frame[column].astype("string")
         for column in ("estimate", "published"):  # an integral float is written "6": read as int by pandas
             frame[column] = frame[column].astype("float64")
     return from_csv, from_parquet
