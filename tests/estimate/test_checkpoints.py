@@ -8,7 +8,6 @@ import io
 import signal
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -21,7 +20,7 @@ from distfit.estimate.job import run_estimate
 from distfit.runtime.placement import Placement
 from distfit.stores.checkpoint import CheckpointError, checkpoints_dir, read_checkpoint, write_checkpoint
 from distfit.stores.checksum import fingerprint
-from distfit.stores.estimate import estimate_state, read_verified_estimate
+from distfit.stores.estimate import estimate_state, read_sealed_estimate
 from tests.estimate.test_local_polytope import chunk_of, four  # noqa: F401 - the fixture
 from tests.estimate.test_graphical import one_unit
 from tests.storetools import planned
@@ -195,6 +194,7 @@ def test_an_estimate_killed_mid_fit_resumes_from_its_checkpoint_to_the_same_bits
            "iterations\n" in capsys.readouterr().err
     assert resumed.checksum == whole.checksum and resumed.fit == whole.fit
     for name in ("marginals/estimates", "queries/estimates", "solve/objective", "solve/iterations"):
-        assert np.asarray(read_verified_estimate(out)._group[name]).tobytes() == \
-            np.asarray(read_verified_estimate(tmp_path / "whole.zarr")._group[name]).tobytes(), name  # noqa: SLF001
+        # each read checked against its chunk digests (stores.sealing.CheckedArray)
+        assert np.asarray(read_sealed_estimate(out).array(name)[...]).tobytes() == \
+            np.asarray(read_sealed_estimate(tmp_path / "whole.zarr").array(name)[...]).tobytes(), name
     assert not checkpoints_dir(out).exists() and not checkpoints_dir(tmp_path / "whole.zarr").exists()

@@ -8,7 +8,7 @@ import textwrap
 
 import pytest
 
-from distfit.runtime.memory import address_space_left, limit_malloc_arenas, raise_mmap_threshold
+from distfit.runtime.memory import limit_malloc_arenas, raise_mmap_threshold
 
 GLIBC = platform.libc_ver()[0] == "glibc"
 

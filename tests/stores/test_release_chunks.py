@@ -4,7 +4,6 @@ The end-to-end release (layout, resume, clusters) is tests/release/test_job.py; 
 are checked against zarr itself and against compute_checksum of the finished store."""
 from __future__ import annotations
 
-import os
 import shutil
 import threading
 from pathlib import Path
@@ -14,7 +13,7 @@ import pytest
 import zarr
 
 import distfit.stores.release_chunks as release_chunks
-from distfit.stores.checksum import DIGESTS, compute_checksum
+from distfit.stores.checksum import DIGESTS
 from distfit.stores.release import seal
 from distfit.stores.release_chunks import ChunkWriter, ReleaseHasher, raw_chunks, read_rows
 from distfit.stores.sealing import stated_attrs
@@ -189,8 +188,6 @@ def test_direct_io_writes_and_reads_the_same_bytes(tmp_path, monkeypatch, direct
 def test_queued_writes_are_ordered_and_a_failure_leaves_its_chunk_not_done(release, tmp_path, monkeypatch):
     """A ChunkWriter writes each chunk's files on its thread, the done marker last, one chunk in
     flight; a write that fails is raised by the next call, and its chunk is not marked done."""
-    import shutil
-
     path = tmp_path / "copy.zarr"
     shutil.copytree(release["path"], path)
     group = zarr.open_group(str(path), mode="r+")
