@@ -14,8 +14,9 @@ incomplete)::
       .chunk-000000-<random>.tmp/         a checkpoint being written (ignored, removed)
 
 Atomic: a checkpoint is written whole in a temporary directory, its checksum computed from the
-files written (:func:`distfit.stores.checksum.compute_checksum` over its arrays and every attr but
-the checksum itself), stored, every file fsynced, then the directory renamed to its final name,
+files written (the one sealing path: :func:`distfit.stores.sealing.seal_checksum` under the
+:func:`distfit.stores.sealing.stated_attrs` rule, over its arrays and every attr but the checksum),
+stored, every file fsynced, then the directory renamed to its final name,
 which no earlier checkpoint has (the step is in it; a rename never replaces a non-empty
 directory), and the parent directory fsynced; only then are the chunk's older checkpoints
 deleted. A kill at any moment leaves the previous checkpoint whole, or the new one whole, or
@@ -50,8 +51,8 @@ from typing import Any, Mapping
 import numpy as np
 import zarr
 
-from distfit.stores.checksum import compute_checksum
 from distfit.stores.files import fsync_dir, fsync_tree, jsonable, write_array
+from distfit.stores.sealing import seal_checksum, stated_attrs
 
 __all__ = ["CHECKPOINTS", "CheckpointError", "checkpoints_dir", "read_checkpoint", "remove_checkpoints",
            "write_checkpoint"]
@@ -86,10 +87,6 @@ def _found(store: str | os.PathLike, chunk: int) -> list[tuple[int, Path]]:
     return sorted(found)
 
 
-def _claims(attrs: Mapping[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in attrs.items() if k != "checksum"}
-
-
 def write_checkpoint(store: str | os.PathLike, chunk: int, step: int, arrays: Mapping[str, np.ndarray],
                      attrs: Mapping[str, Any], *, fsync: bool = True) -> Path:
     """Write chunk ``chunk``'s checkpoint at ``step`` (``arrays``: name -> array, ``attrs``:
@@ -110,7 +107,7 @@ def write_checkpoint(store: str | os.PathLike, chunk: int, step: int, arrays: Ma
         stated = {**jsonable(dict(attrs)), "distfit_format": FORMAT, "format_version": FORMAT_VERSION,
                   "chunk": int(chunk), "step": int(step)}
         group.attrs.update(stated)
-        group.attrs["checksum"] = compute_checksum(group, attrs=stated, threads=1)
+        group.attrs["checksum"] = seal_checksum(group, stated, stated_attrs, threads=1)
         if fsync:
             fsync_tree(temporary)
         try:
@@ -147,7 +144,7 @@ def read_checkpoint(store: str | os.PathLike, chunk: int) -> tuple[dict[str, np.
         if attrs.get("distfit_format") != FORMAT or attrs.get("format_version") != FORMAT_VERSION:
             raise CheckpointError(f"{path}: not a checkpoint this distfit reads (format "
                                   f"{attrs.get('distfit_format')!r}, version {attrs.get('format_version')!r})")
-        recomputed = compute_checksum(group, attrs=_claims(attrs), threads=1)
+        recomputed = seal_checksum(group, attrs, stated_attrs, threads=1)
         arrays = {name: np.asarray(arr[...]) for name, arr in group.arrays()}
     except CheckpointError:
         raise
