@@ -19,8 +19,9 @@ session). Then, ``--repeat`` times, alternating:
   ``z = xi chol(Sigma)^T`` with ``xi`` from ``default_rng`` per chunk, answers
   ``(x B^T + z) L^T``, written to a Zarr v3 array (units x m, uncompressed, 10,000-unit
   chunks). Nothing else: no validation, no unit ids, no query sums (one block covering every
-  attribute: the block's rows are the queries), no checksum, no fsync; numpy's own BLAS
-  threads (all cores). Its Cholesky factor is computed once.
+  attribute: the block's rows are the queries), no checksum, no fsync; one BLAS thread (the
+  loop on one core, as each of distfit's tasks runs; before session 15 numpy's default, a thread
+  a core, whose spinning doubled its CPU-seconds). Its Cholesky factor is computed once.
 
 Printed per N: the best and the spread (min-max) of each, units/s at the best, the ratio
 distfit / loop of the bests (and the range of the per-pair ratios), the CPU-seconds (user +
@@ -47,6 +48,7 @@ sys.path.insert(0, str(ROOT))
 import numpy as np  # noqa: E402
 import scipy.linalg  # noqa: E402
 import zarr  # noqa: E402
+from threadpoolctl import threadpool_limits  # noqa: E402
 
 from benchmarks.common import MIB, cpu_seconds, load, measured, parse_options, planned_workdir, spread, store_bytes, synthesised  # noqa: E402
 from distfit.release.job import run_release  # noqa: E402
@@ -89,8 +91,11 @@ def _distfit(plan_path: str, data_path: str, out: str, workers: int) -> tuple[fl
 
 
 def _loop(plan_path: str, data_path: str, out: str, seed: int) -> tuple[float, float]:
+    # one BLAS thread, as each of distfit's worker tasks has: with numpy's default (one thread
+    # a core) the idle threads' spinning doubled the loop's CPU-seconds on 2 cores
     cpu = cpu_seconds()
-    seconds = minimal_loop(plan_path, data_path, out, seed)
+    with threadpool_limits(limits=1, user_api="blas"):
+        seconds = minimal_loop(plan_path, data_path, out, seed)
     return seconds, cpu_seconds() - cpu
 
 
