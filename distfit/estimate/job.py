@@ -496,7 +496,8 @@ def run_estimate(
     """Estimate every unit of the sealed release at ``release_path`` (made through the plan at
     ``plan_path``) into ``out`` (module docstring). ``placement``: where the chunk tasks run
     (:class:`distfit.runtime.placement.Placement`; default a local cluster, or this process
-    when the release is one chunk of units: one task, which no cluster can share). ``after_chunk(chunk)``
+    when the release is one chunk of units: one task, which no cluster can share; the same on
+    the local cluster a ``distfit run`` started by default). ``after_chunk(chunk)``
     is called in the driver after each chunk is written (a test hook). ``release_checksum``: the
     release's checksum when the caller has just written it (a benchmark's baseline); it is then
     not hashed again, only checked to still state it, as ``run_release``'s ``data_checksum``;
@@ -515,7 +516,8 @@ def run_estimate(
         stack.enter_context(blas_limit())
         # the cheap refusals (missing, unsealed, another kind) before any cluster
         attrs = read_release(release_path).attrs
-        if placement == Placement() and int(attrs["units"]) <= int(attrs["chunk_units"]):
+        default = placement == Placement() or (placement.transport.own and placement.workers is None)
+        if default and int(attrs["units"]) <= int(attrs["chunk_units"]):
             # one chunk is one task: a local cluster could not share it, only add its start-up and
             # the model's copy to a worker (Adult's one unit: 106 s wall, 45 CPU-s against 29 in
             # the driver; benchmarks/README.md, issue 26)

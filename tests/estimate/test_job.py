@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import io
 import json
 import os
 import pickle
@@ -474,3 +475,23 @@ def test_a_workers_tasks_of_one_job_open_the_release_once(inputs, tmp_path, monk
     written = zarr.open_group(str(tmp_path / "a.zarr"), mode="r")["queries/estimates"][:3 * CHUNK]
     reference = zarr.open_group(inputs["estimate"], mode="r")["queries/estimates"][:3 * CHUNK]
     assert np.array_equal(written, reference)
+
+
+def test_one_chunk_on_a_runs_own_cluster_is_estimated_in_the_driver(small_plan, tmp_path):
+    """A release of one chunk of units, on the local cluster a ``distfit run`` started itself (a
+    loopback placement of its own): one task, which a cluster cannot share, so the driver fits
+    it and never asks the cluster. The address here reaches nothing: reaching for it would fail."""
+    from distfit.runtime.security import Transport
+    from distfit.stores.data import write_synthetic
+
+    data, release = tmp_path / "data.zarr", tmp_path / "release.zarr"
+    write_synthetic(small_plan.spec, 5, data, seed=2, fsync=False)
+    run_release(small_plan.plan, data, release, seed=4, placement=Placement(serial=True), fsync=False,
+                log=io.StringIO())
+    own = Placement(cluster="tcp://127.0.0.1:9", transport=Transport(insecure=True, own=True))
+    log = io.StringIO()
+    result = run_estimate(small_plan.plan, release, tmp_path / "e.zarr", placement=own, fsync=False, log=log)
+    assert "distfit: one chunk of units: estimated in this process, without a cluster\n" in log.getvalue()
+    serial = run_estimate(small_plan.plan, release, tmp_path / "s.zarr", placement=Placement(serial=True),
+                          fsync=False, log=io.StringIO())
+    assert result.checksum == serial.checksum
