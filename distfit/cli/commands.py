@@ -19,10 +19,13 @@ from distfit.cli.errors import NOTHING_KEPT, Interrupted, UsageError
 from distfit.cli.summary import print_summary
 from distfit.runtime.placement import placement_client
 from distfit.data.microdata import tabulate_microdata
-from distfit.pipeline.run import LEVELS_DIR, PEOPLE_NAME, RUN_NAMES, run_levels, run_pipeline
+from distfit.data.level_synth import write_level_data
+from distfit.pipeline.run import (DATA_NAME, GEOGRAPHY_NAME, LEVELS_DIR, LEVELS_RUN_NAMES, PEOPLE_NAME, RUN_NAMES,
+                                  check_rundir, data_seed, run_levels, run_pipeline)
 from distfit.report.page import write_report
 from distfit.spec.parse import load_spec
 from distfit.stores.data import read_histograms, read_marginals, write_synthetic
+from distfit.stores.lock import store_lock
 from distfit.stores.plan import read_verified_plan
 
 
@@ -31,6 +34,8 @@ def cmd_synth(args: argparse.Namespace) -> int:
     (``distfit.stores.data.write_synthetic``)."""
     started = time.perf_counter()
     spec = load_spec(args.spec)
+    if spec.multilevel:
+        return _synth_levels(args, spec, started)
     path = write_synthetic(spec, args.units, args.out, seed=args.seed, chunk_units=args.chunk_units,
                            overwrite=args.overwrite)
     seconds = time.perf_counter() - started
@@ -42,6 +47,28 @@ def cmd_synth(args: argparse.Namespace) -> int:
         ("total people", attrs["total_people"]),
         ("seed", f"{attrs['seed']}  (synthetic data, not private)"),
         ("seconds", f"{seconds:.1f}"),
+    ])
+    return 0
+
+
+def _synth_levels(args: argparse.Namespace, spec, started: float) -> int:
+    """``distfit synth`` of a multi-level spec: the US-shaped geography and every level's data
+    store in the run directory ``--out`` (``distfit.data.level_synth.write_level_data``; seed:
+    ``--seed``, else the spec's, as ``distfit run`` seeds its people)."""
+    if args.chunk_units is not None or args.overwrite:
+        raise UsageError("--chunk-units and --overwrite: not for a multi-level spec (its data goes into a new --out)")
+    out = Path(args.out)
+    with store_lock(out, "run directory"):
+        check_rundir(out, LEVELS_RUN_NAMES)
+        made = write_level_data(spec, args.units, out, seed=data_seed(spec.spec_hash) if args.seed is None else args.seed,
+                                levels_dir=LEVELS_DIR, data_name=DATA_NAME, geography_name=GEOGRAPHY_NAME)
+    print_summary(f"synth {out} ({len(made.units)} levels)", [
+        ("units", ", ".join(f"{name} {count:,}" for name, count in made.units.items())),
+        ("empty", f"{made.empty_share:.1%} of the {spec.levels[-1].name} units (no people)"),
+        ("total people", f"{made.total_people:,}"),
+        ("geography", made.geography),
+        ("next", f"distfit run {args.spec} --out {out}"),
+        ("seconds", f"{time.perf_counter() - started:.1f}"),
     ])
     return 0
 
@@ -136,7 +163,7 @@ def _run_command(args: argparse.Namespace) -> int:
                  integer=args.integer, **extra)
     if multilevel:
         account = result.account
-        rows = [("spec hash", result.spec_hash), ("people", result.people)]
+        rows = [("spec hash", result.spec_hash), ("people", result.people or "none: the level data distfit synth wrote")]
         for name, level in result.levels.items():
             rows.append((f"level {name}", f"alpha {account['levels'][name]:.6g}  {level.rundir}  "
                                               f"(plan {level.stages.get('plan')}, release {level.stages.get('release')})"))

@@ -242,7 +242,10 @@ COMMANDS: dict[str, dict[str, str]] = {
     "synth": {
         "help": "write synthetic unit histograms with the spec's schema (not private data)",
         "description": "Synthesise N units (skewed populations and categories, correlated attributes) as a "
-                       "Zarr histograms store (units x cells), chunk by chunk, atomically.",
+                       "Zarr histograms store (units x cells), chunk by chunk, atomically. For a multi-level spec, "
+                       "--out is a run directory: a US-shaped geography of N finest units (RUNDIR/geography.csv) "
+                       "and every level's data store, each level's histograms the sums of its children's "
+                       "(docs/geography.md); distfit run SPEC --out RUNDIR then releases them.",
     },
     "release": {
         "help": "release noisy answers for every unit: plan + data -> sealed Zarr release store",
@@ -341,7 +344,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_inputs(synth_parser, "spec")
     synth_parser.add_argument("--units", required=True, type=whole_number(1), metavar="N", help="number of units (>= 1)")
     synth_parser.add_argument("--out", required=True, metavar="DATA.zarr", help=OUTPUT_HELP["DATA.zarr"])
-    synth_parser.add_argument("--seed", type=whole_number(0), metavar="S", help="seed (default: fresh, stored in the data)")
+    synth_parser.add_argument("--seed", type=whole_number(0), metavar="S",
+                              help="seed (default: fresh, stored in the data; a multi-level spec's: from its hash)")
     synth_parser.add_argument("--chunk-units", type=whole_number(1), metavar="C",
                               help="units per chunk (default: up to 4096, at most 16 MiB of counts)")
     synth_parser.add_argument("--overwrite", action="store_true", help="replace data already at --out")

@@ -36,10 +36,11 @@ from distfit.checks import check_integer
 from distfit.data.geography import Geography, nested_geography, write_geography
 from distfit.data.synthetic import GENERATOR, ModelParams, default_chunk_units, synthesize_histograms
 from distfit.data.us_geography import UsGeography, us_geography
-from distfit.stores.data import (MARGINALS_FORMAT, MarginalsWriter, cell_labels, create_marginals, staged_store,
+from distfit.stores.files import root_attrs_on_disk
+from distfit.stores.data import (MARGINALS_FORMAT, DataError, MarginalsWriter, cell_labels, create_marginals, staged_store,
                                  value_labels, write_marginals_attrs)
 
-__all__ = ["BLOCK_MODEL", "SOURCE_FORMAT", "LevelData", "level_data_paths", "unit_levels", "write_level_data"]
+__all__ = ["BLOCK_MODEL", "SOURCE_FORMAT", "LevelData", "level_data_paths", "synthesised_levels", "unit_levels", "write_level_data"]
 
 #: The ``source.format`` of a synthesised level's data store.
 SOURCE_FORMAT = "synthetic"
@@ -78,6 +79,40 @@ def unit_levels(spec: Any) -> tuple[list[str], list[tuple[str, str]]]:
 def level_data_paths(spec: Any, rundir: str | os.PathLike, levels_dir: str, data_name: str) -> dict[str, Path]:
     """Where each level's data store goes: ``RUNDIR/<levels_dir>/<level>/<data_name>``."""
     return {level.name: Path(os.fspath(rundir)) / levels_dir / level.name / data_name for level in spec.levels}
+
+
+def synthesised_levels(spec: Any, rundir: str | os.PathLike, units: int | None, levels_dir: str = "levels",
+                       data_name: str = "data.zarr") -> dict[str, Any] | None:
+    """What ``distfit synth`` wrote in RUNDIR for this spec (:func:`distfit.data.level_synth.write_level_data`):
+    None when RUNDIR holds no level's data store; else ``{"units": finest units, "geography": the
+    manifest's record}`` once every level's store is there, a synthesised marginals store of the
+    level's spec (``distfit run`` releases them as they are). DataError for a partial or
+    foreign set, or a ``--units`` other than its."""
+    paths = level_data_paths(spec, rundir, levels_dir, data_name)
+    present = {name: path for name, path in paths.items() if path.exists() or path.is_symlink()}
+    if not any(((root_attrs_on_disk(path) or {}).get("source") or {}).get("format") == SOURCE_FORMAT
+               for path in present.values()):
+        return None  # nothing, or a run's own tabulations
+    missing = sorted(set(paths) - set(present))
+    if missing:
+        raise DataError(f"{os.fspath(rundir)}: holds data for some levels but not for {', '.join(missing)}; use another --out")
+    stores = {name: root_attrs_on_disk(path) or {} for name, path in paths.items()}
+    for name, attrs in stores.items():
+        if attrs.get("distfit_format") != MARGINALS_FORMAT or (attrs.get("source") or {}).get("format") != SOURCE_FORMAT:
+            raise DataError(f"{paths[name]}: is not data synthesised by distfit synth for a multi-level spec; "
+                              "use another --out")
+        if attrs.get("spec_hash") != spec.level_spec(name).spec_hash:
+            raise DataError(f"{paths[name]}: holds data synthesised for another spec (spec hash "
+                              f"{attrs.get('spec_hash')}); use another --out")
+    finest = stores[spec.levels[-1].name]
+    if units is not None and units != finest.get("units"):
+        raise DataError(f"{os.fspath(rundir)}: holds data synthesised for {finest.get('units')} units, but --units is {units}; "
+                          "use another --out (or omit --units)")
+    geographies = {name: (attrs.get("source") or {}).get("geography") for name, attrs in stores.items()}
+    recorded = next(g for g in geographies.values() if g is not None)
+    return {"units": int(finest["units"]),
+            "geography": {"path": recorded["path"], "digest": recorded["digest"],
+                          "units": {name: g["units"] for name, g in geographies.items() if g is not None}}}
 
 
 class _LevelSink:

@@ -55,6 +55,7 @@ import yaml
 from distfit import __version__
 from distfit.audit.plan import audit_plan
 from distfit.data.geography import LevelUnits, read_geography, synthetic_geography_file
+from distfit.data.level_synth import synthesised_levels
 from distfit.data.microdata import check_source, ensure_tabulated, microdata_format, tabulation_mismatch
 from distfit.data.people import write_synthetic_people
 from distfit.data.synthetic import describe_geography, unit_columns
@@ -77,9 +78,7 @@ from distfit.stores.files import root_attrs_on_disk, utc_now, write_text_atomic
 from distfit.stores.plan import read_plan, read_verified_plan
 from distfit.stores.release import read_sealed_release
 
-MANIFEST_FORMAT = "run-manifest"
-MANIFEST_VERSION = 1
-DEFAULT_UNITS = 10_000
+MANIFEST_FORMAT, MANIFEST_VERSION, DEFAULT_UNITS = "run-manifest", 1, 10_000
 PACKAGES = ("distfit", "numpy", "scipy", "dask", "distributed", "zarr")
 
 PLAN_NAME, DATA_NAME, RELEASE_NAME, MANIFEST_NAME = "plan.zarr", "data.zarr", "release.zarr", "manifest.json"
@@ -147,11 +146,8 @@ def package_versions() -> dict[str, str | None]:
         try:
             versions[name] = metadata.version(name)
         except metadata.PackageNotFoundError:
-            module = sys.modules.get(name)
-            versions[name] = getattr(module, "__version__", None)
-    if versions.get("distfit") is None:
-        versions["distfit"] = __version__
-    return versions
+            versions[name] = getattr(sys.modules.get(name), "__version__", None)
+    return {**versions, "distfit": versions.get("distfit") or __version__}
 
 
 # --------------------------------------------------------------------------------------------
@@ -510,7 +506,7 @@ LEVELS_RUN_NAMES = (LEVELS_DIR, PEOPLE_NAME, GEOGRAPHY_NAME, MANIFEST_NAME)
 @dataclass(frozen=True)
 class LevelsRunResult:
     """What ``distfit run`` did for a multi-level spec: one :class:`RunResult` per level (spec
-    order), the people data used, the combined privacy account and the top manifest."""
+    order), the people data used ("" for the level data of ``distfit synth``), the combined privacy account and the top manifest."""
 
     rundir: str
     spec_hash: str
@@ -554,7 +550,8 @@ def run_levels(
     ``--data``: ``--units`` finest-level units, default 10000, nested geography,
     :func:`distfit.data.people.write_synthetic_people`, seeded from the spec hash),
     ``RUNDIR/geography.csv`` (every synthetic unit, empty ones too; with ``data``, ``geography``
-    lists the units: docs/geography.md), ``RUNDIR/levels/<level>/`` (a complete single-level run of the level's spec, recorded in
+    lists the units: docs/geography.md; none of these when ``distfit synth`` wrote every level's
+    data store there: :func:`distfit.data.level_synth.synthesised_levels`, released as they are), ``RUNDIR/levels/<level>/`` (a complete single-level run of the level's spec, recorded in
     ``spec.yaml``: plan, data tabulated for the level's unit column, release, report, manifest;
     see :func:`run_pipeline`) and ``RUNDIR/manifest.json`` (the levels, their checksums and the
     combined privacy account). With a budget every level is first planned accuracy-first
@@ -589,6 +586,7 @@ def run_levels(
         if earlier is not None and (earlier.get("spec") or {}).get("hash") != spec_hash:
             raise RunDirError(f"{rundir}: holds the run of another spec (spec hash "
                               f"{(earlier.get('spec') or {}).get('hash')}); use another --out")
+        synthesised = None if data is not None else synthesised_levels(spec, rundir, units, LEVELS_DIR, DATA_NAME)  # distfit synth's
         if data is not None:
             if microdata_format(data) is None:
                 raise ValueError(f"--data {data}: a multi-level run reads person-level microdata (.csv, .csv.gz, "
@@ -622,15 +620,17 @@ def run_levels(
             cluster_used = placement.describe()
 
             t = time.perf_counter()
-            people_units = units or DEFAULT_UNITS
-            if data is None and not people.exists():
+            people_units = synthesised["units"] if synthesised else units or DEFAULT_UNITS
+            if synthesised:  # `distfit synth` wrote every level's data: released as it is
+                print(f"distfit: releasing the data distfit synth wrote for every level ({people_units:,} units)", file=log)
+            elif data is None and not people.exists():
                 print(f"distfit: synthesising people for {people_units} units at {people}, with "
                       f"{describe_geography(unit_columns(spec), people_units)}", file=log)
                 write_synthetic_people(spec, people_units, people, seed=data_seed(spec_hash), fsync=fsync)
             elif data is None:
                 people_units = ((earlier or {}).get("people") or {}).get("units", people_units)
                 print(f"distfit: reusing the people at {people}", file=log)
-            if data is None:  # every synthesised unit is published, the empty ones too
+            if data is None and not synthesised:  # every synthesised unit is published, the empty ones too
                 units_of = synthetic_geography_file(spec, people_units, rundir / GEOGRAPHY_NAME, fsync=fsync)
             timings["people"] = time.perf_counter() - t
 
@@ -681,8 +681,8 @@ def run_levels(
                 # the level's run records its spec file; the spec itself is passed, not read back
                 results[name] = run_pipeline(
                     dataclasses.replace(level_spec, source_path=os.path.abspath(record)), level_dirs[name],
-                    data=str(people), placement=here, log=log, fsync=fsync,
-                    plan_written=scaled_now.get(name), parent_column=parents[name],
+                    data=str(level_dirs[name] / DATA_NAME if synthesised else people), placement=here, log=log,
+                    fsync=fsync, plan_written=scaled_now.get(name), parent_column=parents[name],
                     geography=None if units_of is None else units_of.of(name), estimate=False, report=False)
                 timings[f"level {name}"] = time.perf_counter() - t
 
@@ -700,10 +700,10 @@ def run_levels(
             "format_version": MANIFEST_VERSION,
             "created": utc_now(),
             "spec": _recorded_spec(spec, spec_path),
-            "people": {"path": os.path.abspath(people), "synthetic": data is None,
-                       "units": people_units if data is None else None},
-            "geography": None if units_of is None else {"path": units_of.path, "digest": units_of.digest,
-                                                        "units": {u.level: int(u.ids.size) for u in units_of.levels}},
+            "people": {"path": None if synthesised else os.path.abspath(people), "synthetic": data is None,
+                       "units": people_units if data is None else None, "levels_synthesised": bool(synthesised)},
+            "geography": synthesised["geography"] if synthesised else None if units_of is None else {
+                "path": units_of.path, "digest": units_of.digest, "units": {u.level: int(u.ids.size) for u in units_of.levels}},
             "levels": {name: {"dir": os.path.abspath(level_dirs[name]), "manifest": result.manifest,
                               "alpha": plans[name].attrs.get("alpha"), "plan_checksum": result.plan_checksum,
                               "release_checksum": result.release_checksum,
@@ -716,5 +716,5 @@ def run_levels(
             "cluster": cluster_used,
         }
         write_text_atomic(manifest_path, json.dumps(manifest, indent=2) + "\n")
-        return LevelsRunResult(rundir=str(rundir), spec_hash=spec_hash, people=str(people), levels=results,
+        return LevelsRunResult(rundir=str(rundir), spec_hash=spec_hash, people="" if synthesised else str(people), levels=results,
                                account=account, manifest=str(manifest_path), timings=timings, estimates=estimates)
