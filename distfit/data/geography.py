@@ -129,14 +129,43 @@ def _unit_levels(spec: Any) -> list[tuple[str, str, str | None]]:
     return out
 
 
+def _utf8(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each string's UTF-8 length (uint64) and the strings' UTF-8 bytes end to end (uint8): Arrow's
+    layout of ``values`` (str), made without a Python loop."""
+    if not values.size:
+        return np.zeros(0, np.uint64), np.zeros(0, np.uint8)
+    array = pa.array(values, pa.large_string())
+    array = array.combine_chunks() if isinstance(array, pa.ChunkedArray) else array
+    _, offsets, data = array.buffers()
+    offsets = np.frombuffer(offsets, dtype=np.int64)[array.offset:array.offset + len(array) + 1]
+    content = np.frombuffer(data, dtype=np.uint8)[offsets[0]:offsets[-1]] if data is not None else np.zeros(0, np.uint8)
+    return np.diff(offsets).astype(np.uint64), content
+
+
 def _digest(levels: tuple[LevelUnits, ...]) -> str:
     """The geography's digest: the stores' chunk digest (:func:`distfit.stores.checksum.chunk_digest`,
-    BLAKE3) of the chunk digests of each level's sorted ids and parents, in spec order (hex)."""
-    parts = [chunk_digest(f"{units.level}/{what}", 0, values)
+    BLAKE3) of the chunk digests of each level's sorted ids and parents, in spec order (hex),
+    each given as its strings' UTF-8 lengths and bytes (:func:`_utf8`: 8M ids in a second)."""
+    parts = [chunk_digest(f"{units.level}/{what}/{part}", 0, array)
              for units in levels
              for what, values in (("ids", units.ids),
-                                  ("parents", units.parents if units.parents is not None else np.zeros(0, str)))]
+                                  ("parents", units.parents if units.parents is not None else np.zeros(0, str)))
+             for part, array in zip(("lengths", "utf8"), _utf8(values))]
     return chunk_digest("geography", 0, np.frombuffer(b"".join(parts), dtype=np.uint8)).hex()
+
+
+def _strings(array: pa.ChunkedArray) -> np.ndarray:
+    """A string column as numpy str; ids of one width in ASCII (GEOIDs, the synthetic ids) go
+    through their bytes, without a Python object per id."""
+    array = array.combine_chunks().cast(pa.large_string())
+    lengths = pc.utf8_length(array)
+    width = pc.min_max(lengths).as_py()
+    if len(array) and width["min"] == width["max"] and width["min"] > 0 and pc.all(pc.string_is_ascii(array)).as_py():
+        _, offsets, data = array.buffers()
+        first = int(np.frombuffer(offsets, dtype=np.int64)[array.offset])
+        raw = np.frombuffer(data, dtype=np.uint8)[first:first + len(array) * width["min"]]
+        return raw.view(f"S{width['min']}").astype(f"U{width['min']}")
+    return array.to_numpy(zero_copy_only=False).astype(str)
 
 
 def _built(spec: Any, table: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]], name: str,
@@ -149,8 +178,9 @@ def _built(spec: Any, table: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]
             raise DataError(f"{name}: level {level!r} (unit column {column!r}) has no units listed; every level "
                             "with a unit column is listed, each unit once")
         ids, parents, lines = table[level]
-        order = np.argsort(ids, kind="stable")
-        ids, parents, lines = ids[order], parents[order], lines[order]
+        if not np.all(ids[1:] >= ids[:-1]):  # a file written by distfit is sorted already
+            order = np.argsort(ids, kind="stable")
+            ids, parents, lines = ids[order], parents[order], lines[order]
         repeated = np.flatnonzero(ids[1:] == ids[:-1])
         if repeated.size:
             raise DataError(f"{name}: line {int(lines[repeated[0] + 1])}: unit {str(ids[repeated[0]])!r} of level "
@@ -258,12 +288,10 @@ def read_geography(path: str | os.PathLike, spec: Any) -> Geography:
     codes, names = np.asarray(encoded.indices), encoded.dictionary.to_pylist()
     order = np.argsort(codes, kind="stable")
     bounds = np.searchsorted(codes[order], np.arange(len(names) + 1))
-    unit_values = unit.to_numpy(zero_copy_only=False)
-    parent_values = parent.to_numpy(zero_copy_only=False)
     table = {}
     for k, level_name in enumerate(names):
-        at = order[bounds[k]:bounds[k + 1]]
-        table[level_name] = (unit_values[at].astype(str), parent_values[at].astype(str), lines[at])
+        at = pa.array(order[bounds[k]:bounds[k + 1]])
+        table[level_name] = (_strings(unit.take(at)), _strings(parent.take(at)), lines[np.asarray(at)])
     return _built(spec, table, name, os.path.abspath(name))
 
 

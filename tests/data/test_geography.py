@@ -117,3 +117,12 @@ def test_tabulation_refuses_units_the_geography_does_not_hold(tmp_path):
                            geography=geography.of("county"))
     assert "unit 'c3' of 'county' has people in 's1', but" in str(error.value) and "puts it in 's2'" in str(error.value)
     assert not (tmp_path / "b.zarr").exists()
+
+
+def test_blank_lines_are_skipped_and_lines_still_counted_and_quoted_ids_read_back(tmp_path):
+    with pytest.raises(DataError, match=r"line 4: unit 's1' of level 'state' is listed twice \(first on line 2\)"):
+        read_geography(_file(tmp_path, "level,unit,parent\nstate,s1,\n\nstate,s1,\ncounty,c1,s1\n"), SPEC)
+    quoted = read_geography(_file(tmp_path, 'level,unit,parent\nstate," s,1 ",\ncounty,"c""1","s,1"\n'), SPEC)
+    assert list(quoted.of("county").ids) == ['c"1'] and list(quoted.of("county").parents) == ["s,1"]
+    again = read_geography(write_geography(quoted, tmp_path / "copy.csv").path, SPEC)
+    assert again.digest == quoted.digest

@@ -1,0 +1,216 @@
+"""Census scale (issue 29, point 6): ``pipelines/us_pl94.yaml`` (PL94 tables at nation, state,
+county, tract, block group and block) on the US-shaped synthetic geography of N blocks, released
+and estimated level by level, extrapolated to the 8.13M blocks of the 2020 Census.
+
+```
+python benchmarks/bench_census.py [--units 100000 [--units 1000000]] [--workers 2] [--workdir DIR] [--no-estimate]
+```
+
+For each N: ``distfit synth`` (:func:`distfit.data.level_synth.write_level_data`: the geography,
+every level's data summed up from the blocks), ``read_geography`` of the CSV it wrote, then
+``distfit run`` in this process on a local cluster of ``--workers`` (``run_levels``: plan, audit,
+release per level, then the estimate of every level together, today in the driver). Printed per
+level: units, release wall and CPU-seconds (the process tree's user + system, ``psutil``: the
+driver, the scheduler and the workers; the release includes the level's data read) and per
+unit; then the estimate's wall and CPU-seconds and its ratio to the release of the same units
+(the reference measured in the same run; goal <= 1), the peak RSS of any worker process and of
+the driver (the estimate runs there today; goal for a worker: <= 2 GiB).
+
+Today's estimate holds every level in the driver, ~0.35 GiB per 1,000 units: it is run only up
+to ``--estimate-max-units`` blocks (default 12,000), so a 100k run does not exhaust a shared
+machine's memory; larger sizes measure the release alone.
+
+Extrapolation to 8M blocks (:func:`distfit.data.us_geography.us_level_counts` of 8,132,968):
+each level's release CPU per unit, at the largest size, times its units at full size (the
+release is linear in units); the estimate's CPU at the largest estimated size times (full units
+/ units) ** e, e measured between the two largest estimated sizes but at least 1 (small sizes
+are dominated by fixed costs; the issue measured 1.15 - 1.39 for today's estimate), and its
+driver memory in proportion to units. Goal: the whole 8M run (release + estimate, every level) <= 20 minutes on 2 cores,
+i.e. <= 2,400 CPU-seconds with both cores busy. Plans and reports do not depend on N and are
+printed apart. Timings depend on the load: the load average is printed with each size.
+"""
+from __future__ import annotations
+
+import argparse
+import functools
+import io
+import math
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import psutil
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.common import PeakRSS  # noqa: E402
+from distfit.data.geography import read_geography  # noqa: E402
+from distfit.data.level_synth import write_level_data  # noqa: E402
+from distfit.data.us_geography import FULL_COUNTS, us_level_counts  # noqa: E402
+from distfit.pipeline import run as run_module  # noqa: E402
+from distfit.runtime.placement import Placement  # noqa: E402
+from distfit.spec.parse import load_spec  # noqa: E402
+
+SPEC = ROOT / "pipelines" / "us_pl94.yaml"
+GOAL_SECONDS, CORES, GIB = 20 * 60.0, 2, 2.0**30
+#: Today's estimate holds every level in the driver, ~0.35 GiB per 1,000 units of us_pl94 (measured:
+#: 1.9 GiB at 3,242 units, 4.4 GiB at 10,502): above this many blocks it is skipped, not run out of memory.
+ESTIMATE_MAX_UNITS = 12_000
+
+
+def load() -> str:
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def tree_cpu() -> float:
+    """User + system CPU-seconds of this process and its live descendants (and their reaped children)."""
+    total = 0.0
+    me = psutil.Process()
+    for process in [me] + me.children(recursive=True):
+        try:
+            times = process.cpu_times()
+        except psutil.Error:
+            continue
+        total += times.user + times.system + times.children_user + times.children_system
+    return total
+
+
+class Stages:
+    """Wall and CPU-seconds of each call of the wrapped stages, by level (the run_pipeline being run)."""
+
+    def __init__(self) -> None:
+        self.level: str | None = None
+        self.rows: dict[tuple[str, str | None], list[float]] = {}
+
+    def wrap(self, name: str, function):
+        @functools.wraps(function)
+        def timed(*args, **kwargs):
+            wall, cpu = time.perf_counter(), tree_cpu()
+            try:
+                return function(*args, **kwargs)
+            finally:
+                row = self.rows.setdefault((name, self.level), [0.0, 0.0])
+                row[0] += time.perf_counter() - wall
+                row[1] += tree_cpu() - cpu
+        return timed
+
+    def levelled(self, function):
+        @functools.wraps(function)
+        def run(spec, out, **kwargs):
+            self.level = Path(os.fspath(out)).name
+            try:
+                return function(spec, out, **kwargs)
+            finally:
+                self.level = None
+        return run
+
+
+def measure(units: int, workdir: Path, workers: int, estimate: bool) -> dict:
+    spec = load_spec(SPEC)
+    out = workdir / f"us-{units}"
+    shutil.rmtree(out, ignore_errors=True)
+    print(f"\n== {units:,} blocks (load {load()})", flush=True)
+    wall, cpu = time.perf_counter(), tree_cpu()
+    made = write_level_data(spec, units, out, seed=29, fsync=False)
+    synth = (time.perf_counter() - wall, tree_cpu() - cpu)
+    wall = time.perf_counter()
+    geography = read_geography(made.geography, spec)
+    read = time.perf_counter() - wall
+    rows = sum(level.ids.size for level in geography.levels)
+    del geography
+    print(f"synth: {synth[0]:.1f} s wall, {synth[1]:.1f} CPU-s ({made.empty_share:.1%} of blocks empty, "
+          f"{made.total_people:,} people); read_geography: {rows:,} rows in {read:.2f} s", flush=True)
+
+    stages = Stages()
+    saved = {name: getattr(run_module, name) for name in
+             ("run_pipeline", "run_release", "run_plan", "audit_plan", "estimate_levels", "report_level")}
+    run_module.run_pipeline = stages.levelled(saved["run_pipeline"])
+    for name, label in (("run_release", "release"), ("run_plan", "plan"), ("audit_plan", "audit"),
+                        ("estimate_levels", "estimate"), ("report_level", "report")):
+        setattr(run_module, name, stages.wrap(label, saved[name]))
+    wall = time.perf_counter()
+    try:
+        with PeakRSS(os.getpid(), interval=0.2) as peak:
+            run_module.run_levels(spec, out, placement=Placement(workers=workers), estimate=estimate, fsync=False,
+                                  log=io.StringIO())
+    finally:
+        total = time.perf_counter() - wall
+        for name, function in saved.items():
+            setattr(run_module, name, function)
+    worker_peak = peak.worker
+    release = {level: stages.rows.get(("release", level), [0.0, 0.0]) for level in made.units}
+    estimated = stages.rows.get(("estimate", None), [0.0, 0.0])
+    fixed = [sum(row[i] for (name, _), row in stages.rows.items() if name in ("plan", "audit", "report")) for i in (0, 1)]
+    print(f"{'level':<12} {'units':>10} {'release s':>10} {'CPU-s':>8} {'CPU-ms/unit':>12}")
+    for level, count in made.units.items():
+        w, c = release[level]
+        print(f"{level:<12} {count:>10,} {w:>10.1f} {c:>8.1f} {1000 * c / count:>12.3f}")
+    rw, rc = sum(r[0] for r in release.values()), sum(r[1] for r in release.values())
+    print(f"{'all':<12} {sum(made.units.values()):>10,} {rw:>10.1f} {rc:>8.1f}")
+    if not estimate:
+        print("estimate: skipped (--no-estimate, or more blocks than --estimate-max-units)")
+    else:
+        print(f"estimate (every level, in the driver): {estimated[0]:.1f} s wall, {estimated[1]:.1f} CPU-s; "
+              f"estimate / release: {estimated[0] / rw:.2f}x wall, {estimated[1] / rc:.2f}x CPU (goal <= 1)")
+    print(f"plans + audits + reports (independent of N): {fixed[0]:.1f} s wall, {fixed[1]:.1f} CPU-s; "
+          f"whole run {total:.1f} s wall")
+    print(f"peak RSS: worker {worker_peak / GIB:.2f} GiB (goal <= 2), driver {peak.driver / GIB:.2f} GiB; "
+          f"load {load()}", flush=True)
+    return {"units": units, "levels": made.units, "release": release, "estimate": estimated, "fixed": fixed,
+            "estimated": estimate, "driver_peak": peak.driver}
+
+
+def extrapolate(results: list[dict]) -> None:
+    full = us_level_counts(5, FULL_COUNTS["block"])
+    last = results[-1]
+    names = list(last["levels"])
+    full_units = {name: (1 if name == "nation" else full[name]) for name in names}
+    release = sum(last["release"][name][1] / last["levels"][name] * full_units[name] for name in names)
+    total_units = sum(full_units.values())
+    print(f"\n== extrapolated to {FULL_COUNTS['block']:,} blocks ({total_units:,} units)")
+    print(f"release, every level (from {last['units']:,} blocks): {release:,.0f} CPU-s")
+    estimated = [r for r in results if r["estimated"]]
+    if not estimated:
+        return
+    exponent, at = 1.0, estimated[-1]
+    if len(estimated) > 1:
+        a = estimated[-2]
+        exponent = math.log(at["estimate"][1] / a["estimate"][1]) / math.log(sum(at["levels"].values()) /
+                                                                              sum(a["levels"].values()))
+    estimate = at["estimate"][1] * (total_units / sum(at["levels"].values())) ** max(exponent, 1.0)
+    memory = at["driver_peak"] * total_units / sum(at["levels"].values())
+    whole = release + estimate
+    print(f"estimate (from {at['units']:,} blocks): {estimate:,.0f} CPU-s (exponent {max(exponent, 1.0):.2f}; "
+          f"measured {exponent:.2f}{', taken as 1: fixed costs dominate small sizes' if exponent < 1 else ''}); "
+          f"estimate / release {estimate / release:.2f}x (goal <= 1); driver memory ~{memory / GIB:,.0f} GiB "
+          f"(linear in units; goal <= 2)")
+    print(f"whole 8M run: {whole:,.0f} CPU-s = {whole / CORES / 60:.1f} min on {CORES} busy cores "
+          f"(goal <= {GOAL_SECONDS / 60:.0f} min: {whole / CORES / GOAL_SECONDS:.2f}x the goal)")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--units", type=int, action="append", help="blocks (repeat for several sizes; default 100000)")
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--workdir", help="where the runs go (default: a temporary directory, removed after)")
+    parser.add_argument("--no-estimate", action="store_true")
+    parser.add_argument("--estimate-max-units", type=int, default=ESTIMATE_MAX_UNITS,
+                        help="estimate only up to this many blocks (today's in-driver estimate: ~0.35 GiB per 1,000)")
+    args = parser.parse_args()
+    workdir = Path(args.workdir or tempfile.mkdtemp(prefix="bench-census-"))
+    print(f"load average {load()}; {os.cpu_count()} CPUs; spec {SPEC.name}", flush=True)
+    try:
+        results = [measure(units, workdir, args.workers, not args.no_estimate and units <= args.estimate_max_units)
+                   for units in args.units or [100_000]]
+        extrapolate(results)
+    finally:
+        if args.workdir is None:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
