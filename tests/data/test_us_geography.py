@@ -8,6 +8,7 @@ import io
 
 import numpy as np
 import pytest
+import yaml
 
 from distfit.data.geography import read_geography
 from distfit.data.level_synth import synthesised_levels, write_level_data
@@ -17,6 +18,7 @@ from distfit.pipeline.run import run_levels
 from distfit.runtime.placement import Placement
 from distfit.spec.parse import parse_spec
 from distfit.stores.data import DataError, open_data
+from tests.clitools import assert_one_line_error, run
 
 QUERY = [{"name": "sex_age", "attributes": {"sex": "identity", "age": "identity"}, "target": 1}]
 SPEC = parse_spec({
@@ -127,3 +129,17 @@ def test_a_run_releases_and_estimates_every_synthesised_unit(tmp_path):
     assert {name: e.units for name, e in run.estimates.items()} == made.units  # empty counties too
     with pytest.raises(ValueError, match="synthesised for 60 units, but --units is 61"):
         run_levels(spec, tmp_path / "run", units=61, placement=Placement(serial=True), fsync=False, log=io.StringIO())
+
+
+def test_distfit_synth_of_a_multilevel_spec_writes_a_run_directory(tmp_path, capsys):
+    spec_path = tmp_path / "us_small.yaml"
+    spec_path.write_text(yaml.safe_dump(SPEC.to_dict(), sort_keys=False))
+    code, out, _ = run(capsys, "synth", str(spec_path), "--units", "80", "--out", str(tmp_path / "run"), "--seed", "4")
+    assert code == 0 and "block 80" in out and "distfit run" in out
+    assert synthesised_levels(SPEC, tmp_path / "run", 80)["units"] == 80
+    code, _, err = run(capsys, "synth", str(spec_path), "--units", "80", "--out", str(tmp_path / "run"))
+    assert code == 2
+    assert_one_line_error(err, "already exists")  # nothing replaced
+    code, _, err = run(capsys, "synth", str(spec_path), "--units", "20", "--out", str(tmp_path / "other"))
+    assert code == 2 and not (tmp_path / "other" / "levels").exists()
+    assert_one_line_error(err, "at least 51 finest units")
