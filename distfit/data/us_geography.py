@@ -16,7 +16,7 @@ and its finest level has exactly ``units`` units.
 Size rule (at any ``units``): the finest level has ``units`` units; every other level below the
 states has ``round(FULL_COUNTS[level] * units / FULL_COUNTS[finest])`` units, but at least one
 per unit of the level above (and at most the level below's count); states are always 51. So
-the lower levels shrink in proportion (at 1M blocks: 387 counties, 10,378 tracts, 29,485 block
+the lower levels shrink in proportion (at 1M blocks: 386 counties, 10,378 tracts, 29,485 block
 groups), their mean fanouts stay the 2020 ones (about 27 tracts per county, 2.8 block groups per
 tract, 34 blocks per block group) and below ~130,000 blocks the counties are floored to one
 per state. ``units`` >= 51.
@@ -45,7 +45,7 @@ import numpy as np
 
 from distfit.checks import check_integer
 
-__all__ = ["FULL_COUNTS", "US_LEVELS", "UsGeography", "us_geography", "us_level_counts", "spread", "describe_us_geography"]
+__all__ = ["FULL_COUNTS", "US_LEVELS", "UsGeography", "us_geography", "us_level_counts", "spread"]
 
 #: The levels below the nation, coarsest first.
 US_LEVELS = ("state", "county", "tract", "block_group", "block")
@@ -151,11 +151,3 @@ def us_geography(levels: int, units: int, seed: int) -> UsGeography:
         ids[name] = ids[above][rows] * ID_FIELD[name] + position
         parents[name] = rows
     return UsGeography(names, {n: ids[n] for n in names}, {n: parents[n] for n in names})
-
-
-def describe_us_geography(columns: list[str], units: int) -> str:
-    """One sentence saying what US-shaped geography ``units`` finest units get."""
-    counts = us_level_counts(len(columns), units)
-    shown = ", ".join(f"{count:,} {column}" for column, count in zip(columns, counts.values()))
-    return (f"a US-shaped synthetic geography ({shown}; 2020 Census fanouts, heavy-tailed, docs/geography.md); "
-            "it is made up, as the data is")
