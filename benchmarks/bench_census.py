@@ -4,6 +4,7 @@ and estimated level by level, extrapolated to the 8.13M blocks of the 2020 Censu
 
 ```
 python benchmarks/bench_census.py [--units 100000 [--units 1000000]] [--workers 2] [--workdir DIR] [--no-estimate]
+python benchmarks/bench_census.py --geography-only 8132968     # write and read back the 8M geography file
 ```
 
 For each N: ``distfit synth`` (:func:`distfit.data.level_synth.write_level_data`: the geography,
@@ -36,6 +37,7 @@ import functools
 import io
 import math
 import os
+import resource
 import shutil
 import sys
 import tempfile
@@ -48,9 +50,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.common import PeakRSS  # noqa: E402
-from distfit.data.geography import read_geography  # noqa: E402
-from distfit.data.level_synth import write_level_data  # noqa: E402
-from distfit.data.us_geography import FULL_COUNTS, us_level_counts  # noqa: E402
+from distfit.data.geography import nested_geography, read_geography, write_geography  # noqa: E402
+from distfit.data.level_synth import geography_arrays, unit_levels, write_level_data  # noqa: E402
+from distfit.data.us_geography import FULL_COUNTS, us_geography, us_level_counts  # noqa: E402
 from distfit.pipeline import run as run_module  # noqa: E402
 from distfit.runtime.placement import Placement  # noqa: E402
 from distfit.spec.parse import load_spec  # noqa: E402
@@ -192,18 +194,44 @@ def extrapolate(results: list[dict]) -> None:
           f"(goal <= {GOAL_SECONDS / 60:.0f} min: {whole / CORES / GOAL_SECONDS:.2f}x the goal)")
 
 
+def geography_only(units: int, workdir: Path) -> None:
+    """The geography of ``units`` blocks written (``write_geography``) and read back
+    (``read_geography``, point 4 of the brief: pyarrow's reader), with CPU-seconds and peak RSS."""
+    spec = load_spec(SPEC)
+    top, columns = unit_levels(spec)
+    path = workdir / f"geography-{units}.csv"
+    cpu = time.process_time()
+    table = nested_geography(spec, *geography_arrays(us_geography(len(columns), units, seed=29), columns))
+    made = time.process_time() - cpu
+    write_geography(table, path, fsync=False)
+    del table
+    print(f"{units:,} blocks: geography made in {made:.1f} CPU-s, written ({path.stat().st_size / 2**20:,.0f} MiB); "
+          f"load {load()}", flush=True)
+    wall, cpu = time.perf_counter(), time.process_time()
+    geography = read_geography(path, spec)
+    rows = sum(level.ids.size for level in geography.levels)
+    print(f"read_geography: {rows:,} rows in {time.perf_counter() - wall:.1f} s wall, {time.process_time() - cpu:.1f} "
+          f"CPU-s; peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20:.2f} GiB; load {load()}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--units", type=int, action="append", help="blocks (repeat for several sizes; default 100000)")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--workdir", help="where the runs go (default: a temporary directory, removed after)")
     parser.add_argument("--no-estimate", action="store_true")
+    parser.add_argument("--geography-only", type=int, metavar="N",
+                        help="only write and read back the geography file of N blocks (read_geography's speed)")
     parser.add_argument("--estimate-max-units", type=int, default=ESTIMATE_MAX_UNITS,
                         help="estimate only up to this many blocks (today's in-driver estimate: ~0.35 GiB per 1,000)")
     args = parser.parse_args()
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="bench-census-"))
+    workdir.mkdir(parents=True, exist_ok=True)
     print(f"load average {load()}; {os.cpu_count()} CPUs; spec {SPEC.name}", flush=True)
     try:
+        if args.geography_only:
+            geography_only(args.geography_only, workdir)
+            return
         results = [measure(units, workdir, args.workers, not args.no_estimate and units <= args.estimate_max_units)
                    for units in args.units or [100_000]]
         extrapolate(results)

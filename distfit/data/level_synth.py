@@ -33,14 +33,14 @@ from typing import Any, TextIO
 import numpy as np
 
 from distfit.checks import check_integer
-from distfit.data.geography import Geography, nested_geography, write_geography
+from distfit.data.geography import nested_geography, write_geography
 from distfit.data.synthetic import GENERATOR, ModelParams, default_chunk_units, synthesize_histograms
 from distfit.data.us_geography import UsGeography, us_geography
 from distfit.stores.files import root_attrs_on_disk
 from distfit.stores.data import (MARGINALS_FORMAT, DataError, MarginalsWriter, cell_labels, create_marginals, staged_store,
                                  value_labels, write_marginals_attrs)
 
-__all__ = ["BLOCK_MODEL", "SOURCE_FORMAT", "LevelData", "level_data_paths", "synthesised_levels", "unit_levels", "write_level_data"]
+__all__ = ["BLOCK_MODEL", "SOURCE_FORMAT", "LevelData", "geography_arrays", "level_data_paths", "synthesised_levels", "unit_levels", "write_level_data"]
 
 #: The ``source.format`` of a synthesised level's data store.
 SOURCE_FORMAT = "synthetic"
@@ -156,11 +156,13 @@ def _segment_sums(rows: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.
     return rows[starts], np.add.reduceat(counts, starts, axis=0)
 
 
-def _geography_table(spec: Any, geo: UsGeography, columns: list[tuple[str, str]]) -> Geography:
+def geography_arrays(geo: UsGeography, columns: list[tuple[str, str]]) -> tuple[dict, dict]:
+    """``(ids, parents)`` by the spec's level name (``columns``: :func:`unit_levels`), as text,
+    for :func:`distfit.data.geography.nested_geography`."""
     ids = {name: geo.text_ids(us) for (name, _), us in zip(columns, geo.levels)}
     parents = {name: (None if i == 0 else ids[columns[i - 1][0]][geo.parents[us]])
                for i, ((name, _), us) in enumerate(zip(columns, geo.levels))}
-    return nested_geography(spec, ids, parents)
+    return ids, parents
 
 
 def write_level_data(spec: Any, units: int, rundir: str | os.PathLike, *, seed: int, levels_dir: str = "levels",
@@ -179,7 +181,7 @@ def write_level_data(spec: Any, units: int, rundir: str | os.PathLike, *, seed: 
         if path.exists() or path.is_symlink():
             raise FileExistsError(f"{path}: already exists; synthesise into a new --out")
     geo = us_geography(len(columns), units, seed)
-    table = _geography_table(spec, geo, columns)
+    table = nested_geography(spec, *geography_arrays(geo, columns))
     Path(os.fspath(rundir)).mkdir(parents=True, exist_ok=True)
     geography = write_geography(table, Path(os.fspath(rundir)) / geography_name, fsync=fsync)
     domain = spec.domain
