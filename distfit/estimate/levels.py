@@ -89,7 +89,11 @@ from distfit.stores.estimate import estimate_state, read_sealed_estimate
 from distfit.stores.plan import read_verified_plan
 from distfit.stores.release import read_sealed_release
 
-__all__ = ["ESTIMATE_NAME", "METHOD", "OBJECTIVE", "LevelEstimate", "check_levels", "estimate_levels", "parent_columns"]
+#: Units over all levels from which a run's estimate goes to its cluster (below, the driver's
+#: passes take a few seconds and the cluster's tasks cost more than they save: benchmarks/README.md).
+CLUSTER_UNITS = 100_000
+
+__all__ = ["CLUSTER_UNITS", "ESTIMATE_NAME", "METHOD", "OBJECTIVE", "LevelEstimate", "check_levels", "estimate_levels", "parent_columns"]
 
 
 
@@ -138,13 +142,14 @@ def check_levels(spec: Any) -> None:
 
 def estimate_levels(spec: Any, level_dirs: Mapping[str, os.PathLike | str], *, integer: bool = False,
                     log: TextIO | None = None, fsync: bool = True, placement: Placement | None = None,
-                    cut: int | None = None, driver_units: int = DRIVER_UNITS,
-                    forest_rows: int = FOREST_ROWS) -> dict[str, LevelEstimate]:
+                    cut: int | None = None, driver_units: int = DRIVER_UNITS, forest_rows: int = FOREST_ROWS,
+                    cluster_units: int = CLUSTER_UNITS) -> dict[str, LevelEstimate]:
     """Estimate every level of the multi-level ``spec`` (module docstring) from the plans and
     sealed releases in ``level_dirs`` (``{level: directory}`` holding ``plan.zarr`` and
     ``release.zarr``, spec order) into each directory's ``estimate.zarr``. Returns the level
-    estimates by name. ``placement`` (not serial; None: in the driver): the real-valued estimate
-    runs on that cluster, subtrees as tasks (:mod:`distfit.estimate.subtree_job`), cut at level
+    estimates by name. ``placement`` (not serial; None: in the driver): with ``cut`` given or at
+    least ``cluster_units`` units over the levels, the real-valued estimate runs on that
+    cluster, subtrees as tasks (:mod:`distfit.estimate.subtree_job`), cut at level
     ``cut`` (an index; None: :func:`distfit.estimate.subtrees.choose_cut` with ``driver_units``)
     into forests of at most ``forest_rows`` rows; in the driver instead (with a note) when the
     cut is the finest level or none, with ``integer``, or when a level is not ordered by its
@@ -171,8 +176,8 @@ def estimate_levels(spec: Any, level_dirs: Mapping[str, os.PathLike | str], *, i
         return {name: LevelEstimate(name, str(paths[name]), e.checksum, int(e.attrs["units"]), "reused", parents[name])
                 for name, e in reused.items()}
 
-    if placement is not None and not placement.serial:
-        units = [int(releases[name].attrs["units"]) for name in names]
+    units = [int(releases[name].attrs["units"]) for name in names]
+    if placement is not None and not placement.serial and (cut is not None or sum(units) >= cluster_units):
         at = choose_cut(units, driver_units) if cut is None else int(cut)
         why = ("integer tables are made in the driver" if integer else
                None if 0 <= at < len(names) - 1 else f"no level to cut at (cut {at}, {len(names)} levels)")

@@ -17,7 +17,7 @@ at levels ``c+1 .. L``), and the passes split exactly:
 
 The result is the same estimate (the same formulas on the same numbers; the classes are found per
 forest, and a class two forests share is computed twice, in the same way, so the estimates agree
-to float rounding: ``tests/estimate/test_subtrees.py`` against the whole-tree passes and the dense
+to float rounding: ``tests/estimate/test_hierarchy.py`` against the whole-tree passes and the dense
 GLS). Each forest's memory is its own units' arrays and its classes' matrices, whatever the size
 of a level; the top holds levels ``0 .. c`` and one matrix per distinct class of level ``c``'s
 subtrees (cost: :func:`choose_cut`).
