@@ -127,11 +127,11 @@ returned per downward class). Deep irregular trees have more classes (every dist
 shapes), up to one per unit; then the cost is ``O(units d^3)`` and the memory ``units d^2``
 floats per matrix kind, as without classes.
 
-Decision for scale (issue 29 point 5, not done here): chunk by subtree. A subtree hands upward
-only its root's class matrices and ``m``, and needs from above only its parent's ``(x, P, K,
-S, N^+, M)``, so the units below a cut level are independent tasks (upward pass, arrays kept
-or spilled, downward pass once the levels above the cut are done), the driver holding only
-those levels.
+Scale (issue 29 point 5): chunk by subtree. A subtree hands upward only its root's class
+matrices and ``m`` (:class:`Summary`), and needs from above only its root's ``x``, ``P`` and
+``O`` (:class:`Top`), so the units below a cut level are independent tasks: :func:`upward_pass`
+and :func:`downward_pass` run apart (:mod:`distfit.estimate.subtrees`, on the cluster
+:mod:`distfit.estimate.subtree_job`), the driver holding only the levels above the cut.
 """
 from __future__ import annotations
 

@@ -52,7 +52,14 @@ roots checked (what they state, their digests); their chunks are checked by whoe
 Where it runs: in the driver (the passes take about a CPU-second at 20,000 counties and 224
 cells: benchmarks/README.md); memory holds every level's measurements and tables (a few units x
 cells floats per level) and the hierarchy's class matrices. It needs the dense information
-(at most :data:`distfit.estimate.projection.DENSE_CELLS` cells: :func:`check_levels`).
+(at most :data:`distfit.estimate.projection.DENSE_CELLS` cells: :func:`check_levels`). Given a
+cluster (``placement``, as ``distfit run`` does from :data:`CLUSTER_UNITS` units over the levels),
+the real-valued estimate runs there instead, the tree cut at a level into subtrees that are Dask
+tasks, the driver holding only the levels above the cut, each level below written chunk by chunk
+and sealed, resumably (:mod:`distfit.estimate.subtree_job`; the same estimate to float
+rounding). Decision: ``integer`` tables are made in the driver (the top-down integer step and
+the controlled rounding over subtrees are not written yet), and so is the estimate of a
+geography whose levels are not ordered by their parents' rows (a note says why).
 """
 from __future__ import annotations
 
