@@ -16,7 +16,8 @@ process on a fresh copy of the levels (:func:`benchmarks.common.measured`):
   default :func:`distfit.estimate.subtrees.choose_cut`), forests of ``--forest-rows`` rows
   (:mod:`distfit.estimate.subtree_job`): its own local cluster started and stopped inside the timing.
 
-Printed per way: wall seconds, CPU-seconds (the process and its reaped worker processes, user +
+and, as the cluster's fixed cost, a local cluster of W workers started and stopped with nothing
+run on it (``start``). Printed per way: wall seconds, CPU-seconds (the process and its reaped worker processes, user +
 system), the peak RSS of the driver and of the largest worker (sampled every 50 ms), and the
 ratios cluster / driver; then the largest difference between the two estimates (query
 estimates and variances, relative to the largest value of each level) and the load average.
@@ -39,7 +40,7 @@ sys.path.insert(0, str(ROOT))
 from benchmarks.common import MIB, cpu_seconds, load, measured  # noqa: E402
 from distfit.estimate.levels import estimate_levels  # noqa: E402
 from distfit.pipeline.run import run_levels  # noqa: E402
-from distfit.runtime.placement import Placement  # noqa: E402
+from distfit.runtime.placement import Placement, placement_client  # noqa: E402
 from distfit.spec.parse import load_spec  # noqa: E402
 from distfit.stores.estimate import read_estimate  # noqa: E402
 
@@ -61,6 +62,15 @@ def _estimate(spec_path: str, levels: str, workers: int, cut: int | None, forest
     out = estimate_levels(spec, dirs, log=io.StringIO(), placement=placement, cut=cut, forest_rows=forest_rows,
                           cluster_units=0)
     return time.perf_counter() - start, cpu_seconds() - cpu, {name: e.path for name, e in out.items()}
+
+
+def _cluster_only(workers: int) -> tuple[float, float, dict[str, str]]:
+    """A local cluster of ``workers`` started and stopped, nothing run on it (the child process):
+    what the cluster's estimate pays before its first task."""
+    cpu, start = cpu_seconds(), time.perf_counter()
+    with placement_client(Placement(workers=workers), io.StringIO()):
+        pass
+    return time.perf_counter() - start, cpu_seconds() - cpu, {}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -86,12 +96,17 @@ def main(argv: list[str] | None = None) -> None:
             (wall, cpu, paths[way]), memory = measured(_estimate, args.spec, str(levels), workers, args.cut,
                                                        args.forest_rows)
             rows[way] = (wall, cpu, memory.driver / MIB, memory.worker / MIB, before)
+        before = load()
+        (wall, cpu, _), memory = measured(_cluster_only, args.workers)
+        rows["start"] = (wall, cpu, memory.driver / MIB, memory.worker / MIB, before)
         print(f"{'':>8} {'wall s':>8} {'CPU s':>8} {'driver MiB':>11} {'worker MiB':>11}  load before")
         for way, (wall, cpu, driver, worker, before) in rows.items():
             print(f"{way:>8} {wall:8.2f} {cpu:8.2f} {driver:11.0f} {worker:11.0f}  {before}")
         (dw, dc, dd, _, _), (cw, cc, cd, ck, _) = rows["driver"], rows["cluster"]
+        sw, sc = rows["start"][:2]
         print(f"cluster / driver: wall {cw / dw:.2f}, CPU {cc / dc:.2f}, driver peak RSS {cd / dd:.2f}; "
-              f"largest worker {ck:.0f} MiB")
+              f"largest worker {ck:.0f} MiB; without the cluster's start and stop (the row start): wall "
+              f"{(cw - sw) / dw:.2f}, CPU {(cc - sc) / dc:.2f}")
         for name in paths["driver"]:
             a, b = read_estimate(paths["driver"][name]), read_estimate(paths["cluster"][name])
             diffs = []

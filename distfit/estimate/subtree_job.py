@@ -88,9 +88,13 @@ from distfit.stores.release_chunks import ChunkWriter
 __all__ = ["FOREST_ROWS", "PIECES_NAME", "Forests", "Unordered", "chunk_task", "downward_task", "estimate_on_cluster",
            "upward_task"]
 
-#: A forest's rows over all its levels at most (one subtree may have more): ~0.25 GB of float64
-#: at 250 cells per unit and array, a few such arrays in a task.
-FOREST_ROWS = 100_000
+#: A forest's rows over all its levels at most (one subtree may have more): a task holds about ten
+#: rows x cells float64 arrays, ~0.9 GB at 250 cells (issue 29: a worker within 2 GiB).
+FOREST_ROWS = 50_000
+#: Forests are also cut to about 1 / (this x the cluster's threads) of the rows (so that every
+#: worker has forests to run, the last ones small), but not below :data:`MIN_FOREST_ROWS`.
+FORESTS_PER_THREAD = 2
+MIN_FOREST_ROWS = 2_000
 #: The pieces directory, next to the cut level's estimate.
 PIECES_NAME = "estimate.subtrees"
 
@@ -201,9 +205,11 @@ def chunk_task(job: Forests, k: int, estimate_path: str, chunk: int, start: int,
 
 
 def _forests(names: Sequence[str], cut: int, releases: Mapping[str, Any], columns: Mapping[str, str | None],
-             forest_rows: int) -> tuple[list[np.ndarray], list[np.ndarray], list[tuple[int, int]]]:
-    """Step 1 (module docstring): ``(counts, spans, groups)``; :class:`Unordered` when a level's
-    units are not ordered by their parent's row."""
+             forest_rows: int, threads: int) -> tuple[list[np.ndarray], list[np.ndarray], list[tuple[int, int]], int]:
+    """Step 1 (module docstring): ``(counts, spans, groups, rows)``, ``rows`` the forests' rows
+    at most (``forest_rows``, or fewer to give each of ``threads`` :data:`FORESTS_PER_THREAD`
+    forests, at least :data:`MIN_FOREST_ROWS`); :class:`Unordered` when a level's units are not
+    ordered by their parent's row."""
     counts = []
     for level in range(cut + 1, len(names)):
         name, above = names[level], names[level - 1]
@@ -215,7 +221,9 @@ def _forests(names: Sequence[str], cut: int, releases: Mapping[str, Any], column
             raise Unordered(f"level {name}: its units are not ordered by their parents' rows in level {above}")
         counts.append(np.bincount(up, minlength=units_above))
     spans = descendant_spans(counts)
-    return counts, spans, group_roots(spans, forest_rows)
+    total = sum(int(s[-1]) for s in spans)
+    rows = min(forest_rows, max(MIN_FOREST_ROWS, -(-total // (FORESTS_PER_THREAD * max(threads, 1)))))
+    return counts, spans, group_roots(spans, rows), rows
 
 
 def _key(names: Sequence[str], releases: Mapping[str, Any], cut: int, forest_rows: int, split: str) -> str:
@@ -252,11 +260,13 @@ def estimate_on_cluster(client, spec: Any, *, names: Sequence[str], cut: int, di
                         columns: Mapping[str, str | None], forest_rows: int = FOREST_ROWS, split: str = "total",
                         log: TextIO, fsync: bool = True) -> dict[str, LevelEstimate]:
     """The estimate of every level (module docstring) on ``client``'s cluster, cut at level
-    ``cut`` (0 <= cut < the finest level); the arguments as :func:`distfit.estimate.levels.estimate_levels`
+    ``cut`` (0 <= cut < the finest level), forests of at most ``forest_rows`` rows (fewer on a
+    large cluster: :func:`_forests`); the arguments as :func:`distfit.estimate.levels.estimate_levels`
     has them. Returns the level estimates by name. :class:`Unordered` (before anything is
     written) when a level below the cut is not ordered by its parents."""
     started = time.perf_counter()
-    counts, spans, groups = _forests(names, cut, releases, columns, forest_rows)
+    counts, spans, groups, forest_rows = _forests(names, cut, releases, columns, forest_rows,
+                                                  dask_runtime().worker_threads(client))
     below = names[cut:]
     models = {name: measurement_model(plans[name]) for name in names}
     pieces = open_pieces(dirs[names[cut]] / PIECES_NAME, _key(names, releases, cut, forest_rows, split))
