@@ -269,7 +269,7 @@ def estimate_on_cluster(client, spec: Any, *, names: Sequence[str], cut: int, di
                                                   dask_runtime().worker_threads(client))
     below = names[cut:]
     models = {name: measurement_model(plans[name]) for name in names}
-    pieces = open_pieces(dirs[names[cut]] / PIECES_NAME, _key(names, releases, cut, forest_rows, split))
+    pieces = dirs[names[cut]] / PIECES_NAME  # made at step 4 (a refused input leaves nothing behind)
     job = Forests(tuple(below), tuple(models[n] for n in below), tuple(releases[n].path for n in below),
                   tuple(releases[n].checksum for n in below), tuple(spans), tuple(counts), str(pieces), split, fsync)
     units = sum(int(releases[n].attrs["units"]) for n in names)
@@ -324,6 +324,7 @@ def estimate_on_cluster(client, spec: Any, *, names: Sequence[str], cut: int, di
           f"({time.perf_counter() - started:.1f} s so far)", file=log)
 
     # 4. down: the forests whose pieces are not all written
+    open_pieces(pieces, _key(names, releases, cut, forest_rows, split))
     pending = [(first, stop) for first, stop in groups
                if not all(sp[first] == sp[stop] or piece_done(pieces, name, int(sp[first]))
                           for name, sp in zip(below[1:], spans[1:]))]
