@@ -81,6 +81,7 @@ from distfit.stores.estimate import (
     seal,
     check_replaceable,
 )
+from distfit.stores.lock import store_lock
 from distfit.stores.pieces import open_pieces, piece_done, read_piece, remove_pieces, write_piece
 from distfit.stores.release import read_sealed_release
 from distfit.stores.release_chunks import ChunkWriter
@@ -354,6 +355,13 @@ def _write_from_pieces(client, job: Forests, k: int, groups: Sequence[tuple[int,
                        fsync: bool) -> LevelEstimate:
     """Step 5 for level ``c + k`` (module docstring): its store laid out or resumed, its pending
     chunks written by tasks from the pieces, sealed; kept as it is when sealed from these inputs."""
+    with store_lock(path, "estimate"):  # one writer per store, as every chunked job's
+        return _locked_write(client, job, k, groups, spec=spec, plan=plan, model=model, plan_path=plan_path,
+                             release=release, path=path, geography=geography, log=log, fsync=fsync)
+
+
+def _locked_write(client, job: Forests, k: int, groups: Sequence[tuple[int, int]], *, spec, plan, model,
+                  plan_path: Path, release, path: Path, geography: dict, log: TextIO, fsync: bool) -> LevelEstimate:
     name = job.names[k]
     units, chunk_units = int(release.attrs["units"]), int(release.attrs["chunk_units"])
     parent = geography["parent_estimate"]["checksum"]
