@@ -269,7 +269,7 @@ def test_subtrees_on_a_local_cluster_equal_the_drivers_estimate(serial_run, tmp_
     a real local cluster, each level below written chunk by chunk from the forests' pieces): the
     driver's estimates and variances to 1e-9, every store sealed and verified; a rerun after an
     interruption keeps the sealed nation and state and resumes the incomplete county, writing its
-    missing chunk: the same bytes."""
+    missing chunk: the same bytes; a changed release chunk is refused before anything is written."""
     copy = tmp_path / "levels"
     shutil.copytree(Path(serial_run.rundir) / "levels", copy,
                     ignore=lambda _dir, names: [n for n in names if n in ("estimate.zarr", "data.zarr", "report")])
@@ -291,6 +291,18 @@ def test_subtrees_on_a_local_cluster_equal_the_drivers_estimate(serial_run, tmp_
         (store / "chunks" / "done" / "c" / "0").write_bytes(b"\x00")
         log = io.StringIO()
         again = estimate_levels(spec, dirs, fsync=False, log=log, placement=here, cut=1, forest_rows=6)
+        # a county release chunk changed after its seal: refused by the task that reads it, nothing written
+        changed = tmp_path / "changed"
+        shutil.copytree(Path(serial_run.rundir) / "levels", changed,
+                        ignore=lambda _dir, names: [n for n in names if n in ("estimate.zarr", "data.zarr", "report")])
+        chunk = changed / "county" / "release.zarr" / "queries" / "answers" / "c" / "0" / "0"
+        raw = bytearray(chunk.read_bytes())
+        raw[len(raw) // 2] ^= 0x01
+        chunk.write_bytes(bytes(raw))
+        with pytest.raises(ValueError, match="do not hash to the digest they were sealed with"):
+            estimate_levels(spec, {name: changed / name for name in LEVELS}, fsync=False, log=io.StringIO(),
+                            placement=here, cut=1, forest_rows=6)
+        assert [p.name for p in changed.rglob("estimate*")] == []
     assert "resuming" in log.getvalue() and "0 of 1 chunks already written" in log.getvalue()
     assert [again[name].status for name in LEVELS] == ["reused", "reused", "done"]
     assert again["county"].checksum == first["county"].checksum  # the same bytes: the passes are deterministic
