@@ -15,11 +15,12 @@ level: units, release wall and CPU-seconds (the process tree's user + system, ``
 driver, the scheduler and the workers; the release includes the level's data read) and per
 unit; then the estimate's wall and CPU-seconds and its ratio to the release of the same units
 (the reference measured in the same run; goal <= 1), the peak RSS of any worker process and of
-the driver (the estimate runs there today; goal for a worker: <= 2 GiB).
+the driver (goal for a worker: <= 2 GiB).
 
-Today's estimate holds every level in the driver, ~0.35 GiB per 1,000 units: it is run only up
-to ``--estimate-max-units`` blocks (default 12,000), so a 100k run does not exhaust a shared
-machine's memory; larger sizes measure the release alone.
+The estimate is ``run_levels``' (``distfit.estimate.levels.estimate_levels``): in the driver
+below ``CLUSTER_UNITS`` units over the levels, as subtree tasks on the run's cluster from there
+(issue 29 point 5). ``--estimate-max-units N`` skips it above N blocks (an estimate that holds
+every level in one process runs out of memory near 1M units).
 
 Extrapolation to 8M blocks (:func:`distfit.data.us_geography.us_level_counts` of 8,132,968):
 each level's release CPU per unit, at the largest size, times its units at full size (the
@@ -59,9 +60,10 @@ from distfit.spec.parse import load_spec  # noqa: E402
 
 SPEC = ROOT / "pipelines" / "us_pl94.yaml"
 GOAL_SECONDS, CORES, GIB = 20 * 60.0, 2, 2.0**30
-#: Today's estimate holds every level in the driver, ~0.35 GiB per 1,000 units of us_pl94 (measured:
-#: 1.9 GiB at 3,242 units, 4.4 GiB at 10,502): above this many blocks it is skipped, not run out of memory.
-ESTIMATE_MAX_UNITS = 12_000
+#: No limit by default: the whole-tree estimate of before issue 29 point 5 held ~0.35 GiB per 1,000
+#: units of us_pl94 in the driver (1.9 GiB at 3,242 units, 4.4 GiB at 10,502); pass a limit to
+#: measure such an estimate without exhausting a shared machine.
+ESTIMATE_MAX_UNITS = 10**9
 
 
 def load() -> str:
@@ -156,7 +158,7 @@ def measure(units: int, workdir: Path, workers: int, estimate: bool) -> dict:
     if not estimate:
         print("estimate: skipped (--no-estimate, or more blocks than --estimate-max-units)")
     else:
-        print(f"estimate (every level, in the driver): {estimated[0]:.1f} s wall, {estimated[1]:.1f} CPU-s; "
+        print(f"estimate (every level): {estimated[0]:.1f} s wall, {estimated[1]:.1f} CPU-s; "
               f"estimate / release: {estimated[0] / rw:.2f}x wall, {estimated[1] / rc:.2f}x CPU (goal <= 1)")
     print(f"plans + audits + reports (independent of N): {fixed[0]:.1f} s wall, {fixed[1]:.1f} CPU-s; "
           f"whole run {total:.1f} s wall")
@@ -223,7 +225,7 @@ def main() -> None:
     parser.add_argument("--geography-only", type=int, metavar="N",
                         help="only write and read back the geography file of N blocks (read_geography's speed)")
     parser.add_argument("--estimate-max-units", type=int, default=ESTIMATE_MAX_UNITS,
-                        help="estimate only up to this many blocks (today's in-driver estimate: ~0.35 GiB per 1,000)")
+                        help="estimate only up to this many blocks (default: no limit)")
     args = parser.parse_args()
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="bench-census-"))
     workdir.mkdir(parents=True, exist_ok=True)

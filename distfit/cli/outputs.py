@@ -9,10 +9,10 @@ a write that fails anyway raises ``OutputError`` (exit code 1).
 from __future__ import annotations
 
 import os
-import tempfile
 from typing import Any, Callable, Sequence
 
 from distfit.cli.errors import OutputError, UsageError
+from distfit.stores.files import remove_quietly, stage_file
 
 
 def check_output_path(flag: str, path: str | None) -> None:
@@ -30,31 +30,6 @@ def check_output_path(flag: str, path: str | None) -> None:
         raise UsageError(f"{flag}: directory {directory!r} is not writable")
 
 
-def _current_umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
-def _stage(path: str, write: Callable[[Any], None]) -> str:
-    """Write via ``write(file)`` to a temporary file next to ``path``; return the temporary name."""
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, temporary = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            write(handle)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.chmod(temporary, 0o666 & ~_current_umask())
-    except BaseException:
-        try:
-            os.unlink(temporary)
-        except OSError:
-            pass
-        raise
-    return temporary
-
-
 def write_outputs(outputs: Sequence[tuple[str, str, Callable[[Any], None]]]) -> None:
     """Write every ``(flag, path, writer)`` atomically: all are staged to temporary files in
     their target directories first and moved into place (``os.replace``) only when all are
@@ -63,15 +38,11 @@ def write_outputs(outputs: Sequence[tuple[str, str, Callable[[Any], None]]]) -> 
     try:
         for flag, path, write in outputs:
             try:
-                staged.append((_stage(path, write), path))
+                staged.append((str(stage_file(path, write)), path))
             except OSError as error:
                 raise OutputError(f"{flag}: cannot write {path!r}: {error.strerror or error}") from None
         for temporary, path in staged:
             os.replace(temporary, path)
     finally:
         for temporary, _ in staged:
-            if os.path.exists(temporary):
-                try:
-                    os.unlink(temporary)
-                except OSError:
-                    pass
+            remove_quietly(temporary)

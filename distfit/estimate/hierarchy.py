@@ -127,11 +127,11 @@ returned per downward class). Deep irregular trees have more classes (every dist
 shapes), up to one per unit; then the cost is ``O(units d^3)`` and the memory ``units d^2``
 floats per matrix kind, as without classes.
 
-Decision for scale (issue 29 point 5, not done here): chunk by subtree. A subtree hands upward
-only its root's class matrices and ``m``, and needs from above only its parent's ``(x, P, K,
-S, N^+, M)``, so the units below a cut level are independent tasks (upward pass, arrays kept
-or spilled, downward pass once the levels above the cut are done), the driver holding only
-those levels.
+Scale (issue 29 point 5): chunk by subtree. A subtree hands upward only its root's class
+matrices and ``m`` (:class:`Summary`), and needs from above only its root's ``x``, ``P`` and
+``O`` (:class:`Top`), so the units below a cut level are independent tasks: :func:`upward_pass`
+and :func:`downward_pass` run apart (:mod:`distfit.estimate.subtrees`, on the cluster
+:mod:`distfit.estimate.subtree_job`), the driver holding only the levels above the cut.
 """
 from __future__ import annotations
 
@@ -141,8 +141,8 @@ from dataclasses import dataclass
 import numpy as np
 import scipy.sparse
 
-__all__ = ["Grouping", "HierarchyEstimate", "PINV_RTOL", "check_parent_of", "classwise", "estimate_hierarchy", "psd_pinv",
-           "query_variances"]
+__all__ = ["Grouping", "HierarchyEstimate", "PINV_RTOL", "Summary", "Top", "Upward", "check_parent_of", "classwise",
+           "downward_pass", "estimate_hierarchy", "psd_pinv", "query_variances", "upward_pass"]
 
 #: Eigenvalues of a PSD matrix at most this times its largest count as 0 (:func:`psd_pinv`).
 PINV_RTOL = 1e-9
@@ -164,7 +164,7 @@ class HierarchyEstimate:
     share every matrix below); per class: ``covariance`` (classes x d x d) ``P = Cov x_u``
     (``var(a^T x_u) = a^T P a``), ``subtree_information`` (classes x d x d) ``I_u``, whose
     range holds the functions of ``x_u`` its subtree alone identifies, ``information``
-    (classes x d x d) ``F_u``, the information of all the measurements on ``x_u``: ``a^T x_u``
+    (classes x d x d) ``F_u``, ``outside`` (classes x d x d) ``O_u`` (``F_u = I_u + O_u``), the information of all the measurements on ``x_u``: ``a^T x_u``
     is estimable exactly when ``a`` is in the range of ``F_u``, and then ``a^T P a = a^T F_u^+
     a``. :meth:`unit` gives a per-class array's matrices of some units."""
 
@@ -173,6 +173,15 @@ class HierarchyEstimate:
     covariance: tuple[np.ndarray, ...]
     subtree_information: tuple[np.ndarray, ...]
     information: tuple[np.ndarray, ...]
+    outside: tuple[np.ndarray, ...] = ()
+
+    def top(self, level: int, rows: np.ndarray | slice = slice(None)) -> "Top":
+        """What level ``level``'s units ``rows`` (subtree roots) need from the levels above for
+        their subtrees' downward pass (:func:`downward_pass`'s ``top``): the classes renumbered
+        to those present."""
+        present, index = np.unique(self.unit_class[level][rows], return_inverse=True)
+        return Top(self.x[level][rows], index.reshape(-1).astype(np.int64), self.covariance[level][present],
+                   self.outside[level][present])
 
     def unit(self, name: str, level: int, units: np.ndarray | slice | int = slice(None)) -> np.ndarray:
         """The matrices of ``units`` of ``level`` in the per-class array ``name``
@@ -377,18 +386,82 @@ def estimate_hierarchy(information: Sequence[np.ndarray], linear: Sequence[np.nd
     identifies is split among its children, ``"equal"`` (the linear
     least-squares rule) or ``"total"`` (in proportion to the children's estimated totals, where
     they are all blind in the same directions: module docstring, "Splitting what nothing
-    identifies"). ValueError on inconsistent shapes or another ``split``."""
+    identifies"). ValueError on inconsistent shapes or another ``split``.
+    The two passes are :func:`upward_pass` and :func:`downward_pass` (run apart on subtrees:
+    :mod:`distfit.estimate.subtrees`)."""
     if split not in ("equal", "total"):
         raise ValueError(f"split: 'equal' or 'total', got {split!r}")
+    return downward_pass(upward_pass(information, linear, parent_of, rtol=rtol), split=split)
+
+
+@dataclass(frozen=True, eq=False)
+class Summary:
+    """What a forest of subtrees hands upward (:func:`upward_pass`'s :meth:`Upward.summary`):
+    per root, its class (``unit_class``) and ``mean`` (roots x d) ``m_u``; per class, the
+    subtree information ``information`` (classes x d x d) ``I_u``. Given as ``leaves`` to the
+    pass over the levels above, its roots are leaves whose subtree terms are these."""
+
+    information: np.ndarray
+    unit_class: np.ndarray
+    mean: np.ndarray
+
+
+@dataclass(frozen=True, eq=False)
+class Top:
+    """What the levels above hand down to a forest's roots (:meth:`HierarchyEstimate.top`): per
+    root, its estimate ``x`` (roots x d) and downward class ``unit_class``; per class, the
+    covariance ``covariance`` and the information from outside the subtree ``outside``
+    (classes x d x d)."""
+
+    x: np.ndarray
+    unit_class: np.ndarray
+    covariance: np.ndarray
+    outside: np.ndarray
+
+
+@dataclass(frozen=True, eq=False)
+class Upward:
+    """The upward pass's state (:func:`upward_pass`), per level coarsest first: ``parents``,
+    ``groupings``; per class ``j_of``, ``inside`` (``I``), its pseudo-inverse and null projector,
+    ``fanout``, and for parents ``s_sum``, ``k_par``, ``n_sum``, ``n_pinv``, ``same_blind``;
+    per unit ``up`` (class), ``means`` (``m``) and ``m_sum`` (``M``)."""
+
+    parents: list
+    groupings: list
+    up: list
+    j_of: list
+    fanout: list
+    inside: list
+    inside_pinv: list
+    inside_null: list
+    s_sum: list
+    k_par: list
+    n_sum: list
+    n_pinv: list
+    same_blind: list
+    means: list
+    m_sum: list
+    rtol: float
+
+    def summary(self) -> Summary:
+        """The roots' (level 0's) summary, the classes renumbered to those present."""
+        present, index = np.unique(self.up[0], return_inverse=True)
+        return Summary(self.inside[0][present], index.reshape(-1).astype(np.int64), self.means[0])
+
+
+def upward_pass(information: Sequence[np.ndarray], linear: Sequence[np.ndarray],
+                parent_of: Sequence[np.ndarray | None], *, rtol: float = PINV_RTOL,
+                leaves: Summary | None = None) -> Upward:
+    """The upward pass (module docstring) of :func:`estimate_hierarchy` (same arguments).
+    ``leaves``: the finest level's units are the roots of subtrees summarised by their own
+    upward passes (:meth:`Upward.summary`): that level's ``information`` and ``linear`` are then
+    ignored (any arrays of the right shapes) and its units' ``I`` and ``m`` are the summary's."""
     js, hs, parents = _check(information, linear, parent_of)
     levels = len(hs)
-    d = hs[0].shape[1]
-    eye = np.eye(d)
+    eye = np.eye(hs[0].shape[1])
     groupings = [None] + [Grouping.of(up, hs[level].shape[0]) for level, up in enumerate(parents[1:])]
-    own = [_matrix_classes(j, h.shape[0]) for j, h in zip(js, hs)]  # (distinct J, each unit's)
-
-    # upward, per class: (J, I, I^+, Pi_N(I)) and for parents (S, K, N, N^+), the fanout;
-    # per unit: the class, m and M
+    own = [_matrix_classes(j, h.shape[0]) for j, h in zip(js[:-1], hs)] + [
+        _matrix_classes(js[-1], hs[-1].shape[0]) if leaves is None else (leaves.information, leaves.unit_class)]
     up, j_of, fanout = [None] * levels, [None] * levels, [None] * levels
     inside, inside_pinv, inside_null = [None] * levels, [None] * levels, [None] * levels
     s_sum, k_par, n_sum, n_pinv = [None] * levels, [None] * levels, [None] * levels, [None] * levels
@@ -420,13 +493,36 @@ def estimate_hierarchy(information: Sequence[np.ndarray], linear: Sequence[np.nd
             fanout[level] = np.zeros(distinct.shape[0], dtype=np.int64)
         inside[level] = j_of[level] + (k_par[level] if k_par[level] is not None else 0.0)
         inside_pinv[level], inside_null[level] = psd_pinv(inside[level], rtol)
-        means[level] = classwise(inside_pinv[level], up[level], eta)
+        given = leaves is not None and level == levels - 1
+        means[level] = np.asarray(leaves.mean, dtype=np.float64) if given else \
+            classwise(inside_pinv[level], up[level], eta)
+    return Upward(parents, groupings, up, j_of, fanout, inside, inside_pinv, inside_null, s_sum, k_par, n_sum,
+                  n_pinv, same_blind, means, m_sum, rtol)
 
-    # downward, per downward class (parent's downward class, own upward class): G, P, O;
-    # per unit: the estimate
-    xs, kinds = [means[0]], [up[0]]
-    up_of = [np.arange(inside[0].shape[0])]  # each downward class's upward class
-    covs, outside = [_sym(inside_pinv[0])], [np.zeros_like(inside[0])]
+
+def downward_pass(state: Upward, *, split: str = "equal", top: Top | None = None) -> HierarchyEstimate:
+    """The downward pass (module docstring) after :func:`upward_pass`; ``split`` as
+    :func:`estimate_hierarchy`'s. ``top``: level 0's units are subtree roots whose estimates,
+    covariances and outside information the levels above have given (:meth:`HierarchyEstimate.top`);
+    otherwise they are the tree's roots."""
+    if split not in ("equal", "total"):
+        raise ValueError(f"split: 'equal' or 'total', got {split!r}")
+    parents, groupings, up, j_of, fanout = state.parents, state.groupings, state.up, state.j_of, state.fanout
+    inside, inside_pinv, inside_null = state.inside, state.inside_pinv, state.inside_null
+    s_sum, k_par, n_sum, n_pinv, same_blind = state.s_sum, state.k_par, state.n_sum, state.n_pinv, state.same_blind
+    means, m_sum, rtol = state.means, state.m_sum, state.rtol
+    levels = len(means)
+    eye = np.eye(means[0].shape[1])
+    if top is None:
+        xs, kinds = [means[0]], [up[0]]
+        up_of = [np.arange(inside[0].shape[0])]  # each downward class's upward class
+        covs, outside = [_sym(inside_pinv[0])], [np.zeros_like(inside[0])]
+    else:  # the roots' downward class: (the class above gives, their own upward class)
+        pairs = np.stack([np.asarray(top.unit_class, dtype=np.int64), up[0]], axis=1)
+        distinct_pairs, kind = np.unique(pairs, axis=0, return_inverse=True)
+        xs, kinds = [np.asarray(top.x, dtype=np.float64)], [kind.reshape(-1)]
+        up_of = [distinct_pairs[:, 1]]
+        covs, outside = [top.covariance[distinct_pairs[:, 0]]], [top.outside[distinct_pairs[:, 0]]]
     for level in range(1, levels):
         p, below, group = level - 1, parents[level], groupings[level]
         pairs = np.stack([kinds[p][below], up[level]], axis=1)
@@ -463,7 +559,7 @@ def estimate_hierarchy(information: Sequence[np.ndarray], linear: Sequence[np.nd
     final = tuple(inside[level][up_of[level]] + outside[level] for level in range(levels))
     return HierarchyEstimate(x=tuple(xs), unit_class=tuple(kinds), covariance=tuple(covs),
                              subtree_information=tuple(inside[level][up_of[level]] for level in range(levels)),
-                             information=final)
+                             information=final, outside=tuple(outside))
 
 
 def _same_null(counts: scipy.sparse.csr_array, null: np.ndarray) -> np.ndarray:

@@ -52,17 +52,21 @@ roots checked (what they state, their digests); their chunks are checked by whoe
 Where it runs: in the driver (the passes take about a CPU-second at 20,000 counties and 224
 cells: benchmarks/README.md); memory holds every level's measurements and tables (a few units x
 cells floats per level) and the hierarchy's class matrices. It needs the dense information
-(at most :data:`distfit.estimate.projection.DENSE_CELLS` cells: :func:`check_levels`).
+(at most :data:`distfit.estimate.projection.DENSE_CELLS` cells: :func:`check_levels`). Given a
+cluster (``placement``, as ``distfit run`` does from :data:`CLUSTER_UNITS` units over the levels),
+the real-valued estimate runs there instead, the tree cut at a level into subtrees that are Dask
+tasks, the driver holding only the levels above the cut, each level below written chunk by chunk
+and sealed, resumably (:mod:`distfit.estimate.subtree_job`; the same estimate to float
+rounding). Decision: ``integer`` tables are made in the driver (the top-down integer step and
+the controlled rounding over subtrees are not written yet), and so is the estimate of a
+geography whose levels are not ordered by their parents' rows (a note says why).
 """
 from __future__ import annotations
 
 import os
-import secrets
-import shutil
 import sys
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -70,42 +74,34 @@ import numpy as np
 
 from distfit.estimate.geography import GeographyLevel, integer_top_down
 from distfit.estimate.hierarchy import estimate_hierarchy, query_variances
-from distfit.estimate.measurements import (
-    measurement_model,
-    published_estimates,
-    recover_measurements,
-    workload_estimates,
-    workload_kind,
+from distfit.estimate.level_stores import (
+    ESTIMATE_NAME,
+    METHOD,
+    OBJECTIVE,
+    LevelEstimate,
+    level_terms,
+    parent_rows,
+    residuals,
+    unit_keys,
+    write_level,
 )
-from distfit.estimate.projection import DENSE_CELLS, normal_equations, quadratic_objective
+from distfit.estimate.measurements import measurement_model
+from distfit.estimate.projection import DENSE_CELLS
 from distfit.estimate.rounding import laminar_family
-from distfit.stores.data import cell_labels, value_labels
-from distfit.stores.estimate import (
-    check_replaceable,
-    chunk_rows,
-    create_estimate,
-    estimate_state,
-    read_sealed_estimate,
-    seal,
-)
-from distfit.stores.files import STAGING_MARKER, move_into_place
-from distfit.stores.lock import store_lock
+from distfit.estimate.subtree_job import FOREST_ROWS, Unordered, estimate_on_cluster
+from distfit.estimate.subtrees import DRIVER_UNITS, choose_cut
+from distfit.runtime.placement import Placement, placement_client
+from distfit.runtime.threads import blas_limit
+from distfit.stores.estimate import estimate_state, read_sealed_estimate
 from distfit.stores.plan import read_verified_plan
 from distfit.stores.release import read_sealed_release
-from distfit.stores.release_chunks import ChunkWriter
-from distfit.runtime.threads import blas_limit
 
-__all__ = ["ESTIMATE_NAME", "METHOD", "OBJECTIVE", "LevelEstimate", "check_levels", "estimate_levels", "parent_columns"]
+#: Units over all levels from which a run's estimate goes to its cluster (below, the driver's
+#: passes take a few seconds and the cluster's tasks cost more than they save: benchmarks/README.md).
+CLUSTER_UNITS = 100_000
 
-ESTIMATE_NAME = "estimate.zarr"
-#: The ``method`` attr of a level's estimate store, and the objective its estimates minimise.
-METHOD = "hierarchy-gls"
-OBJECTIVE = ("over every unit u of every level l at once: sum_u sum_b (y_bu - B_b M_b x_u)^T Sigma_b^-1 "
-             "(y_bu - B_b M_b x_u), every unit's table x_u the sum of its children's (generalised least squares "
-             "over the geography tree: each query's best linear unbiased estimate); with integer, then "
-             "nonnegative integer tables, each level's nearest to it in the metric of its own and its descendants' "
-             "measurements, summing to its parents' counts, rounded keeping the sums exactly and each unit's total "
-             "and laminar query sums within 1 (controlled rounding)")
+__all__ = ["CLUSTER_UNITS", "ESTIMATE_NAME", "METHOD", "OBJECTIVE", "LevelEstimate", "check_levels", "estimate_levels", "parent_columns"]
+
 
 
 def parent_columns(spec: Any) -> dict[str, str | None]:
@@ -119,48 +115,6 @@ def parent_columns(spec: Any) -> dict[str, str | None]:
         out[level.name] = above if column is not None else None
         above = column or above
     return out
-
-
-@dataclass(frozen=True)
-class LevelEstimate:
-    """A level's estimate store: ``path``, ``checksum``, ``units``, ``status`` (``"done"`` or
-    ``"reused"``), ``parent`` (the parent level, None for the root)."""
-
-    level: str
-    path: str
-    checksum: str
-    units: int
-    status: str
-    parent: str | None
-
-
-def _keys(ids: Any) -> np.ndarray:
-    """Unit ids as comparable numpy keys: int64, or text."""
-    ids = np.asarray(ids[...])
-    return ids.astype(np.int64) if ids.dtype.kind in "iu" else np.asarray(ids.tolist(), dtype=str)
-
-
-def _parent_rows(name: str, release, above_name: str, above_ids: np.ndarray, column: str | None) -> np.ndarray | None:
-    """Each unit's parent row in the level above (None under a one-population level), from the
-    release's ``parent_ids``; ValueError naming the level and the problem."""
-    if column is None:
-        if above_ids.size != 1:
-            raise ValueError(f"level {name}: no unit column above it but level {above_name} has {above_ids.size} units")
-        return None
-    if release.parent_ids is None or release.parent_column != column:
-        raise ValueError(f"{release.path}: level {name}'s release has no parent ids of column {column!r} "
-                         f"(recorded: {release.parent_column!r}); tabulate and release it again (a new --out)")
-    parents, keys = _keys(release.parent_ids), above_ids
-    if parents.dtype.kind != keys.dtype.kind:
-        parents, keys = parents.astype(str), keys.astype(str)
-    order = np.argsort(keys, kind="stable")
-    found = np.minimum(np.searchsorted(keys, parents, sorter=order), max(keys.size - 1, 0))
-    rows = order[found] if keys.size else np.zeros(parents.size, dtype=np.int64)
-    missing = np.flatnonzero(keys[rows] != parents) if keys.size else np.arange(parents.size)
-    if missing.size:
-        raise ValueError(f"level {name}: unit {_keys(release.unit_ids)[missing[0]]!r} has parent "
-                         f"{parents[missing[0]]!r} ({column}), which is not a unit of level {above_name}")
-    return rows.astype(np.int64)
 
 
 def _reusable(paths: Mapping[str, Path], releases: Mapping[str, Any], integer: bool) -> dict[str, Any] | None:
@@ -193,54 +147,20 @@ def check_levels(spec: Any) -> None:
                          f"at most {DENSE_CELLS} cells (fewer attribute values, or run without the estimate)")
 
 
-def _write_level(path: Path, *, spec, plan, plan_path: Path, release, model, x: np.ndarray, integer: bool,
-                 objective: np.ndarray, variances: np.ndarray | None, geography: dict, fsync: bool) -> str:
-    """One level's estimate store (module docstring), built aside and moved into place; returns
-    its checksum."""
-    workload = workload_kind(model)
-    integral = integer and workload.integral
-    queries = (published_estimates(model, x, workload, integer=True) if integer
-               else workload_estimates(model, x))  # unbiased: nothing clipped
-    converged = np.ones(x.shape[0], dtype=np.uint8)
-    with store_lock(path, "estimate"):
-        estimate_state(path)  # anything but an estimate store at path is refused
-        staging = path.with_name(f"{path.name}{STAGING_MARKER}{secrets.token_hex(6)}")
-        try:
-            root = create_estimate(staging, plan=plan, plan_path=str(plan_path), release=release, method=METHOD,
-                                   objective=OBJECTIVE, integer=integer, cells=model.cells,
-                                   query_dtype=np.int64 if integral else np.float64,
-                                   cell_labels=cell_labels(model.attributes, value_labels(spec)),
-                                   variances=variances is not None)
-            root.attrs["geography"] = geography
-            units, chunk_units = int(release.attrs["units"]), int(release.attrs["chunk_units"])
-            ids = np.asarray(release.unit_ids[...])
-            with ChunkWriter(str(staging)) as writer:
-                for chunk, start in enumerate(range(0, units, chunk_units)):
-                    rows = slice(start, min(start + chunk_units, units))
-                    writer.write_arrays(chunk, start, chunk_rows(
-                        queries[rows], x[rows], objective[rows], 0, converged[rows], ids[rows],
-                        variances=None if variances is None else variances[rows]))
-            checksum = seal(root, staging, plan_path=str(plan_path), plan_checksum=plan.checksum,
-                            release_path=release.path, release_checksum=release.checksum, fsync=fsync)
-            move_into_place(staging, path, check_replaceable, fsync=fsync)
-        except BaseException:
-            shutil.rmtree(staging, ignore_errors=True)
-            raise
-    return checksum
-
-
-def _residuals(hessian: np.ndarray, linear: np.ndarray, norms: np.ndarray, x: np.ndarray) -> np.ndarray:
-    """Each unit's own weighted squared residual ``||C^-1 (y - B M x)||^2 = x^T H x - 2 g^T x +
-    ||C^-1 y||^2`` (summed over its blocks; at least 0: the expansion cancels)."""
-    return np.maximum(2.0 * quadratic_objective(hessian, linear, np.asarray(x, dtype=np.float64)) + norms, 0.0)
-
-
 def estimate_levels(spec: Any, level_dirs: Mapping[str, os.PathLike | str], *, integer: bool = False,
-                    log: TextIO | None = None, fsync: bool = True) -> dict[str, LevelEstimate]:
+                    log: TextIO | None = None, fsync: bool = True, placement: Placement | None = None,
+                    cut: int | None = None, driver_units: int = DRIVER_UNITS, forest_rows: int = FOREST_ROWS,
+                    cluster_units: int = CLUSTER_UNITS) -> dict[str, LevelEstimate]:
     """Estimate every level of the multi-level ``spec`` (module docstring) from the plans and
     sealed releases in ``level_dirs`` (``{level: directory}`` holding ``plan.zarr`` and
     ``release.zarr``, spec order) into each directory's ``estimate.zarr``. Returns the level
-    estimates by name. Errors: ValueError (a release of another plan, missing or inconsistent
+    estimates by name. ``placement`` (not serial; None: in the driver): with ``cut`` given or at
+    least ``cluster_units`` units over the levels, the real-valued estimate runs on that
+    cluster, subtrees as tasks (:mod:`distfit.estimate.subtree_job`), cut at level
+    ``cut`` (an index; None: :func:`distfit.estimate.subtrees.choose_cut` with ``driver_units``)
+    into forests of at most ``forest_rows`` rows; in the driver instead (with a note) when the
+    cut is the finest level or none, with ``integer``, or when a level is not ordered by its
+    parents. Errors: ValueError (a release of another plan, missing or inconsistent
     parent ids, too many cells: :func:`check_levels`), FileExistsError (something else at an
     estimate path)."""
     log = log or sys.stderr
@@ -263,6 +183,21 @@ def estimate_levels(spec: Any, level_dirs: Mapping[str, os.PathLike | str], *, i
         return {name: LevelEstimate(name, str(paths[name]), e.checksum, int(e.attrs["units"]), "reused", parents[name])
                 for name, e in reused.items()}
 
+    units = [int(releases[name].attrs["units"]) for name in names]
+    if placement is not None and not placement.serial and (cut is not None or sum(units) >= cluster_units):
+        at = choose_cut(units, driver_units) if cut is None else int(cut)
+        why = ("integer tables are made in the driver" if integer else
+               None if 0 <= at < len(names) - 1 else f"no level to cut at (cut {at}, {len(names)} levels)")
+        if why is None:
+            try:
+                with placement_client(placement, log) as client:
+                    return estimate_on_cluster(client, spec, names=names, cut=at, dirs=dirs, paths=paths, plans=plans,
+                                               releases=releases, columns=columns, forest_rows=forest_rows, log=log,
+                                               fsync=fsync)
+            except Unordered as error:
+                why = str(error)
+        print(f"distfit: note: the estimate over the geography runs in the driver ({why})", file=log)
+
     started = time.perf_counter()
     models, hessians, linears, norms, parent_of = {}, [], [], [], []
     with blas_limit():
@@ -270,16 +205,14 @@ def estimate_levels(spec: Any, level_dirs: Mapping[str, os.PathLike | str], *, i
             release = releases[name]
             model = models[name] = measurement_model(plans[name])
             answers = {block.block_id: np.asarray(release.block_answers(block.block_id)[...]) for block in model.blocks}
-            measured = recover_measurements(model, answers)
-            hessian, linear = normal_equations(model, measured)
-            hessians.append(np.asarray(hessian))
+            hessian, linear, norm = level_terms(model, answers)
+            hessians.append(hessian)
             linears.append(linear)
-            norms.append(sum(np.einsum("ij,ij->i", w, w) for w in (measured[b.block_id] @ b.whitener.T
-                                                                  for b in model.blocks)))
+            norms.append(norm)
             rows = None
             if i:
                 above = names[i - 1]
-                rows = _parent_rows(name, release, above, _keys(releases[above].unit_ids), columns[name])
+                rows = parent_rows(name, release, above, unit_keys(releases[above].unit_ids), columns[name])
                 rows = np.zeros(linear.shape[0], dtype=np.int64) if rows is None else rows
             parent_of.append(rows)
         units = sum(h.shape[0] for h in linears)
@@ -292,7 +225,7 @@ def estimate_levels(spec: Any, level_dirs: Mapping[str, os.PathLike | str], *, i
         variances = [None if integer or models[name].workload is None
                      else query_variances(models[name].workload, result.covariance[i], result.unit_class[i])
                      for i, name in enumerate(names)]
-        objectives = [_residuals(h, g, n, x) for h, g, n, x in zip(hessians, linears, norms, xs)]
+        objectives = [residuals(h, g, n, x) for h, g, n, x in zip(hessians, linears, norms, xs)]
     seconds = time.perf_counter() - started
     out: dict[str, LevelEstimate] = {}
     for i, name in enumerate(names):
@@ -300,7 +233,7 @@ def estimate_levels(spec: Any, level_dirs: Mapping[str, os.PathLike | str], *, i
         geography = {"level": name, "levels": names, "parent_level": above, "parent_column": columns[name],
                      "parent_estimate": None if above is None else {"path": out[above].path,
                                                                     "checksum": out[above].checksum}}
-        checksum = _write_level(paths[name], spec=spec, plan=plans[name], plan_path=dirs[name] / "plan.zarr",
+        checksum = write_level(paths[name], spec=spec, plan=plans[name], plan_path=dirs[name] / "plan.zarr",
                                 release=releases[name], model=models[name], x=xs[i], integer=integer,
                                 objective=objectives[i], variances=variances[i], geography=geography, fsync=fsync)
         out[name] = LevelEstimate(name, str(paths[name]), checksum, int(linears[i].shape[0]), "done", above)

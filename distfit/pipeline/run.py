@@ -686,9 +686,9 @@ def run_levels(
                     geography=None if units_of is None else units_of.of(name), estimate=False, report=False)
                 timings[f"level {name}"] = time.perf_counter() - t
 
-        t = time.perf_counter()  # over the geography: every level's children sum to their parent (integer: exactly)
-        estimates = estimate_levels(spec, level_dirs, integer=integer, log=log, fsync=fsync) if estimate else {}
-        timings["estimate"] = time.perf_counter() - t
+            t = time.perf_counter()  # over the geography (a large one: subtrees on this cluster); children sum to parents
+            estimates = estimate_levels(spec, level_dirs, integer=integer, log=log, fsync=fsync, placement=here) if estimate else {}
+            timings["estimate"] = time.perf_counter() - t
         # each level's report, with its estimate (estimated once, above; timed in the level's manifest)
         results = {name: report_level(result, estimates.get(name)) for name, result in results.items()}
         plans = {name: read_plan(result.plan) for name, result in results.items()}

@@ -1,0 +1,134 @@
+"""The pieces of a multi-level estimate shared by the driver's passes and the cluster's (:mod:`distfit.estimate.levels`, :mod:`distfit.estimate.subtree_job`).
+
+A level's estimate store (``levels/<level>/estimate.zarr``, method :data:`METHOD`, objective
+:data:`OBJECTIVE`): :func:`write_level` writes one built aside and moved into place once sealed;
+each unit's parent row (:func:`parent_rows`), its level's normal equations and whitened norms
+(:func:`level_terms`) and its own weighted squared residual (:func:`residuals`).
+"""
+from __future__ import annotations
+
+import secrets
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from distfit.estimate.measurements import published_estimates, recover_measurements, workload_estimates, workload_kind
+from distfit.estimate.projection import normal_equations, quadratic_objective
+from distfit.stores.data import cell_labels, value_labels
+from distfit.stores.estimate import check_replaceable, chunk_rows, create_estimate, estimate_state, seal
+from distfit.stores.files import STAGING_MARKER, move_into_place
+from distfit.stores.lock import store_lock
+from distfit.stores.release_chunks import ChunkWriter
+
+__all__ = ["ESTIMATE_NAME", "METHOD", "OBJECTIVE", "LevelEstimate", "level_terms", "parent_rows", "residuals",
+           "unit_keys", "write_level"]
+
+ESTIMATE_NAME = "estimate.zarr"
+#: The ``method`` attr of a level's estimate store, and the objective its estimates minimise.
+METHOD = "hierarchy-gls"
+OBJECTIVE = ("over every unit u of every level l at once: sum_u sum_b (y_bu - B_b M_b x_u)^T Sigma_b^-1 "
+             "(y_bu - B_b M_b x_u), every unit's table x_u the sum of its children's (generalised least squares "
+             "over the geography tree: each query's best linear unbiased estimate); with integer, then "
+             "nonnegative integer tables, each level's nearest to it in the metric of its own and its descendants' "
+             "measurements, summing to its parents' counts, rounded keeping the sums exactly and each unit's total "
+             "and laminar query sums within 1 (controlled rounding)")
+
+
+@dataclass(frozen=True)
+class LevelEstimate:
+    """A level's estimate store: ``path``, ``checksum``, ``units``, ``status`` (``"done"`` or
+    ``"reused"``), ``parent`` (the parent level, None for the root)."""
+
+    level: str
+    path: str
+    checksum: str
+    units: int
+    status: str
+    parent: str | None
+
+
+def unit_keys(ids: Any) -> np.ndarray:
+    """Unit ids as comparable numpy keys: int64, or text."""
+    ids = np.asarray(ids[...])
+    return ids.astype(np.int64) if ids.dtype.kind in "iu" else np.asarray(ids.tolist(), dtype=str)
+
+
+def parent_rows(name: str, release, above_name: str, above_ids: np.ndarray, column: str | None) -> np.ndarray | None:
+    """Each unit's parent row in the level above (None under a one-population level), from the
+    release's ``parent_ids``; ValueError naming the level and the problem."""
+    if column is None:
+        if above_ids.size != 1:
+            raise ValueError(f"level {name}: no unit column above it but level {above_name} has {above_ids.size} units")
+        return None
+    if release.parent_ids is None or release.parent_column != column:
+        raise ValueError(f"{release.path}: level {name}'s release has no parent ids of column {column!r} "
+                         f"(recorded: {release.parent_column!r}); tabulate and release it again (a new --out)")
+    parents, keys = unit_keys(release.parent_ids), above_ids
+    if parents.dtype.kind != keys.dtype.kind:
+        parents, keys = parents.astype(str), keys.astype(str)
+    order = np.argsort(keys, kind="stable")
+    found = np.minimum(np.searchsorted(keys, parents, sorter=order), max(keys.size - 1, 0))
+    rows = order[found] if keys.size else np.zeros(parents.size, dtype=np.int64)
+    missing = np.flatnonzero(keys[rows] != parents) if keys.size else np.arange(parents.size)
+    if missing.size:
+        raise ValueError(f"level {name}: unit {unit_keys(release.unit_ids)[missing[0]]!r} has parent "
+                         f"{parents[missing[0]]!r} ({column}), which is not a unit of level {above_name}")
+    return rows.astype(np.int64)
+
+
+def write_level(path: Path, *, spec, plan, plan_path: Path, release, model, x: np.ndarray, integer: bool,
+                 objective: np.ndarray, variances: np.ndarray | None, geography: dict, fsync: bool) -> str:
+    """One level's estimate store (module docstring), built aside and moved into place; returns
+    its checksum."""
+    workload = workload_kind(model)
+    integral = integer and workload.integral
+    queries = (published_estimates(model, x, workload, integer=True) if integer
+               else workload_estimates(model, x))  # unbiased: nothing clipped
+    converged = np.ones(x.shape[0], dtype=np.uint8)
+    with store_lock(path, "estimate"):
+        estimate_state(path)  # anything but an estimate store at path is refused
+        staging = path.with_name(f"{path.name}{STAGING_MARKER}{secrets.token_hex(6)}")
+        try:
+            root = create_estimate(staging, plan=plan, plan_path=str(plan_path), release=release, method=METHOD,
+                                   objective=OBJECTIVE, integer=integer, cells=model.cells,
+                                   query_dtype=np.int64 if integral else np.float64,
+                                   cell_labels=cell_labels(model.attributes, value_labels(spec)),
+                                   variances=variances is not None)
+            root.attrs["geography"] = geography
+            units, chunk_units = int(release.attrs["units"]), int(release.attrs["chunk_units"])
+            ids = np.asarray(release.unit_ids[...])
+            with ChunkWriter(str(staging)) as writer:
+                for chunk, start in enumerate(range(0, units, chunk_units)):
+                    rows = slice(start, min(start + chunk_units, units))
+                    writer.write_arrays(chunk, start, chunk_rows(
+                        queries[rows], x[rows], objective[rows], 0, converged[rows], ids[rows],
+                        variances=None if variances is None else variances[rows]))
+            checksum = seal(root, staging, plan_path=str(plan_path), plan_checksum=plan.checksum,
+                            release_path=release.path, release_checksum=release.checksum, fsync=fsync)
+            move_into_place(staging, path, check_replaceable, fsync=fsync)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+    return checksum
+
+
+def residuals(hessian: np.ndarray, linear: np.ndarray, norms: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """Each unit's own weighted squared residual ``||C^-1 (y - B M x)||^2 = x^T H x - 2 g^T x +
+    ||C^-1 y||^2`` (summed over its blocks; at least 0: the expansion cancels)."""
+    return np.maximum(2.0 * quadratic_objective(hessian, linear, np.asarray(x, dtype=np.float64)) + norms, 0.0)
+
+
+
+
+def level_terms(model, answers: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A level's normal equations and norms from its units' released block answers: ``(J, h,
+    n)``, ``J`` the level's information (d x d), ``h`` (units x d) the linear terms
+    (:func:`distfit.estimate.projection.normal_equations`) and ``n_u = ||C^-1 y_u||^2`` summed
+    over the blocks (:func:`residuals`' constant)."""
+    measured = recover_measurements(model, answers)
+    hessian, linear = normal_equations(model, measured)
+    norms = sum(np.einsum("ij,ij->i", w, w) for w in (measured[b.block_id] @ b.whitener.T for b in model.blocks))
+    return np.asarray(hessian), linear, np.asarray(norms, dtype=np.float64) * np.ones(linear.shape[0])

@@ -1,0 +1,415 @@
+"""The multi-level estimate on the cluster: subtrees as Dask tasks, the driver holding only the top levels.
+
+Issue 29 point 5; the mathematics is :mod:`distfit.estimate.subtrees` (the hierarchy's passes
+split at a cut level ``c``, equal to the whole-tree passes). :func:`estimate_on_cluster`, called
+by :func:`distfit.estimate.levels.estimate_levels` with a cluster:
+
+1. The geography, in the driver: each level below the cut, its units' parent rows (read a level at
+   a time) must be in order (every level ordered by its parent's row, as the synthetic geography
+   and any geography whose ids sort with their parents' are; otherwise :class:`Unordered` and the
+   estimate runs in the driver); from each unit's number of children, each cut unit's rows at
+   every level below (:func:`distfit.estimate.subtrees.descendant_spans`), and forests of
+   consecutive cut units of at most ``forest_rows`` rows in all (:func:`~distfit.estimate.subtrees.group_roots`).
+2. Up: one task per forest (:func:`upward_task`) reads its rows of each level's release (the
+   chunks they lie in, each checked against its digest as it is read), forms the normal
+   equations and runs the upward pass, returning its roots' summary (a few matrices and a vector
+   per root).
+3. The top, in the driver: levels ``0 .. c`` read and solved with the summaries, written and
+   sealed coarsest first (:func:`distfit.estimate.level_stores.write_level`).
+4. Down: one task per forest (:func:`downward_task`) reads its rows again and repeats its upward
+   pass (recomputing it costs less than keeping every forest's state on the workers: the
+   memory of a level), then the downward pass from its roots' estimates, and writes each level's
+   rows (estimates, variances, residuals) as a piece (:mod:`distfit.stores.pieces`).
+5. Each level below the cut, coarsest first: its estimate store laid out (or an incomplete one
+   of the same inputs resumed), one task per chunk of units writing the chunk from the pieces it
+   overlaps (:func:`chunk_task`), the chunks hashed and fsynced as they land and the store sealed
+   (:class:`distfit.runtime.chunked_job.ChunkedWrite`), naming its parent level's checksum.
+
+Progress: a line with rate and ETA for each step over the forests and for each level's chunks.
+Resumable: a rerun after an interruption keeps the top levels' sealed stores when they are
+still the estimate of these releases (the passes are deterministic), the pieces already written
+(a forest whose pieces are all there is not run down again), and each level's chunks already
+written (an incomplete store of the same inputs is resumed). Memory: a task holds one forest's
+rows (at most ``forest_rows`` units over its levels, or one subtree) and its classes' matrices;
+the driver, levels ``0 .. c``, one matrix per class of the cut level's subtrees, each unit's
+number of children, and one level's parent ids at a time while step 1 reads them.
+Integer tables are made in the driver (:func:`distfit.estimate.levels.estimate_levels`).
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+import numpy as np
+
+from distfit.estimate.hierarchy import Summary, Top, query_variances
+from distfit.estimate.job import ReleaseRows
+from distfit.estimate.level_stores import (
+    METHOD,
+    OBJECTIVE,
+    LevelEstimate,
+    level_terms,
+    parent_rows,
+    residuals,
+    unit_keys,
+    write_level,
+)
+from distfit.estimate.measurements import MeasurementModel, measurement_model, workload_estimates
+from distfit.estimate.subtrees import (
+    descendant_spans,
+    forest_downward,
+    forest_upward,
+    group_roots,
+    merge_summaries,
+    top_estimate,
+)
+from distfit.runtime.chunked_job import ChunkedWrite, resume_or_create
+from distfit.runtime.placement import dask_runtime
+from distfit.runtime.progress import Progress
+from distfit.runtime.threads import blas_limit
+from distfit.stores.data import cell_labels, value_labels
+from distfit.stores.estimate import (
+    chunk_arrays,
+    chunk_rows,
+    create_estimate,
+    estimate_state,
+    open_resumable,
+    read_sealed_estimate,
+    seal,
+    check_replaceable,
+)
+from distfit.stores.lock import store_lock
+from distfit.stores.pieces import open_pieces, piece_done, read_piece, remove_pieces, write_piece
+from distfit.stores.release import read_sealed_release
+from distfit.stores.release_chunks import ChunkWriter
+
+__all__ = ["FOREST_ROWS", "PIECES_NAME", "Forests", "Unordered", "chunk_task", "downward_task", "estimate_on_cluster",
+           "upward_task"]
+
+#: A forest's rows over all its levels at most (one subtree may have more): a task holds about ten
+#: rows x cells float64 arrays, ~0.9 GB at 250 cells (issue 29: a worker within 2 GiB).
+FOREST_ROWS = 50_000
+#: Forests are also cut to about 1 / (this x the cluster's threads) of the rows (so that every
+#: worker has forests to run, the last ones small), but not below :data:`MIN_FOREST_ROWS`.
+FORESTS_PER_THREAD = 2
+MIN_FOREST_ROWS = 2_000
+#: The pieces directory, next to the cut level's estimate.
+PIECES_NAME = "estimate.subtrees"
+
+
+class Unordered(ValueError):
+    """A level's units are not ordered by their parent's row (the estimate then runs in the driver)."""
+
+
+@dataclass(frozen=True, eq=False)
+class Forests:
+    """What every task of a job needs, sent with each: the levels from the cut down (``names``,
+    ``models``, the sealed releases' ``release_paths`` and ``release_checksums``), each forest's
+    rows per level (``spans[k][i]``: cut unit ``i``'s first row at level ``c + k``), each unit's
+    number of children (``counts[k]``, levels ``c .. L - 1``), the pieces directory and
+    ``split`` (:func:`distfit.estimate.hierarchy.estimate_hierarchy`'s)."""
+
+    names: tuple[str, ...]
+    models: tuple[MeasurementModel, ...]
+    release_paths: tuple[str, ...]
+    release_checksums: tuple[str, ...]
+    spans: tuple[np.ndarray, ...]
+    counts: tuple[np.ndarray, ...]
+    pieces: str
+    split: str
+    fsync: bool
+
+    def rows(self, first: int, stop: int) -> list[tuple[int, int]]:
+        """Forest ``[first, stop)``'s rows ``(start, stop)`` at each level from the cut."""
+        return [(int(s[first]), int(s[stop])) for s in self.spans]
+
+
+def _read_forest(job: Forests, first: int, stop: int):
+    """A forest's terms per level (J, h, norms) and local parent rows, from its rows of each
+    release (chunks checked as read)."""
+    terms, parents = [], [None]
+    rows = job.rows(first, stop)
+    for k, (model, path, checksum, (a, b)) in enumerate(zip(job.models, job.release_paths, job.release_checksums,
+                                                              rows)):
+        if b == a:  # no units here, nor below
+            break
+        answers = ReleaseRows(read_sealed_release(path, checksum), model).answers(a, b)
+        terms.append(level_terms(model, answers))
+        if k:
+            above = job.counts[k - 1][rows[k - 1][0]:rows[k - 1][1]]
+            parents.append(np.repeat(np.arange(above.size, dtype=np.int64), above))
+    return terms, parents
+
+
+def upward_task(job: Forests, first: int, stop: int) -> tuple[int, Summary, tuple[np.ndarray, ...]]:
+    """Step 2 (module docstring): forest ``[first, stop)``'s roots' summary, and their level's
+    terms ``(J, h, norms)`` (:func:`distfit.estimate.level_stores.level_terms`: the top's
+    residuals): ``(first, summary, terms)``."""
+    with blas_limit():
+        terms, parents = _read_forest(job, first, stop)
+        _, summary = forest_upward([t[0] for t in terms], [t[1] for t in terms], parents)
+    return first, summary, terms[0]
+
+
+def downward_task(job: Forests, first: int, stop: int, top: Top) -> tuple[int, int]:
+    """Step 4 (module docstring): forest ``[first, stop)`` down from its roots' ``top``, each
+    level's rows below the cut written as a piece. Returns ``(first, units below the cut)``."""
+    directory = Path(job.pieces)
+    rows = job.rows(first, stop)
+    with blas_limit():
+        terms, parents = _read_forest(job, first, stop)
+        state, _ = forest_upward([t[0] for t in terms], [t[1] for t in terms], parents)
+        result = forest_downward(state, top, split=job.split)
+    units = 0
+    for k in range(1, len(job.names)):
+        start, end = rows[k]
+        if end == start:  # no piece: no rows (another forest's piece may start at this row)
+            continue
+        if k < len(result.x):
+            x = result.x[k]
+            model = job.models[k]
+            variances = (None if model.workload is None else
+                         query_variances(model.workload, result.covariance[k], result.unit_class[k]))
+            arrays = {"queries": workload_estimates(model, x), "cells": x,
+                      "objective": residuals(terms[k][0], terms[k][1], terms[k][2], x)}
+            if variances is not None:
+                arrays["variances"] = variances
+        write_piece(directory, job.names[k], start, arrays, fsync=job.fsync)
+        units += end - start
+    return first, units
+
+
+def chunk_task(job: Forests, k: int, estimate_path: str, chunk: int, start: int, stop: int,
+               firsts: tuple[int, ...]) -> tuple[int, int]:
+    """Step 5 (module docstring): chunk ``chunk`` (rows ``start:stop``) of level ``c + k``'s
+    estimate written from the pieces starting at rows ``firsts`` (those it overlaps, in order),
+    its unit ids from the release. Returns ``(chunk, units)``."""
+    parts: dict[str, list[np.ndarray]] = {}
+    for first in firsts:
+        piece = read_piece(Path(job.pieces), job.names[k], first)
+        n = next(iter(piece.values())).shape[0]
+        a, b = max(start - first, 0), min(stop - first, n)
+        for name, rows in piece.items():
+            parts.setdefault(name, []).append(np.asarray(rows[a:b]))
+    arrays = {name: np.concatenate(rows) for name, rows in parts.items()}
+    release = read_sealed_release(job.release_paths[k], job.release_checksums[k])
+    ids = np.asarray(release.rows_of("unit_ids", start, stop))
+    n = stop - start
+    with ChunkWriter(estimate_path) as writer:
+        writer.write_arrays(chunk, start, chunk_rows(
+            arrays["queries"], arrays["cells"], arrays["objective"], 0, np.ones(n, dtype=np.uint8), ids,
+            variances=arrays.get("variances")))
+    return chunk, n
+
+
+def _forests(names: Sequence[str], cut: int, releases: Mapping[str, Any], columns: Mapping[str, str | None],
+             forest_rows: int, threads: int) -> tuple[list[np.ndarray], list[np.ndarray], list[tuple[int, int]], int]:
+    """Step 1 (module docstring): ``(counts, spans, groups, rows)``, ``rows`` the forests' rows
+    at most (``forest_rows``, or fewer to give each of ``threads`` :data:`FORESTS_PER_THREAD`
+    forests, at least :data:`MIN_FOREST_ROWS`); :class:`Unordered` when a level's units are not
+    ordered by their parent's row."""
+    counts = []
+    for level in range(cut + 1, len(names)):
+        name, above = names[level], names[level - 1]
+        up = parent_rows(name, releases[name], above, unit_keys(releases[above].unit_ids), columns[name])
+        units_above = int(releases[above].attrs["units"])
+        if up is None:
+            up = np.zeros(int(releases[name].attrs["units"]), dtype=np.int64)
+        if up.size and np.any(up[1:] < up[:-1]):
+            raise Unordered(f"level {name}: its units are not ordered by their parents' rows in level {above}")
+        counts.append(np.bincount(up, minlength=units_above))
+    spans = descendant_spans(counts)
+    total = sum(int(s[-1]) for s in spans)
+    rows = min(forest_rows, max(MIN_FOREST_ROWS, -(-total // (FORESTS_PER_THREAD * max(threads, 1)))))
+    return counts, spans, group_roots(spans, rows), rows
+
+
+def _key(names: Sequence[str], releases: Mapping[str, Any], cut: int, forest_rows: int, split: str) -> str:
+    """The inputs the pieces are computed from (their directory's key)."""
+    return "\n".join([METHOD, OBJECTIVE, split, str(cut), str(forest_rows),
+                      *(f"{n} {releases[n].checksum}" for n in names)]) + "\n"
+
+
+def _kept(path: Path, release, parent_checksum: str | None) -> Any:
+    """The sealed estimate at ``path`` when it is this method's real-valued estimate of
+    ``release`` naming ``parent_checksum`` as its parent's; else None."""
+    if estimate_state(path) != "sealed":
+        return None
+    estimate = read_sealed_estimate(path)
+    recorded = (estimate.attrs.get("geography") or {}).get("parent_estimate") or {}
+    if (estimate.attrs.get("release_checksum") != release.checksum or estimate.method != METHOD
+            or estimate.attrs.get("objective") != OBJECTIVE or estimate.integer
+            or recorded.get("checksum") != parent_checksum):
+        return None
+    return estimate
+
+
+def _run(client, function, calls: list[tuple[str, tuple]], name: str, progress: Progress):
+    """The tasks' results as they complete, the progress line updated."""
+    out = []
+    for _label, result in dask_runtime().run_tasks(client, function, calls, name):
+        out.append(result)
+        progress(len(out), len(calls))
+    return out
+
+
+def estimate_on_cluster(client, spec: Any, *, names: Sequence[str], cut: int, dirs: Mapping[str, Path],
+                        paths: Mapping[str, Path], plans: Mapping[str, Any], releases: Mapping[str, Any],
+                        columns: Mapping[str, str | None], forest_rows: int = FOREST_ROWS, split: str = "total",
+                        log: TextIO, fsync: bool = True) -> dict[str, LevelEstimate]:
+    """The estimate of every level (module docstring) on ``client``'s cluster, cut at level
+    ``cut`` (0 <= cut < the finest level), forests of at most ``forest_rows`` rows (fewer on a
+    large cluster: :func:`_forests`); the arguments as :func:`distfit.estimate.levels.estimate_levels`
+    has them. Returns the level estimates by name. :class:`Unordered` (before anything is
+    written) when a level below the cut is not ordered by its parents."""
+    started = time.perf_counter()
+    counts, spans, groups, forest_rows = _forests(names, cut, releases, columns, forest_rows,
+                                                  dask_runtime().worker_threads(client))
+    below = names[cut:]
+    models = {name: measurement_model(plans[name]) for name in names}
+    pieces = dirs[names[cut]] / PIECES_NAME  # made at step 4 (a refused input leaves nothing behind)
+    job = Forests(tuple(below), tuple(models[n] for n in below), tuple(releases[n].path for n in below),
+                  tuple(releases[n].checksum for n in below), tuple(spans), tuple(counts), str(pieces), split, fsync)
+    units = sum(int(releases[n].attrs["units"]) for n in names)
+    print(f"distfit: estimate levels {', '.join(names)} ({units:,} units) on the cluster: best linear unbiased "
+          f"over the geography, {len(groups)} forests of subtrees of level {names[cut]}", file=log)
+
+    # 2. up
+    calls = [(str(first), (job, first, stop)) for first, stop in groups]
+    ups = sorted(_run(client, upward_task, calls, "estimate-up",
+                      Progress(f"estimate {', '.join(below)}: up", log, unit="forests")), key=lambda r: r[0])
+    summary = merge_summaries([r[1] for r in ups])
+
+    # 3. the top
+    with blas_limit():
+        terms, parent_of = [], []
+        for i, name in enumerate(names[:cut + 1]):
+            if i < cut:
+                release = releases[name]
+                rows = ReleaseRows(release, models[name])
+                terms.append(level_terms(models[name], rows.answers(0, int(release.attrs["units"]))))
+            else:  # the cut level's: from the forests
+                terms.append((ups[0][2][0], *(np.concatenate([r[2][j] for r in ups]) for j in (1, 2))))
+            parent_of.append(None if i == 0 else (
+                parent_rows(name, releases[name], names[i - 1], unit_keys(releases[names[i - 1]].unit_ids),
+                            columns[name])))
+        top = top_estimate([t[0] for t in terms[:cut]], [t[1] for t in terms[:cut]], parent_of, summary, split=split)
+        xs = list(top.x)
+        variances = [None if models[name].workload is None
+                     else query_variances(models[name].workload, top.covariance[i], top.unit_class[i])
+                     for i, name in enumerate(names[:cut + 1])]
+        objectives = [residuals(t[0], t[1], t[2], x) for t, x in zip(terms, xs)]
+    out: dict[str, LevelEstimate] = {}
+    parent_checksum: str | None = None
+    rewritten = False
+    for i, name in enumerate(names[:cut + 1]):
+        above = names[i - 1] if i else None
+        kept = None if rewritten else _kept(paths[name], releases[name], parent_checksum)
+        if kept is not None:
+            checksum, status = kept.checksum, "reused"
+        else:
+            rewritten = True
+            geography = {"level": name, "levels": list(names), "parent_level": above, "parent_column": columns[name],
+                         "parent_estimate": None if above is None else {"path": out[above].path,
+                                                                        "checksum": parent_checksum}}
+            checksum = write_level(paths[name], spec=spec, plan=plans[name], plan_path=dirs[name] / "plan.zarr",
+                                   release=releases[name], model=models[name], x=xs[i], integer=False,
+                                   objective=objectives[i], variances=variances[i], geography=geography, fsync=fsync)
+            status = "done"
+        out[name] = LevelEstimate(name, str(paths[name]), checksum, int(xs[i].shape[0]), status, above)
+        parent_checksum = checksum
+    print(f"distfit: levels {', '.join(names[:cut + 1])} estimated in the driver and written "
+          f"({time.perf_counter() - started:.1f} s so far)", file=log)
+
+    # 4. down: the forests whose pieces are not all written
+    open_pieces(pieces, _key(names, releases, cut, forest_rows, split))
+    pending = [(first, stop) for first, stop in groups
+               if not all(sp[first] == sp[stop] or piece_done(pieces, name, int(sp[first]))
+                          for name, sp in zip(below[1:], spans[1:]))]
+    calls = [(str(first), (job, first, stop, top.top(cut, slice(first, stop)))) for first, stop in pending]
+    if calls:
+        _run(client, downward_task, calls, "estimate-down",
+             Progress(f"estimate {', '.join(below[1:])}: down", log, unit="forests"))
+
+    # 5. each level below the cut, its chunks from the pieces
+    for k in range(1, len(below)):
+        name, above = below[k], below[k - 1]
+        out[name] = _write_from_pieces(client, job, k, groups, spec=spec, plan=plans[name], model=models[name],
+                                       plan_path=dirs[name] / "plan.zarr", release=releases[name], path=paths[name],
+                                       geography={"level": name, "levels": list(names), "parent_level": above,
+                                                  "parent_column": columns[name],
+                                                  "parent_estimate": {"path": out[above].path,
+                                                                      "checksum": out[above].checksum}},
+                                       log=log, fsync=fsync)
+    remove_pieces(pieces)
+    print(f"distfit: estimates of {len(names)} levels in {time.perf_counter() - started:.2f} s (on the cluster)",
+          file=log)
+    return out
+
+
+def _write_from_pieces(client, job: Forests, k: int, groups: Sequence[tuple[int, int]], *, spec, plan, model,
+                       plan_path: Path, release, path: Path, geography: dict, log: TextIO,
+                       fsync: bool) -> LevelEstimate:
+    """Step 5 for level ``c + k`` (module docstring): its store laid out or resumed, its pending
+    chunks written by tasks from the pieces, sealed; kept as it is when sealed from these inputs."""
+    with store_lock(path, "estimate"):  # one writer per store, as every chunked job's
+        return _locked_write(client, job, k, groups, spec=spec, plan=plan, model=model, plan_path=plan_path,
+                             release=release, path=path, geography=geography, log=log, fsync=fsync)
+
+
+def _locked_write(client, job: Forests, k: int, groups: Sequence[tuple[int, int]], *, spec, plan, model,
+                  plan_path: Path, release, path: Path, geography: dict, log: TextIO, fsync: bool) -> LevelEstimate:
+    name = job.names[k]
+    units, chunk_units = int(release.attrs["units"]), int(release.attrs["chunk_units"])
+    parent = geography["parent_estimate"]["checksum"]
+    kept = _kept(path, release, parent)
+    if kept is not None:
+        return LevelEstimate(name, str(path), kept.checksum, units, "reused", geography["parent_level"])
+    state = estimate_state(path)
+    resumed = False
+    if state == "incomplete":
+        try:
+            root = open_resumable(path, plan_checksum=plan.checksum, release_checksum=release.checksum,
+                                  integer=False, method=METHOD)
+            resumed = (root.attrs.get("geography") or {}).get("parent_estimate", {}).get("checksum") == parent
+        except ValueError:
+            resumed = False
+    variances = model.workload is not None
+
+    def create(target: Path):
+        root = create_estimate(target, plan=plan, plan_path=str(plan_path), release=release, method=METHOD,
+                               objective=OBJECTIVE, integer=False, cells=model.cells, query_dtype=np.float64,
+                               cell_labels=cell_labels(model.attributes, value_labels(spec)), variances=variances)
+        root.attrs["geography"] = geography
+        return root
+
+    n_chunks = -(-units // chunk_units)
+    layout = resume_or_create(path, state, "estimate", n_chunks, resumed=resumed, resume=resumed,
+                              reopen=lambda p: open_resumable(p, plan_checksum=plan.checksum,
+                                                              release_checksum=release.checksum, integer=False,
+                                                              method=METHOD),
+                              create=create, kept="chunks already written (kept as they are)", rest="to write",
+                              log=log)
+    firsts = np.array([job.spans[k][first] for first, stop in groups if job.spans[k][first] < job.spans[k][stop]],
+                      dtype=np.int64)
+    arrays = chunk_arrays("cells/estimates") + (["queries/variances"] if variances else [])
+    calls = []
+    for chunk in layout.pending:
+        start, stop = chunk * chunk_units, min((chunk + 1) * chunk_units, units)
+        lo = max(int(np.searchsorted(firsts, start, side="right")) - 1, 0)
+        hi = int(np.searchsorted(firsts, stop, side="left"))
+        calls.append((str(chunk), (job, k, str(layout.target), chunk, start, stop,
+                                   tuple(int(f) for f in firsts[lo:hi]))))
+    with ChunkedWrite(layout.root, layout.target, units=units, chunk_units=chunk_units, pending=layout.pending,
+                      stage=f"estimate {name}", log=log, fsync=fsync, staging=layout.staging, arrays=arrays) as write:
+        if calls:
+            write.consume(result for _label, result in dask_runtime().run_tasks(client, chunk_task, calls,
+                                                                                  f"estimate-{name}"))
+        checksum = write.seal(lambda hasher, synced: seal(
+            layout.root, layout.target, plan_path=str(plan_path), plan_checksum=plan.checksum,
+            release_path=release.path, release_checksum=release.checksum, fsync=fsync, hasher=hasher,
+            synced=synced), path, check_replaceable)
+    return LevelEstimate(name, str(path), checksum, units, "done", geography["parent_level"])

@@ -1,0 +1,174 @@
+"""The hierarchy's passes split into subtrees (pure numpy): the mathematics of the estimate on the cluster.
+
+docs/design.md section 7; issue 29 point 5. :func:`distfit.estimate.hierarchy.estimate_hierarchy`
+is an upward pass (finest level first) and a downward pass (coarsest first) over the whole tree.
+Cut the tree at level ``c``: every unit of level ``c`` roots a subtree (itself and its descendants
+at levels ``c+1 .. L``), and the passes split exactly:
+
+1. upward, per group of subtrees (a *forest*, independent of the others): the upward pass of its
+   levels ``c .. L`` (:func:`forest_upward`), handing up its roots' :class:`Summary` (``I_u`` per
+   class, ``m_u`` per root): everything the levels above need of it (hierarchy's module
+   docstring: a parent sees its children only through ``I_c`` and ``m_c``);
+2. the top, in one place: the summaries merged (:func:`merge_summaries`) and both passes over
+   levels ``0 .. c`` with level ``c``'s units as leaves given by their summaries
+   (:func:`top_estimate`): the estimates, covariances and outside information of levels ``0 .. c``;
+3. downward, per forest: its roots' :class:`Top` (their ``x``, ``P`` and ``O``) and the upward
+   state of step 1 give the downward pass of its levels ``c+1 .. L`` (:func:`forest_downward`).
+
+The result is the same estimate (the same formulas on the same numbers; the classes are found per
+forest, and a class two forests share is computed twice, in the same way, so the estimates agree
+to float rounding: ``tests/estimate/test_hierarchy.py`` against the whole-tree passes and the dense
+GLS). Each forest's memory is its own units' arrays and its classes' matrices, whatever the size
+of a level; the top holds levels ``0 .. c`` and one matrix per distinct class of level ``c``'s
+subtrees (cost: :func:`choose_cut`).
+
+A forest's rows. A forest is a set of consecutive units of level ``c`` whose descendants are
+consecutive at every level (the release orders each level's units by their parent's row:
+:func:`descendant_spans` checks it); its parents are its rows at the level above, shifted to
+start at 0 (:func:`local_parents`).
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from distfit.estimate.hierarchy import (
+    PINV_RTOL,
+    HierarchyEstimate,
+    Summary,
+    Top,
+    Upward,
+    downward_pass,
+    upward_pass,
+)
+
+__all__ = ["DRIVER_UNITS", "choose_cut", "descendant_spans", "estimate_by_subtrees", "forest_downward",
+           "forest_upward", "group_roots", "local_parents", "merge_summaries", "top_estimate"]
+
+#: :func:`choose_cut`: the top (levels ``0 .. c``) holds at most this many units of level ``c``.
+DRIVER_UNITS = 4096
+
+
+def choose_cut(units: Sequence[int], driver_units: int = DRIVER_UNITS) -> int:
+    """The level to cut at: the finest level with at most ``driver_units`` units, above the
+    finest level (``units``: each level's, coarsest first); -1 when level 0 already has more
+    (then nothing is cut). Decision: the top holds the cut level's units and one ``d x d``
+    matrix per distinct class of their subtrees (a few per fanout on census-shaped trees; at
+    most one per unit), so its size bounds the driver's memory; the finer the cut, the smaller
+    each subtree (a worker's memory)."""
+    cut = -1
+    for level, n in enumerate(units[:-1]):
+        if n <= driver_units:
+            cut = level
+    return cut
+
+
+def descendant_spans(counts: Sequence[np.ndarray]) -> list[np.ndarray]:
+    """``spans[k][i]``: the first row at level ``c + k`` of the descendants of level ``c``'s unit
+    ``i`` (``spans[k]`` has ``units_c + 1`` entries, the last the level's size), from
+    ``counts[k]``: each unit of level ``c + k``'s number of children (k = 0 .. L - c - 1), when
+    every level orders its units by their parent's row."""
+    spans = [np.arange(counts[0].size + 1, dtype=np.int64)]
+    for count in counts:
+        offsets = np.concatenate([[0], np.cumsum(count, dtype=np.int64)])
+        spans.append(offsets[spans[-1]])
+    return spans
+
+
+def group_roots(spans: Sequence[np.ndarray], max_rows: int) -> list[tuple[int, int]]:
+    """Consecutive units of the cut level in groups ``(first, stop)`` whose rows at every level
+    from the cut down total at most ``max_rows`` (a group of one unit may have more: a worker
+    holds one subtree at least)."""
+    rows = sum(np.diff(s) for s in spans)  # each root's rows over all its levels
+    total = np.concatenate([[0], np.cumsum(rows)])
+    groups, first = [], 0
+    roots = rows.size
+    while first < roots:
+        stop = int(np.searchsorted(total, total[first] + max_rows, side="right")) - 1
+        stop = min(max(stop, first + 1), roots)
+        groups.append((first, stop))
+        first = stop
+    return groups
+
+
+def local_parents(parent_rows: np.ndarray, above_start: int) -> np.ndarray:
+    """A forest's parent rows at a level: the rows of the level above, shifted to the forest's
+    first row there."""
+    return np.asarray(parent_rows, dtype=np.int64) - int(above_start)
+
+
+def forest_upward(information: Sequence[np.ndarray], linear: Sequence[np.ndarray],
+                  parent_of: Sequence[np.ndarray | None], *, rtol: float = PINV_RTOL) -> tuple[Upward, Summary]:
+    """Step 1 (module docstring): a forest's levels ``c .. L`` (its roots at level 0, their
+    ``parent_of`` None) through the upward pass; returns its state and its roots' summary.
+    Levels from the first one where the forest has no unit are left out (the state then has
+    fewer levels: :func:`forest_downward` gives those levels no rows)."""
+    depth = next((k for k, h in enumerate(linear) if np.shape(h)[0] == 0), len(linear))
+    state = upward_pass(information[:depth], linear[:depth], [None, *parent_of[1:depth]], rtol=rtol)
+    return state, state.summary()
+
+
+def merge_summaries(summaries: Sequence[Summary]) -> Summary:
+    """The summaries of consecutive forests as one (their roots in order, the classes numbered
+    across them; classes equal in every bit are kept once)."""
+    stacked = np.concatenate([s.information for s in summaries])
+    offsets = np.cumsum([0] + [s.information.shape[0] for s in summaries[:-1]])
+    index = np.concatenate([s.unit_class + o for s, o in zip(summaries, offsets)])
+    flat = np.ascontiguousarray(stacked).reshape(stacked.shape[0], -1)
+    _, first, inverse = np.unique(flat, axis=0, return_index=True, return_inverse=True)
+    return Summary(stacked[first], inverse.reshape(-1)[index].astype(np.int64),
+                   np.concatenate([s.mean for s in summaries]))
+
+
+def top_estimate(information: Sequence[np.ndarray], linear: Sequence[np.ndarray],
+                 parent_of: Sequence[np.ndarray | None], leaves: Summary, *, split: str,
+                 rtol: float = PINV_RTOL) -> HierarchyEstimate:
+    """Step 2 (module docstring): levels ``0 .. c`` (``information`` and ``linear`` of levels
+    ``0 .. c - 1``; level ``c``'s units given by ``leaves``) through both passes."""
+    d = leaves.mean.shape[1]
+    state = upward_pass([*information, np.zeros((d, d))], [*linear, leaves.mean], parent_of, rtol=rtol,
+                        leaves=leaves)
+    return downward_pass(state, split=split)
+
+
+def forest_downward(state: Upward, top: Top, *, split: str) -> HierarchyEstimate:
+    """Step 3 (module docstring): a forest's levels ``c .. L`` down from its roots' ``top``
+    (level 0 of the result is the roots, as given; levels :func:`forest_upward` left out are
+    not in it)."""
+    return downward_pass(state, split=split, top=top)
+
+
+def estimate_by_subtrees(information: Sequence[np.ndarray], linear: Sequence[np.ndarray],
+                         parent_of: Sequence[np.ndarray | None], cut: int, max_rows: int, *,
+                         split: str = "equal") -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """The three steps in one process, over forests of at most ``max_rows`` rows (each level's
+    units ordered by their parent's row): per level, every unit's estimate (units x d) and
+    covariance (units x d x d). What the cluster's job does with tasks
+    (:mod:`distfit.estimate.subtree_job`), for the tests."""
+    levels = len(linear)
+    counts = [np.bincount(parent_of[level + 1], minlength=linear[level].shape[0]) for level in range(cut, levels - 1)]
+    spans = descendant_spans(counts)
+    groups = group_roots(spans, max_rows)
+    forests = []
+    for first, stop in groups:
+        rows = [slice(int(s[first]), int(s[stop])) for s in spans]
+        js = [j if np.ndim(j) == 2 else j[r] for j, r in zip(information[cut:], rows)]
+        hs = [h[r] for h, r in zip(linear[cut:], rows)]
+        ups = [None] + [local_parents(parent_of[cut + k][rows[k]], rows[k - 1].start) for k in range(1, len(rows))]
+        forests.append((rows, *forest_upward(js, hs, ups)))
+    top = top_estimate(information[:cut], linear[:cut], parent_of[:cut + 1],
+                       merge_summaries([f[2] for f in forests]), split=split)
+    xs = [top.x[level] for level in range(cut + 1)]
+    covs = [top.unit("covariance", level) for level in range(cut + 1)]
+    below_x: list[list[np.ndarray]] = [[] for _ in range(levels - cut - 1)]
+    below_cov: list[list[np.ndarray]] = [[] for _ in range(levels - cut - 1)]
+    for (rows, state, _), (first, stop) in zip(forests, groups):
+        result = forest_downward(state, top.top(cut, slice(first, stop)), split=split)
+        for k in range(1, len(result.x)):
+            below_x[k - 1].append(result.x[k])
+            below_cov[k - 1].append(result.unit("covariance", k))
+    d = linear[0].shape[1]
+    xs += [np.concatenate([np.zeros((0, d)), *parts]) for parts in below_x]
+    covs += [np.concatenate([np.zeros((0, d, d)), *parts]) for parts in below_cov]
+    return xs, covs
