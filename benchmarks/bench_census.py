@@ -10,7 +10,7 @@ python benchmarks/bench_census.py --geography-only 8132968     # write and read 
 For each N: ``distfit synth`` (:func:`distfit.data.level_synth.write_level_data`: the geography,
 every level's data summed up from the blocks), ``read_geography`` of the CSV it wrote, then
 ``distfit run`` in this process on a local cluster of ``--workers`` (``run_levels``: plan, audit,
-release per level, then the estimate of every level together, today in the driver). Printed per
+release per level, then the estimate of every level together). Printed per
 level: units, release wall and CPU-seconds (the process tree's user + system, ``psutil``: the
 driver, the scheduler and the workers; the release includes the level's data read) and per
 unit; then the estimate's wall and CPU-seconds and its ratio to the release of the same units
