@@ -123,12 +123,8 @@ def check_chosen_bound(check: Checks, bound: Any, certificate: Certificate | Non
     if not check(labels.is_number(value), f"{name}.value: expected a number, got {value!r}") or certificate is None:
         return
     if method == bound_labels.JOINT_BLOCK_DUAL:
-        # The planner runs the joint dual beside closed-form blocks only when their queries are
-        # apart, and adds their alphas to its bound: no stored certificate proves that part
-        # (the packs' shares are fixed, not optimal), and re-planning writes the same.
         if not check(not packed, f"{name}: cannot be re-certified: the joint block dual's certificate covers the "
-                                 "plan's solved blocks, and the bound adds its packed (closed-form) blocks' alphas, "
-                                 "which no stored certificate proves a bound on"):
+                                 f"plan's solved blocks, not its packed (closed-form) ones; {REPLAN}"):
             return
         proved = joint_bound(certificate.joint) / scale  # N_S^2 scales as 1 / k when every target does
     else:

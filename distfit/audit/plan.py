@@ -16,7 +16,9 @@ the closed lists of :mod:`distfit.audit.labels`; a failure names the claim. Ther
 warnings: a claim the audit cannot re-certify fails, saying so and how to get a plan that can
 be (docs/audit.md, "What the audit trusts").
 
-* **checksum**: the stored checksum against the store (:func:`distfit.stores.plan.verify_checksum`;
+* **checksum**: the stored checksum against the store (:func:`distfit.stores.plan.verify_checksum`
+  of the plan as read: its store opened and its root attrs parsed once, the hashed claims
+  shared with the key check;
   the report keeps the recomputed one, so a caller that acts on the audited plan, e.g.
   :func:`distfit.release.job.run_release`, can check cheaply that the plan it reads is the one
   audited). A plan of format version 1 (before issue 12: its checksum covers the arrays only,
