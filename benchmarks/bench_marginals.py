@@ -2,7 +2,8 @@
 
 Each workload is written as a spec with the ``marginals`` shorthand (docs/spec.md), planned by
 ``distfit plan`` as a subprocess (the whole process: spec loading, planning, the plan store;
-``--audit`` adds ``distfit audit``, its seconds and peak memory) and solved by the reference,
+``--audit`` adds ``distfit audit``: its seconds, peak memory and CPU-seconds, each with its ratio
+to the plan's measured in the same run, the goal being at most 1x) and solved by the reference,
 ResidualPlanner's selection program (Xiao, Kifer et al., NeurIPS 2023) written out with cvxpy +
 Clarabel and sparse constraints: block S at noise level x_S costs ``c_S / x_S``
 (``c_S = prod_{i in S} (1 - 1/n_i)``) and gives each cell of marginal A the variance
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import os
 import re
 import resource
 import subprocess
@@ -105,15 +107,18 @@ def residual_program(spec: dict) -> tuple[float, float]:
     return float(problem.value), time.perf_counter() - start
 
 
-def _run(command: list[str]) -> tuple[str, float, float]:
-    """Run a command; (stdout + stderr, seconds, peak memory of the child in GiB)."""
+def _run(command: list[str]) -> tuple[str, float, float, float]:
+    """Run a command; (stdout + stderr, wall seconds, peak memory of the child in GiB, its
+    CPU-seconds: user + system of the command and every child it waited for)."""
     start = time.perf_counter()
-    result = subprocess.run(["/usr/bin/time", "-f", "MAXRSS %M"] + command, capture_output=True, text=True, cwd=ROOT)
+    result = subprocess.run(["/usr/bin/time", "-f", "MAXRSS %M CPU %U %S"] + command, capture_output=True, text=True,
+                            cwd=ROOT)
     seconds = time.perf_counter() - start
-    rss = re.search(r"MAXRSS (\d+)", result.stderr)
+    rss = re.search(r"MAXRSS (\d+) CPU ([0-9.]+) ([0-9.]+)", result.stderr)
     if result.returncode != 0:
         print(result.stdout[-2000:], result.stderr[-2000:], file=sys.stderr)
-    return result.stdout + result.stderr, seconds, (int(rss.group(1)) / 2**20 if rss else float("nan"))
+    cpu = float(rss.group(2)) + float(rss.group(3)) if rss else float("nan")
+    return result.stdout + result.stderr, seconds, (int(rss.group(1)) / 2**20 if rss else float("nan")), cpu
 
 
 def bench(name: str, workdir: Path, audit: bool, serial: bool) -> None:
@@ -125,18 +130,20 @@ def bench(name: str, workdir: Path, audit: bool, serial: bool) -> None:
         spec_path = workdir / f"{name}.yaml"
         spec_path.write_text(yaml.safe_dump(spec, sort_keys=False))
     plan_path = workdir / f"{name}.zarr"
-    out, seconds, memory = _run([DISTFIT, "plan", str(spec_path), "--out", str(plan_path),
-                                 "--overwrite"] + (["--serial"] if serial else []))
+    out, seconds, memory, cpu = _run([DISTFIT, "plan", str(spec_path), "--out", str(plan_path),
+                                      "--overwrite"] + (["--serial"] if serial else []))
     alpha = re.search(r"alpha = ([0-9.e+-]+)\s+\[([^\]]*)\]", out)
     blocks = re.search(r"blocks\s+(\d+)", out)
     audit_text = ""
     if audit:
-        audit_out, audit_seconds, audit_memory = _run([DISTFIT, "audit", str(plan_path)])
-        audit_text = (f"  audit {'passed' if 'audit passed' in audit_out else 'FAILED'} {audit_seconds:.1f} s "
-                      f"{audit_memory:.2f} GiB")
+        audit_out, audit_seconds, audit_memory, audit_cpu = _run([DISTFIT, "audit", str(plan_path)])
+        audit_text = (f"\n  distfit audit  {audit_seconds:8.2f} s  {audit_memory:5.2f} GiB  {audit_cpu:.1f} CPU-s  "
+                      f"{'passed' if 'audit passed' in audit_out else 'FAILED'}\n"
+                      f"  audit / plan   wall {audit_seconds / seconds:.2f}x  peak {audit_memory / memory:.2f}x  "
+                      f"CPU {audit_cpu / cpu:.2f}x  (load {os.getloadavg()[0]:.1f})")
     print(f"{name}: {label}")
     found = float(alpha.group(1)) if alpha else float("nan")
-    print(f"  distfit plan   {seconds:8.2f} s  {memory:5.2f} GiB  alpha {found:.6g} "
+    print(f"  distfit plan   {seconds:8.2f} s  {memory:5.2f} GiB  {cpu:.1f} CPU-s  alpha {found:.6g} "
           f"[{alpha.group(2) if alpha else 'no alpha: failed'}]  blocks {blocks.group(1) if blocks else '?'}{audit_text}")
     if spec is not None:
         reference, reference_seconds = residual_program(spec)

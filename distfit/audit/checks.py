@@ -9,6 +9,7 @@ variances are ``diag(L Sigma L^T)``.
 """
 from __future__ import annotations
 
+import reprlib
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -116,7 +117,8 @@ def first_true(mask: np.ndarray) -> int:
 
 def closed_keys(check: Checks, name: str, value: Any, known: frozenset) -> bool:
     """``value`` is a dict whose keys are all in the closed list ``known``."""
-    if not check(isinstance(value, dict), f"{name}: expected a dict, got {value!r}"):
+    # the message formed only on a failure: a passing value can be megabytes (the planner's record)
+    if not check(isinstance(value, dict), lambda: f"{name}: expected a dict, got {reprlib.repr(value)}"):
         return False
     extra = labels.unknown(value, known)
     return check(not extra, f"{name}: unknown keys {extra} (a plan states only {sorted(known)})")

@@ -14,35 +14,39 @@ from distfit.audit import labels
 from distfit.mathematics import bounds as bound_labels
 from distfit.audit.bounds import allocation_bound, joint_bound, not_a_distribution, range_sums
 from distfit.audit.checks import REPLAN, Checks, closed_keys, label
+from distfit.mathematics.packing import QueryRuns
 from distfit.stores.plan import BlockRecord
 
 
 @dataclass
 class Certificate:
     """``planner.chosen_blocks_lower_bound``'s dual point, validated: ``queries`` (sorted, in
-    range) and their ``weights`` (a distribution); for the joint block dual each block's cell
-    weights. The per-block terms of its dual are accumulated as the blocks are audited."""
+    range) and their ``weights`` (a distribution), and ``per_target``, each weight over its
+    query's target (``omega_j / c_j``, formed once: the scale allocation's ``g_S`` weighs every
+    block's rows by it); for the joint block dual each block's cell weights. The per-block terms
+    of its dual are accumulated as the blocks are audited."""
 
     method: str
     queries: np.ndarray
     weights: np.ndarray
+    per_target: np.ndarray
     cell_weights: dict[str, np.ndarray] = field(default_factory=dict)
     alphas: list[float] = field(default_factory=list)  # scale allocation: a_S per block
     sums: list[float] = field(default_factory=list)  # scale allocation: sum_j omega_j v_jS / c_j per block
     joint: list[tuple] = field(default_factory=list)  # joint block dual: (basis, L_c, u_S, v_S) per block
 
-    def weights_over(self, first: np.ndarray, count: np.ndarray, targets: np.ndarray | None = None) -> np.ndarray:
-        """Per query range, the certificate's weight on it (over ``targets`` when given)."""
-        values = self.weights if targets is None else self.weights / targets[self.queries]
-        return range_sums(self.queries, values, first, count)
+    def weights_over(self, first: np.ndarray, count: np.ndarray, per_target: bool = False) -> np.ndarray:
+        """Per query range, the certificate's weight on it (each over its query's target when
+        ``per_target``)."""
+        return range_sums(self.queries, self.per_target if per_target else self.weights, first, count)
 
-    def add_block(self, block: BlockRecord, targets: np.ndarray, alpha: float, variances: np.ndarray) -> bool:
+    def add_block(self, block: BlockRecord, targets: QueryRuns, alpha: float, variances: np.ndarray) -> bool:
         """Add a solved block's term of the dual at its recomputed ``alpha`` and ``variances``
         (``targets``: every query's); False when the certificate holds no weights of its cells."""
         rows = np.ones(block.query_index.size, dtype=np.int64)
         if self.method == bound_labels.SCALE_ALLOCATION:
             self.alphas.append(alpha)
-            self.sums.append(float(self.weights_over(block.query_index, rows, targets) @ variances))
+            self.sums.append(float(self.weights_over(block.query_index, rows, per_target=True) @ variances))
             return True
         cells = self.cell_weights.get(block.block_id)
         if cells is None or cells.size != block.basis.shape[1]:
@@ -52,9 +56,11 @@ class Certificate:
         return True
 
 
-def read_certificate(check: Checks, bound: Any, m: int, explicit: tuple[str, ...]) -> Certificate | None:
-    """The certificate stored with ``planner.chosen_blocks_lower_bound``, or None (a failure
-    naming why) when it is missing or is not a dual point of the plan's program."""
+def read_certificate(check: Checks, bound: Any, targets: QueryRuns, explicit: tuple[str, ...]) -> Certificate | None:
+    """The certificate stored with ``planner.chosen_blocks_lower_bound`` (``targets``: every
+    query's), or None (a failure naming why) when it is missing or is not a dual point of the
+    plan's program."""
+    m = targets.size
     name = "planner.chosen_blocks_lower_bound"
     if not isinstance(bound, dict) or bound.get("method") not in bound_labels.CHOSEN_BLOCKS_BOUNDS:
         return None  # failed where the bound is checked
@@ -80,7 +86,7 @@ def read_certificate(check: Checks, bound: Any, m: int, explicit: tuple[str, ...
     problem = not_a_distribution(weights)
     if not check(not problem, f"{name}.certificate.weights: not a distribution of weights ({problem})"):
         return None
-    certificate = Certificate(bound["method"], queries, weights)
+    certificate = Certificate(bound["method"], queries, weights, weights / targets[queries])
     if joint:
         cells = stored.get("cell_weights")
         if not check(isinstance(cells, dict) and sorted(cells) == sorted(explicit),

@@ -130,7 +130,7 @@ def audit_pack(check: Checks, plan: Plan, p: int, pack: PackedBlocks, domain: Do
     if certificate is not None and certificate.method == bound_labels.SCALE_ALLOCATION:
         # g_S: the certificate's weights over each segment's queries (over their targets), times
         # the segment's row variance, summed over the block's segments
-        per_segment = certificate.weights_over(pack.segment_query, clique_cells, targets) * high
+        per_segment = certificate.weights_over(pack.segment_query, clique_cells, per_target=True) * high
         certificate.alphas.extend(alpha.tolist())
         certificate.sums.extend(np.bincount(owner, per_segment, minlength=len(pack)).tolist())
 

@@ -16,7 +16,9 @@ the closed lists of :mod:`distfit.audit.labels`; a failure names the claim. Ther
 warnings: a claim the audit cannot re-certify fails, saying so and how to get a plan that can
 be (docs/audit.md, "What the audit trusts").
 
-* **checksum**: the stored checksum against the store (:func:`distfit.stores.plan.verify_checksum`;
+* **checksum**: the stored checksum against the store (:func:`distfit.stores.plan.verify_checksum`
+  of the plan as read: its store opened and its root attrs parsed once, the hashed claims
+  shared with the key check;
   the report keeps the recomputed one, so a caller that acts on the audited plan, e.g.
   :func:`distfit.release.job.run_release`, can check cheaply that the plan it reads is the one
   audited). A plan of format version 1 (before issue 12: its checksum covers the arrays only,
@@ -99,22 +101,12 @@ from distfit.audit.checks import (
 from distfit.audit.chosen import check_chosen_bound, read_certificate
 from distfit.audit.composition import EXACT_DOMAIN_LIMIT, is_flat, stitched_maximum
 from distfit.audit.packs import audit_pack
-from distfit.audit.query_steps import QueryRows, spec_target_runs
+from distfit.audit.query_steps import QueryRows, merged_steps, spec_target_runs
 from distfit.audit.privacy import account, budget_alpha
 from distfit.mathematics.domain import Domain
-from distfit.spec.model import PipelineSpec
+from distfit.spec.model import PipelineSpec, collector_paused
 from distfit.spec.parse import parse_spec
-from distfit.stores.plan import (
-    FORMAT,
-    FORMAT_VERSION,
-    BlockRecord,
-    Plan,
-    StoreError,
-    plan_claims,
-    read_plan,
-    verify_checksum,
-)
-from distfit.stores.sealing import open_sealed
+from distfit.stores.plan import BlockRecord, Plan, read_plan, verify_checksum
 from distfit.runtime.progress import LONG_STAGE_SECONDS, Progress
 from distfit.runtime.threads import blas_limit
 
@@ -124,15 +116,16 @@ from distfit.runtime.threads import blas_limit
 
 
 def _check_block_bound(check: Checks, block: BlockRecord, variances: np.ndarray,
-                       tolerance: float) -> float | None:
+                       tolerance: float, uncertified: list[str]) -> float | None:
     """Check a block's ``lower_bound`` against its stored certificate (module docstring);
     returns the bound the certificate proves, None when it proves none (no certificate of its
-    own, NaN weights: then the block may claim none) or the weights are not a distribution."""
+    own, NaN weights: then the block may claim none) or the weights are not a distribution.
+    A bound stated without stored weights goes to ``uncertified`` (failed once for them all:
+    :func:`_check_uncertified`)."""
     name = f"blocks/{block.block_id}"
     if block.cell_weights is None:
-        check(not block.lower_bound > 0,
-              f"{name}/lower_bound: cannot be re-certified: the plan stores no certificate (cell_weights, "
-              f"query_weights) for the block (a plan written before blocks kept them); {REPLAN}")
+        if block.lower_bound > 0:
+            uncertified.append(block.block_id)
         return None
     weights = {"cell_weights": block.cell_weights, "query_weights": block.query_weights}
     if all(np.isnan(w).all() for w in weights.values()):
@@ -151,6 +144,16 @@ def _check_block_bound(check: Checks, block: BlockRecord, variances: np.ndarray,
           f"{name}/lower_bound: stored {block.lower_bound!r}, but its certificate (cell_weights, query_weights) "
           f"proves {bound!r} on the block's problem")
     return bound
+
+
+def _check_uncertified(check: Checks, uncertified: list[str]) -> None:
+    """One failure for every block bound stated without a certificate (a plan written before
+    blocks kept them: every block alike), naming the first and how many."""
+    more = len(uncertified) - 1
+    others = f" and {more} other block{'s' if more > 1 else ''}" if more else ""
+    check(not uncertified, lambda: (
+        f"blocks/{uncertified[0]}/lower_bound: cannot be re-certified: the plan stores no certificate (cell_weights, "
+        f"query_weights) for it{others} (a plan written before blocks kept them); {REPLAN}"))
 
 
 def _check_solver(check: Checks, name: str, block: BlockRecord, alpha: float) -> None:
@@ -180,10 +183,11 @@ def _check_solver(check: Checks, name: str, block: BlockRecord, alpha: float) ->
 
 
 def _check_global_bound(check: Checks, plan: Plan, bound: Any, proved: dict[str, float | None],
-                        tolerances: dict[str, float]) -> None:
+                        tolerance: float) -> None:
     """``planner.global_lower_bound``: its keys, its ``method`` and ``bounds`` texts as the plan
-    gives them, and its value: the one block's certified bound on a one-block plan whose (solved)
-    block proves one of its own, else null."""
+    gives them, and its value: the one block's certified bound on a one-block plan whose block
+    (explicit or packed) proves one of its own, else null; to ``tolerance`` (the one block's
+    :func:`distfit.audit.checks.bound_tolerance`)."""
     name = "planner.global_lower_bound"
     if not closed_keys(check, name, bound, labels.GLOBAL_BOUND_KEYS):
         return
@@ -197,7 +201,6 @@ def _check_global_bound(check: Checks, plan: Plan, bound: Any, proved: dict[str,
                              f"({labels.global_bound_method(blocks, certified)})")
         return
     expected = proved[plan.block_ids[0]]
-    tolerance = tolerances[plan.block_ids[0]]
     check(labels.is_number(value) and abs(float(value) - expected) <= tolerance * expected,
           f"{name}: stored {value!r}, but the plan's one block's certificate proves {expected!r}")
 
@@ -254,9 +257,10 @@ def _check_account(check: Checks, stored: Any, alpha: float) -> None:
             f"stored {wrong[0][0]['epsilon']!r}, recomputed {wrong[0][1][1]!r})"))
 
 
-def _check_keys(check: Checks, path: str, attrs: dict, planner: dict) -> None:
+def _check_keys(check: Checks, plan: Plan, planner: dict) -> None:
     """Every attr the plan states has a known key (:mod:`distfit.audit.labels`); the records the
     audit does not recompute have their type; ``composition`` is the audit's."""
+    attrs = plan.attrs
     check(not labels.unknown(attrs, labels.ROOT_KEYS),
           lambda: f"attrs: unknown keys {labels.unknown(attrs, labels.ROOT_KEYS)} (a plan states only "
                   f"{sorted(labels.ROOT_KEYS)})")
@@ -266,7 +270,7 @@ def _check_keys(check: Checks, path: str, attrs: dict, planner: dict) -> None:
     if closed_keys(check, "planner", attrs.get("planner"), labels.PLANNER_KEYS):
         decisions = planner.get("decisions", [])
         check(isinstance(decisions, list) and all(isinstance(d, str) for d in decisions),
-              f"planner.decisions: expected a list of text (the planner's log), got {decisions!r}")
+              lambda: f"planner.decisions: expected a list of text (the planner's log), got {decisions!r}")
         rounds = planner.get("rounds", 1)
         check(isinstance(rounds, int) and not isinstance(rounds, bool) and rounds >= 1,
               f"planner.rounds: expected a count >= 1, got {rounds!r}")
@@ -274,8 +278,7 @@ def _check_keys(check: Checks, path: str, attrs: dict, planner: dict) -> None:
               f"planner.seconds: expected a number >= 0, got {planner.get('seconds')!r}")
         check(isinstance(planner.get("distfit_version", ""), str),
               f"planner.distfit_version: expected text, got {planner.get('distfit_version')!r}")
-    _, group, _ = open_sealed(path, FORMAT, FORMAT_VERSION, StoreError)
-    for node, stated in plan_claims(attrs, group).items():
+    for node, stated in plan.claims.items():  # the claims the checksum hashed: read once
         known = (labels.PACK_ATTR_KEYS if node.startswith("packs/") else
                  labels.SOLVED_PACK_KEYS if node == "solved" else labels.BLOCK_ATTR_KEYS if node else None)
         if known is not None:
@@ -291,9 +294,14 @@ def audit_plan(path: str, *, log: TextIO | None = None) -> AuditReport:
     """Audit the plan store at ``path`` (module docstring). Raises StoreError if it is unreadable.
     ``log``: where the progress line over the plan's blocks goes (None: no progress line; Adult's
     470 blocks take 3-6 CPU-s)."""
-    plan = read_plan(path)
-    with blas_limit():  # small dense factorisations: threads only slow them down (distfit.runtime.threads)
-        return _audit(plan, str(path), Progress("audit", log, after=LONG_STAGE_SECONDS) if log is not None else None)
+    # The collector paused (distfit.spec.model.collector_paused): a plan's root attrs and its
+    # parsed spec are millions of objects without cycles, which every collection walked again
+    # (1.7 of 11 CPU-s at 166,751 blocks).
+    with collector_paused():
+        plan = read_plan(path)
+        with blas_limit():  # small dense factorisations: threads only slow them down (distfit.runtime.threads)
+            return _audit(plan, str(path),
+                          Progress("audit", log, after=LONG_STAGE_SECONDS) if log is not None else None)
 
 
 def _audit(plan: Plan, path: str, shown: Progress | None = None) -> AuditReport:
@@ -301,13 +309,13 @@ def _audit(plan: Plan, path: str, shown: Progress | None = None) -> AuditReport:
     attrs = plan.attrs
     planner = attrs.get("planner") if isinstance(attrs.get("planner"), dict) else {}
 
-    ok, stored_sum, recomputed_sum = verify_checksum(path)
+    ok, stored_sum, recomputed_sum = verify_checksum(plan)  # the plan as read: its store opened once
     version = attrs.get("format_version")
     check(ok, f"checksum: stored {stored_sum}, but the store hashes to {recomputed_sum}")
     check(version in labels.FORMAT_VERSIONS and not isinstance(version, bool),
           f"format_version: {version!r}: cannot be re-certified (a plan of format version 1 has a checksum that "
           f"covers its arrays, not its claims, and blocks without certificates); {REPLAN}")
-    _check_keys(check, path, attrs, planner)
+    _check_keys(check, plan, planner)
 
     spec = _stored_spec(check, attrs, planner)
     try:
@@ -321,7 +329,7 @@ def _audit(plan: Plan, path: str, shown: Progress | None = None) -> AuditReport:
         spec_targets = spec_target_runs(spec)
         if check(stored_targets.size == spec_targets.size,
                  f"queries/targets: {stored_targets.size} targets, but the stored spec has {spec_targets.size} queries"):
-            target_steps = QueryRows(spec_targets.size).steps(stored_targets, spec_targets).steps
+            target_steps = merged_steps(stored_targets, spec_targets)
             stored_on, spec_on = target_steps.of_runs(stored_targets), target_steps.of_runs(spec_targets)
             differ = ~np.isclose(stored_on, spec_on, rtol=TOLERANCE, atol=0.0)
             check(not differ.any(), lambda: (
@@ -336,12 +344,12 @@ def _audit(plan: Plan, path: str, shown: Progress | None = None) -> AuditReport:
         return AuditReport(path, check.count, tuple(check.failures), "alpha", float("nan"), recomputed_sum)
 
     chosen = planner.get("chosen_blocks_lower_bound")
-    certificate = read_certificate(check, chosen, m, plan.explicit_block_ids) if chosen is not None else None
+    certificate = read_certificate(check, chosen, targets, plan.explicit_block_ids) if chosen is not None else None
     position = {name: i for i, name in enumerate(domain.names)}
     rows = QueryRows(m)  # every block row's query, variance and share (audit.query_steps)
     block_profiles = []  # (positions, profile) per block, for the stitched profile of a small domain
     proved: dict[str, float | None] = {}  # block id -> the bound its certificate proves
-    tolerances: dict[str, float] = {}  # block id -> how closely rounding lets the audit pin its bound
+    uncertified: list[str] = []  # blocks stating a bound without a stored certificate
     disagreement = 0.0  # the largest relative difference of stored and recomputed variances, over blocks
     alpha_sum = 0.0
     profiles_complete = True
@@ -387,8 +395,8 @@ def _audit(plan: Plan, path: str, shown: Progress | None = None) -> AuditReport:
                   f"{name}/lower_bound: {block.lower_bound!r} exceeds the block's alpha {block_alpha!r}")
         block_disagreement = variance_disagreement(block.variances, block_variances)
         disagreement = max(disagreement, block_disagreement)
-        tolerances[block.block_id] = bound_tolerance(block_disagreement)
-        proved[block.block_id] = _check_block_bound(check, block, block_variances, tolerances[block.block_id])
+        proved[block.block_id] = _check_block_bound(check, block, block_variances,
+                                                    bound_tolerance(block_disagreement), uncertified)
         _check_solver(check, name, block, block.alpha)  # the stored alpha, checked above
         if certificate is not None and not certificate.add_block(block, targets, block_alpha, block_variances):
             check(False, f"planner.chosen_blocks_lower_bound.certificate.cell_weights.{block.block_id}: not the "
@@ -400,6 +408,7 @@ def _audit(plan: Plan, path: str, shown: Progress | None = None) -> AuditReport:
         alpha_sum += block_alpha
     if shown is not None and block_ids:
         shown(len(block_ids), len(block_ids))
+    _check_uncertified(check, uncertified)
 
     for p, pack in enumerate(plan.packs()):
         result = audit_pack(check, plan, p, pack, domain, targets, rows, certificate)
@@ -457,7 +466,8 @@ def _audit(plan: Plan, path: str, shown: Progress | None = None) -> AuditReport:
 
     # Lower bounds (module docstring): evaluated at their certificates.
     if "global_lower_bound" in planner:
-        _check_global_bound(check, plan, planner["global_lower_bound"], proved, tolerances)
+        # on a one-block plan the largest disagreement over the blocks is its block's (0 when packed)
+        _check_global_bound(check, plan, planner["global_lower_bound"], proved, bound_tolerance(disagreement))
     if chosen is not None and np.isfinite(scale) and scale > 0:
         check_chosen_bound(check, chosen, certificate, scale, bool(plan.pack_ids),
                            bound_tolerance(disagreement))

@@ -35,24 +35,31 @@ import numpy as np
 from distfit.mathematics.packing import QueryRuns
 from distfit.spec.model import PipelineSpec
 
-__all__ = ["QueryRows", "QuerySteps", "Steps", "range_minima", "spec_target_runs"]
+__all__ = ["QueryRows", "QuerySteps", "Steps", "distinct_ranges", "merged_steps", "range_minima", "spec_target_runs"]
 
 
 def spec_target_runs(spec: PipelineSpec) -> QueryRuns:
     """The spec's targets, groups in order, as runs: each group's target vector encoded once
     (groups of one spec share an array when their targets are equal), never the whole vector."""
-    encoded: dict[int, QueryRuns] = {}
-    values, lengths = [], []
-    for group in spec.groups:
-        runs = encoded.get(id(group.targets))
-        if runs is None:
-            runs = encoded[id(group.targets)] = QueryRuns.encode(group.targets)
-        values.append(runs.values)
-        lengths.append(runs.lengths)
-    if not values:
+    if not spec.groups:
         return QueryRuns(np.zeros(0), np.zeros(1, dtype=np.int64))
-    lengths = np.concatenate(lengths)
-    return QueryRuns(np.concatenate(values), np.concatenate([[0], np.cumsum(lengths)])).canonical()
+    encoded: dict[int, int] = {}  # id of a group's target array -> its position in ``distinct``
+    distinct: list[QueryRuns] = []
+    which = np.empty(len(spec.groups), dtype=np.int64)
+    for g, group in enumerate(spec.groups):
+        k = encoded.get(id(group.targets))
+        if k is None:
+            k = encoded[id(group.targets)] = len(distinct)
+            distinct.append(QueryRuns.encode(group.targets))
+        which[g] = k
+    # every group's runs gathered from the distinct encodings at once (499,500 groups of 1,000
+    # attributes: one gather, not an array per group)
+    counts = np.array([len(runs.values) for runs in distinct])[which]
+    starts = np.cumsum([0] + [len(runs.values) for runs in distinct])[which]
+    position = np.arange(int(counts.sum())) + np.repeat(starts - (np.cumsum(counts) - counts), counts)
+    values = np.concatenate([runs.values for runs in distinct])[position]
+    lengths = np.concatenate([runs.lengths for runs in distinct])[position]
+    return QueryRuns(values, np.concatenate([[0], np.cumsum(lengths)])).canonical()
 
 
 def range_minima(runs: QueryRuns, first: np.ndarray, stop: np.ndarray) -> np.ndarray:
@@ -124,8 +131,9 @@ class QueryRows:
         """The steps of these rows and of ``runs`` (targets, stored variances), and the sums on them."""
         point_query, point_variance, point_share = _joined(self.points, (np.int64, float, float))
         first, stop, range_variance, range_share = _joined(self.ranges, (np.int64, np.int64, float, float))
+        pairs, which = distinct_ranges(first, stop, self.m)  # the breaks of the distinct ranges only
         breaks = np.unique(np.concatenate([
-            np.array([0, self.m], dtype=np.int64), point_query, point_query + 1, first, stop,
+            np.array([0, self.m], dtype=np.int64), point_query, point_query + 1, pairs[:, 0], pairs[:, 1],
             *(run.offsets for run in runs)]))
         steps = Steps(breaks)
         k = breaks.size - 1
@@ -135,8 +143,29 @@ class QueryRows:
         np.add.at(shares, where, point_share)
         answered[where] = True
         if first.size:
-            _add_ranges(steps, first, stop, range_variance, range_share, variances, shares, answered)
+            _add_ranges(steps, pairs, which, range_variance, range_share, variances, shares, answered)
         return QuerySteps(steps, variances, shares, answered)
+
+
+def merged_steps(*runs: QueryRuns) -> Steps:
+    """The steps on which every one of ``runs`` (vectors of the same queries) is constant: their
+    offsets merged (each holds 0 and the number of queries)."""
+    return Steps(np.unique(np.concatenate([run.offsets for run in runs])))
+
+
+def distinct_ranges(first: np.ndarray, stop: np.ndarray, m: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(pairs, which)``: the distinct query ranges ``[first, stop)`` of queries in ``[0, m]``
+    as rows ``(first, stop)`` sorted by first, then stop, and each range's row. One integer key
+    per range, ``first (m + 1) + stop``, when it fits in int64 (every plan up to 3e9 queries):
+    sorting keys is 20x faster than sorting rows (``np.unique(axis=0)``: 1.0 CPU-s for the 1.3M
+    segments of 100 attributes of 10, every marginal up to 3-way)."""
+    if not first.size:
+        return np.zeros((0, 2), dtype=np.int64), np.zeros(0, dtype=np.int64)
+    if (m + 1) ** 2 <= np.iinfo(np.int64).max:
+        keys, which = np.unique(first * (m + 1) + stop, return_inverse=True)
+        return np.column_stack([keys // (m + 1), keys % (m + 1)]), which.ravel()
+    pairs, which = np.unique(np.column_stack([first, stop]), axis=0, return_inverse=True)
+    return pairs, which.ravel()
 
 
 def _joined(parts: list, dtypes: tuple) -> tuple[np.ndarray, ...]:
@@ -145,12 +174,11 @@ def _joined(parts: list, dtypes: tuple) -> tuple[np.ndarray, ...]:
                  for i, dtype in enumerate(dtypes))
 
 
-def _add_ranges(steps: Steps, first: np.ndarray, stop: np.ndarray, variance: np.ndarray, share: np.ndarray,
+def _add_ranges(steps: Steps, pairs: np.ndarray, which: np.ndarray, variance: np.ndarray, share: np.ndarray,
                 variances: np.ndarray, shares: np.ndarray, answered: np.ndarray) -> None:
     """Add each range's variance and share to the steps it covers (module docstring: coinciding
-    ranges summed first; disjoint distinct ranges assigned, overlapping ones by running sums)."""
-    pairs, which = np.unique(np.column_stack([first, stop]), axis=0, return_inverse=True)
-    which = which.ravel()
+    ranges summed first; disjoint distinct ranges assigned, overlapping ones by running sums);
+    ``pairs`` and ``which``: :func:`distinct_ranges` of the ranges."""
     pair_variance = np.bincount(which, variance, minlength=len(pairs))
     pair_share = np.bincount(which, share, minlength=len(pairs))
     low = np.searchsorted(steps.breaks, pairs[:, 0])

@@ -374,14 +374,16 @@ def open_store(path: str | os.PathLike, kind: str, error: type[Exception]) -> tu
         raise error(f"{p}: no such {kind} store{hint}")
     if not p.is_dir():
         raise error(f"{p}: not a directory (a {kind} store is a Zarr v3 group directory)")
-    attrs = root_attrs_on_disk(p)
-    if attrs is None:
-        raise error(f"{p}: not a Zarr v3 group (no readable zarr.json)")
+    # zarr.json is parsed once, by zarr (a plan's holds its spec and certificate: 44 MB at 100
+    # attributes of 10, every marginal up to 3-way, ~1 CPU-s a parse); read by hand only to
+    # say why zarr refused it.
     try:
         group = zarr.open_group(store=str(p), mode="r", zarr_format=3)
     except Exception as exc:  # noqa: BLE001 - any failure to open is a refusal
+        if root_attrs_on_disk(p) is None:
+            raise error(f"{p}: not a Zarr v3 group (no readable zarr.json)") from None
         raise error(f"{p}: cannot open as a Zarr v3 group ({type(exc).__name__}: {exc})") from None
-    return p, group, dict(attrs)
+    return p, group, group.attrs.asdict()
 
 
 #: The array of each unit's parent id (geography: a level of a multi-level run) in the data,

@@ -431,6 +431,11 @@ class Plan:
         return self.attrs["checksum"]
 
     @functools.cached_property
+    def claims(self) -> dict[str, Any]:
+        """:func:`plan_claims` of this plan, read once (the checksum and the audit share them)."""
+        return plan_claims(self.attrs, self._group)
+
+    @functools.cached_property
     def queries_targets(self) -> np.ndarray:
         """(m,) every query's target."""
         return self.target_runs.expand()
@@ -637,11 +642,17 @@ def read_verified_plan(path: PathLike) -> Plan:
     return read_plan(path, verify=True)
 
 
-def verify_checksum(path: PathLike) -> tuple[bool, str, str]:
+def verify_checksum(path: PathLike | Plan) -> tuple[bool, str, str]:
     """``(ok, stored, recomputed)`` for a plan store (refused like :func:`read_plan`), under the
-    plan's rule :func:`plan_checksum_claims` (:func:`distfit.stores.sealing.verify_opened`)."""
-    _p, group, attrs = _open_plan_group(path)
-    return verify_opened(group, attrs, plan_checksum_claims)
+    plan's rule :func:`plan_checksum_claims` (:func:`distfit.stores.sealing.verify_opened`).
+    Given a :class:`Plan` already read, its store is not opened again and its claims
+    (:attr:`Plan.claims`) are the ones hashed (the audit: one parse of a plan's root attrs)."""
+    if not isinstance(path, Plan):
+        _p, group, attrs = _open_plan_group(path)
+        return verify_opened(group, attrs, plan_checksum_claims)
+    plan = path
+    return verify_opened(plan._group, plan.attrs,
+                         lambda attrs, _group: plan.claims if checksum_covers_attrs(attrs) else None)
 
 
 __all__ = [

@@ -22,13 +22,14 @@ import pytest
 import yaml
 import zarr
 
+import distfit.audit.labels
 import distfit.audit.plan
 import distfit.stores.plan
 from distfit.audit.bounds import bound_targets
 from distfit.audit.plan import audit_plan
 from distfit.cli.main import main
 from distfit.plan.job import run_plan
-from distfit.mathematics.bounds import JOINT_BLOCK_DUAL, SCALE_ALLOCATION
+from distfit.mathematics.bounds import GLOBAL_BOUNDS, JOINT_BLOCK_DUAL, SCALE_ALLOCATION
 from distfit.mathematics.bounds import certified_bound
 from distfit.spec.parse import parse_spec
 from distfit.stores.checksum import compute_checksum
@@ -324,6 +325,21 @@ def test_a_plan_written_before_certificates_fails_saying_how_to_get_one_that_pas
     report = assert_fails(path, f"{BLOCK}/lower_bound: cannot be re-certified: the plan stores no certificate",
                           "planner.global_lower_bound: 2.0395", "planner.global_lower_bound.method")
     assert REPLAN in report.failures[0]
+
+
+def test_blocks_without_certificates_fail_once_naming_how_many(copy_of):
+    """Every block of a plan written before certificates were kept lacks them alike: one line
+    says so and how to get a plan that can be re-certified, not one line per block."""
+    path = copy_of("refined")
+    blocks = read_plan(path).explicit_block_ids
+    assert len(blocks) == 2
+    for block in blocks:
+        for array in ("cell_weights", "query_weights"):
+            shutil.rmtree(path / "blocks" / block / array)
+    reseal(path)
+    report = assert_fails(path, f"blocks/{blocks[0]}/lower_bound: cannot be re-certified: the plan stores no "
+                                "certificate (cell_weights, query_weights) for it and 1 other block (")
+    assert [f for f in report.failures if "re-certified" in f or REPLAN in f] == [report.failures[0]], report.failures
 
 
 ARRAY_EDITS = {
@@ -639,6 +655,25 @@ def test_a_packed_plan_passes_and_agrees_with_its_blocks_written_one_group_each(
                                  block.query_weights)
         assert block.lower_bound == pytest.approx(proved, rel=1e-9)
 
+
+
+def test_the_global_bound_of_a_one_block_packed_plan_is_its_packed_certificate(tmp_path):
+    """A plan whose one block is packed (the grand total at target 2) may state its global bound:
+    the pack's certificate proves 1/2 (the total's closed form: variance t costs alpha 1/t); the
+    audit checks it to the block's tolerance (it raised KeyError: the tolerance was looked up
+    among the explicit blocks only), and an edit by 1e-6 fails naming it."""
+    path = tmp_path / "total.zarr"
+    write_packed_plan(path, {"name": "total", "attributes": [{"name": "x0", "size": 3}],
+                             "queries": [{"name": "t", "total": True, "target": 2.0}]})
+    assert read_plan(path).explicit_block_ids == () and len(read_plan(path).block_ids) == 1
+    bound = {"method": distfit.audit.labels.global_bound_method(1, True), "bounds": GLOBAL_BOUNDS, "value": 0.5}
+    edit(path, planner__global_lower_bound=bound)
+    reseal(path)
+    report = audit_plan(str(path))
+    assert report.ok, report.failures
+    edit(path, planner__global_lower_bound__value=0.5 * (1 + 1e-6))
+    reseal(path)
+    assert_fails(path, "planner.global_lower_bound: stored 0.5000005, but the plan's one block's certificate proves 0.49999999")
 
 def _pack_block(path, block_id: str) -> int:
     plan = read_plan(path)

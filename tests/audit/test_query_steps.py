@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from distfit.audit.query_steps import QueryRows, range_minima, spec_target_runs
+from distfit.audit.query_steps import QueryRows, distinct_ranges, merged_steps, range_minima, spec_target_runs
 from distfit.mathematics.packing import QueryRuns
 from distfit.spec.parse import parse_spec
 from tests.packed_plans import marginals_spec
@@ -87,3 +87,34 @@ def test_spec_target_runs_are_the_spec_targets():
     runs = spec_target_runs(spec)
     np.testing.assert_array_equal(runs.expand(), spec.targets)
     assert runs.values.size < spec.targets.size  # runs, not the vector
+
+
+@pytest.mark.parametrize("m", [97, 2**40], ids=["keys", "rows"])  # 2^40: (m + 1)^2 overflows int64
+def test_distinct_ranges_are_the_distinct_rows_in_order(m):
+    """Both routes of distinct_ranges (one integer key per range, or rows when the key would
+    overflow) give np.unique's distinct rows, sorted by first then stop, and each range's row."""
+    rng = np.random.default_rng(3)
+    first = rng.integers(0, min(m, 50), size=300) * (m // 97)
+    stop = first + rng.integers(1, 4, size=300) * (m // 97)
+    pairs, which = distinct_ranges(first, stop, m)
+    expected = np.unique(np.column_stack([first, stop]), axis=0)
+    np.testing.assert_array_equal(pairs, expected)
+    np.testing.assert_array_equal(pairs[which], np.column_stack([first, stop]))
+
+
+def test_merged_steps_hold_every_run_constant():
+    a = QueryRuns(np.array([1.0, 2.0]), np.array([0, 4, 10]))
+    b = QueryRuns(np.array([5.0, 6.0, 7.0]), np.array([0, 2, 4, 10]))
+    steps = merged_steps(a, b)
+    np.testing.assert_array_equal(steps.breaks, [0, 2, 4, 10])
+    for runs in (a, b):
+        np.testing.assert_array_equal(np.repeat(steps.of_runs(runs), steps.lengths), runs.expand())
+
+
+def test_spec_target_runs_gather_groups_of_several_runs():
+    """Groups with targets of their own (lists: several runs each) between groups sharing one."""
+    spec = marginals_spec([3, 2, 2], targets=[1.0, 2.0, 2.0])
+    spec["queries"][0]["target"] = [1.0, 1.0, 3.0, 3.0, 3.0, 1.0]
+    spec["queries"][2]["target"] = [2.0, 5.0, 5.0, 2.0]
+    spec = parse_spec(spec)
+    np.testing.assert_array_equal(spec_target_runs(spec).expand(), spec.targets)
