@@ -489,8 +489,9 @@ def combine_blocks(domain: Domain, members: Sequence[BlockSpec], attributes: Seq
 #: 29): the total and industry's and personal_income's blocks had joined industry x
 #: personal_income (k = 400, 27,898 queries; 10.6 / 38.1 / 28.7 CPU-s in rounds 0 / 1 / 2 of a
 #: serial plan, its largest block by far and the critical path of every round); in the
-#: smallest cliques the largest block has 361 rows and 380 queries, the plan's solves take
-#: 234.7 -> 140.5 CPU-s and its alpha goes 121.980 -> 120.919 (benchmarks/README.md, issue 31).
+#: smallest cliques the largest block has 361 rows and 380 queries, a serial plan's solves take
+#: 234.7 -> 146.7 CPU-s, its largest per round 38.1 -> 8.5, and its alpha goes 121.980 ->
+#: 120.624 (benchmarks/README.md, issue 31 point 2).
 #: Not on workloads of few cliques: there one clique's queries can weigh most on the total,
 #: and the largest clique is where they are (tests/reference.py's mixed workload, 4 cliques,
 #: at max_cells 16: the total in the smallest clique gave one round's sum bound 5.634 against
