@@ -11,8 +11,8 @@ Each plan is ``python -m distfit.cli plan SPEC --out TMP --overwrite`` in a fres
 imports, decomposition, cluster start, rounds, store and shutdown included), this tree's
 distfit, and with ``--reference-root DIR`` (an unpacked older tree, e.g. ``git archive
 REF | tar -x -C DIR``) the same command on that tree's distfit, one after the other. The
-reference alpha is that run's, else ``--reference-alpha`` (default: 121.975, the plan at
-fd1402d, benchmarks/README.md). Goals: wall <= 60 s on 2 cores, alpha <= the reference's.
+reference alpha is that run's, else ``--reference-alpha`` (default: 121.979616, the plan at
+43bf2b9, benchmarks/README.md). Goals: wall <= 60 s on 2 cores, alpha <= the reference's.
 The machine is shared: compare CPU-seconds, and the load average printed before and after.
 """
 from __future__ import annotations
@@ -28,8 +28,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 GOAL_SECONDS = 60.0
-#: alpha of ``distfit plan pipelines/marginals.yaml`` at fd1402d (benchmarks/README.md)
-REFERENCE_ALPHA = 121.975
+#: alpha of ``distfit plan pipelines/marginals.yaml`` at 43bf2b9 (benchmarks/README.md, issue 31 point 2)
+REFERENCE_ALPHA = 121.979616
 
 
 def load() -> str:
@@ -39,18 +39,24 @@ def load() -> str:
 def plan_once(root: Path, spec: str, workers: int, out: Path) -> tuple[float, float, float]:
     """(wall s, CPU-s of the command and its children, alpha) of one ``distfit plan`` on ``root``'s distfit."""
     env = dict(os.environ, PYTHONPATH=str(root))
+    # run in root: ``python -m`` and ``-c`` put the working directory first on sys.path, ahead of
+    # PYTHONPATH, so run from another tree they imported that tree's distfit, not root's (the
+    # session-14 figures compared this tree with itself)
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     wall = time.perf_counter()
     done = subprocess.run([sys.executable, "-m", "distfit.cli", "plan", spec, "--out", str(out), "--overwrite",
-                           "--workers", str(workers)], env=env, capture_output=True, text=True)
+                           "--workers", str(workers)], env=env, capture_output=True, text=True, cwd=root)
     wall = time.perf_counter() - wall
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if done.returncode != 0:
         raise SystemExit(f"{root}: distfit plan failed ({done.returncode}): {done.stderr.strip()[-500:]}")
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    alpha = subprocess.run([sys.executable, "-c", "import sys; from distfit.stores.plan import read_plan; "
-                            "print(repr(read_plan(sys.argv[1]).attrs['alpha']))", str(out)],
-                           env=env, capture_output=True, text=True, check=True).stdout.strip()
+    imported, alpha = subprocess.run(
+        [sys.executable, "-c", "import sys, distfit; from distfit.stores.plan import read_plan; "
+         "print(distfit.__file__); print(repr(read_plan(sys.argv[1]).attrs['alpha']))", str(out)],
+        env=env, capture_output=True, text=True, check=True, cwd=root).stdout.split()
+    if not Path(imported).resolve().is_relative_to(Path(root).resolve()):
+        raise SystemExit(f"{root}: the plan's process imported {imported}, not this tree's distfit")
     return wall, cpu, float(alpha)
 
 
@@ -61,6 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reference-root", default=None, help="also plan with this source tree's distfit")
     parser.add_argument("--reference-alpha", type=float, default=REFERENCE_ALPHA)
     args = parser.parse_args(argv)
+    args.spec = str(Path(args.spec).resolve())  # the plans run in their trees' roots
     runs = [("this tree", ROOT)] + ([("reference", Path(args.reference_root))] if args.reference_root else [])
     results = {}
     with tempfile.TemporaryDirectory(prefix="bench-marginals-plan-") as tmp:

@@ -16,7 +16,8 @@ import numpy as np
 
 from distfit.mathematics.domain import Domain
 from distfit.plan.closed_form import ClosedFormBlocks
-from distfit.plan.residual import BlockLayout, BlockSpec, GroupLike, ResidualWorkload, merge_layout
+from distfit.plan.residual import (LOW_ORDER_SHARED, BlockLayout, BlockSpec, GroupLike, ResidualWorkload, merge_layout,
+                                   widely_shared)
 
 MERGE_MAX_ROWS = 1024  # basis rows a merged block may have: an SM-II step costs O(k^3)
 MERGE_LOG_LINES = 50  # merge decisions written out one per line; the rest are counted
@@ -128,6 +129,11 @@ def decompose_lazily(domain: Domain, groups: Sequence[GroupLike], max_cells: int
                     f"{float(block.rows) ** 3:.3g} flops per Newton step")
             if len(joined) > MERGE_LOG_LINES:
                 decisions.append(f"... and {len(joined) - MERGE_LOG_LINES} more merged blocks")
+    moved = _moved_low_order(domain, rest, cliques, max_cells) if layouts else 0
+    if moved:
+        decisions.append(f"{moved} residual blocks of the total or one attribute, each in more than {LOW_ORDER_SHARED} "
+                         f"query cliques, joined the smallest clique holding them, not the largest (their rows come "
+                         f"from every query of those cliques' groups; in the largest they enlarge the largest block)")
     if max_rows is not None and rest:
         capped = _row_capped(domain, rest, cliques, max_cells, max_rows)
         if capped:
@@ -135,6 +141,20 @@ def decompose_lazily(domain: Domain, groups: Sequence[GroupLike], max_cells: int
                              f"more basis rows (an SM-II step costs O(k^3))")
     return Decomposition(tuple(layouts), tuple(decisions), workload,
                          workload.closed_form_blocks(free) if free.size else None)
+
+
+def _moved_low_order(domain: Domain, blocks: Sequence[tuple[str, ...]], cliques: Sequence[Sequence[str]],
+                     max_cells: int) -> int:
+    """How many ``blocks`` ``merge_layout`` sends to the smallest clique that holds them and fits
+    (``residual.widely_shared``) where the largest would have been another."""
+    distinct = {frozenset(c) for c in cliques}
+    fitting = {c for c in distinct if math.prod(domain.size_of(a) for a in c) <= max_cells}
+    count = 0
+    for block in blocks:
+        if widely_shared(block, distinct):
+            sizes = {math.prod(domain.size_of(a) for a in c) for c in fitting if set(block) <= c}
+            count += len(sizes) > 1
+    return count
 
 
 def _row_capped(domain: Domain, blocks: Sequence[tuple[str, ...]], cliques: Sequence[Sequence[str]],

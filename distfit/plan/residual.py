@@ -479,6 +479,34 @@ def combine_blocks(domain: Domain, members: Sequence[BlockSpec], attributes: Seq
     return BlockSpec(block_id_for(attributes), tuple(attributes), basis, recon, queries, targets)
 
 
+#: Residual blocks of at most ``LOW_ORDER`` attributes (the total, a single attribute's) that
+#: more than ``LOW_ORDER_SHARED`` query cliques contain join the *smallest* clique that contains
+#: them and fits ``max_cells`` (``merge_layout``); every other block the largest. Such a block
+#: has a row for every query of every group whose clique contains it (the total: every query of
+#: the workload) along few directions, and few basis rows (1 or n - 1): in the largest clique
+#: it made the plan's largest block larger still and gave it every query. marginals.yaml (all
+#: 2-way marginals of 30 attributes, max_cells 400; the total in 435 cliques, each attribute in
+#: 29): the total and industry's and personal_income's blocks had joined industry x
+#: personal_income (k = 400, 27,898 queries; 10.6 / 38.1 / 28.7 CPU-s in rounds 0 / 1 / 2 of a
+#: serial plan, its largest block by far and the critical path of every round); in the
+#: smallest cliques the largest block has 361 rows and 380 queries, a serial plan's solves take
+#: 234.7 -> 146.7 CPU-s, its largest per round 38.1 -> 8.5, and its alpha goes 121.980 ->
+#: 120.624 (benchmarks/README.md, issue 31 point 2).
+#: Not on workloads of few cliques: there one clique's queries can weigh most on the total,
+#: and the largest clique is where they are (tests/reference.py's mixed workload, 4 cliques,
+#: at max_cells 16: the total in the smallest clique gave one round's sum bound 5.634 against
+#: 3.767; pl94, mix and the age pyramid, at most 8 cliques, keep their plans bit for bit).
+LOW_ORDER = 1
+LOW_ORDER_SHARED = 16
+
+
+def widely_shared(block: Sequence[str], cliques: Sequence[Sequence[str]]) -> bool:
+    """Whether ``block`` is a low-order block that joins the smallest clique (``LOW_ORDER``): of
+    at most ``LOW_ORDER`` attributes and held by more than ``LOW_ORDER_SHARED`` of the distinct
+    ``cliques``."""
+    return len(block) <= LOW_ORDER and sum(set(block) <= set(c) for c in cliques) > LOW_ORDER_SHARED
+
+
 def _member_rows(domain: Domain, members: Sequence[Sequence[str]]) -> int:
     """Basis rows of a block combining residual blocks: ``sum_S prod_{i in S} (n_i - 1)``."""
     return sum(math.prod(domain.size_of(a) - 1 for a in member) for member in members)
@@ -490,8 +518,11 @@ def merge_layout(
 ) -> list[tuple[tuple[str, ...], tuple[tuple[str, ...], ...]]]:
     """Which blocks to merge, decided on attribute sets alone (``merge_blocks``' rules).
 
-    ``blocks`` are the blocks' attribute sets (distinct). Returns ``(attributes, members)`` per
-    merged block, ``members`` indexing the input attribute sets in basis-row order, sorted
+    ``blocks`` are the blocks' attribute sets (distinct). A block joins the largest query
+    clique that contains it and fits ``max_cells``, except the blocks of at most ``LOW_ORDER``
+    attributes (the total, one attribute's) in more than ``LOW_ORDER_SHARED`` cliques, which
+    join the smallest (``LOW_ORDER``'s comment).
+    Returns ``(attributes, members)`` per merged block, ``members`` indexing the input attribute sets in basis-row order, sorted
     smallest block first. ``max_rows`` also caps a merged block's basis rows (an SM-II step
     costs O(k^3) in its k rows): a clique whose residual blocks add up to more stays unmerged,
     and two blocks merge only while their rows add up to at most it.
@@ -499,11 +530,13 @@ def merge_layout(
     row_limit = math.inf if max_rows is None else max_rows
     order = sorted({_in_domain_order(domain, clique) for clique in cliques},
                    key=lambda c: (-_cells(domain, c), [domain.index(a) for a in c]))
+    smallest_first = sorted(order, key=lambda c: (_cells(domain, c), [domain.index(a) for a in c]))
     groups: dict[tuple[str, ...], list[tuple[str, ...]]] = {}
     current: list[tuple[tuple[str, ...], tuple[tuple[str, ...], ...]]] = []
     for block in blocks:
         block = tuple(block)
-        home = next((c for c in order if set(block) <= set(c) and _cells(domain, c) <= max_cells), None)
+        homes = smallest_first if widely_shared(block, order) else order
+        home = next((c for c in homes if set(block) <= set(c) and _cells(domain, c) <= max_cells), None)
         if home is None:
             current.append((block, (block,)))
         else:
@@ -542,7 +575,8 @@ def merge_blocks(domain: Domain, blocks: Sequence[BlockSpec], cliques: Sequence[
     """Merge blocks while the merged block's marginal has at most ``max_cells`` cells.
 
     Two phases, both exact (``combine_blocks``), decided by ``merge_layout``: (1) each residual
-    block joins the largest query clique that contains it and fits the limit, and the residual
+    block joins the largest query clique that contains it and fits the limit (the total and
+    one attribute's blocks when many cliques share them: the smallest, ``LOW_ORDER``), and the residual
     blocks of one clique become one block; (2) blocks that share attributes are merged
     pairwise, smallest union first, while the union fits. With no limit this ends in one block
     over every queried attribute, i.e. the single global SM-II solve; with ``max_cells = 0``

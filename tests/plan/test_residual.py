@@ -14,6 +14,8 @@ from distfit.plan.residual import (
     connected_blocks,
     difference_matrix,
     merge_blocks,
+    LOW_ORDER_SHARED,
+    merge_layout,
     residual_blocks,
 )
 from distfit.mathematics.workload import prefix_queries, workload_from_groups
@@ -117,6 +119,27 @@ def test_no_limit_means_no_merge():
     domain, groups = mixed_marginal_workload()
     residual = residual_blocks(domain, groups)
     assert [b.block_id for b in merge_blocks(domain, residual, [tuple(g[1]) for g in groups], 0)] == [b.block_id for b in residual]
+
+
+def test_a_total_many_cliques_share_joins_the_smallest_clique_not_the_largest():
+    """The total's block has a row for every query: shared by more than LOW_ORDER_SHARED
+    cliques, it joins the smallest clique that holds it, so the largest clique's block holds its
+    own residual block only; with few cliques it joins the largest, as every other block does."""
+    names = tuple("abcdefg")
+    domain = Domain(names, (10, 10, 2, 3, 2, 3, 2))
+    cliques = list(itertools.combinations(names, 2))  # 21 > LOW_ORDER_SHARED cliques hold the total
+    assert len(cliques) > LOW_ORDER_SHARED
+    blocks = [()] + [(a,) for a in names] + cliques
+
+    def holding(layout, member):
+        return next(attributes for attributes, members in layout if member in members)
+
+    many = merge_layout(domain, blocks, cliques, max_cells=100)
+    assert dict(many)[("a", "b")] == (("a",), ("b",), ("a", "b"))  # 6 cliques hold "a": the largest
+    assert "a" not in holding(many, ()) and "b" not in holding(many, ())
+    assert sorted(m for _, members in many for m in members) == sorted(blocks)  # each block once
+    few = merge_layout(domain, blocks[:3] + [("a", "b"), ("a", "c")], [("a", "b"), ("a", "c")], max_cells=100)
+    assert holding(few, ()) == ("a", "b")
 
 
 @pytest.mark.parametrize("max_cells", [0, 16, 10**9])
