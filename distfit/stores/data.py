@@ -118,6 +118,8 @@ from distfit.stores.lock import store_lock
 from distfit.stores.files import (
     PARENT_IDS,
     STAGING_MARKER,
+    create_nodes,
+    filled_array,
     fsync_tree,
     is_staging,
     jsonable,
@@ -338,23 +340,29 @@ def create_marginals(group: zarr.Group, widths: Sequence[int], units: int, chunk
     ``marginals/<i>`` (units, widths[i]) int64, ``unit_ids`` and its coordinate twin ``unit`` (int64, or
     strings unless ``integer_ids``), chunked by ``chunk_units`` units, and, given ``labels`` (the
     :func:`cell_labels` of each clique), the coordinates ``marginals/cell_<i>`` (module docstring);
-    ``integer_parents``: ``parent_ids`` too (int64 if True, else strings); ``progress(i, n)`` per clique."""
+    ``integer_parents``: ``parent_ids`` too (int64 if True, else strings); ``progress(n, n)``
+    once every array is laid out (in one zarr call, :func:`distfit.stores.files.create_nodes`)."""
     if labels is not None and [len(x) for x in labels] != [int(w) for w in widths]:
         raise ValueError(f"labels: {[len(x) for x in labels]} cell labels per clique, widths are {list(widths)}")
-    config, marginals = {"write_empty_chunks": True}, group.create_group("marginals")
+    config = {"write_empty_chunks": True}
+    arrays: dict[str, dict[str, Any]] = {}
     for i, width in enumerate(widths):
-        marginals.create_array(str(i), shape=(units, width), dtype=np.int64, chunks=(chunk_units, width),
-                               dimension_names=marginal_dims(i), config=config)
+        arrays[f"marginals/{i}"] = dict(shape=(units, width), dtype=np.int64, chunks=(chunk_units, width),
+                                        dimension_names=marginal_dims(i), config=config)
         if labels is not None:
-            write_array(marginals, f"cell_{i}", np.asarray(labels[i], dtype=object), dims=marginal_dims(i)[1:])
-        if progress is not None:
-            progress(i + 1, len(widths))
+            arrays[f"marginals/cell_{i}"] = filled_array(np.asarray(labels[i], dtype=object),
+                                                         dims=marginal_dims(i)[1:], where=f"marginals/cell_{i}")
     for name in ("unit_ids", "unit"):  # both filled by MarginalsWriter.write_unit_ids
-        group.create_array(name, shape=(units,), dtype=np.int64 if integer_ids else str,
-                           chunks=(chunk_units,), dimension_names=("unit",), config=config)
+        arrays[name] = dict(shape=(units,), dtype=np.int64 if integer_ids else str, chunks=(chunk_units,),
+                            dimension_names=("unit",), config=config)
     if integer_parents is not None:  # filled by MarginalsWriter.write_parent_ids
-        group.create_array(PARENT_IDS, shape=(units,), dtype=np.int64 if integer_parents else str,
-                           chunks=(chunk_units,), dimension_names=("unit",), config=config)
+        arrays[PARENT_IDS] = dict(shape=(units,), dtype=np.int64 if integer_parents else str,
+                                  chunks=(chunk_units,), dimension_names=("unit",), config=config)
+    # every node in one zarr call (files.create_nodes): Adult's 364 cliques are 731 arrays, one
+    # call at a time 7.5 s of the data stage
+    create_nodes(group, {"marginals": {}}, arrays)
+    if progress is not None:
+        progress(len(widths), len(widths))
 
 
 class MarginalsWriter:

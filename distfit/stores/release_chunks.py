@@ -17,6 +17,7 @@ after the last chunk.
 """
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import errno
 import os
@@ -29,6 +30,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 import numpy as np
 import zarr
 from zarr.codecs import BytesCodec
+from zarr.core.sync import sync
 
 from distfit.stores.checksum import DIGESTS, Reader, chunk_digest, compute_checksum, digested_arrays
 from distfit.stores.files import fsync_dir, fsync_file, fsync_tree, jsonable, utc_now
@@ -350,8 +352,19 @@ def pending_chunks(root: zarr.Group) -> list[int]:
 def stored_blocks(root: zarr.Group) -> tuple[str, ...]:
     """The blocks whose ``answers`` array the store holds (all but the derived ones; all of them
     in a release laid out before derived blocks), sorted."""
-    blocks = root["blocks"]
-    return tuple(sorted(b for b in blocks.group_keys() if "answers" in blocks[b]))
+    # the store's keys, listed and checked in one zarr call, not two zarr calls a block opening
+    # every group (Adult's 470 blocks: 0.7-1.4 s each time, 4 times a release)
+    return tuple(sorted(b for b, held in zip(*sync(_answer_keys(root))) if held))
+
+
+async def _answer_keys(root: zarr.Group) -> tuple[list[str], list[bool]]:
+    """The block groups of ``root`` (the ``blocks`` group's child keys) and whether each holds an
+    ``answers`` array (its ``zarr.json`` exists), read concurrently."""
+    prefix = f"{root.path}/blocks".lstrip("/")
+    names = [name async for name in root.store.list_dir(prefix)]
+    names = [name for name in names if name != "zarr.json"]
+    held = await asyncio.gather(*(root.store.exists(f"{prefix}/{name}/answers/zarr.json") for name in names))
+    return names, list(held)
 
 
 class ChunkSync:

@@ -1,0 +1,58 @@
+"""files.create_nodes: the nodes it creates in one call are the ones zarr creates one call at a time."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import zarr
+
+from distfit.stores.files import create_nodes, filled_array, write_array
+
+
+def _tree(path: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(path)): p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file()}
+
+
+def test_create_nodes_writes_what_one_call_at_a_time_writes(tmp_path):
+    labels = np.array(["a:x", "a:y", "b:éz"], dtype=object)
+    index = np.array([0, 2], dtype=np.int64)
+    config = {"write_empty_chunks": True}
+    answers = dict(shape=(5, 2), dtype=np.float64, chunks=(5, 2), compressors=None,
+                   dimension_names=("unit", "block_query"), config=config)
+    done = dict(shape=(3,), dtype=np.uint8, chunks=(1,), fill_value=0, compressors=None,
+                dimension_names=("chunk",), config=config, attributes={"n": 3})
+
+    one = zarr.open_group(tmp_path / "one.zarr", mode="w-", zarr_format=3)
+    one.create_group("blocks")
+    g = one.create_group("blocks/b0")
+    g.create_array("answers", **answers)
+    write_array(g, "block_query", labels[index], dims=("block_query",))
+    g.attrs.update({"block_index": 1, "attributes": ["a", "b"]})
+    h = one.create_group("blocks/b1")
+    write_array(h, "query_index", np.zeros(2, dtype=np.int64), dims=("block_query",))  # all fill: still on disk
+    q = one.create_group("queries")
+    q.attrs["labels"] = None
+    write_array(q, "query", labels, dims=("query",))
+    one.create_array("chunks/done", **done)
+
+    many = zarr.open_group(tmp_path / "many.zarr", mode="w-", zarr_format=3)
+    create_nodes(many, {"blocks": {}, "blocks/b0": {"block_index": np.int64(1), "attributes": ("a", "b")},
+                        "blocks/b1": {}, "queries": {"labels": None}}, {
+        "blocks/b0/answers": answers,
+        "blocks/b0/block_query": filled_array(labels[index], dims=("block_query",), where="b0"),
+        "blocks/b1/query_index": filled_array(np.zeros(2, dtype=np.int64), dims=("block_query",), where="b1"),
+        "queries/query": filled_array(labels, dims=("query",), where="queries/query"),
+        "chunks/done": done})
+
+    assert _tree(tmp_path / "many.zarr") == _tree(tmp_path / "one.zarr")
+    assert (tmp_path / "many.zarr/blocks/b1/query_index/c/0").is_file()
+    assert list(zarr.open_group(tmp_path / "many.zarr", mode="r")["blocks/b0/block_query"][...]) == ["a:x", "b:éz"]
+
+
+def test_create_nodes_refuses_a_node_already_there(tmp_path):
+    root = zarr.open_group(tmp_path / "s.zarr", mode="w-", zarr_format=3)
+    write_array(root, "x", np.arange(3), dims=("i",))
+    with pytest.raises(Exception, match="x"):
+        create_nodes(root, {}, {"x": filled_array(np.arange(3), dims=("i",), where="x")})
+    assert np.array_equal(root["x"][...], np.arange(3))
