@@ -30,6 +30,7 @@ import numpy as np
 import zarr
 import zarr.api.asynchronous
 import zarr.storage
+from zarr.core.buffer import default_buffer_prototype
 from zarr.core.group import GroupMetadata
 from zarr.core.metadata.v3 import ArrayV3Metadata
 from zarr.core.sync import sync
@@ -208,6 +209,33 @@ async def _array_metadata(spec: Mapping[str, Any], templates: dict[tuple, dict[s
         "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": chunks}},
         "dimension_names": None if dims is None else tuple(dims),
         "attributes": jsonable(dict(spec.get("attributes") or {}), f"{path} attrs")})
+
+
+def node_attrs(group: zarr.Group) -> dict[str, dict[str, Any]]:
+    """``{path: attrs}`` of every group and array under ``group`` (paths relative to it, as
+    ``group.members(max_depth=None)`` names them; ``group`` itself not included): each node's
+    ``zarr.json`` listed and read in one zarr call, concurrently, and its ``attributes`` taken
+    as the JSON states them. ``members`` opens every node (parsing every array's metadata: ~1 s
+    for a release of Adult's plan, 1,400 nodes, under load) for the same attrs."""
+    store = group.store
+    if isinstance(store, zarr.storage.LocalStore):  # the files themselves: no thread round trips
+        top = Path(store.root) / group.path
+        out = {}
+        for folder, _dirs, files in os.walk(top):
+            if "zarr.json" in files and folder != str(top):
+                with open(os.path.join(folder, "zarr.json"), "rb") as f:
+                    out[Path(folder).relative_to(top).as_posix()] = dict(json.loads(f.read()).get("attributes") or {})
+        return out
+    return sync(_node_attrs(group))
+
+
+async def _node_attrs(group: zarr.Group) -> dict[str, dict[str, Any]]:
+    prefix = f"{group.path}/" if group.path else ""
+    keys = [key async for key in group.store.list_prefix(prefix)
+            if key.endswith("/zarr.json") and key != f"{prefix}zarr.json"]
+    docs = await asyncio.gather(*(group.store.get(key, prototype=default_buffer_prototype()) for key in keys))
+    return {key[len(prefix):-len("/zarr.json")]: dict(json.loads(doc.to_bytes()).get("attributes") or {})
+            for key, doc in zip(keys, docs) if doc is not None}
 
 
 def is_staging(path: Path) -> bool:

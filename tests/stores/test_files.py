@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import zarr
 
-from distfit.stores.files import create_nodes, filled_array, write_array
+from distfit.stores.files import create_nodes, filled_array, node_attrs, write_array
 
 
 def _tree(path: Path) -> dict[str, bytes]:
@@ -56,3 +56,17 @@ def test_create_nodes_refuses_a_node_already_there(tmp_path):
     with pytest.raises(Exception, match="x"):
         create_nodes(root, {}, {"x": filled_array(np.arange(3), dims=("i",), where="x")})
     assert np.array_equal(root["x"][...], np.arange(3))
+
+
+@pytest.mark.parametrize("where", ["local", "memory"])
+def test_node_attrs_are_the_members_attrs(tmp_path, where):
+    store = tmp_path / "n.zarr" if where == "local" else zarr.storage.MemoryStore()
+    root = zarr.open_group(store, mode="w-", zarr_format=3, attributes={"root": 1})
+    g = root.create_group("a/b", attributes={"x": [1, 2.5, None], "s": "é"})
+    g.create_array("c", shape=(3,), dtype=np.int64, attributes={"y": {"z": True}})
+    root.create_group("a/b/c2")
+    write_array(root, "d", np.arange(2), dims=("i",))
+    expected = {name: dict(node.attrs) for name, node in root.members(max_depth=None)}
+    assert node_attrs(root) == expected
+    assert node_attrs(root["a"]) == {name: dict(node.attrs) for name, node in root["a"].members(max_depth=None)}
+    assert expected["a/b/c"] == {"y": {"z": True}} and expected["a/b/c2"] == {}
