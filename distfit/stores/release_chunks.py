@@ -33,7 +33,7 @@ from zarr.codecs import BytesCodec
 from zarr.core.sync import sync
 
 from distfit.stores.checksum import DIGESTS, Reader, chunk_digest, compute_checksum, digested_arrays
-from distfit.stores.files import fsync_dir, fsync_file, fsync_tree, jsonable, utc_now
+from distfit.stores.files import fsync_dir, fsync_file, fsync_tree, jsonable, open_arrays, utc_now
 from distfit.stores.sealing import seal_checksum, stated_attrs
 
 #: How the seal reads the store for its checksum (:func:`distfit.stores.checksum.compute_checksum`,
@@ -206,6 +206,9 @@ class ChunkWriter:
         (the release's :meth:`write`, the estimate's chunks: :mod:`distfit.stores.estimate`)."""
         jobs = [(name, start, r) for name, r in rows.items()]
         jobs.append(("chunks/done", chunk, np.ones(1, dtype=np.uint8)))  # last: the chunk is complete
+        unopened = [name for name, _, _ in jobs if name not in self._arrays]
+        if len(unopened) > 1:  # a release's blocks: opened in one zarr call, not one each
+            self._arrays.update(open_arrays(self._root, unopened))
         previous, self._in_flight = self._in_flight, self._pool.submit(self._write_all, chunk, jobs)
         if previous is not None:
             previous.result()
@@ -382,8 +385,8 @@ class ChunkSync:
         self._path = path
         self._units, self._chunk_units = units, chunk_units
         self._arrays = []
-        for name in chunk_arrays(root) if arrays is None else sorted(arrays):
-            arr = root[name]
+        names = chunk_arrays(root) if arrays is None else sorted(arrays)
+        for name, arr in open_arrays(root, names).items():
             self._arrays.append((name, arr.metadata, tuple(int(c) for c in arr.chunks), tuple(arr.shape)))
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="distfit-fsync")
         #: Every file fsynced here, with its signature then (``fsync_tree`` skips the unchanged).
