@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import zarr
 
-from distfit.stores.files import create_nodes, filled_array, node_attrs, write_array
+from distfit.stores.files import create_nodes, filled_array, node_attrs, open_arrays, write_array
 
 
 def _tree(path: Path) -> dict[str, bytes]:
@@ -70,3 +70,15 @@ def test_node_attrs_are_the_members_attrs(tmp_path, where):
     assert node_attrs(root) == expected
     assert node_attrs(root["a"]) == {name: dict(node.attrs) for name, node in root["a"].members(max_depth=None)}
     assert expected["a/b/c"] == {"y": {"z": True}} and expected["a/b/c2"] == {}
+
+
+def test_open_arrays_opens_what_getitem_opens(tmp_path):
+    root = zarr.open_group(tmp_path / "o.zarr", mode="w-", zarr_format=3)
+    write_array(root, "a/x", np.arange(4), dims=("i",))
+    write_array(root, "y", np.array(["p", "q"], dtype=object), dims=("j",))
+    opened = open_arrays(root, ["a/x", "y"])
+    assert [opened[n].metadata for n in ("a/x", "y")] == [root["a/x"].metadata, root["y"].metadata]
+    opened["a/x"][1:3] = [7, 8]  # writable, as the group is
+    assert root["a/x"][...].tolist() == [0, 7, 8, 3]
+    with pytest.raises(FileNotFoundError):
+        open_arrays(root, ["missing"])
