@@ -54,6 +54,8 @@ import blake3
 import numpy as np
 import zarr
 
+from distfit.stores.files import member_arrays
+
 CHECKSUM_PREFIX = "sha256:"
 _DOMAIN = b"distfit-plan-checksum-v1\n"  # the hash's first bytes (the format's name and version)
 _DOMAIN_WITH_ATTRS = b"distfit-plan-checksum-v2\n"  # version 2: the claims' attrs follow the arrays
@@ -101,8 +103,7 @@ def compute_checksum(group: zarr.Group, *, attrs: "Mapping[str, Any] | Callable[
     threads = max(1, int(READ_THREADS if threads is None else threads))
     reader: Reader = read or (lambda _name, arr, where: arr[where])
     read_bytes = max(1, int(READ_BYTES if read_bytes is None else read_bytes))
-    arrays = [(name, obj) for name, obj in group.members(max_depth=None) if isinstance(obj, zarr.Array)]
-    arrays.sort(key=lambda item: item[0])
+    arrays = member_arrays(group)  # sorted by path
     digested = digested_arrays(dict(arrays).get(DIGESTS))
     arrays = [(name, obj) for name, obj in arrays if name not in digested]
     h = hashlib.sha256(_DOMAIN if attrs is None else _DOMAIN_WITH_DIGESTS if digested else _DOMAIN_WITH_ATTRS)
