@@ -190,8 +190,8 @@ def create_release(path: Path, *, plan, plan_path: str, data, blocks: Mapping[st
     """Lay out an empty, incomplete release store at ``path`` (driver only) and return its root
     group, open for writing. ``labels`` are the query labels (module docstring). On any error
     nothing is left at ``path`` (:meth:`distfit.stores.sealing.SealedKind.create`).
-    ``progress(done, total)`` is called as the blocks are laid out (a group and one to two
-    arrays each: Adult's 470 blocks take 5-10 CPU-s of zarr calls)."""
+    ``progress(total, total)`` is called once the blocks are laid out (a group and one to two
+    arrays each, every node in one zarr call: :func:`distfit.stores.files.create_nodes`)."""
     return RELEASE.create(path, _lay_out, plan=plan, plan_path=plan_path, data=data, blocks=blocks, private=private,
                           labels=labels, progress=progress)
 
