@@ -328,7 +328,7 @@ def create_marginals(group: zarr.Group, widths: Sequence[int], units: int, chunk
     ``marginals/<i>`` (units, widths[i]) int64, ``unit_ids`` and its coordinate twin ``unit`` (int64, or
     strings unless ``integer_ids``), chunked by ``chunk_units`` units, and, given ``labels`` (the
     :func:`cell_labels` of each clique), the coordinates ``marginals/cell_<i>`` (module docstring);
-    ``integer_parents``: ``parent_ids`` too (int64 if True, else strings); ``progress(n, n)`` once laid out."""
+    ``integer_parents``: ``parent_ids`` too (int64 if True, else strings); ``progress(i, n)`` as laid out."""
     if labels is not None and [len(x) for x in labels] != [int(w) for w in widths]:
         raise ValueError(f"labels: {[len(x) for x in labels]} cell labels per clique, widths are {list(widths)}")
     def unit_array(integer: bool) -> dict[str, Any]:
@@ -343,9 +343,9 @@ def create_marginals(group: zarr.Group, widths: Sequence[int], units: int, chunk
     for i, cells in enumerate(() if labels is None else labels):
         arrays[f"marginals/cell_{i}"] = filled_array(np.asarray(cells, dtype=object), dims=marginal_dims(i)[1:],
                                                      where=f"marginals/cell_{i}")
-    create_nodes(group, {"marginals": {}}, arrays)  # one zarr call (Adult: 731 arrays, 7.5 s one at a time)
-    if progress is not None:
-        progress(len(widths), len(widths))
+    create_nodes(group, {"marginals": {}}, arrays,  # one zarr call (Adult: 731 arrays, 7.5 s one at a time)
+                 progress=None if progress is None else lambda done, total: progress(len(widths) * done // total,
+                                                                                     len(widths)))
 
 
 class MarginalsWriter:

@@ -149,7 +149,7 @@ def write_array(group: zarr.Group, name: str, data: np.ndarray, *, dims: Sequenc
 
 
 def create_nodes(group: zarr.Group, groups: Mapping[str, Mapping[str, Any]],
-                 arrays: Mapping[str, Mapping[str, Any]]) -> None:
+                 arrays: Mapping[str, Mapping[str, Any]], progress: Callable[[int, int], None] | None = None) -> None:
     """Create under ``group`` the ``groups`` (``{path: attrs}``) and the ``arrays`` (``{path:
     arguments of create_array}``: ``shape``, ``dtype``, ``chunks``, ``dimension_names`` and
     optionally ``compressors``, ``fill_value``, ``attributes``, ``config``, and ``data`` for
@@ -165,13 +165,15 @@ def create_nodes(group: zarr.Group, groups: Mapping[str, Mapping[str, Any]],
     tests/stores/test_files.py compares the two node by node). Why: one call at a time, zarr
     checks each node's absence and its parents' (about 8 file-system round trips a node, each
     through zarr's event-loop thread): a release of Adult's plan (470 block groups, 942 arrays)
-    took 7.4 CPU-s and 13-15 s of wall at load 9 to lay out that way.
+    took 7.4 CPU-s and 13-15 s of wall at load 9 to lay out that way. ``progress(done, total)``
+    is called as the nodes' metadata is written (on zarr's event-loop thread).
     """
-    sync(_create_nodes(group, groups, arrays))
+    sync(_create_nodes(group, groups, arrays, progress))
 
 
 async def _create_nodes(group: zarr.Group, groups: Mapping[str, Mapping[str, Any]],
-                        arrays: Mapping[str, Mapping[str, Any]]) -> None:
+                        arrays: Mapping[str, Mapping[str, Any]],
+                        progress: Callable[[int, int], None] | None = None) -> None:
     prefix = f"{group.path}/" if group.path else ""
     templates: dict[tuple, dict[str, Any]] = {}
     nodes: dict[str, Any] = {prefix + path: GroupMetadata(attributes=jsonable(dict(attrs), f"{path} attrs"))
@@ -182,8 +184,11 @@ async def _create_nodes(group: zarr.Group, groups: Mapping[str, Mapping[str, Any
         data = spec.get("data")
         if data is not None and data.size:
             full[prefix + path] = (data, spec.get("config"))
-    writes = []
+    writes, created = [], 0
     async for key, node in zarr.api.asynchronous.create_hierarchy(store=group.store, nodes=nodes):
+        created += 1  # (a missing parent group it adds counts too: hence the min)
+        if progress is not None:
+            progress(min(created, len(nodes)), len(nodes))
         if key in full:
             data, config = full[key]
             writes.append((node.with_config(config) if config else node).setitem(Ellipsis, data))

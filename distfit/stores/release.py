@@ -190,7 +190,7 @@ def create_release(path: Path, *, plan, plan_path: str, data, blocks: Mapping[st
     """Lay out an empty, incomplete release store at ``path`` (driver only) and return its root
     group, open for writing. ``labels`` are the query labels (module docstring). On any error
     nothing is left at ``path`` (:meth:`distfit.stores.sealing.SealedKind.create`).
-    ``progress(total, total)`` is called once the blocks are laid out (a group and one to two
+    ``progress(done, total)`` is called as the blocks are laid out (a group and one to two
     arrays each, every node in one zarr call: :func:`distfit.stores.files.create_nodes`)."""
     return RELEASE.create(path, _lay_out, plan=plan, plan_path=plan_path, data=data, blocks=blocks, private=private,
                           labels=labels, progress=progress)
@@ -252,9 +252,11 @@ def _lay_out(root: zarr.Group, *, plan, plan_path: str, data, blocks, private: b
         arrays["queries/query"] = filled_array(label_array, dims=DIMS["queries/query"], where="queries/query")
     # every node in one concurrent write each (files.create_nodes): one zarr call at a time, a
     # group, its attrs and an array or two per block cost 15 calls a block (Adult: 470 blocks)
-    create_nodes(root, groups, arrays)
-    if progress is not None and blocks:
-        progress(len(blocks), len(blocks))
+    def nodes_done(done: int, total: int) -> None:  # reported as blocks, the unit of the line
+        if progress is not None and blocks:
+            progress(len(blocks) * done // total, len(blocks))
+
+    create_nodes(root, groups, arrays, progress=nodes_done)
     ids_dtype = np.dtype(data.unit_ids.dtype)
     if ids_dtype.kind in "TUO":
         ids_dtype = str  # variable-length UTF-8 (the Zarr v3 "string" data type)

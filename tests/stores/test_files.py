@@ -37,8 +37,9 @@ def test_create_nodes_writes_what_one_call_at_a_time_writes(tmp_path):
     one.create_array("chunks/done", **done)
 
     many = zarr.open_group(tmp_path / "many.zarr", mode="w-", zarr_format=3)
-    create_nodes(many, {"blocks": {}, "blocks/b0": {"block_index": np.int64(1), "attributes": ("a", "b")},
-                        "blocks/b1": {}, "queries": {"labels": None}}, {
+    calls = []
+    create_nodes(many, progress=lambda done, total: calls.append((done, total)), groups={"blocks": {}, "blocks/b0": {"block_index": np.int64(1), "attributes": ("a", "b")},
+                        "blocks/b1": {}, "queries": {"labels": None}}, arrays={
         "blocks/b0/answers": answers,
         "blocks/b0/block_query": filled_array(labels[index], dims=("block_query",), where="b0"),
         "blocks/b1/query_index": filled_array(np.zeros(2, dtype=np.int64), dims=("block_query",), where="b1"),
@@ -46,6 +47,7 @@ def test_create_nodes_writes_what_one_call_at_a_time_writes(tmp_path):
         "chunks/done": done})
 
     assert _tree(tmp_path / "many.zarr") == _tree(tmp_path / "one.zarr")
+    assert [done for done, _ in calls] == sorted(done for done, _ in calls) and calls[-1] == (9, 9)
     assert (tmp_path / "many.zarr/blocks/b1/query_index/c/0").is_file()
     assert list(zarr.open_group(tmp_path / "many.zarr", mode="r")["blocks/b0/block_query"][...]) == ["a:x", "b:éz"]
 
