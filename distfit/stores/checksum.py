@@ -54,6 +54,8 @@ import blake3
 import numpy as np
 import zarr
 
+from distfit.stores.files import member_arrays
+
 CHECKSUM_PREFIX = "sha256:"
 _DOMAIN = b"distfit-plan-checksum-v1\n"  # the hash's first bytes (the format's name and version)
 _DOMAIN_WITH_ATTRS = b"distfit-plan-checksum-v2\n"  # version 2: the claims' attrs follow the arrays
@@ -101,18 +103,18 @@ def compute_checksum(group: zarr.Group, *, attrs: "Mapping[str, Any] | Callable[
     threads = max(1, int(READ_THREADS if threads is None else threads))
     reader: Reader = read or (lambda _name, arr, where: arr[where])
     read_bytes = max(1, int(READ_BYTES if read_bytes is None else read_bytes))
-    arrays = [(name, obj) for name, obj in group.members(max_depth=None) if isinstance(obj, zarr.Array)]
-    arrays.sort(key=lambda item: item[0])
+    arrays = member_arrays(group)  # sorted by path
     digested = digested_arrays(dict(arrays).get(DIGESTS))
     arrays = [(name, obj) for name, obj in arrays if name not in digested]
     h = hashlib.sha256(_DOMAIN if attrs is None else _DOMAIN_WITH_DIGESTS if digested else _DOMAIN_WITH_ATTRS)
     # One step per header or slab, in hash order: ("bytes", b) feeds b; ("read", arr, where,
-    # dtype, nbytes, name) feeds the slab's bytes; ("strings", name, arr) hashes a string array
-    # in place.
+    # dtype, nbytes, name) feeds the slab's bytes, dtype None: a slab of strings (_string_steps),
+    # read ahead like the others (a store of many small label arrays, e.g. Adult's data store
+    # with 728, is latency-bound read one at a time).
     steps: list[tuple] = []
     for name, arr in arrays:
         if np.dtype(arr.dtype).kind in "TUO":  # variable-length strings (e.g. a release's unit ids)
-            steps.append(("strings", name, arr))
+            steps.extend(_string_steps(name, arr))
             continue
         dtype = np.dtype(arr.dtype).newbyteorder("<")
         shape = tuple(int(n) for n in arr.shape)
@@ -130,7 +132,9 @@ def compute_checksum(group: zarr.Group, *, attrs: "Mapping[str, Any] | Callable[
             stop = min(shape[0], start + step)
             steps.append(("read", arr, slice(start, stop), dtype, (stop - start) * row_bytes, name))
 
-    def read_slab(name: str, arr: zarr.Array, where, dtype: np.dtype) -> np.ndarray:
+    def read_slab(name: str, arr: zarr.Array, where, dtype: np.dtype | None) -> np.ndarray:
+        if dtype is None:
+            return np.asarray(reader(name, arr, where))
         return np.ascontiguousarray(reader(name, arr, where), dtype=dtype)
 
     reads = [i for i, step in enumerate(steps) if step[0] == "read"]
@@ -154,14 +158,15 @@ def compute_checksum(group: zarr.Group, *, attrs: "Mapping[str, Any] | Callable[
                 kind = step[0]
                 if kind == "bytes":
                     h.update(step[1])
-                elif kind == "strings":
-                    _hash_strings(h, step[1], step[2], reader)
                 else:
                     fill()
                     part = futures.pop(i).result()
                     ahead_bytes -= step[4]
                     fill()  # the next slabs are read while this one is hashed
-                    h.update(memoryview(part).cast("B"))
+                    if step[3] is None:
+                        _hash_strings(h, part)
+                    else:
+                        h.update(memoryview(part).cast("B"))
         finally:
             for future in futures.values():
                 future.cancel()
@@ -221,20 +226,27 @@ def fingerprint(claims: Mapping[str, Any], arrays: Mapping[str, Any]) -> str:
     return "blake3:" + h.hexdigest()
 
 
-def _hash_strings(h, name: str, arr: zarr.Array, reader: Reader) -> None:
-    """Feed a 1-d string array to the checksum: the header ``f"{name}\\nstring\\n{n}\\n"``, then
-    per slab of rows the UTF-8 byte length of every element (little-endian uint64) followed by
-    the elements' UTF-8 bytes, concatenated."""
+def _string_steps(name: str, arr: zarr.Array) -> list[tuple]:
+    """The steps of :func:`compute_checksum` that feed a 1-d string array: the header
+    ``f"{name}\nstring\n{n}\n"``, then a read per zarr chunk of rows (:func:`_hash_strings`;
+    the slabs are part of the format: each one's lengths precede its bytes)."""
     shape = tuple(int(n) for n in arr.shape)
     if len(shape) != 1:
         raise ValueError(f"{name}: string arrays must be 1-d for the checksum, got shape {shape}")
-    h.update(f"{name}\nstring\n{shape[0]}\n".encode("utf-8"))
+    steps: list[tuple] = [("bytes", f"{name}\nstring\n{shape[0]}\n".encode("utf-8"))]
     step = max(1, int(arr.chunks[0]) if arr.chunks else shape[0])
     for start in range(0, shape[0], step):
         stop = min(shape[0], start + step)
-        encoded = [str(item).encode("utf-8") for item in np.asarray(reader(name, arr, slice(start, stop))).tolist()]
-        h.update(np.array([len(b) for b in encoded], dtype="<u8").tobytes())
-        h.update(b"".join(encoded))
+        steps.append(("read", arr, slice(start, stop), None, 16 * (stop - start), name))
+    return steps
+
+
+def _hash_strings(h, values: np.ndarray) -> None:
+    """Feed a slab of a string array to the checksum: the UTF-8 byte length of every element
+    (little-endian uint64) followed by the elements' UTF-8 bytes, concatenated."""
+    encoded = [str(item).encode("utf-8") for item in values.tolist()]
+    h.update(np.array([len(b) for b in encoded], dtype="<u8").tobytes())
+    h.update(b"".join(encoded))
 
 
 __all__ = ["CHECKSUM_PREFIX", "DIGESTS", "READ_BYTES", "READ_THREADS", "Reader", "canonical_json", "chunk_digest",

@@ -115,18 +115,8 @@ from distfit.release.noise import marginal_counts, validate_counts, validate_mar
 from distfit.spec.model import PipelineSpec
 from distfit.spec.parse import load_spec
 from distfit.stores.lock import store_lock
-from distfit.stores.files import (
-    PARENT_IDS,
-    STAGING_MARKER,
-    fsync_tree,
-    is_staging,
-    jsonable,
-    leftovers,
-    move_into_place,
-    root_attrs_on_disk,
-    utc_now,
-    write_array,
-)
+from distfit.stores.files import (PARENT_IDS, STAGING_MARKER, create_nodes, filled_array, fsync_tree, is_staging,
+                                  jsonable, leftovers, move_into_place, root_attrs_on_disk, utc_now, write_array)
 from distfit.stores.checksum import DIGESTS
 from distfit.stores.release_chunks import raw_reader
 from distfit.stores.sealing import (DIGEST_DIMS, ChunkDigests, check_root, lay_out_digests, open_sealed,
@@ -338,23 +328,24 @@ def create_marginals(group: zarr.Group, widths: Sequence[int], units: int, chunk
     ``marginals/<i>`` (units, widths[i]) int64, ``unit_ids`` and its coordinate twin ``unit`` (int64, or
     strings unless ``integer_ids``), chunked by ``chunk_units`` units, and, given ``labels`` (the
     :func:`cell_labels` of each clique), the coordinates ``marginals/cell_<i>`` (module docstring);
-    ``integer_parents``: ``parent_ids`` too (int64 if True, else strings); ``progress(i, n)`` per clique."""
+    ``integer_parents``: ``parent_ids`` too (int64 if True, else strings); ``progress(i, n)`` as laid out."""
     if labels is not None and [len(x) for x in labels] != [int(w) for w in widths]:
         raise ValueError(f"labels: {[len(x) for x in labels]} cell labels per clique, widths are {list(widths)}")
-    config, marginals = {"write_empty_chunks": True}, group.create_group("marginals")
+    def unit_array(integer: bool) -> dict[str, Any]:
+        return dict(shape=(units,), dtype=np.int64 if integer else str, chunks=(chunk_units,),
+                    dimension_names=("unit",), config={"write_empty_chunks": True})
+    arrays: dict[str, dict[str, Any]] = {name: unit_array(integer_ids) for name in ("unit_ids", "unit")}
+    if integer_parents is not None:  # filled by MarginalsWriter.write_parent_ids, the ids by write_unit_ids
+        arrays[PARENT_IDS] = unit_array(integer_parents)
     for i, width in enumerate(widths):
-        marginals.create_array(str(i), shape=(units, width), dtype=np.int64, chunks=(chunk_units, width),
-                               dimension_names=marginal_dims(i), config=config)
-        if labels is not None:
-            write_array(marginals, f"cell_{i}", np.asarray(labels[i], dtype=object), dims=marginal_dims(i)[1:])
-        if progress is not None:
-            progress(i + 1, len(widths))
-    for name in ("unit_ids", "unit"):  # both filled by MarginalsWriter.write_unit_ids
-        group.create_array(name, shape=(units,), dtype=np.int64 if integer_ids else str,
-                           chunks=(chunk_units,), dimension_names=("unit",), config=config)
-    if integer_parents is not None:  # filled by MarginalsWriter.write_parent_ids
-        group.create_array(PARENT_IDS, shape=(units,), dtype=np.int64 if integer_parents else str,
-                           chunks=(chunk_units,), dimension_names=("unit",), config=config)
+        arrays[f"marginals/{i}"] = dict(unit_array(True), shape=(units, width), chunks=(chunk_units, width),
+                                        dimension_names=marginal_dims(i))
+    for i, cells in enumerate(() if labels is None else labels):
+        arrays[f"marginals/cell_{i}"] = filled_array(np.asarray(cells, dtype=object), dims=marginal_dims(i)[1:],
+                                                     where=f"marginals/cell_{i}")
+    create_nodes(group, {"marginals": {}}, arrays,  # one zarr call (Adult: 731 arrays, 7.5 s one at a time)
+                 progress=None if progress is None else lambda done, total: progress(len(widths) * done // total,
+                                                                                     len(widths)))
 
 
 class MarginalsWriter:

@@ -17,6 +17,7 @@ after the last chunk.
 """
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import errno
 import os
@@ -29,9 +30,10 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 import numpy as np
 import zarr
 from zarr.codecs import BytesCodec
+from zarr.core.sync import sync
 
 from distfit.stores.checksum import DIGESTS, Reader, chunk_digest, compute_checksum, digested_arrays
-from distfit.stores.files import fsync_dir, fsync_file, fsync_tree, jsonable, utc_now
+from distfit.stores.files import fsync_dir, fsync_file, fsync_tree, jsonable, open_arrays, utc_now
 from distfit.stores.sealing import seal_checksum, stated_attrs
 
 #: How the seal reads the store for its checksum (:func:`distfit.stores.checksum.compute_checksum`,
@@ -204,6 +206,9 @@ class ChunkWriter:
         (the release's :meth:`write`, the estimate's chunks: :mod:`distfit.stores.estimate`)."""
         jobs = [(name, start, r) for name, r in rows.items()]
         jobs.append(("chunks/done", chunk, np.ones(1, dtype=np.uint8)))  # last: the chunk is complete
+        unopened = [name for name, _, _ in jobs if name not in self._arrays]
+        if len(unopened) > 1:  # a release's blocks: opened in one zarr call, not one each
+            self._arrays.update(open_arrays(self._root, unopened))
         previous, self._in_flight = self._in_flight, self._pool.submit(self._write_all, chunk, jobs)
         if previous is not None:
             previous.result()
@@ -350,8 +355,19 @@ def pending_chunks(root: zarr.Group) -> list[int]:
 def stored_blocks(root: zarr.Group) -> tuple[str, ...]:
     """The blocks whose ``answers`` array the store holds (all but the derived ones; all of them
     in a release laid out before derived blocks), sorted."""
-    blocks = root["blocks"]
-    return tuple(sorted(b for b in blocks.group_keys() if "answers" in blocks[b]))
+    # the store's keys, listed and checked in one zarr call, not two zarr calls a block opening
+    # every group (Adult's 470 blocks: 0.7-1.4 s each time, 4 times a release)
+    return tuple(sorted(b for b, held in zip(*sync(_answer_keys(root))) if held))
+
+
+async def _answer_keys(root: zarr.Group) -> tuple[list[str], list[bool]]:
+    """The block groups of ``root`` (the ``blocks`` group's child keys) and whether each holds an
+    ``answers`` array (its ``zarr.json`` exists), read concurrently."""
+    prefix = f"{root.path}/blocks".lstrip("/")
+    names = [name async for name in root.store.list_dir(prefix)]
+    names = [name for name in names if name != "zarr.json"]
+    held = await asyncio.gather(*(root.store.exists(f"{prefix}/{name}/answers/zarr.json") for name in names))
+    return names, list(held)
 
 
 class ChunkSync:
@@ -369,8 +385,8 @@ class ChunkSync:
         self._path = path
         self._units, self._chunk_units = units, chunk_units
         self._arrays = []
-        for name in chunk_arrays(root) if arrays is None else sorted(arrays):
-            arr = root[name]
+        names = chunk_arrays(root) if arrays is None else sorted(arrays)
+        for name, arr in open_arrays(root, names).items():
             self._arrays.append((name, arr.metadata, tuple(int(c) for c in arr.chunks), tuple(arr.shape)))
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="distfit-fsync")
         #: Every file fsynced here, with its signature then (``fsync_tree`` skips the unchanged).

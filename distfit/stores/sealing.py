@@ -74,6 +74,7 @@ from distfit.stores.files import (
     PARENT_IDS,
     check_format,
     check_store_kind,
+    node_attrs,
     open_store,
     store_state,
     write_array,
@@ -140,8 +141,7 @@ def stated_attrs(root_attrs: Mapping[str, Any], group: zarr.Group) -> dict[str, 
     any}`` (paths relative to the root, e.g. ``"queries"``: its ``labels``). So a flipped
     ``private`` flag, an edited ``units`` or a changed query label changes the digest."""
     claims: dict[str, Any] = {"": {k: v for k, v in root_attrs.items() if k not in UNSEALED_ATTRS}}
-    for name, member in group.members(max_depth=None):
-        attrs = dict(member.attrs)
+    for name, attrs in sorted(node_attrs(group).items()):  # every node's zarr.json, read at once
         if attrs:
             claims[name] = attrs
     return claims
