@@ -101,6 +101,7 @@ def main() -> None:
     print(f"load average {load()} (before imports)", flush=True)
     wall0, cpu0 = time.perf_counter(), tree_cpu()
     from distfit.pipeline import run as run_module
+    from distfit.pipeline.stage_cluster import StageCluster
     from distfit.runtime.placement import Placement
     from distfit.stores.plan import read_plan
     imported = time.perf_counter() - wall0
@@ -112,13 +113,13 @@ def main() -> None:
                             ("run_plan", "plan"), ("audit_plan", "audit"), ("run_release", "release"),
                             ("estimate_in_run", "estimate"), ("write_report", "report")):
         setattr(run_module, attribute, stages.wrap(name, getattr(run_module, attribute)))
-    original_local = run_module._Cluster.placement
+    original_local = StageCluster.placement
 
     def placement(self):
         if self.given.local and not self.started:
             return stages.wrap("cluster start", original_local)(self)
         return original_local(self)
-    run_module._Cluster.placement = placement
+    StageCluster.placement = placement
 
     temporary = args.out is None
     out = Path(args.out or tempfile.mkdtemp(prefix="bench-adult-run-")) / "adult"

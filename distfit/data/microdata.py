@@ -68,6 +68,7 @@ up to that point (blank lines are skipped like pandas does).
 from __future__ import annotations
 
 import codecs
+import functools
 import gzip
 import io
 import math
@@ -559,7 +560,14 @@ def tabulate_microdata(spec: Any, source: PathLike, out: PathLike, *, client=Non
     """Tabulate the microdata at ``source`` for ``spec`` into a marginals store at ``out``.
 
     ``spec``: a :class:`distfit.spec.model.PipelineSpec` or a spec path. ``client``: a
-    ``distributed.Client`` to run the tasks on (None: in this process, synchronously).
+    ``distributed.Client`` to run the tasks on, or a function of no arguments that returns one
+    (or None), called once at most, when a pass has tasks for it (a caller's cluster then starts while
+    the source is read); None: in this process, synchronously. Decision: a pass of one task -
+    the scan of a one-partition source (a CSV under :data:`BLOCKSIZE`, gzip), the merge of one
+    chunk of units - runs in this process even with a client, as ``distfit estimate`` does for
+    a one-chunk release: no cluster can share one task, and the round trip, the task's
+    overhead and a worker's imports only add to it (Adult's 3.8 MB: benchmarks/README.md,
+    "Issue 31 point 3: Adult's data stage"); the store is the same either way.
     ``chunk_units``: units per chunk (default: up to 4096, at most 16 MiB of the largest
     clique's counts). ``cover``: attribute sets that must each lie in a stored clique (a plan's
     blocks; :func:`query_cliques`). ``blocksize``: bytes per partition (tests use small ones).
@@ -600,7 +608,9 @@ def tabulate_microdata(spec: Any, source: PathLike, out: PathLike, *, client=Non
                        unit_column=spec.units.column if spec.units is not None else None,
                        integer_ids=integer_ids or spec.units is None, cliques=positions,
                        sizes=tuple(domain.sizes), parent_column=parent_column, integer_parents=integer_parents)
-        results, failure = _run_scans(ddf, job, client, log)
+        connect = functools.cache(client) if callable(client) and not hasattr(client, "submit") else lambda: client
+        # a pass of one task runs here: no cluster can share it, a round trip would only add to it
+        results, failure = _run_scans(ddf, job, connect() if ddf.npartitions > 1 else None, log)
         if failure is not None:
             raise DataError(failure_message(name, fmt, results, failure))
         rows = sum(r["rows"] for r in results.values())
@@ -632,11 +642,12 @@ def tabulate_microdata(spec: Any, source: PathLike, out: PathLike, *, client=Non
             stop = start + chunk_units
             chunk_parts = tuple(k for k, first, last in ranges if first < stop and last >= start)
             calls.append((str(chunk), (merge, chunk, chunk_parts)))
-        if client is None:
+        merger = connect() if len(calls) > 1 else None
+        if merger is None:
             for _label, args in calls:
                 _merge_chunk(*args)
         else:
-            for _label, _units in dask_runtime().run_tasks(client, _merge_chunk, calls, "tabulate-chunk"):
+            for _label, _units in dask_runtime().run_tasks(merger, _merge_chunk, calls, "tabulate-chunk"):
                 pass
         shutil.rmtree(parts)
         write_marginals_attrs(group, domain=domain, spec_hash=spec.spec_hash, units=units,

@@ -62,6 +62,7 @@ from distfit.data.synthetic import describe_geography, unit_columns
 from distfit.estimate.job import estimate_in_run, manifest_entry
 from distfit.estimate.levels import check_levels, estimate_levels, parent_columns
 from distfit.pipeline.masking import check_mask_data, mask_stage
+from distfit.pipeline.stage_cluster import StageCluster
 from distfit.runtime.failures import RunFailure
 from distfit.runtime.placement import Placement, dask_runtime, placement_client
 from distfit.runtime.progress import LONG_STAGE_SECONDS, Progress
@@ -236,37 +237,6 @@ def _inspect(rundir: Path, spec_hash: str, synthesise: bool, units: int | None,
 # the job
 
 
-class _Cluster:
-    """Where the stages run: the run's placement, its local cluster (if it asks for one) started
-    lazily, once, and shared by the stages."""
-
-    def __init__(self, placement: Placement, log: TextIO, stack: contextlib.ExitStack) -> None:
-        self.given, self.log, self.stack = placement, log, stack
-        self.address: str | None = placement.cluster
-        self.started = False
-
-    def placement(self) -> Placement:
-        """Where a stage runs: the run's placement, on its local cluster (started now if need be)."""
-        if self.given.local and not self.started:
-            count = self.given.local_workers
-            local = self.stack.enter_context(dask_runtime().local_cluster(count, log=self.log))  # without Dask's malloc trim (WORKER_ENV)
-            self.address, self.started = local.scheduler_address, True
-        return self.given.at(self.address)
-
-    def describe(self) -> dict[str, Any]:
-        """The manifest's ``cluster`` entry (module docstring)."""
-        described = self.given.describe()
-        if described["kind"] == "local":
-            described["started"] = self.started
-        elif described["kind"] == "external" and os.path.exists(self.given.cluster):
-            # a scheduler file (runtime.dask_client's rule)
-            described["scheduler_file"] = os.path.abspath(self.given.cluster)
-            with contextlib.suppress(OSError, ValueError, AttributeError):
-                with open(self.given.cluster, encoding="utf-8") as handle:
-                    described["scheduler_address"] = json.load(handle).get("address")
-        return described
-
-
 def run_pipeline(
     spec: SpecLike,
     out: str | os.PathLike,
@@ -332,10 +302,12 @@ def run_pipeline(
         timings: dict[str, float] = {}
 
         with contextlib.ExitStack() as stack:
-            where = _Cluster(placement, log, stack)
+            where = StageCluster(placement, log, stack)
 
             def tabulate(cover: list[tuple[str, ...]]) -> str:
-                with placement_client(where.placement(), log) as client:
+                with contextlib.ExitStack() as connected:  # the cluster only for a pass of many tasks
+                    def client():
+                        return connected.enter_context(placement_client(where.placement(), log))
                     return ensure_tabulated(spec, source, data_path, cover=cover, client=client, fsync=fsync,
                                             parent_column=parent_column, geography=geography, log=log)[1]
 
@@ -346,6 +318,7 @@ def run_pipeline(
             decomposition = None  # computed once: for the tabulation, then the plan
             if source is not None and not plan_path.exists():
                 t = time.perf_counter()
+                where.start()  # the plan needs it: its workers spawn while the driver tabulates (stage_cluster)
                 decomposition = planned_decomposition(spec)
                 tabulated = tabulate(decomposition.block_attributes())
                 timings["data"] = time.perf_counter() - t

@@ -379,7 +379,7 @@ def _tabulate_for_release(plan, source: str, out_path: Path, blocks, *, client: 
         raise ValueError(f"{plan.path}: cannot read the plan's spec to tabulate {source} ({error})") from None
     path, status = ensure_tabulated(
         spec, source, tabulated_data_path(out_path), cover=[block.attributes for block in blocks.values()],
-        client=client(), replace=replace, fsync=fsync, log=log)
+        client=client, replace=replace, fsync=fsync, log=log)  # called only for a pass of many tasks
     if status == "tabulated":
         print(f"distfit: tabulated {source} into {path}", file=log)
     return str(path), status

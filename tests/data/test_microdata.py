@@ -470,9 +470,21 @@ def test_local_cluster_equals_serial(inputs, tmp_path):
                                         client=client, blocksize=4000)
         with pytest.raises(DataError, match=r"bad.csv: line 501, column 'education': value 'college'"):
             tabulate_microdata(spec, bad, tmp_path / "bad.zarr", client=client, blocksize=4000, fsync=False)
-    a, b = _arrays(serial), _arrays(dask_store)
+        # a pass of one task runs in this process: a lazy client is asked for only by the merge
+        # of several chunks (one partition: the scan never), once, and the store is the same
+        asked = []
+        lazy = {units: tabulate_microdata(spec, inputs["csv"], tmp_path / f"lazy{units}.zarr", chunk_units=units,
+                                          fsync=False, client=lambda: asked.append(1) or client)
+                for units in (3, 4096)}
+    assert asked == [1]
+    whole = tabulate_microdata(spec, inputs["csv"], tmp_path / "whole.zarr", chunk_units=4096, fsync=False)
+    a, b, c = _arrays(serial), _arrays(dask_store), _arrays(lazy[3])
     for name in a:
         np.testing.assert_array_equal(a[name], b[name])
+        np.testing.assert_array_equal(a[name], c[name])
+    one = _arrays(lazy[4096])
+    for name, array in _arrays(whole).items():
+        np.testing.assert_array_equal(array, one[name])
     assert not list(tmp_path.glob("bad.zarr*"))
 
 
