@@ -187,29 +187,6 @@ class _LeafElimination:
         self.rest = np.flatnonzero(mask)
         self.rest_matrix = columns[:, self.rest].tocsr()
         self.rest_transposed = self.rest_matrix.T.tocsr()
-        self._schur_terms()
-
-    def _schur_terms(self) -> None:
-        """The terms of ``V_C^T diag(w) V_C`` in the order scipy's sparse product sums them
-        (``csr_matmat``: for row i of ``V_C^T diag(w)`` in its stored order, entry (i, k), then
-        row k of ``V_C``), so that ``np.bincount`` over them gives the same dense matrix bit for
-        bit with the pattern worked out once, not every Newton step."""
-        left = self.rest_transposed.multiply(np.ones(self.rest_transposed.shape[1])).tocsr()
-        right = self.rest_matrix
-        self.left_values, self.left_rows = left.data.copy(), left.indices  # V_ik, k per stored entry
-        owner = np.repeat(np.arange(left.shape[0]), np.diff(left.indptr))
-        lengths = np.diff(right.indptr)[left.indices]
-        self.term_left = np.repeat(np.arange(left.data.size), lengths)
-        starts = np.repeat(right.indptr[left.indices], lengths)
-        self.term_right = starts + np.arange(lengths.sum()) - np.repeat(np.cumsum(lengths) - lengths, lengths)
-        self.term_cell = owner[self.term_left] * right.shape[1] + right.indices[self.term_right]
-
-    def schur_product(self, weights: np.ndarray) -> np.ndarray:
-        """``V_C^T diag(weights) V_C``, dense (:meth:`_schur_terms`)."""
-        scaled = self.left_values * weights[self.left_rows]
-        size = self.rest.size
-        terms = scaled[self.term_left] * self.rest_matrix.data[self.term_right]
-        return np.bincount(self.term_cell, weights=terms, minlength=size * size).reshape(size, size)
 
     def solve(self, diagonal: np.ndarray, row_weights: np.ndarray, rhs: np.ndarray) -> np.ndarray:
         leaf_weight = self.leaf_value * row_weights[self.leaf_row]  # V_rj w_r
@@ -241,7 +218,7 @@ class _LeafElimination:
                                                     maxiter=CG_MAX_ITERATIONS, M=preconditioner)
             if info == 0:
                 return solution
-        schur = self.schur_product(weights)
+        schur = (self.rest_transposed.multiply(weights) @ self.rest_matrix).toarray()
         schur[np.diag_indices_from(schur)] += diagonal
         try:
             return scipy.linalg.cho_solve(scipy.linalg.cho_factor(schur), rhs)

@@ -6,7 +6,6 @@ import itertools
 import cvxpy as cp
 import numpy as np
 import pytest
-import scipy.sparse
 
 import distfit.plan.allocate
 from distfit.plan.allocate import allocate_rows, allocate_scales
@@ -140,19 +139,3 @@ def test_allocation_refuses_a_block_without_variance():
         allocate_scales([1.0, 2.0], [(np.array([0]), np.array([1.0])), (np.array([0]), np.array([0.0]))], np.ones(1))
     with pytest.raises(ValueError, match="block_alphas"):
         allocate_scales([0.0], [(np.array([0]), np.array([1.0]))], np.ones(1))
-
-
-def test_schur_complement_by_its_fixed_terms_is_scipys_product_bit_for_bit():
-    """The Schur complement summed by ``np.bincount`` over terms laid out once equals scipy's
-    ``(V_C^T diag(w)) @ V_C`` to the bit (same products, same order: the plan must not move),
-    on random sparse constraint matrices with leaves and without, weights of many magnitudes."""
-    rng = np.random.default_rng(5)
-    for trial in range(12):
-        rows, blocks = int(rng.integers(4, 60)), int(rng.integers(3, 50))
-        matrix = scipy.sparse.random(rows, blocks, density=float(rng.uniform(0.05, 0.5)), random_state=trial,
-                                     format="csr")
-        matrix.data = rng.lognormal(0.0, 3.0, matrix.data.size)
-        elimination = distfit.plan.allocate._LeafElimination(matrix)
-        weights = rng.lognormal(0.0, 4.0, rows)
-        expected = (elimination.rest_transposed.multiply(weights) @ elimination.rest_matrix).toarray()
-        assert elimination.schur_product(weights).tobytes() == expected.tobytes()
