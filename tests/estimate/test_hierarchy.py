@@ -424,6 +424,7 @@ def test_forests_are_consecutive_subtrees_within_the_row_budget():
     us_100k = [1, 51, 51, 1038, 2948, 100_000]  # the US-shaped geography of 100,000 blocks
     assert choose_cut(us_100k) == 4 and choose_cut(us_100k, cells=252) == 2  # 103 units above the cut's subtrees
     assert choose_cut(us_100k, cells=252, driver_bytes=1) == 0  # at least one unit: the nation alone
-    # and a forest's units above the finest level: 2 + 5 = 7 for root 0, 1 + 0 for root 1, 1 + 5 for root 2
-    assert group_roots(spans, 100, max_inner=8) == [(0, 2), (2, 3)]
-    assert group_roots(spans, 100, max_inner=6) == [(0, 1), (1, 3)]
+    # and a forest's units above the finest level: 1 + 2 for root 0, 1 + 0 for root 1, 1 + 3 for root 2
+    assert group_roots(spans, 100, max_inner=8) == [(0, 3)]
+    assert group_roots(spans, 100, max_inner=4) == [(0, 2), (2, 3)]
+    assert group_roots(spans, 100, max_inner=3) == [(0, 1), (1, 2), (2, 3)]  # root 2 over the budget: alone
