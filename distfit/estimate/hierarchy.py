@@ -131,7 +131,12 @@ Scale (issue 29 point 5): chunk by subtree. A subtree hands upward only its root
 matrices and ``m`` (:class:`Summary`), and needs from above only its root's ``x``, ``P`` and
 ``O`` (:class:`Top`), so the units below a cut level are independent tasks: :func:`upward_pass`
 and :func:`downward_pass` run apart (:mod:`distfit.estimate.subtrees`, on the cluster
-:mod:`distfit.estimate.subtree_job`), the driver holding only the levels above the cut.
+:mod:`distfit.estimate.subtree_job`), the driver holding only the levels above the cut. On a
+deep irregular tree (the US-shaped geography: random fanouts below the counties) nearly every
+unit above the leaves is its own class, and the passes hold about a dozen ``d x d`` matrices per
+such unit at their peak (``benchmarks/bench_tree_memory.py``): the cut and the forests are
+chosen by that count (:func:`distfit.estimate.subtrees.choose_cut`,
+:func:`~distfit.estimate.subtrees.group_roots`), not by rows alone.
 """
 from __future__ import annotations
 

@@ -30,9 +30,12 @@ Resumable: a rerun after an interruption keeps the top levels' sealed stores whe
 still the estimate of these releases (the passes are deterministic), the pieces already written
 (a forest whose pieces are all there is not run down again), and each level's chunks already
 written (an incomplete store of the same inputs is resumed). Memory: a task holds one forest's
-rows (at most ``forest_rows`` units over its levels, or one subtree) and its classes' matrices;
-the driver, levels ``0 .. c``, one matrix per class of the cut level's subtrees, each unit's
-number of children, and one level's parent ids at a time while step 1 reads them.
+rows (at most ``forest_rows`` units over its levels, or one subtree) and its classes' matrices
+(at most :data:`distfit.estimate.subtrees.FOREST_MATRIX_BYTES` of them: the forest's units above
+the finest level bounded by :func:`distfit.estimate.subtrees.matrix_units`, one subtree at least);
+the driver, levels ``0 .. c`` and their classes' matrices (the cut chosen so that they fit
+:data:`distfit.estimate.subtrees.DRIVER_MATRIX_BYTES`), each unit's number of children, and one
+level's parent ids at a time while step 1 reads them.
 Integer tables are made in the driver (:func:`distfit.estimate.levels.estimate_levels`).
 """
 from __future__ import annotations
