@@ -52,9 +52,10 @@ DRIVER_UNITS = 4096
 #: The passes' memory per unit above the leaves, in ``cells x cells`` float64 matrices: the
 #: units of a deep irregular tree are each their own class (every unit of the top, and the
 #: finest level's downward classes, one per parent), and the passes hold about this many
-#: matrices per class at their peak (measured, ``benchmarks/bench_tree_memory.py``: 15 per
-#: unit above the leaves before the result stopped holding ``F`` and ``I`` per downward class).
-MATRICES_PER_UNIT = 12
+#: matrices per class at their peak (measured, ``benchmarks/bench_tree_memory.py`` at 30,000
+#: blocks and 252 cells: 13 per unit in the top, 18 in a forest, whose finest level has a
+#: downward class per parent: benchmarks/README.md).
+MATRICES_PER_UNIT = 18
 #: :func:`choose_cut`: the top's matrices at most this many bytes (the driver's memory).
 DRIVER_MATRIX_BYTES = 1 << 30
 #: :func:`group_roots`: a forest's matrices at most this many bytes (a worker within 2 GiB with
