@@ -12,7 +12,7 @@ import os
 from typing import Any, Callable, Sequence
 
 from distfit.cli.errors import OutputError, UsageError
-from distfit.stores.files import remove_quietly, stage_file
+from distfit.stores.atomic import remove_quietly, stage_file
 
 
 def check_output_path(flag: str, path: str | None) -> None:

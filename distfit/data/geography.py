@@ -42,7 +42,7 @@ import pyarrow.csv as pacsv
 from distfit.data.synthetic import synthetic_geography
 from distfit.stores.checksum import chunk_digest
 from distfit.stores.data import DataError
-from distfit.stores.files import write_text_atomic
+from distfit.stores.atomic import write_text_atomic
 
 __all__ = ["COLUMNS", "Geography", "LevelUnits", "nested_geography", "read_geography", "synthetic_geography_file", "synthetic_geography_table",
            "write_geography"]

@@ -122,8 +122,8 @@ On a census-shaped tree the classes are few (nation > 51 states > counties: the 
 class, a state one per distinct fanout, a county one per its state's class) and the units'
 products dominate (pipelines/census.yaml, 224 cells, 20,000 counties: benchmarks/README.md).
 Memory: per level a few ``units x d`` arrays (``h``, ``m``, ``M``, ``x``) and ``classes x d
-x d`` matrices (``I``, ``I^+``, ``Pi_N(I)``, ``S``, ``K``, ``N``, ``N^+``; ``P``, ``I``, ``F``
-returned per downward class). Deep irregular trees have more classes (every distinct path of
+x d`` matrices (``I``, ``I^+``, ``Pi_N(I)``, ``S``, ``K``, ``N``, ``N^+``; ``P`` and ``O``
+returned per downward class, ``I`` per upward class, ``F = I + O`` formed on request). Deep irregular trees have more classes (every distinct path of
 shapes), up to one per unit; then the cost is ``O(units d^3)`` and the memory ``units d^2``
 floats per matrix kind, as without classes.
 
@@ -131,7 +131,12 @@ Scale (issue 29 point 5): chunk by subtree. A subtree hands upward only its root
 matrices and ``m`` (:class:`Summary`), and needs from above only its root's ``x``, ``P`` and
 ``O`` (:class:`Top`), so the units below a cut level are independent tasks: :func:`upward_pass`
 and :func:`downward_pass` run apart (:mod:`distfit.estimate.subtrees`, on the cluster
-:mod:`distfit.estimate.subtree_job`), the driver holding only the levels above the cut.
+:mod:`distfit.estimate.subtree_job`), the driver holding only the levels above the cut. On a
+deep irregular tree (the US-shaped geography: random fanouts below the counties) nearly every
+unit above the leaves is its own class, and the passes hold about a dozen ``d x d`` matrices per
+such unit at their peak (``benchmarks/bench_tree_memory.py``): the cut and the forests are
+chosen by that count (:func:`distfit.estimate.subtrees.choose_cut`,
+:func:`~distfit.estimate.subtrees.group_roots`), not by rows alone.
 """
 from __future__ import annotations
 
@@ -162,18 +167,31 @@ class HierarchyEstimate:
     """Per level (coarsest first): ``x`` (units x d) the estimates, every unit with children
     their sum; ``unit_class`` (units,) each unit's class (module docstring: units of one class
     share every matrix below); per class: ``covariance`` (classes x d x d) ``P = Cov x_u``
-    (``var(a^T x_u) = a^T P a``), ``subtree_information`` (classes x d x d) ``I_u``, whose
-    range holds the functions of ``x_u`` its subtree alone identifies, ``information``
-    (classes x d x d) ``F_u``, ``outside`` (classes x d x d) ``O_u`` (``F_u = I_u + O_u``), the information of all the measurements on ``x_u``: ``a^T x_u``
-    is estimable exactly when ``a`` is in the range of ``F_u``, and then ``a^T P a = a^T F_u^+
+    (``var(a^T x_u) = a^T P a``), ``outside`` (classes x d x d) ``O_u``, the information from
+    outside the unit's subtree, and ``upward_class`` (classes,) its upward class, a row of
+    ``inside`` (upward classes x d x d), the subtree information ``I_u``, whose range holds the
+    functions of ``x_u`` its subtree alone identifies. Derived on request (not held: the
+    memory, issue 29 point 6): ``subtree_information`` ``I_u`` and ``information`` ``F_u = I_u
+    + O_u`` per class, the information of all the measurements on ``x_u``: ``a^T x_u`` is
+    estimable exactly when ``a`` is in the range of ``F_u``, and then ``a^T P a = a^T F_u^+
     a``. :meth:`unit` gives a per-class array's matrices of some units."""
 
     x: tuple[np.ndarray, ...]
     unit_class: tuple[np.ndarray, ...]
     covariance: tuple[np.ndarray, ...]
-    subtree_information: tuple[np.ndarray, ...]
-    information: tuple[np.ndarray, ...]
-    outside: tuple[np.ndarray, ...] = ()
+    outside: tuple[np.ndarray, ...]
+    inside: tuple[np.ndarray, ...]
+    upward_class: tuple[np.ndarray, ...]
+
+    @property
+    def subtree_information(self) -> tuple[np.ndarray, ...]:
+        """``I_u`` per class, per level."""
+        return tuple(i[c] for i, c in zip(self.inside, self.upward_class))
+
+    @property
+    def information(self) -> tuple[np.ndarray, ...]:
+        """``F_u = I_u + O_u`` per class, per level."""
+        return tuple(i[c] + o for i, c, o in zip(self.inside, self.upward_class, self.outside))
 
     def top(self, level: int, rows: np.ndarray | slice = slice(None)) -> "Top":
         """What level ``level``'s units ``rows`` (subtree roots) need from the levels above for
@@ -185,8 +203,13 @@ class HierarchyEstimate:
 
     def unit(self, name: str, level: int, units: np.ndarray | slice | int = slice(None)) -> np.ndarray:
         """The matrices of ``units`` of ``level`` in the per-class array ``name``
-        (``"covariance"``, ``"subtree_information"`` or ``"information"``)."""
-        return getattr(self, name)[level][self.unit_class[level][units]]
+        (``"covariance"``, ``"outside"``, ``"subtree_information"`` or ``"information"``),
+        gathered for those units only."""
+        classes = self.unit_class[level][units]
+        if name in ("subtree_information", "information"):
+            own = self.inside[level][self.upward_class[level][classes]]
+            return own + self.outside[level][classes] if name == "information" else own
+        return getattr(self, name)[level][classes]
 
 
 def psd_pinv(a: np.ndarray, rtol: float = PINV_RTOL, floor: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
@@ -550,16 +573,16 @@ def downward_pass(state: Upward, *, split: str = "equal", top: Top | None = None
         shared = _mm(gain, own_pinv)
         cov = own_pinv - shared - np.swapaxes(shared, -1, -2) + _mm(_mm(gain, s + covs[p][a]),
                                                                      np.swapaxes(gain, -1, -2))
+        del shared, gain, blind_gain, k  # per downward class each: freed before _outside's temporaries
         xs.append(x)
         kinds.append(kind)
         up_of.append(b)
         covs.append(_sym(cov))
+        del cov
         outside.append(_outside(j_of[p][kp] + outside[p][a], s, None if n_sum[p] is None else n_sum[p][kp],
                                 own_pinv, own_null, fanout[p][kp] == 1, rtol))
-    final = tuple(inside[level][up_of[level]] + outside[level] for level in range(levels))
-    return HierarchyEstimate(x=tuple(xs), unit_class=tuple(kinds), covariance=tuple(covs),
-                             subtree_information=tuple(inside[level][up_of[level]] for level in range(levels)),
-                             information=final, outside=tuple(outside))
+    return HierarchyEstimate(x=tuple(xs), unit_class=tuple(kinds), covariance=tuple(covs), outside=tuple(outside),
+                             inside=tuple(inside), upward_class=tuple(up_of))
 
 
 def _same_null(counts: scipy.sparse.csr_array, null: np.ndarray) -> np.ndarray:

@@ -157,7 +157,8 @@ def estimate_levels(spec: Any, level_dirs: Mapping[str, os.PathLike | str], *, i
     estimates by name. ``placement`` (not serial; None: in the driver): with ``cut`` given or at
     least ``cluster_units`` units over the levels, the real-valued estimate runs on that
     cluster, subtrees as tasks (:mod:`distfit.estimate.subtree_job`), cut at level
-    ``cut`` (an index; None: :func:`distfit.estimate.subtrees.choose_cut` with ``driver_units``)
+    ``cut`` (an index; None: :func:`distfit.estimate.subtrees.choose_cut` with ``driver_units`` and
+    the spec's cells: the top's matrices within the driver's bound)
     into forests of at most ``forest_rows`` rows; in the driver instead (with a note) when the
     cut is the finest level or none, with ``integer``, or when a level is not ordered by its
     parents. Errors: ValueError (a release of another plan, missing or inconsistent
@@ -165,6 +166,7 @@ def estimate_levels(spec: Any, level_dirs: Mapping[str, os.PathLike | str], *, i
     estimate path)."""
     log = log or sys.stderr
     check_levels(spec)
+    cells = int(np.prod(spec.domain.shape, dtype=np.int64))
     names = [level.name for level in spec.levels]
     dirs = {name: Path(os.fspath(level_dirs[name])) for name in names}
     paths = {name: dirs[name] / ESTIMATE_NAME for name in names}
@@ -185,7 +187,7 @@ def estimate_levels(spec: Any, level_dirs: Mapping[str, os.PathLike | str], *, i
 
     units = [int(releases[name].attrs["units"]) for name in names]
     if placement is not None and not placement.serial and (cut is not None or sum(units) >= cluster_units):
-        at = choose_cut(units, driver_units) if cut is None else int(cut)
+        at = choose_cut(units, driver_units, cells) if cut is None else int(cut)
         why = ("integer tables are made in the driver" if integer else
                None if 0 <= at < len(names) - 1 else f"no level to cut at (cut {at}, {len(names)} levels)")
         if why is None:

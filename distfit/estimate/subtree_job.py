@@ -30,9 +30,12 @@ Resumable: a rerun after an interruption keeps the top levels' sealed stores whe
 still the estimate of these releases (the passes are deterministic), the pieces already written
 (a forest whose pieces are all there is not run down again), and each level's chunks already
 written (an incomplete store of the same inputs is resumed). Memory: a task holds one forest's
-rows (at most ``forest_rows`` units over its levels, or one subtree) and its classes' matrices;
-the driver, levels ``0 .. c``, one matrix per class of the cut level's subtrees, each unit's
-number of children, and one level's parent ids at a time while step 1 reads them.
+rows (at most ``forest_rows`` units over its levels, or one subtree) and its classes' matrices
+(at most :data:`distfit.estimate.subtrees.FOREST_MATRIX_BYTES` of them: the forest's units above
+the finest level bounded by :func:`distfit.estimate.subtrees.matrix_units`, one subtree at least);
+the driver, levels ``0 .. c`` and their classes' matrices (the cut chosen so that they fit
+:data:`distfit.estimate.subtrees.DRIVER_MATRIX_BYTES`), each unit's number of children, and one
+level's parent ids at a time while step 1 reads them.
 Integer tables are made in the driver (:func:`distfit.estimate.levels.estimate_levels`).
 """
 from __future__ import annotations
@@ -59,10 +62,12 @@ from distfit.estimate.level_stores import (
 )
 from distfit.estimate.measurements import MeasurementModel, measurement_model, workload_estimates
 from distfit.estimate.subtrees import (
+    FOREST_MATRIX_BYTES,
     descendant_spans,
     forest_downward,
     forest_upward,
     group_roots,
+    matrix_units,
     merge_summaries,
     top_estimate,
 )
@@ -206,10 +211,12 @@ def chunk_task(job: Forests, k: int, estimate_path: str, chunk: int, start: int,
 
 
 def _forests(names: Sequence[str], cut: int, releases: Mapping[str, Any], columns: Mapping[str, str | None],
-             forest_rows: int, threads: int) -> tuple[list[np.ndarray], list[np.ndarray], list[tuple[int, int]], int]:
+             forest_rows: int, threads: int, cells: int) -> tuple[list[np.ndarray], list[np.ndarray], list[tuple[int, int]], int]:
     """Step 1 (module docstring): ``(counts, spans, groups, rows)``, ``rows`` the forests' rows
     at most (``forest_rows``, or fewer to give each of ``threads`` :data:`FORESTS_PER_THREAD`
-    forests, at least :data:`MIN_FOREST_ROWS`); :class:`Unordered` when a level's units are not
+    forests, at least :data:`MIN_FOREST_ROWS`), and at most the units above the finest level whose
+    ``cells x cells`` matrices fit :data:`distfit.estimate.subtrees.FOREST_MATRIX_BYTES`
+    (:func:`distfit.estimate.subtrees.matrix_units`); :class:`Unordered` when a level's units are not
     ordered by their parent's row."""
     counts = []
     for level in range(cut + 1, len(names)):
@@ -224,12 +231,12 @@ def _forests(names: Sequence[str], cut: int, releases: Mapping[str, Any], column
     spans = descendant_spans(counts)
     total = sum(int(s[-1]) for s in spans)
     rows = min(forest_rows, max(MIN_FOREST_ROWS, -(-total // (FORESTS_PER_THREAD * max(threads, 1)))))
-    return counts, spans, group_roots(spans, rows), rows
+    return counts, spans, group_roots(spans, rows, matrix_units(cells, FOREST_MATRIX_BYTES)), rows
 
 
 def _key(names: Sequence[str], releases: Mapping[str, Any], cut: int, forest_rows: int, split: str) -> str:
-    """The inputs the pieces are computed from (their directory's key)."""
-    return "\n".join([METHOD, OBJECTIVE, split, str(cut), str(forest_rows),
+    """The inputs the pieces are computed from (their directory's key; the forests' bounds)."""
+    return "\n".join([METHOD, OBJECTIVE, split, str(cut), str(forest_rows), f"matrices {FOREST_MATRIX_BYTES}",
                       *(f"{n} {releases[n].checksum}" for n in names)]) + "\n"
 
 
@@ -266,8 +273,9 @@ def estimate_on_cluster(client, spec: Any, *, names: Sequence[str], cut: int, di
     has them. Returns the level estimates by name. :class:`Unordered` (before anything is
     written) when a level below the cut is not ordered by its parents."""
     started = time.perf_counter()
+    cells = int(np.prod(spec.domain.shape, dtype=np.int64))
     counts, spans, groups, forest_rows = _forests(names, cut, releases, columns, forest_rows,
-                                                  dask_runtime().worker_threads(client))
+                                                  dask_runtime().worker_threads(client), cells)
     below = names[cut:]
     models = {name: measurement_model(plans[name]) for name in names}
     pieces = dirs[names[cut]] / PIECES_NAME  # made at step 4 (a refused input leaves nothing behind)

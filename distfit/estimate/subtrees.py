@@ -43,24 +43,50 @@ from distfit.estimate.hierarchy import (
     upward_pass,
 )
 
-__all__ = ["DRIVER_UNITS", "choose_cut", "descendant_spans", "estimate_by_subtrees", "forest_downward",
-           "forest_upward", "group_roots", "local_parents", "merge_summaries", "top_estimate"]
+__all__ = ["DRIVER_MATRIX_BYTES", "DRIVER_UNITS", "FOREST_MATRIX_BYTES", "MATRICES_PER_UNIT", "choose_cut",
+           "descendant_spans", "estimate_by_subtrees", "forest_downward", "forest_upward", "group_roots",
+           "local_parents", "matrix_units", "merge_summaries", "top_estimate"]
 
 #: :func:`choose_cut`: the top (levels ``0 .. c``) holds at most this many units of level ``c``.
 DRIVER_UNITS = 4096
+#: The passes' memory per unit above the leaves, in ``cells x cells`` float64 matrices: the
+#: units of a deep irregular tree are each their own class (every unit of the top, and the
+#: finest level's downward classes, one per parent), and the passes hold about this many
+#: matrices per class at their peak (measured, ``benchmarks/bench_tree_memory.py`` at 30,000
+#: blocks and 252 cells: 13 per unit in the top, 18 in a forest, whose finest level has a
+#: downward class per parent: benchmarks/README.md).
+MATRICES_PER_UNIT = 18
+#: :func:`choose_cut`: the top's matrices at most this many bytes (the driver's memory).
+DRIVER_MATRIX_BYTES = 1 << 30
+#: :func:`group_roots`: a forest's matrices at most this many bytes (a worker within 2 GiB with
+#: its rows' arrays, ``subtree_job.FOREST_ROWS``).
+FOREST_MATRIX_BYTES = 1 << 30
 
 
-def choose_cut(units: Sequence[int], driver_units: int = DRIVER_UNITS) -> int:
-    """The level to cut at: the finest level with at most ``driver_units`` units, above the
-    finest level (``units``: each level's, coarsest first); -1 when level 0 already has more
-    (then nothing is cut). Decision: the top holds the cut level's units and one ``d x d``
-    matrix per distinct class of their subtrees (a few per fanout on census-shaped trees; at
-    most one per unit), so its size bounds the driver's memory; the finer the cut, the smaller
-    each subtree (a worker's memory)."""
+def matrix_units(cells: int, budget: int) -> int:
+    """How many units above the leaves the passes can hold in ``budget`` bytes of ``cells x
+    cells`` matrices (:data:`MATRICES_PER_UNIT` per unit), at least 1."""
+    return max(1, int(budget) // (MATRICES_PER_UNIT * 8 * max(int(cells), 1) ** 2))
+
+
+def choose_cut(units: Sequence[int], driver_units: int = DRIVER_UNITS, cells: int = 0,
+               driver_bytes: int = DRIVER_MATRIX_BYTES) -> int:
+    """The level to cut at: the finest level, above the finest, with at most ``driver_units``
+    units and whose levels ``0 .. c`` together fit the top's matrices of ``cells x cells`` in
+    ``driver_bytes`` (:func:`matrix_units`; ``cells`` 0: no such bound) (``units``: each
+    level's, coarsest first); -1 when level 0 already does not (then nothing is cut).
+    Decision: the top holds every unit of levels ``0 .. c`` with up to one class each (deep
+    irregular trees: the US-shaped geography has nearly one per unit) and the matrices of each,
+    so the number of those units, not of the cut level's alone, bounds the driver's memory; the
+    finer the cut, the smaller each subtree (a worker's memory, :func:`group_roots`)."""
     cut = -1
+    held = 0
+    bound = matrix_units(cells, driver_bytes) if cells else None
     for level, n in enumerate(units[:-1]):
-        if n <= driver_units:
-            cut = level
+        held += n
+        if n > driver_units or (bound is not None and held > bound):
+            break
+        cut = level
     return cut
 
 
@@ -76,16 +102,20 @@ def descendant_spans(counts: Sequence[np.ndarray]) -> list[np.ndarray]:
     return spans
 
 
-def group_roots(spans: Sequence[np.ndarray], max_rows: int) -> list[tuple[int, int]]:
+def group_roots(spans: Sequence[np.ndarray], max_rows: int, max_inner: int | None = None) -> list[tuple[int, int]]:
     """Consecutive units of the cut level in groups ``(first, stop)`` whose rows at every level
-    from the cut down total at most ``max_rows`` (a group of one unit may have more: a worker
-    holds one subtree at least)."""
+    from the cut down total at most ``max_rows``, and whose rows above the finest level (the
+    units whose matrices the passes hold: :func:`matrix_units`) at most ``max_inner`` (None: no
+    such bound); a group of one unit may have more (a worker holds one subtree at least)."""
     rows = sum(np.diff(s) for s in spans)  # each root's rows over all its levels
     total = np.concatenate([[0], np.cumsum(rows)])
+    inner = np.concatenate([[0], np.cumsum(sum(np.diff(s) for s in spans[:-1]))]) if max_inner is not None else None
     groups, first = [], 0
     roots = rows.size
     while first < roots:
         stop = int(np.searchsorted(total, total[first] + max_rows, side="right")) - 1
+        if inner is not None:
+            stop = min(stop, int(np.searchsorted(inner, inner[first] + max_inner, side="right")) - 1)
         stop = min(max(stop, first + 1), roots)
         groups.append((first, stop))
         first = stop

@@ -75,7 +75,8 @@ from distfit.spec.model import PipelineSpec, PrivacySpec
 from distfit.spec.parse import load_spec
 from distfit.stores.data import MARGINALS_FORMAT, open_data, read_histograms, write_synthetic
 from distfit.stores.lock import store_lock
-from distfit.stores.files import root_attrs_on_disk, utc_now, write_text_atomic
+from distfit.stores.atomic import write_text_atomic
+from distfit.stores.files import root_attrs_on_disk, utc_now
 from distfit.stores.plan import read_plan, read_verified_plan
 from distfit.stores.release import read_sealed_release
 
@@ -228,9 +229,8 @@ def _inspect(rundir: Path, spec_hash: str, synthesise: bool, units: int | None,
                 f"{data_path}: holds data synthesised for another spec (spec hash {theirs}); "
                 "use another --out")
         if units is not None and units != existing.units:
-            raise RunDirError(
-                f"{data_path}: holds {existing.units} units from an earlier run, but --units is "
-                f"{units}; use another --out (or omit --units to reuse the data)")
+            raise RunDirError(f"{data_path}: holds {existing.units} units from an earlier run, but --units is "
+                              f"{units}; use another --out (or omit --units to reuse the data)")
 
 
 # --------------------------------------------------------------------------------------------

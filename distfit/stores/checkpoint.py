@@ -51,7 +51,8 @@ from typing import Any, Mapping
 import numpy as np
 import zarr
 
-from distfit.stores.files import fsync_dir, fsync_tree, jsonable, write_array
+from distfit.stores.atomic import fsync_dir
+from distfit.stores.files import fsync_tree, jsonable, write_array
 from distfit.stores.sealing import seal_checksum, stated_attrs
 
 __all__ = ["CHECKPOINTS", "CheckpointError", "checkpoints_dir", "read_checkpoint", "remove_checkpoints",

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from distfit.stores.files import fsync_dir, write_text_atomic
+from distfit.stores.atomic import fsync_dir, write_text_atomic
 
 __all__ = ["open_pieces", "piece_done", "read_piece", "remove_pieces", "write_piece"]
 

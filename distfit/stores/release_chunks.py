@@ -33,7 +33,8 @@ from zarr.codecs import BytesCodec
 from zarr.core.sync import sync
 
 from distfit.stores.checksum import DIGESTS, Reader, chunk_digest, compute_checksum, digested_arrays
-from distfit.stores.files import fsync_dir, fsync_file, fsync_tree, jsonable, open_arrays, utc_now
+from distfit.stores.atomic import fsync_dir
+from distfit.stores.files import fsync_file, fsync_tree, jsonable, open_arrays, utc_now
 from distfit.stores.sealing import seal_checksum, stated_attrs
 
 #: How the seal reads the store for its checksum (:func:`distfit.stores.checksum.compute_checksum`,

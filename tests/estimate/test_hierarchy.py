@@ -7,7 +7,15 @@ import scipy.linalg
 
 from distfit.estimate import hierarchy
 from distfit.estimate.hierarchy import estimate_hierarchy, psd_pinv
-from distfit.estimate.subtrees import choose_cut, descendant_spans, estimate_by_subtrees, group_roots
+from distfit.estimate.subtrees import (
+    DRIVER_MATRIX_BYTES,
+    MATRICES_PER_UNIT,
+    choose_cut,
+    descendant_spans,
+    estimate_by_subtrees,
+    group_roots,
+    matrix_units,
+)
 
 D = 6
 
@@ -411,3 +419,12 @@ def test_forests_are_consecutive_subtrees_within_the_row_budget():
     assert group_roots(spans, 100) == [(0, 3)]
     assert choose_cut([1, 50, 5000, 10**6], driver_units=4096) == 1
     assert choose_cut([5000, 10**6], driver_units=4096) == -1
+    # the top's matrices: levels 0 .. c together (a unit each, nearly one class per unit) within the driver's bytes
+    assert matrix_units(252, DRIVER_MATRIX_BYTES) == DRIVER_MATRIX_BYTES // (MATRICES_PER_UNIT * 8 * 252 * 252)
+    us_100k = [1, 51, 51, 1038, 2948, 100_000]  # the US-shaped geography of 100,000 blocks
+    assert choose_cut(us_100k) == 4 and choose_cut(us_100k, cells=252) == 2  # 103 units above the cut's subtrees
+    assert choose_cut(us_100k, cells=252, driver_bytes=1) == 0  # at least one unit: the nation alone
+    # and a forest's units above the finest level: 1 + 2 for root 0, 1 + 0 for root 1, 1 + 3 for root 2
+    assert group_roots(spans, 100, max_inner=8) == [(0, 3)]
+    assert group_roots(spans, 100, max_inner=4) == [(0, 2), (2, 3)]
+    assert group_roots(spans, 100, max_inner=3) == [(0, 1), (1, 2), (2, 3)]  # root 2 over the budget: alone
