@@ -34,31 +34,17 @@ import tempfile
 import time
 from pathlib import Path
 
-import psutil
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from benchmarks.common import tree_cpu  # noqa: E402
 
 GOAL_SECONDS = 90.0
 
 
 def load() -> str:
     return " ".join(f"{x:.2f}" for x in os.getloadavg())
-
-
-def tree_cpu() -> float:
-    """User + system CPU-seconds of this process and its descendants: the live ones' own, and
-    each live process's reaped children's (a worker a nanny restarted, the nannies once the
-    cluster is closed)."""
-    total = 0.0
-    me = psutil.Process()
-    for process in [me] + me.children(recursive=True):
-        try:
-            times = process.cpu_times()
-        except psutil.Error:
-            continue
-        total += times.user + times.system + times.children_user + times.children_system
-    return total
 
 
 class Stages:

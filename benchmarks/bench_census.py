@@ -45,12 +45,11 @@ import tempfile
 import time
 from pathlib import Path
 
-import psutil
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.common import PeakRSS  # noqa: E402
+from benchmarks.common import PeakRSS, tree_cpu  # noqa: E402
 from distfit.data.geography import nested_geography, read_geography, write_geography  # noqa: E402
 from distfit.data.level_synth import geography_arrays, unit_levels, write_level_data  # noqa: E402
 from distfit.data.us_geography import FULL_COUNTS, us_geography, us_level_counts  # noqa: E402
@@ -68,19 +67,6 @@ ESTIMATE_MAX_UNITS = 10**9
 
 def load() -> str:
     return " ".join(f"{x:.2f}" for x in os.getloadavg())
-
-
-def tree_cpu() -> float:
-    """User + system CPU-seconds of this process and its live descendants (and their reaped children)."""
-    total = 0.0
-    me = psutil.Process()
-    for process in [me] + me.children(recursive=True):
-        try:
-            times = process.cpu_times()
-        except psutil.Error:
-            continue
-        total += times.user + times.system + times.children_user + times.children_system
-    return total
 
 
 class Stages:

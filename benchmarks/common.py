@@ -102,6 +102,21 @@ def cpu_seconds() -> float:
     return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
+def tree_cpu() -> float:
+    """User + system CPU-seconds of this process and its live descendants (a local cluster's
+    scheduler, nannies and workers) and of each live process's reaped children (a worker a
+    nanny restarted, the nannies once the cluster is closed): psutil, while they run."""
+    total = 0.0
+    me = psutil.Process()
+    for process in [me] + me.children(recursive=True):
+        try:
+            times = process.cpu_times()
+        except psutil.Error:
+            continue
+        total += times.user + times.system + times.children_user + times.children_system
+    return total
+
+
 def store_bytes(path: str) -> int:
     return sum(f.stat().st_size for f in Path(path).rglob("*") if f.is_file())
 
