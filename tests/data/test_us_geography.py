@@ -5,6 +5,8 @@ multi-level run that releases and estimates that data as it is (distfit.pipeline
 from __future__ import annotations
 
 import io
+import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -119,6 +121,23 @@ def test_the_same_seed_gives_the_same_data_and_an_existing_store_is_refused(synt
     with pytest.raises(DataError, match="--units is 99"):
         synthesised_levels(SPEC, synthesised.rundir, 99)
     assert synthesised_levels(SPEC, tmp_path / "nothing", None) is None
+
+
+def test_a_partial_or_foreign_set_of_level_stores_is_refused_in_one_line(synthesised, tmp_path):
+    """What ``distfit run`` finds in RUNDIR: every level's store of this spec, or a one-line
+    DataError naming what is wrong (a level's store missing; stores of another spec)."""
+    copy = tmp_path / "run"
+    shutil.copytree(synthesised.rundir, copy)
+    other = parse_spec({**SPEC.to_dict(), "levels": [
+        {**level.to_dict(), "queries": [{**QUERY[0], "target": 2}]} for level in SPEC.levels]})
+    with pytest.raises(DataError) as foreign:
+        synthesised_levels(other, copy, None)
+    assert "\n" not in str(foreign.value) and "holds data synthesised for another spec" in str(foreign.value)
+    shutil.rmtree(copy / Path(synthesised.stores["tract"]).relative_to(synthesised.rundir))  # one level's store
+    with pytest.raises(DataError) as partial:
+        synthesised_levels(SPEC, copy, None)
+    assert "\n" not in str(partial.value) and str(partial.value).endswith(
+        "holds data for some levels but not for tract; use another --out")
 
 
 def test_a_run_releases_and_estimates_every_synthesised_unit(tmp_path):
