@@ -121,8 +121,6 @@ def residuals(hessian: np.ndarray, linear: np.ndarray, norms: np.ndarray, x: np.
     return np.maximum(2.0 * quadratic_objective(hessian, linear, np.asarray(x, dtype=np.float64)) + norms, 0.0)
 
 
-
-
 def level_terms(model, answers: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """A level's normal equations and norms from its units' released block answers: ``(J, h,
     n)``, ``J`` the level's information (d x d), ``h`` (units x d) the linear terms

@@ -244,7 +244,7 @@ def member_arrays(group: zarr.Group) -> list[tuple[str, zarr.Array]]:
     ``group.members(max_depth=None)``, found from the ``zarr.json`` documents
     (:func:`node_documents`) and opened in one call (:func:`open_arrays`)."""
     paths = sorted(path for path, doc in node_documents(group).items() if doc.get("node_type") == "array")
-    return sorted(open_arrays(group, paths).items())
+    return list(open_arrays(group, paths).items())  # open_arrays keeps the order asked
 
 
 def node_documents(group: zarr.Group) -> dict[str, dict[str, Any]]:
