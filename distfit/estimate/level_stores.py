@@ -18,13 +18,20 @@ import numpy as np
 from distfit.estimate.measurements import published_estimates, recover_measurements, workload_estimates, workload_kind
 from distfit.estimate.projection import normal_equations, quadratic_objective
 from distfit.stores.data import cell_labels, value_labels
-from distfit.stores.estimate import check_replaceable, chunk_rows, create_estimate, estimate_state, seal
+from distfit.stores.estimate import (
+    check_replaceable,
+    chunk_rows,
+    create_estimate,
+    estimate_state,
+    read_sealed_estimate,
+    seal,
+)
 from distfit.stores.files import STAGING_MARKER, move_into_place
 from distfit.stores.lock import store_lock
 from distfit.stores.release_chunks import ChunkWriter
 
 __all__ = ["ESTIMATE_NAME", "METHOD", "OBJECTIVE", "LevelEstimate", "level_terms", "parent_rows", "residuals",
-           "unit_keys", "write_level"]
+           "reusable_estimate", "unit_keys", "write_level"]
 
 ESTIMATE_NAME = "estimate.zarr"
 #: The ``method`` attr of a level's estimate store, and the objective its estimates minimise.
@@ -77,6 +84,22 @@ def parent_rows(name: str, release, above_name: str, above_ids: np.ndarray, colu
         raise ValueError(f"level {name}: unit {unit_keys(release.unit_ids)[missing[0]]!r} has parent "
                          f"{parents[missing[0]]!r} ({column}), which is not a unit of level {above_name}")
     return rows.astype(np.int64)
+
+
+def reusable_estimate(path: Path, release, parent_checksum: str | None, *, integer: bool) -> Any:
+    """The sealed estimate at ``path`` (verified as it opens) when it is still this method's
+    estimate of ``release`` with these options: :data:`METHOD` and :data:`OBJECTIVE` (integer
+    tables made another way are not), ``integer`` as asked, and naming ``parent_checksum`` as its
+    parent level's estimate (None for the coarsest); else None (it is then written again)."""
+    if estimate_state(path) != "sealed":
+        return None
+    estimate = read_sealed_estimate(path)  # its root must still hash as sealed (chunks: as read)
+    recorded = (estimate.attrs.get("geography") or {}).get("parent_estimate") or {}
+    if (estimate.attrs.get("release_checksum") != release.checksum or estimate.method != METHOD
+            or estimate.attrs.get("objective") != OBJECTIVE or estimate.integer != bool(integer)
+            or recorded.get("checksum") != parent_checksum):
+        return None
+    return estimate
 
 
 def write_level(path: Path, *, spec, plan, plan_path: Path, release, model, x: np.ndarray, integer: bool,

@@ -73,7 +73,7 @@ from typing import Any, TextIO
 import numpy as np
 
 from distfit.estimate.geography import GeographyLevel, integer_top_down
-from distfit.estimate.hierarchy import estimate_hierarchy, query_variances
+from distfit.estimate.hierarchy import check_parent_of, estimate_hierarchy, query_variances
 from distfit.estimate.level_stores import (
     ESTIMATE_NAME,
     METHOD,
@@ -82,6 +82,7 @@ from distfit.estimate.level_stores import (
     level_terms,
     parent_rows,
     residuals,
+    reusable_estimate,
     unit_keys,
     write_level,
 )
@@ -92,7 +93,6 @@ from distfit.estimate.subtree_job import FOREST_ROWS, Unordered, estimate_on_clu
 from distfit.estimate.subtrees import DRIVER_UNITS, choose_cut
 from distfit.runtime.placement import Placement, placement_client
 from distfit.runtime.threads import blas_limit
-from distfit.stores.estimate import estimate_state, read_sealed_estimate
 from distfit.stores.plan import read_verified_plan
 from distfit.stores.release import read_sealed_release
 
@@ -124,14 +124,9 @@ def _reusable(paths: Mapping[str, Path], releases: Mapping[str, Any], integer: b
     found: dict[str, Any] = {}
     above = None
     for name, path in paths.items():
-        if estimate_state(path) != "sealed":
-            return None
-        estimate = read_sealed_estimate(path)  # reused only if its root still hashes as sealed (chunks: as read)
-        recorded = (estimate.attrs.get("geography") or {}).get("parent_estimate") or {}
-        if (estimate.attrs.get("release_checksum") != releases[name].checksum or estimate.method != METHOD
-                or estimate.attrs.get("objective") != OBJECTIVE  # e.g. integer tables made another way
-                or estimate.integer != bool(integer)
-                or recorded.get("checksum") != (found[above].checksum if above is not None else None)):
+        estimate = reusable_estimate(path, releases[name], found[above].checksum if above is not None else None,
+                                     integer=integer)
+        if estimate is None:
             return None
         found[name], above = estimate, name
     return found
@@ -215,7 +210,7 @@ def estimate_levels(spec: Any, level_dirs: Mapping[str, os.PathLike | str], *, i
             if i:
                 above = names[i - 1]
                 rows = parent_rows(name, release, above, unit_keys(releases[above].unit_ids), columns[name])
-                rows = np.zeros(linear.shape[0], dtype=np.int64) if rows is None else rows
+                rows = check_parent_of(rows, i, linear.shape[0], linears[i - 1].shape[0])
             parent_of.append(rows)
         units = sum(h.shape[0] for h in linears)
         print(f"distfit: estimate levels {', '.join(names)} ({units:,} units): best linear unbiased over the "

@@ -28,7 +28,8 @@ by :func:`distfit.estimate.levels.estimate_levels` with a cluster:
 Progress: a line with rate and ETA for each step over the forests and for each level's chunks.
 Resumable: a rerun after an interruption keeps the top levels' sealed stores when they are
 still the estimate of these releases (the passes are deterministic), the pieces already written
-(a forest whose pieces are all there is not run down again), and each level's chunks already
+(a forest whose pieces are all there is not run down again; each piece is checked against its
+digests as it is read, and one refused is computed again: :mod:`distfit.stores.pieces`), and each level's chunks already
 written (an incomplete store of the same inputs is resumed). Memory: a task holds one forest's
 rows (at most ``forest_rows`` units over its levels, or one subtree) and its classes' matrices
 (at most :data:`distfit.estimate.subtrees.FOREST_MATRIX_BYTES` of them: the forest's units above
@@ -48,7 +49,7 @@ from typing import Any, TextIO
 
 import numpy as np
 
-from distfit.estimate.hierarchy import Summary, Top, query_variances
+from distfit.estimate.hierarchy import Summary, Top, check_parent_of, query_variances
 from distfit.estimate.job import ReleaseRows
 from distfit.estimate.level_stores import (
     METHOD,
@@ -57,6 +58,7 @@ from distfit.estimate.level_stores import (
     level_terms,
     parent_rows,
     residuals,
+    reusable_estimate,
     unit_keys,
     write_level,
 )
@@ -82,12 +84,19 @@ from distfit.stores.estimate import (
     create_estimate,
     estimate_state,
     open_resumable,
-    read_sealed_estimate,
     seal,
     check_replaceable,
 )
 from distfit.stores.lock import store_lock
-from distfit.stores.pieces import open_pieces, piece_done, read_piece, remove_pieces, write_piece
+from distfit.stores.pieces import (
+    PieceMismatch,
+    open_pieces,
+    piece_done,
+    read_piece,
+    remove_piece,
+    remove_pieces,
+    write_piece,
+)
 from distfit.stores.release import read_sealed_release
 from distfit.stores.release_chunks import ChunkWriter
 
@@ -169,19 +178,15 @@ def downward_task(job: Forests, first: int, stop: int, top: Top) -> tuple[int, i
         state, _ = forest_upward([t[0] for t in terms], [t[1] for t in terms], parents)
         result = forest_downward(state, top, split=job.split)
     units = 0
-    for k in range(1, len(job.names)):
+    # the levels with rows: those _read_forest read (a level below one without rows has none);
+    # the others get no piece (another forest's piece may start at their row)
+    for k in range(1, len(result.x)):
         start, end = rows[k]
-        if end == start:  # no piece: no rows (another forest's piece may start at this row)
-            continue
-        if k < len(result.x):
-            x = result.x[k]
-            model = job.models[k]
-            variances = (None if model.workload is None else
-                         query_variances(model.workload, result.covariance[k], result.unit_class[k]))
-            arrays = {"queries": workload_estimates(model, x), "cells": x,
-                      "objective": residuals(terms[k][0], terms[k][1], terms[k][2], x)}
-            if variances is not None:
-                arrays["variances"] = variances
+        x, model = result.x[k], job.models[k]
+        arrays = {"queries": workload_estimates(model, x), "cells": x,
+                  "objective": residuals(terms[k][0], terms[k][1], terms[k][2], x)}
+        if model.workload is not None:
+            arrays["variances"] = query_variances(model.workload, result.covariance[k], result.unit_class[k])
         write_piece(directory, job.names[k], start, arrays, fsync=job.fsync)
         units += end - start
     return first, units
@@ -223,8 +228,7 @@ def _forests(names: Sequence[str], cut: int, releases: Mapping[str, Any], column
         name, above = names[level], names[level - 1]
         up = parent_rows(name, releases[name], above, unit_keys(releases[above].unit_ids), columns[name])
         units_above = int(releases[above].attrs["units"])
-        if up is None:
-            up = np.zeros(int(releases[name].attrs["units"]), dtype=np.int64)
+        up = check_parent_of(up, level, int(releases[name].attrs["units"]), units_above)
         if up.size and np.any(up[1:] < up[:-1]):
             raise Unordered(f"level {name}: its units are not ordered by their parents' rows in level {above}")
         counts.append(np.bincount(up, minlength=units_above))
@@ -238,20 +242,6 @@ def _key(names: Sequence[str], releases: Mapping[str, Any], cut: int, forest_row
     """The inputs the pieces are computed from (their directory's key; the forests' bounds)."""
     return "\n".join([METHOD, OBJECTIVE, split, str(cut), str(forest_rows), f"matrices {FOREST_MATRIX_BYTES}",
                       *(f"{n} {releases[n].checksum}" for n in names)]) + "\n"
-
-
-def _kept(path: Path, release, parent_checksum: str | None) -> Any:
-    """The sealed estimate at ``path`` when it is this method's real-valued estimate of
-    ``release`` naming ``parent_checksum`` as its parent's; else None."""
-    if estimate_state(path) != "sealed":
-        return None
-    estimate = read_sealed_estimate(path)
-    recorded = (estimate.attrs.get("geography") or {}).get("parent_estimate") or {}
-    if (estimate.attrs.get("release_checksum") != release.checksum or estimate.method != METHOD
-            or estimate.attrs.get("objective") != OBJECTIVE or estimate.integer
-            or recorded.get("checksum") != parent_checksum):
-        return None
-    return estimate
 
 
 def _run(client, function, calls: list[tuple[str, tuple]], name: str, progress: Progress):
@@ -315,7 +305,7 @@ def estimate_on_cluster(client, spec: Any, *, names: Sequence[str], cut: int, di
     rewritten = False
     for i, name in enumerate(names[:cut + 1]):
         above = names[i - 1] if i else None
-        kept = None if rewritten else _kept(paths[name], releases[name], parent_checksum)
+        kept = None if rewritten else reusable_estimate(paths[name], releases[name], parent_checksum, integer=False)
         if kept is not None:
             checksum, status = kept.checksum, "reused"
         else:
@@ -332,30 +322,44 @@ def estimate_on_cluster(client, spec: Any, *, names: Sequence[str], cut: int, di
     print(f"distfit: levels {', '.join(names[:cut + 1])} estimated in the driver and written "
           f"({time.perf_counter() - started:.1f} s so far)", file=log)
 
-    # 4. down: the forests whose pieces are not all written
+    # 4 and 5; a piece refused as a chunk task reads it (changed on disk since it was written:
+    # stores/pieces.py) is deleted and counts as not written: its forest runs down again and the
+    # level's store resumes, once
     open_pieces(pieces, _key(names, releases, cut, forest_rows, split))
-    pending = [(first, stop) for first, stop in groups
-               if not all(sp[first] == sp[stop] or piece_done(pieces, name, int(sp[first]))
-                          for name, sp in zip(below[1:], spans[1:]))]
-    calls = [(str(first), (job, first, stop, top.top(cut, slice(first, stop)))) for first, stop in pending]
-    if calls:
-        _run(client, downward_task, calls, "estimate-down",
-             Progress(f"estimate {', '.join(below[1:])}: down", log, unit="forests"))
-
-    # 5. each level below the cut, its chunks from the pieces
-    for k in range(1, len(below)):
-        name, above = below[k], below[k - 1]
-        out[name] = _write_from_pieces(client, job, k, groups, spec=spec, plan=plans[name], model=models[name],
-                                       plan_path=dirs[name] / "plan.zarr", release=releases[name], path=paths[name],
-                                       geography={"level": name, "levels": list(names), "parent_level": above,
-                                                  "parent_column": columns[name],
-                                                  "parent_estimate": {"path": out[above].path,
-                                                                      "checksum": out[above].checksum}},
-                                       log=log, fsync=fsync)
+    for attempt in (1, 2):
+        try:
+            _down(client, job, groups, top, cut, log)
+            for k in range(1, len(below)):
+                name, above = below[k], below[k - 1]
+                out[name] = _write_from_pieces(
+                    client, job, k, groups, spec=spec, plan=plans[name], model=models[name],
+                    plan_path=dirs[name] / "plan.zarr", release=releases[name], path=paths[name],
+                    geography={"level": name, "levels": list(names), "parent_level": above,
+                               "parent_column": columns[name],
+                               "parent_estimate": {"path": out[above].path, "checksum": out[above].checksum}},
+                    log=log, fsync=fsync)
+            break
+        except PieceMismatch as error:
+            if attempt == 2:
+                raise
+            remove_piece(pieces, error)  # not written: its forest runs down again
+            print(f"distfit: note: {error}: it is computed again", file=log)
     remove_pieces(pieces)
     print(f"distfit: estimates of {len(names)} levels in {time.perf_counter() - started:.2f} s (on the cluster)",
           file=log)
     return out
+
+
+def _down(client, job: Forests, groups: Sequence[tuple[int, int]], top: Top, cut: int, log: TextIO) -> None:
+    """Step 4 (module docstring) for the forests whose pieces are not all written."""
+    below = job.names[1:]
+    pending = [(first, stop) for first, stop in groups
+               if not all(sp[first] == sp[stop] or piece_done(Path(job.pieces), name, int(sp[first]))
+                          for name, sp in zip(below, job.spans[1:]))]
+    calls = [(str(first), (job, first, stop, top.top(cut, slice(first, stop)))) for first, stop in pending]
+    if calls:
+        _run(client, downward_task, calls, "estimate-down",
+             Progress(f"estimate {', '.join(below)}: down", log, unit="forests"))
 
 
 def _write_from_pieces(client, job: Forests, k: int, groups: Sequence[tuple[int, int]], *, spec, plan, model,
@@ -373,7 +377,7 @@ def _locked_write(client, job: Forests, k: int, groups: Sequence[tuple[int, int]
     name = job.names[k]
     units, chunk_units = int(release.attrs["units"]), int(release.attrs["chunk_units"])
     parent = geography["parent_estimate"]["checksum"]
-    kept = _kept(path, release, parent)
+    kept = reusable_estimate(path, release, parent, integer=False)
     if kept is not None:
         return LevelEstimate(name, str(path), kept.checksum, units, "reused", geography["parent_level"])
     state = estimate_state(path)

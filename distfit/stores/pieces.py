@@ -2,15 +2,27 @@
 
 The estimate on the cluster (:mod:`distfit.estimate.subtree_job`) computes each level's rows a
 forest of subtrees at a time; a forest's rows do not fall on the store's chunks of units, so each
-task writes its rows as a *piece* (a directory of ``.npy`` files, one per array, written aside and
-renamed into place: a piece is there whole or not at all) and the store's chunks are then written
-from the pieces they overlap (read memory-mapped: a chunk reads its rows only). The pieces of a
-job live in one directory with a ``key`` file naming the inputs they were computed from
-(:func:`open_pieces`: a directory of other inputs is emptied); they are deleted once every store
-is sealed (:func:`remove_pieces`). Never sealed, never hashed: the stores written from them are.
+task writes its rows as a *piece* (a directory of ``.npy`` files, one per array, and a
+``manifest.json``, written aside and renamed into place: a piece is there whole or not at all) and
+the store's chunks are then written from the pieces they overlap. The pieces of a job live in one
+directory with a ``key`` file naming the piece format and the inputs they were computed from
+(:func:`open_pieces`: a directory of other inputs or of another format is emptied); they are
+deleted once every store is sealed (:func:`remove_pieces`).
+
+Trust. A piece is not sealed, but what is sealed from it is, so a piece is verified as it is
+read: its manifest records, per array, the shape, the dtype and the 32-byte BLAKE3 digest of its
+rows (:func:`distfit.stores.checksum.chunk_digest` of the array's name, the piece's first row and
+the rows: the digest a store's chunk of the same rows would have), written before the rename.
+:func:`read_piece` reads every array whole and raises :class:`PieceMismatch` (naming the piece,
+the array and what differs) when an array is missing, extra, of another shape or dtype, or does
+not hash to its digest. :func:`piece_done` (the driver's cheap test, on a rerun, of which pieces
+need not be computed again) checks the manifest and each file's size against it without reading
+the rows; a piece that fails either test counts as not written (the driver deletes one
+:func:`read_piece` refused, :func:`remove_piece`, and the task that wrote it runs again).
 """
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import uuid
@@ -20,21 +32,42 @@ from pathlib import Path
 import numpy as np
 
 from distfit.stores.atomic import fsync_dir, write_text_atomic
+from distfit.stores.checksum import chunk_digest
 
-__all__ = ["open_pieces", "piece_done", "read_piece", "remove_pieces", "write_piece"]
+__all__ = ["FORMAT", "PieceMismatch", "open_pieces", "piece_done", "read_piece", "remove_piece", "remove_pieces",
+           "write_piece"]
 
 KEY = "key"
+MANIFEST = "manifest.json"
+#: The pieces' format, the first line of the directory's ``key`` (pieces without a manifest, of
+#: an earlier format, are emptied with their directory).
+FORMAT = "distfit-pieces-v2"
+#: The ``.npy`` header readers by format version (``np.save`` writes 1.0, or 2.0 for a header
+#: over 64 KiB): ``(shape, fortran_order, dtype)``.
+HEADERS = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
+
+
+class PieceMismatch(ValueError):
+    """The piece at ``piece`` is not what its writer wrote (``problem``: a file missing, changed or
+    of another shape); the message is ``"<piece>: <problem>"``."""
+
+    def __init__(self, piece: str | os.PathLike, problem: str):
+        super().__init__(f"{piece}: {problem}")
+        self.piece, self.problem = Path(piece), problem
+
+    def __reduce__(self):  # raised in a task, re-raised in the driver
+        return (PieceMismatch, (self.piece, self.problem))
 
 
 def open_pieces(directory: Path, key: str) -> Path:
     """The pieces directory for inputs named by ``key`` (text): made if absent, emptied if it
-    holds pieces of another key."""
-    key_file = directory / KEY
-    if directory.exists() and (not key_file.exists() or key_file.read_text() != key):
+    holds pieces of another key or format."""
+    key_file, text = directory / KEY, f"{FORMAT}\n{key}"
+    if directory.exists() and (not key_file.exists() or key_file.read_text() != text):
         shutil.rmtree(directory)
     if not directory.exists():
         directory.mkdir(parents=True)
-        write_text_atomic(key_file, key)
+        write_text_atomic(key_file, text)
     return directory
 
 
@@ -42,31 +75,79 @@ def _piece(directory: Path, level: str, first: int) -> Path:
     return directory / level / f"{int(first):012d}"
 
 
+def _manifest(piece: Path) -> dict:
+    """The piece's manifest; :class:`PieceMismatch` when it is missing or unreadable."""
+    try:
+        manifest = json.loads((piece / MANIFEST).read_text())
+        arrays = manifest["arrays"]
+        if manifest.get("format") != FORMAT or not isinstance(arrays, dict):
+            raise ValueError("another format")
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise PieceMismatch(piece, f"no readable {MANIFEST} ({error})") from None
+    return manifest
+
+
+def _sizes_match(piece: Path, arrays: Mapping[str, dict]) -> bool:
+    """Each recorded array's file present, its ``.npy`` header of the recorded shape and dtype and
+    its size the header's plus the rows' bytes, and no other ``.npy`` file (the rows unread)."""
+    files = {path.stem: path for path in piece.glob("*.npy")}
+    if set(files) != set(arrays):
+        return False
+    for name, entry in arrays.items():
+        with open(files[name], "rb") as f:
+            version = np.lib.format.read_magic(f)
+            if version not in HEADERS:
+                return False
+            shape, _, dtype = HEADERS[version](f)
+            if list(shape) != list(entry["shape"]) or dtype.str != entry["dtype"]:
+                return False
+            payload = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+            if files[name].stat().st_size != f.tell() + payload:
+                return False
+    return True
+
+
 def piece_done(directory: Path, level: str, first: int) -> bool:
-    """Whether level ``level``'s piece starting at row ``first`` is written."""
-    return _piece(directory, level, first).is_dir()
+    """Whether level ``level``'s piece starting at row ``first`` is written whole: its manifest
+    readable and each array's file of the size it records (the rows are not read: :func:`read_piece`
+    checks their digests)."""
+    piece = _piece(directory, level, first)
+    if not piece.is_dir():
+        return False
+    try:
+        return _sizes_match(piece, _manifest(piece)["arrays"])
+    except (PieceMismatch, OSError, KeyError, TypeError, ValueError):
+        return False
 
 
 def write_piece(directory: Path, level: str, first: int, arrays: Mapping[str, np.ndarray], *, fsync: bool) -> None:
     """Write level ``level``'s rows from row ``first`` (``arrays``: name -> rows, names without
-    ``/``) as one piece, atomically (aside, then renamed; an existing piece is kept: a retry
-    computes the same rows)."""
+    ``/``) as one piece with its manifest, atomically (aside, then renamed; an existing piece that
+    :func:`piece_done` accepts is kept: a retry computes the same rows; one it does not is replaced)."""
     final = _piece(directory, level, first)
     final.parent.mkdir(parents=True, exist_ok=True)
     aside = final.with_name(f".{final.name}.{uuid.uuid4().hex}")
     aside.mkdir()
     try:
+        entries = {}
         for name, rows in arrays.items():
+            rows = np.ascontiguousarray(rows)
+            entries[name] = {"shape": list(rows.shape), "dtype": rows.dtype.str,
+                             "blake3": chunk_digest(name, int(first), rows).hex()}
             with open(aside / f"{name}.npy", "wb") as f:
-                np.save(f, np.ascontiguousarray(rows))
+                np.save(f, rows)
                 if fsync:
                     f.flush()
                     os.fsync(f.fileno())
+        write_text_atomic(aside / MANIFEST, json.dumps({"format": FORMAT, "level": level, "first": int(first),
+                                                        "arrays": entries}, sort_keys=True), fsync=fsync)
         try:
             os.rename(aside, final)
         except OSError:
-            if not final.is_dir():
-                raise
+            if piece_done(directory, level, first):
+                return
+            shutil.rmtree(final, ignore_errors=True)  # a partial or changed piece: replaced
+            os.rename(aside, final)
         if fsync:
             fsync_dir(final.parent)
     finally:
@@ -74,9 +155,33 @@ def write_piece(directory: Path, level: str, first: int, arrays: Mapping[str, np
 
 
 def read_piece(directory: Path, level: str, first: int) -> dict[str, np.ndarray]:
-    """Level ``level``'s piece starting at row ``first``: name -> rows, memory-mapped."""
+    """Level ``level``'s piece starting at row ``first``: name -> rows (memory-mapped: a reader
+    copies the rows it needs), each checked against its manifest (shape, dtype, BLAKE3 digest:
+    every row is read once); :class:`PieceMismatch` naming the piece and the array otherwise."""
     piece = _piece(directory, level, first)
-    return {path.stem: np.load(path, mmap_mode="r") for path in sorted(piece.glob("*.npy"))}
+    arrays = _manifest(piece)["arrays"]
+    files = {path.stem for path in piece.glob("*.npy")}
+    if files != set(arrays):
+        raise PieceMismatch(piece, f"arrays {sorted(files)} on disk, {sorted(arrays)} written")
+    out = {}
+    for name, entry in sorted(arrays.items()):
+        try:
+            rows = np.load(piece / f"{name}.npy", mmap_mode="r", allow_pickle=False)
+        except (OSError, ValueError) as error:
+            raise PieceMismatch(piece, f"array {name} unreadable ({error})") from None
+        if list(rows.shape) != list(entry["shape"]) or rows.dtype.str != entry["dtype"]:
+            raise PieceMismatch(piece, f"array {name} is {rows.dtype.str} {list(rows.shape)}, "
+                                       f"written {entry['dtype']} {entry['shape']}")
+        if chunk_digest(name, int(first), rows).hex() != entry["blake3"]:
+            raise PieceMismatch(piece, f"array {name} does not hash to the digest it was written with")
+        out[name] = rows
+    return out
+
+
+def remove_piece(directory: Path, error: PieceMismatch) -> None:
+    """Delete the piece ``error`` refused (it is then computed again), if it lies in ``directory``."""
+    if error.piece.parent.parent == Path(directory):
+        shutil.rmtree(error.piece, ignore_errors=True)
 
 
 def remove_pieces(directory: Path) -> None:

@@ -28,6 +28,7 @@ from distfit.mathematics.margins import MOE90_Z
 from distfit.pipeline.run import run_levels
 from distfit.spec.parse import load_spec
 from distfit.stores.estimate import read_estimate, verify_estimate
+from distfit.stores.lock import StoreLockedError, store_lock
 from distfit.stores.plan import read_plan
 from distfit.stores.release import read_release
 from distfit.runtime.placement import Placement, dask_runtime
@@ -291,6 +292,20 @@ def test_subtrees_on_a_local_cluster_equal_the_drivers_estimate(serial_run, tmp_
         (store / "chunks" / "done" / "c" / "0").write_bytes(b"\x00")
         log = io.StringIO()
         again = estimate_levels(spec, dirs, fsync=False, log=log, placement=here, cut=1, forest_rows=6)
+        # stopped after the forests went down (the county's store held by another writer): the
+        # pieces stay; one is then changed on disk, and the next run refuses it as it is read,
+        # computes it again and writes the same county
+        county = copy / "county" / "estimate.zarr"
+        shutil.rmtree(county)
+        with store_lock(county, "estimate"), pytest.raises(StoreLockedError):
+            estimate_levels(spec, dirs, fsync=False, log=io.StringIO(), placement=here, cut=1, forest_rows=6)
+        pieces = sorted((copy / "state" / "estimate.subtrees" / "county").glob("*/cells.npy"))
+        assert len(pieces) > 1 and not county.exists()
+        raw = bytearray(pieces[-1].read_bytes())
+        raw[-5] ^= 0x01
+        pieces[-1].write_bytes(bytes(raw))
+        mended_log = io.StringIO()
+        mended = estimate_levels(spec, dirs, fsync=False, log=mended_log, placement=here, cut=1, forest_rows=6)
         # a county release chunk changed after its seal: refused by the task that reads it, nothing written
         changed = tmp_path / "changed"
         shutil.copytree(Path(serial_run.rundir) / "levels", changed,
@@ -306,3 +321,7 @@ def test_subtrees_on_a_local_cluster_equal_the_drivers_estimate(serial_run, tmp_
     assert "resuming" in log.getvalue() and "0 of 1 chunks already written" in log.getvalue()
     assert [again[name].status for name in LEVELS] == ["reused", "reused", "done"]
     assert again["county"].checksum == first["county"].checksum  # the same bytes: the passes are deterministic
+    note = f"{pieces[-1].parent}: array cells does not hash to the digest it was written with: it is computed again"
+    assert note in mended_log.getvalue() and "county: down" in mended_log.getvalue().split(note)[1]
+    assert [mended[name].status for name in LEVELS] == ["reused", "reused", "done"]
+    assert mended["county"].checksum == first["county"].checksum
