@@ -122,6 +122,18 @@ def whole_number(minimum: int) -> Callable[[str], int]:
     return parse
 
 
+def column_names(text: str) -> list[str]:
+    """An argparse ``type``: ``a,b,c`` -> ``["a", "b", "c"]`` (blanks around names dropped;
+    ``--columns`` of ``distfit mask``, ``--x`` of ``distfit regress``), ``""`` -> ``[]`` (``--x ''``:
+    no regressor); an empty name among others refused."""
+    if not text.strip():
+        return []
+    names = [name.strip() for name in text.split(",")]
+    if "" in names:
+        raise argparse.ArgumentTypeError(f"an empty column name in {text!r}")
+    return names
+
+
 def positive_number(text: str) -> float:
     """An argparse ``type``: a finite number > 0 (``--gap-tolerance``)."""
     try:
@@ -404,7 +416,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     mask_parser = parsers["mask"]
     mask_parser.add_argument("data", metavar="DATA.csv", help="a CSV (or .csv.gz) file with a header line")
-    mask_parser.add_argument("--columns", required=True, metavar="A,B", help="the numeric columns to release")
+    mask_parser.add_argument("--columns", required=True, type=column_names, metavar="A,B", help="the numeric columns to release")
     mask_parser.add_argument("--bounds", metavar="A=LO:HI,B=LO:HI", help="public bounds of every column")
     mask_parser.add_argument("--bounds-from-data", action="store_true",
                              help="use each column's range in the data: LEAKS it (the store is marked not private)")
@@ -420,7 +432,7 @@ def build_parser() -> argparse.ArgumentParser:
     regress_parser.add_argument("store", metavar="MASKED.zarr",
                                 help="a sealed mask store written by distfit mask (verified before it is read)")
     regress_parser.add_argument("--y", required=True, metavar="COL", help="the response: a column of the store")
-    regress_parser.add_argument("--x", metavar="A,B",
+    regress_parser.add_argument("--x", type=column_names, metavar="A,B",
                                 help="the regressors (default: every other column of the store; '' for none: the mean)")
     regress_parser.add_argument("--naive", action="store_true",
                                 help="no correction: the OLS of the masked rows (biased towards zero), for comparison")

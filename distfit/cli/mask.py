@@ -8,7 +8,6 @@ import argparse
 import math
 
 from distfit.cli.errors import UsageError
-from distfit.cli.regressing import parse_columns
 from distfit.cli.summary import print_summary
 from distfit.mask.job import run_mask
 
@@ -47,7 +46,7 @@ def cmd_mask(args: argparse.Namespace) -> int:
     if args.bounds is not None and args.bounds_from_data:
         raise UsageError("--bounds and --bounds-from-data exclude each other")
     result = run_mask(
-        args.data, args.out, columns=parse_columns(args.columns), bounds=parse_bounds(args.bounds),
+        args.data, args.out, columns=args.columns, bounds=parse_bounds(args.bounds),
         bounds_from_data=args.bounds_from_data, epsilon=args.epsilon, delta=args.delta, block_rows=args.block_rows,
         seed=args.seed, resume=args.resume, overwrite=args.overwrite, placement=args.placement,
     )

@@ -7,29 +7,23 @@ does (the checksum recomputed, every chunk: ``distfit.stores.mask.read_verified_
 with an intercept and prints the coefficients and standard errors in the data's units, with
 ``n``, sigma and which correction was made. It writes nothing. A module of its own, apart from
 ``distfit mask`` (``distfit.cli.mask``), so that it imports neither pandas nor Dask: it reads one
-store. Every refusal is one line and exit 2: an empty name in ``--x`` here (``UsageError``), the
-rest by the library (``ValueError``): an unknown column, ``--y`` among ``--x``, a regressor named
+store. Every refusal is one line and exit 2: an empty name in ``--x`` as the arguments are parsed
+(``distfit.cli.main.column_names``), the rest by the library (``ValueError``): an unknown column, ``--y`` among ``--x``, a regressor named
 twice, a path that is not a sealed mask store, a store changed after its seal.
 """
 from __future__ import annotations
 
 import argparse
 
-from distfit.cli.errors import UsageError
 from distfit.cli.summary import print_summary
 from distfit.mask.analysis import regression
 from distfit.mask.ols import Regression
 
-__all__ = ["cmd_regress", "coefficient_table", "parse_columns"]
+__all__ = ["cmd_regress", "coefficient_table"]
 
 #: What the ``correction`` row says of each kind of fit.
 CORRECTED = "errors in variables: Y^T Y - n sigma^2 I (no noise on the intercept; Fuller's standard errors)"
 NAIVE = "none (--naive): the OLS of the masked rows, biased towards zero; its standard errors ignore the noise"
-
-
-def parse_columns(text: str) -> list[str]:
-    """``a,b,c`` -> ``["a", "b", "c"]`` (blanks around names dropped); ``""`` -> ``[]``."""
-    return [name.strip() for name in text.split(",")] if text.strip() else []
 
 
 def coefficient_table(fit: Regression) -> list[str]:
@@ -44,10 +38,7 @@ def coefficient_table(fit: Regression) -> list[str]:
 
 def cmd_regress(args: argparse.Namespace) -> int:
     """``distfit regress``: the regression of ``--y`` on ``--x`` from a verified mask store."""
-    x = None if args.x is None else parse_columns(args.x)
-    if x is not None and "" in x:
-        raise UsageError(f"--x: an empty column name in {args.x!r}")
-    fit = regression(args.store, y=args.y, x=x, corrected=not args.naive)
+    fit = regression(args.store, y=args.y, x=args.x, corrected=not args.naive)
     on = ", ".join(fit.names[1:]) or "the intercept alone"
     print_summary(f"regress {args.store}", [
         ("model", f"{fit.y} on {on}"),
