@@ -629,10 +629,14 @@ def plan_claims(root_attrs: Mapping, group: zarr.Group) -> dict[str, Any]:
     return claims
 
 
-def plan_checksum_claims(attrs: Mapping, group: zarr.Group) -> dict[str, Any] | None:
+def plan_checksum_claims(attrs: Mapping, group: zarr.Group, claims: dict[str, Any] | None = None
+                         ) -> dict[str, Any] | None:
     """The plan's sealing rule (:data:`distfit.stores.sealing.ClaimRule`): :func:`plan_claims`
-    for a plan of format version 2 or later, the arrays only (None) for one of version 1."""
-    return plan_claims(attrs, group) if checksum_covers_attrs(attrs) else None
+    (or ``claims``, when already made from these attrs) for a plan of format version 2 or later,
+    the arrays only (None) for one of version 1."""
+    if not checksum_covers_attrs(attrs):
+        return None
+    return plan_claims(attrs, group) if claims is None else claims
 
 
 def read_verified_plan(path: PathLike) -> Plan:
@@ -651,8 +655,7 @@ def verify_checksum(path: PathLike | Plan) -> tuple[bool, str, str]:
         _p, group, attrs = _open_plan_group(path)
         return verify_opened(group, attrs, plan_checksum_claims)
     plan = path
-    return verify_opened(plan._group, plan.attrs,
-                         lambda attrs, _group: plan.claims if checksum_covers_attrs(attrs) else None)
+    return verify_opened(plan._group, plan.attrs, functools.partial(plan_checksum_claims, claims=plan.claims))
 
 
 __all__ = [
