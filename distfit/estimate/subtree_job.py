@@ -36,7 +36,17 @@ the finest level bounded by :func:`distfit.estimate.subtrees.matrix_units`, one 
 the driver, levels ``0 .. c`` and their classes' matrices (the cut chosen so that they fit
 :data:`distfit.estimate.subtrees.DRIVER_MATRIX_BYTES`), each unit's number of children, and one
 level's parent ids at a time while step 1 reads them.
-Integer tables are made in the driver (:func:`distfit.estimate.levels.estimate_levels`).
+
+Integer tables (``integer``, issue 29 point 4): the driver makes levels ``0 .. c``'s by
+:func:`distfit.estimate.geography.integer_top_down` from their real-valued estimates (with the
+levels below the cut given by their informations and each cut unit's descendants, so every
+unit's metric is the whole tree's), and each downward task continues it through its forest
+from its roots' integer tables (the cut level's rows, sent beside their :class:`Top`),
+writing the integer tables and query estimates in its pieces; the stores are then laid out as
+:func:`distfit.estimate.level_stores.write_level` lays out an integer one (query estimates
+int64 where the workload is integral, no variances). The integer top-down is per parent, so
+the integers are the driver's over the whole tree, bit for bit, from the same real-valued
+estimates (docs/design.md section 7, "Integer tables on the cluster").
 """
 from __future__ import annotations
 
@@ -48,19 +58,23 @@ from typing import Any, TextIO
 
 import numpy as np
 
+from distfit.estimate.geography import GeographyLevel, integer_top_down
 from distfit.estimate.hierarchy import Summary, Top, query_variances
 from distfit.estimate.job import ReleaseRows
 from distfit.estimate.level_stores import (
     METHOD,
     OBJECTIVE,
     LevelEstimate,
+    level_queries,
     level_terms,
     parent_rows,
+    query_dtype,
     residuals,
     unit_keys,
     write_level,
 )
-from distfit.estimate.measurements import MeasurementModel, measurement_model, workload_estimates
+from distfit.estimate.measurements import MeasurementModel, measurement_model
+from distfit.estimate.rounding import laminar_family
 from distfit.estimate.subtrees import (
     FOREST_MATRIX_BYTES,
     descendant_spans,
@@ -114,8 +128,9 @@ class Forests:
     """What every task of a job needs, sent with each: the levels from the cut down (``names``,
     ``models``, the sealed releases' ``release_paths`` and ``release_checksums``), each forest's
     rows per level (``spans[k][i]``: cut unit ``i``'s first row at level ``c + k``), each unit's
-    number of children (``counts[k]``, levels ``c .. L - 1``), the pieces directory and
-    ``split`` (:func:`distfit.estimate.hierarchy.estimate_hierarchy`'s)."""
+    number of children (``counts[k]``, levels ``c .. L - 1``), the pieces directory,
+    ``split`` (:func:`distfit.estimate.hierarchy.estimate_hierarchy`'s) and ``integer`` (integer
+    tables: module docstring)."""
 
     names: tuple[str, ...]
     models: tuple[MeasurementModel, ...]
@@ -126,6 +141,7 @@ class Forests:
     pieces: str
     split: str
     fsync: bool
+    integer: bool = False
 
     def rows(self, first: int, stop: int) -> list[tuple[int, int]]:
         """Forest ``[first, stop)``'s rows ``(start, stop)`` at each level from the cut."""
@@ -159,26 +175,33 @@ def upward_task(job: Forests, first: int, stop: int) -> tuple[int, Summary, tupl
     return first, summary, terms[0]
 
 
-def downward_task(job: Forests, first: int, stop: int, top: Top) -> tuple[int, int]:
-    """Step 4 (module docstring): forest ``[first, stop)`` down from its roots' ``top``, each
-    level's rows below the cut written as a piece. Returns ``(first, units below the cut)``."""
+def downward_task(job: Forests, first: int, stop: int, top: Top, roots: np.ndarray | None = None) -> tuple[int, int]:
+    """Step 4 (module docstring): forest ``[first, stop)`` down from its roots' ``top`` (and,
+    with ``job.integer``, their integer tables ``roots``), each level's rows below the cut
+    written as a piece. Returns ``(first, units below the cut)``."""
     directory = Path(job.pieces)
     rows = job.rows(first, stop)
     with blas_limit():
         terms, parents = _read_forest(job, first, stop)
         state, _ = forest_upward([t[0] for t in terms], [t[1] for t in terms], parents)
         result = forest_downward(state, top, split=job.split)
+        tables = result.x
+        if job.integer:  # the driver's integer top-down, continued from the roots' tables
+            depth = len(result.x)
+            tables = integer_top_down([GeographyLevel(t[0], t[1], up) for t, up in zip(terms[:depth], parents)],
+                                      result.x, families=[laminar_family(m.workload) for m in job.models[:depth]],
+                                      roots=roots)
     units = 0
     for k in range(1, len(job.names)):
         start, end = rows[k]
         if end == start:  # no piece: no rows (another forest's piece may start at this row)
             continue
         if k < len(result.x):
-            x = result.x[k]
+            x = tables[k]
             model = job.models[k]
-            variances = (None if model.workload is None else
+            variances = (None if job.integer or model.workload is None else
                          query_variances(model.workload, result.covariance[k], result.unit_class[k]))
-            arrays = {"queries": workload_estimates(model, x), "cells": x,
+            arrays = {"queries": level_queries(model, x, job.integer), "cells": x,
                       "objective": residuals(terms[k][0], terms[k][1], terms[k][2], x)}
             if variances is not None:
                 arrays["variances"] = variances
@@ -234,24 +257,39 @@ def _forests(names: Sequence[str], cut: int, releases: Mapping[str, Any], column
     return counts, spans, group_roots(spans, rows, matrix_units(cells, FOREST_MATRIX_BYTES)), rows
 
 
-def _key(names: Sequence[str], releases: Mapping[str, Any], cut: int, forest_rows: int, split: str) -> str:
+def _key(names: Sequence[str], releases: Mapping[str, Any], cut: int, forest_rows: int, split: str,
+         integer: bool = False) -> str:
     """The inputs the pieces are computed from (their directory's key; the forests' bounds)."""
     return "\n".join([METHOD, OBJECTIVE, split, str(cut), str(forest_rows), f"matrices {FOREST_MATRIX_BYTES}",
-                      *(f"{n} {releases[n].checksum}" for n in names)]) + "\n"
+                      f"integer {bool(integer)}", *(f"{n} {releases[n].checksum}" for n in names)]) + "\n"
 
 
-def _kept(path: Path, release, parent_checksum: str | None) -> Any:
-    """The sealed estimate at ``path`` when it is this method's real-valued estimate of
-    ``release`` naming ``parent_checksum`` as its parent's; else None."""
+def _kept(path: Path, release, parent_checksum: str | None, integer: bool = False) -> Any:
+    """The sealed estimate at ``path`` when it is this method's estimate of ``release`` (integer
+    tables or not, as ``integer`` says) naming ``parent_checksum`` as its parent's; else None."""
     if estimate_state(path) != "sealed":
         return None
     estimate = read_sealed_estimate(path)
     recorded = (estimate.attrs.get("geography") or {}).get("parent_estimate") or {}
     if (estimate.attrs.get("release_checksum") != release.checksum or estimate.method != METHOD
-            or estimate.attrs.get("objective") != OBJECTIVE or estimate.integer
+            or estimate.attrs.get("objective") != OBJECTIVE or estimate.integer != bool(integer)
             or recorded.get("checksum") != parent_checksum):
         return None
     return estimate
+
+
+def _integer_top(names: Sequence[str], cut: int, terms: Sequence[tuple], parent_of: Sequence[np.ndarray | None],
+                 xs: Sequence[np.ndarray], models: Mapping[str, MeasurementModel], releases: Mapping[str, Any],
+                 spans: Sequence[np.ndarray]) -> list[np.ndarray]:
+    """Step 3 with ``integer`` (module docstring): levels ``0 .. c``'s integer tables from their
+    real-valued estimates ``xs``, the levels below the cut given by their informations (a
+    release's, from no rows) and each cut unit's descendants there (``spans``)."""
+    below = [(level_terms(models[name], ReleaseRows(releases[name], models[name]).answers(0, 0))[0], np.diff(span))
+             for name, span in zip(names[cut + 1:], spans[1:])]
+    levels = [GeographyLevel(t[0], x, None if i == 0 else np.zeros(x.shape[0], dtype=np.int64) if up is None else up)
+              for i, (t, x, up) in enumerate(zip(terms, xs, parent_of))]
+    return list(integer_top_down(levels, xs, families=[laminar_family(models[n].workload) for n in names[:cut + 1]],
+                                 below=below))
 
 
 def _run(client, function, calls: list[tuple[str, tuple]], name: str, progress: Progress):
@@ -266,11 +304,11 @@ def _run(client, function, calls: list[tuple[str, tuple]], name: str, progress: 
 def estimate_on_cluster(client, spec: Any, *, names: Sequence[str], cut: int, dirs: Mapping[str, Path],
                         paths: Mapping[str, Path], plans: Mapping[str, Any], releases: Mapping[str, Any],
                         columns: Mapping[str, str | None], forest_rows: int = FOREST_ROWS, split: str = "total",
-                        log: TextIO, fsync: bool = True) -> dict[str, LevelEstimate]:
+                        log: TextIO, fsync: bool = True, integer: bool = False) -> dict[str, LevelEstimate]:
     """The estimate of every level (module docstring) on ``client``'s cluster, cut at level
     ``cut`` (0 <= cut < the finest level), forests of at most ``forest_rows`` rows (fewer on a
-    large cluster: :func:`_forests`); the arguments as :func:`distfit.estimate.levels.estimate_levels`
-    has them. Returns the level estimates by name. :class:`Unordered` (before anything is
+    large cluster: :func:`_forests`); with ``integer``, integer tables; the arguments as
+    :func:`distfit.estimate.levels.estimate_levels` has them. Returns the level estimates by name. :class:`Unordered` (before anything is
     written) when a level below the cut is not ordered by its parents."""
     started = time.perf_counter()
     cells = int(np.prod(spec.domain.shape, dtype=np.int64))
@@ -280,10 +318,12 @@ def estimate_on_cluster(client, spec: Any, *, names: Sequence[str], cut: int, di
     models = {name: measurement_model(plans[name]) for name in names}
     pieces = dirs[names[cut]] / PIECES_NAME  # made at step 4 (a refused input leaves nothing behind)
     job = Forests(tuple(below), tuple(models[n] for n in below), tuple(releases[n].path for n in below),
-                  tuple(releases[n].checksum for n in below), tuple(spans), tuple(counts), str(pieces), split, fsync)
+                  tuple(releases[n].checksum for n in below), tuple(spans), tuple(counts), str(pieces), split, fsync,
+                  integer)
     units = sum(int(releases[n].attrs["units"]) for n in names)
     print(f"distfit: estimate levels {', '.join(names)} ({units:,} units) on the cluster: best linear unbiased "
-          f"over the geography, {len(groups)} forests of subtrees of level {names[cut]}", file=log)
+          f"over the geography{', then integer tables' if integer else ''}, {len(groups)} forests of subtrees of "
+          f"level {names[cut]}", file=log)
 
     # 2. up
     calls = [(str(first), (job, first, stop)) for first, stop in groups]
@@ -306,7 +346,9 @@ def estimate_on_cluster(client, spec: Any, *, names: Sequence[str], cut: int, di
                             columns[name])))
         top = top_estimate([t[0] for t in terms[:cut]], [t[1] for t in terms[:cut]], parent_of, summary, split=split)
         xs = list(top.x)
-        variances = [None if models[name].workload is None
+        if integer:
+            xs = _integer_top(names, cut, terms, parent_of, xs, models, releases, spans)
+        variances = [None if integer or models[name].workload is None
                      else query_variances(models[name].workload, top.covariance[i], top.unit_class[i])
                      for i, name in enumerate(names[:cut + 1])]
         objectives = [residuals(t[0], t[1], t[2], x) for t, x in zip(terms, xs)]
@@ -315,7 +357,7 @@ def estimate_on_cluster(client, spec: Any, *, names: Sequence[str], cut: int, di
     rewritten = False
     for i, name in enumerate(names[:cut + 1]):
         above = names[i - 1] if i else None
-        kept = None if rewritten else _kept(paths[name], releases[name], parent_checksum)
+        kept = None if rewritten else _kept(paths[name], releases[name], parent_checksum, integer)
         if kept is not None:
             checksum, status = kept.checksum, "reused"
         else:
@@ -324,7 +366,7 @@ def estimate_on_cluster(client, spec: Any, *, names: Sequence[str], cut: int, di
                          "parent_estimate": None if above is None else {"path": out[above].path,
                                                                         "checksum": parent_checksum}}
             checksum = write_level(paths[name], spec=spec, plan=plans[name], plan_path=dirs[name] / "plan.zarr",
-                                   release=releases[name], model=models[name], x=xs[i], integer=False,
+                                   release=releases[name], model=models[name], x=xs[i], integer=integer,
                                    objective=objectives[i], variances=variances[i], geography=geography, fsync=fsync)
             status = "done"
         out[name] = LevelEstimate(name, str(paths[name]), checksum, int(xs[i].shape[0]), status, above)
@@ -333,11 +375,12 @@ def estimate_on_cluster(client, spec: Any, *, names: Sequence[str], cut: int, di
           f"({time.perf_counter() - started:.1f} s so far)", file=log)
 
     # 4. down: the forests whose pieces are not all written
-    open_pieces(pieces, _key(names, releases, cut, forest_rows, split))
+    open_pieces(pieces, _key(names, releases, cut, forest_rows, split, integer))
     pending = [(first, stop) for first, stop in groups
                if not all(sp[first] == sp[stop] or piece_done(pieces, name, int(sp[first]))
                           for name, sp in zip(below[1:], spans[1:]))]
-    calls = [(str(first), (job, first, stop, top.top(cut, slice(first, stop)))) for first, stop in pending]
+    calls = [(str(first), (job, first, stop, top.top(cut, slice(first, stop)), xs[cut][first:stop] if integer else None))
+             for first, stop in pending]
     if calls:
         _run(client, downward_task, calls, "estimate-down",
              Progress(f"estimate {', '.join(below[1:])}: down", log, unit="forests"))
@@ -373,7 +416,7 @@ def _locked_write(client, job: Forests, k: int, groups: Sequence[tuple[int, int]
     name = job.names[k]
     units, chunk_units = int(release.attrs["units"]), int(release.attrs["chunk_units"])
     parent = geography["parent_estimate"]["checksum"]
-    kept = _kept(path, release, parent)
+    kept = _kept(path, release, parent, job.integer)
     if kept is not None:
         return LevelEstimate(name, str(path), kept.checksum, units, "reused", geography["parent_level"])
     state = estimate_state(path)
@@ -381,15 +424,16 @@ def _locked_write(client, job: Forests, k: int, groups: Sequence[tuple[int, int]
     if state == "incomplete":
         try:
             root = open_resumable(path, plan_checksum=plan.checksum, release_checksum=release.checksum,
-                                  integer=False, method=METHOD)
+                                  integer=job.integer, method=METHOD)
             resumed = (root.attrs.get("geography") or {}).get("parent_estimate", {}).get("checksum") == parent
         except ValueError:
             resumed = False
-    variances = model.workload is not None
+    variances = model.workload is not None and not job.integer
 
     def create(target: Path):
         root = create_estimate(target, plan=plan, plan_path=str(plan_path), release=release, method=METHOD,
-                               objective=OBJECTIVE, integer=False, cells=model.cells, query_dtype=np.float64,
+                               objective=OBJECTIVE, integer=job.integer, cells=model.cells,
+                               query_dtype=query_dtype(model, job.integer),
                                cell_labels=cell_labels(model.attributes, value_labels(spec)), variances=variances)
         root.attrs["geography"] = geography
         return root
@@ -397,8 +441,8 @@ def _locked_write(client, job: Forests, k: int, groups: Sequence[tuple[int, int]
     n_chunks = -(-units // chunk_units)
     layout = resume_or_create(path, state, "estimate", n_chunks, resumed=resumed, resume=resumed,
                               reopen=lambda p: open_resumable(p, plan_checksum=plan.checksum,
-                                                              release_checksum=release.checksum, integer=False,
-                                                              method=METHOD),
+                                                              release_checksum=release.checksum,
+                                                              integer=job.integer, method=METHOD),
                               create=create, kept="chunks already written (kept as they are)", rest="to write",
                               log=log)
     firsts = np.array([job.spans[k][first] for first, stop in groups if job.spans[k][first] < job.spans[k][stop]],
