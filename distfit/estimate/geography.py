@@ -31,8 +31,13 @@ cell in decreasing order, ``rho = max{k : v_(k) - (sum_{i <= k} v_(i) - s) / k >
 ``tau = (sum_{i <= rho} v_(i) - s) / rho``, ``x = max(v - tau, 0)``, vectorised over every
 parent and cell at once by sorting (no loop over parents or cells). The problem is solved by
 :func:`distfit.estimate.projection.minimise_quadratic` (accelerated projected gradient) with
-that projection, all children of a level at once (``coupled``: the rows are tied by the
-projection) and the per-unit ``H_u`` applied as an operator (:class:`WeightedInformation`).
+that projection, every parent's children in one array but each parent's a problem of its own
+(``groups``: its own step from the bound of its children's ``H_u``, momentum, restart and stop;
+the root level's units each alone) and the per-unit ``H_u`` applied as an operator
+(:class:`WeightedInformation`, each row's product independent of the batch). Decision (issue 29
+point 4 on the cluster): per parent, not one problem per level as before, so that a subtree's
+tables depend only on its root's and its own units and a forest of subtrees solved alone gets
+the whole tree's bits (docs/design.md section 7, "Integer tables on the cluster").
 
 Where ``H_u`` is singular the minimiser is not unique; the solver starts from the parent's
 table split by the children's estimated totals (:func:`sibling_start`), so a cell detail no
@@ -148,8 +153,9 @@ def _top_eigenvalue(hessian: Any) -> float:
 class WeightedInformation:
     """The per-unit information ``H_u = sum_j w_uj H_j`` as an operator on all units at once:
     ``op(V)[u] = sum_j w_uj (V H_j)[u]`` (``V`` units x cells, rows in the units' order; the
-    rows are never subset, :func:`minimise_quadratic` runs them ``coupled``). ``lipschitz``:
-    ``sum_j max_u w_uj lambda_max(H_j)``, an upper bound of every ``lambda_max(H_u)``."""
+    rows are never subset: :func:`minimise_quadratic` keeps every row). ``lipschitz``:
+    ``sum_j max_u w_uj lambda_max(H_j)``, an upper bound of every ``lambda_max(H_u)``
+    (:meth:`group_lipschitz`: of each group's)."""
 
     def __init__(self, hessians: Sequence[Any], weights: np.ndarray) -> None:
         self.hessians = tuple(hessians)
