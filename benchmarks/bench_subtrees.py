@@ -3,7 +3,7 @@
 Usage::
 
     python benchmarks/bench_subtrees.py [--spec pipelines/census.yaml] [--units 20000] [--run DIR]
-                                        [--workers 2] [--cut LEVEL] [--forest-rows N] [--repeat 1]
+                                        [--workers 2] [--cut LEVEL] [--forest-rows N] [--integer]
 
 Reads the levels of a multi-level run (``--run DIR``: the RUNDIR of ``distfit run SPEC --out DIR
 --units N --no-estimate``; else one is run into a temporary directory, without its estimate),
@@ -16,11 +16,15 @@ process on a fresh copy of the levels (:func:`benchmarks.common.measured`):
   default :func:`distfit.estimate.subtrees.choose_cut`), forests of ``--forest-rows`` rows
   (:mod:`distfit.estimate.subtree_job`): its own local cluster started and stopped inside the timing.
 
-and, as the cluster's fixed cost, a local cluster of W workers started and stopped with nothing
+(``--integer``: both with integer tables, issue 29 point 4: the cluster's forests continue the
+driver's integer top-down from their roots' tables) and, as the cluster's fixed cost, a local
+cluster of W workers started and stopped with nothing
 run on it (``start``). Printed per way: wall seconds, CPU-seconds (the process and its reaped worker processes, user +
 system), the peak RSS of the driver and of the largest worker (sampled every 50 ms), and the
 ratios cluster / driver; then the largest difference between the two estimates (query
-estimates and variances, relative to the largest value of each level) and the load average.
+estimates and variances, relative to the largest value of each level; ``--integer``: how many
+integer cells and query estimates differ, 0 expected: the same integers bit for bit) and the
+load average.
 """
 from __future__ import annotations
 
@@ -52,7 +56,7 @@ def _copy(levels: Path, to: Path) -> Path:
     return to
 
 
-def _estimate(spec_path: str, levels: str, workers: int, cut: int | None, forest_rows: int
+def _estimate(spec_path: str, levels: str, workers: int, cut: int | None, forest_rows: int, integer: bool = False
               ) -> tuple[float, float, dict[str, str]]:
     """One estimate of every level (the child process): ``(wall, CPU-seconds, {level: path})``."""
     spec = load_spec(spec_path)
@@ -60,7 +64,7 @@ def _estimate(spec_path: str, levels: str, workers: int, cut: int | None, forest
     cpu, start = cpu_seconds(), time.perf_counter()
     placement = None if workers == 0 else Placement(workers=workers)
     out = estimate_levels(spec, dirs, log=io.StringIO(), placement=placement, cut=cut, forest_rows=forest_rows,
-                          cluster_units=0)
+                          cluster_units=0, integer=integer)
     return time.perf_counter() - start, cpu_seconds() - cpu, {name: e.path for name, e in out.items()}
 
 
@@ -81,6 +85,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--cut", type=int, default=None, help="the level to cut at (an index; default: chosen)")
     parser.add_argument("--forest-rows", type=int, default=100_000)
+    parser.add_argument("--integer", action="store_true", help="integer tables (distfit run --integer)")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="bench-subtrees-") as tmp:
         work = Path(tmp)
@@ -94,7 +99,7 @@ def main(argv: list[str] | None = None) -> None:
             levels = _copy(run / "levels", work / way)
             before = load()
             (wall, cpu, paths[way]), memory = measured(_estimate, args.spec, str(levels), workers, args.cut,
-                                                       args.forest_rows)
+                                                       args.forest_rows, args.integer)
             rows[way] = (wall, cpu, memory.driver / MIB, memory.worker / MIB, before)
         before = load()
         (wall, cpu, _), memory = measured(_cluster_only, args.workers)
@@ -109,6 +114,12 @@ def main(argv: list[str] | None = None) -> None:
               f"{(cw - sw) / dw:.2f}, CPU {(cc - sc) / dc:.2f}")
         for name in paths["driver"]:
             a, b = read_estimate(paths["driver"][name]), read_estimate(paths["cluster"][name])
+            if args.integer:
+                cells, queries = (int(np.sum(np.asarray(a.array(n)[...]) != np.asarray(b.array(n)[...])))
+                                  for n in ("cells/estimates", "queries/estimates"))
+                print(f"  {name}: {int(a.attrs['units'])} units, cluster != driver: {cells} integer cells, "
+                      f"{queries} query estimates (of {np.asarray(a.estimates[...]).size})")
+                continue
             diffs = []
             for array in ("queries/estimates", "queries/variances"):
                 x, y = np.asarray(a.array(array)[...]), np.asarray(b.array(array)[...])

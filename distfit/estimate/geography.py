@@ -31,8 +31,13 @@ cell in decreasing order, ``rho = max{k : v_(k) - (sum_{i <= k} v_(i) - s) / k >
 ``tau = (sum_{i <= rho} v_(i) - s) / rho``, ``x = max(v - tau, 0)``, vectorised over every
 parent and cell at once by sorting (no loop over parents or cells). The problem is solved by
 :func:`distfit.estimate.projection.minimise_quadratic` (accelerated projected gradient) with
-that projection, all children of a level at once (``coupled``: the rows are tied by the
-projection) and the per-unit ``H_u`` applied as an operator (:class:`WeightedInformation`).
+that projection, every parent's children in one array but each parent's a problem of its own
+(``groups``: its own step from the bound of its children's ``H_u``, momentum, restart and stop;
+the root level's units each alone) and the per-unit ``H_u`` applied as an operator
+(:class:`WeightedInformation`, each row's product independent of the batch). Decision (issue 29
+point 4 on the cluster): per parent, not one problem per level as before, so that a subtree's
+tables depend only on its root's and its own units and a forest of subtrees solved alone gets
+the whole tree's bits (docs/design.md section 7, "Integer tables on the cluster").
 
 Where ``H_u`` is singular the minimiser is not unique; the solver starts from the parent's
 table split by the children's estimated totals (:func:`sibling_start`), so a cell detail no
@@ -126,8 +131,17 @@ class TopDownResult:
 
 
 def _apply(hessian: Any, v: np.ndarray) -> np.ndarray:
-    """``v H`` for a dense ``H`` or an operator."""
-    return v @ hessian if isinstance(hessian, np.ndarray) else hessian(v)
+    """``v H`` for a dense ``H`` (each row's product the same bits whatever the other rows) or an
+    operator."""
+    if not isinstance(hessian, np.ndarray):
+        return hessian(v)
+    if v.shape[0] % 2:
+        # OpenBLAS's dgemm sums a last odd row (and numpy a single row, by dgemv) with other
+        # kernels, rounding differently; with an even count (and one BLAS thread, distfit's rule:
+        # runtime/threads.py) a row's product does not depend on the rows beside it, so a forest
+        # of subtrees gets the bits the whole level gets (docs/design.md section 7)
+        return (np.concatenate([v, np.zeros((1, v.shape[1]))]) @ hessian)[:-1]
+    return v @ hessian
 
 
 def _top_eigenvalue(hessian: Any) -> float:
@@ -139,8 +153,9 @@ def _top_eigenvalue(hessian: Any) -> float:
 class WeightedInformation:
     """The per-unit information ``H_u = sum_j w_uj H_j`` as an operator on all units at once:
     ``op(V)[u] = sum_j w_uj (V H_j)[u]`` (``V`` units x cells, rows in the units' order; the
-    rows are never subset, :func:`minimise_quadratic` runs them ``coupled``). ``lipschitz``:
-    ``sum_j max_u w_uj lambda_max(H_j)``, an upper bound of every ``lambda_max(H_u)``."""
+    rows are never subset: :func:`minimise_quadratic` keeps every row). ``lipschitz``:
+    ``sum_j max_u w_uj lambda_max(H_j)``, an upper bound of every ``lambda_max(H_u)``
+    (:meth:`group_lipschitz`: of each group's)."""
 
     def __init__(self, hessians: Sequence[Any], weights: np.ndarray) -> None:
         self.hessians = tuple(hessians)
@@ -154,6 +169,19 @@ class WeightedInformation:
             if np.any(w):
                 out += w[:, None] * _apply(hessian, v)
         return out
+
+    def group_lipschitz(self, groups: np.ndarray) -> np.ndarray:
+        """Per row: ``sum_j max_{u in its group} w_uj lambda_max(H_j)``, an upper bound of
+        ``lambda_max(H_u)`` over the rows of its group (``groups`` (units,)), so a group's step
+        is its own (:func:`distfit.estimate.projection.minimise_quadratic`'s ``groups``)."""
+        _, group = np.unique(np.asarray(groups), return_inverse=True)
+        group = group.reshape(-1)
+        top = np.zeros(int(group.max(initial=-1)) + 1)
+        for j, hessian in enumerate(self.hessians):
+            most = np.zeros_like(top)
+            np.maximum.at(most, group, self.weights[:, j])
+            top += most * _top_eigenvalue(hessian)
+        return np.maximum(top, np.finfo(float).tiny)[group]
 
     @property
     def lipschitz(self) -> float:
@@ -189,14 +217,19 @@ def _groupings(levels: Sequence[GeographyLevel]) -> list[Grouping | None]:
     return [None] + [Grouping.of(parents[i], levels[i - 1].units) for i in range(1, len(levels))]
 
 
-def descendant_weights(levels: Sequence[GeographyLevel]) -> list[np.ndarray]:
+def descendant_weights(levels: Sequence[GeographyLevel],
+                       below: Sequence[tuple[Any, np.ndarray]] = ()) -> list[np.ndarray]:
     """Per level ``l``: ``weights`` (units, K - l), the coefficient of ``H_l, H_l+1, ...`` in
     its units' ``H_u`` (module docstring): 1 for ``H_l``, ``1 / n_ul'`` for a finer level where
-    the unit has ``n_ul' > 0`` descendants, else 0."""
+    the unit has ``n_ul' > 0`` descendants, else 0. ``below``: levels under the last one not
+    given whole, each as ``(H, n)``, ``n`` (last level's units,) each unit's number of
+    descendants there (columns after the levels')."""
     groupings = _groupings(levels)
+    last = len(levels) - 1
     out = []
     for i, level in enumerate(levels):
-        counts = np.stack([_sum_up(groupings, i, j, np.ones(levels[j].units)) for j in range(i, len(levels))], axis=1)
+        counts = np.stack([_sum_up(groupings, i, j, np.ones(levels[j].units)) for j in range(i, len(levels))]
+                          + [_sum_up(groupings, i, last, np.asarray(n, dtype=np.float64)) for _, n in below], axis=1)
         out.append(np.where(counts > 0, 1.0 / np.where(counts > 0, counts, 1.0), 0.0))
     return out
 
@@ -306,7 +339,8 @@ def estimate_top_down(levels: Sequence[GeographyLevel], *, integer: bool = False
                       max_iter: int = 20000, on_level: Callable[[int], None] | None = None,
                       centre: Sequence[np.ndarray] | None = None,
                       families: Sequence[np.ndarray | None] | None = None,
-                      rounding: str = "controlled") -> TopDownResult:
+                      rounding: str = "controlled", roots: np.ndarray | None = None,
+                      below: Sequence[tuple[Any, np.ndarray]] = ()) -> TopDownResult:
     """Every level's estimates, coarsest first (module docstring): the root level by
     nonnegative GLS, each finer level by GLS with its children summing to their parent's
     estimate (``integer``: to the parent's integer counts, then rounded so they sum exactly).
@@ -323,11 +357,22 @@ def estimate_top_down(levels: Sequence[GeographyLevel], *, integer: bool = False
     (:func:`distfit.estimate.rounding.round_controlled`: every unit's total, and its sums over
     each set of its level's ``families[i]`` (sets x cells, laminar; None: the total only), within
     1 of the solved table's) or ``"cells"`` (each cell rounded among its siblings alone, the
-    rounding before issue 29 point 4, kept to measure against: benchmarks/bench_geography.py)."""
+    rounding before issue 29 point 4, kept to measure against: benchmarks/bench_geography.py).
+
+    Each level's solve is one problem per parent (its children; the root level's units each
+    alone), solved as if alone (:func:`distfit.estimate.projection.minimise_quadratic`'s
+    ``groups``: its own step, momentum and stop), so a parent's children get the same tables, bit
+    for bit, whatever else is solved beside them (a forest of subtrees at a time on the cluster:
+    docs/design.md section 7). ``roots`` (with ``integer`` and ``centre``): level 0's integer
+    counts, given (made above, e.g. the cut level's for a forest of subtrees): level 0 is not
+    solved. ``below`` (with ``centre``): :func:`descendant_weights`' levels under the last, so
+    that the units' ``H_u`` are the whole tree's when its top levels are solved alone."""
     if not levels:
         raise ValueError("levels: at least one level")
     if rounding not in ROUNDINGS:
         raise ValueError(f"rounding: one of {', '.join(ROUNDINGS)}, got {rounding!r}")
+    if (roots is not None and not integer) or ((roots is not None or below) and centre is None):
+        raise ValueError("roots, below: only with integer and centre (roots) or centre (below)")
     cells = int(np.asarray(levels[0].linear).shape[1])
     for i, level in enumerate(levels):
         if np.asarray(level.linear).ndim != 2 or np.asarray(level.linear).shape[1] != cells:
@@ -338,13 +383,14 @@ def estimate_top_down(levels: Sequence[GeographyLevel], *, integer: bool = False
         raise ValueError(f"families: one per level ({len(levels)}), got {len(families)}")
     parents = _check_parents(levels)
     # centred, the objective's linear term and constant come from the centre, not the measurements
-    terms = descendant_terms(levels) if centre is None else [(w, None, None) for w in descendant_weights(levels)]
+    terms = (descendant_terms(levels) if centre is None
+             else [(w, None, None) for w in descendant_weights(levels, below)])
     xs, counts, objectives, residuals, iterations, converged = [], [], [], [], [], []
     for i, level in enumerate(levels):
         if on_level is not None:
             on_level(i)
         weights, linear, constant = terms[i]
-        hessian = WeightedInformation([lv.hessian for lv in levels[i:]], weights)
+        hessian = WeightedInformation([lv.hessian for lv in levels[i:]] + [h for h, _ in below], weights)
         if centre is not None:
             point = np.asarray(centre[i], dtype=np.float64)
             linear = hessian(point)
@@ -361,19 +407,36 @@ def estimate_top_down(levels: Sequence[GeographyLevel], *, integer: bool = False
             project = SiblingProjection(parent_of, above)
             start = (project(point) if centre is not None
                      else sibling_start(above, parent_of, _estimated_totals(level.hessian, level.linear)))
-        result = minimise_quadratic(hessian, linear, project, start, tol=tol, max_iter=max_iter,
-                                    lipschitz=hessian.lipschitz, coupled=True)
-        x = result.x
+        if i == 0 and roots is not None:  # given
+            given = _check_roots(roots, np.shape(level.linear))
+            x = given.astype(np.float64)
+            iterations.append(0)
+            converged.append(np.ones(level.units, dtype=bool))
+        else:
+            groups = np.arange(level.units) if parent_of is None else parent_of  # one problem per parent
+            result = minimise_quadratic(hessian, linear, project, start, tol=tol, max_iter=max_iter,
+                                        lipschitz=hessian.group_lipschitz(groups), groups=groups)
+            x = result.x
+            iterations.append(int(result.iterations))
+            converged.append(result.converged)
         xs.append(x)
         objectives.append(quadratic_objective(hessian, linear, x))
         residuals.append(np.maximum(2.0 * objectives[-1] + constant, 0.0))
-        iterations.append(int(result.iterations))
-        converged.append(result.converged)
         if integer:
             family = None if families is None else families[i]
-            counts.append(_round_level(x, parent_of, counts[i - 1] if i else None, family, rounding))
+            counts.append(given if i == 0 and roots is not None else
+                          _round_level(x, parent_of, counts[i - 1] if i else None, family, rounding))
     return TopDownResult(x=tuple(xs), counts=tuple(counts) if integer else None, objective=tuple(objectives),
                          residual=tuple(residuals), iterations=tuple(iterations), converged=tuple(converged))
+
+
+def _check_roots(roots: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """``roots`` as int64 counts of ``shape``; ValueError (one line) unless nonnegative integers."""
+    counts = np.asarray(roots)
+    if counts.shape != shape or (counts.size and not np.all(counts == np.round(counts))) or \
+            (counts.size and counts.min() < 0):
+        raise ValueError(f"roots: expected nonnegative integer counts of shape {shape}, got shape {counts.shape}")
+    return counts.astype(np.int64)
 
 
 def _round_level(x: np.ndarray, parent_of: np.ndarray | None, above: np.ndarray | None, family: np.ndarray | None,
@@ -391,7 +454,8 @@ def _round_level(x: np.ndarray, parent_of: np.ndarray | None, above: np.ndarray 
 
 def integer_top_down(levels: Sequence[GeographyLevel], centre: Sequence[np.ndarray], *,
                      families: Sequence[np.ndarray | None] | None = None, tol: float = 1e-6,
-                     max_iter: int = 20000) -> tuple[np.ndarray, ...]:
+                     max_iter: int = 20000, roots: np.ndarray | None = None,
+                     below: Sequence[tuple[Any, np.ndarray]] = ()) -> tuple[np.ndarray, ...]:
     """Nonnegative integer tables (int64, per level, coarsest first) close to real-valued ones
     ``centre`` (e.g. the hierarchy's best linear unbiased estimates, which may be below 0), every
     unit's children summing exactly to it, cell by cell: :func:`estimate_top_down` with
@@ -406,6 +470,15 @@ def integer_top_down(levels: Sequence[GeographyLevel], centre: Sequence[np.ndarr
     one along a direction nothing measures costs nothing (docs/design.md section 7, "Integer
     tables"). ``levels``: each level's ``hessian`` and ``parent_of`` (their ``linear`` only
     gives the shape); ``tol``/``max_iter``: the solver's (a few units' worth of precision is
-    enough before rounding)."""
+    enough before rounding).
+
+    Per parent: each parent's children are solved and rounded as if alone (:func:`estimate_top_down`,
+    :func:`distfit.estimate.rounding.round_controlled`: one maximum flow whose parents do not
+    meet), so the tables of a subtree depend only on its root's counts and its own units: the
+    cluster runs the levels below a cut a forest of subtrees at a time and gets the same
+    integers, bit for bit (:mod:`distfit.estimate.subtree_job`). ``roots``: level 0's counts,
+    given (a forest's roots, from the cut level's tables); ``below``: the levels under the last,
+    ``(H, descendants of each last-level unit)`` each, so the top levels alone get the whole
+    tree's ``H_u`` (the driver's part of the same)."""
     return estimate_top_down(levels, integer=True, tol=tol, max_iter=max_iter, centre=centre,
-                             families=families).counts
+                             families=families, roots=roots, below=below).counts

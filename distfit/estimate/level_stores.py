@@ -30,8 +30,8 @@ from distfit.stores.files import STAGING_MARKER, move_into_place
 from distfit.stores.lock import store_lock
 from distfit.stores.release_chunks import ChunkWriter
 
-__all__ = ["ESTIMATE_NAME", "METHOD", "OBJECTIVE", "LevelEstimate", "level_terms", "parent_rows", "residuals",
-           "reusable_estimate", "unit_keys", "write_level"]
+__all__ = ["ESTIMATE_NAME", "METHOD", "OBJECTIVE", "LevelEstimate", "level_queries", "level_terms", "parent_rows",
+           "query_dtype", "residuals", "reusable_estimate", "unit_keys", "write_level"]
 
 ESTIMATE_NAME = "estimate.zarr"
 #: The ``method`` attr of a level's estimate store, and the objective its estimates minimise.
@@ -106,10 +106,7 @@ def write_level(path: Path, *, spec, plan, plan_path: Path, release, model, x: n
                  objective: np.ndarray, variances: np.ndarray | None, geography: dict, fsync: bool) -> str:
     """One level's estimate store (module docstring), built aside and moved into place; returns
     its checksum."""
-    workload = workload_kind(model)
-    integral = integer and workload.integral
-    queries = (published_estimates(model, x, workload, integer=True) if integer
-               else workload_estimates(model, x))  # unbiased: nothing clipped
+    queries = level_queries(model, x, integer)
     converged = np.ones(x.shape[0], dtype=np.uint8)
     with store_lock(path, "estimate"):
         estimate_state(path)  # anything but an estimate store at path is refused
@@ -117,7 +114,7 @@ def write_level(path: Path, *, spec, plan, plan_path: Path, release, model, x: n
         try:
             root = create_estimate(staging, plan=plan, plan_path=str(plan_path), release=release, method=METHOD,
                                    objective=OBJECTIVE, integer=integer, cells=model.cells,
-                                   query_dtype=np.int64 if integral else np.float64,
+                                   query_dtype=query_dtype(model, integer),
                                    cell_labels=cell_labels(model.attributes, value_labels(spec)),
                                    variances=variances is not None)
             root.attrs["geography"] = geography
@@ -136,6 +133,20 @@ def write_level(path: Path, *, spec, plan, plan_path: Path, release, model, x: n
             shutil.rmtree(staging, ignore_errors=True)
             raise
     return checksum
+
+
+def level_queries(model, x: np.ndarray, integer: bool) -> np.ndarray:
+    """A level's query estimates from its tables ``x``: the workload's sums, unbiased (nothing
+    clipped); with ``integer`` (integer tables) as published (int64 where the workload is
+    integral: :func:`distfit.estimate.measurements.published_estimates`)."""
+    if integer:
+        return published_estimates(model, x, workload_kind(model), integer=True)
+    return workload_estimates(model, x)
+
+
+def query_dtype(model, integer: bool) -> type:
+    """The dtype of a level's stored query estimates (:func:`level_queries`)."""
+    return np.int64 if integer and workload_kind(model).integral else np.float64
 
 
 def residuals(hessian: np.ndarray, linear: np.ndarray, norms: np.ndarray, x: np.ndarray) -> np.ndarray:

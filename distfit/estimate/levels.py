@@ -54,12 +54,14 @@ cells: benchmarks/README.md); memory holds every level's measurements and tables
 cells floats per level) and the hierarchy's class matrices. It needs the dense information
 (at most :data:`distfit.estimate.projection.DENSE_CELLS` cells: :func:`check_levels`). Given a
 cluster (``placement``, as ``distfit run`` does from :data:`CLUSTER_UNITS` units over the levels),
-the real-valued estimate runs there instead, the tree cut at a level into subtrees that are Dask
+the estimate runs there instead, the tree cut at a level into subtrees that are Dask
 tasks, the driver holding only the levels above the cut, each level below written chunk by chunk
 and sealed, resumably (:mod:`distfit.estimate.subtree_job`; the same estimate to float
-rounding). Decision: ``integer`` tables are made in the driver (the top-down integer step and
-the controlled rounding over subtrees are not written yet), and so is the estimate of a
-geography whose levels are not ordered by their parents' rows (a note says why).
+rounding). With ``integer`` the driver makes the levels above the cut's integer tables and each
+forest continues the top-down from its roots' (the integer top-down is per parent: the same
+integers as the driver's over the whole tree, bit for bit, from the same real-valued estimates).
+The estimate of a geography whose levels are not ordered by their parents' rows runs in the
+driver (a note says why).
 """
 from __future__ import annotations
 
@@ -154,9 +156,9 @@ def estimate_levels(spec: Any, level_dirs: Mapping[str, os.PathLike | str], *, i
     cluster, subtrees as tasks (:mod:`distfit.estimate.subtree_job`), cut at level
     ``cut`` (an index; None: :func:`distfit.estimate.subtrees.choose_cut` with ``driver_units`` and
     the spec's cells: the top's matrices within the driver's bound)
-    into forests of at most ``forest_rows`` rows; in the driver instead (with a note) when the
-    cut is the finest level or none, with ``integer``, or when a level is not ordered by its
-    parents. Errors: ValueError (a release of another plan, missing or inconsistent
+    into forests of at most ``forest_rows`` rows (``integer`` too: the same integer tables); in
+    the driver instead (with a note) when the cut is the finest level or none, or when a level
+    is not ordered by its parents. Errors: ValueError (a release of another plan, missing or inconsistent
     parent ids, too many cells: :func:`check_levels`), FileExistsError (something else at an
     estimate path)."""
     log = log or sys.stderr
@@ -183,14 +185,13 @@ def estimate_levels(spec: Any, level_dirs: Mapping[str, os.PathLike | str], *, i
     units = [int(releases[name].attrs["units"]) for name in names]
     if placement is not None and not placement.serial and (cut is not None or sum(units) >= cluster_units):
         at = choose_cut(units, driver_units, cells) if cut is None else int(cut)
-        why = ("integer tables are made in the driver" if integer else
-               None if 0 <= at < len(names) - 1 else f"no level to cut at (cut {at}, {len(names)} levels)")
+        why = None if 0 <= at < len(names) - 1 else f"no level to cut at (cut {at}, {len(names)} levels)"
         if why is None:
             try:
                 with placement_client(placement, log) as client:
                     return estimate_on_cluster(client, spec, names=names, cut=at, dirs=dirs, paths=paths, plans=plans,
                                                releases=releases, columns=columns, forest_rows=forest_rows, log=log,
-                                               fsync=fsync)
+                                               fsync=fsync, integer=integer)
             except Unordered as error:
                 why = str(error)
         print(f"distfit: note: the estimate over the geography runs in the driver ({why})", file=log)

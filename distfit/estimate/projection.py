@@ -335,8 +335,8 @@ def _residual_norm(x: np.ndarray, grad: np.ndarray, project, step: float) -> np.
 
 def minimise_quadratic(hessian, linear: np.ndarray, project: Callable[[np.ndarray], np.ndarray],
                        x0: np.ndarray, *, tol: float = 1e-9, max_iter: int = 20000,
-                       lipschitz: float | None = None, check_every: int = 10,
-                       coupled: bool = False) -> QPResult:
+                       lipschitz: float | np.ndarray | None = None, check_every: int = 10,
+                       coupled: bool = False, groups: np.ndarray | None = None) -> QPResult:
     """``argmin_{x in C} 0.5 x^T H x - g^T x`` for every row of ``linear`` (units x cells) at once.
 
     ``hessian``: ``H`` (cells x cells, symmetric positive semidefinite) or a callable ``V ->
@@ -351,11 +351,17 @@ def minimise_quadratic(hessian, linear: np.ndarray, project: Callable[[np.ndarra
     children summing to their parent) runs all rows as one problem: one momentum, one restart
     test, and it stops when every row meets the rule. Rows still above ``tol`` after
     ``max_iter`` come back with ``converged`` False.
+
+    ``groups`` (rows,): independent coupled problems, e.g. the children of each parent
+    (:func:`_minimise_groups`); ``lipschitz`` then per row (the bound of its group's).
     """
     g = np.asarray(linear, dtype=np.float64)
     x = project(np.array(x0, dtype=np.float64, copy=True))
     if g.shape != x.shape or g.ndim != 2:
         raise ValueError(f"linear: shape {g.shape} does not match x0 {x.shape}")
+    if groups is not None:
+        return _minimise_groups(hessian, g, project, x, np.asarray(groups), lipschitz, tol=tol,
+                                max_iter=max_iter, check_every=check_every)
     step = 1.0 / (lipschitz if lipschitz is not None else _lipschitz(hessian))
     converged = np.zeros(x.shape[0], dtype=bool)
     active = np.arange(x.shape[0])
@@ -388,6 +394,46 @@ def minimise_quadratic(hessian, linear: np.ndarray, project: Callable[[np.ndarra
             keep = ~done
             active, xa, ga, ya, ta = active[keep], xa[keep], ga[keep], ya[keep], ta[keep]
     return QPResult(x=x, objective=quadratic_objective(hessian, g, x), iterations=iterations, converged=converged)
+
+
+def _minimise_groups(hessian, g: np.ndarray, project: Callable[[np.ndarray], np.ndarray], x: np.ndarray,
+                     groups: np.ndarray, lipschitz, *, tol: float, max_iter: int, check_every: int) -> QPResult:
+    """:func:`minimise_quadratic` with ``groups``: the rows of each group are one problem (FISTA
+    with its own step ``1 / lipschitz`` (given per row), momentum and restart test, the sum over
+    its rows of ``(y - x_new) . (x_new - x)``), and a group stops, keeping its rows as they are,
+    at the first check where every one of its rows meets the stopping rule. ``project`` and
+    ``hessian`` must act on each group's rows alone (a projection per group, ``H`` row by row):
+    then a group's iterates are those it would have alone, bit for bit, when the products of
+    ``hessian`` and ``project`` are (the groups' rows may be solved in any batches, e.g. one
+    forest of subtrees at a time: docs/design.md section 7, "Integer tables on the cluster").
+    The restart sums run in row order within each group (``np.bincount``), whatever the other
+    groups."""
+    n = x.shape[0]
+    _, group = np.unique(groups, return_inverse=True)
+    group = group.reshape(-1)
+    count = int(group.max(initial=-1)) + 1
+    step = 1.0 / np.broadcast_to(np.asarray(lipschitz if lipschitz is not None else _lipschitz(hessian),
+                                            dtype=np.float64), (n,))[:, None]
+    live = np.ones(count, dtype=bool)
+    t = np.ones(count)
+    xa, ya = x, x.copy()
+    iterations = 0
+    while live.any() and iterations < max_iter:
+        held = ~live[group]  # stopped groups keep their rows (a group's path is its own)
+        for _ in range(min(check_every, max_iter - iterations)):
+            x_new = project(ya - step * (_apply(hessian, ya) - g))
+            x_new[held] = xa[held]
+            restart = np.bincount(group, weights=np.einsum("ij,ij->i", ya - x_new, x_new - xa), minlength=count) > 0
+            t_new = np.where(restart, 1.0, 0.5 * (1.0 + np.sqrt(1.0 + 4.0 * t * t)))
+            beta = np.where(restart, 0.0, (t - 1.0) / t_new)
+            ya = x_new + beta[group][:, None] * (x_new - xa)
+            xa, t = x_new, t_new
+            iterations += 1
+        ya[held] = xa[held]
+        done = _residual_norm(xa, _apply(hessian, xa) - g, project, step) <= tol
+        live &= np.bincount(group, weights=~done, minlength=count) > 0
+    converged = ~live[group]
+    return QPResult(x=xa, objective=quadratic_objective(hessian, g, xa), iterations=iterations, converged=converged)
 
 
 def _nonnegative(v: np.ndarray) -> np.ndarray:

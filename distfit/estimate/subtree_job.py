@@ -37,7 +37,17 @@ the finest level bounded by :func:`distfit.estimate.subtrees.matrix_units`, one 
 the driver, levels ``0 .. c`` and their classes' matrices (the cut chosen so that they fit
 :data:`distfit.estimate.subtrees.DRIVER_MATRIX_BYTES`), each unit's number of children, and one
 level's parent ids at a time while step 1 reads them.
-Integer tables are made in the driver (:func:`distfit.estimate.levels.estimate_levels`).
+
+Integer tables (``integer``, issue 29 point 4): the driver makes levels ``0 .. c``'s by
+:func:`distfit.estimate.geography.integer_top_down` from their real-valued estimates (with the
+levels below the cut given by their informations and each cut unit's descendants, so every
+unit's metric is the whole tree's), and each downward task continues it through its forest
+from its roots' integer tables (the cut level's rows, sent beside their :class:`Top`),
+writing the integer tables and query estimates in its pieces; the stores are then laid out as
+:func:`distfit.estimate.level_stores.write_level` lays out an integer one (query estimates
+int64 where the workload is integral, no variances). The integer top-down is per parent, so
+the integers are the driver's over the whole tree, bit for bit, from the same real-valued
+estimates (docs/design.md section 7, "Integer tables on the cluster").
 """
 from __future__ import annotations
 
@@ -49,20 +59,24 @@ from typing import Any, TextIO
 
 import numpy as np
 
+from distfit.estimate.geography import GeographyLevel, integer_top_down
 from distfit.estimate.hierarchy import Summary, Top, check_parent_of, query_variances
 from distfit.estimate.job import ReleaseRows
 from distfit.estimate.level_stores import (
     METHOD,
     OBJECTIVE,
     LevelEstimate,
+    level_queries,
     level_terms,
     parent_rows,
+    query_dtype,
     residuals,
     reusable_estimate,
     unit_keys,
     write_level,
 )
-from distfit.estimate.measurements import MeasurementModel, measurement_model, workload_estimates
+from distfit.estimate.measurements import MeasurementModel, measurement_model
+from distfit.estimate.rounding import laminar_family
 from distfit.estimate.subtrees import (
     FOREST_MATRIX_BYTES,
     descendant_spans,
@@ -123,8 +137,9 @@ class Forests:
     """What every task of a job needs, sent with each: the levels from the cut down (``names``,
     ``models``, the sealed releases' ``release_paths`` and ``release_checksums``), each forest's
     rows per level (``spans[k][i]``: cut unit ``i``'s first row at level ``c + k``), each unit's
-    number of children (``counts[k]``, levels ``c .. L - 1``), the pieces directory and
-    ``split`` (:func:`distfit.estimate.hierarchy.estimate_hierarchy`'s)."""
+    number of children (``counts[k]``, levels ``c .. L - 1``), the pieces directory,
+    ``split`` (:func:`distfit.estimate.hierarchy.estimate_hierarchy`'s) and ``integer`` (integer
+    tables: module docstring)."""
 
     names: tuple[str, ...]
     models: tuple[MeasurementModel, ...]
@@ -135,6 +150,7 @@ class Forests:
     pieces: str
     split: str
     fsync: bool
+    integer: bool = False
 
     def rows(self, first: int, stop: int) -> list[tuple[int, int]]:
         """Forest ``[first, stop)``'s rows ``(start, stop)`` at each level from the cut."""
@@ -168,24 +184,31 @@ def upward_task(job: Forests, first: int, stop: int) -> tuple[int, Summary, tupl
     return first, summary, terms[0]
 
 
-def downward_task(job: Forests, first: int, stop: int, top: Top) -> tuple[int, int]:
-    """Step 4 (module docstring): forest ``[first, stop)`` down from its roots' ``top``, each
-    level's rows below the cut written as a piece. Returns ``(first, units below the cut)``."""
+def downward_task(job: Forests, first: int, stop: int, top: Top, roots: np.ndarray | None = None) -> tuple[int, int]:
+    """Step 4 (module docstring): forest ``[first, stop)`` down from its roots' ``top`` (and,
+    with ``job.integer``, their integer tables ``roots``), each level's rows below the cut
+    written as a piece. Returns ``(first, units below the cut)``."""
     directory = Path(job.pieces)
     rows = job.rows(first, stop)
     with blas_limit():
         terms, parents = _read_forest(job, first, stop)
         state, _ = forest_upward([t[0] for t in terms], [t[1] for t in terms], parents)
         result = forest_downward(state, top, split=job.split)
+        tables = result.x
+        if job.integer:  # the driver's integer top-down, continued from the roots' tables
+            depth = len(result.x)
+            tables = integer_top_down([GeographyLevel(t[0], t[1], up) for t, up in zip(terms[:depth], parents)],
+                                      result.x, families=[laminar_family(m.workload) for m in job.models[:depth]],
+                                      roots=roots)
     units = 0
     # the levels with rows: those _read_forest read (a level below one without rows has none);
     # the others get no piece (another forest's piece may start at their row)
     for k in range(1, len(result.x)):
         start, end = rows[k]
-        x, model = result.x[k], job.models[k]
-        arrays = {"queries": workload_estimates(model, x), "cells": x,
+        x, model = tables[k], job.models[k]
+        arrays = {"queries": level_queries(model, x, job.integer), "cells": x,
                   "objective": residuals(terms[k][0], terms[k][1], terms[k][2], x)}
-        if model.workload is not None:
+        if not job.integer and model.workload is not None:  # integer tables publish no variances
             arrays["variances"] = query_variances(model.workload, result.covariance[k], result.unit_class[k])
         write_piece(directory, job.names[k], start, arrays, fsync=job.fsync)
         units += end - start
@@ -238,10 +261,25 @@ def _forests(names: Sequence[str], cut: int, releases: Mapping[str, Any], column
     return counts, spans, group_roots(spans, rows, matrix_units(cells, FOREST_MATRIX_BYTES)), rows
 
 
-def _key(names: Sequence[str], releases: Mapping[str, Any], cut: int, forest_rows: int, split: str) -> str:
+def _key(names: Sequence[str], releases: Mapping[str, Any], cut: int, forest_rows: int, split: str,
+         integer: bool = False) -> str:
     """The inputs the pieces are computed from (their directory's key; the forests' bounds)."""
     return "\n".join([METHOD, OBJECTIVE, split, str(cut), str(forest_rows), f"matrices {FOREST_MATRIX_BYTES}",
-                      *(f"{n} {releases[n].checksum}" for n in names)]) + "\n"
+                      f"integer {bool(integer)}", *(f"{n} {releases[n].checksum}" for n in names)]) + "\n"
+
+
+def _integer_top(names: Sequence[str], cut: int, terms: Sequence[tuple], parent_of: Sequence[np.ndarray | None],
+                 xs: Sequence[np.ndarray], models: Mapping[str, MeasurementModel], releases: Mapping[str, Any],
+                 spans: Sequence[np.ndarray]) -> list[np.ndarray]:
+    """Step 3 with ``integer`` (module docstring): levels ``0 .. c``'s integer tables from their
+    real-valued estimates ``xs``, the levels below the cut given by their informations (a
+    release's, from no rows) and each cut unit's descendants there (``spans``)."""
+    below = [(level_terms(models[name], ReleaseRows(releases[name], models[name]).answers(0, 0))[0], np.diff(span))
+             for name, span in zip(names[cut + 1:], spans[1:])]
+    levels = [GeographyLevel(t[0], x, check_parent_of(up, i, x.shape[0], xs[i - 1].shape[0] if i else 0))
+              for i, (t, x, up) in enumerate(zip(terms, xs, parent_of))]
+    return list(integer_top_down(levels, xs, families=[laminar_family(models[n].workload) for n in names[:cut + 1]],
+                                 below=below))
 
 
 def _run(client, function, calls: list[tuple[str, tuple]], name: str, progress: Progress):
@@ -256,11 +294,11 @@ def _run(client, function, calls: list[tuple[str, tuple]], name: str, progress: 
 def estimate_on_cluster(client, spec: Any, *, names: Sequence[str], cut: int, dirs: Mapping[str, Path],
                         paths: Mapping[str, Path], plans: Mapping[str, Any], releases: Mapping[str, Any],
                         columns: Mapping[str, str | None], forest_rows: int = FOREST_ROWS, split: str = "total",
-                        log: TextIO, fsync: bool = True) -> dict[str, LevelEstimate]:
+                        log: TextIO, fsync: bool = True, integer: bool = False) -> dict[str, LevelEstimate]:
     """The estimate of every level (module docstring) on ``client``'s cluster, cut at level
     ``cut`` (0 <= cut < the finest level), forests of at most ``forest_rows`` rows (fewer on a
-    large cluster: :func:`_forests`); the arguments as :func:`distfit.estimate.levels.estimate_levels`
-    has them. Returns the level estimates by name. :class:`Unordered` (before anything is
+    large cluster: :func:`_forests`); with ``integer``, integer tables; the arguments as
+    :func:`distfit.estimate.levels.estimate_levels` has them. Returns the level estimates by name. :class:`Unordered` (before anything is
     written) when a level below the cut is not ordered by its parents."""
     started = time.perf_counter()
     cells = int(np.prod(spec.domain.shape, dtype=np.int64))
@@ -270,10 +308,12 @@ def estimate_on_cluster(client, spec: Any, *, names: Sequence[str], cut: int, di
     models = {name: measurement_model(plans[name]) for name in names}
     pieces = dirs[names[cut]] / PIECES_NAME  # made at step 4 (a refused input leaves nothing behind)
     job = Forests(tuple(below), tuple(models[n] for n in below), tuple(releases[n].path for n in below),
-                  tuple(releases[n].checksum for n in below), tuple(spans), tuple(counts), str(pieces), split, fsync)
+                  tuple(releases[n].checksum for n in below), tuple(spans), tuple(counts), str(pieces), split, fsync,
+                  integer)
     units = sum(int(releases[n].attrs["units"]) for n in names)
     print(f"distfit: estimate levels {', '.join(names)} ({units:,} units) on the cluster: best linear unbiased "
-          f"over the geography, {len(groups)} forests of subtrees of level {names[cut]}", file=log)
+          f"over the geography{', then integer tables' if integer else ''}, {len(groups)} forests of subtrees of "
+          f"level {names[cut]}", file=log)
 
     # 2. up
     calls = [(str(first), (job, first, stop)) for first, stop in groups]
@@ -296,7 +336,9 @@ def estimate_on_cluster(client, spec: Any, *, names: Sequence[str], cut: int, di
                             columns[name])))
         top = top_estimate([t[0] for t in terms[:cut]], [t[1] for t in terms[:cut]], parent_of, summary, split=split)
         xs = list(top.x)
-        variances = [None if models[name].workload is None
+        if integer:
+            xs = _integer_top(names, cut, terms, parent_of, xs, models, releases, spans)
+        variances = [None if integer or models[name].workload is None
                      else query_variances(models[name].workload, top.covariance[i], top.unit_class[i])
                      for i, name in enumerate(names[:cut + 1])]
         objectives = [residuals(t[0], t[1], t[2], x) for t, x in zip(terms, xs)]
@@ -305,7 +347,7 @@ def estimate_on_cluster(client, spec: Any, *, names: Sequence[str], cut: int, di
     rewritten = False
     for i, name in enumerate(names[:cut + 1]):
         above = names[i - 1] if i else None
-        kept = None if rewritten else reusable_estimate(paths[name], releases[name], parent_checksum, integer=False)
+        kept = None if rewritten else reusable_estimate(paths[name], releases[name], parent_checksum, integer=integer)
         if kept is not None:
             checksum, status = kept.checksum, "reused"
         else:
@@ -314,7 +356,7 @@ def estimate_on_cluster(client, spec: Any, *, names: Sequence[str], cut: int, di
                          "parent_estimate": None if above is None else {"path": out[above].path,
                                                                         "checksum": parent_checksum}}
             checksum = write_level(paths[name], spec=spec, plan=plans[name], plan_path=dirs[name] / "plan.zarr",
-                                   release=releases[name], model=models[name], x=xs[i], integer=False,
+                                   release=releases[name], model=models[name], x=xs[i], integer=integer,
                                    objective=objectives[i], variances=variances[i], geography=geography, fsync=fsync)
             status = "done"
         out[name] = LevelEstimate(name, str(paths[name]), checksum, int(xs[i].shape[0]), status, above)
@@ -325,10 +367,10 @@ def estimate_on_cluster(client, spec: Any, *, names: Sequence[str], cut: int, di
     # 4 and 5; a piece refused as a chunk task reads it (changed on disk since it was written:
     # stores/pieces.py) is deleted and counts as not written: its forest runs down again and the
     # level's store resumes, once
-    open_pieces(pieces, _key(names, releases, cut, forest_rows, split))
+    open_pieces(pieces, _key(names, releases, cut, forest_rows, split, integer))
     for attempt in (1, 2):
         try:
-            _down(client, job, groups, top, cut, log)
+            _down(client, job, groups, top, cut, log, roots=xs[cut] if integer else None)
             for k in range(1, len(below)):
                 name, above = below[k], below[k - 1]
                 out[name] = _write_from_pieces(
@@ -350,13 +392,16 @@ def estimate_on_cluster(client, spec: Any, *, names: Sequence[str], cut: int, di
     return out
 
 
-def _down(client, job: Forests, groups: Sequence[tuple[int, int]], top: Top, cut: int, log: TextIO) -> None:
-    """Step 4 (module docstring) for the forests whose pieces are not all written."""
+def _down(client, job: Forests, groups: Sequence[tuple[int, int]], top: Top, cut: int, log: TextIO, *,
+          roots: np.ndarray | None) -> None:
+    """Step 4 (module docstring) for the forests whose pieces are not all written (``roots``: the
+    cut level's integer tables with ``integer``, else None)."""
     below = job.names[1:]
     pending = [(first, stop) for first, stop in groups
                if not all(sp[first] == sp[stop] or piece_done(Path(job.pieces), name, int(sp[first]))
                           for name, sp in zip(below, job.spans[1:]))]
-    calls = [(str(first), (job, first, stop, top.top(cut, slice(first, stop)))) for first, stop in pending]
+    calls = [(str(first), (job, first, stop, top.top(cut, slice(first, stop)),
+                           None if roots is None else roots[first:stop])) for first, stop in pending]
     if calls:
         _run(client, downward_task, calls, "estimate-down",
              Progress(f"estimate {', '.join(below)}: down", log, unit="forests"))
@@ -377,7 +422,7 @@ def _locked_write(client, job: Forests, k: int, groups: Sequence[tuple[int, int]
     name = job.names[k]
     units, chunk_units = int(release.attrs["units"]), int(release.attrs["chunk_units"])
     parent = geography["parent_estimate"]["checksum"]
-    kept = reusable_estimate(path, release, parent, integer=False)
+    kept = reusable_estimate(path, release, parent, integer=job.integer)
     if kept is not None:
         return LevelEstimate(name, str(path), kept.checksum, units, "reused", geography["parent_level"])
     state = estimate_state(path)
@@ -385,15 +430,16 @@ def _locked_write(client, job: Forests, k: int, groups: Sequence[tuple[int, int]
     if state == "incomplete":
         try:
             root = open_resumable(path, plan_checksum=plan.checksum, release_checksum=release.checksum,
-                                  integer=False, method=METHOD)
+                                  integer=job.integer, method=METHOD)
             resumed = (root.attrs.get("geography") or {}).get("parent_estimate", {}).get("checksum") == parent
         except ValueError:
             resumed = False
-    variances = model.workload is not None
+    variances = model.workload is not None and not job.integer
 
     def create(target: Path):
         root = create_estimate(target, plan=plan, plan_path=str(plan_path), release=release, method=METHOD,
-                               objective=OBJECTIVE, integer=False, cells=model.cells, query_dtype=np.float64,
+                               objective=OBJECTIVE, integer=job.integer, cells=model.cells,
+                               query_dtype=query_dtype(model, job.integer),
                                cell_labels=cell_labels(model.attributes, value_labels(spec)), variances=variances)
         root.attrs["geography"] = geography
         return root
@@ -401,8 +447,8 @@ def _locked_write(client, job: Forests, k: int, groups: Sequence[tuple[int, int]
     n_chunks = -(-units // chunk_units)
     layout = resume_or_create(path, state, "estimate", n_chunks, resumed=resumed, resume=resumed,
                               reopen=lambda p: open_resumable(p, plan_checksum=plan.checksum,
-                                                              release_checksum=release.checksum, integer=False,
-                                                              method=METHOD),
+                                                              release_checksum=release.checksum,
+                                                              integer=job.integer, method=METHOD),
                               create=create, kept="chunks already written (kept as they are)", rest="to write",
                               log=log)
     firsts = np.array([job.spans[k][first] for first, stop in groups if job.spans[k][first] < job.spans[k][stop]],

@@ -275,3 +275,63 @@ def test_integer_unit_totals_and_family_sums_stay_within_one_of_the_step():
     assert max(np.abs(c.sum(axis=1) - x.sum(axis=1)).max() for x, c in zip(cells.x, cells.counts)) >= 1.0
     with pytest.raises(ValueError, match="rounding: one of controlled, cells"):
         estimate_top_down(levels, integer=True, rounding="nearest")
+
+
+def _ordered_levels(rng, sizes, cells):
+    """Random levels whose units are ordered by their parent's row (as a release's), some
+    parents with one child, dense informations of ``cells`` (odd and even batches below)."""
+    parents = [None]
+    for above, size in zip(sizes[:-1], sizes[1:]):
+        parents.append(np.sort(np.concatenate([np.arange(above), rng.integers(0, above, size - above)])))
+    levels = []
+    for i, size in enumerate(sizes):
+        a = rng.standard_normal((cells + 3, cells)) * rng.uniform(0.3, 3.0)
+        levels.append(GeographyLevel(hessian=a.T @ a, linear=np.zeros((size, cells)), parent_of=parents[i]))
+    return levels
+
+
+@pytest.mark.parametrize("cut", [0, 1])
+def test_integer_tables_of_forests_of_subtrees_are_the_whole_trees_bit_for_bit(cut):
+    """The cluster's split (distfit.estimate.subtree_job): levels 0 .. cut solved alone (the
+    levels below given by their informations and each cut unit's descendants: ``below``), then
+    each forest of consecutive cut units (odd and even sizes, one subtree alone) from its roots'
+    integer counts (``roots``): every level's integers equal the whole tree's, bit for bit, and
+    so do the real-valued tables they round (each row's products independent of the batch)."""
+    from distfit.estimate.rounding import laminar_family
+    from distfit.estimate.subtrees import descendant_spans
+
+    rng = np.random.default_rng(3 + cut)
+    cells = 9
+    levels = _ordered_levels(rng, (2, 7, 23, 61), cells)
+    centre = [rng.normal(0.5, 3.0, (lv.units, cells)) * rng.uniform(1, 40, (lv.units, 1)) for lv in levels]
+    family = [laminar_family(np.vstack([np.eye(cells)[:3].sum(axis=0), np.eye(cells)[:5].sum(axis=0)]))] * 4
+    solved = estimate_top_down(levels, integer=True, tol=1e-6, centre=centre, families=family)
+    whole = solved.counts
+    assert all(
+        np.array_equal(a, b) for a, b in zip(whole, integer_top_down(levels, centre, families=family)))
+    _check_counts(whole, [level.parent_of for level in levels])
+    counts = [np.bincount(levels[k + 1].parent_of, minlength=levels[k].units) for k in range(cut, len(levels) - 1)]
+    spans = descendant_spans(counts)
+    below = [(levels[cut + k].hessian, np.diff(spans[k])) for k in range(1, len(spans))]
+    top = integer_top_down(levels[:cut + 1], centre[:cut + 1], families=family[:cut + 1], below=below)
+    parts: list[list[np.ndarray]] = [[] for _ in spans[1:]]
+    tables: list[list[np.ndarray]] = [[] for _ in spans[1:]]
+    roots = levels[cut].units
+    bounds = [0, 1, 2, 5, roots] if roots > 5 else [0, 1, roots]
+    for first, stop in zip(bounds[:-1], bounds[1:]):
+        rows = [slice(int(s[first]), int(s[stop])) for s in spans]
+        forest = [GeographyLevel(lv.hessian, lv.linear[r], None if k == 0 else lv.parent_of[r] - rows[k - 1].start)
+                  for k, (lv, r) in enumerate(zip(levels[cut:], rows))]
+        got = estimate_top_down(forest, integer=True, tol=1e-6, centre=[c[r] for c, r in zip(centre[cut:], rows)],
+                                families=family[cut:], roots=top[cut][first:stop])
+        np.testing.assert_array_equal(got.counts[0], top[cut][first:stop])
+        for k in range(1, len(rows)):
+            parts[k - 1].append(got.counts[k])
+            tables[k - 1].append(got.x[k])
+    for level in range(cut + 1):
+        np.testing.assert_array_equal(top[level], whole[level])
+    for k, pieces in enumerate(parts, start=cut + 1):
+        np.testing.assert_array_equal(np.concatenate(pieces), whole[k])
+        np.testing.assert_array_equal(np.concatenate(tables[k - cut - 1]), solved.x[k])
+    with pytest.raises(ValueError, match=r"^roots: expected nonnegative integer counts of shape"):
+        integer_top_down(levels[:1], centre[:1], roots=-np.ones((levels[0].units, cells)))

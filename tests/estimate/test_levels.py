@@ -325,3 +325,52 @@ def test_subtrees_on_a_local_cluster_equal_the_drivers_estimate(serial_run, tmp_
     assert note in mended_log.getvalue() and "county: down" in mended_log.getvalue().split(note)[1]
     assert [mended[name].status for name in LEVELS] == ["reused", "reused", "done"]
     assert mended["county"].checksum == first["county"].checksum
+
+
+def test_integer_tables_on_a_local_cluster_equal_the_drivers_bit_for_bit(serial_run, tmp_path):
+    """Issue 29 point 4 on the cluster (cut at the state level, forests of a few states): the
+    driver makes nation's and state's integer tables, each forest continues them through its
+    counties from its states' tables: every level's integer tables and query estimates equal the
+    driver's over the whole tree bit for bit, nonnegative, each parent the exact sum of its
+    children; the real-valued stores sealed before are not reused for them (nor the integer
+    ones by a real-valued rerun); an interrupted county store is resumed to the same bytes."""
+    levels_dir = Path(serial_run.rundir) / "levels"
+    skip = lambda _dir, names: [n for n in names if n in ("estimate.zarr", "data.zarr", "report")]  # noqa: E731
+    shutil.copytree(levels_dir, tmp_path / "driver" / "levels", ignore=skip)
+    shutil.copytree(levels_dir, tmp_path / "cluster" / "levels", ignore=skip)
+    spec = load_spec(CENSUS)
+    dirs = {name: tmp_path / "cluster" / "levels" / name for name in LEVELS}
+    driver = estimate_levels(spec, {name: tmp_path / "driver" / "levels" / name for name in LEVELS}, integer=True,
+                             fsync=False, log=io.StringIO())
+    log = io.StringIO()
+    with dask_runtime().dask_client(None, 2, log=log) as client:
+        here = Placement(workers=2).at(client.scheduler.address)
+        real = estimate_levels(spec, dirs, fsync=False, log=log, placement=here, cut=1, forest_rows=6)
+        log = io.StringIO()
+        ours = estimate_levels(spec, dirs, integer=True, fsync=False, log=log, placement=here, cut=1, forest_rows=6)
+        assert "then integer tables, " in log.getvalue() and "county: down" in log.getvalue()
+        assert [ours[name].status for name in LEVELS] == ["done"] * 3
+        assert all(ours[name].checksum != real[name].checksum for name in LEVELS)
+        _check_levels(type("Run", (), {"rundir": str(tmp_path / "cluster")}), integer=True)
+        for name in LEVELS:
+            a, b = read_estimate(ours[name].path), read_estimate(driver[name].path)
+            for array in ("cells/estimates", "queries/estimates"):
+                mine, theirs = np.asarray(a.array(array)[...]), np.asarray(b.array(array)[...])
+                assert mine.dtype == theirs.dtype and np.array_equal(mine, theirs), (name, array)
+            assert np.asarray(a.array("queries/estimates")).dtype == np.int64  # census.yaml's counts: integral
+            np.testing.assert_allclose(np.asarray(a.array("solve/objective")[...]),
+                                       np.asarray(b.array("solve/objective")[...]), rtol=1e-9)
+        assert not (dirs["state"] / "estimate.subtrees").exists()
+        # as if interrupted before the county's chunk was written: incomplete, its chunk not done
+        store = dirs["county"] / "estimate.zarr"
+        doc = json.loads((store / "zarr.json").read_text())
+        doc["attributes"]["complete"] = False
+        for key in ("checksum", "sealed"):
+            doc["attributes"].pop(key, None)
+        (store / "zarr.json").write_text(json.dumps(doc))
+        (store / "chunks" / "done" / "c" / "0").write_bytes(b"\x00")
+        log = io.StringIO()
+        again = estimate_levels(spec, dirs, integer=True, fsync=False, log=log, placement=here, cut=1, forest_rows=6)
+        assert "resuming" in log.getvalue() and "0 of 1 chunks already written" in log.getvalue()
+        assert [again[name].status for name in LEVELS] == ["reused", "reused", "done"]
+        assert all(again[name].checksum == ours[name].checksum for name in LEVELS)  # the same bytes
