@@ -73,12 +73,13 @@ from typing import Any, TextIO
 import numpy as np
 
 from distfit.estimate.geography import GeographyLevel, integer_top_down
-from distfit.estimate.hierarchy import estimate_hierarchy, query_variances
+from distfit.estimate.hierarchy import estimate_hierarchy
 from distfit.estimate.level_stores import (
     ESTIMATE_NAME,
     METHOD,
     OBJECTIVE,
     LevelEstimate,
+    information_basis,
     level_terms,
     parent_rows,
     residuals,
@@ -187,7 +188,9 @@ def estimate_levels(spec: Any, level_dirs: Mapping[str, os.PathLike | str], *, i
 
     units = [int(releases[name].attrs["units"]) for name in names]
     if placement is not None and not placement.serial and (cut is not None or sum(units) >= cluster_units):
-        at = choose_cut(units, driver_units, cells) if cut is None else int(cut)
+        # in a shared basis (every level's J diagonal in it) the passes hold no cells x cells matrices
+        basis = information_basis([measurement_model(plans[name]) for name in names])
+        at = choose_cut(units, driver_units, cells if basis is None else 0) if cut is None else int(cut)
         why = ("integer tables are made in the driver" if integer else
                None if 0 <= at < len(names) - 1 else f"no level to cut at (cut {at}, {len(names)} levels)")
         if why is None:
@@ -195,7 +198,7 @@ def estimate_levels(spec: Any, level_dirs: Mapping[str, os.PathLike | str], *, i
                 with placement_client(placement, log) as client:
                     return estimate_on_cluster(client, spec, names=names, cut=at, dirs=dirs, paths=paths, plans=plans,
                                                releases=releases, columns=columns, forest_rows=forest_rows, log=log,
-                                               fsync=fsync)
+                                               fsync=fsync, basis=basis)
             except Unordered as error:
                 why = str(error)
         print(f"distfit: note: the estimate over the geography runs in the driver ({why})", file=log)
@@ -224,8 +227,7 @@ def estimate_levels(spec: Any, level_dirs: Mapping[str, os.PathLike | str], *, i
         xs = (integer_top_down([GeographyLevel(h, g, up) for h, g, up in zip(hessians, linears, parent_of)], result.x,
                                families=[laminar_family(models[name].workload) for name in names])
               if integer else result.x)
-        variances = [None if integer or models[name].workload is None
-                     else query_variances(models[name].workload, result.covariance[i], result.unit_class[i])
+        variances = [None if integer or models[name].workload is None else result.variances(i, models[name].workload)
                      for i, name in enumerate(names)]
         objectives = [residuals(h, g, n, x) for h, g, n, x in zip(hessians, linears, norms, xs)]
     seconds = time.perf_counter() - started

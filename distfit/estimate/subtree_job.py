@@ -48,7 +48,7 @@ from typing import Any, TextIO
 
 import numpy as np
 
-from distfit.estimate.hierarchy import Summary, Top, query_variances
+from distfit.estimate.hierarchy import Summary, Top
 from distfit.estimate.job import ReleaseRows
 from distfit.estimate.level_stores import (
     METHOD,
@@ -115,7 +115,8 @@ class Forests:
     ``models``, the sealed releases' ``release_paths`` and ``release_checksums``), each forest's
     rows per level (``spans[k][i]``: cut unit ``i``'s first row at level ``c + k``), each unit's
     number of children (``counts[k]``, levels ``c .. L - 1``), the pieces directory and
-    ``split`` (:func:`distfit.estimate.hierarchy.estimate_hierarchy`'s)."""
+    ``split`` (:func:`distfit.estimate.hierarchy.estimate_hierarchy`'s), and the levels' shared
+    ``basis`` (:func:`distfit.estimate.level_stores.information_basis`; None: the general path)."""
 
     names: tuple[str, ...]
     models: tuple[MeasurementModel, ...]
@@ -126,6 +127,7 @@ class Forests:
     pieces: str
     split: str
     fsync: bool
+    basis: np.ndarray | None = None
 
     def rows(self, first: int, stop: int) -> list[tuple[int, int]]:
         """Forest ``[first, stop)``'s rows ``(start, stop)`` at each level from the cut."""
@@ -155,7 +157,7 @@ def upward_task(job: Forests, first: int, stop: int) -> tuple[int, Summary, tupl
     residuals): ``(first, summary, terms)``."""
     with blas_limit():
         terms, parents = _read_forest(job, first, stop)
-        _, summary = forest_upward([t[0] for t in terms], [t[1] for t in terms], parents)
+        _, summary = forest_upward([t[0] for t in terms], [t[1] for t in terms], parents, basis=job.basis)
     return first, summary, terms[0]
 
 
@@ -166,7 +168,7 @@ def downward_task(job: Forests, first: int, stop: int, top: Top) -> tuple[int, i
     rows = job.rows(first, stop)
     with blas_limit():
         terms, parents = _read_forest(job, first, stop)
-        state, _ = forest_upward([t[0] for t in terms], [t[1] for t in terms], parents)
+        state, _ = forest_upward([t[0] for t in terms], [t[1] for t in terms], parents, basis=job.basis)
         result = forest_downward(state, top, split=job.split)
     units = 0
     for k in range(1, len(job.names)):
@@ -176,8 +178,7 @@ def downward_task(job: Forests, first: int, stop: int, top: Top) -> tuple[int, i
         if k < len(result.x):
             x = result.x[k]
             model = job.models[k]
-            variances = (None if model.workload is None else
-                         query_variances(model.workload, result.covariance[k], result.unit_class[k]))
+            variances = None if model.workload is None else result.variances(k, model.workload)
             arrays = {"queries": workload_estimates(model, x), "cells": x,
                       "objective": residuals(terms[k][0], terms[k][1], terms[k][2], x)}
             if variances is not None:
@@ -216,8 +217,8 @@ def _forests(names: Sequence[str], cut: int, releases: Mapping[str, Any], column
     at most (``forest_rows``, or fewer to give each of ``threads`` :data:`FORESTS_PER_THREAD`
     forests, at least :data:`MIN_FOREST_ROWS`), and at most the units above the finest level whose
     ``cells x cells`` matrices fit :data:`distfit.estimate.subtrees.FOREST_MATRIX_BYTES`
-    (:func:`distfit.estimate.subtrees.matrix_units`); :class:`Unordered` when a level's units are not
-    ordered by their parent's row."""
+    (:func:`distfit.estimate.subtrees.matrix_units`; ``cells`` 0, the shared-basis path: no such
+    bound); :class:`Unordered` when a level's units are not ordered by their parent's row."""
     counts = []
     for level in range(cut + 1, len(names)):
         name, above = names[level], names[level - 1]
@@ -231,12 +232,14 @@ def _forests(names: Sequence[str], cut: int, releases: Mapping[str, Any], column
     spans = descendant_spans(counts)
     total = sum(int(s[-1]) for s in spans)
     rows = min(forest_rows, max(MIN_FOREST_ROWS, -(-total // (FORESTS_PER_THREAD * max(threads, 1)))))
-    return counts, spans, group_roots(spans, rows, matrix_units(cells, FOREST_MATRIX_BYTES)), rows
+    return counts, spans, group_roots(spans, rows, matrix_units(cells, FOREST_MATRIX_BYTES) if cells else None), rows
 
 
-def _key(names: Sequence[str], releases: Mapping[str, Any], cut: int, forest_rows: int, split: str) -> str:
+def _key(names: Sequence[str], releases: Mapping[str, Any], cut: int, forest_rows: int, split: str,
+         shared: bool) -> str:
     """The inputs the pieces are computed from (their directory's key; the forests' bounds)."""
-    return "\n".join([METHOD, OBJECTIVE, split, str(cut), str(forest_rows), f"matrices {FOREST_MATRIX_BYTES}",
+    bound = "shared basis" if shared else f"matrices {FOREST_MATRIX_BYTES}"
+    return "\n".join([METHOD, OBJECTIVE, split, str(cut), str(forest_rows), bound,
                       *(f"{n} {releases[n].checksum}" for n in names)]) + "\n"
 
 
@@ -266,21 +269,23 @@ def _run(client, function, calls: list[tuple[str, tuple]], name: str, progress: 
 def estimate_on_cluster(client, spec: Any, *, names: Sequence[str], cut: int, dirs: Mapping[str, Path],
                         paths: Mapping[str, Path], plans: Mapping[str, Any], releases: Mapping[str, Any],
                         columns: Mapping[str, str | None], forest_rows: int = FOREST_ROWS, split: str = "total",
-                        log: TextIO, fsync: bool = True) -> dict[str, LevelEstimate]:
+                        log: TextIO, fsync: bool = True, basis: np.ndarray | None = None) -> dict[str, LevelEstimate]:
     """The estimate of every level (module docstring) on ``client``'s cluster, cut at level
     ``cut`` (0 <= cut < the finest level), forests of at most ``forest_rows`` rows (fewer on a
     large cluster: :func:`_forests`); the arguments as :func:`distfit.estimate.levels.estimate_levels`
-    has them. Returns the level estimates by name. :class:`Unordered` (before anything is
+    has them; ``basis``: the levels' shared basis (:func:`distfit.estimate.level_stores.information_basis`;
+    None: the general path). Returns the level estimates by name. :class:`Unordered` (before anything is
     written) when a level below the cut is not ordered by its parents."""
     started = time.perf_counter()
     cells = int(np.prod(spec.domain.shape, dtype=np.int64))
     counts, spans, groups, forest_rows = _forests(names, cut, releases, columns, forest_rows,
-                                                  dask_runtime().worker_threads(client), cells)
+                                                  dask_runtime().worker_threads(client), cells if basis is None else 0)
     below = names[cut:]
     models = {name: measurement_model(plans[name]) for name in names}
     pieces = dirs[names[cut]] / PIECES_NAME  # made at step 4 (a refused input leaves nothing behind)
     job = Forests(tuple(below), tuple(models[n] for n in below), tuple(releases[n].path for n in below),
-                  tuple(releases[n].checksum for n in below), tuple(spans), tuple(counts), str(pieces), split, fsync)
+                  tuple(releases[n].checksum for n in below), tuple(spans), tuple(counts), str(pieces), split, fsync,
+                  basis)
     units = sum(int(releases[n].attrs["units"]) for n in names)
     print(f"distfit: estimate levels {', '.join(names)} ({units:,} units) on the cluster: best linear unbiased "
           f"over the geography, {len(groups)} forests of subtrees of level {names[cut]}", file=log)
@@ -306,8 +311,7 @@ def estimate_on_cluster(client, spec: Any, *, names: Sequence[str], cut: int, di
                             columns[name])))
         top = top_estimate([t[0] for t in terms[:cut]], [t[1] for t in terms[:cut]], parent_of, summary, split=split)
         xs = list(top.x)
-        variances = [None if models[name].workload is None
-                     else query_variances(models[name].workload, top.covariance[i], top.unit_class[i])
+        variances = [None if models[name].workload is None else top.variances(i, models[name].workload)
                      for i, name in enumerate(names[:cut + 1])]
         objectives = [residuals(t[0], t[1], t[2], x) for t, x in zip(terms, xs)]
     out: dict[str, LevelEstimate] = {}
@@ -333,7 +337,7 @@ def estimate_on_cluster(client, spec: Any, *, names: Sequence[str], cut: int, di
           f"({time.perf_counter() - started:.1f} s so far)", file=log)
 
     # 4. down: the forests whose pieces are not all written
-    open_pieces(pieces, _key(names, releases, cut, forest_rows, split))
+    open_pieces(pieces, _key(names, releases, cut, forest_rows, split, basis is not None))
     pending = [(first, stop) for first, stop in groups
                if not all(sp[first] == sp[stop] or piece_done(pieces, name, int(sp[first]))
                           for name, sp in zip(below[1:], spans[1:]))]

@@ -1,0 +1,291 @@
+"""The hierarchy's passes in a basis shared by every level's information: d scalar trees (pure numpy).
+
+docs/design.md section 7 ("Commuting levels: the passes in a shared eigenbasis"); the passes are
+:mod:`distfit.estimate.hierarchy`'s (Cumings-Menon, arXiv 2404.13164), whose module docstring
+states every formula used here.
+
+When. The levels' information matrices ``J_l`` (every distinct one of every level) commute, i.e.
+one orthonormal ``Q`` (d x d) diagonalises them all: ``Q^T J_l Q = diag(lambda_l)``. That is the
+case whenever every level measures the same queries with the same plan up to a scale (PL94 at
+every geography level, ``pipelines/us_pl94.yaml``: ``J_l = c_l J``), and more generally whenever
+the plans are functions of one matrix. :func:`shared_basis` finds ``Q`` (or says there is none);
+:func:`diagonal_in` checks one ``J`` against it.
+
+Why it decouples. Every matrix of the passes is built from the ``J_l`` by sums, products,
+pseudo-inverses and null-space projectors (``I_c``, ``S_p``, ``N_p``, ``K_p``, ``G_c``, ``P_c``,
+``O_c``), and each of these operations maps matrices diagonal in ``Q`` to matrices diagonal in
+``Q`` (a pseudo-inverse of ``Q diag(v) Q^T`` is ``Q diag(v^+) Q^T``, its null projector ``Q
+diag(1[v = 0]) Q^T``: null spaces are spans of columns of ``Q``). So in the coordinates ``x~ =
+Q^T x``, ``h~ = Q^T h`` the tree is d independent scalar trees, one per column ``k`` of ``Q``,
+and each formula of the module docstring is its scalar form, vectorised over units x d arrays:
+``I_c,k`` per unit and direction, ``S_p,k = sum_c I_c,k^+``, ``N_p,k`` = the number of children
+with ``I_c,k = 0``, ``K_p,k = S_p,k^-1`` where no child is blind in direction ``k`` (else 0),
+``G_c,k = I_c,k^+ K_p,k + 1[I_c,k = 0] N_p,k^-1 (1 - S_p,k K_p,k)``, and so on. Rank decisions are
+:func:`distfit.estimate.hierarchy.psd_pinv`'s on the diagonal: ``v_k`` counts as 0 when at most
+``rtol`` times the largest ``|v|`` of its unit (the floor 1 of a sum of projectors likewise), which
+are the eigenvalues the general path decomposes, so both paths take the same decisions and agree
+to rounding (``tests/estimate/test_shared_basis.py``: against the general path and a dense GLS).
+
+``split="total"``. The weights are the children's estimated totals ``1^T x_c = (Q^T 1)^T x~_c``
+of the equal split, one number per child, and the rescaled part is the blind part of ``G_c r``:
+the children's blind directions are the same columns of ``Q`` for every sibling (the condition
+of the rule, ``N_p,k`` in ``{0, fanout}`` for every ``k``), so the rule is the general path's.
+
+Cost. The basis once (a few d x d eigendecompositions); per unit ``O(d)`` numbers and operations,
+no class matrices, plus the changes of basis of ``h`` and of the returned ``x`` (units x d times d
+x d, BLAS-3) and the query variances ``var(a^T x_u) = sum_k (Q^T a)_k^2 P_u,k`` (units x d times d
+x queries: :func:`diagonal_variances`). The result holds per unit the diagonals of ``P_u``, ``O_u``
+and ``I_u`` in ``Q`` (units x d each), and ``x`` in the original basis.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = ["SHARED_ATOL", "DiagonalUpward", "diagonal_downward", "diagonal_in", "diagonal_upward",
+           "diagonal_variances", "shared_basis"]
+
+#: ``J`` is diagonal in ``Q`` when every off-diagonal entry of ``Q^T J Q`` is at most this times
+#: ``J``'s largest absolute entry on the diagonal (rounding of exactly commuting matrices is ~1e-15).
+SHARED_ATOL = 1e-10
+#: :func:`shared_basis`: eigenvalues of one ``J`` this close (relative to its largest) are one
+#: eigenspace, refined by the next ``J``.
+SAME_EIGENVALUE = 1e-8
+#: :func:`shared_basis` tries at most this many distinct matrices (more: the general path).
+MAX_DISTINCT = 64
+#: ``split="total"``: hierarchy.TOTAL_FLOOR (the same rule).
+TOTAL_FLOOR = 1e-9
+
+
+def _sym(a: np.ndarray) -> np.ndarray:
+    return 0.5 * (a + np.swapaxes(a, -1, -2))
+
+
+def _distinct(j: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    """``(distinct (k x d x d), index (units,))`` of a level's information (d x d, or units x d x
+    d), or None when there are more than :data:`MAX_DISTINCT`."""
+    if j.ndim == 2:
+        return j[None], np.zeros(1, dtype=np.int64)
+    flat = np.ascontiguousarray(j).reshape(j.shape[0], -1)
+    distinct, index = np.unique(flat, axis=0, return_inverse=True)
+    if distinct.shape[0] > MAX_DISTINCT:
+        return None
+    return distinct.reshape(-1, *j.shape[1:]), index.reshape(-1).astype(np.int64)
+
+
+def shared_basis(information: Sequence[np.ndarray]) -> np.ndarray | None:
+    """An orthonormal ``Q`` (d x d, columns the basis) in which every level's information (each d
+    x d or units x d x d) is diagonal to :data:`SHARED_ATOL`, or None when there is none (the
+    matrices do not commute, or more than :data:`MAX_DISTINCT` distinct ones). Found by refining:
+    the eigenvectors of the first matrix, then within each of its eigenspaces (eigenvalues equal
+    to :data:`SAME_EIGENVALUE`) those of the next, and so on (degenerate eigenspaces, as marginal
+    workloads have, split by the matrices that separate them), then checked against every matrix."""
+    matrices = []
+    for j in information:
+        found = _distinct(_sym(np.asarray(j, dtype=np.float64)))
+        if found is None:
+            return None
+        matrices.extend(found[0])
+    if not matrices:
+        return None
+    d = matrices[0].shape[0]
+    q = np.eye(d)
+    clusters = [np.arange(d)]
+    for a in matrices:
+        scale = np.abs(a).max(initial=0.0)
+        if scale == 0.0:
+            continue
+        if all(cols.size == 1 for cols in clusters):
+            break
+        rotated = _sym(q.T @ (a / scale) @ q)
+        refined = []
+        for cols in clusters:
+            if cols.size == 1:
+                refined.append(cols)
+                continue
+            block = rotated[np.ix_(cols, cols)]
+            values = np.diagonal(block)
+            if np.abs(block - np.diag(values)).max() <= SHARED_ATOL:  # already diagonal (e.g. J_l = c_l J)
+                order = np.argsort(values, kind="stable")
+                cols, values = cols[order], values[order]
+            else:
+                values, vectors = np.linalg.eigh(block)
+                q[:, cols] = q[:, cols] @ vectors
+            refined.extend(np.split(cols, np.flatnonzero(np.diff(values) > SAME_EIGENVALUE) + 1))
+        clusters = refined
+    if any(diagonal_in(a, q) is None for a in matrices):
+        return None
+    return q
+
+
+def diagonal_in(j: np.ndarray, basis: np.ndarray) -> np.ndarray | None:
+    """The diagonal of ``Q^T J Q`` (d,) when ``J`` (d x d) is diagonal in ``basis`` to
+    :data:`SHARED_ATOL`, else None."""
+    b = _sym(basis.T @ j @ basis)
+    diagonal = np.diagonal(b).copy()
+    off = np.abs(b - np.diag(diagonal)).max(initial=0.0)
+    return diagonal if off <= SHARED_ATOL * np.abs(diagonal).max(initial=0.0) else None
+
+
+def level_diagonals(j: np.ndarray, basis: np.ndarray) -> np.ndarray | None:
+    """A level's information (d x d or units x d x d) in ``basis``: its eigenvalues, (1, d) or
+    (units, d), or None when some matrix is not diagonal there."""
+    found = _distinct(j)
+    if found is None:
+        return None
+    distinct, index = found
+    diagonals = [diagonal_in(a, basis) for a in distinct]
+    if any(v is None for v in diagonals):
+        return None
+    return np.stack(diagonals)[index] if j.ndim == 3 else diagonals[0][None]
+
+
+def _pinv(values: np.ndarray, rtol: float, floor: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`distfit.estimate.hierarchy.psd_pinv` of diagonal matrices (rows of ``values``):
+    ``(1 / v where kept else 0, kept)``, ``v`` kept when above ``rtol`` times the row's largest
+    ``|v|`` (at least ``floor``)."""
+    top = np.maximum(np.abs(values).max(axis=-1, keepdims=True, initial=0.0), floor)
+    kept = values > rtol * top
+    return np.where(kept, 1.0 / np.where(kept, values, 1.0), 0.0), kept
+
+
+def _rows(a: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """``a[rows]``, or ``a`` itself when it is one row for every unit (broadcast)."""
+    return a if a.shape[0] == 1 else a[rows]
+
+
+@dataclass(frozen=True, eq=False)
+class DiagonalUpward:
+    """The upward pass in ``basis`` (:func:`diagonal_upward`), per level coarsest first: the
+    ``parents`` and ``groupings`` (:class:`distfit.estimate.hierarchy.Grouping`), ``own`` the
+    ``J`` eigenvalues ((1, d) or (units, d)), ``inside`` the ``I`` (units x d), ``means`` ``m~``
+    (units x d); per unit with children ``s_sum``, ``k_par``, ``n_sum`` (None where no child of
+    the level is blind in any direction) and ``m_sum`` ``M~``; all in ``basis``."""
+
+    basis: np.ndarray
+    parents: list
+    groupings: list
+    own: list
+    inside: list
+    means: list
+    s_sum: list
+    k_par: list
+    n_sum: list
+    m_sum: list
+    rtol: float
+
+    def summary_arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        """The roots' ``I`` (roots x d, in the basis) and ``m`` (roots x d, the original basis)."""
+        return np.ascontiguousarray(self.inside[0]), self.means[0] @ self.basis.T
+
+
+def diagonal_upward(own: Sequence[np.ndarray], linear: Sequence[np.ndarray], parents: Sequence[np.ndarray | None],
+                    groupings: Sequence, basis: np.ndarray, rtol: float,
+                    leaves: tuple[np.ndarray, np.ndarray] | None = None) -> DiagonalUpward:
+    """The upward pass (hierarchy's module docstring) in ``basis``: ``own[l]`` the level's ``J``
+    eigenvalues ((1, d) or (units, d)), ``linear[l]`` its ``h`` (units x d, original basis);
+    ``leaves``: the finest level's ``(I in the basis, m in the original basis)`` per unit, given
+    (a summary of subtrees below it) instead of computed."""
+    levels = len(linear)
+    inside, means = [None] * levels, [None] * levels
+    s_sum, k_par, n_sum, m_sum = [None] * levels, [None] * levels, [None] * levels, [None] * levels
+    for level in range(levels - 1, -1, -1):
+        units = linear[level].shape[0]
+        if leaves is not None and level == levels - 1:
+            inside[level] = np.asarray(leaves[0], dtype=np.float64)
+            means[level] = np.asarray(leaves[1], dtype=np.float64) @ basis
+            continue
+        eta = linear[level] @ basis
+        if level + 1 < levels:
+            group = groupings[level + 1]
+            child_pinv, child_kept = _pinv(inside[level + 1], rtol)
+            s = group.sum(child_pinv)
+            within = s
+            if not child_kept.all():  # some child blind somewhere: R_p = null N_p
+                n = group.sum((~child_kept).astype(np.float64))
+                _, blind = _pinv(n, rtol, 1.0)
+                within = np.where(blind, 0.0, s)
+                n_sum[level] = n
+            k, _ = _pinv(within, rtol)
+            s_sum[level], k_par[level] = s, k
+            m_sum[level] = group.sum(means[level + 1])
+            inside[level] = own[level] + k
+            eta += k * m_sum[level]
+        else:
+            inside[level] = np.broadcast_to(own[level], (units, own[level].shape[1]))
+        pinv, _ = _pinv(inside[level], rtol)
+        means[level] = pinv * eta
+    return DiagonalUpward(basis, list(parents), list(groupings), list(own), inside, means, s_sum, k_par, n_sum,
+                          m_sum, rtol)
+
+
+def diagonal_downward(state: DiagonalUpward, split: str,
+                      top: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+                      ) -> tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray]]:
+    """The downward pass (hierarchy's module docstring) after :func:`diagonal_upward`: per level
+    ``(x (units x d, original basis), P diagonals, O diagonals (units x d, in the basis))``.
+    ``top``: the roots' ``(x, P, O)`` so given (subtree roots), else the tree's roots."""
+    q, rtol = state.basis, state.rtol
+    ones = q.sum(axis=0)  # Q^T 1: a unit's total is x~ . (Q^T 1)
+    if top is None:
+        tilde = state.means[0]
+        xs = [tilde @ q.T]
+        covs = [_pinv(state.inside[0], rtol)[0]]
+        outside = [np.zeros_like(covs[0])]
+    else:
+        xs = [np.asarray(top[0], dtype=np.float64)]
+        tilde = xs[0] @ q
+        covs, outside = [np.asarray(top[1], dtype=np.float64)], [np.asarray(top[2], dtype=np.float64)]
+    for level in range(1, len(state.means)):
+        p, below, group = level - 1, state.parents[level], state.groupings[level]
+        own_pinv, kept = _pinv(state.inside[level], rtol)
+        s, k, n = state.s_sum[p][below], state.k_par[p][below], state.n_sum[p]
+        gain = own_pinv * k
+        remainder = tilde[below] - state.m_sum[p][below]
+        blind_gain = None
+        if n is not None:
+            n_pinv, _ = _pinv(n, rtol, 1.0)
+            blind_gain = np.where(kept, 0.0, n_pinv[below] * (1.0 - s * k))
+            gain += blind_gain
+        x = state.means[level] + gain * remainder
+        if split == "total" and blind_gain is not None:
+            weight = np.maximum(x @ ones, 0.0)
+            weight += TOTAL_FLOOR * (1.0 + weight.max(initial=0.0))  # all zero: equal parts
+            fanout = group.fanout[:, None]
+            same = ((n == 0.0) | (n == fanout)).all(axis=1)  # siblings blind in the same directions
+            factor = group.fanout[below] * weight / group.sum(weight)[below]
+            factor = np.where(same[below], factor, 1.0)
+            x += (factor - 1.0)[:, None] * (blind_gain * remainder)
+        # the rounding of sum_c G_c = I goes to each parent's last child (here, and in the tables)
+        x[group.last] += tilde[group.parents] - group.sum(x)[group.parents]
+        table = x @ q.T
+        table[group.last] += xs[p][group.parents] - group.sum(table)[group.parents]
+        xs.append(table)
+        covs.append(own_pinv - 2.0 * gain * own_pinv + gain * gain * (s + covs[p][below]))
+        outside.append(_outside(_rows(state.own[p], below) + outside[p][below], s,
+                                None if n is None else n[below], own_pinv, kept, group.fanout[below] == 1, rtol))
+        tilde = x
+    return xs, covs, outside
+
+
+def _outside(above: np.ndarray, s: np.ndarray, n: np.ndarray | None, own_pinv: np.ndarray, kept: np.ndarray,
+             only: np.ndarray, rtol: float) -> np.ndarray:
+    """``O_c`` diagonals (hierarchy's ``_outside``): ``A_p : K_{-c}``, ``A_p`` for an only child."""
+    s_rest = s - own_pinv
+    if n is not None:
+        _, rest_blind = _pinv(n - ~kept, rtol, 1.0)
+        s_rest = np.where(rest_blind, 0.0, s_rest)
+    k_rest, _ = _pinv(s_rest, rtol)
+    total_pinv, _ = _pinv(above + k_rest, rtol)
+    out = above * total_pinv * k_rest
+    out[only] = above[only]
+    return out
+
+
+def diagonal_variances(workload: np.ndarray, basis: np.ndarray, covariance: np.ndarray) -> np.ndarray:
+    """``var(w_q^T x_u) = sum_k (Q^T w_q)_k^2 P_u,k`` (units x m) of every query (row of
+    ``workload``, m x d) of every unit, from the diagonals of ``P_u`` in ``basis`` (units x d)."""
+    rotated = np.asarray(workload, dtype=np.float64) @ basis
+    return np.maximum(covariance @ (rotated * rotated).T, 0.0)
