@@ -425,7 +425,8 @@ def _check(information: Sequence[np.ndarray], linear: Sequence[np.ndarray], pare
 
 def estimate_hierarchy(information: Sequence[np.ndarray], linear: Sequence[np.ndarray],
                        parent_of: Sequence[np.ndarray | None], *, rtol: float = PINV_RTOL,
-                       split: str = "equal", basis: np.ndarray | str | None = "auto") -> HierarchyEstimate:
+                       split: str = "equal", basis: np.ndarray | str | None = "auto",
+                       outside: bool = True) -> HierarchyEstimate:
     """The GLS (BLUE) estimates of every unit of every level and their exact covariances
     (module docstring), coarsest level first. ``information[l]``: ``J_l`` (d x d, one for the
     level, or units x d x d); ``linear[l]``: ``h_u`` (units x d), e.g. the ``(H, g)`` of
@@ -437,11 +438,12 @@ def estimate_hierarchy(information: Sequence[np.ndarray], linear: Sequence[np.nd
     least-squares rule) or ``"total"`` (in proportion to the children's estimated totals, where
     they are all blind in the same directions: module docstring, "Splitting what nothing
     identifies"). ValueError on inconsistent shapes or another ``split``.
-    ``basis``: :func:`upward_pass`'s. The two passes are :func:`upward_pass` and
+    ``basis``: :func:`upward_pass`'s; ``outside``: :func:`downward_pass`'s. The two passes are :func:`upward_pass` and
     :func:`downward_pass` (run apart on subtrees: :mod:`distfit.estimate.subtrees`)."""
     if split not in ("equal", "total"):
         raise ValueError(f"split: 'equal' or 'total', got {split!r}")
-    return downward_pass(upward_pass(information, linear, parent_of, rtol=rtol, basis=basis), split=split)
+    return downward_pass(upward_pass(information, linear, parent_of, rtol=rtol, basis=basis), split=split,
+                         outside=outside)
 
 
 @dataclass(frozen=True, eq=False)
@@ -599,11 +601,13 @@ def summarise(state: Upward | DiagonalUpward) -> Summary:
     return state.summary()
 
 
-def downward_pass(state: Upward | DiagonalUpward, *, split: str = "equal", top: Top | None = None) -> HierarchyEstimate:
+def downward_pass(state: Upward | DiagonalUpward, *, split: str = "equal", top: Top | None = None,
+                  outside: bool = True) -> HierarchyEstimate:
     """The downward pass (module docstring) after :func:`upward_pass`; ``split`` as
     :func:`estimate_hierarchy`'s. ``top``: level 0's units are subtree roots whose estimates,
     covariances and outside information the levels above have given (:meth:`HierarchyEstimate.top`);
-    otherwise they are the tree's roots."""
+    otherwise they are the tree's roots. ``outside`` False: in the shared basis, no ``O`` below
+    level 0 (``outside`` None there: nothing published needs it; the general path computes it)."""
     if split not in ("equal", "total"):
         raise ValueError(f"split: 'equal' or 'total', got {split!r}")
     if isinstance(state, DiagonalUpward):
@@ -611,10 +615,11 @@ def downward_pass(state: Upward | DiagonalUpward, *, split: str = "equal", top: 
         if top is not None:
             top = top.in_basis(state.basis)
             given = (top.x, top.covariance[top.unit_class], top.outside[top.unit_class])
-        xs, covs, outside = diagonal_downward(state, split, given)
+        xs, covs, outs = diagonal_downward(state, split, given, None if outside else [False] * len(state.means))
         units = tuple(np.arange(x.shape[0]) for x in xs)
-        return HierarchyEstimate(x=tuple(xs), unit_class=units, covariance=tuple(covs), outside=tuple(outside),
-                                 inside=tuple(state.inside), upward_class=units, basis=state.basis)
+        return HierarchyEstimate(x=tuple(xs), unit_class=units, covariance=tuple(covs), outside=tuple(outs),
+                                 inside=tuple(state.unit_inside(level) for level in range(len(xs))),
+                                 upward_class=units, basis=state.basis)
     top = None if top is None else top.as_matrices()
     parents, groupings, up, j_of, fanout = state.parents, state.groupings, state.up, state.j_of, state.fanout
     inside, inside_pinv, inside_null = state.inside, state.inside_pinv, state.inside_null

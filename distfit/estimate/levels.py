@@ -223,7 +223,7 @@ def estimate_levels(spec: Any, level_dirs: Mapping[str, os.PathLike | str], *, i
         units = sum(h.shape[0] for h in linears)
         print(f"distfit: estimate levels {', '.join(names)} ({units:,} units): best linear unbiased over the "
               f"geography{', then integer tables' if integer else ''}", file=log)
-        result = estimate_hierarchy(hessians, linears, parent_of, split="total")
+        result = estimate_hierarchy(hessians, linears, parent_of, split="total", outside=False)
         xs = (integer_top_down([GeographyLevel(h, g, up) for h, g, up in zip(hessians, linears, parent_of)], result.x,
                                families=[laminar_family(models[name].workload) for name in names])
               if integer else result.x)

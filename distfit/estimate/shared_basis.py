@@ -146,9 +146,11 @@ def _pinv(values: np.ndarray, rtol: float, floor: float = 0.0) -> tuple[np.ndarr
     """:func:`distfit.estimate.hierarchy.psd_pinv` of diagonal matrices (rows of ``values``):
     ``(1 / v where kept else 0, kept)``, ``v`` kept when above ``rtol`` times the row's largest
     ``|v|`` (at least ``floor``)."""
-    top = np.maximum(np.abs(values).max(axis=-1, keepdims=True, initial=0.0), floor)
+    if values.shape[-1] == 0:
+        return np.zeros_like(values), np.zeros(values.shape, dtype=bool)
+    top = np.maximum(np.maximum(values.max(axis=-1, keepdims=True), -values.min(axis=-1, keepdims=True)), floor)
     kept = values > rtol * top
-    return np.where(kept, 1.0 / np.where(kept, values, 1.0), 0.0), kept
+    return np.divide(1.0, values, out=np.zeros(values.shape), where=kept), kept
 
 
 def _rows(a: np.ndarray, rows: np.ndarray) -> np.ndarray:
@@ -156,11 +158,17 @@ def _rows(a: np.ndarray, rows: np.ndarray) -> np.ndarray:
     return a if a.shape[0] == 1 else a[rows]
 
 
+def _group_sum(group, values: np.ndarray) -> np.ndarray:
+    """``group.sum(values)``; ``values`` one row shared by every child: ``fanout x`` that row."""
+    return group.fanout[:, None] * values if values.shape[0] == 1 else group.sum(values)
+
+
 @dataclass(frozen=True, eq=False)
 class DiagonalUpward:
     """The upward pass in ``basis`` (:func:`diagonal_upward`), per level coarsest first: the
     ``parents`` and ``groupings`` (:class:`distfit.estimate.hierarchy.Grouping`), ``own`` the
-    ``J`` eigenvalues ((1, d) or (units, d)), ``inside`` the ``I`` (units x d), ``means`` ``m~``
+    ``J`` eigenvalues ((1, d) or (units, d)), ``inside`` the ``I`` (units x d, or (1, d) shared by
+    a level of leaves with one ``J``: :meth:`unit_inside` gives the units' rows), ``means`` ``m~``
     (units x d); per unit with children ``s_sum``, ``k_par``, ``n_sum`` (None where no child of
     the level is blind in any direction) and ``m_sum`` ``M~``; all in ``basis``."""
 
@@ -176,9 +184,14 @@ class DiagonalUpward:
     m_sum: list
     rtol: float
 
+    def unit_inside(self, level: int) -> np.ndarray:
+        """``I`` of every unit of ``level`` (units x d; a read-only broadcast of a shared row)."""
+        i = self.inside[level]
+        return np.broadcast_to(i, self.means[level].shape) if i.shape[0] == 1 else i
+
     def summary_arrays(self) -> tuple[np.ndarray, np.ndarray]:
         """The roots' ``I`` (roots x d, in the basis) and ``m`` (roots x d, the original basis)."""
-        return np.ascontiguousarray(self.inside[0]), self.means[0] @ self.basis.T
+        return np.ascontiguousarray(self.unit_inside(0)), self.means[0] @ self.basis.T
 
 
 def diagonal_upward(own: Sequence[np.ndarray], linear: Sequence[np.ndarray], parents: Sequence[np.ndarray | None],
@@ -192,7 +205,6 @@ def diagonal_upward(own: Sequence[np.ndarray], linear: Sequence[np.ndarray], par
     inside, means = [None] * levels, [None] * levels
     s_sum, k_par, n_sum, m_sum = [None] * levels, [None] * levels, [None] * levels, [None] * levels
     for level in range(levels - 1, -1, -1):
-        units = linear[level].shape[0]
         if leaves is not None and level == levels - 1:
             inside[level] = np.asarray(leaves[0], dtype=np.float64)
             means[level] = np.asarray(leaves[1], dtype=np.float64) @ basis
@@ -201,73 +213,97 @@ def diagonal_upward(own: Sequence[np.ndarray], linear: Sequence[np.ndarray], par
         if level + 1 < levels:
             group = groupings[level + 1]
             child_pinv, child_kept = _pinv(inside[level + 1], rtol)
-            s = group.sum(child_pinv)
+            s = _group_sum(group, child_pinv)
             within = s
             if not child_kept.all():  # some child blind somewhere: R_p = null N_p
-                n = group.sum((~child_kept).astype(np.float64))
+                n = _group_sum(group, (~child_kept).astype(np.float64))
                 _, blind = _pinv(n, rtol, 1.0)
                 within = np.where(blind, 0.0, s)
                 n_sum[level] = n
+            del child_pinv, child_kept
             k, _ = _pinv(within, rtol)
             s_sum[level], k_par[level] = s, k
             m_sum[level] = group.sum(means[level + 1])
             inside[level] = own[level] + k
             eta += k * m_sum[level]
-        else:
-            inside[level] = np.broadcast_to(own[level], (units, own[level].shape[1]))
+        else:  # leaves: their own J (one row for the level, or one per unit)
+            inside[level] = np.asarray(own[level], dtype=np.float64)
         pinv, _ = _pinv(inside[level], rtol)
-        means[level] = pinv * eta
+        eta *= pinv
+        means[level] = eta
     return DiagonalUpward(basis, list(parents), list(groupings), list(own), inside, means, s_sum, k_par, n_sum,
                           m_sum, rtol)
 
 
-def diagonal_downward(state: DiagonalUpward, split: str,
-                      top: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
-                      ) -> tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray]]:
+def diagonal_downward(state: DiagonalUpward, split: str, top: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
+                      outside: Sequence[bool] | None = None
+                      ) -> tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray | None]]:
     """The downward pass (hierarchy's module docstring) after :func:`diagonal_upward`: per level
     ``(x (units x d, original basis), P diagonals, O diagonals (units x d, in the basis))``.
-    ``top``: the roots' ``(x, P, O)`` so given (subtree roots), else the tree's roots."""
+    ``top``: the roots' ``(x, P, O)`` so given (subtree roots), else the tree's roots.
+    ``outside``: per level, whether its ``O`` is wanted (None: every level's; a level's is
+    needed for the next one's, so O is computed down to the finest level wanted)."""
     q, rtol = state.basis, state.rtol
+    levels = len(state.means)
+    wanted = [True] * levels if outside is None else list(outside)
+    deepest = max((level for level in range(levels) if wanted[level]), default=-1)
     ones = q.sum(axis=0)  # Q^T 1: a unit's total is x~ . (Q^T 1)
     if top is None:
         tilde = state.means[0]
         xs = [tilde @ q.T]
-        covs = [_pinv(state.inside[0], rtol)[0]]
-        outside = [np.zeros_like(covs[0])]
+        covs = [np.ascontiguousarray(np.broadcast_to(_pinv(state.inside[0], rtol)[0], tilde.shape))]
+        outs = [np.zeros_like(covs[0])]
     else:
         xs = [np.asarray(top[0], dtype=np.float64)]
         tilde = xs[0] @ q
-        covs, outside = [np.asarray(top[1], dtype=np.float64)], [np.asarray(top[2], dtype=np.float64)]
-    for level in range(1, len(state.means)):
+        covs, outs = [np.asarray(top[1], dtype=np.float64)], [np.asarray(top[2], dtype=np.float64)]
+    for level in range(1, levels):
         p, below, group = level - 1, state.parents[level], state.groupings[level]
         own_pinv, kept = _pinv(state.inside[level], rtol)
         s, k, n = state.s_sum[p][below], state.k_par[p][below], state.n_sum[p]
         gain = own_pinv * k
-        remainder = tilde[below] - state.m_sum[p][below]
+        remainder = tilde[below]
+        remainder -= state.m_sum[p][below]
         blind_gain = None
         if n is not None:
             n_pinv, _ = _pinv(n, rtol, 1.0)
-            blind_gain = np.where(kept, 0.0, n_pinv[below] * (1.0 - s * k))
+            blind_gain = k * s
+            np.subtract(1.0, blind_gain, out=blind_gain)
+            blind_gain *= n_pinv[below]
+            blind_gain[np.broadcast_to(kept, blind_gain.shape)] = 0.0
             gain += blind_gain
-        x = state.means[level] + gain * remainder
+        x = gain * remainder
+        x += state.means[level]
         if split == "total" and blind_gain is not None:
             weight = np.maximum(x @ ones, 0.0)
             weight += TOTAL_FLOOR * (1.0 + weight.max(initial=0.0))  # all zero: equal parts
-            fanout = group.fanout[:, None]
-            same = ((n == 0.0) | (n == fanout)).all(axis=1)  # siblings blind in the same directions
+            same = ((n == 0.0) | (n == group.fanout[:, None])).all(axis=1)  # siblings blind in the same directions
             factor = group.fanout[below] * weight / group.sum(weight)[below]
             factor = np.where(same[below], factor, 1.0)
-            x += (factor - 1.0)[:, None] * (blind_gain * remainder)
+            blind_gain *= remainder
+            blind_gain *= (factor - 1.0)[:, None]
+            x += blind_gain
+        del remainder, blind_gain
         # the rounding of sum_c G_c = I goes to each parent's last child (here, and in the tables)
         x[group.last] += tilde[group.parents] - group.sum(x)[group.parents]
         table = x @ q.T
         table[group.last] += xs[p][group.parents] - group.sum(table)[group.parents]
         xs.append(table)
-        covs.append(own_pinv - 2.0 * gain * own_pinv + gain * gain * (s + covs[p][below]))
-        outside.append(_outside(_rows(state.own[p], below) + outside[p][below], s,
-                                None if n is None else n[below], own_pinv, kept, group.fanout[below] == 1, rtol))
+        # P_c = I_c^+ (1 - 2 G_c) + G_c^2 (S_p + P_p)
+        cov = covs[p][below]
+        cov += s
+        cov *= gain
+        cov *= gain
+        gain *= -2.0
+        gain += 1.0
+        gain *= own_pinv
+        cov += gain
+        del gain
+        covs.append(cov)
+        outs.append(_outside(_rows(state.own[p], below) + outs[p][below], s, None if n is None else n[below],
+                             own_pinv, kept, group.fanout[below] == 1, rtol) if level <= deepest else None)
         tilde = x
-    return xs, covs, outside
+    return xs, covs, outs
 
 
 def _outside(above: np.ndarray, s: np.ndarray, n: np.ndarray | None, own_pinv: np.ndarray, kept: np.ndarray,
@@ -276,12 +312,16 @@ def _outside(above: np.ndarray, s: np.ndarray, n: np.ndarray | None, own_pinv: n
     s_rest = s - own_pinv
     if n is not None:
         _, rest_blind = _pinv(n - ~kept, rtol, 1.0)
-        s_rest = np.where(rest_blind, 0.0, s_rest)
+        s_rest[rest_blind] = 0.0
     k_rest, _ = _pinv(s_rest, rtol)
-    total_pinv, _ = _pinv(above + k_rest, rtol)
-    out = above * total_pinv * k_rest
-    out[only] = above[only]
-    return out
+    del s_rest
+    total = above + k_rest
+    total_pinv, _ = _pinv(total, rtol)
+    del total
+    total_pinv *= above
+    total_pinv *= k_rest
+    total_pinv[only] = above[only]
+    return total_pinv
 
 
 def diagonal_variances(workload: np.ndarray, basis: np.ndarray, covariance: np.ndarray) -> np.ndarray:

@@ -169,7 +169,7 @@ def downward_task(job: Forests, first: int, stop: int, top: Top) -> tuple[int, i
     with blas_limit():
         terms, parents = _read_forest(job, first, stop)
         state, _ = forest_upward([t[0] for t in terms], [t[1] for t in terms], parents, basis=job.basis)
-        result = forest_downward(state, top, split=job.split)
+        result = forest_downward(state, top, split=job.split, outside=False)  # O: published nowhere
     units = 0
     for k in range(1, len(job.names)):
         start, end = rows[k]

@@ -175,11 +175,11 @@ def top_estimate(information: Sequence[np.ndarray], linear: Sequence[np.ndarray]
     return downward_pass(state, split=split)
 
 
-def forest_downward(state: Upward, top: Top, *, split: str) -> HierarchyEstimate:
+def forest_downward(state: Upward | DiagonalUpward, top: Top, *, split: str, outside: bool = True) -> HierarchyEstimate:
     """Step 3 (module docstring): a forest's levels ``c .. L`` down from its roots' ``top``
     (level 0 of the result is the roots, as given; levels :func:`forest_upward` left out are
-    not in it)."""
-    return downward_pass(state, split=split, top=top)
+    not in it). ``outside``: :func:`distfit.estimate.hierarchy.downward_pass`'s."""
+    return downward_pass(state, split=split, top=top, outside=outside)
 
 
 def estimate_by_subtrees(information: Sequence[np.ndarray], linear: Sequence[np.ndarray],
