@@ -127,6 +127,11 @@ returned per downward class, ``I`` per upward class, ``F = I + O`` formed on req
 shapes), up to one per unit; then the cost is ``O(units d^3)`` and the memory ``units d^2``
 floats per matrix kind, as without classes.
 
+Commuting levels (:mod:`distfit.estimate.shared_basis`): when one orthonormal ``Q`` diagonalises
+every level's ``J`` (the same plan at every level up to a scale: PL94 at every geography level),
+every matrix above is diagonal in ``Q`` and the tree is d scalar trees on ``Q^T h``: ``O(d)`` per
+unit and no classes (``basis="auto"`` finds ``Q``; the result then holds diagonals in it).
+
 Scale (issue 29 point 5): chunk by subtree. A subtree hands upward only its root's class
 matrices and ``m`` (:class:`Summary`), and needs from above only its root's ``x``, ``P`` and
 ``O`` (:class:`Top`), so the units below a cut level are independent tasks: :func:`upward_pass`
@@ -153,6 +158,7 @@ from distfit.estimate.shared_basis import (
     diagonal_variances,
     level_diagonals,
     shared_basis,
+    stack_diagonals,
 )
 
 __all__ = ["Grouping", "HierarchyEstimate", "PINV_RTOL", "Summary", "Top", "Upward", "check_parent_of", "classwise",
@@ -492,7 +498,7 @@ class Top:
         if self.basis is not None and np.array_equal(self.basis, basis):
             return self
         found = self.as_matrices()
-        diagonals = [level_diagonals(m, basis) for m in (found.covariance, found.outside)]
+        diagonals = [stack_diagonals(m, basis) for m in (found.covariance, found.outside)]
         if any(v is None for v in diagonals):
             raise ValueError("top: the roots' covariances are not diagonal in the forest's shared basis")
         return Top(self.x, self.unit_class, *diagonals, basis=basis)

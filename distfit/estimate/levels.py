@@ -12,7 +12,8 @@ post-processing, free in privacy), recovers each unit's measurements
 equations (:func:`distfit.estimate.projection.normal_equations`: ``J_l = H``, ``h_u = g_u``)
 and estimates every unit of every level at once by generalised least squares over the tree
 (:func:`distfit.estimate.hierarchy.estimate_hierarchy`: an upward and a downward pass, every
-matrix once per class of same-shaped subtrees): each published query's best linear unbiased
+matrix once per class of same-shaped subtrees, or, when every level's information is diagonal
+in one basis, d scalar trees: :mod:`distfit.estimate.shared_basis`): each published query's best linear unbiased
 estimate, in every level's own noise metric, and its exact variance (stored as
 ``queries/variances``, given by ``distfit export`` as ``se`` and ``moe90``).
 

@@ -45,7 +45,7 @@ from dataclasses import dataclass
 import numpy as np
 
 __all__ = ["SHARED_ATOL", "DiagonalUpward", "diagonal_downward", "diagonal_in", "diagonal_upward",
-           "diagonal_variances", "shared_basis"]
+           "diagonal_variances", "level_diagonals", "shared_basis", "stack_diagonals"]
 
 #: ``J`` is diagonal in ``Q`` when every off-diagonal entry of ``Q^T J Q`` is at most this times
 #: ``J``'s largest absolute entry on the diagonal (rounding of exactly commuting matrices is ~1e-15).
@@ -127,6 +127,15 @@ def diagonal_in(j: np.ndarray, basis: np.ndarray) -> np.ndarray | None:
     diagonal = np.diagonal(b).copy()
     off = np.abs(b - np.diag(diagonal)).max(initial=0.0)
     return diagonal if off <= SHARED_ATOL * np.abs(diagonal).max(initial=0.0) else None
+
+
+def stack_diagonals(matrices: np.ndarray, basis: np.ndarray) -> np.ndarray | None:
+    """The diagonals of ``Q^T M Q`` (k x d) of a stack of symmetric matrices (k x d x d) when
+    every one is diagonal in ``basis`` to :data:`SHARED_ATOL` of its largest, else None."""
+    b = _sym(basis.T @ np.asarray(matrices, dtype=np.float64) @ basis)
+    diagonals = np.diagonal(b, axis1=-2, axis2=-1).copy()
+    off = np.abs(b - diagonals[..., None] * np.eye(b.shape[-1])).max(axis=(-2, -1), initial=0.0)
+    return diagonals if np.all(off <= SHARED_ATOL * np.abs(diagonals).max(axis=-1, initial=0.0)) else None
 
 
 def level_diagonals(j: np.ndarray, basis: np.ndarray) -> np.ndarray | None:

@@ -32,7 +32,9 @@ still the estimate of these releases (the passes are deterministic), the pieces 
 written (an incomplete store of the same inputs is resumed). Memory: a task holds one forest's
 rows (at most ``forest_rows`` units over its levels, or one subtree) and its classes' matrices
 (at most :data:`distfit.estimate.subtrees.FOREST_MATRIX_BYTES` of them: the forest's units above
-the finest level bounded by :func:`distfit.estimate.subtrees.matrix_units`, one subtree at least);
+the finest level bounded by :func:`distfit.estimate.subtrees.matrix_units`, one subtree at least;
+none in the levels' shared basis, :mod:`distfit.estimate.shared_basis`, which the driver finds from
+the plans and every task uses);
 the driver, levels ``0 .. c`` and their classes' matrices (the cut chosen so that they fit
 :data:`distfit.estimate.subtrees.DRIVER_MATRIX_BYTES`), each unit's number of children, and one
 level's parent ids at a time while step 1 reads them.

@@ -22,6 +22,12 @@ GLS). Each forest's memory is its own units' arrays and its classes' matrices, w
 of a level; the top holds levels ``0 .. c`` and one matrix per distinct class of level ``c``'s
 subtrees (cost: :func:`choose_cut`).
 
+In the shared basis (:mod:`distfit.estimate.shared_basis`: every level's ``J`` diagonal in one
+``Q``, found once from all the levels and given to every forest and to the top) a summary and a
+top are ``d``-vectors per root and the passes hold no ``cells x cells`` matrix per unit: the cut
+and the forests are then bounded by units and rows alone (``cells`` 0 in :func:`choose_cut`
+and :func:`matrix_units`'s callers).
+
 A forest's rows. A forest is a set of consecutive units of level ``c`` whose descendants are
 consecutive at every level (the release orders each level's units by their parent's row:
 :func:`descendant_spans` checks it); its parents are its rows at the level above, shifted to
@@ -67,7 +73,8 @@ FOREST_MATRIX_BYTES = 1 << 30
 
 def matrix_units(cells: int, budget: int) -> int:
     """How many units above the leaves the passes can hold in ``budget`` bytes of ``cells x
-    cells`` matrices (:data:`MATRICES_PER_UNIT` per unit), at least 1."""
+    cells`` matrices (:data:`MATRICES_PER_UNIT` per unit), at least 1 (the general path's
+    bound: in the shared basis there is no such matrix, and callers pass no bound)."""
     return max(1, int(budget) // (MATRICES_PER_UNIT * 8 * max(int(cells), 1) ** 2))
 
 

@@ -14,8 +14,13 @@ from distfit.estimate.subtrees import (
     choose_cut,
     descendant_spans,
     estimate_by_subtrees,
+    forest_downward,
+    forest_upward,
     group_roots,
+    local_parents,
     matrix_units,
+    merge_summaries,
+    top_estimate,
 )
 
 D = 6
@@ -569,3 +574,35 @@ def test_subtrees_in_the_shared_basis_equal_the_whole_tree(case, split):
                 scale = max(1.0, float(np.abs(whole.x[level]).max()))
                 assert np.allclose(x, whole.x[level], rtol=0, atol=1e-9 * scale)
                 assert np.allclose(cov, whole.unit("covariance", level), rtol=0, atol=1e-9 * scale)
+
+
+def test_forests_in_and_out_of_the_shared_basis_meet_as_matrices():
+    """Forests summarised in the shared basis and forests summarised as matrices merge as
+    matrices, the top runs the general path, and a forest in the basis takes its roots' top back
+    as diagonals: the whole tree's estimates and covariances all the same."""
+    parents, sizes, maps, leaves, js, hs = _commuting(FIVE_LEVELS, "marginals", 24)
+    order, up = _by_parent(parents, sizes)
+    hs = [h[o] for h, o in zip(hs, order)]
+    whole = estimate_hierarchy(js, hs, up, basis=None)
+    q, cut = shared_basis(js), 2
+    spans = descendant_spans([np.bincount(up[level + 1], minlength=sizes[level]) for level in range(cut, len(sizes) - 1)])
+    groups = group_roots(spans, 4)
+    forests = []
+    for i, (first, stop) in enumerate(groups):
+        rows = [slice(int(s[first]), int(s[stop])) for s in spans]
+        ups = [None] + [local_parents(up[cut + k][rows[k]], rows[k - 1].start) for k in range(1, len(rows))]
+        forests.append((rows, *forest_upward(js[cut:], [h[r] for h, r in zip(hs[cut:], rows)], ups,
+                                             basis=q if i % 2 == 0 else None)))
+    assert len(forests) > 1
+    summary = merge_summaries([f[2] for f in forests])
+    assert summary.basis is None
+    top = top_estimate(js[:cut], hs[:cut], up[:cut + 1], summary, split="equal")
+    assert top.basis is None
+    for (rows, state, _), (first, stop) in zip(forests, groups):
+        result = forest_downward(state, top.top(cut, slice(first, stop)), split="equal")
+        assert (result.basis is not None) == (forests.index((rows, state, _)) % 2 == 0)
+        for k in range(1, len(result.x)):
+            scale = max(1.0, float(np.abs(whole.x[cut + k]).max()))
+            np.testing.assert_allclose(result.x[k], whole.x[cut + k][rows[k]], rtol=0, atol=1e-9 * scale)
+            np.testing.assert_allclose(result.unit("covariance", k), whole.unit("covariance", cut + k)[rows[k]],
+                                       rtol=0, atol=1e-9 * scale)
