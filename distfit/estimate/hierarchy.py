@@ -621,11 +621,15 @@ def downward_pass(state: Upward | DiagonalUpward, *, split: str = "equal", top: 
         if top is not None:
             top = top.in_basis(state.basis)
             given = (top.x, top.covariance[top.unit_class], top.outside[top.unit_class])
-        xs, covs, outs = diagonal_downward(state, split, given, None if outside else [False] * len(state.means))
-        units = tuple(np.arange(x.shape[0]) for x in xs)
-        return HierarchyEstimate(x=tuple(xs), unit_class=units, covariance=tuple(covs), outside=tuple(outs),
-                                 inside=tuple(state.unit_inside(level) for level in range(len(xs))),
-                                 upward_class=units, basis=state.basis)
+        xs, covs, outs, classes = diagonal_downward(state, split, given, None if outside else [False] * len(state.inside))
+        units = [np.arange(x.shape[0]) if c is None else c for x, c in zip(xs, classes)]
+        shared = [c is not None for c in classes]  # leaves of one J: one I for all, P and O per parent
+        return HierarchyEstimate(x=tuple(xs), unit_class=tuple(units), covariance=tuple(covs), outside=tuple(outs),
+                                 inside=tuple(state.inside[level] if shared[level] else state.unit_inside(level)
+                                              for level in range(len(xs))),
+                                 upward_class=tuple(np.zeros(c.shape[0], dtype=np.int64) if shared[level]
+                                                    else np.arange(c.shape[0]) for level, c in enumerate(covs)),
+                                 basis=state.basis)
     top = None if top is None else top.as_matrices()
     parents, groupings, up, j_of, fanout = state.parents, state.groupings, state.up, state.j_of, state.fanout
     inside, inside_pinv, inside_null = state.inside, state.inside_pinv, state.inside_null

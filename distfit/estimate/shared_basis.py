@@ -178,8 +178,9 @@ class DiagonalUpward:
     ``parents`` and ``groupings`` (:class:`distfit.estimate.hierarchy.Grouping`), ``own`` the
     ``J`` eigenvalues ((1, d) or (units, d)), ``inside`` the ``I`` (units x d, or (1, d) shared by
     a level of leaves with one ``J``: :meth:`unit_inside` gives the units' rows), ``means`` ``m~``
-    (units x d); per unit with children ``s_sum``, ``k_par``, ``n_sum`` (None where no child of
-    the level is blind in any direction) and ``m_sum`` ``M~``; all in ``basis``."""
+    (units x d; None for leaves of one ``J`` below level 0, whose ``h`` is ``leaf_linear``); per
+    unit with children ``s_sum``, ``k_par``, ``n_sum`` (None where no child of the level is blind
+    in any direction) and ``m_sum`` ``M~``; all in ``basis``."""
 
     basis: np.ndarray
     parents: list
@@ -192,11 +193,13 @@ class DiagonalUpward:
     n_sum: list
     m_sum: list
     rtol: float
+    leaf_linear: np.ndarray | None = None
 
     def unit_inside(self, level: int) -> np.ndarray:
         """``I`` of every unit of ``level`` (units x d; a read-only broadcast of a shared row)."""
-        i = self.inside[level]
-        return np.broadcast_to(i, self.means[level].shape) if i.shape[0] == 1 else i
+        i, m = self.inside[level], self.means[level]
+        units = self.leaf_linear.shape[0] if m is None else m.shape[0]
+        return np.broadcast_to(i, (units, i.shape[1])) if i.shape[0] == 1 else i
 
     def summary_arrays(self) -> tuple[np.ndarray, np.ndarray]:
         """The roots' ``I`` (roots x d, in the basis) and ``m`` (roots x d, the original basis)."""
@@ -211,12 +214,19 @@ def diagonal_upward(own: Sequence[np.ndarray], linear: Sequence[np.ndarray], par
     ``leaves``: the finest level's ``(I in the basis, m in the original basis)`` per unit, given
     (a summary of subtrees below it) instead of computed."""
     levels = len(linear)
+    leaf_linear = None
     inside, means = [None] * levels, [None] * levels
     s_sum, k_par, n_sum, m_sum = [None] * levels, [None] * levels, [None] * levels, [None] * levels
     for level in range(levels - 1, -1, -1):
         if leaves is not None and level == levels - 1:
             inside[level] = np.asarray(leaves[0], dtype=np.float64)
             means[level] = np.asarray(leaves[1], dtype=np.float64) @ basis
+            continue
+        if level == levels - 1 and level > 0 and own[level].shape[0] == 1:
+            # leaves of one J: m_c = Q diag(I^+) Q^T h_c, never formed; the parents need only their
+            # sum (below), the downward pass x_c = J^+ h_c + Q (G r)_p (:func:`diagonal_downward`)
+            inside[level], means[level] = np.asarray(own[level], dtype=np.float64), None
+            leaf_linear = linear[level]
             continue
         eta = linear[level] @ basis
         if level + 1 < levels:
@@ -232,7 +242,10 @@ def diagonal_upward(own: Sequence[np.ndarray], linear: Sequence[np.ndarray], par
             del child_pinv, child_kept
             k, _ = _pinv(within, rtol)
             s_sum[level], k_par[level] = s, k
-            m_sum[level] = group.sum(means[level + 1])
+            if means[level + 1] is None:  # M_p = I^+ Q^T sum_c h_c (leaves of one J)
+                m_sum[level] = (group.sum(leaf_linear) @ basis) * _pinv(inside[level + 1], rtol)[0]
+            else:
+                m_sum[level] = group.sum(means[level + 1])
             inside[level] = own[level] + k
             eta += k * m_sum[level]
         else:  # leaves: their own J (one row for the level, or one per unit)
@@ -241,14 +254,15 @@ def diagonal_upward(own: Sequence[np.ndarray], linear: Sequence[np.ndarray], par
         eta *= pinv
         means[level] = eta
     return DiagonalUpward(basis, list(parents), list(groupings), list(own), inside, means, s_sum, k_par, n_sum,
-                          m_sum, rtol)
+                          m_sum, rtol, leaf_linear)
 
 
 def diagonal_downward(state: DiagonalUpward, split: str, top: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
                       outside: Sequence[bool] | None = None
-                      ) -> tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray | None]]:
+                      ) -> tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray | None], list[np.ndarray | None]]:
     """The downward pass (hierarchy's module docstring) after :func:`diagonal_upward`: per level
-    ``(x (units x d, original basis), P diagonals, O diagonals (units x d, in the basis))``.
+    ``(x (units x d, original basis), P diagonals, O diagonals (classes x d, in the basis), each
+    unit's class (None: each unit its own; leaves of one J: their parent))``.
     ``top``: the roots' ``(x, P, O)`` so given (subtree roots), else the tree's roots.
     ``outside``: per level, whether its ``O`` is wanted (None: every level's; a level's is
     needed for the next one's, so O is computed down to the finest level wanted)."""
@@ -266,8 +280,17 @@ def diagonal_downward(state: DiagonalUpward, split: str, top: tuple[np.ndarray, 
         xs = [np.asarray(top[0], dtype=np.float64)]
         tilde = xs[0] @ q
         covs, outs = [np.asarray(top[1], dtype=np.float64)], [np.asarray(top[2], dtype=np.float64)]
+    classes = [None] * levels
     for level in range(1, levels):
         p, below, group = level - 1, state.parents[level], state.groupings[level]
+        if state.means[level] is None:
+            x, cov, out = _shared_leaves(state, level, tilde, xs[p], covs[p], outs[p] if level <= deepest else None,
+                                         split, ones)
+            xs.append(x)
+            covs.append(cov)
+            outs.append(out)
+            classes[level] = below
+            continue
         own_pinv, kept = _pinv(state.inside[level], rtol)
         s, k, n = state.s_sum[p][below], state.k_par[p][below], state.n_sum[p]
         gain = own_pinv * k
@@ -312,7 +335,40 @@ def diagonal_downward(state: DiagonalUpward, split: str, top: tuple[np.ndarray, 
         outs.append(_outside(_rows(state.own[p], below) + outs[p][below], s, None if n is None else n[below],
                              own_pinv, kept, group.fanout[below] == 1, rtol) if level <= deepest else None)
         tilde = x
-    return xs, covs, outs
+    return xs, covs, outs, classes
+
+
+def _shared_leaves(state: DiagonalUpward, level: int, tilde: np.ndarray, above_x: np.ndarray, above_cov: np.ndarray,
+                   above_outside: np.ndarray | None, split: str, ones: np.ndarray
+                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """The downward step to leaves of one ``J`` (every child's ``I`` the same row): ``G_c``, and so
+    ``P_c`` and ``O_c``, are their parent's, computed per parent (the leaves' class is their
+    parent); ``x_c = Q (m~_c + G r) = J^+ h_c + Q (G r)_p`` (``J^+ = Q diag(I^+) Q^T``): one product
+    per leaf, in the original basis (weights of ``split="total"`` likewise: ``1^T x_c``)."""
+    q, rtol, p = state.basis, state.rtol, level - 1
+    below, group = state.parents[level], state.groupings[level]
+    own_pinv, kept = _pinv(state.inside[level], rtol)
+    s, k, n = state.s_sum[p], state.k_par[p], state.n_sum[p]
+    gain = own_pinv * k
+    remainder = tilde - state.m_sum[p]
+    blind = None
+    if n is not None:
+        n_pinv, _ = _pinv(n, rtol, 1.0)
+        blind = np.where(kept, 0.0, n_pinv * (1.0 - s * k))
+        gain += blind
+    x = state.leaf_linear @ ((q * own_pinv) @ q.T)
+    x += ((gain * remainder) @ q.T)[below]
+    if split == "total" and blind is not None:
+        weight = np.maximum(x.sum(axis=1), 0.0)
+        weight += TOTAL_FLOOR * (1.0 + weight.max(initial=0.0))  # all zero: equal parts
+        same = ((n == 0.0) | (n == group.fanout[:, None])).all(axis=1)  # siblings blind in the same directions
+        factor = np.where(same[below], group.fanout[below] * weight / group.sum(weight)[below], 1.0)
+        x += (factor - 1.0)[:, None] * ((blind * remainder) @ q.T)[below]
+    x[group.last] += above_x[group.parents] - group.sum(x)[group.parents]
+    cov = own_pinv * (1.0 - 2.0 * gain) + gain * gain * (s + above_cov)
+    out = None if above_outside is None else _outside(
+        state.own[p] + above_outside, s, n, own_pinv, kept, group.fanout == 1, rtol)
+    return x, cov, out
 
 
 def _outside(above: np.ndarray, s: np.ndarray, n: np.ndarray | None, own_pinv: np.ndarray, kept: np.ndarray,
