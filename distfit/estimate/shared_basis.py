@@ -36,6 +36,11 @@ no class matrices, plus the changes of basis of ``h`` and of the returned ``x`` 
 x d, BLAS-3) and the query variances ``var(a^T x_u) = sum_k (Q^T a)_k^2 P_u,k`` (units x d times d
 x queries: :func:`diagonal_variances`). The result holds per unit the diagonals of ``P_u``, ``O_u``
 and ``I_u`` in ``Q`` (units x d each), and ``x`` in the original basis.
+
+Leaves of one ``J`` (the finest level below the roots, every unit measured alike: the blocks).
+Their ``I`` is one row, so ``G_c``, ``P_c`` and ``O_c`` are their parent's (computed per parent;
+the leaves' class is their parent), their means are never formed (the parents need only ``M_p =
+I^+ Q^T sum_c h_c``) and ``x_c = Q (m~_c + G r) = J^+ h_c + Q (G r)_p``: one d x d product a leaf.
 """
 from __future__ import annotations
 
