@@ -58,7 +58,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from distfit.estimate.geography import GeographyLevel, estimate_top_down  # noqa: E402
-from distfit.estimate.hierarchy import estimate_hierarchy, query_variances  # noqa: E402
+from distfit.estimate.hierarchy import estimate_hierarchy  # noqa: E402
 from distfit.estimate.measurements import measurement_model, recover_measurements, workload_estimates  # noqa: E402
 from distfit.estimate.projection import normal_equations  # noqa: E402
 from distfit.estimate.rounding import laminar_family  # noqa: E402
@@ -172,7 +172,7 @@ def main(argv=None) -> int:
                 estimates["top"] = np.asarray(stored.estimates[...], dtype=np.float64)
             if top_int is not None:
                 estimates["top int"] = workload_estimates(model, top_int.counts[i].astype(np.float64))
-            variances = query_variances(model.workload, blue.covariance[i], blue.unit_class[i])
+            variances = blue.variances(i, model.workload)
             cover = float(np.mean(np.abs(estimates["blue"] - truth) <= 1.645 * np.sqrt(variances)))
             if stored.method == "hierarchy-gls" and not stored.integer:  # the run wrote this very estimate
                 scale = float(np.abs(estimates["blue"]).max(initial=1.0))

@@ -127,6 +127,11 @@ returned per downward class, ``I`` per upward class, ``F = I + O`` formed on req
 shapes), up to one per unit; then the cost is ``O(units d^3)`` and the memory ``units d^2``
 floats per matrix kind, as without classes.
 
+Commuting levels (:mod:`distfit.estimate.shared_basis`): when one orthonormal ``Q`` diagonalises
+every level's ``J`` (the same plan at every level up to a scale: PL94 at every geography level),
+every matrix above is diagonal in ``Q`` and the tree is d scalar trees on ``Q^T h``: ``O(d)`` per
+unit and no classes (``basis="auto"`` finds ``Q``; the result then holds diagonals in it).
+
 Scale (issue 29 point 5): chunk by subtree. A subtree hands upward only its root's class
 matrices and ``m`` (:class:`Summary`), and needs from above only its root's ``x``, ``P`` and
 ``O`` (:class:`Top`), so the units below a cut level are independent tasks: :func:`upward_pass`
@@ -146,8 +151,18 @@ from dataclasses import dataclass
 import numpy as np
 import scipy.sparse
 
+from distfit.estimate.shared_basis import (
+    DiagonalUpward,
+    diagonal_downward,
+    diagonal_upward,
+    diagonal_variances,
+    level_diagonals,
+    shared_basis,
+    stack_diagonals,
+)
+
 __all__ = ["Grouping", "HierarchyEstimate", "PINV_RTOL", "Summary", "Top", "Upward", "check_parent_of", "classwise",
-           "downward_pass", "estimate_hierarchy", "psd_pinv", "query_variances", "upward_pass"]
+           "downward_pass", "estimate_hierarchy", "psd_pinv", "query_variances", "summarise", "upward_pass"]
 
 #: Eigenvalues of a PSD matrix at most this times its largest count as 0 (:func:`psd_pinv`).
 PINV_RTOL = 1e-9
@@ -174,7 +189,9 @@ class HierarchyEstimate:
     memory, issue 29 point 6): ``subtree_information`` ``I_u`` and ``information`` ``F_u = I_u
     + O_u`` per class, the information of all the measurements on ``x_u``: ``a^T x_u`` is
     estimable exactly when ``a`` is in the range of ``F_u``, and then ``a^T P a = a^T F_u^+
-    a``. :meth:`unit` gives a per-class array's matrices of some units."""
+    a``. :meth:`unit` gives a per-class array's matrices of some units. With a ``basis`` ``Q``
+    (the shared-basis path, :mod:`distfit.estimate.shared_basis`) every unit is its own class and
+    each per-class array holds the diagonals in ``Q`` (units x d): the matrix is ``Q diag(v) Q^T``."""
 
     x: tuple[np.ndarray, ...]
     unit_class: tuple[np.ndarray, ...]
@@ -182,6 +199,7 @@ class HierarchyEstimate:
     outside: tuple[np.ndarray, ...]
     inside: tuple[np.ndarray, ...]
     upward_class: tuple[np.ndarray, ...]
+    basis: np.ndarray | None = None
 
     @property
     def subtree_information(self) -> tuple[np.ndarray, ...]:
@@ -199,7 +217,7 @@ class HierarchyEstimate:
         to those present."""
         present, index = np.unique(self.unit_class[level][rows], return_inverse=True)
         return Top(self.x[level][rows], index.reshape(-1).astype(np.int64), self.covariance[level][present],
-                   self.outside[level][present])
+                   self.outside[level][present], self.basis)
 
     def unit(self, name: str, level: int, units: np.ndarray | slice | int = slice(None)) -> np.ndarray:
         """The matrices of ``units`` of ``level`` in the per-class array ``name``
@@ -208,8 +226,18 @@ class HierarchyEstimate:
         classes = self.unit_class[level][units]
         if name in ("subtree_information", "information"):
             own = self.inside[level][self.upward_class[level][classes]]
-            return own + self.outside[level][classes] if name == "information" else own
-        return getattr(self, name)[level][classes]
+            found = own + self.outside[level][classes] if name == "information" else own
+        else:
+            found = getattr(self, name)[level][classes]
+        return found if self.basis is None else _from_diagonals(found, self.basis)
+
+    def variances(self, level: int, workload: np.ndarray) -> np.ndarray:
+        """``var(w_q^T x_u)`` (units x m) of every query (row of ``workload``) of every unit of
+        ``level``: :func:`query_variances`, or in the shared basis
+        :func:`distfit.estimate.shared_basis.diagonal_variances`."""
+        if self.basis is None:
+            return query_variances(workload, self.covariance[level], self.unit_class[level])
+        return diagonal_variances(workload, self.basis, self.covariance[level])[self.unit_class[level]]
 
 
 def psd_pinv(a: np.ndarray, rtol: float = PINV_RTOL, floor: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
@@ -263,6 +291,11 @@ def query_variances(workload: np.ndarray, covariance: np.ndarray, unit_class: np
 
 def _sym(a: np.ndarray) -> np.ndarray:
     return 0.5 * (a + np.swapaxes(a, -1, -2))
+
+
+def _from_diagonals(values: np.ndarray, basis: np.ndarray) -> np.ndarray:
+    """``Q diag(v) Q^T`` for each row ``v`` of ``values`` (..., d x d)."""
+    return (basis * np.asarray(values)[..., None, :]) @ basis.T
 
 
 def _mm(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -398,7 +431,8 @@ def _check(information: Sequence[np.ndarray], linear: Sequence[np.ndarray], pare
 
 def estimate_hierarchy(information: Sequence[np.ndarray], linear: Sequence[np.ndarray],
                        parent_of: Sequence[np.ndarray | None], *, rtol: float = PINV_RTOL,
-                       split: str = "equal") -> HierarchyEstimate:
+                       split: str = "equal", basis: np.ndarray | str | None = "auto",
+                       outside: bool = True) -> HierarchyEstimate:
     """The GLS (BLUE) estimates of every unit of every level and their exact covariances
     (module docstring), coarsest level first. ``information[l]``: ``J_l`` (d x d, one for the
     level, or units x d x d); ``linear[l]``: ``h_u`` (units x d), e.g. the ``(H, g)`` of
@@ -410,11 +444,12 @@ def estimate_hierarchy(information: Sequence[np.ndarray], linear: Sequence[np.nd
     least-squares rule) or ``"total"`` (in proportion to the children's estimated totals, where
     they are all blind in the same directions: module docstring, "Splitting what nothing
     identifies"). ValueError on inconsistent shapes or another ``split``.
-    The two passes are :func:`upward_pass` and :func:`downward_pass` (run apart on subtrees:
-    :mod:`distfit.estimate.subtrees`)."""
+    ``basis``: :func:`upward_pass`'s; ``outside``: :func:`downward_pass`'s. The two passes are :func:`upward_pass` and
+    :func:`downward_pass` (run apart on subtrees: :mod:`distfit.estimate.subtrees`)."""
     if split not in ("equal", "total"):
         raise ValueError(f"split: 'equal' or 'total', got {split!r}")
-    return downward_pass(upward_pass(information, linear, parent_of, rtol=rtol), split=split)
+    return downward_pass(upward_pass(information, linear, parent_of, rtol=rtol, basis=basis), split=split,
+                         outside=outside)
 
 
 @dataclass(frozen=True, eq=False)
@@ -422,11 +457,19 @@ class Summary:
     """What a forest of subtrees hands upward (:func:`upward_pass`'s :meth:`Upward.summary`):
     per root, its class (``unit_class``) and ``mean`` (roots x d) ``m_u``; per class, the
     subtree information ``information`` (classes x d x d) ``I_u``. Given as ``leaves`` to the
-    pass over the levels above, its roots are leaves whose subtree terms are these."""
+    pass over the levels above, its roots are leaves whose subtree terms are these. With a
+    ``basis`` (the shared-basis path) ``information`` holds each class's diagonal in it
+    (classes x d); ``mean`` is in the original basis."""
 
     information: np.ndarray
     unit_class: np.ndarray
     mean: np.ndarray
+    basis: np.ndarray | None = None
+
+    def as_matrices(self) -> "Summary":
+        """The same summary with ``d x d`` matrices (``Q diag(v) Q^T``), no basis."""
+        return self if self.basis is None else Summary(_from_diagonals(self.information, self.basis),
+                                                       self.unit_class, self.mean)
 
 
 @dataclass(frozen=True, eq=False)
@@ -434,12 +477,31 @@ class Top:
     """What the levels above hand down to a forest's roots (:meth:`HierarchyEstimate.top`): per
     root, its estimate ``x`` (roots x d) and downward class ``unit_class``; per class, the
     covariance ``covariance`` and the information from outside the subtree ``outside``
-    (classes x d x d)."""
+    (classes x d x d; with a ``basis``, their diagonals in it, classes x d)."""
 
     x: np.ndarray
     unit_class: np.ndarray
     covariance: np.ndarray
     outside: np.ndarray
+    basis: np.ndarray | None = None
+
+    def as_matrices(self) -> "Top":
+        """The same top with ``d x d`` matrices, no basis."""
+        if self.basis is None:
+            return self
+        return Top(self.x, self.unit_class, _from_diagonals(self.covariance, self.basis),
+                   _from_diagonals(self.outside, self.basis))
+
+    def in_basis(self, basis: np.ndarray) -> "Top":
+        """The same top with diagonals in ``basis`` (ValueError when its matrices are not
+        diagonal there: the levels above were estimated in a basis that does not fit)."""
+        if self.basis is not None and np.array_equal(self.basis, basis):
+            return self
+        found = self.as_matrices()
+        diagonals = [stack_diagonals(m, basis) for m in (found.covariance, found.outside)]
+        if any(v is None for v in diagonals):
+            raise ValueError("top: the roots' covariances are not diagonal in the forest's shared basis")
+        return Top(self.x, self.unit_class, *diagonals, basis=basis)
 
 
 @dataclass(frozen=True, eq=False)
@@ -474,15 +536,29 @@ class Upward:
 
 def upward_pass(information: Sequence[np.ndarray], linear: Sequence[np.ndarray],
                 parent_of: Sequence[np.ndarray | None], *, rtol: float = PINV_RTOL,
-                leaves: Summary | None = None) -> Upward:
+                leaves: Summary | None = None, basis: np.ndarray | str | None = "auto") -> Upward | DiagonalUpward:
     """The upward pass (module docstring) of :func:`estimate_hierarchy` (same arguments).
     ``leaves``: the finest level's units are the roots of subtrees summarised by their own
-    upward passes (:meth:`Upward.summary`): that level's ``information`` and ``linear`` are then
-    ignored (any arrays of the right shapes) and its units' ``I`` and ``m`` are the summary's."""
+    upward passes (:func:`summarise`): that level's ``information`` and ``linear`` are then
+    ignored (any arrays of the right shapes) and its units' ``I`` and ``m`` are the summary's.
+    ``basis``: ``Q`` in which every level's ``J`` is diagonal (:func:`distfit.estimate.shared_basis.shared_basis`),
+    the passes then d scalar trees (:mod:`distfit.estimate.shared_basis`: a
+    :class:`~distfit.estimate.shared_basis.DiagonalUpward`); ``"auto"``: found from the levels'
+    ``J`` (with ``leaves``: the summary's basis); None, or a ``J`` not diagonal in it: the general path."""
     js, hs, parents = _check(information, linear, parent_of)
     levels = len(hs)
     eye = np.eye(hs[0].shape[1])
     groupings = [None] + [Grouping.of(up, hs[level].shape[0]) for level, up in enumerate(parents[1:])]
+    if isinstance(basis, str):
+        basis = shared_basis(js) if leaves is None else leaves.basis
+    if leaves is not None and (leaves.basis is None or basis is None or not np.array_equal(leaves.basis, basis)):
+        leaves, basis = leaves.as_matrices(), None  # a summary in another basis (or none): the general path
+    if basis is not None:
+        diagonals = [level_diagonals(j, basis) for j in (js if leaves is None else js[:-1])]
+        if all(v is not None for v in diagonals):
+            given = None if leaves is None else (leaves.information[leaves.unit_class], leaves.mean)
+            return diagonal_upward(diagonals, hs, parents, groupings, basis, rtol, given)
+        leaves = None if leaves is None else leaves.as_matrices()
     own = [_matrix_classes(j, h.shape[0]) for j, h in zip(js[:-1], hs)] + [
         _matrix_classes(js[-1], hs[-1].shape[0]) if leaves is None else (leaves.information, leaves.unit_class)]
     up, j_of, fanout = [None] * levels, [None] * levels, [None] * levels
@@ -523,13 +599,38 @@ def upward_pass(information: Sequence[np.ndarray], linear: Sequence[np.ndarray],
                   n_pinv, same_blind, means, m_sum, rtol)
 
 
-def downward_pass(state: Upward, *, split: str = "equal", top: Top | None = None) -> HierarchyEstimate:
+def summarise(state: Upward | DiagonalUpward) -> Summary:
+    """What the upward pass of a forest hands the levels above: its roots' :class:`Summary`."""
+    if isinstance(state, DiagonalUpward):
+        information, mean = state.summary_arrays()
+        return Summary(information, np.arange(mean.shape[0], dtype=np.int64), mean, state.basis)
+    return state.summary()
+
+
+def downward_pass(state: Upward | DiagonalUpward, *, split: str = "equal", top: Top | None = None,
+                  outside: bool = True) -> HierarchyEstimate:
     """The downward pass (module docstring) after :func:`upward_pass`; ``split`` as
     :func:`estimate_hierarchy`'s. ``top``: level 0's units are subtree roots whose estimates,
     covariances and outside information the levels above have given (:meth:`HierarchyEstimate.top`);
-    otherwise they are the tree's roots."""
+    otherwise they are the tree's roots. ``outside`` False: in the shared basis, no ``O`` below
+    level 0 (``outside`` None there: nothing published needs it; the general path computes it)."""
     if split not in ("equal", "total"):
         raise ValueError(f"split: 'equal' or 'total', got {split!r}")
+    if isinstance(state, DiagonalUpward):
+        given = None
+        if top is not None:
+            top = top.in_basis(state.basis)
+            given = (top.x, top.covariance[top.unit_class], top.outside[top.unit_class])
+        xs, covs, outs, classes = diagonal_downward(state, split, given, None if outside else [False] * len(state.inside))
+        units = [np.arange(x.shape[0]) if c is None else c for x, c in zip(xs, classes)]
+        shared = [c is not None for c in classes]  # leaves of one J: one I for all, P and O per parent
+        return HierarchyEstimate(x=tuple(xs), unit_class=tuple(units), covariance=tuple(covs), outside=tuple(outs),
+                                 inside=tuple(state.inside[level] if shared[level] else state.unit_inside(level)
+                                              for level in range(len(xs))),
+                                 upward_class=tuple(np.zeros(c.shape[0], dtype=np.int64) if shared[level]
+                                                    else np.arange(c.shape[0]) for level, c in enumerate(covs)),
+                                 basis=state.basis)
+    top = None if top is None else top.as_matrices()
     parents, groupings, up, j_of, fanout = state.parents, state.groupings, state.up, state.j_of, state.fanout
     inside, inside_pinv, inside_null = state.inside, state.inside_pinv, state.inside_null
     s_sum, k_par, n_sum, n_pinv, same_blind = state.s_sum, state.k_par, state.n_sum, state.n_pinv, state.same_blind

@@ -17,6 +17,7 @@ import numpy as np
 
 from distfit.estimate.measurements import published_estimates, recover_measurements, workload_estimates, workload_kind
 from distfit.estimate.projection import normal_equations, quadratic_objective
+from distfit.estimate.shared_basis import shared_basis
 from distfit.stores.data import cell_labels, value_labels
 from distfit.stores.estimate import (
     check_replaceable,
@@ -30,8 +31,8 @@ from distfit.stores.files import STAGING_MARKER, move_into_place
 from distfit.stores.lock import store_lock
 from distfit.stores.release_chunks import ChunkWriter
 
-__all__ = ["ESTIMATE_NAME", "METHOD", "OBJECTIVE", "LevelEstimate", "level_queries", "level_terms", "parent_rows",
-           "query_dtype", "residuals", "reusable_estimate", "unit_keys", "write_level"]
+__all__ = ["ESTIMATE_NAME", "METHOD", "OBJECTIVE", "LevelEstimate", "information_basis", "level_queries",
+           "level_terms", "parent_rows", "query_dtype", "residuals", "reusable_estimate", "unit_keys", "write_level"]
 
 ESTIMATE_NAME = "estimate.zarr"
 #: The ``method`` attr of a level's estimate store, and the objective its estimates minimise.
@@ -153,6 +154,14 @@ def residuals(hessian: np.ndarray, linear: np.ndarray, norms: np.ndarray, x: np.
     """Each unit's own weighted squared residual ``||C^-1 (y - B M x)||^2 = x^T H x - 2 g^T x +
     ||C^-1 y||^2`` (summed over its blocks; at least 0: the expansion cancels)."""
     return np.maximum(2.0 * quadratic_objective(hessian, linear, np.asarray(x, dtype=np.float64)) + norms, 0.0)
+
+
+def information_basis(models) -> np.ndarray | None:
+    """The basis in which every level's information ``J`` (from its plan alone: the ``J`` of
+    :func:`level_terms`) is diagonal, or None (:func:`distfit.estimate.shared_basis.shared_basis`):
+    the hierarchy's passes are then d scalar trees, with no class matrices to hold."""
+    return shared_basis([np.asarray(normal_equations(m, {b.block_id: np.zeros((0, b.rows)) for b in m.blocks})[0])
+                         for m in models])
 
 
 def level_terms(model, answers: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -12,7 +12,8 @@ post-processing, free in privacy), recovers each unit's measurements
 equations (:func:`distfit.estimate.projection.normal_equations`: ``J_l = H``, ``h_u = g_u``)
 and estimates every unit of every level at once by generalised least squares over the tree
 (:func:`distfit.estimate.hierarchy.estimate_hierarchy`: an upward and a downward pass, every
-matrix once per class of same-shaped subtrees): each published query's best linear unbiased
+matrix once per class of same-shaped subtrees, or, when every level's information is diagonal
+in one basis, d scalar trees: :mod:`distfit.estimate.shared_basis`): each published query's best linear unbiased
 estimate, in every level's own noise metric, and its exact variance (stored as
 ``queries/variances``, given by ``distfit export`` as ``se`` and ``moe90``).
 
@@ -75,12 +76,13 @@ from typing import Any, TextIO
 import numpy as np
 
 from distfit.estimate.geography import GeographyLevel, integer_top_down
-from distfit.estimate.hierarchy import check_parent_of, estimate_hierarchy, query_variances
+from distfit.estimate.hierarchy import check_parent_of, estimate_hierarchy
 from distfit.estimate.level_stores import (
     ESTIMATE_NAME,
     METHOD,
     OBJECTIVE,
     LevelEstimate,
+    information_basis,
     level_terms,
     parent_rows,
     residuals,
@@ -184,14 +186,16 @@ def estimate_levels(spec: Any, level_dirs: Mapping[str, os.PathLike | str], *, i
 
     units = [int(releases[name].attrs["units"]) for name in names]
     if placement is not None and not placement.serial and (cut is not None or sum(units) >= cluster_units):
-        at = choose_cut(units, driver_units, cells) if cut is None else int(cut)
+        # in a shared basis (every level's J diagonal in it) the passes hold no cells x cells matrices
+        basis = information_basis([measurement_model(plans[name]) for name in names])
+        at = choose_cut(units, driver_units, cells if basis is None else 0) if cut is None else int(cut)
         why = None if 0 <= at < len(names) - 1 else f"no level to cut at (cut {at}, {len(names)} levels)"
         if why is None:
             try:
                 with placement_client(placement, log) as client:
                     return estimate_on_cluster(client, spec, names=names, cut=at, dirs=dirs, paths=paths, plans=plans,
                                                releases=releases, columns=columns, forest_rows=forest_rows, log=log,
-                                               fsync=fsync, integer=integer)
+                                               fsync=fsync, integer=integer, basis=basis)
             except Unordered as error:
                 why = str(error)
         print(f"distfit: note: the estimate over the geography runs in the driver ({why})", file=log)
@@ -216,12 +220,11 @@ def estimate_levels(spec: Any, level_dirs: Mapping[str, os.PathLike | str], *, i
         units = sum(h.shape[0] for h in linears)
         print(f"distfit: estimate levels {', '.join(names)} ({units:,} units): best linear unbiased over the "
               f"geography{', then integer tables' if integer else ''}", file=log)
-        result = estimate_hierarchy(hessians, linears, parent_of, split="total")
+        result = estimate_hierarchy(hessians, linears, parent_of, split="total", outside=False)
         xs = (integer_top_down([GeographyLevel(h, g, up) for h, g, up in zip(hessians, linears, parent_of)], result.x,
                                families=[laminar_family(models[name].workload) for name in names])
               if integer else result.x)
-        variances = [None if integer or models[name].workload is None
-                     else query_variances(models[name].workload, result.covariance[i], result.unit_class[i])
+        variances = [None if integer or models[name].workload is None else result.variances(i, models[name].workload)
                      for i, name in enumerate(names)]
         objectives = [residuals(h, g, n, x) for h, g, n, x in zip(hessians, linears, norms, xs)]
     seconds = time.perf_counter() - started

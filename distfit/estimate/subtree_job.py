@@ -33,7 +33,9 @@ digests as it is read, and one refused is computed again: :mod:`distfit.stores.p
 written (an incomplete store of the same inputs is resumed). Memory: a task holds one forest's
 rows (at most ``forest_rows`` units over its levels, or one subtree) and its classes' matrices
 (at most :data:`distfit.estimate.subtrees.FOREST_MATRIX_BYTES` of them: the forest's units above
-the finest level bounded by :func:`distfit.estimate.subtrees.matrix_units`, one subtree at least);
+the finest level bounded by :func:`distfit.estimate.subtrees.matrix_units`, one subtree at least;
+none in the levels' shared basis, :mod:`distfit.estimate.shared_basis`, which the driver finds from
+the plans and every task uses);
 the driver, levels ``0 .. c`` and their classes' matrices (the cut chosen so that they fit
 :data:`distfit.estimate.subtrees.DRIVER_MATRIX_BYTES`), each unit's number of children, and one
 level's parent ids at a time while step 1 reads them.
@@ -60,7 +62,7 @@ from typing import Any, TextIO
 import numpy as np
 
 from distfit.estimate.geography import GeographyLevel, integer_top_down
-from distfit.estimate.hierarchy import Summary, Top, check_parent_of, query_variances
+from distfit.estimate.hierarchy import Summary, Top, check_parent_of
 from distfit.estimate.job import ReleaseRows
 from distfit.estimate.level_stores import (
     METHOD,
@@ -138,8 +140,9 @@ class Forests:
     ``models``, the sealed releases' ``release_paths`` and ``release_checksums``), each forest's
     rows per level (``spans[k][i]``: cut unit ``i``'s first row at level ``c + k``), each unit's
     number of children (``counts[k]``, levels ``c .. L - 1``), the pieces directory,
-    ``split`` (:func:`distfit.estimate.hierarchy.estimate_hierarchy`'s) and ``integer`` (integer
-    tables: module docstring)."""
+    ``split`` (:func:`distfit.estimate.hierarchy.estimate_hierarchy`'s), ``integer`` (integer
+    tables: module docstring) and the levels' shared ``basis``
+    (:func:`distfit.estimate.level_stores.information_basis`; None: the general path)."""
 
     names: tuple[str, ...]
     models: tuple[MeasurementModel, ...]
@@ -151,6 +154,7 @@ class Forests:
     split: str
     fsync: bool
     integer: bool = False
+    basis: np.ndarray | None = None
 
     def rows(self, first: int, stop: int) -> list[tuple[int, int]]:
         """Forest ``[first, stop)``'s rows ``(start, stop)`` at each level from the cut."""
@@ -180,7 +184,7 @@ def upward_task(job: Forests, first: int, stop: int) -> tuple[int, Summary, tupl
     residuals): ``(first, summary, terms)``."""
     with blas_limit():
         terms, parents = _read_forest(job, first, stop)
-        _, summary = forest_upward([t[0] for t in terms], [t[1] for t in terms], parents)
+        _, summary = forest_upward([t[0] for t in terms], [t[1] for t in terms], parents, basis=job.basis)
     return first, summary, terms[0]
 
 
@@ -192,8 +196,8 @@ def downward_task(job: Forests, first: int, stop: int, top: Top, roots: np.ndarr
     rows = job.rows(first, stop)
     with blas_limit():
         terms, parents = _read_forest(job, first, stop)
-        state, _ = forest_upward([t[0] for t in terms], [t[1] for t in terms], parents)
-        result = forest_downward(state, top, split=job.split)
+        state, _ = forest_upward([t[0] for t in terms], [t[1] for t in terms], parents, basis=job.basis)
+        result = forest_downward(state, top, split=job.split, outside=False)  # O: published nowhere
         tables = result.x
         if job.integer:  # the driver's integer top-down, continued from the roots' tables
             depth = len(result.x)
@@ -209,7 +213,7 @@ def downward_task(job: Forests, first: int, stop: int, top: Top, roots: np.ndarr
         arrays = {"queries": level_queries(model, x, job.integer), "cells": x,
                   "objective": residuals(terms[k][0], terms[k][1], terms[k][2], x)}
         if not job.integer and model.workload is not None:  # integer tables publish no variances
-            arrays["variances"] = query_variances(model.workload, result.covariance[k], result.unit_class[k])
+            arrays["variances"] = result.variances(k, model.workload)
         write_piece(directory, job.names[k], start, arrays, fsync=job.fsync)
         units += end - start
     return first, units
@@ -244,8 +248,8 @@ def _forests(names: Sequence[str], cut: int, releases: Mapping[str, Any], column
     at most (``forest_rows``, or fewer to give each of ``threads`` :data:`FORESTS_PER_THREAD`
     forests, at least :data:`MIN_FOREST_ROWS`), and at most the units above the finest level whose
     ``cells x cells`` matrices fit :data:`distfit.estimate.subtrees.FOREST_MATRIX_BYTES`
-    (:func:`distfit.estimate.subtrees.matrix_units`); :class:`Unordered` when a level's units are not
-    ordered by their parent's row."""
+    (:func:`distfit.estimate.subtrees.matrix_units`; ``cells`` 0, the shared-basis path: no such
+    bound); :class:`Unordered` when a level's units are not ordered by their parent's row."""
     counts = []
     for level in range(cut + 1, len(names)):
         name, above = names[level], names[level - 1]
@@ -258,14 +262,15 @@ def _forests(names: Sequence[str], cut: int, releases: Mapping[str, Any], column
     spans = descendant_spans(counts)
     total = sum(int(s[-1]) for s in spans)
     rows = min(forest_rows, max(MIN_FOREST_ROWS, -(-total // (FORESTS_PER_THREAD * max(threads, 1)))))
-    return counts, spans, group_roots(spans, rows, matrix_units(cells, FOREST_MATRIX_BYTES)), rows
+    return counts, spans, group_roots(spans, rows, matrix_units(cells, FOREST_MATRIX_BYTES) if cells else None), rows
 
 
 def _key(names: Sequence[str], releases: Mapping[str, Any], cut: int, forest_rows: int, split: str,
-         integer: bool = False) -> str:
+         integer: bool, shared: bool) -> str:
     """The inputs the pieces are computed from (their directory's key; the forests' bounds)."""
-    return "\n".join([METHOD, OBJECTIVE, split, str(cut), str(forest_rows), f"matrices {FOREST_MATRIX_BYTES}",
-                      f"integer {bool(integer)}", *(f"{n} {releases[n].checksum}" for n in names)]) + "\n"
+    bound = "shared basis" if shared else f"matrices {FOREST_MATRIX_BYTES}"
+    return "\n".join([METHOD, OBJECTIVE, split, str(cut), str(forest_rows), bound, f"integer {bool(integer)}",
+                      *(f"{n} {releases[n].checksum}" for n in names)]) + "\n"
 
 
 def _integer_top(names: Sequence[str], cut: int, terms: Sequence[tuple], parent_of: Sequence[np.ndarray | None],
@@ -294,22 +299,25 @@ def _run(client, function, calls: list[tuple[str, tuple]], name: str, progress: 
 def estimate_on_cluster(client, spec: Any, *, names: Sequence[str], cut: int, dirs: Mapping[str, Path],
                         paths: Mapping[str, Path], plans: Mapping[str, Any], releases: Mapping[str, Any],
                         columns: Mapping[str, str | None], forest_rows: int = FOREST_ROWS, split: str = "total",
-                        log: TextIO, fsync: bool = True, integer: bool = False) -> dict[str, LevelEstimate]:
+                        log: TextIO, fsync: bool = True, integer: bool = False,
+                        basis: np.ndarray | None = None) -> dict[str, LevelEstimate]:
     """The estimate of every level (module docstring) on ``client``'s cluster, cut at level
     ``cut`` (0 <= cut < the finest level), forests of at most ``forest_rows`` rows (fewer on a
     large cluster: :func:`_forests`); with ``integer``, integer tables; the arguments as
-    :func:`distfit.estimate.levels.estimate_levels` has them. Returns the level estimates by name. :class:`Unordered` (before anything is
+    :func:`distfit.estimate.levels.estimate_levels` has them; ``basis``: the levels' shared basis
+    (:func:`distfit.estimate.level_stores.information_basis`; None: the general path). Returns the
+    level estimates by name. :class:`Unordered` (before anything is
     written) when a level below the cut is not ordered by its parents."""
     started = time.perf_counter()
     cells = int(np.prod(spec.domain.shape, dtype=np.int64))
     counts, spans, groups, forest_rows = _forests(names, cut, releases, columns, forest_rows,
-                                                  dask_runtime().worker_threads(client), cells)
+                                                  dask_runtime().worker_threads(client), cells if basis is None else 0)
     below = names[cut:]
     models = {name: measurement_model(plans[name]) for name in names}
     pieces = dirs[names[cut]] / PIECES_NAME  # made at step 4 (a refused input leaves nothing behind)
     job = Forests(tuple(below), tuple(models[n] for n in below), tuple(releases[n].path for n in below),
                   tuple(releases[n].checksum for n in below), tuple(spans), tuple(counts), str(pieces), split, fsync,
-                  integer)
+                  integer, basis)
     units = sum(int(releases[n].attrs["units"]) for n in names)
     print(f"distfit: estimate levels {', '.join(names)} ({units:,} units) on the cluster: best linear unbiased "
           f"over the geography{', then integer tables' if integer else ''}, {len(groups)} forests of subtrees of "
@@ -338,8 +346,7 @@ def estimate_on_cluster(client, spec: Any, *, names: Sequence[str], cut: int, di
         xs = list(top.x)
         if integer:
             xs = _integer_top(names, cut, terms, parent_of, xs, models, releases, spans)
-        variances = [None if integer or models[name].workload is None
-                     else query_variances(models[name].workload, top.covariance[i], top.unit_class[i])
+        variances = [None if integer or models[name].workload is None else top.variances(i, models[name].workload)
                      for i, name in enumerate(names[:cut + 1])]
         objectives = [residuals(t[0], t[1], t[2], x) for t, x in zip(terms, xs)]
     out: dict[str, LevelEstimate] = {}
@@ -367,7 +374,7 @@ def estimate_on_cluster(client, spec: Any, *, names: Sequence[str], cut: int, di
     # 4 and 5; a piece refused as a chunk task reads it (changed on disk since it was written:
     # stores/pieces.py) is deleted and counts as not written: its forest runs down again and the
     # level's store resumes, once
-    open_pieces(pieces, _key(names, releases, cut, forest_rows, split, integer))
+    open_pieces(pieces, _key(names, releases, cut, forest_rows, split, integer, basis is not None))
     for attempt in (1, 2):
         try:
             _down(client, job, groups, top, cut, log, roots=xs[cut] if integer else None)

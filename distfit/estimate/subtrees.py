@@ -22,6 +22,12 @@ GLS). Each forest's memory is its own units' arrays and its classes' matrices, w
 of a level; the top holds levels ``0 .. c`` and one matrix per distinct class of level ``c``'s
 subtrees (cost: :func:`choose_cut`).
 
+In the shared basis (:mod:`distfit.estimate.shared_basis`: every level's ``J`` diagonal in one
+``Q``, found once from all the levels and given to every forest and to the top) a summary and a
+top are ``d``-vectors per root and the passes hold no ``cells x cells`` matrix per unit: the cut
+and the forests are then bounded by units and rows alone (``cells`` 0 in :func:`choose_cut`
+and :func:`matrix_units`'s callers).
+
 A forest's rows. A forest is a set of consecutive units of level ``c`` whose descendants are
 consecutive at every level (the release orders each level's units by their parent's row:
 :func:`descendant_spans` checks it); its parents are its rows at the level above, shifted to
@@ -40,8 +46,10 @@ from distfit.estimate.hierarchy import (
     Top,
     Upward,
     downward_pass,
+    summarise,
     upward_pass,
 )
+from distfit.estimate.shared_basis import DiagonalUpward, shared_basis
 
 __all__ = ["DRIVER_MATRIX_BYTES", "DRIVER_UNITS", "FOREST_MATRIX_BYTES", "MATRICES_PER_UNIT", "choose_cut",
            "descendant_spans", "estimate_by_subtrees", "forest_downward", "forest_upward", "group_roots",
@@ -65,7 +73,8 @@ FOREST_MATRIX_BYTES = 1 << 30
 
 def matrix_units(cells: int, budget: int) -> int:
     """How many units above the leaves the passes can hold in ``budget`` bytes of ``cells x
-    cells`` matrices (:data:`MATRICES_PER_UNIT` per unit), at least 1."""
+    cells`` matrices (:data:`MATRICES_PER_UNIT` per unit), at least 1 (the general path's
+    bound: in the shared basis there is no such matrix, and callers pass no bound)."""
     return max(1, int(budget) // (MATRICES_PER_UNIT * 8 * max(int(cells), 1) ** 2))
 
 
@@ -129,19 +138,30 @@ def local_parents(parent_rows: np.ndarray, above_start: int) -> np.ndarray:
 
 
 def forest_upward(information: Sequence[np.ndarray], linear: Sequence[np.ndarray],
-                  parent_of: Sequence[np.ndarray | None], *, rtol: float = PINV_RTOL) -> tuple[Upward, Summary]:
+                  parent_of: Sequence[np.ndarray | None], *, rtol: float = PINV_RTOL,
+                  basis: np.ndarray | None = None) -> tuple[Upward | DiagonalUpward, Summary]:
     """Step 1 (module docstring): a forest's levels ``c .. L`` (its roots at level 0, their
     ``parent_of`` None) through the upward pass; returns its state and its roots' summary.
     Levels from the first one where the forest has no unit are left out (the state then has
-    fewer levels: :func:`forest_downward` gives those levels no rows)."""
+    fewer levels: :func:`forest_downward` gives those levels no rows). ``basis``: the shared
+    basis of every level's ``J``, the whole tree's (:func:`distfit.estimate.shared_basis.shared_basis`
+    of all the levels, found once: every forest and the top must use the same one), or None
+    (the general path)."""
     depth = next((k for k, h in enumerate(linear) if np.shape(h)[0] == 0), len(linear))
-    state = upward_pass(information[:depth], linear[:depth], [None, *parent_of[1:depth]], rtol=rtol)
-    return state, state.summary()
+    state = upward_pass(information[:depth], linear[:depth], [None, *parent_of[1:depth]], rtol=rtol, basis=basis)
+    return state, summarise(state)
 
 
 def merge_summaries(summaries: Sequence[Summary]) -> Summary:
     """The summaries of consecutive forests as one (their roots in order, the classes numbered
-    across them; classes equal in every bit are kept once)."""
+    across them; classes equal in every bit are kept once); in their shared basis when they all
+    have the same one (each root its own class, its diagonal), else as matrices."""
+    basis = summaries[0].basis if summaries else None
+    if basis is not None and all(s.basis is not None and np.array_equal(s.basis, basis) for s in summaries):
+        information = np.concatenate([s.information[s.unit_class] for s in summaries])
+        return Summary(information, np.arange(information.shape[0], dtype=np.int64),
+                       np.concatenate([s.mean for s in summaries]), basis)
+    summaries = [s.as_matrices() for s in summaries]
     stacked = np.concatenate([s.information for s in summaries])
     offsets = np.cumsum([0] + [s.information.shape[0] for s in summaries[:-1]])
     index = np.concatenate([s.unit_class + o for s, o in zip(summaries, offsets)])
@@ -162,20 +182,24 @@ def top_estimate(information: Sequence[np.ndarray], linear: Sequence[np.ndarray]
     return downward_pass(state, split=split)
 
 
-def forest_downward(state: Upward, top: Top, *, split: str) -> HierarchyEstimate:
+def forest_downward(state: Upward | DiagonalUpward, top: Top, *, split: str, outside: bool = True) -> HierarchyEstimate:
     """Step 3 (module docstring): a forest's levels ``c .. L`` down from its roots' ``top``
     (level 0 of the result is the roots, as given; levels :func:`forest_upward` left out are
-    not in it)."""
-    return downward_pass(state, split=split, top=top)
+    not in it). ``outside``: :func:`distfit.estimate.hierarchy.downward_pass`'s."""
+    return downward_pass(state, split=split, top=top, outside=outside)
 
 
 def estimate_by_subtrees(information: Sequence[np.ndarray], linear: Sequence[np.ndarray],
                          parent_of: Sequence[np.ndarray | None], cut: int, max_rows: int, *,
-                         split: str = "equal") -> tuple[list[np.ndarray], list[np.ndarray]]:
+                         split: str = "equal", basis: np.ndarray | str | None = "auto"
+                         ) -> tuple[list[np.ndarray], list[np.ndarray]]:
     """The three steps in one process, over forests of at most ``max_rows`` rows (each level's
     units ordered by their parent's row): per level, every unit's estimate (units x d) and
-    covariance (units x d x d). What the cluster's job does with tasks
+    covariance (units x d x d). ``basis``: :func:`forest_upward`'s (``"auto"``: the shared basis
+    of every level's information, if any). What the cluster's job does with tasks
     (:mod:`distfit.estimate.subtree_job`), for the tests."""
+    if isinstance(basis, str):
+        basis = shared_basis(information)
     levels = len(linear)
     counts = [np.bincount(parent_of[level + 1], minlength=linear[level].shape[0]) for level in range(cut, levels - 1)]
     spans = descendant_spans(counts)
@@ -186,7 +210,7 @@ def estimate_by_subtrees(information: Sequence[np.ndarray], linear: Sequence[np.
         js = [j if np.ndim(j) == 2 else j[r] for j, r in zip(information[cut:], rows)]
         hs = [h[r] for h, r in zip(linear[cut:], rows)]
         ups = [None] + [local_parents(parent_of[cut + k][rows[k]], rows[k - 1].start) for k in range(1, len(rows))]
-        forests.append((rows, *forest_upward(js, hs, ups)))
+        forests.append((rows, *forest_upward(js, hs, ups, basis=basis)))
     top = top_estimate(information[:cut], linear[:cut], parent_of[:cut + 1],
                        merge_summaries([f[2] for f in forests]), split=split)
     xs = [top.x[level] for level in range(cut + 1)]

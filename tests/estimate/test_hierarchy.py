@@ -7,14 +7,20 @@ import scipy.linalg
 
 from distfit.estimate import hierarchy
 from distfit.estimate.hierarchy import estimate_hierarchy, psd_pinv
+from distfit.estimate.shared_basis import shared_basis
 from distfit.estimate.subtrees import (
     DRIVER_MATRIX_BYTES,
     MATRICES_PER_UNIT,
     choose_cut,
     descendant_spans,
     estimate_by_subtrees,
+    forest_downward,
+    forest_upward,
     group_roots,
+    local_parents,
     matrix_units,
+    merge_summaries,
+    top_estimate,
 )
 
 D = 6
@@ -428,3 +434,175 @@ def test_forests_are_consecutive_subtrees_within_the_row_budget():
     assert group_roots(spans, 100, max_inner=8) == [(0, 3)]
     assert group_roots(spans, 100, max_inner=4) == [(0, 2), (2, 3)]
     assert group_roots(spans, 100, max_inner=3) == [(0, 1), (1, 2), (2, 3)]  # root 2 over the budget: alone
+
+
+# the passes in a basis shared by every level's information (distfit.estimate.shared_basis)
+
+
+def _kron_family(coefficients: tuple[float, float, float, float]) -> np.ndarray:
+    """``a I + b (1 1^T x I) + c (I x 1 1^T) + e (1 1^T x 1 1^T)`` on the 2 x 3 table (D = 6):
+    matrices of one commuting family, with eigenspaces of dimensions 1, 1, 2 and 2 (degenerate)."""
+    one2, one3, i2, i3 = np.ones((2, 2)), np.ones((3, 3)), np.eye(2), np.eye(3)
+    a, b, c, e = coefficients
+    return a * np.kron(i2, i3) + b * np.kron(one2, i3) + c * np.kron(i2, one3) + e * np.kron(one2, one3)
+
+
+#: Per family, each level's ``J`` (coarsest first; cycled for deeper trees): one ``J`` at every
+#: level up to a scale (PL94's levels), and marginal workloads with degenerate eigenspaces, some
+#: levels measuring part of the table (singular: the total, one attribute's marginal).
+FAMILIES = {
+    "scaled": lambda design: [c * design[-1] for c in (1.0, 2.5, 0.5, 4.0, 1.5)],
+    "marginals": lambda design: [_kron_family(c) for c in ((0, 0, 0, 2.0), (1.0, 0.5, 0, 0), (0, 0, 1.5, 0.5),
+                                                           (0.8, 0, 0.3, 0), (0, 1.0, 0, 0))],
+    "marginals-full-leaves": lambda design: [_kron_family(c) for c in ((0, 0, 0, 2.0), (0, 1.0, 0.5, 0),
+                                                                       (1.0, 0.2, 0.3, 0.1), (0, 0, 1.0, 0),
+                                                                       (2.0, 0, 0, 0.5))],
+}
+
+
+def _commuting(case, family, seed):
+    """A problem of ``case``'s tree whose levels' ``J`` are of ``family``, ``h_u = J x_u + e_u``
+    with ``Cov e_u = J``; with each unit's leaf map and table."""
+    rng = np.random.default_rng(seed)
+    parents = _tree(case["fanouts"], rng)
+    sizes = [1] + [int(sum(f)) for f in case["fanouts"]]
+    maps, leaves = _leaf_map(parents, sizes)
+    truth = [a @ rng.poisson(4.0, (leaves, D)).astype(np.float64) for a in maps]
+    full = _normal(_design([D], rng), [np.zeros((1, D))])[0]
+    js = FAMILIES[family](full)
+    js = [js[level % len(js)] for level in range(len(sizes))]
+    hs = []
+    for j, x in zip(js, truth):
+        values, vectors = np.linalg.eigh(j)
+        root = vectors * np.sqrt(np.maximum(values, 0.0))
+        hs.append(x @ j + rng.standard_normal(x.shape) @ root.T)
+    return parents, sizes, maps, leaves, js, hs
+
+
+def _dense_information(js, hs, maps, leaves):
+    """The GLS over the leaves' tables from the information form: ``F = sum_u A_u^T J A_u``,
+    ``beta = F^+ sum_u A_u^T h_u``, ``Cov beta = F^+``; per level and unit ``(estimate,
+    covariance, orthonormal basis of the estimable functions)``."""
+    f, g = np.zeros((leaves * D, leaves * D)), np.zeros(leaves * D)
+    for j, h, a in zip(js, hs, maps):
+        for u in range(a.shape[0]):
+            au = np.kron(a[u][None, :], np.eye(D))
+            f += au.T @ j @ au
+            g += au.T @ h[u]
+    f_pinv = np.linalg.pinv(f, rcond=1e-11, hermitian=True)
+    beta, off_range = f_pinv @ g, np.eye(f.shape[0]) - f @ f_pinv
+    out = []
+    for a in maps:
+        level = []
+        for u in range(a.shape[0]):
+            au = np.kron(a[u][None, :], np.eye(D))
+            _, sv, vt = np.linalg.svd(off_range @ au.T)
+            level.append((au @ beta, au @ f_pinv @ au.T,
+                          vt[np.r_[sv, np.zeros(D - sv.size)] <= 1e-8 * max(1.0, sv.max(initial=0.0))].T))
+        out.append(level)
+    return out
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+@pytest.mark.parametrize("split", ["equal", "total"])
+def test_shared_basis_equals_the_general_path_and_the_dense_gls(case, family, split):
+    """Commuting levels: the passes as d scalar trees give the general path's estimates,
+    covariances, outside and subtree information and query variances to 1e-9, and on every
+    estimable function the dense GLS's estimate and variance."""
+    parents, sizes, maps, leaves, js, hs = _commuting(case, family, 21)
+    diagonal = estimate_hierarchy(js, hs, parents, split=split)
+    general = estimate_hierarchy(js, hs, parents, split=split, basis=None)
+    assert diagonal.basis is not None and general.basis is None
+    dense = _dense_information(js, hs, maps, leaves)
+    workload = np.random.default_rng(3).integers(0, 2, (5, D)).astype(np.float64)
+    for level, units in enumerate(dense):
+        scale = max(1.0, float(np.abs(general.x[level]).max()))
+        np.testing.assert_allclose(diagonal.x[level], general.x[level], rtol=0, atol=1e-9 * scale)
+        for name in ("covariance", "outside", "subtree_information", "information"):
+            want = general.unit(name, level)
+            np.testing.assert_allclose(diagonal.unit(name, level), want, rtol=0,
+                                       atol=1e-9 * max(1.0, float(np.abs(want).max())), err_msg=name)
+        np.testing.assert_allclose(diagonal.variances(level, workload), general.variances(level, workload),
+                                   rtol=1e-9, atol=1e-9 * scale)
+        for u, (est, cov, basis) in enumerate(units):
+            np.testing.assert_allclose(diagonal.x[level][u] @ basis, est @ basis, rtol=1e-9, atol=1e-8 * scale)
+            np.testing.assert_allclose(basis.T @ diagonal.unit("covariance", level, u) @ basis, basis.T @ cov @ basis,
+                                       rtol=1e-8, atol=1e-9 * max(1.0, float(np.abs(cov).max())))
+    for level in range(1, len(sizes)):  # children sum to their parent to rounding, in the original basis
+        sums = np.zeros_like(diagonal.x[level - 1])
+        np.add.at(sums, parents[level], diagonal.x[level])
+        has_child = np.bincount(parents[level], minlength=sizes[level - 1]) > 0
+        assert np.abs(sums[has_child] - diagonal.x[level - 1][has_child]).max() <= 8 * np.finfo(float).eps * np.abs(
+            diagonal.x[level - 1]).max()
+
+
+def test_shared_basis_refines_degenerate_eigenspaces_and_refuses_non_commuting_levels():
+    """The basis diagonalises matrices whose eigenspaces only together split (each has a
+    degenerate one); levels that do not commute have none, and the general path runs."""
+    js = [_kron_family((0, 0, 0, 1.0)), _kron_family((0, 1.0, 0, 0)), _kron_family((0, 0, 1.0, 0)),
+          _kron_family((1.0, 0, 0, 0))]
+    q = shared_basis(js)
+    assert q is not None
+    np.testing.assert_allclose(q.T @ q, np.eye(D), atol=1e-12)
+    for j in js:
+        b = q.T @ j @ q
+        assert np.abs(b - np.diag(np.diagonal(b))).max() < 1e-12
+    rng = np.random.default_rng(5)
+    design = _design([D + 1, 4, D], rng)
+    others = _normal(design, [np.zeros((1, w.shape[0])) for w, _ in design])[0]
+    assert shared_basis(others) is None
+    parents = _tree([[2], [1, 2]], rng)
+    hs = [rng.standard_normal((n, D)) for n in (1, 2, 3)]
+    assert estimate_hierarchy(others, hs, parents).basis is None
+    assert estimate_hierarchy([others[2] * c for c in (1, 2, 3)], hs, parents).basis is not None
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+@pytest.mark.parametrize("split", ["equal", "total"])
+def test_subtrees_in_the_shared_basis_equal_the_whole_tree(case, split):
+    """The cluster's split passes in the shared basis (summaries and tops of d-vectors) give the
+    general whole-tree passes' estimates and covariances, every cut and forest size."""
+    parents, sizes, maps, leaves, js, hs = _commuting(case, "marginals", 22)
+    order, up = _by_parent(parents, sizes)
+    hs = [h[o] for h, o in zip(hs, order)]
+    whole = estimate_hierarchy(js, hs, up, split=split, basis=None)
+    for cut in range(len(sizes) - 1):
+        for max_rows in (1, 4, 1000):
+            xs, covs = estimate_by_subtrees(js, hs, up, cut, max_rows, split=split)
+            for level, (x, cov) in enumerate(zip(xs, covs)):
+                scale = max(1.0, float(np.abs(whole.x[level]).max()))
+                assert np.allclose(x, whole.x[level], rtol=0, atol=1e-9 * scale)
+                assert np.allclose(cov, whole.unit("covariance", level), rtol=0, atol=1e-9 * scale)
+
+
+def test_forests_in_and_out_of_the_shared_basis_meet_as_matrices():
+    """Forests summarised in the shared basis and forests summarised as matrices merge as
+    matrices, the top runs the general path, and a forest in the basis takes its roots' top back
+    as diagonals: the whole tree's estimates and covariances all the same."""
+    parents, sizes, maps, leaves, js, hs = _commuting(FIVE_LEVELS, "marginals", 24)
+    order, up = _by_parent(parents, sizes)
+    hs = [h[o] for h, o in zip(hs, order)]
+    whole = estimate_hierarchy(js, hs, up, basis=None)
+    q, cut = shared_basis(js), 2
+    spans = descendant_spans([np.bincount(up[level + 1], minlength=sizes[level]) for level in range(cut, len(sizes) - 1)])
+    groups = group_roots(spans, 4)
+    forests = []
+    for i, (first, stop) in enumerate(groups):
+        rows = [slice(int(s[first]), int(s[stop])) for s in spans]
+        ups = [None] + [local_parents(up[cut + k][rows[k]], rows[k - 1].start) for k in range(1, len(rows))]
+        forests.append((rows, *forest_upward(js[cut:], [h[r] for h, r in zip(hs[cut:], rows)], ups,
+                                             basis=q if i % 2 == 0 else None)))
+    assert len(forests) > 1
+    summary = merge_summaries([f[2] for f in forests])
+    assert summary.basis is None
+    top = top_estimate(js[:cut], hs[:cut], up[:cut + 1], summary, split="equal")
+    assert top.basis is None
+    for (rows, state, _), (first, stop) in zip(forests, groups):
+        result = forest_downward(state, top.top(cut, slice(first, stop)), split="equal")
+        assert (result.basis is not None) == (forests.index((rows, state, _)) % 2 == 0)
+        for k in range(1, len(result.x)):
+            scale = max(1.0, float(np.abs(whole.x[cut + k]).max()))
+            np.testing.assert_allclose(result.x[k], whole.x[cut + k][rows[k]], rtol=0, atol=1e-9 * scale)
+            np.testing.assert_allclose(result.unit("covariance", k), whole.unit("covariance", cut + k)[rows[k]],
+                                       rtol=0, atol=1e-9 * scale)
