@@ -26,6 +26,10 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
+
+from distfit.stores.plan import read_plan
+
 ROOT = Path(__file__).resolve().parents[1]
 GOAL_SECONDS = 60.0
 #: alpha of ``distfit plan pipelines/marginals.yaml`` at 43bf2b9 (benchmarks/README.md, issue 31 point 2)
@@ -71,19 +75,33 @@ def main(argv: list[str] | None = None) -> int:
     runs = [("this tree", ROOT)] + ([("reference", Path(args.reference_root))] if args.reference_root else [])
     results = {}
     with tempfile.TemporaryDirectory(prefix="bench-marginals-plan-") as tmp:
-        for name, root in runs:
+        stores = [Path(tmp) / f"{n}.zarr" for n in range(len(runs))]
+        for (name, root), store in zip(runs, stores):
             print(f"{name}: planning {args.spec} on {args.workers} workers ({load()})", flush=True)
-            results[name] = plan_once(root, args.spec, args.workers, Path(tmp) / f"{len(results)}.zarr")
+            results[name] = plan_once(root, args.spec, args.workers, store)
             wall, cpu, alpha = results[name]
-            print(f"{name:10s} wall {wall:7.1f} s  CPU {cpu:7.1f} s  alpha {alpha:.6f}  ({load()})", flush=True)
-    reference_alpha = results["reference"][2] if "reference" in results else args.reference_alpha
+            print(f"{name:10s} wall {wall:7.1f} s  CPU {cpu:7.1f} s  alpha {alpha:.9f}  ({load()})", flush=True)
+        report(results, args.reference_alpha, stores)
+    return 0
+
+
+def report(results: dict, reference_alpha: float, stores: list[Path]) -> None:
+    """The summary lines: the goal, alpha against the reference's, the ratios, how far apart the plans are."""
+    reference_alpha = results["reference"][2] if "reference" in results else reference_alpha
     wall, cpu, alpha = results["this tree"]
     print(f"wall {wall:.1f} s against the goal of {GOAL_SECONDS:.0f} s: {'met' if wall <= GOAL_SECONDS else 'NOT met'}")
     print(f"alpha {alpha:.6f} against the reference's {reference_alpha:.6f} ({alpha / reference_alpha - 1:+.2e}): "
           f"{'not worse' if alpha <= reference_alpha * (1 + 1e-6) else 'WORSE'}")
     if "reference" in results:
         print(f"this tree / reference: wall {wall / results['reference'][0]:.3f}, CPU {cpu / results['reference'][1]:.3f}")
-    return 0
+        print(f"the plans' per-query variances, largest relative difference: {variances_apart(*stores):.3g}")
+
+
+def variances_apart(ours: Path, reference: Path) -> float:
+    """The largest ``|v - v_ref| / v_ref`` over the queries of the two stored plans (read by this
+    tree's reader: the store format is the same): 0 for the same plan, ~1e-16 for a pure-speed change."""
+    a, b = read_plan(str(ours)).queries_variances, read_plan(str(reference)).queries_variances
+    return float(np.max(np.abs(a - b) / b))
 
 
 if __name__ == "__main__":

@@ -31,11 +31,36 @@ def block_work(blocks: Iterable[BlockSpec | BlockLayout]) -> float:
     (``BlockLayout``, ``planner.BlockRef``)."""
     total = 0.0
     for block in blocks:
-        if isinstance(block, BlockSpec):
-            (k, d_b), m_b = block.basis.shape, block.recon.shape[0]
-        else:
-            k, d_b, m_b = block.rows, block.cells, block.queries
+        k, d_b, m_b = _sizes(block)
         total += float(k) ** 2 * (k + d_b + m_b)
+    return total
+
+
+def _sizes(block: BlockSpec | BlockLayout) -> tuple[int, int, int]:
+    """``(k, d_b, m_b)``: basis rows, cells and query rows of a spec (its arrays' shapes) or of
+    anything with ``rows``, ``cells`` and ``queries``."""
+    if isinstance(block, BlockSpec):
+        return block.basis.shape[0], block.basis.shape[1], block.recon.shape[0]
+    return block.rows, block.cells, block.queries
+
+
+#: Solved rounds a plan held in memory keeps at once (``rounds.refine``: the best round, the
+#: previous one, whose solutions start the next, and the one being solved).
+HELD_ROUNDS = 3
+
+
+def held_bytes(blocks: Iterable[BlockSpec | BlockLayout]) -> float:
+    """Bytes of the blocks' arrays in the driver when a plan is held in memory
+    (``planner.plan_blocks`` without a sink): each spec (basis k x d_b, recon m_b x k) and
+    ``HELD_ROUNDS`` solutions of it (sigma k x k, basis, recon, profile and cell weights d_b,
+    variances, targets and query weights m_b), 8 bytes a float:
+    ``8 sum_S (k d_b + m_b k + HELD_ROUNDS (k^2 + k d_b + m_b k + 2 d_b + 3 m_b))``.
+    What ``planner.should_stream`` compares with ``planner.STREAM_BYTES``."""
+    total = 0.0
+    for block in blocks:
+        k, d_b, m_b = _sizes(block)
+        spec = float(k) * d_b + float(m_b) * k
+        total += 8.0 * (spec + HELD_ROUNDS * (float(k) ** 2 + spec + 2.0 * d_b + 3.0 * m_b))
     return total
 
 

@@ -12,9 +12,9 @@ they see the same people), ``Sigma_S * k`` with ``k = alpha / alpha_budget``
 budget's: ``apply_budget`` in memory, ``scale_plan_to_budget`` on a stored plan (a level's share
 of a multi-level run's budget, ``distfit.plan.levels``).
 
-Small plans are co-optimised in memory; large plans stream. A plan whose blocks are too big
-for the joint block dual (``planner.should_stream``: joint-dual work over
-``planner.STREAM_WORK``, e.g. ``pipelines/marginals.yaml``), or any plan with ``stream=True``,
+Plans that fit in memory are held there; larger plans stream. A plan whose blocks' arrays would
+take more than ``planner.STREAM_BYTES`` in the driver (``planner.should_stream``,
+``decomposition.held_bytes``), or any plan with ``stream=True``,
 is built inside the open ``PlanWriter``: the block specs are spilled to the staging store's
 scratch space, each block task reads its spec back when it is submitted, each result is
 written there as a draft as it completes (``StoreSink``), the scales are allocated from the

@@ -31,10 +31,10 @@ tasks and yields ``(index, BlockSolution)`` in any order, so results can stream.
    ``sum_S alpha_S / s_S``. Disjoint units (geography) compose in parallel: every unit uses the
    same plan, so units cost nothing extra.
 
-Small plans are co-optimised in memory; large plans stream. ``plan_blocks`` keeps every
-block's solution in the driver (the joint block dual needs them all). A plan whose joint-dual
-work is above ``STREAM_WORK`` (above ``CO_OPTIMIZE_WORK``, so the joint dual would be skipped
-anyway; ``should_stream``) goes through ``plan_streamed`` instead, which keeps the blocks in a
+Plans that fit in memory are held there; larger plans stream. ``plan_blocks`` keeps every
+block's spec and solutions in the driver (the joint block dual needs them all). A plan whose
+held arrays would exceed ``STREAM_BYTES`` (``decomposition.held_bytes``; ``should_stream``)
+goes through ``plan_streamed`` instead, which keeps the blocks in a
 ``BlockSink`` (``job.StoreSink``: the staging plan store): the block specs are spilled
 there before the solves and read back one task at a time; each result is written there as it
 completes (its basis, recon, sigma before scaling, ...), and the driver keeps only what the
@@ -61,7 +61,7 @@ from distfit.mathematics.domain import Domain
 from distfit.mathematics.packing import QueryRuns
 from distfit.plan.closed_form import ClosedFormBlocks, ClosedRows
 from distfit.plan.composition import EXACT_DOMAIN_LIMIT, alpha_is_exact, stitched_profile, stitched_variances
-from distfit.plan.decomposition import block_work, decompose, decompose_lazily  # noqa: F401 (re-exported: step 1)
+from distfit.plan.decomposition import block_work, decompose, decompose_lazily, held_bytes  # noqa: F401 (re-exported: step 1)
 from distfit.plan.residual import BlockLayout, BlockSpec, GroupLike
 from distfit.plan.rounds import BLOCK_GAP, COARSE_SHAPING_GAPS, SHAPING_GAP, Round, refine
 from distfit.mathematics.privacy import privacy_account, privacy_profile
@@ -81,7 +81,11 @@ CO_OPTIMIZE_WORK = JOINT_DUAL_BUDGET / JOINT_DUAL_USEFUL_EVALUATIONS  # flops of
 #: Plans above this work shape their target shares at ``rounds.COARSE_SHAPING_GAPS``
 #: (:func:`shaping_gaps`): those whose joint block dual is skipped for its work.
 COARSE_SHAPING_WORK = CO_OPTIMIZE_WORK
-STREAM_WORK = 2e9  # plans above this work are streamed through the plan store (the joint dual is skipped there too)
+#: Plans whose blocks would hold more bytes than this in the driver (``decomposition.held_bytes``)
+#: are streamed through the plan store. (It was 2e9 flops of joint-dual work: marginals.yaml,
+#: 2.4e9 flops in ~0.5 GB, wrote and read every round's drafts through the store, ~80 of its
+#: ~300 CPU-s, and represented every block again each round; benchmarks/README.md, session 17.)
+STREAM_BYTES = float(1 << 30)
 
 
 @dataclass(frozen=True, eq=False)
@@ -346,8 +350,8 @@ def shaping_gaps(work: float) -> tuple[float, ...]:
 
 def should_stream(blocks: Sequence[BlockSpec | BlockRef | BlockLayout]) -> bool:
     """Stream the plan through the store (``plan_streamed``) rather than hold it in memory:
-    when the blocks are too big for the joint block dual (``STREAM_WORK``)."""
-    return block_work(blocks) > STREAM_WORK
+    when its blocks' arrays would take more than ``STREAM_BYTES`` in the driver (``held_bytes``)."""
+    return held_bytes(blocks) > STREAM_BYTES
 
 
 def _solved_queries(blocks: Sequence[BlockSpec | BlockRef]) -> tuple[np.ndarray, np.ndarray]:
@@ -522,7 +526,7 @@ def plan_blocks(
     if keeper.streamed:
         log.append(
             f"streamed: {len(blocks)} blocks go to the plan store as they complete and are scaled there one at a time "
-            f"(joint-dual work about {work:.3g} flops, stream limit {STREAM_WORK:.3g})"
+            f"(about {held_bytes(blocks):.3g} bytes held in memory otherwise, stream limit {STREAM_BYTES:.3g})"
         )
 
     def run_round(number: int, block_targets: list[np.ndarray], gap: float, previous: Round | None) -> list:

@@ -24,7 +24,7 @@ from distfit.audit.plan import audit_plan
 from distfit.plan.planner import (
     BlockRef, decompose, plan_blocks, plan_streamed, serial_executor, solve_block, write_streamed_blocks,
 )
-from distfit.plan.job import StoreSink, finish_plan, run_plan, write_plan
+from distfit.plan.job import StoreSink, finish_plan, planned_decomposition, run_plan, write_plan
 from distfit.spec.parse import load_spec
 from distfit.stores.checksum import compute_checksum
 from distfit.stores.plan import BLOCK_ARRAYS, StoreError, read_plan
@@ -171,16 +171,32 @@ def test_streamed_run_plan_never_holds_two_block_specs(tmp_path, monkeypatch):
     assert max(most) == 0
 
 
-def test_should_stream_follows_the_joint_dual_work_limit(tmp_path, monkeypatch):
+def test_should_stream_follows_the_held_bytes_limit(tmp_path, monkeypatch):
     spec = load_spec(_write_spec(tmp_path, SMALL_SPEC))
     blocks, _ = decompose(spec.domain, spec.group_triples(), 12)
     assert not plan_module.should_stream(blocks)
     assert plan_module.block_work(blocks) == plan_module.block_work([BlockRef.of(b) for b in blocks])
-    monkeypatch.setattr(plan_module, "STREAM_WORK", 0.0)
+    held = plan_module.held_bytes(blocks)
+    assert held == plan_module.held_bytes([BlockRef.of(b) for b in blocks])
+    # the spec's arrays and HELD_ROUNDS solutions of each block, 8 bytes a float, counted by hand
+    sizes = [(b.basis.shape[0], b.basis.shape[1], b.recon.shape[0]) for b in blocks]
+    assert held == sum(8 * (k * d + m * k + 3 * (k * k + k * d + m * k + 2 * d + 3 * m)) for k, d, m in sizes)
+    monkeypatch.setattr(plan_module, "STREAM_BYTES", held)
+    assert not plan_module.should_stream(blocks)
+    monkeypatch.setattr(plan_module, "STREAM_BYTES", held - 1.0)
     assert plan_module.should_stream(blocks)
     plan, _ = run_plan(load_spec(_write_spec(tmp_path, SMALL_SPEC)), str(tmp_path / "plan.zarr"),
                        placement=Placement(serial=True), log=io.StringIO())
     assert plan.streamed  # stream=None follows should_stream
+
+
+def test_marginals_yaml_is_held_in_memory_though_over_the_old_work_limit():
+    """pipelines/marginals.yaml (257 blocks) is over the joint-dual work that used to stream a plan
+    (2e9 flops) but holds ~0.5 GB: it is planned in memory, without drafts in the store each round."""
+    layouts = planned_decomposition(load_spec(str(ROOT / "pipelines" / "marginals.yaml"))).layouts
+    assert plan_module.block_work(layouts) > 2e9
+    assert 0.3 * 2**30 < plan_module.held_bytes(layouts) < 0.6 * 2**30 < plan_module.STREAM_BYTES
+    assert not plan_module.should_stream(layouts)
 
 
 # ---------------------------------------------------------------------------- interrupted streamed writes
