@@ -93,6 +93,7 @@ from distfit.audit.checks import (
     close,
     closed_keys,
     first_true,
+    inverse_tolerance,
     label,
     profile_by_eigendecomposition,
     row_variances,
@@ -381,9 +382,11 @@ def _audit(plan: Plan, path: str, shown: Progress | None = None) -> AuditReport:
             continue
         block_variances = row_variances(block.recon, block.sigma)
         block_alpha = float(profile.max())
-        check(close(block.profile, profile), f"{name}/profile: stored values differ from b_i^T Sigma^-1 b_i")
+        through_inverse = inverse_tolerance(block.sigma)
+        check(close(block.profile, profile, through_inverse),
+              f"{name}/profile: stored values differ from b_i^T Sigma^-1 b_i")
         check(close(block.variances, block_variances), f"{name}/variances: stored values differ from diag(L Sigma L^T)")
-        check(close(block.alpha, block_alpha), f"{name}: alpha {block.alpha} but the profile's max is {block_alpha}")
+        check(close(block.alpha, block_alpha, through_inverse), f"{name}: alpha {block.alpha} but the profile's max is {block_alpha}")
         query_targets = targets[block.query_index]
         bad = ~((block.targets > 0) & (block.targets <= query_targets * (1.0 + TOLERANCE)))
         check(not bad.any(), lambda: (
