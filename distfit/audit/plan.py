@@ -351,7 +351,7 @@ def _audit(plan: Plan, path: str, shown: Progress | None = None) -> AuditReport:
     block_profiles = []  # (positions, profile) per block, for the stitched profile of a small domain
     proved: dict[str, float | None] = {}  # block id -> the bound its certificate proves
     uncertified: list[str] = []  # blocks stating a bound without a stored certificate
-    disagreement = 0.0  # the largest relative difference of stored and recomputed variances, over blocks
+    disagreement = 0.0  # the largest relative difference of stored and recomputed variances (or eps * cond), over blocks
     alpha_sum = 0.0
     profiles_complete = True
     flat = True  # every block's recomputed profile is flat: alpha is exact at any domain size
@@ -396,7 +396,10 @@ def _audit(plan: Plan, path: str, shown: Progress | None = None) -> AuditReport:
         if block.lower_bound > 0:
             check(at_most(block.lower_bound, block_alpha),
                   f"{name}/lower_bound: {block.lower_bound!r} exceeds the block's alpha {block_alpha!r}")
-        block_disagreement = variance_disagreement(block.variances, block_variances)
+        # a bound is evaluated at the variance scale, which the planner reached through sigma's
+        # inverse: it cannot be pinned closer than the variances agree, nor than a solve with
+        # sigma (eps * cond(sigma), nothing on a well-conditioned sigma)
+        block_disagreement = max(variance_disagreement(block.variances, block_variances), through_inverse - TOLERANCE)
         disagreement = max(disagreement, block_disagreement)
         proved[block.block_id] = _check_block_bound(check, block, block_variances,
                                                     bound_tolerance(block_disagreement), uncertified)
