@@ -265,6 +265,17 @@ def _same_estimates(ours, driver) -> None:
             assert np.abs(a - b).max() <= 1e-9 * max(1.0, np.abs(b).max()), (name, array)
 
 
+def _interrupted(store: Path) -> None:
+    """Make a sealed one-chunk estimate store look interrupted before its chunk was written:
+    incomplete, unsealed, its chunk not done."""
+    doc = json.loads((store / "zarr.json").read_text())
+    doc["attributes"]["complete"] = False
+    for key in ("checksum", "sealed"):
+        doc["attributes"].pop(key, None)
+    (store / "zarr.json").write_text(json.dumps(doc))
+    (store / "chunks" / "done" / "c" / "0").write_bytes(b"\x00")
+
+
 def test_subtrees_on_a_local_cluster_equal_the_drivers_estimate(serial_run, tmp_path):
     """Cut at the state level into forests of a few states (issue 29 point 5: subtrees as tasks on
     a real local cluster, each level below written chunk by chunk from the forests' pieces): the
@@ -283,13 +294,7 @@ def test_subtrees_on_a_local_cluster_equal_the_drivers_estimate(serial_run, tmp_
         _same_estimates(first, serial_run.estimates)
         assert not (copy / "state" / "estimate.subtrees").exists()  # the pieces are gone once all is sealed
         # as if interrupted before the county's chunk was written: incomplete, its chunk not done
-        store = copy / "county" / "estimate.zarr"
-        doc = json.loads((store / "zarr.json").read_text())
-        doc["attributes"]["complete"] = False
-        for key in ("checksum", "sealed"):
-            doc["attributes"].pop(key, None)
-        (store / "zarr.json").write_text(json.dumps(doc))
-        (store / "chunks" / "done" / "c" / "0").write_bytes(b"\x00")
+        _interrupted(copy / "county" / "estimate.zarr")
         log = io.StringIO()
         again = estimate_levels(spec, dirs, fsync=False, log=log, placement=here, cut=1, forest_rows=6)
         # stopped after the forests went down (the county's store held by another writer): the
@@ -362,13 +367,7 @@ def test_integer_tables_on_a_local_cluster_equal_the_drivers_bit_for_bit(serial_
                                        np.asarray(b.array("solve/objective")[...]), rtol=1e-9)
         assert not (dirs["state"] / "estimate.subtrees").exists()
         # as if interrupted before the county's chunk was written: incomplete, its chunk not done
-        store = dirs["county"] / "estimate.zarr"
-        doc = json.loads((store / "zarr.json").read_text())
-        doc["attributes"]["complete"] = False
-        for key in ("checksum", "sealed"):
-            doc["attributes"].pop(key, None)
-        (store / "zarr.json").write_text(json.dumps(doc))
-        (store / "chunks" / "done" / "c" / "0").write_bytes(b"\x00")
+        _interrupted(dirs["county"] / "estimate.zarr")
         log = io.StringIO()
         again = estimate_levels(spec, dirs, integer=True, fsync=False, log=log, placement=here, cut=1, forest_rows=6)
         assert "resuming" in log.getvalue() and "0 of 1 chunks already written" in log.getvalue()
