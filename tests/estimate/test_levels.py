@@ -44,6 +44,14 @@ def serial_run(tmp_path_factory):
     return run_levels(CENSUS, out, units=24, placement=Placement(serial=True), fsync=False, log=io.StringIO())
 
 
+@pytest.fixture(scope="module")
+def cluster():
+    """One real local cluster of 2 worker processes for this file's cluster tests (as one run's
+    stages share theirs): the placement that names it."""
+    with dask_runtime().dask_client(None, 2, log=io.StringIO()) as client:
+        yield Placement(workers=2).at(client.scheduler.address)
+
+
 def _tables(run, name):
     directory = Path(run.rundir) / "levels" / name
     estimate = read_estimate(directory / "estimate.zarr")
@@ -200,12 +208,12 @@ def test_a_changed_release_is_refused_before_any_level_is_written(serial_run, tm
     assert [p for p in copy.rglob("estimate.zarr*")] == []
 
 
-def test_integer_estimates_on_a_local_cluster(serial_run, tmp_path):
+def test_integer_estimates_on_a_local_cluster(serial_run, cluster, tmp_path):
     out = tmp_path / "run"
     for name in LEVELS:  # the plans are the serial run's (planning is not what is tested here)
         for store in ("accuracy-plan.zarr", "plan.zarr"):
             shutil.copytree(Path(serial_run.rundir) / "levels" / name / store, out / "levels" / name / store)
-    run = run_levels(CENSUS, out, units=16, placement=Placement(workers=2), fsync=False, integer=True,
+    run = run_levels(CENSUS, out, units=16, placement=cluster, fsync=False, integer=True,
                      log=io.StringIO())
     _check_levels(run, integer=True)
     nation = np.asarray(_tables(run, "nation")[0].cells[...])
@@ -276,7 +284,7 @@ def _interrupted(store: Path) -> None:
     (store / "chunks" / "done" / "c" / "0").write_bytes(b"\x00")
 
 
-def test_subtrees_on_a_local_cluster_equal_the_drivers_estimate(serial_run, tmp_path):
+def test_subtrees_on_a_local_cluster_equal_the_drivers_estimate(serial_run, cluster, tmp_path):
     """Cut at the state level into forests of a few states (issue 29 point 5: subtrees as tasks on
     a real local cluster, each level below written chunk by chunk from the forests' pieces): the
     driver's estimates and variances to 1e-9, every store sealed and verified; a rerun after an
@@ -287,42 +295,40 @@ def test_subtrees_on_a_local_cluster_equal_the_drivers_estimate(serial_run, tmp_
                     ignore=lambda _dir, names: [n for n in names if n in ("estimate.zarr", "data.zarr", "report")])
     spec, dirs = load_spec(CENSUS), {name: copy / name for name in LEVELS}
     log = io.StringIO()
-    with dask_runtime().dask_client(None, 2, log=log) as client:  # one cluster for both estimates, as a run's
-        here = Placement(workers=2).at(client.scheduler.address)
-        first = estimate_levels(spec, dirs, fsync=False, log=log, placement=here, cut=1, forest_rows=6)
-        assert "forests of subtrees of level state" in log.getvalue() and "county: down" in log.getvalue()
-        _same_estimates(first, serial_run.estimates)
-        assert not (copy / "state" / "estimate.subtrees").exists()  # the pieces are gone once all is sealed
-        # as if interrupted before the county's chunk was written: incomplete, its chunk not done
-        _interrupted(copy / "county" / "estimate.zarr")
-        log = io.StringIO()
-        again = estimate_levels(spec, dirs, fsync=False, log=log, placement=here, cut=1, forest_rows=6)
-        # stopped after the forests went down (the county's store held by another writer): the
-        # pieces stay; one is then changed on disk, and the next run refuses it as it is read,
-        # computes it again and writes the same county
-        county = copy / "county" / "estimate.zarr"
-        shutil.rmtree(county)
-        with store_lock(county, "estimate"), pytest.raises(StoreLockedError):
-            estimate_levels(spec, dirs, fsync=False, log=io.StringIO(), placement=here, cut=1, forest_rows=6)
-        pieces = sorted((copy / "state" / "estimate.subtrees" / "county").glob("*/cells.npy"))
-        assert len(pieces) > 1 and not county.exists()
-        raw = bytearray(pieces[-1].read_bytes())
-        raw[-5] ^= 0x01
-        pieces[-1].write_bytes(bytes(raw))
-        mended_log = io.StringIO()
-        mended = estimate_levels(spec, dirs, fsync=False, log=mended_log, placement=here, cut=1, forest_rows=6)
-        # a county release chunk changed after its seal: refused by the task that reads it, nothing written
-        changed = tmp_path / "changed"
-        shutil.copytree(Path(serial_run.rundir) / "levels", changed,
-                        ignore=lambda _dir, names: [n for n in names if n in ("estimate.zarr", "data.zarr", "report")])
-        chunk = changed / "county" / "release.zarr" / "queries" / "answers" / "c" / "0" / "0"
-        raw = bytearray(chunk.read_bytes())
-        raw[len(raw) // 2] ^= 0x01
-        chunk.write_bytes(bytes(raw))
-        with pytest.raises(ValueError, match="do not hash to the digest they were sealed with"):
-            estimate_levels(spec, {name: changed / name for name in LEVELS}, fsync=False, log=io.StringIO(),
-                            placement=here, cut=1, forest_rows=6)
-        assert [p.name for p in changed.rglob("estimate*")] == []
+    first = estimate_levels(spec, dirs, fsync=False, log=log, placement=cluster, cut=1, forest_rows=6)
+    assert "forests of subtrees of level state" in log.getvalue() and "county: down" in log.getvalue()
+    _same_estimates(first, serial_run.estimates)
+    assert not (copy / "state" / "estimate.subtrees").exists()  # the pieces are gone once all is sealed
+    # as if interrupted before the county's chunk was written: incomplete, its chunk not done
+    _interrupted(copy / "county" / "estimate.zarr")
+    log = io.StringIO()
+    again = estimate_levels(spec, dirs, fsync=False, log=log, placement=cluster, cut=1, forest_rows=6)
+    # stopped after the forests went down (the county's store held by another writer): the
+    # pieces stay; one is then changed on disk, and the next run refuses it as it is read,
+    # computes it again and writes the same county
+    county = copy / "county" / "estimate.zarr"
+    shutil.rmtree(county)
+    with store_lock(county, "estimate"), pytest.raises(StoreLockedError):
+        estimate_levels(spec, dirs, fsync=False, log=io.StringIO(), placement=cluster, cut=1, forest_rows=6)
+    pieces = sorted((copy / "state" / "estimate.subtrees" / "county").glob("*/cells.npy"))
+    assert len(pieces) > 1 and not county.exists()
+    raw = bytearray(pieces[-1].read_bytes())
+    raw[-5] ^= 0x01
+    pieces[-1].write_bytes(bytes(raw))
+    mended_log = io.StringIO()
+    mended = estimate_levels(spec, dirs, fsync=False, log=mended_log, placement=cluster, cut=1, forest_rows=6)
+    # a county release chunk changed after its seal: refused by the task that reads it, nothing written
+    changed = tmp_path / "changed"
+    shutil.copytree(Path(serial_run.rundir) / "levels", changed,
+                    ignore=lambda _dir, names: [n for n in names if n in ("estimate.zarr", "data.zarr", "report")])
+    chunk = changed / "county" / "release.zarr" / "queries" / "answers" / "c" / "0" / "0"
+    raw = bytearray(chunk.read_bytes())
+    raw[len(raw) // 2] ^= 0x01
+    chunk.write_bytes(bytes(raw))
+    with pytest.raises(ValueError, match="do not hash to the digest they were sealed with"):
+        estimate_levels(spec, {name: changed / name for name in LEVELS}, fsync=False, log=io.StringIO(),
+                        placement=cluster, cut=1, forest_rows=6)
+    assert [p.name for p in changed.rglob("estimate*")] == []
     assert "resuming" in log.getvalue() and "0 of 1 chunks already written" in log.getvalue()
     assert [again[name].status for name in LEVELS] == ["reused", "reused", "done"]
     assert again["county"].checksum == first["county"].checksum  # the same bytes: the passes are deterministic
@@ -332,7 +338,7 @@ def test_subtrees_on_a_local_cluster_equal_the_drivers_estimate(serial_run, tmp_
     assert mended["county"].checksum == first["county"].checksum
 
 
-def test_integer_tables_on_a_local_cluster_equal_the_drivers_bit_for_bit(serial_run, tmp_path):
+def test_integer_tables_on_a_local_cluster_equal_the_drivers_bit_for_bit(serial_run, cluster, tmp_path):
     """Issue 29 point 4 on the cluster (cut at the state level, forests of a few states): the
     driver makes nation's and state's integer tables, each forest continues them through its
     counties from its states' tables: every level's integer tables and query estimates equal the
@@ -348,28 +354,26 @@ def test_integer_tables_on_a_local_cluster_equal_the_drivers_bit_for_bit(serial_
     driver = estimate_levels(spec, {name: tmp_path / "driver" / "levels" / name for name in LEVELS}, integer=True,
                              fsync=False, log=io.StringIO())
     log = io.StringIO()
-    with dask_runtime().dask_client(None, 2, log=log) as client:
-        here = Placement(workers=2).at(client.scheduler.address)
-        real = estimate_levels(spec, dirs, fsync=False, log=log, placement=here, cut=1, forest_rows=6)
-        log = io.StringIO()
-        ours = estimate_levels(spec, dirs, integer=True, fsync=False, log=log, placement=here, cut=1, forest_rows=6)
-        assert "then integer tables, " in log.getvalue() and "county: down" in log.getvalue()
-        assert [ours[name].status for name in LEVELS] == ["done"] * 3
-        assert all(ours[name].checksum != real[name].checksum for name in LEVELS)
-        _check_levels(type("Run", (), {"rundir": str(tmp_path / "cluster")}), integer=True)
-        for name in LEVELS:
-            a, b = read_estimate(ours[name].path), read_estimate(driver[name].path)
-            for array in ("cells/estimates", "queries/estimates"):
-                mine, theirs = np.asarray(a.array(array)[...]), np.asarray(b.array(array)[...])
-                assert mine.dtype == theirs.dtype and np.array_equal(mine, theirs), (name, array)
-            assert np.asarray(a.array("queries/estimates")).dtype == np.int64  # census.yaml's counts: integral
-            np.testing.assert_allclose(np.asarray(a.array("solve/objective")[...]),
-                                       np.asarray(b.array("solve/objective")[...]), rtol=1e-9)
-        assert not (dirs["state"] / "estimate.subtrees").exists()
-        # as if interrupted before the county's chunk was written: incomplete, its chunk not done
-        _interrupted(dirs["county"] / "estimate.zarr")
-        log = io.StringIO()
-        again = estimate_levels(spec, dirs, integer=True, fsync=False, log=log, placement=here, cut=1, forest_rows=6)
-        assert "resuming" in log.getvalue() and "0 of 1 chunks already written" in log.getvalue()
-        assert [again[name].status for name in LEVELS] == ["reused", "reused", "done"]
-        assert all(again[name].checksum == ours[name].checksum for name in LEVELS)  # the same bytes
+    real = estimate_levels(spec, dirs, fsync=False, log=log, placement=cluster, cut=1, forest_rows=6)
+    log = io.StringIO()
+    ours = estimate_levels(spec, dirs, integer=True, fsync=False, log=log, placement=cluster, cut=1, forest_rows=6)
+    assert "then integer tables, " in log.getvalue() and "county: down" in log.getvalue()
+    assert [ours[name].status for name in LEVELS] == ["done"] * 3
+    assert all(ours[name].checksum != real[name].checksum for name in LEVELS)
+    _check_levels(type("Run", (), {"rundir": str(tmp_path / "cluster")}), integer=True)
+    for name in LEVELS:
+        a, b = read_estimate(ours[name].path), read_estimate(driver[name].path)
+        for array in ("cells/estimates", "queries/estimates"):
+            mine, theirs = np.asarray(a.array(array)[...]), np.asarray(b.array(array)[...])
+            assert mine.dtype == theirs.dtype and np.array_equal(mine, theirs), (name, array)
+        assert np.asarray(a.array("queries/estimates")).dtype == np.int64  # census.yaml's counts: integral
+        np.testing.assert_allclose(np.asarray(a.array("solve/objective")[...]),
+                                   np.asarray(b.array("solve/objective")[...]), rtol=1e-9)
+    assert not (dirs["state"] / "estimate.subtrees").exists()
+    # as if interrupted before the county's chunk was written: incomplete, its chunk not done
+    _interrupted(dirs["county"] / "estimate.zarr")
+    log = io.StringIO()
+    again = estimate_levels(spec, dirs, integer=True, fsync=False, log=log, placement=cluster, cut=1, forest_rows=6)
+    assert "resuming" in log.getvalue() and "0 of 1 chunks already written" in log.getvalue()
+    assert [again[name].status for name in LEVELS] == ["reused", "reused", "done"]
+    assert all(again[name].checksum == ours[name].checksum for name in LEVELS)  # the same bytes
