@@ -152,8 +152,8 @@ def _top_eigenvalue(hessian: Any) -> float:
 
 class WeightedInformation:
     """The per-unit information ``H_u = sum_j w_uj H_j`` as an operator on all units at once:
-    ``op(V)[u] = sum_j w_uj (V H_j)[u]`` (``V`` units x cells, rows in the units' order; the
-    rows are never subset: :func:`minimise_quadratic` keeps every row). ``lipschitz``:
+    ``op(V)[u] = sum_j w_uj (V H_j)[u]`` (``V`` units x cells, rows in the units' order, or in
+    the order of :meth:`rows`' index on the operator it returns). ``lipschitz``:
     ``sum_j max_u w_uj lambda_max(H_j)``, an upper bound of every ``lambda_max(H_u)``
     (:meth:`group_lipschitz`: of each group's)."""
 
@@ -169,6 +169,10 @@ class WeightedInformation:
             if np.any(w):
                 out += w[:, None] * _apply(hessian, v)
         return out
+
+    def rows(self, index: np.ndarray) -> "WeightedInformation":
+        """The same operator on the units ``index`` alone, in that order (their weights)."""
+        return WeightedInformation(self.hessians, self.weights[np.asarray(index, dtype=np.int64)])
 
     def group_lipschitz(self, groups: np.ndarray) -> np.ndarray:
         """Per row: ``sum_j max_{u in its group} w_uj lambda_max(H_j)``, an upper bound of
@@ -265,6 +269,7 @@ class SiblingProjection:
     def __init__(self, parent_of: np.ndarray, totals: np.ndarray) -> None:
         parent_of = np.asarray(parent_of, dtype=np.int64)
         n = parent_of.size
+        self.parent_of = parent_of
         self.totals = np.maximum(np.asarray(totals, dtype=np.float64), 0.0)
         order = np.argsort(parent_of, kind="stable")  # children grouped by parent
         grouped = parent_of[order]
@@ -282,6 +287,11 @@ class SiblingProjection:
             rows = np.where(valid, order[np.minimum(starts[segs][:, None] + column, n - 1)], n)  # n: the pad row
             rank = np.arange(1, width + 1, dtype=np.float64)[None, :, None]
             self.buckets.append((segs, rows, valid[:, :, None], self.totals[grouped[starts[segs]]], rank))
+
+    def rows(self, index: np.ndarray) -> "SiblingProjection":
+        """The projection of the children ``index`` alone, in that order (whole families: a
+        parent's children all in ``index`` or none, as a stopped group leaves them)."""
+        return SiblingProjection(self.parent_of[np.asarray(index, dtype=np.int64)], self.totals)
 
     def __call__(self, v: np.ndarray) -> np.ndarray:
         v = np.asarray(v, dtype=np.float64)
@@ -340,12 +350,15 @@ def estimate_top_down(levels: Sequence[GeographyLevel], *, integer: bool = False
                       centre: Sequence[np.ndarray] | None = None,
                       families: Sequence[np.ndarray | None] | None = None,
                       rounding: str = "controlled", roots: np.ndarray | None = None,
-                      below: Sequence[tuple[Any, np.ndarray]] = ()) -> TopDownResult:
+                      below: Sequence[tuple[Any, np.ndarray]] = (),
+                      progress: Callable[[int, int], None] | None = None) -> TopDownResult:
     """Every level's estimates, coarsest first (module docstring): the root level by
     nonnegative GLS, each finer level by GLS with its children summing to their parent's
     estimate (``integer``: to the parent's integer counts, then rounded so they sum exactly).
     ``tol``/``max_iter``: :func:`distfit.estimate.projection.minimise_quadratic`'s.
-    ``on_level(i)`` is called as level ``i`` starts (progress).
+    ``on_level(i)`` is called as level ``i`` starts (progress); ``progress(done, units)`` as the
+    units of every level are solved (a parent's children count as it stops), ending with
+    ``(units, units)``.
 
     ``centre`` (per level, units x cells; e.g. the hierarchy's best linear unbiased estimates):
     tables to stay close to instead of the measurements, in the same metric: unit ``u``
@@ -386,7 +399,10 @@ def estimate_top_down(levels: Sequence[GeographyLevel], *, integer: bool = False
     terms = (descendant_terms(levels) if centre is None
              else [(w, None, None) for w in descendant_weights(levels, below)])
     xs, counts, objectives, residuals, iterations, converged = [], [], [], [], [], []
+    units = sum(level.units for level in levels)
     for i, level in enumerate(levels):
+        before = sum(lv.units for lv in levels[:i])
+        solved = None if progress is None else (lambda done, _rows, before=before: progress(before + done, units))
         if on_level is not None:
             on_level(i)
         weights, linear, constant = terms[i]
@@ -415,7 +431,7 @@ def estimate_top_down(levels: Sequence[GeographyLevel], *, integer: bool = False
         else:
             groups = np.arange(level.units) if parent_of is None else parent_of  # one problem per parent
             result = minimise_quadratic(hessian, linear, project, start, tol=tol, max_iter=max_iter,
-                                        lipschitz=hessian.group_lipschitz(groups), groups=groups)
+                                        lipschitz=hessian.group_lipschitz(groups), groups=groups, progress=solved)
             x = result.x
             iterations.append(int(result.iterations))
             converged.append(result.converged)
@@ -426,6 +442,8 @@ def estimate_top_down(levels: Sequence[GeographyLevel], *, integer: bool = False
             family = None if families is None else families[i]
             counts.append(given if i == 0 and roots is not None else
                           _round_level(x, parent_of, counts[i - 1] if i else None, family, rounding))
+        if progress is not None:
+            progress(before + level.units, units)
     return TopDownResult(x=tuple(xs), counts=tuple(counts) if integer else None, objective=tuple(objectives),
                          residual=tuple(residuals), iterations=tuple(iterations), converged=tuple(converged))
 
@@ -455,7 +473,8 @@ def _round_level(x: np.ndarray, parent_of: np.ndarray | None, above: np.ndarray 
 def integer_top_down(levels: Sequence[GeographyLevel], centre: Sequence[np.ndarray], *,
                      families: Sequence[np.ndarray | None] | None = None, tol: float = 1e-6,
                      max_iter: int = 20000, roots: np.ndarray | None = None,
-                     below: Sequence[tuple[Any, np.ndarray]] = ()) -> tuple[np.ndarray, ...]:
+                     below: Sequence[tuple[Any, np.ndarray]] = (),
+                     progress: Callable[[int, int], None] | None = None) -> tuple[np.ndarray, ...]:
     """Nonnegative integer tables (int64, per level, coarsest first) close to real-valued ones
     ``centre`` (e.g. the hierarchy's best linear unbiased estimates, which may be below 0), every
     unit's children summing exactly to it, cell by cell: :func:`estimate_top_down` with
@@ -479,6 +498,7 @@ def integer_top_down(levels: Sequence[GeographyLevel], centre: Sequence[np.ndarr
     integers, bit for bit (:mod:`distfit.estimate.subtree_job`). ``roots``: level 0's counts,
     given (a forest's roots, from the cut level's tables); ``below``: the levels under the last,
     ``(H, descendants of each last-level unit)`` each, so the top levels alone get the whole
-    tree's ``H_u`` (the driver's part of the same)."""
+    tree's ``H_u`` (the driver's part of the same). ``progress(done, units)``: as
+    :func:`estimate_top_down`'s."""
     return estimate_top_down(levels, integer=True, tol=tol, max_iter=max_iter, centre=centre,
-                             families=families, roots=roots, below=below).counts
+                             families=families, roots=roots, below=below, progress=progress).counts

@@ -96,6 +96,7 @@ from distfit.estimate.rounding import laminar_family
 from distfit.estimate.subtree_job import FOREST_ROWS, Unordered, estimate_on_cluster
 from distfit.estimate.subtrees import DRIVER_UNITS, choose_cut
 from distfit.runtime.placement import Placement, placement_client
+from distfit.runtime.progress import LONG_STAGE_SECONDS, Progress
 from distfit.runtime.threads import blas_limit
 from distfit.stores.plan import read_verified_plan
 from distfit.stores.release import read_sealed_release
@@ -222,7 +223,9 @@ def estimate_levels(spec: Any, level_dirs: Mapping[str, os.PathLike | str], *, i
               f"geography{', then integer tables' if integer else ''}", file=log)
         result = estimate_hierarchy(hessians, linears, parent_of, split="total", outside=False)
         xs = (integer_top_down([GeographyLevel(h, g, up) for h, g, up in zip(hessians, linears, parent_of)], result.x,
-                               families=[laminar_family(models[name].workload) for name in names])
+                               families=[laminar_family(models[name].workload) for name in names],
+                               progress=Progress("estimate: integer tables", log, unit="units",
+                                                 after=LONG_STAGE_SECONDS))
               if integer else result.x)
         variances = [None if integer or models[name].workload is None else result.variances(i, models[name].workload)
                      for i, name in enumerate(names)]

@@ -336,7 +336,8 @@ def _residual_norm(x: np.ndarray, grad: np.ndarray, project, step: float) -> np.
 def minimise_quadratic(hessian, linear: np.ndarray, project: Callable[[np.ndarray], np.ndarray],
                        x0: np.ndarray, *, tol: float = 1e-9, max_iter: int = 20000,
                        lipschitz: float | np.ndarray | None = None, check_every: int = 10,
-                       coupled: bool = False, groups: np.ndarray | None = None) -> QPResult:
+                       coupled: bool = False, groups: np.ndarray | None = None,
+                       progress: Callable[[int, int], None] | None = None) -> QPResult:
     """``argmin_{x in C} 0.5 x^T H x - g^T x`` for every row of ``linear`` (units x cells) at once.
 
     ``hessian``: ``H`` (cells x cells, symmetric positive semidefinite) or a callable ``V ->
@@ -353,7 +354,8 @@ def minimise_quadratic(hessian, linear: np.ndarray, project: Callable[[np.ndarra
     ``max_iter`` come back with ``converged`` False.
 
     ``groups`` (rows,): independent coupled problems, e.g. the children of each parent
-    (:func:`_minimise_groups`); ``lipschitz`` then per row (the bound of its group's).
+    (:func:`_minimise_groups`); ``lipschitz`` then per row (the bound of its group's);
+    ``progress(stopped, rows)`` is then called at every check with the rows of stopped groups.
     """
     g = np.asarray(linear, dtype=np.float64)
     x = project(np.array(x0, dtype=np.float64, copy=True))
@@ -361,7 +363,7 @@ def minimise_quadratic(hessian, linear: np.ndarray, project: Callable[[np.ndarra
         raise ValueError(f"linear: shape {g.shape} does not match x0 {x.shape}")
     if groups is not None:
         return _minimise_groups(hessian, g, project, x, np.asarray(groups), lipschitz, tol=tol,
-                                max_iter=max_iter, check_every=check_every)
+                                max_iter=max_iter, check_every=check_every, progress=progress)
     step = 1.0 / (lipschitz if lipschitz is not None else _lipschitz(hessian))
     converged = np.zeros(x.shape[0], dtype=bool)
     active = np.arange(x.shape[0])
@@ -397,7 +399,8 @@ def minimise_quadratic(hessian, linear: np.ndarray, project: Callable[[np.ndarra
 
 
 def _minimise_groups(hessian, g: np.ndarray, project: Callable[[np.ndarray], np.ndarray], x: np.ndarray,
-                     groups: np.ndarray, lipschitz, *, tol: float, max_iter: int, check_every: int) -> QPResult:
+                     groups: np.ndarray, lipschitz, *, tol: float, max_iter: int, check_every: int,
+                     progress: Callable[[int, int], None] | None = None) -> QPResult:
     """:func:`minimise_quadratic` with ``groups``: the rows of each group are one problem (FISTA
     with its own step ``1 / lipschitz`` (given per row), momentum and restart test, the sum over
     its rows of ``(y - x_new) . (x_new - x)``), and a group stops, keeping its rows as they are,
@@ -407,33 +410,54 @@ def _minimise_groups(hessian, g: np.ndarray, project: Callable[[np.ndarray], np.
     ``hessian`` and ``project`` are (the groups' rows may be solved in any batches, e.g. one
     forest of subtrees at a time: docs/design.md section 7, "Integer tables on the cluster").
     The restart sums run in row order within each group (``np.bincount``), whatever the other
-    groups."""
+    groups.
+
+    Stopped groups leave the iteration: when the rows of live groups are at most half of those
+    iterated, the iteration goes on over those rows alone, if ``project`` and an operator
+    ``hessian`` can be restricted to them (``project.rows(index)``, ``hessian.rows(index)``: the
+    same maps on rows ``index``, in order; a dense ``H`` acts row by row as it is). Why: a
+    level's groups stop after very different numbers of steps (a few parents' children need
+    thousands, most far fewer), and every step cost the whole level's product before. Each
+    group's path is unchanged, bit for bit (its rows' products do not depend on the rows beside
+    them)."""
     n = x.shape[0]
     _, group = np.unique(groups, return_inverse=True)
     group = group.reshape(-1)
     count = int(group.max(initial=-1)) + 1
     step = 1.0 / np.broadcast_to(np.asarray(lipschitz if lipschitz is not None else _lipschitz(hessian),
                                             dtype=np.float64), (n,))[:, None]
+    restrictable = hasattr(project, "rows") and (isinstance(hessian, np.ndarray) or hasattr(hessian, "rows"))
     live = np.ones(count, dtype=bool)
     t = np.ones(count)
-    xa, ya = x, x.copy()
+    out = x.copy()
+    rows = np.arange(n)  # the rows iterated (of live groups, and of groups stopped since the last compaction)
+    xa, ya, ga, gr, op, proj = x, x.copy(), g, group, hessian, project
     iterations = 0
     while live.any() and iterations < max_iter:
-        held = ~live[group]  # stopped groups keep their rows (a group's path is its own)
+        held = ~live[gr]  # stopped groups keep their rows (a group's path is its own)
         for _ in range(min(check_every, max_iter - iterations)):
-            x_new = project(ya - step * (_apply(hessian, ya) - g))
+            x_new = proj(ya - step * (_apply(op, ya) - ga))
             x_new[held] = xa[held]
-            restart = np.bincount(group, weights=np.einsum("ij,ij->i", ya - x_new, x_new - xa), minlength=count) > 0
+            restart = np.bincount(gr, weights=np.einsum("ij,ij->i", ya - x_new, x_new - xa), minlength=count) > 0
             t_new = np.where(restart, 1.0, 0.5 * (1.0 + np.sqrt(1.0 + 4.0 * t * t)))
             beta = np.where(restart, 0.0, (t - 1.0) / t_new)
-            ya = x_new + beta[group][:, None] * (x_new - xa)
+            ya = x_new + beta[gr][:, None] * (x_new - xa)
             xa, t = x_new, t_new
             iterations += 1
         ya[held] = xa[held]
-        done = _residual_norm(xa, _apply(hessian, xa) - g, project, step) <= tol
-        live &= np.bincount(group, weights=~done, minlength=count) > 0
+        done = _residual_norm(xa, _apply(op, xa) - ga, proj, step) <= tol
+        live &= np.bincount(gr, weights=~done, minlength=count) > 0
+        keep = live[gr]
+        if progress is not None:
+            progress(n - int(keep.sum()), n)
+        if restrictable and 2 * int(keep.sum()) <= rows.size:
+            out[rows] = xa
+            rows, xa, ya, ga, gr, step = rows[keep], xa[keep], ya[keep], ga[keep], gr[keep], step[keep]
+            op = op if isinstance(op, np.ndarray) else hessian.rows(rows)
+            proj = project.rows(rows)
+    out[rows] = xa
     converged = ~live[group]
-    return QPResult(x=xa, objective=quadratic_objective(hessian, g, xa), iterations=iterations, converged=converged)
+    return QPResult(x=out, objective=quadratic_objective(hessian, g, out), iterations=iterations, converged=converged)
 
 
 def _nonnegative(v: np.ndarray) -> np.ndarray:

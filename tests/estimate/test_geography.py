@@ -335,3 +335,57 @@ def test_integer_tables_of_forests_of_subtrees_are_the_whole_trees_bit_for_bit(c
         np.testing.assert_array_equal(np.concatenate(tables[k - cut - 1]), solved.x[k])
     with pytest.raises(ValueError, match=r"^roots: expected nonnegative integer counts of shape"):
         integer_top_down(levels[:1], centre[:1], roots=-np.ones((levels[0].units, cells)))
+
+
+def test_stopped_parents_leave_the_iteration_with_every_table_unchanged_bit_for_bit():
+    """A level's per-parent solve (minimise_quadratic's ``groups``) goes on over the live
+    parents' children alone once the stopped ones are half (``rows`` of the projection and of
+    the operator): it did so here, more than once, and every child's table, the iteration count
+    and the converged flags equal those of the same solve that keeps every row, bit for bit."""
+    from distfit.estimate.geography import SiblingProjection, WeightedInformation
+    from distfit.estimate.projection import minimise_quadratic
+
+    class Counted(SiblingProjection):
+        restricted: list[int] = []
+
+        def rows(self, index):
+            Counted.restricted.append(len(index))
+            return Counted(self.parent_of[index], self.totals)
+
+    rng = np.random.default_rng(7)
+    cells, parents = 9, 40
+    parent_of = np.sort(np.concatenate([np.arange(parents), rng.integers(0, parents, 160)]))
+    a = rng.standard_normal((cells + 3, cells))
+    scale = rng.uniform(0.05, 20.0, (parent_of.size, 1))  # conditioning per parent: steps differ widely
+    hessian = WeightedInformation([a.T @ a], scale[:, 0][:, None])
+    centre = rng.normal(0.5, 3.0, (parent_of.size, cells)) * rng.uniform(1, 40, (parent_of.size, 1))
+    totals = np.maximum(np.round(np.add.reduceat(centre, np.flatnonzero(np.r_[True, np.diff(parent_of) > 0]))), 0)
+    linear = hessian(centre)
+    lipschitz = hessian.group_lipschitz(parent_of)
+    project = Counted(parent_of, totals)
+    compacted = minimise_quadratic(hessian, linear, project, project(centre), tol=1e-9, lipschitz=lipschitz,
+                                   groups=parent_of)
+    kept = minimise_quadratic(hessian, linear, lambda v: project(v), project(centre), tol=1e-9,
+                              lipschitz=lipschitz, groups=parent_of)  # a plain function: no rows, no compaction
+    assert len(Counted.restricted) >= 2 and Counted.restricted[-1] < parent_of.size // 4, Counted.restricted
+    assert compacted.converged.all() and compacted.iterations == kept.iterations
+    np.testing.assert_array_equal(compacted.x, kept.x)
+    np.testing.assert_array_equal(compacted.converged, kept.converged)
+
+
+def test_integer_top_down_reports_the_units_solved():
+    """integer_top_down's ``progress(done, units)``: over every level's units, never falling,
+    each level's ending at its last unit, the last call ``(units, units)``; the tables are those
+    made without it."""
+    rng = np.random.default_rng(5)
+    levels = _ordered_levels(rng, (2, 7, 23, 61), 9)
+    centre = [rng.normal(0.5, 3.0, (lv.units, 9)) * rng.uniform(1, 40, (lv.units, 1)) for lv in levels]
+    calls = []
+    counts = integer_top_down(levels, centre, progress=lambda done, total: calls.append((done, total)))
+    units = sum(lv.units for lv in levels)
+    assert {total for _, total in calls} == {units} and calls[-1] == (units, units)
+    done = [d for d, _ in calls]
+    assert done == sorted(done) and {2, 9, 32, 93} <= set(done)
+    assert len(calls) > 4  # within a level too, as its parents stop
+    for mine, plain in zip(counts, integer_top_down(levels, centre)):
+        np.testing.assert_array_equal(mine, plain)
