@@ -62,12 +62,14 @@ from typing import Any, TextIO
 import numpy as np
 
 from distfit.estimate.geography import GeographyLevel, integer_top_down
-from distfit.estimate.hierarchy import Summary, Top, check_parent_of
+from distfit.estimate.hierarchy import Grouping, Summary, Top, check_parent_of
 from distfit.estimate.job import ReleaseRows
 from distfit.estimate.level_stores import (
     METHOD,
     OBJECTIVE,
+    BasisTerms,
     LevelEstimate,
+    basis_terms,
     level_queries,
     level_terms,
     parent_rows,
@@ -81,6 +83,7 @@ from distfit.estimate.measurements import MeasurementModel, measurement_model
 from distfit.estimate.rounding import laminar_family
 from distfit.estimate.subtrees import (
     FOREST_MATRIX_BYTES,
+    basis_forest_upward,
     descendant_spans,
     forest_downward,
     forest_upward,
@@ -141,8 +144,11 @@ class Forests:
     rows per level (``spans[k][i]``: cut unit ``i``'s first row at level ``c + k``), each unit's
     number of children (``counts[k]``, levels ``c .. L - 1``), the pieces directory,
     ``split`` (:func:`distfit.estimate.hierarchy.estimate_hierarchy`'s), ``integer`` (integer
-    tables: module docstring) and the levels' shared ``basis``
-    (:func:`distfit.estimate.level_stores.information_basis`; None: the general path)."""
+    tables: module docstring), the levels' shared ``basis``
+    (:func:`distfit.estimate.level_stores.information_basis`; None: the general path) and
+    ``terms``, each level's :class:`distfit.estimate.level_stores.BasisTerms` in it when the
+    tasks work in the basis from the answers (real-valued tables; None: through ``h``, as the
+    integer top-down needs it)."""
 
     names: tuple[str, ...]
     models: tuple[MeasurementModel, ...]
@@ -155,37 +161,59 @@ class Forests:
     fsync: bool
     integer: bool = False
     basis: np.ndarray | None = None
+    terms: tuple[BasisTerms, ...] | None = None
 
     def rows(self, first: int, stop: int) -> list[tuple[int, int]]:
         """Forest ``[first, stop)``'s rows ``(start, stop)`` at each level from the cut."""
         return [(int(s[first]), int(s[stop])) for s in self.spans]
 
 
-def _read_forest(job: Forests, first: int, stop: int):
-    """A forest's terms per level (J, h, norms) and local parent rows, from its rows of each
-    release (chunks checked as read)."""
-    terms, parents = [], [None]
+def _forest_answers(job: Forests, first: int, stop: int) -> tuple[list[dict[str, np.ndarray]], list]:
+    """A forest's released answers per level (``{block_id: rows x m_b}``, chunks checked as
+    read) and local parent rows; the levels from the first without rows are left out."""
+    answers, parents = [], [None]
     rows = job.rows(first, stop)
     for k, (model, path, checksum, (a, b)) in enumerate(zip(job.models, job.release_paths, job.release_checksums,
                                                               rows)):
         if b == a:  # no units here, nor below
             break
-        answers = ReleaseRows(read_sealed_release(path, checksum), model).answers(a, b)
-        terms.append(level_terms(model, answers))
+        answers.append(ReleaseRows(read_sealed_release(path, checksum), model).answers(a, b))
         if k:
             above = job.counts[k - 1][rows[k - 1][0]:rows[k - 1][1]]
             parents.append(np.repeat(np.arange(above.size, dtype=np.int64), above))
-    return terms, parents
+    return answers, parents
+
+
+def _read_forest(job: Forests, first: int, stop: int):
+    """A forest's terms per level (J, h, norms) and local parent rows (the general path)."""
+    answers, parents = _forest_answers(job, first, stop)
+    return [level_terms(model, a) for model, a in zip(job.models, answers)], parents
 
 
 def upward_task(job: Forests, first: int, stop: int) -> tuple[int, Summary, tuple[np.ndarray, ...]]:
     """Step 2 (module docstring): forest ``[first, stop)``'s roots' summary, and their level's
     terms ``(J, h, norms)`` (:func:`distfit.estimate.level_stores.level_terms`: the top's
-    residuals): ``(first, summary, terms)``."""
+    residuals): ``(first, summary, terms)``. With ``job.terms`` (the shared basis) each level's
+    ``h~`` straight from its answers, and the finest level's only summed by parent (its answers
+    summed first: no product per leaf; the downward task forms the leaves' rows)."""
     with blas_limit():
-        terms, parents = _read_forest(job, first, stop)
-        _, summary = forest_upward([t[0] for t in terms], [t[1] for t in terms], parents, basis=job.basis)
-    return first, summary, terms[0]
+        if job.terms is None:
+            terms, parents = _read_forest(job, first, stop)
+            _, summary = forest_upward([t[0] for t in terms], [t[1] for t in terms], parents, basis=job.basis)
+            return first, summary, terms[0]
+        answers, parents = _forest_answers(job, first, stop)
+        depth = len(answers)
+        linear = [job.terms[k].linear(answers[k]) for k in range(depth if depth == 1 else depth - 1)]
+        sums = None
+        if depth > 1:  # leaves of one J (every level's J is one matrix: level_terms)
+            above = linear[-1][0].shape[0]
+            sums = job.terms[depth - 1].summed(answers[-1], Grouping.of(parents[-1], above))
+        del answers
+        _, summary = basis_forest_upward([t.own for t in job.terms[:depth]],
+                                         [h for h, _ in linear] + ([None] if depth > 1 else []), parents, job.basis,
+                                         leaf_sums=sums)
+        h, norms = linear[0]
+        return first, summary, (job.terms[0].information, h @ job.basis.T, norms)
 
 
 def downward_task(job: Forests, first: int, stop: int, top: Top, roots: np.ndarray | None = None) -> tuple[int, int]:
@@ -195,8 +223,15 @@ def downward_task(job: Forests, first: int, stop: int, top: Top, roots: np.ndarr
     directory = Path(job.pieces)
     rows = job.rows(first, stop)
     with blas_limit():
-        terms, parents = _read_forest(job, first, stop)
-        state, _ = forest_upward([t[0] for t in terms], [t[1] for t in terms], parents, basis=job.basis)
+        if job.terms is None:
+            terms, parents = _read_forest(job, first, stop)
+            state, _ = forest_upward([t[0] for t in terms], [t[1] for t in terms], parents, basis=job.basis)
+        else:  # in the basis: (h~, n) per level from the answers, residuals from x~ (BasisTerms)
+            answers, parents = _forest_answers(job, first, stop)
+            terms = [t.linear(a) for t, a in zip(job.terms, answers)]
+            del answers
+            state, _ = basis_forest_upward([t.own for t in job.terms[:len(terms)]], [h for h, _ in terms], parents,
+                                           job.basis)
         result = forest_downward(state, top, split=job.split, outside=False)  # O: published nowhere
         tables = result.x
         if job.integer:  # the driver's integer top-down, continued from the roots' tables
@@ -210,8 +245,9 @@ def downward_task(job: Forests, first: int, stop: int, top: Top, roots: np.ndarr
     for k in range(1, len(result.x)):
         start, end = rows[k]
         x, model = tables[k], job.models[k]
-        arrays = {"queries": level_queries(model, x, job.integer), "cells": x,
-                  "objective": residuals(terms[k][0], terms[k][1], terms[k][2], x)}
+        objective = (residuals(terms[k][0], terms[k][1], terms[k][2], x) if job.terms is None
+                     else job.terms[k].residuals(terms[k][0], terms[k][1], result.x_basis[k]))
+        arrays = {"queries": level_queries(model, x, job.integer), "cells": x, "objective": objective}
         if not job.integer and model.workload is not None:  # integer tables publish no variances
             arrays["variances"] = result.variances(k, model.workload)
         write_piece(directory, job.names[k], start, arrays, fsync=job.fsync)
@@ -300,12 +336,16 @@ def estimate_on_cluster(client, spec: Any, *, names: Sequence[str], cut: int, di
                         paths: Mapping[str, Path], plans: Mapping[str, Any], releases: Mapping[str, Any],
                         columns: Mapping[str, str | None], forest_rows: int = FOREST_ROWS, split: str = "total",
                         log: TextIO, fsync: bool = True, integer: bool = False,
-                        basis: np.ndarray | None = None) -> dict[str, LevelEstimate]:
+                        basis: np.ndarray | None = None,
+                        models: Mapping[str, MeasurementModel] | None = None) -> dict[str, LevelEstimate]:
     """The estimate of every level (module docstring) on ``client``'s cluster, cut at level
     ``cut`` (0 <= cut < the finest level), forests of at most ``forest_rows`` rows (fewer on a
     large cluster: :func:`_forests`); with ``integer``, integer tables; the arguments as
     :func:`distfit.estimate.levels.estimate_levels` has them; ``basis``: the levels' shared basis
-    (:func:`distfit.estimate.level_stores.information_basis`; None: the general path). Returns the
+    (:func:`distfit.estimate.level_stores.information_basis`; None: the general path); ``models``:
+    each level's :func:`distfit.estimate.measurements.measurement_model` (None: built here, BLAS
+    on one thread: a pseudo-inverse per plan, which many threads on a busy machine made 8x
+    dearer). Returns the
     level estimates by name. :class:`Unordered` (before anything is
     written) when a level below the cut is not ordered by its parents."""
     started = time.perf_counter()
@@ -313,11 +353,15 @@ def estimate_on_cluster(client, spec: Any, *, names: Sequence[str], cut: int, di
     counts, spans, groups, forest_rows = _forests(names, cut, releases, columns, forest_rows,
                                                   dask_runtime().worker_threads(client), cells if basis is None else 0)
     below = names[cut:]
-    models = {name: measurement_model(plans[name]) for name in names}
+    if models is None:
+        with blas_limit():
+            models = {name: measurement_model(plans[name]) for name in names}
+    with blas_limit():  # the tasks' matrices in the basis, once (real-valued: module docstring)
+        terms = None if basis is None or integer else tuple(basis_terms(models[n], basis) for n in below)
     pieces = dirs[names[cut]] / PIECES_NAME  # made at step 4 (a refused input leaves nothing behind)
     job = Forests(tuple(below), tuple(models[n] for n in below), tuple(releases[n].path for n in below),
                   tuple(releases[n].checksum for n in below), tuple(spans), tuple(counts), str(pieces), split, fsync,
-                  integer, basis)
+                  integer, basis, terms)
     units = sum(int(releases[n].attrs["units"]) for n in names)
     print(f"distfit: estimate levels {', '.join(names)} ({units:,} units) on the cluster: best linear unbiased "
           f"over the geography{', then integer tables' if integer else ''}, {len(groups)} forests of subtrees of "
