@@ -62,7 +62,7 @@ from typing import Any, TextIO
 import numpy as np
 
 from distfit.estimate.geography import GeographyLevel, integer_top_down
-from distfit.estimate.hierarchy import Grouping, Summary, Top, check_parent_of
+from distfit.estimate.hierarchy import Grouping, Summary, Top, check_parent_of, query_variances
 from distfit.estimate.job import ReleaseRows
 from distfit.estimate.level_stores import (
     METHOD,
@@ -80,6 +80,7 @@ from distfit.estimate.level_stores import (
     write_level,
 )
 from distfit.estimate.measurements import MeasurementModel, measurement_model
+from distfit.estimate.shared_basis import diagonal_variances
 from distfit.estimate.rounding import laminar_family
 from distfit.estimate.subtrees import (
     FOREST_MATRIX_BYTES,
@@ -131,6 +132,10 @@ FORESTS_PER_THREAD = 2
 MIN_FOREST_ROWS = 2_000
 #: The pieces directory, next to the cut level's estimate.
 PIECES_NAME = "estimate.subtrees"
+#: A piece's arrays of a row per unit (digested per chunk of units); ``variance_rows`` is per class.
+PIECE_SLICED = ("cells", "objective", "variance_class")
+#: What a piece holds (in its directory's key: pieces of another content are not reused).
+PIECE_ROWS = "pieces: cells, objective, variance_rows by class and variance_class (queries formed by the chunk)"
 
 
 class Unordered(ValueError):
@@ -148,7 +153,8 @@ class Forests:
     (:func:`distfit.estimate.level_stores.information_basis`; None: the general path) and
     ``terms``, each level's :class:`distfit.estimate.level_stores.BasisTerms` in it when the
     tasks work in the basis from the answers (real-valued tables; None: through ``h``, as the
-    integer top-down needs it)."""
+    integer top-down needs it); ``chunk_units`` each level's chunk of units (its pieces' rows are
+    digested per chunk: :mod:`distfit.stores.pieces`)."""
 
     names: tuple[str, ...]
     models: tuple[MeasurementModel, ...]
@@ -162,6 +168,7 @@ class Forests:
     integer: bool = False
     basis: np.ndarray | None = None
     terms: tuple[BasisTerms, ...] | None = None
+    chunk_units: tuple[int, ...] = ()
 
     def rows(self, first: int, stop: int) -> list[tuple[int, int]]:
         """Forest ``[first, stop)``'s rows ``(start, stop)`` at each level from the cut."""
@@ -247,34 +254,50 @@ def downward_task(job: Forests, first: int, stop: int, top: Top, roots: np.ndarr
         x, model = tables[k], job.models[k]
         objective = (residuals(terms[k][0], terms[k][1], terms[k][2], x) if job.terms is None
                      else job.terms[k].residuals(terms[k][0], terms[k][1], result.x_basis[k]))
-        arrays = {"queries": level_queries(model, x, job.integer), "cells": x, "objective": objective}
+        arrays = {"cells": x, "objective": objective}
         if not job.integer and model.workload is not None:  # integer tables publish no variances
-            arrays["variances"] = result.variances(k, model.workload)
-        write_piece(directory, job.names[k], start, arrays, fsync=job.fsync)
+            arrays["variance_rows"], arrays["variance_class"] = _class_variances(result, k, model.workload)
+        write_piece(directory, job.names[k], start, arrays, fsync=job.fsync,
+                    slab=job.chunk_units[k] if job.chunk_units else None, sliced=PIECE_SLICED)
         units += end - start
     return first, units
+
+
+def _class_variances(result, k: int, workload: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Level ``k``'s query variances per downward class (classes x m) and each unit's class: the
+    piece's form of :meth:`distfit.estimate.hierarchy.HierarchyEstimate.variances` (the leaves of
+    one ``J`` in the shared basis share their parent's ``P``: a row per parent, not per unit)."""
+    classes = result.covariance[k].shape[0]
+    rows = (diagonal_variances(workload, result.basis, result.covariance[k]) if result.basis is not None
+            else query_variances(workload, result.covariance[k], np.arange(classes)))
+    return rows, np.asarray(result.unit_class[k], dtype=np.int64)
 
 
 def chunk_task(job: Forests, k: int, estimate_path: str, chunk: int, start: int, stop: int,
                firsts: tuple[int, ...]) -> tuple[int, int]:
     """Step 5 (module docstring): chunk ``chunk`` (rows ``start:stop``) of level ``c + k``'s
     estimate written from the pieces starting at rows ``firsts`` (those it overlaps, in order),
-    its unit ids from the release. Returns ``(chunk, units)``."""
-    parts: dict[str, list[np.ndarray]] = {}
-    for first in firsts:
-        piece = read_piece(Path(job.pieces), job.names[k], first)
-        n = next(iter(piece.values())).shape[0]
-        a, b = max(start - first, 0), min(stop - first, n)
-        for name, rows in piece.items():
-            parts.setdefault(name, []).append(np.asarray(rows[a:b]))
-    arrays = {name: np.concatenate(rows) for name, rows in parts.items()}
+    its unit ids from the release. A piece holds each unit's table and residual and the query
+    variances per class with each unit's class; the query estimates are the tables' workload sums
+    (:func:`distfit.estimate.level_stores.level_queries`, as :func:`write_level` makes them) and
+    the variances their units' class rows, both formed here: the pieces carry a third of the
+    bytes (PL94: 253 numbers a unit instead of 891), each written, hashed and read once.
+    Returns ``(chunk, units)``."""
+    cells, objective, variances = [], [], []
+    for first in firsts:  # each piece's rows of the chunk, only those read and checked
+        piece = read_piece(Path(job.pieces), job.names[k], first, rows=(start, stop))
+        cells.append(np.asarray(piece["cells"]))
+        objective.append(np.asarray(piece["objective"]))
+        if "variance_rows" in piece:
+            variances.append(np.asarray(piece["variance_rows"])[np.asarray(piece["variance_class"])])
+    x = np.concatenate(cells)
     release = read_sealed_release(job.release_paths[k], job.release_checksums[k])
     ids = np.asarray(release.rows_of("unit_ids", start, stop))
     n = stop - start
     with ChunkWriter(estimate_path) as writer:
         writer.write_arrays(chunk, start, chunk_rows(
-            arrays["queries"], arrays["cells"], arrays["objective"], 0, np.ones(n, dtype=np.uint8), ids,
-            variances=arrays.get("variances")))
+            level_queries(job.models[k], x, job.integer), x, np.concatenate(objective), 0,
+            np.ones(n, dtype=np.uint8), ids, variances=np.concatenate(variances) if variances else None))
     return chunk, n
 
 
@@ -305,7 +328,8 @@ def _key(names: Sequence[str], releases: Mapping[str, Any], cut: int, forest_row
          integer: bool, shared: bool) -> str:
     """The inputs the pieces are computed from (their directory's key; the forests' bounds)."""
     bound = "shared basis" if shared else f"matrices {FOREST_MATRIX_BYTES}"
-    return "\n".join([METHOD, OBJECTIVE, split, str(cut), str(forest_rows), bound, f"integer {bool(integer)}",
+    return "\n".join([METHOD, OBJECTIVE, PIECE_ROWS, split, str(cut), str(forest_rows), bound,
+                      f"integer {bool(integer)}",
                       *(f"{n} {releases[n].checksum}" for n in names)]) + "\n"
 
 
@@ -361,7 +385,7 @@ def estimate_on_cluster(client, spec: Any, *, names: Sequence[str], cut: int, di
     pieces = dirs[names[cut]] / PIECES_NAME  # made at step 4 (a refused input leaves nothing behind)
     job = Forests(tuple(below), tuple(models[n] for n in below), tuple(releases[n].path for n in below),
                   tuple(releases[n].checksum for n in below), tuple(spans), tuple(counts), str(pieces), split, fsync,
-                  integer, basis, terms)
+                  integer, basis, terms, tuple(int(releases[n].attrs["chunk_units"]) for n in below))
     units = sum(int(releases[n].attrs["units"]) for n in names)
     print(f"distfit: estimate levels {', '.join(names)} ({units:,} units) on the cluster: best linear unbiased "
           f"over the geography{', then integer tables' if integer else ''}, {len(groups)} forests of subtrees of "

@@ -638,7 +638,8 @@ def test_forests_from_h_in_the_basis_equal_the_general_path(case, family):
             if depth > 1:
                 sums = Grouping.of(ups[-1], rows[-2].stop - rows[-2].start).sum(linear[-1])
                 _, summed = basis_forest_upward(own[cut:cut + depth], linear[:-1] + [None], ups, q, leaf_sums=sums)
-                np.testing.assert_allclose(summed.mean, summary.mean, rtol=1e-12, atol=1e-12 * np.abs(summary.mean).max())
+                np.testing.assert_allclose(summed.mean, summary.mean, rtol=1e-12,
+                                           atol=1e-12 * np.abs(summary.mean).max())
                 np.testing.assert_array_equal(summed.information, summary.information)
                 with pytest.raises(ValueError, match="leaf_sums"):
                     forest_downward(_only_sums(own[cut:cut + depth], linear, ups, q, sums), None, split="total")
