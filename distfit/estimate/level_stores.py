@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from distfit.estimate.hierarchy import PINV_RTOL
 from distfit.estimate.measurements import published_estimates, recover_measurements, workload_estimates, workload_kind
 from distfit.estimate.projection import normal_equations, quadratic_objective
 from distfit.estimate.shared_basis import diagonal_in, shared_basis
@@ -198,7 +199,18 @@ class BasisTerms:
     (:meth:`summed`: the leaves' upward pass, no product per leaf). The residual
     ``||C^-1 (y - B M x)||^2 = x^T J x - 2 h^T x + n = sum_k lambda_k x~_k^2 - 2 h~ . x~ + n``
     (:meth:`residuals`, ``x~ = Q^T x``: O(d) a unit, as the passes form ``x~``).
-    ``information`` is ``J`` itself (d x d) and ``own`` its diagonal in ``Q`` (``lambda``, d)."""
+    ``information`` is ``J`` itself (d x d) and ``own`` its diagonal in ``Q`` (``lambda``, d).
+
+    Leaves of one ``J`` (:meth:`tables`): the downward pass gives ``x_c = J^+ h_c + Q g_p`` with
+    ``g_p = (G r)_p`` their parent's, so each leaf needs only ``J^+ h_c = sum_b a_bc K_b``, ``K_b =
+    F_b E_b Lambda^+ Q^T`` (m_b x d: one product a leaf, ``Lambda^+`` by the passes' rank rule,
+    :data:`distfit.estimate.hierarchy.PINV_RTOL`), and, with ``lambda_k lambda_k^+ = 1`` where
+    kept, its residual is ``(n_c - h~_c^T Lambda^+ h~_c) + g_p^T Lambda g_p``
+    (:meth:`leaf_residuals`): the first term the leaf's own least-squares residual ``||Pi w_c||^2``,
+    ``Pi = I - E Lambda^+ E^T`` the projector off the measured directions, ``= ||sum_b a_bc T_b||^2``
+    with ``T = F U`` (``Pi = U U^T``, ``U`` k x r, ``r = k - rank J``: 0 for PL94, whose blocks
+    measure every cell: a leaf's own residual is 0 and its stored residual ``g_p^T Lambda g_p``,
+    one number per parent, free of the expansion's cancellation)."""
 
     basis: np.ndarray
     information: np.ndarray
@@ -206,6 +218,8 @@ class BasisTerms:
     whiten: tuple[np.ndarray, ...]
     rotate: tuple[np.ndarray, ...]
     block_ids: tuple[str, ...]
+    solve: tuple[np.ndarray, ...]
+    unmeasured: tuple[np.ndarray, ...]
 
     def linear(self, answers: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
         """``(h~ (units x d), n (units,))`` of the units' answers (``{block_id: units x m_b}``)."""
@@ -220,6 +234,21 @@ class BasisTerms:
         """``sum_c h~_c`` by parent (parents x d) of the units' answers, ``group`` a
         :class:`distfit.estimate.hierarchy.Grouping` of them: the answers summed first."""
         return self.linear({b: group.sum(np.asarray(answers[b], dtype=np.float64)) for b in self.block_ids})[0]
+
+    def tables(self, answers: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+        """``(J^+ h (units x d, original basis), the units' own residuals n - h~^T Lambda^+ h~
+        (units,))`` of the units' answers (class docstring, leaves of one ``J``)."""
+        tables, own = None, None
+        for block_id, solve, unmeasured in zip(self.block_ids, self.solve, self.unmeasured):
+            a = np.asarray(answers[block_id], dtype=np.float64)
+            part, rest = a @ solve, a @ unmeasured
+            tables, own = (part, rest) if tables is None else (tables + part, own + rest)
+        return tables, np.einsum("ij,ij->i", own, own)
+
+    def leaf_residuals(self, own: np.ndarray, offsets: np.ndarray, parent: np.ndarray) -> np.ndarray:
+        """The leaves' residuals from their own (:meth:`tables`) and their parents' ``g_p``
+        (``offsets``, parents x d: the downward pass's ``x_basis`` of leaves given by their tables)."""
+        return np.maximum(own + np.einsum("ij,ij->i", offsets * self.own, offsets)[parent], 0.0)
 
     def residuals(self, linear: np.ndarray, norms: np.ndarray, x_basis: np.ndarray) -> np.ndarray:
         """Each unit's own weighted squared residual (:func:`residuals`) from ``h~``, ``n`` and
@@ -238,4 +267,12 @@ def basis_terms(model, basis: np.ndarray) -> BasisTerms:
     # M_b Q: the block's marginal of each column of Q (rows of Q^T), d_b x d
     rotate = tuple(b.whitened_basis @ model.marginal(np.ascontiguousarray(basis.T), b).T for b in model.blocks)
     whiten = tuple(np.ascontiguousarray(b.whitened_recovery.T) for b in model.blocks)
-    return BasisTerms(basis, information, own, whiten, rotate, tuple(b.block_id for b in model.blocks))
+    kept = own > PINV_RTOL * np.abs(own).max(initial=0.0)  # the passes' rule (shared_basis._pinv)
+    inverse = np.divide(1.0, own, out=np.zeros_like(own), where=kept)
+    solve = tuple(np.ascontiguousarray((w @ e * inverse) @ basis.T) for w, e in zip(whiten, rotate))
+    stacked = np.concatenate(rotate)  # every block's E: the projector off the measured directions
+    values, vectors = np.linalg.eigh(np.eye(stacked.shape[0]) - (stacked * inverse) @ stacked.T)
+    off = np.split(vectors[:, values > 0.5], np.cumsum([e.shape[0] for e in rotate])[:-1])
+    unmeasured = tuple(np.ascontiguousarray(w @ u) for w, u in zip(whiten, off))
+    return BasisTerms(basis, information, own, whiten, rotate, tuple(b.block_id for b in model.blocks), solve,
+                      unmeasured)

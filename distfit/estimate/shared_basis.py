@@ -186,8 +186,8 @@ class DiagonalUpward:
     (units x d; None for leaves of one ``J`` below level 0, whose ``h`` is ``leaf_linear``); per
     unit with children ``s_sum``, ``k_par``, ``n_sum`` (None where no child of the level is blind
     in any direction) and ``m_sum`` ``M~``; all in ``basis``. ``in_basis``: ``leaf_linear`` is
-    ``Q^T h`` (:func:`diagonal_upward`'s ``in_basis``), else ``h``; None with ``leaf_sums``
-    (the leaves' rows never given: no downward pass)."""
+    ``Q^T h`` (:func:`diagonal_upward`'s ``in_basis``), else ``h``; None with ``leaf_sums``,
+    where ``leaf_tables`` may give the leaves' ``J^+ h_c`` instead (else no downward pass)."""
 
     basis: np.ndarray
     parents: list
@@ -202,6 +202,7 @@ class DiagonalUpward:
     rtol: float
     leaf_linear: np.ndarray | None = None
     in_basis: bool = False
+    leaf_tables: np.ndarray | None = None
 
     def unit_inside(self, level: int) -> np.ndarray:
         """``I`` of every unit of ``level`` (units x d; a read-only broadcast of a shared row)."""
@@ -217,7 +218,7 @@ class DiagonalUpward:
 def diagonal_upward(own: Sequence[np.ndarray], linear: Sequence[np.ndarray | None],
                     parents: Sequence[np.ndarray | None], groupings: Sequence, basis: np.ndarray, rtol: float,
                     leaves: tuple[np.ndarray, np.ndarray] | None = None, *, in_basis: bool = False,
-                    leaf_sums: np.ndarray | None = None) -> DiagonalUpward:
+                    leaf_sums: np.ndarray | None = None, leaf_tables: np.ndarray | None = None) -> DiagonalUpward:
     """The upward pass (hierarchy's module docstring) in ``basis``: ``own[l]`` the level's ``J``
     eigenvalues ((1, d) or (units, d)), ``linear[l]`` its ``h`` (units x d, original basis; with
     ``in_basis``, ``h~ = Q^T h`` already, as :class:`distfit.estimate.level_stores.BasisTerms`
@@ -226,10 +227,14 @@ def diagonal_upward(own: Sequence[np.ndarray], linear: Sequence[np.ndarray | Non
     it) instead of computed. ``leaf_sums`` (with ``in_basis``, finest level leaves of one ``J``):
     their ``h~`` summed by parent (parents x d), all the upward pass needs of them (``M_p =
     I^+ sum_c h~_c``), ``linear[-1]`` then ignored (None): a summary without the leaves' rows,
-    which the downward pass would need."""
+    which the downward pass needs, or ``leaf_tables``: each leaf's ``J^+ h_c`` (units x d, the
+    original basis; :meth:`distfit.estimate.level_stores.BasisTerms.tables` forms it from the
+    answers in one product), all the downward pass needs of them (:func:`_shared_leaves`)."""
     levels = len(linear)
     if leaf_sums is not None and not (in_basis and levels > 1 and own[-1].shape[0] == 1 and leaves is None):
         raise ValueError("leaf_sums: only in the basis, for a finest level of leaves of one J")
+    if leaf_tables is not None and leaf_sums is None:
+        raise ValueError("leaf_tables: only with leaf_sums")
     leaf_linear = None
     inside, means = [None] * levels, [None] * levels
     s_sum, k_par, n_sum, m_sum = [None] * levels, [None] * levels, [None] * levels, [None] * levels
@@ -272,7 +277,8 @@ def diagonal_upward(own: Sequence[np.ndarray], linear: Sequence[np.ndarray | Non
         eta *= pinv
         means[level] = eta
     return DiagonalUpward(basis, list(parents), list(groupings), list(own), inside, means, s_sum, k_par, n_sum,
-                          m_sum, rtol, leaf_linear, in_basis)
+                          m_sum, rtol, leaf_linear, in_basis,
+                          None if leaf_tables is None else np.asarray(leaf_tables, dtype=np.float64))
 
 
 def diagonal_downward(state: DiagonalUpward, split: str, top: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
@@ -290,7 +296,7 @@ def diagonal_downward(state: DiagonalUpward, split: str, top: tuple[np.ndarray, 
     needed for the next one's, so O is computed down to the finest level wanted)."""
     q, rtol = state.basis, state.rtol
     levels = len(state.means)
-    if levels > 1 and state.means[-1] is None and state.leaf_linear is None:
+    if levels > 1 and state.means[-1] is None and state.leaf_linear is None and state.leaf_tables is None:
         raise ValueError("downward pass: the upward pass was given the leaves' sums only (leaf_sums), not their rows")
     wanted = [True] * levels if outside is None else list(outside)
     deepest = max((level for level in range(levels) if wanted[level]), default=-1)
@@ -373,7 +379,10 @@ def _shared_leaves(state: DiagonalUpward, level: int, tilde: np.ndarray, above_x
     parent); ``x_c = Q (m~_c + G r) = J^+ h_c + Q (G r)_p`` (``J^+ = Q diag(I^+) Q^T``): one product
     per leaf, in the original basis (weights of ``split="total"`` likewise: ``1^T x_c``). With the
     leaves' ``h~`` (``state.in_basis``) ``x~_c = I^+ h~_c + (G r)_p`` first (O(d) a leaf, returned
-    for the residuals) and ``x_c = Q x~_c``, the same one product a leaf.
+    for the residuals) and ``x_c = Q x~_c``, the same one product a leaf. With their tables
+    ``J^+ h_c`` given (``state.leaf_tables``) ``x_c = J^+ h_c + Q (G r)_p``, no product a leaf,
+    and the ``x~`` returned is ``(G r)_p`` per parent (the leaves' class): ``Q^T (x_c - J^+
+    h_c)`` before the blind split and the last child's rounding.
     Returns ``(x, x~ or None, P, O)``."""
     q, rtol, p = state.basis, state.rtol, level - 1
     below, group = state.parents[level], state.groupings[level]
@@ -386,7 +395,11 @@ def _shared_leaves(state: DiagonalUpward, level: int, tilde: np.ndarray, above_x
         n_pinv, _ = _pinv(n, rtol, 1.0)
         blind = np.where(kept, 0.0, n_pinv * (1.0 - s * k))
         gain += blind
-    if state.in_basis:
+    rows_in_q = state.in_basis and state.leaf_tables is None
+    if state.leaf_tables is not None:
+        in_q = gain * remainder  # (G r)_p, per parent
+        x = state.leaf_tables + (in_q @ q.T)[below]
+    elif state.in_basis:
         in_q = state.leaf_linear * own_pinv
         in_q += (gain * remainder)[below]
         x = in_q @ q.T
@@ -400,7 +413,7 @@ def _shared_leaves(state: DiagonalUpward, level: int, tilde: np.ndarray, above_x
         same = ((n == 0.0) | (n == group.fanout[:, None])).all(axis=1)  # siblings blind in the same directions
         factor = np.where(same[below], group.fanout[below] * weight / group.sum(weight)[below], 1.0)
         x += (factor - 1.0)[:, None] * ((blind * remainder) @ q.T)[below]
-        if in_q is not None:
+        if rows_in_q:
             in_q += (factor - 1.0)[:, None] * (blind * remainder)[below]
     x[group.last] += above_x[group.parents] - group.sum(x)[group.parents]
     cov = own_pinv * (1.0 - 2.0 * gain) + gain * gain * (s + above_cov)

@@ -13,16 +13,20 @@ by :func:`distfit.estimate.levels.estimate_levels` with a cluster:
 2. Up: one task per forest (:func:`upward_task`) reads its rows of each level's release (the
    chunks they lie in, each checked against its digest as it is read), forms the normal
    equations and runs the upward pass, returning its roots' summary (a few matrices and a vector
-   per root).
+   per root). In the levels' shared basis the terms come straight from the answers in the basis
+   (:class:`distfit.estimate.level_stores.BasisTerms`), the finest level's only summed by parent.
 3. The top, in the driver: levels ``0 .. c`` read and solved with the summaries, written and
    sealed coarsest first (:func:`distfit.estimate.level_stores.write_level`).
 4. Down: one task per forest (:func:`downward_task`) reads its rows again and repeats its upward
    pass (recomputing it costs less than keeping every forest's state on the workers: the
-   memory of a level), then the downward pass from its roots' estimates, and writes each level's
-   rows (estimates, variances, residuals) as a piece (:mod:`distfit.stores.pieces`).
+   memory of a level; in the shared basis two products a leaf), then the downward pass from its
+   roots' estimates, and writes each level's rows (tables, residuals, and the query variances
+   per class with each unit's class) as a piece (:mod:`distfit.stores.pieces`, digested per
+   chunk of units).
 5. Each level below the cut, coarsest first: its estimate store laid out (or an incomplete one
    of the same inputs resumed), one task per chunk of units writing the chunk from the pieces it
-   overlaps (:func:`chunk_task`), the chunks hashed and fsynced as they land and the store sealed
+   overlaps (:func:`chunk_task`: only its rows of each, the query estimates formed from the
+   tables), the chunks hashed and fsynced as they land and the store sealed
    (:class:`distfit.runtime.chunked_job.ChunkedWrite`), naming its parent level's checksum.
 
 Progress: a line with rate and ETA for each step over the forests and for each level's chunks.
@@ -208,19 +212,28 @@ def upward_task(job: Forests, first: int, stop: int) -> tuple[int, Summary, tupl
             terms, parents = _read_forest(job, first, stop)
             _, summary = forest_upward([t[0] for t in terms], [t[1] for t in terms], parents, basis=job.basis)
             return first, summary, terms[0]
-        answers, parents = _forest_answers(job, first, stop)
-        depth = len(answers)
-        linear = [job.terms[k].linear(answers[k]) for k in range(depth if depth == 1 else depth - 1)]
-        sums = None
-        if depth > 1:  # leaves of one J (every level's J is one matrix: level_terms)
-            above = linear[-1][0].shape[0]
-            sums = job.terms[depth - 1].summed(answers[-1], Grouping.of(parents[-1], above))
-        del answers
-        _, summary = basis_forest_upward([t.own for t in job.terms[:depth]],
-                                         [h for h, _ in linear] + ([None] if depth > 1 else []), parents, job.basis,
-                                         leaf_sums=sums)
+        linear, _, _, summary = _basis_upward(job, first, stop, tables=False)
         h, norms = linear[0]
         return first, summary, (job.terms[0].information, h @ job.basis.T, norms)
+
+
+def _basis_upward(job: Forests, first: int, stop: int, *, tables: bool):
+    """In the shared basis: ``(terms, parents, state, summary)``, ``terms`` each level's ``(h~,
+    n)`` but the finest's (:class:`distfit.estimate.level_stores.BasisTerms`: leaves of one
+    ``J``, their answers only summed by parent; with ``tables`` their ``(J^+ h, own residuals)``
+    last), ``state`` the forest's upward pass (the leaves given by their tables with ``tables``)."""
+    answers, parents = _forest_answers(job, first, stop)
+    depth = len(answers)
+    linear = [job.terms[k].linear(answers[k]) for k in range(depth if depth == 1 else depth - 1)]
+    sums = leaves = None
+    if depth > 1:  # leaves of one J (every level's J is one matrix: level_terms)
+        sums = job.terms[depth - 1].summed(answers[-1], Grouping.of(parents[-1], linear[-1][0].shape[0]))
+        leaves = job.terms[depth - 1].tables(answers[-1]) if tables else None
+    del answers
+    state, summary = basis_forest_upward([t.own for t in job.terms[:depth]],
+                                         [h for h, _ in linear] + ([None] if depth > 1 else []), parents,
+                                         job.basis, leaf_sums=sums, leaf_tables=None if leaves is None else leaves[0])
+    return linear + ([leaves] if leaves is not None else []), parents, state, summary
 
 
 def downward_task(job: Forests, first: int, stop: int, top: Top, roots: np.ndarray | None = None) -> tuple[int, int]:
@@ -233,12 +246,8 @@ def downward_task(job: Forests, first: int, stop: int, top: Top, roots: np.ndarr
         if job.terms is None:
             terms, parents = _read_forest(job, first, stop)
             state, _ = forest_upward([t[0] for t in terms], [t[1] for t in terms], parents, basis=job.basis)
-        else:  # in the basis: (h~, n) per level from the answers, residuals from x~ (BasisTerms)
-            answers, parents = _forest_answers(job, first, stop)
-            terms = [t.linear(a) for t, a in zip(job.terms, answers)]
-            del answers
-            state, _ = basis_forest_upward([t.own for t in job.terms[:len(terms)]], [h for h, _ in terms], parents,
-                                           job.basis)
+        else:  # in the basis: (h~, n) per level, the leaves' (J^+ h, own residual), from the answers
+            terms, parents, state, _ = _basis_upward(job, first, stop, tables=True)
         result = forest_downward(state, top, split=job.split, outside=False)  # O: published nowhere
         tables = result.x
         if job.integer:  # the driver's integer top-down, continued from the roots' tables
@@ -252,8 +261,12 @@ def downward_task(job: Forests, first: int, stop: int, top: Top, roots: np.ndarr
     for k in range(1, len(result.x)):
         start, end = rows[k]
         x, model = tables[k], job.models[k]
-        objective = (residuals(terms[k][0], terms[k][1], terms[k][2], x) if job.terms is None
-                     else job.terms[k].residuals(terms[k][0], terms[k][1], result.x_basis[k]))
+        if job.terms is None:
+            objective = residuals(terms[k][0], terms[k][1], terms[k][2], x)
+        elif k == len(result.x) - 1:  # leaves given by their tables: x_basis their parents' (G r)_p
+            objective = job.terms[k].leaf_residuals(terms[k][1], result.x_basis[k], result.unit_class[k])
+        else:
+            objective = job.terms[k].residuals(terms[k][0], terms[k][1], result.x_basis[k])
         arrays = {"cells": x, "objective": objective}
         if not job.integer and model.workload is not None:  # integer tables publish no variances
             arrays["variance_rows"], arrays["variance_class"] = _class_variances(result, k, model.workload)

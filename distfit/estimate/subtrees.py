@@ -156,18 +156,20 @@ def forest_upward(information: Sequence[np.ndarray], linear: Sequence[np.ndarray
 
 def basis_forest_upward(own: Sequence[np.ndarray], linear: Sequence[np.ndarray | None],
                         parent_of: Sequence[np.ndarray | None], basis: np.ndarray, *,
-                        leaf_sums: np.ndarray | None = None, rtol: float = PINV_RTOL) -> tuple[DiagonalUpward, Summary]:
+                        leaf_sums: np.ndarray | None = None, leaf_tables: np.ndarray | None = None,
+                        rtol: float = PINV_RTOL) -> tuple[DiagonalUpward, Summary]:
     """:func:`forest_upward` in the levels' shared ``basis`` with each level's ``h~ = Q^T h``
     given (``linear[k]``, units x d: :class:`distfit.estimate.level_stores.BasisTerms` forms it
     from the answers) and its ``J``'s eigenvalues ``own[k]`` (d,): no change of basis, the same
     passes (:func:`distfit.estimate.shared_basis.diagonal_upward`). ``leaf_sums``: the finest
-    level's ``h~`` summed by parent (``linear[-1]`` None), enough for the summary (step 1) but
-    not for the downward pass (step 3 gives the rows). Every level must have units."""
+    level's ``h~`` summed by parent (``linear[-1]`` None), enough for the summary (step 1), and
+    for the downward pass (step 3) with ``leaf_tables``, the leaves' ``J^+ h_c``
+    (:func:`distfit.estimate.shared_basis.diagonal_upward`). Every level must have units."""
     units = [h.shape[0] for h in linear[:-1]] + [parent_of[-1].size if linear[-1] is None else linear[-1].shape[0]]
     parents = [None] + [np.asarray(up, dtype=np.int64) for up in parent_of[1:]]
     groupings = [None] + [Grouping.of(up, units[k]) for k, up in enumerate(parents[1:])]
     state = diagonal_upward([np.asarray(v, dtype=np.float64).reshape(1, -1) for v in own], linear, parents,
-                            groupings, basis, rtol, in_basis=True, leaf_sums=leaf_sums)
+                            groupings, basis, rtol, in_basis=True, leaf_sums=leaf_sums, leaf_tables=leaf_tables)
     return state, summarise(state)
 
 

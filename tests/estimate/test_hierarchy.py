@@ -616,7 +616,8 @@ def test_forests_from_h_in_the_basis_equal_the_general_path(case, family):
     """The cluster's forests given ``h~ = Q^T h`` (as BasisTerms forms it from the answers), the
     finest level's only summed by parent for the summary: the same summaries as from its rows,
     and the downward pass from the rows gives the general whole-tree passes' estimates and
-    covariances, with ``x_basis`` = ``Q^T x`` (before the last child's rounding)."""
+    covariances, with ``x_basis`` = ``Q^T x`` (before the last child's rounding); from the
+    leaves' ``J^+ h_c`` alone (with their sums) the same, ``x_c = J^+ h_c + Q (G r)_p``."""
     parents, sizes, maps, leaves, js, hs = _commuting(case, family, 31)
     order, up = _by_parent(parents, sizes)
     hs = [h[o] for h, o in zip(hs, order)]
@@ -631,6 +632,7 @@ def test_forests_from_h_in_the_basis_equal_the_general_path(case, family):
         for first, stop in groups:
             rows = [slice(int(s[first]), int(s[stop])) for s in spans]
             depth = next((k for k, r in enumerate(rows) if r.stop == r.start), len(rows))
+            sums = None
             rows = rows[:depth]
             ups = [None] + [local_parents(up[cut + k][rows[k]], rows[k - 1].start) for k in range(1, depth)]
             linear = [hs[cut + k][r] @ q for k, r in enumerate(rows)]
@@ -643,16 +645,31 @@ def test_forests_from_h_in_the_basis_equal_the_general_path(case, family):
                 np.testing.assert_array_equal(summed.information, summary.information)
                 with pytest.raises(ValueError, match="leaf_sums"):
                     forest_downward(_only_sums(own[cut:cut + depth], linear, ups, q, sums), None, split="total")
-            forests.append((rows, state, summary))
+            tables = None
+            if depth > 1:  # the leaves given by J^+ h_c alone (a dense pseudo-inverse, the passes' rank rule)
+                tables = hs[cut + depth - 1][rows[-1]] @ np.linalg.pinv(js[cut + depth - 1], rcond=1e-9, hermitian=True)
+                tables = (tables, basis_forest_upward(own[cut:cut + depth], linear[:-1] + [None], ups, q,
+                                                      leaf_sums=sums, leaf_tables=tables)[0])
+            forests.append((rows, state, summary, tables))
         top = top_estimate(js[:cut], hs[:cut], up[:cut + 1], merge_summaries([f[2] for f in forests]), split="total")
-        for (rows, state, _), (first, stop) in zip(forests, groups):
+        for (rows, state, _, tables), (first, stop) in zip(forests, groups):
             result = forest_downward(state, top.top(cut, slice(first, stop)), split="total", outside=False)
+            by_tables = None if tables is None else forest_downward(tables[1], top.top(cut, slice(first, stop)),
+                                                                      split="total", outside=False)
             for k in range(1, len(result.x)):
                 scale = max(1.0, float(np.abs(whole.x[cut + k]).max()))
                 np.testing.assert_allclose(result.x[k], whole.x[cut + k][rows[k]], rtol=0, atol=1e-9 * scale)
                 np.testing.assert_allclose(result.unit("covariance", k),
                                            whole.unit("covariance", cut + k)[rows[k]], rtol=0, atol=1e-9 * scale)
                 np.testing.assert_allclose(result.x_basis[k], result.x[k] @ q, rtol=0, atol=1e-12 * scale)
+                if by_tables is not None:
+                    np.testing.assert_allclose(by_tables.x[k], result.x[k], rtol=0, atol=1e-9 * scale)
+                    np.testing.assert_allclose(by_tables.unit("covariance", k), result.unit("covariance", k),
+                                               rtol=0, atol=1e-12 * scale)
+            if by_tables is not None and family == "scaled":  # no blind split: x_c = J^+ h_c + Q (G r)_p
+                k, leaf = len(by_tables.x) - 1, by_tables.x_basis[-1] @ q.T
+                np.testing.assert_allclose(by_tables.x[k] - tables[0], leaf[by_tables.unit_class[k]], rtol=0,
+                                           atol=1e-9 * max(1.0, float(np.abs(whole.x[cut + k]).max())))
 
 
 def _only_sums(own, linear, ups, q, sums):

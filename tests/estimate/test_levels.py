@@ -436,6 +436,14 @@ def test_levels_of_one_plan_on_a_local_cluster_in_the_shared_basis(tmp_path):
             residual = residual + np.einsum("ij,ij->i", e, np.linalg.solve(block.sigma, e.T).T)
         np.testing.assert_allclose(linear @ q.T, h, rtol=0, atol=1e-9 * np.abs(h).max())
         np.testing.assert_allclose(norms, n, rtol=1e-9)
+        tables, own = terms.tables(answers)  # J^+ h and the leaves' own residual n - h^T J^+ h
+        dense = np.linalg.pinv(j, rcond=1e-9, hermitian=True)
+        np.testing.assert_allclose(tables, h @ dense, rtol=0, atol=1e-9 * np.abs(h @ dense).max())
+        np.testing.assert_allclose(own, n - np.einsum("ij,ij->i", h @ dense, h), rtol=0, atol=1e-9 * n.max())
+        offsets, parent = np.random.default_rng(4).normal(size=(3, model.cells)) @ q, np.arange(norms.size) % 3
+        np.testing.assert_allclose(terms.leaf_residuals(own, offsets, parent),
+                                   terms.residuals(linear, norms, tables @ q + offsets[parent]), rtol=0,
+                                   atol=1e-9 * n.max())
         np.testing.assert_allclose(terms.residuals(linear, norms, x @ q), residual, rtol=0, atol=1e-9 * n.max())
         np.testing.assert_allclose(terms.information, j, rtol=0, atol=1e-9 * np.abs(j).max())
         np.testing.assert_allclose(q.T @ j @ q, np.diag(terms.own), rtol=0, atol=1e-9 * np.abs(j).max())

@@ -141,7 +141,7 @@ def test_rows_of_a_unit_are_digested_per_slab_and_a_reader_checks_only_the_slabs
     raw[-1] ^= 0x10  # the last row: the slab 12:16
     path.write_bytes(bytes(raw))
     np.testing.assert_array_equal(read_piece(directory, "block", 5, rows=(8, 12))["cells"], arrays["cells"][3:7])
-    with pytest.raises(PieceMismatch, match=r"array cells does not hash to the digest it was written with \(rows 12:16\)"):
+    with pytest.raises(PieceMismatch, match="array cells does not hash to the digest it was written with"):
         read_piece(directory, "block", 5, rows=(12, 16))
     with pytest.raises(PieceMismatch, match="array cells does not hash"):
         read_piece(directory, "block", 5)
