@@ -190,8 +190,9 @@ class HierarchyEstimate:
     + O_u`` per class, the information of all the measurements on ``x_u``: ``a^T x_u`` is
     estimable exactly when ``a`` is in the range of ``F_u``, and then ``a^T P a = a^T F_u^+
     a``. :meth:`unit` gives a per-class array's matrices of some units. With a ``basis`` ``Q``
-    (the shared-basis path, :mod:`distfit.estimate.shared_basis`) every unit is its own class and
-    each per-class array holds the diagonals in ``Q`` (units x d): the matrix is ``Q diag(v) Q^T``."""
+    (the shared-basis path, :mod:`distfit.estimate.shared_basis`) every unit is its own class,
+    each per-class array holds the diagonals in ``Q`` (units x d): the matrix is ``Q diag(v) Q^T``,
+    and ``x_basis`` per level ``Q^T x`` as the passes formed it (None where they did not)."""
 
     x: tuple[np.ndarray, ...]
     unit_class: tuple[np.ndarray, ...]
@@ -200,6 +201,7 @@ class HierarchyEstimate:
     inside: tuple[np.ndarray, ...]
     upward_class: tuple[np.ndarray, ...]
     basis: np.ndarray | None = None
+    x_basis: tuple[np.ndarray | None, ...] | None = None
 
     @property
     def subtree_information(self) -> tuple[np.ndarray, ...]:
@@ -621,7 +623,8 @@ def downward_pass(state: Upward | DiagonalUpward, *, split: str = "equal", top: 
         if top is not None:
             top = top.in_basis(state.basis)
             given = (top.x, top.covariance[top.unit_class], top.outside[top.unit_class])
-        xs, covs, outs, classes = diagonal_downward(state, split, given, None if outside else [False] * len(state.inside))
+        xs, tildes, covs, outs, classes = diagonal_downward(state, split, given,
+                                                            None if outside else [False] * len(state.inside))
         units = [np.arange(x.shape[0]) if c is None else c for x, c in zip(xs, classes)]
         shared = [c is not None for c in classes]  # leaves of one J: one I for all, P and O per parent
         return HierarchyEstimate(x=tuple(xs), unit_class=tuple(units), covariance=tuple(covs), outside=tuple(outs),
@@ -629,7 +632,7 @@ def downward_pass(state: Upward | DiagonalUpward, *, split: str = "equal", top: 
                                               for level in range(len(xs))),
                                  upward_class=tuple(np.zeros(c.shape[0], dtype=np.int64) if shared[level]
                                                     else np.arange(c.shape[0]) for level, c in enumerate(covs)),
-                                 basis=state.basis)
+                                 basis=state.basis, x_basis=tuple(tildes))
     top = None if top is None else top.as_matrices()
     parents, groupings, up, j_of, fanout = state.parents, state.groupings, state.up, state.j_of, state.fanout
     inside, inside_pinv, inside_null = state.inside, state.inside_pinv, state.inside_null

@@ -186,9 +186,12 @@ def estimate_levels(spec: Any, level_dirs: Mapping[str, os.PathLike | str], *, i
                 for name, e in reused.items()}
 
     units = [int(releases[name].attrs["units"]) for name in names]
+    with blas_limit():  # once per plan (a pseudo-inverse each), BLAS on one thread as every pass here
+        models = {name: measurement_model(plans[name]) for name in names}
     if placement is not None and not placement.serial and (cut is not None or sum(units) >= cluster_units):
         # in a shared basis (every level's J diagonal in it) the passes hold no cells x cells matrices
-        basis = information_basis([measurement_model(plans[name]) for name in names])
+        with blas_limit():
+            basis = information_basis([models[name] for name in names])
         at = choose_cut(units, driver_units, cells if basis is None else 0) if cut is None else int(cut)
         why = None if 0 <= at < len(names) - 1 else f"no level to cut at (cut {at}, {len(names)} levels)"
         if why is None:
@@ -196,17 +199,17 @@ def estimate_levels(spec: Any, level_dirs: Mapping[str, os.PathLike | str], *, i
                 with placement_client(placement, log) as client:
                     return estimate_on_cluster(client, spec, names=names, cut=at, dirs=dirs, paths=paths, plans=plans,
                                                releases=releases, columns=columns, forest_rows=forest_rows, log=log,
-                                               fsync=fsync, integer=integer, basis=basis)
+                                               fsync=fsync, integer=integer, basis=basis, models=models)
             except Unordered as error:
                 why = str(error)
         print(f"distfit: note: the estimate over the geography runs in the driver ({why})", file=log)
 
     started = time.perf_counter()
-    models, hessians, linears, norms, parent_of = {}, [], [], [], []
+    hessians, linears, norms, parent_of = [], [], [], []
     with blas_limit():
         for i, name in enumerate(names):
             release = releases[name]
-            model = models[name] = measurement_model(plans[name])
+            model = models[name]
             answers = {block.block_id: np.asarray(release.block_answers(block.block_id)[...]) for block in model.blocks}
             hessian, linear, norm = level_terms(model, answers)
             hessians.append(hessian)

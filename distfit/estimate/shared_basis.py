@@ -185,7 +185,9 @@ class DiagonalUpward:
     a level of leaves with one ``J``: :meth:`unit_inside` gives the units' rows), ``means`` ``m~``
     (units x d; None for leaves of one ``J`` below level 0, whose ``h`` is ``leaf_linear``); per
     unit with children ``s_sum``, ``k_par``, ``n_sum`` (None where no child of the level is blind
-    in any direction) and ``m_sum`` ``M~``; all in ``basis``."""
+    in any direction) and ``m_sum`` ``M~``; all in ``basis``. ``in_basis``: ``leaf_linear`` is
+    ``Q^T h`` (:func:`diagonal_upward`'s ``in_basis``), else ``h``; None with ``leaf_sums``,
+    where ``leaf_tables`` may give the leaves' ``J^+ h_c`` instead (else no downward pass)."""
 
     basis: np.ndarray
     parents: list
@@ -199,6 +201,8 @@ class DiagonalUpward:
     m_sum: list
     rtol: float
     leaf_linear: np.ndarray | None = None
+    in_basis: bool = False
+    leaf_tables: np.ndarray | None = None
 
     def unit_inside(self, level: int) -> np.ndarray:
         """``I`` of every unit of ``level`` (units x d; a read-only broadcast of a shared row)."""
@@ -211,14 +215,26 @@ class DiagonalUpward:
         return np.ascontiguousarray(self.unit_inside(0)), self.means[0] @ self.basis.T
 
 
-def diagonal_upward(own: Sequence[np.ndarray], linear: Sequence[np.ndarray], parents: Sequence[np.ndarray | None],
-                    groupings: Sequence, basis: np.ndarray, rtol: float,
-                    leaves: tuple[np.ndarray, np.ndarray] | None = None) -> DiagonalUpward:
+def diagonal_upward(own: Sequence[np.ndarray], linear: Sequence[np.ndarray | None],
+                    parents: Sequence[np.ndarray | None], groupings: Sequence, basis: np.ndarray, rtol: float,
+                    leaves: tuple[np.ndarray, np.ndarray] | None = None, *, in_basis: bool = False,
+                    leaf_sums: np.ndarray | None = None, leaf_tables: np.ndarray | None = None) -> DiagonalUpward:
     """The upward pass (hierarchy's module docstring) in ``basis``: ``own[l]`` the level's ``J``
-    eigenvalues ((1, d) or (units, d)), ``linear[l]`` its ``h`` (units x d, original basis);
-    ``leaves``: the finest level's ``(I in the basis, m in the original basis)`` per unit, given
-    (a summary of subtrees below it) instead of computed."""
+    eigenvalues ((1, d) or (units, d)), ``linear[l]`` its ``h`` (units x d, original basis; with
+    ``in_basis``, ``h~ = Q^T h`` already, as :class:`distfit.estimate.level_stores.BasisTerms`
+    forms it from the answers, and no change of basis is made); ``leaves``: the finest level's
+    ``(I in the basis, m in the original basis)`` per unit, given (a summary of subtrees below
+    it) instead of computed. ``leaf_sums`` (with ``in_basis``, finest level leaves of one ``J``):
+    their ``h~`` summed by parent (parents x d), all the upward pass needs of them (``M_p =
+    I^+ sum_c h~_c``), ``linear[-1]`` then ignored (None): a summary without the leaves' rows,
+    which the downward pass needs, or ``leaf_tables``: each leaf's ``J^+ h_c`` (units x d, the
+    original basis; :meth:`distfit.estimate.level_stores.BasisTerms.tables` forms it from the
+    answers in one product), all the downward pass needs of them (:func:`_shared_leaves`)."""
     levels = len(linear)
+    if leaf_sums is not None and not (in_basis and levels > 1 and own[-1].shape[0] == 1 and leaves is None):
+        raise ValueError("leaf_sums: only in the basis, for a finest level of leaves of one J")
+    if leaf_tables is not None and leaf_sums is None:
+        raise ValueError("leaf_tables: only with leaf_sums")
     leaf_linear = None
     inside, means = [None] * levels, [None] * levels
     s_sum, k_par, n_sum, m_sum = [None] * levels, [None] * levels, [None] * levels, [None] * levels
@@ -231,9 +247,10 @@ def diagonal_upward(own: Sequence[np.ndarray], linear: Sequence[np.ndarray], par
             # leaves of one J: m_c = Q diag(I^+) Q^T h_c, never formed; the parents need only their
             # sum (below), the downward pass x_c = J^+ h_c + Q (G r)_p (:func:`diagonal_downward`)
             inside[level], means[level] = np.asarray(own[level], dtype=np.float64), None
-            leaf_linear = linear[level]
+            leaf_linear = None if leaf_sums is not None else linear[level]
             continue
-        eta = linear[level] @ basis
+        # a copy either way: eta is updated in place below
+        eta = np.array(linear[level], dtype=np.float64) if in_basis else linear[level] @ basis
         if level + 1 < levels:
             group = groupings[level + 1]
             child_pinv, child_kept = _pinv(inside[level + 1], rtol)
@@ -248,7 +265,8 @@ def diagonal_upward(own: Sequence[np.ndarray], linear: Sequence[np.ndarray], par
             k, _ = _pinv(within, rtol)
             s_sum[level], k_par[level] = s, k
             if means[level + 1] is None:  # M_p = I^+ Q^T sum_c h_c (leaves of one J)
-                m_sum[level] = (group.sum(leaf_linear) @ basis) * _pinv(inside[level + 1], rtol)[0]
+                sums = leaf_sums if leaf_sums is not None else group.sum(leaf_linear)
+                m_sum[level] = (sums if in_basis else sums @ basis) * _pinv(inside[level + 1], rtol)[0]
             else:
                 m_sum[level] = group.sum(means[level + 1])
             inside[level] = own[level] + k
@@ -259,39 +277,48 @@ def diagonal_upward(own: Sequence[np.ndarray], linear: Sequence[np.ndarray], par
         eta *= pinv
         means[level] = eta
     return DiagonalUpward(basis, list(parents), list(groupings), list(own), inside, means, s_sum, k_par, n_sum,
-                          m_sum, rtol, leaf_linear)
+                          m_sum, rtol, leaf_linear, in_basis,
+                          None if leaf_tables is None else np.asarray(leaf_tables, dtype=np.float64))
 
 
 def diagonal_downward(state: DiagonalUpward, split: str, top: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
                       outside: Sequence[bool] | None = None
-                      ) -> tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray | None], list[np.ndarray | None]]:
+                      ) -> tuple[list[np.ndarray], list[np.ndarray | None], list[np.ndarray], list[np.ndarray | None],
+                                 list[np.ndarray | None]]:
     """The downward pass (hierarchy's module docstring) after :func:`diagonal_upward`: per level
-    ``(x (units x d, original basis), P diagonals, O diagonals (classes x d, in the basis), each
-    unit's class (None: each unit its own; leaves of one J: their parent))``.
+    ``(x (units x d, original basis), x~ = Q^T x (units x d, in the basis: formed by the pass
+    itself, no product; for leaves of one J only when the state is ``in_basis``, else None, and
+    there before the last child's rounding, which goes to ``x`` alone), P diagonals, O
+    diagonals (classes x d, in the basis), each unit's class (None: each unit its own; leaves
+    of one J: their parent))``.
     ``top``: the roots' ``(x, P, O)`` so given (subtree roots), else the tree's roots.
     ``outside``: per level, whether its ``O`` is wanted (None: every level's; a level's is
     needed for the next one's, so O is computed down to the finest level wanted)."""
     q, rtol = state.basis, state.rtol
     levels = len(state.means)
+    if levels > 1 and state.means[-1] is None and state.leaf_linear is None and state.leaf_tables is None:
+        raise ValueError("downward pass: the upward pass was given the leaves' sums only (leaf_sums), not their rows")
     wanted = [True] * levels if outside is None else list(outside)
     deepest = max((level for level in range(levels) if wanted[level]), default=-1)
     ones = q.sum(axis=0)  # Q^T 1: a unit's total is x~ . (Q^T 1)
     if top is None:
         tilde = state.means[0]
-        xs = [tilde @ q.T]
+        xs, tildes = [tilde @ q.T], [tilde]
         covs = [np.ascontiguousarray(np.broadcast_to(_pinv(state.inside[0], rtol)[0], tilde.shape))]
         outs = [np.zeros_like(covs[0])]
     else:
         xs = [np.asarray(top[0], dtype=np.float64)]
         tilde = xs[0] @ q
+        tildes = [tilde]
         covs, outs = [np.asarray(top[1], dtype=np.float64)], [np.asarray(top[2], dtype=np.float64)]
     classes = [None] * levels
     for level in range(1, levels):
         p, below, group = level - 1, state.parents[level], state.groupings[level]
         if state.means[level] is None:
-            x, cov, out = _shared_leaves(state, level, tilde, xs[p], covs[p], outs[p] if level <= deepest else None,
-                                         split, ones)
+            x, in_q, cov, out = _shared_leaves(state, level, tilde, xs[p], covs[p],
+                                               outs[p] if level <= deepest else None, split, ones)
             xs.append(x)
+            tildes.append(in_q)
             covs.append(cov)
             outs.append(out)
             classes[level] = below
@@ -326,6 +353,7 @@ def diagonal_downward(state: DiagonalUpward, split: str, top: tuple[np.ndarray, 
         table = x @ q.T
         table[group.last] += xs[p][group.parents] - group.sum(table)[group.parents]
         xs.append(table)
+        tildes.append(x)
         # P_c = I_c^+ (1 - 2 G_c) + G_c^2 (S_p + P_p)
         cov = covs[p][below]
         cov += s
@@ -340,16 +368,22 @@ def diagonal_downward(state: DiagonalUpward, split: str, top: tuple[np.ndarray, 
         outs.append(_outside(_rows(state.own[p], below) + outs[p][below], s, None if n is None else n[below],
                              own_pinv, kept, group.fanout[below] == 1, rtol) if level <= deepest else None)
         tilde = x
-    return xs, covs, outs, classes
+    return xs, tildes, covs, outs, classes
 
 
 def _shared_leaves(state: DiagonalUpward, level: int, tilde: np.ndarray, above_x: np.ndarray, above_cov: np.ndarray,
                    above_outside: np.ndarray | None, split: str, ones: np.ndarray
-                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+                   ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray, np.ndarray | None]:
     """The downward step to leaves of one ``J`` (every child's ``I`` the same row): ``G_c``, and so
     ``P_c`` and ``O_c``, are their parent's, computed per parent (the leaves' class is their
     parent); ``x_c = Q (m~_c + G r) = J^+ h_c + Q (G r)_p`` (``J^+ = Q diag(I^+) Q^T``): one product
-    per leaf, in the original basis (weights of ``split="total"`` likewise: ``1^T x_c``)."""
+    per leaf, in the original basis (weights of ``split="total"`` likewise: ``1^T x_c``). With the
+    leaves' ``h~`` (``state.in_basis``) ``x~_c = I^+ h~_c + (G r)_p`` first (O(d) a leaf, returned
+    for the residuals) and ``x_c = Q x~_c``, the same one product a leaf. With their tables
+    ``J^+ h_c`` given (``state.leaf_tables``) ``x_c = J^+ h_c + Q (G r)_p``, no product a leaf,
+    and the ``x~`` returned is ``(G r)_p`` per parent (the leaves' class): ``Q^T (x_c - J^+
+    h_c)`` before the blind split and the last child's rounding.
+    Returns ``(x, x~ or None, P, O)``."""
     q, rtol, p = state.basis, state.rtol, level - 1
     below, group = state.parents[level], state.groupings[level]
     own_pinv, kept = _pinv(state.inside[level], rtol)
@@ -361,19 +395,31 @@ def _shared_leaves(state: DiagonalUpward, level: int, tilde: np.ndarray, above_x
         n_pinv, _ = _pinv(n, rtol, 1.0)
         blind = np.where(kept, 0.0, n_pinv * (1.0 - s * k))
         gain += blind
-    x = state.leaf_linear @ ((q * own_pinv) @ q.T)
-    x += ((gain * remainder) @ q.T)[below]
+    rows_in_q = state.in_basis and state.leaf_tables is None
+    if state.leaf_tables is not None:
+        in_q = gain * remainder  # (G r)_p, per parent
+        x = state.leaf_tables + (in_q @ q.T)[below]
+    elif state.in_basis:
+        in_q = state.leaf_linear * own_pinv
+        in_q += (gain * remainder)[below]
+        x = in_q @ q.T
+    else:
+        in_q = None
+        x = state.leaf_linear @ ((q * own_pinv) @ q.T)
+        x += ((gain * remainder) @ q.T)[below]
     if split == "total" and blind is not None:
         weight = np.maximum(x.sum(axis=1), 0.0)
         weight += TOTAL_FLOOR * (1.0 + weight.max(initial=0.0))  # all zero: equal parts
         same = ((n == 0.0) | (n == group.fanout[:, None])).all(axis=1)  # siblings blind in the same directions
         factor = np.where(same[below], group.fanout[below] * weight / group.sum(weight)[below], 1.0)
         x += (factor - 1.0)[:, None] * ((blind * remainder) @ q.T)[below]
+        if rows_in_q:
+            in_q += (factor - 1.0)[:, None] * (blind * remainder)[below]
     x[group.last] += above_x[group.parents] - group.sum(x)[group.parents]
     cov = own_pinv * (1.0 - 2.0 * gain) + gain * gain * (s + above_cov)
     out = None if above_outside is None else _outside(
         state.own[p] + above_outside, s, n, own_pinv, kept, group.fanout == 1, rtol)
-    return x, cov, out
+    return x, in_q, cov, out
 
 
 def _outside(above: np.ndarray, s: np.ndarray, n: np.ndarray | None, own_pinv: np.ndarray, kept: np.ndarray,

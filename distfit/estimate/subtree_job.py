@@ -13,16 +13,20 @@ by :func:`distfit.estimate.levels.estimate_levels` with a cluster:
 2. Up: one task per forest (:func:`upward_task`) reads its rows of each level's release (the
    chunks they lie in, each checked against its digest as it is read), forms the normal
    equations and runs the upward pass, returning its roots' summary (a few matrices and a vector
-   per root).
+   per root). In the levels' shared basis the terms come straight from the answers in the basis
+   (:class:`distfit.estimate.level_stores.BasisTerms`), the finest level's only summed by parent.
 3. The top, in the driver: levels ``0 .. c`` read and solved with the summaries, written and
    sealed coarsest first (:func:`distfit.estimate.level_stores.write_level`).
 4. Down: one task per forest (:func:`downward_task`) reads its rows again and repeats its upward
    pass (recomputing it costs less than keeping every forest's state on the workers: the
-   memory of a level), then the downward pass from its roots' estimates, and writes each level's
-   rows (estimates, variances, residuals) as a piece (:mod:`distfit.stores.pieces`).
+   memory of a level; in the shared basis two products a leaf), then the downward pass from its
+   roots' estimates, and writes each level's rows (tables, residuals, and the query variances
+   per class with each unit's class) as a piece (:mod:`distfit.stores.pieces`, digested per
+   chunk of units).
 5. Each level below the cut, coarsest first: its estimate store laid out (or an incomplete one
    of the same inputs resumed), one task per chunk of units writing the chunk from the pieces it
-   overlaps (:func:`chunk_task`), the chunks hashed and fsynced as they land and the store sealed
+   overlaps (:func:`chunk_task`: only its rows of each, the query estimates formed from the
+   tables), the chunks hashed and fsynced as they land and the store sealed
    (:class:`distfit.runtime.chunked_job.ChunkedWrite`), naming its parent level's checksum.
 
 Progress: a line with rate and ETA for each step over the forests and for each level's chunks.
@@ -62,12 +66,14 @@ from typing import Any, TextIO
 import numpy as np
 
 from distfit.estimate.geography import GeographyLevel, integer_top_down
-from distfit.estimate.hierarchy import Summary, Top, check_parent_of
+from distfit.estimate.hierarchy import Grouping, Summary, Top, check_parent_of, query_variances
 from distfit.estimate.job import ReleaseRows
 from distfit.estimate.level_stores import (
     METHOD,
     OBJECTIVE,
+    BasisTerms,
     LevelEstimate,
+    basis_terms,
     level_queries,
     level_terms,
     parent_rows,
@@ -78,9 +84,11 @@ from distfit.estimate.level_stores import (
     write_level,
 )
 from distfit.estimate.measurements import MeasurementModel, measurement_model
+from distfit.estimate.shared_basis import diagonal_variances
 from distfit.estimate.rounding import laminar_family
 from distfit.estimate.subtrees import (
     FOREST_MATRIX_BYTES,
+    basis_forest_upward,
     descendant_spans,
     forest_downward,
     forest_upward,
@@ -128,6 +136,10 @@ FORESTS_PER_THREAD = 2
 MIN_FOREST_ROWS = 2_000
 #: The pieces directory, next to the cut level's estimate.
 PIECES_NAME = "estimate.subtrees"
+#: A piece's arrays of a row per unit (digested per chunk of units); ``variance_rows`` is per class.
+PIECE_SLICED = ("cells", "objective", "variance_class")
+#: What a piece holds (in its directory's key: pieces of another content are not reused).
+PIECE_ROWS = "pieces: cells, objective, variance_rows by class and variance_class (queries formed by the chunk)"
 
 
 class Unordered(ValueError):
@@ -141,8 +153,12 @@ class Forests:
     rows per level (``spans[k][i]``: cut unit ``i``'s first row at level ``c + k``), each unit's
     number of children (``counts[k]``, levels ``c .. L - 1``), the pieces directory,
     ``split`` (:func:`distfit.estimate.hierarchy.estimate_hierarchy`'s), ``integer`` (integer
-    tables: module docstring) and the levels' shared ``basis``
-    (:func:`distfit.estimate.level_stores.information_basis`; None: the general path)."""
+    tables: module docstring), the levels' shared ``basis``
+    (:func:`distfit.estimate.level_stores.information_basis`; None: the general path) and
+    ``terms``, each level's :class:`distfit.estimate.level_stores.BasisTerms` in it when the
+    tasks work in the basis from the answers (real-valued tables; None: through ``h``, as the
+    integer top-down needs it); ``chunk_units`` each level's chunk of units (its pieces' rows are
+    digested per chunk: :mod:`distfit.stores.pieces`)."""
 
     names: tuple[str, ...]
     models: tuple[MeasurementModel, ...]
@@ -155,37 +171,69 @@ class Forests:
     fsync: bool
     integer: bool = False
     basis: np.ndarray | None = None
+    terms: tuple[BasisTerms, ...] | None = None
+    chunk_units: tuple[int, ...] = ()
 
     def rows(self, first: int, stop: int) -> list[tuple[int, int]]:
         """Forest ``[first, stop)``'s rows ``(start, stop)`` at each level from the cut."""
         return [(int(s[first]), int(s[stop])) for s in self.spans]
 
 
-def _read_forest(job: Forests, first: int, stop: int):
-    """A forest's terms per level (J, h, norms) and local parent rows, from its rows of each
-    release (chunks checked as read)."""
-    terms, parents = [], [None]
+def _forest_answers(job: Forests, first: int, stop: int) -> tuple[list[dict[str, np.ndarray]], list]:
+    """A forest's released answers per level (``{block_id: rows x m_b}``, chunks checked as
+    read) and local parent rows; the levels from the first without rows are left out."""
+    answers, parents = [], [None]
     rows = job.rows(first, stop)
     for k, (model, path, checksum, (a, b)) in enumerate(zip(job.models, job.release_paths, job.release_checksums,
                                                               rows)):
         if b == a:  # no units here, nor below
             break
-        answers = ReleaseRows(read_sealed_release(path, checksum), model).answers(a, b)
-        terms.append(level_terms(model, answers))
+        answers.append(ReleaseRows(read_sealed_release(path, checksum), model).answers(a, b))
         if k:
             above = job.counts[k - 1][rows[k - 1][0]:rows[k - 1][1]]
             parents.append(np.repeat(np.arange(above.size, dtype=np.int64), above))
-    return terms, parents
+    return answers, parents
+
+
+def _read_forest(job: Forests, first: int, stop: int):
+    """A forest's terms per level (J, h, norms) and local parent rows (the general path)."""
+    answers, parents = _forest_answers(job, first, stop)
+    return [level_terms(model, a) for model, a in zip(job.models, answers)], parents
 
 
 def upward_task(job: Forests, first: int, stop: int) -> tuple[int, Summary, tuple[np.ndarray, ...]]:
     """Step 2 (module docstring): forest ``[first, stop)``'s roots' summary, and their level's
     terms ``(J, h, norms)`` (:func:`distfit.estimate.level_stores.level_terms`: the top's
-    residuals): ``(first, summary, terms)``."""
+    residuals): ``(first, summary, terms)``. With ``job.terms`` (the shared basis) each level's
+    ``h~`` straight from its answers, and the finest level's only summed by parent (its answers
+    summed first: no product per leaf; the downward task forms the leaves' rows)."""
     with blas_limit():
-        terms, parents = _read_forest(job, first, stop)
-        _, summary = forest_upward([t[0] for t in terms], [t[1] for t in terms], parents, basis=job.basis)
-    return first, summary, terms[0]
+        if job.terms is None:
+            terms, parents = _read_forest(job, first, stop)
+            _, summary = forest_upward([t[0] for t in terms], [t[1] for t in terms], parents, basis=job.basis)
+            return first, summary, terms[0]
+        linear, _, _, summary = _basis_upward(job, first, stop, tables=False)
+        h, norms = linear[0]
+        return first, summary, (job.terms[0].information, h @ job.basis.T, norms)
+
+
+def _basis_upward(job: Forests, first: int, stop: int, *, tables: bool):
+    """In the shared basis: ``(terms, parents, state, summary)``, ``terms`` each level's ``(h~,
+    n)`` but the finest's (:class:`distfit.estimate.level_stores.BasisTerms`: leaves of one
+    ``J``, their answers only summed by parent; with ``tables`` their ``(J^+ h, own residuals)``
+    last), ``state`` the forest's upward pass (the leaves given by their tables with ``tables``)."""
+    answers, parents = _forest_answers(job, first, stop)
+    depth = len(answers)
+    linear = [job.terms[k].linear(answers[k]) for k in range(depth if depth == 1 else depth - 1)]
+    sums = leaves = None
+    if depth > 1:  # leaves of one J (every level's J is one matrix: level_terms)
+        sums = job.terms[depth - 1].summed(answers[-1], Grouping.of(parents[-1], linear[-1][0].shape[0]))
+        leaves = job.terms[depth - 1].tables(answers[-1]) if tables else None
+    del answers
+    state, summary = basis_forest_upward([t.own for t in job.terms[:depth]],
+                                         [h for h, _ in linear] + ([None] if depth > 1 else []), parents,
+                                         job.basis, leaf_sums=sums, leaf_tables=None if leaves is None else leaves[0])
+    return linear + ([leaves] if leaves is not None else []), parents, state, summary
 
 
 def downward_task(job: Forests, first: int, stop: int, top: Top, roots: np.ndarray | None = None) -> tuple[int, int]:
@@ -195,8 +243,11 @@ def downward_task(job: Forests, first: int, stop: int, top: Top, roots: np.ndarr
     directory = Path(job.pieces)
     rows = job.rows(first, stop)
     with blas_limit():
-        terms, parents = _read_forest(job, first, stop)
-        state, _ = forest_upward([t[0] for t in terms], [t[1] for t in terms], parents, basis=job.basis)
+        if job.terms is None:
+            terms, parents = _read_forest(job, first, stop)
+            state, _ = forest_upward([t[0] for t in terms], [t[1] for t in terms], parents, basis=job.basis)
+        else:  # in the basis: (h~, n) per level, the leaves' (J^+ h, own residual), from the answers
+            terms, parents, state, _ = _basis_upward(job, first, stop, tables=True)
         result = forest_downward(state, top, split=job.split, outside=False)  # O: published nowhere
         tables = result.x
         if job.integer:  # the driver's integer top-down, continued from the roots' tables
@@ -210,35 +261,56 @@ def downward_task(job: Forests, first: int, stop: int, top: Top, roots: np.ndarr
     for k in range(1, len(result.x)):
         start, end = rows[k]
         x, model = tables[k], job.models[k]
-        arrays = {"queries": level_queries(model, x, job.integer), "cells": x,
-                  "objective": residuals(terms[k][0], terms[k][1], terms[k][2], x)}
+        if job.terms is None:
+            objective = residuals(terms[k][0], terms[k][1], terms[k][2], x)
+        elif k == len(result.x) - 1:  # leaves given by their tables: x_basis their parents' (G r)_p
+            objective = job.terms[k].leaf_residuals(terms[k][1], result.x_basis[k], result.unit_class[k])
+        else:
+            objective = job.terms[k].residuals(terms[k][0], terms[k][1], result.x_basis[k])
+        arrays = {"cells": x, "objective": objective}
         if not job.integer and model.workload is not None:  # integer tables publish no variances
-            arrays["variances"] = result.variances(k, model.workload)
-        write_piece(directory, job.names[k], start, arrays, fsync=job.fsync)
+            arrays["variance_rows"], arrays["variance_class"] = _class_variances(result, k, model.workload)
+        write_piece(directory, job.names[k], start, arrays, fsync=job.fsync,
+                    slab=job.chunk_units[k] if job.chunk_units else None, sliced=PIECE_SLICED)
         units += end - start
     return first, units
+
+
+def _class_variances(result, k: int, workload: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Level ``k``'s query variances per downward class (classes x m) and each unit's class: the
+    piece's form of :meth:`distfit.estimate.hierarchy.HierarchyEstimate.variances` (the leaves of
+    one ``J`` in the shared basis share their parent's ``P``: a row per parent, not per unit)."""
+    classes = result.covariance[k].shape[0]
+    rows = (diagonal_variances(workload, result.basis, result.covariance[k]) if result.basis is not None
+            else query_variances(workload, result.covariance[k], np.arange(classes)))
+    return rows, np.asarray(result.unit_class[k], dtype=np.int64)
 
 
 def chunk_task(job: Forests, k: int, estimate_path: str, chunk: int, start: int, stop: int,
                firsts: tuple[int, ...]) -> tuple[int, int]:
     """Step 5 (module docstring): chunk ``chunk`` (rows ``start:stop``) of level ``c + k``'s
     estimate written from the pieces starting at rows ``firsts`` (those it overlaps, in order),
-    its unit ids from the release. Returns ``(chunk, units)``."""
-    parts: dict[str, list[np.ndarray]] = {}
-    for first in firsts:
-        piece = read_piece(Path(job.pieces), job.names[k], first)
-        n = next(iter(piece.values())).shape[0]
-        a, b = max(start - first, 0), min(stop - first, n)
-        for name, rows in piece.items():
-            parts.setdefault(name, []).append(np.asarray(rows[a:b]))
-    arrays = {name: np.concatenate(rows) for name, rows in parts.items()}
+    its unit ids from the release. A piece holds each unit's table and residual and the query
+    variances per class with each unit's class; the query estimates are the tables' workload sums
+    (:func:`distfit.estimate.level_stores.level_queries`, as :func:`write_level` makes them) and
+    the variances their units' class rows, both formed here: the pieces carry a third of the
+    bytes (PL94: 253 numbers a unit instead of 891), each written, hashed and read once.
+    Returns ``(chunk, units)``."""
+    cells, objective, variances = [], [], []
+    for first in firsts:  # each piece's rows of the chunk, only those read and checked
+        piece = read_piece(Path(job.pieces), job.names[k], first, rows=(start, stop))
+        cells.append(np.asarray(piece["cells"]))
+        objective.append(np.asarray(piece["objective"]))
+        if "variance_rows" in piece:
+            variances.append(np.asarray(piece["variance_rows"])[np.asarray(piece["variance_class"])])
+    x = np.concatenate(cells)
     release = read_sealed_release(job.release_paths[k], job.release_checksums[k])
     ids = np.asarray(release.rows_of("unit_ids", start, stop))
     n = stop - start
     with ChunkWriter(estimate_path) as writer:
         writer.write_arrays(chunk, start, chunk_rows(
-            arrays["queries"], arrays["cells"], arrays["objective"], 0, np.ones(n, dtype=np.uint8), ids,
-            variances=arrays.get("variances")))
+            level_queries(job.models[k], x, job.integer), x, np.concatenate(objective), 0,
+            np.ones(n, dtype=np.uint8), ids, variances=np.concatenate(variances) if variances else None))
     return chunk, n
 
 
@@ -269,7 +341,8 @@ def _key(names: Sequence[str], releases: Mapping[str, Any], cut: int, forest_row
          integer: bool, shared: bool) -> str:
     """The inputs the pieces are computed from (their directory's key; the forests' bounds)."""
     bound = "shared basis" if shared else f"matrices {FOREST_MATRIX_BYTES}"
-    return "\n".join([METHOD, OBJECTIVE, split, str(cut), str(forest_rows), bound, f"integer {bool(integer)}",
+    return "\n".join([METHOD, OBJECTIVE, PIECE_ROWS, split, str(cut), str(forest_rows), bound,
+                      f"integer {bool(integer)}",
                       *(f"{n} {releases[n].checksum}" for n in names)]) + "\n"
 
 
@@ -300,12 +373,16 @@ def estimate_on_cluster(client, spec: Any, *, names: Sequence[str], cut: int, di
                         paths: Mapping[str, Path], plans: Mapping[str, Any], releases: Mapping[str, Any],
                         columns: Mapping[str, str | None], forest_rows: int = FOREST_ROWS, split: str = "total",
                         log: TextIO, fsync: bool = True, integer: bool = False,
-                        basis: np.ndarray | None = None) -> dict[str, LevelEstimate]:
+                        basis: np.ndarray | None = None,
+                        models: Mapping[str, MeasurementModel] | None = None) -> dict[str, LevelEstimate]:
     """The estimate of every level (module docstring) on ``client``'s cluster, cut at level
     ``cut`` (0 <= cut < the finest level), forests of at most ``forest_rows`` rows (fewer on a
     large cluster: :func:`_forests`); with ``integer``, integer tables; the arguments as
     :func:`distfit.estimate.levels.estimate_levels` has them; ``basis``: the levels' shared basis
-    (:func:`distfit.estimate.level_stores.information_basis`; None: the general path). Returns the
+    (:func:`distfit.estimate.level_stores.information_basis`; None: the general path); ``models``:
+    each level's :func:`distfit.estimate.measurements.measurement_model` (None: built here, BLAS
+    on one thread: a pseudo-inverse per plan, which many threads on a busy machine made 8x
+    dearer). Returns the
     level estimates by name. :class:`Unordered` (before anything is
     written) when a level below the cut is not ordered by its parents."""
     started = time.perf_counter()
@@ -313,11 +390,15 @@ def estimate_on_cluster(client, spec: Any, *, names: Sequence[str], cut: int, di
     counts, spans, groups, forest_rows = _forests(names, cut, releases, columns, forest_rows,
                                                   dask_runtime().worker_threads(client), cells if basis is None else 0)
     below = names[cut:]
-    models = {name: measurement_model(plans[name]) for name in names}
+    if models is None:
+        with blas_limit():
+            models = {name: measurement_model(plans[name]) for name in names}
+    with blas_limit():  # the tasks' matrices in the basis, once (real-valued: module docstring)
+        terms = None if basis is None or integer else tuple(basis_terms(models[n], basis) for n in below)
     pieces = dirs[names[cut]] / PIECES_NAME  # made at step 4 (a refused input leaves nothing behind)
     job = Forests(tuple(below), tuple(models[n] for n in below), tuple(releases[n].path for n in below),
                   tuple(releases[n].checksum for n in below), tuple(spans), tuple(counts), str(pieces), split, fsync,
-                  integer, basis)
+                  integer, basis, terms, tuple(int(releases[n].attrs["chunk_units"]) for n in below))
     units = sum(int(releases[n].attrs["units"]) for n in names)
     print(f"distfit: estimate levels {', '.join(names)} ({units:,} units) on the cluster: best linear unbiased "
           f"over the geography{', then integer tables' if integer else ''}, {len(groups)} forests of subtrees of "

@@ -41,6 +41,7 @@ import numpy as np
 
 from distfit.estimate.hierarchy import (
     PINV_RTOL,
+    Grouping,
     HierarchyEstimate,
     Summary,
     Top,
@@ -49,9 +50,10 @@ from distfit.estimate.hierarchy import (
     summarise,
     upward_pass,
 )
-from distfit.estimate.shared_basis import DiagonalUpward, shared_basis
+from distfit.estimate.shared_basis import DiagonalUpward, diagonal_upward, shared_basis
 
-__all__ = ["DRIVER_MATRIX_BYTES", "DRIVER_UNITS", "FOREST_MATRIX_BYTES", "MATRICES_PER_UNIT", "choose_cut",
+__all__ = ["DRIVER_MATRIX_BYTES", "DRIVER_UNITS", "FOREST_MATRIX_BYTES", "MATRICES_PER_UNIT", "basis_forest_upward",
+           "choose_cut",
            "descendant_spans", "estimate_by_subtrees", "forest_downward", "forest_upward", "group_roots",
            "local_parents", "matrix_units", "merge_summaries", "top_estimate"]
 
@@ -149,6 +151,25 @@ def forest_upward(information: Sequence[np.ndarray], linear: Sequence[np.ndarray
     (the general path)."""
     depth = next((k for k, h in enumerate(linear) if np.shape(h)[0] == 0), len(linear))
     state = upward_pass(information[:depth], linear[:depth], [None, *parent_of[1:depth]], rtol=rtol, basis=basis)
+    return state, summarise(state)
+
+
+def basis_forest_upward(own: Sequence[np.ndarray], linear: Sequence[np.ndarray | None],
+                        parent_of: Sequence[np.ndarray | None], basis: np.ndarray, *,
+                        leaf_sums: np.ndarray | None = None, leaf_tables: np.ndarray | None = None,
+                        rtol: float = PINV_RTOL) -> tuple[DiagonalUpward, Summary]:
+    """:func:`forest_upward` in the levels' shared ``basis`` with each level's ``h~ = Q^T h``
+    given (``linear[k]``, units x d: :class:`distfit.estimate.level_stores.BasisTerms` forms it
+    from the answers) and its ``J``'s eigenvalues ``own[k]`` (d,): no change of basis, the same
+    passes (:func:`distfit.estimate.shared_basis.diagonal_upward`). ``leaf_sums``: the finest
+    level's ``h~`` summed by parent (``linear[-1]`` None), enough for the summary (step 1), and
+    for the downward pass (step 3) with ``leaf_tables``, the leaves' ``J^+ h_c``
+    (:func:`distfit.estimate.shared_basis.diagonal_upward`). Every level must have units."""
+    units = [h.shape[0] for h in linear[:-1]] + [parent_of[-1].size if linear[-1] is None else linear[-1].shape[0]]
+    parents = [None] + [np.asarray(up, dtype=np.int64) for up in parent_of[1:]]
+    groupings = [None] + [Grouping.of(up, units[k]) for k, up in enumerate(parents[1:])]
+    state = diagonal_upward([np.asarray(v, dtype=np.float64).reshape(1, -1) for v in own], linear, parents,
+                            groupings, basis, rtol, in_basis=True, leaf_sums=leaf_sums, leaf_tables=leaf_tables)
     return state, summarise(state)
 
 

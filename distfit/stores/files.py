@@ -252,15 +252,19 @@ def node_documents(group: zarr.Group) -> dict[str, dict[str, Any]]:
     a local store's files read straight (no round trips through zarr's event loop), another
     store's keys listed and read in one zarr call. ``group.members`` opens every node, parsing
     every array's metadata, one level at a time: ~1 s a call for a release of Adult's plan
-    (1,400 nodes) under load, and a seal or a checked read walks the store twice."""
+    (1,400 nodes) under load, and a seal or a checked read walks the store twice. The walk does
+    not enter an array's folder (its chunks' directories, one per chunk: a store of N units
+    would cost every task that opens it O(N), the whole job O(N^2))."""
     store = group.store
     if isinstance(store, zarr.storage.LocalStore):
         top = Path(store.root) / group.path
         out = {}
-        for folder, _dirs, files in os.walk(top):
+        for folder, dirs, files in os.walk(top):
             if "zarr.json" in files and folder != str(top):
                 with open(os.path.join(folder, "zarr.json"), "rb") as f:
-                    out[Path(folder).relative_to(top).as_posix()] = json.loads(f.read())
+                    doc = out[Path(folder).relative_to(top).as_posix()] = json.loads(f.read())
+                if doc.get("node_type") == "array":
+                    dirs.clear()  # an array has no nodes below it, only its chunks: not walked
         return out
     return sync(_node_documents(group))
 

@@ -12,8 +12,14 @@ deleted once every store is sealed (:func:`remove_pieces`).
 Trust. A piece is not sealed, but what is sealed from it is, so a piece is verified as it is
 read: its manifest records, per array, the shape, the dtype and the 32-byte BLAKE3 digest of its
 rows (:func:`distfit.stores.checksum.chunk_digest` of the array's name, the piece's first row and
-the rows: the digest a store's chunk of the same rows would have), written before the rename.
-:func:`read_piece` reads every array whole and raises :class:`PieceMismatch` (naming the piece,
+the rows: the digest a store's chunk of the same rows would have), written before the rename;
+or, for the arrays of a row per unit written with a ``slab`` (the store's chunk of units), one
+digest per slab of rows, the slabs at multiples of ``slab`` in the level's rows (the digests a
+store's chunks of those rows would have), so that a reader of some rows (:func:`read_piece`'s
+``rows``: one chunk of the store) reads and hashes only the slabs it needs: every row of a
+piece hashed once over all the chunks written from it, not once per chunk it overlaps (a piece
+of a 50,000-row forest overlaps a dozen chunks of 4,096 units).
+:func:`read_piece` raises :class:`PieceMismatch` (naming the piece,
 the array and what differs) when an array is missing, extra, of another shape or dtype, or does
 not hash to its digest. :func:`piece_done` (the driver's cheap test, on a rerun, of which pieces
 need not be computed again) checks the manifest and each file's size against it without reading
@@ -41,7 +47,7 @@ KEY = "key"
 MANIFEST = "manifest.json"
 #: The pieces' format, the first line of the directory's ``key`` (pieces without a manifest, of
 #: an earlier format, are emptied with their directory).
-FORMAT = "distfit-pieces-v2"
+FORMAT = "distfit-pieces-v3"
 #: The ``.npy`` header readers by format version (``np.save`` writes 1.0, or 2.0 for a header
 #: over 64 KiB): ``(shape, fortran_order, dtype)``.
 HEADERS = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
@@ -120,10 +126,21 @@ def piece_done(directory: Path, level: str, first: int) -> bool:
         return False
 
 
-def write_piece(directory: Path, level: str, first: int, arrays: Mapping[str, np.ndarray], *, fsync: bool) -> None:
+def _slabs(first: int, rows: int, slab: int) -> list[tuple[int, int]]:
+    """The slabs ``(start, stop)`` (level rows) of a piece's rows ``first .. first + rows``: cut at
+    the multiples of ``slab``."""
+    cuts = list(range((first // slab + 1) * slab, first + rows, slab))
+    bounds = [first, *cuts, first + rows]
+    return [(a, b) for a, b in zip(bounds[:-1], bounds[1:]) if b > a] or [(first, first)]
+
+
+def write_piece(directory: Path, level: str, first: int, arrays: Mapping[str, np.ndarray], *, fsync: bool,
+                slab: int | None = None, sliced: tuple[str, ...] = ()) -> None:
     """Write level ``level``'s rows from row ``first`` (``arrays``: name -> rows, names without
     ``/``) as one piece with its manifest, atomically (aside, then renamed; an existing piece that
-    :func:`piece_done` accepts is kept: a retry computes the same rows; one it does not is replaced)."""
+    :func:`piece_done` accepts is kept: a retry computes the same rows; one it does not is replaced).
+    ``sliced``: the arrays of a row per unit (row ``i`` is the level's row ``first + i``), digested
+    per ``slab`` of rows (module docstring) when ``slab`` is given; the others whole."""
     final = _piece(directory, level, first)
     final.parent.mkdir(parents=True, exist_ok=True)
     aside = final.with_name(f".{final.name}.{uuid.uuid4().hex}")
@@ -132,8 +149,13 @@ def write_piece(directory: Path, level: str, first: int, arrays: Mapping[str, np
         entries = {}
         for name, rows in arrays.items():
             rows = np.ascontiguousarray(rows)
-            entries[name] = {"shape": list(rows.shape), "dtype": rows.dtype.str,
-                             "blake3": chunk_digest(name, int(first), rows).hex()}
+            entries[name] = {"shape": list(rows.shape), "dtype": rows.dtype.str}
+            if slab and name in sliced:
+                entries[name]["slab"] = int(slab)
+                entries[name]["blake3"] = [chunk_digest(name, a, rows[a - first:b - first]).hex()
+                                           for a, b in _slabs(int(first), rows.shape[0], int(slab))]
+            else:
+                entries[name]["blake3"] = chunk_digest(name, int(first), rows).hex()
             with open(aside / f"{name}.npy", "wb") as f:
                 np.save(f, rows)
                 if fsync:
@@ -154,12 +176,17 @@ def write_piece(directory: Path, level: str, first: int, arrays: Mapping[str, np
         shutil.rmtree(aside, ignore_errors=True)
 
 
-def read_piece(directory: Path, level: str, first: int) -> dict[str, np.ndarray]:
+def read_piece(directory: Path, level: str, first: int,
+               rows: tuple[int, int] | None = None) -> dict[str, np.ndarray]:
     """Level ``level``'s piece starting at row ``first``: name -> rows (memory-mapped: a reader
     copies the rows it needs), each checked against its manifest (shape, dtype, BLAKE3 digest:
-    every row is read once); :class:`PieceMismatch` naming the piece and the array otherwise."""
+    every row is read once); :class:`PieceMismatch` naming the piece and the array otherwise.
+    ``rows`` ``(start, stop)`` (level rows): an array digested per slab is given as its rows
+    within them only (the piece's ``max(start, first) .. min(stop, first + rows)``), and only the
+    slabs holding them are read and checked; the other arrays whole, as without ``rows``."""
     piece = _piece(directory, level, first)
     arrays = _manifest(piece)["arrays"]
+    rows_of = rows
     files = {path.stem for path in piece.glob("*.npy")}
     if files != set(arrays):
         raise PieceMismatch(piece, f"arrays {sorted(files)} on disk, {sorted(arrays)} written")
@@ -172,10 +199,28 @@ def read_piece(directory: Path, level: str, first: int) -> dict[str, np.ndarray]
         if list(rows.shape) != list(entry["shape"]) or rows.dtype.str != entry["dtype"]:
             raise PieceMismatch(piece, f"array {name} is {rows.dtype.str} {list(rows.shape)}, "
                                        f"written {entry['dtype']} {entry['shape']}")
-        if chunk_digest(name, int(first), rows).hex() != entry["blake3"]:
+        if "slab" in entry:
+            rows = _checked_slabs(piece, name, entry, int(first), rows, requested=rows_of)
+        elif chunk_digest(name, int(first), rows).hex() != entry["blake3"]:
             raise PieceMismatch(piece, f"array {name} does not hash to the digest it was written with")
         out[name] = rows
     return out
+
+
+def _checked_slabs(piece: Path, name: str, entry: dict, first: int, rows: np.ndarray,
+                   requested: tuple[int, int] | None) -> np.ndarray:
+    """``rows``' part within ``requested`` (all: None), every slab it overlaps hashed against its
+    digest; :class:`PieceMismatch` naming the piece and the array otherwise."""
+    slabs = _slabs(first, rows.shape[0], int(entry["slab"]))
+    digests = entry["blake3"]
+    if not isinstance(digests, list) or len(digests) != len(slabs):
+        raise PieceMismatch(piece, f"array {name}: {len(digests)} slab digests for {len(slabs)} slabs")
+    start, stop = (first, first + rows.shape[0]) if requested is None else requested
+    start, stop = max(int(start), first), min(int(stop), first + rows.shape[0])
+    for (a, b), digest in zip(slabs, digests):
+        if a < stop and b > start and chunk_digest(name, a, rows[a - first:b - first]).hex() != digest:
+            raise PieceMismatch(piece, f"array {name} does not hash to the digest it was written with")
+    return rows[max(start - first, 0):max(stop - first, 0)]
 
 
 def remove_piece(directory: Path, error: PieceMismatch) -> None:

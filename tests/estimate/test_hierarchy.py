@@ -6,11 +6,12 @@ import pytest
 import scipy.linalg
 
 from distfit.estimate import hierarchy
-from distfit.estimate.hierarchy import estimate_hierarchy, psd_pinv
-from distfit.estimate.shared_basis import shared_basis
+from distfit.estimate.hierarchy import Grouping, estimate_hierarchy, psd_pinv
+from distfit.estimate.shared_basis import diagonal_in, shared_basis
 from distfit.estimate.subtrees import (
     DRIVER_MATRIX_BYTES,
     MATRICES_PER_UNIT,
+    basis_forest_upward,
     choose_cut,
     descendant_spans,
     estimate_by_subtrees,
@@ -606,3 +607,71 @@ def test_forests_in_and_out_of_the_shared_basis_meet_as_matrices():
             np.testing.assert_allclose(result.x[k], whole.x[cut + k][rows[k]], rtol=0, atol=1e-9 * scale)
             np.testing.assert_allclose(result.unit("covariance", k), whole.unit("covariance", cut + k)[rows[k]],
                                        rtol=0, atol=1e-9 * scale)
+
+
+@pytest.mark.parametrize("case", [FIVE_LEVELS, RAGGED_DEEP, RAGGED_PARTIAL], ids=["five-levels", "ragged-deep",
+                                                                              "ragged-partial"])
+@pytest.mark.parametrize("family", ["scaled", "marginals"])
+def test_forests_from_h_in_the_basis_equal_the_general_path(case, family):
+    """The cluster's forests given ``h~ = Q^T h`` (as BasisTerms forms it from the answers), the
+    finest level's only summed by parent for the summary: the same summaries as from its rows,
+    and the downward pass from the rows gives the general whole-tree passes' estimates and
+    covariances, with ``x_basis`` = ``Q^T x`` (before the last child's rounding); from the
+    leaves' ``J^+ h_c`` alone (with their sums) the same, ``x_c = J^+ h_c + Q (G r)_p``."""
+    parents, sizes, maps, leaves, js, hs = _commuting(case, family, 31)
+    order, up = _by_parent(parents, sizes)
+    hs = [h[o] for h, o in zip(hs, order)]
+    whole = estimate_hierarchy(js, hs, up, split="total", basis=None)
+    q = shared_basis(js)
+    own = [diagonal_in(j, q) for j in js]
+    for cut in range(len(sizes) - 1):
+        spans = descendant_spans([np.bincount(up[level + 1], minlength=sizes[level])
+                                  for level in range(cut, len(sizes) - 1)])
+        groups = group_roots(spans, 4)
+        forests = []
+        for first, stop in groups:
+            rows = [slice(int(s[first]), int(s[stop])) for s in spans]
+            depth = next((k for k, r in enumerate(rows) if r.stop == r.start), len(rows))
+            sums = None
+            rows = rows[:depth]
+            ups = [None] + [local_parents(up[cut + k][rows[k]], rows[k - 1].start) for k in range(1, depth)]
+            linear = [hs[cut + k][r] @ q for k, r in enumerate(rows)]
+            state, summary = basis_forest_upward(own[cut:cut + depth], linear, ups, q)
+            if depth > 1:
+                sums = Grouping.of(ups[-1], rows[-2].stop - rows[-2].start).sum(linear[-1])
+                _, summed = basis_forest_upward(own[cut:cut + depth], linear[:-1] + [None], ups, q, leaf_sums=sums)
+                np.testing.assert_allclose(summed.mean, summary.mean, rtol=1e-12,
+                                           atol=1e-12 * np.abs(summary.mean).max())
+                np.testing.assert_array_equal(summed.information, summary.information)
+                with pytest.raises(ValueError, match="leaf_sums"):
+                    forest_downward(_only_sums(own[cut:cut + depth], linear, ups, q, sums), None, split="total")
+            tables = None
+            if depth > 1:  # the leaves given by J^+ h_c alone (a dense pseudo-inverse, the passes' rank rule)
+                tables = hs[cut + depth - 1][rows[-1]] @ np.linalg.pinv(js[cut + depth - 1], rcond=1e-9, hermitian=True)
+                tables = (tables, basis_forest_upward(own[cut:cut + depth], linear[:-1] + [None], ups, q,
+                                                      leaf_sums=sums, leaf_tables=tables)[0])
+            forests.append((rows, state, summary, tables))
+        top = top_estimate(js[:cut], hs[:cut], up[:cut + 1], merge_summaries([f[2] for f in forests]), split="total")
+        for (rows, state, _, tables), (first, stop) in zip(forests, groups):
+            result = forest_downward(state, top.top(cut, slice(first, stop)), split="total", outside=False)
+            by_tables = None if tables is None else forest_downward(tables[1], top.top(cut, slice(first, stop)),
+                                                                      split="total", outside=False)
+            for k in range(1, len(result.x)):
+                scale = max(1.0, float(np.abs(whole.x[cut + k]).max()))
+                np.testing.assert_allclose(result.x[k], whole.x[cut + k][rows[k]], rtol=0, atol=1e-9 * scale)
+                np.testing.assert_allclose(result.unit("covariance", k),
+                                           whole.unit("covariance", cut + k)[rows[k]], rtol=0, atol=1e-9 * scale)
+                np.testing.assert_allclose(result.x_basis[k], result.x[k] @ q, rtol=0, atol=1e-12 * scale)
+                if by_tables is not None:
+                    np.testing.assert_allclose(by_tables.x[k], result.x[k], rtol=0, atol=1e-9 * scale)
+                    np.testing.assert_allclose(by_tables.unit("covariance", k), result.unit("covariance", k),
+                                               rtol=0, atol=1e-12 * scale)
+            if by_tables is not None and family == "scaled":  # no blind split: x_c = J^+ h_c + Q (G r)_p
+                k, leaf = len(by_tables.x) - 1, by_tables.x_basis[-1] @ q.T
+                np.testing.assert_allclose(by_tables.x[k] - tables[0], leaf[by_tables.unit_class[k]], rtol=0,
+                                           atol=1e-9 * max(1.0, float(np.abs(whole.x[cut + k]).max())))
+
+
+def _only_sums(own, linear, ups, q, sums):
+    """An upward state given the leaves' sums only (no downward pass from it)."""
+    return basis_forest_upward(own, linear[:-1] + [None], ups, q, leaf_sums=sums)[0]

@@ -20,6 +20,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from distfit.estimate import levels
+from distfit.estimate.hierarchy import Grouping
+from distfit.estimate.level_stores import basis_terms, information_basis
 from distfit.estimate.levels import estimate_levels, parent_columns
 from distfit.estimate.measurements import measurement_model, recover_measurements, workload_estimates
 from distfit.estimate.projection import normal_equations
@@ -36,6 +38,23 @@ from tests.storetools import reseal
 
 CENSUS = Path(__file__).resolve().parents[2] / "pipelines" / "census.yaml"
 LEVELS = ("nation", "state", "county")
+#: census.yaml's people with the same queries at every level: the levels' plans one plan up to
+#: the common scale, so their informations commute (as pipelines/us_pl94.yaml's: the shared basis)
+SHARED = CENSUS.read_text().split("levels:")[0] + """levels:
+  - name: nation
+    queries: &same
+      - {name: total, total: true, target: 2}
+      - {name: age_sex, attributes: {age: prefix, sex: identity}, target: 2}
+      - {name: race_hispanic, attributes: {race: identity, hispanic: identity}, target: 2}
+  - name: state
+    units: {column: state}
+    queries: *same
+  - name: county
+    units: {column: county}
+    queries: *same
+privacy:
+  rho: 2.5
+"""
 
 
 @pytest.fixture(scope="module")
@@ -377,3 +396,61 @@ def test_integer_tables_on_a_local_cluster_equal_the_drivers_bit_for_bit(serial_
     assert "resuming" in log.getvalue() and "0 of 1 chunks already written" in log.getvalue()
     assert [again[name].status for name in LEVELS] == ["reused", "reused", "done"]
     assert all(again[name].checksum == ours[name].checksum for name in LEVELS)  # the same bytes
+
+
+def test_levels_of_one_plan_on_a_local_cluster_in_the_shared_basis(cluster, tmp_path):
+    """Levels measuring the same queries (one information up to a scale: the shared basis, as
+    us_pl94.yaml's): the cluster's forests take each level's terms straight from its answers in
+    the basis (BasisTerms: the finest level only summed by parent going up) and give the
+    driver's estimates and variances to 1e-9 and its residuals to 1e-9 of ``||C^-1 y||^2``; and
+    BasisTerms equals the normal equations and residuals formed densely from the plan's matrices."""
+    spec_path = tmp_path / "shared.yaml"
+    spec_path.write_text(SHARED)
+    run = run_levels(spec_path, tmp_path / "run", units=24, placement=Placement(serial=True), fsync=False,
+                     log=io.StringIO())
+    spec = load_spec(spec_path)
+    models = [measurement_model(read_plan(Path(run.rundir) / "levels" / n / "plan.zarr")) for n in LEVELS]
+    q = information_basis(models)
+    assert q is not None
+    copy = tmp_path / "levels"
+    shutil.copytree(Path(run.rundir) / "levels", copy,
+                    ignore=lambda _dir, names: [n for n in names if n in ("estimate.zarr", "data.zarr", "report")])
+    log = io.StringIO()
+    ours = estimate_levels(spec, {name: copy / name for name in LEVELS}, fsync=False, log=log,
+                           placement=cluster, cut=1, forest_rows=6)
+    assert "forests of subtrees of level state" in log.getvalue()
+    _same_estimates(ours, run.estimates)
+    for name, model in zip(LEVELS, models):
+        release = read_release(Path(run.rundir) / "levels" / name / "release.zarr")
+        answers = {b.block_id: np.asarray(release.block_answers(b.block_id)[...]) for b in model.blocks}
+        terms = basis_terms(model, q)
+        linear, norms = terms.linear(answers)
+        a, b = (np.asarray(read_estimate(e[name].path).array("solve/objective")[...]) for e in (ours, run.estimates))
+        assert np.abs(a - b).max() <= 1e-9 * norms.max(), name
+        # the dense reference: y_b = L_b^+ a_b, h = sum_b M_b^T B_b^T Sigma_b^-1 y_b, n = sum_b ||y_b||^2_Sigma^-1
+        x = np.random.default_rng(3).normal(5.0, 2.0, (norms.size, model.cells))
+        h, n, residual, j = 0.0, 0.0, 0.0, 0.0
+        for block in model.blocks:
+            marginal = model.marginal(np.eye(model.cells), block).T  # M_b: d_b x cells
+            j = j + marginal.T @ block.basis.T @ np.linalg.solve(block.sigma, block.basis) @ marginal
+            y = np.linalg.lstsq(block.recon, answers[block.block_id].T, rcond=None)[0].T
+            h = h + np.linalg.solve(block.sigma, y.T).T @ block.basis @ marginal
+            n = n + np.einsum("ij,ij->i", y, np.linalg.solve(block.sigma, y.T).T)
+            e = y - x @ marginal.T @ block.basis.T
+            residual = residual + np.einsum("ij,ij->i", e, np.linalg.solve(block.sigma, e.T).T)
+        np.testing.assert_allclose(linear @ q.T, h, rtol=0, atol=1e-9 * np.abs(h).max())
+        np.testing.assert_allclose(norms, n, rtol=1e-9)
+        tables, own = terms.tables(answers)  # J^+ h and the leaves' own residual n - h^T J^+ h
+        dense = np.linalg.pinv(j, rcond=1e-9, hermitian=True)
+        np.testing.assert_allclose(tables, h @ dense, rtol=0, atol=1e-9 * np.abs(h @ dense).max())
+        np.testing.assert_allclose(own, n - np.einsum("ij,ij->i", h @ dense, h), rtol=0, atol=1e-9 * n.max())
+        offsets, parent = np.random.default_rng(4).normal(size=(3, model.cells)) @ q, np.arange(norms.size) % 3
+        np.testing.assert_allclose(terms.leaf_residuals(own, offsets, parent),
+                                   terms.residuals(linear, norms, tables @ q + offsets[parent]), rtol=0,
+                                   atol=1e-9 * n.max())
+        np.testing.assert_allclose(terms.residuals(linear, norms, x @ q), residual, rtol=0, atol=1e-9 * n.max())
+        np.testing.assert_allclose(terms.information, j, rtol=0, atol=1e-9 * np.abs(j).max())
+        np.testing.assert_allclose(q.T @ j @ q, np.diag(terms.own), rtol=0, atol=1e-9 * np.abs(j).max())
+        group = Grouping.of(np.arange(norms.size) % 3, 3)  # any parents: h~ is linear in the answers
+        np.testing.assert_allclose(terms.summed(answers, group), group.sum(linear), rtol=0,
+                                   atol=1e-12 * np.abs(linear).max() * norms.size)

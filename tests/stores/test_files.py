@@ -1,13 +1,14 @@
 """files.create_nodes: the nodes it creates in one call are the ones zarr creates one call at a time."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
 import pytest
 import zarr
 
-from distfit.stores.files import create_nodes, filled_array, node_attrs, open_arrays, write_array
+from distfit.stores.files import create_nodes, filled_array, node_attrs, node_documents, open_arrays, write_array
 
 
 def _tree(path: Path) -> dict[str, bytes]:
@@ -84,3 +85,26 @@ def test_open_arrays_opens_what_getitem_opens(tmp_path):
     assert root["a/x"][...].tolist() == [0, 7, 8, 3]
     with pytest.raises(FileNotFoundError):
         open_arrays(root, ["missing"])
+
+
+def test_node_documents_are_zarrs_members_and_the_walk_stays_out_of_the_arrays_chunks(tmp_path, monkeypatch):
+    """Every node under a group, as zarr lists them, read from its zarr.json; the walk never
+    enters an array's folder (its chunks' directories: one per chunk)."""
+    root = zarr.open_group(str(tmp_path / "s.zarr"), mode="w")
+    inner = root.create_group("inner")
+    for group in (root, inner):
+        array = group.create_array("rows", shape=(40, 3), chunks=(4, 3), dtype="f8")
+        array[...] = np.arange(120.0).reshape(40, 3)
+    walked = []
+    real_walk = os.walk
+
+    def walk(top, *args, **kwargs):
+        for entry in real_walk(top, *args, **kwargs):
+            walked.append(Path(entry[0]))
+            yield entry
+
+    monkeypatch.setattr(os, "walk", walk)
+    docs = node_documents(root)
+    assert sorted(docs) == sorted(path for path, _ in root.members(max_depth=None))
+    assert docs["inner/rows"]["node_type"] == "array" and docs["inner"]["node_type"] == "group"
+    assert not [p for p in walked if p.name == "c" or "c" in p.relative_to(tmp_path / "s.zarr").parts]

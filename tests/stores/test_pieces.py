@@ -114,3 +114,34 @@ def test_remove_piece_deletes_only_a_piece_of_its_directory(written, tmp_path):
     elsewhere.mkdir(parents=True)
     remove_piece(directory, PieceMismatch(elsewhere, "test"))
     assert elsewhere.exists() and piece.exists()
+
+
+def test_rows_of_a_unit_are_digested_per_slab_and_a_reader_checks_only_the_slabs_it_reads(tmp_path):
+    """Arrays of a row per unit written with a slab (the store's chunk of units) carry one digest
+    per slab at the multiples of the slab, each a store's chunk digest of those rows; a reader of
+    some rows gets only those and hashes only their slabs (a changed byte elsewhere is not read),
+    and a changed byte in a slab it reads is refused; the other arrays are digested whole."""
+    directory = open_pieces(tmp_path / "pieces", "inputs b\n")
+    rng = np.random.default_rng(8)
+    arrays = {"cells": rng.normal(size=(11, 3)), "per_class": rng.normal(size=(2, 3)), "index": np.arange(11) % 2}
+    write_piece(directory, "block", 5, arrays, fsync=False, slab=4, sliced=("cells", "index"))
+    piece = directory / "block" / "000000000005"
+    manifest = json.loads((piece / "manifest.json").read_text())["arrays"]
+    assert manifest["cells"]["slab"] == 4 and manifest["cells"]["blake3"] == [
+        chunk_digest("cells", a, arrays["cells"][a - 5:b - 5]).hex() for a, b in ((5, 8), (8, 12), (12, 16))]
+    assert manifest["per_class"]["blake3"] == chunk_digest("per_class", 5, arrays["per_class"]).hex()
+    back = read_piece(directory, "block", 5, rows=(8, 12))
+    np.testing.assert_array_equal(back["cells"], arrays["cells"][3:7])
+    np.testing.assert_array_equal(back["index"], arrays["index"][3:7])
+    np.testing.assert_array_equal(back["per_class"], arrays["per_class"])
+    np.testing.assert_array_equal(read_piece(directory, "block", 5)["cells"], arrays["cells"])
+    np.testing.assert_array_equal(read_piece(directory, "block", 5, rows=(0, 8))["cells"], arrays["cells"][:3])
+    path = piece / "cells.npy"
+    raw = bytearray(path.read_bytes())
+    raw[-1] ^= 0x10  # the last row: the slab 12:16
+    path.write_bytes(bytes(raw))
+    np.testing.assert_array_equal(read_piece(directory, "block", 5, rows=(8, 12))["cells"], arrays["cells"][3:7])
+    with pytest.raises(PieceMismatch, match="array cells does not hash to the digest it was written with"):
+        read_piece(directory, "block", 5, rows=(12, 16))
+    with pytest.raises(PieceMismatch, match="array cells does not hash"):
+        read_piece(directory, "block", 5)
