@@ -26,8 +26,10 @@ def pytest_configure(config) -> None:
 
 #: The test files that take longest (``pytest --durations``, session 18: each 80-700 worker-seconds
 #: under load), run first. The suite runs in two processes, one file to each at a time
-#: (``--dist loadfile``), which take the files in collection order: a long file collected last
-#: ran alone for minutes while the other process idled (longest processing time first).
+#: (``--dist loadfile``), which take the files in collection order (``--no-loadscope-reorder``:
+#: pytest-xdist would otherwise order them by their number of tests, and test_wide.py's few
+#: long tests, ~10 minutes under load, ran last and alone while the other process idled):
+#: longest processing time first.
 LONGEST_FIRST = (
     "tests/estimate/test_wide.py",
     "tests/pipeline/test_run_cluster.py",
