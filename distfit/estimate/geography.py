@@ -346,7 +346,7 @@ ROUNDINGS = ("controlled", "cells")
 
 
 def estimate_top_down(levels: Sequence[GeographyLevel], *, integer: bool = False, tol: float = 1e-9,
-                      max_iter: int = 20000, on_level: Callable[[int], None] | None = None,
+                      max_iter: int = 20000,
                       centre: Sequence[np.ndarray] | None = None,
                       families: Sequence[np.ndarray | None] | None = None,
                       rounding: str = "controlled", roots: np.ndarray | None = None,
@@ -356,9 +356,8 @@ def estimate_top_down(levels: Sequence[GeographyLevel], *, integer: bool = False
     nonnegative GLS, each finer level by GLS with its children summing to their parent's
     estimate (``integer``: to the parent's integer counts, then rounded so they sum exactly).
     ``tol``/``max_iter``: :func:`distfit.estimate.projection.minimise_quadratic`'s.
-    ``on_level(i)`` is called as level ``i`` starts (progress); ``progress(done, units)`` as the
-    units of every level are solved (a parent's children count as it stops), ending with
-    ``(units, units)``.
+    ``progress(done, units)`` is called as the units of every level are solved (a parent's
+    children count as it stops), ending with ``(units, units)``.
 
     ``centre`` (per level, units x cells; e.g. the hierarchy's best linear unbiased estimates):
     tables to stay close to instead of the measurements, in the same metric: unit ``u``
@@ -403,8 +402,6 @@ def estimate_top_down(levels: Sequence[GeographyLevel], *, integer: bool = False
     for i, level in enumerate(levels):
         before = sum(lv.units for lv in levels[:i])
         solved = None if progress is None else (lambda done, _rows, before=before: progress(before + done, units))
-        if on_level is not None:
-            on_level(i)
         weights, linear, constant = terms[i]
         hessian = WeightedInformation([lv.hessian for lv in levels[i:]] + [h for h, _ in below], weights)
         if centre is not None:
