@@ -13,6 +13,7 @@ import argparse
 
 from distfit.cli.summary import format_number, print_summary
 from distfit.plan.job import run_plan
+from distfit.plan.rounds import BLOCK_GAP as DEFAULT_GAP_TOLERANCE
 from distfit.spec.parse import load_spec
 
 
@@ -20,9 +21,12 @@ def cmd_plan(args: argparse.Namespace) -> int:
     """``distfit plan``: spec -> plan store (``distfit.plan.job.run_plan``) where ``args.placement``
     says; print its account."""
     plan, checksum = run_plan(load_spec(args.spec), args.out, placement=args.placement, overwrite=args.overwrite,
-                              refine_rounds=args.refine_rounds)
+                              refine_rounds=args.refine_rounds, gap_tolerance=args.gap_tolerance)
     kind = plan.alpha_kind
-    print_summary(f"plan {args.out}", [
+    draft = [] if args.gap_tolerance == DEFAULT_GAP_TOLERANCE else [
+        ("draft", f"every solved block within {format_number(1.0 + args.gap_tolerance)}x the best plan of its "
+                  f"target shares (--gap-tolerance {args.gap_tolerance:g}; default {DEFAULT_GAP_TOLERANCE:g})")]
+    print_summary(f"plan {args.out}", draft + [
         ("blocks", f"{plan.num_blocks}  ({plan.composition})"),
         ("privacy cost", f"alpha = {format_number(plan.alpha)}  [{kind}]   rho = {format_number(plan.rho)}"),
         ("max variance/target", f"{plan.max_variance_ratio:.6f}"),

@@ -48,9 +48,11 @@ from distfit.plan.planner import (
     plan_streamed, serial_executor, should_stream, write_streamed_blocks,
 )
 from distfit.plan.residual import BlockSpec
+from distfit.plan.rounds import BLOCK_GAP
 from distfit.mathematics.privacy import privacy_account
 from distfit.mathematics.scaling import scale_block, scaled_cost, scaled_noise
 from distfit.solver.solve import BlockSolution
+from distfit.spec.limits import BLOCK_GAP as BLOCK_GAP_RANGE
 from distfit.spec.model import PipelineSpec
 from distfit.stores.lock import store_lock
 from distfit.stores.plan import SOLVED_PACK_MIN_BLOCKS, BlockRecord, Plan, read_plan
@@ -264,6 +266,7 @@ def run_plan(
     closed_forms: bool = True,
     batch_seconds: float = BATCH_SECONDS,
     decomposition: Decomposition | None = None,
+    gap_tolerance: float = BLOCK_GAP,
 ) -> tuple[PlanResult, str]:
     """Spec (``distfit.spec.parse.load_spec``) to plan store at ``out``; returns the plan and its
     checksum. ``placement``: where the block solves run (:class:`distfit.runtime.placement.Placement`;
@@ -273,15 +276,21 @@ def run_plan(
     (``decomposition.decompose_lazily``): for comparisons and tests of solved blocks.
     ``refine_rounds``: 2 by default (``plan.rounds``: warm-started rounds cost about half a
     cold one; on Adult the second lowered alpha from 1.280 to 1.254). ``batch_seconds``: the least estimated work of one cluster task (``planner.batched``: small
-    blocks share tasks; 0 = one task per block). ``decomposition``: the spec's
+    blocks share tasks; 0 = one task per block). ``gap_tolerance``: the certified gap of every
+    solved block (``rounds.BLOCK_GAP``, 1e-4, by default); a draft plan asks for a looser one
+    (``distfit plan --gap-tolerance``, range ``spec.limits.BLOCK_GAP``; docs/planning.md, step
+    5: Adult at 0.5 without refinement rounds, 21 CPU-s against 244 for alpha 1.557 against
+    1.254). ``decomposition``: the spec's
     (:func:`planned_decomposition`) when the caller has it already (a microdata run tabulates the
     blocks' marginals before planning): the spec is decomposed once per run. Errors: SpecError/ValueError (bad input), FileExistsError (a plan is already there),
     cluster.ClusterError (unreachable scheduler)."""
     log = log or sys.stderr
+    if BLOCK_GAP_RANGE.excludes(gap_tolerance):
+        raise ValueError(f"gap_tolerance: must be {BLOCK_GAP_RANGE.text}, got {gap_tolerance!r}")
     with store_lock(out, "plan"):  # one writer per store: a second plan job into out is refused
         return _run_plan(spec, out, placement=placement, overwrite=overwrite, refine_rounds=refine_rounds,
                          stream=stream, log=log, batch_seconds=batch_seconds, closed_forms=closed_forms,
-                         decomposition=decomposition)
+                         decomposition=decomposition, gap_tolerance=gap_tolerance)
 
 
 def planned_decomposition(spec: PipelineSpec, *, closed_forms: bool = True) -> Decomposition:
@@ -294,7 +303,7 @@ def planned_decomposition(spec: PipelineSpec, *, closed_forms: bool = True) -> D
 
 def _run_plan(spec: PipelineSpec, out: str, *, placement: Placement, overwrite: bool, refine_rounds: int,
               stream: bool | None, log: TextIO, closed_forms: bool, batch_seconds: float,
-              decomposition: Decomposition | None) -> tuple[PlanResult, str]:
+              decomposition: Decomposition | None, gap_tolerance: float) -> tuple[PlanResult, str]:
     PlanWriter(out, overwrite=overwrite).abort()  # refuse an existing plan before any work
     if decomposition is None:
         decomposition = planned_decomposition(spec, closed_forms=closed_forms)
@@ -308,7 +317,7 @@ def _run_plan(spec: PipelineSpec, out: str, *, placement: Placement, overwrite: 
         blocks = list(decomposition.specs())
         with _executor(where, log, batch_seconds) as executor:
             plan = plan_blocks(spec.domain, blocks, decomposition.workload.target_runs(), executor, refine_rounds, decisions, RoundProgress("plan", log),
-                               closed=decomposition.closed)
+                               closed=decomposition.closed, block_gap=gap_tolerance)
         if budget is not None:
             plan = apply_budget(plan, budget.to_alpha())
         return plan, write_plan(spec, plan, out, overwrite=overwrite)
@@ -321,7 +330,7 @@ def _run_plan(spec: PipelineSpec, out: str, *, placement: Placement, overwrite: 
             del block  # before the next one is built
         with _executor(where, log, batch_seconds) as executor:
             plan = plan_streamed(spec.domain, refs, decomposition.workload.target_runs(), sink, executor, refine_rounds, decisions, RoundProgress("plan", log),
-                                 closed=decomposition.closed)
+                                 closed=decomposition.closed, block_gap=gap_tolerance)
         if budget is not None:
             plan = apply_budget(plan, budget.to_alpha())
         write_streamed_blocks(plan, sink)

@@ -507,9 +507,11 @@ def plan_blocks(
     co_optimize: bool = True,
     closed: ClosedFormBlocks | None = None,
     sink: BlockSink | None = None,
+    block_gap: float = BLOCK_GAP,
 ) -> PlanResult:
     """Solve, allocate and stitch ``blocks`` (module docstring, steps 2-5); the closed-form blocks
-    ``closed`` join the allocation and the composition without a solve. Without ``sink`` the
+    ``closed`` join the allocation and the composition without a solve. ``block_gap``: the
+    certified gap of every kept block (``rounds.refine``; looser for a draft plan). Without ``sink`` the
     blocks are specs, held in memory with their solutions (``_MemoryBlocks``); with one they are
     refs of specs saved there and the plan streams through it (``plan_streamed``, ``_SinkBlocks``).
     Both run this one loop: same tasks, allocation and composition, in the same order."""
@@ -536,7 +538,7 @@ def plan_blocks(
                         lambda index, solution: keeper.keep(number, index, solution, block_targets[index]), progress)
 
     best, rounds = refine(blocks, targets, run_round, refine_rounds, max_rows, log, keeper.drop_round,
-                          closed=closed_rows, shaping_gaps=shaping_gaps(work))
+                          closed=closed_rows, shaping_gaps=shaping_gaps(work), block_gap=block_gap)
     allocation = best.allocation
     planned = keeper.planned(best)
     closed_scales = allocation.scales[len(blocks):]

@@ -70,6 +70,7 @@ def refine(
     drop_round: Callable[[int], None] | None = None,
     closed: ClosedRows | None = None,
     shaping_gaps: Sequence[float] = (SHAPING_GAP,),
+    block_gap: float = BLOCK_GAP,
 ) -> tuple[Round, int]:
     """Solve, allocate, and refine the target shares (module docstring, steps 2-3).
 
@@ -78,9 +79,11 @@ def refine(
     blocks, new shares) and returns, in block order, objects with ``alpha`` and ``variances``.
     Every round that another follows is solved to its shaping gap (round r to
     ``shaping_gaps[min(r, len - 1)]``: ``SHAPING_GAP``, or ``COARSE_SHAPING_GAPS`` for a large
-    plan; its shapes only set the next shares), the last to ``BLOCK_GAP``; should a shaping round end up the best (refinement
-    stopped early) with a block above ``BLOCK_GAP``, its shares are solved once more to
-    ``BLOCK_GAP`` (warm-started; not counted as a round), so every kept block is certified to it. Returns the best round and how many rounds ran; ``drop_round`` is told
+    plan; its shapes only set the next shares), the last to ``block_gap`` (``BLOCK_GAP`` unless
+    a draft plan asks for a looser one, ``distfit plan --gap-tolerance``; no shaping round is
+    then solved tighter than it); should a shaping round end up the best (refinement
+    stopped early) with a block above ``block_gap``, its shares are solved once more to
+    ``block_gap`` (warm-started; not counted as a round), so every kept block is certified to it. Returns the best round and how many rounds ran; ``drop_round`` is told
     about every round that is not (or no longer) the best.
     The closed-form blocks (``closed``) join every allocation (their scales follow the solved
     blocks' in ``allocation.scales``); their shapes do not depend on the shares, so no round
@@ -115,7 +118,8 @@ def refine(
         return Round(number, allocation, results, [t.copy() for t in shares], gap)
 
     for round_number in range(refine_rounds + 1):
-        gap = BLOCK_GAP if round_number == refine_rounds else shaping_gaps[min(round_number, len(shaping_gaps) - 1)]
+        gap = block_gap if round_number == refine_rounds else max(shaping_gaps[min(round_number, len(shaping_gaps) - 1)],
+                                                                  block_gap)
         this = solved_round(round_number, block_targets, gap, previous)
         allocation, results = this.allocation, this.results
         if best is None or allocation.alpha_bound < best.allocation.alpha_bound:
@@ -136,10 +140,10 @@ def refine(
         if closed is not None:
             totals += closed.totals(allocation.scales[n:], targets.size)
         block_targets = [targets[b.query_index] * v / totals[b.query_index] for b, v in zip(blocks, scaled)]
-    if best.gap > BLOCK_GAP and any(r.alpha > r.lower_bound * (1.0 + BLOCK_GAP) for r in best.results):
+    if best.gap > block_gap and any(r.alpha > r.lower_bound * (1.0 + block_gap) for r in best.results):
         number = round_number + 1  # a draft key of its own; the same shares, so not counted as a round
-        log.append(f"round {number}: round {best.number}'s shares solved again to the {BLOCK_GAP:.0e} block gap")
-        tight = solved_round(number, best.targets, BLOCK_GAP, best)
+        log.append(f"round {number}: round {best.number}'s shares solved again to the {block_gap:.0e} block gap")
+        tight = solved_round(number, best.targets, block_gap, best)
         if drop_round is not None:
             drop_round(best.number)
         best = tight

@@ -76,6 +76,10 @@ ALPHA = Range(1e-8, 1e8)
 #: An (epsilon, delta) budget: the pair converts to alpha in [2e-12, 2e4] (docs/spec.md).
 EPSILON = Range(1e-4, 1e4)
 DELTA = Range(1e-100, 0.5)
+#: The certified gap of a plan's blocks (``distfit plan --gap-tolerance``; 1e-4 by default,
+#: ``plan.rounds.BLOCK_GAP``): from far below the default to a draft plan whose every block
+#: costs at most twice the least any plan of its target shares can.
+BLOCK_GAP = Range(1e-6, 1.0)
 #: A nonzero entry of a ``matrix`` query (its absolute value).
 MATRIX_ENTRY = Range(1e-6, 1e6)
 

@@ -65,6 +65,39 @@ def test_without_refinement_the_only_round_is_solved_to_the_block_gap():
     assert calls == [(0, BLOCK_GAP, None)] and rounds == 1
 
 
+def test_a_draft_gap_looser_than_the_shaping_gaps_solves_every_round_to_it():
+    """``block_gap`` (``distfit plan --gap-tolerance``) is the kept round's gap, and no shaping
+    round is solved tighter than the plan it shapes."""
+    calls = []
+    best, rounds = refine(_blocks(), np.ones(3), _stub([4.0, 3.0, 2.0], calls), 2, 2, [],
+                          shaping_gaps=(0.5, 0.1, 0.01), block_gap=0.2)
+    assert [gap for _, gap, _ in calls] == [0.5, 0.2, 0.2]
+    assert (best.number, best.gap, rounds) == (2, 0.2, 3)
+
+
+def test_a_draft_plan_keeps_every_block_within_its_gap_and_meets_every_target():
+    """A draft plan of the mixed workload at a 0.3 gap: every kept block certified to 0.3 (and
+    not to the default 1e-4: the draft stops early) and every target met. Without refinement
+    both plans solve each block for the same shares, so each draft block costs at least the
+    default's certified lower bound and at most 1.3 times the default block's alpha."""
+    domain, groups = mixed_marginal_workload()
+    decomposition = decompose_lazily(domain, groups, 0)
+
+    def planned(block_gap):
+        return plan_blocks(domain, list(decomposition.specs()), decomposition.workload.targets(), refine_rounds=0,
+                           co_optimize=False, closed=decomposition.closed, block_gap=block_gap)
+
+    draft, default = planned(0.3), planned(BLOCK_GAP)
+    gaps = np.array([b.solution.gap for b in draft.blocks])
+    assert gaps.size and np.all(gaps <= 0.3) and gaps.max() > BLOCK_GAP
+    assert np.all(draft.variances <= draft.targets * (1 + 1e-9))
+    drafted = np.array([b.solution.alpha for b in draft.blocks])
+    best = np.array([b.solution.alpha for b in default.blocks])
+    bound = np.array([b.solution.lower_bound for b in default.blocks])
+    assert np.all(drafted >= bound * (1 - 1e-9)) and np.all(drafted <= 1.3 * best * (1 + 1e-9))
+    assert drafted.sum() > best.sum()
+
+
 def test_every_kept_block_of_a_refined_plan_is_certified_to_the_block_gap():
     """Without the joint block dual (whose blocks carry no certificate of their own)."""
     domain, groups = mixed_marginal_workload()
