@@ -40,6 +40,8 @@ rows (at most ``forest_rows`` units over its levels, or one subtree) and its cla
 the finest level bounded by :func:`distfit.estimate.subtrees.matrix_units`, one subtree at least;
 none in the levels' shared basis, :mod:`distfit.estimate.shared_basis`, which the driver finds from
 the plans and every task uses);
+the job (every level's model and terms: :class:`Forests`) goes to each worker once, as a task
+of its own that the others depend on (:func:`forests_task`), not with every task;
 the driver, levels ``0 .. c`` and their classes' matrices (the cut chosen so that they fit
 :data:`distfit.estimate.subtrees.DRIVER_MATRIX_BYTES`), each unit's number of children, and one
 level's parent ids at a time while step 1 reads them.
@@ -125,7 +127,7 @@ from distfit.stores.release import read_sealed_release
 from distfit.stores.release_chunks import ChunkWriter
 
 __all__ = ["FOREST_ROWS", "PIECES_NAME", "Forests", "Unordered", "chunk_task", "downward_task", "estimate_on_cluster",
-           "upward_task"]
+           "forests_task", "upward_task"]
 
 #: A forest's rows over all its levels at most (one subtree may have more): a task holds about ten
 #: rows x cells float64 arrays, ~0.9 GB at 250 cells (issue 29: a worker within 2 GiB).
@@ -177,6 +179,22 @@ class Forests:
     def rows(self, first: int, stop: int) -> list[tuple[int, int]]:
         """Forest ``[first, stop)``'s rows ``(start, stop)`` at each level from the cut."""
         return [(int(s[first]), int(s[stop])) for s in self.spans]
+
+
+def forests_task(job: Forests) -> Forests:
+    """The job, as a task's result on a worker (:func:`distfit.runtime.cluster.on_every_worker`):
+    every task of steps 2, 4 and 5 depends on one of these instead of carrying the job as its
+    argument. The job holds every level's measurement model and terms (25 MB pickled for
+    us_pl94 below a tract cut), and the driver keeps each submitted task's arguments until the
+    task is done: one copy a chunk task made the driver's memory grow with the number of chunks
+    (1.8 GB at 300k blocks, 8.4 GiB at 1M) and pickled the job again for every task."""
+    return job
+
+
+def _shared(jobs: Sequence[Any], i: int) -> Any:
+    """The ``i``-th task's job future: the workers' copies in turn (as the estimate's chunk
+    tasks take the model tasks, :func:`distfit.estimate.job.model_task`)."""
+    return jobs[i % len(jobs)]
 
 
 def _forest_answers(job: Forests, first: int, stop: int) -> tuple[list[dict[str, np.ndarray]], list]:
@@ -399,13 +417,14 @@ def estimate_on_cluster(client, spec: Any, *, names: Sequence[str], cut: int, di
     job = Forests(tuple(below), tuple(models[n] for n in below), tuple(releases[n].path for n in below),
                   tuple(releases[n].checksum for n in below), tuple(spans), tuple(counts), str(pieces), split, fsync,
                   integer, basis, terms, tuple(int(releases[n].attrs["chunk_units"]) for n in below))
+    jobs = dask_runtime().on_every_worker(client, forests_task, job, name="estimate-forests")
     units = sum(int(releases[n].attrs["units"]) for n in names)
     print(f"distfit: estimate levels {', '.join(names)} ({units:,} units) on the cluster: best linear unbiased "
           f"over the geography{', then integer tables' if integer else ''}, {len(groups)} forests of subtrees of "
           f"level {names[cut]}", file=log)
 
     # 2. up
-    calls = [(str(first), (job, first, stop)) for first, stop in groups]
+    calls = [(str(first), (_shared(jobs, i), first, stop)) for i, (first, stop) in enumerate(groups)]
     ups = sorted(_run(client, upward_task, calls, "estimate-up",
                       Progress(f"estimate {', '.join(below)}: up", log, unit="forests")), key=lambda r: r[0])
     summary = merge_summaries([r[1] for r in ups])
@@ -458,11 +477,11 @@ def estimate_on_cluster(client, spec: Any, *, names: Sequence[str], cut: int, di
     open_pieces(pieces, _key(names, releases, cut, forest_rows, split, integer, basis is not None))
     for attempt in (1, 2):
         try:
-            _down(client, job, groups, top, cut, log, roots=xs[cut] if integer else None)
+            _down(client, job, jobs, groups, top, cut, log, roots=xs[cut] if integer else None)
             for k in range(1, len(below)):
                 name, above = below[k], below[k - 1]
                 out[name] = _write_from_pieces(
-                    client, job, k, groups, spec=spec, plan=plans[name], model=models[name],
+                    client, job, jobs, k, groups, spec=spec, plan=plans[name], model=models[name],
                     plan_path=dirs[name] / "plan.zarr", release=releases[name], path=paths[name],
                     geography={"level": name, "levels": list(names), "parent_level": above,
                                "parent_column": columns[name],
@@ -480,33 +499,35 @@ def estimate_on_cluster(client, spec: Any, *, names: Sequence[str], cut: int, di
     return out
 
 
-def _down(client, job: Forests, groups: Sequence[tuple[int, int]], top: Top, cut: int, log: TextIO, *,
-          roots: np.ndarray | None) -> None:
+def _down(client, job: Forests, jobs: Sequence[Any], groups: Sequence[tuple[int, int]], top: Top, cut: int,
+          log: TextIO, *, roots: np.ndarray | None) -> None:
     """Step 4 (module docstring) for the forests whose pieces are not all written (``roots``: the
-    cut level's integer tables with ``integer``, else None)."""
+    cut level's integer tables with ``integer``, else None; ``jobs``: the workers' copies of
+    ``job``, :func:`forests_task`)."""
     below = job.names[1:]
     pending = [(first, stop) for first, stop in groups
                if not all(sp[first] == sp[stop] or piece_done(Path(job.pieces), name, int(sp[first]))
                           for name, sp in zip(below, job.spans[1:]))]
-    calls = [(str(first), (job, first, stop, top.top(cut, slice(first, stop)),
-                           None if roots is None else roots[first:stop])) for first, stop in pending]
+    calls = [(str(first), (_shared(jobs, i), first, stop, top.top(cut, slice(first, stop)),
+                           None if roots is None else roots[first:stop])) for i, (first, stop) in enumerate(pending)]
     if calls:
         _run(client, downward_task, calls, "estimate-down",
              Progress(f"estimate {', '.join(below)}: down", log, unit="forests"))
 
 
-def _write_from_pieces(client, job: Forests, k: int, groups: Sequence[tuple[int, int]], *, spec, plan, model,
-                       plan_path: Path, release, path: Path, geography: dict, log: TextIO,
+def _write_from_pieces(client, job: Forests, jobs: Sequence[Any], k: int, groups: Sequence[tuple[int, int]], *,
+                       spec, plan, model, plan_path: Path, release, path: Path, geography: dict, log: TextIO,
                        fsync: bool) -> LevelEstimate:
     """Step 5 for level ``c + k`` (module docstring): its store laid out or resumed, its pending
     chunks written by tasks from the pieces, sealed; kept as it is when sealed from these inputs."""
     with store_lock(path, "estimate"):  # one writer per store, as every chunked job's
-        return _locked_write(client, job, k, groups, spec=spec, plan=plan, model=model, plan_path=plan_path,
+        return _locked_write(client, job, jobs, k, groups, spec=spec, plan=plan, model=model, plan_path=plan_path,
                              release=release, path=path, geography=geography, log=log, fsync=fsync)
 
 
-def _locked_write(client, job: Forests, k: int, groups: Sequence[tuple[int, int]], *, spec, plan, model,
-                  plan_path: Path, release, path: Path, geography: dict, log: TextIO, fsync: bool) -> LevelEstimate:
+def _locked_write(client, job: Forests, jobs: Sequence[Any], k: int, groups: Sequence[tuple[int, int]], *, spec,
+                  plan, model, plan_path: Path, release, path: Path, geography: dict, log: TextIO,
+                  fsync: bool) -> LevelEstimate:
     name = job.names[k]
     units, chunk_units = int(release.attrs["units"]), int(release.attrs["chunk_units"])
     parent = geography["parent_estimate"]["checksum"]
@@ -547,7 +568,7 @@ def _locked_write(client, job: Forests, k: int, groups: Sequence[tuple[int, int]
         start, stop = chunk * chunk_units, min((chunk + 1) * chunk_units, units)
         lo = max(int(np.searchsorted(firsts, start, side="right")) - 1, 0)
         hi = int(np.searchsorted(firsts, stop, side="left"))
-        calls.append((str(chunk), (job, k, str(layout.target), chunk, start, stop,
+        calls.append((str(chunk), (_shared(jobs, len(calls)), k, str(layout.target), chunk, start, stop,
                                    tuple(int(f) for f in firsts[lo:hi]))))
     with ChunkedWrite(layout.root, layout.target, units=units, chunk_units=chunk_units, pending=layout.pending,
                       stage=f"estimate {name}", log=log, fsync=fsync, staging=layout.staging, arrays=arrays) as write:
