@@ -27,7 +27,8 @@ each level's release CPU per unit, at the largest size, times its units at full 
 release is linear in units); the estimate's CPU at the largest estimated size times (full units
 / units) ** e, e measured between the two largest estimated sizes but at least 1 (small sizes
 are dominated by fixed costs; the issue measured 1.15 - 1.39 for today's estimate), and its
-driver memory in proportion to units. Goal: the whole 8M run (release + estimate, every level) <= 20 minutes on 2 cores,
+driver memory on a line through the two largest estimated sizes (in proportion to units
+from one size). Goal: the whole 8M run (release + estimate, every level) <= 20 minutes on 2 cores,
 i.e. <= 2,400 CPU-seconds with both cores busy. Plans and reports do not depend on N and are
 printed apart. Timings depend on the load: the load average is printed with each size.
 """
@@ -173,11 +174,17 @@ def extrapolate(results: list[dict]) -> None:
                                                                               sum(a["levels"].values()))
     estimate = at["estimate"][1] * (total_units / sum(at["levels"].values())) ** max(exponent, 1.0)
     memory = at["driver_peak"] * total_units / sum(at["levels"].values())
+    memory_rule = "in proportion to units"
+    if len(estimated) > 1:  # a line through the two largest sizes: a fixed part and a part per unit
+        a, units_a, units_at = estimated[-2], sum(estimated[-2]["levels"].values()), sum(at["levels"].values())
+        slope = max((at["driver_peak"] - a["driver_peak"]) / (units_at - units_a), 0.0)
+        memory = at["driver_peak"] + slope * (total_units - units_at)
+        memory_rule = f"a line through {units_a:,} and {units_at:,} units"
     whole = release + estimate
     print(f"estimate (from {at['units']:,} blocks): {estimate:,.0f} CPU-s (exponent {max(exponent, 1.0):.2f}; "
           f"measured {exponent:.2f}{', taken as 1: fixed costs dominate small sizes' if exponent < 1 else ''}); "
-          f"estimate / release {estimate / release:.2f}x (goal <= 1); driver memory ~{memory / GIB:,.0f} GiB "
-          f"(linear in units; goal <= 2)")
+          f"estimate / release {estimate / release:.2f}x (goal <= 1); driver memory ~{memory / GIB:,.1f} GiB "
+          f"({memory_rule}; goal <= 2)")
     print(f"whole 8M run: {whole:,.0f} CPU-s = {whole / CORES / 60:.1f} min on {CORES} busy cores "
           f"(goal <= {GOAL_SECONDS / 60:.0f} min: {whole / CORES / GOAL_SECONDS:.2f}x the goal)")
 
