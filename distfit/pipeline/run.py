@@ -451,15 +451,17 @@ def run_pipeline(
         )
 
 
-def report_level(result: RunResult, estimate: Any | None) -> RunResult:
+def report_level(result: RunResult, estimate: Any | None, report: bool = True) -> RunResult:
     """Write the report of a level run with ``report=False`` with the section of its
     ``estimate`` (a :class:`distfit.estimate.levels.LevelEstimate`, or None) and complete the
-    level's manifest (``report``, ``estimate``, their stages and timing); the result, completed."""
+    level's manifest (``report``, ``estimate``, their stages and timing); the result, completed.
+    ``report=False``: the manifest completed without a report (stage "skipped", entry None)."""
     t = time.perf_counter()
     written = write_report(result.plan, result.report, result.release, result.data,
-                           estimate_path=estimate and estimate.path, verified=True)  # by the level's run
-    stages = dict(result.stages, estimate=estimate.status if estimate else "skipped", report="done")
-    manifest = dict(result.manifest_data, stages=stages, report=written.manifest_entry(),
+                           estimate_path=estimate and estimate.path, verified=True) if report else None  # by the level's run
+    stages = dict(result.stages, estimate=estimate.status if estimate else "skipped",
+                  report="done" if report else "skipped")
+    manifest = dict(result.manifest_data, stages=stages, report=written and written.manifest_entry(),
                     estimate=manifest_entry(estimate.path, estimate.checksum) if estimate else None,
                     timings_seconds=dict(result.timings, report=time.perf_counter() - t))
     write_text_atomic(result.manifest, json.dumps(manifest, indent=2) + "\n")
@@ -511,6 +513,7 @@ def run_levels(
     geography: str | os.PathLike | None = None,
     estimate: bool = True,
     integer: bool = False,
+    report: bool = True,
     log: TextIO | None = None,
     fsync: bool = True,
 ) -> LevelsRunResult:
@@ -536,7 +539,8 @@ def run_levels(
     every level's ``estimate.zarr``, the best linear unbiased estimate over the geography with
     each estimate's variance: children sum to their parent, to float rounding, and exactly as
     nonnegative integers with ``integer`` (:func:`distfit.estimate.levels.estimate_levels`; each
-    level's tabulation records its units' parents, ``parent_column``).
+    level's tabulation records its units' parents, ``parent_column``). ``report=False``: no
+    level's report (its manifest's ``report`` None; tests whose subject is not the report).
     """
     with store_lock(out, "run directory"):  # one run per RUNDIR at a time (stores/lock.py)
         started = time.perf_counter()
@@ -663,7 +667,7 @@ def run_levels(
             estimates = estimate_levels(spec, level_dirs, integer=integer, log=log, fsync=fsync, placement=here) if estimate else {}
             timings["estimate"] = time.perf_counter() - t
         # each level's report, with its estimate (estimated once, above; timed in the level's manifest)
-        results = {name: report_level(result, estimates.get(name)) for name, result in results.items()}
+        results = {name: report_level(result, estimates.get(name), report) for name, result in results.items()}
         plans = {name: read_plan(result.plan) for name, result in results.items()}
         account = combine_levels(spec.domain, [(name, float(plan.attrs["alpha"]), level_profiles(plan))
                                                for name, plan in plans.items()]).to_dict()
@@ -680,7 +684,7 @@ def run_levels(
             "levels": {name: {"dir": os.path.abspath(level_dirs[name]), "manifest": result.manifest,
                               "alpha": plans[name].attrs.get("alpha"), "plan_checksum": result.plan_checksum,
                               "release_checksum": result.release_checksum,
-                              "report": os.path.join(result.report, "index.html"),
+                              "report": os.path.join(result.report, "index.html") if report else None,
                               "estimate": result.manifest_data["estimate"]}
                        for name, result in results.items()},
             "privacy": account,

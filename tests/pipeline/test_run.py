@@ -97,7 +97,7 @@ def _check_outputs(rundir, spec_path) -> dict:
     return manifest
 
 
-def test_end_to_end_and_rerun_reuses_everything(capsys, specs, tmp_path):
+def test_end_to_end_and_rerun_reuses_everything(capsys, specs, tmp_path, monkeypatch):
     spec, _ = specs
     rundir = tmp_path / "run"
     code, out, err = _run(capsys, spec, rundir)
@@ -127,9 +127,12 @@ def test_end_to_end_and_rerun_reuses_everything(capsys, specs, tmp_path):
     np.testing.assert_array_equal(again, answers)
     assert "no new noise drawn" in err
 
-    # a rerun without --units reuses the data too; a different --units is refused
+    # a rerun without --units reuses the data too (without the report: the rerun above drew it
+    # from the same stores); a different --units is refused
+    monkeypatch.setattr(commands, "run_pipeline", functools.partial(pipeline.run_pipeline, report=False))
     code, _, err = run(capsys, "run", str(spec), "--out", str(rundir), "--serial")
     assert code == 0, err
+    assert _manifest(rundir)["stages"]["data"] == "reused"
     code, _, err = run(capsys, "run", str(spec), "--out", str(rundir), "--serial", "--units", "300")
     assert code == 2
     assert_one_line_error(err, "200 units")
@@ -301,7 +304,7 @@ def test_embedded_default_pipeline(capsys, tmp_path):
     assert manifest["data"]["units"] == 200
 
 
-def test_multilevel_run_end_to_end(tmp_path, capsys):
+def test_multilevel_run_end_to_end(tmp_path, capsys, monkeypatch):
     """distfit run on a multi-level spec with a budget: synthetic people with a nested
     geography, one complete run per level (plan passes audit, release sealed), the combined
     account exactly at the budget; the levels' spec.yaml records what they ran; a rerun reuses
@@ -349,6 +352,9 @@ def test_multilevel_run_end_to_end(tmp_path, capsys):
     # the exact combined alpha (max over cells of the summed profiles) is at most the sum bound
     assert alphas >= 3.0 * (1 - 1e-9) and manifest["privacy"]["alpha_sum_bound"] == pytest.approx(alphas)
 
+    # the rerun without the levels' reports (what it tests is the reuse; the first run drew them):
+    # three reports of figures drawn again for nothing
+    monkeypatch.setattr(commands, "run_levels", functools.partial(pipeline.run_levels, report=False))
     code, out, err = run(capsys, "run", str(path), "--out", str(rundir), "--serial")
     assert code == 0 and "plan reused, release reused" in out, out + err
     other = dict(spec, name="other")

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import pytest
 import yaml
 import zarr
 
@@ -166,6 +167,29 @@ def dask_cluster(tmp_path: Path, workers: int = 2):
             handle.close()
 
 
+@pytest.fixture(scope="module")
+def started_cluster(tmp_path_factory):
+    """One scheduler-file cluster (:func:`dask_cluster`) for the file's two tests that use one: a
+    cluster's five processes (scheduler, two nannies, two workers) start once. Nothing of a test
+    depends on a fresh cluster: see :func:`scheduler_cluster`."""
+    with dask_cluster(tmp_path_factory.mktemp("cluster")) as cluster:
+        yield cluster
+
+
+@pytest.fixture()
+def scheduler_cluster(started_cluster):
+    """The shared cluster as a test starts on it: both workers connected (a worker killed by an
+    earlier test is back, restarted by its nanny) and their transition logs emptied, so that
+    :func:`executed_keys` sees this test's tasks only."""
+    client = started_cluster.client
+    client.wait_for_workers(2, timeout=60)
+
+    def forget(dask_worker):
+        dask_worker.state.log.clear()
+    client.run(forget)
+    return started_cluster
+
+
 def worker_pids(client) -> dict[str, int]:
     """Worker address -> pid of its process, as the scheduler knows it."""
     def pids(dask_scheduler):
@@ -246,88 +270,6 @@ def assert_same_release(path: Path, reference: Path) -> None:
     assert read_release(path).checksum == read_release(reference).checksum
 
 
-def test_run_through_a_scheduler_file(tmp_path):
-    """`distfit run --cluster SCHEDULER_FILE`: every block solve and every release chunk runs on
-    the two workers of that cluster, once each; the manifest names the cluster."""
-    spec = _write_spec(tmp_path)
-    rundir = tmp_path / "run"
-    with dask_cluster(tmp_path) as cluster:
-        client = cluster.client
-        scheduler_address = client.scheduler.address
-        pids = worker_pids(client)
-        assert len(pids) == 2
-        result = subprocess.run(
-            _distfit("run", spec, "--out", rundir, "--cluster", cluster.scheduler_file, *cluster.tls, "--units", "9000"),
-            capture_output=True, text=True, timeout=180, env=ENV)
-        assert result.returncode == 0, f"{result.stdout}\n{result.stderr}\n{cluster.log_tails()}"
-        assert f"connected to {cluster.scheduler_file} over TLS" in result.stderr
-        assert "local cluster" not in result.stderr
-        executed = executed_keys(client)
-        assert worker_pids(client) == pids  # the same two worker processes throughout
-
-    manifest = _check_run(rundir, cluster, scheduler_address)
-    assert manifest["stages"] == {"plan": "done", "audit": "passed", "data": "synthesised",
-                                  "release": "done", "estimate": "done", "report": "done"}
-    plan = read_plan(rundir / "plan.zarr")
-    release = read_release(rundir / "release.zarr")
-    assert release.attrs["n_chunks"] == 3  # 9000 units in chunks of 4096
-
-    assert set(executed) == set(pids)
-    assert all(executed.values()), f"a worker ran nothing: {executed}"
-    keys = [key for worker_keys in executed.values() for key in worker_keys]
-    # a solve task is one block (label: its id) or a batch of small ones (``first+n``: n more)
-    labels = [_label(k, "solve-").rsplit("+", 1) for k in keys if k.startswith("solve-")]
-    assert labels and {label[0] for label in labels} <= set(plan.block_ids)
-    assert sum(1 + (int(label[1]) if len(label) == 2 else 0) for label in labels) % len(plan.block_ids) == 0
-    # release tasks (keys release-chunks-FIRST-RUN, a run of chunks each, or release-chunk-C-RUN,
-    # one chunk each): every task ran once, on these workers, starting at chunk 0; that every
-    # chunk was written is _check_run's chunks/done
-    prefix = "release-chunks-" if any(k.startswith("release-chunks-") for k in keys) else "release-chunk-"
-    tasks = collections.Counter(_label(k, prefix) for k in keys if k.startswith(prefix))
-    assert "0" in tasks and set(tasks) <= {"0", "1", "2"} and set(tasks.values()) == {1}, tasks
-    # the estimate: runs of chunks cut like the release's (estimate-chunks-FIRST-RUN), each task
-    # once, on these workers, starting at chunk 0
-    estimated = collections.Counter(_label(k, "estimate-chunks-") for k in keys if k.startswith("estimate-chunks-"))
-    assert "0" in estimated and set(estimated) <= {"0", "1", "2"} and set(estimated.values()) == {1}, estimated
-    assert read_estimate(rundir / "estimate.zarr").attrs["release_checksum"] == release.checksum
-
-
-def test_seeded_release_survives_a_worker_killed_mid_release(tmp_path, small_plan):
-    """`distfit release --seed S --cluster SCHEDULER_FILE`; one worker process of that cluster is
-    SIGKILLed right after the first chunk is written, while it holds chunk tasks (the scheduler
-    kills it and records what it held: ``tests.faults``). Its tasks run again on the other worker
-    with the same (block, chunk) noise streams, its nanny restarts it, the command exits 0, and
-    the sealed release equals, bit for bit, an uninterrupted `distfit release --seed S` on the
-    same cluster."""
-    data = tmp_path / "data.zarr"
-    # 40 chunks of 200 units: one task per chunk, most of them still to do at the kill
-    write_synthetic(small_plan.spec, KILL_UNITS, data, seed=7, chunk_units=KILL_CHUNK_UNITS, fsync=False)
-    reference, killed = tmp_path / "reference.zarr", tmp_path / "killed.zarr"
-    with dask_cluster(tmp_path) as cluster:
-        client = cluster.client
-        pids = worker_pids(client)
-
-        def release(out: Path) -> subprocess.CompletedProcess:
-            argv = _distfit("release", small_plan.plan, "--data", data, "--out", out, "--seed", SEED,
-                            "--cluster", cluster.scheduler_file, *cluster.tls)
-            return subprocess.run(argv, capture_output=True, text=True, timeout=180, env=ENV)
-
-        uninterrupted = release(reference)
-        assert uninterrupted.returncode == 0, f"{uninterrupted.stderr}\n{cluster.log_tails()}"
-        with kill_a_worker_after_the_first(client, "release-chunk") as record:
-            result = release(killed)
-        assert result.returncode == 0, f"{result.stdout}\n{result.stderr}\n{cluster.log_tails()}"
-        client.wait_for_workers(2, timeout=60)
-        restarted = worker_pids(client)
-
-    assert_killed_while_in_progress(record)  # fewer chunk tasks done than the release had
-    victim = record["killed"]
-    assert pids[victim["address"]] == victim["pid"]  # one of the cluster's two worker processes
-    assert victim["pid"] not in restarted.values() and len(restarted) == 2  # the nanny restarted it
-    assert "NOT PRIVATE" in result.stdout and read_release(killed).attrs["n_chunks"] == KILL_CHUNKS
-    assert_same_release(killed, reference)
-
-
 def test_release_driver_killed_then_resumed_equals_an_uninterrupted_release(tmp_path, small_plan):
     """`distfit release PLAN --data D --out R --seed S --workers 2` on its own local cluster;
     once some but not all chunks are written the whole process group (the driver, its nannies
@@ -395,9 +337,11 @@ def test_ctrl_c_during_a_local_cluster_run_is_one_line_then_resumes(tmp_path):
     """Ctrl-C (SIGINT to the whole process group, as a terminal sends it) while `distfit run`
     releases on its local cluster: no traceback from the driver or the workers, one line saying
     what was kept, exit 130; the same command then resumes the release and seals it (without
-    the estimate stage: 200,000 units' estimate is not what is under test, and other tests run it)."""
+    the estimate stage: 100,000 units' estimate is not what is under test, and other tests run it).
+    100,000 units are 25 chunks of 4096: their release took ~5 s on 2 workers (200,000: 10.7 s
+    of a 29 s run, load 4), so the poll (every 0.2 s) has seconds to see 2 to 19 chunks written."""
     out = tmp_path / "run"
-    argv = _distfit("run", "--out", out, "--units", 200_000, "--workers", 2, "--no-estimate")
+    argv = _distfit("run", "--out", out, "--units", 100_000, "--workers", 2, "--no-estimate")
     process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV,
                                start_new_session=True, preexec_fn=interruptible)
     done = np.zeros(0)
@@ -424,3 +368,89 @@ def test_ctrl_c_during_a_local_cluster_run_is_one_line_then_resumes(tmp_path):
     assert "(resumed)" in resumed.stdout
     assert verify_release(out / "release.zarr")[0]
     assert read_release(out / "release.zarr").attrs["complete"] is True
+
+
+# the two tests on the shared scheduler-file cluster last: it starts at the first and is torn
+# down at the end of the module, right after the second
+
+
+def test_run_through_a_scheduler_file(tmp_path, scheduler_cluster):
+    """`distfit run --cluster SCHEDULER_FILE`: every block solve and every release chunk runs on
+    the two workers of that cluster, once each; the manifest names the cluster."""
+    spec = _write_spec(tmp_path)
+    rundir = tmp_path / "run"
+    cluster = scheduler_cluster
+    client = cluster.client
+    scheduler_address = client.scheduler.address
+    pids = worker_pids(client)
+    assert len(pids) == 2
+    result = subprocess.run(
+        _distfit("run", spec, "--out", rundir, "--cluster", cluster.scheduler_file, *cluster.tls, "--units", "9000"),
+        capture_output=True, text=True, timeout=180, env=ENV)
+    assert result.returncode == 0, f"{result.stdout}\n{result.stderr}\n{cluster.log_tails()}"
+    assert f"connected to {cluster.scheduler_file} over TLS" in result.stderr
+    assert "local cluster" not in result.stderr
+    executed = executed_keys(client)
+    assert worker_pids(client) == pids  # the same two worker processes throughout
+
+    manifest = _check_run(rundir, cluster, scheduler_address)
+    assert manifest["stages"] == {"plan": "done", "audit": "passed", "data": "synthesised",
+                                  "release": "done", "estimate": "done", "report": "done"}
+    plan = read_plan(rundir / "plan.zarr")
+    release = read_release(rundir / "release.zarr")
+    assert release.attrs["n_chunks"] == 3  # 9000 units in chunks of 4096
+
+    assert set(executed) == set(pids)
+    assert all(executed.values()), f"a worker ran nothing: {executed}"
+    keys = [key for worker_keys in executed.values() for key in worker_keys]
+    # a solve task is one block (label: its id) or a batch of small ones (``first+n``: n more)
+    labels = [_label(k, "solve-").rsplit("+", 1) for k in keys if k.startswith("solve-")]
+    assert labels and {label[0] for label in labels} <= set(plan.block_ids)
+    assert sum(1 + (int(label[1]) if len(label) == 2 else 0) for label in labels) % len(plan.block_ids) == 0
+    # release tasks (keys release-chunks-FIRST-RUN, a run of chunks each, or release-chunk-C-RUN,
+    # one chunk each): every task ran once, on these workers, starting at chunk 0; that every
+    # chunk was written is _check_run's chunks/done
+    prefix = "release-chunks-" if any(k.startswith("release-chunks-") for k in keys) else "release-chunk-"
+    tasks = collections.Counter(_label(k, prefix) for k in keys if k.startswith(prefix))
+    assert "0" in tasks and set(tasks) <= {"0", "1", "2"} and set(tasks.values()) == {1}, tasks
+    # the estimate: runs of chunks cut like the release's (estimate-chunks-FIRST-RUN), each task
+    # once, on these workers, starting at chunk 0
+    estimated = collections.Counter(_label(k, "estimate-chunks-") for k in keys if k.startswith("estimate-chunks-"))
+    assert "0" in estimated and set(estimated) <= {"0", "1", "2"} and set(estimated.values()) == {1}, estimated
+    assert read_estimate(rundir / "estimate.zarr").attrs["release_checksum"] == release.checksum
+
+
+def test_seeded_release_survives_a_worker_killed_mid_release(tmp_path, small_plan, scheduler_cluster):
+    """`distfit release --seed S --cluster SCHEDULER_FILE`; one worker process of that cluster is
+    SIGKILLed right after the first chunk is written, while it holds chunk tasks (the scheduler
+    kills it and records what it held: ``tests.faults``). Its tasks run again on the other worker
+    with the same (block, chunk) noise streams, its nanny restarts it, the command exits 0, and
+    the sealed release equals, bit for bit, an uninterrupted `distfit release --seed S` on the
+    same cluster."""
+    data = tmp_path / "data.zarr"
+    # 40 chunks of 200 units: one task per chunk, most of them still to do at the kill
+    write_synthetic(small_plan.spec, KILL_UNITS, data, seed=7, chunk_units=KILL_CHUNK_UNITS, fsync=False)
+    reference, killed = tmp_path / "reference.zarr", tmp_path / "killed.zarr"
+    cluster = scheduler_cluster
+    client = cluster.client
+    pids = worker_pids(client)
+
+    def release(out: Path) -> subprocess.CompletedProcess:
+        argv = _distfit("release", small_plan.plan, "--data", data, "--out", out, "--seed", SEED,
+                        "--cluster", cluster.scheduler_file, *cluster.tls)
+        return subprocess.run(argv, capture_output=True, text=True, timeout=180, env=ENV)
+
+    uninterrupted = release(reference)
+    assert uninterrupted.returncode == 0, f"{uninterrupted.stderr}\n{cluster.log_tails()}"
+    with kill_a_worker_after_the_first(client, "release-chunk") as record:
+        result = release(killed)
+    assert result.returncode == 0, f"{result.stdout}\n{result.stderr}\n{cluster.log_tails()}"
+    client.wait_for_workers(2, timeout=60)
+    restarted = worker_pids(client)
+
+    assert_killed_while_in_progress(record)  # fewer chunk tasks done than the release had
+    victim = record["killed"]
+    assert pids[victim["address"]] == victim["pid"]  # one of the cluster's two worker processes
+    assert victim["pid"] not in restarted.values() and len(restarted) == 2  # the nanny restarted it
+    assert "NOT PRIVATE" in result.stdout and read_release(killed).attrs["n_chunks"] == KILL_CHUNKS
+    assert_same_release(killed, reference)
