@@ -24,8 +24,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
                               refine_rounds=args.refine_rounds, gap_tolerance=args.gap_tolerance)
     kind = plan.alpha_kind
     draft = [] if args.gap_tolerance == DEFAULT_GAP_TOLERANCE else [
-        ("draft", f"every solved block within {format_number(1.0 + args.gap_tolerance)}x the best plan of its "
-                  f"target shares (--gap-tolerance {args.gap_tolerance:g}; default {DEFAULT_GAP_TOLERANCE:g})")]
+        ("draft" if args.gap_tolerance > DEFAULT_GAP_TOLERANCE else "gap",
+         f"every solved block within 1 + {args.gap_tolerance:g} times the least privacy cost of its target shares "
+         f"(--gap-tolerance; default {DEFAULT_GAP_TOLERANCE:g})")]
     print_summary(f"plan {args.out}", draft + [
         ("blocks", f"{plan.num_blocks}  ({plan.composition})"),
         ("privacy cost", f"alpha = {format_number(plan.alpha)}  [{kind}]   rho = {format_number(plan.rho)}"),

@@ -18,6 +18,7 @@ import pytest
 import distfit
 from distfit.cli import main as cli
 from distfit.pipeline.run import RUN_NAMES
+from distfit.stores.plan import read_plan
 from tests.clitools import assert_one_line_error, interruptible, run
 
 PREFIX16_ALPHA = 2.9053  # docs/design.md section 1 reference value
@@ -160,6 +161,20 @@ print(json.dumps(seen))
     assert seen["audit"] == [0, []]
     code, imported = seen["run"]
     assert code == 2 and "distfit.pipeline.run" in imported  # the missing spec is refused after the import
+
+
+def test_a_draft_plan_says_so_and_passes_its_audit(small_plan, tmp_path, capsys):
+    """``distfit plan --gap-tolerance 0.5``: the summary's ``draft`` line states the gap, the
+    plan's decision log says its blocks were solved to it, every block that states a gap of its
+    own (the joint block dual's do not) is within it, and ``distfit audit`` passes the plan."""
+    out = tmp_path / "draft.zarr"
+    assert cli.main(["plan", str(small_plan.spec_path), "--out", str(out), "--serial", "--gap-tolerance", "0.5"]) == 0
+    printed = capsys.readouterr().out
+    assert "draft" in printed and "within 1 + 0.5 times the least privacy cost" in printed
+    plan = read_plan(out)
+    assert any("blocks solved to a 5e-01 gap" in line for line in plan.attrs["planner"]["decisions"])
+    assert all(b.solver["gap"] <= 0.5 for b in plan.iter_blocks() if b.solver.get("gap") is not None)
+    assert cli.main(["audit", str(out)]) == 0
 
 
 def test_every_command_has_its_handler():
