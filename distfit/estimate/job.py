@@ -21,10 +21,10 @@ driver (``--serial``) or on Dask through :mod:`distfit.runtime.cluster` (a local
 cluster by default, started on a thread while the driver checks its inputs:
 :class:`distfit.runtime.placement.PlacedClient`). The measurement model is built and prepared in the
 driver meanwhile (:func:`distfit.estimate.projection.prepare_projection`: ``H``, its structure)
-and handed to every worker as the argument of a task of its own (:func:`model_task`,
-:func:`distfit.runtime.cluster.on_every_worker`: each worker unpickles its copy at once, none waits
-for another's; a result lost with its worker is made again from the task, unlike scattered
-data); the chunk tasks depend on them in turn. A task reads its chunks'
+and handed to every worker as the argument of a task of its own
+(:func:`distfit.runtime.cluster.held_on_every_worker`: each worker unpickles its copy at once,
+none waits for another's; a result lost with its worker is made again from the task, unlike
+scattered data); the chunk tasks depend on them in turn. A task reads its chunks'
 answers from the release as raw chunk files (:meth:`distfit.stores.sealing.SealedStore.rows_of`)
 and writes each chunk's arrays and, last, its done marker (``ChunkWriter.write_arrays``: on a
 writer thread while the next chunk is computed); the driver
@@ -125,7 +125,7 @@ METHODS = ("auto", "projection", "graphical", "graphical-exact", "graphical-loca
 
 __all__ = ["EstimateJob", "EstimateResult", "ReleaseRows", "chunk_answers", "estimate_chunk", "estimate_chunk_task",
            "estimate_chunks_task", "estimate_in_run",
-           "manifest_entry", "memory_limit", "model_task", "run_estimate"]
+           "manifest_entry", "memory_limit", "run_estimate"]
 
 
 @dataclass(frozen=True)
@@ -171,13 +171,6 @@ class EstimateJob:
 
 # --------------------------------------------------------------------------------------------
 # what a worker runs
-
-
-def model_task(model: MeasurementModel) -> MeasurementModel:
-    """The measurement model the driver built from the checked plan and prepared
-    (:func:`distfit.estimate.projection.prepare_projection`), as a task's result on a worker:
-    the chunk tasks depend on it (module docstring)."""
-    return model
 
 
 class ReleaseRows:
@@ -610,7 +603,7 @@ def _run_dask(client, job: EstimateJob, model: MeasurementModel,
     """One impure task per run of chunks (:func:`distfit.release.tasks.task_chunks`: a task's
     fixed cost paid per ~32k units, not per chunk; unique keys, retries, run in submission
     order), each depending on one of the model tasks, in turn (module docstring)."""
-    models = dask_runtime().on_every_worker(client, model_task, model, name="estimate-model")
+    models = dask_runtime().held_on_every_worker(client, model, name="estimate-model")
     threads = max(1, sum(client.nthreads().values()))
     calls = ((str(chunks[0]), (job, models[i % len(models)], chunks))
              for i, chunks in enumerate(task_chunks(list(pending), job.chunk_units, threads)))

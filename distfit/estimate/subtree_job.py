@@ -40,8 +40,9 @@ rows (at most ``forest_rows`` units over its levels, or one subtree) and its cla
 the finest level bounded by :func:`distfit.estimate.subtrees.matrix_units`, one subtree at least;
 none in the levels' shared basis, :mod:`distfit.estimate.shared_basis`, which the driver finds from
 the plans and every task uses);
-the job (every level's model and terms: :class:`Forests`) goes to each worker once, as a task
-of its own that the others depend on (:func:`forests_task`), not with every task;
+the job (every level's model and terms: :class:`Forests`) goes to each worker once, held there
+as a task's result that the others depend on
+(:func:`distfit.runtime.cluster.held_on_every_worker`), not with every task;
 the driver, levels ``0 .. c`` and their classes' matrices (the cut chosen so that they fit
 :data:`distfit.estimate.subtrees.DRIVER_MATRIX_BYTES`), each unit's number of children, and one
 level's parent ids at a time while step 1 reads them.
@@ -127,7 +128,7 @@ from distfit.stores.release import read_sealed_release
 from distfit.stores.release_chunks import ChunkWriter
 
 __all__ = ["FOREST_ROWS", "PIECES_NAME", "Forests", "Unordered", "chunk_task", "downward_task", "estimate_on_cluster",
-           "forests_task", "upward_task"]
+           "upward_task"]
 
 #: A forest's rows over all its levels at most (one subtree may have more): a task holds about ten
 #: rows x cells float64 arrays, ~0.9 GB at 250 cells (issue 29: a worker within 2 GiB).
@@ -179,22 +180,6 @@ class Forests:
     def rows(self, first: int, stop: int) -> list[tuple[int, int]]:
         """Forest ``[first, stop)``'s rows ``(start, stop)`` at each level from the cut."""
         return [(int(s[first]), int(s[stop])) for s in self.spans]
-
-
-def forests_task(job: Forests) -> Forests:
-    """The job, as a task's result on a worker (:func:`distfit.runtime.cluster.on_every_worker`):
-    every task of steps 2, 4 and 5 depends on one of these instead of carrying the job as its
-    argument. The job holds every level's measurement model and terms (25 MB pickled for
-    us_pl94 below a tract cut), and the driver keeps each submitted task's arguments until the
-    task is done: one copy a chunk task made the driver's memory grow with the number of chunks
-    (1.8 GB at 300k blocks, 8.4 GiB at 1M) and pickled the job again for every task."""
-    return job
-
-
-def _shared(jobs: Sequence[Any], i: int) -> Any:
-    """The ``i``-th task's job future: the workers' copies in turn (as the estimate's chunk
-    tasks take the model tasks, :func:`distfit.estimate.job.model_task`)."""
-    return jobs[i % len(jobs)]
 
 
 def _forest_answers(job: Forests, first: int, stop: int) -> tuple[list[dict[str, np.ndarray]], list]:
@@ -417,14 +402,14 @@ def estimate_on_cluster(client, spec: Any, *, names: Sequence[str], cut: int, di
     job = Forests(tuple(below), tuple(models[n] for n in below), tuple(releases[n].path for n in below),
                   tuple(releases[n].checksum for n in below), tuple(spans), tuple(counts), str(pieces), split, fsync,
                   integer, basis, terms, tuple(int(releases[n].attrs["chunk_units"]) for n in below))
-    jobs = dask_runtime().on_every_worker(client, forests_task, job, name="estimate-forests")
+    jobs = dask_runtime().held_on_every_worker(client, job, name="estimate-forests")  # task i takes jobs[i % n]
     units = sum(int(releases[n].attrs["units"]) for n in names)
     print(f"distfit: estimate levels {', '.join(names)} ({units:,} units) on the cluster: best linear unbiased "
           f"over the geography{', then integer tables' if integer else ''}, {len(groups)} forests of subtrees of "
           f"level {names[cut]}", file=log)
 
     # 2. up
-    calls = [(str(first), (_shared(jobs, i), first, stop)) for i, (first, stop) in enumerate(groups)]
+    calls = [(str(first), (jobs[i % len(jobs)], first, stop)) for i, (first, stop) in enumerate(groups)]
     ups = sorted(_run(client, upward_task, calls, "estimate-up",
                       Progress(f"estimate {', '.join(below)}: up", log, unit="forests")), key=lambda r: r[0])
     summary = merge_summaries([r[1] for r in ups])
@@ -503,12 +488,12 @@ def _down(client, job: Forests, jobs: Sequence[Any], groups: Sequence[tuple[int,
           log: TextIO, *, roots: np.ndarray | None) -> None:
     """Step 4 (module docstring) for the forests whose pieces are not all written (``roots``: the
     cut level's integer tables with ``integer``, else None; ``jobs``: the workers' copies of
-    ``job``, :func:`forests_task`)."""
+    ``job``, :func:`distfit.runtime.cluster.held_on_every_worker`)."""
     below = job.names[1:]
     pending = [(first, stop) for first, stop in groups
                if not all(sp[first] == sp[stop] or piece_done(Path(job.pieces), name, int(sp[first]))
                           for name, sp in zip(below, job.spans[1:]))]
-    calls = [(str(first), (_shared(jobs, i), first, stop, top.top(cut, slice(first, stop)),
+    calls = [(str(first), (jobs[i % len(jobs)], first, stop, top.top(cut, slice(first, stop)),
                            None if roots is None else roots[first:stop])) for i, (first, stop) in enumerate(pending)]
     if calls:
         _run(client, downward_task, calls, "estimate-down",
@@ -568,7 +553,7 @@ def _locked_write(client, job: Forests, jobs: Sequence[Any], k: int, groups: Seq
         start, stop = chunk * chunk_units, min((chunk + 1) * chunk_units, units)
         lo = max(int(np.searchsorted(firsts, start, side="right")) - 1, 0)
         hi = int(np.searchsorted(firsts, stop, side="left"))
-        calls.append((str(chunk), (_shared(jobs, len(calls)), k, str(layout.target), chunk, start, stop,
+        calls.append((str(chunk), (jobs[len(calls) % len(jobs)], k, str(layout.target), chunk, start, stop,
                                    tuple(int(f) for f in firsts[lo:hi]))))
     with ChunkedWrite(layout.root, layout.target, units=units, chunk_units=chunk_units, pending=layout.pending,
                       stage=f"estimate {name}", log=log, fsync=fsync, staging=layout.staging, arrays=arrays) as write:

@@ -22,6 +22,7 @@ from distfit.runtime.cluster import (
     WORKER_ENV,
     ClusterError,
     dask_client,
+    held_on_every_worker,
     local_cluster,
     on_every_worker,
 )
@@ -289,6 +290,9 @@ def test_on_every_worker_makes_the_value_on_each_worker(client):
         futures = on_every_worker(client, os.getpid, name="pid")
         assert len(futures) == len(client.nthreads()) == 2
         assert len(set(client.gather(futures))) == 2
+    held = held_on_every_worker(client, {"model": [1.5, 2.5]}, name="held")  # a value, one copy a worker
+    assert client.gather(held) == [{"model": [1.5, 2.5]}] * 2
+    assert {w for ws in client.who_has(held).values() for w in ws} == set(client.nthreads())
 
 
 FAILING_TASK = """
