@@ -348,7 +348,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_cluster_options(plan_parser, serial_help="solve the blocks in this process, without Dask")
     plan_parser.add_argument("--overwrite", action="store_true", help="replace a plan already at --out")
     plan_parser.add_argument("--refine-rounds", type=whole_number(0), default=2, metavar="R", help="target-share refinement rounds (default 2)")
-    plan_parser.add_argument("--gap-tolerance", type=ranged(BLOCK_GAP), default=1e-4, metavar="G",
+    plan_parser.add_argument("--gap-tolerance", type=ranged(BLOCK_GAP), metavar="G",  # default: plan.rounds.BLOCK_GAP
                              help="certify every block's plan within a factor 1 + G of the best plan of its target "
                                   "shares (default 1e-4); a draft plan at 0.1-0.5 takes a fraction of the time "
                                   "for up to that much more privacy cost")

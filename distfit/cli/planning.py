@@ -20,12 +20,13 @@ from distfit.spec.parse import load_spec
 def cmd_plan(args: argparse.Namespace) -> int:
     """``distfit plan``: spec -> plan store (``distfit.plan.job.run_plan``) where ``args.placement``
     says; print its account."""
+    gap = DEFAULT_GAP_TOLERANCE if args.gap_tolerance is None else args.gap_tolerance
     plan, checksum = run_plan(load_spec(args.spec), args.out, placement=args.placement, overwrite=args.overwrite,
-                              refine_rounds=args.refine_rounds, gap_tolerance=args.gap_tolerance)
+                              refine_rounds=args.refine_rounds, gap_tolerance=gap)
     kind = plan.alpha_kind
-    draft = [] if args.gap_tolerance == DEFAULT_GAP_TOLERANCE else [
-        ("draft" if args.gap_tolerance > DEFAULT_GAP_TOLERANCE else "gap",
-         f"every solved block within 1 + {args.gap_tolerance:g} times the least privacy cost of its target shares "
+    draft = [] if gap == DEFAULT_GAP_TOLERANCE else [
+        ("draft" if gap > DEFAULT_GAP_TOLERANCE else "gap",
+         f"every solved block within 1 + {gap:g} times the least privacy cost of its target shares "
          f"(--gap-tolerance; default {DEFAULT_GAP_TOLERANCE:g})")]
     print_summary(f"plan {args.out}", draft + [
         ("blocks", f"{plan.num_blocks}  ({plan.composition})"),
