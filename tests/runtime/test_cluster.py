@@ -228,12 +228,11 @@ def test_plan_through_a_scheduler_file(tmp_path):
 
 
 @pytest.mark.parametrize("stream", [False, True])
-def test_killed_worker_plan_completes_and_passes_audit(client, tmp_path, stream):
-    """`distfit plan` (``run_plan``) against a running cluster (the file's local cluster: both
-    workers up first, a worker killed by an earlier test restarted by its nanny); a worker
-    process is SIGKILLed right after the first block is solved, while it holds block tasks. The
-    plan store passes audit and equals, array for array (to ``PLAN_RTOL``), the store of an
-    uninterrupted plan made on the same cluster."""
+def test_killed_worker_plan_completes_and_passes_audit(tmp_path, stream):
+    """`distfit plan` (``run_plan``) against a running cluster; a worker process is SIGKILLed
+    right after the first block is solved, while it holds block tasks. The plan store passes
+    audit and equals, array for array (to ``PLAN_RTOL``), the store of an uninterrupted plan
+    made on the same cluster."""
     spec = {
         "name": "faults",
         "attributes": [{"name": f"a{i}", "size": size} for i, size in enumerate((3, 3, 3, 4, 2))],
@@ -245,17 +244,16 @@ def test_killed_worker_plan_completes_and_passes_audit(client, tmp_path, stream)
     }
     path = tmp_path / "spec.yaml"
     path.write_text(yaml.safe_dump(spec))
-    client.wait_for_workers(2, timeout=60)
-    address = client.scheduler.address
-    # one task per block (batch_seconds=0): batched, this plan's 16 small blocks are one or two tasks a round
-    here = Placement(cluster=address, transport=LOCAL)
-    reference, _ = run_plan(load_spec(path), str(tmp_path / "reference.zarr"), placement=here,
-                            stream=stream,
-                            batch_seconds=0)
-    with kill_a_worker_after_the_first(client, "solve-") as record:
-        plan, _ = run_plan(load_spec(path), str(tmp_path / "plan.zarr"), placement=here,
-                           stream=stream, batch_seconds=0)
-    client.wait_for_workers(2, timeout=60)  # the nanny restarts the killed worker, for the tests after this one
+    with dask_client(None, workers=2) as client:
+        address = client.scheduler.address
+        # one task per block (batch_seconds=0): batched, this plan's 16 small blocks are one or two tasks a round
+        here = Placement(cluster=address, transport=LOCAL)
+        reference, _ = run_plan(load_spec(path), str(tmp_path / "reference.zarr"), placement=here,
+                                stream=stream,
+                                batch_seconds=0)
+        with kill_a_worker_after_the_first(client, "solve-") as record:
+            plan, _ = run_plan(load_spec(path), str(tmp_path / "plan.zarr"), placement=here,
+                               stream=stream, batch_seconds=0)
     assert_killed_while_in_progress(record)  # solve tasks of every round: a refinement round adds its own
     report = audit_plan(str(tmp_path / "plan.zarr"))
     assert report.ok, report.failures
