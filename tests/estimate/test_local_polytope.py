@@ -147,3 +147,21 @@ def test_local_is_the_default_of_a_residual_plan_and_residual_plans_are_recognis
     assert "\n" not in str(info.value) and "the local model's largest clique (c0, c1) has 9 cells" in str(info.value)
     assert local_polytope.is_residual(four, [("c0", "c1")])
     assert not local_polytope.is_residual(four, [("c0", "c1", "c2")])  # no 3-way block: 19 rows for 27 cells
+
+
+def test_the_metric_gram_and_factor_equal_their_dense_definitions(four):
+    """``Q^T Q`` (summed from dense query groups), ``A^T`` (kept beside ``A``) and the Schur
+    solve equal their definitions built densely here: ``Q`` row by row from each block's
+    ``L_b C_b`` added into its queries, ``H = Q^T Q + rho A^T A``, ``H^-1 r`` by numpy's solve."""
+    problem = graphical.graphical_problem(four, method="local").local
+    offsets = problem.offsets
+    q = np.zeros((four.num_queries, offsets[-1]))
+    for b, block in enumerate(four.blocks):
+        np.add.at(q[:, offsets[b]:offsets[b + 1]], block.query_index, block.recon @ np.linalg.inv(block.whitener))
+    a = problem.constraint.toarray()
+    np.testing.assert_allclose(problem.metric.toarray(), q.T @ q, rtol=0, atol=1e-12 * np.abs(q.T @ q).max())
+    np.testing.assert_array_equal(problem.constraint_transpose.toarray(), a.T)
+    np.testing.assert_allclose(problem.rho, np.trace(q.T @ q) / np.trace(a.T @ a), rtol=1e-13)
+    h = q.T @ q + problem.rho * a.T @ a
+    r = np.random.default_rng(4).standard_normal((offsets[-1], 3))
+    np.testing.assert_allclose(problem.factor.solve(r), np.linalg.solve(h, r), rtol=0, atol=1e-9 * np.abs(np.linalg.solve(h, r)).max())
