@@ -46,6 +46,13 @@ DAMPING = 0.5
 #: Most Newton steps, and conjugate gradient steps per Newton step, in :func:`make_consistent`.
 NEWTON_STEPS = 20
 CG_STEPS = 500
+#: The conjugate gradients' relative tolerance at a Newton step of :func:`make_consistent`: the
+#: unit's largest gap over its first, within [FORCING_MIN, FORCING_MAX] (inexact Newton, Dembo,
+#: Eisenstat and Steihaug 1982: a forcing term that falls with the residual keeps the steps'
+#: fast convergence). Adult: the same 9 Newton steps with 1,187 products instead of 2,575 at a
+#: fixed 1e-6.
+FORCING_MIN = 1e-6
+FORCING_MAX = 1e-2
 
 
 @dataclass(frozen=True, eq=False)
@@ -261,9 +268,10 @@ def _agreement(graph: RegionGraph) -> tuple[sp.csr_matrix, sp.csr_matrix, np.nda
     return d, d.T.tocsr(), cells, np.flatnonzero(np.diff(child, prepend=-1)), np.concatenate(destination)
 
 
-def _batched_cg(apply, rhs: np.ndarray, diagonal: np.ndarray, steps: int, rtol: float) -> np.ndarray:
+def _batched_cg(apply, rhs: np.ndarray, diagonal: np.ndarray, steps: int, rtol: float | np.ndarray) -> np.ndarray:
     """Jacobi-preconditioned conjugate gradients on ``n`` symmetric positive semidefinite systems
-    at once (``apply`` maps (k, n) to (k, n), one column per system; ``rhs`` in the range)."""
+    at once (``apply`` maps (k, n) to (k, n), one column per system; ``rhs`` in the range;
+    ``rtol`` one tolerance, or one per system (n,))."""
     x = np.zeros_like(rhs)
     r = rhs.copy()
     z = r / diagonal
@@ -290,7 +298,8 @@ def make_consistent(graph: RegionGraph, mu: np.ndarray, tol: np.ndarray) -> np.n
     refilled from its cliques: the I-projection ``tau = argmin KL(tau || mu) s.t. D tau = b``
     (:func:`_agreement`, ``b`` zero but for the totals; Csiszar 1975), ``tau = mu exp(D^T
     lambda)``, by Newton's method on the dual: each step solves ``D diag(tau) D^T dlambda = b - D
-    tau`` (Jacobi-preconditioned CG, every unit at once) and halves the step until the largest
+    tau`` (Jacobi-preconditioned CG, every unit at once, to the relative tolerance ``clip(gap /
+    first gap, FORCING_MIN, FORCING_MAX)``: inexact Newton) and halves the step until the largest
     gap ``max |D tau - b|`` falls. It stops once every gap is at most ``tol`` (n,), absolute, or
     after :data:`NEWTON_STEPS`.
 
@@ -309,12 +318,16 @@ def make_consistent(graph: RegionGraph, mu: np.ndarray, tol: np.ndarray) -> np.n
     b[d.shape[0] - len(graph.clique_index):] = mu[graph.region_start[c0]:graph.region_start[c0 + 1]].sum(axis=0)
     squared = d.multiply(d).tocsr()
     tau, gap = mu, d @ mu - b
+    initial = None
     for _ in range(NEWTON_STEPS):
         worst = np.abs(gap).max(axis=0)
         if (worst <= tol).all():
             break
+        initial = worst if initial is None else initial
+        forcing = np.clip(np.divide(worst, initial, out=np.zeros_like(worst), where=initial > 0),
+                          FORCING_MIN, FORCING_MAX)
         diagonal = np.maximum(squared @ tau, 1e-300)
-        direction = dt @ _batched_cg(lambda v: d @ (tau * (dt @ v)), -gap, diagonal, CG_STEPS, 1e-6)
+        direction = dt @ _batched_cg(lambda v: d @ (tau * (dt @ v)), -gap, diagonal, CG_STEPS, forcing)
         step = np.where(worst > tol, 1.0, 0.0)
         for _ in range(30):
             with np.errstate(over="ignore", invalid="ignore"):  # an overflowing trial is not better: halved
