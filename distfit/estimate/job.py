@@ -315,12 +315,18 @@ def memory_limit() -> int:
 _PROBLEM: list = []
 
 
+def _problem_key(model: MeasurementModel, method: str) -> tuple:
+    """What :data:`_PROBLEM` keeps a problem by: the store's method, the model's block ids and
+    each block's covariance sum (two plans of one spec share their block ids, not their noise)."""
+    return method, tuple((block.block_id, float(block.sigma.sum())) for block in model.blocks)
+
+
 def _problem_for(model: MeasurementModel, method: str):
-    """The graphical problem of ``model`` by ``method``, kept by the model's block ids and the
-    method as :func:`_release_rows` keeps its reader (a worker holds two equal models; keyed by
-    the object, it rebuilt the problem, the local polytope's factor included, whenever they
-    alternated)."""
-    key = (tuple(block.block_id for block in model.blocks), method)
+    """The graphical problem of ``model`` by ``method``, kept by :func:`_problem_key` (on the
+    serial path, the driver's own) as :func:`_release_rows` keeps its reader (a worker holds two
+    equal models; keyed by the object, it rebuilt the problem, the local polytope's factor
+    included, whenever they alternated)."""
+    key = _problem_key(model, method)
     if not _PROBLEM or _PROBLEM[0] != key:
         _PROBLEM[:] = [key, graphical.graphical_problem(model, method=method.removeprefix("graphical-"))]
     return _PROBLEM[1]
@@ -527,7 +533,7 @@ def run_estimate(
         store_method, problem, memory = graphical_method(model, method, integer, int(release.attrs["chunk_units"]),
                                                          memory_limit=limit)
         if problem is not None:
-            _PROBLEM[:] = [model, problem]  # the serial path reuses the driver's
+            _PROBLEM[:] = [_problem_key(model, store_method), problem]  # the serial path reuses the driver's
         else:
             prepare_projection(model)  # here, while the workers start: they receive it ready
             if not placement.serial:  # compiled here once (or loaded): the workers load it from numba's cache

@@ -265,12 +265,13 @@ def test_region_graph_reports_progress_every_batch_of_steps(tmp_path_factory):
 
 
 @pytest.mark.parametrize("method", ["graphical-region-graph", "graphical"])
-def test_distfit_estimate_through_a_graphical_model(tmp_path, capsys, method):
+def test_distfit_estimate_through_a_graphical_model(tmp_path, capsys, monkeypatch, method):
     """`distfit estimate --method ...` end to end on a 4-attribute plan of all 3-way marginals
     (the graphical path forced below the cells threshold): a sealed store whose method names the
     inference, nonnegative clique marginals that agree on shared attributes, query estimates
     equal to the marginals' sums (the estimate_units of the recovered answers), no cells array;
-    --integer is refused with one line and nothing written."""
+    --integer is refused with one line and nothing written. Serial, the three chunks use the
+    driver's graphical problem: it is built once."""
     spec = {"name": "wide", "attributes": [{"name": f"b{i}", "size": 3} for i in range(4)],
             "queries": [{"name": "m3", "marginals": {"order": 3}, "target": 1.0}]}
     loaded = planned(tmp_path, spec).spec
@@ -282,8 +283,13 @@ def test_distfit_estimate_through_a_graphical_model(tmp_path, capsys, method):
                        "--integer", "--serial")
     assert code == 2 and not (tmp_path / "bad.zarr").exists()
     assert_one_line_error(err, "--integer", "graphical")
+    built = []
+    original = graphical.graphical_problem
+    monkeypatch.setattr(graphical, "graphical_problem", lambda *a, **k: built.append(k) or original(*a, **k))
     code, out, err = run(capsys, "estimate", *args, "--out", str(tmp_path / "est.zarr"), "--method", method, "--serial")
     assert code == 0, err
+    assert len(built) == 1, built
+    monkeypatch.undo()
     expected = "graphical-region-graph" if method == "graphical-region-graph" else "graphical-local"
     assert expected in out
     assert verify_estimate(tmp_path / "est.zarr")[0]
