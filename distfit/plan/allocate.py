@@ -218,7 +218,11 @@ class _LeafElimination:
                                                     maxiter=CG_MAX_ITERATIONS, M=preconditioner)
             if info == 0:
                 return solution
-        schur = (self.rest_transposed.multiply(weights) @ self.rest_matrix).toarray()
+        # V_C^T diag(w) as CSR (the same products as ``multiply(weights)``, which returns COO:
+        # its conversion took a third of the product's time, ~2 s of Adult's plan on the driver)
+        scaled = self.rest_transposed.copy()
+        scaled.data *= weights[scaled.indices]
+        schur = (scaled @ self.rest_matrix).toarray()
         schur[np.diag_indices_from(schur)] += diagonal
         try:
             return scipy.linalg.cho_solve(scipy.linalg.cho_factor(schur), rhs)
