@@ -52,7 +52,7 @@ def test_admm_resumed_from_any_saved_state_ends_bit_for_bit_where_it_would_have(
     problem = graphical.graphical_problem(four, method="local")
     _, white = graphical._whitened(problem, chunk_of(four, units))  # noqa: SLF001 - the solver's own input
     white = np.stack([np.concatenate([w[b.block_id] for b in four.blocks]) for w in white], axis=1)
-    rule = {"tolerance": 1e-8, "negativity": 1e-3}
+    rule = {"tolerance": 1e-10, "negativity": 1e-3}
     kept = Kept()
     u, done, converged = local_polytope.solve(problem.local, white, checkpoints=kept, **rule)
     assert converged.all()

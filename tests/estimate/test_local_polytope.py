@@ -161,7 +161,7 @@ def test_the_metric_gram_and_factor_equal_their_dense_definitions(four):
     a = problem.constraint.toarray()
     np.testing.assert_allclose(problem.metric.toarray(), q.T @ q, rtol=0, atol=1e-12 * np.abs(q.T @ q).max())
     np.testing.assert_array_equal(problem.constraint_transpose.toarray(), a.T)
-    np.testing.assert_allclose(problem.rho, np.trace(q.T @ q) / np.trace(a.T @ a), rtol=1e-13)
+    np.testing.assert_allclose(problem.rho, local_polytope.RHO_SCALE * np.trace(q.T @ q) / np.trace(a.T @ a), rtol=1e-13)
     h = q.T @ q + problem.rho * a.T @ a
     r = np.random.default_rng(4).standard_normal((offsets[-1], 3))
     np.testing.assert_allclose(problem.factor.solve(r), np.linalg.solve(h, r), rtol=0, atol=1e-9 * np.abs(np.linalg.solve(h, r)).max())
