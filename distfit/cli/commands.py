@@ -160,14 +160,15 @@ def _run_command(args: argparse.Namespace) -> int:
     extra = {"geography": args.geography} if multilevel else {}
     run = run_levels if multilevel else run_pipeline
     result = run(spec, args.out, data=args.data, units=args.units, placement=args.placement, estimate=args.estimate,
-                 integer=args.integer, **extra)
+                 integer=args.integer, report=args.report, **extra)
     if multilevel:
         account = result.account
         rows = [("spec hash", result.spec_hash), ("people", result.people or "none: the level data distfit synth wrote")]
         for name, level in result.levels.items():
             rows.append((f"level {name}", f"alpha {account['levels'][name]:.6g}  {level.rundir}  "
                                               f"(plan {level.stages.get('plan')}, release {level.stages.get('release')})"))
-            rows.append(("", f"report {os.path.join(level.report, 'index.html')}"))
+            if args.report:
+                rows.append(("", f"report {os.path.join(level.report, 'index.html')}"))
         print_summary(f"run {result.rundir} ({len(result.levels)} levels, sequential composition)", rows + [
             ("privacy", f"alpha {account['alpha']:.6g} ({'exact' if account['alpha_exact'] else 'sum bound'}), "
                         f"rho {account['rho']:.6g}"),
@@ -193,7 +194,8 @@ def _run_command(args: argparse.Namespace) -> int:
         ("plan checksum", result.plan_checksum),
         ("release checksum", result.release_checksum),
         ("seconds", f"{result.timings.get('total', 0.0):.1f}"),
+    ] + ([
         ("report", os.path.join(result.report, "index.html")),
         ("validation", f"{os.path.join(result.report, 'validation.html')}  (CONFIDENTIAL: against the data)"),
-    ])
+    ] if args.report else [("report", "skipped (--no-report)")]))
     return 0

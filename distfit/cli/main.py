@@ -455,6 +455,8 @@ def build_parser() -> argparse.ArgumentParser:
     run_parser.add_argument("--integer", action="store_true", help="integer estimates (each unit's total kept)")
     run_parser.add_argument("--no-estimate", dest="estimate", action="store_false",
                             help="skip the estimate stage (RUNDIR/estimate.zarr)")
+    run_parser.add_argument("--no-report", dest="report", action="store_false",
+                            help="skip the report (RUNDIR/report; distfit report draws it later from the stores)")
     add_cluster_options(run_parser, serial_help="plan and release in this process, without Dask")
     return parser
 

@@ -70,7 +70,7 @@ from distfit.plan.job import level_profiles, planned_decomposition, run_plan, sc
 from distfit.plan.levels import budget_shares, combine_levels
 from distfit.mathematics.privacy import Budget
 from distfit.release.job import run_release
-from distfit.report.page import write_report
+from distfit.report.page import remove_report, write_report
 from distfit.spec.model import PipelineSpec, PrivacySpec
 from distfit.spec.parse import load_spec
 from distfit.stores.data import MARGINALS_FORMAT, open_data, read_histograms, write_synthetic
@@ -409,7 +409,9 @@ def run_pipeline(
                                    estimate_path=str(estimate_path) if estimate else None, verified=True,
                                    progress=Progress("report", log, unit="figures", after=LONG_STAGE_SECONDS))  # verified: by this run, above
             timings["report"] = time.perf_counter() - t
-        stages["report"] = "done" if report else "deferred"
+        else:  # an earlier run's report would describe other stores (a level run's: report_level writes it)
+            remove_report(report_path)
+        stages["report"] = "done" if report else "skipped"
 
         # 6. manifest
         timings["total"] = time.perf_counter() - started

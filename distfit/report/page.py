@@ -102,7 +102,7 @@ ANSWER_UNITS = 20    # ... of the first units
 #: Most (unit, query) answers the calibration compares with the truth (the first units).
 CALIBRATION_ANSWERS = 2_000_000
 
-__all__ = ["BASELINE_MAX_CELLS", "MARKER", "PAGE", "VALIDATION", "ReportResult", "write_report"]
+__all__ = ["BASELINE_MAX_CELLS", "MARKER", "PAGE", "VALIDATION", "ReportResult", "remove_report", "write_report"]
 
 
 @dataclass(frozen=True)
@@ -589,6 +589,18 @@ def _validation_page(plan, release, calibrated: dict, figures: dict[str, str], c
 
 # --------------------------------------------------------------------------------------------
 # entry point
+
+
+def remove_report(out: str | os.PathLike) -> bool:
+    """Remove the distfit report at ``out`` (a run told not to draw one leaves no earlier run's
+    report beside its new stores); True if there was one. FileExistsError, as
+    :func:`write_report`'s, for anything at ``out`` that is not a distfit report or empty."""
+    path = Path(os.fspath(out))
+    if not path.exists() and not path.is_symlink():
+        return False
+    _check_out(path)
+    shutil.rmtree(path)
+    return True
 
 
 def write_report(plan_path: str | os.PathLike, out: str | os.PathLike,

@@ -1,7 +1,6 @@
 """`distfit run`: plan + audit + data + release into one run directory, with a manifest."""
 from __future__ import annotations
 
-import functools
 import io
 import json
 import shutil
@@ -15,7 +14,6 @@ import zarr
 
 from tests.clitools import assert_one_line_error, run
 from distfit.audit.plan import audit_plan
-import distfit.cli.commands as commands
 import distfit.estimate.job as estimating
 import distfit.pipeline.run as pipeline
 from distfit.stores.data import read_histograms, write_synthetic
@@ -80,10 +78,15 @@ def _check_outputs(rundir, spec_path) -> dict:
         assert np.asarray(estimate.estimates[...]).min() >= 0  # published estimates are never negative
         assert manifest["estimate"] == {"path": str((rundir / "estimate.zarr").resolve()), "checksum": estimate.checksum,
                                         "method": "projection", "integer": estimate.integer, "fit": estimate.attrs["fit"]}
-        assert "estimate" in manifest["timings_seconds"] and "Estimates: nonnegative" in index_text(manifest)
+        assert "estimate" in manifest["timings_seconds"]
+        assert manifest["report"] is None or "Estimates: nonnegative" in index_text(manifest)
     else:
         assert manifest["estimate"] is None
     assert manifest["cluster"] == {"kind": "serial"}
+    if manifest["stages"]["report"] == "skipped":  # --no-report: none drawn, none left from before
+        assert manifest["report"] is None and "report" not in manifest["timings_seconds"]
+        assert not (rundir / "report" / "index.html").exists()
+        return manifest
     index = Path(manifest["report"]["index"])
     assert index.is_file() and "alpha" in index.read_text()
     # the plots are inline in the pages: each named figure is in its page; with the data (a run
@@ -97,7 +100,7 @@ def _check_outputs(rundir, spec_path) -> dict:
     return manifest
 
 
-def test_end_to_end_and_rerun_reuses_everything(capsys, specs, tmp_path, monkeypatch):
+def test_end_to_end_and_rerun_reuses_everything(capsys, specs, tmp_path):
     spec, _ = specs
     rundir = tmp_path / "run"
     code, out, err = _run(capsys, spec, rundir)
@@ -127,12 +130,12 @@ def test_end_to_end_and_rerun_reuses_everything(capsys, specs, tmp_path, monkeyp
     np.testing.assert_array_equal(again, answers)
     assert "no new noise drawn" in err
 
-    # a rerun without --units reuses the data too (without the report: the rerun above drew it
-    # from the same stores); a different --units is refused
-    monkeypatch.setattr(commands, "run_pipeline", functools.partial(pipeline.run_pipeline, report=False))
-    code, _, err = run(capsys, "run", str(spec), "--out", str(rundir), "--serial")
+    # a rerun without --units reuses the data too; --no-report draws none and removes the earlier
+    # run's (the rerun above drew it from the same stores); a different --units is refused
+    code, out, err = run(capsys, "run", str(spec), "--out", str(rundir), "--serial", "--no-report")
     assert code == 0, err
-    assert _manifest(rundir)["stages"]["data"] == "reused"
+    assert _manifest(rundir)["stages"]["data"] == "reused" and "report         skipped (--no-report)" in out
+    assert _check_outputs(rundir, spec)["stages"]["report"] == "skipped" and not (rundir / "report").exists()
     code, _, err = run(capsys, "run", str(spec), "--out", str(rundir), "--serial", "--units", "300")
     assert code == 2
     assert_one_line_error(err, "200 units")
@@ -144,12 +147,12 @@ def test_estimate_stage_options_and_resume(capsys, specs, tmp_path, monkeypatch)
     redrawn."""
     spec, _ = specs
     rundir = tmp_path / "run"
-    code, out, err = _run(capsys, spec, rundir, "--integer")
+    code, out, err = _run(capsys, spec, rundir, "--integer", "--no-report")
     assert code == 0, err
-    assert "estimate.zarr  (done, integer)" in out
+    assert "estimate.zarr  (done, integer)" in out and "report         skipped (--no-report)" in out
     first = _check_outputs(rundir, spec)
     assert first["estimate"]["integer"] is True and read_estimate(rundir / "estimate.zarr").cells.dtype == np.int64
-    code, out, err = _run(capsys, spec, rundir)
+    code, out, err = _run(capsys, spec, rundir, "--no-report")
     assert code == 0, err
     assert "of other inputs or options; replacing it" in err
     second = _check_outputs(rundir, spec)
@@ -166,13 +169,13 @@ def test_estimate_stage_options_and_resume(capsys, specs, tmp_path, monkeypatch)
     shutil.rmtree(rundir / "estimate.zarr")
     monkeypatch.setattr(estimating, "run_estimate", interrupted)
     with pytest.raises(Interrupted):
-        pipeline.run_pipeline(str(spec), rundir, placement=Placement(serial=True), log=io.StringIO())
+        pipeline.run_pipeline(str(spec), rundir, placement=Placement(serial=True), log=io.StringIO(), report=False)
     monkeypatch.setattr(estimating, "run_estimate", real_run)
-    code, out, err = _run(capsys, spec, rundir)
+    code, out, err = _run(capsys, spec, rundir, "--no-report")
     assert code == 0, err
     assert "resuming" in err and "estimate.zarr  (resumed, real)" in out
     assert _check_outputs(rundir, spec)["estimate"]["checksum"] == second["estimate"]["checksum"]
-    code, out, err = _run(capsys, spec, rundir, "--no-estimate")
+    code, out, err = _run(capsys, spec, rundir, "--no-estimate", "--no-report")
     assert code == 0, err
     assert _check_outputs(rundir, spec)["stages"]["estimate"] == "skipped" and "  estimate  " not in out
 
@@ -304,7 +307,7 @@ def test_embedded_default_pipeline(capsys, tmp_path):
     assert manifest["data"]["units"] == 200
 
 
-def test_multilevel_run_end_to_end(tmp_path, capsys, monkeypatch):
+def test_multilevel_run_end_to_end(tmp_path, capsys):
     """distfit run on a multi-level spec with a budget: synthetic people with a nested
     geography, one complete run per level (plan passes audit, release sealed), the combined
     account exactly at the budget; the levels' spec.yaml records what they ran; a rerun reuses
@@ -354,9 +357,9 @@ def test_multilevel_run_end_to_end(tmp_path, capsys, monkeypatch):
 
     # the rerun without the levels' reports (what it tests is the reuse; the first run drew them):
     # three reports of figures drawn again for nothing
-    monkeypatch.setattr(commands, "run_levels", functools.partial(pipeline.run_levels, report=False))
-    code, out, err = run(capsys, "run", str(path), "--out", str(rundir), "--serial")
+    code, out, err = run(capsys, "run", str(path), "--out", str(rundir), "--serial", "--no-report")
     assert code == 0 and "plan reused, release reused" in out, out + err
+    assert "index.html" not in out
     other = dict(spec, name="other")
     (tmp_path / "other.yaml").write_text(yaml.safe_dump(other))
     code, _, err = run(capsys, "run", str(tmp_path / "other.yaml"), "--out", str(rundir), "--serial")
@@ -389,7 +392,7 @@ def test_microdata_out_of_domain_is_refused_before_planning(capsys, specs, tmp_p
     assert read_release(rundir / "release.zarr").answers.shape[0] == 1
 
 
-def test_a_mask_section_masks_the_microdata_after_the_release(capsys, monkeypatch, tmp_path):
+def test_a_mask_section_masks_the_microdata_after_the_release(capsys, tmp_path):
     """A spec's ``mask`` section: refused without a CSV before anything is written; with one, the
     run writes RUNDIR/mask.zarr (one column: setting B's sigma), audits it, records it in the
     manifest, and a rerun reuses it."""
@@ -415,9 +418,8 @@ def test_a_mask_section_masks_the_microdata_after_the_release(capsys, monkeypatc
     assert manifest["mask"]["private"] is True and manifest["release"]["checksum"] == result.release_checksum
     # the rerun through the command line: its summary's mask row names the store, reused and audited
     # (without the report, which this test is not about and which costs seconds)
-    monkeypatch.setattr(commands, "run_pipeline", functools.partial(pipeline.run_pipeline, report=False))
     code, out, err = run(capsys, "run", str(spec_path), "--out", str(rundir), "--data", str(csv), "--serial",
-                         "--no-estimate")
+                         "--no-estimate", "--no-report")
     assert code == 0, err
     again = _manifest(rundir)
     assert again["stages"]["mask"] == "reused" and again["mask"]["checksum"] == manifest["mask"]["checksum"]
