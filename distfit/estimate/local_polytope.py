@@ -108,17 +108,12 @@ class SchurFactor:
         t, low = np.flatnonzero(top), np.flatnonzero(~top)
         position = np.full(top.size, -1, dtype=np.int64)
         position[t] = np.arange(t.size)
-        rows, cols, vals = [], [], []
+        inverses = []
         for b in range(len(offsets) - 1):
             if top[offsets[b]]:
                 idx = np.arange(offsets[b], offsets[b + 1])
-                inverse = np.linalg.inv(h[idx][:, idx].toarray())
-                where = position[idx]
-                rows.append(np.repeat(where, idx.size))
-                cols.append(np.tile(where, idx.size))
-                vals.append(inverse.reshape(-1))
-        top_inverse = (sp.csr_matrix((np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))),
-                                     shape=(t.size, t.size)) if t.size else sp.csr_matrix((0, 0)))
+                inverses.append((position[idx], np.linalg.inv(h[idx][:, idx].toarray())))
+        top_inverse = _sum_of_dense_blocks(inverses, t.size)
         eliminated = (top_inverse @ h[t][:, low]).tocsr()
         schur = h[low][:, low].toarray() - (h[low][:, t] @ eliminated).toarray()
         return cls(top=t, low=low, top_inverse=top_inverse, eliminated=eliminated,
