@@ -39,6 +39,10 @@ __all__ = ["ESTIMATE_NAME", "METHOD", "OBJECTIVE", "BasisTerms", "LevelEstimate"
            "level_terms", "parent_rows", "query_dtype", "residuals", "reusable_estimate", "unit_keys", "write_level"]
 
 ESTIMATE_NAME = "estimate.zarr"
+#: A leaf's product ``a_S K_b`` is skipped where ``K_b`` is within this of the identity,
+#: entrywise (:class:`BasisTerms`: it is the identity in exact arithmetic; PL94's differs by
+#: 5.9e-13, the rounding of the ``L_S^-1`` of condition number 159 and of ``Q``).
+IDENTITY_ATOL = 1e-10
 #: The ``method`` attr of a level's estimate store, and the objective its estimates minimise.
 METHOD = "hierarchy-gls"
 OBJECTIVE = ("over every unit u of every level l at once: sum_u sum_b (y_bu - B_b M_b x_u)^T Sigma_b^-1 "
@@ -210,7 +214,20 @@ class BasisTerms:
     ``Pi = I - E Lambda^+ E^T`` the projector off the measured directions, ``= ||sum_b a_bc T_b||^2``
     with ``T = F U`` (``Pi = U U^T``, ``U`` k x r, ``r = k - rank J``: 0 for PL94, whose blocks
     measure every cell: a leaf's own residual is 0 and its stored residual ``g_p^T Lambda g_p``,
-    one number per parent, free of the expansion's cancellation)."""
+    one number per parent, free of the expansion's cancellation).
+
+    The leaves' products read only the answers ``a_S`` of the rows ``answer_rows`` of each block
+    (:attr:`distfit.estimate.measurements.BlockMeasurement.answer_linear`'s choice: ``k_b`` rows
+    ``S`` of ``L_b`` invertible with a bounded condition number, else every row): a released
+    ``a_b = L_b y_b`` gives ``y_b = L_S^-1 a_S`` as ``R a`` does (any left inverse of ``L``), so
+    ``K_b`` and ``T_b`` are formed with ``F_S = (C_b^-1 L_S^-1)^T`` (k_b x k_b), a product ``k_b /
+    m_b`` the size (PL94: 252 of 319 answers). Where that ``K_b`` is the identity (``solve``
+    None: the block measures every cell, ``J`` regular, and ``S`` are the cell queries, as PL94's
+    are), ``J^+ h = a_S``: the released cells are the leaf's own least-squares table, and the
+    product is skipped. "The identity" is to :data:`IDENTITY_ATOL` entrywise; in exact arithmetic
+    it is exactly the identity, and the product would only add rounding (PL94: its entries
+    differ from the identity's by 5.9e-13, the rounding of ``L_S^-1`` and of ``Q``; the tables
+    differ from the product's by 1e-10 in counts up to ~500: benchmarks/README.md, session 20)."""
 
     basis: np.ndarray
     information: np.ndarray
@@ -218,8 +235,9 @@ class BasisTerms:
     whiten: tuple[np.ndarray, ...]
     rotate: tuple[np.ndarray, ...]
     block_ids: tuple[str, ...]
-    solve: tuple[np.ndarray, ...]
+    solve: tuple[np.ndarray | None, ...]
     unmeasured: tuple[np.ndarray, ...]
+    answer_rows: tuple[slice, ...]
 
     def linear(self, answers: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
         """``(h~ (units x d), n (units,))`` of the units' answers (``{block_id: units x m_b}``)."""
@@ -239,9 +257,10 @@ class BasisTerms:
         """``(J^+ h (units x d, original basis), the units' own residuals n - h~^T Lambda^+ h~
         (units,))`` of the units' answers (class docstring, leaves of one ``J``)."""
         tables, own = None, None
-        for block_id, solve, unmeasured in zip(self.block_ids, self.solve, self.unmeasured):
-            a = np.asarray(answers[block_id], dtype=np.float64)
-            part, rest = a @ solve, a @ unmeasured
+        for block_id, rows, solve, unmeasured in zip(self.block_ids, self.answer_rows, self.solve, self.unmeasured):
+            a = np.asarray(answers[block_id], dtype=np.float64)[:, rows]
+            part = np.array(a, order="C") if solve is None else a @ solve  # None: K_b = I (class docstring)
+            rest = a @ unmeasured
             tables, own = (part, rest) if tables is None else (tables + part, own + rest)
         return tables, np.einsum("ij,ij->i", own, own)
 
@@ -269,10 +288,27 @@ def basis_terms(model, basis: np.ndarray) -> BasisTerms:
     whiten = tuple(np.ascontiguousarray(b.whitened_recovery.T) for b in model.blocks)
     kept = own > PINV_RTOL * np.abs(own).max(initial=0.0)  # the passes' rule (shared_basis._pinv)
     inverse = np.divide(1.0, own, out=np.zeros_like(own), where=kept)
-    solve = tuple(np.ascontiguousarray((w @ e * inverse) @ basis.T) for w, e in zip(whiten, rotate))
+    rows, subset = zip(*(_answer_recovery(b) for b in model.blocks))  # F_S: the leaves' products (class docstring)
+    solve = tuple(_unless_identity(np.ascontiguousarray((w @ e * inverse) @ basis.T)) for w, e in zip(subset, rotate))
     stacked = np.concatenate(rotate)  # every block's E: the projector off the measured directions
     values, vectors = np.linalg.eigh(np.eye(stacked.shape[0]) - (stacked * inverse) @ stacked.T)
     off = np.split(vectors[:, values > 0.5], np.cumsum([e.shape[0] for e in rotate])[:-1])
-    unmeasured = tuple(np.ascontiguousarray(w @ u) for w, u in zip(whiten, off))
+    unmeasured = tuple(np.ascontiguousarray(w @ u) for w, u in zip(subset, off))
     return BasisTerms(basis, information, own, whiten, rotate, tuple(b.block_id for b in model.blocks), solve,
-                      unmeasured)
+                      unmeasured, rows)
+
+
+def _answer_recovery(block) -> tuple[slice, np.ndarray]:
+    """``(S, F_S)``: the rows ``S`` of the block's answers its measurement is recovered from
+    (:attr:`distfit.estimate.measurements.BlockMeasurement.answer_linear`'s choice) and ``F_S =
+    (C^-1 L_S^-1)^T`` (``(C^-1 R)^T``, the ``whitened_recovery``, when ``S`` is every row)."""
+    rows, _ = block.answer_linear
+    if rows == slice(0, block.recon.shape[0]):
+        return rows, np.ascontiguousarray(block.whitened_recovery.T)
+    return rows, np.ascontiguousarray((block.whitener @ np.linalg.inv(block.recon[rows])).T)
+
+
+def _unless_identity(solve: np.ndarray) -> np.ndarray | None:
+    """None where ``solve`` is the identity to :data:`IDENTITY_ATOL` (:class:`BasisTerms`)."""
+    square = solve.shape[0] == solve.shape[1]
+    return None if square and np.abs(solve - np.eye(solve.shape[0])).max(initial=0.0) <= IDENTITY_ATOL else solve

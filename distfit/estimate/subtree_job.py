@@ -182,16 +182,38 @@ class Forests:
         return [(int(s[first]), int(s[stop])) for s in self.spans]
 
 
+#: The releases this worker's tasks read: ``[key, {level: ReleaseRows}]``, each opened (its root
+#: checked against the job's checksum, :func:`distfit.stores.release.read_sealed_release`) by the
+#: first task of a job that reads it and kept for the others (:func:`_release_rows`).
+_OPENED: list = []
+
+
+def _release_rows(job: Forests, k: int) -> ReleaseRows:
+    """Level ``c + k``'s release as :class:`distfit.estimate.job.ReleaseRows`, opened once per
+    worker and job: every up, down and chunk task opened it and checked its root again, ~30 ms
+    of zarr and hashing each (us_pl94: 3.8 CPU-s of 29 at 300k blocks, ~250 chunk tasks at 1M;
+    benchmarks/README.md, session 20). Kept by what a reader depends on (the paths, the checksums
+    the driver found, each level's block ids), not by the job object: a worker holds two equal
+    jobs, its own and the other worker's copy, whose tasks it also runs. Each chunk read is
+    still checked against the digests the root check read (:meth:`~distfit.stores.sealing.SealedStore.rows_of`)."""
+    key = (job.release_paths, job.release_checksums, tuple(tuple(b.block_id for b in m.blocks) for m in job.models))
+    if not _OPENED or _OPENED[0] != key:
+        _OPENED[:] = [key, {}]
+    opened = _OPENED[1]
+    if k not in opened:
+        opened[k] = ReleaseRows(read_sealed_release(job.release_paths[k], job.release_checksums[k]), job.models[k])
+    return opened[k]
+
+
 def _forest_answers(job: Forests, first: int, stop: int) -> tuple[list[dict[str, np.ndarray]], list]:
     """A forest's released answers per level (``{block_id: rows x m_b}``, chunks checked as
     read) and local parent rows; the levels from the first without rows are left out."""
     answers, parents = [], [None]
     rows = job.rows(first, stop)
-    for k, (model, path, checksum, (a, b)) in enumerate(zip(job.models, job.release_paths, job.release_checksums,
-                                                              rows)):
+    for k, (a, b) in enumerate(rows):
         if b == a:  # no units here, nor below
             break
-        answers.append(ReleaseRows(read_sealed_release(path, checksum), model).answers(a, b))
+        answers.append(_release_rows(job, k).answers(a, b))
         if k:
             above = job.counts[k - 1][rows[k - 1][0]:rows[k - 1][1]]
             parents.append(np.repeat(np.arange(above.size, dtype=np.int64), above))
@@ -307,8 +329,7 @@ def chunk_task(job: Forests, k: int, estimate_path: str, chunk: int, start: int,
         if "variance_rows" in piece:
             variances.append(np.asarray(piece["variance_rows"])[np.asarray(piece["variance_class"])])
     x = np.concatenate(cells)
-    release = read_sealed_release(job.release_paths[k], job.release_checksums[k])
-    ids = np.asarray(release.rows_of("unit_ids", start, stop))
+    ids = _release_rows(job, k).unit_ids(start, stop)
     n = stop - start
     with ChunkWriter(estimate_path) as writer:
         writer.write_arrays(chunk, start, chunk_rows(

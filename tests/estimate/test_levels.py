@@ -13,6 +13,7 @@ from __future__ import annotations
 import io
 import json
 import shutil
+import types
 from pathlib import Path
 
 import numpy as np
@@ -23,9 +24,15 @@ from distfit.estimate import levels
 from distfit.estimate.hierarchy import Grouping
 from distfit.estimate.level_stores import basis_terms, information_basis
 from distfit.estimate.levels import estimate_levels, parent_columns
-from distfit.estimate.measurements import measurement_model, recover_measurements, workload_estimates
+from distfit.estimate.measurements import (
+    measurement_model,
+    model_from_blocks,
+    recover_measurements,
+    workload_estimates,
+)
 from distfit.estimate.projection import normal_equations
 from distfit.export.job import run_export
+from distfit.mathematics.domain import Domain
 from distfit.mathematics.margins import MOE90_Z
 from distfit.pipeline.run import run_levels
 from distfit.spec.parse import load_spec
@@ -400,6 +407,38 @@ def test_integer_tables_on_a_local_cluster_equal_the_drivers_bit_for_bit(serial_
     assert "resuming" in log.getvalue() and "0 of 1 chunks already written" in log.getvalue()
     assert [again[name].status for name in LEVELS] == ["reused", "reused", "done"]
     assert all(again[name].checksum == ours[name].checksum for name in LEVELS)  # the same bytes
+
+
+@pytest.mark.parametrize("cells_last", [True, False])
+def test_leaf_tables_from_the_recovering_answers_equal_the_dense_solve(cells_last):
+    """BasisTerms.tables, ``J^+ h`` of each leaf, from the k answers its measurement is recovered
+    from (``y = L_S^-1 a_S``, a product k / m the size): equal to the dense ``J^+ h`` (``h`` from
+    ``y = L^+ a``) for released answers ``a = L y``. Where ``S`` are the cell queries of a block
+    measuring every cell (``L = W B^-1``, ``W``'s last rows the identity, as PL94's plan), ``J^+
+    h`` is ``a_S`` itself and no product is formed (``solve`` None); otherwise (``L``'s last
+    rows another well-conditioned matrix) it is the product."""
+    rng = np.random.default_rng(29)
+    domain = Domain(("a", "b"), (3, 4))
+    k = domain.size
+    basis = rng.standard_normal((k, k)) + 4 * np.eye(k)
+    rows = np.eye(k) if cells_last else rng.standard_normal((k, k)) + 4 * np.eye(k)
+    workload = np.concatenate([np.kron(np.eye(3), np.ones((1, 4))), rows])  # a's margin, then the cells (or not)
+    noise = rng.standard_normal((k, k))
+    block = types.SimpleNamespace(block_id="b0", attributes=("a", "b"), basis=basis,
+                                  recon=workload @ np.linalg.inv(basis), sigma=noise @ noise.T + 0.5 * np.eye(k),
+                                  query_index=np.arange(k + 3))
+    model = model_from_blocks(domain, [block])
+    q = information_basis([model])
+    terms = basis_terms(model, q)
+    assert (terms.solve[0] is None) == cells_last and terms.answer_rows[0] == slice(3, k + 3)
+    y = rng.standard_normal((7, k))
+    answers = {"b0": y @ block.recon.T}
+    recovered = np.linalg.lstsq(block.recon, answers["b0"].T, rcond=None)[0].T  # y = L^+ a
+    j = basis.T @ np.linalg.solve(block.sigma, basis)
+    dense = np.linalg.solve(block.sigma, recovered.T).T @ basis @ np.linalg.inv(j)
+    tables, own = terms.tables(answers)
+    np.testing.assert_allclose(tables, dense, rtol=0, atol=1e-9 * np.abs(dense).max())
+    np.testing.assert_allclose(own, 0.0, rtol=0, atol=1e-9 * np.einsum("ij,ij->i", y, y).max())
 
 
 def test_levels_of_one_plan_on_a_local_cluster_in_the_shared_basis(cluster, tmp_path):
