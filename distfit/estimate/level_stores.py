@@ -29,12 +29,14 @@ from distfit.stores.estimate import (
     estimate_state,
     read_sealed_estimate,
     seal,
+    stored_tables,
 )
 from distfit.stores.files import STAGING_MARKER, move_into_place
 from distfit.stores.lock import store_lock
 from distfit.stores.release_chunks import ChunkWriter
 
-__all__ = ["ESTIMATE_NAME", "METHOD", "OBJECTIVE", "BasisTerms", "LevelEstimate", "basis_terms", "information_basis",
+__all__ = ["ESTIMATE_NAME", "METHOD", "OBJECTIVE", "BasisTerms", "LevelEstimate", "basis_terms", "cell_columns",
+           "information_basis",
            "level_queries",
            "level_terms", "parent_rows", "query_dtype", "residuals", "reusable_estimate", "unit_keys", "write_level"]
 
@@ -125,7 +127,7 @@ def write_level(path: Path, *, spec, plan, plan_path: Path, release, model, x: n
                                    objective=OBJECTIVE, integer=integer, cells=model.cells,
                                    query_dtype=query_dtype(model, integer),
                                    cell_labels=cell_labels(model.attributes, value_labels(spec)),
-                                   variances=variances is not None)
+                                   cell_columns=cell_columns(model, integer), variances=variances is not None)
             root.attrs["geography"] = geography
             units, chunk_units = int(release.attrs["units"]), int(release.attrs["chunk_units"])
             ids = np.asarray(release.unit_ids[...])
@@ -133,7 +135,7 @@ def write_level(path: Path, *, spec, plan, plan_path: Path, release, model, x: n
                 for chunk, start in enumerate(range(0, units, chunk_units)):
                     rows = slice(start, min(start + chunk_units, units))
                     writer.write_arrays(chunk, start, chunk_rows(
-                        queries[rows], x[rows], objective[rows], 0, converged[rows], ids[rows],
+                        queries[rows], x[rows], objective[rows], 0, converged[rows], ids[rows], stored_tables(root),
                         variances=None if variances is None else variances[rows]))
             checksum = seal(root, staging, plan_path=str(plan_path), plan_checksum=plan.checksum,
                             release_path=release.path, release_checksum=release.checksum, fsync=fsync)
@@ -151,6 +153,15 @@ def level_queries(model, x: np.ndarray, integer: bool) -> np.ndarray:
     if integer:
         return published_estimates(model, x, workload_kind(model), integer=True)
     return workload_estimates(model, x)
+
+
+def cell_columns(model, integer: bool) -> int | None:
+    """Where a level's tables are columns of its query estimates, the first of them
+    (:func:`distfit.stores.estimate.create_estimate`'s ``cell_columns``: the store then does not
+    write them twice, ``cells/estimates`` left out), else None: the workload holds every cell as a
+    query (``model.cell_queries``, PL94's detailed group) and the query estimates are the tables'
+    own numbers (real-valued; integer tables with an integral workload, both int64)."""
+    return model.cell_queries if not integer or workload_kind(model).integral else None
 
 
 def query_dtype(model, integer: bool) -> type:

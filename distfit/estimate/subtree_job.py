@@ -77,6 +77,7 @@ from distfit.estimate.level_stores import (
     BasisTerms,
     LevelEstimate,
     basis_terms,
+    cell_columns,
     level_queries,
     level_terms,
     parent_rows,
@@ -113,6 +114,7 @@ from distfit.stores.estimate import (
     open_resumable,
     seal,
     check_replaceable,
+    stored_tables,
 )
 from distfit.stores.lock import store_lock
 from distfit.stores.pieces import (
@@ -312,10 +314,11 @@ def _class_variances(result, k: int, workload: np.ndarray) -> tuple[np.ndarray, 
 
 
 def chunk_task(job: Forests, k: int, estimate_path: str, chunk: int, start: int, stop: int,
-               firsts: tuple[int, ...]) -> tuple[int, int]:
+               firsts: tuple[int, ...], tables: str | None = "cells/estimates") -> tuple[int, int]:
     """Step 5 (module docstring): chunk ``chunk`` (rows ``start:stop``) of level ``c + k``'s
     estimate written from the pieces starting at rows ``firsts`` (those it overlaps, in order),
-    its unit ids from the release. A piece holds each unit's table and residual and the query
+    its unit ids from the release; ``tables``: the store's table array
+    (:func:`distfit.stores.estimate.stored_tables`; None: the tables are query columns). A piece holds each unit's table and residual and the query
     variances per class with each unit's class; the query estimates are the tables' workload sums
     (:func:`distfit.estimate.level_stores.level_queries`, as :func:`write_level` makes them) and
     the variances their units' class rows, both formed here: the pieces carry a third of the
@@ -334,7 +337,7 @@ def chunk_task(job: Forests, k: int, estimate_path: str, chunk: int, start: int,
     with ChunkWriter(estimate_path) as writer:
         writer.write_arrays(chunk, start, chunk_rows(
             level_queries(job.models[k], x, job.integer), x, np.concatenate(objective), 0,
-            np.ones(n, dtype=np.uint8), ids, variances=np.concatenate(variances) if variances else None))
+            np.ones(n, dtype=np.uint8), ids, tables, variances=np.concatenate(variances) if variances else None))
     return chunk, n
 
 
@@ -555,7 +558,8 @@ def _locked_write(client, job: Forests, jobs: Sequence[Any], k: int, groups: Seq
         root = create_estimate(target, plan=plan, plan_path=str(plan_path), release=release, method=METHOD,
                                objective=OBJECTIVE, integer=job.integer, cells=model.cells,
                                query_dtype=query_dtype(model, job.integer),
-                               cell_labels=cell_labels(model.attributes, value_labels(spec)), variances=variances)
+                               cell_labels=cell_labels(model.attributes, value_labels(spec)),
+                               cell_columns=cell_columns(model, job.integer), variances=variances)
         root.attrs["geography"] = geography
         return root
 
@@ -568,14 +572,15 @@ def _locked_write(client, job: Forests, jobs: Sequence[Any], k: int, groups: Seq
                               log=log)
     firsts = np.array([job.spans[k][first] for first, stop in groups if job.spans[k][first] < job.spans[k][stop]],
                       dtype=np.int64)
-    arrays = chunk_arrays("cells/estimates") + (["queries/variances"] if variances else [])
+    tables = stored_tables(layout.root)  # None: the tables are query columns (a store resumed keeps its own)
+    arrays = chunk_arrays(tables) + (["queries/variances"] if variances else [])
     calls = []
     for chunk in layout.pending:
         start, stop = chunk * chunk_units, min((chunk + 1) * chunk_units, units)
         lo = max(int(np.searchsorted(firsts, start, side="right")) - 1, 0)
         hi = int(np.searchsorted(firsts, stop, side="left"))
         calls.append((str(chunk), (jobs[len(calls) % len(jobs)], k, str(layout.target), chunk, start, stop,
-                                   tuple(int(f) for f in firsts[lo:hi]))))
+                                   tuple(int(f) for f in firsts[lo:hi]), tables)))
     with ChunkedWrite(layout.root, layout.target, units=units, chunk_units=chunk_units, pending=layout.pending,
                       stage=f"estimate {name}", log=log, fsync=fsync, staging=layout.staging, arrays=arrays) as write:
         if calls:

@@ -36,7 +36,7 @@ from distfit.mathematics.domain import Domain
 from distfit.mathematics.margins import MOE90_Z
 from distfit.pipeline.run import run_levels
 from distfit.spec.parse import load_spec
-from distfit.stores.estimate import read_estimate, verify_estimate
+from distfit.stores.estimate import QueryColumns, read_estimate, verify_estimate
 from distfit.stores.lock import StoreLockedError, store_lock
 from distfit.stores.plan import read_plan
 from distfit.stores.release import read_release
@@ -116,6 +116,11 @@ def _check_levels(run, *, integer: bool) -> None:
         assert verify_estimate(estimate.path)[0]
         assert (cells.dtype == np.int64) is integer
         assert estimate.attrs["fit"]["unconverged_units"] == 0
+        # the tables written once: as the query columns that are the cells, where the workload has
+        # them (the nation's detailed group), else as cells/estimates
+        columns = measurement_model(plan).cell_queries
+        assert isinstance(estimate.cells, QueryColumns) is (columns is not None), name
+        assert (name == "nation") is (columns is not None)
         if integer:
             assert cells.min() >= 0 and estimate.variances is None
         else:  # each query's variance: the best linear unbiased estimate's, at most the raw answer's
@@ -393,8 +398,9 @@ def test_integer_tables_on_a_local_cluster_equal_the_drivers_bit_for_bit(serial_
     _check_levels(type("Run", (), {"rundir": str(tmp_path / "cluster")}), integer=True)
     for name in LEVELS:
         a, b = read_estimate(ours[name].path), read_estimate(driver[name].path)
-        for array in ("cells/estimates", "queries/estimates"):
-            mine, theirs = np.asarray(a.array(array)[...]), np.asarray(b.array(array)[...])
+        for array in ("cells", "queries/estimates"):  # the tables: cells/estimates, or query columns
+            mine, theirs = ((np.asarray(e.cells[:]) if array == "cells" else np.asarray(e.array(array)[...]))
+                            for e in (a, b))
             assert mine.dtype == theirs.dtype and np.array_equal(mine, theirs), (name, array)
         assert np.asarray(a.array("queries/estimates")).dtype == np.int64  # census.yaml's counts: integral
         np.testing.assert_allclose(np.asarray(a.array("solve/objective")[...]),
