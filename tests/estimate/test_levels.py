@@ -20,7 +20,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from distfit.estimate import levels
+from distfit.estimate import levels, subtree_job
 from distfit.estimate.hierarchy import Grouping
 from distfit.estimate.level_stores import basis_terms, information_basis
 from distfit.estimate.levels import estimate_levels, parent_columns
@@ -39,7 +39,8 @@ from distfit.spec.parse import load_spec
 from distfit.stores.estimate import QueryColumns, read_estimate, verify_estimate
 from distfit.stores.lock import StoreLockedError, store_lock
 from distfit.stores.plan import read_plan
-from distfit.stores.release import read_release
+from distfit.stores import sealing as release_store
+from distfit.stores.release import read_release, read_sealed_release
 from distfit.runtime.placement import Placement, dask_runtime
 from tests.storetools import reseal
 
@@ -413,6 +414,36 @@ def test_integer_tables_on_a_local_cluster_equal_the_drivers_bit_for_bit(serial_
     assert "resuming" in log.getvalue() and "0 of 1 chunks already written" in log.getvalue()
     assert [again[name].status for name in LEVELS] == ["reused", "reused", "done"]
     assert all(again[name].checksum == ours[name].checksum for name in LEVELS)  # the same bytes
+
+
+def test_forests_read_the_levels_above_the_finest_by_whole_chunks_kept_for_the_next(small_release):
+    """A forest's rows of a level above the finest (subtree_job._level_answers) are the release's
+    rows, checked as read, from the whole chunks holding them, which the next forest on the
+    worker reuses when its rows lie in them (the same chunks are not read and hashed again);
+    the finest level's rows are read as they are. Here the small release (50 units in chunks of
+    8, several blocks' arrays) as both levels of a job."""
+    release = read_sealed_release(small_release.path)
+    model = measurement_model(read_plan(small_release.plan))
+    units, size = int(release.attrs["units"]), int(release.attrs["chunk_units"])
+    job = subtree_job.Forests(("coarse", "fine"), (model, model), (release.path,) * 2, (release.checksum,) * 2,
+                              (np.array([0, units]),) * 2, (np.ones(units, dtype=np.int64),), "", "total", False,
+                              chunk_units=(size, size))
+    whole = {b.block_id: np.asarray(release.block_answers(b.block_id)[...]) for b in model.blocks}
+    reads = []
+    original = release_store.SealedStore.rows_of
+
+    def counted(store, name, start, stop):
+        reads.append((start, stop))
+        return original(store, name, start, stop)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(release_store.SealedStore, "rows_of", counted)
+        for (a, b), level, expected in (((3, 6), 0, [(0, 8)]), ((6, 11), 0, [(0, 16)]), ((9, 12), 0, []),
+                                        ((9, 12), 1, [(9, 12)]), ((44, 50), 0, [(40, 50)])):
+            reads.clear()
+            got = subtree_job._level_answers(job, level, a, b)  # noqa: SLF001 - the reader's chunk rule
+            assert all(np.array_equal(got[block], whole[block][a:b]) for block in whole)
+            assert sorted({r for r in reads if r[1] > r[0]}) == expected, (a, b, level, reads)  # each block's array
 
 
 @pytest.mark.parametrize("cells_last", [True, False])
