@@ -11,7 +11,9 @@ by :func:`distfit.estimate.levels.estimate_levels` with a cluster:
    every level below (:func:`distfit.estimate.subtrees.descendant_spans`), and forests of
    consecutive cut units of at most ``forest_rows`` rows in all (:func:`~distfit.estimate.subtrees.group_roots`).
 2. Up: one task per forest (:func:`upward_task`) reads its rows of each level's release (the
-   chunks they lie in, each checked against its digest as it is read), forms the normal
+   chunks they lie in, each checked against its digest as it is read; each release opened once
+   per worker and job, and the chunks of the levels above the finest kept for the worker's next
+   forest: :func:`_release_rows`, :func:`_level_answers`), forms the normal
    equations and runs the upward pass, returning its roots' summary (a few matrices and a vector
    per root). In the levels' shared basis the terms come straight from the answers in the basis
    (:class:`distfit.estimate.level_stores.BasisTerms`), the finest level's only summed by parent.
