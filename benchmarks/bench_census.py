@@ -5,6 +5,7 @@ and estimated level by level, extrapolated to the 8.13M blocks of the 2020 Censu
 ```
 python benchmarks/bench_census.py [--units 100000 [--units 1000000]] [--workers 2] [--workdir DIR] [--no-estimate]
 python benchmarks/bench_census.py --geography-only 8132968     # write and read back the 8M geography file
+python benchmarks/bench_census.py --estimate-again DIR/us-N      # the estimate alone, again, on a run's releases
 ```
 
 For each N: ``distfit synth`` (:func:`distfit.data.level_synth.write_level_data`: the geography,
@@ -54,6 +55,8 @@ from benchmarks.common import PeakRSS, tree_cpu  # noqa: E402
 from distfit.data.geography import nested_geography, read_geography, write_geography  # noqa: E402
 from distfit.data.level_synth import geography_arrays, unit_levels, write_level_data  # noqa: E402
 from distfit.data.us_geography import FULL_COUNTS, us_geography, us_level_counts  # noqa: E402
+from distfit.estimate.levels import ESTIMATE_NAME, estimate_levels  # noqa: E402
+from distfit.estimate.subtree_job import PIECES_NAME  # noqa: E402
 from distfit.pipeline import run as run_module  # noqa: E402
 from distfit.runtime.placement import Placement  # noqa: E402
 from distfit.spec.parse import load_spec  # noqa: E402
@@ -209,6 +212,22 @@ def geography_only(units: int, workdir: Path) -> None:
           f"CPU-s; peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20:.2f} GiB; load {load()}")
 
 
+def estimate_again(run: Path, workers: int) -> None:
+    """The estimate alone on the releases of an earlier ``measure`` (``run``: its ``us-N``
+    directory), its estimate stores removed first: ``estimate_levels`` on a local cluster of
+    ``workers`` started for it (its start counted: about the same for every tree, so two trees
+    compare, each run from its own root)."""
+    spec = load_spec(SPEC)
+    dirs = {level.name: run / "levels" / level.name for level in spec.levels}
+    for path in dirs.values():
+        shutil.rmtree(path / ESTIMATE_NAME, ignore_errors=True)
+        shutil.rmtree(path / PIECES_NAME, ignore_errors=True)
+    print(f"estimate of {run} again (load {load()})", flush=True)
+    wall, cpu = time.perf_counter(), tree_cpu()
+    estimate_levels(spec, dirs, placement=Placement(workers=workers), fsync=False, log=io.StringIO())
+    print(f"estimate: {time.perf_counter() - wall:.1f} s wall, {tree_cpu() - cpu:.1f} CPU-s; load {load()}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--units", type=int, action="append", help="blocks (repeat for several sizes; default 100000)")
@@ -217,9 +236,14 @@ def main() -> None:
     parser.add_argument("--no-estimate", action="store_true")
     parser.add_argument("--geography-only", type=int, metavar="N",
                         help="only write and read back the geography file of N blocks (read_geography's speed)")
+    parser.add_argument("--estimate-again", metavar="RUN",
+                        help="only the estimate again, on the releases of an earlier run's us-N directory")
     parser.add_argument("--estimate-max-units", type=int, default=ESTIMATE_MAX_UNITS,
                         help="estimate only up to this many blocks (default: no limit)")
     args = parser.parse_args()
+    if args.estimate_again:
+        estimate_again(Path(args.estimate_again), args.workers)
+        return
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="bench-census-"))
     workdir.mkdir(parents=True, exist_ok=True)
     print(f"load average {load()}; {os.cpu_count()} CPUs; spec {SPEC.name}", flush=True)

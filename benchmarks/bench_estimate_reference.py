@@ -129,7 +129,8 @@ def main(argv: list[str] | None = None) -> None:
             a, b = read_estimate(paths["reference"][name]), read_estimate(paths["this"][name])
             diffs = []
             for array in ("queries/estimates", "queries/variances", "cells/estimates", "solve/objective"):
-                x, y = np.asarray(a.array(array)[...]), np.asarray(b.array(array)[...])
+                x, y = (np.asarray(e.cells[:] if array == "cells/estimates" else e.array(array)[...])
+                        for e in (a, b))  # the tables: cells/estimates or query columns (Estimate.cells)
                 diffs.append(_largest(x, y))
             print(f"{name:>12} {int(a.attrs['units']):>9,} " + " ".join(f"{d:>9.1e}" for d in diffs))
     print(f"load average now {load()}")

@@ -115,8 +115,8 @@ def main(argv: list[str] | None = None) -> None:
         for name in paths["driver"]:
             a, b = read_estimate(paths["driver"][name]), read_estimate(paths["cluster"][name])
             if args.integer:
-                cells, queries = (int(np.sum(np.asarray(a.array(n)[...]) != np.asarray(b.array(n)[...])))
-                                  for n in ("cells/estimates", "queries/estimates"))
+                cells, queries = (int(np.sum(np.asarray(x) != np.asarray(y)))  # the tables: Estimate.cells
+                                  for x, y in ((a.cells[:], b.cells[:]), (a.estimates[...], b.estimates[...])))
                 print(f"  {name}: {int(a.attrs['units'])} units, cluster != driver: {cells} integer cells, "
                       f"{queries} query estimates (of {np.asarray(a.estimates[...]).size})")
                 continue

@@ -67,6 +67,7 @@ from distfit.runtime.placement import PlacedClient, Placement, dask_runtime
 from distfit.runtime.progress import Progress
 from distfit.estimate import graphical
 from distfit.estimate.checkpoints import ChunkCheckpoints
+from distfit.estimate.level_stores import cell_columns as stored_cell_columns
 from distfit.estimate.measurements import (
     MeasurementModel,
     WorkloadKind,
@@ -540,7 +541,7 @@ def run_estimate(
                 warm_estimate()
         workload = workload_kind(model)
         # the data vector is written once: as query columns where the workload holds every cell
-        cell_columns = model.cell_queries if problem is None and (workload.integral or not integer) else None
+        cell_columns = stored_cell_columns(model, integer) if problem is None else None
         units, chunk_units = int(release.attrs["units"]), int(release.attrs["chunk_units"])
         n_chunks = -(-units // chunk_units)
         root, target, staging, pending = resume_or_create(

@@ -29,16 +29,22 @@ from distfit.stores.estimate import (
     estimate_state,
     read_sealed_estimate,
     seal,
+    stored_tables,
 )
 from distfit.stores.files import STAGING_MARKER, move_into_place
 from distfit.stores.lock import store_lock
 from distfit.stores.release_chunks import ChunkWriter
 
-__all__ = ["ESTIMATE_NAME", "METHOD", "OBJECTIVE", "BasisTerms", "LevelEstimate", "basis_terms", "information_basis",
+__all__ = ["ESTIMATE_NAME", "METHOD", "OBJECTIVE", "BasisTerms", "LevelEstimate", "basis_terms", "cell_columns",
+           "information_basis",
            "level_queries",
            "level_terms", "parent_rows", "query_dtype", "residuals", "reusable_estimate", "unit_keys", "write_level"]
 
 ESTIMATE_NAME = "estimate.zarr"
+#: A leaf's product ``a_S K_b`` is skipped where ``K_b`` is within this of the identity,
+#: entrywise (:class:`BasisTerms`: it is the identity in exact arithmetic; PL94's differs by
+#: 5.9e-13, the rounding of the ``L_S^-1`` of condition number 159 and of ``Q``).
+IDENTITY_ATOL = 1e-10
 #: The ``method`` attr of a level's estimate store, and the objective its estimates minimise.
 METHOD = "hierarchy-gls"
 OBJECTIVE = ("over every unit u of every level l at once: sum_u sum_b (y_bu - B_b M_b x_u)^T Sigma_b^-1 "
@@ -121,7 +127,7 @@ def write_level(path: Path, *, spec, plan, plan_path: Path, release, model, x: n
                                    objective=OBJECTIVE, integer=integer, cells=model.cells,
                                    query_dtype=query_dtype(model, integer),
                                    cell_labels=cell_labels(model.attributes, value_labels(spec)),
-                                   variances=variances is not None)
+                                   cell_columns=cell_columns(model, integer), variances=variances is not None)
             root.attrs["geography"] = geography
             units, chunk_units = int(release.attrs["units"]), int(release.attrs["chunk_units"])
             ids = np.asarray(release.unit_ids[...])
@@ -129,7 +135,7 @@ def write_level(path: Path, *, spec, plan, plan_path: Path, release, model, x: n
                 for chunk, start in enumerate(range(0, units, chunk_units)):
                     rows = slice(start, min(start + chunk_units, units))
                     writer.write_arrays(chunk, start, chunk_rows(
-                        queries[rows], x[rows], objective[rows], 0, converged[rows], ids[rows],
+                        queries[rows], x[rows], objective[rows], 0, converged[rows], ids[rows], stored_tables(root),
                         variances=None if variances is None else variances[rows]))
             checksum = seal(root, staging, plan_path=str(plan_path), plan_checksum=plan.checksum,
                             release_path=release.path, release_checksum=release.checksum, fsync=fsync)
@@ -147,6 +153,15 @@ def level_queries(model, x: np.ndarray, integer: bool) -> np.ndarray:
     if integer:
         return published_estimates(model, x, workload_kind(model), integer=True)
     return workload_estimates(model, x)
+
+
+def cell_columns(model, integer: bool) -> int | None:
+    """Where a level's tables are columns of its query estimates, the first of them
+    (:func:`distfit.stores.estimate.create_estimate`'s ``cell_columns``: the store then does not
+    write them twice, ``cells/estimates`` left out), else None: the workload holds every cell as a
+    query (``model.cell_queries``, PL94's detailed group) and the query estimates are the tables'
+    own numbers (real-valued; integer tables with an integral workload, both int64)."""
+    return model.cell_queries if not integer or workload_kind(model).integral else None
 
 
 def query_dtype(model, integer: bool) -> type:
@@ -210,7 +225,20 @@ class BasisTerms:
     ``Pi = I - E Lambda^+ E^T`` the projector off the measured directions, ``= ||sum_b a_bc T_b||^2``
     with ``T = F U`` (``Pi = U U^T``, ``U`` k x r, ``r = k - rank J``: 0 for PL94, whose blocks
     measure every cell: a leaf's own residual is 0 and its stored residual ``g_p^T Lambda g_p``,
-    one number per parent, free of the expansion's cancellation)."""
+    one number per parent, free of the expansion's cancellation).
+
+    The leaves' products read only the answers ``a_S`` of the rows ``answer_rows`` of each block
+    (:attr:`distfit.estimate.measurements.BlockMeasurement.answer_linear`'s choice: ``k_b`` rows
+    ``S`` of ``L_b`` invertible with a bounded condition number, else every row): a released
+    ``a_b = L_b y_b`` gives ``y_b = L_S^-1 a_S`` as ``R a`` does (any left inverse of ``L``), so
+    ``K_b`` and ``T_b`` are formed with ``F_S = (C_b^-1 L_S^-1)^T`` (k_b x k_b), a product ``k_b /
+    m_b`` the size (PL94: 252 of 319 answers). Where that ``K_b`` is the identity (``solve``
+    None: the block measures every cell, ``J`` regular, and ``S`` are the cell queries, as PL94's
+    are), ``J^+ h = a_S``: the released cells are the leaf's own least-squares table, and the
+    product is skipped. "The identity" is to :data:`IDENTITY_ATOL` entrywise; in exact arithmetic
+    it is exactly the identity, and the product would only add rounding (PL94: its entries
+    differ from the identity's by 5.9e-13, the rounding of ``L_S^-1`` and of ``Q``; the tables
+    differ from the product's by 1e-10 in counts up to ~500: benchmarks/README.md, session 20)."""
 
     basis: np.ndarray
     information: np.ndarray
@@ -218,8 +246,9 @@ class BasisTerms:
     whiten: tuple[np.ndarray, ...]
     rotate: tuple[np.ndarray, ...]
     block_ids: tuple[str, ...]
-    solve: tuple[np.ndarray, ...]
+    solve: tuple[np.ndarray | None, ...]
     unmeasured: tuple[np.ndarray, ...]
+    answer_rows: tuple[slice, ...]
 
     def linear(self, answers: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
         """``(h~ (units x d), n (units,))`` of the units' answers (``{block_id: units x m_b}``)."""
@@ -237,11 +266,15 @@ class BasisTerms:
 
     def tables(self, answers: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
         """``(J^+ h (units x d, original basis), the units' own residuals n - h~^T Lambda^+ h~
-        (units,))`` of the units' answers (class docstring, leaves of one ``J``)."""
+        (units,))`` of the units' answers (class docstring, leaves of one ``J``); where ``J^+ h``
+        is the answers' columns ``a_S`` it is a view of them (read only)."""
         tables, own = None, None
-        for block_id, solve, unmeasured in zip(self.block_ids, self.solve, self.unmeasured):
-            a = np.asarray(answers[block_id], dtype=np.float64)
-            part, rest = a @ solve, a @ unmeasured
+        for block_id, rows, solve, unmeasured in zip(self.block_ids, self.answer_rows, self.solve, self.unmeasured):
+            a = np.asarray(answers[block_id], dtype=np.float64)[:, rows]
+            # None: K_b = I (class docstring): the answers' columns themselves, a view (the downward
+            # pass adds its offsets into a new array; a copy cost 7 % of the 1M-block estimate)
+            part = a if solve is None else a @ solve
+            rest = a @ unmeasured
             tables, own = (part, rest) if tables is None else (tables + part, own + rest)
         return tables, np.einsum("ij,ij->i", own, own)
 
@@ -269,10 +302,27 @@ def basis_terms(model, basis: np.ndarray) -> BasisTerms:
     whiten = tuple(np.ascontiguousarray(b.whitened_recovery.T) for b in model.blocks)
     kept = own > PINV_RTOL * np.abs(own).max(initial=0.0)  # the passes' rule (shared_basis._pinv)
     inverse = np.divide(1.0, own, out=np.zeros_like(own), where=kept)
-    solve = tuple(np.ascontiguousarray((w @ e * inverse) @ basis.T) for w, e in zip(whiten, rotate))
+    rows, subset = zip(*(_answer_recovery(b) for b in model.blocks))  # F_S: the leaves' products (class docstring)
+    solve = tuple(_unless_identity(np.ascontiguousarray((w @ e * inverse) @ basis.T)) for w, e in zip(subset, rotate))
     stacked = np.concatenate(rotate)  # every block's E: the projector off the measured directions
     values, vectors = np.linalg.eigh(np.eye(stacked.shape[0]) - (stacked * inverse) @ stacked.T)
     off = np.split(vectors[:, values > 0.5], np.cumsum([e.shape[0] for e in rotate])[:-1])
-    unmeasured = tuple(np.ascontiguousarray(w @ u) for w, u in zip(whiten, off))
+    unmeasured = tuple(np.ascontiguousarray(w @ u) for w, u in zip(subset, off))
     return BasisTerms(basis, information, own, whiten, rotate, tuple(b.block_id for b in model.blocks), solve,
-                      unmeasured)
+                      unmeasured, rows)
+
+
+def _answer_recovery(block) -> tuple[slice, np.ndarray]:
+    """``(S, F_S)``: the rows ``S`` of the block's answers its measurement is recovered from
+    (:attr:`distfit.estimate.measurements.BlockMeasurement.answer_linear`'s choice) and ``F_S =
+    (C^-1 L_S^-1)^T`` (``(C^-1 R)^T``, the ``whitened_recovery``, when ``S`` is every row)."""
+    rows, _ = block.answer_linear
+    if rows == slice(0, block.recon.shape[0]):
+        return rows, np.ascontiguousarray(block.whitened_recovery.T)
+    return rows, np.ascontiguousarray((block.whitener @ np.linalg.inv(block.recon[rows])).T)
+
+
+def _unless_identity(solve: np.ndarray) -> np.ndarray | None:
+    """None where ``solve`` is the identity to :data:`IDENTITY_ATOL` (:class:`BasisTerms`)."""
+    square = solve.shape[0] == solve.shape[1]
+    return None if square and np.abs(solve - np.eye(solve.shape[0])).max(initial=0.0) <= IDENTITY_ATOL else solve

@@ -11,7 +11,9 @@ by :func:`distfit.estimate.levels.estimate_levels` with a cluster:
    every level below (:func:`distfit.estimate.subtrees.descendant_spans`), and forests of
    consecutive cut units of at most ``forest_rows`` rows in all (:func:`~distfit.estimate.subtrees.group_roots`).
 2. Up: one task per forest (:func:`upward_task`) reads its rows of each level's release (the
-   chunks they lie in, each checked against its digest as it is read), forms the normal
+   chunks they lie in, each checked against its digest as it is read; each release opened once
+   per worker and job, and the chunks of the levels above the finest kept for the worker's next
+   forest: :func:`_release_rows`, :func:`_level_answers`), forms the normal
    equations and runs the upward pass, returning its roots' summary (a few matrices and a vector
    per root). In the levels' shared basis the terms come straight from the answers in the basis
    (:class:`distfit.estimate.level_stores.BasisTerms`), the finest level's only summed by parent.
@@ -77,6 +79,7 @@ from distfit.estimate.level_stores import (
     BasisTerms,
     LevelEstimate,
     basis_terms,
+    cell_columns,
     level_queries,
     level_terms,
     parent_rows,
@@ -113,6 +116,7 @@ from distfit.stores.estimate import (
     open_resumable,
     seal,
     check_replaceable,
+    stored_tables,
 )
 from distfit.stores.lock import store_lock
 from distfit.stores.pieces import (
@@ -182,16 +186,58 @@ class Forests:
         return [(int(s[first]), int(s[stop])) for s in self.spans]
 
 
+#: The releases this worker's tasks read: ``[key, {level: ReleaseRows}, {level: (first, stop,
+#: answers)}]``, each opened (its root checked against the job's checksum,
+#: :func:`distfit.stores.release.read_sealed_release`) by the first task of a job that reads it and
+#: kept for the others (:func:`_release_rows`), and the last whole chunks read of each level above
+#: the finest (:func:`_level_answers`).
+_OPENED: list = []
+
+
+def _release_rows(job: Forests, k: int) -> ReleaseRows:
+    """Level ``c + k``'s release as :class:`distfit.estimate.job.ReleaseRows`, opened once per
+    worker and job: every up, down and chunk task opened it and checked its root again, ~30 ms
+    of zarr and hashing each (us_pl94: 3.8 CPU-s of 29 at 300k blocks, ~250 chunk tasks at 1M;
+    benchmarks/README.md, session 20). Kept by what a reader depends on (the paths, the checksums
+    the driver found, each level's block ids), not by the job object: a worker holds two equal
+    jobs, its own and the other worker's copy, whose tasks it also runs. Each chunk read is
+    still checked against the digests the root check read (:meth:`~distfit.stores.sealing.SealedStore.rows_of`)."""
+    key = (job.release_paths, job.release_checksums, tuple(tuple(b.block_id for b in m.blocks) for m in job.models))
+    if not _OPENED or _OPENED[0] != key:
+        _OPENED[:] = [key, {}, {}]
+    opened = _OPENED[1]
+    if k not in opened:
+        opened[k] = ReleaseRows(read_sealed_release(job.release_paths[k], job.release_checksums[k]), job.models[k])
+    return opened[k]
+
+
+def _level_answers(job: Forests, k: int, a: int, b: int) -> dict[str, np.ndarray]:
+    """Rows ``a:b`` of level ``c + k``'s released answers (``{block_id: rows x m_b}``, each
+    chunk checked as read). A level above the finest is read as the whole chunks holding the
+    rows and those kept for the next task on this worker: a forest holds a few hundred of its
+    tracts but the reader hashes whole chunks of 4,096, so every forest read and hashed the same
+    chunks again, up and down (us_pl94 at 1M blocks: ~1.2 GB, a fifth of what the forests read).
+    Returns views of the chunks read (read only)."""
+    rows = _release_rows(job, k)
+    if k == len(job.names) - 1 or not job.chunk_units:  # the leaves: their own chunks, read once a pass
+        return rows.answers(a, b)
+    kept = _OPENED[2].get(k)
+    if kept is None or not kept[0] <= a <= b <= kept[1]:
+        size, units = job.chunk_units[k], int(job.spans[k][-1])
+        first, stop = a // size * size, min(units, -(-b // size) * size)
+        kept = _OPENED[2][k] = (first, stop, rows.answers(first, stop))
+    return {block: values[a - kept[0]:b - kept[0]] for block, values in kept[2].items()}
+
+
 def _forest_answers(job: Forests, first: int, stop: int) -> tuple[list[dict[str, np.ndarray]], list]:
     """A forest's released answers per level (``{block_id: rows x m_b}``, chunks checked as
     read) and local parent rows; the levels from the first without rows are left out."""
     answers, parents = [], [None]
     rows = job.rows(first, stop)
-    for k, (model, path, checksum, (a, b)) in enumerate(zip(job.models, job.release_paths, job.release_checksums,
-                                                              rows)):
+    for k, (a, b) in enumerate(rows):
         if b == a:  # no units here, nor below
             break
-        answers.append(ReleaseRows(read_sealed_release(path, checksum), model).answers(a, b))
+        answers.append(_level_answers(job, k, a, b))
         if k:
             above = job.counts[k - 1][rows[k - 1][0]:rows[k - 1][1]]
             parents.append(np.repeat(np.arange(above.size, dtype=np.int64), above))
@@ -290,10 +336,11 @@ def _class_variances(result, k: int, workload: np.ndarray) -> tuple[np.ndarray, 
 
 
 def chunk_task(job: Forests, k: int, estimate_path: str, chunk: int, start: int, stop: int,
-               firsts: tuple[int, ...]) -> tuple[int, int]:
+               firsts: tuple[int, ...], tables: str | None = "cells/estimates") -> tuple[int, int]:
     """Step 5 (module docstring): chunk ``chunk`` (rows ``start:stop``) of level ``c + k``'s
     estimate written from the pieces starting at rows ``firsts`` (those it overlaps, in order),
-    its unit ids from the release. A piece holds each unit's table and residual and the query
+    its unit ids from the release; ``tables``: the store's table array
+    (:func:`distfit.stores.estimate.stored_tables`; None: the tables are query columns). A piece holds each unit's table and residual and the query
     variances per class with each unit's class; the query estimates are the tables' workload sums
     (:func:`distfit.estimate.level_stores.level_queries`, as :func:`write_level` makes them) and
     the variances their units' class rows, both formed here: the pieces carry a third of the
@@ -307,13 +354,12 @@ def chunk_task(job: Forests, k: int, estimate_path: str, chunk: int, start: int,
         if "variance_rows" in piece:
             variances.append(np.asarray(piece["variance_rows"])[np.asarray(piece["variance_class"])])
     x = np.concatenate(cells)
-    release = read_sealed_release(job.release_paths[k], job.release_checksums[k])
-    ids = np.asarray(release.rows_of("unit_ids", start, stop))
+    ids = _release_rows(job, k).unit_ids(start, stop)
     n = stop - start
     with ChunkWriter(estimate_path) as writer:
         writer.write_arrays(chunk, start, chunk_rows(
             level_queries(job.models[k], x, job.integer), x, np.concatenate(objective), 0,
-            np.ones(n, dtype=np.uint8), ids, variances=np.concatenate(variances) if variances else None))
+            np.ones(n, dtype=np.uint8), ids, tables, variances=np.concatenate(variances) if variances else None))
     return chunk, n
 
 
@@ -534,7 +580,8 @@ def _locked_write(client, job: Forests, jobs: Sequence[Any], k: int, groups: Seq
         root = create_estimate(target, plan=plan, plan_path=str(plan_path), release=release, method=METHOD,
                                objective=OBJECTIVE, integer=job.integer, cells=model.cells,
                                query_dtype=query_dtype(model, job.integer),
-                               cell_labels=cell_labels(model.attributes, value_labels(spec)), variances=variances)
+                               cell_labels=cell_labels(model.attributes, value_labels(spec)),
+                               cell_columns=cell_columns(model, job.integer), variances=variances)
         root.attrs["geography"] = geography
         return root
 
@@ -547,14 +594,15 @@ def _locked_write(client, job: Forests, jobs: Sequence[Any], k: int, groups: Seq
                               log=log)
     firsts = np.array([job.spans[k][first] for first, stop in groups if job.spans[k][first] < job.spans[k][stop]],
                       dtype=np.int64)
-    arrays = chunk_arrays("cells/estimates") + (["queries/variances"] if variances else [])
+    tables = stored_tables(layout.root)  # None: the tables are query columns (a store resumed keeps its own)
+    arrays = chunk_arrays(tables) + (["queries/variances"] if variances else [])
     calls = []
     for chunk in layout.pending:
         start, stop = chunk * chunk_units, min((chunk + 1) * chunk_units, units)
         lo = max(int(np.searchsorted(firsts, start, side="right")) - 1, 0)
         hi = int(np.searchsorted(firsts, stop, side="left"))
         calls.append((str(chunk), (jobs[len(calls) % len(jobs)], k, str(layout.target), chunk, start, stop,
-                                   tuple(int(f) for f in firsts[lo:hi]))))
+                                   tuple(int(f) for f in firsts[lo:hi]), tables)))
     with ChunkedWrite(layout.root, layout.target, units=units, chunk_units=chunk_units, pending=layout.pending,
                       stage=f"estimate {name}", log=log, fsync=fsync, staging=layout.staging, arrays=arrays) as write:
         if calls:

@@ -13,26 +13,34 @@ from __future__ import annotations
 import io
 import json
 import shutil
+import types
 from pathlib import Path
 
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from distfit.estimate import levels
+from distfit.estimate import levels, subtree_job
 from distfit.estimate.hierarchy import Grouping
 from distfit.estimate.level_stores import basis_terms, information_basis
 from distfit.estimate.levels import estimate_levels, parent_columns
-from distfit.estimate.measurements import measurement_model, recover_measurements, workload_estimates
+from distfit.estimate.measurements import (
+    measurement_model,
+    model_from_blocks,
+    recover_measurements,
+    workload_estimates,
+)
 from distfit.estimate.projection import normal_equations
 from distfit.export.job import run_export
+from distfit.mathematics.domain import Domain
 from distfit.mathematics.margins import MOE90_Z
 from distfit.pipeline.run import run_levels
 from distfit.spec.parse import load_spec
-from distfit.stores.estimate import read_estimate, verify_estimate
+from distfit.stores.estimate import QueryColumns, read_estimate, verify_estimate
 from distfit.stores.lock import StoreLockedError, store_lock
 from distfit.stores.plan import read_plan
-from distfit.stores.release import read_release
+from distfit.stores import sealing as release_store
+from distfit.stores.release import read_release, read_sealed_release
 from distfit.runtime.placement import Placement, dask_runtime
 from tests.storetools import reseal
 
@@ -109,6 +117,11 @@ def _check_levels(run, *, integer: bool) -> None:
         assert verify_estimate(estimate.path)[0]
         assert (cells.dtype == np.int64) is integer
         assert estimate.attrs["fit"]["unconverged_units"] == 0
+        # the tables written once: as the query columns that are the cells, where the workload has
+        # them (the nation's detailed group), else as cells/estimates
+        columns = measurement_model(plan).cell_queries
+        assert isinstance(estimate.cells, QueryColumns) is (columns is not None), name
+        assert (name == "nation") is (columns is not None)
         if integer:
             assert cells.min() >= 0 and estimate.variances is None
         else:  # each query's variance: the best linear unbiased estimate's, at most the raw answer's
@@ -386,8 +399,9 @@ def test_integer_tables_on_a_local_cluster_equal_the_drivers_bit_for_bit(serial_
     _check_levels(type("Run", (), {"rundir": str(tmp_path / "cluster")}), integer=True)
     for name in LEVELS:
         a, b = read_estimate(ours[name].path), read_estimate(driver[name].path)
-        for array in ("cells/estimates", "queries/estimates"):
-            mine, theirs = np.asarray(a.array(array)[...]), np.asarray(b.array(array)[...])
+        for array in ("cells", "queries/estimates"):  # the tables: cells/estimates, or query columns
+            mine, theirs = ((np.asarray(e.cells[:]) if array == "cells" else np.asarray(e.array(array)[...]))
+                            for e in (a, b))
             assert mine.dtype == theirs.dtype and np.array_equal(mine, theirs), (name, array)
         assert np.asarray(a.array("queries/estimates")).dtype == np.int64  # census.yaml's counts: integral
         np.testing.assert_allclose(np.asarray(a.array("solve/objective")[...]),
@@ -400,6 +414,68 @@ def test_integer_tables_on_a_local_cluster_equal_the_drivers_bit_for_bit(serial_
     assert "resuming" in log.getvalue() and "0 of 1 chunks already written" in log.getvalue()
     assert [again[name].status for name in LEVELS] == ["reused", "reused", "done"]
     assert all(again[name].checksum == ours[name].checksum for name in LEVELS)  # the same bytes
+
+
+def test_forests_read_the_levels_above_the_finest_by_whole_chunks_kept_for_the_next(small_release):
+    """A forest's rows of a level above the finest (subtree_job._level_answers) are the release's
+    rows, checked as read, from the whole chunks holding them, which the next forest on the
+    worker reuses when its rows lie in them (the same chunks are not read and hashed again);
+    the finest level's rows are read as they are. Here the small release (50 units in chunks of
+    8, several blocks' arrays) as both levels of a job."""
+    release = read_sealed_release(small_release.path)
+    model = measurement_model(read_plan(small_release.plan))
+    units, size = int(release.attrs["units"]), int(release.attrs["chunk_units"])
+    job = subtree_job.Forests(("coarse", "fine"), (model, model), (release.path,) * 2, (release.checksum,) * 2,
+                              (np.array([0, units]),) * 2, (np.ones(units, dtype=np.int64),), "", "total", False,
+                              chunk_units=(size, size))
+    whole = {b.block_id: np.asarray(release.block_answers(b.block_id)[...]) for b in model.blocks}
+    reads = []
+    original = release_store.SealedStore.rows_of
+
+    def counted(store, name, start, stop):
+        reads.append((start, stop))
+        return original(store, name, start, stop)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(release_store.SealedStore, "rows_of", counted)
+        for (a, b), level, expected in (((3, 6), 0, [(0, 8)]), ((6, 11), 0, [(0, 16)]), ((9, 12), 0, []),
+                                        ((9, 12), 1, [(9, 12)]), ((44, 50), 0, [(40, 50)])):
+            reads.clear()
+            got = subtree_job._level_answers(job, level, a, b)  # noqa: SLF001 - the reader's chunk rule
+            assert all(np.array_equal(got[block], whole[block][a:b]) for block in whole)
+            assert sorted({r for r in reads if r[1] > r[0]}) == expected, (a, b, level, reads)  # each block's array
+
+
+@pytest.mark.parametrize("cells_last", [True, False])
+def test_leaf_tables_from_the_recovering_answers_equal_the_dense_solve(cells_last):
+    """BasisTerms.tables, ``J^+ h`` of each leaf, from the k answers its measurement is recovered
+    from (``y = L_S^-1 a_S``, a product k / m the size): equal to the dense ``J^+ h`` (``h`` from
+    ``y = L^+ a``) for released answers ``a = L y``. Where ``S`` are the cell queries of a block
+    measuring every cell (``L = W B^-1``, ``W``'s last rows the identity, as PL94's plan), ``J^+
+    h`` is ``a_S`` itself and no product is formed (``solve`` None); otherwise (``L``'s last
+    rows another well-conditioned matrix) it is the product."""
+    rng = np.random.default_rng(29)
+    domain = Domain(("a", "b"), (3, 4))
+    k = domain.size
+    basis = rng.standard_normal((k, k)) + 4 * np.eye(k)
+    rows = np.eye(k) if cells_last else rng.standard_normal((k, k)) + 4 * np.eye(k)
+    workload = np.concatenate([np.kron(np.eye(3), np.ones((1, 4))), rows])  # a's margin, then the cells (or not)
+    noise = rng.standard_normal((k, k))
+    block = types.SimpleNamespace(block_id="b0", attributes=("a", "b"), basis=basis,
+                                  recon=workload @ np.linalg.inv(basis), sigma=noise @ noise.T + 0.5 * np.eye(k),
+                                  query_index=np.arange(k + 3))
+    model = model_from_blocks(domain, [block])
+    q = information_basis([model])
+    terms = basis_terms(model, q)
+    assert (terms.solve[0] is None) == cells_last and terms.answer_rows[0] == slice(3, k + 3)
+    y = rng.standard_normal((7, k))
+    answers = {"b0": y @ block.recon.T}
+    recovered = np.linalg.lstsq(block.recon, answers["b0"].T, rcond=None)[0].T  # y = L^+ a
+    j = basis.T @ np.linalg.solve(block.sigma, basis)
+    dense = np.linalg.solve(block.sigma, recovered.T).T @ basis @ np.linalg.inv(j)
+    tables, own = terms.tables(answers)
+    np.testing.assert_allclose(tables, dense, rtol=0, atol=1e-9 * np.abs(dense).max())
+    np.testing.assert_allclose(own, 0.0, rtol=0, atol=1e-9 * np.einsum("ij,ij->i", y, y).max())
 
 
 def test_levels_of_one_plan_on_a_local_cluster_in_the_shared_basis(cluster, tmp_path):
