@@ -142,8 +142,8 @@ class LocalPolytope:
     ``constraint``; ``offsets`` (blocks + 1,) block ``b``'s coordinates ``u[offsets[b]:offsets[b
     + 1]]`` in ``model.blocks`` order; ``constraint`` ``A`` (sum_C |C| x sum_b k_b, rows of unit
     norm) and ``constraint_transpose`` ``A^T`` (CSR too: a product with the transpose of a CSR
-    matrix is a scatter, 2.9x the time of this one on Adult), ``scale`` the rows' norms before scaling (a cell's noise standard deviation):
-    ``mu = scale * (A u)``; ``metric`` ``Q^T Q`` (``Q`` itself is not kept), ``rho`` and
+    matrix is a scatter, 2.9x the time of this one on Adult), ``scale`` the rows' norms before
+    scaling (a cell's noise standard deviation): ``mu = scale * (A u)``; ``metric`` ``Q^T Q`` (``Q`` itself is not kept), ``rho`` and
     ``factor`` the solve with ``Q^T Q + rho A^T A`` (:class:`SchurFactor`).
     """
 
