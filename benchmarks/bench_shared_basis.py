@@ -52,7 +52,7 @@ def passes(js, hs, parents, workload, basis):
     tracemalloc.start()
     cpu = time.process_time()
     result = downward_pass(upward_pass(js, hs, parents, basis=basis), split="total", outside=False)
-    variances = [result.variances(level, workload) for level in range(len(hs))]
+    variances = [rows[classes] for rows, classes in (result.variances(level, workload) for level in range(len(hs)))]
     seconds = time.process_time() - cpu
     _, peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()

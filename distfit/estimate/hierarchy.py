@@ -233,13 +233,14 @@ class HierarchyEstimate:
             found = getattr(self, name)[level][classes]
         return found if self.basis is None else _from_diagonals(found, self.basis)
 
-    def variances(self, level: int, workload: np.ndarray) -> np.ndarray:
-        """``var(w_q^T x_u)`` (units x m) of every query (row of ``workload``) of every unit of
-        ``level``: :func:`query_variances`, or in the shared basis
-        :func:`distfit.estimate.shared_basis.diagonal_variances`."""
-        if self.basis is None:
-            return query_variances(workload, self.covariance[level], self.unit_class[level])
-        return diagonal_variances(workload, self.basis, self.covariance[level])[self.unit_class[level]]
+    def variances(self, level: int, workload: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(rows, unit_class)``: ``var(w_q^T x_u)`` of every query (row of ``workload``) per class of
+        ``level`` (classes x m: :func:`query_variances`, in the shared basis :func:`distfit.estimate.
+        shared_basis.diagonal_variances`), each unit's class: unit ``u``'s are ``rows[unit_class[u]]``."""
+        cov = self.covariance[level]
+        rows = (query_variances(workload, cov, np.arange(cov.shape[0])) if self.basis is None
+                else diagonal_variances(workload, self.basis, cov))
+        return rows, np.asarray(self.unit_class[level], dtype=np.int64)
 
 
 def psd_pinv(a: np.ndarray, rtol: float = PINV_RTOL, floor: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
@@ -286,8 +287,7 @@ def query_variances(workload: np.ndarray, covariance: np.ndarray, unit_class: np
     """``var(w_q^T x_u) = w_q^T P_u w_q`` (units x m) of every query (row of ``workload``, m x
     d) of every unit, from the per-class covariances (classes x d x d) and each unit's class."""
     w = np.asarray(workload, dtype=np.float64)
-    per_class = np.einsum("kqd,qd->kq", np.matmul(w[None], covariance), w) if covariance.shape[0] else \
-        np.zeros((0, w.shape[0]))
+    per_class = np.einsum("kqd,qd->kq", np.matmul(w[None], covariance), w)  # (0, m) for no class
     return np.maximum(per_class, 0.0)[unit_class]
 
 

@@ -30,6 +30,7 @@ from distfit.stores.estimate import (
     read_sealed_estimate,
     seal,
     stored_tables,
+    write_variance_rows,
 )
 from distfit.stores.files import STAGING_MARKER, move_into_place
 from distfit.stores.lock import store_lock
@@ -114,9 +115,11 @@ def reusable_estimate(path: Path, release, parent_checksum: str | None, *, integ
 
 
 def write_level(path: Path, *, spec, plan, plan_path: Path, release, model, x: np.ndarray, integer: bool,
-                 objective: np.ndarray, variances: np.ndarray | None, geography: dict, fsync: bool) -> str:
+                 objective: np.ndarray, variances: tuple[np.ndarray, np.ndarray] | None, geography: dict,
+                 fsync: bool) -> str:
     """One level's estimate store (module docstring), built aside and moved into place; returns
-    its checksum."""
+    its checksum. ``variances``: ``(rows, unit_class)``, the query variances per class and each
+    unit's class (:meth:`distfit.estimate.hierarchy.HierarchyEstimate.variances`), or None."""
     queries = level_queries(model, x, integer)
     converged = np.ones(x.shape[0], dtype=np.uint8)
     with store_lock(path, "estimate"):
@@ -127,8 +130,11 @@ def write_level(path: Path, *, spec, plan, plan_path: Path, release, model, x: n
                                    objective=OBJECTIVE, integer=integer, cells=model.cells,
                                    query_dtype=query_dtype(model, integer),
                                    cell_labels=cell_labels(model.attributes, value_labels(spec)),
-                                   cell_columns=cell_columns(model, integer), variances=variances is not None)
+                                   cell_columns=cell_columns(model, integer),
+                                   variance_classes=None if variances is None else variances[0].shape[0])
             root.attrs["geography"] = geography
+            if variances is not None:
+                write_variance_rows(root, 0, variances[0])
             units, chunk_units = int(release.attrs["units"]), int(release.attrs["chunk_units"])
             ids = np.asarray(release.unit_ids[...])
             with ChunkWriter(str(staging)) as writer:
@@ -136,7 +142,7 @@ def write_level(path: Path, *, spec, plan, plan_path: Path, release, model, x: n
                     rows = slice(start, min(start + chunk_units, units))
                     writer.write_arrays(chunk, start, chunk_rows(
                         queries[rows], x[rows], objective[rows], 0, converged[rows], ids[rows], stored_tables(root),
-                        variances=None if variances is None else variances[rows]))
+                        variance_class=None if variances is None else variances[1][rows]))
             checksum = seal(root, staging, plan_path=str(plan_path), plan_checksum=plan.checksum,
                             release_path=release.path, release_checksum=release.checksum, fsync=fsync)
             move_into_place(staging, path, check_replaceable, fsync=fsync)

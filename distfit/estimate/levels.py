@@ -14,8 +14,9 @@ and estimates every unit of every level at once by generalised least squares ove
 (:func:`distfit.estimate.hierarchy.estimate_hierarchy`: an upward and a downward pass, every
 matrix once per class of same-shaped subtrees, or, when every level's information is diagonal
 in one basis, d scalar trees: :mod:`distfit.estimate.shared_basis`): each published query's best linear unbiased
-estimate, in every level's own noise metric, and its exact variance (stored as
-``queries/variances``, given by ``distfit export`` as ``se`` and ``moe90``).
+estimate, in every level's own noise metric, and its exact variance (stored once per class of
+units sharing a covariance, ``queries/variance_rows`` by ``queries/variance_class``: a block's are
+its block group's; given by ``distfit export`` as ``se`` and ``moe90``).
 
 Consistency, and how exact. Real-valued (the default): every unit's table is the sum of its
 children's up to float rounding (the hierarchy puts each parent's rounding residual on its last

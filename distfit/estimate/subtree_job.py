@@ -28,7 +28,9 @@ by :func:`distfit.estimate.levels.estimate_levels` with a cluster:
 5. Each level below the cut, coarsest first: its estimate store laid out (or an incomplete one
    of the same inputs resumed), one task per chunk of units writing the chunk from the pieces it
    overlaps (:func:`chunk_task`: only its rows of each, the query estimates formed from the
-   tables), the chunks hashed and fsynced as they land and the store sealed
+   tables), the pieces' query variances per class written by the driver, one after the other
+   (``queries/variance_rows``, PL94 blocks: a row per block group; each unit's class in the
+   chunks, its piece's plus the piece's offset), the chunks hashed and fsynced as they land and the store sealed
    (:class:`distfit.runtime.chunked_job.ChunkedWrite`), naming its parent level's checksum.
 
 Progress: a line with rate and ETA for each step over the forests and for each level's chunks.
@@ -71,7 +73,7 @@ from typing import Any, TextIO
 import numpy as np
 
 from distfit.estimate.geography import GeographyLevel, integer_top_down
-from distfit.estimate.hierarchy import Grouping, Summary, Top, check_parent_of, query_variances
+from distfit.estimate.hierarchy import Grouping, Summary, Top, check_parent_of
 from distfit.estimate.job import ReleaseRows
 from distfit.estimate.level_stores import (
     METHOD,
@@ -90,7 +92,6 @@ from distfit.estimate.level_stores import (
     write_level,
 )
 from distfit.estimate.measurements import MeasurementModel, measurement_model
-from distfit.estimate.shared_basis import diagonal_variances
 from distfit.estimate.rounding import laminar_family
 from distfit.estimate.subtrees import (
     FOREST_MATRIX_BYTES,
@@ -117,12 +118,14 @@ from distfit.stores.estimate import (
     seal,
     check_replaceable,
     stored_tables,
+    write_variance_rows,
 )
 from distfit.stores.lock import store_lock
 from distfit.stores.pieces import (
     PieceMismatch,
     open_pieces,
     piece_done,
+    piece_rows,
     read_piece,
     remove_piece,
     remove_pieces,
@@ -318,48 +321,45 @@ def downward_task(job: Forests, first: int, stop: int, top: Top, roots: np.ndarr
             objective = job.terms[k].residuals(terms[k][0], terms[k][1], result.x_basis[k])
         arrays = {"cells": x, "objective": objective}
         if not job.integer and model.workload is not None:  # integer tables publish no variances
-            arrays["variance_rows"], arrays["variance_class"] = _class_variances(result, k, model.workload)
+            # per downward class (the leaves of one J in the shared basis share their parent's P:
+            # a row per parent) and each unit's class, as the store keeps them
+            arrays["variance_rows"], arrays["variance_class"] = result.variances(k, model.workload)
         write_piece(directory, job.names[k], start, arrays, fsync=job.fsync,
                     slab=job.chunk_units[k] if job.chunk_units else None, sliced=PIECE_SLICED)
         units += end - start
     return first, units
 
 
-def _class_variances(result, k: int, workload: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Level ``k``'s query variances per downward class (classes x m) and each unit's class: the
-    piece's form of :meth:`distfit.estimate.hierarchy.HierarchyEstimate.variances` (the leaves of
-    one ``J`` in the shared basis share their parent's ``P``: a row per parent, not per unit)."""
-    classes = result.covariance[k].shape[0]
-    rows = (diagonal_variances(workload, result.basis, result.covariance[k]) if result.basis is not None
-            else query_variances(workload, result.covariance[k], np.arange(classes)))
-    return rows, np.asarray(result.unit_class[k], dtype=np.int64)
-
-
 def chunk_task(job: Forests, k: int, estimate_path: str, chunk: int, start: int, stop: int,
-               firsts: tuple[int, ...], tables: str | None = "cells/estimates") -> tuple[int, int]:
+               firsts: tuple[int, ...], tables: str | None = "cells/estimates",
+               offsets: tuple[int, ...] | None = None) -> tuple[int, int]:
     """Step 5 (module docstring): chunk ``chunk`` (rows ``start:stop``) of level ``c + k``'s
     estimate written from the pieces starting at rows ``firsts`` (those it overlaps, in order),
     its unit ids from the release; ``tables``: the store's table array
-    (:func:`distfit.stores.estimate.stored_tables`; None: the tables are query columns). A piece holds each unit's table and residual and the query
+    (:func:`distfit.stores.estimate.stored_tables`; None: the tables are query columns);
+    ``offsets``: each piece's first row of the store's ``queries/variance_rows`` (None: the
+    store has none). A piece holds each unit's table and residual and the query
     variances per class with each unit's class; the query estimates are the tables' workload sums
-    (:func:`distfit.estimate.level_stores.level_queries`, as :func:`write_level` makes them) and
-    the variances their units' class rows, both formed here: the pieces carry a third of the
+    (:func:`distfit.estimate.level_stores.level_queries`, as :func:`write_level` makes them),
+    formed here, and each unit's class in the store its piece's plus the piece's offset (the
+    driver writes the pieces' rows: :func:`_variance_rows`): the pieces carry a third of the
     bytes (PL94: 253 numbers a unit instead of 891), each written, hashed and read once.
     Returns ``(chunk, units)``."""
-    cells, objective, variances = [], [], []
-    for first in firsts:  # each piece's rows of the chunk, only those read and checked
-        piece = read_piece(Path(job.pieces), job.names[k], first, rows=(start, stop))
+    cells, objective, classes = [], [], []
+    names = ("cells", "objective") + (() if offsets is None else ("variance_class",))
+    for i, first in enumerate(firsts):  # each piece's rows of the chunk, only those read and checked
+        piece = read_piece(Path(job.pieces), job.names[k], first, rows=(start, stop), names=names)
         cells.append(np.asarray(piece["cells"]))
         objective.append(np.asarray(piece["objective"]))
-        if "variance_rows" in piece:
-            variances.append(np.asarray(piece["variance_rows"])[np.asarray(piece["variance_class"])])
+        if offsets is not None:
+            classes.append(np.asarray(piece["variance_class"]) + offsets[i])
     x = np.concatenate(cells)
     ids = _release_rows(job, k).unit_ids(start, stop)
     n = stop - start
     with ChunkWriter(estimate_path) as writer:
         writer.write_arrays(chunk, start, chunk_rows(
             level_queries(job.models[k], x, job.integer), x, np.concatenate(objective), 0,
-            np.ones(n, dtype=np.uint8), ids, tables, variances=np.concatenate(variances) if variances else None))
+            np.ones(n, dtype=np.uint8), ids, tables, variance_class=np.concatenate(classes) if classes else None))
     return chunk, n
 
 
@@ -574,15 +574,27 @@ def _locked_write(client, job: Forests, jobs: Sequence[Any], k: int, groups: Seq
             resumed = (root.attrs.get("geography") or {}).get("parent_estimate", {}).get("checksum") == parent
         except ValueError:
             resumed = False
-    variances = model.workload is not None and not job.integer
+    firsts = np.array([job.spans[k][first] for first, stop in groups if job.spans[k][first] < job.spans[k][stop]],
+                      dtype=np.int64)
+    # the query variances: each piece's rows, one after the other (a unit's class is its
+    # piece's plus the piece's offset); a store resumed must have numbered them the same way
+    pieces = ([[int(f), piece_rows(Path(job.pieces), name, int(f), "variance_rows")] for f in firsts]
+              if model.workload is not None and not job.integer else None)
+    offsets = None if pieces is None else np.concatenate([[0], np.cumsum([c for _, c in pieces])]).astype(np.int64)
+    if resumed and pieces is not None:
+        stored = root["queries"]["variance_rows"].attrs.get("pieces") if "variance_rows" in root["queries"] else None
+        resumed = stored == pieces
 
     def create(target: Path):
         root = create_estimate(target, plan=plan, plan_path=str(plan_path), release=release, method=METHOD,
                                objective=OBJECTIVE, integer=job.integer, cells=model.cells,
                                query_dtype=query_dtype(model, job.integer),
                                cell_labels=cell_labels(model.attributes, value_labels(spec)),
-                               cell_columns=cell_columns(model, job.integer), variances=variances)
+                               cell_columns=cell_columns(model, job.integer),
+                               variance_classes=None if offsets is None else int(offsets[-1]))
         root.attrs["geography"] = geography
+        if pieces is not None:
+            root["queries"]["variance_rows"].attrs["pieces"] = pieces
         return root
 
     n_chunks = -(-units // chunk_units)
@@ -592,17 +604,18 @@ def _locked_write(client, job: Forests, jobs: Sequence[Any], k: int, groups: Seq
                                                               integer=job.integer, method=METHOD),
                               create=create, kept="chunks already written (kept as they are)", rest="to write",
                               log=log)
-    firsts = np.array([job.spans[k][first] for first, stop in groups if job.spans[k][first] < job.spans[k][stop]],
-                      dtype=np.int64)
     tables = stored_tables(layout.root)  # None: the tables are query columns (a store resumed keeps its own)
-    arrays = chunk_arrays(tables) + (["queries/variances"] if variances else [])
+    arrays = chunk_arrays(tables) + (["queries/variance_class"] if pieces is not None else [])
+    if pieces is not None:
+        _variance_rows(job, k, layout.root, firsts, offsets)
     calls = []
     for chunk in layout.pending:
         start, stop = chunk * chunk_units, min((chunk + 1) * chunk_units, units)
         lo = max(int(np.searchsorted(firsts, start, side="right")) - 1, 0)
         hi = int(np.searchsorted(firsts, stop, side="left"))
         calls.append((str(chunk), (jobs[len(calls) % len(jobs)], k, str(layout.target), chunk, start, stop,
-                                   tuple(int(f) for f in firsts[lo:hi]), tables)))
+                                   tuple(int(f) for f in firsts[lo:hi]), tables,
+                                   None if offsets is None else tuple(int(o) for o in offsets[lo:hi]))))
     with ChunkedWrite(layout.root, layout.target, units=units, chunk_units=chunk_units, pending=layout.pending,
                       stage=f"estimate {name}", log=log, fsync=fsync, staging=layout.staging, arrays=arrays) as write:
         if calls:
@@ -613,3 +626,13 @@ def _locked_write(client, job: Forests, jobs: Sequence[Any], k: int, groups: Seq
             release_path=release.path, release_checksum=release.checksum, fsync=fsync, hasher=hasher,
             synced=synced), path, check_replaceable)
     return LevelEstimate(name, str(path), checksum, units, "done", geography["parent_level"])
+
+
+def _variance_rows(job: Forests, k: int, root, firsts: np.ndarray, offsets: np.ndarray) -> None:
+    """Level ``c + k``'s ``queries/variance_rows``: each piece's rows (checked as read) at its
+    offset, a piece at a time (PL94 blocks: a row per block group), written again on a resume
+    (the same rows: the passes are deterministic, and the pieces' numbering was checked)."""
+    for first, offset in zip(firsts, offsets):
+        rows = read_piece(Path(job.pieces), job.names[k], int(first), rows=(int(first), int(first)),
+                          names=("variance_rows",))["variance_rows"]
+        write_variance_rows(root, int(offset), rows)

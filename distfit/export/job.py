@@ -125,7 +125,8 @@ class ErrorSource:
     none), ``per_unit`` (the units' notes and which of them state ``se`` come from each unit's
     solve: :func:`distfit.export.tables.linear_units`), else every unit has ``note`` (a
     :data:`distfit.export.tables.NOTES` code); ``stored``: each unit's ``se`` is the square root
-    of the store's ``queries/variances`` (read with the estimates); ``rule`` says it in one sentence."""
+    of the store's query variances (:attr:`distfit.stores.estimate.Estimate.variances`, read with
+    the estimates); ``rule`` says it in one sentence."""
 
     se: np.ndarray | None
     per_unit: bool
@@ -186,7 +187,7 @@ def error_source(kind: str, store: Any, plan: Any) -> ErrorSource:
         return ErrorSource(None, False, "integer-rounded", "integer estimates: rounding is not linear, no se stated")
     if store.variances is not None:
         return ErrorSource(None, False, "linear-hierarchy",
-                           "se = sqrt(the estimate's stored variance, queries/variances): the exact variance of "
+                           "se = sqrt(the estimate's stored variance, queries/variance_rows by unit): the exact variance of "
                            "each query's best linear unbiased estimate over the geography, unit by unit", stored=True)
     if store.method != "projection":
         return ErrorSource(None, False, "nonlinear-method",

@@ -21,7 +21,8 @@ is exact). In short, one row per unit and query of a query group (a *table*):
   * a multi-level run's real-valued estimate (``linear-hierarchy``): the best linear unbiased
     estimate over the geography, linear in the release with the exact covariance ``P_u`` of
     each unit's table (:mod:`distfit.estimate.hierarchy`), so ``se = sqrt(w_q^T P_u w_q)``, per
-    unit and query, stored with the estimate (``queries/variances``) and read from it;
+    unit and query, stored with the estimate (``queries/variance_rows``, a row per class of units
+    sharing it, by ``queries/variance_class``) and read from it;
   * anything else is not a linear function of the release, and no standard error is stated:
     a unit with an active constraint (``nonnegativity-active``), an unconverged solve
     (``not-converged``), integer tables (``integer-rounded``), a graphical model or top-down

@@ -19,11 +19,19 @@ Layout (**contract**, docs/design.md section 4), a Zarr v3 group::
                          group attrs: labels (m strings GROUP:LABEL, or None), groups
                          ({group: [start, stop]}: each query group's columns, spec order)
       queries/query      (m,)            coordinate: the query labels (absent when labels is None)
-      queries/variances  (units, m)      float64, only where the estimate is linear in the release
+      queries/variance_rows (classes, m) float64, only where the estimate is linear in the release
                                          with an exactly known covariance (a multi-level run's
                                          real-valued estimate, method ``hierarchy-gls``:
                                          :mod:`distfit.estimate.levels`): each query estimate's
-                                         exact variance, ``w_q^T P_u w_q``
+                                         exact variance ``w_q^T P_u w_q``, once per class of
+                                         units sharing ``P_u`` (a block's is its block group's:
+                                         every block under one parent shares it), written whole
+                                         by the driver before the seal and covered by the
+                                         checksum as a small array (format 5)
+      queries/variance_class (units,)    int64, with variance_rows: each unit's row of it; a
+                                         unit's variances are ``variance_rows[variance_class[u]]``
+                                         (:attr:`Estimate.variances`; format 4 stored that
+                                         product, ``queries/variances`` (units, m), still read)
       cells/estimates    (units, cells)  float64 (int64 with integer): the data vector estimate
                                          x_hat of every unit (the detailed table every query
                                          estimate is a sum of); cells row-major in schema order.
@@ -130,8 +138,11 @@ FORMAT = "estimate"
 #: release's: :func:`distfit.stores.sealing.lay_out_digests`) of every array the chunks write,
 #: and the checksum over the attrs, the small arrays and those digests (checksum version 3), so
 #: each chunk is checked as it is read. Estimates of 1-2 are refused with the command that
-#: writes them anew (:data:`OLDEST_VERSION`).
-FORMAT_VERSION = 4
+#: writes them anew (:data:`OLDEST_VERSION`). 5: a multi-level estimate's query variances once
+#: per class (``queries/variance_rows``, ``queries/variance_class``) instead of per unit
+#: (``queries/variances``: 2.5 KB a PL94 block, the same row for every block of a block group;
+#: issue 29 point 6, benchmarks/README.md session 21); format 4's are read as they are.
+FORMAT_VERSION = 5
 #: The oldest format read: 3, whose checksum covers every array and stated attr but which has
 #: no per-chunk digests, is read and verified whole first, as it always was (its root check
 #: hashes every array: :meth:`distfit.stores.sealing.SealedKind.read_sealed`); 1-2 are refused.
@@ -145,6 +156,8 @@ DIMS: dict[str, tuple[str, ...]] = {
     "queries/estimates": ("unit", "query"),
     "queries/query": ("query",),
     "queries/variances": ("unit", "query"),
+    "queries/variance_rows": ("variance_class", "query"),
+    "queries/variance_class": ("unit",),
     "cells/estimates": ("unit", "cell"),
     "cells/cell": ("cell",),
     "marginals/estimates": ("unit", "marginal_cell"),
@@ -162,8 +175,8 @@ def chunk_arrays(tables: str | None = "cells/estimates") -> list[str]:
     """The arrays every chunk writes, sorted (``chunks/done`` included, written last, and the
     chunk's digests, ``chunks/digests``, just before it); ``tables``: ``cells/estimates`` (the
     projection), ``marginals/estimates`` (a graphical model) or None (the projection of a
-    workload that holds every cell: ``in_queries``). ``queries/variances``, written by the chunks
-    of a multi-level run's estimate only (:mod:`distfit.estimate.levels`), is not listed."""
+    workload that holds every cell: ``in_queries``). ``queries/variance_class``, written by the
+    chunks of a multi-level run's estimate only (:mod:`distfit.estimate.levels`), is not listed."""
     tables_ = [] if tables is None else [tables]
     return sorted(["queries/estimates", *tables_, *FIT_DTYPES, "unit_ids", "unit", "chunks/done", DIGESTS])
 
@@ -192,7 +205,7 @@ def query_groups(labels: Sequence[str] | None) -> dict[str, list[int]] | None:
 def create_estimate(path: Path, *, plan, plan_path: str, release, method: str, objective: str, integer: bool,
                     cells: int, query_dtype: Any, cell_labels: np.ndarray | None,
                     cliques: Sequence[Sequence[str]] | None = None, cell_columns: int | None = None,
-                    variances: bool = False) -> zarr.Group:
+                    variance_classes: int | None = None) -> zarr.Group:
     """Lay out an empty, incomplete estimate store at ``path`` (driver only) and return its root
     group, open for writing. ``release``: the sealed release (:func:`distfit.stores.release.read_release`)
     whose units, chunking, unit ids dtype and labels the store follows. ``cliques`` (a graphical
@@ -201,16 +214,18 @@ def create_estimate(path: Path, *, plan, plan_path: str, release, method: str, o
     instead of ``cells/estimates``. ``cell_columns`` (``start``: the queries ``start ..
     start + cells - 1`` are the cells, :func:`distfit.estimate.measurements.cell_query_columns`):
     no ``cells/estimates``, the ``cells`` group's attr ``in_queries`` ``[start, start + cells]``
-    instead (module docstring). ``variances``: lay out ``queries/variances`` (units x m float64)
-    for the chunks to fill. On any error nothing is left at ``path``
+    instead (module docstring). ``variance_classes``: lay out ``queries/variance_rows``
+    (variance_classes x m float64, for :func:`write_variance_rows`) and ``queries/variance_class``
+    (units,) for the chunks to fill. On any error nothing is left at ``path``
     (:meth:`distfit.stores.sealing.SealedKind.create`)."""
     return ESTIMATE.create(path, _lay_out, plan=plan, plan_path=plan_path, release=release, method=method,
                            objective=objective, integer=integer, cells=cells, query_dtype=query_dtype,
-                           cell_labels=cell_labels, cliques=cliques, cell_columns=cell_columns, variances=variances)
+                           cell_labels=cell_labels, cliques=cliques, cell_columns=cell_columns,
+                           variance_classes=variance_classes)
 
 
 def _lay_out(root: zarr.Group, *, plan, plan_path, release, method, objective, integer, cells, query_dtype,
-             cell_labels, cliques=None, cell_columns=None, variances=False) -> None:
+             cell_labels, cliques=None, cell_columns=None, variance_classes=None) -> None:
     attrs = release.attrs
     units, chunk_units = int(attrs["units"]), int(attrs["chunk_units"])
     n_chunks = -(-units // chunk_units)
@@ -220,9 +235,13 @@ def _lay_out(root: zarr.Group, *, plan, plan_path, release, method, objective, i
     queries = root.create_group("queries")
     queries.create_array("estimates", shape=(units, m), dtype=query_dtype, chunks=answer_chunks(chunk_units, m),
                          compressors=ANSWER_COMPRESSORS, dimension_names=DIMS["queries/estimates"], config=config)
-    if variances:
-        queries.create_array("variances", shape=(units, m), dtype=np.float64, chunks=answer_chunks(chunk_units, m),
-                             compressors=ANSWER_COMPRESSORS, dimension_names=DIMS["queries/variances"], config=config)
+    if variance_classes is not None:
+        classes = int(variance_classes)
+        queries.create_array("variance_rows", shape=(classes, m), dtype=np.float64,
+                             chunks=answer_chunks(max(min(chunk_units, classes), 1), m), compressors=ANSWER_COMPRESSORS,
+                             dimension_names=DIMS["queries/variance_rows"], config=config)
+        queries.create_array("variance_class", shape=(units,), dtype=np.int64, chunks=(chunk_units,), compressors=None,
+                             dimension_names=DIMS["queries/variance_class"], config=config)
     if labels is not None:
         write_array(queries, "query", np.array(list(labels), dtype=object), dims=DIMS["queries/query"])
     queries.attrs.update(jsonable({"labels": labels, "groups": query_groups(labels)}))
@@ -255,8 +274,8 @@ def _lay_out(root: zarr.Group, *, plan, plan_path, release, method, objective, i
     # a digest per chunk of every array the chunks write (ChunkWriter.write_arrays hashes each
     # chunk's rows as it writes them): what a reader checks each chunk it reads against
     digested = [name for name in chunk_arrays(stored_tables(root)) if name not in ("chunks/done", DIGESTS)]
-    lay_out_digests(root, digested + (["queries/variances"] if variances else []), units=units,
-                    chunk_units=chunk_units)
+    lay_out_digests(root, digested + (["queries/variance_class"] if variance_classes is not None else []),
+                    units=units, chunk_units=chunk_units)
     root.attrs.update(jsonable({
         "distfit_format": FORMAT,
         "format_version": FORMAT_VERSION,
@@ -278,6 +297,14 @@ def _lay_out(root: zarr.Group, *, plan, plan_path, release, method, objective, i
         "distfit_version": __version__,
         "complete": False,
     }))
+
+
+def write_variance_rows(root: zarr.Group, start: int, rows: np.ndarray) -> None:
+    """Rows ``start ..`` of a store's ``queries/variance_rows`` (laid out by :func:`create_estimate`'s
+    ``variance_classes``; written by the driver before :func:`seal`, which hashes them whole)."""
+    rows = np.asarray(rows, dtype=np.float64)
+    if rows.shape[0]:
+        root["queries/variance_rows"][start:start + rows.shape[0]] = rows
 
 
 def open_resumable(path: Path, *, plan_checksum: str, release_checksum: str, integer: bool,
@@ -405,6 +432,42 @@ class QueryColumns:
         return out if dtype is None else out.astype(dtype, copy=False)
 
 
+class ClassRows:
+    """A (units x m) array stored as a row per class and each unit's class (``rows``, classes x m,
+    read whole on first use; ``classes``, units): ``shape``, ``dtype``, ``ndim``, ``len``,
+    numpy-style ``[rows]`` / ``[rows, columns]`` indexing (the units' classes read, then their
+    rows taken), ``np.asarray``."""
+
+    def __init__(self, rows: Any, classes: Any) -> None:
+        self._stored, self.classes, self._rows = rows, classes, None
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (int(self.classes.shape[0]), int(self._stored.shape[1]))
+
+    @property
+    def dtype(self) -> np.dtype:
+        return np.dtype(self._stored.dtype)
+
+    @property
+    def ndim(self) -> int:
+        return 2
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def __getitem__(self, key: Any) -> np.ndarray:
+        units, columns = key if isinstance(key, tuple) else (key, slice(None))
+        if self._rows is None:
+            self._rows = np.asarray(self._stored[...])
+        classes = np.asarray(self.classes[slice(None) if units is Ellipsis else units])
+        return self._rows[:, columns][classes]
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        out = self[...]
+        return out if dtype is None else out.astype(dtype, copy=False)
+
+
 class Estimate(SealedStore):
     """A sealed estimate store opened for reading; arrays are lazy zarr arrays (the shared
     readers of :class:`distfit.stores.sealing.SealedStore`: checksum, labels, unit ids, parent ids)."""
@@ -415,9 +478,13 @@ class Estimate(SealedStore):
 
     @property
     def variances(self):
-        """``queries/variances`` (units x m): each query estimate's exact variance, or None
-        where the store has none (module docstring)."""
-        return self.array("queries/variances") if "variances" in self._group["queries"] else None
+        """Each query estimate's exact variance (units x m, lazy: :class:`ClassRows` of
+        ``queries/variance_rows`` by ``queries/variance_class``; format 4's ``queries/variances``
+        as it is), or None where the store has none (module docstring)."""
+        group = self._group["queries"]
+        if "variance_rows" in group:
+            return ClassRows(self.array("queries/variance_rows"), self.array("queries/variance_class"))
+        return self.array("queries/variances") if "variances" in group else None
 
     converged = store_array("solve/converged", "``solve/converged`` (units,): 1 where the unit's solve met its tolerance.")
 
@@ -467,17 +534,18 @@ estimate_state, check_replaceable = ESTIMATE.state, ESTIMATE.check_replaceable
 
 def chunk_rows(estimates: np.ndarray, cells: np.ndarray, objective: np.ndarray, iterations: Any,
                converged: np.ndarray, unit_ids: np.ndarray,
-               tables: str | None = "cells/estimates", variances: np.ndarray | None = None) -> Mapping[str, np.ndarray]:
+               tables: str | None = "cells/estimates", variance_class: np.ndarray | None = None
+               ) -> Mapping[str, np.ndarray]:
     """One chunk's rows by array name, for ``ChunkWriter.write_arrays`` (every array of
     :func:`chunk_arrays` but ``chunks/done``, which the writer marks last); ``cells`` goes to
     ``tables`` (``marginals/estimates`` for a graphical model's clique marginals; None: not
-    written, the cells are columns of ``estimates``); ``variances`` (given: the store has
-    ``queries/variances``)."""
+    written, the cells are columns of ``estimates``); ``variance_class`` (given: the store has
+    ``queries/variance_rows``, :func:`create_estimate`'s ``variance_classes``): the units' rows of it."""
     n = len(unit_ids)
     tables_ = {} if tables is None else {tables: cells}
     return {
         "queries/estimates": estimates,
-        **({} if variances is None else {"queries/variances": variances}),
+        **({} if variance_class is None else {"queries/variance_class": np.asarray(variance_class, dtype=np.int64)}),
         **tables_,
         "solve/objective": np.asarray(objective, dtype=np.float64).reshape(n),
         "solve/iterations": np.broadcast_to(np.asarray(iterations, dtype=np.int32), (n,)),
@@ -492,6 +560,7 @@ __all__ = [
     "ESTIMATE",
     "FORMAT_VERSION",
     "OLDEST_VERSION",
+    "ClassRows",
     "Estimate",
     "EstimateError",
     "QueryColumns",
@@ -511,4 +580,5 @@ __all__ = [
     "seal",
     "stored_tables",
     "verify_estimate",
+    "write_variance_rows",
 ]

@@ -32,7 +32,7 @@ import json
 import os
 import shutil
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -40,8 +40,8 @@ import numpy as np
 from distfit.stores.atomic import fsync_dir, write_text_atomic
 from distfit.stores.checksum import chunk_digest
 
-__all__ = ["FORMAT", "PieceMismatch", "open_pieces", "piece_done", "read_piece", "remove_piece", "remove_pieces",
-           "write_piece"]
+__all__ = ["FORMAT", "PieceMismatch", "open_pieces", "piece_done", "piece_rows", "read_piece", "remove_piece",
+           "remove_pieces", "write_piece"]
 
 KEY = "key"
 MANIFEST = "manifest.json"
@@ -176,14 +176,15 @@ def write_piece(directory: Path, level: str, first: int, arrays: Mapping[str, np
         shutil.rmtree(aside, ignore_errors=True)
 
 
-def read_piece(directory: Path, level: str, first: int,
-               rows: tuple[int, int] | None = None) -> dict[str, np.ndarray]:
+def read_piece(directory: Path, level: str, first: int, rows: tuple[int, int] | None = None,
+               names: Sequence[str] | None = None) -> dict[str, np.ndarray]:
     """Level ``level``'s piece starting at row ``first``: name -> rows (memory-mapped: a reader
     copies the rows it needs), each checked against its manifest (shape, dtype, BLAKE3 digest:
     every row is read once); :class:`PieceMismatch` naming the piece and the array otherwise.
     ``rows`` ``(start, stop)`` (level rows): an array digested per slab is given as its rows
     within them only (the piece's ``max(start, first) .. min(stop, first + rows)``), and only the
-    slabs holding them are read and checked; the other arrays whole, as without ``rows``."""
+    slabs holding them are read and checked; the other arrays whole, as without ``rows``.
+    ``names``: only those arrays read and checked (None: every array)."""
     piece = _piece(directory, level, first)
     arrays = _manifest(piece)["arrays"]
     rows_of = rows
@@ -192,6 +193,8 @@ def read_piece(directory: Path, level: str, first: int,
         raise PieceMismatch(piece, f"arrays {sorted(files)} on disk, {sorted(arrays)} written")
     out = {}
     for name, entry in sorted(arrays.items()):
+        if names is not None and name not in names:
+            continue
         try:
             rows = np.load(piece / f"{name}.npy", mmap_mode="r", allow_pickle=False)
         except (OSError, ValueError) as error:
@@ -205,6 +208,17 @@ def read_piece(directory: Path, level: str, first: int,
             raise PieceMismatch(piece, f"array {name} does not hash to the digest it was written with")
         out[name] = rows
     return out
+
+
+def piece_rows(directory: Path, level: str, first: int, name: str) -> int:
+    """The rows of array ``name`` of level ``level``'s piece starting at row ``first``, as its
+    manifest states them (not checked here: :func:`read_piece` checks the array against them);
+    :class:`PieceMismatch` when the manifest is unreadable or has no such array."""
+    piece = _piece(directory, level, first)
+    entry = _manifest(piece)["arrays"].get(name)
+    if not isinstance(entry, dict) or not entry.get("shape"):
+        raise PieceMismatch(piece, f"no array {name} in its manifest")
+    return int(entry["shape"][0])
 
 
 def _checked_slabs(piece: Path, name: str, entry: dict, first: int, rows: np.ndarray,

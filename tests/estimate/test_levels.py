@@ -36,7 +36,7 @@ from distfit.mathematics.domain import Domain
 from distfit.mathematics.margins import MOE90_Z
 from distfit.pipeline.run import run_levels
 from distfit.spec.parse import load_spec
-from distfit.stores.estimate import QueryColumns, read_estimate, verify_estimate
+from distfit.stores.estimate import QueryColumns, read_estimate, read_sealed_estimate, verify_estimate
 from distfit.stores.lock import StoreLockedError, store_lock
 from distfit.stores.plan import read_plan
 from distfit.stores import sealing as release_store
@@ -304,8 +304,8 @@ def _same_estimates(ours, driver) -> None:
         a_store, b_store = read_estimate(ours[name].path), read_estimate(driver[name].path)
         assert verify_estimate(ours[name].path)[0]
         np.testing.assert_array_equal(np.asarray(a_store.unit_ids[...]), np.asarray(b_store.unit_ids[...]))
-        for array in ("queries/estimates", "queries/variances"):
-            a, b = np.asarray(a_store.array(array)[...]), np.asarray(b_store.array(array)[...])
+        for array in ("estimates", "variances"):
+            a, b = np.asarray(getattr(a_store, array)[...]), np.asarray(getattr(b_store, array)[...])
             assert np.abs(a - b).max() <= 1e-9 * max(1.0, np.abs(b).max()), (name, array)
 
 
@@ -500,6 +500,12 @@ def test_levels_of_one_plan_on_a_local_cluster_in_the_shared_basis(cluster, tmp_
                            placement=cluster, cut=1, forest_rows=6)
     assert "forests of subtrees of level state" in log.getvalue()
     _same_estimates(ours, run.estimates)
+    # the finest level's variances stored once per parent (its leaves share their parent's P),
+    # equal per unit to the driver's (above); the store says which row is each unit's
+    finest = read_sealed_estimate(ours[LEVELS[-1]].path)
+    rows = finest.array("queries/variance_rows").shape[0]
+    parents = np.unique(np.asarray(finest.parent_ids[...])).size
+    assert rows == parents < finest.variances.shape[0]
     for name, model in zip(LEVELS, models):
         release = read_release(Path(run.rundir) / "levels" / name / "release.zarr")
         answers = {b.block_id: np.asarray(release.block_answers(b.block_id)[...]) for b in model.blocks}

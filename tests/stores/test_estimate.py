@@ -23,12 +23,15 @@ from distfit.stores.estimate import (
     estimate_state,
     query_groups,
     read_estimate,
+    read_sealed_estimate,
     seal,
     verify_estimate,
+    write_variance_rows,
 )
 from distfit.stores.plan import read_plan
 from distfit.stores.release import read_release
 from distfit.stores.release_chunks import ChunkWriter
+from distfit.stores.sealing import ChangedChunk
 from distfit.runtime.placement import Placement
 from tests.storetools import stated_checksum
 
@@ -172,3 +175,56 @@ def test_query_groups():
     assert query_groups(["a:1", "a:2", "b:x", "c:total"]) == {"a": [0, 2], "b": [2, 3], "c": [3, 4]}
     assert query_groups(["a:1", "b:1", "a:2"]) is None  # a split group has no one slice
     assert query_groups(None) is None
+
+
+def test_variances_per_class_read_per_unit_and_covered_by_the_checksum(stores, tmp_path):
+    """A multi-level estimate's query variances once per class (``queries/variance_rows``) and each
+    unit's class (``queries/variance_class``, per chunk): read per unit as ``rows[class]``, any
+    rows and columns; the rows are a small array under the root checksum (a tampered row: the
+    store refused as it is opened), the classes digested per chunk (a tampered class: the chunk
+    refused as it is read)."""
+    plan, release = read_plan(stores["plan"]), read_release(stores["release"])
+    m = len(plan.queries_targets)
+    rng = np.random.default_rng(7)
+    rows, classes = rng.uniform(0.5, 3.0, (4, m)), rng.integers(0, 4, UNITS)
+    path = tmp_path / "v.zarr"
+    root = create_estimate(path, plan=plan, plan_path=stores["plan"], release=release, method=METHOD,
+                           objective=OBJECTIVE, integer=False, cells=36, query_dtype=np.float64, cell_labels=None,
+                           variance_classes=4)
+    write_variance_rows(root, 0, rows[:3])
+    write_variance_rows(root, 3, rows[3:])
+    for chunk, start in enumerate(range(0, UNITS, CHUNK)):
+        stop = min(start + CHUNK, UNITS)
+        n = stop - start
+        with ChunkWriter(str(path)) as writer:
+            writer.write_arrays(chunk, start, chunk_rows(np.full((n, m), 1.5), np.full((n, 36), 0.25), np.zeros(n), 1,
+                                                         np.ones(n, bool), np.asarray(release.unit_ids[start:stop]),
+                                                         variance_class=classes[start:stop]))
+    seal(root, path, plan_path=stores["plan"], plan_checksum=plan.checksum, release_path=str(stores["release"]),
+         release_checksum=release.checksum, fsync=False)
+    est = read_sealed_estimate(path)
+    per_unit = rows[classes]  # the reference: every unit's row, as format 4 stored it
+    assert est.variances.shape == (UNITS, m) and est.attrs["format_version"] == 5
+    np.testing.assert_array_equal(np.asarray(est.variances), per_unit)
+    np.testing.assert_array_equal(est.variances[3:17, 2:5], per_unit[3:17, 2:5])
+    np.testing.assert_array_equal(est.variances[11], per_unit[11])
+    dims = {n: tuple(json.loads((path / n / "zarr.json").read_text())["dimension_names"])
+            for n in ("queries/variance_rows", "queries/variance_class")}
+    assert dims == {"queries/variance_rows": ("variance_class", "query"), "queries/variance_class": ("unit",)}
+    tree = xr.open_datatree(path, engine="zarr", consolidated=False)
+    assert tree["queries"].dataset["variance_rows"].dims == ("variance_class", "query")
+
+    tampered = tmp_path / "rows.zarr"
+    shutil.copytree(path, tampered)
+    zarr.open_array(str(tampered / "queries/variance_rows"), mode="r+")[2, 0] *= 0.5
+    assert not verify_estimate(tampered)[0]
+    with pytest.raises(EstimateError, match="hash to"):
+        read_sealed_estimate(tampered)
+
+    tampered = tmp_path / "class.zarr"
+    shutil.copytree(path, tampered)
+    zarr.open_array(str(tampered / "queries/variance_class"), mode="r+")[12] = (classes[12] + 1) % 4
+    store = read_sealed_estimate(tampered)  # the root holds: the digests are the sealed ones
+    np.testing.assert_array_equal(store.variances[0:10], per_unit[0:10])  # another chunk: unchanged
+    with pytest.raises(ChangedChunk, match="variance_class"):
+        store.variances[12]
