@@ -398,7 +398,10 @@ def _shared_leaves(state: DiagonalUpward, level: int, tilde: np.ndarray, above_x
     rows_in_q = state.in_basis and state.leaf_tables is None
     if state.leaf_tables is not None:
         in_q = gain * remainder  # (G r)_p, per parent
-        x = state.leaf_tables + (in_q @ q.T)[below]
+        # the parents' offsets gathered, then the tables added in place: the same sums, one
+        # leaves x d array written instead of two (the gather's and the sum's)
+        x = (in_q @ q.T)[below]
+        x += state.leaf_tables
     elif state.in_basis:
         in_q = state.leaf_linear * own_pinv
         in_q += (gain * remainder)[below]

@@ -91,7 +91,7 @@ from distfit.estimate.level_stores import (
     unit_keys,
     write_level,
 )
-from distfit.estimate.measurements import MeasurementModel, measurement_model
+from distfit.estimate.measurements import MeasurementModel, measurement_model, workload_estimates
 from distfit.estimate.rounding import laminar_family
 from distfit.estimate.subtrees import (
     FOREST_MATRIX_BYTES,
@@ -345,20 +345,33 @@ def chunk_task(job: Forests, k: int, estimate_path: str, chunk: int, start: int,
     driver writes the pieces' rows: :func:`_variance_rows`): the pieces carry a third of the
     bytes (PL94: 253 numbers a unit instead of 891), each written, hashed and read once.
     Returns ``(chunk, units)``."""
-    cells, objective, classes = [], [], []
+    model, n = job.models[k], stop - start
+    # real-valued tables whose cells are query columns: each piece's rows copied once, straight
+    # into those columns of the query estimates (workload_estimates then copies nothing)
+    into = None if job.integer or model.workload is None else model.cell_queries
+    queries = None if into is None else np.empty((n, model.num_queries))
+    cells, objective, classes, row = [], [], [], 0
     names = ("cells", "objective") + (() if offsets is None else ("variance_class",))
     for i, first in enumerate(firsts):  # each piece's rows of the chunk, only those read and checked
         piece = read_piece(Path(job.pieces), job.names[k], first, rows=(start, stop), names=names)
-        cells.append(np.asarray(piece["cells"]))
+        if queries is None:
+            cells.append(np.asarray(piece["cells"]))
+        else:
+            queries[row:row + piece["cells"].shape[0], into:into + model.cells] = piece["cells"]
+        row += piece["cells"].shape[0]
         objective.append(np.asarray(piece["objective"]))
         if offsets is not None:
             classes.append(np.asarray(piece["variance_class"]) + offsets[i])
-    x = np.concatenate(cells)
+    if queries is None:
+        x = np.concatenate(cells)
+        queries = level_queries(model, x, job.integer)
+    else:
+        x = queries[:, into:into + model.cells]
+        workload_estimates(model, x, out=queries)
     ids = _release_rows(job, k).unit_ids(start, stop)
-    n = stop - start
     with ChunkWriter(estimate_path) as writer:
         writer.write_arrays(chunk, start, chunk_rows(
-            level_queries(job.models[k], x, job.integer), x, np.concatenate(objective), 0,
+            queries, x, np.concatenate(objective), 0,
             np.ones(n, dtype=np.uint8), ids, tables, variance_class=np.concatenate(classes) if classes else None))
     return chunk, n
 

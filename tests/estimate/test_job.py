@@ -163,7 +163,7 @@ def test_store_attrs_and_no_data(inputs):
     est = read_estimate(inputs["estimate"])
     plan, release = read_plan(inputs["plan"]), read_release(inputs["release"])
     a = est.attrs
-    assert a["distfit_format"] == "estimate" and a["format_version"] == 4 and a["complete"] is True
+    assert a["distfit_format"] == "estimate" and a["format_version"] == 5 and a["complete"] is True
     assert a["plan_checksum"] == plan.checksum and a["release_checksum"] == release.checksum
     assert a["method"] == "projection" and a["integer"] is False and "Sigma_b^-1" in a["objective"]
     assert a["units"] == UNITS and a["chunk_units"] == CHUNK and a["n_chunks"] == 7
