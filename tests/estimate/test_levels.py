@@ -320,6 +320,28 @@ def _interrupted(store: Path) -> None:
     (store / "chunks" / "done" / "c" / "0").write_bytes(b"\x00")
 
 
+def test_a_store_whose_pieces_number_the_variance_classes_otherwise_is_not_resumed(serial_run, cluster, tmp_path):
+    """An incomplete level store keeps its chunks only when the pieces number the query variances'
+    classes as its own (attr ``pieces``: each unit's class is its piece's plus the piece's
+    offset): a rerun with other forests lays the level out anew (not "resuming") and gives the
+    driver's estimates and variances."""
+    copy = tmp_path / "levels"
+    shutil.copytree(Path(serial_run.rundir) / "levels", copy,
+                    ignore=lambda _dir, names: [n for n in names if n in ("estimate.zarr", "data.zarr", "report")])
+    spec, dirs = load_spec(CENSUS), {name: copy / name for name in LEVELS}
+    estimate_levels(spec, dirs, fsync=False, log=io.StringIO(), placement=cluster, cut=1, forest_rows=6)
+    county = copy / "county" / "estimate.zarr"
+    meta = county / "queries" / "variance_rows" / "zarr.json"
+    before = json.loads(meta.read_text())["attributes"]["pieces"]
+    _interrupted(county)
+    log = io.StringIO()
+    again = estimate_levels(spec, dirs, fsync=False, log=log, placement=cluster, cut=1, forest_rows=1000)
+    after = json.loads(meta.read_text())["attributes"]["pieces"]
+    assert len(before) > 1 and len(after) == 1  # one forest of every state: one piece
+    assert "resuming" not in log.getvalue()
+    _same_estimates(again, serial_run.estimates)
+
+
 def test_subtrees_on_a_local_cluster_equal_the_drivers_estimate(serial_run, cluster, tmp_path):
     """Cut at the state level into forests of a few states (issue 29 point 5: subtrees as tasks on
     a real local cluster, each level below written chunk by chunk from the forests' pieces): the
