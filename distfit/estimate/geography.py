@@ -28,8 +28,8 @@ of theirs. That set is a product, over parents and cells, of scaled simplices, s
 Euclidean projection (:func:`project_siblings`) is the simplex projection of Held, Wolfe and
 Crowder (1974) / Duchi et al. (ICML 2008): sort the children's values ``v`` of one parent and
 cell in decreasing order, ``rho = max{k : v_(k) - (sum_{i <= k} v_(i) - s) / k > 0}``,
-``tau = (sum_{i <= rho} v_(i) - s) / rho``, ``x = max(v - tau, 0)``, vectorised over every
-parent and cell at once by sorting (no loop over parents or cells). The problem is solved by
+``tau = (sum_{i <= rho} v_(i) - s) / rho``, ``x = max(v - tau, 0)``, in one compiled pass over
+every parent and cell (:mod:`distfit.estimate.simplex`). The problem is solved by
 :func:`distfit.estimate.projection.minimise_quadratic` (accelerated projected gradient) with
 that projection, every parent's children in one array but each parent's a problem of its own
 (``groups``: its own step from the bound of its children's ``H_u``, momentum, restart and stop;
@@ -75,6 +75,7 @@ import numpy as np
 from distfit.estimate.hierarchy import Grouping, check_parent_of
 from distfit.estimate.projection import minimise_quadratic, quadratic_objective
 from distfit.estimate.rounding import round_children, round_controlled, round_preserving_total
+from distfit.estimate.simplex import project_segments
 
 __all__ = [
     "GeographyLevel",
@@ -89,10 +90,6 @@ __all__ = [
     "project_siblings",
     "sibling_start",
 ]
-
-#: At most this many distinct segment widths in :class:`SiblingProjection` (else powers of two).
-MAX_WIDTHS = 32
-
 
 @dataclass(frozen=True, eq=False)
 class GeographyLevel:
@@ -260,33 +257,21 @@ def descendant_terms(levels: Sequence[GeographyLevel]) -> list[tuple[np.ndarray,
 class SiblingProjection:
     """The Euclidean projection onto ``{x >= 0, sum_{c: parent_of[c] = p} x_c = totals[p]}``
     (``x`` children x cells, ``totals`` parents x cells, clipped at 0): every parent and cell a
-    scaled simplex (module docstring: sort, threshold, clip). The grouping of the children is
-    prepared once (a level's solve projects hundreds of times): the parents' segments are
-    padded to a few widths (each distinct size, or powers of two when sizes vary widely), so a
-    call sorts every segment and cell at once along a short axis (``np.sort`` of a (segments,
-    width, cells) array per width; no loop over parents or cells)."""
+    scaled simplex (module docstring: sort, threshold, clip), by the compiled pass of
+    :func:`distfit.estimate.simplex.project_segments`. The grouping of the children is prepared
+    once (a level's solve projects hundreds of times): their rows in parent order, where each
+    parent's start, and its table."""
 
     def __init__(self, parent_of: np.ndarray, totals: np.ndarray) -> None:
         parent_of = np.asarray(parent_of, dtype=np.int64)
         n = parent_of.size
         self.parent_of = parent_of
         self.totals = np.maximum(np.asarray(totals, dtype=np.float64), 0.0)
-        order = np.argsort(parent_of, kind="stable")  # children grouped by parent
-        grouped = parent_of[order]
-        starts = np.flatnonzero(np.r_[True, grouped[1:] != grouped[:-1]]) if n else np.zeros(0, dtype=np.int64)
-        sizes = np.diff(np.r_[starts, n])
-        self.segments = starts.size
-        self.segment_of = np.empty(n, dtype=np.int64)
-        self.segment_of[order] = np.repeat(np.arange(starts.size), sizes)
-        widths = sizes if np.unique(sizes).size <= MAX_WIDTHS else 2 ** np.ceil(np.log2(sizes)).astype(np.int64)
-        self.buckets = []
-        for width in np.unique(widths):
-            segs = np.flatnonzero(widths == width)
-            column = np.arange(width)[None, :]
-            valid = column < sizes[segs][:, None]
-            rows = np.where(valid, order[np.minimum(starts[segs][:, None] + column, n - 1)], n)  # n: the pad row
-            rank = np.arange(1, width + 1, dtype=np.float64)[None, :, None]
-            self.buckets.append((segs, rows, valid[:, :, None], self.totals[grouped[starts[segs]]], rank))
+        self.order = np.argsort(parent_of, kind="stable")  # children grouped by parent
+        grouped = parent_of[self.order]
+        first = np.flatnonzero(np.r_[True, grouped[1:] != grouped[:-1]]) if n else np.zeros(0, dtype=np.int64)
+        self.starts = np.r_[first, n].astype(np.int64)
+        self.segment_totals = np.ascontiguousarray(self.totals[grouped[first]])
 
     def rows(self, index: np.ndarray) -> "SiblingProjection":
         """The projection of the children ``index`` alone, in that order (whole families: a
@@ -297,17 +282,7 @@ class SiblingProjection:
         v = np.asarray(v, dtype=np.float64)
         if not v.size:
             return v.copy()
-        cells = v.shape[1]
-        padded = np.concatenate([v, np.full((1, cells), v.min() - 1.0)])  # pads sort last and are masked
-        tau = np.empty((self.segments, cells))
-        for segs, rows, valid, total, rank in self.buckets:
-            s = -np.sort(-padded[rows], axis=1)                # decreasing within each segment and cell
-            cum = np.cumsum(s, axis=1)
-            positive = (s - (cum - total[:, None, :]) / rank > 0) & valid
-            rho = np.maximum(np.max(np.where(positive, rank, 0.0), axis=1), 1.0)
-            at_rho = np.take_along_axis(cum, (rho - 1).astype(np.int64)[:, None, :], axis=1)[:, 0, :]
-            tau[segs] = (at_rho - total) / rho
-        return np.maximum(v - tau[self.segment_of], 0.0)
+        return project_segments(v, self.order, self.starts, self.segment_totals)
 
 
 def project_siblings(v: np.ndarray, parent_of: np.ndarray, totals: np.ndarray) -> np.ndarray:
