@@ -34,7 +34,10 @@ every parent and cell (:mod:`distfit.estimate.simplex`). The problem is solved b
 that projection, every parent's children in one array but each parent's a problem of its own
 (``groups``: its own step from the bound of its children's ``H_u``, momentum, restart and stop;
 the root level's units each alone) and the per-unit ``H_u`` applied as an operator
-(:class:`WeightedInformation`, each row's product independent of the batch). Decision (issue 29
+(:class:`WeightedInformation`, each row's product independent of the batch; a level that
+measures few directions of its cells, as census.yaml's state and county levels measure 28-29 of
+224, through the factor of its ``H``, :class:`FactoredInformation`: the step's products 4x
+cheaper, its tables equal to the dense products' to rounding). Decision (issue 29
 point 4 on the cluster): per parent, not one problem per level as before, so that a subtree's
 tables depend only on its root's and its own units and a forest of subtrees solved alone gets
 the whole tree's bits (docs/design.md section 7, "Integer tables on the cluster").
@@ -127,18 +130,62 @@ class TopDownResult:
     converged: tuple[np.ndarray, ...]
 
 
+def _even_rows(v: np.ndarray, product: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
+    """``product(v)`` row by row with the same bits whatever the rows beside each: OpenBLAS's
+    dgemm sums a last odd row (and numpy a single row, by dgemv) with other kernels, rounding
+    differently; with an even count (and one BLAS thread, distfit's rule: runtime/threads.py) a
+    row's product does not depend on the rows beside it, so a forest of subtrees gets the bits
+    the whole level gets (docs/design.md section 7)."""
+    if v.shape[0] % 2:
+        return product(np.concatenate([v, np.zeros((1, v.shape[1]))]))[:-1]
+    return product(v)
+
+
 def _apply(hessian: Any, v: np.ndarray) -> np.ndarray:
     """``v H`` for a dense ``H`` (each row's product the same bits whatever the other rows) or an
     operator."""
     if not isinstance(hessian, np.ndarray):
         return hessian(v)
-    if v.shape[0] % 2:
-        # OpenBLAS's dgemm sums a last odd row (and numpy a single row, by dgemv) with other
-        # kernels, rounding differently; with an even count (and one BLAS thread, distfit's rule:
-        # runtime/threads.py) a row's product does not depend on the rows beside it, so a forest
-        # of subtrees gets the bits the whole level gets (docs/design.md section 7)
-        return (np.concatenate([v, np.zeros((1, v.shape[1]))]) @ hessian)[:-1]
-    return v @ hessian
+    return _even_rows(v, lambda rows: rows @ hessian)
+
+
+#: A dense level information of numerical rank at most this share of its cells is applied through
+#: its factor (:class:`FactoredInformation`): two products of ``2 cells r`` flops a row instead
+#: of one of ``cells^2``. The levels of pipelines/census.yaml below the nation measure 28-29
+#: directions of 224 cells (a product 4x cheaper); the nation's is of full rank and stays dense.
+FACTOR_RANK_SHARE = 0.25
+#: Eigenvalues at most this fraction of the largest count as zero in the factor: the information
+#: is a sum of products of the plan's whitened rows, whose null space shows as eigenvalues of
+#: rounding size (4e-16 of the largest on census.yaml's county level).
+FACTOR_CUTOFF = 1e-12
+
+
+class FactoredInformation:
+    """A level's information ``H`` (cells x cells, PSD) as ``F F^T`` (``F`` cells x r, from its
+    eigenvectors of eigenvalue above :data:`FACTOR_CUTOFF` of the largest, scaled by their
+    square roots: ``H`` to rounding): ``op(V) = (V F) F^T``, each row's product independent of the
+    rows beside it (:func:`_even_rows`). ``lipschitz``: the largest eigenvalue."""
+
+    def __init__(self, factor: np.ndarray, lipschitz: float) -> None:
+        self.factor = np.ascontiguousarray(factor)
+        self.transpose = np.ascontiguousarray(factor.T)
+        self.lipschitz = float(lipschitz)
+
+    @classmethod
+    def of(cls, hessian: Any) -> Any:
+        """``hessian`` as a :class:`FactoredInformation` where it is a dense matrix of rank at most
+        :data:`FACTOR_RANK_SHARE` of its cells, else as given."""
+        if not isinstance(hessian, np.ndarray) or not hessian.size:
+            return hessian
+        values, vectors = np.linalg.eigh(hessian)
+        top = max(float(values[-1]), np.finfo(float).tiny)
+        kept = values > FACTOR_CUTOFF * top
+        if kept.sum() > FACTOR_RANK_SHARE * hessian.shape[0]:
+            return hessian
+        return cls(vectors[:, kept] * np.sqrt(values[kept]), top)
+
+    def __call__(self, v: np.ndarray) -> np.ndarray:
+        return _even_rows(v, lambda rows: (rows @ self.factor) @ self.transpose)
 
 
 def _top_eigenvalue(hessian: Any) -> float:
@@ -155,7 +202,7 @@ class WeightedInformation:
     (:meth:`group_lipschitz`: of each group's)."""
 
     def __init__(self, hessians: Sequence[Any], weights: np.ndarray) -> None:
-        self.hessians = tuple(hessians)
+        self.hessians = tuple(FactoredInformation.of(h) for h in hessians)
         self.weights = np.asarray(weights, dtype=np.float64)  # (units, len(hessians))
         self._lipschitz: float | None = None
 
