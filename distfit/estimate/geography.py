@@ -78,7 +78,7 @@ import numpy as np
 from distfit.estimate.hierarchy import Grouping, check_parent_of
 from distfit.estimate.projection import minimise_quadratic, quadratic_objective
 from distfit.estimate.rounding import round_children, round_controlled, round_preserving_total
-from distfit.estimate.simplex import project_segments
+from distfit.estimate.simplex import SegmentProjection
 
 __all__ = [
     "GeographyLevel",
@@ -305,20 +305,19 @@ class SiblingProjection:
     """The Euclidean projection onto ``{x >= 0, sum_{c: parent_of[c] = p} x_c = totals[p]}``
     (``x`` children x cells, ``totals`` parents x cells, clipped at 0): every parent and cell a
     scaled simplex (module docstring: sort, threshold, clip), by the compiled pass of
-    :func:`distfit.estimate.simplex.project_segments`. The grouping of the children is prepared
-    once (a level's solve projects hundreds of times): their rows in parent order, where each
-    parent's start, and its table."""
+    :class:`distfit.estimate.simplex.SegmentProjection`, prepared once (a level's solve projects
+    hundreds of times): the children's rows in parent order, where each parent's start, and its
+    table."""
 
     def __init__(self, parent_of: np.ndarray, totals: np.ndarray) -> None:
         parent_of = np.asarray(parent_of, dtype=np.int64)
         n = parent_of.size
         self.parent_of = parent_of
         self.totals = np.maximum(np.asarray(totals, dtype=np.float64), 0.0)
-        self.order = np.argsort(parent_of, kind="stable")  # children grouped by parent
-        grouped = parent_of[self.order]
+        order = np.argsort(parent_of, kind="stable")  # children grouped by parent
+        grouped = parent_of[order]
         first = np.flatnonzero(np.r_[True, grouped[1:] != grouped[:-1]]) if n else np.zeros(0, dtype=np.int64)
-        self.starts = np.r_[first, n].astype(np.int64)
-        self.segment_totals = np.ascontiguousarray(self.totals[grouped[first]])
+        self.segments = SegmentProjection(order, np.r_[first, n], self.totals[grouped[first]])
 
     def rows(self, index: np.ndarray) -> "SiblingProjection":
         """The projection of the children ``index`` alone, in that order (whole families: a
@@ -329,7 +328,7 @@ class SiblingProjection:
         v = np.asarray(v, dtype=np.float64)
         if not v.size:
             return v.copy()
-        return project_segments(v, self.order, self.starts, self.segment_totals)
+        return self.segments(v)
 
 
 def project_siblings(v: np.ndarray, parent_of: np.ndarray, totals: np.ndarray) -> np.ndarray:
