@@ -207,12 +207,18 @@ class WeightedInformation:
         self._lipschitz: float | None = None
 
     def __call__(self, v: np.ndarray) -> np.ndarray:
-        out = np.zeros_like(v, dtype=np.float64)
+        out = None
         for j, hessian in enumerate(self.hessians):
             w = self.weights[:, j]
             if np.any(w):
-                out += w[:, None] * _apply(hessian, v)
-        return out
+                term = _apply(hessian, v)
+                if not np.all(w == 1.0):  # a leaf level's own information comes with weight 1: no pass
+                    term *= w[:, None]
+                if out is None:
+                    out = term
+                else:
+                    out += term
+        return np.zeros_like(v, dtype=np.float64) if out is None else out
 
     def rows(self, index: np.ndarray) -> "WeightedInformation":
         """The same operator on the units ``index`` alone, in that order (their weights)."""
