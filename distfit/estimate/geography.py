@@ -28,13 +28,16 @@ of theirs. That set is a product, over parents and cells, of scaled simplices, s
 Euclidean projection (:func:`project_siblings`) is the simplex projection of Held, Wolfe and
 Crowder (1974) / Duchi et al. (ICML 2008): sort the children's values ``v`` of one parent and
 cell in decreasing order, ``rho = max{k : v_(k) - (sum_{i <= k} v_(i) - s) / k > 0}``,
-``tau = (sum_{i <= rho} v_(i) - s) / rho``, ``x = max(v - tau, 0)``, vectorised over every
-parent and cell at once by sorting (no loop over parents or cells). The problem is solved by
+``tau = (sum_{i <= rho} v_(i) - s) / rho``, ``x = max(v - tau, 0)``, in one compiled pass over
+every parent and cell (:mod:`distfit.estimate.simplex`). The problem is solved by
 :func:`distfit.estimate.projection.minimise_quadratic` (accelerated projected gradient) with
 that projection, every parent's children in one array but each parent's a problem of its own
 (``groups``: its own step from the bound of its children's ``H_u``, momentum, restart and stop;
 the root level's units each alone) and the per-unit ``H_u`` applied as an operator
-(:class:`WeightedInformation`, each row's product independent of the batch). Decision (issue 29
+(:class:`WeightedInformation`, each row's product independent of the batch; a level that
+measures few directions of its cells, as census.yaml's state and county levels measure 28-29 of
+224, through the factor of its ``H``, :class:`FactoredInformation`: the step's products 4x
+cheaper, its tables equal to the dense products' to rounding). Decision (issue 29
 point 4 on the cluster): per parent, not one problem per level as before, so that a subtree's
 tables depend only on its root's and its own units and a forest of subtrees solved alone gets
 the whole tree's bits (docs/design.md section 7, "Integer tables on the cluster").
@@ -75,6 +78,7 @@ import numpy as np
 from distfit.estimate.hierarchy import Grouping, check_parent_of
 from distfit.estimate.projection import minimise_quadratic, quadratic_objective
 from distfit.estimate.rounding import round_children, round_controlled, round_preserving_total
+from distfit.estimate.simplex import SegmentProjection
 
 __all__ = [
     "GeographyLevel",
@@ -89,10 +93,6 @@ __all__ = [
     "project_siblings",
     "sibling_start",
 ]
-
-#: At most this many distinct segment widths in :class:`SiblingProjection` (else powers of two).
-MAX_WIDTHS = 32
-
 
 @dataclass(frozen=True, eq=False)
 class GeographyLevel:
@@ -130,18 +130,62 @@ class TopDownResult:
     converged: tuple[np.ndarray, ...]
 
 
+def _even_rows(v: np.ndarray, product: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
+    """``product(v)`` row by row with the same bits whatever the rows beside each: OpenBLAS's
+    dgemm sums a last odd row (and numpy a single row, by dgemv) with other kernels, rounding
+    differently; with an even count (and one BLAS thread, distfit's rule: runtime/threads.py) a
+    row's product does not depend on the rows beside it, so a forest of subtrees gets the bits
+    the whole level gets (docs/design.md section 7)."""
+    if v.shape[0] % 2:
+        return product(np.concatenate([v, np.zeros((1, v.shape[1]))]))[:-1]
+    return product(v)
+
+
 def _apply(hessian: Any, v: np.ndarray) -> np.ndarray:
     """``v H`` for a dense ``H`` (each row's product the same bits whatever the other rows) or an
     operator."""
     if not isinstance(hessian, np.ndarray):
         return hessian(v)
-    if v.shape[0] % 2:
-        # OpenBLAS's dgemm sums a last odd row (and numpy a single row, by dgemv) with other
-        # kernels, rounding differently; with an even count (and one BLAS thread, distfit's rule:
-        # runtime/threads.py) a row's product does not depend on the rows beside it, so a forest
-        # of subtrees gets the bits the whole level gets (docs/design.md section 7)
-        return (np.concatenate([v, np.zeros((1, v.shape[1]))]) @ hessian)[:-1]
-    return v @ hessian
+    return _even_rows(v, lambda rows: rows @ hessian)
+
+
+#: A dense level information of numerical rank at most this share of its cells is applied through
+#: its factor (:class:`FactoredInformation`): two products of ``2 cells r`` flops a row instead
+#: of one of ``cells^2``. The levels of pipelines/census.yaml below the nation measure 28-29
+#: directions of 224 cells (a product 4x cheaper); the nation's is of full rank and stays dense.
+FACTOR_RANK_SHARE = 0.25
+#: Eigenvalues at most this fraction of the largest count as zero in the factor: the information
+#: is a sum of products of the plan's whitened rows, whose null space shows as eigenvalues of
+#: rounding size (4e-16 of the largest on census.yaml's county level).
+FACTOR_CUTOFF = 1e-12
+
+
+class FactoredInformation:
+    """A level's information ``H`` (cells x cells, PSD) as ``F F^T`` (``F`` cells x r, from its
+    eigenvectors of eigenvalue above :data:`FACTOR_CUTOFF` of the largest, scaled by their
+    square roots: ``H`` to rounding): ``op(V) = (V F) F^T``, each row's product independent of the
+    rows beside it (:func:`_even_rows`). ``lipschitz``: the largest eigenvalue."""
+
+    def __init__(self, factor: np.ndarray, lipschitz: float) -> None:
+        self.factor = np.ascontiguousarray(factor)
+        self.transpose = np.ascontiguousarray(factor.T)
+        self.lipschitz = float(lipschitz)
+
+    @classmethod
+    def of(cls, hessian: Any) -> Any:
+        """``hessian`` as a :class:`FactoredInformation` where it is a dense matrix of rank at most
+        :data:`FACTOR_RANK_SHARE` of its cells, else as given."""
+        if not isinstance(hessian, np.ndarray) or not hessian.size:
+            return hessian
+        values, vectors = np.linalg.eigh(hessian)
+        top = max(float(values[-1]), np.finfo(float).tiny)
+        kept = values > FACTOR_CUTOFF * top
+        if kept.sum() > FACTOR_RANK_SHARE * hessian.shape[0]:
+            return hessian
+        return cls(vectors[:, kept] * np.sqrt(values[kept]), top)
+
+    def __call__(self, v: np.ndarray) -> np.ndarray:
+        return _even_rows(v, lambda rows: (rows @ self.factor) @ self.transpose)
 
 
 def _top_eigenvalue(hessian: Any) -> float:
@@ -158,17 +202,23 @@ class WeightedInformation:
     (:meth:`group_lipschitz`: of each group's)."""
 
     def __init__(self, hessians: Sequence[Any], weights: np.ndarray) -> None:
-        self.hessians = tuple(hessians)
+        self.hessians = tuple(FactoredInformation.of(h) for h in hessians)
         self.weights = np.asarray(weights, dtype=np.float64)  # (units, len(hessians))
         self._lipschitz: float | None = None
 
     def __call__(self, v: np.ndarray) -> np.ndarray:
-        out = np.zeros_like(v, dtype=np.float64)
+        out = None
         for j, hessian in enumerate(self.hessians):
             w = self.weights[:, j]
             if np.any(w):
-                out += w[:, None] * _apply(hessian, v)
-        return out
+                term = _apply(hessian, v)
+                if not np.all(w == 1.0):  # a leaf level's own information comes with weight 1: no pass
+                    term *= w[:, None]
+                if out is None:
+                    out = term
+                else:
+                    out += term
+        return np.zeros_like(v, dtype=np.float64) if out is None else out
 
     def rows(self, index: np.ndarray) -> "WeightedInformation":
         """The same operator on the units ``index`` alone, in that order (their weights)."""
@@ -260,11 +310,10 @@ def descendant_terms(levels: Sequence[GeographyLevel]) -> list[tuple[np.ndarray,
 class SiblingProjection:
     """The Euclidean projection onto ``{x >= 0, sum_{c: parent_of[c] = p} x_c = totals[p]}``
     (``x`` children x cells, ``totals`` parents x cells, clipped at 0): every parent and cell a
-    scaled simplex (module docstring: sort, threshold, clip). The grouping of the children is
-    prepared once (a level's solve projects hundreds of times): the parents' segments are
-    padded to a few widths (each distinct size, or powers of two when sizes vary widely), so a
-    call sorts every segment and cell at once along a short axis (``np.sort`` of a (segments,
-    width, cells) array per width; no loop over parents or cells)."""
+    scaled simplex (module docstring: sort, threshold, clip), by the compiled pass of
+    :class:`distfit.estimate.simplex.SegmentProjection`, prepared once (a level's solve projects
+    hundreds of times): the children's rows in parent order, where each parent's start, and its
+    table."""
 
     def __init__(self, parent_of: np.ndarray, totals: np.ndarray) -> None:
         parent_of = np.asarray(parent_of, dtype=np.int64)
@@ -273,20 +322,8 @@ class SiblingProjection:
         self.totals = np.maximum(np.asarray(totals, dtype=np.float64), 0.0)
         order = np.argsort(parent_of, kind="stable")  # children grouped by parent
         grouped = parent_of[order]
-        starts = np.flatnonzero(np.r_[True, grouped[1:] != grouped[:-1]]) if n else np.zeros(0, dtype=np.int64)
-        sizes = np.diff(np.r_[starts, n])
-        self.segments = starts.size
-        self.segment_of = np.empty(n, dtype=np.int64)
-        self.segment_of[order] = np.repeat(np.arange(starts.size), sizes)
-        widths = sizes if np.unique(sizes).size <= MAX_WIDTHS else 2 ** np.ceil(np.log2(sizes)).astype(np.int64)
-        self.buckets = []
-        for width in np.unique(widths):
-            segs = np.flatnonzero(widths == width)
-            column = np.arange(width)[None, :]
-            valid = column < sizes[segs][:, None]
-            rows = np.where(valid, order[np.minimum(starts[segs][:, None] + column, n - 1)], n)  # n: the pad row
-            rank = np.arange(1, width + 1, dtype=np.float64)[None, :, None]
-            self.buckets.append((segs, rows, valid[:, :, None], self.totals[grouped[starts[segs]]], rank))
+        first = np.flatnonzero(np.r_[True, grouped[1:] != grouped[:-1]]) if n else np.zeros(0, dtype=np.int64)
+        self.segments = SegmentProjection(order, np.r_[first, n], self.totals[grouped[first]])
 
     def rows(self, index: np.ndarray) -> "SiblingProjection":
         """The projection of the children ``index`` alone, in that order (whole families: a
@@ -297,17 +334,7 @@ class SiblingProjection:
         v = np.asarray(v, dtype=np.float64)
         if not v.size:
             return v.copy()
-        cells = v.shape[1]
-        padded = np.concatenate([v, np.full((1, cells), v.min() - 1.0)])  # pads sort last and are masked
-        tau = np.empty((self.segments, cells))
-        for segs, rows, valid, total, rank in self.buckets:
-            s = -np.sort(-padded[rows], axis=1)                # decreasing within each segment and cell
-            cum = np.cumsum(s, axis=1)
-            positive = (s - (cum - total[:, None, :]) / rank > 0) & valid
-            rho = np.maximum(np.max(np.where(positive, rank, 0.0), axis=1), 1.0)
-            at_rho = np.take_along_axis(cum, (rho - 1).astype(np.int64)[:, None, :], axis=1)[:, 0, :]
-            tau[segs] = (at_rho - total) / rho
-        return np.maximum(v - tau[self.segment_of], 0.0)
+        return self.segments(v)
 
 
 def project_siblings(v: np.ndarray, parent_of: np.ndarray, totals: np.ndarray) -> np.ndarray:

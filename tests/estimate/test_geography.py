@@ -5,7 +5,8 @@ import cvxpy as cp
 import numpy as np
 import pytest
 
-from distfit.estimate.geography import GeographyLevel, estimate_top_down, integer_top_down, project_siblings
+from distfit.estimate.geography import (FACTOR_RANK_SHARE, FactoredInformation, GeographyLevel, WeightedInformation,
+                                        estimate_top_down, integer_top_down, project_siblings)
 from distfit.estimate.hierarchy import estimate_hierarchy
 
 CELLS = 6
@@ -215,7 +216,7 @@ def _check_counts(counts, parents):
         np.testing.assert_array_equal(sums, counts[level - 1])  # exactly
 
 
-@pytest.mark.parametrize("rank", [None, 3], ids=["full-rank", "singular"])
+@pytest.mark.parametrize("rank", [None, 3, 1], ids=["full-rank", "singular", "factored"])
 def test_integer_top_down_is_the_metric_projection_of_the_estimates_rounded(rank):
     """From the BLUE (below 0 in places): each level's integers within 1 of cvxpy's minimiser of
     ``sum_u (x_u - c_u)^T H_u (x_u - c_u)`` (H_u by explicit descendant lists) over ``x >= 0``
@@ -277,21 +278,23 @@ def test_integer_unit_totals_and_family_sums_stay_within_one_of_the_step():
         estimate_top_down(levels, integer=True, rounding="nearest")
 
 
-def _ordered_levels(rng, sizes, cells):
+def _ordered_levels(rng, sizes, cells, rank=None):
     """Random levels whose units are ordered by their parent's row (as a release's), some
-    parents with one child, dense informations of ``cells`` (odd and even batches below)."""
+    parents with one child, dense informations of ``cells`` (odd and even batches below), of
+    ``rank`` where given (low enough to be applied through a factor: FactoredInformation)."""
     parents = [None]
     for above, size in zip(sizes[:-1], sizes[1:]):
         parents.append(np.sort(np.concatenate([np.arange(above), rng.integers(0, above, size - above)])))
     levels = []
     for i, size in enumerate(sizes):
-        a = rng.standard_normal((cells + 3, cells)) * rng.uniform(0.3, 3.0)
+        a = rng.standard_normal((rank or cells + 3, cells)) * rng.uniform(0.3, 3.0)
         levels.append(GeographyLevel(hessian=a.T @ a, linear=np.zeros((size, cells)), parent_of=parents[i]))
     return levels
 
 
+@pytest.mark.parametrize("rank", [None, 2], ids=["dense", "factored"])
 @pytest.mark.parametrize("cut", [0, 1])
-def test_integer_tables_of_forests_of_subtrees_are_the_whole_trees_bit_for_bit(cut):
+def test_integer_tables_of_forests_of_subtrees_are_the_whole_trees_bit_for_bit(cut, rank):
     """The cluster's split (distfit.estimate.subtree_job): levels 0 .. cut solved alone (the
     levels below given by their informations and each cut unit's descendants: ``below``), then
     each forest of consecutive cut units (odd and even sizes, one subtree alone) from its roots'
@@ -302,7 +305,9 @@ def test_integer_tables_of_forests_of_subtrees_are_the_whole_trees_bit_for_bit(c
 
     rng = np.random.default_rng(3 + cut)
     cells = 9
-    levels = _ordered_levels(rng, (2, 7, 23, 61), cells)
+    levels = _ordered_levels(rng, (2, 7, 23, 61), cells, rank)
+    assert isinstance(WeightedInformation([levels[0].hessian], np.ones((1, 1))).hessians[0],
+                      FactoredInformation if rank else np.ndarray)
     centre = [rng.normal(0.5, 3.0, (lv.units, cells)) * rng.uniform(1, 40, (lv.units, 1)) for lv in levels]
     family = [laminar_family(np.vstack([np.eye(cells)[:3].sum(axis=0), np.eye(cells)[:5].sum(axis=0)]))] * 4
     solved = estimate_top_down(levels, integer=True, tol=1e-6, centre=centre, families=family)
@@ -389,3 +394,24 @@ def test_integer_top_down_reports_the_units_solved():
     assert len(calls) > 4  # within a level too, as its parents stop
     for mine, plain in zip(counts, integer_top_down(levels, centre)):
         np.testing.assert_array_equal(mine, plain)
+
+
+def test_a_low_rank_information_is_applied_through_its_factor():
+    """``FactoredInformation.of``: a dense information of rank at most FACTOR_RANK_SHARE of its
+    cells becomes ``(V F) F^T``, equal to ``V H`` to rounding, each row's product the same bits
+    alone as in any batch (odd or even); one of higher rank stays the dense matrix."""
+    rng = np.random.default_rng(5)
+    cells = 40
+    rank = int(FACTOR_RANK_SHARE * cells)
+    a = rng.standard_normal((rank, cells))
+    hessian = a.T @ a
+    factored = FactoredInformation.of(hessian)
+    assert isinstance(factored, FactoredInformation) and factored.factor.shape == (cells, rank)
+    assert np.isclose(factored.lipschitz, np.linalg.eigvalsh(hessian)[-1], rtol=1e-12)
+    v = rng.normal(0.0, 10.0, (7, cells))
+    np.testing.assert_allclose(factored(v), v @ hessian, rtol=0, atol=1e-11 * np.abs(v @ hessian).max())
+    for batch in (v, v[:6], v[2:5], v[3:4]):
+        alone = np.vstack([factored(row[None, :]) for row in batch])
+        assert factored(batch).tobytes() == alone.tobytes()
+    b = rng.standard_normal((rank + 1, cells))
+    assert isinstance(FactoredInformation.of(b.T @ b), np.ndarray)
