@@ -397,8 +397,25 @@ def seal(root: zarr.Group, path: Path, *, plan_path: str, plan_checksum: str, re
 # reading
 
 
+class LazyArray:
+    """What the lazy (units x m) arrays of an estimate store share: ``ndim`` 2, ``len`` (units)
+    and ``np.asarray`` (every row read); a subclass gives ``shape``, ``dtype`` and ``[rows]`` /
+    ``[rows, columns]`` indexing."""
+
+    @property
+    def ndim(self) -> int:
+        return 2
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        out = self[...]
+        return out if dtype is None else out.astype(dtype, copy=False)
+
+
 @dataclass(frozen=True)
-class QueryColumns:
+class QueryColumns(LazyArray):
     """The columns ``start:stop`` of a (units x m) zarr array as a lazy (units x stop - start)
     array: ``shape``, ``dtype``, ``ndim`` and numpy-style ``[rows]`` / ``[rows, columns]``
     indexing (rows read from the store, then the columns taken), ``np.asarray``."""
@@ -415,24 +432,13 @@ class QueryColumns:
     def dtype(self) -> np.dtype:
         return np.dtype(self.array.dtype)
 
-    @property
-    def ndim(self) -> int:
-        return 2
-
-    def __len__(self) -> int:
-        return self.shape[0]
-
     def __getitem__(self, key: Any) -> np.ndarray:
         rows, columns = key if isinstance(key, tuple) else (key, slice(None))
         rows = slice(None) if rows is Ellipsis else rows
         return np.asarray(self.array[rows, self.start:self.stop])[..., columns]
 
-    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
-        out = self[...]
-        return out if dtype is None else out.astype(dtype, copy=False)
 
-
-class ClassRows:
+class ClassRows(LazyArray):
     """A (units x m) array stored as a row per class and each unit's class (``rows``, classes x m,
     read whole on first use; ``classes``, units): ``shape``, ``dtype``, ``ndim``, ``len``,
     numpy-style ``[rows]`` / ``[rows, columns]`` indexing (the units' classes read, then their
@@ -449,23 +455,12 @@ class ClassRows:
     def dtype(self) -> np.dtype:
         return np.dtype(self._stored.dtype)
 
-    @property
-    def ndim(self) -> int:
-        return 2
-
-    def __len__(self) -> int:
-        return self.shape[0]
-
     def __getitem__(self, key: Any) -> np.ndarray:
         units, columns = key if isinstance(key, tuple) else (key, slice(None))
         if self._rows is None:
             self._rows = np.asarray(self._stored[...])
         classes = np.asarray(self.classes[slice(None) if units is Ellipsis else units])
         return self._rows[:, columns][classes]
-
-    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
-        out = self[...]
-        return out if dtype is None else out.astype(dtype, copy=False)
 
 
 class Estimate(SealedStore):
