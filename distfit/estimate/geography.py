@@ -424,13 +424,15 @@ def estimate_top_down(levels: Sequence[GeographyLevel], *, integer: bool = False
     # centred, the objective's linear term and constant come from the centre, not the measurements
     terms = (descendant_terms(levels) if centre is None
              else [(w, None, None) for w in descendant_weights(levels, below)])
+    # each level's H (and those below) factored once, not once for every level above it
+    informations = [FactoredInformation.of(h) for h in [lv.hessian for lv in levels] + [h for h, _ in below]]
     xs, counts, objectives, residuals, iterations, converged = [], [], [], [], [], []
     units = sum(level.units for level in levels)
     for i, level in enumerate(levels):
         before = sum(lv.units for lv in levels[:i])
         solved = None if progress is None else (lambda done, _rows, before=before: progress(before + done, units))
         weights, linear, constant = terms[i]
-        hessian = WeightedInformation([lv.hessian for lv in levels[i:]] + [h for h, _ in below], weights)
+        hessian = WeightedInformation(informations[i:], weights)
         if centre is not None:
             point = np.asarray(centre[i], dtype=np.float64)
             linear = hessian(point)
