@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import sys
 
-from distfit.estimate import orthant, query_sums, simplex
+from distfit.estimate import orthant, query_sums, region_graph, simplex
 from distfit.estimate.compiled import Warmed, warm
 
 __all__ = ["KERNELS", "warm_estimate"]
 
 #: Every compiled entry point of the estimate.
-KERNELS = orthant.KERNELS + query_sums.KERNELS + simplex.KERNELS
+KERNELS = orthant.KERNELS + query_sums.KERNELS + region_graph.KERNELS + simplex.KERNELS
 
 
 def warm_estimate() -> tuple[Warmed, ...]:
