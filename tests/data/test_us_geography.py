@@ -143,7 +143,8 @@ def test_a_partial_or_foreign_set_of_level_stores_is_refused_in_one_line(synthes
 def test_a_run_releases_and_estimates_every_synthesised_unit(tmp_path):
     spec = parse_spec({**SPEC.to_dict(), "levels": [level.to_dict() for level in SPEC.levels[1:3]]})  # state, county
     made = write_level_data(spec, 60, tmp_path / "run", seed=2, fsync=False)
-    run = run_levels(spec, tmp_path / "run", placement=Placement(serial=True), fsync=False, log=io.StringIO())
+    run = run_levels(spec, tmp_path / "run", placement=Placement(serial=True), fsync=False, log=io.StringIO(),
+                     report=False)
     assert run.people == "" and {name: r.manifest_data["data"]["units"] for name, r in run.levels.items()} == made.units
     assert {name: e.units for name, e in run.estimates.items()} == made.units  # empty counties too
     with pytest.raises(ValueError, match="synthesised for 60 units, but --units is 61"):

@@ -319,7 +319,8 @@ def test_multilevel_run_end_to_end(tmp_path, capsys):
     path = tmp_path / "census.yaml"
     path.write_text(yaml.safe_dump(spec))
     rundir = tmp_path / "run"
-    code, out, err = run(capsys, "run", str(path), "--out", str(rundir), "--units", "23", "--serial")
+    # without the levels' reports (tests/estimate/test_levels.py reads them): three reports' figures
+    code, out, err = run(capsys, "run", str(path), "--out", str(rundir), "--units", "23", "--serial", "--no-report")
     assert code == 0, err
     assert "privacy        alpha 3 (exact)" in out
     # a first run plans every level: nothing is "reused" (the budget's scaled plans are this run's)
@@ -355,8 +356,7 @@ def test_multilevel_run_end_to_end(tmp_path, capsys):
     # the exact combined alpha (max over cells of the summed profiles) is at most the sum bound
     assert alphas >= 3.0 * (1 - 1e-9) and manifest["privacy"]["alpha_sum_bound"] == pytest.approx(alphas)
 
-    # the rerun without the levels' reports (what it tests is the reuse; the first run drew them):
-    # three reports of figures drawn again for nothing
+    # the rerun reuses every level's stores
     code, out, err = run(capsys, "run", str(path), "--out", str(rundir), "--serial", "--no-report")
     assert code == 0 and "plan reused, release reused" in out, out + err
     assert "index.html" not in out
@@ -385,7 +385,8 @@ def test_microdata_out_of_domain_is_refused_before_planning(capsys, specs, tmp_p
     good_csv = tmp_path / "good.csv"
     people.to_csv(good_csv, index=False)
     rundir = tmp_path / "good"
-    code, out, err = run(capsys, "run", str(spec), "--out", str(rundir), "--data", str(good_csv), "--serial")
+    code, out, err = run(capsys, "run", str(spec), "--out", str(rundir), "--data", str(good_csv), "--serial",
+                         "--no-report")
     assert code == 0, err
     assert _manifest(rundir)["stages"]["data"] == "tabulated"
     assert "reusing the data tabulated" not in err
@@ -451,7 +452,7 @@ def test_multilevel_run_on_microdata_publishes_every_unit_of_the_geography(tmp_p
                  columns=["state", "county", "sex"]).to_csv(people, index=False)
     rundir = tmp_path / "run"
     code, _, err = run(capsys, "run", str(tmp_path / "geo.yaml"), "--out", str(rundir), "--data", str(people),
-                       "--geography", str(geography), "--serial", "--integer")
+                       "--geography", str(geography), "--serial", "--integer", "--no-report")  # reports: tests/estimate/test_levels
     assert code == 0, err
     cells = {}
     for name, ids in (("nation", [0]), ("state", ["s1", "s2", "s3"]), ("county", ["c1", "c2", "c3"])):

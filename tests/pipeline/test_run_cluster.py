@@ -337,11 +337,12 @@ def test_ctrl_c_during_a_local_cluster_run_is_one_line_then_resumes(tmp_path):
     """Ctrl-C (SIGINT to the whole process group, as a terminal sends it) while `distfit run`
     releases on its local cluster: no traceback from the driver or the workers, one line saying
     what was kept, exit 130; the same command then resumes the release and seals it (without
-    the estimate stage: 100,000 units' estimate is not what is under test, and other tests run it).
+    the estimate and report stages: 100,000 units' estimate and report are not what is under
+    test, and other tests run them).
     100,000 units are 25 chunks of 4096: their release took ~5 s on 2 workers (200,000: 10.7 s
     of a 29 s run, load 4), so the poll (every 0.2 s) has seconds to see 2 to 19 chunks written."""
     out = tmp_path / "run"
-    argv = _distfit("run", "--out", out, "--units", 100_000, "--workers", 2, "--no-estimate")
+    argv = _distfit("run", "--out", out, "--units", 100_000, "--workers", 2, "--no-estimate", "--no-report")
     process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV,
                                start_new_session=True, preexec_fn=interruptible)
     done = np.zeros(0)
