@@ -47,13 +47,15 @@ from tests.storetools import reseal
 CENSUS = Path(__file__).resolve().parents[2] / "pipelines" / "census.yaml"
 LEVELS = ("nation", "state", "county")
 #: census.yaml's people with the same queries at every level: the levels' plans one plan up to
-#: the common scale, so their informations commute (as pipelines/us_pl94.yaml's: the shared basis)
+#: the common scale, so their informations commute (as pipelines/us_pl94.yaml's: the shared basis),
+#: every cell among them (as PL94's blocks: the counties' tables formed as their chunks are written)
 SHARED = CENSUS.read_text().split("levels:")[0] + """levels:
   - name: nation
     queries: &same
       - {name: total, total: true, target: 2}
       - {name: age_sex, attributes: {age: prefix, sex: identity}, target: 2}
       - {name: race_hispanic, attributes: {race: identity, hispanic: identity}, target: 2}
+      - {name: cells, attributes: {age: identity, sex: identity, race: identity, hispanic: identity}, target: 4}
   - name: state
     units: {column: state}
     queries: *same
@@ -520,7 +522,7 @@ def test_levels_of_one_plan_on_a_local_cluster_in_the_shared_basis(cluster, tmp_
     log = io.StringIO()
     ours = estimate_levels(spec, {name: copy / name for name in LEVELS}, fsync=False, log=log,
                            placement=cluster, cut=1, forest_rows=6)
-    assert "forests of subtrees of level state" in log.getvalue()
+    assert "forests of subtrees of level state; county's tables formed as its chunks are written" in log.getvalue()
     _same_estimates(ours, run.estimates)
     # the finest level's variances stored once per parent (its leaves share their parent's P),
     # equal per unit to the driver's (above); the store says which row is each unit's
