@@ -131,8 +131,8 @@ def write_level(path: Path, *, spec, plan, plan_path: Path, release, model, x: n
                                    query_dtype=query_dtype(model, integer),
                                    cell_labels=cell_labels(model.attributes, value_labels(spec)),
                                    cell_columns=cell_columns(model, integer),
-                                   variance_classes=None if variances is None else variances[0].shape[0])
-            root.attrs["geography"] = geography
+                                   variance_classes=None if variances is None else variances[0].shape[0],
+                                   geography=geography)
             if variances is not None:
                 write_variance_rows(root, 0, variances[0])
             units, chunk_units = int(release.attrs["units"]), int(release.attrs["chunk_units"])

@@ -120,7 +120,9 @@ from distfit.stores.estimate import (
     open_resumable,
     seal,
     check_replaceable,
+    stated_geography,
     stored_tables,
+    variance_pieces,
     write_variance_rows,
 )
 from distfit.stores.lock import store_lock
@@ -642,7 +644,7 @@ def _locked_write(client, job: Forests, jobs: Sequence[Any], k: int, groups: Seq
         try:
             root = open_resumable(path, plan_checksum=plan.checksum, release_checksum=release.checksum,
                                   integer=job.integer, method=METHOD)
-            resumed = (root.attrs.get("geography") or {}).get("parent_estimate", {}).get("checksum") == parent
+            resumed = (stated_geography(root).get("parent_estimate") or {}).get("checksum") == parent
         except ValueError:
             resumed = False
     present = [first for first, stop in groups if job.spans[k][first] < job.spans[k][stop]]
@@ -656,8 +658,7 @@ def _locked_write(client, job: Forests, jobs: Sequence[Any], k: int, groups: Seq
               if model.workload is not None and not job.integer else None)
     offsets = None if pieces is None else np.concatenate([[0], np.cumsum([c for _, c in pieces])]).astype(np.int64)
     if resumed and pieces is not None:
-        stored = root["queries"]["variance_rows"].attrs.get("pieces") if "variance_rows" in root["queries"] else None
-        resumed = stored == pieces
+        resumed = variance_pieces(root) == pieces
 
     def create(target: Path):
         root = create_estimate(target, plan=plan, plan_path=str(plan_path), release=release, method=METHOD,
@@ -665,10 +666,8 @@ def _locked_write(client, job: Forests, jobs: Sequence[Any], k: int, groups: Seq
                                query_dtype=query_dtype(model, job.integer),
                                cell_labels=cell_labels(model.attributes, value_labels(spec)),
                                cell_columns=cell_columns(model, job.integer),
-                               variance_classes=None if offsets is None else int(offsets[-1]))
-        root.attrs["geography"] = geography
-        if pieces is not None:
-            root["queries"]["variance_rows"].attrs["pieces"] = pieces
+                               variance_classes=None if offsets is None else int(offsets[-1]), geography=geography,
+                               variance_pieces=pieces)
         return root
 
     n_chunks = -(-units // chunk_units)
