@@ -148,8 +148,8 @@ FORMAT_VERSION = 5
 #: hashes every array: :meth:`distfit.stores.sealing.SealedKind.read_sealed`); 1-2 are refused.
 OLDEST_VERSION = 3
 
-#: ``queries/variance_rows``' attr: how the cluster's pieces number the variance classes
-#: (:func:`create_estimate`'s ``variance_pieces``).
+#: ``queries/variance_rows``' attr while the store is incomplete: how the cluster's pieces number
+#: the variance classes (:func:`create_estimate`'s ``variance_pieces``), dropped at the seal.
 PIECES_ATTR = "pieces"
 
 #: What each chunk writes, besides ``chunks/done`` (:func:`chunk_arrays`), with its dtype when fixed.
@@ -224,8 +224,9 @@ def create_estimate(path: Path, *, plan, plan_path: str, release, method: str, o
     (units,) for the chunks to fill. ``geography``: the root attr ``geography`` (a level of a
     multi-level run: docs/stores.md). ``variance_pieces``: how the cluster's pieces number the
     variance classes (``[first unit, classes]`` per piece), kept while the store is incomplete
-    for a resume to compare (:func:`variance_pieces`). On any error nothing is left at ``path``
-    (:meth:`distfit.stores.sealing.SealedKind.create`)."""
+    for a resume to compare (:func:`variance_pieces`) and dropped by :func:`seal`: bookkeeping,
+    not a fact of the estimate (a sealed store states only what its checksum covers). On any
+    error nothing is left at ``path`` (:meth:`distfit.stores.sealing.SealedKind.create`)."""
     root = ESTIMATE.create(path, _lay_out, plan=plan, plan_path=plan_path, release=release, method=method,
                            objective=objective, integer=integer, cells=cells, query_dtype=query_dtype,
                            cell_labels=cell_labels, cliques=cliques, cell_columns=cell_columns,
@@ -398,9 +399,12 @@ def seal(root: zarr.Group, path: Path, *, plan_path: str, plan_checksum: str, re
     takes the digest and fsyncs (``synced``: the files fsynced as they landed), which then
     writes the ``fit`` summary (given, as :func:`combine_fits` of the chunks' parts, or read
     from the store: 0.7 s at the seal of 1M units). The fits' checkpoints
-    (:mod:`distfit.stores.checkpoint`) are deleted first: never sealed, never hashed. Returns the
-    estimate's checksum."""
+    (:mod:`distfit.stores.checkpoint`) are deleted first: never sealed, never hashed, and so is
+    ``queries/variance_rows``' attr ``pieces`` (:func:`create_estimate`). Returns the estimate's
+    checksum."""
     remove_checkpoints(path)  # a sealed estimate holds no fit's checkpoint (distfit.stores.checkpoint)
+    if variance_pieces(root) is not None:  # resume bookkeeping: never in a sealed store (create_estimate)
+        del root["queries/variance_rows"].attrs[PIECES_ATTR]
 
     def check() -> None:
         changed = plan_change(plan_path, plan_checksum, "estimate")
