@@ -112,15 +112,15 @@ def leaf_chunk(job: Any, answers: dict[str, np.ndarray], start: int, stop: int, 
         parent = np.searchsorted(starts, np.arange(a, b), side="right") - 1
         low, high = int(parent[0]), int(parent[-1]) + 1
         kept = read_piece(directory, name + PARENTS, int(first), rows=(low, high))
-        rows, before = own_tables[a - start:b - start], int(a - starts[low])
+        before, carried = int(a - starts[low]), None
         if before:  # the first parent's earlier children: in the chunk before
             carried = read_piece(directory, name + CARRIED, a, names=("tables",))["tables"]
             if carried.shape[0] != before:
                 raise PieceMismatch(piece_path(directory, name + CARRIED, a),
                                     f"{carried.shape[0]} rows carried to row {a}, {before} expected")
-            rows = np.concatenate([carried, rows])
         local = np.concatenate([np.zeros(before, dtype=np.int64), parent - low])
         complete = starts[low + 1:high + 1] <= b  # every child among the rows: its last one gets the rounding
-        xs.append(leaf_tables(kept["offsets"], kept["tables"], rows, local, complete)[before:])
+        xs.append(leaf_tables(kept["offsets"], kept["tables"], own_tables[a - start:b - start], local, complete,
+                              before=carried)[before:])
         objectives.append(terms.leaf_objective(own[a - start:b - start], kept["quadratic"], parent - low))
     return xs, objectives

@@ -213,7 +213,7 @@ def forest_downward(state: Upward | DiagonalUpward, top: Top, *, split: str, out
 
 
 def leaf_tables(offsets: np.ndarray, parent_tables: np.ndarray, tables: np.ndarray, parent: np.ndarray,
-                complete: np.ndarray) -> np.ndarray:
+                complete: np.ndarray, before: np.ndarray | None = None) -> np.ndarray:
     """Leaves' tables (rows x d) in the shared basis from their own ``J^+ h_c`` (``tables``, rows x
     d) and their parents' offsets ``Q (G r)_p`` (``offsets``, parents x d; ``parent`` each row's
     parent there): ``x_c = J^+ h_c + Q (G r)_p``
@@ -224,9 +224,14 @@ def leaf_tables(offsets: np.ndarray, parent_tables: np.ndarray, tables: np.ndarr
     on the same numbers as the downward pass over the whole forest (each parent's sum runs over
     its children in order from 0, whatever other rows are there): equal to it bit for bit. The
     leaves' reader forms them so, from the release rows it reads anyway (docs/design.md section
-    7): the downward pass needs only their parents' sums."""
+    7): the downward pass needs only their parents' sums. ``before``: more rows' ``J^+ h_c``
+    before ``tables`` (``parent`` and the result then cover both; not copied together first)."""
     x = offsets[parent]
-    x += tables
+    if before is None:
+        x += tables
+    else:
+        x[:before.shape[0]] += before
+        x[before.shape[0]:] += tables
     if parent.size:
         group = Grouping.of(parent, offsets.shape[0])
         done = group.parents[complete[group.parents]]

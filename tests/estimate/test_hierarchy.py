@@ -723,9 +723,9 @@ def test_leaves_formed_by_their_reader_equal_the_downward_pass_bit_for_bit(case)
                 rows_parent = np.searchsorted(starts, np.arange(a, b), side="right") - 1
                 low, high = int(rows_parent[0]), int(rows_parent[-1]) + 1
                 before = a - int(starts[low])  # the first parent's children in the chunks before
-                x = leaf_tables(offsets[low:high], above[low:high], tables[a - before:b],
+                x = leaf_tables(offsets[low:high], above[low:high], tables[a:b],
                                 np.concatenate([np.zeros(before, dtype=np.int64), rows_parent - low]),
-                                starts[low + 1:high + 1] <= b)
+                                starts[low + 1:high + 1] <= b, before=tables[a - before:a] if before else None)
                 parts.append(x[before:])
             np.testing.assert_array_equal(np.concatenate(parts), whole.x[-1])
     parents, sizes, maps, leaves, js, hs = _commuting(FIVE_LEVELS, "marginals", 29)  # leaves blind: (0, 1, 0, 0)
