@@ -16,7 +16,8 @@ The pieces (:mod:`distfit.stores.pieces`, each checked against its digests as it
 the finest level's, named ``<level><suffix>``:
 
 * ``.sums`` at the forest's first row of the finest level (upward task, read by the downward
-  task): its leaves' ``h~`` summed by parent, all the upward pass needs of them;
+  task): its leaves' ``h~`` summed by parent, all the upward pass needs of them, and the
+  levels above's ``(h~, n)`` (the downward task then reads no answers at all);
 * ``.carried`` at each chunk boundary ``s`` within a forest whose parent's children straddle it
   (upward task, read by the chunk task from ``s``): the tables ``J^+ h_c`` of that parent's
   children before ``s``, so that the chunk holding its last child sums all its children;
@@ -36,7 +37,7 @@ from distfit.estimate.subtrees import leaf_tables
 from distfit.stores.pieces import PieceMismatch, piece_path, read_piece, write_piece
 
 __all__ = ["CARRIED", "PARENTS", "PARENT_SLAB", "SUMS", "carry_boundaries", "child_starts", "leaf_chunk",
-           "read_sums", "write_carried", "write_parents"]
+           "read_terms", "write_carried", "write_parents"]
 
 #: The pieces' suffixes (module docstring).
 SUMS, CARRIED, PARENTS = ".sums", ".carried", ".parents"
@@ -61,13 +62,16 @@ def carry_boundaries(job: Any, first: int, stop: int) -> list[int]:
             if starts[np.searchsorted(starts, s, side="right") - 1] < s]
 
 
-def write_carried(job: Any, first: int, stop: int, answers: dict[str, np.ndarray], sums: np.ndarray) -> None:
+def write_carried(job: Any, first: int, stop: int, answers: dict[str, np.ndarray], sums: np.ndarray,
+                  linear: Sequence[tuple[np.ndarray, np.ndarray]]) -> None:
     """The upward task's pieces (module docstring) of forest ``[first, stop)``: ``sums`` (its
-    finest level's ``h~`` summed by parent) and, from its finest level's ``answers``, the
-    ``.carried`` tables at each of :func:`carry_boundaries`."""
+    finest level's ``h~`` summed by parent) with the levels above's ``linear`` (``(h~, n)``
+    each, :meth:`distfit.estimate.level_stores.BasisTerms.linear`) and, from its finest level's
+    ``answers``, the ``.carried`` tables at each of :func:`carry_boundaries`."""
     directory, name, k = Path(job.pieces), job.names[-1], len(job.names) - 1
     a = job.rows(first, stop)[-1][0]
-    write_piece(directory, name + SUMS, a, {"sums": sums}, fsync=job.fsync)
+    terms = {f"{part}{level}": array for level, pair in enumerate(linear) for part, array in zip(("linear", "norms"), pair)}
+    write_piece(directory, name + SUMS, a, {"sums": sums, **terms}, fsync=job.fsync)
     starts = child_starts(job)
     for boundary in carry_boundaries(job, first, stop):
         head = int(starts[np.searchsorted(starts, boundary, side="right") - 1])  # its parent's first child
@@ -75,10 +79,13 @@ def write_carried(job: Any, first: int, stop: int, answers: dict[str, np.ndarray
         write_piece(directory, name + CARRIED, boundary, {"tables": job.terms[k].tables(rows)[0]}, fsync=job.fsync)
 
 
-def read_sums(job: Any, first: int, stop: int) -> np.ndarray:
-    """Forest ``[first, stop)``'s ``.sums`` (checked as read)."""
+def read_terms(job: Any, first: int, stop: int) -> tuple[list[tuple[np.ndarray, np.ndarray]], np.ndarray]:
+    """Forest ``[first, stop)``'s ``.sums`` (checked as read): ``(linear, sums)`` as
+    :func:`write_carried` was given them."""
     a = job.rows(first, stop)[-1][0]
-    return read_piece(Path(job.pieces), job.names[-1] + SUMS, a, names=("sums",))["sums"]
+    piece = read_piece(Path(job.pieces), job.names[-1] + SUMS, a)
+    levels = len(job.names) - 1
+    return [(piece[f"linear{k}"], piece[f"norms{k}"]) for k in range(levels)], piece["sums"]
 
 
 def write_parents(job: Any, first: int, stop: int, offsets: np.ndarray, tables: np.ndarray) -> None:

@@ -75,7 +75,7 @@ import numpy as np
 from distfit.estimate.geography import GeographyLevel, integer_top_down
 from distfit.estimate.hierarchy import PINV_RTOL, Grouping, Summary, Top, check_parent_of
 from distfit.estimate.job import ReleaseRows
-from distfit.estimate.leaf_pieces import (CARRIED, PARENTS, SUMS, carry_boundaries, leaf_chunk, read_sums,
+from distfit.estimate.leaf_pieces import (CARRIED, PARENTS, SUMS, carry_boundaries, leaf_chunk, read_terms,
                                           write_carried, write_parents)
 from distfit.estimate.level_stores import (
     METHOD,
@@ -155,7 +155,7 @@ PIECES_NAME = "estimate.subtrees"
 PIECE_SLICED = ("cells", "objective", "variance_class")
 #: What a piece holds (in its directory's key: pieces of another content are not reused).
 PIECE_ROWS = ("pieces: cells, objective, variance_rows by class and variance_class (queries formed by the chunk); "
-              "leaves from their rows: up .sums and .carried, down .parents offsets, tables, quadratic")
+              "leaves from their rows: up .sums (with the levels above's terms) and .carried, down .parents")
 
 
 class Unordered(ValueError):
@@ -241,16 +241,16 @@ def _level_answers(job: Forests, k: int, a: int, b: int) -> dict[str, np.ndarray
     return {block: values[a - kept[0]:b - kept[0]] for block, values in kept[2].items()}
 
 
-def _forest_answers(job: Forests, first: int, stop: int, *, leaves: bool = True) -> tuple[list, list]:
+def _forest_answers(job: Forests, first: int, stop: int, *, read: bool = True) -> tuple[list, list]:
     """A forest's released answers per level (``{block_id: rows x m_b}``, chunks checked as
     read) and local parent rows; the levels from the first without rows are left out; with
-    ``leaves`` False the finest level's answers are not read (None)."""
+    ``read`` False no answers are read (None)."""
     answers, parents = [], [None]
     rows = job.rows(first, stop)
     for k, (a, b) in enumerate(rows):
         if b == a:  # no units here, nor below
             break
-        answers.append(None if not leaves and k == len(rows) - 1 else _level_answers(job, k, a, b))
+        answers.append(_level_answers(job, k, a, b) if read else None)
         if k:
             above = job.counts[k - 1][rows[k - 1][0]:rows[k - 1][1]]
             parents.append(np.repeat(np.arange(above.size, dtype=np.int64), above))
@@ -285,20 +285,22 @@ def _basis_upward(job: Forests, first: int, stop: int, *, tables: bool, carry: b
     n)`` but the finest's (:class:`distfit.estimate.level_stores.BasisTerms`: leaves of one
     ``J``, their answers only summed by parent; with ``tables`` their ``(J^+ h, own residuals)``
     last), ``state`` the forest's upward pass (the leaves given by their tables with ``tables``).
-    ``carry`` (the upward task, ``job.leaf_offsets``): the job's finest level's sums and carried
-    tables written as pieces (:mod:`distfit.estimate.leaf_pieces`); ``leaves`` False: its sums
-    read from there instead of its answers (the downward task with ``job.leaf_offsets``)."""
-    answers, parents = _forest_answers(job, first, stop, leaves=leaves)
+    ``carry`` (the upward task, ``job.leaf_offsets``): the terms and the job's finest level's
+    sums and carried tables written as pieces (:mod:`distfit.estimate.leaf_pieces`); ``leaves``
+    False: the terms and sums read from there, no answers (the downward task with
+    ``job.leaf_offsets``: the same numbers, not formed again)."""
+    answers, parents = _forest_answers(job, first, stop, read=leaves)
     depth = len(answers)
-    linear = [job.terms[k].linear(answers[k]) for k in range(depth if depth == 1 else depth - 1)]
     sums = leaves = None
-    if depth > 1 and answers[-1] is None:  # the job's finest level: its sums, as the upward task wrote them
-        sums = read_sums(job, first, stop)
-    elif depth > 1:  # leaves of one J (every level's J is one matrix: level_terms)
+    if answers[0] is None:  # the forest's terms as its upward task wrote them
+        linear, sums = read_terms(job, first, stop)
+    else:
+        linear = [job.terms[k].linear(answers[k]) for k in range(depth if depth == 1 else depth - 1)]
+    if depth > 1 and answers[-1] is not None:  # leaves of one J (every level's J is one matrix: level_terms)
         sums = job.terms[depth - 1].summed(answers[-1], Grouping.of(parents[-1], linear[-1][0].shape[0]))
         leaves = job.terms[depth - 1].tables(answers[-1]) if tables else None
         if carry and depth == len(job.names):
-            write_carried(job, first, stop, answers[-1], sums)
+            write_carried(job, first, stop, answers[-1], sums, linear)
     del answers
     state, summary = basis_forest_upward([t.own for t in job.terms[:depth]],
                                          [h for h, _ in linear] + ([None] if depth > 1 else []), parents,
