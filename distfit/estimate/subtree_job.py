@@ -24,13 +24,17 @@ by :func:`distfit.estimate.levels.estimate_levels` with a cluster:
    memory of a level; in the shared basis two products a leaf), then the downward pass from its
    roots' estimates, and writes each level's rows (tables, residuals, and the query variances
    per class with each unit's class) as a piece (:mod:`distfit.stores.pieces`, digested per
-   chunk of units).
+   chunk of units). In the shared basis with leaves of one ``J`` (PL94's blocks:
+   ``Forests.leaf_offsets``, :mod:`distfit.estimate.leaf_pieces`) the upward task keeps its
+   terms and the leaves' sums by parent as a piece, and the downward task reads them instead of
+   any answers and writes per parent what the leaves' chunk tasks add to their own tables.
 5. Each level below the cut, coarsest first: its estimate store laid out (or an incomplete one
    of the same inputs resumed), one task per chunk of units writing the chunk from the pieces it
    overlaps (:func:`chunk_task`: only its rows of each, the query estimates formed from the
    tables), the pieces' query variances per class written by the driver, one after the other
    (``queries/variance_rows``, PL94 blocks: a row per block group; each unit's class in the
-   chunks, its piece's plus the piece's offset), the chunks hashed and fsynced as they land and the store sealed
+   chunks, its piece's plus the piece's offset; the finest level with ``leaf_offsets``: its tables
+   formed from the chunk's release rows), the chunks hashed and fsynced as they land and the store sealed
    (:class:`distfit.runtime.chunked_job.ChunkedWrite`), naming its parent level's checksum.
 
 Progress: a line with rate and ETA for each step over the forests and for each level's chunks.
