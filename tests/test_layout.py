@@ -88,6 +88,13 @@ def test_io_and_cluster_live_in_their_own_modules(path):
             problems.append(f"pure module imports {module}")
         if module.startswith("."):
             problems.append(f"relative import {module}")
+    for node in ast.walk(_tree(path)):  # a store's attrs are its facts: stated by distfit/stores/ alone
+        targets = node.targets if isinstance(node, (ast.Assign, ast.Delete)) else \
+            [node.target] if isinstance(node, ast.AugAssign) else []
+        if not name.startswith("stores/") and any(
+                isinstance(t, ast.Subscript) and isinstance(t.value, ast.Attribute) and t.value.attr == "attrs"
+                for t in targets):
+            problems.append(f"line {node.lineno}: sets a store's attrs (distfit/stores/ does)")
     text = path.read_text(encoding="utf-8")
     if "os.environ" in text and name != "runtime/threads" and (_is_pure(path) or name.startswith(("spec/", "solver/"))):
         problems.append("reads os.environ (only distfit/runtime/threads.py does)")

@@ -151,15 +151,8 @@ from dataclasses import dataclass
 import numpy as np
 import scipy.sparse
 
-from distfit.estimate.shared_basis import (
-    DiagonalUpward,
-    diagonal_downward,
-    diagonal_upward,
-    diagonal_variances,
-    level_diagonals,
-    shared_basis,
-    stack_diagonals,
-)
+from distfit.estimate.shared_basis import (DiagonalUpward, diagonal_downward, diagonal_upward, diagonal_variances,
+                                           level_diagonals, shared_basis, stack_diagonals)
 
 __all__ = ["Grouping", "HierarchyEstimate", "PINV_RTOL", "Summary", "Top", "Upward", "check_parent_of", "classwise",
            "downward_pass", "estimate_hierarchy", "psd_pinv", "query_variances", "summarise", "upward_pass"]
@@ -610,12 +603,13 @@ def summarise(state: Upward | DiagonalUpward) -> Summary:
 
 
 def downward_pass(state: Upward | DiagonalUpward, *, split: str = "equal", top: Top | None = None,
-                  outside: bool = True) -> HierarchyEstimate:
+                  outside: bool = True, leaf_offsets: bool = False) -> HierarchyEstimate:
     """The downward pass (module docstring) after :func:`upward_pass`; ``split`` as
     :func:`estimate_hierarchy`'s. ``top``: level 0's units are subtree roots whose estimates,
     covariances and outside information the levels above have given (:meth:`HierarchyEstimate.top`);
     otherwise they are the tree's roots. ``outside`` False: in the shared basis, no ``O`` below
-    level 0 (``outside`` None there: nothing published needs it; the general path computes it)."""
+    level 0 (``outside`` None there: nothing published needs it; the general path computes it).
+    ``leaf_offsets``: :func:`distfit.estimate.shared_basis.diagonal_downward`'s (in the basis only)."""
     if split not in ("equal", "total"):
         raise ValueError(f"split: 'equal' or 'total', got {split!r}")
     if isinstance(state, DiagonalUpward):
@@ -624,7 +618,8 @@ def downward_pass(state: Upward | DiagonalUpward, *, split: str = "equal", top: 
             top = top.in_basis(state.basis)
             given = (top.x, top.covariance[top.unit_class], top.outside[top.unit_class])
         xs, tildes, covs, outs, classes = diagonal_downward(state, split, given,
-                                                            None if outside else [False] * len(state.inside))
+                                                            None if outside else [False] * len(state.inside),
+                                                            leaf_offsets=leaf_offsets)
         units = [np.arange(x.shape[0]) if c is None else c for x, c in zip(xs, classes)]
         shared = [c is not None for c in classes]  # leaves of one J: one I for all, P and O per parent
         return HierarchyEstimate(x=tuple(xs), unit_class=tuple(units), covariance=tuple(covs), outside=tuple(outs),
@@ -633,6 +628,8 @@ def downward_pass(state: Upward | DiagonalUpward, *, split: str = "equal", top: 
                                  upward_class=tuple(np.zeros(c.shape[0], dtype=np.int64) if shared[level]
                                                     else np.arange(c.shape[0]) for level, c in enumerate(covs)),
                                  basis=state.basis, x_basis=tuple(tildes))
+    if leaf_offsets:
+        raise ValueError("leaf_offsets: only in the levels' shared basis")
     top = None if top is None else top.as_matrices()
     parents, groupings, up, j_of, fanout = state.parents, state.groupings, state.up, state.j_of, state.fanout
     inside, inside_pinv, inside_null = state.inside, state.inside_pinv, state.inside_null

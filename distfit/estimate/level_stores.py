@@ -131,8 +131,8 @@ def write_level(path: Path, *, spec, plan, plan_path: Path, release, model, x: n
                                    query_dtype=query_dtype(model, integer),
                                    cell_labels=cell_labels(model.attributes, value_labels(spec)),
                                    cell_columns=cell_columns(model, integer),
-                                   variance_classes=None if variances is None else variances[0].shape[0])
-            root.attrs["geography"] = geography
+                                   variance_classes=None if variances is None else variances[0].shape[0],
+                                   geography=geography)
             if variances is not None:
                 write_variance_rows(root, 0, variances[0])
             units, chunk_units = int(release.attrs["units"]), int(release.attrs["chunk_units"])
@@ -287,7 +287,17 @@ class BasisTerms:
     def leaf_residuals(self, own: np.ndarray, offsets: np.ndarray, parent: np.ndarray) -> np.ndarray:
         """The leaves' residuals from their own (:meth:`tables`) and their parents' ``g_p``
         (``offsets``, parents x d: the downward pass's ``x_basis`` of leaves given by their tables)."""
-        return np.maximum(own + np.einsum("ij,ij->i", offsets * self.own, offsets)[parent], 0.0)
+        return self.leaf_objective(own, self.leaf_quadratic(offsets), parent)
+
+    def leaf_quadratic(self, offsets: np.ndarray) -> np.ndarray:
+        """Each parent's ``g_p^T Lambda g_p`` (parents,), the part of its leaves' residuals that is
+        theirs in common (:meth:`leaf_residuals`)."""
+        return np.einsum("ij,ij->i", offsets * self.own, offsets)
+
+    @staticmethod
+    def leaf_objective(own: np.ndarray, quadratic: np.ndarray, parent: np.ndarray) -> np.ndarray:
+        """:meth:`leaf_residuals` from the parents' :meth:`leaf_quadratic`, at least 0."""
+        return np.maximum(own + quadratic[parent], 0.0)
 
     def residuals(self, linear: np.ndarray, norms: np.ndarray, x_basis: np.ndarray) -> np.ndarray:
         """Each unit's own weighted squared residual (:func:`residuals`) from ``h~``, ``n`` and

@@ -49,7 +49,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["SHARED_ATOL", "DiagonalUpward", "diagonal_downward", "diagonal_in", "diagonal_upward",
+__all__ = ["SHARED_ATOL", "DiagonalUpward", "blind", "diagonal_downward", "diagonal_in", "diagonal_upward",
            "diagonal_variances", "level_diagonals", "shared_basis", "stack_diagonals"]
 
 #: ``J`` is diagonal in ``Q`` when every off-diagonal entry of ``Q^T J Q`` is at most this times
@@ -167,6 +167,12 @@ def _pinv(values: np.ndarray, rtol: float, floor: float = 0.0) -> tuple[np.ndarr
     return np.divide(1.0, values, out=np.zeros(values.shape), where=kept), kept
 
 
+def blind(own: np.ndarray, rtol: float) -> bool:
+    """Whether a diagonal information ``own`` (d,) counts as 0 in some direction by the passes'
+    rank rule (:func:`_pinv`): its units are then blind there (``N_p`` is formed)."""
+    return not bool(_pinv(np.asarray(own, dtype=np.float64)[None], rtol)[1].all())
+
+
 def _rows(a: np.ndarray, rows: np.ndarray) -> np.ndarray:
     """``a[rows]``, or ``a`` itself when it is one row for every unit (broadcast)."""
     return a if a.shape[0] == 1 else a[rows]
@@ -282,9 +288,9 @@ def diagonal_upward(own: Sequence[np.ndarray], linear: Sequence[np.ndarray | Non
 
 
 def diagonal_downward(state: DiagonalUpward, split: str, top: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
-                      outside: Sequence[bool] | None = None
-                      ) -> tuple[list[np.ndarray], list[np.ndarray | None], list[np.ndarray], list[np.ndarray | None],
-                                 list[np.ndarray | None]]:
+                      outside: Sequence[bool] | None = None, *, leaf_offsets: bool = False
+                      ) -> tuple[list[np.ndarray | None], list[np.ndarray | None], list[np.ndarray],
+                                 list[np.ndarray | None], list[np.ndarray | None]]:
     """The downward pass (hierarchy's module docstring) after :func:`diagonal_upward`: per level
     ``(x (units x d, original basis), x~ = Q^T x (units x d, in the basis: formed by the pass
     itself, no product; for leaves of one J only when the state is ``in_basis``, else None, and
@@ -293,10 +299,19 @@ def diagonal_downward(state: DiagonalUpward, split: str, top: tuple[np.ndarray, 
     of one J: their parent))``.
     ``top``: the roots' ``(x, P, O)`` so given (subtree roots), else the tree's roots.
     ``outside``: per level, whether its ``O`` is wanted (None: every level's; a level's is
-    needed for the next one's, so O is computed down to the finest level wanted)."""
+    needed for the next one's, so O is computed down to the finest level wanted).
+    ``leaf_offsets``: the finest level's leaves of one J given by their sums alone
+    (``leaf_sums``, no rows): their ``x`` is not formed (None) and their ``x~`` is ``(G r)_p``
+    per parent, from which a reader of the leaves' rows forms their tables
+    (:func:`distfit.estimate.subtrees.leaf_tables`); ValueError where ``split="total"`` moves
+    a blind part by the siblings' totals (that needs every leaf's row here)."""
     q, rtol = state.basis, state.rtol
     levels = len(state.means)
-    if levels > 1 and state.means[-1] is None and state.leaf_linear is None and state.leaf_tables is None:
+    if leaf_offsets and not (levels > 1 and state.means[-1] is None and state.leaf_tables is None
+                             and state.leaf_linear is None):
+        raise ValueError("leaf_offsets: only for leaves of one J given by their sums (leaf_sums)")
+    if levels > 1 and state.means[-1] is None and state.leaf_linear is None and state.leaf_tables is None \
+            and not leaf_offsets:
         raise ValueError("downward pass: the upward pass was given the leaves' sums only (leaf_sums), not their rows")
     wanted = [True] * levels if outside is None else list(outside)
     deepest = max((level for level in range(levels) if wanted[level]), default=-1)
@@ -316,7 +331,8 @@ def diagonal_downward(state: DiagonalUpward, split: str, top: tuple[np.ndarray, 
         p, below, group = level - 1, state.parents[level], state.groupings[level]
         if state.means[level] is None:
             x, in_q, cov, out = _shared_leaves(state, level, tilde, xs[p], covs[p],
-                                               outs[p] if level <= deepest else None, split, ones)
+                                               outs[p] if level <= deepest else None, split, ones,
+                                               leaf_offsets=leaf_offsets)
             xs.append(x)
             tildes.append(in_q)
             covs.append(cov)
@@ -372,8 +388,8 @@ def diagonal_downward(state: DiagonalUpward, split: str, top: tuple[np.ndarray, 
 
 
 def _shared_leaves(state: DiagonalUpward, level: int, tilde: np.ndarray, above_x: np.ndarray, above_cov: np.ndarray,
-                   above_outside: np.ndarray | None, split: str, ones: np.ndarray
-                   ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray, np.ndarray | None]:
+                   above_outside: np.ndarray | None, split: str, ones: np.ndarray, *, leaf_offsets: bool = False
+                   ) -> tuple[np.ndarray | None, np.ndarray | None, np.ndarray, np.ndarray | None]:
     """The downward step to leaves of one ``J`` (every child's ``I`` the same row): ``G_c``, and so
     ``P_c`` and ``O_c``, are their parent's, computed per parent (the leaves' class is their
     parent); ``x_c = Q (m~_c + G r) = J^+ h_c + Q (G r)_p`` (``J^+ = Q diag(I^+) Q^T``): one product
@@ -382,8 +398,9 @@ def _shared_leaves(state: DiagonalUpward, level: int, tilde: np.ndarray, above_x
     for the residuals) and ``x_c = Q x~_c``, the same one product a leaf. With their tables
     ``J^+ h_c`` given (``state.leaf_tables``) ``x_c = J^+ h_c + Q (G r)_p``, no product a leaf,
     and the ``x~`` returned is ``(G r)_p`` per parent (the leaves' class): ``Q^T (x_c - J^+
-    h_c)`` before the blind split and the last child's rounding.
-    Returns ``(x, x~ or None, P, O)``."""
+    h_c)`` before the blind split and the last child's rounding. With ``leaf_offsets`` that
+    ``x~`` alone, no ``x`` (:func:`diagonal_downward`).
+    Returns ``(x or None, x~ or None, P, O)``."""
     q, rtol, p = state.basis, state.rtol, level - 1
     below, group = state.parents[level], state.groupings[level]
     own_pinv, kept = _pinv(state.inside[level], rtol)
@@ -396,7 +413,11 @@ def _shared_leaves(state: DiagonalUpward, level: int, tilde: np.ndarray, above_x
         blind = np.where(kept, 0.0, n_pinv * (1.0 - s * k))
         gain += blind
     rows_in_q = state.in_basis and state.leaf_tables is None
-    if state.leaf_tables is not None:
+    if leaf_offsets:
+        if split == "total" and blind is not None:
+            raise ValueError("leaf_offsets: split='total' with leaves blind in some direction needs their rows")
+        in_q, x = gain * remainder, None  # (G r)_p, per parent: the leaves' tables are formed by their reader
+    elif state.leaf_tables is not None:
         in_q = gain * remainder  # (G r)_p, per parent
         # the parents' offsets gathered, then the tables added in place: the same sums, one
         # leaves x d array written instead of two (the gather's and the sum's)
@@ -410,7 +431,7 @@ def _shared_leaves(state: DiagonalUpward, level: int, tilde: np.ndarray, above_x
         in_q = None
         x = state.leaf_linear @ ((q * own_pinv) @ q.T)
         x += ((gain * remainder) @ q.T)[below]
-    if split == "total" and blind is not None:
+    if split == "total" and blind is not None and x is not None:
         weight = np.maximum(x.sum(axis=1), 0.0)
         weight += TOTAL_FLOOR * (1.0 + weight.max(initial=0.0))  # all zero: equal parts
         same = ((n == 0.0) | (n == group.fanout[:, None])).all(axis=1)  # siblings blind in the same directions
@@ -418,7 +439,8 @@ def _shared_leaves(state: DiagonalUpward, level: int, tilde: np.ndarray, above_x
         x += (factor - 1.0)[:, None] * ((blind * remainder) @ q.T)[below]
         if rows_in_q:
             in_q += (factor - 1.0)[:, None] * (blind * remainder)[below]
-    x[group.last] += above_x[group.parents] - group.sum(x)[group.parents]
+    if x is not None:
+        x[group.last] += above_x[group.parents] - group.sum(x)[group.parents]
     cov = own_pinv * (1.0 - 2.0 * gain) + gain * gain * (s + above_cov)
     out = None if above_outside is None else _outside(
         state.own[p] + above_outside, s, n, own_pinv, kept, group.fanout == 1, rtol)

@@ -24,13 +24,17 @@ by :func:`distfit.estimate.levels.estimate_levels` with a cluster:
    memory of a level; in the shared basis two products a leaf), then the downward pass from its
    roots' estimates, and writes each level's rows (tables, residuals, and the query variances
    per class with each unit's class) as a piece (:mod:`distfit.stores.pieces`, digested per
-   chunk of units).
+   chunk of units). In the shared basis with leaves of one ``J`` (PL94's blocks:
+   ``Forests.leaf_offsets``, :mod:`distfit.estimate.leaf_pieces`) the upward task keeps its
+   terms and the leaves' sums by parent as a piece, and the downward task reads them instead of
+   any answers and writes per parent what the leaves' chunk tasks add to their own tables.
 5. Each level below the cut, coarsest first: its estimate store laid out (or an incomplete one
    of the same inputs resumed), one task per chunk of units writing the chunk from the pieces it
    overlaps (:func:`chunk_task`: only its rows of each, the query estimates formed from the
    tables), the pieces' query variances per class written by the driver, one after the other
    (``queries/variance_rows``, PL94 blocks: a row per block group; each unit's class in the
-   chunks, its piece's plus the piece's offset), the chunks hashed and fsynced as they land and the store sealed
+   chunks, its piece's plus the piece's offset; the finest level with ``leaf_offsets``: its tables
+   formed from the chunk's release rows), the chunks hashed and fsynced as they land and the store sealed
    (:class:`distfit.runtime.chunked_job.ChunkedWrite`), naming its parent level's checksum.
 
 Progress: a line with rate and ETA for each step over the forests and for each level's chunks.
@@ -73,8 +77,10 @@ from typing import Any, TextIO
 import numpy as np
 
 from distfit.estimate.geography import GeographyLevel, integer_top_down
-from distfit.estimate.hierarchy import Grouping, Summary, Top, check_parent_of
+from distfit.estimate.hierarchy import PINV_RTOL, Grouping, Summary, Top, check_parent_of
 from distfit.estimate.job import ReleaseRows
+from distfit.estimate.leaf_pieces import (CARRIED, PARENTS, SUMS, carry_boundaries, leaf_chunk, read_terms,
+                                          write_carried, write_parents)
 from distfit.estimate.level_stores import (
     METHOD,
     OBJECTIVE,
@@ -93,6 +99,7 @@ from distfit.estimate.level_stores import (
 )
 from distfit.estimate.measurements import MeasurementModel, measurement_model, workload_estimates
 from distfit.estimate.rounding import laminar_family
+from distfit.estimate.shared_basis import blind
 from distfit.estimate.subtrees import (
     FOREST_MATRIX_BYTES,
     basis_forest_upward,
@@ -117,7 +124,9 @@ from distfit.stores.estimate import (
     open_resumable,
     seal,
     check_replaceable,
+    stated_geography,
     stored_tables,
+    variance_pieces,
     write_variance_rows,
 )
 from distfit.stores.lock import store_lock
@@ -149,7 +158,8 @@ PIECES_NAME = "estimate.subtrees"
 #: A piece's arrays of a row per unit (digested per chunk of units); ``variance_rows`` is per class.
 PIECE_SLICED = ("cells", "objective", "variance_class")
 #: What a piece holds (in its directory's key: pieces of another content are not reused).
-PIECE_ROWS = "pieces: cells, objective, variance_rows by class and variance_class (queries formed by the chunk)"
+PIECE_ROWS = ("pieces: cells, objective, variance_rows by class and variance_class (queries formed by the chunk); "
+              "leaves from their rows: up .sums (with the levels above's terms) and .carried, down .parents")
 
 
 class Unordered(ValueError):
@@ -168,7 +178,9 @@ class Forests:
     ``terms``, each level's :class:`distfit.estimate.level_stores.BasisTerms` in it when the
     tasks work in the basis from the answers (real-valued tables; None: through ``h``, as the
     integer top-down needs it); ``chunk_units`` each level's chunk of units (its pieces' rows are
-    digested per chunk: :mod:`distfit.stores.pieces`)."""
+    digested per chunk: :mod:`distfit.stores.pieces`); ``leaf_offsets``: the finest level's
+    tables formed by its chunk tasks from the release rows they read, not by the downward
+    tasks, which then read none of its rows (:mod:`distfit.estimate.leaf_pieces`)."""
 
     names: tuple[str, ...]
     models: tuple[MeasurementModel, ...]
@@ -183,6 +195,7 @@ class Forests:
     basis: np.ndarray | None = None
     terms: tuple[BasisTerms, ...] | None = None
     chunk_units: tuple[int, ...] = ()
+    leaf_offsets: bool = False
 
     def rows(self, first: int, stop: int) -> list[tuple[int, int]]:
         """Forest ``[first, stop)``'s rows ``(start, stop)`` at each level from the cut."""
@@ -232,15 +245,16 @@ def _level_answers(job: Forests, k: int, a: int, b: int) -> dict[str, np.ndarray
     return {block: values[a - kept[0]:b - kept[0]] for block, values in kept[2].items()}
 
 
-def _forest_answers(job: Forests, first: int, stop: int) -> tuple[list[dict[str, np.ndarray]], list]:
+def _forest_answers(job: Forests, first: int, stop: int, *, read: bool = True) -> tuple[list, list]:
     """A forest's released answers per level (``{block_id: rows x m_b}``, chunks checked as
-    read) and local parent rows; the levels from the first without rows are left out."""
+    read) and local parent rows; the levels from the first without rows are left out; with
+    ``read`` False no answers are read (None)."""
     answers, parents = [], [None]
     rows = job.rows(first, stop)
     for k, (a, b) in enumerate(rows):
         if b == a:  # no units here, nor below
             break
-        answers.append(_level_answers(job, k, a, b))
+        answers.append(_level_answers(job, k, a, b) if read else None)
         if k:
             above = job.counts[k - 1][rows[k - 1][0]:rows[k - 1][1]]
             parents.append(np.repeat(np.arange(above.size, dtype=np.int64), above))
@@ -264,23 +278,33 @@ def upward_task(job: Forests, first: int, stop: int) -> tuple[int, Summary, tupl
             terms, parents = _read_forest(job, first, stop)
             _, summary = forest_upward([t[0] for t in terms], [t[1] for t in terms], parents, basis=job.basis)
             return first, summary, terms[0]
-        linear, _, _, summary = _basis_upward(job, first, stop, tables=False)
+        linear, _, _, summary = _basis_upward(job, first, stop, tables=False, carry=job.leaf_offsets)
         h, norms = linear[0]
         return first, summary, (job.terms[0].information, h @ job.basis.T, norms)
 
 
-def _basis_upward(job: Forests, first: int, stop: int, *, tables: bool):
+def _basis_upward(job: Forests, first: int, stop: int, *, tables: bool, carry: bool = False,
+                  leaves: bool = True):
     """In the shared basis: ``(terms, parents, state, summary)``, ``terms`` each level's ``(h~,
     n)`` but the finest's (:class:`distfit.estimate.level_stores.BasisTerms`: leaves of one
     ``J``, their answers only summed by parent; with ``tables`` their ``(J^+ h, own residuals)``
-    last), ``state`` the forest's upward pass (the leaves given by their tables with ``tables``)."""
-    answers, parents = _forest_answers(job, first, stop)
+    last), ``state`` the forest's upward pass (the leaves given by their tables with ``tables``).
+    ``carry`` (the upward task, ``job.leaf_offsets``): the terms and the job's finest level's
+    sums and carried tables written as pieces (:mod:`distfit.estimate.leaf_pieces`); ``leaves``
+    False: the terms and sums read from there, no answers (the downward task with
+    ``job.leaf_offsets``: the same numbers, not formed again)."""
+    answers, parents = _forest_answers(job, first, stop, read=leaves)
     depth = len(answers)
-    linear = [job.terms[k].linear(answers[k]) for k in range(depth if depth == 1 else depth - 1)]
     sums = leaves = None
-    if depth > 1:  # leaves of one J (every level's J is one matrix: level_terms)
+    if answers[0] is None:  # the forest's terms as its upward task wrote them
+        linear, sums = read_terms(job, first, stop)
+    else:
+        linear = [job.terms[k].linear(answers[k]) for k in range(depth if depth == 1 else depth - 1)]
+    if depth > 1 and answers[-1] is not None:  # leaves of one J (every level's J is one matrix: level_terms)
         sums = job.terms[depth - 1].summed(answers[-1], Grouping.of(parents[-1], linear[-1][0].shape[0]))
         leaves = job.terms[depth - 1].tables(answers[-1]) if tables else None
+        if carry and depth == len(job.names):
+            write_carried(job, first, stop, answers[-1], sums, linear)
     del answers
     state, summary = basis_forest_upward([t.own for t in job.terms[:depth]],
                                          [h for h, _ in linear] + ([None] if depth > 1 else []), parents,
@@ -294,13 +318,16 @@ def downward_task(job: Forests, first: int, stop: int, top: Top, roots: np.ndarr
     written as a piece. Returns ``(first, units below the cut)``."""
     directory = Path(job.pieces)
     rows = job.rows(first, stop)
+    # the finest level's tables formed by its chunk tasks (module docstring) when this forest has its rows
+    offsets = job.leaf_offsets and rows[-1][1] > rows[-1][0]
     with blas_limit():
         if job.terms is None:
             terms, parents = _read_forest(job, first, stop)
             state, _ = forest_upward([t[0] for t in terms], [t[1] for t in terms], parents, basis=job.basis)
         else:  # in the basis: (h~, n) per level, the leaves' (J^+ h, own residual), from the answers
-            terms, parents, state, _ = _basis_upward(job, first, stop, tables=True)
-        result = forest_downward(state, top, split=job.split, outside=False)  # O: published nowhere
+            terms, parents, state, _ = _basis_upward(job, first, stop, tables=not offsets, leaves=not offsets)
+        result = forest_downward(state, top, split=job.split, outside=False,  # O: published nowhere
+                                 leaf_offsets=offsets)
         tables = result.x
         if job.integer:  # the driver's integer top-down, continued from the roots' tables
             depth = len(result.x)
@@ -313,13 +340,17 @@ def downward_task(job: Forests, first: int, stop: int, top: Top, roots: np.ndarr
     for k in range(1, len(result.x)):
         start, end = rows[k]
         x, model = tables[k], job.models[k]
-        if job.terms is None:
+        arrays = {}
+        if x is None:  # the leaves' tables and residuals formed by their chunk tasks: per parent what they need
+            write_parents(job, first, stop, result.x_basis[k], tables[k - 1])
+        elif job.terms is None:
             objective = residuals(terms[k][0], terms[k][1], terms[k][2], x)
         elif k == len(result.x) - 1:  # leaves given by their tables: x_basis their parents' (G r)_p
             objective = job.terms[k].leaf_residuals(terms[k][1], result.x_basis[k], result.unit_class[k])
         else:
             objective = job.terms[k].residuals(terms[k][0], terms[k][1], result.x_basis[k])
-        arrays = {"cells": x, "objective": objective}
+        if x is not None:
+            arrays = {"cells": x, "objective": objective}
         if not job.integer and model.workload is not None:  # integer tables publish no variances
             # per downward class (the leaves of one J in the shared basis share their parent's P:
             # a row per parent) and each unit's class, as the store keeps them
@@ -332,7 +363,7 @@ def downward_task(job: Forests, first: int, stop: int, top: Top, roots: np.ndarr
 
 def chunk_task(job: Forests, k: int, estimate_path: str, chunk: int, start: int, stop: int,
                firsts: tuple[int, ...], tables: str | None = "cells/estimates",
-               offsets: tuple[int, ...] | None = None) -> tuple[int, int]:
+               offsets: tuple[int, ...] | None = None, parent_firsts: tuple[int, ...] = ()) -> tuple[int, int]:
     """Step 5 (module docstring): chunk ``chunk`` (rows ``start:stop``) of level ``c + k``'s
     estimate written from the pieces starting at rows ``firsts`` (those it overlaps, in order),
     its unit ids from the release; ``tables``: the store's table array
@@ -343,8 +374,10 @@ def chunk_task(job: Forests, k: int, estimate_path: str, chunk: int, start: int,
     (:func:`distfit.estimate.level_stores.level_queries`, as :func:`write_level` makes them),
     formed here, and each unit's class in the store its piece's plus the piece's offset (the
     driver writes the pieces' rows: :func:`_variance_rows`): the pieces carry a third of the
-    bytes (PL94: 253 numbers a unit instead of 891), each written, hashed and read once.
-    Returns ``(chunk, units)``."""
+    bytes (PL94: 253 numbers a unit instead of 891), each written, hashed and read once. The
+    finest level with ``job.leaf_offsets``: its tables and residuals formed here from the
+    chunk's release rows (:func:`distfit.estimate.leaf_pieces.leaf_chunk`; ``parent_firsts``:
+    each forest's first row at the level above). Returns ``(chunk, units)``."""
     model, n = job.models[k], stop - start
     # real-valued tables whose cells are query columns: each piece's rows copied once, straight
     # into those columns of the query estimates (workload_estimates then copies nothing)
@@ -352,8 +385,16 @@ def chunk_task(job: Forests, k: int, estimate_path: str, chunk: int, start: int,
     queries = None if into is None else np.empty((n, model.num_queries))
     cells, objective, classes, row = [], [], [], 0
     names = ("cells", "objective") + (() if offsets is None else ("variance_class",))
+    leaves = (leaf_chunk(job, _release_rows(job, k).answers(start, stop), start, stop, firsts, parent_firsts)
+              if parent_firsts else None)
     for i, first in enumerate(firsts):  # each piece's rows of the chunk, only those read and checked
-        piece = read_piece(Path(job.pieces), job.names[k], first, rows=(start, stop), names=names)
+        if leaves is not None:
+            piece = {"cells": leaves[0][i], "objective": leaves[1][i]}
+            if offsets is not None:
+                piece.update(read_piece(Path(job.pieces), job.names[k], first, rows=(start, stop),
+                                        names=("variance_class",)))
+        else:
+            piece = read_piece(Path(job.pieces), job.names[k], first, rows=(start, stop), names=names)
         if queries is None:
             cells.append(np.asarray(piece["cells"]))
         else:
@@ -458,14 +499,22 @@ def estimate_on_cluster(client, spec: Any, *, names: Sequence[str], cut: int, di
     with blas_limit():  # the tasks' matrices in the basis, once (real-valued: module docstring)
         terms = None if basis is None or integer else tuple(basis_terms(models[n], basis) for n in below)
     pieces = dirs[names[cut]] / PIECES_NAME  # made at step 4 (a refused input leaves nothing behind)
+    # the leaves' tables formed by their chunk tasks (Forests.leaf_offsets): in the basis, unless
+    # split="total" moves their blind part by their siblings' totals (the downward pass needs them)
+    offsets = terms is not None and len(below) > 1 and models[below[-1]].workload is not None \
+        and not (split == "total" and blind(terms[-1].own, PINV_RTOL))
     job = Forests(tuple(below), tuple(models[n] for n in below), tuple(releases[n].path for n in below),
                   tuple(releases[n].checksum for n in below), tuple(spans), tuple(counts), str(pieces), split, fsync,
-                  integer, basis, terms, tuple(int(releases[n].attrs["chunk_units"]) for n in below))
+                  integer, basis, terms, tuple(int(releases[n].attrs["chunk_units"]) for n in below), offsets)
+    pieces_key = _key(names, releases, cut, forest_rows, split, integer, basis is not None)
+    if job.leaf_offsets:  # the upward tasks write pieces (a refused input has left nothing behind by now)
+        open_pieces(pieces, pieces_key)
     jobs = dask_runtime().held_on_every_worker(client, job, name="estimate-forests")  # task i takes jobs[i % n]
     units = sum(int(releases[n].attrs["units"]) for n in names)
     print(f"distfit: estimate levels {', '.join(names)} ({units:,} units) on the cluster: best linear unbiased "
           f"over the geography{', then integer tables' if integer else ''}, {len(groups)} forests of subtrees of "
-          f"level {names[cut]}", file=log)
+          f"level {names[cut]}" + (f"; {below[-1]}'s tables formed as its chunks are written" if offsets else ""),
+          file=log)
 
     # 2. up
     calls = [(str(first), (jobs[i % len(jobs)], first, stop)) for i, (first, stop) in enumerate(groups)]
@@ -518,9 +567,11 @@ def estimate_on_cluster(client, spec: Any, *, names: Sequence[str], cut: int, di
     # 4 and 5; a piece refused as a chunk task reads it (changed on disk since it was written:
     # stores/pieces.py) is deleted and counts as not written: its forest runs down again and the
     # level's store resumes, once
-    open_pieces(pieces, _key(names, releases, cut, forest_rows, split, integer, basis is not None))
+    open_pieces(pieces, pieces_key)
     for attempt in (1, 2):
         try:
+            if attempt == 2 and job.leaf_offsets:  # an upward task's piece refused: written again
+                _up_again(client, job, jobs, groups, log)
             _down(client, job, jobs, groups, top, cut, log, roots=xs[cut] if integer else None)
             for k in range(1, len(below)):
                 name, above = below[k], below[k - 1]
@@ -543,6 +594,19 @@ def estimate_on_cluster(client, spec: Any, *, names: Sequence[str], cut: int, di
     return out
 
 
+def _up_again(client, job: Forests, jobs: Sequence[Any], groups: Sequence[tuple[int, int]], log: TextIO) -> None:
+    """The upward tasks of the forests whose ``.sums`` or ``.carried`` pieces are not all there
+    (one was refused as read, and deleted), run again to write them."""
+    directory, name = Path(job.pieces), job.names[-1]
+    missing = [(first, stop) for first, stop in groups if job.spans[-1][first] < job.spans[-1][stop] and not (
+        piece_done(directory, name + SUMS, int(job.spans[-1][first]))
+        and all(piece_done(directory, name + CARRIED, s) for s in carry_boundaries(job, first, stop)))]
+    calls = [(str(first), (jobs[i % len(jobs)], first, stop)) for i, (first, stop) in enumerate(missing)]
+    if calls:
+        _run(client, upward_task, calls, "estimate-up-again",
+             Progress(f"estimate {', '.join(job.names)}: up again", log, unit="forests"))
+
+
 def _down(client, job: Forests, jobs: Sequence[Any], groups: Sequence[tuple[int, int]], top: Top, cut: int,
           log: TextIO, *, roots: np.ndarray | None) -> None:
     """Step 4 (module docstring) for the forests whose pieces are not all written (``roots``: the
@@ -551,7 +615,9 @@ def _down(client, job: Forests, jobs: Sequence[Any], groups: Sequence[tuple[int,
     below = job.names[1:]
     pending = [(first, stop) for first, stop in groups
                if not all(sp[first] == sp[stop] or piece_done(Path(job.pieces), name, int(sp[first]))
-                          for name, sp in zip(below, job.spans[1:]))]
+                          for name, sp in zip(below, job.spans[1:]))
+               or (job.leaf_offsets and job.spans[-1][first] < job.spans[-1][stop]
+                   and not piece_done(Path(job.pieces), job.names[-1] + PARENTS, int(job.spans[-2][first])))]
     calls = [(str(first), (jobs[i % len(jobs)], first, stop, top.top(cut, slice(first, stop)),
                            None if roots is None else roots[first:stop])) for i, (first, stop) in enumerate(pending)]
     if calls:
@@ -584,19 +650,21 @@ def _locked_write(client, job: Forests, jobs: Sequence[Any], k: int, groups: Seq
         try:
             root = open_resumable(path, plan_checksum=plan.checksum, release_checksum=release.checksum,
                                   integer=job.integer, method=METHOD)
-            resumed = (root.attrs.get("geography") or {}).get("parent_estimate", {}).get("checksum") == parent
+            resumed = (stated_geography(root).get("parent_estimate") or {}).get("checksum") == parent
         except ValueError:
             resumed = False
-    firsts = np.array([job.spans[k][first] for first, stop in groups if job.spans[k][first] < job.spans[k][stop]],
-                      dtype=np.int64)
+    present = [first for first, stop in groups if job.spans[k][first] < job.spans[k][stop]]
+    firsts = np.array([job.spans[k][first] for first in present], dtype=np.int64)
+    # the leaves formed by the chunk tasks: each forest's first row at the level above (its .parents piece)
+    above = (np.array([job.spans[k - 1][first] for first in present], dtype=np.int64)
+             if job.leaf_offsets and k == len(job.names) - 1 else None)
     # the query variances: each piece's rows, one after the other (a unit's class is its
     # piece's plus the piece's offset); a store resumed must have numbered them the same way
     pieces = ([[int(f), piece_rows(Path(job.pieces), name, int(f), "variance_rows")] for f in firsts]
               if model.workload is not None and not job.integer else None)
     offsets = None if pieces is None else np.concatenate([[0], np.cumsum([c for _, c in pieces])]).astype(np.int64)
     if resumed and pieces is not None:
-        stored = root["queries"]["variance_rows"].attrs.get("pieces") if "variance_rows" in root["queries"] else None
-        resumed = stored == pieces
+        resumed = variance_pieces(root) == pieces
 
     def create(target: Path):
         root = create_estimate(target, plan=plan, plan_path=str(plan_path), release=release, method=METHOD,
@@ -604,10 +672,8 @@ def _locked_write(client, job: Forests, jobs: Sequence[Any], k: int, groups: Seq
                                query_dtype=query_dtype(model, job.integer),
                                cell_labels=cell_labels(model.attributes, value_labels(spec)),
                                cell_columns=cell_columns(model, job.integer),
-                               variance_classes=None if offsets is None else int(offsets[-1]))
-        root.attrs["geography"] = geography
-        if pieces is not None:
-            root["queries"]["variance_rows"].attrs["pieces"] = pieces
+                               variance_classes=None if offsets is None else int(offsets[-1]), geography=geography,
+                               variance_pieces=pieces)
         return root
 
     n_chunks = -(-units // chunk_units)
@@ -628,7 +694,8 @@ def _locked_write(client, job: Forests, jobs: Sequence[Any], k: int, groups: Seq
         hi = int(np.searchsorted(firsts, stop, side="left"))
         calls.append((str(chunk), (jobs[len(calls) % len(jobs)], k, str(layout.target), chunk, start, stop,
                                    tuple(int(f) for f in firsts[lo:hi]), tables,
-                                   None if offsets is None else tuple(int(o) for o in offsets[lo:hi]))))
+                                   None if offsets is None else tuple(int(o) for o in offsets[lo:hi]),
+                                   () if above is None else tuple(int(f) for f in above[lo:hi]))))
     with ChunkedWrite(layout.root, layout.target, units=units, chunk_units=chunk_units, pending=layout.pending,
                       stage=f"estimate {name}", log=log, fsync=fsync, staging=layout.staging, arrays=arrays) as write:
         if calls:

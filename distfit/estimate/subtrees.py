@@ -55,7 +55,7 @@ from distfit.estimate.shared_basis import DiagonalUpward, diagonal_upward, share
 __all__ = ["DRIVER_MATRIX_BYTES", "DRIVER_UNITS", "FOREST_MATRIX_BYTES", "MATRICES_PER_UNIT", "basis_forest_upward",
            "choose_cut",
            "descendant_spans", "estimate_by_subtrees", "forest_downward", "forest_upward", "group_roots",
-           "local_parents", "matrix_units", "merge_summaries", "top_estimate"]
+           "leaf_tables", "local_parents", "matrix_units", "merge_summaries", "top_estimate"]
 
 #: :func:`choose_cut`: the top (levels ``0 .. c``) holds at most this many units of level ``c``.
 DRIVER_UNITS = 4096
@@ -203,11 +203,41 @@ def top_estimate(information: Sequence[np.ndarray], linear: Sequence[np.ndarray]
     return downward_pass(state, split=split)
 
 
-def forest_downward(state: Upward | DiagonalUpward, top: Top, *, split: str, outside: bool = True) -> HierarchyEstimate:
+def forest_downward(state: Upward | DiagonalUpward, top: Top, *, split: str, outside: bool = True,
+                    leaf_offsets: bool = False) -> HierarchyEstimate:
     """Step 3 (module docstring): a forest's levels ``c .. L`` down from its roots' ``top``
     (level 0 of the result is the roots, as given; levels :func:`forest_upward` left out are
-    not in it). ``outside``: :func:`distfit.estimate.hierarchy.downward_pass`'s."""
-    return downward_pass(state, split=split, top=top, outside=outside)
+    not in it). ``outside`` and ``leaf_offsets``: :func:`distfit.estimate.hierarchy.downward_pass`'s
+    (with ``leaf_offsets`` the leaves' tables are :func:`leaf_tables`, formed by their reader)."""
+    return downward_pass(state, split=split, top=top, outside=outside, leaf_offsets=leaf_offsets)
+
+
+def leaf_tables(offsets: np.ndarray, parent_tables: np.ndarray, tables: np.ndarray, parent: np.ndarray,
+                complete: np.ndarray, before: np.ndarray | None = None) -> np.ndarray:
+    """Leaves' tables (rows x d) in the shared basis from their own ``J^+ h_c`` (``tables``, rows x
+    d) and their parents' offsets ``Q (G r)_p`` (``offsets``, parents x d; ``parent`` each row's
+    parent there): ``x_c = J^+ h_c + Q (G r)_p``
+    (:func:`distfit.estimate.shared_basis.diagonal_downward`), and for each parent in
+    ``complete`` (those whose every child is among the rows, in order) the rounding of ``sum_c
+    G_c = I`` given to its last child, ``x_last += x_p - sum_c x_c`` (``parent_tables``: the
+    parents' own tables ``x_p``), so that the children sum to their parent. The same operations
+    on the same numbers as the downward pass over the whole forest (each parent's sum runs over
+    its children in order from 0, whatever other rows are there): equal to it bit for bit. The
+    leaves' reader forms them so, from the release rows it reads anyway (docs/design.md section
+    7): the downward pass needs only their parents' sums. ``before``: more rows' ``J^+ h_c``
+    before ``tables`` (``parent`` and the result then cover both; not copied together first)."""
+    x = offsets[parent]
+    if before is None:
+        x += tables
+    else:
+        x[:before.shape[0]] += before
+        x[before.shape[0]:] += tables
+    if parent.size:
+        group = Grouping.of(parent, offsets.shape[0])
+        done = group.parents[complete[group.parents]]
+        last = group.last[complete[group.parents]]
+        x[last] += parent_tables[done] - group.sum(x)[done]
+    return x
 
 
 def estimate_by_subtrees(information: Sequence[np.ndarray], linear: Sequence[np.ndarray],

@@ -148,6 +148,10 @@ FORMAT_VERSION = 5
 #: hashes every array: :meth:`distfit.stores.sealing.SealedKind.read_sealed`); 1-2 are refused.
 OLDEST_VERSION = 3
 
+#: ``queries/variance_rows``' attr while the store is incomplete: how the cluster's pieces number
+#: the variance classes (:func:`create_estimate`'s ``variance_pieces``), dropped at the seal.
+PIECES_ATTR = "pieces"
+
 #: What each chunk writes, besides ``chunks/done`` (:func:`chunk_arrays`), with its dtype when fixed.
 FIT_DTYPES = {"solve/objective": np.float64, "solve/iterations": np.int32, "solve/converged": np.uint8}
 
@@ -205,7 +209,8 @@ def query_groups(labels: Sequence[str] | None) -> dict[str, list[int]] | None:
 def create_estimate(path: Path, *, plan, plan_path: str, release, method: str, objective: str, integer: bool,
                     cells: int, query_dtype: Any, cell_labels: np.ndarray | None,
                     cliques: Sequence[Sequence[str]] | None = None, cell_columns: int | None = None,
-                    variance_classes: int | None = None) -> zarr.Group:
+                    variance_classes: int | None = None, geography: Mapping[str, Any] | None = None,
+                    variance_pieces: list | None = None) -> zarr.Group:
     """Lay out an empty, incomplete estimate store at ``path`` (driver only) and return its root
     group, open for writing. ``release``: the sealed release (:func:`distfit.stores.release.read_release`)
     whose units, chunking, unit ids dtype and labels the store follows. ``cliques`` (a graphical
@@ -216,12 +221,31 @@ def create_estimate(path: Path, *, plan, plan_path: str, release, method: str, o
     no ``cells/estimates``, the ``cells`` group's attr ``in_queries`` ``[start, start + cells]``
     instead (module docstring). ``variance_classes``: lay out ``queries/variance_rows``
     (variance_classes x m float64, for :func:`write_variance_rows`) and ``queries/variance_class``
-    (units,) for the chunks to fill. On any error nothing is left at ``path``
-    (:meth:`distfit.stores.sealing.SealedKind.create`)."""
-    return ESTIMATE.create(path, _lay_out, plan=plan, plan_path=plan_path, release=release, method=method,
+    (units,) for the chunks to fill. ``geography``: the root attr ``geography`` (a level of a
+    multi-level run: docs/stores.md). ``variance_pieces``: how the cluster's pieces number the
+    variance classes (``[first unit, classes]`` per piece), kept while the store is incomplete
+    for a resume to compare (:func:`variance_pieces`) and dropped by :func:`seal`: bookkeeping,
+    not a fact of the estimate (a sealed store states only what its checksum covers). On any
+    error nothing is left at ``path`` (:meth:`distfit.stores.sealing.SealedKind.create`)."""
+    root = ESTIMATE.create(path, _lay_out, plan=plan, plan_path=plan_path, release=release, method=method,
                            objective=objective, integer=integer, cells=cells, query_dtype=query_dtype,
                            cell_labels=cell_labels, cliques=cliques, cell_columns=cell_columns,
                            variance_classes=variance_classes)
+    if geography is not None:
+        root.attrs["geography"] = dict(geography)
+    if variance_pieces is not None:
+        root["queries/variance_rows"].attrs[PIECES_ATTR] = variance_pieces
+    return root
+
+
+def variance_pieces(root: zarr.Group) -> list | None:
+    """An incomplete store's ``variance_pieces`` (:func:`create_estimate`; None: none recorded)."""
+    return root["queries/variance_rows"].attrs.get(PIECES_ATTR) if "queries/variance_rows" in root else None
+
+
+def stated_geography(root: zarr.Group) -> dict:
+    """A store's root attr ``geography`` (``{}`` when it has none)."""
+    return dict(root.attrs.get("geography") or {})
 
 
 def _lay_out(root: zarr.Group, *, plan, plan_path, release, method, objective, integer, cells, query_dtype,
@@ -375,9 +399,12 @@ def seal(root: zarr.Group, path: Path, *, plan_path: str, plan_checksum: str, re
     takes the digest and fsyncs (``synced``: the files fsynced as they landed), which then
     writes the ``fit`` summary (given, as :func:`combine_fits` of the chunks' parts, or read
     from the store: 0.7 s at the seal of 1M units). The fits' checkpoints
-    (:mod:`distfit.stores.checkpoint`) are deleted first: never sealed, never hashed. Returns the
-    estimate's checksum."""
+    (:mod:`distfit.stores.checkpoint`) are deleted first: never sealed, never hashed, and so is
+    ``queries/variance_rows``' attr ``pieces`` (:func:`create_estimate`). Returns the estimate's
+    checksum."""
     remove_checkpoints(path)  # a sealed estimate holds no fit's checkpoint (distfit.stores.checkpoint)
+    if variance_pieces(root) is not None:  # resume bookkeeping: never in a sealed store (create_estimate)
+        del root["queries/variance_rows"].attrs[PIECES_ATTR]
 
     def check() -> None:
         changed = plan_change(plan_path, plan_checksum, "estimate")
@@ -573,7 +600,9 @@ __all__ = [
     "read_estimate",
     "read_sealed_estimate",
     "seal",
+    "stated_geography",
     "stored_tables",
+    "variance_pieces",
     "verify_estimate",
     "write_variance_rows",
 ]

@@ -40,7 +40,7 @@ import numpy as np
 from distfit.stores.atomic import fsync_dir, write_text_atomic
 from distfit.stores.checksum import chunk_digest
 
-__all__ = ["FORMAT", "PieceMismatch", "open_pieces", "piece_done", "piece_rows", "read_piece", "remove_piece",
+__all__ = ["FORMAT", "PieceMismatch", "open_pieces", "piece_done", "piece_path", "piece_rows", "read_piece", "remove_piece",
            "remove_pieces", "write_piece"]
 
 KEY = "key"
@@ -77,7 +77,8 @@ def open_pieces(directory: Path, key: str) -> Path:
     return directory
 
 
-def _piece(directory: Path, level: str, first: int) -> Path:
+def piece_path(directory: Path, level: str, first: int) -> Path:
+    """The directory of level ``level``'s piece starting at row ``first``."""
     return directory / level / f"{int(first):012d}"
 
 
@@ -117,7 +118,7 @@ def piece_done(directory: Path, level: str, first: int) -> bool:
     """Whether level ``level``'s piece starting at row ``first`` is written whole: its manifest
     readable and each array's file of the size it records (the rows are not read: :func:`read_piece`
     checks their digests)."""
-    piece = _piece(directory, level, first)
+    piece = piece_path(directory, level, first)
     if not piece.is_dir():
         return False
     try:
@@ -141,7 +142,7 @@ def write_piece(directory: Path, level: str, first: int, arrays: Mapping[str, np
     :func:`piece_done` accepts is kept: a retry computes the same rows; one it does not is replaced).
     ``sliced``: the arrays of a row per unit (row ``i`` is the level's row ``first + i``), digested
     per ``slab`` of rows (module docstring) when ``slab`` is given; the others whole."""
-    final = _piece(directory, level, first)
+    final = piece_path(directory, level, first)
     final.parent.mkdir(parents=True, exist_ok=True)
     aside = final.with_name(f".{final.name}.{uuid.uuid4().hex}")
     aside.mkdir()
@@ -185,7 +186,7 @@ def read_piece(directory: Path, level: str, first: int, rows: tuple[int, int] | 
     within them only (the piece's ``max(start, first) .. min(stop, first + rows)``), and only the
     slabs holding them are read and checked; the other arrays whole, as without ``rows``.
     ``names``: only those arrays read and checked (None: every array)."""
-    piece = _piece(directory, level, first)
+    piece = piece_path(directory, level, first)
     arrays = _manifest(piece)["arrays"]
     rows_of = rows
     files = {path.stem for path in piece.glob("*.npy")}
@@ -214,7 +215,7 @@ def piece_rows(directory: Path, level: str, first: int, name: str) -> int:
     """The rows of array ``name`` of level ``level``'s piece starting at row ``first``, as its
     manifest states them (not checked here: :func:`read_piece` checks the array against them);
     :class:`PieceMismatch` when the manifest is unreadable or has no such array."""
-    piece = _piece(directory, level, first)
+    piece = piece_path(directory, level, first)
     entry = _manifest(piece)["arrays"].get(name)
     if not isinstance(entry, dict) or not entry.get("shape"):
         raise PieceMismatch(piece, f"no array {name} in its manifest")

@@ -18,6 +18,7 @@ from distfit.estimate.subtrees import (
     forest_downward,
     forest_upward,
     group_roots,
+    leaf_tables,
     local_parents,
     matrix_units,
     merge_summaries,
@@ -676,3 +677,61 @@ def test_forests_from_h_in_the_basis_equal_the_general_path(case, family):
 def _only_sums(own, linear, ups, q, sums):
     """An upward state given the leaves' sums only (no downward pass from it)."""
     return basis_forest_upward(own, linear[:-1] + [None], ups, q, leaf_sums=sums)[0]
+
+
+@pytest.mark.parametrize("case", [FIVE_LEVELS, RAGGED_DEEP], ids=["five-levels", "ragged-deep"])
+def test_leaves_formed_by_their_reader_equal_the_downward_pass_bit_for_bit(case):
+    """The leaves' tables formed by their reader a chunk of rows at a time (subtree_job's chunk
+    tasks) from their ``J^+ h_c``, their parents' offsets ``Q (G r)_p`` and tables
+    (``leaf_offsets``: the downward pass given the leaves' sums only) and, for a parent whose
+    children straddle the chunk's first row, its children before it: equal bit for bit to the
+    downward pass given every leaf's ``J^+ h_c`` (its last child's rounding included), for every
+    chunk size; the levels above equal bit for bit too. Leaves blind in some direction with
+    ``split="total"`` (their blind part moved by their siblings' totals) are refused."""
+    parents, sizes, maps, leaves, js, hs = _commuting(case, "scaled", 29)
+    order, up = _by_parent(parents, sizes)
+    hs = [h[o] for h, o in zip(hs, order)]
+    q = shared_basis(js)
+    own = [diagonal_in(j, q) for j in js]
+    cut = 1
+    spans = descendant_spans([np.bincount(up[level + 1], minlength=sizes[level]) for level in range(cut, len(sizes) - 1)])
+    linear = [h @ q for h in hs]
+    summaries, states = [], []
+    for first, stop in group_roots(spans, 6):
+        rows = [slice(int(s[first]), int(s[stop])) for s in spans]
+        ups = [None] + [local_parents(up[cut + k][rows[k]], rows[k - 1].start) for k in range(1, len(rows))]
+        sums = Grouping.of(ups[-1], rows[-2].stop - rows[-2].start).sum(linear[-1][rows[-1]])
+        tables = hs[-1][rows[-1]] @ np.linalg.pinv(js[-1], rcond=1e-9, hermitian=True)
+        args = (own[cut:], [linear[cut + k][r] for k, r in enumerate(rows[:-1])] + [None], ups, q)
+        by_tables, summary = basis_forest_upward(*args, leaf_sums=sums, leaf_tables=tables)
+        summaries.append(summary)
+        states.append(((first, stop), ups[-1], tables, by_tables, basis_forest_upward(*args, leaf_sums=sums)[0]))
+    top = top_estimate(js[:cut], hs[:cut], up[:cut + 1], merge_summaries(summaries), split="total")
+    for (first, stop), parent, tables, by_tables, by_sums in states:
+        whole = forest_downward(by_tables, top.top(cut, slice(first, stop)), split="total", outside=False)
+        ours = forest_downward(by_sums, top.top(cut, slice(first, stop)), split="total", outside=False,
+                               leaf_offsets=True)
+        assert ours.x[-1] is None
+        for k in range(len(whole.x) - 1):
+            np.testing.assert_array_equal(ours.x[k], whole.x[k])
+        offsets, above = ours.x_basis[-1] @ q.T, ours.x[-2]
+        starts = np.concatenate([[0], np.cumsum(np.bincount(parent, minlength=above.shape[0]))])
+        for size in (1, 2, 3, parent.size):
+            parts = []
+            for a in range(0, parent.size, size):
+                b = min(a + size, parent.size)
+                rows_parent = np.searchsorted(starts, np.arange(a, b), side="right") - 1
+                low, high = int(rows_parent[0]), int(rows_parent[-1]) + 1
+                before = a - int(starts[low])  # the first parent's children in the chunks before
+                x = leaf_tables(offsets[low:high], above[low:high], tables[a:b],
+                                np.concatenate([np.zeros(before, dtype=np.int64), rows_parent - low]),
+                                starts[low + 1:high + 1] <= b, before=tables[a - before:a] if before else None)
+                parts.append(x[before:])
+            np.testing.assert_array_equal(np.concatenate(parts), whole.x[-1])
+    parents, sizes, maps, leaves, js, hs = _commuting(FIVE_LEVELS, "marginals", 29)  # leaves blind: (0, 1, 0, 0)
+    order, up = _by_parent(parents, sizes)
+    q = shared_basis(js)
+    state, _ = basis_forest_upward([diagonal_in(j, q) for j in js], [h[o] @ q for h, o in zip(hs[:-1], order)] + [None],
+                                   up, q, leaf_sums=Grouping.of(up[-1], sizes[-2]).sum(hs[-1][order[-1]] @ q))
+    with pytest.raises(ValueError, match="split='total' with leaves blind"):
+        forest_downward(state, None, split="total", leaf_offsets=True)

@@ -47,13 +47,15 @@ from tests.storetools import reseal
 CENSUS = Path(__file__).resolve().parents[2] / "pipelines" / "census.yaml"
 LEVELS = ("nation", "state", "county")
 #: census.yaml's people with the same queries at every level: the levels' plans one plan up to
-#: the common scale, so their informations commute (as pipelines/us_pl94.yaml's: the shared basis)
+#: the common scale, so their informations commute (as pipelines/us_pl94.yaml's: the shared basis),
+#: every cell among them (as PL94's blocks: the counties' tables formed as their chunks are written)
 SHARED = CENSUS.read_text().split("levels:")[0] + """levels:
   - name: nation
     queries: &same
       - {name: total, total: true, target: 2}
       - {name: age_sex, attributes: {age: prefix, sex: identity}, target: 2}
       - {name: race_hispanic, attributes: {race: identity, hispanic: identity}, target: 2}
+      - {name: cells, attributes: {age: identity, sex: identity, race: identity, hispanic: identity}, target: 4}
   - name: state
     units: {column: state}
     queries: *same
@@ -309,40 +311,61 @@ def _same_estimates(ours, driver) -> None:
             assert np.abs(a - b).max() <= 1e-9 * max(1.0, np.abs(b).max()), (name, array)
 
 
-def _interrupted(store: Path) -> None:
+def _interrupted(store: Path, pieces: list | None = None) -> None:
     """Make a sealed one-chunk estimate store look interrupted before its chunk was written:
-    incomplete, unsealed, its chunk not done."""
+    incomplete, unsealed, its chunk not done, and (``pieces``) the numbering of its variance
+    classes it held until its seal dropped it (:func:`_laid_out_pieces`)."""
     doc = json.loads((store / "zarr.json").read_text())
     doc["attributes"]["complete"] = False
     for key in ("checksum", "sealed"):
         doc["attributes"].pop(key, None)
     (store / "zarr.json").write_text(json.dumps(doc))
     (store / "chunks" / "done" / "c" / "0").write_bytes(b"\x00")
+    if pieces is not None:
+        meta = store / "queries" / "variance_rows" / "zarr.json"
+        doc = json.loads(meta.read_text())
+        assert "pieces" not in doc["attributes"]  # resume bookkeeping: not in a sealed store
+        doc["attributes"]["pieces"] = pieces
+        meta.write_text(json.dumps(doc))
 
 
-def test_a_store_whose_pieces_number_the_variance_classes_otherwise_is_not_resumed(serial_run, cluster, tmp_path):
+def _laid_out_pieces(monkeypatch) -> dict:
+    """The numbering of the variance classes each store the cluster lays out holds while
+    incomplete (``create_estimate``'s ``variance_pieces``), by level, the last laid out."""
+    laid_out, create = {}, subtree_job.create_estimate
+
+    def recording(path, **kwargs):
+        laid_out[Path(path).parent.name] = kwargs.get("variance_pieces")  # the level's directory
+        return create(path, **kwargs)
+
+    monkeypatch.setattr(subtree_job, "create_estimate", recording)
+    return laid_out
+
+
+def test_a_store_whose_pieces_number_the_variance_classes_otherwise_is_not_resumed(serial_run, cluster, tmp_path,
+                                                                                   monkeypatch):
     """An incomplete level store keeps its chunks only when the pieces number the query variances'
     classes as its own (attr ``pieces``: each unit's class is its piece's plus the piece's
-    offset): a rerun with other forests lays the level out anew (not "resuming") and gives the
-    driver's estimates and variances."""
+    offset, dropped at the seal): a rerun with other forests lays the level out anew (not
+    "resuming") and gives the driver's estimates and variances."""
     copy = tmp_path / "levels"
     shutil.copytree(Path(serial_run.rundir) / "levels", copy,
                     ignore=lambda _dir, names: [n for n in names if n in ("estimate.zarr", "data.zarr", "report")])
     spec, dirs = load_spec(CENSUS), {name: copy / name for name in LEVELS}
+    laid_out = _laid_out_pieces(monkeypatch)
     estimate_levels(spec, dirs, fsync=False, log=io.StringIO(), placement=cluster, cut=1, forest_rows=6)
     county = copy / "county" / "estimate.zarr"
-    meta = county / "queries" / "variance_rows" / "zarr.json"
-    before = json.loads(meta.read_text())["attributes"]["pieces"]
-    _interrupted(county)
+    before = laid_out["county"]
+    _interrupted(county, before)
     log = io.StringIO()
     again = estimate_levels(spec, dirs, fsync=False, log=log, placement=cluster, cut=1, forest_rows=1000)
-    after = json.loads(meta.read_text())["attributes"]["pieces"]
+    after = laid_out["county"]
     assert len(before) > 1 and len(after) == 1  # one forest of every state: one piece
     assert "resuming" not in log.getvalue()
     _same_estimates(again, serial_run.estimates)
 
 
-def test_subtrees_on_a_local_cluster_equal_the_drivers_estimate(serial_run, cluster, tmp_path):
+def test_subtrees_on_a_local_cluster_equal_the_drivers_estimate(serial_run, cluster, tmp_path, monkeypatch):
     """Cut at the state level into forests of a few states (issue 29 point 5: subtrees as tasks on
     a real local cluster, each level below written chunk by chunk from the forests' pieces): the
     driver's estimates and variances to 1e-9, every store sealed and verified; a rerun after an
@@ -352,13 +375,13 @@ def test_subtrees_on_a_local_cluster_equal_the_drivers_estimate(serial_run, clus
     shutil.copytree(Path(serial_run.rundir) / "levels", copy,
                     ignore=lambda _dir, names: [n for n in names if n in ("estimate.zarr", "data.zarr", "report")])
     spec, dirs = load_spec(CENSUS), {name: copy / name for name in LEVELS}
-    log = io.StringIO()
+    log, laid_out = io.StringIO(), _laid_out_pieces(monkeypatch)
     first = estimate_levels(spec, dirs, fsync=False, log=log, placement=cluster, cut=1, forest_rows=6)
     assert "forests of subtrees of level state" in log.getvalue() and "county: down" in log.getvalue()
     _same_estimates(first, serial_run.estimates)
     assert not (copy / "state" / "estimate.subtrees").exists()  # the pieces are gone once all is sealed
     # as if interrupted before the county's chunk was written: incomplete, its chunk not done
-    _interrupted(copy / "county" / "estimate.zarr")
+    _interrupted(copy / "county" / "estimate.zarr", laid_out["county"])
     log = io.StringIO()
     again = estimate_levels(spec, dirs, fsync=False, log=log, placement=cluster, cut=1, forest_rows=6)
     # stopped after the forests went down (the county's store held by another writer): the
@@ -520,7 +543,7 @@ def test_levels_of_one_plan_on_a_local_cluster_in_the_shared_basis(cluster, tmp_
     log = io.StringIO()
     ours = estimate_levels(spec, {name: copy / name for name in LEVELS}, fsync=False, log=log,
                            placement=cluster, cut=1, forest_rows=6)
-    assert "forests of subtrees of level state" in log.getvalue()
+    assert "forests of subtrees of level state; county's tables formed as its chunks are written" in log.getvalue()
     _same_estimates(ours, run.estimates)
     # the finest level's variances stored once per parent (its leaves share their parent's P),
     # equal per unit to the driver's (above); the store says which row is each unit's

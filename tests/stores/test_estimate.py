@@ -25,6 +25,8 @@ from distfit.stores.estimate import (
     read_estimate,
     read_sealed_estimate,
     seal,
+    stated_geography,
+    variance_pieces,
     verify_estimate,
     write_variance_rows,
 )
@@ -182,15 +184,18 @@ def test_variances_per_class_read_per_unit_and_covered_by_the_checksum(stores, t
     unit's class (``queries/variance_class``, per chunk): read per unit as ``rows[class]``, any
     rows and columns; the rows are a small array under the root checksum (a tampered row: the
     store refused as it is opened), the classes digested per chunk (a tampered class: the chunk
-    refused as it is read)."""
+    refused as it is read). The pieces' numbering of the classes (resume bookkeeping, not under
+    the checksum) is stated while the store is incomplete and gone once it is sealed."""
     plan, release = read_plan(stores["plan"]), read_release(stores["release"])
     m = len(plan.queries_targets)
     rng = np.random.default_rng(7)
     rows, classes = rng.uniform(0.5, 3.0, (4, m)), rng.integers(0, 4, UNITS)
     path = tmp_path / "v.zarr"
+    geography = {"level": "county", "parent_estimate": {"path": "p", "checksum": "sha256:" + "2" * 64}}
     root = create_estimate(path, plan=plan, plan_path=stores["plan"], release=release, method=METHOD,
                            objective=OBJECTIVE, integer=False, cells=36, query_dtype=np.float64, cell_labels=None,
-                           variance_classes=4)
+                           variance_classes=4, geography=geography, variance_pieces=[[0, 3], [20, 1]])
+    assert variance_pieces(root) == [[0, 3], [20, 1]] and stated_geography(root) == geography
     write_variance_rows(root, 0, rows[:3])
     write_variance_rows(root, 3, rows[3:])
     for chunk, start in enumerate(range(0, UNITS, CHUNK)):
@@ -203,6 +208,8 @@ def test_variances_per_class_read_per_unit_and_covered_by_the_checksum(stores, t
     seal(root, path, plan_path=stores["plan"], plan_checksum=plan.checksum, release_path=str(stores["release"]),
          release_checksum=release.checksum, fsync=False)
     est = read_sealed_estimate(path)
+    meta = json.loads((path / "queries/variance_rows/zarr.json").read_text())
+    assert "pieces" not in meta["attributes"] and est.attrs["geography"] == geography
     per_unit = rows[classes]  # the reference: every unit's row, as format 4 stored it
     assert est.variances.shape == (UNITS, m) and est.attrs["format_version"] == 5
     np.testing.assert_array_equal(np.asarray(est.variances), per_unit)
