@@ -585,3 +585,48 @@ def test_levels_of_one_plan_on_a_local_cluster_in_the_shared_basis(cluster, tmp_
         group = Grouping.of(np.arange(norms.size) % 3, 3)  # any parents: h~ is linear in the answers
         np.testing.assert_allclose(terms.summed(answers, group), group.sum(linear), rtol=0,
                                    atol=1e-12 * np.abs(linear).max() * norms.size)
+
+
+def test_a_changed_sums_piece_is_computed_again_to_the_same_estimates(cluster, tmp_path, monkeypatch):
+    """The shared basis's path where the chunk tasks form the finest level's tables
+    (estimate/leaf_pieces): the upward task's ``.sums`` piece changed on disk before the downward
+    task reads it is refused there (its digest), deleted by the driver, written again by that
+    forest's upward task, and the job resumes: one note says so, and every level's estimates,
+    variances, tables and residuals equal an undisturbed run's on the same cluster, bit for bit."""
+    spec_path = tmp_path / "shared.yaml"
+    spec_path.write_text(SHARED)
+    run = run_levels(spec_path, tmp_path / "run", units=24, placement=Placement(serial=True), fsync=False,
+                     report=False, log=io.StringIO())
+    spec = load_spec(spec_path)
+
+    def estimated(name: str, log: io.StringIO) -> dict:
+        levels_dir = tmp_path / name
+        shutil.copytree(Path(run.rundir) / "levels", levels_dir,
+                        ignore=lambda _dir, names: [n for n in names if n in ("estimate.zarr", "data.zarr", "report")])
+        return estimate_levels(spec, {level: levels_dir / level for level in LEVELS}, fsync=False, log=log,
+                               placement=cluster, cut=1, forest_rows=6)
+
+    clean = estimated("clean", io.StringIO())
+    changed = []
+    down = subtree_job._down
+
+    def down_after_a_change(*args, **kwargs):
+        if not changed:  # the first pass down only: the piece the upward tasks wrote, one byte flipped
+            path = sorted((tmp_path / "damaged").glob(f"*/{subtree_job.PIECES_NAME}/county.sums/*/sums.npy"))[0]
+            raw = bytearray(path.read_bytes())
+            raw[-1] ^= 0x10
+            path.write_bytes(bytes(raw))
+            changed.append(path)
+        return down(*args, **kwargs)
+
+    monkeypatch.setattr(subtree_job, "_down", down_after_a_change)
+    log = io.StringIO()
+    ours = estimated("damaged", log)
+    assert changed, "no .sums piece was written: the path under test did not run"
+    notes = [line for line in log.getvalue().splitlines() if line.endswith("it is computed again")]
+    assert len(notes) == 1 and "county.sums" in notes[0] and "sums" in notes[0], log.getvalue()
+    for name in LEVELS:
+        a, b = read_sealed_estimate(ours[name].path), read_sealed_estimate(clean[name].path)
+        for array in ("estimates", "variances", "cells"):
+            assert np.asarray(getattr(a, array)[...]).tobytes() == np.asarray(getattr(b, array)[...]).tobytes(), (name, array)
+        assert np.asarray(a.array("solve/objective")[...]).tobytes() == np.asarray(b.array("solve/objective")[...]).tobytes()
