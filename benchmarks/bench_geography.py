@@ -172,8 +172,8 @@ def main(argv=None) -> int:
                 estimates["top"] = np.asarray(stored.estimates[...], dtype=np.float64)
             if top_int is not None:
                 estimates["top int"] = workload_estimates(model, top_int.counts[i].astype(np.float64))
-            rows, classes = blue.variances(i, model.workload)
-            variances = rows[classes]
+            class_rows, classes = blue.variances(i, model.workload)
+            variances = class_rows[classes]
             cover = float(np.mean(np.abs(estimates["blue"] - truth) <= 1.645 * np.sqrt(variances)))
             if stored.method == "hierarchy-gls" and not stored.integer:  # the run wrote this very estimate
                 scale = float(np.abs(estimates["blue"]).max(initial=1.0))
