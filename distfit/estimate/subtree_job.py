@@ -284,16 +284,16 @@ def upward_task(job: Forests, first: int, stop: int) -> tuple[int, Summary, tupl
 
 
 def _basis_upward(job: Forests, first: int, stop: int, *, tables: bool, carry: bool = False,
-                  leaves: bool = True):
+                  read_answers: bool = True):
     """In the shared basis: ``(terms, parents, state, summary)``, ``terms`` each level's ``(h~,
     n)`` but the finest's (:class:`distfit.estimate.level_stores.BasisTerms`: leaves of one
     ``J``, their answers only summed by parent; with ``tables`` their ``(J^+ h, own residuals)``
     last), ``state`` the forest's upward pass (the leaves given by their tables with ``tables``).
     ``carry`` (the upward task, ``job.leaf_offsets``): the terms and the job's finest level's
-    sums and carried tables written as pieces (:mod:`distfit.estimate.leaf_pieces`); ``leaves``
+    sums and carried tables written as pieces (:mod:`distfit.estimate.leaf_pieces`); ``read_answers``
     False: the terms and sums read from there, no answers (the downward task with
     ``job.leaf_offsets``: the same numbers, not formed again)."""
-    answers, parents = _forest_answers(job, first, stop, read=leaves)
+    answers, parents = _forest_answers(job, first, stop, read=read_answers)
     depth = len(answers)
     sums = leaves = None
     if answers[0] is None:  # the forest's terms as its upward task wrote them
@@ -325,7 +325,7 @@ def downward_task(job: Forests, first: int, stop: int, top: Top, roots: np.ndarr
             terms, parents = _read_forest(job, first, stop)
             state, _ = forest_upward([t[0] for t in terms], [t[1] for t in terms], parents, basis=job.basis)
         else:  # in the basis: (h~, n) per level, the leaves' (J^+ h, own residual), from the answers
-            terms, parents, state, _ = _basis_upward(job, first, stop, tables=not offsets, leaves=not offsets)
+            terms, parents, state, _ = _basis_upward(job, first, stop, tables=not offsets, read_answers=not offsets)
         result = forest_downward(state, top, split=job.split, outside=False,  # O: published nowhere
                                  leaf_offsets=offsets)
         tables = result.x
