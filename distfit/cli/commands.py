@@ -157,7 +157,10 @@ def _run_command(args: argparse.Namespace) -> int:
     multilevel = spec is not None and spec.multilevel
     if args.geography is not None and not multilevel:
         raise UsageError("--geography: lists the units of a multi-level spec's levels; this spec has no levels")
-    extra = {"geography": args.geography} if multilevel else {}
+    if args.nonnegative and not multilevel:
+        raise UsageError("--nonnegative: for a multi-level spec's estimate over the geography; a single-level "
+                         "run's estimates are nonnegative already")
+    extra = {"geography": args.geography, "nonnegative": args.nonnegative} if multilevel else {}
     run = run_levels if multilevel else run_pipeline
     result = run(spec, args.out, data=args.data, units=args.units, placement=args.placement, estimate=args.estimate,
                  integer=args.integer, report=args.report, **extra)

@@ -453,6 +453,9 @@ def build_parser() -> argparse.ArgumentParser:
                             help="with --data, for a multi-level spec: every unit of every level with its parent, "
                                  "empty units included (CSV: level,unit,parent; docs/geography.md)")
     run_parser.add_argument("--integer", action="store_true", help="integer estimates (each unit's total kept)")
+    run_parser.add_argument("--nonnegative", action="store_true",
+                            help="multi-level spec: publish the best linear unbiased estimates' nonnegative tables "
+                                 "(children summing to parents; se and moe90 the unbiased estimates')")
     run_parser.add_argument("--no-estimate", dest="estimate", action="store_false",
                             help="skip the estimate stage (RUNDIR/estimate.zarr)")
     run_parser.add_argument("--no-report", dest="report", action="store_false",

@@ -13,13 +13,16 @@ import secrets
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
+from distfit.estimate.geography import GeographyLevel, integer_top_down, nonnegative_top_down
 from distfit.estimate.hierarchy import PINV_RTOL
 from distfit.estimate.measurements import published_estimates, recover_measurements, workload_estimates, workload_kind
 from distfit.estimate.projection import normal_equations, quadratic_objective
+from distfit.estimate.rounding import laminar_family
 from distfit.estimate.shared_basis import diagonal_in, shared_basis
 from distfit.stores.data import cell_labels, value_labels
 from distfit.stores.estimate import (
@@ -36,9 +39,8 @@ from distfit.stores.files import STAGING_MARKER, move_into_place
 from distfit.stores.lock import store_lock
 from distfit.stores.release_chunks import ChunkWriter
 
-__all__ = ["ESTIMATE_NAME", "METHOD", "OBJECTIVE", "BasisTerms", "LevelEstimate", "basis_terms", "cell_columns",
-           "information_basis",
-           "level_queries",
+__all__ = ["ESTIMATE_NAME", "METHOD", "NONNEGATIVE_METHOD", "NONNEGATIVE_OBJECTIVE", "OBJECTIVE", "BasisTerms",
+           "LevelEstimate", "basis_terms", "cell_columns", "information_basis", "level_method", "level_queries", "published_tables",
            "level_terms", "parent_rows", "query_dtype", "residuals", "reusable_estimate", "unit_keys", "write_level"]
 
 ESTIMATE_NAME = "estimate.zarr"
@@ -54,6 +56,19 @@ OBJECTIVE = ("over every unit u of every level l at once: sum_u sum_b (y_bu - B_
              "nonnegative integer tables, each level's nearest to it in the metric of its own and its descendants' "
              "measurements, summing to its parents' counts, rounded keeping the sums exactly and each unit's total "
              "and laminar query sums within 1 (controlled rounding)")
+#: The ``method`` and objective of a level's nonnegative real-valued estimate (``distfit run
+#: --nonnegative``): the BLUE's nonnegative tables (:func:`distfit.estimate.geography.nonnegative_top_down`).
+NONNEGATIVE_METHOD = "hierarchy-gls-nonnegative"
+NONNEGATIVE_OBJECTIVE = (OBJECTIVE.split("; with integer")[0] + "; then nonnegative real-valued tables, each "
+                         "level's nearest to it in the metric of its own and its descendants' measurements, "
+                         "summing to their parents' tables")
+
+
+def level_method(nonnegative: bool) -> tuple[str, str]:
+    """The ``method`` and ``objective`` attrs of a level's estimate store: :data:`METHOD` and
+    :data:`OBJECTIVE` (the BLUE, or integer tables from it), or with ``nonnegative``
+    :data:`NONNEGATIVE_METHOD` and :data:`NONNEGATIVE_OBJECTIVE`."""
+    return (NONNEGATIVE_METHOD, NONNEGATIVE_OBJECTIVE) if nonnegative else (METHOD, OBJECTIVE)
 
 
 @dataclass(frozen=True)
@@ -98,17 +113,34 @@ def parent_rows(name: str, release, above_name: str, above_ids: np.ndarray, colu
     return rows.astype(np.int64)
 
 
-def reusable_estimate(path: Path, release, parent_checksum: str | None, *, integer: bool) -> Any:
+def published_tables(levels: Sequence[GeographyLevel], xs: Sequence[np.ndarray], models: Sequence[Any], *,
+                     integer: bool, roots: np.ndarray | None = None, below: Sequence[tuple[Any, np.ndarray]] = (),
+                     progress: Any = None) -> list[np.ndarray]:
+    """The tables a run publishes from the BLUE ``xs`` (per level, coarsest first) other than the
+    BLUE itself: integer (:func:`distfit.estimate.geography.integer_top_down`, each level's
+    rounding keeping the laminar family of its model's queries) or nonnegative real-valued
+    (:func:`distfit.estimate.geography.nonnegative_top_down`); ``roots``, ``below``,
+    ``progress`` as theirs (the driver's levels, or a forest's from its roots)."""
+    if integer:
+        return list(integer_top_down(levels, xs, families=[laminar_family(m.workload) for m in models], roots=roots,
+                                     below=below, progress=progress))
+    return list(nonnegative_top_down(levels, xs, roots=roots, below=below, progress=progress))
+
+
+def reusable_estimate(path: Path, release, parent_checksum: str | None, *, integer: bool,
+                      nonnegative: bool = False) -> Any:
     """The sealed estimate at ``path`` (verified as it opens) when it is still this method's
-    estimate of ``release`` with these options: :data:`METHOD` and :data:`OBJECTIVE` (integer
-    tables made another way are not), ``integer`` as asked, and naming ``parent_checksum`` as its
-    parent level's estimate (None for the coarsest); else None (it is then written again)."""
+    estimate of ``release`` with these options: :func:`level_method`'s method and objective of
+    ``nonnegative`` (integer tables made another way are not), ``integer`` as asked, and naming
+    ``parent_checksum`` as its parent level's estimate (None for the coarsest); else None (it is
+    then written again)."""
+    method, objective = level_method(nonnegative)
     if estimate_state(path) != "sealed":
         return None
     estimate = read_sealed_estimate(path)  # its root must still hash as sealed (chunks: as read)
     recorded = (estimate.attrs.get("geography") or {}).get("parent_estimate") or {}
-    if (estimate.attrs.get("release_checksum") != release.checksum or estimate.method != METHOD
-            or estimate.attrs.get("objective") != OBJECTIVE or estimate.integer != bool(integer)
+    if (estimate.attrs.get("release_checksum") != release.checksum or estimate.method != method
+            or estimate.attrs.get("objective") != objective or estimate.integer != bool(integer)
             or recorded.get("checksum") != parent_checksum):
         return None
     return estimate
@@ -116,18 +148,20 @@ def reusable_estimate(path: Path, release, parent_checksum: str | None, *, integ
 
 def write_level(path: Path, *, spec, plan, plan_path: Path, release, model, x: np.ndarray, integer: bool,
                  objective: np.ndarray, variances: tuple[np.ndarray, np.ndarray] | None, geography: dict,
-                 fsync: bool) -> str:
+                 fsync: bool, nonnegative: bool = False) -> str:
     """One level's estimate store (module docstring), built aside and moved into place; returns
     its checksum. ``variances``: ``(rows, unit_class)``, the query variances per class and each
-    unit's class (:meth:`distfit.estimate.hierarchy.HierarchyEstimate.variances`), or None."""
+    unit's class (:meth:`distfit.estimate.hierarchy.HierarchyEstimate.variances`), or None;
+    ``nonnegative``: the store states :func:`level_method`'s nonnegative method."""
+    method, stated = level_method(nonnegative)
     queries = level_queries(model, x, integer)
     converged = np.ones(x.shape[0], dtype=np.uint8)
     with store_lock(path, "estimate"):
         estimate_state(path)  # anything but an estimate store at path is refused
         staging = path.with_name(f"{path.name}{STAGING_MARKER}{secrets.token_hex(6)}")
         try:
-            root = create_estimate(staging, plan=plan, plan_path=str(plan_path), release=release, method=METHOD,
-                                   objective=OBJECTIVE, integer=integer, cells=model.cells,
+            root = create_estimate(staging, plan=plan, plan_path=str(plan_path), release=release, method=method,
+                                   objective=stated, integer=integer, cells=model.cells,
                                    query_dtype=query_dtype(model, integer),
                                    cell_labels=cell_labels(model.attributes, value_labels(spec)),
                                    cell_columns=cell_columns(model, integer),

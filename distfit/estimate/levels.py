@@ -30,7 +30,15 @@ noise, children summing to their parent's integer counts, then a controlled roun
 total, and its sums over the laminar family of its level's queries that
 :func:`distfit.estimate.rounding.laminar_family` picks, within 1), every unit's children summing
 exactly (bitwise, int64) to it, cell by cell; the integers are not linear in the release, so no
-variances are stored with them.
+variances are stored with them. With ``nonnegative`` (``distfit run --nonnegative``): the same
+top-down step, not rounded, against the parents' real-valued tables
+(:func:`distfit.estimate.geography.nonnegative_top_down`): nonnegative tables, every unit's the
+sum of its children's to float rounding, at least as close to the truth as the top-down
+estimate of before issue 29 at every level (benchmarks/bench_geography.py), stored with method
+:data:`distfit.estimate.level_stores.NONNEGATIVE_METHOD` and the BLUE's variances: ``se`` and
+``moe90`` are then the margins of the unbiased estimate the tables were projected from, which
+the export says (decision: a nonnegative table's own error has no closed form; the BLUE's is
+exact).
 
 Each level's estimate is then written, coarsest first, to ``levels/<level>/estimate.zarr`` in
 the estimate store's layout (:mod:`distfit.stores.estimate`, method :data:`METHOD`), built
@@ -76,7 +84,7 @@ from typing import Any, TextIO
 
 import numpy as np
 
-from distfit.estimate.geography import GeographyLevel, integer_top_down
+from distfit.estimate.geography import GeographyLevel
 from distfit.estimate.hierarchy import check_parent_of, estimate_hierarchy
 from distfit.estimate.level_stores import (
     ESTIMATE_NAME,
@@ -86,6 +94,7 @@ from distfit.estimate.level_stores import (
     information_basis,
     level_terms,
     parent_rows,
+    published_tables,
     residuals,
     reusable_estimate,
     unit_keys,
@@ -93,7 +102,6 @@ from distfit.estimate.level_stores import (
 )
 from distfit.estimate.measurements import measurement_model
 from distfit.estimate.projection import DENSE_CELLS
-from distfit.estimate.rounding import laminar_family
 from distfit.estimate.subtree_job import FOREST_ROWS, Unordered, estimate_on_cluster
 from distfit.estimate.subtrees import DRIVER_UNITS, choose_cut
 from distfit.runtime.placement import Placement, placement_client
@@ -123,7 +131,8 @@ def parent_columns(spec: Any) -> dict[str, str | None]:
     return out
 
 
-def _reusable(paths: Mapping[str, Path], releases: Mapping[str, Any], integer: bool) -> dict[str, Any] | None:
+def _reusable(paths: Mapping[str, Path], releases: Mapping[str, Any], integer: bool,
+              nonnegative: bool) -> dict[str, Any] | None:
     """The sealed estimates of every level when all were made by :data:`METHOD` (and
     :data:`OBJECTIVE`) from the current releases with these options, each naming its parent's
     checksum; else None."""
@@ -131,7 +140,7 @@ def _reusable(paths: Mapping[str, Path], releases: Mapping[str, Any], integer: b
     above = None
     for name, path in paths.items():
         estimate = reusable_estimate(path, releases[name], found[above].checksum if above is not None else None,
-                                     integer=integer)
+                                     integer=integer, nonnegative=nonnegative)
         if estimate is None:
             return None
         found[name], above = estimate, name
@@ -149,7 +158,7 @@ def check_levels(spec: Any) -> None:
 
 
 def estimate_levels(spec: Any, level_dirs: Mapping[str, os.PathLike | str], *, integer: bool = False,
-                    log: TextIO | None = None, fsync: bool = True, placement: Placement | None = None,
+                    nonnegative: bool = False, log: TextIO | None = None, fsync: bool = True, placement: Placement | None = None,
                     cut: int | None = None, driver_units: int = DRIVER_UNITS, forest_rows: int = FOREST_ROWS,
                     cluster_units: int = CLUSTER_UNITS) -> dict[str, LevelEstimate]:
     """Estimate every level of the multi-level ``spec`` (module docstring) from the plans and
@@ -160,12 +169,15 @@ def estimate_levels(spec: Any, level_dirs: Mapping[str, os.PathLike | str], *, i
     cluster, subtrees as tasks (:mod:`distfit.estimate.subtree_job`), cut at level
     ``cut`` (an index; None: :func:`distfit.estimate.subtrees.choose_cut` with ``driver_units`` and
     the spec's cells: the top's matrices within the driver's bound)
-    into forests of at most ``forest_rows`` rows (``integer`` too: the same integer tables); in
+    into forests of at most ``forest_rows`` rows (``integer`` and ``nonnegative`` too: the same
+    tables); ``nonnegative`` (ignored with ``integer``, whose tables are nonnegative too): the
+    BLUE's nonnegative real-valued tables, the BLUE's variances kept beside them; in
     the driver instead (with a note) when the cut is the finest level or none, or when a level
     is not ordered by its parents. Errors: ValueError (a release of another plan, missing or inconsistent
     parent ids, too many cells: :func:`check_levels`), FileExistsError (something else at an
     estimate path)."""
     log = log or sys.stderr
+    nonnegative = bool(nonnegative) and not integer
     check_levels(spec)
     cells = int(np.prod(spec.domain.shape, dtype=np.int64))
     names = [level.name for level in spec.levels]
@@ -180,7 +192,7 @@ def estimate_levels(spec: Any, level_dirs: Mapping[str, os.PathLike | str], *, i
         if releases[name].attrs.get("plan_checksum") != plans[name].checksum:
             raise ValueError(f"{releases[name].path}: was released from another plan than {dirs[name] / 'plan.zarr'}")
     parents = {name: (names[i - 1] if i else None) for i, name in enumerate(names)}
-    reused = _reusable(paths, releases, integer)
+    reused = _reusable(paths, releases, integer, nonnegative)
     if reused is not None:
         print(f"distfit: reusing the estimates of levels {', '.join(names)}", file=log)
         return {name: LevelEstimate(name, str(paths[name]), e.checksum, int(e.attrs["units"]), "reused", parents[name])
@@ -200,7 +212,8 @@ def estimate_levels(spec: Any, level_dirs: Mapping[str, os.PathLike | str], *, i
                 with placement_client(placement, log) as client:
                     return estimate_on_cluster(client, spec, names=names, cut=at, dirs=dirs, paths=paths, plans=plans,
                                                releases=releases, columns=columns, forest_rows=forest_rows, log=log,
-                                               fsync=fsync, integer=integer, basis=basis, models=models)
+                                               fsync=fsync, integer=integer, nonnegative=nonnegative,
+                                               basis=basis, models=models)
             except Unordered as error:
                 why = str(error)
         print(f"distfit: note: the estimate over the geography runs in the driver ({why})", file=log)
@@ -224,13 +237,15 @@ def estimate_levels(spec: Any, level_dirs: Mapping[str, os.PathLike | str], *, i
             parent_of.append(rows)
         units = sum(h.shape[0] for h in linears)
         print(f"distfit: estimate levels {', '.join(names)} ({units:,} units): best linear unbiased over the "
-              f"geography{', then integer tables' if integer else ''}", file=log)
+              f"geography{', then integer tables' if integer else ', then nonnegative tables' if nonnegative else ''}",
+              file=log)
         result = estimate_hierarchy(hessians, linears, parent_of, split="total", outside=False)
-        xs = (integer_top_down([GeographyLevel(h, g, up) for h, g, up in zip(hessians, linears, parent_of)], result.x,
-                               families=[laminar_family(models[name].workload) for name in names],
-                               progress=Progress("estimate: integer tables", log, unit="units",
-                                                 after=LONG_STAGE_SECONDS))
-              if integer else result.x)
+        xs = result.x
+        if integer or nonnegative:
+            xs = published_tables([GeographyLevel(h, g, up) for h, g, up in zip(hessians, linears, parent_of)], xs,
+                                  [models[name] for name in names], integer=integer,
+                                  progress=Progress(f"estimate: {'integer' if integer else 'nonnegative'} tables", log,
+                                                    unit="units", after=LONG_STAGE_SECONDS))
         variances = [None if integer or models[name].workload is None else result.variances(i, models[name].workload)
                      for i, name in enumerate(names)]
         objectives = [residuals(h, g, n, x) for h, g, n, x in zip(hessians, linears, norms, xs)]
@@ -243,7 +258,8 @@ def estimate_levels(spec: Any, level_dirs: Mapping[str, os.PathLike | str], *, i
                                                                     "checksum": out[above].checksum}}
         checksum = write_level(paths[name], spec=spec, plan=plans[name], plan_path=dirs[name] / "plan.zarr",
                                 release=releases[name], model=models[name], x=xs[i], integer=integer,
-                                objective=objectives[i], variances=variances[i], geography=geography, fsync=fsync)
+                                objective=objectives[i], variances=variances[i], geography=geography, fsync=fsync,
+                                nonnegative=nonnegative)
         out[name] = LevelEstimate(name, str(paths[name]), checksum, int(linears[i].shape[0]), "done", above)
     print(f"distfit: estimates of {len(names)} levels in {time.perf_counter() - started:.2f} s "
           f"({seconds:.2f} s to estimate, the rest to write and seal)", file=log)

@@ -100,6 +100,7 @@ __all__ = [
     "projection_memory_bytes",
     "projection_structure",
     "quadratic_objective",
+    "solve_nonnegative",
     "unconstrained_answers",
 ]
 
@@ -541,6 +542,44 @@ def _active_set_newton(hessian: np.ndarray, g: np.ndarray, x: np.ndarray, lipsch
     return out, converged, steps
 
 
+def solve_nonnegative(hessian, g: np.ndarray, x: np.ndarray, *, tol: float = 1e-10, max_iter: int = 20000,
+                      threshold: np.ndarray | float = 0.0) -> tuple[np.ndarray, np.ndarray, int]:
+    """``argmin_{x >= 0} 0.5 x^T H x - g^T x`` for every row of ``g`` (units x cells), from
+    ``x``: with a dense ``H``, the primal-dual active-set steps from the free set ``x >
+    threshold`` (exact at the KKT point: module docstring, "Solver"), rows they do not settle in
+    :data:`NEWTON_STEPS` then :data:`FISTA_ROUND` FISTA iterations and again; an operator ``H``
+    FISTA alone, at most ``max_iter`` iterations in all. Returns ``(x, converged, iterations)``
+    (``x`` may hold rounding-size negatives where not converged)."""
+    x = np.array(x, dtype=np.float64, copy=True)
+    dense = isinstance(hessian, np.ndarray)
+    converged = np.zeros(x.shape[0], dtype=bool)
+    active = np.arange(x.shape[0])
+    lipschitz = _lipschitz(hessian)
+    singular = dense and _is_singular(hessian)
+    iterations, budget = 0, max_iter
+    while active.size and budget > 0:
+        if dense:
+            newton, done, steps = _active_set_newton(hessian, g[active], x[active], lipschitz, tol, NEWTON_STEPS,
+                                                     threshold, singular)
+            threshold = 0.0
+            iterations += steps
+            x[active[done]] = newton[done]
+            converged[active[done]] = True
+            active = active[~done]
+            if not active.size:
+                break
+        # rows the active set method did not settle (it may cycle where H is no M-matrix): FISTA
+        chunk = min(budget, FISTA_ROUND if dense else budget)
+        result = minimise_quadratic(hessian, g[active], _nonnegative, x[active], tol=tol,
+                                    max_iter=chunk, lipschitz=lipschitz)
+        budget -= max(result.iterations, 1)
+        iterations += result.iterations
+        x[active] = result.x
+        converged[active[result.converged]] = True
+        active = active[~result.converged]
+    return x, converged, iterations
+
+
 def _model_unconstrained_answers(model: MeasurementModel) -> slice | None:
     """:func:`unconstrained_answers` of ``model`` with its own ``H``, once per model."""
     def build() -> slice | None:
@@ -622,7 +661,6 @@ def project_nonnegative(model: MeasurementModel, measurements: Mapping[str, np.n
     """
     units = _units(model, measurements, answers)
     hessian = _information(model)
-    dense = isinstance(hessian, np.ndarray)
     structure = projection_structure(model)
     if out is not None and (out.shape != (units, model.cells) or out.dtype != np.float64 or out.strides[1] != 8):
         raise ValueError(f"out: {out.dtype} {out.shape}, expected float64 ({units}, {model.cells}) with unit-stride rows")
@@ -663,32 +701,12 @@ def project_nonnegative(model: MeasurementModel, measurements: Mapping[str, np.n
         g, constant = _linear(model, measurements, units, whitened=whitened, answers=answers)
     active = np.flatnonzero(~converged)
     rest = active
-    lipschitz = _lipschitz(hessian)
     start, spread = _unconstrained_start(hessian, g[active])
     x[active] = start
-    threshold = spread  # the first free set: cells clearly positive (measured: fewer, cheaper steps)
-    singular = dense and _is_singular(hessian)
-    budget = max_iter
-    while active.size and budget > 0:
-        if dense:
-            newton, done, steps = _active_set_newton(hessian, g[active], x[active], lipschitz, tol, NEWTON_STEPS,
-                                                     threshold, singular)
-            threshold = 0.0
-            iterations += steps
-            x[active[done]] = newton[done]
-            converged[active[done]] = True
-            active = active[~done]
-            if not active.size:
-                break
-        # rows the active set method did not settle (it may cycle where H is no M-matrix): FISTA
-        chunk = min(budget, FISTA_ROUND if dense else budget)
-        result = minimise_quadratic(hessian, g[active], _nonnegative, x[active], tol=tol,
-                                    max_iter=chunk, lipschitz=lipschitz)
-        budget -= max(result.iterations, 1)
-        iterations += result.iterations
-        x[active] = result.x
-        converged[active[result.converged]] = True
-        active = active[~result.converged]
+    # the first free set: cells clearly positive (measured: fewer, cheaper steps)
+    x[active], converged[active], steps = solve_nonnegative(hessian, g[active], x[active], tol=tol,
+                                                            max_iter=max_iter, threshold=spread)
+    iterations += steps
     x = np.maximum(x, 0.0)
     objective[rest] = 2.0 * quadratic_objective(hessian, g[rest], x[rest])
     objective += constant

@@ -56,15 +56,14 @@ the driver, levels ``0 .. c`` and their classes' matrices (the cut chosen so tha
 level's parent ids at a time while step 1 reads them.
 
 Integer tables (``integer``, issue 29 point 4): the driver makes levels ``0 .. c``'s by
-:func:`distfit.estimate.geography.integer_top_down` from their real-valued estimates (with the
-levels below the cut given by their informations and each cut unit's descendants, so every
-unit's metric is the whole tree's), and each downward task continues it through its forest
-from its roots' integer tables (the cut level's rows, sent beside their :class:`Top`),
-writing the integer tables and query estimates in its pieces; the stores are then laid out as
-:func:`distfit.estimate.level_stores.write_level` lays out an integer one (query estimates
-int64 where the workload is integral, no variances). The integer top-down is per parent, so
-the integers are the driver's over the whole tree, bit for bit, from the same real-valued
-estimates (docs/design.md section 7, "Integer tables on the cluster").
+:func:`distfit.estimate.geography.integer_top_down` from their real-valued estimates (the levels
+below the cut given by their informations and each cut unit's descendants: every unit's metric
+the whole tree's), and each downward task continues it through its forest from its roots'
+integer tables (the cut level's rows, sent beside their :class:`Top`), writing integer tables
+and query estimates (int64 where the workload is integral, no variances) in its pieces. The
+top-down is per parent, so the integers are the driver's over the whole tree, bit for bit
+(docs/design.md section 7, "Integer tables on the cluster"). Nonnegative tables
+(``nonnegative``) go the same way, not rounded, variances kept (:mod:`distfit.estimate.levels`).
 """
 from __future__ import annotations
 
@@ -76,19 +75,19 @@ from typing import Any, TextIO
 
 import numpy as np
 
-from distfit.estimate.geography import GeographyLevel, integer_top_down
+from distfit.estimate.geography import GeographyLevel
 from distfit.estimate.hierarchy import PINV_RTOL, Grouping, Summary, Top, check_parent_of
 from distfit.estimate.job import ReleaseRows
 from distfit.estimate.leaf_pieces import (CARRIED, PARENTS, SUMS, carry_boundaries, leaf_chunk, read_terms,
                                           write_carried, write_parents)
 from distfit.estimate.level_stores import (
-    METHOD,
-    OBJECTIVE,
     BasisTerms,
     LevelEstimate,
     basis_terms,
     cell_columns,
+    level_method,
     level_queries,
+    published_tables,
     level_terms,
     parent_rows,
     query_dtype,
@@ -98,7 +97,6 @@ from distfit.estimate.level_stores import (
     write_level,
 )
 from distfit.estimate.measurements import MeasurementModel, measurement_model, workload_estimates
-from distfit.estimate.rounding import laminar_family
 from distfit.estimate.shared_basis import blind
 from distfit.estimate.subtrees import (
     FOREST_MATRIX_BYTES,
@@ -180,7 +178,8 @@ class Forests:
     integer top-down needs it); ``chunk_units`` each level's chunk of units (its pieces' rows are
     digested per chunk: :mod:`distfit.stores.pieces`); ``leaf_offsets``: the finest level's
     tables formed by its chunk tasks from the release rows they read, not by the downward
-    tasks, which then read none of its rows (:mod:`distfit.estimate.leaf_pieces`)."""
+    tasks, which then read none of its rows (:mod:`distfit.estimate.leaf_pieces`);
+    ``nonnegative``: the BLUE's nonnegative tables, through ``h`` as the integer ones."""
 
     names: tuple[str, ...]
     models: tuple[MeasurementModel, ...]
@@ -196,6 +195,7 @@ class Forests:
     terms: tuple[BasisTerms, ...] | None = None
     chunk_units: tuple[int, ...] = ()
     leaf_offsets: bool = False
+    nonnegative: bool = False
 
     def rows(self, first: int, stop: int) -> list[tuple[int, int]]:
         """Forest ``[first, stop)``'s rows ``(start, stop)`` at each level from the cut."""
@@ -329,11 +329,10 @@ def downward_task(job: Forests, first: int, stop: int, top: Top, roots: np.ndarr
         result = forest_downward(state, top, split=job.split, outside=False,  # O: published nowhere
                                  leaf_offsets=offsets)
         tables = result.x
-        if job.integer:  # the driver's integer top-down, continued from the roots' tables
+        if job.integer or job.nonnegative:  # the driver's top-down, continued from the roots' tables
             depth = len(result.x)
-            tables = integer_top_down([GeographyLevel(t[0], t[1], up) for t, up in zip(terms[:depth], parents)],
-                                      result.x, families=[laminar_family(m.workload) for m in job.models[:depth]],
-                                      roots=roots)
+            tables = published_tables([GeographyLevel(t[0], t[1], up) for t, up in zip(terms[:depth], parents)],
+                                      result.x, job.models[:depth], integer=job.integer, roots=roots)
     units = 0
     # the levels with rows: those _read_forest read (a level below one without rows has none);
     # the others get no piece (another forest's piece may start at their row)
@@ -441,26 +440,24 @@ def _forests(names: Sequence[str], cut: int, releases: Mapping[str, Any], column
 
 
 def _key(names: Sequence[str], releases: Mapping[str, Any], cut: int, forest_rows: int, split: str,
-         integer: bool, shared: bool) -> str:
+         integer: bool, shared: bool, nonnegative: bool = False) -> str:
     """The inputs the pieces are computed from (their directory's key; the forests' bounds)."""
     bound = "shared basis" if shared else f"matrices {FOREST_MATRIX_BYTES}"
-    return "\n".join([METHOD, OBJECTIVE, PIECE_ROWS, split, str(cut), str(forest_rows), bound,
+    return "\n".join([*level_method(nonnegative), PIECE_ROWS, split, str(cut), str(forest_rows), bound,
                       f"integer {bool(integer)}",
                       *(f"{n} {releases[n].checksum}" for n in names)]) + "\n"
 
 
-def _integer_top(names: Sequence[str], cut: int, terms: Sequence[tuple], parent_of: Sequence[np.ndarray | None],
-                 xs: Sequence[np.ndarray], models: Mapping[str, MeasurementModel], releases: Mapping[str, Any],
-                 spans: Sequence[np.ndarray]) -> list[np.ndarray]:
-    """Step 3 with ``integer`` (module docstring): levels ``0 .. c``'s integer tables from their
-    real-valued estimates ``xs``, the levels below the cut given by their informations (a
-    release's, from no rows) and each cut unit's descendants there (``spans``)."""
+def _top_down(names: Sequence[str], cut: int, terms: Sequence[tuple], parent_of: Sequence[np.ndarray | None],
+              xs: Sequence[np.ndarray], models: Mapping[str, MeasurementModel], releases: Mapping[str, Any],
+              spans: Sequence[np.ndarray], integer: bool) -> list[np.ndarray]:
+    """Step 3 with ``integer`` or ``nonnegative``: levels ``0 .. c``'s tables from their BLUE ``xs``, the levels
+    below the cut given by their informations (a release's, no rows) and descendants (``spans``)."""
     below = [(level_terms(models[name], ReleaseRows(releases[name], models[name]).answers(0, 0))[0], np.diff(span))
              for name, span in zip(names[cut + 1:], spans[1:])]
     levels = [GeographyLevel(t[0], x, check_parent_of(up, i, x.shape[0], xs[i - 1].shape[0] if i else 0))
               for i, (t, x, up) in enumerate(zip(terms, xs, parent_of))]
-    return list(integer_top_down(levels, xs, families=[laminar_family(models[n].workload) for n in names[:cut + 1]],
-                                 below=below))
+    return published_tables(levels, xs, [models[n] for n in names[:cut + 1]], integer=integer, below=below)
 
 
 def _run(client, function, calls: list[tuple[str, tuple]], name: str, progress: Progress):
@@ -476,11 +473,12 @@ def estimate_on_cluster(client, spec: Any, *, names: Sequence[str], cut: int, di
                         paths: Mapping[str, Path], plans: Mapping[str, Any], releases: Mapping[str, Any],
                         columns: Mapping[str, str | None], forest_rows: int = FOREST_ROWS, split: str = "total",
                         log: TextIO, fsync: bool = True, integer: bool = False,
-                        basis: np.ndarray | None = None,
+                        nonnegative: bool = False, basis: np.ndarray | None = None,
                         models: Mapping[str, MeasurementModel] | None = None) -> dict[str, LevelEstimate]:
     """The estimate of every level (module docstring) on ``client``'s cluster, cut at level
     ``cut`` (0 <= cut < the finest level), forests of at most ``forest_rows`` rows (fewer on a
-    large cluster: :func:`_forests`); with ``integer``, integer tables; the arguments as
+    large cluster: :func:`_forests`); with ``integer`` (``nonnegative``), integer (nonnegative)
+    tables; the arguments as
     :func:`distfit.estimate.levels.estimate_levels` has them; ``basis``: the levels' shared basis
     (:func:`distfit.estimate.level_stores.information_basis`; None: the general path); ``models``:
     each level's :func:`distfit.estimate.measurements.measurement_model` (None: built here, BLAS
@@ -497,7 +495,8 @@ def estimate_on_cluster(client, spec: Any, *, names: Sequence[str], cut: int, di
         with blas_limit():
             models = {name: measurement_model(plans[name]) for name in names}
     with blas_limit():  # the tasks' matrices in the basis, once (real-valued: module docstring)
-        terms = None if basis is None or integer else tuple(basis_terms(models[n], basis) for n in below)
+        terms = (None if basis is None or integer or nonnegative
+                 else tuple(basis_terms(models[n], basis) for n in below))
     pieces = dirs[names[cut]] / PIECES_NAME  # made at step 4 (a refused input leaves nothing behind)
     # the leaves' tables formed by their chunk tasks (Forests.leaf_offsets): in the basis, unless
     # split="total" moves their blind part by their siblings' totals (the downward pass needs them)
@@ -505,14 +504,15 @@ def estimate_on_cluster(client, spec: Any, *, names: Sequence[str], cut: int, di
         and not (split == "total" and blind(terms[-1].own, PINV_RTOL))
     job = Forests(tuple(below), tuple(models[n] for n in below), tuple(releases[n].path for n in below),
                   tuple(releases[n].checksum for n in below), tuple(spans), tuple(counts), str(pieces), split, fsync,
-                  integer, basis, terms, tuple(int(releases[n].attrs["chunk_units"]) for n in below), offsets)
-    pieces_key = _key(names, releases, cut, forest_rows, split, integer, basis is not None)
+                  integer, basis, terms, tuple(int(releases[n].attrs["chunk_units"]) for n in below), offsets, nonnegative)
+    pieces_key = _key(names, releases, cut, forest_rows, split, integer, basis is not None, nonnegative)
     if job.leaf_offsets:  # the upward tasks write pieces (a refused input has left nothing behind by now)
         open_pieces(pieces, pieces_key)
     jobs = dask_runtime().held_on_every_worker(client, job, name="estimate-forests")  # task i takes jobs[i % n]
     units = sum(int(releases[n].attrs["units"]) for n in names)
     print(f"distfit: estimate levels {', '.join(names)} ({units:,} units) on the cluster: best linear unbiased "
-          f"over the geography{', then integer tables' if integer else ''}, {len(groups)} forests of subtrees of "
+          f"over the geography{', then integer tables' if integer else ', then nonnegative tables' if nonnegative else ''}"
+          f", {len(groups)} forests of subtrees of "
           f"level {names[cut]}" + (f"; {below[-1]}'s tables formed as its chunks are written" if offsets else ""),
           file=log)
 
@@ -537,17 +537,18 @@ def estimate_on_cluster(client, spec: Any, *, names: Sequence[str], cut: int, di
                             columns[name])))
         top = top_estimate([t[0] for t in terms[:cut]], [t[1] for t in terms[:cut]], parent_of, summary, split=split)
         xs = list(top.x)
-        if integer:
-            xs = _integer_top(names, cut, terms, parent_of, xs, models, releases, spans)
+        if integer or nonnegative:
+            xs = _top_down(names, cut, terms, parent_of, xs, models, releases, spans, integer)
         variances = [None if integer or models[name].workload is None else top.variances(i, models[name].workload)
                      for i, name in enumerate(names[:cut + 1])]
         objectives = [residuals(t[0], t[1], t[2], x) for t, x in zip(terms, xs)]
     out: dict[str, LevelEstimate] = {}
+    options = {"integer": integer, "nonnegative": nonnegative}  # the stores' kind
     parent_checksum: str | None = None
     rewritten = False
     for i, name in enumerate(names[:cut + 1]):
         above = names[i - 1] if i else None
-        kept = None if rewritten else reusable_estimate(paths[name], releases[name], parent_checksum, integer=integer)
+        kept = None if rewritten else reusable_estimate(paths[name], releases[name], parent_checksum, **options)
         if kept is not None:
             checksum, status = kept.checksum, "reused"
         else:
@@ -556,8 +557,8 @@ def estimate_on_cluster(client, spec: Any, *, names: Sequence[str], cut: int, di
                          "parent_estimate": None if above is None else {"path": out[above].path,
                                                                         "checksum": parent_checksum}}
             checksum = write_level(paths[name], spec=spec, plan=plans[name], plan_path=dirs[name] / "plan.zarr",
-                                   release=releases[name], model=models[name], x=xs[i], integer=integer,
-                                   objective=objectives[i], variances=variances[i], geography=geography, fsync=fsync)
+                                   release=releases[name], model=models[name], x=xs[i], objective=objectives[i],
+                                   variances=variances[i], geography=geography, fsync=fsync, **options)
             status = "done"
         out[name] = LevelEstimate(name, str(paths[name]), checksum, int(xs[i].shape[0]), status, above)
         parent_checksum = checksum
@@ -572,7 +573,7 @@ def estimate_on_cluster(client, spec: Any, *, names: Sequence[str], cut: int, di
         try:
             if attempt == 2 and job.leaf_offsets:  # an upward task's piece refused: written again
                 _up_again(client, job, jobs, groups, log)
-            _down(client, job, jobs, groups, top, cut, log, roots=xs[cut] if integer else None)
+            _down(client, job, jobs, groups, top, cut, log, roots=xs[cut] if integer or nonnegative else None)
             for k in range(1, len(below)):
                 name, above = below[k], below[k - 1]
                 out[name] = _write_from_pieces(
@@ -610,7 +611,7 @@ def _up_again(client, job: Forests, jobs: Sequence[Any], groups: Sequence[tuple[
 def _down(client, job: Forests, jobs: Sequence[Any], groups: Sequence[tuple[int, int]], top: Top, cut: int,
           log: TextIO, *, roots: np.ndarray | None) -> None:
     """Step 4 (module docstring) for the forests whose pieces are not all written (``roots``: the
-    cut level's integer tables with ``integer``, else None; ``jobs``: the workers' copies of
+    cut level's integer or nonnegative tables with either option, else None; ``jobs``: the workers' copies of
     ``job``, :func:`distfit.runtime.cluster.held_on_every_worker`)."""
     below = job.names[1:]
     pending = [(first, stop) for first, stop in groups
@@ -641,7 +642,8 @@ def _locked_write(client, job: Forests, jobs: Sequence[Any], k: int, groups: Seq
     name = job.names[k]
     units, chunk_units = int(release.attrs["units"]), int(release.attrs["chunk_units"])
     parent = geography["parent_estimate"]["checksum"]
-    kept = reusable_estimate(path, release, parent, integer=job.integer)
+    kept = reusable_estimate(path, release, parent, integer=job.integer, nonnegative=job.nonnegative)
+    method, stated = level_method(job.nonnegative)
     if kept is not None:
         return LevelEstimate(name, str(path), kept.checksum, units, "reused", geography["parent_level"])
     state = estimate_state(path)
@@ -649,7 +651,7 @@ def _locked_write(client, job: Forests, jobs: Sequence[Any], k: int, groups: Seq
     if state == "incomplete":
         try:
             root = open_resumable(path, plan_checksum=plan.checksum, release_checksum=release.checksum,
-                                  integer=job.integer, method=METHOD)
+                                  integer=job.integer, method=method)
             resumed = (stated_geography(root).get("parent_estimate") or {}).get("checksum") == parent
         except ValueError:
             resumed = False
@@ -667,8 +669,8 @@ def _locked_write(client, job: Forests, jobs: Sequence[Any], k: int, groups: Seq
         resumed = variance_pieces(root) == pieces
 
     def create(target: Path):
-        root = create_estimate(target, plan=plan, plan_path=str(plan_path), release=release, method=METHOD,
-                               objective=OBJECTIVE, integer=job.integer, cells=model.cells,
+        root = create_estimate(target, plan=plan, plan_path=str(plan_path), release=release, method=method,
+                               objective=stated, integer=job.integer, cells=model.cells,
                                query_dtype=query_dtype(model, job.integer),
                                cell_labels=cell_labels(model.attributes, value_labels(spec)),
                                cell_columns=cell_columns(model, job.integer),
@@ -680,7 +682,7 @@ def _locked_write(client, job: Forests, jobs: Sequence[Any], k: int, groups: Seq
     layout = resume_or_create(path, state, "estimate", n_chunks, resumed=resumed, resume=resumed,
                               reopen=lambda p: open_resumable(p, plan_checksum=plan.checksum,
                                                               release_checksum=release.checksum,
-                                                              integer=job.integer, method=METHOD),
+                                                              integer=job.integer, method=method),
                               create=create, kept="chunks already written (kept as they are)", rest="to write",
                               log=log)
     tables = stored_tables(layout.root)  # None: the tables are query columns (a store resumed keeps its own)

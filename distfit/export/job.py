@@ -58,6 +58,7 @@ import pyarrow.csv as pa_csv
 import pyarrow.parquet as pq
 
 from distfit import __version__
+from distfit.estimate.level_stores import NONNEGATIVE_METHOD
 from distfit.estimate.measurements import measurement_model
 from distfit.estimate.projection import DENSE_CELLS, PINV_CUTOFF, normal_equations
 from distfit.mathematics.margins import MOE90_Z
@@ -185,6 +186,11 @@ def error_source(kind: str, store: Any, plan: Any) -> ErrorSource:
                            "se = sqrt(the plan's variance of each query's noisy answer), exact for every row")
     if store.integer:
         return ErrorSource(None, False, "integer-rounded", "integer estimates: rounding is not linear, no se stated")
+    if store.variances is not None and store.method == NONNEGATIVE_METHOD:
+        return ErrorSource(None, False, "unbiased-hierarchy",
+                           "se = sqrt(the estimate's stored variance, queries/variance_rows by unit): the exact variance of "
+                           "the best linear unbiased estimate over the geography that each nonnegative table was "
+                           "projected from (the table itself is not linear in the release)", stored=True)
     if store.variances is not None:
         return ErrorSource(None, False, "linear-hierarchy",
                            "se = sqrt(the estimate's stored variance, queries/variance_rows by unit): the exact variance of "

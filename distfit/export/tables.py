@@ -23,6 +23,9 @@ is exact). In short, one row per unit and query of a query group (a *table*):
     each unit's table (:mod:`distfit.estimate.hierarchy`), so ``se = sqrt(w_q^T P_u w_q)``, per
     unit and query, stored with the estimate (``queries/variance_rows``, a row per class of units
     sharing it, by ``queries/variance_class``) and read from it;
+  * a multi-level run's nonnegative tables (``--nonnegative``, ``unbiased-hierarchy``): the
+    same stored ``se``, the unbiased estimate's that the tables were projected from
+    (:func:`distfit.estimate.geography.nonnegative_top_down`);
   * anything else is not a linear function of the release, and no standard error is stated:
     a unit with an active constraint (``nonnegativity-active``), an unconverged solve
     (``not-converged``), integer tables (``integer-rounded``), a graphical model or top-down
@@ -60,7 +63,7 @@ __all__ = [
 
 #: The ``se_note`` codes, in the order of their dictionary indices (docs/export.md, "se_note").
 NOTES = ("raw-answer", "linear-gls", "nonnegativity-active", "not-converged", "integer-rounded",
-         "nonlinear-method", "covariance-too-large", "linear-hierarchy")
+         "nonlinear-method", "covariance-too-large", "linear-hierarchy", "unbiased-hierarchy")
 
 #: What each ``se_note`` code says (the data dictionary's words).
 NOTE_TEXT = {
@@ -77,6 +80,9 @@ NOTE_TEXT = {
     "linear-hierarchy": "the best linear unbiased estimate over the geography (generalised least squares over "
                         "every level of a multi-level run): se = sqrt(w^T P w), P the exact covariance of the "
                         "unit's table, stored with the estimate; exact",
+    "unbiased-hierarchy": "a nonnegative table (--nonnegative) projected from the best linear unbiased estimate over "
+                          "the geography: se = sqrt(w^T P w) of that unbiased estimate, stored with the estimate, "
+                          "exact for it; the nonnegative table is not linear in the release",
 }
 
 

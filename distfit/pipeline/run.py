@@ -515,6 +515,7 @@ def run_levels(
     geography: str | os.PathLike | None = None,
     estimate: bool = True,
     integer: bool = False,
+    nonnegative: bool = False,
     report: bool = True,
     log: TextIO | None = None,
     fsync: bool = True,
@@ -540,7 +541,8 @@ def run_levels(
     :func:`run_pipeline`; a RUNDIR of another spec is refused (RunDirError). Then (``estimate``)
     every level's ``estimate.zarr``, the best linear unbiased estimate over the geography with
     each estimate's variance: children sum to their parent, to float rounding, and exactly as
-    nonnegative integers with ``integer`` (:func:`distfit.estimate.levels.estimate_levels`; each
+    nonnegative integers with ``integer``, as nonnegative real-valued tables with
+    ``nonnegative`` (:func:`distfit.estimate.levels.estimate_levels`; each
     level's tabulation records its units' parents, ``parent_column``). ``report=False``: no
     level's report (its manifest's ``report`` None; tests whose subject is not the report).
     """
@@ -666,7 +668,8 @@ def run_levels(
                 timings[f"level {name}"] = time.perf_counter() - t
 
             t = time.perf_counter()  # over the geography (a large one: subtrees on this cluster); children sum to parents
-            estimates = estimate_levels(spec, level_dirs, integer=integer, log=log, fsync=fsync, placement=here) if estimate else {}
+            estimates = (estimate_levels(spec, level_dirs, integer=integer, nonnegative=nonnegative, log=log,
+                                         fsync=fsync, placement=here) if estimate else {})
             timings["estimate"] = time.perf_counter() - t
         # each level's report, with its estimate (estimated once, above; timed in the level's manifest)
         results = {name: report_level(result, estimates.get(name), report) for name, result in results.items()}

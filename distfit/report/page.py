@@ -385,8 +385,9 @@ def _geography(geography: dict) -> str:
 _HIERARCHY_WORDS = ("Estimates: best linear unbiased, consistent across the geography",
                     "every level's units estimated together by generalised least squares over the geography "
                     "(every unit's table the sum of its children's), each query's best linear unbiased estimate; "
-                    "real-valued estimates may be below 0 where the release is noisy around 0, integer ones "
-                    "are nonnegative counts that add up exactly")
+                    "real-valued estimates may be below 0 where the release is noisy around 0 (with --nonnegative "
+                    "the tables published are their nearest nonnegative ones, still adding up, and the margins "
+                    "of error the unbiased estimates'), integer ones are nonnegative counts that add up exactly")
 _PROJECTION_WORDS = ("Estimates: nonnegative and consistent",
                      "per unit the nonnegative data vector closest to the release in the noise's metric, and every "
                      "query's estimate computed from it, so that the estimates never go below 0 and every table "
@@ -400,7 +401,8 @@ def _estimate_section(release, estimate, summary: dict, layouts: tuple[TableLayo
     fit = a.get("fit") or {}
     header, rows = _estimate_rows(release, estimate, layouts)
     units = summary["units"]
-    heading, words = _HIERARCHY_WORDS if a.get("method") == "hierarchy-gls" else _PROJECTION_WORDS
+    # hierarchy-gls and hierarchy-gls-nonnegative (distfit.estimate.level_stores: not imported by the report)
+    heading, words = _HIERARCHY_WORDS if str(a.get("method")).startswith("hierarchy-gls") else _PROJECTION_WORDS
     return [
         f"<h2>{heading}</h2>",
         f"<p class='note'>Post-processing of the release (no privacy cost; the data is not read): {words} "

@@ -271,6 +271,20 @@ def test_numeric_flags_are_checked_when_parsed(tmp_path, capsys, argv, flag, pro
     assert not out.exists()
 
 
+def test_nonnegative_is_refused_for_a_single_level_spec(tmp_path, capsys):
+    """``distfit run --nonnegative`` publishes a multi-level run's nonnegative tables; a
+    single-level spec's estimate is nonnegative already: exit 2, one line naming the flag,
+    nothing at --out."""
+    spec = tmp_path / "one.yaml"
+    spec.write_text("name: one\nattributes: [{name: a, size: 3}]\nqueries:\n  - name: q\n"
+                    "    attributes: {a: identity}\n    target: 1\n")
+    out = tmp_path / "out"
+    code, _, err = run(capsys, "run", str(spec), "--out", str(out), "--nonnegative", "--serial")
+    assert code == 2
+    assert_one_line_error(err, "--nonnegative", "a single-level run's estimates are nonnegative already")
+    assert not out.exists()
+
+
 # ------------------------------------------------------------------ bad spec numbers and names, before any work
 
 

@@ -6,7 +6,9 @@ import numpy as np
 import pytest
 
 from distfit.estimate.geography import (FACTOR_RANK_SHARE, FactoredInformation, GeographyLevel, WeightedInformation,
-                                        estimate_top_down, integer_top_down, project_siblings)
+                                        estimate_top_down, integer_top_down, nonnegative_top_down, project_siblings)
+from distfit.estimate.rounding import laminar_family
+from distfit.estimate.subtrees import descendant_spans
 from distfit.estimate.hierarchy import estimate_hierarchy
 
 CELLS = 6
@@ -300,9 +302,6 @@ def test_integer_tables_of_forests_of_subtrees_are_the_whole_trees_bit_for_bit(c
     each forest of consecutive cut units (odd and even sizes, one subtree alone) from its roots'
     integer counts (``roots``): every level's integers equal the whole tree's, bit for bit, and
     so do the real-valued tables they round (each row's products independent of the batch)."""
-    from distfit.estimate.rounding import laminar_family
-    from distfit.estimate.subtrees import descendant_spans
-
     rng = np.random.default_rng(3 + cut)
     cells = 9
     levels = _ordered_levels(rng, (2, 7, 23, 61), cells, rank)
@@ -415,3 +414,95 @@ def test_a_low_rank_information_is_applied_through_its_factor():
         assert factored(batch).tobytes() == alone.tobytes()
     b = rng.standard_normal((rank + 1, cells))
     assert isinstance(FactoredInformation.of(b.T @ b), np.ndarray)
+
+
+# --------------------------------------------------------------------------------------------
+# nonnegative tables from the BLUE (--nonnegative)
+
+
+def test_an_ill_conditioned_root_is_solved_to_its_minimum():
+    """The root level's tables reach the KKT point of ``0.5 x^T H_u x - g_u^T x`` over ``x >= 0``
+    (geography._exact_roots), where H_u's eigenvalues spread over 8 decades (the gradient's
+    stopping rule alone left ~1e-4 of the objective): the objective equals cvxpy's to 1e-9,
+    started from the measurements or from the BLUE."""
+    rng = np.random.default_rng(25)
+    levels = _levels(rng, (1, 4, 13))
+    skew = np.diag(10.0 ** np.linspace(-4, 4, CELLS))
+    levels[0] = GeographyLevel(skew @ levels[0].hessian @ skew, levels[0].linear @ skew, None)
+    (hessian, linear), = _reference_terms(levels)[0]
+    x_ref, value = _cvxpy_level([(hessian, linear)], None, None)
+    assert (linear @ np.linalg.inv(hessian)).min() < 0  # nonnegativity binds
+    # centred (nonnegative_top_down): 0.5 (x - c)^T H_u (x - c), the same minimiser for c = H_u^-1 g_u
+    centre = [np.linalg.solve(hessian, linear)[None, :]] + list(_blue(levels)[1:])
+    for x in (estimate_top_down(levels).x[0], nonnegative_top_down(levels, centre)[0]):
+        got = 0.5 * x[0] @ hessian @ x[0] - linear @ x[0]
+        assert abs(got - value) <= 1e-9 * abs(value), (got, value)
+        assert x.min() >= 0 and _close(x, x_ref, rel=1e-5)
+
+
+@pytest.mark.parametrize("rank", [None, 3], ids=["full-rank", "singular"])
+def test_nonnegative_tables_from_the_blue_are_the_top_down_below_the_root(rank):
+    """nonnegative_top_down from the BLUE: nonnegative, children summing to their parent; the
+    root is cvxpy's nearest nonnegative table to the BLUE in the metric H_u; below the root,
+    from the same root, every level equals the top-down estimate from the measurements (module
+    docstring of geography: the BLUE's children differ from the own-subtree estimates by
+    ``H_c^-1 mu_p``, a constant on the feasible set), to the solvers' tolerance, where ``H_u``
+    is nonsingular, and where it is singular in what the metric sees."""
+    rng = np.random.default_rng(13)
+    levels = _levels(rng, (1, 4, 13), rank=rank)
+    blue = _blue(levels)
+    assert min(x.min() for x in blue) < 0
+    tables = nonnegative_top_down(levels, blue, tol=1e-12, max_iter=200000)
+    terms = _reference_terms(levels)
+    (h0, _g0), = terms[0]
+    x_ref, _value = _cvxpy_level([(h0, h0 @ blue[0][0])], None, None)
+    d = tables[0][0] - x_ref[0]
+    assert np.sqrt(d @ h0 @ d) <= 1e-5 * max(1.0, np.sqrt(x_ref[0] @ h0 @ x_ref[0]))
+    top = estimate_top_down(levels, tol=1e-12, max_iter=200000, centre=None)
+    same_root = nonnegative_top_down(levels, blue, tol=1e-12, max_iter=200000, roots=top.x[0])
+    for i, level in enumerate(levels):
+        assert tables[i].min() >= 0 and tables[i].dtype == np.float64
+        if i:
+            sums = np.zeros_like(tables[i - 1])
+            np.add.at(sums, level.parent_of, tables[i])
+            np.testing.assert_allclose(sums, tables[i - 1], rtol=1e-10, atol=1e-9)
+            gap = same_root[i] - top.x[i]
+            seen = np.array([np.sqrt(max(e @ h @ e, 0.0)) for e, (h, _g) in zip(gap, terms[i])])
+            scale = max(1.0, max(np.sqrt(x @ h @ x) for x, (h, _g) in zip(top.x[i], terms[i])))
+            assert seen.max() <= 1e-5 * scale, (i, seen.max() / scale)
+    np.testing.assert_array_equal(same_root[0], top.x[0])
+
+
+@pytest.mark.parametrize("cut", [0, 1])
+def test_nonnegative_tables_of_forests_of_subtrees_are_the_whole_trees_bit_for_bit(cut):
+    """As the integer tables (above): levels 0 .. cut solved alone with the levels below given
+    by their informations, each forest from its roots' real-valued tables: every level's tables
+    equal the whole tree's bit for bit. Negative or non-finite roots are refused in one line."""
+    rng = np.random.default_rng(30 + cut)
+    cells = 9
+    levels = _ordered_levels(rng, (2, 7, 23, 61), cells)
+    centre = [rng.normal(0.5, 3.0, (lv.units, cells)) * rng.uniform(1, 40, (lv.units, 1)) for lv in levels]
+    whole = nonnegative_top_down(levels, centre, tol=1e-8)
+    counts = [np.bincount(levels[k + 1].parent_of, minlength=levels[k].units) for k in range(cut, len(levels) - 1)]
+    spans = descendant_spans(counts)
+    below = [(levels[cut + k].hessian, np.diff(spans[k])) for k in range(1, len(spans))]
+    top = nonnegative_top_down(levels[:cut + 1], centre[:cut + 1], tol=1e-8, below=below)
+    for level in range(cut + 1):
+        np.testing.assert_array_equal(top[level], whole[level])
+    parts: list[list[np.ndarray]] = [[] for _ in spans[1:]]
+    roots = levels[cut].units
+    bounds = [0, 1, 2, 5, roots] if roots > 5 else [0, 1, roots]
+    for first, stop in zip(bounds[:-1], bounds[1:]):
+        rows = [slice(int(s[first]), int(s[stop])) for s in spans]
+        forest = [GeographyLevel(lv.hessian, lv.linear[r], None if k == 0 else lv.parent_of[r] - rows[k - 1].start)
+                  for k, (lv, r) in enumerate(zip(levels[cut:], rows))]
+        got = nonnegative_top_down(forest, [c[r] for c, r in zip(centre[cut:], rows)], tol=1e-8,
+                                   roots=top[cut][first:stop])
+        np.testing.assert_array_equal(got[0], top[cut][first:stop])
+        for k in range(1, len(rows)):
+            parts[k - 1].append(got[k])
+    for k, pieces in enumerate(parts, start=cut + 1):
+        np.testing.assert_array_equal(np.concatenate(pieces), whole[k])
+    for bad in (-np.ones((levels[0].units, cells)), np.full((levels[0].units, cells), np.nan)):
+        with pytest.raises(ValueError, match=r"^roots: expected nonnegative tables of shape"):
+            nonnegative_top_down(levels[:1], centre[:1], roots=bad)

@@ -110,12 +110,13 @@ def _gradient(run) -> tuple[np.ndarray, float]:
     return terms[2] + state[rows[2]], scale
 
 
-def _check_levels(run, *, integer: bool) -> None:
+def _check_levels(run, *, integer: bool, nonnegative: bool = False) -> None:
     above = None
     for name in LEVELS:
         estimate, release, plan = _tables(run, name)
         cells = np.asarray(estimate.cells[...])
-        assert estimate.method == "hierarchy-gls" and estimate.integer is integer
+        assert estimate.method == ("hierarchy-gls-nonnegative" if nonnegative else "hierarchy-gls")
+        assert estimate.integer is integer
         assert verify_estimate(estimate.path)[0]
         assert (cells.dtype == np.int64) is integer
         assert estimate.attrs["fit"]["unconverged_units"] == 0
@@ -126,7 +127,8 @@ def _check_levels(run, *, integer: bool) -> None:
         assert (name == "nation") is (columns is not None)
         if integer:
             assert cells.min() >= 0 and estimate.variances is None
-        else:  # each query's variance: the best linear unbiased estimate's, at most the raw answer's
+        else:
+            assert not nonnegative or cells.min() >= 0  # each query's variance: the best linear unbiased estimate's, at most the raw answer's
             variances = np.asarray(estimate.variances[...])
             assert variances.shape == estimate.estimates.shape and variances.min() > 0
             assert np.all(variances <= np.asarray(plan.queries_variances)[None, :] * (1 + 1e-9))
@@ -156,6 +158,8 @@ def _check_levels(run, *, integer: bool) -> None:
             np.add.at(sums, rows, cells)
             if integer:
                 np.testing.assert_array_equal(sums, parent_cells)  # exactly, cell by cell
+            elif nonnegative:  # the siblings' projection sums them to the parent to float rounding
+                assert np.abs(sums - parent_cells).max() <= 1e-12 * np.abs(parent_cells).max(initial=1.0)
             else:  # to float rounding: a few ulps of the tables
                 assert np.abs(sums - parent_cells).max() <= 16 * np.finfo(float).eps * np.abs(cells).max(initial=1.0)
         above = (estimate, cells, np.asarray(estimate.unit_ids[...]).tolist())
@@ -459,6 +463,49 @@ def test_integer_tables_on_a_local_cluster_equal_the_drivers_bit_for_bit(serial_
     assert "resuming" in log.getvalue() and "0 of 1 chunks already written" in log.getvalue()
     assert [again[name].status for name in LEVELS] == ["reused", "reused", "done"]
     assert all(again[name].checksum == ours[name].checksum for name in LEVELS)  # the same bytes
+
+
+def test_nonnegative_tables_on_a_local_cluster_equal_the_drivers(serial_run, cluster, tmp_path):
+    """``--nonnegative`` (issue 29 point 7) on the cluster, cut at the state level: the driver's
+    nation and state tables, each forest's counties from its states' tables; every level's tables
+    nonnegative, children summing to their parent, equal to the driver's over the whole tree to
+    the solver's tolerance (the BLUEs they start from agree to float rounding), with the BLUE's
+    variances (equal to the real-valued run's), which the export states as the unbiased
+    estimate's (``unbiased-hierarchy``); neither kind of store is reused for the other."""
+    levels_dir = Path(serial_run.rundir) / "levels"
+    skip = lambda _dir, names: [n for n in names if n in ("estimate.zarr", "data.zarr", "report")]  # noqa: E731
+    shutil.copytree(levels_dir, tmp_path / "driver" / "levels", ignore=skip)
+    shutil.copytree(levels_dir, tmp_path / "cluster" / "levels", ignore=skip)
+    spec = load_spec(CENSUS)
+    dirs = {name: tmp_path / "cluster" / "levels" / name for name in LEVELS}
+    driver = estimate_levels(spec, {name: tmp_path / "driver" / "levels" / name for name in LEVELS},
+                             nonnegative=True, fsync=False, log=io.StringIO())
+    real = estimate_levels(spec, dirs, fsync=False, log=io.StringIO(), placement=cluster, cut=1, forest_rows=6)
+    blue = {name: (np.asarray(read_estimate(real[name].path).cells[:]),
+                   np.asarray(read_estimate(real[name].path).variances[...])) for name in LEVELS}
+    log = io.StringIO()
+    ours = estimate_levels(spec, dirs, nonnegative=True, fsync=False, log=log, placement=cluster, cut=1,
+                           forest_rows=6)
+    assert "then nonnegative tables, " in log.getvalue() and "county: down" in log.getvalue()
+    assert [ours[name].status for name in LEVELS] == ["done"] * 3
+    _check_levels(type("Run", (), {"rundir": str(tmp_path / "cluster")}), integer=False, nonnegative=True)
+    _check_levels(type("Run", (), {"rundir": str(tmp_path / "driver")}), integer=False, nonnegative=True)
+    for name in LEVELS:
+        a, b = (read_estimate(e[name].path) for e in (ours, driver))
+        mine, theirs = (np.asarray(e.cells[:]) for e in (a, b))
+        assert np.abs(mine - theirs).max() <= 1e-6 * np.abs(theirs).max(), name
+        np.testing.assert_allclose(np.asarray(a.variances[...]), blue[name][1], rtol=1e-9)
+    assert min(cells.min() for cells, _ in blue.values()) < 0  # the BLUE is below 0 where the tables are not
+    again = estimate_levels(spec, dirs, fsync=False, log=io.StringIO(), placement=cluster, cut=1, forest_rows=6)
+    assert [again[name].status for name in LEVELS] == ["done"] * 3  # the BLUE again, not the tables reused
+    ours = estimate_levels(spec, dirs, nonnegative=True, fsync=False, log=io.StringIO(), placement=cluster, cut=1,
+                           forest_rows=6)
+    county = read_estimate(ours["county"].path)
+    result = run_export(county.path, tmp_path / "export", fsync=False, threads=1)
+    assert result.stated == result.rows > 0
+    table, _rows = result.tables[0]
+    frame = pq.read_table(tmp_path / "export" / f"{table}.parquet").to_pydict()
+    assert set(frame["se_note"]) == {"unbiased-hierarchy"} and min(frame["estimate"]) >= 0
 
 
 def test_forests_read_the_levels_above_the_finest_by_whole_chunks_kept_for_the_next(small_release):
