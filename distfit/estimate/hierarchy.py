@@ -303,10 +303,9 @@ def _mv(a: np.ndarray, v: np.ndarray) -> np.ndarray:
 
 @dataclass(frozen=True, eq=False)
 class Grouping:
-    """A level's children grouped by parent (here and in :mod:`distfit.estimate.geography`): ``matrix`` the 0/1 sparse matrix (parents x
-    children) summing children into their parent (a sparse product: 10x faster than
-    ``np.add.reduceat`` over rows), ``parents`` the parents with children, ``last`` each one's
-    last child (a row of the level) and ``fanout`` (parents,) every parent's number of children."""
+    """A level's children grouped by parent: ``matrix`` the 0/1 sparse matrix (parents x children) summing children
+    into their parent (10x faster than ``np.add.reduceat`` over rows), ``parents`` the parents with children,
+    ``last`` each one's last child (a row of the level), ``fanout`` (parents,) every parent's number of children."""
 
     matrix: scipy.sparse.csr_array
     parents: np.ndarray
@@ -326,6 +325,11 @@ class Grouping:
         """``sum_{c: parent_of[c] = p} values[c]`` for every parent ``p`` (0 for a childless one)."""
         flat = values.reshape(values.shape[0], -1)
         return np.asarray(self.matrix @ flat).reshape((self.matrix.shape[0],) + values.shape[1:])
+
+    def to_last_child(self, x: np.ndarray, above: np.ndarray, complete: np.ndarray | None = None) -> None:
+        """In place: each parent's last child takes ``above_p - sum_c x_c`` (parents in mask ``complete``)."""
+        keep = slice(None) if complete is None else complete[self.parents]
+        x[self.last[keep]] += above[self.parents[keep]] - self.sum(x)[self.parents[keep]]
 
 
 def _matrix_classes(j: np.ndarray, units: int) -> tuple[np.ndarray, np.ndarray]:
@@ -669,8 +673,7 @@ def downward_pass(state: Upward | DiagonalUpward, *, split: str = "equal", top: 
             factor = group.fanout[below] * weight / group.sum(weight)[below]
             factor = np.where(same_blind[p][kp][kind], factor, 1.0)
             x += (factor - 1.0)[:, None] * classwise(blind_gain, kind, remainder)
-        # the rounding of sum_c G_c = I goes to each parent's last child
-        x[group.last] += xs[p][group.parents] - group.sum(x)[group.parents]
+        group.to_last_child(x, xs[p])  # the rounding of sum_c G_c = I
         shared = _mm(gain, own_pinv)
         cov = own_pinv - shared - np.swapaxes(shared, -1, -2) + _mm(_mm(gain, s + covs[p][a]),
                                                                      np.swapaxes(gain, -1, -2))

@@ -365,9 +365,9 @@ def diagonal_downward(state: DiagonalUpward, split: str, top: tuple[np.ndarray, 
             x += blind_gain
         del remainder, blind_gain
         # the rounding of sum_c G_c = I goes to each parent's last child (here, and in the tables)
-        x[group.last] += tilde[group.parents] - group.sum(x)[group.parents]
+        group.to_last_child(x, tilde)
         table = x @ q.T
-        table[group.last] += xs[p][group.parents] - group.sum(table)[group.parents]
+        group.to_last_child(table, xs[p])
         xs.append(table)
         tildes.append(x)
         # P_c = I_c^+ (1 - 2 G_c) + G_c^2 (S_p + P_p)
@@ -407,14 +407,14 @@ def _shared_leaves(state: DiagonalUpward, level: int, tilde: np.ndarray, above_x
     s, k, n = state.s_sum[p], state.k_par[p], state.n_sum[p]
     gain = own_pinv * k
     remainder = tilde - state.m_sum[p]
-    blind = None
+    blind_gain = None
     if n is not None:
         n_pinv, _ = _pinv(n, rtol, 1.0)
-        blind = np.where(kept, 0.0, n_pinv * (1.0 - s * k))
-        gain += blind
+        blind_gain = np.where(kept, 0.0, n_pinv * (1.0 - s * k))
+        gain += blind_gain
     rows_in_q = state.in_basis and state.leaf_tables is None
     if leaf_offsets:
-        if split == "total" and blind is not None:
+        if split == "total" and blind_gain is not None:
             raise ValueError("leaf_offsets: split='total' with leaves blind in some direction needs their rows")
         in_q, x = gain * remainder, None  # (G r)_p, per parent: the leaves' tables are formed by their reader
     elif state.leaf_tables is not None:
@@ -431,16 +431,16 @@ def _shared_leaves(state: DiagonalUpward, level: int, tilde: np.ndarray, above_x
         in_q = None
         x = state.leaf_linear @ ((q * own_pinv) @ q.T)
         x += ((gain * remainder) @ q.T)[below]
-    if split == "total" and blind is not None and x is not None:
+    if split == "total" and blind_gain is not None and x is not None:
         weight = np.maximum(x.sum(axis=1), 0.0)
         weight += TOTAL_FLOOR * (1.0 + weight.max(initial=0.0))  # all zero: equal parts
         same = ((n == 0.0) | (n == group.fanout[:, None])).all(axis=1)  # siblings blind in the same directions
         factor = np.where(same[below], group.fanout[below] * weight / group.sum(weight)[below], 1.0)
-        x += (factor - 1.0)[:, None] * ((blind * remainder) @ q.T)[below]
+        x += (factor - 1.0)[:, None] * ((blind_gain * remainder) @ q.T)[below]
         if rows_in_q:
-            in_q += (factor - 1.0)[:, None] * (blind * remainder)[below]
+            in_q += (factor - 1.0)[:, None] * (blind_gain * remainder)[below]
     if x is not None:
-        x[group.last] += above_x[group.parents] - group.sum(x)[group.parents]
+        group.to_last_child(x, above_x)
     cov = own_pinv * (1.0 - 2.0 * gain) + gain * gain * (s + above_cov)
     out = None if above_outside is None else _outside(
         state.own[p] + above_outside, s, n, own_pinv, kept, group.fanout == 1, rtol)

@@ -565,10 +565,10 @@ def estimate_on_cluster(client, spec: Any, *, names: Sequence[str], cut: int, di
     print(f"distfit: levels {', '.join(names[:cut + 1])} estimated in the driver and written "
           f"({time.perf_counter() - started:.1f} s so far)", file=log)
 
-    # 4 and 5; a piece refused as a chunk task reads it (changed on disk since it was written:
-    # stores/pieces.py) is deleted and counts as not written: its forest runs down again and the
-    # level's store resumes, once
-    open_pieces(pieces, pieces_key)
+    # 4 and 5 (with leaf_offsets the upward tasks opened the pieces); a piece refused as read (changed on disk:
+    # stores/pieces.py) is deleted, not written: its forest runs down again and the level's store resumes, once
+    if not job.leaf_offsets:
+        open_pieces(pieces, pieces_key)
     for attempt in (1, 2):
         try:
             if attempt == 2 and job.leaf_offsets:  # an upward task's piece refused: written again

@@ -233,10 +233,7 @@ def leaf_tables(offsets: np.ndarray, parent_tables: np.ndarray, tables: np.ndarr
         x[:before.shape[0]] += before
         x[before.shape[0]:] += tables
     if parent.size:
-        group = Grouping.of(parent, offsets.shape[0])
-        done = group.parents[complete[group.parents]]
-        last = group.last[complete[group.parents]]
-        x[last] += parent_tables[done] - group.sum(x)[done]
+        Grouping.of(parent, offsets.shape[0]).to_last_child(x, parent_tables, complete)
     return x
 
 
