@@ -20,6 +20,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
+from distfit.data import synthetic
 from distfit.estimate import levels, subtree_job
 from distfit.estimate.hierarchy import Grouping
 from distfit.estimate.level_stores import basis_terms, information_basis
@@ -632,6 +633,36 @@ def test_levels_of_one_plan_on_a_local_cluster_in_the_shared_basis(cluster, tmp_
         group = Grouping.of(np.arange(norms.size) % 3, 3)  # any parents: h~ is linear in the answers
         np.testing.assert_allclose(terms.summed(answers, group), group.sum(linear), rtol=0,
                                    atol=1e-12 * np.abs(linear).max() * norms.size)
+
+
+def test_leaves_over_several_release_chunks_on_a_local_cluster(cluster, tmp_path, monkeypatch):
+    """The shared basis's leaves formed by their chunk tasks (leaf_pieces) where the finest
+    level's release is several chunks of 5 units, so that some parent's children straddle a
+    chunk boundary (the upward task carries the earlier children's tables to the next chunk:
+    ``.carried``): the cluster's estimates equal the driver's to 1e-9 at every level."""
+    monkeypatch.setattr(synthetic, "MAX_CHUNK_UNITS", 5)  # the serial run's data and releases: chunks of 5
+    spec_path = tmp_path / "shared.yaml"
+    spec_path.write_text(SHARED)
+    run = run_levels(spec_path, tmp_path / "run", units=24, placement=Placement(serial=True), fsync=False,
+                     report=False, log=io.StringIO())
+    county = read_release(Path(run.rundir) / "levels" / "county" / "release.zarr")
+    chunk = int(county.attrs["chunk_units"])
+    parents = np.asarray(county.parent_ids[...]).tolist()
+    assert chunk == 5 and int(county.attrs["units"]) > 2 * chunk
+    # a parent whose first and last child lie in different chunks: its tables are carried
+    first, last = {}, {}
+    for row, parent in enumerate(parents):
+        first.setdefault(parent, row)
+        last[parent] = row
+    assert any(first[p] // chunk != last[p] // chunk for p in first)
+    copy = tmp_path / "levels"
+    shutil.copytree(Path(run.rundir) / "levels", copy,
+                    ignore=lambda _dir, names: [n for n in names if n in ("estimate.zarr", "data.zarr", "report")])
+    log = io.StringIO()
+    ours = estimate_levels(load_spec(spec_path), {name: copy / name for name in LEVELS}, fsync=False, log=log,
+                           placement=cluster, cut=1, forest_rows=6)
+    assert "county's tables formed as its chunks are written" in log.getvalue()
+    _same_estimates(ours, run.estimates)
 
 
 def test_a_changed_sums_piece_is_computed_again_to_the_same_estimates(cluster, tmp_path, monkeypatch):
