@@ -72,8 +72,8 @@ middle term a constant on the feasible set. At the root the centre is the BLUE i
 uses every level's measurements exactly (top-down's ``H_u`` sums a level's descendants as if
 their information added up). Where ``H_c`` is singular (a level measuring few directions) the
 two differ in what nothing measures, the solver's start deciding. Measured
-(benchmarks/bench_geography.py: ``nonneg`` against ``top``): the same RMSE per query to the
-third digit at every level, at about 0.8x top-down's CPU.
+(benchmarks/bench_geography.py: ``nonneg`` against ``top``, five releases at 2,000 counties):
+the same RMSE per query to the fourth digit at every level, at 0.78-1.04x top-down's CPU.
 
 Where the integer tables' error comes from (measured at 2,000 and 20,000 units on
 pipelines/census.yaml: benchmarks/README.md, "Issue 29 point 4: `--integer` by controlled
