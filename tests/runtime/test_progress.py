@@ -37,3 +37,18 @@ def test_rate_and_eta_count_only_the_items_done_in_this_session(monkeypatch):
     resumed(1000, 1000)
     assert out.getvalue() == ("fit: 300/1000 steps, 25.0 steps/s, ETA 28 s   \r"
                               "fit: 1000/1000 steps, 187.5 steps/s, ETA 0 s   \n")
+
+
+def test_no_eta_before_one_percent_of_the_items_are_done(monkeypatch):
+    """1 of 22,001 units after 300 s (a level's one large problem still running): the rate, and
+    the ETA "unknown" rather than 6.6 million s; from 1 % of the items on, the ETA."""
+    clock = Clock()
+    monkeypatch.setattr(progress_module, "time", SimpleNamespace(perf_counter=clock))
+    out = io.StringIO()
+    stage = Progress("estimate", out, unit="units")
+    clock.now += 300.0
+    stage(1, 22001)
+    clock.now += 100.0
+    stage(2201, 22001)
+    assert out.getvalue() == ("estimate: 1/22001 units, 0.0 units/s, ETA unknown   \r"
+                              "estimate: 2201/22001 units, 5.5 units/s, ETA 3598 s   \r")
