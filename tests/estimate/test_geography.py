@@ -294,6 +294,18 @@ def _ordered_levels(rng, sizes, cells, rank=None):
     return levels
 
 
+def _forests(levels, cut, spans):
+    """Forests of consecutive cut units (one alone, odd and even sizes): per forest ``(first,
+    stop, rows, levels)``, its rows per level from the cut and its levels with parents renumbered."""
+    roots = levels[cut].units
+    bounds = [0, 1, 2, 5, roots] if roots > 5 else [0, 1, roots]
+    for first, stop in zip(bounds[:-1], bounds[1:]):
+        rows = [slice(int(s[first]), int(s[stop])) for s in spans]
+        yield first, stop, rows, [GeographyLevel(lv.hessian, lv.linear[r],
+                                                 None if k == 0 else lv.parent_of[r] - rows[k - 1].start)
+                                  for k, (lv, r) in enumerate(zip(levels[cut:], rows))]
+
+
 @pytest.mark.parametrize("rank", [None, 2], ids=["dense", "factored"])
 @pytest.mark.parametrize("cut", [0, 1])
 def test_integer_tables_of_forests_of_subtrees_are_the_whole_trees_bit_for_bit(cut, rank):
@@ -320,12 +332,7 @@ def test_integer_tables_of_forests_of_subtrees_are_the_whole_trees_bit_for_bit(c
     top = integer_top_down(levels[:cut + 1], centre[:cut + 1], families=family[:cut + 1], below=below)
     parts: list[list[np.ndarray]] = [[] for _ in spans[1:]]
     tables: list[list[np.ndarray]] = [[] for _ in spans[1:]]
-    roots = levels[cut].units
-    bounds = [0, 1, 2, 5, roots] if roots > 5 else [0, 1, roots]
-    for first, stop in zip(bounds[:-1], bounds[1:]):
-        rows = [slice(int(s[first]), int(s[stop])) for s in spans]
-        forest = [GeographyLevel(lv.hessian, lv.linear[r], None if k == 0 else lv.parent_of[r] - rows[k - 1].start)
-                  for k, (lv, r) in enumerate(zip(levels[cut:], rows))]
+    for first, stop, rows, forest in _forests(levels, cut, spans):
         got = estimate_top_down(forest, integer=True, tol=1e-6, centre=[c[r] for c, r in zip(centre[cut:], rows)],
                                 families=family[cut:], roots=top[cut][first:stop])
         np.testing.assert_array_equal(got.counts[0], top[cut][first:stop])
@@ -491,12 +498,7 @@ def test_nonnegative_tables_of_forests_of_subtrees_are_the_whole_trees_bit_for_b
     for level in range(cut + 1):
         np.testing.assert_array_equal(top[level], whole[level])
     parts: list[list[np.ndarray]] = [[] for _ in spans[1:]]
-    roots = levels[cut].units
-    bounds = [0, 1, 2, 5, roots] if roots > 5 else [0, 1, roots]
-    for first, stop in zip(bounds[:-1], bounds[1:]):
-        rows = [slice(int(s[first]), int(s[stop])) for s in spans]
-        forest = [GeographyLevel(lv.hessian, lv.linear[r], None if k == 0 else lv.parent_of[r] - rows[k - 1].start)
-                  for k, (lv, r) in enumerate(zip(levels[cut:], rows))]
+    for first, stop, rows, forest in _forests(levels, cut, spans):
         got = nonnegative_top_down(forest, [c[r] for c, r in zip(centre[cut:], rows)], tol=1e-8,
                                    roots=top[cut][first:stop])
         np.testing.assert_array_equal(got[0], top[cut][first:stop])

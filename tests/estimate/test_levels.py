@@ -424,6 +424,15 @@ def test_subtrees_on_a_local_cluster_equal_the_drivers_estimate(serial_run, clus
     assert mended["county"].checksum == first["county"].checksum
 
 
+def _plans_and_releases(run, tmp_path, *names) -> dict[str, dict[str, Path]]:
+    """Copies of ``run``'s levels without their estimates, data and reports, one under each of
+    ``tmp_path / name / "levels"``: per name, each level's directory."""
+    skip = lambda _dir, found: [n for n in found if n in ("estimate.zarr", "data.zarr", "report")]  # noqa: E731
+    for name in names:
+        shutil.copytree(Path(run.rundir) / "levels", tmp_path / name / "levels", ignore=skip)
+    return {name: {level: tmp_path / name / "levels" / level for level in LEVELS} for name in names}
+
+
 def test_integer_tables_on_a_local_cluster_equal_the_drivers_bit_for_bit(serial_run, cluster, tmp_path):
     """Issue 29 point 4 on the cluster (cut at the state level, forests of a few states): the
     driver makes nation's and state's integer tables, each forest continues them through its
@@ -431,14 +440,9 @@ def test_integer_tables_on_a_local_cluster_equal_the_drivers_bit_for_bit(serial_
     driver's over the whole tree bit for bit, nonnegative, each parent the exact sum of its
     children; the real-valued stores sealed before are not reused for them (nor the integer
     ones by a real-valued rerun); an interrupted county store is resumed to the same bytes."""
-    levels_dir = Path(serial_run.rundir) / "levels"
-    skip = lambda _dir, names: [n for n in names if n in ("estimate.zarr", "data.zarr", "report")]  # noqa: E731
-    shutil.copytree(levels_dir, tmp_path / "driver" / "levels", ignore=skip)
-    shutil.copytree(levels_dir, tmp_path / "cluster" / "levels", ignore=skip)
-    spec = load_spec(CENSUS)
-    dirs = {name: tmp_path / "cluster" / "levels" / name for name in LEVELS}
-    driver = estimate_levels(spec, {name: tmp_path / "driver" / "levels" / name for name in LEVELS}, integer=True,
-                             fsync=False, log=io.StringIO())
+    spec, copies = load_spec(CENSUS), _plans_and_releases(serial_run, tmp_path, "driver", "cluster")
+    dirs = copies["cluster"]
+    driver = estimate_levels(spec, copies["driver"], integer=True, fsync=False, log=io.StringIO())
     log = io.StringIO()
     real = estimate_levels(spec, dirs, fsync=False, log=log, placement=cluster, cut=1, forest_rows=6)
     log = io.StringIO()
@@ -473,13 +477,9 @@ def test_nonnegative_tables_on_a_local_cluster_equal_the_drivers(serial_run, clu
     the solver's tolerance (the BLUEs they start from agree to float rounding), with the BLUE's
     variances (equal to the real-valued run's), which the export states as the unbiased
     estimate's (``unbiased-hierarchy``); the BLUE's stores are not reused for them."""
-    levels_dir = Path(serial_run.rundir) / "levels"
-    skip = lambda _dir, names: [n for n in names if n in ("estimate.zarr", "data.zarr", "report")]  # noqa: E731
-    shutil.copytree(levels_dir, tmp_path / "driver" / "levels", ignore=skip)
-    shutil.copytree(levels_dir, tmp_path / "cluster" / "levels", ignore=skip)
-    spec = load_spec(CENSUS)
-    dirs = {name: tmp_path / "cluster" / "levels" / name for name in LEVELS}
-    driver = estimate_levels(spec, {name: tmp_path / "driver" / "levels" / name for name in LEVELS},
+    spec, copies = load_spec(CENSUS), _plans_and_releases(serial_run, tmp_path, "driver", "cluster")
+    dirs = copies["cluster"]
+    driver = estimate_levels(spec, copies["driver"],
                              nonnegative=True, fsync=False, log=io.StringIO())
     real = estimate_levels(spec, dirs, fsync=False, log=io.StringIO(), placement=cluster, cut=1, forest_rows=6)
     blue = {name: (np.asarray(read_estimate(real[name].path).cells[:]),
