@@ -172,6 +172,11 @@ def _run_command(args: argparse.Namespace) -> int:
                                               f"(plan {level.stages.get('plan')}, release {level.stages.get('release')})"))
             if args.report:
                 rows.append(("", f"report {os.path.join(level.report, 'index.html')}"))
+        if result.estimates:  # what the estimate stage published, and whether it was written or reused
+            kind = ("integer tables" if args.integer else "nonnegative tables from the best linear unbiased estimate"
+                    if args.nonnegative else "best linear unbiased estimate (se, moe90)")
+            rows.append(("estimate", f"{kind}: " + ", ".join(f"{name} {level.status}"
+                                                           for name, level in result.estimates.items())))
         print_summary(f"run {result.rundir} ({len(result.levels)} levels, sequential composition)", rows + [
             ("privacy", f"alpha {account['alpha']:.6g} ({'exact' if account['alpha_exact'] else 'sum bound'}), "
                         f"rho {account['rho']:.6g}"),

@@ -323,6 +323,7 @@ def test_multilevel_run_end_to_end(tmp_path, capsys):
     code, out, err = run(capsys, "run", str(path), "--out", str(rundir), "--units", "23", "--serial", "--no-report")
     assert code == 0, err
     assert "privacy        alpha 3 (exact)" in out
+    assert "estimate       best linear unbiased estimate (se, moe90): nation done, state done, county done" in out
     # a first run plans every level: nothing is "reused" (the budget's scaled plans are this run's)
     assert "reus" not in err and "reused" not in out, out + err
     assert err.count("scaled to the level's budget share") == 3
@@ -359,6 +360,7 @@ def test_multilevel_run_end_to_end(tmp_path, capsys):
     # the rerun reuses every level's stores
     code, out, err = run(capsys, "run", str(path), "--out", str(rundir), "--serial", "--no-report")
     assert code == 0 and "plan reused, release reused" in out, out + err
+    assert "(se, moe90): nation reused, state reused, county reused" in out
     assert "index.html" not in out
     other = dict(spec, name="other")
     (tmp_path / "other.yaml").write_text(yaml.safe_dump(other))
