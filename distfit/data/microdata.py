@@ -111,6 +111,10 @@ BLOCKSIZE = 64 * 2**20
 CSV_SUFFIXES = (".csv", ".csv.gz")
 PARQUET_SUFFIXES = (".parquet", ".pq")
 PARTS = "_parts"
+#: Most bytes of a chunk's counts a merge task holds to write in one zarr call
+#: (:meth:`distfit.stores.data.MarginalsWriter.write_marginals`: Adult's 364 marginals of one
+#: unit in one call instead of 364); a clique larger than this is written alone.
+MERGE_BYTES = 64 * 2**20
 #: Largest clique marginal (cells) the tabulation accepts.
 MAX_CLIQUE_CELLS = 1 << 22
 #: Columns listed in a "missing column" message.
@@ -525,7 +529,13 @@ def _merge_chunk(job: _MergeJob, chunk: int, partitions: tuple[int, ...]) -> int
     n = stop - start
     writer = MarginalsWriter(job.store)
     maps = {k: np.load(parts / f"p{k}.units.npy", mmap_mode="r") for k in partitions}
+    pending: dict[int, np.ndarray] = {}  # written together (one zarr call) up to MERGE_BYTES at a time
+    held = 0
     for i, cells in enumerate(job.cells):
+        if pending and 8 * n * (held + cells) > MERGE_BYTES:
+            writer.write_marginals(start, pending)
+            pending, held = {}, 0
+        held += cells
         dense = np.zeros(n * cells, dtype=np.int64)
         for k in partitions:
             index = maps[k]
@@ -539,7 +549,8 @@ def _merge_chunk(job: _MergeJob, chunk: int, partitions: tuple[int, ...]) -> int
             rows = np.asarray(index[local]) - start
             counts = np.load(parts / f"p{k}.c{i}.counts.npy", mmap_mode="r")
             dense[rows * cells + (found - local * cells)] += np.asarray(counts[a:b])
-        writer.write_marginal(i, start, dense.reshape(n, cells))
+        pending[i] = dense.reshape(n, cells)
+    writer.write_marginals(start, pending)
     ids = np.asarray(np.load(parts / "ids.npy", mmap_mode="r")[start:stop])
     writer.write_unit_ids(start, ids if job.integer_ids else np.char.decode(ids, "utf-8"))
     if job.parents:

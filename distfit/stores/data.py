@@ -116,7 +116,7 @@ from distfit.spec.model import PipelineSpec
 from distfit.spec.parse import load_spec
 from distfit.stores.lock import store_lock
 from distfit.stores.files import (PARENT_IDS, STAGING_MARKER, create_nodes, filled_array, fsync_tree, is_staging,
-                                  jsonable, leftovers, move_into_place, root_attrs_on_disk, utc_now, write_array)
+                                  jsonable, leftovers, move_into_place, root_attrs_on_disk, utc_now, write_array, write_rows)
 from distfit.stores.checksum import DIGESTS
 from distfit.stores.release_chunks import raw_reader
 from distfit.stores.sealing import (DIGEST_DIMS, ChunkDigests, check_root, lay_out_digests, open_sealed,
@@ -360,6 +360,12 @@ class MarginalsWriter:
     def write_marginal(self, index: int, start: int, counts: np.ndarray) -> None:
         """Rows ``start ..`` of ``marginals/<index>``: ``counts`` (n, cells) int64."""
         self._root[f"marginals/{index}"][start:start + counts.shape[0]] = counts
+
+    def write_marginals(self, start: int, counts: Mapping[int, np.ndarray]) -> None:
+        """Rows ``start ..`` of ``marginals/<i>`` for every ``i: counts`` of ``counts`` ((n, cells_i)
+        int64 each), in one zarr call (:func:`distfit.stores.files.write_rows`): what
+        :meth:`write_marginal` of each writes."""
+        write_rows(self._root, {f"marginals/{i}": (start, c) for i, c in counts.items()})
 
     def write_unit_ids(self, start: int, ids: np.ndarray) -> None:
         """Entries ``start ..`` of ``unit_ids`` (and of its coordinate twin ``unit``): int64 or

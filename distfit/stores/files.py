@@ -232,6 +232,27 @@ async def _open_arrays(group: zarr.Group, names: Sequence[str]) -> list[zarr.Arr
     return [zarr.Array(arr) for arr in opened]
 
 
+def write_rows(group: zarr.Group, rows: Mapping[str, tuple[int, np.ndarray]]) -> None:
+    """``group[name][start:start + len(r)] = r`` for every ``name: (start, r)`` of ``rows``, in
+    one zarr call: the arrays opened and their rows written concurrently, rather than one round
+    trip to zarr's event loop to open each and one to write it (a tabulation of Adult writes
+    364 marginals of one unit a chunk: 4.5 ms each one at a time). The arrays are opened as
+    ``group[name]`` opens them (their stored metadata, zarr's default configuration), so what
+    is written is what those assignments write."""
+    if rows:
+        sync(_write_rows(group, rows))
+
+
+async def _write_rows(group: zarr.Group, rows: Mapping[str, tuple[int, np.ndarray]]) -> None:
+    prefix = f"{group.path}/" if group.path else ""
+
+    async def write_one(name: str, start: int, values: np.ndarray) -> None:
+        arr = await zarr.api.asynchronous.open_array(store=group.store, path=prefix + name, mode="r+", zarr_format=3)
+        await arr.setitem(slice(start, start + values.shape[0]), values)
+
+    await asyncio.gather(*(write_one(name, start, values) for name, (start, values) in rows.items()))
+
+
 def node_attrs(group: zarr.Group) -> dict[str, dict[str, Any]]:
     """``{path: attrs}`` of every group and array under ``group`` (paths relative to it, as
     ``group.members(max_depth=None)`` names them; ``group`` itself not included), as each

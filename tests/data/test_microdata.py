@@ -191,6 +191,27 @@ def test_partitions_and_chunks_do_not_change_the_store(inputs, tmp_path):
         np.testing.assert_array_equal(a[name], b[name])
 
 
+def test_the_merge_writes_the_same_store_whatever_it_holds_at_once(inputs, tmp_path, monkeypatch):
+    """A merge task writes a chunk's marginals in one zarr call up to MERGE_BYTES of counts at a
+    time: at one byte (every marginal its own call) the store is the one written by default (all
+    of a chunk's marginals at once), array for array and checksum for checksum."""
+    spec = load_spec(inputs["spec"])
+    together = tabulate_microdata(spec, inputs["csv"], tmp_path / "together.zarr", chunk_units=3, fsync=False)
+    calls = []
+    write = microdata.MarginalsWriter.write_marginals
+    monkeypatch.setattr(microdata.MarginalsWriter, "write_marginals",
+                        lambda self, start, counts: calls.append(len(counts)) or write(self, start, counts))
+    monkeypatch.setattr(microdata, "MERGE_BYTES", 1)
+    apart = tabulate_microdata(spec, inputs["csv"], tmp_path / "apart.zarr", chunk_units=3, fsync=False)
+    chunks = -(-read_marginals(apart).units // 3)
+    assert calls == [1] * (len(CLIQUES) * chunks)  # each marginal alone
+    a, b = _arrays(together), _arrays(apart)
+    assert a.keys() == b.keys()
+    for name in a:
+        np.testing.assert_array_equal(a[name], b[name])
+    assert read_marginals(together).attrs["checksum"] == read_marginals(apart).attrs["checksum"]
+
+
 def test_no_unit_column_is_one_unit_and_gzip(inputs, tmp_path):
     spec = dict(SPEC, units=None)
     path = tmp_path / "spec.yaml"
