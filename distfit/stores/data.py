@@ -116,7 +116,8 @@ from distfit.spec.model import PipelineSpec
 from distfit.spec.parse import load_spec
 from distfit.stores.lock import store_lock
 from distfit.stores.files import (PARENT_IDS, STAGING_MARKER, create_nodes, filled_array, fsync_tree, is_staging,
-                                  jsonable, leftovers, move_into_place, root_attrs_on_disk, utc_now, write_array, write_rows)
+                                  jsonable, leftovers, move_into_place, node_documents, root_attrs_on_disk, utc_now,
+                                  write_array, write_rows)
 from distfit.stores.checksum import DIGESTS
 from distfit.stores.release_chunks import raw_reader
 from distfit.stores.sealing import (DIGEST_DIMS, ChunkDigests, check_root, lay_out_digests, open_sealed,
@@ -229,9 +230,12 @@ def digested_names(group: zarr.Group) -> list[str]:
     """The arrays of a data store with a digest per chunk (:func:`distfit.stores.sealing.lay_out_digests`):
     those of ``units`` rows chunked by ``chunk_units``, but ``parent_ids`` (a release copies it whole)."""
     units, chunk_units = int(group.attrs["units"]), int(group.attrs["chunk_units"])
-    return sorted(name for name, arr in group.members(max_depth=None)
-                  if isinstance(arr, zarr.Array) and name != PARENT_IDS and arr.ndim >= 1
-                  and int(arr.shape[0]) == units and int(arr.chunks[0]) == chunk_units)
+    # read from the nodes' zarr.json documents (node_documents: one walk), not by opening every
+    # array (group.members: 0.5 s for Adult's 732); a data store's chunk grid is regular, unsharded
+    return sorted(name for name, doc in node_documents(group).items()
+                  if doc.get("node_type") == "array" and name != PARENT_IDS and len(doc["shape"]) >= 1
+                  and int(doc["shape"][0]) == units
+                  and int(doc["chunk_grid"]["configuration"]["chunk_shape"][0]) == chunk_units)
 
 
 def write_synthetic(spec, units: int, out: PathLike, seed: int | None = None,
