@@ -116,8 +116,8 @@ from distfit.spec.model import PipelineSpec
 from distfit.spec.parse import load_spec
 from distfit.stores.lock import store_lock
 from distfit.stores.files import (PARENT_IDS, STAGING_MARKER, create_nodes, filled_array, fsync_tree, is_staging,
-                                  jsonable, leftovers, move_into_place, node_documents, root_attrs_on_disk, utc_now,
-                                  write_array, write_rows)
+                                  jsonable, leftovers, move_into_place, node_documents, open_arrays, root_attrs_on_disk,
+                                  utc_now, write_array, write_rows)
 from distfit.stores.checksum import DIGESTS
 from distfit.stores.release_chunks import raw_reader
 from distfit.stores.sealing import (DIGEST_DIMS, ChunkDigests, check_root, lay_out_digests, open_sealed,
@@ -682,9 +682,14 @@ def read_marginals(path: PathLike, verify: bool = False, checksum: str | None = 
     chunk_units = attrs.get("chunk_units")
     if isinstance(chunk_units, bool) or not isinstance(chunk_units, int) or chunk_units < 1:
         raise DataError(f"{p}: invalid chunk_units {chunk_units!r}")
+    names = [f"marginals/{i}" for i in range(len(cliques))]
+    try:  # in one zarr call (a data store of Adult: 364, 0.5 s one at a time; every release task opens it)
+        opened = open_arrays(group, names)
+    except ValueError:  # zarr's missing node or a group in its place: found one at a time, named
+        opened = {name: _array(p, group, name) for name in names}
     arrays = []
     for i, clique in enumerate(cliques):
-        arr = _array(p, group, f"marginals/{i}")
+        arr = opened[f"marginals/{i}"]
         cells = math.prod(domain.sizes[domain.index(n)] for n in clique)
         if arr.shape != (units, cells):
             raise DataError(f"{p}: marginals/{i} has shape {arr.shape}, expected ({units}, {cells}) "

@@ -4,6 +4,7 @@ tests/data/test_synthetic.py; the marginals store: tests/data/test_microdata.py.
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -164,6 +165,22 @@ def test_marginals_written_together_and_digested_in_batches_are_the_same_store(t
     stored = data.open_data(tmp_path / "together.zarr", verify=True)
     assert opened and not set(opened) & set(names) and DIGESTS in opened
     assert stored.units == 5 and list(stored.ids(0, 5)) == list(ids)  # the root held; a chunk read, checked
+
+
+def test_a_missing_marginal_is_named(tmp_path):
+    """The marginals are opened in one zarr call; one missing, or a group in its place, is still
+    refused in one line naming it."""
+    rng = np.random.default_rng(5)
+    counts = [rng.integers(0, 9, size=(3, cells)) for cells in (6, 1, 12, 3)]
+    out = tmp_path / "m.zarr"
+    _written_marginals(out, counts, np.arange(3), 2, together=True)
+    np.testing.assert_array_equal(data.read_marginals(out).marginals[2][...], counts[2])
+    shutil.rmtree(out / "marginals" / "2")
+    with pytest.raises(DataError, match=r"m.zarr: missing array marginals/2$"):
+        data.read_marginals(out)
+    zarr.open_group(str(out), mode="r+").create_group("marginals/2")
+    with pytest.raises(DataError, match=r"m.zarr: missing array marginals/2$"):
+        data.read_marginals(out)
 
 
 def test_marginals_store_with_parent_ids(tmp_path):
