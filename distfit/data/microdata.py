@@ -38,7 +38,8 @@ Two passes, one Dask task per partition or per chunk of units (on the given
    global indices (monotone, so each partition's keys stay sorted by global unit);
 2. per chunk of ``chunk_units`` units: for each clique, sum the triples of the partitions that
    hold units of the chunk (``np.load(mmap_mode="r")`` and ``searchsorted`` on the sorted keys)
-   into a dense (n, cells) int64 array and write whole zarr chunks, and the chunk's unit ids.
+   into a dense (n, cells) int64 array, and write whole zarr chunks - the cliques' in one zarr
+   call, up to :data:`MERGE_BYTES` of counts at a time - and the chunk's unit ids.
 
 The source is read once (validation happens while counting; nothing is kept when a row is
 bad). Memory per task: one partition - dask makes CSV partitions of one to two blocksizes, and
