@@ -38,8 +38,7 @@ Two passes, one Dask task per partition or per chunk of units (on the given
    global indices (monotone, so each partition's keys stay sorted by global unit);
 2. per chunk of ``chunk_units`` units: for each clique, sum the triples of the partitions that
    hold units of the chunk (``np.load(mmap_mode="r")`` and ``searchsorted`` on the sorted keys)
-   into a dense (n, cells) int64 array, and write whole zarr chunks - the cliques' in one zarr
-   call, up to :data:`MERGE_BYTES` of counts at a time - and the chunk's unit ids.
+   into a dense (n, cells) int64 array and write whole zarr chunks, and the chunk's unit ids.
 
 The source is read once (validation happens while counting; nothing is kept when a row is
 bad). Memory per task: one partition - dask makes CSV partitions of one to two blocksizes, and
@@ -112,10 +111,6 @@ BLOCKSIZE = 64 * 2**20
 CSV_SUFFIXES = (".csv", ".csv.gz")
 PARQUET_SUFFIXES = (".parquet", ".pq")
 PARTS = "_parts"
-#: Most bytes of a chunk's counts a merge task holds to write in one zarr call
-#: (:meth:`distfit.stores.data.MarginalsWriter.write_marginals`: Adult's 364 marginals of one
-#: unit in one call instead of 364); a clique larger than this is written alone.
-MERGE_BYTES = 64 * 2**20
 #: Largest clique marginal (cells) the tabulation accepts.
 MAX_CLIQUE_CELLS = 1 << 22
 #: Columns listed in a "missing column" message.
@@ -530,28 +525,24 @@ def _merge_chunk(job: _MergeJob, chunk: int, partitions: tuple[int, ...]) -> int
     n = stop - start
     writer = MarginalsWriter(job.store)
     maps = {k: np.load(parts / f"p{k}.units.npy", mmap_mode="r") for k in partitions}
-    pending: dict[int, np.ndarray] = {}  # written together (one zarr call) up to MERGE_BYTES at a time
-    held = 0
-    for i, cells in enumerate(job.cells):
-        if pending and 8 * n * (held + cells) > MERGE_BYTES:
-            writer.write_marginals(start, pending)
-            pending, held = {}, 0
-        held += cells
-        dense = np.zeros(n * cells, dtype=np.int64)
-        for k in partitions:
-            index = maps[k]
-            lo, hi = np.searchsorted(index, [start, stop])
-            if lo == hi:
-                continue
-            keys = np.load(parts / f"p{k}.c{i}.keys.npy", mmap_mode="r")
-            a, b = np.searchsorted(keys, [lo * cells, hi * cells])
-            found = np.asarray(keys[a:b])
-            local = found // cells
-            rows = np.asarray(index[local]) - start
-            counts = np.load(parts / f"p{k}.c{i}.counts.npy", mmap_mode="r")
-            dense[rows * cells + (found - local * cells)] += np.asarray(counts[a:b])
-        pending[i] = dense.reshape(n, cells)
-    writer.write_marginals(start, pending)
+    def counted():  # clique by clique, as write_marginals writes them (a few in one zarr call)
+        for i, cells in enumerate(job.cells):
+            dense = np.zeros(n * cells, dtype=np.int64)
+            for k in partitions:
+                index = maps[k]
+                lo, hi = np.searchsorted(index, [start, stop])
+                if lo == hi:
+                    continue
+                keys = np.load(parts / f"p{k}.c{i}.keys.npy", mmap_mode="r")
+                a, b = np.searchsorted(keys, [lo * cells, hi * cells])
+                found = np.asarray(keys[a:b])
+                local = found // cells
+                rows = np.asarray(index[local]) - start
+                counts = np.load(parts / f"p{k}.c{i}.counts.npy", mmap_mode="r")
+                dense[rows * cells + (found - local * cells)] += np.asarray(counts[a:b])
+            yield i, dense.reshape(n, cells)
+
+    writer.write_marginals(start, counted())
     ids = np.asarray(np.load(parts / "ids.npy", mmap_mode="r")[start:stop])
     writer.write_unit_ids(start, ids if job.integer_ids else np.char.decode(ids, "utf-8"))
     if job.parents:

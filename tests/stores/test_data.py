@@ -122,7 +122,7 @@ def _written_marginals(out: Path, counts: list[np.ndarray], ids: np.ndarray, chu
             writer = data.MarginalsWriter(staging)
             rows = {i: c[start:start + chunk_units] for i, c in enumerate(counts)}
             if together:
-                writer.write_marginals(start, rows)
+                writer.write_marginals(start, rows.items())
             else:
                 for i, r in rows.items():
                     writer.write_marginal(i, start, r)
