@@ -525,21 +525,24 @@ def _merge_chunk(job: _MergeJob, chunk: int, partitions: tuple[int, ...]) -> int
     n = stop - start
     writer = MarginalsWriter(job.store)
     maps = {k: np.load(parts / f"p{k}.units.npy", mmap_mode="r") for k in partitions}
-    for i, cells in enumerate(job.cells):
-        dense = np.zeros(n * cells, dtype=np.int64)
-        for k in partitions:
-            index = maps[k]
-            lo, hi = np.searchsorted(index, [start, stop])
-            if lo == hi:
-                continue
-            keys = np.load(parts / f"p{k}.c{i}.keys.npy", mmap_mode="r")
-            a, b = np.searchsorted(keys, [lo * cells, hi * cells])
-            found = np.asarray(keys[a:b])
-            local = found // cells
-            rows = np.asarray(index[local]) - start
-            counts = np.load(parts / f"p{k}.c{i}.counts.npy", mmap_mode="r")
-            dense[rows * cells + (found - local * cells)] += np.asarray(counts[a:b])
-        writer.write_marginal(i, start, dense.reshape(n, cells))
+    def counted():  # clique by clique, as write_marginals writes them (a few in one zarr call)
+        for i, cells in enumerate(job.cells):
+            dense = np.zeros(n * cells, dtype=np.int64)
+            for k in partitions:
+                index = maps[k]
+                lo, hi = np.searchsorted(index, [start, stop])
+                if lo == hi:
+                    continue
+                keys = np.load(parts / f"p{k}.c{i}.keys.npy", mmap_mode="r")
+                a, b = np.searchsorted(keys, [lo * cells, hi * cells])
+                found = np.asarray(keys[a:b])
+                local = found // cells
+                rows = np.asarray(index[local]) - start
+                counts = np.load(parts / f"p{k}.c{i}.counts.npy", mmap_mode="r")
+                dense[rows * cells + (found - local * cells)] += np.asarray(counts[a:b])
+            yield i, dense.reshape(n, cells)
+
+    writer.write_marginals(start, counted())
     ids = np.asarray(np.load(parts / "ids.npy", mmap_mode="r")[start:stop])
     writer.write_unit_ids(start, ids if job.integer_ids else np.char.decode(ids, "utf-8"))
     if job.parents:

@@ -619,8 +619,9 @@ def write_report(plan_path: str | os.PathLike, out: str | os.PathLike,
     are read (:meth:`distfit.stores.sealing.SealedKind.read_sealed`: the root first, then each
     chunk of the units the report shows hashed as it is read; the chunks it does not read it
     neither reads nor vouches for). ``progress(done, total)`` is called as the figures are drawn
-    (matplotlib: 1-2 s each on a loaded 2-core machine, the report's main cost; ``distfit run``
-    shows it as a progress line)."""
+    (matplotlib, laid out once per figure by :func:`distfit.report.plots.fit_row`: about 0.3 CPU-s
+    each, the report's main cost, ``benchmarks/bench_report.py``; ``distfit run`` shows it as a
+    progress line)."""
     out_path = Path(os.fspath(out))
     if STAGING_MARKER in out_path.name:
         raise ValueError(f"{out_path}: a report path may not contain {STAGING_MARKER!r}")

@@ -100,7 +100,7 @@ import math
 import os
 import secrets
 import shutil
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -116,7 +116,8 @@ from distfit.spec.model import PipelineSpec
 from distfit.spec.parse import load_spec
 from distfit.stores.lock import store_lock
 from distfit.stores.files import (PARENT_IDS, STAGING_MARKER, create_nodes, filled_array, fsync_tree, is_staging,
-                                  jsonable, leftovers, move_into_place, root_attrs_on_disk, utc_now, write_array)
+                                  jsonable, leftovers, move_into_place, node_documents, open_arrays, root_attrs_on_disk,
+                                  utc_now, write_array, write_rows)
 from distfit.stores.checksum import DIGESTS
 from distfit.stores.release_chunks import raw_reader
 from distfit.stores.sealing import (DIGEST_DIMS, ChunkDigests, check_root, lay_out_digests, open_sealed,
@@ -229,9 +230,10 @@ def digested_names(group: zarr.Group) -> list[str]:
     """The arrays of a data store with a digest per chunk (:func:`distfit.stores.sealing.lay_out_digests`):
     those of ``units`` rows chunked by ``chunk_units``, but ``parent_ids`` (a release copies it whole)."""
     units, chunk_units = int(group.attrs["units"]), int(group.attrs["chunk_units"])
-    return sorted(name for name, arr in group.members(max_depth=None)
-                  if isinstance(arr, zarr.Array) and name != PARENT_IDS and arr.ndim >= 1
-                  and int(arr.shape[0]) == units and int(arr.chunks[0]) == chunk_units)
+    # from the zarr.json documents (regular grid, unsharded), not group.members (0.5 s for Adult's 732 arrays)
+    return sorted(name for name, doc in node_documents(group).items()
+                  if doc.get("node_type") == "array" and name != PARENT_IDS and doc["shape"][:1] == [units]
+                  and doc["chunk_grid"]["configuration"]["chunk_shape"][0] == chunk_units)
 
 
 def write_synthetic(spec, units: int, out: PathLike, seed: int | None = None,
@@ -360,6 +362,10 @@ class MarginalsWriter:
     def write_marginal(self, index: int, start: int, counts: np.ndarray) -> None:
         """Rows ``start ..`` of ``marginals/<index>``: ``counts`` (n, cells) int64."""
         self._root[f"marginals/{index}"][start:start + counts.shape[0]] = counts
+
+    def write_marginals(self, start: int, counts: Iterable[tuple[int, np.ndarray]]) -> int:
+        """:meth:`write_marginal` of every ``(i, counts)``, a few zarr calls in all (returned): :func:`write_rows`."""
+        return write_rows(self._root, ((f"marginals/{i}", start, c) for i, c in counts))
 
     def write_unit_ids(self, start: int, ids: np.ndarray) -> None:
         """Entries ``start ..`` of ``unit_ids`` (and of its coordinate twin ``unit``): int64 or
@@ -672,9 +678,12 @@ def read_marginals(path: PathLike, verify: bool = False, checksum: str | None = 
     chunk_units = attrs.get("chunk_units")
     if isinstance(chunk_units, bool) or not isinstance(chunk_units, int) or chunk_units < 1:
         raise DataError(f"{p}: invalid chunk_units {chunk_units!r}")
+    try:  # in one zarr call (Adult: 364, 0.5 s one at a time; every release task opens them)
+        opened = list(open_arrays(group, [f"marginals/{i}" for i in range(len(cliques))]).values())
+    except ValueError:  # zarr's missing node or a group in its place: found one at a time, named
+        opened = [_array(p, group, f"marginals/{i}") for i in range(len(cliques))]
     arrays = []
-    for i, clique in enumerate(cliques):
-        arr = _array(p, group, f"marginals/{i}")
+    for i, (clique, arr) in enumerate(zip(cliques, opened)):
         cells = math.prod(domain.sizes[domain.index(n)] for n in clique)
         if arr.shape != (units, cells):
             raise DataError(f"{p}: marginals/{i} has shape {arr.shape}, expected ({units}, {cells}) "

@@ -20,7 +20,7 @@ import math
 import os
 import secrets
 import shutil
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable
@@ -39,6 +39,9 @@ from distfit.stores.atomic import fsync_dir
 STAGING_MARKER = ".incomplete-"
 REPLACED_MARKER = ".replaced-"
 CHUNK_BYTES = 16 * 2**20
+#: Most bytes of rows :func:`write_rows` writes in one zarr call (the rows a task holds at once:
+#: a tabulation's merge keeps a chunk's marginals up to this many bytes before writing them).
+WRITE_BYTES = 64 * 2**20
 
 
 def jsonable(value: Any, where: str = "attrs") -> Any:
@@ -230,6 +233,50 @@ async def _open_arrays(group: zarr.Group, names: Sequence[str]) -> list[zarr.Arr
     opened = await asyncio.gather(*(zarr.api.asynchronous.open_array(store=group.store, path=prefix + name, mode=mode,
                                                                      zarr_format=3) for name in names))
     return [zarr.Array(arr) for arr in opened]
+
+
+def write_rows(group: zarr.Group, rows: Iterable[tuple[str, int, np.ndarray]], budget: int | None = None) -> int:
+    """``group[name][start:start + len(r)] = r`` for every ``(name, start, r)`` of ``rows`` (consumed
+    as it is written), in few zarr calls: the rows gathered up to ``budget`` bytes (default
+    :data:`WRITE_BYTES`, read at call time; at least one array a call) have their arrays opened
+    and written concurrently in one call, rather than one round trip to zarr's event loop to
+    open each and one to write it (a tabulation of Adult writes 364 marginals of one unit a
+    chunk: 4.5 ms each one at a time). The arrays are opened as ``group[name]`` opens them
+    (their stored metadata, zarr's default configuration), so what is written is what those
+    assignments write. Returns the zarr calls made."""
+    budget = WRITE_BYTES if budget is None else budget
+    batch: list[tuple[str, int, np.ndarray]] = []
+    held = calls = 0
+    for name, start, values in rows:
+        if batch and held + values.nbytes > budget:
+            sync(_write_rows(group, batch))
+            batch, held, calls = [], 0, calls + 1
+        batch.append((name, start, values))
+        held += values.nbytes
+    if batch:
+        sync(_write_rows(group, batch))
+        calls += 1
+    return calls
+
+
+async def _write_rows(group: zarr.Group, rows: list[tuple[str, int, np.ndarray]]) -> None:
+    prefix = f"{group.path}/" if group.path else ""
+
+    async def write_one(name: str, start: int, values: np.ndarray) -> None:
+        arr = await zarr.api.asynchronous.open_array(store=group.store, path=prefix + name, mode="r+", zarr_format=3)
+        await arr.setitem(slice(start, start + values.shape[0]), values)
+
+    await asyncio.gather(*(write_one(name, start, values) for name, start, values in rows))
+
+
+def read_rows(arrays: Mapping[str, zarr.Array], where: Mapping[str, Any]) -> dict[str, np.ndarray]:
+    """``{name: arrays[name][where[name]]}`` for every ``name`` of ``where``, read in one zarr
+    call (concurrently) rather than one round trip to zarr's event loop each: the seal of a data
+    store reads its chunks back to digest them (Adult's tabulation: 366 small arrays)."""
+    async def read_all() -> list[Any]:
+        return await asyncio.gather(*(arrays[name].async_array.getitem(selection) for name, selection in where.items()))
+
+    return {name: np.asarray(values) for name, values in zip(where, sync(read_all()))} if where else {}
 
 
 def node_attrs(group: zarr.Group) -> dict[str, dict[str, Any]]:

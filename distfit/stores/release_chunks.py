@@ -452,7 +452,7 @@ class ReleaseHasher:
         # the arrays after the first in hash order, read ahead as their chunks land (PREFETCH_BYTES)
         self._prefetch: dict[str, zarr.Array] = {}
         budget = PREFETCH_BYTES
-        digested = digested_arrays(root[DIGESTS] if DIGESTS in root else None)  # hashed as digests, not read
+        digested = digested_arrays(root[DIGESTS].attrs if DIGESTS in root else None)  # hashed as digests, not read
         for name in sorted(self._written - {"chunks/done"} - digested)[1:]:
             arr = root[name]
             size = int(np.prod(arr.shape)) * np.dtype(arr.dtype).itemsize

@@ -60,6 +60,7 @@ How a kind's stores are read (through zarr, or as raw chunk files) is chosen in 
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import shutil
 from collections.abc import Callable, Mapping, Sequence
@@ -69,13 +70,15 @@ from typing import Any
 import numpy as np
 import zarr
 
-from distfit.stores.checksum import DIGESTS, Reader, chunk_digest, compute_checksum
+from distfit.stores.checksum import DIGESTS, READ_BYTES, Reader, chunk_digest, compute_checksum
 from distfit.stores.files import (
     PARENT_IDS,
     check_format,
     check_store_kind,
     node_attrs,
+    open_arrays,
     open_store,
+    read_rows,
     store_state,
     write_array,
 )
@@ -364,10 +367,24 @@ def write_digests(root: zarr.Group) -> None:
     names = list(digests.attrs["arrays"])
     chunk_units = int(digests.attrs["chunk_units"])
     table = np.zeros(digests.shape, dtype=np.uint8)
-    for i, name in enumerate(names):
-        arr = root[name]
-        for c, start in enumerate(range(0, int(arr.shape[0]), chunk_units)):
-            table[c, i] = np.frombuffer(chunk_digest(name, start, arr[start:start + chunk_units]), dtype=np.uint8)
+    column = {name: i for i, name in enumerate(names)}
+    arrays = open_arrays(root, names)  # one zarr call; each chunk of units read in a few (read_rows)
+    row_bytes = {name: max(16, arr.dtype.itemsize) * math.prod(arr.shape[1:]) for name, arr in arrays.items()}
+    for c in range(table.shape[0]):
+        start = c * chunk_units
+        batches: list[dict[str, slice]] = [{}]
+        held = 0
+        for name in names:  # batches of at most READ_BYTES (at least one array each) read together
+            if start >= int(arrays[name].shape[0]):
+                continue
+            if batches[-1] and held + chunk_units * row_bytes[name] > READ_BYTES:
+                batches.append({})
+                held = 0
+            batches[-1][name] = slice(start, start + chunk_units)
+            held += chunk_units * row_bytes[name]
+        for batch in batches:
+            for name, values in read_rows(arrays, batch).items():
+                table[c, column[name]] = np.frombuffer(chunk_digest(name, start, values), dtype=np.uint8)
     digests[...] = table
 
 

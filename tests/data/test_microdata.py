@@ -13,6 +13,8 @@ import zarr
 
 from tests.clitools import assert_one_line_error, run
 from tests.storetools import reseal
+import distfit.stores.data as data_module
+import distfit.stores.files as files_module
 from distfit.stores.data import DataError, open_data, read_marginals, staged_store
 from distfit.data import microdata
 from distfit.data.microdata import microdata_format, query_cliques, tabulate_microdata
@@ -189,6 +191,28 @@ def test_partitions_and_chunks_do_not_change_the_store(inputs, tmp_path):
     a, b = _arrays(split), _arrays(whole)
     for name in a:
         np.testing.assert_array_equal(a[name], b[name])
+
+
+def test_the_merge_writes_the_same_store_whatever_it_holds_at_once(inputs, tmp_path, monkeypatch):
+    """A merge task writes a chunk's marginals a few in one zarr call, up to WRITE_BYTES of
+    counts at a time: at one byte (every marginal its own call) the store is the one written by
+    default (all of a chunk's marginals in one call), array for array and checksum for checksum."""
+    spec = load_spec(inputs["spec"])
+    calls = []
+    write_rows = data_module.write_rows
+    monkeypatch.setattr(data_module, "write_rows", lambda *args: calls.append(write_rows(*args)) or calls[-1])
+    together = tabulate_microdata(spec, inputs["csv"], tmp_path / "together.zarr", chunk_units=3, fsync=False)
+    chunks = -(-read_marginals(together).units // 3)
+    assert calls == [1] * chunks
+    calls.clear()
+    monkeypatch.setattr(files_module, "WRITE_BYTES", 1)
+    apart = tabulate_microdata(spec, inputs["csv"], tmp_path / "apart.zarr", chunk_units=3, fsync=False)
+    assert calls == [len(CLIQUES)] * chunks  # each marginal alone
+    a, b = _arrays(together), _arrays(apart)
+    assert a.keys() == b.keys()
+    for name in a:
+        np.testing.assert_array_equal(a[name], b[name])
+    assert read_marginals(together).attrs["checksum"] == read_marginals(apart).attrs["checksum"]
 
 
 def test_no_unit_column_is_one_unit_and_gzip(inputs, tmp_path):

@@ -12,11 +12,14 @@ import distfit.stores.checksum as checksums
 from distfit.stores.checksum import canonical_json, compute_checksum
 
 
-def reference_checksum(group: zarr.Group, claims: bytes | None = None) -> str:
+def reference_checksum(group: zarr.Group, claims: bytes | None = None, digested: frozenset[str] = frozenset()) -> str:
     """The format as the module docstring states it, one array at a time, no slabs, no threads;
-    with ``claims`` (canonical JSON bytes) version 2."""
-    h = hashlib.sha256(b"distfit-plan-checksum-v1\n" if claims is None else b"distfit-plan-checksum-v2\n")
-    arrays = sorted((name, arr) for name, arr in group.members(max_depth=None) if isinstance(arr, zarr.Array))
+    with ``claims`` (canonical JSON bytes) version 2, and with ``digested`` (the arrays the
+    store's digests stand for, left out) version 3."""
+    h = hashlib.sha256(b"distfit-plan-checksum-v1\n" if claims is None else
+                       b"distfit-plan-checksum-v3\n" if digested else b"distfit-plan-checksum-v2\n")
+    arrays = sorted((name, arr) for name, arr in group.members(max_depth=None)
+                    if isinstance(arr, zarr.Array) and name not in digested)
     for name, arr in arrays:
         data = arr[...]
         if np.dtype(arr.dtype).kind in "TUO":
@@ -94,6 +97,25 @@ def test_version_2_covers_the_claims_after_the_arrays(group):
     assert compute_checksum(group, attrs=json.loads(json.dumps(CLAIMS))) == expected
     changed = {**CLAIMS, "blocks/b0": {**CLAIMS["blocks/b0"], "lower_bound": 0.0}}  # -0.0 and 0.0 differ
     assert compute_checksum(group, attrs=changed) != expected
+
+
+def test_version_3_leaves_the_digested_arrays_out_unopened(group, monkeypatch):
+    """A store with per-chunk digests (version 3): the arrays its digests stand for (the
+    ``arrays`` attr of ``chunks/digests``) are left out of the hash, and not even opened (a
+    data store of Adult: 366 of its 732 arrays, at every reader's root check)."""
+    table = group.create_array(checksums.DIGESTS, shape=(10, 2, 32), dtype="u1", chunks=(1, 2, 32), fill_value=0)
+    table[...] = np.arange(640, dtype=np.uint8).reshape(10, 2, 32)
+    table.attrs.update({"arrays": ["a/big", "ids"], "chunk_units": 4})
+    opened = []
+    open_arrays = checksums.open_arrays
+    monkeypatch.setattr(checksums, "open_arrays", lambda g, paths: opened.extend(paths) or open_arrays(g, paths))
+    expected = reference_checksum(group, canonical_json(CLAIMS), frozenset({"a/big", "ids"}))
+    assert compute_checksum(group, attrs=CLAIMS) == expected
+    assert sorted(opened) == ["a/ints", "b/done", "b/empty", "b/scalar", checksums.DIGESTS]
+    group["a/big"][0, 0] = 7.0  # a digested array is the digests' to check, not the root's
+    assert compute_checksum(group, attrs=CLAIMS) == expected
+    table[0, 0, 0] = 255
+    assert compute_checksum(group, attrs=CLAIMS) != expected
 
 
 def test_canonical_json_refuses_what_json_cannot_hold():

@@ -4,13 +4,17 @@ tests/data/test_synthetic.py; the marginals store: tests/data/test_microdata.py.
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
 import zarr
 
+import distfit.stores.checksum as checksum_module
 import distfit.stores.data as data
+import distfit.stores.sealing as sealing
+from distfit.stores.checksum import DIGESTS, chunk_digest
 from distfit.data.synthetic import synthesize_chunk, synthesize_histograms
 from distfit.stores.data import DataError, read_histograms, write_synthetic
 from distfit.spec.parse import load_spec
@@ -103,6 +107,80 @@ def test_marginals_store_written_chunk_by_chunk(tmp_path):
     np.testing.assert_array_equal(stored.block_counts(["a"], 2, 4), full[2:4].reshape(2, 2, 6).sum(axis=2))
     with pytest.raises(DataError, match="no stored marginal holds"):
         stored.check_blocks([("b", "c")])
+
+
+def _written_marginals(out: Path, counts: list[np.ndarray], ids: np.ndarray, chunk_units: int, together: bool) -> str:
+    """A marginals store of ``counts`` (one (units, cells_i) array for each of the cliques ab, the
+    empty one, abc and b of a 2 x 3 x 2 domain) written chunk by
+    chunk, every chunk's marginals in one call (``together``: write_marginals) or one call each
+    (write_marginal); its checksum."""
+    units = len(ids)
+    with data.staged_store(out, data.MARGINALS_FORMAT, fsync=False) as (staging, group):
+        data.create_marginals(group, [c.shape[1] for c in counts], units=units, chunk_units=chunk_units,
+                              integer_ids=True, labels=[np.array([f"c{j}" for j in range(c.shape[1])]) for c in counts])
+        for start in range(0, units, chunk_units):
+            writer = data.MarginalsWriter(staging)
+            rows = {i: c[start:start + chunk_units] for i, c in enumerate(counts)}
+            if together:
+                writer.write_marginals(start, rows.items())
+            else:
+                for i, r in rows.items():
+                    writer.write_marginal(i, start, r)
+            writer.write_unit_ids(start, ids[start:start + chunk_units])
+        data.write_marginals_attrs(group, domain=Domain(("a", "b", "c"), (2, 3, 2)), spec_hash="h", units=units,
+                                   chunk_units=chunk_units, cliques=[("a", "b"), (), ("a", "b", "c"), ("b",)],
+                                   source={"path": "x.csv"},
+                                   total_people=int(sum(c.sum() for c in counts)) // len(counts))
+    return str(zarr.open_group(str(out), mode="r").attrs["checksum"])
+
+
+def test_marginals_written_together_and_digested_in_batches_are_the_same_store(tmp_path, monkeypatch):
+    """A chunk's marginals written in one zarr call (write_marginals, as the tabulation's merge
+    does) make the store write_marginal one at a time makes: the same arrays and checksum. The
+    seal's digests, read back a few arrays at a time (write_digests; here READ_BYTES so small
+    that each array is its own batch, and the default: all in one), are each chunk's BLAKE3 of
+    the rows read back one array at a time (chunk_digest, the contract). And a root check opens
+    only the arrays it hashes: none of the digested ones."""
+    rng = np.random.default_rng(4)
+    counts = [rng.integers(0, 9, size=(5, cells)) for cells in (6, 1, 12, 3)]
+    ids = np.arange(10, 15)
+    one_each = _written_marginals(tmp_path / "each.zarr", counts, ids, 2, together=False)
+    together = _written_marginals(tmp_path / "together.zarr", counts, ids, 2, together=True)
+    monkeypatch.setattr(sealing, "READ_BYTES", 1)
+    small_batches = _written_marginals(tmp_path / "batches.zarr", counts, ids, 2, together=True)
+    assert one_each == together == small_batches
+    root = zarr.open_group(str(tmp_path / "together.zarr"), mode="r")
+    table = root[DIGESTS][...]
+    names = list(root[DIGESTS].attrs["arrays"])
+    assert names == sorted([f"marginals/{i}" for i in range(4)] + ["unit", "unit_ids"])
+    for i, c in enumerate(counts):
+        np.testing.assert_array_equal(root[f"marginals/{i}"][...], c)
+    for column, name in enumerate(names):
+        for chunk, start in enumerate(range(0, 5, 2)):
+            expected = chunk_digest(name, start, root[name][start:start + 2])
+            assert table[chunk, column].tobytes() == expected, (name, chunk)
+    opened = []
+    open_arrays = checksum_module.open_arrays
+    monkeypatch.setattr(checksum_module, "open_arrays", lambda group, paths: opened.extend(paths) or open_arrays(group, paths))
+    stored = data.open_data(tmp_path / "together.zarr", verify=True)
+    assert opened and not set(opened) & set(names) and DIGESTS in opened
+    assert stored.units == 5 and list(stored.ids(0, 5)) == list(ids)  # the root held; a chunk read, checked
+
+
+def test_a_missing_marginal_is_named(tmp_path):
+    """The marginals are opened in one zarr call; one missing, or a group in its place, is still
+    refused in one line naming it."""
+    rng = np.random.default_rng(5)
+    counts = [rng.integers(0, 9, size=(3, cells)) for cells in (6, 1, 12, 3)]
+    out = tmp_path / "m.zarr"
+    _written_marginals(out, counts, np.arange(3), 2, together=True)
+    np.testing.assert_array_equal(data.read_marginals(out).marginals[2][...], counts[2])
+    shutil.rmtree(out / "marginals" / "2")
+    with pytest.raises(DataError, match=r"m.zarr: missing array marginals/2$"):
+        data.read_marginals(out)
+    zarr.open_group(str(out), mode="r+").create_group("marginals/2")
+    with pytest.raises(DataError, match=r"m.zarr: missing array marginals/2$"):
+        data.read_marginals(out)
 
 
 def test_marginals_store_with_parent_ids(tmp_path):
