@@ -20,7 +20,7 @@ import math
 import os
 import secrets
 import shutil
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable
@@ -235,6 +235,22 @@ async def _open_arrays(group: zarr.Group, names: Sequence[str]) -> list[zarr.Arr
     return [zarr.Array(arr) for arr in opened]
 
 
+def byte_batches(items: Iterable[Any], nbytes: Callable[[Any], int], budget: int) -> Iterator[list[Any]]:
+    """``items`` in consecutive batches of at most ``budget`` bytes (``nbytes(item)`` each; at
+    least one item a batch, so one larger item is a batch alone), consumed as they are yielded."""
+    batch: list[Any] = []
+    held = 0
+    for item in items:
+        size = nbytes(item)
+        if batch and held + size > budget:
+            yield batch
+            batch, held = [], 0
+        batch.append(item)
+        held += size
+    if batch:
+        yield batch
+
+
 def write_rows(group: zarr.Group, rows: Iterable[tuple[str, int, np.ndarray]], budget: int | None = None) -> int:
     """``group[name][start:start + len(r)] = r`` for every ``(name, start, r)`` of ``rows`` (consumed
     as it is written), in few zarr calls: the rows gathered up to ``budget`` bytes (default
@@ -244,16 +260,8 @@ def write_rows(group: zarr.Group, rows: Iterable[tuple[str, int, np.ndarray]], b
     chunk: 4.5 ms each one at a time). The arrays are opened as ``group[name]`` opens them
     (their stored metadata, zarr's default configuration), so what is written is what those
     assignments write. Returns the zarr calls made."""
-    budget = WRITE_BYTES if budget is None else budget
-    batch: list[tuple[str, int, np.ndarray]] = []
-    held = calls = 0
-    for name, start, values in rows:
-        if batch and held + values.nbytes > budget:
-            sync(_write_rows(group, batch))
-            batch, held, calls = [], 0, calls + 1
-        batch.append((name, start, values))
-        held += values.nbytes
-    if batch:
+    calls = 0
+    for batch in byte_batches(rows, lambda row: row[2].nbytes, WRITE_BYTES if budget is None else budget):
         sync(_write_rows(group, batch))
         calls += 1
     return calls

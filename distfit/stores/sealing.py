@@ -73,6 +73,7 @@ import zarr
 from distfit.stores.checksum import DIGESTS, READ_BYTES, Reader, chunk_digest, compute_checksum
 from distfit.stores.files import (
     PARENT_IDS,
+    byte_batches,
     check_format,
     check_store_kind,
     node_attrs,
@@ -372,18 +373,10 @@ def write_digests(root: zarr.Group) -> None:
     row_bytes = {name: max(16, arr.dtype.itemsize) * math.prod(arr.shape[1:]) for name, arr in arrays.items()}
     for c in range(table.shape[0]):
         start = c * chunk_units
-        batches: list[dict[str, slice]] = [{}]
-        held = 0
-        for name in names:  # batches of at most READ_BYTES (at least one array each) read together
-            if start >= int(arrays[name].shape[0]):
-                continue
-            if batches[-1] and held + chunk_units * row_bytes[name] > READ_BYTES:
-                batches.append({})
-                held = 0
-            batches[-1][name] = slice(start, start + chunk_units)
-            held += chunk_units * row_bytes[name]
-        for batch in batches:
-            for name, values in read_rows(arrays, batch).items():
+        present = [name for name in names if start < int(arrays[name].shape[0])]
+        # batches of at most READ_BYTES (at least one array each) read together
+        for batch in byte_batches(present, lambda name: chunk_units * row_bytes[name], READ_BYTES):
+            for name, values in read_rows(arrays, {name: slice(start, start + chunk_units) for name in batch}).items():
                 table[c, column[name]] = np.frombuffer(chunk_digest(name, start, values), dtype=np.uint8)
     digests[...] = table
 
