@@ -50,16 +50,16 @@ ESTIMATE_NAME = "estimate.zarr"
 IDENTITY_ATOL = 1e-10
 #: The ``method`` attr of a level's estimate store, and the objective its estimates minimise.
 METHOD = "hierarchy-gls"
-OBJECTIVE = ("over every unit u of every level l at once: sum_u sum_b (y_bu - B_b M_b x_u)^T Sigma_b^-1 "
-             "(y_bu - B_b M_b x_u), every unit's table x_u the sum of its children's (generalised least squares "
-             "over the geography tree: each query's best linear unbiased estimate); with integer, then "
-             "nonnegative integer tables, each level's nearest to it in the metric of its own and its descendants' "
-             "measurements, summing to its parents' counts, rounded keeping the sums exactly and each unit's total "
-             "and laminar query sums within 1 (controlled rounding)")
+_BLUE_OBJECTIVE = ("over every unit u of every level l at once: sum_u sum_b (y_bu - B_b M_b x_u)^T Sigma_b^-1 "
+                   "(y_bu - B_b M_b x_u), every unit's table x_u the sum of its children's (generalised least "
+                   "squares over the geography tree: each query's best linear unbiased estimate)")
+OBJECTIVE = (_BLUE_OBJECTIVE + "; with integer, then nonnegative integer tables, each level's nearest to it in the "
+             "metric of its own and its descendants' measurements, summing to its parents' counts, rounded keeping "
+             "the sums exactly and each unit's total and laminar query sums within 1 (controlled rounding)")
 #: The ``method`` and objective of a level's nonnegative real-valued estimate (``distfit run
 #: --nonnegative``): the BLUE's nonnegative tables (:func:`distfit.estimate.geography.nonnegative_top_down`).
 NONNEGATIVE_METHOD = "hierarchy-gls-nonnegative"
-NONNEGATIVE_OBJECTIVE = (OBJECTIVE.split("; with integer")[0] + "; then nonnegative real-valued tables, each "
+NONNEGATIVE_OBJECTIVE = (_BLUE_OBJECTIVE + "; then nonnegative real-valued tables, each "
                          "level's nearest to it in the metric of its own and its descendants' measurements, "
                          "summing to their parents' tables")
 
