@@ -21,14 +21,14 @@ HTML) is the same code in both trees; its CPU is noisier under load (BLAS thread
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import statistics
-import subprocess
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.common import child_json, load  # noqa: E402
 
 #: Run in the child, from the tree's root: two reports of RUNDIR, each timed, with the CPU spent
 #: in the figures (every ``plot_*`` function the page calls: building, laying out and drawing
@@ -66,16 +66,7 @@ print(json.dumps(calls))
 
 def measure(tree: Path, run: Path) -> list[dict]:
     """The two calls' figures of one fresh process in ``tree``."""
-    env = dict(os.environ)
-    env["PYTHONPATH"] = str(tree) + os.pathsep + env.get("PYTHONPATH", "")
-    done = subprocess.run([sys.executable, "-c", CHILD, str(run)], cwd=tree, env=env, capture_output=True, text=True)
-    if done.returncode != 0:
-        raise SystemExit(f"{tree}: the report failed:\n{done.stderr[-2000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
-
-
-def load() -> str:
-    return "/".join(f"{x:.2f}" for x in os.getloadavg())
+    return child_json(tree, CHILD, [str(run)], "the report")
 
 
 def main() -> None:

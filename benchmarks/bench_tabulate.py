@@ -22,14 +22,14 @@ and the load average before and after.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import statistics
-import subprocess
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.common import child_json, load  # noqa: E402
 
 #: Run in the child, from the tree's root: one tabulation, timed whole and by phase (functions
 #: every tree since session 21 has under these names; the seal is the rest of the call).
@@ -66,17 +66,7 @@ PHASES = ("open", "scan", "layout", "merge", "seal")
 
 def measure(tree: Path, spec: Path, data: Path, fsync: bool) -> dict:
     """One fresh process's tabulation in ``tree``."""
-    env = dict(os.environ)
-    env["PYTHONPATH"] = str(tree) + os.pathsep + env.get("PYTHONPATH", "")
-    done = subprocess.run([sys.executable, "-c", CHILD, str(spec), str(data), "1" if fsync else "0"], cwd=tree,
-                          env=env, capture_output=True, text=True)
-    if done.returncode != 0:
-        raise SystemExit(f"{tree}: the tabulation failed:\n{done.stderr[-2000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
-
-
-def load() -> str:
-    return "/".join(f"{x:.2f}" for x in os.getloadavg())
+    return child_json(tree, CHILD, [str(spec), str(data), "1" if fsync else "0"], "the tabulation")
 
 
 def main() -> None:

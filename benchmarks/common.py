@@ -10,16 +10,20 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
+import json
 import multiprocessing
 import os
 import resource
 import shutil
+import subprocess
+import sys
 import tempfile
 import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -123,6 +127,18 @@ def store_bytes(path: str) -> int:
 
 def load() -> str:
     return "/".join(f"{x:.1f}" for x in os.getloadavg())
+
+
+def child_json(tree: Path, script: str, args: Sequence[str], what: str) -> Any:
+    """Run ``script`` (python source) in a fresh process from ``tree``'s root with that root
+    first on ``sys.path`` (two trees compared, each its own code), and return the JSON of the
+    last line it prints; SystemExit naming ``what`` and the tail of its stderr if it fails."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(tree) + os.pathsep + env.get("PYTHONPATH", "")
+    done = subprocess.run([sys.executable, "-c", script, *args], cwd=tree, env=env, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"{tree}: {what} failed:\n{done.stderr[-2000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def spread(values: list[float], fmt: str) -> str:
