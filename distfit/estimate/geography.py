@@ -147,15 +147,27 @@ class TopDownResult:
     converged: tuple[np.ndarray, ...]
 
 
-def _even_rows(v: np.ndarray, product: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
-    """``product(v)`` row by row with the same bits whatever the rows beside each: OpenBLAS's
-    dgemm sums a last odd row (and numpy a single row, by dgemv) with other kernels, rounding
-    differently; with an even count (and one BLAS thread, distfit's rule: runtime/threads.py) a
-    row's product does not depend on the rows beside it, so a forest of subtrees gets the bits
-    the whole level gets (docs/design.md section 7)."""
-    if v.shape[0] % 2:
-        return product(np.concatenate([v, np.zeros((1, v.shape[1]))]))[:-1]
-    return product(v)
+#: Rows a dense product is taken in at a time (:func:`_row_blocks`): every product is one BLAS
+#: call of this many rows, whatever the batch, so a row's bits cannot depend on the rows beside
+#: it; a multiple of every x86-64 dgemm kernel's row unroll (Haswell 4, SkylakeX 16).
+PRODUCT_ROWS = 64
+
+
+def _row_blocks(v: np.ndarray, product: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
+    """``product(v)`` row by row with the same bits whatever the rows beside each: OpenBLAS picks
+    its kernel (and, with AVX-512, a small-matrix kernel) and sums a row in the tail of its
+    unroll by the call's shape, so a row's rounding depends on how many rows share its call.
+    Here every call has the shape ``(PRODUCT_ROWS, cells)``: ``v`` is padded with zero rows to
+    a multiple of :data:`PRODUCT_ROWS` and multiplied as a stack of such blocks (one BLAS call a
+    block, from numpy's matmul loop). With one BLAS thread (distfit's rule: runtime/threads.py) a
+    forest of subtrees gets the bits the whole level gets (docs/design.md section 7). On
+    OpenBLAS's Haswell kernels these are the bits one call of the whole batch gives."""
+    rows, cells = v.shape
+    padded = -(-rows // PRODUCT_ROWS) * PRODUCT_ROWS
+    if padded != rows:
+        v = np.concatenate([v, np.zeros((padded - rows, cells))])
+    stacked = product(np.ascontiguousarray(v).reshape(-1, PRODUCT_ROWS, cells))
+    return stacked.reshape(padded, stacked.shape[-1])[:rows]
 
 
 def _apply(hessian: Any, v: np.ndarray) -> np.ndarray:
@@ -163,7 +175,7 @@ def _apply(hessian: Any, v: np.ndarray) -> np.ndarray:
     operator."""
     if not isinstance(hessian, np.ndarray):
         return hessian(v)
-    return _even_rows(v, lambda rows: rows @ hessian)
+    return _row_blocks(v, lambda rows: rows @ hessian)
 
 
 #: A dense level information of numerical rank at most this share of its cells is applied through
@@ -181,7 +193,7 @@ class FactoredInformation:
     """A level's information ``H`` (cells x cells, PSD) as ``F F^T`` (``F`` cells x r, from its
     eigenvectors of eigenvalue above :data:`FACTOR_CUTOFF` of the largest, scaled by their
     square roots: ``H`` to rounding): ``op(V) = (V F) F^T``, each row's product independent of the
-    rows beside it (:func:`_even_rows`). ``lipschitz``: the largest eigenvalue."""
+    rows beside it (:func:`_row_blocks`). ``lipschitz``: the largest eigenvalue."""
 
     def __init__(self, factor: np.ndarray, lipschitz: float) -> None:
         self.factor = np.ascontiguousarray(factor)
@@ -202,7 +214,7 @@ class FactoredInformation:
         return cls(vectors[:, kept] * np.sqrt(values[kept]), top)
 
     def __call__(self, v: np.ndarray) -> np.ndarray:
-        return _even_rows(v, lambda rows: (rows @ self.factor) @ self.transpose)
+        return _row_blocks(v, lambda rows: (rows @ self.factor) @ self.transpose)
 
 
 def _top_eigenvalue(hessian: Any) -> float:

@@ -405,7 +405,8 @@ def test_integer_top_down_reports_the_units_solved():
 def test_a_low_rank_information_is_applied_through_its_factor():
     """``FactoredInformation.of``: a dense information of rank at most FACTOR_RANK_SHARE of its
     cells becomes ``(V F) F^T``, equal to ``V H`` to rounding, each row's product the same bits
-    alone as in any batch (odd or even); one of higher rank stays the dense matrix."""
+    alone as in any batch (odd or even, within one BLAS call's
+    rows or across several), as a dense information's; one of higher rank stays the dense matrix."""
     rng = np.random.default_rng(5)
     cells = 40
     rank = int(FACTOR_RANK_SHARE * cells)
@@ -414,11 +415,14 @@ def test_a_low_rank_information_is_applied_through_its_factor():
     factored = FactoredInformation.of(hessian)
     assert isinstance(factored, FactoredInformation) and factored.factor.shape == (cells, rank)
     assert np.isclose(factored.lipschitz, np.linalg.eigvalsh(hessian)[-1], rtol=1e-12)
-    v = rng.normal(0.0, 10.0, (7, cells))
+    v = rng.normal(0.0, 10.0, (150, cells))  # more rows than one BLAS call takes (PRODUCT_ROWS)
     np.testing.assert_allclose(factored(v), v @ hessian, rtol=0, atol=1e-11 * np.abs(v @ hessian).max())
-    for batch in (v, v[:6], v[2:5], v[3:4]):
-        alone = np.vstack([factored(row[None, :]) for row in batch])
-        assert factored(batch).tobytes() == alone.tobytes()
+    full = rng.standard_normal((cells, cells))
+    dense = WeightedInformation([full.T @ full], np.ones((v.shape[0], 1)))  # full rank: applied as the matrix
+    for apply in (factored, dense):
+        alone = np.vstack([apply(row[None, :]) for row in v])
+        for batch in (slice(None), slice(0, 64), slice(1, 130), slice(2, 5), slice(3, 4), slice(5, 70)):
+            assert apply(v[batch]).tobytes() == alone[batch].tobytes()
     b = rng.standard_normal((rank + 1, cells))
     assert isinstance(FactoredInformation.of(b.T @ b), np.ndarray)
 
