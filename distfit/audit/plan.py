@@ -50,7 +50,9 @@ be (docs/audit.md, "What the audit trusts").
   ``alpha`` is the cell-by-cell maximum of the summed block profiles on a small domain, else the
   sum of the block alphas; ``planner.alpha_sum_bound`` is that sum; ``rho = alpha / 2``;
   ``account`` (alpha, rho, the exact (epsilon, delta) table at its closed list of deltas and the
-  RDP curve at its closed list of orders) is :func:`distfit.audit.privacy.account` of alpha.
+  RDP curve at its closed list of orders) is :func:`distfit.audit.privacy.account` of alpha;
+  each to :data:`TOLERANCE` widened to the largest block's ``inverse_tolerance`` (alpha is
+  recomputed from profiles through sigma's inverse; docs/audit.md).
 * **lower bounds**, evaluated at their stored certificates, never searched for
   (:mod:`distfit.audit.bounds`): every block's ``lower_bound`` at its ``cell_weights`` u and
   ``query_weights`` v (each a distribution), which must prove it to a relative
@@ -237,13 +239,17 @@ def _budget_alpha(budget: Any) -> float:
     return budget_alpha(float(budget.epsilon), float(budget.delta))
 
 
-def _check_account(check: Checks, stored: Any, alpha: float) -> None:
-    """``account``: its closed keys and rows, each value :func:`distfit.audit.privacy.account` of the recomputed alpha."""
+def _check_account(check: Checks, stored: Any, alpha: float, tolerance: float = TOLERANCE) -> None:
+    """``account``: its closed keys and rows, each value :func:`distfit.audit.privacy.account` of the recomputed alpha
+    (to ``tolerance``, relative: how closely that alpha is known; an epsilon moves with alpha at
+    most in proportion: ``rho``, ``order * rho``, ``rho + 2 sqrt(rho log(1/delta))`` and the exact
+    Gaussian's epsilon all have ``d log epsilon / d log alpha <= 1``)."""
     expected = account(alpha)
     if not closed_keys(check, "account", stored, labels.ACCOUNT_KEYS):
         return
     for key, value in (("alpha", expected.alpha), ("rho", expected.rho)):
-        check(close(stored.get(key), value), f"account.{key}: stored {stored.get(key)!r}, but alpha {alpha!r} gives {value!r}")
+        check(close(stored.get(key), value, tolerance),
+              f"account.{key}: stored {stored.get(key)!r}, but alpha {alpha!r} gives {value!r}")
     for key, x, want in (("epsilon_delta", "delta", expected.epsilon_delta), ("rdp", "order", expected.rdp)):
         rows = stored.get(key)
         points = [w[0] for w in want]
@@ -252,7 +258,7 @@ def _check_account(check: Checks, stored: Any, alpha: float) -> None:
                              for r, w in zip(rows, want)),
                      f"account.{key}: expected the rows {{{x}, epsilon}} at {x} {points}, got {rows!r}"):
             continue
-        wrong = [(r, w) for r, w in zip(rows, want) if not close(r["epsilon"], w[1])]
+        wrong = [(r, w) for r, w in zip(rows, want) if not close(r["epsilon"], w[1], tolerance)]
         check(not wrong, lambda: (
             f"account.{key}: {len(wrong)} epsilons differ from alpha {alpha!r}'s (first: at {x} {wrong[0][1][0]:g} "
             f"stored {wrong[0][0]['epsilon']!r}, recomputed {wrong[0][1][1]!r})"))
@@ -352,6 +358,7 @@ def _audit(plan: Plan, path: str, shown: Progress | None = None) -> AuditReport:
     proved: dict[str, float | None] = {}  # block id -> the bound its certificate proves
     uncertified: list[str] = []  # blocks stating a bound without a stored certificate
     disagreement = 0.0  # the largest relative difference of stored and recomputed variances (or eps * cond), over blocks
+    through_inverses = TOLERANCE  # the largest block's inverse_tolerance: how closely alpha, a max or sum of profiles, recomputes
     alpha_sum = 0.0
     profiles_complete = True
     flat = True  # every block's recomputed profile is flat: alpha is exact at any domain size
@@ -383,6 +390,7 @@ def _audit(plan: Plan, path: str, shown: Progress | None = None) -> AuditReport:
         block_variances = row_variances(block.recon, block.sigma)
         block_alpha = float(profile.max())
         through_inverse = inverse_tolerance(block.sigma)
+        through_inverses = max(through_inverses, through_inverse)
         check(close(block.profile, profile, through_inverse),
               f"{name}/profile: stored values differ from b_i^T Sigma^-1 b_i")
         check(close(block.variances, block_variances), f"{name}/variances: stored values differ from diag(L Sigma L^T)")
@@ -460,12 +468,17 @@ def _audit(plan: Plan, path: str, shown: Progress | None = None) -> AuditReport:
                    f"(exact up to {EXACT_DOMAIN_LIMIT} cells, or above with every block profile flat: "
                    f"{flat and profiles_complete})")
     alpha = stitched_maximum(domain.sizes, block_profiles) if exact and profiles_complete else alpha_sum
-    check(close(attrs.get("alpha"), alpha), f"alpha: stored {attrs.get('alpha')!r}, but the blocks give {alpha!r}")
-    check(close(attrs.get("rho"), alpha / 2.0), f"rho: stored {attrs.get('rho')!r}, but alpha / 2 = {alpha / 2.0!r}")
+    # alpha is recomputed from the blocks' profiles, each through its sigma's inverse: it is
+    # pinned as closely as the worst-conditioned block's profile (inverse_tolerance), and what
+    # follows from it (rho, the sum bound, the account) as closely as alpha
+    check(close(attrs.get("alpha"), alpha, through_inverses),
+          f"alpha: stored {attrs.get('alpha')!r}, but the blocks give {alpha!r}")
+    check(close(attrs.get("rho"), alpha / 2.0, through_inverses),
+          f"rho: stored {attrs.get('rho')!r}, but alpha / 2 = {alpha / 2.0!r}")
     if "alpha_sum_bound" in planner:
-        check(close(planner["alpha_sum_bound"], alpha_sum),
+        check(close(planner["alpha_sum_bound"], alpha_sum, through_inverses),
               f"planner.alpha_sum_bound: stored {planner['alpha_sum_bound']!r}, but the block alphas add up to {alpha_sum!r}")
-    _check_account(check, attrs.get("account"), alpha)
+    _check_account(check, attrs.get("account"), alpha, through_inverses)
     if budget is not None:
         allowed_alpha = _budget_alpha(budget)
         check(at_most(alpha, allowed_alpha), f"alpha: {alpha!r} exceeds the spec's budget (alpha {allowed_alpha!r})")
