@@ -216,6 +216,17 @@ def marginal_queries(domain: Domain, clique: Iterable[str]) -> np.ndarray:
     return kron_queries(domain, {name: np.eye(domain.size_of(name)) for name in clique})
 
 
+def aligned(array: np.ndarray) -> np.ndarray:
+    """``array`` itself where its address suits its dtype, else an aligned copy (the same values).
+    numpy sums an unaligned array along another loop than an aligned one, with other rounding,
+    and the arrays a Dask worker unpickles are views into the message at any byte offset: a
+    block's solve on a worker gave other bits than the same solve in the driver, and which
+    depended on where its arguments landed (Adult's plan on 2 workers changed its checksum run
+    to run on an AVX-512 machine). The solver takes its arrays through this, so its result is a
+    function of its inputs' values alone."""
+    return array if array.flags.aligned else array.copy(order="K")  # its memory order kept: BLAS paths follow it
+
+
 def validate_targets(targets: object, num_queries: int) -> np.ndarray:
     """The variance targets of ``num_queries`` queries as a float array: a scalar is broadcast,
     every target must be finite and > 0 (docs/design.md section 1: ``c_j > 0``). The one check of
@@ -244,7 +255,7 @@ def validate_workload(matrix: object, targets: object) -> tuple[np.ndarray, np.n
     the wrong length, non-finite or not > 0. ``solve`` and the baselines share it.
     """
     try:
-        workload = np.asarray(matrix, dtype=float)
+        workload = aligned(np.asarray(matrix, dtype=float))
     except (TypeError, ValueError) as error:
         raise ValueError(f"W: not a numeric matrix ({error})") from None
     if workload.ndim != 2 or workload.shape[0] == 0 or workload.shape[1] == 0:

@@ -64,7 +64,7 @@ from distfit.mathematics.bounds import certified_bound
 from distfit.mathematics.privacy import Budget, PrivacyAccount, privacy_account, privacy_profile
 from distfit.mathematics.scaling import scaled_cost, scaled_noise
 from distfit.runtime.threads import blas_limit
-from distfit.mathematics.workload import validate_workload
+from distfit.mathematics.workload import aligned, validate_workload
 
 
 SOLVE_METHODS = ("auto", "smii", "dual")
@@ -190,6 +190,14 @@ class WarmStart:
         return cls(np.asarray(solution.sigma, float), u, v,
                    Representation(solution.basis, solution.recon, solution.basis_kind, solution.basis_reduced))
 
+    def aligned(self) -> WarmStart:
+        """The same start with every array aligned (``mathematics.workload.aligned``: a start
+        unpickled on a worker may not be)."""
+        given = self.representation
+        return WarmStart(aligned(self.sigma), aligned(self.cell_weights), aligned(self.query_weights),
+                         None if given is None else Representation(aligned(given.basis), aligned(given.recon),
+                                                                   given.kind, given.reduced))
+
 
 def default_memory_limit() -> int:
     """Half of the machine's physical memory, in bytes."""
@@ -240,6 +248,12 @@ def solve(
     """
     start = time.perf_counter()
     workload, target_array = validate_workload(W, targets)
+    # every array aligned, as validate_workload leaves W: the result is then a function of the
+    # inputs' values, not of where a worker unpickled them (mathematics.workload.aligned)
+    if isinstance(basis, np.ndarray):
+        basis = aligned(basis)
+    if warm_start is not None:
+        warm_start = warm_start.aligned()
     parsed_budget = None if budget is None else Budget.parse(budget)
     if method not in SOLVE_METHODS:
         raise ValueError(f"method: unknown method {method!r}; use one of {', '.join(SOLVE_METHODS)}")
