@@ -499,7 +499,8 @@ def run_estimate(
     when the release is one chunk of units: one task, which no cluster can share; the same on
     the local cluster a ``distfit run`` started by default). ``after_chunk(chunk)``
     is called in the driver after each chunk is written (a test hook). ``release_checksum``: the
-    release's checksum when the caller has just written it (a benchmark's baseline); it is then
+    release's checksum when the caller has just written or verified it (``distfit run``'s
+    :func:`estimate_in_run`; a benchmark's baseline); it is then
     not hashed again, only checked to still state it, as ``run_release``'s ``data_checksum``;
     otherwise its root is verified here and each chunk by the task that reads it. Errors: ValueError (bad input),
     FileExistsError (something at ``out`` that may not be replaced, or a second writer),
@@ -627,13 +628,17 @@ def manifest_entry(path: PathLike, checksum: str) -> dict[str, Any]:
 
 
 def estimate_in_run(plan_path: PathLike, release_path: PathLike, out: PathLike, *, integer: bool,
-                    placement: Callable[[], Placement], log: TextIO, fsync: bool = True) -> tuple[dict[str, Any], str]:
+                    placement: Callable[[], Placement], log: TextIO, fsync: bool = True,
+                    release_checksum: str | None = None) -> tuple[dict[str, Any], str]:
     """The estimate stage of ``distfit run`` (:func:`distfit.pipeline.run.run_pipeline`):
     ``(entry, status)``, ``entry`` the manifest's (:func:`manifest_entry`). An estimate at ``out`` of the same plan and release with the same
     options is reused when sealed (``"reused"``) and resumed when not (``"resumed"``); one of
     other inputs or options is replaced (``"done"``): an estimate is a function of the plan and
     the release, so recomputing it loses nothing (unlike a release's noise). ``placement()`` gives
-    where it runs (the run's, on the cluster the run started), asked only when there is work to do."""
+    where it runs (the run's, on the cluster the run started), asked only when there is work to do.
+    ``release_checksum``: the release's, as the run wrote or verified it a stage before
+    (:func:`run_estimate`'s: its root is then not hashed again, only checked to state it; Adult's
+    one-unit estimate hashed it twice, ~3.5 s of its ~20)."""
     out_path = Path(os.fspath(out))
     attrs = root_attrs_on_disk(out_path) if out_path.is_dir() else None
     release = read_release(release_path)
@@ -648,5 +653,6 @@ def estimate_in_run(plan_path: PathLike, release_path: PathLike, out: PathLike, 
     if attrs is not None and not same:
         print(f"distfit: the estimate at {out_path} is of other inputs or options; replacing it", file=log)
     result = run_estimate(plan_path, release_path, out_path, integer=integer, resume=same,
-                          overwrite=attrs is not None and not same, placement=placement(), log=log, fsync=fsync)
+                          overwrite=attrs is not None and not same, placement=placement(), log=log, fsync=fsync,
+                          release_checksum=release_checksum)
     return manifest_entry(out_path, result.checksum), "resumed" if result.resumed else "done"

@@ -397,7 +397,8 @@ def run_pipeline(
             if estimate:
                 estimated, stages["estimate"] = estimate_in_run(
                     str(plan_path), str(release_path), str(estimate_path), integer=integer,
-                    placement=where.placement, log=log, fsync=fsync)
+                    placement=where.placement, log=log, fsync=fsync,
+                    release_checksum=release_checksum)  # written or verified above: not hashed again
                 timings["estimate"] = time.perf_counter() - t
             masked = mask_stage(spec.mask, source, rundir / MASK_NAME, where.placement, log, fsync, stages, timings)
             cluster_used = where.describe()
