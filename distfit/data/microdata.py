@@ -565,24 +565,19 @@ def tabulate_microdata(spec: Any, source: PathLike, out: PathLike, *, client=Non
     ``spec``: a :class:`distfit.spec.model.PipelineSpec` or a spec path. ``client``: a
     ``distributed.Client`` to run the tasks on, or a function of no arguments that returns one
     (or None), called once at most, when a pass has tasks for it (a caller's cluster then starts while
-    the source is read); None: in this process, synchronously. Decision: a pass of one task -
-    the scan of a one-partition source (a CSV under :data:`BLOCKSIZE`, gzip), the merge of one
-    chunk of units - runs in this process even with a client, as ``distfit estimate`` does for
-    a one-chunk release: no cluster can share one task, and the round trip, the task's
-    overhead and a worker's imports only add to it (Adult's 3.8 MB: benchmarks/README.md,
-    "Issue 31 point 3: Adult's data stage"); the store is the same either way.
+    the source is read); None: in this process. Decision: a pass of one task (a one-partition
+    scan, the merge of one chunk) runs here even with a client: no cluster can share one task
+    (Adult: benchmarks/README.md, "Issue 31 point 3: Adult's data stage"); the same store.
+    Its four steps (scan, layout, merge, seal) show on a progress line once past 2 s.
     ``chunk_units``: units per chunk (default: up to 4096, at most 16 MiB of the largest
     clique's counts). ``cover``: attribute sets that must each lie in a stored clique (a plan's
     blocks; :func:`query_cliques`). ``blocksize``: bytes per partition (tests use small ones).
-    ``parent_column``: the unit column of the coarser level the units lie in (a level of a
-    multi-level run): each unit's parent id is stored as ``parent_ids`` (:mod:`distfit.stores.data`),
-    and a unit whose people name two parents is a DataError naming the unit, the column and
-    both parents. ``geography``: the level's units (:class:`distfit.data.geography.LevelUnits`):
-    every one is a unit of the store, empty ones included (zero counts), with the parent it
-    gives; a unit with people it does not list, or whose people name another parent, is a
-    DataError naming the unit. Returns the path written. Raises DataError (bad input: module docstring),
-    FileExistsError (something at ``out`` that may not be replaced), ValueError (bad arguments).
-    """
+    ``parent_column``: the unit column of the coarser level the units lie in (a multi-level run):
+    each unit's parent id is stored as ``parent_ids`` (:mod:`distfit.stores.data`); a unit whose
+    people name two parents is a DataError naming both. ``geography``: the level's units
+    (:class:`distfit.data.geography.LevelUnits`), each a unit of the store, empty ones included,
+    with its parent; a unit with people it does not list, or another parent, is a DataError.
+    Returns the path. Raises DataError (bad input), FileExistsError, ValueError (bad arguments)."""
     log = log or sys.stderr
     spec = as_pipeline_spec(spec)
     name = os.fspath(source)
@@ -601,6 +596,7 @@ def tabulate_microdata(spec: Any, source: PathLike, out: PathLike, *, client=Non
     if parent_column is not None and (spec.units is None or parent_column == spec.units.column):
         raise ValueError(f"parent_column {parent_column!r}: needs a unit column other than it "
                          f"(the spec's is {spec.units.column if spec.units is not None else None!r})")
+    steps = Progress("tabulate steps", log, unit="steps", after=LONG_STAGE_SECONDS)  # of 4 (docstring)
     ddf, integer_ids, integer_parents = _open_source(name, fmt, spec, blocksize, parent_column)
 
     with staged_store(out, MARGINALS_FORMAT, overwrite=overwrite, fsync=fsync) as (staging, group):
@@ -614,6 +610,7 @@ def tabulate_microdata(spec: Any, source: PathLike, out: PathLike, *, client=Non
         connect = functools.cache(client) if callable(client) and not hasattr(client, "submit") else lambda: client
         # a pass of one task runs here: no cluster can share it, a round trip would only add to it
         results, failure = _run_scans(ddf, job, connect() if ddf.npartitions > 1 else None, log)
+        steps(1, 4)
         if failure is not None:
             raise DataError(failure_message(name, fmt, results, failure))
         rows = sum(r["rows"] for r in results.values())
@@ -635,6 +632,7 @@ def tabulate_microdata(spec: Any, source: PathLike, out: PathLike, *, client=Non
                          labels=[cell_labels(clique, values) for clique in cliques],
                          integer_parents=None if parent_column is None else integer_parents,
                          progress=Progress("tabulate layout", log, unit="marginals", after=LONG_STAGE_SECONDS))
+        steps(2, 4)
         np.save(parts / "ids.npy", ids)
         del ids
         merge = _MergeJob(store=str(staging), parts_dir=str(parts), cells=cells, units=units,
@@ -652,11 +650,13 @@ def tabulate_microdata(spec: Any, source: PathLike, out: PathLike, *, client=Non
         else:
             for _label, _units in dask_runtime().run_tasks(merger, _merge_chunk, calls, "tabulate-chunk"):
                 pass
+        steps(3, 4)
         shutil.rmtree(parts)
         write_marginals_attrs(group, domain=domain, spec_hash=spec.spec_hash, units=units,
                               chunk_units=chunk_units, cliques=cliques,
                               source={**info, "rows": rows, **({} if geography is None else {"geography": geography.record()})},
                               total_people=rows, parent_column=parent_column)
+    steps(4, 4)  # sealed
     return Path(os.fspath(out))
 
 
