@@ -23,6 +23,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import threadpoolctl
 
@@ -48,7 +49,10 @@ SHOWN_PLAN_CHECKSUM = re.compile(r"^(\s*plan checksum\s+)sha256:[0-9a-f]{64}$")
 
 
 def _blas_core() -> str:
-    """OpenBLAS's core in this process (the tutorial's commands load the same library)."""
+    """OpenBLAS's core, as numpy's copy of it reports it (the tutorial's commands load the same
+    library). threadpoolctl lists only libraries already loaded: numpy is imported here for that,
+    or a test process that has not imported it yet (one of pytest-xdist's) would find none."""
+    np.ones(1).dot(np.ones(1))  # numpy and its OpenBLAS loaded
     return next((str(info.get("architecture", "")).lower() for info in threadpoolctl.threadpool_info()
                  if info.get("internal_api") == "openblas"), "")
 
