@@ -35,6 +35,7 @@ from distributed import Client, LocalCluster, as_completed
 from distributed.diagnostics.plugin import WorkerPlugin
 from distributed.security import Security
 
+from distfit.runtime.alignment import realigned
 from distfit.runtime.failures import ClusterError
 from distfit.runtime.memory import raise_mmap_threshold
 from distfit.runtime.security import ENCRYPTED_SCHEMES, Transport, refusal, scheduler_address, scheme_of
@@ -347,12 +348,13 @@ def held_on_every_worker(client, value: Any, *, name: str) -> list:
     value (an estimate's measurement model; the multi-level estimate's job, 25 MB pickled for
     us_pl94) given to every task was pickled again for each and held once per task in flight:
     8.4 GiB of the driver at 1M blocks. Held this way it is pickled once per worker, and a copy
-    lost with its worker is made again from its task."""
+    lost with its worker is made again from its task. Each worker's copy is realigned where it
+    lands (:func:`distfit.runtime.alignment.realigned`), so its tasks compute the driver's bits."""
     return on_every_worker(client, _held, value, name=name)
 
 
 def _held(value: Any) -> Any:
-    return value
+    return realigned(value)
 
 
 def compute_partitions(
