@@ -271,7 +271,8 @@ def run_tasks(
 ) -> Iterator[tuple[str, Any]]:
     """Submit ``function(*args)`` for every ``(label, args)``, one impure task each (unique key
     ``name-label-run``, ``TASK_RETRIES`` retries for lost workers); yield ``(label, result)`` as
-    tasks complete, releasing each result from the cluster once it is read.
+    tasks complete, releasing each result from the cluster once it is read. A task's arguments
+    are realigned where it runs (:func:`_realigned_call`).
 
     ``max_in_flight`` (a number, or a function asked before every submission) bounds how many
     tasks are submitted and not yet read: ``calls`` is then consumed lazily, one call per
@@ -308,8 +309,8 @@ def run_tasks(
                 label, args = next(calls)
             except StopIteration:
                 return
-            future = client.submit(function, *args, key=f"{name}-{label}-{run}", retries=TASK_RETRIES, pure=False,
-                                   priority=-submitted)
+            future = client.submit(_realigned_call, function, *args, key=f"{name}-{label}-{run}",
+                                   retries=TASK_RETRIES, pure=False, priority=-submitted)
             submitted += 1
             futures[future] = label
             pending.add(future)
@@ -322,6 +323,12 @@ def run_tasks(
         del future
         submit_more()
         yield label, result
+
+
+def _realigned_call(function: Callable, *args: Any) -> Any:
+    """``function(*args)`` with the arrays in ``args`` aligned (:func:`distfit.runtime.alignment.realigned`):
+    a worker unpickles them at any byte offset, and numpy rounds an unaligned array's sums otherwise."""
+    return function(*realigned(args))
 
 
 def on_every_worker(client, function: Callable, *args, name: str) -> list:
