@@ -12,28 +12,19 @@ from distfit.runtime.alignment import realigned
 from distfit.solver.basis import Representation
 from distfit.solver.solve import WarmStart
 
+from tests.alignment import unaligned
+
 Pair = namedtuple("Pair", "left right")
-
-
-def _unaligned(array: np.ndarray, offset: int = 5) -> np.ndarray:
-    """``array``'s values at ``offset`` bytes into a buffer (as a worker may unpickle them), in its memory order."""
-    if array.flags.f_contiguous and not array.flags.c_contiguous:
-        return _unaligned(array.T, offset).T
-    raw = np.empty(array.nbytes + 16, np.uint8)
-    view = raw[offset:offset + array.nbytes].view(array.dtype).reshape(array.shape)
-    view[...] = array
-    assert not view.flags.aligned
-    return view
 
 
 def test_arrays_in_distfit_objects_tuples_lists_dicts_and_sparse_matrices_are_realigned():
     rng = np.random.default_rng(1)
     recon = np.asfortranarray(rng.standard_normal((9, 4)))
-    start = WarmStart(_unaligned(rng.standard_normal((4, 4))), _unaligned(rng.random(6)), rng.random(9),
-                      Representation(_unaligned(rng.standard_normal((4, 6))), _unaligned(recon), "custom", False))
+    start = WarmStart(unaligned(rng.standard_normal((4, 4))), unaligned(rng.random(6)), rng.random(9),
+                      Representation(unaligned(rng.standard_normal((4, 6))), unaligned(recon), "custom", False))
     sparse = scipy.sparse.random(30, 20, density=0.2, format="csr", random_state=2)
-    sparse.data = _unaligned(sparse.data)
-    value = {"start": start, "pair": Pair(_unaligned(np.arange(7.0)), "text"), "list": [_unaligned(np.ones(3)), 4],
+    sparse.data = unaligned(sparse.data)
+    value = {"start": start, "pair": Pair(unaligned(np.arange(7.0)), "text"), "list": [unaligned(np.ones(3)), 4],
              "sparse": sparse, "plain": (np.zeros(5), None)}
     expected = pickle.loads(pickle.dumps(value))  # aligned copies of the same values
     kept_plain = value["plain"]

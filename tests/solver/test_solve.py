@@ -24,6 +24,7 @@ from distfit.solver.solve import BlockSolution, WarmStart, solve
 from distfit.plan.job import planned_decomposition
 from distfit.spec.parse import load_spec
 
+from tests.alignment import unaligned
 from tests.reference import (
     SYMMETRIC_REFERENCE_REL,
     cvx_optimal_alpha,
@@ -606,18 +607,6 @@ def test_a_warm_start_that_cannot_certify_falls_back_to_the_cold_solve(monkeypat
     assert warm.gap <= 1e-4
 
 
-def _unaligned(array: np.ndarray, offset: int = 3) -> np.ndarray:
-    """``array``'s values in a view at ``offset`` bytes into a buffer: not aligned for float64,
-    as the arrays a Dask worker unpickles from a message may be; in ``array``'s memory order."""
-    if array.flags.f_contiguous and not array.flags.c_contiguous:
-        return _unaligned(array.T, offset).T
-    raw = np.empty(array.nbytes + 16, np.uint8)
-    view = raw[offset:offset + array.nbytes].view(array.dtype).reshape(array.shape)
-    view[...] = array
-    assert not view.flags.aligned
-    return view
-
-
 def test_a_solve_is_the_same_bits_from_unaligned_inputs():
     """numpy sums an unaligned array along another loop, with other rounding; ``solve`` aligns
     what it is given (``mathematics.workload.aligned``), so a block solved on a worker from an
@@ -628,14 +617,14 @@ def test_a_solve_is_the_same_bits_from_unaligned_inputs():
                  if b.block_id == "r-age.workclass")
     W, targets, basis = block.workload, block.targets, block.basis
     cold = solve(W, targets, basis=basis)
-    again = solve(_unaligned(W), _unaligned(targets), basis=_unaligned(basis))
+    again = solve(unaligned(W), unaligned(targets), basis=unaligned(basis))
     for name in ("sigma", "profile", "variances", "cell_weights", "query_weights"):
         assert getattr(again, name).tobytes() == getattr(cold, name).tobytes(), name
     start = WarmStart.of(cold)
     shifted = targets * np.linspace(0.8, 1.2, targets.size)
     warm = solve(W, shifted, basis=basis, warm_start=start)
-    moved = WarmStart(_unaligned(start.sigma), _unaligned(start.cell_weights), _unaligned(start.query_weights),
-                      dataclasses.replace(start.representation, basis=_unaligned(start.representation.basis),
-                                          recon=_unaligned(start.representation.recon)))
-    warm_again = solve(_unaligned(W), shifted, basis=_unaligned(basis), warm_start=moved)
+    moved = WarmStart(unaligned(start.sigma), unaligned(start.cell_weights), unaligned(start.query_weights),
+                      dataclasses.replace(start.representation, basis=unaligned(start.representation.basis),
+                                          recon=unaligned(start.representation.recon)))
+    warm_again = solve(unaligned(W), shifted, basis=unaligned(basis), warm_start=moved)
     assert warm_again.sigma.tobytes() == warm.sigma.tobytes() and warm_again.alpha == warm.alpha
