@@ -499,7 +499,7 @@ def run_estimate(
     when the release is one chunk of units: one task, which no cluster can share; the same on
     the local cluster a ``distfit run`` started by default). ``after_chunk(chunk)``
     is called in the driver after each chunk is written (a test hook). ``release_checksum``: the
-    release's checksum when the caller has just written or verified it (``distfit run``'s
+    release's checksum when the caller has just written it (``distfit run``'s
     :func:`estimate_in_run`; a benchmark's baseline); it is then
     not hashed again, only checked to still state it, as ``run_release``'s ``data_checksum``;
     otherwise its root is verified here and each chunk by the task that reads it. Errors: ValueError (bad input),
@@ -636,9 +636,10 @@ def estimate_in_run(plan_path: PathLike, release_path: PathLike, out: PathLike, 
     other inputs or options is replaced (``"done"``): an estimate is a function of the plan and
     the release, so recomputing it loses nothing (unlike a release's noise). ``placement()`` gives
     where it runs (the run's, on the cluster the run started), asked only when there is work to do.
-    ``release_checksum``: the release's, as the run wrote or verified it a stage before
-    (:func:`run_estimate`'s: its root is then not hashed again, only checked to state it; Adult's
-    one-unit estimate hashed it twice, ~3.5 s of its ~20)."""
+    ``release_checksum``: the release's, when the run wrote it a stage before (:func:`run_estimate`'s:
+    neither its root nor its chunks are hashed again, only its root checked to state it; Adult's
+    one-unit estimate hashed the root twice, ~3.5 s of its ~20). None for a reused release: its
+    root and each chunk as read are verified."""
     out_path = Path(os.fspath(out))
     attrs = root_attrs_on_disk(out_path) if out_path.is_dir() else None
     release = read_release(release_path)

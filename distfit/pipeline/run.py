@@ -398,7 +398,8 @@ def run_pipeline(
                 estimated, stages["estimate"] = estimate_in_run(
                     str(plan_path), str(release_path), str(estimate_path), integer=integer,
                     placement=where.placement, log=log, fsync=fsync,
-                    release_checksum=release_checksum)  # written or verified above: not hashed again
+                    # written by this run: not hashed again; a reused one's chunks are checked as read
+                    release_checksum=release_checksum if stages["release"] != "reused" else None)
                 timings["estimate"] = time.perf_counter() - t
             masked = mask_stage(spec.mask, source, rundir / MASK_NAME, where.placement, log, fsync, stages, timings)
             cluster_used = where.describe()

@@ -180,6 +180,26 @@ def test_estimate_stage_options_and_resume(capsys, specs, tmp_path, monkeypatch)
     assert _check_outputs(rundir, spec)["stages"]["estimate"] == "skipped" and "  estimate  " not in out
 
 
+def test_a_rerun_checks_the_chunks_of_the_release_it_reuses(capsys, specs, tmp_path):
+    """A run hands the estimate the checksum of a release it has just drawn (not hashed again);
+    a release it reuses is another matter: its root is verified and each chunk as the estimate
+    reads it, so a chunk changed on disk since the first run is refused in one line."""
+    spec, _ = specs
+    rundir = tmp_path / "run"
+    code, _, err = _run(capsys, spec, rundir, "--no-report")
+    assert code == 0, err
+    # a chunk of a block's answers: what the estimate reads of a release
+    target = next(p for p in sorted((rundir / "release.zarr" / "blocks").glob("*/answers/c/**/*")) if p.is_file())
+    raw = bytearray(target.read_bytes())
+    raw[len(raw) // 2] ^= 0x01
+    target.write_bytes(bytes(raw))
+    shutil.rmtree(rundir / "estimate.zarr")
+    code, _, err = _run(capsys, spec, rundir, "--no-report")
+    assert code == 2, err
+    assert "no new noise drawn" in err  # the release was reused, not redrawn
+    assert_one_line_error(err.strip().splitlines()[-1], "release.zarr", "cannot be trusted")
+
+
 class Interrupted(Exception):
     pass
 
