@@ -49,12 +49,15 @@ SHOWN_PLAN_CHECKSUM = re.compile(r"^(\s*plan checksum\s+)sha256:[0-9a-f]{64}$")
 
 
 def _blas_core() -> str:
-    """OpenBLAS's core, as numpy's copy of it reports it (the tutorial's commands load the same
-    library). threadpoolctl lists only libraries already loaded: numpy is imported here for that,
-    or a test process that has not imported it yet (one of pytest-xdist's) would find none."""
+    """OpenBLAS's core, as numpy's own copy of it reports it (the tutorial's commands compute with
+    numpy's and scipy's, which pick the same core). threadpoolctl lists only libraries already
+    loaded, numpy's once numpy is imported; it lists others too (scs, which cvxpy loads in a
+    pytest-xdist process that ran the SDP references, bundles an OpenBLAS built for Prescott), so
+    numpy's is picked by its directory (``numpy.libs`` in a wheel), else the first OpenBLAS."""
     np.ones(1).dot(np.ones(1))  # numpy and its OpenBLAS loaded
-    return next((str(info.get("architecture", "")).lower() for info in threadpoolctl.threadpool_info()
-                 if info.get("internal_api") == "openblas"), "")
+    found = [info for info in threadpoolctl.threadpool_info() if info.get("internal_api") == "openblas"]
+    numpy_own = [info for info in found if Path(info.get("filepath", "")).parent.name.startswith("numpy")]
+    return str((numpy_own or found or [{}])[0].get("architecture", "")).lower()
 
 
 def _on_this_machine(line: str) -> str:
