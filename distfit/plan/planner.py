@@ -111,9 +111,14 @@ time: read it once, in order) and yields ``(task.index, solution)`` in any order
 
 
 def serial_executor(tasks: Iterable[BlockTask]) -> Iterator[tuple[int, BlockSolution]]:
-    """Solve the blocks one after another in this process."""
+    """Solve the blocks one after another in this process, each under the BLAS thread rule
+    (``runtime.threads.blas_limit``: one thread, as on a cluster's workers). Without it a plan
+    made through the library in a process with more BLAS threads had other bits than the same
+    plan from the CLI or a cluster (Adult's draft plan: another checksum)."""
     for task in tasks:
-        yield task.index, solve_block(task)
+        with blas_limit():
+            solution = solve_block(task)
+        yield task.index, solution
 
 
 @dataclass(frozen=True, eq=False)

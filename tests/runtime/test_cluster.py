@@ -36,6 +36,7 @@ from distfit.runtime.placement import Placement
 from distfit.runtime.security import Transport
 from tests.faults import assert_killed_while_in_progress, kill_a_worker_after_the_first
 from tests.reference import SMALL_SPEC
+from tests.spec.helpers import PIPELINES
 from tests.test_cluster_files import OPENSSL_CERTIFICATE  # the batch scripts' certificate
 
 
@@ -101,6 +102,21 @@ def test_dask_plan_equals_serial_plan(client):
     assert distributed.alpha == serial.alpha
     np.testing.assert_array_equal(distributed.variances, serial.variances)
     assert [b.solution.sigma.tobytes() for b in distributed.blocks] == [b.solution.sigma.tobytes() for b in serial.blocks]
+
+
+def test_adults_draft_plan_on_a_cluster_is_the_serial_plan_to_the_bit(client, tmp_path):
+    """A plan whose bits hang on where a worker unpickles its arrays: Adult's draft plan (470
+    blocks, no refinement rounds, a 0.5 gap) on two worker processes has the serial plan's
+    checksum, so every array and fact it stores. With neither the tasks' arrays realigned
+    (``runtime.cluster``) nor the solver's inputs (``workload.aligned``), three such runs gave
+    three checksums, none the serial plan's (benchmarks/README.md, "Session 25")."""
+    spec = load_spec(PIPELINES / "adult.yaml")
+    draft = dict(refine_rounds=0, gap_tolerance=0.5)
+    serial, serial_checksum = run_plan(spec, str(tmp_path / "serial.zarr"), placement=Placement(serial=True), **draft)
+    cluster = Placement(cluster=client.scheduler.address, transport=LOCAL)
+    distributed, distributed_checksum = run_plan(spec, str(tmp_path / "cluster.zarr"), placement=cluster, **draft)
+    assert len(serial.blocks) == 470
+    assert distributed_checksum == serial_checksum
 
 
 def test_dask_executor_takes_tasks_lazily(client):
