@@ -44,8 +44,7 @@ solutions are drafts; the rounds that are not the best are discarded), alpha is 
 block by block from the stored profiles (``composition.stitched_profile`` fed one block at a
 time), and ``write_streamed_blocks`` then scales each block in place, one at a time. Both are
 one loop (``plan_blocks``) on two block keepers (``_MemoryBlocks``, ``_SinkBlocks``): the same
-arithmetic in the same order, so the same plan (up to the joint dual, which only the in-memory
-path runs).
+arithmetic in the same order, so the same plan (but for the joint dual: in memory only).
 """
 from __future__ import annotations
 
@@ -111,10 +110,8 @@ time: read it once, in order) and yields ``(task.index, solution)`` in any order
 
 
 def serial_executor(tasks: Iterable[BlockTask]) -> Iterator[tuple[int, BlockSolution]]:
-    """Solve the blocks one after another in this process, each under the BLAS thread rule
-    (``runtime.threads.blas_limit``: one thread, as on a cluster's workers). Without it a plan
-    made through the library in a process with more BLAS threads had other bits than the same
-    plan from the CLI or a cluster (Adult's draft plan: another checksum)."""
+    """Solve the blocks one after another in this process, each with one BLAS thread as on a
+    cluster's workers (``blas_limit``): a plan made through the library has the CLI's bits."""
     for task in tasks:
         with blas_limit():
             solution = solve_block(task)
