@@ -40,6 +40,7 @@ from distfit import __version__
 from distfit.plan.cluster_executor import DaskExecutor
 from distfit.runtime.placement import Placement, placement_client
 from distfit.runtime.progress import Progress
+from distfit.runtime.threads import blas_limit
 from distfit.mathematics.bounds import CHOSEN_BLOCKS_BOUNDS, GLOBAL_BOUNDS
 from distfit.mathematics.packing import PackedBlocks
 from distfit.plan.decomposition import Decomposition
@@ -287,7 +288,9 @@ def run_plan(
     log = log or sys.stderr
     if BLOCK_GAP_RANGE.excludes(gap_tolerance):
         raise ValueError(f"gap_tolerance: must be {BLOCK_GAP_RANGE.text}, got {gap_tolerance!r}")
-    with store_lock(out, "plan"):  # one writer per store: a second plan job into out is refused
+    # one writer per store (a second plan job into out is refused); the driver's linear algebra
+    # with one BLAS thread, as the CLI's and the workers': a plan has the same bits however made
+    with store_lock(out, "plan"), blas_limit():
         return _run_plan(spec, out, placement=placement, overwrite=overwrite, refine_rounds=refine_rounds,
                          stream=stream, log=log, batch_seconds=batch_seconds, closed_forms=closed_forms,
                          decomposition=decomposition, gap_tolerance=gap_tolerance)
