@@ -99,9 +99,11 @@ class BlockTask:
 
 
 def solve_block(task: BlockTask) -> BlockSolution:
-    """A pure function of the task (picklable): the block's SM-II solve in its own basis."""
-    return solve(task.spec.workload, task.targets, basis=task.spec.basis, gap_tolerance=task.gap_tolerance,
-                 max_gap=max(10.0 * task.gap_tolerance, 1e-3), warm_start=task.warm_start)
+    """A pure function of the task (picklable): the block's SM-II solve in its own basis, with one
+    BLAS thread wherever it runs (``blas_limit``: the workload ``recon @ basis`` is formed here)."""
+    with blas_limit():
+        return solve(task.spec.workload, task.targets, basis=task.spec.basis, gap_tolerance=task.gap_tolerance,
+                     max_gap=max(10.0 * task.gap_tolerance, 1e-3), warm_start=task.warm_start)
 
 
 Executor = Callable[[Iterable[BlockTask]], Iterator[tuple[int, BlockSolution]]]
@@ -110,12 +112,9 @@ time: read it once, in order) and yields ``(task.index, solution)`` in any order
 
 
 def serial_executor(tasks: Iterable[BlockTask]) -> Iterator[tuple[int, BlockSolution]]:
-    """Solve the blocks one after another in this process, each with one BLAS thread as on a
-    cluster's workers (``blas_limit``): a plan made through the library has the CLI's bits."""
+    """Solve the blocks one after another in this process."""
     for task in tasks:
-        with blas_limit():
-            solution = solve_block(task)
-        yield task.index, solution
+        yield task.index, solve_block(task)
 
 
 @dataclass(frozen=True, eq=False)
