@@ -37,7 +37,6 @@ import distfit.plan.planner as planner  # noqa: E402
 import distfit.solver.smii as smii  # noqa: E402
 from distfit.cli.main import main as distfit_main  # noqa: E402
 from distfit.plan.rounds import BLOCK_GAP  # noqa: E402
-from distfit.runtime.threads import blas_limit  # noqa: E402
 
 SETTINGS = ("growth", "initial_sharpness", "final_sharpness", "max_cg")
 
@@ -108,8 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     for task in tasks:
         solutions = {}
         for name, given in (("reference", {}), ("settings", settings)):
-            with blas_limit():  # one BLAS thread, as on the planner's workers
-                solution, seconds = timed_solve(task, given)
+            solution, seconds = timed_solve(task, given)  # one BLAS thread: planner.solve_block's rule
             totals[name] += (seconds, solution.stats.newton_iterations, solution.stats.cg_iterations)
             alphas[name].append(solution.alpha)
             solutions[name] = solution
