@@ -4,6 +4,7 @@ Usage::
 
     python benchmarks/bench_kept_round.py [--spec pipelines/marginals.yaml] [--tasks DIR]
         [--min-seconds 0.4] [--growth G] [--initial-sharpness S] [--final-sharpness F] [--max-cg N]
+        [--full-space]
 
 The kept round (the blocks solved to the plan's block gap, warm-started from the last shaping
 round) is where marginals.yaml's plan spends most of its CPU. The first run plans ``--spec``
@@ -15,6 +16,9 @@ thread as on the planner's workers. Printed: CPU-seconds
 of each (``time.process_time``) and their ratio, Newton and CG steps, the sum of the block
 alphas (the plan's alpha is a weighted sum of them: a change here is its direction), the
 largest change of one block's alpha, and how many blocks got the same sigma bit for bit.
+``--full-space``: the settings' solves treat the block as a shaping solve does
+(``solver.solve.CERTIFYING_GAP``: Newton directions in the full space, the polishing dual
+ascent without its stall stop), as every solve did before session 26.
 """
 from __future__ import annotations
 
@@ -35,6 +39,7 @@ sys.path.insert(0, str(ROOT))
 
 import distfit.plan.planner as planner  # noqa: E402
 import distfit.solver.smii as smii  # noqa: E402
+import distfit.solver.solve as solve_module  # noqa: E402
 from distfit.cli.main import main as distfit_main  # noqa: E402
 from distfit.plan.rounds import BLOCK_GAP  # noqa: E402
 
@@ -65,20 +70,22 @@ def capture(spec: str, directory: Path, min_seconds: float) -> None:
         planner.solve_block = solve_block
 
 
-def timed_solve(task, settings: dict):
-    """The block's solve with SM-II's keyword defaults replaced by ``settings``; (solution, CPU-s)."""
-    optimize = smii.smii_optimize
+def timed_solve(task, settings: dict, full_space: bool = False):
+    """The block's solve with SM-II's keyword defaults replaced by ``settings`` (and, with
+    ``full_space``, as a shaping solve, ``--full-space``); (solution, CPU-s)."""
+    optimize, certifying_gap = smii.smii_optimize, solve_module.CERTIFYING_GAP
 
     def with_settings(*args, **kwargs):
         return optimize(*args, **{**kwargs, **settings})
 
     smii.smii_optimize = with_settings
+    solve_module.CERTIFYING_GAP = 0.0 if full_space else certifying_gap
     try:
         start = time.process_time()
         solution = planner.solve_block(task)
         return solution, time.process_time() - start
     finally:
-        smii.smii_optimize = optimize
+        smii.smii_optimize, solve_module.CERTIFYING_GAP = optimize, certifying_gap
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -90,6 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--initial-sharpness", type=float)
     parser.add_argument("--final-sharpness", type=float)
     parser.add_argument("--max-cg", type=int)
+    parser.add_argument("--full-space", action="store_true", help="solve as a shaping solve does (module docstring)")
     args = parser.parse_args(argv)
     settings = {name: getattr(args, name) for name in SETTINGS if getattr(args, name) is not None}
     spec = str(Path(args.spec).resolve())
@@ -106,15 +114,17 @@ def main(argv: list[str] | None = None) -> int:
     same_sigma = 0
     for task in tasks:
         solutions = {}
-        for name, given in (("reference", {}), ("settings", settings)):
-            solution, seconds = timed_solve(task, given)  # one BLAS thread: planner.solve_block's rule
+        for name, given, full_space in (("reference", {}, False), ("settings", settings, args.full_space)):
+            solution, seconds = timed_solve(task, given, full_space)  # one BLAS thread: planner.solve_block's rule
             totals[name] += (seconds, solution.stats.newton_iterations, solution.stats.cg_iterations)
             alphas[name].append(solution.alpha)
             solutions[name] = solution
         same_sigma += bool(np.array_equal(solutions["reference"].sigma, solutions["settings"].sigma))
     reference, changed = np.array(alphas["reference"]), np.array(alphas["settings"])
     relative = changed / reference - 1.0
-    print(f"{len(tasks)} kept-round blocks of {Path(spec).name}; settings {settings or 'the defaults'} "
+    described = settings or ("the defaults" if not args.full_space else "")
+    described = f"{described}{' ' if settings else ''}{'in the full space' if args.full_space else ''}"
+    print(f"{len(tasks)} kept-round blocks of {Path(spec).name}; settings {described} "
           f"(load average {os.getloadavg()[0]:.2f})")
     for name in ("reference", "settings"):
         seconds, newton, cg = totals[name]

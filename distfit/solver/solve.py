@@ -25,7 +25,9 @@ How a solve runs (each stage is in its own module):
    soft-max Newton-CG with continuation in t) starts from the best recovered plan, and the
    dual is maximised again from SM-II's soft-max weights (they are the dual variables of the
    smoothed problem), tightening the bound, and restarted from its best weights
-   (``DUAL_RESTARTS``) while the gap is still above ``max_gap``.
+   (``DUAL_RESTARTS``) while the gap is still above ``max_gap``. A solve that certifies a gap
+   below ``CERTIFYING_GAP`` runs SM-II's Newton directions in the span of its active cells
+   and queries and stops the polishing ascent once its bound stalls.
 4. The best plan is scaled by its largest variance ratio so that every target holds; its alpha
    and the best lower bound give the reported optimality gap.
 
@@ -83,6 +85,17 @@ WARM_DUAL_ITERATIONS = 5
 #: (the nuclear norm, where singular values cross) can end on a failed line search short of the
 #: gap, and a new start goes on from there.
 DUAL_RESTARTS = 3
+#: A solve that certifies a gap below this (a plan's kept blocks at ``plan.rounds.BLOCK_GAP``,
+#: ``solve``'s default) runs SM-II's Newton directions in the span of the active columns with
+#: deeper CG (``smii.newton_direction(span=True)``), and stops its polishing dual ascent once
+#: the bound stalls (``DUAL_STALL_WINDOW``). Measured on marginals.yaml's 60 hardest kept blocks
+#: (one process, alternating per block, benchmarks/README.md "Session 26"): CPU 0.85x, the same
+#: sigmas from the polish, block alphas' sum -6.3e-4 (of 33.488), dual evaluations 6,326 ->
+#: 2,511, mean certified gap 2.04e-4 -> 2.08e-4. Looser solves (a plan's shaping rounds, draft
+#: plans) keep the full-space directions and the full polish: their plans only set the next
+#: round's target shares and warm starts, and any change of their path moves every share (with
+#: the span in every round, marginals.yaml's alpha moved from 120.66052 to 120.66107-120.66091).
+CERTIFYING_GAP = 1e-3
 
 
 @dataclass(frozen=True)
@@ -341,6 +354,7 @@ def _solve_represented(
     newton = cg = 0
     final_t = 0.0
     run_smii = method == "smii" or (method == "auto" and best_alpha > lower_bound * (1.0 + gap_tolerance))
+    certifying = gap_tolerance < CERTIFYING_GAP
     if run_smii:
         remaining = time_limit - (time.perf_counter() - start)
         run = smii.smii_optimize(
@@ -349,6 +363,7 @@ def _solve_represented(
             best_sigma,
             time_limit=max(remaining * 0.7, 1.0),
             target_cost=lower_bound * (1.0 + gap_tolerance) if method == "auto" else 0.0,
+            span=certifying,
         )
         newton, cg, final_t = run.newton_iterations, run.cg_iterations, run.final_t
         smii_point = dual.plan_cost(basis_matrix, constraints, run.sigma)
@@ -362,10 +377,9 @@ def _solve_represented(
                 run.query_weights,
                 max_iterations=dual_iterations,
                 target_gap=gap_tolerance,
-                known_alpha=best_alpha,
-            )  # no stall stop here: this bound is the certificate, and it must reach the gap. (A stall
-            # stop would end it early on the ~65 marginals.yaml blocks that stop between 1e-4 and
-            # max_gap, with the same alphas, but lower stored bounds: docs/planning.md, step 5.)
+                known_alpha=best_alpha, stall_window=DUAL_STALL_WINDOW if certifying else 0,
+            )  # a certifying solve's bound stalls between 1e-4 and max_gap on ~65 marginals.yaml
+            # blocks (CERTIFYING_GAP); a shaping solve's weights are the next round's start
             evaluations += more
             if polished_bound.bound > lower_bound:
                 certificate, lower_bound = polished_bound, polished_bound.bound

@@ -13,6 +13,7 @@ from distfit.mathematics import workload as wl
 from distfit.solver.basis import represent
 from distfit.solver.dual import plan_cost
 from distfit.solver.smii import (
+    ACTIVE_WEIGHT,
     SmiiResult, objective_gradient, hessian_operator, newton_direction, SoftmaxState, whitened_gradient, whitened_hessian_operator, balance, smii_optimize,
 )
 from distfit.solver.solve import solve
@@ -233,3 +234,37 @@ def test_whitened_hessian_is_the_preconditioned_hessian(name, W, targets, kind):
     assert slope == pytest.approx(np.vdot(gradient, step), rel=1e-9)
     residual = hessian(step) + gradient
     assert np.linalg.norm(upper @ residual @ upper.T) <= 1e-4 * np.linalg.norm(upper @ gradient @ upper.T)
+
+
+def test_newton_direction_in_the_span_of_the_active_columns_solves_the_newton_system():
+    # Near the optimum at a large t, fewer whitened cell and query columns are active than
+    # Sigma has rows; newton_direction then runs CG in their span (smii.newton_direction). Every
+    # term of the whitened gradient and Hessian is made of those columns, so the Newton system
+    # lives in that span: the step must lie in it and solve the system there, and what the
+    # gradient has outside it (its inactive cells and queries) must be negligible.
+    name, W, targets, kind = CASES[0]
+    basis, scaled_recon = _problem(W, targets, kind)
+    k = basis.shape[0]
+    sigma = smii_optimize(basis, scaled_recon, np.eye(k)).sigma
+    level = SoftmaxState(sigma, basis, scaled_recon, 1.0, 1.0).profile.max()
+    t = 1e3 / level
+    state = SoftmaxState(sigma, basis, scaled_recon, t, t)
+    cells = state.cell_weights > ACTIVE_WEIGHT * state.cell_weights.max()
+    queries = state.query_weights > ACTIVE_WEIGHT * state.query_weights.max()
+    columns = np.hstack([state.whitened_basis[:, cells],
+                         np.triu(state.factor[0]) @ scaled_recon[queries].T])  # [Y~ | L~^T]
+    assert columns.shape[1] < k  # the reduced path is the one under test
+    span = np.linalg.qr(columns)[0]
+    projector = span @ span.T
+    whitened, upper = whitened_hessian_operator(state, scaled_recon, t)
+    gradient = whitened_gradient(state, scaled_recon)
+    projected = projector @ gradient @ projector
+    assert np.linalg.norm(gradient - projected) <= 1e-6 * np.linalg.norm(gradient)
+    step, slope, steps = newton_direction(state, basis, scaled_recon, t, max_cg=500, use_forcing=False, span=True)
+    assert steps < 500
+    whitened_step = np.linalg.solve(upper.T, np.linalg.solve(upper.T, step.T).T)  # U^-T s U^-1
+    np.testing.assert_allclose(projector @ whitened_step @ projector, whitened_step, rtol=0,
+                               atol=1e-10 * np.abs(whitened_step).max())
+    assert np.linalg.norm(whitened(whitened_step) + projected) <= 1e-4 * np.linalg.norm(gradient)
+    assert slope == pytest.approx(np.vdot(objective_gradient(state, basis, scaled_recon), step), rel=1e-9)
+    assert slope < 0

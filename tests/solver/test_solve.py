@@ -575,7 +575,9 @@ def test_a_dual_ascent_that_stops_short_is_restarted(monkeypatch):
 
     monkeypatch.setattr(solve_module.dual, "maximize_dual", short_polish)
     warm = solve(W, shares, warm_start=WarmStart.of(earlier), max_gap=1e-4)
-    assert len(calls) >= 3 and calls[0] > 0 and not any(calls[1:])  # first stage, polish, restarts
+    # first stage and polish (a certifying solve's, CERTIFYING_GAP) with their stall stops, then
+    # restarts without one
+    assert len(calls) >= 3 and calls[0] > 0 and calls[1] == solve_module.DUAL_STALL_WINDOW and not any(calls[2:])
     assert warm.gap <= 1e-4
     scaled = warm.recon / np.sqrt(shares)[:, None]
     assert certified_bound(warm.basis, scaled, warm.cell_weights, warm.query_weights) == pytest.approx(
@@ -628,3 +630,31 @@ def test_a_solve_is_the_same_bits_from_unaligned_inputs():
                                           recon=unaligned(start.representation.recon)))
     warm_again = solve(unaligned(W), shifted, basis=unaligned(basis), warm_start=moved)
     assert warm_again.sigma.tobytes() == warm.sigma.tobytes() and warm_again.alpha == warm.alpha
+
+
+@pytest.mark.parametrize("gap,certifying", [(1e-4, True), (1e-2, False)])
+def test_only_certifying_solves_take_the_span_newton_and_the_polish_stall(monkeypatch, gap, certifying):
+    """A solve to a gap below CERTIFYING_GAP (a plan's kept blocks) runs SM-II in the active
+    span and stops its polishing ascent once the bound stalls; a looser one (a shaping round's)
+    keeps the full-space directions and the full polish, so the shares it sets do not move."""
+    W, targets = _prefix_block(3)
+    real_optimize, real_dual = solve_module.smii.smii_optimize, solve_module.dual.maximize_dual
+    spans, stalls = [], []
+
+    def optimize(*args, **kwargs):
+        spans.append(kwargs["span"])
+        return real_optimize(*args, **kwargs)
+
+    def ascent(*args, **kwargs):
+        stalls.append(kwargs.get("stall_window", 0))
+        if len(stalls) == 1:  # the first stage cut short, so that SM-II's plan needs the polish
+            kwargs["max_iterations"] = 2
+        return real_dual(*args, **kwargs)
+
+    monkeypatch.setattr(solve_module.smii, "smii_optimize", optimize)
+    monkeypatch.setattr(solve_module.dual, "maximize_dual", ascent)
+    solution = solve(W, targets, method="smii", gap_tolerance=gap, max_gap=max(10 * gap, 1e-3))
+    assert spans == [certifying]
+    assert len(stalls) >= 2  # the first stage and the polish ran
+    assert (stalls[1] == solve_module.DUAL_STALL_WINDOW) is certifying and (stalls[1] == 0) is not certifying
+    assert solution.gap <= max(10 * gap, 1e-3)
