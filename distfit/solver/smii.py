@@ -74,10 +74,12 @@ ACTIVE_WEIGHT = 1e-8
 #: ``(r / k)^2`` of a full one (r columns, k rows); a direction may then take up to this many
 #: times ``max_cg`` steps, as many as the full space's budget of products buys. Deeper
 #: directions buy alpha (``max_cg`` 30 in the full space: -9.3e-5 on marginals.yaml's 60
-#: hardest kept blocks, at 1.15x the CPU); measured on those blocks (one process, the two
-#: paths alternating per block): the span alone 0.90x the CPU, block alphas' sum +2.2e-5; with
-#: up to 1.5x the steps 1.03x, -6.3e-4; 2x 1.03x, -7.9e-4; 3x 1.11x, -8.3e-4.
-SPAN_CG_SHARE = 1.5
+#: hardest kept blocks, at 1.15x the CPU); measured on those blocks (one process, the settings
+#: alternating per block, the polish as before): the span alone 0.90x the CPU, block alphas'
+#: sum +2.2e-5; with up to 1.5x the steps 1.03x, -6.3e-4; 2x 1.03-1.04x, -7.9e-4; 3x 1.11x,
+#: -8.3e-4. 2x, not 1.5x: marginals.yaml's plan, alpha 120.659883 against 120.660575 (and
+#: 120.660522 in the full space).
+SPAN_CG_SHARE = 2.0
 
 
 def _softmax(values: np.ndarray, sharpness: float) -> tuple[np.ndarray, float]:

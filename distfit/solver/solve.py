@@ -89,9 +89,10 @@ DUAL_RESTARTS = 3
 #: ``solve``'s default) runs SM-II's Newton directions in the span of the active columns with
 #: deeper CG (``smii.newton_direction(span=True)``), and stops its polishing dual ascent once
 #: the bound stalls (``DUAL_STALL_WINDOW``). Measured on marginals.yaml's 60 hardest kept blocks
-#: (one process, alternating per block, benchmarks/README.md "Session 26"): CPU 0.85x, the same
-#: sigmas from the polish, block alphas' sum -6.3e-4 (of 33.488), dual evaluations 6,326 ->
-#: 2,511, mean certified gap 2.04e-4 -> 2.08e-4. Looser solves (a plan's shaping rounds, draft
+#: (``benchmarks/bench_kept_round.py --full-space``: one process, alternating per block;
+#: benchmarks/README.md "Session 26"): the full space takes 1.107x the CPU, the same sigmas from
+#: the polish, block alphas' sum -7.9e-4 (of 33.488), the mean certified gap 2.04e-4 -> ~2.1e-4;
+#: Adult's 36: 1.150x. Looser solves (a plan's shaping rounds, draft
 #: plans) keep the full-space directions and the full polish: their plans only set the next
 #: round's target shares and warm starts, and any change of their path moves every share (with
 #: the span in every round, marginals.yaml's alpha moved from 120.66052 to 120.66107-120.66091).
