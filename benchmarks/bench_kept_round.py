@@ -122,8 +122,8 @@ def main(argv: list[str] | None = None) -> int:
         same_sigma += bool(np.array_equal(solutions["reference"].sigma, solutions["settings"].sigma))
     reference, changed = np.array(alphas["reference"]), np.array(alphas["settings"])
     relative = changed / reference - 1.0
-    described = settings or ("the defaults" if not args.full_space else "")
-    described = f"{described}{' ' if settings else ''}{'in the full space' if args.full_space else ''}"
+    parts = ([str(settings)] if settings else []) + (["in the full space"] if args.full_space else [])
+    described = " ".join(parts) or "the defaults"
     print(f"{len(tasks)} kept-round blocks of {Path(spec).name}; settings {described} "
           f"(load average {os.getloadavg()[0]:.2f})")
     for name in ("reference", "settings"):

@@ -22,7 +22,7 @@ def weighted_gram(rows: np.ndarray, weights: np.ndarray) -> np.ndarray:
     k = scaled.shape[1]
     # scaled^T scaled (scaled.T is Fortran-contiguous) into the upper triangle of zeros: the
     # strict lower triangle stays 0, so upper + upper.T with the diagonal halved is the full
-    # matrix with the same bits as np.triu(upper) + np.triu(upper, 1).T, in a third of the time
+    # matrix with the same bits as np.triu(upper) + np.triu(upper, 1).T, without its two masked copies
     gram = blas.dsyrk(1.0, scaled.T, beta=0.0, c=np.zeros((k, k), order="F"), overwrite_c=True)
     gram += gram.T
     gram[np.diag_indices(k)] *= 0.5

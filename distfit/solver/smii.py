@@ -399,8 +399,8 @@ def newton_direction(state, basis, scaled_recon, t, max_cg, use_preconditioner=T
             projected = basis_of_span.T @ gradient @ basis_of_span
             gradient = 0.5 * (projected + projected.T)
             back = back @ basis_of_span
-            rows, rank = basis_of_span.shape
-            max_cg = int(min(SPAN_CG_SHARE * max_cg, max_cg * (rows / rank) ** 2))
+            rows, width = basis_of_span.shape  # width: the active columns (their span's dimension at most)
+            max_cg = int(min(SPAN_CG_SHARE * max_cg, max_cg * (rows / width) ** 2))
         hessian = _fused_hessian(columns, cell_weights, query_weights, t, single)
         steps, whitened = _conjugate_gradients(hessian, gradient, max_cg, use_forcing)
         return back @ whitened @ back.T, float(np.vdot(gradient, whitened)), steps
